@@ -7,4 +7,689 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+/*
+ * nvfuser-ipc C API.
+ *
+ * Conventions, shared by every function:
+ * - Functions return an nvfipc_status; NVFIPC_STATUS_OK (0) is success. On failure
+ *   nvfipc_last_error_message() returns a message for this thread saying what failed (function,
+ *   key, rank, timeout) and what to do about it. Pure getters return a value and never fail.
+ * - Results are written through output pointers, and only on success.
+ * - Objects are opaque pointers, created by nvfipc_X_create/connect/serve/... and released with
+ *   nvfipc_X_free. Freeing NULL is a no-op. A freed pointer, a pointer of another type or a
+ *   pointer not made by this library is reported (NVFIPC_STATUS_INVALID_STATE or
+ *   NVFIPC_STATUS_INVALID_ARGUMENT) rather than crashing, unless the library has reused the
+ *   address for a new object of the same type.
+ * - Strings are NUL-terminated UTF-8. Byte values are (pointer, length) spans; NULL is allowed
+ *   for length 0. Buffers returned by the library are freed with nvfipc_buffer_free.
+ * - Ranks are int64_t. timeout_ms < 0 means the object's default timeout; 0 means "check once,
+ *   do not wait"; a positive value is a bound in milliseconds.
+ * - Thread safety is stated per object type below. Errors are recorded per thread.
+ */
+/* Version of this header; compare with nvfipc_version() at run time. */
+#define NVFIPC_VERSION "0.1.0"
+#define NVFIPC_VERSION_MAJOR 0
+#define NVFIPC_VERSION_MINOR 1
+#define NVFIPC_VERSION_PATCH 0
+
+
+// `nvfipc_request.direction`: this rank's buffer is the source (the peer pulls from it).
+#define NVFIPC_DIRECTION_SEND 0
+
+// `nvfipc_request.direction`: this rank's buffer is the destination (it pulls from the peer).
+#define NVFIPC_DIRECTION_RECV 1
+
+// `nvfipc_request.kind`: CUDA device memory (legacy `cudaMalloc` allocations).
+#define NVFIPC_MEM_DEVICE 0
+
+// `nvfipc_request.kind`: host memory from `nvfipc_host_alloc`.
+#define NVFIPC_MEM_HOST 1
+
+// Status codes returned by every exported C function. `Ok` is zero; everything else is an error
+// whose details are in the thread-local last-error message.
+typedef enum nvfipc_status {
+  // Success.
+  NVFIPC_STATUS_OK = 0,
+  // An argument was NULL, out of range or otherwise unusable.
+  NVFIPC_STATUS_INVALID_ARGUMENT = 1,
+  // A bounded wait (store get/wait, barrier, exchange) ran out of time.
+  NVFIPC_STATUS_TIMEOUT = 2,
+  // A socket or file operation failed (connection refused/reset, server gone).
+  NVFIPC_STATUS_IO = 3,
+  // The peer sent bytes that do not follow the protocol, or a record failed validation.
+  NVFIPC_STATUS_PROTOCOL = 4,
+  // A key, handle or cache entry that was asked for does not exist.
+  NVFIPC_STATUS_NOT_FOUND = 5,
+  // A CUDA driver call failed.
+  NVFIPC_STATUS_CUDA = 6,
+  // No CUDA driver could be loaded on this machine.
+  NVFIPC_STATUS_CUDA_UNAVAILABLE = 7,
+  // The operation is valid but not supported here (e.g. VMM memory through legacy IPC).
+  NVFIPC_STATUS_UNSUPPORTED = 8,
+  // The object is in the wrong state for this call (already freed, already running, closed).
+  NVFIPC_STATUS_INVALID_STATE = 9,
+  // A Rust panic was caught at the C boundary; the object it touched may be unusable.
+  NVFIPC_STATUS_PANIC = 10,
+  // A bug in this library: please report it with the message.
+  NVFIPC_STATUS_INTERNAL = 11,
+} nvfipc_status;
+
+// Caches P2P handles (own buffer and semaphore, peer's buffer and semaphore) per channel.
+//
+// Thread safety: all functions may be called from several threads at once; concurrent
+// `nvfipc_exchange_handles` calls must not include the same channel (that call fails with
+// `NVFIPC_STATUS_INVALID_STATE`). `nvfipc_cache_free` must not race with other calls on it.
+typedef struct nvfipc_cache nvfipc_cache;
+
+// One rank's view of the job: rank, world size, local rank and size, the store every rank
+// shares, a job id, and barriers (`nvfipc_barrier`).
+//
+// Thread safety: getters and `nvfipc_barrier` may be called from any thread at once (barriers
+// over different rank sets may even run concurrently; the same set must be entered in the same
+// order by all its members). `nvfipc_context_free` must not race with other calls on it.
+typedef struct nvfipc_context nvfipc_context;
+
+// An embedded TCPStore server (PyTorch's wire protocol) running on a background thread of this
+// process; any TCPStore client (this library's, PyTorch's) can connect to it.
+//
+// Thread safety: `nvfipc_server_port` and `nvfipc_server_num_clients` may be called from any
+// thread at once; `nvfipc_server_free` must not race with them.
+typedef struct nvfipc_server nvfipc_server;
+
+// A key-value store with the semantics of PyTorch's `c10d::Store`: a TCPStore client
+// (`nvfipc_store_connect`) or a store backed by host callbacks (`nvfipc_store_from_callbacks`).
+//
+// Thread safety: all operations may be called from any number of threads at once. A TCP store
+// sends one request at a time over its connection, so a blocking `get`/`wait` on one thread
+// delays other threads' calls on the same store; connect one store per thread when several
+// threads need independent blocking waits. `nvfipc_store_free` must not race with calls on the
+// same store from other threads (such races are detected where possible, never relied upon).
+typedef struct nvfipc_store nvfipc_store;
+
+// Counters of real driver-level IPC opens and closes in this process.
+typedef struct nvfipc_cuda_ipc_counters {
+  // `cuIpcOpenMemHandle` calls that succeeded.
+  uint64_t opens;
+  // `cuIpcCloseMemHandle` calls that succeeded.
+  uint64_t closes;
+  // Peer allocations mapped right now.
+  uint64_t live;
+} nvfipc_cuda_ipc_counters;
+
+// The 64 bytes of a legacy CUDA IPC handle (`cudaIpcMemHandle_t`).
+typedef struct nvfipc_cuda_ipc_handle {
+  uint8_t bytes[64];
+} nvfipc_cuda_ipc_handle;
+
+// One side of a P2P channel as the calling rank sees it (device addresses in this process).
+typedef struct nvfipc_p2p_endpoint {
+  // This rank's buffer (send buffer on the sender, receive buffer on the receiver).
+  uint64_t local_ptr;
+  // Its size in bytes.
+  uint64_t local_bytes;
+  // This rank's semaphore for the channel (in its own slab).
+  uint64_t local_semaphore;
+  // The peer's buffer, mapped into this process.
+  uint64_t peer_ptr;
+  // Its size in bytes.
+  uint64_t peer_bytes;
+  // The peer's semaphore for the channel, mapped into this process.
+  uint64_t peer_semaphore;
+} nvfipc_p2p_endpoint;
+
+// One point-to-point communication of a batch.
+typedef struct nvfipc_request {
+  // The other rank (`0..world_size`, not this rank).
+  int64_t peer;
+  // `NVFIPC_DIRECTION_SEND` or `NVFIPC_DIRECTION_RECV`.
+  int32_t direction;
+  // `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
+  int32_t kind;
+  // NUL-terminated name of the communication, equal on both ranks (nvFuser: its name).
+  const char *tag;
+  // Address of the local buffer (a device pointer, or a pointer into an `nvfipc_host_alloc`
+  // buffer).
+  uint64_t ptr;
+  // Size of the local buffer in bytes (> 0).
+  uint64_t bytes;
+} nvfipc_request;
+
+// Handles of one channel, as nvFuser's `P2pIpcHandle`. Valid until the next
+// `nvfipc_exchange_handles` that changes the channel's buffers, or until the cache is freed.
+typedef struct nvfipc_p2p_handle {
+  // The local buffer and its size.
+  uint64_t local_ptr;
+  uint64_t local_bytes;
+  // This rank's 32-bit semaphore of the channel (written by the peer).
+  uint64_t local_semaphore;
+  // The peer's buffer mapped into this process, and its size.
+  uint64_t peer_ptr;
+  uint64_t peer_bytes;
+  // The peer's 32-bit semaphore of the channel, mapped into this process.
+  uint64_t peer_semaphore;
+  // `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
+  int32_t kind;
+} nvfipc_p2p_handle;
+
+// Counters of a cache since creation.
+typedef struct nvfipc_cache_stats {
+  // Successful `nvfipc_exchange_handles` calls.
+  uint64_t exchanges;
+  // Channel-steps where neither side's buffer changed (no store traffic).
+  uint64_t hits;
+  // Channel-steps where at least one side's buffer changed.
+  uint64_t misses;
+  // Store calls made by exchanges (each multi-set or multi-get counts one).
+  uint64_t store_round_trips;
+  // Records published and their total encoded size.
+  uint64_t records_sent;
+  uint64_t record_bytes_sent;
+  // Records fetched and imported.
+  uint64_t records_received;
+  // Peer mappings opened (buffers and semaphore slabs) and closed.
+  uint64_t opens;
+  uint64_t closes;
+  // Consumed records deleted from the store in the background.
+  uint64_t keys_deleted;
+} nvfipc_cache_stats;
+
+// An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
+typedef struct nvfipc_bytes {
+  const uint8_t *data;
+  size_t len;
+} nvfipc_bytes;
+
+// A byte buffer allocated by the library: `len` bytes at `data`, followed by a NUL byte that is
+// not counted in `len` (so text values can be used as C strings). Release it with
+// `nvfipc_buffer_free(data, len)`, or arrays of them with `nvfipc_buffers_free`.
+typedef struct nvfipc_buffer {
+  uint8_t *data;
+  size_t len;
+} nvfipc_buffer;
+
+// Host-provided store operations (a C vtable).
+//
+// Return codes: every callback returns 0 on success, 2 (`NVFIPC_STATUS_TIMEOUT`) when a
+// `get`/`wait`/`multi_get` ran out of time, and any other value on failure. A failure code that
+// is an `nvfipc_status` value (for example `NVFIPC_STATUS_NOT_FOUND`) is reported as that
+// status; any other non-zero value is reported as `NVFIPC_STATUS_IO`. After a non-zero return the
+// library calls `error_message` (when set) to include the host's explanation.
+//
+// Threading: the library calls these functions from any thread, possibly from several threads
+// at the same time, so they must be thread-safe, and `ctx` must stay valid until the store
+// created from this vtable has been freed. The callbacks must not unwind (throw a C++ exception
+// or longjmp) out of the call, and must not call back into the same store.
+//
+// Keys: `key`/`keys[i]` point to `key_len`/`key_lens[i]` bytes, NOT NUL-terminated, valid only
+// during the call. Values: `value` points to `value_len` bytes, valid only during the call.
+//
+// Returned values (`get`, `compare_set`, `multi_get`): on success the host stores in
+// `*out_value` a buffer allocated with `malloc` (or NULL when the length is 0) and its length in
+// `*out_len`; the library takes ownership and releases it with `free_value(ctx, ptr, len)` when
+// that callback is set, or with `free(ptr)` otherwise. On a non-zero return the library ignores
+// and does not free the outputs, so the host must not leave memory allocated in them.
+//
+// Required: `set`, `get`, `add`, `check`, `delete_key`, `wait`. Optional (may be NULL):
+// `compare_set`, `append`, `num_keys` (the operation then fails with
+// `NVFIPC_STATUS_UNSUPPORTED`), `multi_set` and `multi_get` (then done key by key with
+// `set`, and `wait` + `get`), `free_value` and `error_message`.
+typedef struct nvfipc_store_callbacks {
+  // Passed unchanged as the first argument of every callback.
+  void *ctx;
+  // Upserts `key` = `value`.
+  int (*set)(void *ctx, const char *key, size_t key_len, const uint8_t *value, size_t value_len);
+  // Waits up to `timeout_ms` milliseconds for `key` to exist (0: do not wait), then returns
+  // its value in `*out_value` / `*out_len` (malloc'd, owned by the library afterwards).
+  // Returns 2 on timeout.
+  int (*get)(void *ctx,
+             const char *key,
+             size_t key_len,
+             int64_t timeout_ms,
+             uint8_t **out_value,
+             size_t *out_len);
+  // Adds `delta` to the decimal counter at `key` (missing counts as 0) and stores the new
+  // value in `*out_value`.
+  int (*add)(void *ctx, const char *key, size_t key_len, int64_t delta, int64_t *out_value);
+  // Sets `*out_ready` to true when all `n` keys exist. Never blocks.
+  int (*check)(void *ctx, const char *const *keys, const size_t *key_lens, size_t n, bool *out_ready);
+  // Deletes `key`; sets `*out_deleted` to whether it existed.
+  int (*delete_key)(void *ctx, const char *key, size_t key_len, bool *out_deleted);
+  // Waits up to `timeout_ms` milliseconds until all `n` keys exist (0: check once). Returns 2
+  // on timeout.
+  int (*wait)(void *ctx,
+              const char *const *keys,
+              const size_t *key_lens,
+              size_t n,
+              int64_t timeout_ms);
+  // Optional. c10d compare-and-set: when `key` holds `expected`, or is missing and `expected`
+  // is empty, store `desired`; return the value the key holds afterwards (for a missing key
+  // with non-empty `expected`: `expected` itself, as c10d does) in `*out_value`/`*out_len`.
+  int (*compare_set)(void *ctx,
+                     const char *key,
+                     size_t key_len,
+                     const uint8_t *expected,
+                     size_t expected_len,
+                     const uint8_t *desired,
+                     size_t desired_len,
+                     uint8_t **out_value,
+                     size_t *out_len);
+  // Optional. Appends `value` to `key`, creating it when missing.
+  int (*append)(void *ctx, const char *key, size_t key_len, const uint8_t *value, size_t value_len);
+  // Optional. Stores the number of keys in `*out_count`.
+  int (*num_keys)(void *ctx, int64_t *out_count);
+  // Optional. Sets `n` keys: `keys[i]` = `values[i]`.
+  int (*multi_set)(void *ctx,
+                   const char *const *keys,
+                   const size_t *key_lens,
+                   const uint8_t *const *values,
+                   const size_t *value_lens,
+                   size_t n);
+  // Optional. Waits up to `timeout_ms` for all `n` keys, then fills the caller's arrays
+  // `out_values[0..n]` / `out_lens[0..n]` with malloc'd copies of their values (owned by the
+  // library afterwards).
+  int (*multi_get)(void *ctx,
+                   const char *const *keys,
+                   const size_t *key_lens,
+                   size_t n,
+                   int64_t timeout_ms,
+                   uint8_t **out_values,
+                   size_t *out_lens);
+  // Optional. Releases a value returned by `get`, `compare_set` or `multi_get`; when NULL the
+  // library calls `free(ptr)`.
+  void (*free_value)(void *ctx, uint8_t *ptr, size_t len);
+  // Optional. A NUL-terminated description of the last failure on the calling thread, or
+  // NULL. The library copies it at once; it only needs to stay valid until the next callback.
+  const char *(*error_message)(void *ctx);
+} nvfipc_store_callbacks;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+// Blocks until every rank of `ranks[0..n_ranks]` (the whole world when `n_ranks` is 0; `ranks`
+// may then be NULL) has entered the same barrier. The list must contain this rank, no
+// duplicates, and only ranks below the world size; its order does not matter. Barriers are
+// reusable: the members of a set must simply call the same number of barriers on it.
+// `timeout_ms` < 0 uses the context's default, 0 checks once without waiting. On timeout the
+// status is `NVFIPC_STATUS_TIMEOUT` and the message names the ranks that did not arrive; the
+// job should then stop, as the set's barrier state is out of step.
+enum nvfipc_status nvfipc_barrier(const struct nvfipc_context *ctx,
+                                  const int64_t *ranks,
+                                  size_t n_ranks,
+                                  int64_t timeout_ms);
+
+// Creates the context of rank `rank` of `world_size` (`local_rank` of `local_world_size` on
+// this node) over `store`. The store is shared, not consumed: the context keeps its own
+// reference, so the caller may free `store` at any time (the connection stays open until both
+// are freed). Every rank must create its context over the same store. On success `*out_ctx`
+// receives the context; free it with `nvfipc_context_free`.
+enum nvfipc_status nvfipc_context_create(int64_t rank,
+                                         int64_t world_size,
+                                         int64_t local_rank,
+                                         int64_t local_world_size,
+                                         const struct nvfipc_store *store,
+                                         struct nvfipc_context **out_ctx);
+
+// Creates the context of rank `rank` of `world_size` (all on this node) over the TCPStore at
+// `host`:`port`. With `host_store` true this rank first starts the store server here (on every
+// interface; port 0 picks a free one, see `nvfipc_context_hosted_port`), and keeps it running
+// at free until the other ranks are done. `timeout_ms` (< 0: 300 s) bounds the connection and
+// is the default timeout of the store and of barriers.
+enum nvfipc_status nvfipc_context_connect(int64_t rank,
+                                          int64_t world_size,
+                                          const char *host,
+                                          uint16_t port,
+                                          bool host_store,
+                                          int64_t timeout_ms,
+                                          struct nvfipc_context **out_ctx);
+
+// Creates the context from the launcher's environment: rank, world size and local rank from
+// Open MPI (`OMPI_COMM_WORLD_*`), `WORLD_RANK`/`WORLD_SIZE`, Slurm or torchrun (`RANK`,
+// `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`); the store at `NVFUSER_MASTER_ADDR`/`PORT` or
+// `MASTER_ADDR`/`MASTER_PORT`, hosted by local rank 0 of the master host (or an existing store
+// at `NVFIPC_STORE_ADDR`). The default timeout is `NVFIPC_TIMEOUT_MS`, else 300 s.
+// On success `*out_ctx` receives the context; free it with `nvfipc_context_free`.
+enum nvfipc_status nvfipc_context_from_env(struct nvfipc_context **out_ctx);
+
+// Writes this process's rank to `*out_rank`.
+enum nvfipc_status nvfipc_context_rank(const struct nvfipc_context *ctx, int64_t *out_rank);
+
+// Writes the number of ranks in the job to `*out_world_size`.
+enum nvfipc_status nvfipc_context_world_size(const struct nvfipc_context *ctx,
+                                             int64_t *out_world_size);
+
+// Writes this process's rank among the ranks of its node to `*out_local_rank`.
+enum nvfipc_status nvfipc_context_local_rank(const struct nvfipc_context *ctx,
+                                             int64_t *out_local_rank);
+
+// Writes the number of ranks on this node to `*out_local_world_size`.
+enum nvfipc_status nvfipc_context_local_world_size(const struct nvfipc_context *ctx,
+                                                   int64_t *out_local_world_size);
+
+// Writes the job id (agreed by all ranks; unique per run) to `*out_job_id`. The string belongs
+// to the context and stays valid until `nvfipc_context_free`.
+enum nvfipc_status nvfipc_context_job_id(const struct nvfipc_context *ctx, const char **out_job_id);
+
+// Writes the port of the store server this rank hosts to `*out_port`, or 0 when it hosts none.
+enum nvfipc_status nvfipc_context_hosted_port(const struct nvfipc_context *ctx, uint16_t *out_port);
+
+// Writes a new reference to the context's store to `*out_store`, for direct key-value use (keys
+// under `nvfipc/` are the library's). Free it with `nvfipc_store_free`; the context keeps its own
+// reference.
+enum nvfipc_status nvfipc_context_store(const struct nvfipc_context *ctx,
+                                        struct nvfipc_store **out_store);
+
+// Closes and frees the context. This rank announces that it is done; a rank that hosts the
+// store first waits (bounded, 30 s by default) until the other ranks have closed or
+// disconnected, so that nobody loses the store mid-operation, and reports
+// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). NULL is a no-op;
+// a second free gives `NVFIPC_STATUS_INVALID_STATE`.
+enum nvfipc_status nvfipc_context_free(struct nvfipc_context *ctx);
+
+// Writes whether the CUDA driver could be loaded and initialised into `*out`. Never fails on a
+// machine without CUDA: `*out` is then false and `nvfipc_cuda_check` tells why.
+enum nvfipc_status nvfipc_cuda_available(bool *out);
+
+// Loads and initialises the CUDA driver (once per process). `NVFIPC_STATUS_CUDA_UNAVAILABLE`,
+// with the reason in the last error message, when there is no usable driver.
+enum nvfipc_status nvfipc_cuda_check(void);
+
+// Checks that `[ptr, ptr + bytes)` is device memory that legacy CUDA IPC can export.
+// `NVFIPC_STATUS_INVALID_ARGUMENT` for NULL, host, freed or unknown pointers and ranges that
+// overrun their allocation; `NVFIPC_STATUS_UNSUPPORTED` for VMM (expandable segments), pool
+// and managed memory. On success `*out_base` (optional, may be NULL) receives the allocation
+// base.
+enum nvfipc_status nvfipc_cuda_check_pointer(const void *ptr, uint64_t bytes, uint64_t *out_base);
+
+// Reads the process-wide IPC counters (opens == closes and live == 0 after a clean teardown).
+enum nvfipc_status nvfipc_cuda_ipc_counters_get(struct nvfipc_cuda_ipc_counters *out);
+
+// Exports the device allocation holding `[ptr, ptr + bytes)` as a legacy CUDA IPC handle:
+// writes the handle of the allocation base to `*out_handle` and `ptr`'s offset from that base
+// to `*out_offset`. Exports are cached per allocation. A low-level building block; the handle
+// cache does all of this itself.
+enum nvfipc_status nvfipc_cuda_ipc_export(const void *ptr,
+                                          uint64_t bytes,
+                                          struct nvfipc_cuda_ipc_handle *out_handle,
+                                          uint64_t *out_offset);
+
+// Opens the legacy IPC `handle` exported by rank `peer` in the current context (with
+// lazy peer access) and writes the mapped allocation base to `*out_base`. Opening the same
+// handle again returns the same base and takes another reference; every open needs one
+// `nvfipc_cuda_ipc_close`.
+enum nvfipc_status nvfipc_cuda_ipc_open(int64_t peer,
+                                        const struct nvfipc_cuda_ipc_handle *handle,
+                                        uint64_t *out_base);
+
+// Drops one reference taken by `nvfipc_cuda_ipc_open` on the current device; the mapping is
+// closed with the last one. No stream may still use the mapping.
+enum nvfipc_status nvfipc_cuda_ipc_close(int64_t peer, const struct nvfipc_cuda_ipc_handle *handle);
+
+// Sender, transfer number `transfer` (1, 2, ... per channel): enqueues on `stream` the signal
+// that the local send buffer holds the data.
+enum nvfipc_status nvfipc_cuda_send_post(const struct nvfipc_p2p_endpoint *endpoint,
+                                         uint64_t transfer,
+                                         void *stream);
+
+// Receiver, transfer `transfer`: enqueues on `stream` a wait for the sender's signal, the copy of
+// `bytes` bytes from the peer's buffer into the local buffer, and the "consumed" signal.
+enum nvfipc_status nvfipc_cuda_recv_post(const struct nvfipc_p2p_endpoint *endpoint,
+                                         uint64_t transfer,
+                                         uint64_t bytes,
+                                         void *stream);
+
+// Sender, transfer `transfer`: enqueues on `stream` a wait until the receiver has consumed the
+// data (the send buffer may be overwritten by work queued after it).
+enum nvfipc_status nvfipc_cuda_send_wait(const struct nvfipc_p2p_endpoint *endpoint,
+                                         uint64_t transfer,
+                                         void *stream);
+
+// Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
+// shared memory; the CUDA transport is loaded on the first device request. One cache per job
+// and rank per process: a second one needs `nvfipc_cache_create_scoped`. Free with
+// `nvfipc_cache_free`.
+enum nvfipc_status nvfipc_cache_create(const struct nvfipc_context *ctx,
+                                       struct nvfipc_cache **out_cache);
+
+// Like `nvfipc_cache_create`, for one of several caches of a job in one process: `scope` (equal
+// on all ranks, NUL-terminated) separates their channels, boards and store keys.
+enum nvfipc_status nvfipc_cache_create_scoped(const struct nvfipc_context *ctx,
+                                              const char *scope,
+                                              struct nvfipc_cache **out_cache);
+
+// Releases every peer mapping and the cache; NULL is a no-op.
+enum nvfipc_status nvfipc_cache_free(struct nvfipc_cache *cache);
+
+// Exchanges handles for the `n` requests at `reqs` with every peer they name. Each peer must make
+// the matching call (same tags; any order of requests). Costs no store traffic when neither
+// side's buffers changed, at most one multi-set and one multi-get otherwise; never a barrier.
+// Fails with `NVFIPC_STATUS_TIMEOUT` (naming rank, peer, tag, step and key) when a peer does not
+// arrive within the cache's timeout.
+enum nvfipc_status nvfipc_exchange_handles(const struct nvfipc_cache *cache,
+                                           const struct nvfipc_request *reqs,
+                                           size_t n);
+
+// `nvfipc_exchange_handles` with its own bound (`timeout_ms` < 0: the cache's timeout).
+enum nvfipc_status nvfipc_exchange_handles_timeout(const struct nvfipc_cache *cache,
+                                                   const struct nvfipc_request *reqs,
+                                                   size_t n,
+                                                   int64_t timeout_ms);
+
+// Looks up the handles of `req` (same peer, direction, tag, pointer and size as in the last
+// exchange that included it) into `*out`. `NVFIPC_STATUS_NOT_FOUND` when it was not exchanged.
+enum nvfipc_status nvfipc_cache_get(const struct nvfipc_cache *cache,
+                                    const struct nvfipc_request *req,
+                                    struct nvfipc_p2p_handle *out);
+
+// Copies the cache's counters into `*out`.
+enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
+                                      struct nvfipc_cache_stats *out);
+
+// The message of the last failed call on this thread, or "" when none has failed. Never NULL.
+// The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
+// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
+const char *nvfipc_last_error_message(void);
+
+// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).
+enum nvfipc_status nvfipc_last_error_status(void);
+
+// Forgets the last error of this thread, so a later check of `nvfipc_last_error_status` only
+// sees failures after this point.
+void nvfipc_last_error_clear(void);
+
+// A short, static, lower-case name for a status value (e.g. "timeout"); "unknown status" for a
+// value that is not an `nvfipc_status`. Never NULL; never freed.
+const char *nvfipc_status_name(int32_t status);
+
+// Frees a buffer returned by the library (e.g. by `nvfipc_store_get`), given the length returned
+// with it. NULL is a no-op. Freeing twice, or a pointer the library did not return, gives
+// `NVFIPC_STATUS_INVALID_STATE`; a wrong length gives `NVFIPC_STATUS_INVALID_ARGUMENT` (and
+// the buffer stays allocated). Thread-safe.
+enum nvfipc_status nvfipc_buffer_free(uint8_t *data, size_t len);
+
+// Allocates `bytes` (> 0) of zero-filled host memory in a POSIX shared-memory segment that peers
+// can map through `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the
+// address; free it with `nvfipc_host_free`. Segment names carry the job id from
+// `$NVFIPC_JOB_ID` (or the last cache's context) so a job's segments are easy to find.
+enum nvfipc_status nvfipc_host_alloc(size_t bytes, void **out_ptr_arg);
+
+// Frees a buffer from `nvfipc_host_alloc` (its start address); NULL is a no-op. Peers that mapped
+// it keep their mapping until they release it; a freed or foreign pointer is an error.
+enum nvfipc_status nvfipc_host_free(void *ptr);
+
+// Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
+// the receiver that the next transfer's data is ready. Never blocks.
+enum nvfipc_status nvfipc_host_send_post(const struct nvfipc_cache *cache,
+                                         const struct nvfipc_request *req);
+
+// Receiver side (a RECV request already exchanged): waits for the sender's post, copies `bytes`
+// from the sender's buffer into the local one and signals the sender. `timeout_ms` < 0: the
+// cache's timeout; 0: check once.
+enum nvfipc_status nvfipc_host_recv_post(const struct nvfipc_cache *cache,
+                                         const struct nvfipc_request *req,
+                                         uint64_t bytes,
+                                         int64_t timeout_ms);
+
+// Sender side: waits until the receiver has copied the last posted transfer, after which the
+// send buffer may be reused. `timeout_ms` as in `nvfipc_host_recv_post`.
+enum nvfipc_status nvfipc_host_send_wait(const struct nvfipc_cache *cache,
+                                         const struct nvfipc_request *req,
+                                         int64_t timeout_ms);
+
+// Sets `key` to the `value_len` bytes at `value`, replacing any previous value, and wakes
+// waiters of `key`.
+enum nvfipc_status nvfipc_store_set(const struct nvfipc_store *store,
+                                    const char *key,
+                                    const uint8_t *value,
+                                    size_t value_len);
+
+// Waits until `key` exists (at most `timeout_ms`; < 0: the store's default, 0: check once) and
+// returns a copy of its value in `*out_value` / `*out_len`; free it with `nvfipc_buffer_free`.
+// A missing key after the wait gives `NVFIPC_STATUS_TIMEOUT`.
+enum nvfipc_status nvfipc_store_get(const struct nvfipc_store *store,
+                                    const char *key,
+                                    int64_t timeout_ms,
+                                    uint8_t **out_value,
+                                    size_t *out_len);
+
+// Adds `delta` to the decimal counter at `key` (a missing key counts as 0) and writes the new
+// value to `*out_value` (`out_value` may be NULL).
+enum nvfipc_status nvfipc_store_add(const struct nvfipc_store *store,
+                                    const char *key,
+                                    int64_t delta,
+                                    int64_t *out_value);
+
+// Writes to `*out_all_exist` whether every one of the `n_keys` keys exists. Never blocks.
+enum nvfipc_status nvfipc_store_check(const struct nvfipc_store *store,
+                                      const char *const *keys,
+                                      size_t n_keys,
+                                      bool *out_all_exist);
+
+// Blocks until every one of the `n_keys` keys exists, or fails with `NVFIPC_STATUS_TIMEOUT`
+// after `timeout_ms` (< 0: the store's default, 0: check once).
+enum nvfipc_status nvfipc_store_wait(const struct nvfipc_store *store,
+                                     const char *const *keys,
+                                     size_t n_keys,
+                                     int64_t timeout_ms);
+
+// Deletes `key`; writes to `*out_deleted` (may be NULL) whether it existed.
+enum nvfipc_status nvfipc_store_delete_key(const struct nvfipc_store *store,
+                                           const char *key,
+                                           bool *out_deleted);
+
+// Writes the number of keys in the store to `*out_num_keys` (internal keys included, as in
+// PyTorch).
+enum nvfipc_status nvfipc_store_num_keys(const struct nvfipc_store *store, int64_t *out_num_keys);
+
+// Compare-and-set with `c10d::Store::compareSet` semantics: when `key` holds `expected` (or is
+// missing and `expected` is empty) it is set to `desired`. The value the key holds afterwards
+// (or the current value when the comparison failed) is returned in `*out_value`/`*out_len`;
+// free it with `nvfipc_buffer_free`.
+enum nvfipc_status nvfipc_store_compare_set(const struct nvfipc_store *store,
+                                            const char *key,
+                                            const uint8_t *expected,
+                                            size_t expected_len,
+                                            const uint8_t *desired,
+                                            size_t desired_len,
+                                            uint8_t **out_value,
+                                            size_t *out_len);
+
+// Appends `value_len` bytes to `key`, creating it when missing.
+enum nvfipc_status nvfipc_store_append(const struct nvfipc_store *store,
+                                       const char *key,
+                                       const uint8_t *value,
+                                       size_t value_len);
+
+// Sets `n` keys at once (one message on a TCP store): `keys[i]` to `values[i]`.
+enum nvfipc_status nvfipc_store_multi_set(const struct nvfipc_store *store,
+                                          const char *const *keys,
+                                          const struct nvfipc_bytes *values,
+                                          size_t n);
+
+// Waits (at most `timeout_ms`; < 0: the store's default, 0: check once) until all `n` keys
+// exist, then fills the caller's array `out_values[0..n]` with their values in request order.
+// Release them with `nvfipc_buffers_free(out_values, n)`. On failure nothing is allocated and
+// `out_values` is left untouched.
+enum nvfipc_status nvfipc_store_multi_get(const struct nvfipc_store *store,
+                                          const char *const *keys,
+                                          size_t n,
+                                          int64_t timeout_ms,
+                                          struct nvfipc_buffer *out_values);
+
+// Frees the `n` buffers of `values` (as filled by `nvfipc_store_multi_get`) and sets each to
+// `{NULL, 0}`. Entries that are already `{NULL, 0}` are skipped, so calling it twice is safe.
+// Every entry is attempted; the first failure is returned.
+enum nvfipc_status nvfipc_buffers_free(struct nvfipc_buffer *values, size_t n);
+
+// Writes the store's default timeout (used when an operation gets `timeout_ms < 0`) to
+// `*out_timeout_ms`.
+enum nvfipc_status nvfipc_store_default_timeout_ms(const struct nvfipc_store *store,
+                                                   int64_t *out_timeout_ms);
+
+// Releases this reference to the store. Contexts created with the store keep their own
+// reference, so the store may be freed while they still use it; the connection closes when the
+// last user is gone. NULL is a no-op; a second free gives `NVFIPC_STATUS_INVALID_STATE`.
+enum nvfipc_status nvfipc_store_free(struct nvfipc_store *store);
+
+// Connects to the TCPStore server at `host`:`port` (a PyTorch `TCPStore` master, an
+// `nvfipc_store_serve` server, or `nvfipc serve`), retrying until the server answers or
+// `timeout_ms` runs out. `timeout_ms` also becomes the store's default timeout for waiting
+// operations (< 0: 300 s, as in PyTorch). With `wait_for_workers` > 0, announces this worker
+// like a PyTorch client created with `world_size` = `wait_for_workers` and
+// `wait_for_workers=True` (a PyTorch master waits for these); <= 0 announces nothing.
+// On success `*out_store` receives a new store; free it with `nvfipc_store_free`.
+enum nvfipc_status nvfipc_store_connect(const char *host,
+                                        uint16_t port,
+                                        int64_t timeout_ms,
+                                        int64_t wait_for_workers,
+                                        struct nvfipc_store **out_store);
+
+// Makes a store whose operations call the host's functions in `*callbacks` (copied; see
+// `nvfipc_store_callbacks` for the contract: thread-safe callbacks, `ctx` valid until the store
+// and every context using it are freed). Its default timeout is 300 s.
+// On success `*out_store` receives a new store; free it with `nvfipc_store_free`.
+enum nvfipc_status nvfipc_store_from_callbacks(const struct nvfipc_store_callbacks *callbacks,
+                                               struct nvfipc_store **out_store);
+
+// Changes the default timeout of a TCP store (used by waiting operations given
+// `timeout_ms < 0`, and by reply reads). `timeout_ms` must be positive. Other stores give
+// `NVFIPC_STATUS_UNSUPPORTED`.
+enum nvfipc_status nvfipc_store_set_timeout(const struct nvfipc_store *store, int64_t timeout_ms);
+
+// Round-trips a PING to the server of a TCP store (checks that it is alive and answering) and
+// writes the round-trip time in microseconds to `*out_rtt_us` (may be NULL). Other stores give
+// `NVFIPC_STATUS_UNSUPPORTED`.
+enum nvfipc_status nvfipc_store_ping(const struct nvfipc_store *store, int64_t *out_rtt_us);
+
+// Starts a TCPStore server listening on `bind_host`:`port` ("" or "::" listens on every
+// interface, IPv4 and IPv6; "127.0.0.1" only locally; port 0 picks a free port). The port it
+// listens on is written to `*out_port` (may be NULL; see also `nvfipc_server_port`).
+// On success `*out_server` receives the server; stop it with `nvfipc_server_free`.
+enum nvfipc_status nvfipc_store_serve(const char *bind_host,
+                                      uint16_t port,
+                                      uint16_t *out_port,
+                                      struct nvfipc_server **out_server);
+
+// Writes the port the server listens on to `*out_port`.
+enum nvfipc_status nvfipc_server_port(const struct nvfipc_server *server, uint16_t *out_port);
+
+// Writes the number of currently connected clients to `*out_clients`.
+enum nvfipc_status nvfipc_server_num_clients(const struct nvfipc_server *server,
+                                             size_t *out_clients);
+
+// Stops the server and frees it. With `idle_timeout_ms` > 0 it first waits, at most that long,
+// until no client is connected, so that ranks still using the store are not cut off; 0 stops at
+// once; < 0 waits up to the default store timeout (300 s). The server is stopped and freed in
+// every case; `NVFIPC_STATUS_TIMEOUT` says clients were still connected. NULL is a no-op; a second free gives `NVFIPC_STATUS_INVALID_STATE`.
+enum nvfipc_status nvfipc_server_free(struct nvfipc_server *server,
+                                      int64_t idle_timeout_ms);
+
+// The version of the loaded library, e.g. "0.1.0"; compare with `NVFIPC_VERSION` from the
+// header. Static: never NULL, never freed. Thread-safe.
+const char *nvfipc_version(void);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
 #endif  /* NVFUSER_IPC_H */

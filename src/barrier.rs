@@ -1,1 +1,708 @@
-//! (being written)
+//! Reusable barriers over the world or any subset of ranks, built on a [`Store`].
+//!
+//! Protocol for generation `g` of a member set of `n` ranks (keys under `nvfipc/barrier/...`):
+//! 1. each arriving rank SETs `<set>/arrived/<rank>` to `g` (no reply on the TCP store, so it
+//!    costs no round trip) and ADDs 1 to `<set>/count` (one round trip);
+//! 2. the counter is never reset: generation `g` owns the values `g*n+1 ..= (g+1)*n`, so the rank
+//!    that reads `(g+1)*n` is the last arriver; it SETs `<set>/release/<g>` and then deletes
+//!    `<set>/release/<g-1>`, which nobody can still be waiting on (every member has arrived at `g`,
+//!    so every member has left `g-1`);
+//! 3. everyone else WAITs for `<set>/release/<g>` with the timeout.
+//!
+//! The store therefore holds at most one arrival key per member, one counter and two release keys
+//! per member set, however many barriers run. A counter value outside the generation's range
+//! means the members disagree on how many barriers they called (or another job shares the store
+//! namespace) and is reported instead of silently mis-synchronising. On timeout the arrival keys
+//! tell which ranks never arrived, and the error names them.
+
+use crate::error::{Error, Result, Status};
+use crate::store::Store;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Prefix of every key the barrier writes.
+pub const BARRIER_KEY_PREFIX: &str = "nvfipc/barrier";
+
+/// How long the timeout diagnosis may block on reading a key that `check` reported present.
+const DIAGNOSIS_GET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Lists longer than this are printed as ranges (`[0-31,33]`) in messages.
+const FULL_LIST_MAX: usize = 16;
+
+/// The sorted, validated ranks of one barrier and the short stable id that names its keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberSet {
+    ranks: Vec<usize>,
+    id: String,
+}
+
+impl MemberSet {
+    /// Validates `members` (the whole world when `None`) for a barrier called by `rank`: members
+    /// must be unique, below `world`, and include `rank`.
+    pub fn new(rank: usize, world: usize, members: Option<&[usize]>) -> Result<MemberSet> {
+        if world == 0 {
+            return Err(Error::invalid("barrier: world size is 0"));
+        }
+        if rank >= world {
+            return Err(Error::invalid(format!(
+                "barrier: rank {rank} is not below the world size {world}"
+            )));
+        }
+        let ranks = match members {
+            None => (0..world).collect::<Vec<_>>(),
+            Some(list) => {
+                let mut sorted = list.to_vec();
+                sorted.sort_unstable();
+                if let Some(bad) = sorted.iter().find(|&&r| r >= world) {
+                    return Err(Error::invalid(format!(
+                        "barrier: member rank {bad} is not below the world size {world} \
+                         (members {})",
+                        format_ranks(list)
+                    )));
+                }
+                if let Some(pair) = sorted.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(Error::invalid(format!(
+                        "barrier: rank {} is listed twice in the members {}",
+                        pair[0],
+                        format_ranks(list)
+                    )));
+                }
+                if sorted.binary_search(&rank).is_err() {
+                    return Err(Error::invalid(format!(
+                        "barrier: rank {rank} called a barrier over ranks {} that it is not a \
+                         member of",
+                        format_ranks(&sorted)
+                    )));
+                }
+                sorted
+            }
+        };
+        let id = if ranks.len() == world {
+            format!("w{world}")
+        } else {
+            format!("s{}-{:016x}", ranks.len(), fnv1a_ranks(&ranks))
+        };
+        Ok(MemberSet { ranks, id })
+    }
+
+    /// The members in increasing order.
+    pub fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+
+    /// Short stable name of the set: `w<world>` for the whole world, else `s<n>-<hash>`.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn len(&self) -> usize {
+        self.ranks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranks.is_empty()
+    }
+}
+
+/// 64-bit FNV-1a over the ranks as little-endian u64: stable across processes and builds.
+fn fnv1a_ranks(ranks: &[usize]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &r in ranks {
+        for byte in (r as u64).to_le_bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+/// Formats ranks for messages: `[0,1,2,3]`, or ranges such as `[0-31,33,35-63]` for long lists.
+pub fn format_ranks(ranks: &[usize]) -> String {
+    if ranks.len() <= FULL_LIST_MAX {
+        let items: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+        return format!("[{}]", items.join(","));
+    }
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        if j > i {
+            parts.push(format!("{}-{}", sorted[i], sorted[j]));
+        } else {
+            parts.push(sorted[i].to_string());
+        }
+        i = j + 1;
+    }
+    format!("[{}]", parts.join(","))
+}
+
+/// Per-process barrier state: the next generation of every member set this rank has used.
+///
+/// Every rank keeps its own; they stay in step because every member calls the same barriers.
+#[derive(Debug)]
+pub struct BarrierState {
+    prefix: String,
+    generations: Mutex<HashMap<String, u64>>,
+}
+
+impl Default for BarrierState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BarrierState {
+    /// State whose keys live under `nvfipc/barrier/`.
+    pub fn new() -> BarrierState {
+        BarrierState {
+            prefix: BARRIER_KEY_PREFIX.to_string(),
+            generations: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// State whose keys live under `nvfipc/barrier/<scope>/`, so that several jobs (or several
+    /// independent groups of barriers) can share one store without sharing counters.
+    pub fn scoped(scope: &str) -> BarrierState {
+        BarrierState {
+            prefix: format!("{BARRIER_KEY_PREFIX}/{scope}"),
+            generations: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The key prefix of this state's barriers.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The generation the next barrier over `set` will use.
+    pub fn next_generation(&self, set: &MemberSet) -> u64 {
+        self.lock().get(set.id()).copied().unwrap_or(0)
+    }
+
+    /// Returns the generation for this call and advances the counter.
+    fn take_generation(&self, set: &MemberSet) -> u64 {
+        let mut map = self.lock();
+        let slot = map.entry(set.id().to_string()).or_insert(0);
+        let gen = *slot;
+        *slot += 1;
+        gen
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
+        self.generations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Store keys of one member set.
+struct BarrierKeys {
+    base: String,
+}
+
+impl BarrierKeys {
+    fn new(state: &BarrierState, set: &MemberSet) -> BarrierKeys {
+        BarrierKeys {
+            base: format!("{}/{}", state.key_prefix(), set.id()),
+        }
+    }
+    fn arrival(&self, rank: usize) -> String {
+        format!("{}/arrived/{rank}", self.base)
+    }
+    fn count(&self) -> String {
+        format!("{}/count", self.base)
+    }
+    fn release(&self, gen: u64) -> String {
+        format!("{}/release/{gen}", self.base)
+    }
+}
+
+/// Blocks until every member of `members` (the whole world when `None`) has called the same
+/// barrier, or fails after `timeout` with an error naming the ranks that did not arrive.
+///
+/// `rank` must be a member. Returns the generation that completed (0 for the first barrier over
+/// this member set, then 1, 2, ...). A zero timeout checks once and does not wait.
+///
+/// After a failed barrier the member set's counters may be out of step; the job should stop.
+pub fn barrier(
+    store: &dyn Store,
+    state: &BarrierState,
+    rank: usize,
+    world: usize,
+    members: Option<&[usize]>,
+    timeout: Duration,
+) -> Result<u64> {
+    let set = MemberSet::new(rank, world, members)?;
+    let gen = state.take_generation(&set);
+    if set.len() == 1 {
+        // Nobody to wait for.
+        return Ok(gen);
+    }
+    let keys = BarrierKeys::new(state, &set);
+    let what = || {
+        format!(
+            "barrier gen {gen} over ranks {} on rank {rank}",
+            format_ranks(set.ranks())
+        )
+    };
+
+    store
+        .set(&keys.arrival(rank), gen.to_string().as_bytes())
+        .map_err(|e| e.context(format!("{}: announcing arrival", what())))?;
+    let count_key = keys.count();
+    let count = store
+        .add(&count_key, 1)
+        .map_err(|e| e.context(format!("{}: adding to {count_key}", what())))?;
+
+    let n = set.len() as i64;
+    let gen_i = gen as i64;
+    let (first, last) = (gen_i * n + 1, (gen_i + 1) * n);
+    if count < first || count > last {
+        return Err(Error::state(format!(
+            "{}: the counter {count_key} reads {count}, outside {first}..={last} which \
+             generation {gen} owns; the members called different numbers of barriers over this \
+             set, or another job uses the same store keys (give it its own scope)",
+            what()
+        )));
+    }
+
+    let release_key = keys.release(gen);
+    if count == last {
+        store
+            .set(&release_key, b"1")
+            .map_err(|e| e.context(format!("{}: releasing", what())))?;
+        if gen > 0 {
+            let old = keys.release(gen - 1);
+            store
+                .delete_key(&old)
+                .map_err(|e| e.context(format!("{}: deleting the old key {old}", what())))?;
+        }
+        return Ok(gen);
+    }
+
+    let waited = if timeout.is_zero() {
+        match store.check(&[&release_key]) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::timeout("not released at the first check")),
+            Err(e) => Err(e),
+        }
+    } else {
+        store.wait(&[&release_key], timeout)
+    };
+    match waited {
+        Ok(()) => Ok(gen),
+        Err(e) if e.status == Status::Timeout => {
+            // The release may have landed just after the wait gave up.
+            if store.check(&[&release_key]).unwrap_or(false) {
+                return Ok(gen);
+            }
+            Err(timeout_error(store, &keys, &set, gen, rank, timeout))
+        }
+        Err(e) => Err(e.context(format!("{}: waiting for {release_key}", what()))),
+    }
+}
+
+/// Builds the timeout error, naming the members whose arrival key is missing or older than `gen`.
+fn timeout_error(
+    store: &dyn Store,
+    keys: &BarrierKeys,
+    set: &MemberSet,
+    gen: u64,
+    rank: usize,
+    timeout: Duration,
+) -> Error {
+    let head = format!(
+        "barrier gen {gen} over ranks {} timed out after {} ms on rank {rank}",
+        format_ranks(set.ranks()),
+        timeout.as_millis()
+    );
+    match missing_ranks(store, keys, set, gen, rank) {
+        Ok(missing) if missing.is_empty() => Error::timeout(format!(
+            "{head}: every rank arrived but the release key {} was not set; the last arriver \
+             may have died or lost its store connection",
+            keys.release(gen)
+        )),
+        Ok(missing) => {
+            let list = format_ranks(&missing);
+            let list = &list[1..list.len() - 1];
+            Error::timeout(format!(
+                "{head}: ranks {list} did not arrive; check that they are alive and call the \
+                 same barriers, or raise the timeout"
+            ))
+        }
+        Err(e) => Error::timeout(format!(
+            "{head}; could not tell which ranks are missing: {e}"
+        )),
+    }
+}
+
+/// Members (other than `rank`) that have not announced arrival at generation `gen`.
+fn missing_ranks(
+    store: &dyn Store,
+    keys: &BarrierKeys,
+    set: &MemberSet,
+    gen: u64,
+    rank: usize,
+) -> Result<Vec<usize>> {
+    let mut missing = Vec::new();
+    for &member in set.ranks().iter().filter(|&&m| m != rank) {
+        let key = keys.arrival(member);
+        if !store.check(&[&key])? {
+            missing.push(member);
+            continue;
+        }
+        let value = store.get(&key, DIAGNOSIS_GET_TIMEOUT)?;
+        let arrived = std::str::from_utf8(&value)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| {
+                Error::protocol(format!(
+                    "arrival key {key} holds {value:?}, not a generation number"
+                ))
+            })?;
+        if arrived < gen {
+            missing.push(member);
+        }
+    }
+    Ok(missing)
+}
+
+/// A thread-safe in-memory [`Store`] with c10d semantics, for unit tests of the layers above it.
+#[cfg(test)]
+pub(crate) mod memory_store {
+    use crate::error::{Error, Result};
+    use crate::store::Store;
+    use std::collections::HashMap;
+    use std::sync::{Condvar, Mutex};
+    use std::time::{Duration, Instant};
+
+    #[derive(Default)]
+    pub struct MemoryStore {
+        map: Mutex<HashMap<String, Vec<u8>>>,
+        changed: Condvar,
+    }
+
+    impl MemoryStore {
+        pub fn new() -> Self {
+            Self::default()
+        }
+        pub fn keys(&self) -> Vec<String> {
+            let mut keys: Vec<String> = self.map.lock().unwrap().keys().cloned().collect();
+            keys.sort();
+            keys
+        }
+    }
+
+    impl Store for MemoryStore {
+        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.map
+                .lock()
+                .unwrap()
+                .insert(key.to_string(), value.to_vec());
+            self.changed.notify_all();
+            Ok(())
+        }
+        fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+            self.wait(&[key], timeout)?;
+            Ok(self.map.lock().unwrap()[key].clone())
+        }
+        fn add(&self, key: &str, delta: i64) -> Result<i64> {
+            let mut map = self.map.lock().unwrap();
+            let old = map
+                .get(key)
+                .map(|v| String::from_utf8_lossy(v).parse::<i64>().unwrap())
+                .unwrap_or(0);
+            map.insert(key.to_string(), (old + delta).to_string().into_bytes());
+            self.changed.notify_all();
+            Ok(old + delta)
+        }
+        fn check(&self, keys: &[&str]) -> Result<bool> {
+            let map = self.map.lock().unwrap();
+            Ok(keys.iter().all(|k| map.contains_key(*k)))
+        }
+        fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+            let deadline = Instant::now() + timeout;
+            let mut map = self.map.lock().unwrap();
+            loop {
+                if keys.iter().all(|k| map.contains_key(*k)) {
+                    return Ok(());
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Error::timeout(format!("wait timeout, keys: {keys:?}")));
+                }
+                map = self.changed.wait_timeout(map, deadline - now).unwrap().0;
+            }
+        }
+        fn delete_key(&self, key: &str) -> Result<bool> {
+            Ok(self.map.lock().unwrap().remove(key).is_some())
+        }
+        fn num_keys(&self) -> Result<i64> {
+            Ok(self.map.lock().unwrap().len() as i64)
+        }
+        fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+            let mut map = self.map.lock().unwrap();
+            let result = match map.get(key) {
+                None if expected.is_empty() => {
+                    map.insert(key.to_string(), desired.to_vec());
+                    desired.to_vec()
+                }
+                None => expected.to_vec(),
+                Some(current) if current.as_slice() == expected => {
+                    map.insert(key.to_string(), desired.to_vec());
+                    desired.to_vec()
+                }
+                Some(current) => current.clone(),
+            };
+            self.changed.notify_all();
+            Ok(result)
+        }
+        fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.map
+                .lock()
+                .unwrap()
+                .entry(key.to_string())
+                .or_default()
+                .extend_from_slice(value);
+            self.changed.notify_all();
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory_store::MemoryStore;
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    const LONG: Duration = Duration::from_secs(20);
+
+    /// A small deterministic generator so every "rank" computes the same subsets.
+    fn next_random(state: &mut u64) -> u64 {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *state >> 33
+    }
+
+    fn random_subset(seed: &mut u64, world: usize) -> Vec<usize> {
+        loop {
+            let subset: Vec<usize> = (0..world).filter(|_| next_random(seed) % 2 == 0).collect();
+            if subset.len() >= 2 {
+                return subset;
+            }
+        }
+    }
+
+    #[test]
+    fn member_set_validates_and_names() {
+        let world = MemberSet::new(1, 4, None).unwrap();
+        assert_eq!(world.ranks(), &[0, 1, 2, 3]);
+        assert_eq!(world.id(), "w4");
+        let same = MemberSet::new(1, 4, Some(&[3, 2, 1, 0])).unwrap();
+        assert_eq!(same.id(), "w4");
+        let sub = MemberSet::new(2, 8, Some(&[5, 2])).unwrap();
+        assert_eq!(sub.ranks(), &[2, 5]);
+        assert!(sub.id().starts_with("s2-"));
+        assert_eq!(sub.id(), MemberSet::new(5, 8, Some(&[2, 5])).unwrap().id());
+        assert_ne!(
+            sub.id(),
+            MemberSet::new(2, 8, Some(&[2, 6])).unwrap().id(),
+            "different sets must get different ids"
+        );
+
+        for (rank, world, members, needle) in [
+            (0, 4, Some(&[0, 4][..]), "not below the world size 4"),
+            (0, 4, Some(&[0, 1, 1][..]), "listed twice"),
+            (3, 4, Some(&[0, 1][..]), "not a member"),
+            (0, 4, Some(&[][..]), "not a member"),
+            (4, 4, None, "rank 4 is not below"),
+            (0, 0, None, "world size is 0"),
+        ] {
+            let err = MemberSet::new(rank, world, members).unwrap_err();
+            assert_eq!(err.status, Status::InvalidArgument, "{err}");
+            assert!(err.message.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn format_ranks_compresses_long_lists() {
+        assert_eq!(format_ranks(&[0, 1, 2, 3]), "[0,1,2,3]");
+        let long: Vec<usize> = (0..32).chain([33]).chain(35..64).collect();
+        assert_eq!(format_ranks(&long), "[0-31,33,35-63]");
+    }
+
+    #[test]
+    fn validation_errors_touch_nothing() {
+        let store = MemoryStore::new();
+        let state = BarrierState::new();
+        let err = barrier(&store, &state, 2, 4, Some(&[0, 1]), LONG).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(store.keys().is_empty());
+    }
+
+    #[test]
+    fn single_member_returns_at_once() {
+        let store = MemoryStore::new();
+        let state = BarrierState::new();
+        assert_eq!(barrier(&store, &state, 0, 1, None, LONG).unwrap(), 0);
+        assert_eq!(barrier(&store, &state, 3, 8, Some(&[3]), LONG).unwrap(), 0);
+        assert_eq!(barrier(&store, &state, 0, 1, None, LONG).unwrap(), 1);
+        assert!(store.keys().is_empty());
+    }
+
+    /// Runs `body(rank, state)` on `world` threads that share one store, each with its own
+    /// barrier state as separate processes would have.
+    fn run_ranks<F>(world: usize, store: Arc<MemoryStore>, body: F) -> Vec<Result<()>>
+    where
+        F: Fn(usize, &dyn Store, &BarrierState) -> Result<()> + Send + Sync + 'static,
+    {
+        let body = Arc::new(body);
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let store = Arc::clone(&store);
+                let body = Arc::clone(&body);
+                std::thread::spawn(move || {
+                    let state = BarrierState::new();
+                    body(rank, &*store, &state)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn random_subsets_synchronise_and_keys_stay_bounded() {
+        const WORLD: usize = 8;
+        const ROUNDS: usize = 200;
+        let store = Arc::new(MemoryStore::new());
+        let counters: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+        let results = run_ranks(WORLD, Arc::clone(&store), move |rank, store, state| {
+            let mut seed = 42u64;
+            for round in 0..ROUNDS {
+                let subset = random_subset(&mut seed, WORLD);
+                if !subset.contains(&rank) {
+                    continue;
+                }
+                counters[round].fetch_add(1, Ordering::SeqCst);
+                barrier(store, state, rank, WORLD, Some(&subset), LONG)?;
+                // Nobody leaves before every member has arrived.
+                assert_eq!(counters[round].load(Ordering::SeqCst), subset.len());
+            }
+            barrier(store, state, rank, WORLD, None, LONG)?;
+            Ok(())
+        });
+        for r in results {
+            r.unwrap();
+        }
+        // Per member set: arrival keys, one counter and at most two release keys.
+        let keys = store.keys();
+        let mut per_set: HashMap<String, usize> = HashMap::new();
+        for key in &keys {
+            assert!(key.starts_with("nvfipc/barrier/"), "{key}");
+            if key.contains("/release/") {
+                *per_set
+                    .entry(key.split("/release/").next().unwrap().into())
+                    .or_default() += 1;
+            }
+        }
+        assert!(per_set.values().all(|&n| n <= 2), "{per_set:?}");
+    }
+
+    #[test]
+    fn world_barrier_is_reusable_and_counts_generations() {
+        let store = Arc::new(MemoryStore::new());
+        let results = run_ranks(4, Arc::clone(&store), |rank, store, state| {
+            for expected in 0..50u64 {
+                assert_eq!(barrier(store, state, rank, 4, None, LONG)?, expected);
+            }
+            Ok(())
+        });
+        for r in results {
+            r.unwrap();
+        }
+        let releases: Vec<_> = store
+            .keys()
+            .into_iter()
+            .filter(|k| k.contains("/release/"))
+            .collect();
+        // The last arriver of 49 deleted the release key of 48.
+        assert_eq!(releases, vec!["nvfipc/barrier/w4/release/49"]);
+    }
+
+    #[test]
+    fn timeout_names_the_missing_rank() {
+        let store = Arc::new(MemoryStore::new());
+        let timeout = Duration::from_millis(200);
+        let results = run_ranks(4, Arc::clone(&store), move |rank, store, state| {
+            // Everyone passes generation 0, then rank 3 stops coming.
+            barrier(store, state, rank, 4, None, LONG)?;
+            if rank == 3 {
+                return Ok(());
+            }
+            let start = Instant::now();
+            let err = barrier(store, state, rank, 4, None, timeout).unwrap_err();
+            assert!(start.elapsed() >= timeout);
+            assert_eq!(err.status, Status::Timeout);
+            let expected = format!(
+                "barrier gen 1 over ranks [0,1,2,3] timed out after 200 ms on rank {rank}: \
+                 ranks 3 did not arrive"
+            );
+            assert!(err.message.starts_with(&expected), "{}", err.message);
+            Ok(())
+        });
+        for r in results {
+            r.unwrap();
+        }
+    }
+
+    #[test]
+    fn zero_timeout_checks_once() {
+        let store = MemoryStore::new();
+        let state = BarrierState::new();
+        let err = barrier(&store, &state, 0, 3, None, Duration::ZERO).unwrap_err();
+        assert_eq!(err.status, Status::Timeout);
+        assert!(err.message.contains("ranks 1,2 did not arrive"), "{err}");
+    }
+
+    #[test]
+    fn mismatched_generations_are_reported() {
+        let store = Arc::new(MemoryStore::new());
+        // Rank 1 already ran one barrier more than rank 0 thinks (e.g. state from another job).
+        store.add("nvfipc/barrier/w2/count", 2).unwrap();
+        let state = BarrierState::new();
+        let err = barrier(&*store, &state, 0, 2, None, LONG).unwrap_err();
+        assert_eq!(err.status, Status::InvalidState);
+        assert!(err.message.contains("reads 3, outside 1..=2"), "{err}");
+    }
+
+    #[test]
+    fn scoped_states_do_not_share_counters() {
+        let store = Arc::new(MemoryStore::new());
+        let results = run_ranks(2, Arc::clone(&store), |rank, store, _| {
+            let a = BarrierState::scoped("jobA");
+            let b = BarrierState::scoped("jobB");
+            barrier(store, &a, rank, 2, None, LONG)?;
+            barrier(store, &a, rank, 2, None, LONG)?;
+            assert_eq!(barrier(store, &b, rank, 2, None, LONG)?, 0);
+            assert_eq!(a.next_generation(&MemberSet::new(rank, 2, None)?), 2);
+            Ok(())
+        });
+        for r in results {
+            r.unwrap();
+        }
+        assert!(store
+            .keys()
+            .iter()
+            .any(|k| k.starts_with("nvfipc/barrier/jobB/w2/")));
+    }
+}

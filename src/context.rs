@@ -1,1 +1,667 @@
-//! (being written)
+//! A rank's view of the job: who it is, the store everyone shares, a job-unique id and barriers.
+//!
+//! Store lifetime: when the store is hosted in-process (local rank 0 of the master host), closing
+//! or dropping that rank's [`Context`] does not pull the store from under the others. It first
+//! waits, bounded by the host linger (30 s by default), until every rank has closed its context,
+//! or every rank has connected once and all of them have since disconnected; then it drops its
+//! own connection and stops the server once no client is left.
+//!
+//! Keys (all under `nvfipc/context/`):
+//! - `<tag>/w<world>/created`: counts contexts created. Every rank creates its contexts in the
+//!   same order, so creation `n` belongs to run `(n-1)/world`, and a store that outlives one run
+//!   (several contexts in one process, or `nvfipc serve` serving one job after another) gives each
+//!   run its own keys. The tag names the job when the launcher gives one (see
+//!   `env::JOB_TAG_VARS`), which keeps concurrent jobs on one store apart as well;
+//! - `<tag>/w<world>/<run>/job_id`: agreed with one COMPARE_SET, the first proposal wins (stores
+//!   without COMPARE_SET: rank 0 sets it and the others read it); the last rank to close deletes
+//!   it;
+//! - `<job>/joined/<rank>`: set once connected (a SET costs no round trip);
+//! - `<job>/closed` (a counter) and `<job>/all_closed`: the close protocol above.
+
+use crate::barrier::{self, BarrierState};
+use crate::env::{self, EnvConfig, RankInfo, StoreSource};
+use crate::error::{Error, Result, Status};
+use crate::store::client::{ConnectOptions, TcpStore};
+use crate::store::server::StoreServer;
+use crate::store::{Store, DEFAULT_TIMEOUT};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::net::{ToSocketAddrs, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long a hosting rank waits, at most, for the other ranks before it stops the store.
+pub const DEFAULT_HOST_LINGER: Duration = Duration::from_secs(30);
+
+const KEY_PREFIX: &str = "nvfipc/context";
+const DEFAULT_JOB_TAG: &str = "default";
+/// Poll interval of the hosting rank while it waits for the others to finish.
+const LINGER_POLL: Duration = Duration::from_millis(10);
+
+/// What [`Context::new`] needs: the rank's place in the job and a store that is already there.
+pub struct ContextOptions {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    pub store: Arc<dyn Store>,
+}
+
+/// Settings of [`Context::from_env`] that the environment does not give.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvOptions {
+    /// Default timeout of store operations and barriers; `None`: `NVFIPC_TIMEOUT_MS`, else 300 s.
+    pub timeout: Option<Duration>,
+    /// How long a hosting rank waits for the others when it closes (default 30 s).
+    pub host_linger: Duration,
+    /// Name of this run; `None`: from the launcher's environment (see `env::JOB_TAG_VARS`).
+    pub job_tag: Option<String>,
+}
+
+impl Default for EnvOptions {
+    fn default() -> Self {
+        EnvOptions {
+            timeout: None,
+            host_linger: DEFAULT_HOST_LINGER,
+            job_tag: None,
+        }
+    }
+}
+
+/// One rank's handle on the job. `Send + Sync`; share it with `Arc`.
+pub struct Context {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    /// The store every rank of the job uses.
+    pub store: Arc<dyn Store>,
+    /// Unique per run of the job; names node-local resources such as shared memory.
+    pub job_id: String,
+    /// The store server, when this rank hosts it.
+    server: Mutex<Option<StoreServer>>,
+    /// The key that holds `job_id`; deleted by the last rank to close.
+    job_key: String,
+    timeout: Duration,
+    host_linger: Duration,
+    barriers: BarrierState,
+    closed: bool,
+}
+
+impl Context {
+    /// A context over a store the caller already has. The default timeout is the store's.
+    pub fn new(options: ContextOptions) -> Result<Context> {
+        let ranks = RankInfo::new(
+            options.rank,
+            options.world_size,
+            options.local_rank,
+            options.local_world_size,
+        )?;
+        let timeout = options.store.default_timeout();
+        Self::start(ranks, options.store, None, DEFAULT_JOB_TAG, timeout)
+    }
+
+    /// Connects to the store at `host:port`; with `host_store`, first hosts it here (listening
+    /// on every interface; port 0 picks a free one). Local rank and size are taken to equal
+    /// rank and world size (one node); use [`Context::new`] or [`Context::from_env`] otherwise.
+    pub fn connect(
+        rank: usize,
+        world_size: usize,
+        host: &str,
+        port: u16,
+        host_store: bool,
+        timeout: Duration,
+    ) -> Result<Context> {
+        let ranks = RankInfo::new(rank, world_size, rank, world_size)?;
+        Self::open(ranks, host, port, host_store, timeout, DEFAULT_JOB_TAG)
+    }
+
+    /// Builds the context from the launcher's environment (see [`crate::env`]). Without
+    /// `NVFIPC_STORE_ADDR`, local rank 0 on the master host hosts the store on the master port.
+    pub fn from_env(options: &EnvOptions) -> Result<Context> {
+        let config = EnvConfig::from_env()?;
+        Self::from_config(&config, options)
+    }
+
+    /// Like [`Context::from_env`], from an already parsed environment.
+    pub fn from_config(config: &EnvConfig, options: &EnvOptions) -> Result<Context> {
+        let timeout = options
+            .timeout
+            .or(config.timeout)
+            .unwrap_or(DEFAULT_TIMEOUT);
+        let tag = options
+            .job_tag
+            .clone()
+            .or_else(|| config.job_tag.clone())
+            .unwrap_or_else(|| DEFAULT_JOB_TAG.to_string());
+        let (addr, host_store) = match &config.store {
+            StoreSource::External(addr) => (addr, false),
+            StoreSource::Master(addr) => (
+                addr,
+                config.ranks.local_rank == 0 && is_this_host(&addr.host),
+            ),
+        };
+        let mut ctx = Self::open(
+            config.ranks,
+            &addr.host,
+            addr.port,
+            host_store,
+            timeout,
+            &tag,
+        )?;
+        ctx.host_linger = options.host_linger;
+        Ok(ctx)
+    }
+
+    fn open(
+        ranks: RankInfo,
+        host: &str,
+        port: u16,
+        host_store: bool,
+        timeout: Duration,
+        tag: &str,
+    ) -> Result<Context> {
+        let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
+        let server = if host_store {
+            let server = StoreServer::bind("", port).map_err(|e| {
+                e.context(format!(
+                    "{who}: hosting the store on port {port} (pick a free port with \
+                     NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
+                    env::STORE_ADDR_VAR
+                ))
+            })?;
+            Some(server)
+        } else {
+            None
+        };
+        let port = server.as_ref().map_or(port, StoreServer::port);
+        let connect = ConnectOptions {
+            timeout,
+            connect_timeout: timeout,
+            wait_for_workers: None,
+        };
+        let store = TcpStore::connect(host, port, &connect)
+            .map_err(|e| e.context(format!("{who}: connecting to the store at {host}:{port}")))?;
+        Self::start(ranks, Arc::new(store), server, tag, timeout)
+    }
+
+    /// Agrees on the job id and announces this rank.
+    fn start(
+        ranks: RankInfo,
+        store: Arc<dyn Store>,
+        server: Option<StoreServer>,
+        tag: &str,
+        timeout: Duration,
+    ) -> Result<Context> {
+        let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
+        let (job_key, agreed) = agree_on_job_id(&*store, &ranks, tag, timeout)
+            .map_err(|e| e.context(format!("{who}: agreeing on the job id")))?;
+        let job_id = String::from_utf8(agreed)
+            .ok()
+            .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric()))
+            .ok_or_else(|| {
+                Error::protocol(format!(
+                    "{who}: the store key {job_key} does not hold a job id; another program \
+                     uses this key"
+                ))
+            })?;
+        store
+            .set(&joined_key(&job_id, ranks.rank), b"1")
+            .map_err(|e| e.context(format!("{who}: announcing this rank")))?;
+        Ok(Context {
+            rank: ranks.rank,
+            world_size: ranks.world_size,
+            local_rank: ranks.local_rank,
+            local_world_size: ranks.local_world_size,
+            barriers: BarrierState::scoped(&job_id),
+            store,
+            job_id,
+            server: Mutex::new(server),
+            job_key,
+            timeout,
+            host_linger: DEFAULT_HOST_LINGER,
+            closed: false,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+    pub fn local_world_size(&self) -> usize {
+        self.local_world_size
+    }
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    /// Default timeout of barriers and of the store operations done for this context.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// How long a hosting rank waits for the others when it closes.
+    pub fn host_linger(&self) -> Duration {
+        self.host_linger
+    }
+    pub fn set_host_linger(&mut self, linger: Duration) {
+        self.host_linger = linger;
+    }
+
+    /// The port of the store server this rank hosts, if it hosts one.
+    pub fn hosted_store_port(&self) -> Option<u16> {
+        self.lock_server().as_ref().map(StoreServer::port)
+    }
+
+    /// The state behind [`Context::barrier`] (keys under `nvfipc/barrier/<job_id>/`).
+    pub fn barrier_state(&self) -> &BarrierState {
+        &self.barriers
+    }
+
+    /// Barrier over the world (`None`) or the listed ranks, which must include this rank.
+    /// `timeout` `None` uses the context's default. Returns the generation that completed.
+    pub fn barrier(&self, members: Option<&[usize]>, timeout: Option<Duration>) -> Result<u64> {
+        barrier::barrier(
+            &*self.store,
+            &self.barriers,
+            self.rank,
+            self.world_size,
+            members,
+            timeout.unwrap_or(self.timeout),
+        )
+    }
+
+    /// Announces that this rank is done and, on the hosting rank, waits (bounded by the host
+    /// linger) for the other ranks before stopping the store. Dropping does the same but can
+    /// only print what went wrong.
+    pub fn close(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        let announced = self.announce_close();
+        let server = self.lock_server().take();
+        let Some(server) = server else {
+            return announced;
+        };
+        let deadline = Instant::now() + self.host_linger;
+        let waited = self.wait_for_others(&server, deadline);
+        // Drop this rank's connection so that the server can see the last client leave.
+        self.store = Arc::new(ClosedStore);
+        let idle = server.shutdown_when_idle(deadline.saturating_duration_since(Instant::now()));
+        waited.and(idle).and(announced)
+    }
+
+    /// Counts this rank as closed; the last one marks the job finished and frees the job id key.
+    fn announce_close(&self) -> Result<()> {
+        let who = format!("rank {} of {}", self.rank, self.world_size);
+        let closed = self
+            .store
+            .add(&format!("{KEY_PREFIX}/{}/closed", self.job_id), 1)
+            .map_err(|e| e.context(format!("{who}: announcing close")))?;
+        if closed == self.world_size as i64 {
+            self.store.set(&all_closed_key(&self.job_id), b"1")?;
+            self.store.delete_key(&self.job_key)?;
+        }
+        Ok(())
+    }
+
+    /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
+    /// connected any more (ranks that ended without closing), or the deadline.
+    fn wait_for_others(&self, server: &StoreServer, deadline: Instant) -> Result<()> {
+        let all_closed = all_closed_key(&self.job_id);
+        let joined: Vec<String> = (0..self.world_size)
+            .map(|r| joined_key(&self.job_id, r))
+            .collect();
+        let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
+        loop {
+            // This rank's own connection is the one client allowed to remain.
+            let others_gone = server.connected_clients() <= 1;
+            if self.store.check(&[&all_closed]).unwrap_or(false)
+                || (others_gone && self.store.check(&joined).unwrap_or(false))
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::timeout(format!(
+                    "rank {} hosts the store and stopped it after waiting {} ms for the other \
+                     ranks to close their contexts ({} clients still connected); raise the host \
+                     linger or close every rank's context",
+                    self.rank,
+                    self.host_linger.as_millis(),
+                    server.connected_clients().saturating_sub(1)
+                )));
+            }
+            std::thread::sleep(LINGER_POLL);
+        }
+    }
+
+    fn lock_server(&self) -> std::sync::MutexGuard<'_, Option<StoreServer>> {
+        // The slot only holds the server; a panic elsewhere cannot leave it half-written.
+        self.server.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let hosting = self.lock_server().is_some();
+        if let Err(e) = self.finish() {
+            // Only the store host's problems matter here: other ranks' stores may legitimately
+            // be gone already at exit.
+            if hosting {
+                eprintln!("nvfuser-ipc: closing the context: {e}");
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
+            .field("local_world_size", &self.local_world_size)
+            .field("job_id", &self.job_id)
+            .field("hosts_store", &self.lock_server().is_some())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Finds this creation's run and agrees on its job id; returns the key and the agreed value.
+fn agree_on_job_id(
+    store: &dyn Store,
+    ranks: &RankInfo,
+    tag: &str,
+    timeout: Duration,
+) -> Result<(String, Vec<u8>)> {
+    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
+    let created = store.add(&format!("{base}/created"), 1)?;
+    let run = (created.max(1) - 1) / ranks.world_size as i64;
+    let key = format!("{base}/{run}/job_id");
+    let proposal = propose_job_id(ranks.rank);
+    let agreed = match store.compare_set(&key, b"", proposal.as_bytes()) {
+        Ok(value) => value,
+        Err(e) if e.status == Status::Unsupported => {
+            if ranks.rank == 0 {
+                store.set(&key, proposal.as_bytes())?;
+                proposal.into_bytes()
+            } else {
+                store.get(&key, timeout)?
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    Ok((key, agreed))
+}
+
+fn joined_key(job_id: &str, rank: usize) -> String {
+    format!("{KEY_PREFIX}/{job_id}/joined/{rank}")
+}
+
+fn all_closed_key(job_id: &str) -> String {
+    format!("{KEY_PREFIX}/{job_id}/all_closed")
+}
+
+/// A random 16-hex-digit id. `RandomState` is seeded from the OS; time, pid and rank are mixed
+/// in as well so that two proposals cannot coincide even if that seed repeated.
+fn propose_job_id(rank: usize) -> String {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_usize(rank);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.write_u128(now.as_nanos());
+    format!("{:016x}", hasher.finish())
+}
+
+/// True when `host` names this machine: a loopback name, or an address that resolves to one
+/// of this machine's interfaces (binding to it succeeds only then).
+pub fn is_this_host(host: &str) -> bool {
+    if env::is_loopback_name(host) {
+        return true;
+    }
+    let Ok(addrs) = (host, 0u16).to_socket_addrs() else {
+        return false;
+    };
+    addrs
+        .into_iter()
+        .any(|a| a.ip().is_loopback() || UdpSocket::bind((a.ip(), 0)).is_ok())
+}
+
+/// Stands in for the store after the context closed it.
+struct ClosedStore;
+
+impl ClosedStore {
+    fn closed<T>(&self) -> Result<T> {
+        Err(Error::state(
+            "the context was closed; its store connection is gone",
+        ))
+    }
+}
+
+impl Store for ClosedStore {
+    fn set(&self, _: &str, _: &[u8]) -> Result<()> {
+        self.closed()
+    }
+    fn get(&self, _: &str, _: Duration) -> Result<Vec<u8>> {
+        self.closed()
+    }
+    fn add(&self, _: &str, _: i64) -> Result<i64> {
+        self.closed()
+    }
+    fn check(&self, _: &[&str]) -> Result<bool> {
+        self.closed()
+    }
+    fn wait(&self, _: &[&str], _: Duration) -> Result<()> {
+        self.closed()
+    }
+    fn delete_key(&self, _: &str) -> Result<bool> {
+        self.closed()
+    }
+    fn num_keys(&self) -> Result<i64> {
+        self.closed()
+    }
+    fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
+        self.closed()
+    }
+    fn append(&self, _: &str, _: &[u8]) -> Result<()> {
+        self.closed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::barrier::memory_store::MemoryStore;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn context_is_send_and_sync() {
+        assert_send_sync::<Context>();
+    }
+
+    fn options(rank: usize, world: usize, store: &Arc<MemoryStore>) -> ContextOptions {
+        ContextOptions {
+            rank,
+            world_size: world,
+            local_rank: rank,
+            local_world_size: world,
+            store: Arc::clone(store) as Arc<dyn Store>,
+        }
+    }
+
+    #[test]
+    fn ranks_agree_on_one_job_id_and_barrier() {
+        let store = Arc::new(MemoryStore::new());
+        let handles: Vec<_> = (0..4)
+            .map(|rank| {
+                let opts = options(rank, 4, &store);
+                std::thread::spawn(move || {
+                    let ctx = Context::new(opts).unwrap();
+                    assert_eq!(ctx.barrier(None, None).unwrap(), 0);
+                    assert_eq!(ctx.barrier(Some(&[1, 2]), None).ok(), {
+                        if [1, 2].contains(&rank) {
+                            Some(0)
+                        } else {
+                            None
+                        }
+                    });
+                    ctx.job_id.clone()
+                })
+            })
+            .collect();
+        let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(ids[0].len(), 16);
+        assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+        let keys = store.keys();
+        assert!(keys
+            .iter()
+            .any(|k| k.starts_with(&format!("nvfipc/barrier/{}/w4/", ids[0]))));
+        // Every context closed, so the last one freed the job id for the next run.
+        assert!(keys.contains(&"nvfipc/context/default/w4/created".to_string()));
+        assert!(!keys.iter().any(|k| k.ends_with("/job_id")), "{keys:?}");
+        assert!(keys.contains(&format!("nvfipc/context/{}/all_closed", ids[0])));
+    }
+
+    #[test]
+    fn next_run_on_the_same_store_gets_a_new_job_id() {
+        let store = Arc::new(MemoryStore::new());
+        let first = Context::new(options(0, 1, &store)).unwrap();
+        let first_id = first.job_id.clone();
+        first.close().unwrap();
+        let second = Context::new(options(0, 1, &store)).unwrap();
+        assert_ne!(second.job_id, first_id);
+    }
+
+    #[test]
+    fn invalid_ranks_are_rejected() {
+        let store = Arc::new(MemoryStore::new());
+        let err = Context::new(options(4, 4, &store)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        let err = Context::new(ContextOptions {
+            local_rank: 2,
+            local_world_size: 2,
+            ..options(0, 4, &store)
+        })
+        .unwrap_err();
+        assert!(err.message.contains("local rank 2"), "{err}");
+    }
+
+    #[test]
+    fn foreign_job_id_value_is_a_protocol_error() {
+        let store = Arc::new(MemoryStore::new());
+        store
+            .set("nvfipc/context/default/w2/0/job_id", b"not an id!")
+            .unwrap();
+        let err = Context::new(options(0, 2, &store)).unwrap_err();
+        assert_eq!(err.status, Status::Protocol);
+    }
+
+    /// A store without COMPARE_SET, like a host-callback store whose vtable lacks it.
+    struct NoCompareSet(MemoryStore);
+
+    impl Store for NoCompareSet {
+        fn set(&self, k: &str, v: &[u8]) -> Result<()> {
+            self.0.set(k, v)
+        }
+        fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
+            self.0.get(k, t)
+        }
+        fn add(&self, k: &str, d: i64) -> Result<i64> {
+            self.0.add(k, d)
+        }
+        fn check(&self, k: &[&str]) -> Result<bool> {
+            self.0.check(k)
+        }
+        fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
+            self.0.wait(k, t)
+        }
+        fn delete_key(&self, k: &str) -> Result<bool> {
+            self.0.delete_key(k)
+        }
+        fn num_keys(&self) -> Result<i64> {
+            self.0.num_keys()
+        }
+        fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
+            Err(Error::unsupported("no compare_set"))
+        }
+        fn append(&self, k: &str, v: &[u8]) -> Result<()> {
+            self.0.append(k, v)
+        }
+    }
+
+    #[test]
+    fn stores_without_compare_set_take_rank_0s_id() {
+        let store: Arc<dyn Store> = Arc::new(NoCompareSet(MemoryStore::new()));
+        for _run in 0..2 {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let store = Arc::clone(&store);
+                    std::thread::spawn(move || {
+                        let ctx = Context::new(ContextOptions {
+                            rank,
+                            world_size: 3,
+                            local_rank: rank,
+                            local_world_size: 3,
+                            store,
+                        })
+                        .unwrap();
+                        ctx.barrier(None, Some(Duration::from_secs(20))).unwrap();
+                        ctx.job_id.clone()
+                    })
+                })
+                .collect();
+            let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+        }
+    }
+
+    #[test]
+    fn overlapping_runs_in_one_store_get_their_own_ids() {
+        // Rank 0 starts its second context before rank 1 has closed its first one.
+        let store = Arc::new(MemoryStore::new());
+        let a0 = Context::new(options(0, 2, &store)).unwrap();
+        let a1 = Context::new(options(1, 2, &store)).unwrap();
+        let first = a0.job_id.clone();
+        assert_eq!(a1.job_id, first);
+        drop(a0);
+        let b0 = Context::new(options(0, 2, &store)).unwrap();
+        drop(a1);
+        let b1 = Context::new(options(1, 2, &store)).unwrap();
+        assert_eq!(b0.job_id, b1.job_id);
+        assert_ne!(b0.job_id, first);
+    }
+
+    #[test]
+    fn closed_store_reports_invalid_state() {
+        let err = ClosedStore.get("k", Duration::from_secs(1)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidState);
+    }
+
+    #[test]
+    fn this_host_detection() {
+        assert!(is_this_host("localhost"));
+        assert!(is_this_host("127.0.0.1"));
+        assert!(!is_this_host("192.0.2.1"), "TEST-NET-1 is never local");
+        assert!(!is_this_host("no-such-host.invalid"));
+    }
+}

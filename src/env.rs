@@ -1,1 +1,593 @@
-//! (being written)
+//! Who we are (rank, world, local rank) and where the store is, from the launcher's environment.
+//!
+//! Understands nvFuser's variables (Open MPI, `WORLD_*`, SLURM, `NVFUSER_MASTER_*`), torchrun's
+//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) and our
+//! own (`NVFIPC_STORE_ADDR`, `NVFIPC_TIMEOUT_MS`). In each list the first variable that is set
+//! wins, as in nvFuser's communicator. torchrun's names come before SLURM's: under `srun torchrun`
+//! the SLURM ids describe the node's task, not the worker.
+//!
+//! The parsers take a lookup closure, so they are tested without touching the process
+//! environment; `from_env` functions pass `std::env::var`.
+
+use crate::error::{Error, Result, Status};
+use std::fmt;
+use std::time::Duration;
+
+/// nvFuser's default master port (29500 + 42).
+pub const DEFAULT_MASTER_PORT: u16 = 29542;
+
+/// Global rank, first set wins.
+pub const RANK_VARS: &[&str] = &["OMPI_COMM_WORLD_RANK", "WORLD_RANK", "RANK", "SLURM_PROCID"];
+/// Number of ranks, first set wins.
+pub const WORLD_SIZE_VARS: &[&str] = &["OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS"];
+/// Rank on this node, first set wins.
+pub const LOCAL_RANK_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "WORLD_LOCAL_RANK",
+    "LOCAL_RANK",
+    "SLURM_LOCALID",
+];
+/// Number of ranks on this node, first set wins.
+pub const LOCAL_WORLD_SIZE_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "WORLD_LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "SLURM_NTASKS_PER_NODE",
+];
+/// Host of the store, first set wins.
+pub const MASTER_ADDR_VARS: &[&str] = &["NVFUSER_MASTER_ADDR", "MASTER_ADDR"];
+/// Port of the store, first set wins.
+pub const MASTER_PORT_VARS: &[&str] = &["NVFUSER_MASTER_PORT", "MASTER_PORT"];
+/// `host:port` of a store that is already running: every rank connects and nobody hosts.
+pub const STORE_ADDR_VAR: &str = "NVFIPC_STORE_ADDR";
+/// Default timeout of store operations, barriers and exchanges, in milliseconds.
+pub const TIMEOUT_MS_VAR: &str = "NVFIPC_TIMEOUT_MS";
+/// Variables that name one run of a job, first set wins: ours, torchrun's, PMIx's (Open MPI).
+/// SLURM's job and step ids are used when none of these is set.
+pub const JOB_TAG_VARS: &[&str] = &["NVFIPC_JOB_TAG", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE"];
+
+/// A rank's place in the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RankInfo {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_world_size: usize,
+}
+
+impl RankInfo {
+    /// Checks the relations between the four numbers.
+    pub fn new(
+        rank: usize,
+        world_size: usize,
+        local_rank: usize,
+        local_world_size: usize,
+    ) -> Result<RankInfo> {
+        if world_size == 0 {
+            return Err(Error::invalid("the world size must be at least 1, got 0"));
+        }
+        if local_world_size == 0 || local_world_size > world_size {
+            return Err(Error::invalid(format!(
+                "the local world size must be between 1 and the world size {world_size}, got \
+                 {local_world_size}"
+            )));
+        }
+        if rank >= world_size {
+            return Err(Error::invalid(format!(
+                "rank {rank} is not below the world size {world_size}"
+            )));
+        }
+        if local_rank >= local_world_size {
+            return Err(Error::invalid(format!(
+                "local rank {local_rank} is not below the local world size {local_world_size}"
+            )));
+        }
+        Ok(RankInfo {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+        })
+    }
+
+    /// Reads the process environment.
+    pub fn from_env() -> Result<RankInfo> {
+        Self::from_lookup(process_env)
+    }
+
+    /// Reads the four numbers through `lookup` (variable name to value).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
+        let lists = [
+            RANK_VARS,
+            WORLD_SIZE_VARS,
+            LOCAL_RANK_VARS,
+            LOCAL_WORLD_SIZE_VARS,
+        ];
+        let found: Vec<Option<(&str, String)>> =
+            lists.iter().map(|vars| first_set(&lookup, vars)).collect();
+        if found.iter().all(Option::is_none) {
+            return Err(Error::not_found(format!(
+                "no rank variables in the environment (looked for {}); start the program with \
+                 mpirun, srun, torchrun or `nvfipc launch`",
+                lists.map(|l| l.join("/")).join(", ")
+            )));
+        }
+        let missing: Vec<String> = lists
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(vars, _)| vars.join("/"))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::invalid(format!(
+                "incomplete rank environment: none of {} is set",
+                missing.join(", and none of ")
+            )));
+        }
+        let mut numbers = [0usize; 4];
+        let mut names = [""; 4];
+        for (i, (var, value)) in found.into_iter().flatten().enumerate() {
+            numbers[i] = parse_count(var, &value)?;
+            names[i] = var;
+        }
+        let [rank, world, local_rank, local_world] = numbers;
+        Self::new(rank, world, local_rank, local_world).map_err(|e| {
+            Error::new(
+                e.status,
+                format!(
+                    "{} (from {}={rank}, {}={world}, {}={local_rank}, {}={local_world})",
+                    e.message, names[0], names[1], names[2], names[3]
+                ),
+            )
+        })
+    }
+}
+
+/// A host and a port. Displays IPv6 literals in brackets.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    pub host: String,
+    pub port: u16,
+}
+
+impl HostPort {
+    pub fn new(host: impl Into<String>, port: u16) -> HostPort {
+        HostPort {
+            host: host.into(),
+            port,
+        }
+    }
+
+    /// Parses `host:port` or `[ipv6]:port`; `var` names the source in errors.
+    pub fn parse(var: &str, value: &str) -> Result<HostPort> {
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "{var}={value:?} is not a store address: {why} (expected host:port or \
+                 [ipv6]:port)"
+            ))
+        };
+        let trimmed = value.trim();
+        let (host, port) = trimmed.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+        let host = match host.strip_prefix('[') {
+            Some(inner) => inner.strip_suffix(']').ok_or_else(|| bad("unclosed '['"))?,
+            None => host,
+        };
+        if host.is_empty() {
+            return Err(bad("empty host"));
+        }
+        let port = parse_port_value(port).ok_or_else(|| bad("the port is not in 1..=65535"))?;
+        Ok(HostPort::new(host, port))
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Where the job's store is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreSource {
+    /// `NVFIPC_STORE_ADDR`: a store that is already running; everyone connects, nobody hosts.
+    External(HostPort),
+    /// The master address: local rank 0 on the master host hosts the store, everyone connects.
+    Master(HostPort),
+}
+
+impl StoreSource {
+    pub fn addr(&self) -> &HostPort {
+        match self {
+            StoreSource::External(a) | StoreSource::Master(a) => a,
+        }
+    }
+}
+
+/// Everything the environment says about the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvConfig {
+    pub ranks: RankInfo,
+    pub store: StoreSource,
+    /// `NVFIPC_TIMEOUT_MS`, when set.
+    pub timeout: Option<Duration>,
+    /// A name for this run of the job from the launcher, when it gives one (see [`JOB_TAG_VARS`]).
+    pub job_tag: Option<String>,
+}
+
+impl EnvConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<EnvConfig> {
+        Self::from_lookup(process_env)
+    }
+
+    /// Reads through `lookup` (variable name to value).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<EnvConfig> {
+        let ranks = RankInfo::from_lookup(&lookup)?;
+        let store = match lookup(STORE_ADDR_VAR) {
+            Some(value) => StoreSource::External(HostPort::parse(STORE_ADDR_VAR, &value)?),
+            None => StoreSource::Master(master_from_lookup(&lookup, &ranks)?),
+        };
+        Ok(EnvConfig {
+            ranks,
+            store,
+            timeout: timeout_from_lookup(&lookup)?,
+            job_tag: job_tag_from_lookup(&lookup),
+        })
+    }
+}
+
+/// The master address and port: `NVFUSER_MASTER_ADDR`/`MASTER_ADDR` ("localhost" when every rank
+/// is on this node) and `NVFUSER_MASTER_PORT`/`MASTER_PORT` (default 29542).
+pub fn master_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+    ranks: &RankInfo,
+) -> Result<HostPort> {
+    let single_node = ranks.local_world_size == ranks.world_size;
+    let host = match first_set(&lookup, MASTER_ADDR_VARS) {
+        Some((var, value)) => {
+            let host = value.trim();
+            if host.is_empty() {
+                return Err(Error::invalid(format!(
+                    "{var} is set but empty; give the store host's name or address"
+                )));
+            }
+            if !single_node && is_loopback_name(host) {
+                return Err(Error::invalid(format!(
+                    "{var}={host} is a loopback address, but the job spans several nodes (world \
+                     size {}, {} on this node); give an address the other nodes can reach",
+                    ranks.world_size, ranks.local_world_size
+                )));
+            }
+            host.to_string()
+        }
+        None if single_node => "localhost".to_string(),
+        None => {
+            return Err(Error::invalid(format!(
+                "the job spans several nodes (world size {}, {} on this node) but none of {} is \
+                 set; set one to the host of local rank 0 on the master node, or set {} to a \
+                 running store",
+                ranks.world_size,
+                ranks.local_world_size,
+                MASTER_ADDR_VARS.join("/"),
+                STORE_ADDR_VAR
+            )))
+        }
+    };
+    let port = match first_set(&lookup, MASTER_PORT_VARS) {
+        Some((var, value)) => parse_port_value(&value).ok_or_else(|| {
+            Error::invalid(format!(
+                "{var}={value:?} is not a port number (expected 1..=65535)"
+            ))
+        })?,
+        None => DEFAULT_MASTER_PORT,
+    };
+    Ok(HostPort::new(host, port))
+}
+
+/// `NVFIPC_TIMEOUT_MS` as a duration (at least 1 ms), or `None` when unset.
+pub fn timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
+    let Some(value) = lookup(TIMEOUT_MS_VAR) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Some(Duration::from_millis(ms))),
+        _ => Err(Error::invalid(format!(
+            "{TIMEOUT_MS_VAR}={value:?} is not a timeout: expected a positive number of \
+             milliseconds"
+        ))),
+    }
+}
+
+/// The launcher's name for this run (see [`JOB_TAG_VARS`], then `SLURM_JOB_ID.SLURM_STEP_ID`),
+/// reduced to `[A-Za-z0-9._-]` so that it can be part of a store key; `None` when there is none.
+pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let raw = first_set(&lookup, JOB_TAG_VARS)
+        .map(|(_, v)| v)
+        .or_else(|| {
+            let job = lookup("SLURM_JOB_ID")?;
+            Some(match lookup("SLURM_STEP_ID") {
+                Some(step) => format!("{job}.{step}"),
+                None => job,
+            })
+        })?;
+    let tag: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    (!tag.is_empty()).then_some(tag)
+}
+
+/// True for names that always mean this machine's loopback interface.
+pub fn is_loopback_name(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+fn process_env(name: &str) -> Option<String> {
+    // A value that is not valid UTF-8 is passed on lossily so that it is reported, not ignored.
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+fn first_set<'a>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    vars: &[&'a str],
+) -> Option<(&'a str, String)> {
+    vars.iter().find_map(|&var| lookup(var).map(|v| (var, v)))
+}
+
+fn parse_count(var: &str, value: &str) -> Result<usize> {
+    value.trim().parse::<usize>().map_err(|_| {
+        Error::new(
+            Status::InvalidArgument,
+            format!("{var}={value:?} is not a non-negative integer"),
+        )
+    })
+}
+
+fn parse_port_value(value: &str) -> Option<u16> {
+    value.trim().parse::<u16>().ok().filter(|&p| p > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    const TORCHRUN: &[(&str, &str)] = &[
+        ("RANK", "3"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "3"),
+        ("LOCAL_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "node0"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    #[test]
+    fn torchrun_variables() {
+        let cfg = EnvConfig::from_lookup(env(TORCHRUN)).unwrap();
+        assert_eq!(cfg.ranks, RankInfo::new(3, 8, 3, 4).unwrap());
+        assert_eq!(
+            cfg.store,
+            StoreSource::Master(HostPort::new("node0", 29500))
+        );
+        assert_eq!(cfg.timeout, None);
+    }
+
+    #[test]
+    fn open_mpi_wins_over_torchrun_and_slurm() {
+        let mut vars = TORCHRUN.to_vec();
+        vars.extend([
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("SLURM_PROCID", "0"),
+            ("NVFUSER_MASTER_ADDR", "10.0.0.1"),
+        ]);
+        let cfg = EnvConfig::from_lookup(env(&vars)).unwrap();
+        assert_eq!(cfg.ranks, RankInfo::new(1, 2, 1, 2).unwrap());
+        // NVFUSER_MASTER_ADDR beats MASTER_ADDR; the port still comes from MASTER_PORT.
+        assert_eq!(cfg.store.addr(), &HostPort::new("10.0.0.1", 29500));
+    }
+
+    #[test]
+    fn nvfuser_world_variables_default_to_localhost_29542() {
+        let cfg = EnvConfig::from_lookup(env(&[
+            ("WORLD_RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("WORLD_LOCAL_RANK", "0"),
+            ("WORLD_LOCAL_SIZE", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(cfg.ranks, RankInfo::new(0, 2, 0, 2).unwrap());
+        assert_eq!(
+            cfg.store,
+            StoreSource::Master(HostPort::new("localhost", DEFAULT_MASTER_PORT))
+        );
+    }
+
+    #[test]
+    fn slurm_variables() {
+        let ranks = RankInfo::from_lookup(env(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "6"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(ranks, RankInfo::new(5, 6, 1, 2).unwrap());
+    }
+
+    #[test]
+    fn store_addr_and_timeout() {
+        let mut vars = TORCHRUN.to_vec();
+        vars.extend([
+            ("NVFIPC_STORE_ADDR", "[::1]:4000"),
+            ("NVFIPC_TIMEOUT_MS", "2500"),
+        ]);
+        let cfg = EnvConfig::from_lookup(env(&vars)).unwrap();
+        assert_eq!(cfg.store, StoreSource::External(HostPort::new("::1", 4000)));
+        assert_eq!(cfg.store.addr().to_string(), "[::1]:4000");
+        assert_eq!(cfg.timeout, Some(Duration::from_millis(2500)));
+
+        // A multi-node job with a running store needs no master address.
+        let cfg = EnvConfig::from_lookup(env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("NVFIPC_STORE_ADDR", "store.example:29500"),
+        ]))
+        .unwrap();
+        assert_eq!(cfg.store.addr().to_string(), "store.example:29500");
+    }
+
+    fn err_of(vars: &[(&str, &str)]) -> Error {
+        EnvConfig::from_lookup(env(vars)).unwrap_err()
+    }
+
+    #[test]
+    fn malformed_values_name_variable_and_value() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("RANK", "x")], "RANK=\"x\" is not a non-negative integer"),
+            (
+                &[("RANK", "-1")],
+                "RANK=\"-1\" is not a non-negative integer",
+            ),
+            (&[("RANK", "")], "RANK=\"\" is not a non-negative integer"),
+            (&[("RANK", "8")], "rank 8 is not below the world size 8"),
+            (&[("LOCAL_RANK", "4")], "local rank 4 is not below"),
+            (&[("WORLD_SIZE", "0")], "world size must be at least 1"),
+            (
+                &[("LOCAL_WORLD_SIZE", "9")],
+                "local world size must be between",
+            ),
+            (
+                &[("MASTER_PORT", "70000")],
+                "MASTER_PORT=\"70000\" is not a port",
+            ),
+            (&[("MASTER_PORT", "0")], "MASTER_PORT=\"0\" is not a port"),
+            (&[("MASTER_ADDR", "")], "MASTER_ADDR is set but empty"),
+            (&[("MASTER_ADDR", "127.0.0.1")], "loopback address"),
+            (
+                &[("NVFIPC_STORE_ADDR", "host")],
+                "NVFIPC_STORE_ADDR=\"host\"",
+            ),
+            (&[("NVFIPC_STORE_ADDR", ":12")], "empty host"),
+            (&[("NVFIPC_STORE_ADDR", "h:abc")], "not in 1..=65535"),
+            (&[("NVFIPC_TIMEOUT_MS", "0")], "NVFIPC_TIMEOUT_MS=\"0\""),
+            (
+                &[("NVFIPC_TIMEOUT_MS", "1s")],
+                "positive number of milliseconds",
+            ),
+        ];
+        for (overrides, needle) in cases {
+            let mut vars: Vec<(&str, &str)> = TORCHRUN
+                .iter()
+                .filter(|(k, _)| !overrides.iter().any(|(o, _)| o == k))
+                .copied()
+                .collect();
+            vars.extend_from_slice(overrides);
+            let err = err_of(&vars);
+            assert_eq!(err.status, Status::InvalidArgument, "{err}");
+            assert!(err.message.contains(needle), "{needle:?} not in: {err}");
+        }
+        let err = err_of(&[("RANK", "8"), ("WORLD_SIZE", "8")]);
+        assert!(
+            err.message.contains("none of OMPI_COMM_WORLD_LOCAL_RANK"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_everything_is_not_found() {
+        let err = err_of(&[]);
+        assert_eq!(err.status, Status::NotFound);
+        assert!(err.message.contains("nvfipc launch"), "{err}");
+    }
+
+    #[test]
+    fn multi_node_without_master_is_an_error() {
+        let err = err_of(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ]);
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(
+            err.message.contains("NVFUSER_MASTER_ADDR/MASTER_ADDR"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn host_port_parsing() {
+        assert_eq!(
+            HostPort::parse("V", "localhost:1").unwrap(),
+            HostPort::new("localhost", 1)
+        );
+        assert_eq!(
+            HostPort::parse("V", " 10.1.2.3:29500 ").unwrap(),
+            HostPort::new("10.1.2.3", 29500)
+        );
+        assert!(HostPort::parse("V", "[::1:5").is_err());
+        assert_eq!(HostPort::new("h", 5).to_string(), "h:5");
+    }
+
+    #[test]
+    fn job_tags() {
+        assert_eq!(job_tag_from_lookup(env(&[])), None);
+        assert_eq!(
+            job_tag_from_lookup(env(&[("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "2")])),
+            Some("77.2".into())
+        );
+        assert_eq!(
+            job_tag_from_lookup(env(&[
+                ("SLURM_JOB_ID", "77"),
+                ("PMIX_NAMESPACE", "prterun-node0-1234@1")
+            ])),
+            Some("prterun-node0-1234_1".into())
+        );
+        assert_eq!(
+            job_tag_from_lookup(env(&[
+                ("NVFIPC_JOB_TAG", "a/b"),
+                ("TORCHELASTIC_RUN_ID", "x")
+            ])),
+            Some("a_b".into())
+        );
+    }
+
+    #[test]
+    fn loopback_names() {
+        assert!(is_loopback_name("localhost"));
+        assert!(is_loopback_name("127.0.0.1"));
+        assert!(is_loopback_name("::1"));
+        assert!(is_loopback_name("[::1]"));
+        assert!(!is_loopback_name("node0"));
+        assert!(!is_loopback_name("10.0.0.1"));
+    }
+}

@@ -1,1 +1,1053 @@
-//! (being written)
+//! A [`Store`] whose operations are functions supplied by the host (for example nvFuser wrapping
+//! its own `c10d::Store`), described by the C vtable [`nvfipc_store_callbacks`].
+//!
+//! Keys are handed to the host exactly as the library's callers give them (user keys, no `/`
+//! prefix, not NUL-terminated). Values are byte strings that may contain NUL bytes.
+
+use crate::error::{Error, Result, Status};
+use crate::store::{Store, DEFAULT_TIMEOUT};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr;
+use std::time::Duration;
+
+/// Host-provided store operations (a C vtable).
+///
+/// Return codes: every callback returns 0 on success, 2 (`NVFIPC_STATUS_TIMEOUT`) when a
+/// `get`/`wait`/`multi_get` ran out of time, and any other value on failure. A failure code that
+/// is an `nvfipc_status` value (for example `NVFIPC_STATUS_NOT_FOUND`) is reported as that
+/// status; any other non-zero value is reported as `NVFIPC_STATUS_IO`. After a non-zero return the
+/// library calls `error_message` (when set) to include the host's explanation.
+///
+/// Threading: the library calls these functions from any thread, possibly from several threads
+/// at the same time, so they must be thread-safe, and `ctx` must stay valid until the store
+/// created from this vtable has been freed. The callbacks must not unwind (throw a C++ exception
+/// or longjmp) out of the call, and must not call back into the same store.
+///
+/// Keys: `key`/`keys[i]` point to `key_len`/`key_lens[i]` bytes, NOT NUL-terminated, valid only
+/// during the call. Values: `value` points to `value_len` bytes, valid only during the call.
+///
+/// Returned values (`get`, `compare_set`, `multi_get`): on success the host stores in
+/// `*out_value` a buffer allocated with `malloc` (or NULL when the length is 0) and its length in
+/// `*out_len`; the library takes ownership and releases it with `free_value(ctx, ptr, len)` when
+/// that callback is set, or with `free(ptr)` otherwise. On a non-zero return the library ignores
+/// and does not free the outputs, so the host must not leave memory allocated in them.
+///
+/// Required: `set`, `get`, `add`, `check`, `delete_key`, `wait`. Optional (may be NULL):
+/// `compare_set`, `append`, `num_keys` (the operation then fails with
+/// `NVFIPC_STATUS_UNSUPPORTED`), `multi_set` and `multi_get` (then done key by key with
+/// `set`, and `wait` + `get`), `free_value` and `error_message`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvfipc_store_callbacks {
+    /// Passed unchanged as the first argument of every callback.
+    pub ctx: *mut c_void,
+    /// Upserts `key` = `value`.
+    pub set: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: *const c_char,
+            key_len: usize,
+            value: *const u8,
+            value_len: usize,
+        ) -> c_int,
+    >,
+    /// Waits up to `timeout_ms` milliseconds for `key` to exist (0: do not wait), then returns
+    /// its value in `*out_value` / `*out_len` (malloc'd, owned by the library afterwards).
+    /// Returns 2 on timeout.
+    pub get: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: *const c_char,
+            key_len: usize,
+            timeout_ms: i64,
+            out_value: *mut *mut u8,
+            out_len: *mut usize,
+        ) -> c_int,
+    >,
+    /// Adds `delta` to the decimal counter at `key` (missing counts as 0) and stores the new
+    /// value in `*out_value`.
+    pub add: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: *const c_char,
+            key_len: usize,
+            delta: i64,
+            out_value: *mut i64,
+        ) -> c_int,
+    >,
+    /// Sets `*out_ready` to true when all `n` keys exist. Never blocks.
+    pub check: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            keys: *const *const c_char,
+            key_lens: *const usize,
+            n: usize,
+            out_ready: *mut bool,
+        ) -> c_int,
+    >,
+    /// Deletes `key`; sets `*out_deleted` to whether it existed.
+    pub delete_key: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: *const c_char,
+            key_len: usize,
+            out_deleted: *mut bool,
+        ) -> c_int,
+    >,
+    /// Waits up to `timeout_ms` milliseconds until all `n` keys exist (0: check once). Returns 2
+    /// on timeout.
+    pub wait: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            keys: *const *const c_char,
+            key_lens: *const usize,
+            n: usize,
+            timeout_ms: i64,
+        ) -> c_int,
+    >,
+    /// Optional. c10d compare-and-set: when `key` holds `expected`, or is missing and `expected`
+    /// is empty, store `desired`; return the value the key holds afterwards (for a missing key
+    /// with non-empty `expected`: `expected` itself, as c10d does) in `*out_value`/`*out_len`.
+    pub compare_set: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: *const c_char,
+            key_len: usize,
+            expected: *const u8,
+            expected_len: usize,
+            desired: *const u8,
+            desired_len: usize,
+            out_value: *mut *mut u8,
+            out_len: *mut usize,
+        ) -> c_int,
+    >,
+    /// Optional. Appends `value` to `key`, creating it when missing.
+    pub append: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: *const c_char,
+            key_len: usize,
+            value: *const u8,
+            value_len: usize,
+        ) -> c_int,
+    >,
+    /// Optional. Stores the number of keys in `*out_count`.
+    pub num_keys: Option<unsafe extern "C" fn(ctx: *mut c_void, out_count: *mut i64) -> c_int>,
+    /// Optional. Sets `n` keys: `keys[i]` = `values[i]`.
+    pub multi_set: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            keys: *const *const c_char,
+            key_lens: *const usize,
+            values: *const *const u8,
+            value_lens: *const usize,
+            n: usize,
+        ) -> c_int,
+    >,
+    /// Optional. Waits up to `timeout_ms` for all `n` keys, then fills the caller's arrays
+    /// `out_values[0..n]` / `out_lens[0..n]` with malloc'd copies of their values (owned by the
+    /// library afterwards).
+    pub multi_get: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            keys: *const *const c_char,
+            key_lens: *const usize,
+            n: usize,
+            timeout_ms: i64,
+            out_values: *mut *mut u8,
+            out_lens: *mut usize,
+        ) -> c_int,
+    >,
+    /// Optional. Releases a value returned by `get`, `compare_set` or `multi_get`; when NULL the
+    /// library calls `free(ptr)`.
+    pub free_value: Option<unsafe extern "C" fn(ctx: *mut c_void, ptr: *mut u8, len: usize)>,
+    /// Optional. A NUL-terminated description of the last failure on the calling thread, or
+    /// NULL. The library copies it at once; it only needs to stay valid until the next callback.
+    pub error_message: Option<unsafe extern "C" fn(ctx: *mut c_void) -> *const c_char>,
+}
+
+/// A [`Store`] over host callbacks.
+#[derive(Debug)]
+pub struct CallbackStore {
+    cb: nvfipc_store_callbacks,
+    timeout: Duration,
+}
+
+// SAFETY: the vtable is plain data (a context pointer and C function pointers). The host
+// promises, as documented on `nvfipc_store_callbacks`, that the callbacks are thread-safe and that
+// `ctx` stays valid for the life of the store, so calling them from any thread, concurrently, is
+// sound.
+unsafe impl Send for CallbackStore {}
+// SAFETY: see `Send`; `&CallbackStore` only reads the vtable and calls the thread-safe callbacks.
+unsafe impl Sync for CallbackStore {}
+
+type SetFn = unsafe extern "C" fn(*mut c_void, *const c_char, usize, *const u8, usize) -> c_int;
+
+/// Keys laid out as the parallel pointer/length arrays the callbacks take.
+struct KeyArrays {
+    ptrs: Vec<*const c_char>,
+    lens: Vec<usize>,
+}
+
+impl KeyArrays {
+    fn new(keys: &[&str]) -> Self {
+        KeyArrays {
+            ptrs: keys.iter().map(|k| k.as_ptr().cast::<c_char>()).collect(),
+            lens: keys.iter().map(|k| k.len()).collect(),
+        }
+    }
+}
+
+/// A host-owned value returned through `out_value`/`out_len`; released exactly once on drop.
+struct HostValue<'a> {
+    cb: &'a nvfipc_store_callbacks,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl HostValue<'_> {
+    fn to_vec(&self) -> Result<Vec<u8>> {
+        if self.len == 0 {
+            return Ok(Vec::new());
+        }
+        if self.ptr.is_null() {
+            return Err(Error::protocol(format!(
+                "host store callback returned a NULL value with length {}",
+                self.len
+            )));
+        }
+        // SAFETY: the host promised `ptr` points to `len` readable bytes that it handed over to
+        // us; we copy them before they are released in `drop`.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) }.to_vec())
+    }
+}
+
+impl Drop for HostValue<'_> {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        match self.cb.free_value {
+            // SAFETY: `ptr`/`len` are exactly what the host returned; released once, here.
+            Some(free_value) => unsafe { free_value(self.cb.ctx, self.ptr, self.len) },
+            // SAFETY: the documented convention: without `free_value`, values are malloc'd.
+            None => unsafe { libc::free(self.ptr.cast::<c_void>()) },
+        }
+    }
+}
+
+fn timeout_ms(timeout: Duration) -> i64 {
+    timeout.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// The status a non-zero callback return code stands for.
+fn status_of(rc: c_int) -> Status {
+    match rc {
+        1 => Status::InvalidArgument,
+        2 => Status::Timeout,
+        4 => Status::Protocol,
+        5 => Status::NotFound,
+        8 => Status::Unsupported,
+        9 => Status::InvalidState,
+        11 => Status::Internal,
+        _ => Status::Io,
+    }
+}
+
+impl CallbackStore {
+    /// Wraps a host vtable after checking that every required callback is set.
+    pub fn new(callbacks: nvfipc_store_callbacks) -> Result<CallbackStore> {
+        let required = [
+            ("set", callbacks.set.is_some()),
+            ("get", callbacks.get.is_some()),
+            ("add", callbacks.add.is_some()),
+            ("check", callbacks.check.is_some()),
+            ("delete_key", callbacks.delete_key.is_some()),
+            ("wait", callbacks.wait.is_some()),
+        ];
+        if let Some((name, _)) = required.iter().find(|(_, present)| !present) {
+            return Err(Error::invalid(format!(
+                "nvfipc_store_callbacks.{name} is NULL; set, get, add, check, delete_key and \
+                 wait are required"
+            )));
+        }
+        Ok(CallbackStore {
+            cb: callbacks,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// Sets the timeout reported by [`Store::default_timeout`] (default 300 s).
+    pub fn with_default_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The vtable this store calls.
+    pub fn callbacks(&self) -> &nvfipc_store_callbacks {
+        &self.cb
+    }
+
+    /// Turns a callback's return code into a result, with the host's message when it has one.
+    fn check_rc(&self, rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        let mut message = format!("host store callback {} failed with code {rc}", what());
+        if let Some(error_message) = self.cb.error_message {
+            // SAFETY: a host callback called with its own ctx; it returns NULL or a
+            // NUL-terminated string valid until its next call, which we copy right away.
+            let text = unsafe { error_message(self.cb.ctx) };
+            if !text.is_null() {
+                // SAFETY: non-NULL, NUL-terminated per the contract above.
+                let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+                if !text.is_empty() {
+                    message.push_str(": ");
+                    message.push_str(&text);
+                }
+            }
+        }
+        Err(Error::new(status_of(rc), message))
+    }
+
+    fn required<T>(f: Option<T>, name: &str) -> Result<T> {
+        f.ok_or_else(|| Error::internal(format!("nvfipc_store_callbacks.{name} became NULL")))
+    }
+
+    fn call_set(&self, f: SetFn, name: &str, key: &str, value: &[u8]) -> Result<()> {
+        // SAFETY: the key and value pointers are valid for their lengths during the call; ctx
+        // is the host's, per the vtable contract.
+        let rc = unsafe {
+            f(
+                self.cb.ctx,
+                key.as_ptr().cast(),
+                key.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        };
+        self.check_rc(rc, || format!("{name}(key {key:?})"))
+    }
+}
+
+impl Store for CallbackStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.call_set(Self::required(self.cb.set, "set")?, "set", key, value)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let f = Self::required(self.cb.get, "get")?;
+        let mut value = HostValue {
+            cb: &self.cb,
+            ptr: ptr::null_mut(),
+            len: 0,
+        };
+        let (mut out_ptr, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
+        // SAFETY: key is valid for key.len() bytes; the out-pointers are valid locals.
+        let rc = unsafe {
+            f(
+                self.cb.ctx,
+                key.as_ptr().cast(),
+                key.len(),
+                timeout_ms(timeout),
+                &mut out_ptr,
+                &mut out_len,
+            )
+        };
+        self.check_rc(rc, || {
+            format!("get(key {key:?}, timeout {}ms)", timeout.as_millis())
+        })?;
+        value.ptr = out_ptr;
+        value.len = out_len;
+        value.to_vec()
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let f = Self::required(self.cb.add, "add")?;
+        let mut out = 0i64;
+        // SAFETY: key is valid for key.len() bytes; `out` is a valid local.
+        let rc = unsafe { f(self.cb.ctx, key.as_ptr().cast(), key.len(), delta, &mut out) };
+        self.check_rc(rc, || format!("add(key {key:?}, {delta})"))?;
+        Ok(out)
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        if keys.is_empty() {
+            return Ok(true);
+        }
+        let f = Self::required(self.cb.check, "check")?;
+        let arrays = KeyArrays::new(keys);
+        let mut ready = false;
+        // SAFETY: both arrays hold `keys.len()` entries describing live key bytes; `ready` is a
+        // valid local.
+        let rc = unsafe {
+            f(
+                self.cb.ctx,
+                arrays.ptrs.as_ptr(),
+                arrays.lens.as_ptr(),
+                keys.len(),
+                &mut ready,
+            )
+        };
+        self.check_rc(rc, || format!("check(keys {keys:?})"))?;
+        Ok(ready)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let f = Self::required(self.cb.wait, "wait")?;
+        let arrays = KeyArrays::new(keys);
+        // SAFETY: both arrays hold `keys.len()` entries describing live key bytes.
+        let rc = unsafe {
+            f(
+                self.cb.ctx,
+                arrays.ptrs.as_ptr(),
+                arrays.lens.as_ptr(),
+                keys.len(),
+                timeout_ms(timeout),
+            )
+        };
+        self.check_rc(rc, || {
+            format!("wait(keys {keys:?}, timeout {}ms)", timeout.as_millis())
+        })
+    }
+
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        let f = Self::required(self.cb.delete_key, "delete_key")?;
+        let mut deleted = false;
+        // SAFETY: key is valid for key.len() bytes; `deleted` is a valid local.
+        let rc = unsafe { f(self.cb.ctx, key.as_ptr().cast(), key.len(), &mut deleted) };
+        self.check_rc(rc, || format!("delete_key(key {key:?})"))?;
+        Ok(deleted)
+    }
+
+    fn num_keys(&self) -> Result<i64> {
+        let f = self.cb.num_keys.ok_or_else(|| {
+            Error::unsupported("the host store has no num_keys callback (it is NULL)")
+        })?;
+        let mut count = 0i64;
+        // SAFETY: `count` is a valid local.
+        let rc = unsafe { f(self.cb.ctx, &mut count) };
+        self.check_rc(rc, || "num_keys()".to_owned())?;
+        Ok(count)
+    }
+
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        let f = self.cb.compare_set.ok_or_else(|| {
+            Error::unsupported(format!(
+                "compare_set(key {key:?}): the host store has no compare_set callback"
+            ))
+        })?;
+        let mut value = HostValue {
+            cb: &self.cb,
+            ptr: ptr::null_mut(),
+            len: 0,
+        };
+        let (mut out_ptr, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
+        // SAFETY: key, expected and desired are valid for their lengths; the out-pointers are
+        // valid locals.
+        let rc = unsafe {
+            f(
+                self.cb.ctx,
+                key.as_ptr().cast(),
+                key.len(),
+                expected.as_ptr(),
+                expected.len(),
+                desired.as_ptr(),
+                desired.len(),
+                &mut out_ptr,
+                &mut out_len,
+            )
+        };
+        self.check_rc(rc, || format!("compare_set(key {key:?})"))?;
+        value.ptr = out_ptr;
+        value.len = out_len;
+        value.to_vec()
+    }
+
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        let f = self.cb.append.ok_or_else(|| {
+            Error::unsupported(format!(
+                "append(key {key:?}): the host store has no append callback"
+            ))
+        })?;
+        self.call_set(f, "append", key, value)
+    }
+
+    fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
+        let Some(f) = self.cb.multi_set else {
+            return pairs.iter().try_for_each(|(k, v)| self.set(k, v));
+        };
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&str> = pairs.iter().map(|(k, _)| *k).collect();
+        let arrays = KeyArrays::new(&keys);
+        let values: Vec<*const u8> = pairs.iter().map(|(_, v)| v.as_ptr()).collect();
+        let value_lens: Vec<usize> = pairs.iter().map(|(_, v)| v.len()).collect();
+        // SAFETY: all four arrays hold `pairs.len()` entries describing live bytes.
+        let rc = unsafe {
+            f(
+                self.cb.ctx,
+                arrays.ptrs.as_ptr(),
+                arrays.lens.as_ptr(),
+                values.as_ptr(),
+                value_lens.as_ptr(),
+                pairs.len(),
+            )
+        };
+        self.check_rc(rc, || {
+            format!("multi_set({} keys, first {:?})", keys.len(), keys[0])
+        })
+    }
+
+    fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        let Some(f) = self.cb.multi_get else {
+            self.wait(keys, timeout)?;
+            return keys.iter().map(|k| self.get(k, timeout)).collect();
+        };
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let arrays = KeyArrays::new(keys);
+        let mut out_ptrs = vec![ptr::null_mut::<u8>(); keys.len()];
+        let mut out_lens = vec![0usize; keys.len()];
+        // SAFETY: the key arrays describe live bytes; the output arrays have `keys.len()`
+        // writable entries.
+        let rc = unsafe {
+            f(
+                self.cb.ctx,
+                arrays.ptrs.as_ptr(),
+                arrays.lens.as_ptr(),
+                keys.len(),
+                timeout_ms(timeout),
+                out_ptrs.as_mut_ptr(),
+                out_lens.as_mut_ptr(),
+            )
+        };
+        self.check_rc(rc, || {
+            format!(
+                "multi_get(keys {keys:?}, timeout {}ms)",
+                timeout.as_millis()
+            )
+        })?;
+        // Take ownership of every value first, so all are released even if one is invalid.
+        let owned: Vec<HostValue<'_>> = out_ptrs
+            .iter()
+            .zip(&out_lens)
+            .map(|(&ptr, &len)| HostValue {
+                cb: &self.cb,
+                ptr,
+                len,
+            })
+            .collect();
+        owned.iter().map(HostValue::to_vec).collect()
+    }
+
+    fn default_timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::ffi::CString;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Instant;
+
+    /// The host side: a map behind a mutex, as a C++ host would keep it.
+    #[derive(Default)]
+    struct Host {
+        map: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+        changed: Condvar,
+        last_error: Mutex<CString>,
+        freed: AtomicUsize,
+    }
+
+    /// Runs a callback body; a panic becomes an error code instead of unwinding into C.
+    fn guarded(ctx: *mut c_void, body: impl FnOnce(&Host) -> c_int) -> c_int {
+        // SAFETY: every test passes a pointer to a Host that outlives the store.
+        let host = unsafe { &*(ctx as *const Host) };
+        catch_unwind(AssertUnwindSafe(|| body(host))).unwrap_or(11)
+    }
+
+    fn fail(host: &Host, code: c_int, msg: &str) -> c_int {
+        *host.last_error.lock().unwrap() = CString::new(msg).unwrap();
+        code
+    }
+
+    unsafe fn bytes<'a>(p: *const u8, len: usize) -> &'a [u8] {
+        if len == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(p, len)
+        }
+    }
+
+    unsafe fn key_list(keys: *const *const c_char, lens: *const usize, n: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| bytes(*keys.add(i) as *const u8, *lens.add(i)).to_vec())
+            .collect()
+    }
+
+    fn malloc_copy(v: &[u8]) -> *mut u8 {
+        if v.is_empty() {
+            return ptr::null_mut();
+        }
+        // SAFETY: malloc of a non-zero size; checked for NULL; we copy exactly v.len() bytes.
+        unsafe {
+            let p = libc::malloc(v.len()) as *mut u8;
+            assert!(!p.is_null());
+            ptr::copy_nonoverlapping(v.as_ptr(), p, v.len());
+            p
+        }
+    }
+
+    unsafe extern "C" fn cb_set(
+        ctx: *mut c_void,
+        key: *const c_char,
+        key_len: usize,
+        value: *const u8,
+        value_len: usize,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            h.map
+                .lock()
+                .unwrap()
+                .insert(k, bytes(value, value_len).to_vec());
+            h.changed.notify_all();
+            0
+        })
+    }
+
+    /// Waits on the host map until `ready` holds or `timeout_ms` passes.
+    fn wait_until(
+        h: &Host,
+        timeout_ms: i64,
+        ready: impl Fn(&HashMap<Vec<u8>, Vec<u8>>) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
+        let mut map = h.map.lock().unwrap();
+        while !ready(&map) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            map = h.changed.wait_timeout(map, left).unwrap().0;
+        }
+        true
+    }
+
+    unsafe extern "C" fn cb_get(
+        ctx: *mut c_void,
+        key: *const c_char,
+        key_len: usize,
+        timeout_ms: i64,
+        out_value: *mut *mut u8,
+        out_len: *mut usize,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            if !wait_until(h, timeout_ms, |m| m.contains_key(&k)) {
+                return fail(h, 2, "key did not appear");
+            }
+            let v = h.map.lock().unwrap()[&k].clone();
+            *out_value = malloc_copy(&v);
+            *out_len = v.len();
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_add(
+        ctx: *mut c_void,
+        key: *const c_char,
+        key_len: usize,
+        delta: i64,
+        out: *mut i64,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            let mut map = h.map.lock().unwrap();
+            let old: i64 = match map.get(&k) {
+                None => 0,
+                Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse().ok()) {
+                    Some(n) => n,
+                    None => return fail(h, 1, "value is not a number"),
+                },
+            };
+            map.insert(k, (old + delta).to_string().into_bytes());
+            h.changed.notify_all();
+            *out = old + delta;
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_check(
+        ctx: *mut c_void,
+        keys: *const *const c_char,
+        key_lens: *const usize,
+        n: usize,
+        out: *mut bool,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            let map = h.map.lock().unwrap();
+            *out = keys.iter().all(|k| map.contains_key(k));
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_delete(
+        ctx: *mut c_void,
+        key: *const c_char,
+        key_len: usize,
+        out: *mut bool,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len);
+            *out = h.map.lock().unwrap().remove(k).is_some();
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_wait(
+        ctx: *mut c_void,
+        keys: *const *const c_char,
+        key_lens: *const usize,
+        n: usize,
+        timeout_ms: i64,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            if wait_until(h, timeout_ms, |m| keys.iter().all(|k| m.contains_key(k))) {
+                0
+            } else {
+                fail(h, 2, "keys did not appear")
+            }
+        })
+    }
+
+    unsafe extern "C" fn cb_num_keys(ctx: *mut c_void, out: *mut i64) -> c_int {
+        guarded(ctx, |h| {
+            *out = h.map.lock().unwrap().len() as i64;
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_compare_set(
+        ctx: *mut c_void,
+        key: *const c_char,
+        key_len: usize,
+        expected: *const u8,
+        expected_len: usize,
+        desired: *const u8,
+        desired_len: usize,
+        out_value: *mut *mut u8,
+        out_len: *mut usize,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            let (expected, desired) = (bytes(expected, expected_len), bytes(desired, desired_len));
+            let mut map = h.map.lock().unwrap();
+            let result = match map.get(&k) {
+                Some(cur) if cur.as_slice() == expected => {
+                    map.insert(k, desired.to_vec());
+                    desired.to_vec()
+                }
+                Some(cur) => cur.clone(),
+                None if expected.is_empty() => {
+                    map.insert(k, desired.to_vec());
+                    desired.to_vec()
+                }
+                None => expected.to_vec(),
+            };
+            *out_value = malloc_copy(&result);
+            *out_len = result.len();
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_append(
+        ctx: *mut c_void,
+        key: *const c_char,
+        key_len: usize,
+        value: *const u8,
+        value_len: usize,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            let mut map = h.map.lock().unwrap();
+            map.entry(k)
+                .or_default()
+                .extend_from_slice(bytes(value, value_len));
+            h.changed.notify_all();
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_multi_set(
+        ctx: *mut c_void,
+        keys: *const *const c_char,
+        key_lens: *const usize,
+        values: *const *const u8,
+        value_lens: *const usize,
+        n: usize,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            let mut map = h.map.lock().unwrap();
+            for (i, k) in keys.into_iter().enumerate() {
+                map.insert(k, bytes(*values.add(i), *value_lens.add(i)).to_vec());
+            }
+            h.changed.notify_all();
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_multi_get(
+        ctx: *mut c_void,
+        keys: *const *const c_char,
+        key_lens: *const usize,
+        n: usize,
+        timeout_ms: i64,
+        out_values: *mut *mut u8,
+        out_lens: *mut usize,
+    ) -> c_int {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            if !wait_until(h, timeout_ms, |m| keys.iter().all(|k| m.contains_key(k))) {
+                return fail(h, 2, "keys did not appear");
+            }
+            let map = h.map.lock().unwrap();
+            for (i, k) in keys.iter().enumerate() {
+                *out_values.add(i) = malloc_copy(&map[k]);
+                *out_lens.add(i) = map[k].len();
+            }
+            0
+        })
+    }
+
+    unsafe extern "C" fn cb_free_value(ctx: *mut c_void, p: *mut u8, _len: usize) {
+        // SAFETY (of the call below): `p` came from malloc_copy.
+        guarded(ctx, |h| {
+            h.freed.fetch_add(1, Ordering::SeqCst);
+            libc::free(p as *mut c_void);
+            0
+        });
+    }
+
+    unsafe extern "C" fn cb_error_message(ctx: *mut c_void) -> *const c_char {
+        // SAFETY: ctx is the test's Host; the CString stays in it until the next failure.
+        let host = &*(ctx as *const Host);
+        host.last_error.lock().unwrap().as_ptr()
+    }
+
+    fn required_only(host: &Arc<Host>) -> nvfipc_store_callbacks {
+        nvfipc_store_callbacks {
+            ctx: Arc::as_ptr(host) as *mut c_void,
+            set: Some(cb_set),
+            get: Some(cb_get),
+            add: Some(cb_add),
+            check: Some(cb_check),
+            delete_key: Some(cb_delete),
+            wait: Some(cb_wait),
+            compare_set: None,
+            append: None,
+            num_keys: None,
+            multi_set: None,
+            multi_get: None,
+            free_value: None,
+            error_message: None,
+        }
+    }
+
+    fn full(host: &Arc<Host>) -> nvfipc_store_callbacks {
+        nvfipc_store_callbacks {
+            compare_set: Some(cb_compare_set),
+            append: Some(cb_append),
+            num_keys: Some(cb_num_keys),
+            multi_set: Some(cb_multi_set),
+            multi_get: Some(cb_multi_get),
+            free_value: Some(cb_free_value),
+            error_message: Some(cb_error_message),
+            ..required_only(host)
+        }
+    }
+
+    #[test]
+    fn new_names_the_missing_required_callback() {
+        let host = Arc::new(Host::default());
+        type Clear = fn(&mut nvfipc_store_callbacks);
+        let cases: [(&str, Clear); 6] = [
+            ("set", |c| c.set = None),
+            ("get", |c| c.get = None),
+            ("add", |c| c.add = None),
+            ("check", |c| c.check = None),
+            ("delete_key", |c| c.delete_key = None),
+            ("wait", |c| c.wait = None),
+        ];
+        for (name, clear) in cases {
+            let mut cb = required_only(&host);
+            clear(&mut cb);
+            let err = CallbackStore::new(cb).unwrap_err();
+            assert_eq!(err.status, Status::InvalidArgument);
+            assert!(
+                err.message.contains(&format!(".{name} is NULL")),
+                "{}",
+                err.message
+            );
+        }
+        assert!(CallbackStore::new(required_only(&host)).is_ok());
+    }
+
+    #[test]
+    fn basic_operations_round_trip_binary_values() {
+        let host = Arc::new(Host::default());
+        let store = CallbackStore::new(full(&host)).unwrap();
+        store.set("bin", b"\x00\xff\x00").unwrap();
+        store.set("empty", b"").unwrap();
+        assert_eq!(
+            store.get("bin", Duration::from_secs(1)).unwrap(),
+            b"\x00\xff\x00"
+        );
+        assert_eq!(store.get("empty", Duration::from_secs(1)).unwrap(), b"");
+        assert_eq!(store.add("n", 3).unwrap(), 3);
+        assert_eq!(store.add("n", -1).unwrap(), 2);
+        assert_eq!(store.get("n", Duration::ZERO).unwrap(), b"2");
+        assert!(store.check(&["bin", "n"]).unwrap());
+        assert!(!store.check(&["bin", "missing"]).unwrap());
+        assert!(store.check(&[]).unwrap());
+        assert!(store.delete_key("n").unwrap());
+        assert!(!store.delete_key("n").unwrap());
+        assert_eq!(store.num_keys().unwrap(), 2);
+        // Every non-empty returned value was released through free_value (one per get).
+        assert_eq!(host.freed.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn compare_set_append_and_multi_ops_use_optional_callbacks() {
+        let host = Arc::new(Host::default());
+        let store = CallbackStore::new(full(&host)).unwrap();
+        assert_eq!(store.compare_set("c", b"", b"v1").unwrap(), b"v1");
+        assert_eq!(store.compare_set("c", b"v1", b"v2").unwrap(), b"v2");
+        assert_eq!(store.compare_set("c", b"bad", b"zz").unwrap(), b"v2");
+        assert_eq!(store.compare_set("m", b"e", b"x").unwrap(), b"e");
+        assert!(!store.check(&["m"]).unwrap());
+        store.append("a", b"x").unwrap();
+        store.append("a", b"\x00y").unwrap();
+        store
+            .multi_set(&[("k1", b"1".as_slice()), ("k2", b"".as_slice())])
+            .unwrap();
+        let got = store
+            .multi_get(&["a", "k1", "k2"], Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(got, vec![b"x\x00y".to_vec(), b"1".to_vec(), Vec::new()]);
+    }
+
+    #[test]
+    fn missing_optional_callbacks_are_unsupported_or_emulated() {
+        let host = Arc::new(Host::default());
+        let store = CallbackStore::new(required_only(&host)).unwrap();
+        for err in [
+            store.compare_set("c", b"", b"v").unwrap_err(),
+            store.append("a", b"x").unwrap_err(),
+            store.num_keys().unwrap_err(),
+        ] {
+            assert_eq!(err.status, Status::Unsupported, "{err}");
+        }
+        // multi_set / multi_get fall back to set, and wait + get (values freed with free()).
+        store
+            .multi_set(&[("a", b"1".as_slice()), ("b", b"2".as_slice())])
+            .unwrap();
+        let got = store
+            .multi_get(&["b", "a"], Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(got, vec![b"2".to_vec(), b"1".to_vec()]);
+    }
+
+    #[test]
+    fn wait_is_satisfied_by_another_thread() {
+        let host = Arc::new(Host::default());
+        let store = Arc::new(CallbackStore::new(full(&host)).unwrap());
+        let setter = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                store.set("late", b"here").unwrap();
+            })
+        };
+        store.wait(&["late"], Duration::from_secs(5)).unwrap();
+        assert_eq!(store.get("late", Duration::ZERO).unwrap(), b"here");
+        setter.join().unwrap();
+    }
+
+    #[test]
+    fn timeouts_and_failures_carry_status_and_host_message() {
+        let host = Arc::new(Host::default());
+        let store = CallbackStore::new(full(&host)).unwrap();
+        let start = Instant::now();
+        let err = store.get("never", Duration::from_millis(50)).unwrap_err();
+        assert_eq!(err.status, Status::Timeout);
+        assert!(
+            err.message.contains("key did not appear"),
+            "{}",
+            err.message
+        );
+        assert!(err.message.contains("\"never\""), "{}", err.message);
+        assert!(start.elapsed() >= Duration::from_millis(50));
+        let err = store.wait(&["x", "y"], Duration::ZERO).unwrap_err();
+        assert_eq!(err.status, Status::Timeout);
+        let err = store.multi_get(&["x"], Duration::ZERO).unwrap_err();
+        assert_eq!(err.status, Status::Timeout);
+
+        store.set("word", b"abc").unwrap();
+        let err = store.add("word", 1).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(
+            err.message.contains("value is not a number"),
+            "{}",
+            err.message
+        );
+        // Without error_message the code alone is reported.
+        let bare = CallbackStore::new(required_only(&host)).unwrap();
+        let err = bare.add("word", 1).unwrap_err();
+        assert!(err.message.contains("code 1"), "{}", err.message);
+    }
+
+    #[test]
+    fn unknown_codes_map_to_io_and_known_ones_to_their_status() {
+        assert_eq!(status_of(5), Status::NotFound);
+        assert_eq!(status_of(2), Status::Timeout);
+        assert_eq!(status_of(42), Status::Io);
+        assert_eq!(status_of(-1), Status::Io);
+        assert_eq!(timeout_ms(Duration::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn concurrent_use_from_many_threads() {
+        let host = Arc::new(Host::default());
+        let store = Arc::new(CallbackStore::new(full(&host)).unwrap());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        store.add("counter", 1).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(store.get("counter", Duration::ZERO).unwrap(), b"400");
+    }
+}

@@ -1,0 +1,133 @@
+// Shared state and helpers of the GPU suites. The binary runs as one rank of an `mpirun -np N`
+// job (ranks from OMPI_COMM_WORLD_*, or WORLD_RANK/RANK for other launchers); every rank runs
+// the same tests in the same order, so collective steps (barriers, store exchanges) line up.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "nvfuser_ipc.h"
+
+namespace nvfipc_gpu {
+
+// This rank's place in the job and the library context shared by all tests.
+struct Job {
+  int64_t rank = 0;
+  int64_t world = 1;
+  int64_t local_rank = 0;
+  int device = 0;
+  nvfipc_context* ctx = nullptr;
+  nvfipc_store* store = nullptr;
+  int64_t timeout_ms = 60000;  // bound of every barrier and store wait in the tests
+};
+
+Job& job();
+
+inline std::string LastError() { return nvfipc_last_error_message(); }
+
+inline std::string Describe(nvfipc_status st) {
+  return std::string(nvfipc_status_name(static_cast<int32_t>(st))) + ": " + LastError();
+}
+
+#define GPU_ASSERT_OK(expr)                                                              \
+  do {                                                                                   \
+    nvfipc_status st_ = (expr);                                                          \
+    ASSERT_EQ(st_, NVFIPC_STATUS_OK) << #expr << " -> " << ::nvfipc_gpu::Describe(st_);   \
+  } while (0)
+
+#define GPU_EXPECT_OK(expr)                                                              \
+  do {                                                                                   \
+    nvfipc_status st_ = (expr);                                                          \
+    EXPECT_EQ(st_, NVFIPC_STATUS_OK) << #expr << " -> " << ::nvfipc_gpu::Describe(st_);   \
+  } while (0)
+
+#define CUDA_ASSERT(expr)                                                                \
+  do {                                                                                   \
+    cudaError_t err_ = (expr);                                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << " -> " << cudaGetErrorName(err_) << ": "     \
+                                 << cudaGetErrorString(err_);                            \
+  } while (0)
+
+#define DRV_ASSERT(expr)                                                                  \
+  do {                                                                                   \
+    CUresult res_ = (expr);                                                              \
+    const char* name_ = nullptr;                                                         \
+    cuGetErrorName(res_, &name_);                                                        \
+    ASSERT_EQ(res_, CUDA_SUCCESS) << #expr << " -> " << (name_ ? name_ : "?");           \
+  } while (0)
+
+// Skips the test (on every rank alike) unless the job has at least `n` ranks.
+#define REQUIRE_RANKS(n)                                                                 \
+  do {                                                                                   \
+    if (::nvfipc_gpu::job().world < (n)) {                                               \
+      GTEST_SKIP() << "needs at least " << (n) << " ranks (run under mpirun -np " << (n)  \
+                   << " or more)";                                                       \
+    }                                                                                    \
+  } while (0)
+
+// World barrier bounded by the job timeout.
+inline nvfipc_status Barrier() {
+  return nvfipc_barrier(job().ctx, nullptr, 0, job().timeout_ms);
+}
+
+inline int64_t SendPeer() { return (job().rank + 1) % job().world; }
+inline int64_t RecvPeer() { return (job().world + job().rank - 1) % job().world; }
+
+// Publishes `bytes` under `key` in the job's store.
+inline nvfipc_status Put(const std::string& key, const void* data, size_t len) {
+  return nvfipc_store_set(job().store, key.c_str(), static_cast<const uint8_t*>(data), len);
+}
+
+// Waits for `key` and copies exactly `len` bytes of its value to `out`.
+nvfipc_status Get(const std::string& key, void* out, size_t len);
+
+// Prints one timing line, tagged with the rank, for the run summary (no assertions on time).
+void PrintTiming(const std::string& test, const std::string& what, double micros);
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double micros() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
+        .count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Reads the library's IPC counters.
+inline nvfipc_cuda_ipc_counters Counters() {
+  nvfipc_cuda_ipc_counters c{};
+  nvfipc_cuda_ipc_counters_get(&c);
+  return c;
+}
+
+// A device buffer freed at scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  uint64_t addr() const { return reinterpret_cast<uint64_t>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace nvfipc_gpu

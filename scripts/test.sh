@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs every test of the project on a machine with no GPU: Rust unit and multi-process tests,
+# interop with real PyTorch, the C/C++ GoogleTest suites, and a bounded fuzz run of the store's
+# frame parser. Installs what it needs (Debian packages, a cached Python venv with torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/deps.sh
+
+NVFIPC_PYTHON="$(bash scripts/python-env.sh)"
+export NVFIPC_PYTHON NVFIPC_REQUIRE_TORCH=1
+
+echo "== cargo test (release profile for realistic multi-process timing)"
+cargo test --release --all-targets
+
+echo "== C/C++ suites (CMake + GoogleTest)"
+bash scripts/cpp-tests.sh build/ci-cpp
+
+echo "== fuzz the store frame parser (bounded)"
+bash scripts/fuzz.sh "${NVFIPC_FUZZ_SECONDS:-60}"

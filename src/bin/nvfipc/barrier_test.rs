@@ -1,0 +1,180 @@
+//! `nvfipc barrier-test` (hidden): run by every rank of a launched job. Runs barriers over the
+//! world or over pseudo-random subsets that every rank derives from the same seed, and checks
+//! through the store that no barrier releases a rank before every member arrived.
+
+use crate::args::{split_flag, take_parsed, unknown_option, UsageError};
+use nvfuser_ipc::context::{Context, EnvOptions};
+use nvfuser_ipc::Result;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct BarrierTestArgs {
+    pub rounds: usize,
+    pub subset_seed: Option<u64>,
+    pub timeout: Option<Duration>,
+    /// This rank creates its context but never joins a barrier (to test timeouts).
+    pub absent_rank: Option<usize>,
+}
+
+impl BarrierTestArgs {
+    pub fn parse(args: Vec<String>) -> Result<BarrierTestArgs, UsageError> {
+        let mut parsed = BarrierTestArgs {
+            rounds: 0,
+            subset_seed: None,
+            timeout: None,
+            absent_rank: None,
+        };
+        let mut rounds = None;
+        let mut rest = args.into_iter();
+        while let Some(arg) = rest.next() {
+            match split_flag(&arg) {
+                ("--rounds", v) => rounds = Some(take_parsed(&mut rest, "--rounds", v, "a count")?),
+                ("--subset-seed", v) => {
+                    parsed.subset_seed = Some(take_parsed(&mut rest, "--subset-seed", v, "a seed")?)
+                }
+                ("--timeout-ms", v) => {
+                    let ms: u64 = take_parsed(&mut rest, "--timeout-ms", v, "milliseconds")?;
+                    if ms == 0 {
+                        return Err(UsageError("option --timeout-ms must be positive".into()));
+                    }
+                    parsed.timeout = Some(Duration::from_millis(ms));
+                }
+                ("--absent-rank", v) => {
+                    parsed.absent_rank = Some(take_parsed(&mut rest, "--absent-rank", v, "a rank")?)
+                }
+                _ => return Err(unknown_option("barrier-test", &arg)),
+            }
+        }
+        parsed.rounds =
+            rounds.ok_or_else(|| UsageError("barrier-test: --rounds R is required".into()))?;
+        Ok(parsed)
+    }
+}
+
+/// SplitMix64: a tiny deterministic generator, identical on every rank.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The members of `round`: each rank with probability 1/2, at least two (all of a smaller world).
+pub fn subset(seed: u64, round: usize, world: usize) -> Vec<usize> {
+    if world < 2 {
+        return (0..world).collect();
+    }
+    let mut state = seed ^ (round as u64).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    loop {
+        let members: Vec<usize> = (0..world)
+            .filter(|_| splitmix(&mut state) & 1 == 1)
+            .collect();
+        if members.len() >= 2 {
+            return members;
+        }
+    }
+}
+
+pub fn run(args: &BarrierTestArgs) -> i32 {
+    let options = EnvOptions {
+        timeout: args.timeout,
+        ..EnvOptions::default()
+    };
+    let ctx = match Context::from_env(&options) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("nvfipc barrier-test: {e}");
+            return 1;
+        }
+    };
+    if args.absent_rank == Some(ctx.rank) {
+        return 0;
+    }
+    match rounds(&ctx, args) {
+        Ok(()) => match ctx.close() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("nvfipc barrier-test: {e}");
+                1
+            }
+        },
+        Err(e) => {
+            eprintln!("nvfipc barrier-test: rank {}: {e}", ctx.rank);
+            1
+        }
+    }
+}
+
+fn rounds(ctx: &Context, args: &BarrierTestArgs) -> Result<()> {
+    let start = Instant::now();
+    let mut joined = 0usize;
+    for round in 0..args.rounds {
+        let members = args
+            .subset_seed
+            .map(|seed| subset(seed, round, ctx.world_size));
+        if let Some(m) = &members {
+            if !m.contains(&ctx.rank) {
+                continue;
+            }
+        }
+        let expected = members.as_ref().map_or(ctx.world_size, Vec::len) as i64;
+        let key = format!("nvfipc-test/{}/round/{round}", ctx.job_id);
+        ctx.store.add(&key, 1)?;
+        ctx.barrier(members.as_deref(), None)?;
+        let arrived = ctx.store.add(&key, 0)?;
+        if arrived != expected {
+            return Err(nvfuser_ipc::Error::internal(format!(
+                "round {round}: released after {arrived} of {expected} members arrived"
+            )));
+        }
+        joined += 1;
+    }
+    // Everyone is done before rank 0 reports.
+    ctx.barrier(None, None)?;
+    if ctx.rank == 0 {
+        let elapsed = start.elapsed();
+        let per = elapsed.as_secs_f64() * 1e6 / (joined + 1) as f64;
+        println!(
+            "barrier-test: {} ranks, {} rounds{}, rank 0 joined {joined}: {:.1} ms, {per:.0} us \
+             per barrier",
+            ctx.world_size,
+            args.rounds,
+            args.subset_seed
+                .map_or(String::new(), |s| format!(" (random subsets, seed {s})")),
+            elapsed.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsets_are_deterministic_and_valid() {
+        for round in 0..50 {
+            let s = subset(7, round, 64);
+            assert_eq!(s, subset(7, round, 64));
+            assert!(s.len() >= 2 && s.windows(2).all(|w| w[0] < w[1]) && s[s.len() - 1] < 64);
+        }
+        assert_ne!(subset(7, 0, 64), subset(7, 1, 64));
+        assert_eq!(subset(1, 0, 1), vec![0]);
+    }
+
+    #[test]
+    fn parses_options() {
+        let a = BarrierTestArgs::parse(
+            ["--rounds", "3", "--subset-seed=9", "--timeout-ms", "500"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        )
+        .unwrap();
+        assert_eq!(a.rounds, 3);
+        assert_eq!(a.subset_seed, Some(9));
+        assert_eq!(a.timeout, Some(Duration::from_millis(500)));
+        assert!(BarrierTestArgs::parse(vec![]).is_err());
+    }
+}

@@ -1,0 +1,345 @@
+//! `nvfipc launch -n N -- CMD ARGS...`: hosts a store, runs N ranks of CMD on this machine,
+//! prefixes their output with `[rank R] `, and stops everything when one rank fails.
+
+use crate::args::{split_flag, take_parsed, unknown_option, UsageError};
+use crate::signals::Signals;
+use nvfuser_ipc::store::server::StoreServer;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Variables that would override ours in `nvfuser_ipc::env` when launch itself runs under MPI.
+const INHERITED_RANK_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+];
+const POLL: Duration = Duration::from_millis(10);
+/// How long output readers may take to drain after the last rank exited (a rank's own children
+/// can keep its pipes open).
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+const STORE_HOST: &str = "127.0.0.1";
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct LaunchArgs {
+    pub ranks: usize,
+    pub port: u16,
+    pub grace: Duration,
+    pub command: Vec<String>,
+}
+
+impl LaunchArgs {
+    pub fn parse(args: Vec<String>) -> Result<LaunchArgs, UsageError> {
+        let mut ranks = None;
+        let mut port = 0u16;
+        let mut grace = Duration::from_secs(5);
+        let mut rest = args.into_iter();
+        let mut command = Vec::new();
+        while let Some(arg) = rest.next() {
+            match split_flag(&arg) {
+                ("-n" | "--nproc", inline) => {
+                    ranks = Some(take_parsed::<usize>(
+                        &mut rest,
+                        "-n",
+                        inline,
+                        "a number of ranks",
+                    )?)
+                }
+                ("--port", inline) => {
+                    port = take_parsed(&mut rest, "--port", inline, "a port (0..=65535)")?
+                }
+                ("--kill-grace-ms", inline) => {
+                    grace = Duration::from_millis(take_parsed(
+                        &mut rest,
+                        "--kill-grace-ms",
+                        inline,
+                        "a number of milliseconds",
+                    )?)
+                }
+                ("--", None) => {
+                    command.extend(rest.by_ref());
+                }
+                _ if !arg.starts_with('-') => {
+                    command.push(arg);
+                    command.extend(rest.by_ref());
+                }
+                _ => return Err(unknown_option("launch", &arg)),
+            }
+        }
+        let ranks = ranks.ok_or_else(|| UsageError("launch: -n N is required".into()))?;
+        if ranks == 0 {
+            return Err(UsageError("launch: -n must be at least 1".into()));
+        }
+        if command.is_empty() {
+            return Err(UsageError("launch: no command given after --".into()));
+        }
+        Ok(LaunchArgs {
+            ranks,
+            port,
+            grace,
+            command,
+        })
+    }
+}
+
+/// The exit status a shell would report: the code, or 128 + the signal number.
+fn shell_status(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// Copies `source` to `sink` line by line, each line prefixed with `prefix`.
+fn prefix_lines(source: impl Read, prefix: &str, sink: fn() -> Box<dyn Write>) {
+    let mut reader = BufReader::new(source);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        let mut out = sink();
+        // The launcher keeps running if its own output is closed.
+        let _ = out
+            .write_all(prefix.as_bytes())
+            .and_then(|()| out.write_all(&line))
+            .and_then(|()| out.flush());
+    }
+}
+
+fn stdout_sink() -> Box<dyn Write> {
+    Box::new(io::stdout().lock())
+}
+
+fn stderr_sink() -> Box<dyn Write> {
+    Box::new(io::stderr().lock())
+}
+
+struct Rank {
+    child: Child,
+    done: Option<ExitStatus>,
+}
+
+/// Sends `signal` to the process group of every rank that has not been reaped yet (a reaped
+/// rank's group id may already belong to someone else).
+fn signal_running(ranks: &[Rank], signal: libc::c_int) {
+    for rank in ranks.iter().filter(|r| r.done.is_none()) {
+        let pgid = rank.child.id() as libc::pid_t;
+        // SAFETY: kill(2) takes no pointers. The child is unreaped, so its pid (= group id,
+        // set with process_group(0)) still names that group.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+}
+
+fn spawn_rank(args: &LaunchArgs, rank: usize, port: u16) -> io::Result<Child> {
+    let mut cmd = Command::new(&args.command[0]);
+    let (r, n) = (rank.to_string(), args.ranks.to_string());
+    let store = format!("{STORE_HOST}:{port}");
+    cmd.args(&args.command[1..])
+        .env("RANK", &r)
+        .env("WORLD_SIZE", &n)
+        .env("LOCAL_RANK", &r)
+        .env("LOCAL_WORLD_SIZE", &n)
+        .env("WORLD_RANK", &r)
+        .env("WORLD_LOCAL_RANK", &r)
+        .env("WORLD_LOCAL_SIZE", &n)
+        .env("MASTER_ADDR", STORE_HOST)
+        .env("MASTER_PORT", port.to_string())
+        .env("NVFIPC_STORE_ADDR", store)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so that stopping a rank also stops what it started.
+        .process_group(0);
+    for var in INHERITED_RANK_VARS {
+        cmd.env_remove(var);
+    }
+    #[cfg(target_os = "linux")]
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Ranks die with the launcher even if it is killed with SIGKILL.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// Runs the job; returns the exit status for the launcher.
+pub fn run(args: &LaunchArgs) -> i32 {
+    let signals = match Signals::install(&[libc::SIGINT, libc::SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("nvfipc launch: cannot install signal handlers: {e}");
+            return 1;
+        }
+    };
+    let server = match StoreServer::bind(STORE_HOST, args.port) {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("nvfipc launch: cannot host the store: {e}");
+            return 1;
+        }
+    };
+    let port = server.port();
+
+    let (drained_tx, drained_rx) = mpsc::channel::<()>();
+    let mut readers = 0;
+    let mut ranks: Vec<Rank> = Vec::with_capacity(args.ranks);
+    let mut verdict: Option<i32> = None;
+    for r in 0..args.ranks {
+        match spawn_rank(args, r, port) {
+            Ok(mut child) => {
+                let prefix = format!("[rank {r}] ");
+                if let Some(out) = child.stdout.take() {
+                    let (p, tx) = (prefix.clone(), drained_tx.clone());
+                    thread::spawn(move || {
+                        prefix_lines(out, &p, stdout_sink);
+                        let _ = tx.send(());
+                    });
+                    readers += 1;
+                }
+                if let Some(err) = child.stderr.take() {
+                    let (p, tx) = (prefix, drained_tx.clone());
+                    thread::spawn(move || {
+                        prefix_lines(err, &p, stderr_sink);
+                        let _ = tx.send(());
+                    });
+                    readers += 1;
+                }
+                ranks.push(Rank { child, done: None });
+            }
+            Err(e) => {
+                eprintln!(
+                    "nvfipc launch: cannot start rank {r} ({}): {e}",
+                    args.command[0]
+                );
+                // Like a shell: 127 when the command does not exist, 126 when it cannot run.
+                verdict = Some(if e.kind() == io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                });
+                break;
+            }
+        }
+    }
+    drop(drained_tx);
+
+    let mut kill_at: Option<Instant> = if verdict.is_some() {
+        signal_running(&ranks, libc::SIGTERM);
+        Some(Instant::now() + args.grace)
+    } else {
+        None
+    };
+    let mut killed = false;
+    loop {
+        for (r, rank) in ranks.iter_mut().enumerate() {
+            if rank.done.is_some() {
+                continue;
+            }
+            match rank.child.try_wait() {
+                Ok(Some(status)) => {
+                    rank.done = Some(status);
+                    if !status.success() && verdict.is_none() {
+                        eprintln!(
+                            "nvfipc launch: rank {r} failed ({status}); stopping the other ranks"
+                        );
+                        verdict = Some(shell_status(status));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("nvfipc launch: cannot wait for rank {r}: {e}");
+                    verdict.get_or_insert(1);
+                }
+            }
+        }
+        if ranks.iter().all(|r| r.done.is_some()) {
+            break;
+        }
+        if verdict.is_some() && kill_at.is_none() {
+            signal_running(&ranks, libc::SIGTERM);
+            kill_at = Some(Instant::now() + args.grace);
+        }
+        if let Some(at) = kill_at {
+            if !killed && Instant::now() >= at {
+                signal_running(&ranks, libc::SIGKILL);
+                killed = true;
+            }
+        }
+        match signals.wait(Some(POLL)) {
+            Ok(Some(signal)) => {
+                if verdict.is_none() {
+                    eprintln!("nvfipc launch: got signal {signal}; stopping the ranks");
+                    verdict = Some(128 + signal);
+                } else if kill_at.is_some() {
+                    // A second interrupt: stop waiting politely.
+                    kill_at = Some(Instant::now());
+                }
+            }
+            Ok(None) => {}
+            Err(_) => thread::sleep(POLL),
+        }
+    }
+
+    let deadline = Instant::now() + DRAIN_LIMIT;
+    for _ in 0..readers {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if drained_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+    server.shutdown();
+    verdict.unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_ranks_port_and_command() {
+        let a = LaunchArgs::parse(strings(&["-n", "4", "--port=7", "--", "echo", "-x"])).unwrap();
+        assert_eq!(a.ranks, 4);
+        assert_eq!(a.port, 7);
+        assert_eq!(a.command, strings(&["echo", "-x"]));
+        let a = LaunchArgs::parse(strings(&["-n=2", "sh", "-c", "true"])).unwrap();
+        assert_eq!(a.command, strings(&["sh", "-c", "true"]));
+        for bad in [
+            &["echo"][..],
+            &["-n", "0", "--", "echo"],
+            &["-n", "2"],
+            &["-n", "2", "--"],
+            &["-n", "x", "--", "echo"],
+            &["-n", "2", "--what", "--", "echo"],
+        ] {
+            assert!(LaunchArgs::parse(strings(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn shell_status_maps_signals() {
+        assert_eq!(shell_status(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(shell_status(ExitStatus::from_raw(libc::SIGKILL)), 137);
+    }
+}

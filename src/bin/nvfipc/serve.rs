@@ -1,0 +1,119 @@
+//! `nvfipc serve`: a TCPStore server until SIGINT or SIGTERM.
+
+use crate::args::{split_flag, take_parsed, take_value, unknown_option, UsageError};
+use crate::signals::Signals;
+use nvfuser_ipc::env::DEFAULT_MASTER_PORT;
+use nvfuser_ipc::store::server::StoreServer;
+use std::io::Write;
+use std::time::Duration;
+
+/// How often the main thread checks that the server thread is still serving.
+const LIVENESS_CHECK: Duration = Duration::from_secs(1);
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct ServeArgs {
+    pub host: String,
+    pub port: u16,
+}
+
+impl ServeArgs {
+    pub fn parse(args: Vec<String>) -> Result<ServeArgs, UsageError> {
+        let mut parsed = ServeArgs {
+            host: "::".to_string(),
+            port: DEFAULT_MASTER_PORT,
+        };
+        let mut rest = args.into_iter();
+        while let Some(arg) = rest.next() {
+            match split_flag(&arg) {
+                ("--host", inline) => parsed.host = take_value(&mut rest, "--host", inline)?,
+                ("--port", inline) => {
+                    parsed.port = take_parsed(&mut rest, "--port", inline, "a port (0..=65535)")?
+                }
+                _ => return Err(unknown_option("serve", &arg)),
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// Runs the server; returns the exit status.
+pub fn run(args: &ServeArgs) -> i32 {
+    // Install the handlers first so that a signal right after the "listening" line is not lost.
+    let signals = match Signals::install(&[libc::SIGINT, libc::SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("nvfipc serve: cannot install signal handlers: {e}");
+            return 1;
+        }
+    };
+    let server = match StoreServer::bind(&args.host, args.port) {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("nvfipc serve: {e}");
+            return 1;
+        }
+    };
+    let addr = match server.local_addr() {
+        Ok(addr) => addr,
+        Err(e) => {
+            eprintln!("nvfipc serve: {e}");
+            return 1;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "listening on {addr}")
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        // Whoever started us cannot learn the address; serving would be useless.
+        return 1;
+    }
+    drop(out);
+    loop {
+        match signals.wait(Some(LIVENESS_CHECK)) {
+            Ok(Some(_)) => break,
+            Ok(None) if server.is_running() => continue,
+            Ok(None) => {
+                let why = server.stats().last_error.unwrap_or_default();
+                eprintln!("nvfipc serve: the server stopped unexpectedly: {why}");
+                return 1;
+            }
+            Err(e) => {
+                eprintln!("nvfipc serve: waiting for signals: {e}");
+                server.shutdown();
+                return 1;
+            }
+        }
+    }
+    server.shutdown();
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_host_and_port() {
+        assert_eq!(
+            ServeArgs::parse(strings(&[])).unwrap(),
+            ServeArgs {
+                host: "::".into(),
+                port: 29542
+            }
+        );
+        assert_eq!(
+            ServeArgs::parse(strings(&["--host", "127.0.0.1", "--port=0"])).unwrap(),
+            ServeArgs {
+                host: "127.0.0.1".into(),
+                port: 0
+            }
+        );
+        assert!(ServeArgs::parse(strings(&["--port", "99999"])).is_err());
+        assert!(ServeArgs::parse(strings(&["--bogus"])).is_err());
+    }
+}

@@ -1,0 +1,449 @@
+//! Loading the CUDA driver and managing contexts.
+//!
+//! The driver (`libcuda.so.1`) is loaded lazily through cudarc's dynamic loader the first time a
+//! device function is used. cudarc panics when the library or one of its symbols is missing, so
+//! [`driver`] first checks that the library can be opened and that every symbol this crate calls
+//! is exported; a machine without a usable driver gets [`Status::CudaUnavailable`], never a panic.
+//! `cuInit(0)` runs exactly once; the outcome (success or the error) is remembered.
+//!
+//! Contexts: nvFuser selects its device through the runtime API (`cudaSetDevice`) before any of
+//! our calls, so the device's primary context is already current on the calling thread and is
+//! used as is. A thread with no current context gets the primary context of the requested
+//! device (or device 0) retained and made current with `cuCtxSetCurrent`, which is what the
+//! runtime API itself would do. Retained primary contexts are kept until the process exits:
+//! releasing them could destroy a context that the host program is still using.
+
+use crate::error::{Error, Result, Status};
+use cudarc::driver::sys;
+use once_cell::sync::{Lazy, OnceCell};
+use std::collections::HashMap;
+use std::ffi::{c_char, CStr};
+use std::sync::Mutex;
+
+/// Proof that the driver library is loaded and `cuInit(0)` succeeded.
+#[derive(Debug)]
+pub struct Driver {
+    /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
+    pub version: i32,
+}
+
+/// Every driver symbol this crate calls (cudarc's loader panics on a missing one).
+const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetUuid_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuCtxGetDevice",
+    "cuCtxSynchronize",
+    "cuPointerGetAttributes",
+    "cuMemRetainAllocationHandle",
+    "cuMemRelease",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemsetD32Async",
+    "cuMemcpyDtoDAsync_v2",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWriteValue32_v2",
+    "cuStreamWaitValue32_v2",
+];
+
+/// Oldest driver with the v2 stream memory operations (enabled by default on all platforms).
+pub const MIN_DRIVER_VERSION: i32 = 11070;
+
+static DRIVER: OnceCell<Result<Driver>> = OnceCell::new();
+
+/// The loaded and initialised driver, or why there is none (`CudaUnavailable`).
+/// Thread-safe; the work is done once per process.
+pub fn driver() -> Result<&'static Driver> {
+    match DRIVER.get_or_init(|| load(library_present, missing_symbols)) {
+        Ok(driver) => Ok(driver),
+        Err(err) => Err(err.clone()),
+    }
+}
+
+/// True when device memory can be used in this process (driver loaded, `cuInit` succeeded).
+pub fn is_available() -> bool {
+    driver().is_ok()
+}
+
+fn library_present() -> bool {
+    // SAFETY: is_culib_present only tries to dlopen the candidate library names and drops what
+    // it opened; it has no preconditions.
+    unsafe { sys::is_culib_present() }
+}
+
+fn missing_symbols() -> Vec<&'static str> {
+    // SAFETY: only called after library_present() returned true, so culib() finds the same
+    // library and does not panic. Looking a symbol up has no side effects.
+    let lib = unsafe { sys::culib() };
+    REQUIRED_SYMBOLS
+        .iter()
+        .copied()
+        // SAFETY: the symbol is only looked up, never called through this pointer type.
+        .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(*name) }.is_err())
+        .collect()
+}
+
+fn unavailable(detail: impl std::fmt::Display) -> Error {
+    Error::new(Status::CudaUnavailable, detail.to_string())
+}
+
+fn load(present: impl Fn() -> bool, missing: impl Fn() -> Vec<&'static str>) -> Result<Driver> {
+    if !present() {
+        return Err(unavailable(
+            "CUDA driver not available (libcuda.so.1 not found): install the NVIDIA driver or \
+             add the directory holding libcuda.so.1 to LD_LIBRARY_PATH; host (shared-memory) \
+             buffers still work without it",
+        ));
+    }
+    let missing = missing();
+    if !missing.is_empty() {
+        return Err(unavailable(format!(
+            "CUDA driver not usable: libcuda does not export {} (driver too old? CUDA >= 11.7 \
+             is required)",
+            missing.join(", ")
+        )));
+    }
+    // SAFETY: cuInit has no pointer arguments; all symbols were checked above.
+    let rc = unsafe { sys::cuInit(0) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(unavailable(format!(
+            "CUDA driver found but cuInit failed: {} (is a GPU visible to this process? check \
+             CUDA_VISIBLE_DEVICES and nvidia-smi)",
+            describe(rc)
+        )));
+    }
+    let mut version = 0;
+    // SAFETY: `version` is a valid out pointer.
+    check(
+        unsafe { sys::cuDriverGetVersion(&mut version) },
+        "cuDriverGetVersion",
+    )?;
+    if version < MIN_DRIVER_VERSION {
+        return Err(unavailable(format!(
+            "CUDA driver {} is too old: {} or newer is required",
+            format_version(version),
+            format_version(MIN_DRIVER_VERSION)
+        )));
+    }
+    Ok(Driver { version })
+}
+
+/// "13.0" for 13000.
+pub fn format_version(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
+/// `CUDA_ERROR_X (description)` for a driver result code.
+pub fn describe(rc: sys::CUresult) -> String {
+    let text = |f: unsafe fn(sys::CUresult, *mut *const c_char) -> sys::CUresult| {
+        let mut ptr: *const c_char = std::ptr::null();
+        // SAFETY: `ptr` is a valid out pointer; the driver stores a pointer to a static string.
+        let ok = unsafe { f(rc, &mut ptr) } == sys::CUresult::CUDA_SUCCESS;
+        if ok && !ptr.is_null() {
+            // SAFETY: non-NULL pointer to a NUL-terminated static string owned by the driver.
+            Some(
+                unsafe { CStr::from_ptr(ptr) }
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        } else {
+            None
+        }
+    };
+    // The error-name functions need the library; without it the enum name is all we have.
+    if DRIVER.get().is_some_and(|d| d.is_ok()) {
+        let name = text(sys::cuGetErrorName).unwrap_or_else(|| format!("{rc:?}"));
+        match text(sys::cuGetErrorString) {
+            Some(desc) => format!("{name} ({desc})"),
+            None => name,
+        }
+    } else {
+        format!("{rc:?}")
+    }
+}
+
+/// Maps a driver result to `Ok` or a [`Status::Cuda`] error naming the call.
+pub fn check(rc: sys::CUresult, call: &str) -> Result<()> {
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Status::Cuda,
+            format!("{call} failed: {}", describe(rc)),
+        ))
+    }
+}
+
+/// A CUDA context handle. Contexts are process-wide objects usable from any thread, so the
+/// handle is stored as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Context(usize);
+
+impl Context {
+    fn raw(self) -> sys::CUcontext {
+        self.0 as sys::CUcontext
+    }
+
+    fn from_raw(ctx: sys::CUcontext) -> Context {
+        Context(ctx as usize)
+    }
+
+    /// The device ordinal of this context.
+    pub fn device(self) -> Result<i32> {
+        let _guard = ContextGuard::enter(self)?;
+        let mut device = 0;
+        // SAFETY: valid out pointer; the context is current (guard above).
+        check(
+            unsafe { sys::cuCtxGetDevice(&mut device) },
+            "cuCtxGetDevice",
+        )?;
+        Ok(device)
+    }
+
+    /// Waits for all work in this context (`cuCtxSynchronize` with the context current).
+    pub fn synchronize(self) -> Result<()> {
+        let _guard = ContextGuard::enter(self)?;
+        // SAFETY: no arguments; the context is current.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+    }
+}
+
+/// The context current on this thread, if any.
+pub fn current_context() -> Result<Option<Context>> {
+    driver()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    Ok((!ctx.is_null()).then(|| Context::from_raw(ctx)))
+}
+
+static PRIMARY: Lazy<Mutex<HashMap<i32, Context>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// The primary context of `device`, retained once per process and never released.
+pub fn primary_context(device: i32) -> Result<Context> {
+    driver()?;
+    let count = device_count()?;
+    if device < 0 || device >= count {
+        return Err(Error::invalid(format!(
+            "CUDA device {device} does not exist ({count} visible device(s); check \
+             CUDA_VISIBLE_DEVICES)"
+        )));
+    }
+    let mut map = PRIMARY.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(ctx) = map.get(&device) {
+        return Ok(*ctx);
+    }
+    let dev = device_handle(device)?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out pointer and a device handle from cuDeviceGet.
+    check(
+        unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+        &format!("cuDevicePrimaryCtxRetain(device {device})"),
+    )?;
+    let ctx = Context::from_raw(ctx);
+    map.insert(device, ctx);
+    Ok(ctx)
+}
+
+/// Makes sure a context is current on this thread and returns it: the current one when there is
+/// one, else the primary context of `default_device` (0 when `None`), made current for good.
+pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
+    if let Some(ctx) = current_context()? {
+        return Ok(ctx);
+    }
+    let ctx = primary_context(default_device.unwrap_or(0))?;
+    // SAFETY: a retained primary context is a valid context handle.
+    check(
+        unsafe { sys::cuCtxSetCurrent(ctx.raw()) },
+        "cuCtxSetCurrent",
+    )?;
+    Ok(ctx)
+}
+
+/// Enters a context for work on `device`: with `Some(d)`, the current context when it belongs to
+/// `d`, else `d`'s primary context (pushed until the guard drops); with `None`, the current
+/// context or, when there is none, device 0's primary context (see [`ensure_context`]).
+pub fn enter_device(device: Option<i32>) -> Result<(Context, ContextGuard)> {
+    match device {
+        Some(d) => {
+            let guard = ContextGuard::for_device(d)?;
+            let ctx = current_context()?
+                .ok_or_else(|| Error::internal("no current CUDA context after entering one"))?;
+            Ok((ctx, guard))
+        }
+        None => Ok((ensure_context(None)?, ContextGuard { pushed: false })),
+    }
+}
+
+/// Makes `ctx` current for a scope: pushes it when another (or no) context is current and pops it
+/// again on drop; does nothing when `ctx` is already current.
+pub struct ContextGuard {
+    pushed: bool,
+}
+
+impl ContextGuard {
+    pub fn enter(ctx: Context) -> Result<ContextGuard> {
+        if current_context()? == Some(ctx) {
+            return Ok(ContextGuard { pushed: false });
+        }
+        // SAFETY: `ctx` came from the driver (current or retained primary context).
+        check(
+            unsafe { sys::cuCtxPushCurrent_v2(ctx.raw()) },
+            "cuCtxPushCurrent",
+        )?;
+        Ok(ContextGuard { pushed: true })
+    }
+
+    /// Enters the primary context of `device` unless the current context already belongs to it.
+    pub fn for_device(device: i32) -> Result<ContextGuard> {
+        if let Some(ctx) = current_context()? {
+            if ctx.device()? == device {
+                return Ok(ContextGuard { pushed: false });
+            }
+        }
+        Self::enter(primary_context(device)?)
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: we pushed a context in `enter`, so there is one to pop; valid out pointer.
+            // A failure cannot be reported from drop and leaves the thread's stack as it was.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
+
+/// Number of visible devices.
+pub fn device_count() -> Result<i32> {
+    driver()?;
+    let mut count = 0;
+    // SAFETY: valid out pointer.
+    check(
+        unsafe { sys::cuDeviceGetCount(&mut count) },
+        "cuDeviceGetCount",
+    )?;
+    Ok(count)
+}
+
+fn device_handle(ordinal: i32) -> Result<sys::CUdevice> {
+    driver()?;
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: valid out pointer.
+    check(
+        unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
+        &format!("cuDeviceGet({ordinal})"),
+    )?;
+    Ok(dev)
+}
+
+/// An integer device attribute.
+pub fn device_attribute(ordinal: i32, attr: sys::CUdevice_attribute) -> Result<i32> {
+    let dev = device_handle(ordinal)?;
+    let mut value = 0;
+    // SAFETY: valid out pointer and device handle.
+    check(
+        unsafe { sys::cuDeviceGetAttribute(&mut value, attr, dev) },
+        &format!("cuDeviceGetAttribute({attr:?}, device {ordinal})"),
+    )?;
+    Ok(value)
+}
+
+/// The device's UUID (the identity that goes into handle records).
+pub fn device_uuid(ordinal: i32) -> Result<[u8; 16]> {
+    let dev = device_handle(ordinal)?;
+    let mut uuid = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: valid out pointer and device handle.
+    check(
+        unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
+        &format!("cuDeviceGetUuid(device {ordinal})"),
+    )?;
+    Ok(uuid.bytes.map(|b| b as u8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_a_clean_error() {
+        let err = load(|| false, Vec::new).unwrap_err();
+        assert_eq!(err.status, Status::CudaUnavailable);
+        assert!(
+            err.message
+                .starts_with("CUDA driver not available (libcuda.so.1 not found)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_symbols_are_named() {
+        let err = load(|| true, || vec!["cuFoo", "cuBar"]).unwrap_err();
+        assert_eq!(err.status, Status::CudaUnavailable);
+        assert!(err.message.contains("cuFoo, cuBar"), "{err}");
+    }
+
+    #[test]
+    fn driver_state_is_consistent_and_never_panics() {
+        // On a machine without libcuda every entry point reports CudaUnavailable; with a driver
+        // they agree with `driver()`.
+        let loaded = driver();
+        if !library_present() {
+            let err = loaded.unwrap_err();
+            assert_eq!(err.status, Status::CudaUnavailable);
+            assert!(!is_available());
+            assert_eq!(
+                current_context().unwrap_err().status,
+                Status::CudaUnavailable
+            );
+            assert_eq!(device_count().unwrap_err().status, Status::CudaUnavailable);
+            assert_eq!(device_uuid(0).unwrap_err().status, Status::CudaUnavailable);
+            assert_eq!(
+                ensure_context(None).unwrap_err().status,
+                Status::CudaUnavailable
+            );
+        } else {
+            assert_eq!(loaded.is_ok(), is_available());
+        }
+    }
+
+    #[test]
+    fn check_names_the_call() {
+        assert!(check(sys::CUresult::CUDA_SUCCESS, "cuX").is_ok());
+        let err = check(
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            "cuIpcOpenMemHandle",
+        )
+        .unwrap_err();
+        assert_eq!(err.status, Status::Cuda);
+        assert!(
+            err.message.starts_with("cuIpcOpenMemHandle failed: "),
+            "{err}"
+        );
+        assert!(err.message.contains("CUDA_ERROR_INVALID_VALUE"), "{err}");
+    }
+
+    #[test]
+    fn versions_format() {
+        assert_eq!(format_version(13000), "13.0");
+        assert_eq!(format_version(12040), "12.4");
+        assert_eq!(format_version(MIN_DRIVER_VERSION), "11.7");
+    }
+}

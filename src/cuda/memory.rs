@@ -1,0 +1,359 @@
+//! What a device pointer is: one `cuPointerGetAttributes` call gives the allocation range, its
+//! unique buffer id, the memory type, the device and whether legacy CUDA IPC can export it.
+//! [`classify`] (pure, unit-tested) turns those attributes into an exportable
+//! [`DeviceAllocation`] or an error that says what the pointer is and what to do.
+
+use super::driver::{self, check};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::ffi::c_void;
+
+/// `CUmemorytype` as reported for a pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryType {
+    /// Not known to CUDA: plain host memory, a freed allocation or a garbage address.
+    Unknown,
+    Host,
+    Device,
+    Array,
+    Unified,
+    Other(u32),
+}
+
+impl MemoryType {
+    fn from_raw(value: u32) -> MemoryType {
+        match value {
+            0 => MemoryType::Unknown,
+            1 => MemoryType::Host,
+            2 => MemoryType::Device,
+            3 => MemoryType::Array,
+            4 => MemoryType::Unified,
+            other => MemoryType::Other(other),
+        }
+    }
+}
+
+/// The driver's view of one pointer (attributes CUDA does not know read as zero).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointerInfo {
+    pub ptr: u64,
+    pub memory_type: MemoryType,
+    /// The context owning the allocation (0 when unknown).
+    pub context: u64,
+    pub device_ordinal: i32,
+    /// Unique within the process for the lifetime of the process.
+    pub buffer_id: u64,
+    pub is_managed: bool,
+    pub legacy_ipc_capable: bool,
+    pub range_start: u64,
+    pub range_size: u64,
+    /// Handle types a VMM allocation can be exported as (bitmask; 0 for other memory).
+    pub allowed_handle_types: u64,
+    /// The memory pool of stream-ordered allocations (0 otherwise).
+    pub mempool: u64,
+    /// The address belongs to a VMM mapping (`cuMemCreate` + `cuMemMap`, as PyTorch's
+    /// expandable segments use): `cuMemRetainAllocationHandle` succeeds on it.
+    pub vmm: bool,
+}
+
+/// A device allocation that legacy IPC can export, and the user's range inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceAllocation {
+    pub ptr: u64,
+    pub bytes: u64,
+    pub base: u64,
+    pub size: u64,
+    pub buffer_id: u64,
+    pub device_ordinal: i32,
+}
+
+impl DeviceAllocation {
+    pub fn offset(&self) -> u64 {
+        self.ptr - self.base
+    }
+}
+
+/// The attributes requested, in order; each is written into its own zeroed 8-byte slot, which
+/// holds every attribute type requested here (bool, unsigned int, int, pointer, size_t, u64).
+const ATTRIBUTES: [sys::CUpointer_attribute; 11] = [
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPED,
+];
+/// The first attributes, known to every supported driver; the rest are retried without.
+const CORE_ATTRIBUTES: usize = 8;
+
+/// Asks the driver about `ptr` in one `cuPointerGetAttributes` call.
+pub fn query(ptr: u64) -> Result<PointerInfo> {
+    driver::driver()?;
+    // Pointer queries need some context on the thread (UVA is process-wide, so any will do).
+    driver::ensure_context(None)?;
+    let mut slots = [0u64; ATTRIBUTES.len()];
+    let mut attrs = ATTRIBUTES;
+    let mut data: Vec<*mut c_void> = slots
+        .iter_mut()
+        .map(|slot| (slot as *mut u64).cast::<c_void>())
+        .collect();
+    let mut count = ATTRIBUTES.len();
+    // SAFETY: `attrs` and `data` both have `count` entries; every data entry points to a zeroed
+    // 8-byte slot, large enough for each requested attribute.
+    let mut rc = unsafe {
+        sys::cuPointerGetAttributes(count as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
+    };
+    if rc == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+        // An older driver that does not know the newer attributes: ask for the core set only.
+        count = CORE_ATTRIBUTES;
+        // SAFETY: as above, with the first `count` entries of both arrays.
+        rc = unsafe {
+            sys::cuPointerGetAttributes(count as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
+        };
+    }
+    if rc == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT
+        || rc == sys::CUresult::CUDA_ERROR_INVALID_VALUE
+    {
+        // Not a pointer CUDA knows about.
+        slots = [0; ATTRIBUTES.len()];
+    } else {
+        check(rc, &format!("cuPointerGetAttributes({ptr:#x})"))?;
+    }
+    let legacy_ipc_capable = slots[5] & 0xff != 0;
+    Ok(PointerInfo {
+        ptr,
+        vmm: !legacy_ipc_capable && is_vmm(ptr),
+        memory_type: MemoryType::from_raw(slots[0] as u32),
+        context: slots[1],
+        device_ordinal: slots[2] as u32 as i32,
+        buffer_id: slots[3],
+        is_managed: slots[4] & 0xff != 0,
+        legacy_ipc_capable,
+        range_start: slots[6],
+        range_size: slots[7],
+        allowed_handle_types: slots[8],
+        mempool: slots[9],
+    })
+}
+
+/// True when `ptr` lies in a VMM mapping (the only memory `cuMemRetainAllocationHandle` accepts).
+fn is_vmm(ptr: u64) -> bool {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out pointer; the driver only looks the address up.
+    let rc = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut c_void) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return false;
+    }
+    // SAFETY: the retain above succeeded, so this drops exactly the reference it took.
+    unsafe { sys::cuMemRelease(handle) };
+    true
+}
+
+/// Decides whether `[info.ptr, info.ptr + bytes)` is exportable device memory.
+pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
+    let ptr = info.ptr;
+    if ptr == 0 {
+        return Err(Error::invalid("device pointer is NULL"));
+    }
+    if bytes == 0 {
+        return Err(Error::invalid(format!(
+            "byte count for pointer {ptr:#x} is zero"
+        )));
+    }
+    let at = if info.range_start != 0 {
+        info.range_start
+    } else {
+        ptr
+    };
+    // Checked first: a VMM mapping may not report a memory type at all.
+    if info.vmm && info.mempool == 0 {
+        return Err(vmm_error(at, ptr));
+    }
+    match info.memory_type {
+        MemoryType::Device => {}
+        MemoryType::Unknown => {
+            return Err(Error::invalid(format!(
+                "pointer {ptr:#x} is not device memory known to CUDA: a host pointer, a freed \
+                 allocation or a bad address; pass a live cudaMalloc'd device pointer"
+            )))
+        }
+        MemoryType::Host => {
+            return Err(Error::invalid(format!(
+                "pointer {ptr:#x} is pinned host memory, not device memory; use the host \
+                 transport for host buffers"
+            )))
+        }
+        other => {
+            return Err(Error::invalid(format!(
+                "pointer {ptr:#x} has CUDA memory type {other:?}, not plain device memory"
+            )))
+        }
+    }
+    if info.is_managed {
+        return Err(Error::unsupported(format!(
+            "pointer {ptr:#x} is managed (unified) memory; legacy CUDA IPC cannot export it; \
+             allocate the buffer with cudaMalloc"
+        )));
+    }
+    if !info.legacy_ipc_capable {
+        if info.mempool != 0 {
+            return Err(Error::unsupported(format!(
+                "allocation at {at:#x} (pointer {ptr:#x}) comes from a stream-ordered memory pool \
+                 (cudaMallocAsync); legacy CUDA IPC cannot export it; allocate with cudaMalloc \
+                 (PyTorch: do not set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)"
+            )));
+        }
+        return Err(vmm_error(at, ptr));
+    }
+    let (base, size) = (info.range_start, info.range_size);
+    if base == 0 || size == 0 || ptr < base {
+        return Err(Error::internal(format!(
+            "CUDA reported an empty address range (base {base:#x}, size {size}) for device \
+             pointer {ptr:#x}"
+        )));
+    }
+    let end = ptr.checked_add(bytes);
+    if end.map_or(true, |end| end > base + size) {
+        return Err(Error::invalid(format!(
+            "range [{ptr:#x}, +{bytes}) does not fit in its allocation [{base:#x}, +{size}) \
+             (offset {}); the byte count is too large",
+            ptr - base
+        )));
+    }
+    Ok(DeviceAllocation {
+        ptr,
+        bytes,
+        base,
+        size,
+        buffer_id: info.buffer_id,
+        device_ordinal: info.device_ordinal,
+    })
+}
+
+fn vmm_error(at: u64, ptr: u64) -> Error {
+    Error::unsupported(format!(
+        "allocation at {at:#x} (pointer {ptr:#x}) is VMM/expandable-segments memory; legacy CUDA \
+         IPC cannot export it; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
+    ))
+}
+
+/// Finds the exportable device allocation that holds `[ptr, ptr + bytes)`.
+pub fn resolve(ptr: u64, bytes: u64) -> Result<DeviceAllocation> {
+    if ptr == 0 {
+        return Err(Error::invalid("device pointer is NULL"));
+    }
+    classify(&query(ptr)?, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    fn device(ptr: u64) -> PointerInfo {
+        PointerInfo {
+            ptr,
+            memory_type: MemoryType::Device,
+            context: 0x55,
+            device_ordinal: 0,
+            buffer_id: 42,
+            is_managed: false,
+            legacy_ipc_capable: true,
+            range_start: 0x7000_0000,
+            range_size: 2 << 20,
+            allowed_handle_types: 0,
+            mempool: 0,
+            vmm: false,
+        }
+    }
+
+    #[test]
+    fn legacy_allocation_resolves_with_offset() {
+        let alloc = classify(&device(0x7000_0040), 16).unwrap();
+        assert_eq!(alloc.base, 0x7000_0000);
+        assert_eq!(alloc.offset(), 0x40);
+        assert_eq!(alloc.buffer_id, 42);
+        assert_eq!(alloc.size, 2 << 20);
+    }
+
+    #[test]
+    fn unknown_and_host_pointers_are_invalid_arguments() {
+        let mut info = device(0x1234);
+        info.memory_type = MemoryType::Unknown;
+        let err = classify(&info, 4).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("0x1234"), "{err}");
+        assert!(err.message.contains("freed"), "{err}");
+        info.memory_type = MemoryType::Host;
+        let err = classify(&info, 4).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("host"), "{err}");
+    }
+
+    #[test]
+    fn vmm_memory_is_unsupported_with_a_remedy() {
+        let mut info = device(0x7000_0000);
+        info.legacy_ipc_capable = false;
+        info.allowed_handle_types = 1;
+        info.vmm = true;
+        let err = classify(&info, 4).unwrap_err();
+        assert_eq!(err.status, Status::Unsupported);
+        assert!(
+            err.message.contains(
+                "allocation at 0x70000000 (pointer 0x70000000) is VMM/expandable-segments memory"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.message
+                .contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pool_and_managed_memory_are_unsupported() {
+        let mut info = device(0x7000_0000);
+        info.legacy_ipc_capable = false;
+        info.mempool = 0xdead;
+        let err = classify(&info, 4).unwrap_err();
+        assert_eq!(err.status, Status::Unsupported);
+        assert!(err.message.contains("memory pool"), "{err}");
+        let mut info = device(0x7000_0000);
+        info.is_managed = true;
+        assert_eq!(classify(&info, 4).unwrap_err().status, Status::Unsupported);
+    }
+
+    #[test]
+    fn ranges_must_fit_and_be_nonempty() {
+        let info = device(0x7000_0000 + (2 << 20) - 8);
+        assert!(classify(&info, 8).is_ok());
+        let err = classify(&info, 9).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("does not fit"), "{err}");
+        assert_eq!(
+            classify(&info, 0).unwrap_err().status,
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            classify(&device(0), 4).unwrap_err().status,
+            Status::InvalidArgument
+        );
+        let info = device(u64::MAX - 2);
+        assert!(classify(&info, 8).is_err());
+    }
+
+    #[test]
+    fn resolve_without_driver_is_a_status() {
+        assert_eq!(resolve(0, 4).unwrap_err().status, Status::InvalidArgument);
+        if !driver::is_available() {
+            let err = resolve(0x1000, 4).unwrap_err();
+            assert_eq!(err.status, Status::CudaUnavailable);
+        }
+    }
+}

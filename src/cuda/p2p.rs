@@ -1,0 +1,321 @@
+//! The zero-copy "get" protocol of nvFuser's `cuda_p2p.cpp` on a CUDA stream, with epoch-valued
+//! semaphores (see [`crate::exchange::epoch`]) instead of two-valued ones:
+//!
+//! - [`send_post`]: the sender writes `posted(n)` into the receiver's semaphore ("data ready");
+//! - [`recv_post`]: the receiver waits until its own semaphore reaches `posted(n)`, pulls the bytes
+//!   from the sender's buffer with `cuMemcpyDtoDAsync`, then writes `done(n)` into the sender's
+//!   semaphore ("done reading");
+//! - [`send_wait`]: the sender waits until its own semaphore reaches `done(n)`.
+//!
+//! Everything is enqueued on the caller's stream and returns at once: the host never blocks.
+//! Writes use `cuStreamWriteValue32` with the default flags, i.e. with a memory barrier, so work
+//! queued earlier on the stream is visible before the signal; waits use
+//! `CU_STREAM_WAIT_VALUE_GEQ`, a wrapping comparison, so a sender that runs ahead can never make
+//! the receiver miss a signal.
+//!
+//! The v2 stream memory operations are enabled by default on every platform from driver 11.7 on
+//! (checked when the driver is loaded); a device that still refuses them gets
+//! [`Status::Unsupported`](crate::error::Status::Unsupported).
+
+use super::driver::{self, describe};
+use crate::error::{Error, Result, Status};
+use crate::exchange::cache::P2pHandles;
+use crate::exchange::epoch::{done, posted};
+use crate::exchange::transport::MemKind;
+use cudarc::driver::sys;
+
+/// One side of a channel as the calling rank sees it: its own buffer and semaphore, and the
+/// peer's buffer and semaphore mapped into this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub local_ptr: u64,
+    pub local_bytes: u64,
+    pub local_semaphore: u64,
+    pub peer_ptr: u64,
+    pub peer_bytes: u64,
+    pub peer_semaphore: u64,
+}
+
+impl Endpoint {
+    fn check(&self) -> Result<()> {
+        for (name, value) in [
+            ("local buffer", self.local_ptr),
+            ("local semaphore", self.local_semaphore),
+            ("peer buffer", self.peer_ptr),
+            ("peer semaphore", self.peer_semaphore),
+        ] {
+            if value == 0 {
+                return Err(Error::invalid(format!("P2P endpoint: {name} is NULL")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `CUstream` (NULL is the legacy default stream of the current context).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream(pub usize);
+
+impl Stream {
+    fn raw(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+}
+
+fn memop_error(call: &str, rc: sys::CUresult, what: &str) -> Error {
+    if rc == sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
+        return Error::unsupported(format!(
+            "{call} ({what}): stream memory operations are not supported on this device or \
+             driver ({}); the CUDA P2P primitives need them (any GPU since Pascal with driver \
+             11.7 or newer)",
+            describe(rc)
+        ));
+    }
+    Error::new(
+        Status::Cuda,
+        format!("{call} ({what}) failed: {}", describe(rc)),
+    )
+}
+
+fn write(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
+    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    // SAFETY: `addr` is a device semaphore address from the cache (own slab or a mapped peer
+    // slab); the driver validates the stream and the address.
+    let rc = unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), addr, value, flags) };
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(memop_error("cuStreamWriteValue32", rc, what))
+    }
+}
+
+fn wait(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
+    let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    // SAFETY: as in `write`.
+    let rc = unsafe { sys::cuStreamWaitValue32_v2(stream.raw(), addr, value, flags) };
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(memop_error("cuStreamWaitValue32", rc, what))
+    }
+}
+
+fn prepare(ep: &Endpoint, transfer: u64) -> Result<()> {
+    ep.check()?;
+    if transfer == 0 {
+        return Err(Error::invalid("transfer numbers start at 1"));
+    }
+    driver::ensure_context(None)?;
+    Ok(())
+}
+
+/// Sender, transfer `n`: tells the receiver that the send buffer holds the data.
+pub fn send_post(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
+    prepare(ep, n)?;
+    write(
+        stream,
+        ep.peer_semaphore,
+        posted(n),
+        &format!("signal transfer {n} ready to the receiver"),
+    )
+}
+
+/// Receiver, transfer `n`: waits for the sender's signal, pulls `bytes` from the sender's buffer
+/// into the local buffer and tells the sender it may reuse its buffer.
+pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()> {
+    if bytes > ep.local_bytes || bytes > ep.peer_bytes {
+        return Err(Error::invalid(format!(
+            "recv of {bytes} bytes does not fit: the local buffer has {} bytes and the peer's \
+             send buffer {} bytes",
+            ep.local_bytes, ep.peer_bytes
+        )));
+    }
+    prepare(ep, n)?;
+    wait(
+        stream,
+        ep.local_semaphore,
+        posted(n),
+        &format!("wait for the sender's transfer {n}"),
+    )?;
+    if bytes > 0 {
+        // SAFETY: both ranges were resolved and checked against their allocations by the
+        // exchange, and `bytes` fits both (checked above); the copy is ordered on `stream`.
+        let rc = unsafe {
+            sys::cuMemcpyDtoDAsync_v2(ep.local_ptr, ep.peer_ptr, bytes as usize, stream.raw())
+        };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::new(
+                Status::Cuda,
+                format!(
+                    "cuMemcpyDtoDAsync of {bytes} bytes from the peer buffer {:#x} to {:#x} \
+                     (transfer {n}) failed: {}",
+                    ep.peer_ptr,
+                    ep.local_ptr,
+                    describe(rc)
+                ),
+            ));
+        }
+    }
+    write(
+        stream,
+        ep.peer_semaphore,
+        done(n),
+        &format!("signal transfer {n} consumed to the sender"),
+    )
+}
+
+/// Sender, transfer `n`: waits (on the stream) until the receiver has pulled the data.
+pub fn send_wait(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
+    prepare(ep, n)?;
+    wait(
+        stream,
+        ep.local_semaphore,
+        done(n),
+        &format!("wait for the receiver to consume transfer {n}"),
+    )
+}
+
+/// The endpoint of a device channel from the handle cache.
+fn device_endpoint(h: &P2pHandles) -> Result<Endpoint> {
+    if h.kind != MemKind::Device {
+        return Err(Error::invalid(format!(
+            "the channel holds {} memory; the CUDA P2P primitives need device buffers",
+            h.kind.name()
+        )));
+    }
+    Ok(Endpoint {
+        local_ptr: h.local_ptr,
+        local_bytes: h.local_bytes,
+        local_semaphore: h.local_semaphore,
+        peer_ptr: h.peer_ptr,
+        peer_bytes: h.peer_bytes,
+        peer_semaphore: h.peer_semaphore,
+    })
+}
+
+/// [`send_post`] for the next transfer of a cached channel; returns its number. The channel's
+/// counters advance only when the arguments are valid, so both sides stay in step.
+pub fn channel_send_post(h: &P2pHandles, stream: Stream) -> Result<u64> {
+    let ep = device_endpoint(h)?;
+    ep.check()?;
+    driver::ensure_context(None)?;
+    let n = h.epochs.next_send();
+    send_post(&ep, n, stream)?;
+    Ok(n)
+}
+
+/// [`recv_post`] of `bytes` for the next transfer of a cached channel; returns its number.
+pub fn channel_recv_post(h: &P2pHandles, bytes: u64, stream: Stream) -> Result<u64> {
+    let ep = device_endpoint(h)?;
+    ep.check()?;
+    if bytes > ep.local_bytes || bytes > ep.peer_bytes {
+        return Err(Error::invalid(format!(
+            "recv of {bytes} bytes does not fit: the local buffer has {} bytes and the peer's \
+             send buffer {} bytes",
+            ep.local_bytes, ep.peer_bytes
+        )));
+    }
+    driver::ensure_context(None)?;
+    let n = h.epochs.next_recv();
+    recv_post(&ep, n, bytes, stream)?;
+    Ok(n)
+}
+
+/// [`send_wait`] for the last transfer posted on a cached channel.
+pub fn channel_send_wait(h: &P2pHandles, stream: Stream) -> Result<u64> {
+    let ep = device_endpoint(h)?;
+    let n = h.epochs.last_send();
+    if n == 0 {
+        return Err(Error::state(
+            "send_wait before any send_post on this channel: nothing to wait for",
+        ));
+    }
+    send_wait(&ep, n, stream)?;
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint() -> Endpoint {
+        Endpoint {
+            local_ptr: 0x1000,
+            local_bytes: 32,
+            local_semaphore: 0x2000,
+            peer_ptr: 0x3000,
+            peer_bytes: 32,
+            peer_semaphore: 0x4000,
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_before_any_driver_call() {
+        let mut ep = endpoint();
+        ep.peer_semaphore = 0;
+        let err = send_post(&ep, 1, Stream(0)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("peer semaphore is NULL"), "{err}");
+        let err = recv_post(&endpoint(), 1, 64, Stream(0)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("does not fit"), "{err}");
+        let err = send_wait(&endpoint(), 0, Stream(0)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        if !driver::is_available() {
+            let err = send_post(&endpoint(), 1, Stream(0)).unwrap_err();
+            assert_eq!(err.status, Status::CudaUnavailable);
+        }
+    }
+
+    fn handles(kind: MemKind) -> P2pHandles {
+        let e = endpoint();
+        P2pHandles {
+            kind,
+            local_ptr: e.local_ptr,
+            local_bytes: e.local_bytes,
+            local_semaphore: e.local_semaphore,
+            peer_ptr: e.peer_ptr,
+            peer_bytes: e.peer_bytes,
+            peer_semaphore: e.peer_semaphore,
+            epochs: Default::default(),
+        }
+    }
+
+    #[test]
+    fn channel_counters_move_only_on_valid_calls() {
+        let host = handles(MemKind::Host);
+        let err = channel_send_post(&host, Stream(0)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert_eq!(host.epochs.last_send(), 0);
+        let dev = handles(MemKind::Device);
+        let err = channel_send_wait(&dev, Stream(0)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidState);
+        let err = channel_recv_post(&dev, 1024, Stream(0)).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert_eq!(dev.epochs.last_recv(), 0);
+        if !driver::is_available() {
+            assert_eq!(
+                channel_send_post(&dev, Stream(0)).unwrap_err().status,
+                Status::CudaUnavailable
+            );
+            assert_eq!(dev.epochs.last_send(), 0);
+        }
+    }
+
+    #[test]
+    fn unsupported_memops_are_reported_as_unsupported() {
+        let err = memop_error(
+            "cuStreamWaitValue32",
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            "wait",
+        );
+        assert_eq!(err.status, Status::Unsupported);
+        assert!(err.message.contains("stream memory operations"), "{err}");
+        let err = memop_error(
+            "cuStreamWaitValue32",
+            sys::CUresult::CUDA_ERROR_INVALID_HANDLE,
+            "wait",
+        );
+        assert_eq!(err.status, Status::Cuda);
+    }
+}

@@ -1,0 +1,309 @@
+//! The per-process device semaphore slab: one `cuMemAlloc` of [`SLAB_BYTES`] holding
+//! [`SLAB_SLOTS`] 32-bit semaphores (one per [`SEMAPHORE_STRIDE`]), zeroed and synchronised
+//! *before* it is exported, exported once, and opened once per peer. Slots are handed out per
+//! channel by the exchange.
+//!
+//! Lifetime: the slab is allocated on first use and freed only when the slab is dropped, after a
+//! synchronize of its context. Peers map it, so it must not be dropped while a peer may still
+//! write into it: the owner (the exchange context) drops it only after its teardown barrier, when
+//! every peer has released its mappings.
+
+use super::driver::{self, check, Context, ContextGuard};
+use super::ipc::{self, HandleBytes};
+use super::memory;
+use crate::error::{Error, Result};
+use crate::exchange::record::HandleType;
+use crate::exchange::transport::{
+    slot_address, ExportedHandle, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS,
+};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// The device memory of an allocated slab.
+struct Allocation {
+    base: u64,
+    context: Context,
+    device: i32,
+    /// A private non-blocking stream for zeroing slots without waiting on the user's work.
+    stream: usize,
+    handle: Option<HandleBytes>,
+}
+
+impl Allocation {
+    fn stream(&self) -> sys::CUstream {
+        self.stream as sys::CUstream
+    }
+
+    /// Zeroes `words` 32-bit words at `addr` and waits until the zeros are in device memory.
+    fn zero(&self, addr: u64, words: usize) -> Result<()> {
+        let _guard = ContextGuard::enter(self.context)?;
+        // SAFETY: `addr` lies inside this slab (callers pass the base or a slot address) and
+        // `words` 4-byte words fit; the stream belongs to the slab's context.
+        check(
+            unsafe { sys::cuMemsetD32Async(addr, 0, words, self.stream()) },
+            "cuMemsetD32Async(semaphore slab)",
+        )?;
+        // SAFETY: a valid stream created by this slab.
+        check(
+            unsafe { sys::cuStreamSynchronize(self.stream()) },
+            "cuStreamSynchronize(semaphore slab)",
+        )
+    }
+}
+
+struct State {
+    alloc: Option<Allocation>,
+    in_use: Vec<bool>,
+    /// Peer slabs this slab's owner has imported: (peer, handle) -> references.
+    peers: HashMap<(usize, HandleBytes), usize>,
+}
+
+/// A device semaphore slab (see the module docs).
+pub struct DeviceSemaphoreSlab {
+    device: Option<i32>,
+    state: Mutex<State>,
+}
+
+impl DeviceSemaphoreSlab {
+    /// A slab on `device`, or on the device current when it is first used (`None`).
+    /// Nothing is allocated until the first call that needs device memory.
+    pub fn new(device: Option<i32>) -> DeviceSemaphoreSlab {
+        DeviceSemaphoreSlab {
+            device,
+            state: Mutex::new(State {
+                alloc: None,
+                in_use: vec![false; SLAB_SLOTS as usize],
+                peers: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The device the slab lives on (allocating it if needed).
+    pub fn device(&self) -> Result<i32> {
+        let mut state = self.lock();
+        Ok(Self::allocated(&mut state, self.device)?.device)
+    }
+
+    fn allocated(state: &mut State, device: Option<i32>) -> Result<&Allocation> {
+        if state.alloc.is_none() {
+            state.alloc = Some(allocate(device)?);
+        }
+        Ok(state.alloc.as_ref().expect("allocated above"))
+    }
+
+    fn check_slot(slot: u32) -> Result<()> {
+        if slot >= SLAB_SLOTS {
+            return Err(Error::invalid(format!(
+                "semaphore slot {slot} is out of range (the slab has {SLAB_SLOTS} slots)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn allocate(device: Option<i32>) -> Result<Allocation> {
+    driver::driver()?;
+    let (context, _guard) = driver::enter_device(device)?;
+    let device = context.device()?;
+    let mut base: sys::CUdeviceptr = 0;
+    // SAFETY: valid out pointer; a context is current.
+    check(
+        unsafe { sys::cuMemAlloc_v2(&mut base, SLAB_BYTES as usize) },
+        &format!("cuMemAlloc({SLAB_BYTES} bytes for the semaphore slab on device {device})"),
+    )?;
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: valid out pointer; a context is current.
+    let rc = unsafe {
+        sys::cuStreamCreate(
+            &mut stream,
+            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+        )
+    };
+    if let Err(err) = check(rc, "cuStreamCreate(semaphore slab)") {
+        // SAFETY: `base` was allocated above and never shared.
+        unsafe { sys::cuMemFree_v2(base) };
+        return Err(err);
+    }
+    let alloc = Allocation {
+        base,
+        context,
+        device,
+        stream: stream as usize,
+        handle: None,
+    };
+    // Zero before anything can be exported: peers must never see garbage epochs.
+    if let Err(err) = alloc.zero(base, (SLAB_BYTES / 4) as usize) {
+        release(&alloc);
+        return Err(err);
+    }
+    Ok(alloc)
+}
+
+/// Frees a slab allocation after all work in its context has finished.
+fn release(alloc: &Allocation) {
+    ipc::forget_export(alloc.base);
+    if let Ok(_guard) = ContextGuard::enter(alloc.context) {
+        // SAFETY: the stream and the allocation belong to this slab and are released once, here,
+        // after a synchronize (so no queued operation still uses them). Errors cannot be
+        // reported from teardown.
+        unsafe {
+            let _ = sys::cuCtxSynchronize();
+            let _ = sys::cuStreamDestroy_v2(alloc.stream());
+            let _ = sys::cuMemFree_v2(alloc.base);
+        }
+    }
+}
+
+impl SemaphoreSlab for DeviceSemaphoreSlab {
+    fn allocate_slot(&self) -> Result<u32> {
+        let mut state = self.lock();
+        Self::allocated(&mut state, self.device)?;
+        let slot = state.in_use.iter().position(|used| !used).ok_or_else(|| {
+            Error::state(format!(
+                "device semaphore slab is full: all {SLAB_SLOTS} slots are in use; release \
+                 cached channels (clear the handle cache) before creating more"
+            ))
+        })?;
+        state.in_use[slot] = true;
+        Ok(slot as u32)
+    }
+
+    fn free_slot(&self, slot: u32) -> Result<()> {
+        Self::check_slot(slot)?;
+        let mut state = self.lock();
+        if !state.in_use[slot as usize] {
+            return Err(Error::state(format!(
+                "semaphore slot {slot} is not allocated (freed twice?)"
+            )));
+        }
+        let alloc = Self::allocated(&mut state, self.device)?;
+        alloc.zero(slot_address(alloc.base, slot), 1)?;
+        state.in_use[slot as usize] = false;
+        Ok(())
+    }
+
+    fn local(&self, slot: u32) -> Result<u64> {
+        Self::check_slot(slot)?;
+        let mut state = self.lock();
+        let alloc = Self::allocated(&mut state, self.device)?;
+        Ok(slot_address(alloc.base, slot))
+    }
+
+    fn export(&self) -> Result<ExportedHandle> {
+        let mut state = self.lock();
+        Self::allocated(&mut state, self.device)?;
+        let alloc = state.alloc.as_mut().expect("allocated above");
+        let handle = match alloc.handle {
+            Some(handle) => handle,
+            None => {
+                let buffer_id = memory::query(alloc.base)?.buffer_id;
+                let handle = ipc::export(alloc.base, buffer_id)?;
+                alloc.handle = Some(handle);
+                handle
+            }
+        };
+        Ok(ExportedHandle {
+            handle_type: HandleType::CudaLegacyIpc,
+            payload: handle,
+        })
+    }
+
+    fn import_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<u64> {
+        if handle.handle_type != HandleType::CudaLegacyIpc {
+            return Err(Error::invalid(format!(
+                "semaphore slab of rank {peer} is shared as {}, but this is the device slab",
+                handle.handle_type.name()
+            )));
+        }
+        let mut state = self.lock();
+        let device = Self::allocated(&mut state, self.device)?.device;
+        let opened = ipc::open(peer, None, &handle.payload, Some(device))
+            .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
+        *state.peers.entry((peer, handle.payload)).or_insert(0) += 1;
+        Ok(opened.base)
+    }
+
+    fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
+        let mut state = self.lock();
+        let key = (peer, handle.payload);
+        let refs = state.peers.get_mut(&key).ok_or_else(|| {
+            Error::not_found(format!(
+                "the semaphore slab of rank {peer} is not imported (released twice?)"
+            ))
+        })?;
+        *refs -= 1;
+        if *refs == 0 {
+            state.peers.remove(&key);
+        }
+        let device = Self::allocated(&mut state, self.device)?.device;
+        ipc::close(peer, &handle.payload, device)
+    }
+}
+
+impl Drop for DeviceSemaphoreSlab {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let Some(alloc) = state.alloc.take() else {
+            return;
+        };
+        // Peer slabs still imported through this slab are closed first (their references are
+        // ours), then our own slab is freed after a synchronize.
+        for ((peer, handle), refs) in state.peers.drain() {
+            for _ in 0..refs {
+                let _ = ipc::close(peer, &handle, alloc.device);
+            }
+        }
+        release(&alloc);
+    }
+}
+
+/// Sanity of the layout this module relies on.
+const _: () = assert!(SEMAPHORE_STRIDE % 4 == 0 && SLAB_BYTES % 4 == 0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    #[test]
+    fn without_driver_every_call_reports_cuda_unavailable() {
+        if driver::is_available() {
+            return;
+        }
+        let slab = DeviceSemaphoreSlab::new(None);
+        assert_eq!(
+            slab.allocate_slot().unwrap_err().status,
+            Status::CudaUnavailable
+        );
+        assert_eq!(slab.local(0).unwrap_err().status, Status::CudaUnavailable);
+        assert_eq!(slab.export().unwrap_err().status, Status::CudaUnavailable);
+        drop(slab);
+    }
+
+    #[test]
+    fn slot_arguments_are_checked_before_the_driver() {
+        let slab = DeviceSemaphoreSlab::new(Some(0));
+        let err = slab.local(SLAB_SLOTS).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("out of range"), "{err}");
+        let err = slab.free_slot(3).unwrap_err();
+        assert_eq!(err.status, Status::InvalidState);
+        let host = ExportedHandle {
+            handle_type: HandleType::PosixShm,
+            payload: [1; 64],
+        };
+        assert_eq!(
+            slab.import_peer(1, &host).unwrap_err().status,
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            slab.release_peer(1, &host).unwrap_err().status,
+            Status::NotFound
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! The node-local board: one shared-memory segment per rank in which the rank publishes, for every
+//! channel it uses, how many exchange calls included the channel (its *step*) and its buffer
+//! *version* at each step. Peers read it with plain atomic loads, so two ranks can agree on
+//! whether a channel needs a store exchange without any store traffic.
+//!
+//! Layout: a 64-byte header (`magic`, owner pid, rank, capacity, `ready`), then `capacity`
+//! entries of 64 bytes in an insert-only open-addressing table keyed by the channel's 128-bit
+//! fingerprint: `{state, fingerprint, step, version[2]}`. Only the owner writes. An entry is
+//! published by writing the fingerprint first and `state` last (Release); a step is published by
+//! writing `version[step % 2]` first and `step` last (Release).
+//!
+//! Why two version slots suffice: a rank at step `s` waits until its peer's step is `>= s`, so
+//! while one rank reads step `s` its peer is at step `s` or `s + 1` and never overwrites the slot
+//! of parity `s`.
+
+use super::record::fnv1a64;
+use crate::error::{Error, Result};
+use crate::host::shm::ShmSegment;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD1");
+const HEADER: u64 = 64;
+const ENTRY: u64 = 64;
+/// Channels one rank can publish (per cache).
+pub const CAPACITY: u32 = 4096;
+const BOARD_BYTES: u64 = HEADER + ENTRY * CAPACITY as u64;
+
+/// 128-bit fingerprint of a channel (two independent 64-bit FNV-1a hashes of its description).
+pub fn fingerprint(description: &str) -> u128 {
+    let lo = fnv1a64(description.as_bytes());
+    let mut salted = Vec::with_capacity(description.len() + 1);
+    salted.push(0x5a);
+    salted.extend_from_slice(description.as_bytes());
+    let hi = fnv1a64(&salted);
+    (u128::from(hi) << 64) | u128::from(lo)
+}
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    owner_pid: AtomicU32,
+    rank: AtomicU32,
+    capacity: AtomicU32,
+    ready: AtomicU32,
+}
+
+#[repr(C)]
+struct Entry {
+    state: AtomicU32,
+    _pad: u32,
+    fp_lo: AtomicU64,
+    fp_hi: AtomicU64,
+    step: AtomicU64,
+    version: [AtomicU64; 2],
+}
+
+/// Shared view of a mapped board (own or peer's).
+struct Table {
+    seg: ShmSegment,
+}
+
+impl Table {
+    fn header(&self) -> &Header {
+        // SAFETY: the segment is at least BOARD_BYTES long (checked at create/open), page
+        // aligned, and lives as long as `self`; all fields are atomics, so concurrent access
+        // from other processes is well defined.
+        unsafe { &*(self.seg.addr() as *const Header) }
+    }
+
+    fn entry(&self, index: u32) -> &Entry {
+        debug_assert!(index < CAPACITY);
+        // SAFETY: as in `header`; `index < CAPACITY` keeps the entry inside the segment, and
+        // entries are 64-byte aligned.
+        unsafe { &*((self.seg.addr() + HEADER + ENTRY * u64::from(index)) as *const Entry) }
+    }
+
+    /// Finds the published entry of `fp`.
+    fn find(&self, fp: u128) -> Option<u32> {
+        let (lo, hi) = (fp as u64, (fp >> 64) as u64);
+        let start = (lo % u64::from(CAPACITY)) as u32;
+        for i in 0..CAPACITY {
+            let index = (start + i) % CAPACITY;
+            let e = self.entry(index);
+            if e.state.load(Ordering::Acquire) == 0 {
+                return None;
+            }
+            if e.fp_lo.load(Ordering::Relaxed) == lo && e.fp_hi.load(Ordering::Relaxed) == hi {
+                return Some(index);
+            }
+        }
+        None
+    }
+}
+
+/// Is `pid` a live process (or one we may not signal, which also means it exists)?
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks for existence and permission; it sends nothing.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The board this rank owns and writes. Unlinked on drop.
+pub struct OwnBoard {
+    table: Table,
+    /// Owner-side index (fingerprint -> entry) so inserts need no probing twice.
+    index: Mutex<HashMap<u128, u32>>,
+}
+
+impl OwnBoard {
+    /// Creates the board `name` for `rank`, replacing a stale board of a dead process.
+    pub fn create(name: &str, rank: usize) -> Result<OwnBoard> {
+        let seg = match ShmSegment::create(name, BOARD_BYTES) {
+            Ok(seg) => seg,
+            Err(first) => {
+                let stale = match ShmSegment::open(name, 0) {
+                    Ok(Some(existing)) => {
+                        let t = Table { seg: existing };
+                        let pid = t.header().owner_pid.load(Ordering::Acquire);
+                        if pid == std::process::id() {
+                            return Err(Error::state(format!(
+                                "board {name} of rank {rank} is already owned by another cache \
+                                 in this process: give each cache of a job its own scope"
+                            )));
+                        }
+                        if pid != 0 && process_alive(pid) {
+                            return Err(Error::state(format!(
+                                "board {name} of rank {rank} is owned by live process {pid}: \
+                                 two processes claim the same job id and rank"
+                            )));
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !stale {
+                    return Err(first.context(format!("creating the board of rank {rank}")));
+                }
+                crate::host::shm::unlink_name(name);
+                ShmSegment::create(name, BOARD_BYTES)?
+            }
+        };
+        let table = Table { seg };
+        let h = table.header();
+        h.owner_pid.store(std::process::id(), Ordering::Relaxed);
+        h.rank.store(rank as u32, Ordering::Relaxed);
+        h.capacity.store(CAPACITY, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Relaxed);
+        h.ready.store(1, Ordering::Release);
+        Ok(OwnBoard {
+            table,
+            index: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Returns the entry of `fp`, publishing a new one (step 0) on first use.
+    pub fn insert(&self, fp: u128) -> Result<u32> {
+        let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&i) = index.get(&fp) {
+            return Ok(i);
+        }
+        let (lo, hi) = (fp as u64, (fp >> 64) as u64);
+        let start = (lo % u64::from(CAPACITY)) as u32;
+        for i in 0..CAPACITY {
+            let slot = (start + i) % CAPACITY;
+            let e = self.table.entry(slot);
+            if e.state.load(Ordering::Relaxed) == 0 {
+                e.fp_lo.store(lo, Ordering::Relaxed);
+                e.fp_hi.store(hi, Ordering::Relaxed);
+                e.step.store(0, Ordering::Relaxed);
+                e.state.store(1, Ordering::Release);
+                index.insert(fp, slot);
+                return Ok(slot);
+            }
+        }
+        Err(Error::state(format!(
+            "the board is full ({CAPACITY} channels): use fewer distinct tags per cache"
+        )))
+    }
+
+    /// Publishes `version` as this rank's buffer version at `step` of the channel at `entry`.
+    pub fn publish(&self, entry: u32, step: u64, version: u64) {
+        let e = self.table.entry(entry);
+        e.version[(step & 1) as usize].store(version, Ordering::Release);
+        e.step.store(step, Ordering::Release);
+    }
+
+    /// Reads back this rank's step of `entry` (tests and diagnostics).
+    pub fn step(&self, entry: u32) -> u64 {
+        self.table.entry(entry).step.load(Ordering::Acquire)
+    }
+}
+
+/// A peer's board, mapped read-only in spirit (we never write it).
+pub struct PeerBoard {
+    table: Table,
+}
+
+impl PeerBoard {
+    /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise
+    /// (the caller retries until its deadline).
+    pub fn try_open(name: &str, rank: usize) -> Result<Option<PeerBoard>> {
+        let Some(seg) = ShmSegment::open(name, BOARD_BYTES)? else {
+            return Ok(None);
+        };
+        let table = Table { seg };
+        let h = table.header();
+        if h.ready.load(Ordering::Acquire) != 1 {
+            return Ok(None);
+        }
+        if h.magic.load(Ordering::Relaxed) != MAGIC
+            || h.capacity.load(Ordering::Relaxed) != CAPACITY
+        {
+            return Err(Error::protocol(format!(
+                "board {name} of rank {rank} has an unknown layout: all ranks must use the same \
+                 nvfuser-ipc version"
+            )));
+        }
+        if h.rank.load(Ordering::Relaxed) as usize != rank
+            || !process_alive(h.owner_pid.load(Ordering::Relaxed))
+        {
+            // A board left behind by a crashed process; its owner will replace it.
+            return Ok(None);
+        }
+        Ok(Some(PeerBoard { table }))
+    }
+
+    /// Finds the peer's entry of a channel (None until the peer first uses it).
+    pub fn find(&self, fp: u128) -> Option<u32> {
+        self.table.find(fp)
+    }
+
+    /// The peer's (step, version at `step`) once its step has reached `step`.
+    pub fn read(&self, entry: u32, step: u64) -> Option<u64> {
+        let e = self.table.entry(entry);
+        let peer_step = e.step.load(Ordering::Acquire);
+        (peer_step >= step).then(|| e.version[(step & 1) as usize].load(Ordering::Acquire))
+    }
+
+    /// The peer's current step of `entry` (for messages).
+    pub fn step(&self, entry: u32) -> u64 {
+        self.table.entry(entry).step.load(Ordering::Acquire)
+    }
+
+    /// The owner's pid (for messages).
+    pub fn owner_pid(&self) -> u32 {
+        self.table.header().owner_pid.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(tag: &str) -> String {
+        format!("/nvfipc-unitboard-{}-{tag}", std::process::id())
+    }
+
+    #[test]
+    fn publish_and_read_across_mappings() {
+        let n = name("a");
+        let own = OwnBoard::create(&n, 3).unwrap();
+        let peer = PeerBoard::try_open(&n, 3).unwrap().unwrap();
+        assert!(PeerBoard::try_open(&n, 2).unwrap().is_none(), "wrong rank");
+        let fp = fingerprint("0/1/tag/0");
+        assert_eq!(peer.find(fp), None);
+        let e = own.insert(fp).unwrap();
+        assert_eq!(own.insert(fp).unwrap(), e);
+        assert_eq!(peer.find(fp), Some(e));
+        assert_eq!(peer.read(e, 1), None);
+        own.publish(e, 1, 10);
+        assert_eq!(peer.read(e, 1), Some(10));
+        own.publish(e, 2, 11);
+        // A reader still at step 1 keeps seeing step 1's version.
+        assert_eq!(peer.read(e, 1), Some(10));
+        assert_eq!(peer.read(e, 2), Some(11));
+        assert_eq!(peer.step(e), 2);
+        assert_eq!(peer.owner_pid(), std::process::id());
+    }
+
+    #[test]
+    fn colliding_fingerprints_probe() {
+        let n = name("b");
+        let own = OwnBoard::create(&n, 0).unwrap();
+        let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+        let a = 5u128 | (1u128 << 64);
+        let b = 5u128 | (2u128 << 64); // same start slot, different fingerprint
+        let ea = own.insert(a).unwrap();
+        let eb = own.insert(b).unwrap();
+        assert_ne!(ea, eb);
+        assert_eq!(peer.find(a), Some(ea));
+        assert_eq!(peer.find(b), Some(eb));
+    }
+
+    #[test]
+    fn second_owner_in_one_process_is_refused_and_drop_unlinks() {
+        let n = name("c");
+        let own = OwnBoard::create(&n, 0).unwrap();
+        let err = OwnBoard::create(&n, 0).err().unwrap();
+        assert!(err.message.contains("own scope"), "{err}");
+        drop(own);
+        assert!(PeerBoard::try_open(&n, 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn fingerprints_differ() {
+        assert_ne!(fingerprint("0/1/a/0"), fingerprint("1/0/a/0"));
+        assert_ne!(fingerprint("0/1/a/0"), fingerprint("0/1/a/1"));
+    }
+}

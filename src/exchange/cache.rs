@@ -1,0 +1,1282 @@
+//! The handle cache and its exchange protocol.
+//!
+//! Per channel (see [`channel`](super::channel)) every rank keeps a buffer *version* (bumped when
+//! the resolved identity of its buffer changes) and a *step* (how many `exchange_handles` calls
+//! included the channel). One call:
+//!
+//! 1. resolves every request to its allocation and bumps step (and version, on change);
+//! 2. publishes `(step, version)` on its node-local [board](super::board) and, when its version
+//!    changed since it last published, sends its new records with one `multi_set` right away
+//!    (fire-and-forget; the key contains the version, so it can never overwrite an unread one);
+//! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
+//!    version for that step: both ranks now agree on what changed, without a barrier;
+//! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
+//!    it has opened, imports them and releases the mappings they replace;
+//! 5. hands the keys it has read to a background thread that deletes them from the store.
+//!
+//! A hit on both sides costs a few shared-memory loads and no store operation. A miss costs at
+//! most one `multi_set` and one `multi_get`. A failed call (timeout, bad record) poisons the
+//! channels of its batch: later calls on them fail with `InvalidState` (create a new cache).
+//!
+//! Thread safety: every method takes `&self`. Calls on *different* channels may run concurrently
+//! from several threads (the state lock is never held across a board wait or a store call); a call
+//! that includes a channel already being exchanged by another thread fails with `InvalidState`.
+//! `get` and `stats` may run at any time.
+
+use super::board::{fingerprint, OwnBoard, PeerBoard};
+use super::channel::{occurrences, ChannelKey, Request};
+use super::epoch::TransferEpochs;
+use super::record::{self, flags, local_host, Record};
+use super::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind, Transport};
+use crate::context::Context;
+use crate::cuda::transport::CudaTransport;
+use crate::error::{Error, Result};
+use crate::host::alloc::job_tag;
+use crate::host::wait::wait_until;
+use crate::host::HostTransport;
+use crate::store::Store;
+use once_cell::sync::OnceCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What a cache needs to know about its job.
+#[derive(Clone)]
+pub struct CacheConfig {
+    pub rank: usize,
+    pub world_size: usize,
+    pub store: Arc<dyn Store>,
+    /// Unique per job; names the boards, shm segments and store keys.
+    pub job_id: String,
+    /// Distinguishes several caches of one job in one process (equal on all ranks; may be "").
+    pub scope: String,
+    /// Bound of every wait of an exchange (board and store).
+    pub timeout: Duration,
+}
+
+impl CacheConfig {
+    /// The configuration of `ctx` (its rank, world, store, job id and timeout), scope "".
+    pub fn from_context(ctx: &Context) -> CacheConfig {
+        CacheConfig {
+            rank: ctx.rank(),
+            world_size: ctx.world_size(),
+            store: ctx.store().clone(),
+            job_id: ctx.job_id().to_string(),
+            scope: String::new(),
+            timeout: ctx.timeout(),
+        }
+    }
+}
+
+/// Handles of one channel, as nvFuser's `P2pIpcHandle`: the local buffer and semaphore, and the
+/// peer's, mapped in this process.
+#[derive(Clone, Debug)]
+pub struct P2pHandles {
+    pub kind: MemKind,
+    pub local_ptr: u64,
+    pub local_bytes: u64,
+    pub local_semaphore: u64,
+    pub peer_ptr: u64,
+    /// Bytes the peer offers at `peer_ptr`.
+    pub peer_bytes: u64,
+    pub peer_semaphore: u64,
+    /// Transfer counters of the channel (see `exchange::epoch`).
+    pub epochs: Arc<TransferEpochs>,
+}
+
+/// Counters of a cache, cumulative since creation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct CacheStats {
+    /// `exchange_handles` calls that succeeded.
+    pub exchanges: u64,
+    /// Channel-steps where neither side's buffer changed.
+    pub hits: u64,
+    /// Channel-steps where at least one side's buffer changed.
+    pub misses: u64,
+    /// Store calls on the exchange path (each `multi_set` or `multi_get` counts one).
+    pub store_round_trips: u64,
+    /// Records published, and their encoded bytes.
+    pub records_sent: u64,
+    pub record_bytes_sent: u64,
+    /// Records fetched and imported.
+    pub records_received: u64,
+    /// Imports (buffer mappings and peer semaphore slabs) and their releases.
+    pub opens: u64,
+    pub closes: u64,
+    /// Consumed records deleted from the store by the background collector.
+    pub keys_deleted: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    exchanges: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    store_round_trips: AtomicU64,
+    records_sent: AtomicU64,
+    record_bytes_sent: AtomicU64,
+    records_received: AtomicU64,
+    opens: AtomicU64,
+    closes: AtomicU64,
+    keys_deleted: Arc<AtomicU64>,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    base: u64,
+    buffer_id: u64,
+    offset: u64,
+    bytes: u64,
+}
+
+struct PeerSide {
+    mapping: Mapping,
+    bytes: u64,
+    semaphore: u64,
+}
+
+struct Channel {
+    key: ChannelKey,
+    peer: usize,
+    kind: MemKind,
+    slot: u32,
+    entry: u32,
+    fp: u128,
+    step: u64,
+    version: u64,
+    identity: Option<Identity>,
+    local: Option<LocalBuffer>,
+    published: u64,
+    peer_opened: u64,
+    peer_side: Option<PeerSide>,
+    /// The peer's board and this channel's entry in it, once found.
+    peer_board: Option<Arc<PeerBoard>>,
+    peer_entry: Option<u32>,
+    busy: bool,
+    failed: Option<Error>,
+    epochs: Arc<TransferEpochs>,
+}
+
+#[derive(Default)]
+struct State {
+    channels: Vec<Channel>,
+    by_key: HashMap<ChannelKey, usize>,
+    /// Peer semaphore slabs mapped by this cache, per (peer, kind).
+    peer_slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
+}
+
+/// Work of one request in one call, captured under the lock.
+struct Item {
+    channel: usize,
+    key: ChannelKey,
+    peer: usize,
+    kind: MemKind,
+    slot: u32,
+    entry: u32,
+    fp: u128,
+    step: u64,
+    version: u64,
+    local: LocalBuffer,
+    publish: bool,
+    peer_opened: u64,
+    peer_board: Option<Arc<PeerBoard>>,
+    peer_entry: Option<u32>,
+    peer_version: u64,
+}
+
+/// Deletes consumed records off the hot path.
+struct Collector {
+    queue: Option<crossbeam::channel::Sender<Vec<String>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Collector {
+    fn start(store: Arc<dyn Store>, deleted: Arc<AtomicU64>) -> Result<Collector> {
+        let (tx, rx) = crossbeam::channel::unbounded::<Vec<String>>();
+        let thread = std::thread::Builder::new()
+            .name("nvfipc-gc".into())
+            .spawn(move || {
+                for keys in rx {
+                    for key in keys {
+                        // A failed delete only leaves a dead key behind; nothing to report to.
+                        if store.delete_key(&key).unwrap_or(false) {
+                            deleted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::from_io("starting the record collector thread", &e))?;
+        Ok(Collector {
+            queue: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn delete(&self, keys: Vec<String>) {
+        if let Some(q) = &self.queue {
+            let _ = q.send(keys);
+        }
+    }
+
+    /// Deletes everything queued so far, then stops.
+    fn finish(&mut self) {
+        self.queue.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Exchanges and caches P2P handles between the ranks of one job.
+pub struct HandleCache {
+    cfg: CacheConfig,
+    /// Per memory kind; the device one is created on first use when `auto_device` is set.
+    transports: [OnceCell<Arc<dyn Transport>>; 2],
+    auto_device: bool,
+    board: OwnBoard,
+    peer_boards: Mutex<HashMap<usize, Arc<PeerBoard>>>,
+    state: Mutex<State>,
+    counters: Counters,
+    collector: Mutex<Collector>,
+    timeout_ns: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn kind_index(kind: MemKind) -> usize {
+    match kind {
+        MemKind::Device => 0,
+        MemKind::Host => 1,
+    }
+}
+
+/// Name of the board of `rank` for a job and scope.
+pub fn board_name(job_id: &str, scope: &str, rank: usize) -> String {
+    if scope.is_empty() {
+        format!("/nvfipc-{}-b{rank}", job_tag(job_id))
+    } else {
+        format!("/nvfipc-{}-{}-b{rank}", job_tag(job_id), job_tag(scope))
+    }
+}
+
+impl HandleCache {
+    /// A cache for `ctx` (host transport, CUDA transport on first device request).
+    pub fn from_context(ctx: &Context) -> Result<HandleCache> {
+        Self::new(CacheConfig::from_context(ctx))
+    }
+
+    /// A cache with the host transport; the CUDA transport is created on the first device
+    /// request (so host-only users never load the driver).
+    pub fn new(cfg: CacheConfig) -> Result<HandleCache> {
+        let host: Arc<dyn Transport> = HostTransport::new(&cfg.job_id)?;
+        let mut cache = Self::with_transports(cfg, vec![host])?;
+        cache.auto_device = true;
+        Ok(cache)
+    }
+
+    /// A cache with the given transports (at most one per memory kind).
+    pub fn with_transports(cfg: CacheConfig, list: Vec<Arc<dyn Transport>>) -> Result<HandleCache> {
+        if cfg.world_size == 0 || cfg.rank >= cfg.world_size {
+            return Err(Error::invalid(format!(
+                "rank {} is not in a world of {} ranks",
+                cfg.rank, cfg.world_size
+            )));
+        }
+        if cfg.world_size > u32::MAX as usize {
+            return Err(Error::invalid("world size does not fit 32 bits"));
+        }
+        let transports: [OnceCell<Arc<dyn Transport>>; 2] = Default::default();
+        for t in list {
+            let kind = t.kind();
+            if transports[kind_index(kind)].set(t).is_err() {
+                return Err(Error::invalid(format!(
+                    "two transports given for {} memory",
+                    kind.name()
+                )));
+            }
+        }
+        let board = OwnBoard::create(&board_name(&cfg.job_id, &cfg.scope, cfg.rank), cfg.rank)
+            .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
+        let counters = Counters::default();
+        let collector = Collector::start(cfg.store.clone(), counters.keys_deleted.clone())?;
+        let timeout_ns = AtomicU64::new(cfg.timeout.as_nanos().min(u64::MAX as u128) as u64);
+        Ok(HandleCache {
+            cfg,
+            transports,
+            auto_device: false,
+            board,
+            peer_boards: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::default()),
+            counters,
+            collector: Mutex::new(collector),
+            timeout_ns,
+        })
+    }
+
+    /// Adds (or replaces before first use) the transport of its memory kind, e.g. the device one.
+    pub fn with_transport(mut self, t: Arc<dyn Transport>) -> Result<HandleCache> {
+        if !lock(&self.state).channels.is_empty() {
+            return Err(Error::state(
+                "transports must be set before the first exchange",
+            ));
+        }
+        let i = kind_index(t.kind());
+        self.transports[i] = OnceCell::with_value(t);
+        Ok(self)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.cfg.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.cfg.world_size
+    }
+
+    /// The transport of `kind`, if this cache has one.
+    pub fn transport(&self, kind: MemKind) -> Option<&Arc<dyn Transport>> {
+        self.transports[kind_index(kind)].get()
+    }
+
+    /// The transport of `kind`, creating the CUDA one on first use when allowed.
+    fn transport_for_request(&self, kind: MemKind) -> Result<&Arc<dyn Transport>> {
+        let cell = &self.transports[kind_index(kind)];
+        if let Some(t) = cell.get() {
+            return Ok(t);
+        }
+        if kind == MemKind::Device && self.auto_device {
+            return cell.get_or_try_init(|| {
+                let t: Arc<dyn Transport> = CudaTransport::new(None)?;
+                Ok(t)
+            });
+        }
+        Err(Error::unsupported(format!(
+            "this cache has no {} transport",
+            kind.name()
+        )))
+    }
+
+    /// The bound of every wait of [`exchange_handles`](Self::exchange_handles).
+    pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    pub fn set_timeout(&self, timeout: Duration) {
+        let ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
+        self.timeout_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheStats {
+            exchanges: l(&c.exchanges),
+            hits: l(&c.hits),
+            misses: l(&c.misses),
+            store_round_trips: l(&c.store_round_trips),
+            records_sent: l(&c.records_sent),
+            record_bytes_sent: l(&c.record_bytes_sent),
+            records_received: l(&c.records_received),
+            opens: l(&c.opens),
+            closes: l(&c.closes),
+            keys_deleted: l(&c.keys_deleted),
+        }
+    }
+
+    /// Exchanges handles for a batch with the cache's timeout. Every rank named as a peer must
+    /// make a matching call (same tags, any order); nothing else is synchronised.
+    pub fn exchange_handles(&self, requests: &[Request]) -> Result<()> {
+        self.exchange_handles_timeout(requests, self.timeout())
+    }
+
+    /// [`exchange_handles`](Self::exchange_handles) with an explicit bound on its waits.
+    pub fn exchange_handles_timeout(&self, requests: &[Request], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let resolved = self.resolve_all(requests)?;
+        let mut items = self.begin(requests, resolved)?;
+        let result = self.run(&mut items, timeout, deadline);
+        match result {
+            Ok(imports) => {
+                self.commit(&items, imports);
+                bump(&self.counters.exchanges, 1);
+                Ok(())
+            }
+            Err(err) => {
+                self.fail(&items, &err);
+                Err(err)
+            }
+        }
+    }
+
+    /// Checks every request and resolves its buffer; nothing is changed on failure.
+    fn resolve_all(&self, requests: &[Request]) -> Result<Vec<LocalBuffer>> {
+        requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                self.resolve(r)
+                    .map_err(|e| e.context(format!("rank {}: request {i} ({r})", self.cfg.rank)))
+            })
+            .collect()
+    }
+
+    fn resolve(&self, r: &Request) -> Result<LocalBuffer> {
+        if r.peer >= self.cfg.world_size {
+            return Err(Error::invalid(format!(
+                "peer {} is not a rank of this world of {}",
+                r.peer, self.cfg.world_size
+            )));
+        }
+        if r.peer == self.cfg.rank {
+            return Err(Error::invalid(
+                "peer is this rank: send/recv to self is not supported (copy locally instead)",
+            ));
+        }
+        if r.ptr == 0 {
+            return Err(Error::invalid("buffer pointer is NULL"));
+        }
+        if r.bytes == 0 {
+            return Err(Error::invalid("byte count is 0"));
+        }
+        self.transport_for_request(r.kind)?.resolve(r.ptr, r.bytes)
+    }
+
+    /// Step 1: claims the channels of the batch and advances their step (and version).
+    fn begin(&self, requests: &[Request], resolved: Vec<LocalBuffer>) -> Result<Vec<Item>> {
+        let occ = occurrences(requests);
+        let keys: Vec<ChannelKey> = requests
+            .iter()
+            .zip(&occ)
+            .map(|(r, &k)| ChannelKey::of(self.cfg.rank, r, k))
+            .collect();
+        let mut st = lock(&self.state);
+        // Pass 1: find or create every channel and check it can be used; no step moves yet.
+        let mut indices = Vec::with_capacity(requests.len());
+        for (r, key) in requests.iter().zip(&keys) {
+            let idx = match st.by_key.get(key) {
+                Some(&i) => i,
+                None => {
+                    let i = self.create_channel(&mut st, r, key.clone())?;
+                    st.by_key.insert(key.clone(), i);
+                    i
+                }
+            };
+            let ch = &st.channels[idx];
+            if let Some(err) = &ch.failed {
+                return Err(Error::state(format!(
+                    "rank {}: {} failed earlier ({}); its state is unknown: create a new cache",
+                    self.cfg.rank, ch.key, err.message
+                )));
+            }
+            if ch.busy {
+                return Err(Error::state(format!(
+                    "rank {}: {} is being exchanged by another thread; calls on the same \
+                     channel must not overlap",
+                    self.cfg.rank, ch.key
+                )));
+            }
+            if ch.kind != r.kind {
+                return Err(Error::invalid(format!(
+                    "rank {}: {} was used with {} memory and now with {}: a channel keeps its \
+                     memory kind (use another tag)",
+                    self.cfg.rank,
+                    ch.key,
+                    ch.kind.name(),
+                    r.kind.name()
+                )));
+            }
+            indices.push(idx);
+        }
+        // Pass 2: advance.
+        let mut items = Vec::with_capacity(requests.len());
+        for ((idx, key), local) in indices.into_iter().zip(keys).zip(resolved) {
+            let ch = &mut st.channels[idx];
+            let identity = Identity {
+                base: local.base,
+                buffer_id: local.buffer_id,
+                offset: local.offset(),
+                bytes: local.bytes,
+            };
+            if ch.identity != Some(identity) {
+                ch.identity = Some(identity);
+                ch.version += 1;
+            }
+            ch.local = Some(local);
+            ch.step += 1;
+            ch.busy = true;
+            items.push(Item {
+                channel: idx,
+                key,
+                peer: ch.peer,
+                kind: ch.kind,
+                slot: ch.slot,
+                entry: ch.entry,
+                fp: ch.fp,
+                step: ch.step,
+                version: ch.version,
+                local,
+                publish: ch.version != ch.published,
+                peer_opened: ch.peer_opened,
+                peer_board: ch.peer_board.clone(),
+                peer_entry: ch.peer_entry,
+                peer_version: 0,
+            });
+        }
+        Ok(items)
+    }
+
+    fn create_channel(&self, st: &mut State, r: &Request, key: ChannelKey) -> Result<usize> {
+        let t = self.transport(r.kind).expect("checked by resolve");
+        let fp = fingerprint(&key.describe());
+        let entry = self.board.insert(fp)?;
+        let slot = t.semaphores().allocate_slot()?;
+        st.channels.push(Channel {
+            key,
+            peer: r.peer,
+            kind: r.kind,
+            slot,
+            entry,
+            fp,
+            step: 0,
+            version: 0,
+            identity: None,
+            local: None,
+            published: 0,
+            peer_opened: 0,
+            peer_side: None,
+            peer_board: None,
+            peer_entry: None,
+            busy: false,
+            failed: None,
+            epochs: Arc::new(TransferEpochs::default()),
+        });
+        Ok(st.channels.len() - 1)
+    }
+
+    /// Steps 2-4, without the state lock. Returns the new peer mappings by item index.
+    fn run(
+        &self,
+        items: &mut [Item],
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Vec<Option<Imported>>> {
+        for it in items.iter() {
+            self.board.publish(it.entry, it.step, it.version);
+        }
+        self.send_records(items)?;
+        self.wait_peers(items, timeout, deadline)?;
+        self.fetch_records(items, timeout, deadline)
+    }
+
+    fn send_records(&self, items: &[Item]) -> Result<()> {
+        let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
+        for it in items.iter().filter(|it| it.publish) {
+            let rec = self.make_record(it).map_err(|e| {
+                e.context(format!(
+                    "rank {}: exporting the buffer of {}",
+                    self.cfg.rank, it.key
+                ))
+            })?;
+            let key =
+                it.key
+                    .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version);
+            pairs.push((key, rec.encode()));
+        }
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<(&str, &[u8])> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        bump(&self.counters.store_round_trips, 1);
+        self.cfg.store.multi_set(&refs).map_err(|e| {
+            e.context(format!(
+                "rank {}: publishing {} record(s) (first key {})",
+                self.cfg.rank,
+                pairs.len(),
+                pairs[0].0
+            ))
+        })?;
+        bump(&self.counters.records_sent, pairs.len() as u64);
+        let bytes: usize = pairs.iter().map(|(_, v)| v.len()).sum();
+        bump(&self.counters.record_bytes_sent, bytes as u64);
+        Ok(())
+    }
+
+    fn make_record(&self, it: &Item) -> Result<Record> {
+        let t = self
+            .transport(it.kind)
+            .expect("channel kinds have transports");
+        let handle = t.export(&it.local)?;
+        let slab = t.semaphores().export()?;
+        let host = local_host();
+        Ok(Record {
+            handle_type: handle.handle_type,
+            flags: if it.kind == MemKind::Device {
+                flags::DEVICE
+            } else {
+                0
+            },
+            offset: it.local.offset(),
+            bytes: it.local.bytes,
+            alloc_bytes: it.local.alloc_bytes,
+            buffer_id: it.local.buffer_id,
+            host_id: host.id,
+            version: it.version,
+            device_uuid: it.local.device_uuid,
+            pid: std::process::id(),
+            rank: self.cfg.rank as u32,
+            host_name: record::to_fixed(&host.name).unwrap_or([0; record::HOST_NAME_LEN]),
+            payload: handle.payload,
+            sem_type: slab.handle_type,
+            sem_slot: it.slot,
+            sem_payload: slab.payload,
+        })
+    }
+
+    fn peer_board(&self, peer: usize) -> Result<Option<Arc<PeerBoard>>> {
+        if let Some(b) = lock(&self.peer_boards).get(&peer) {
+            return Ok(Some(b.clone()));
+        }
+        let name = board_name(&self.cfg.job_id, &self.cfg.scope, peer);
+        let Some(board) = PeerBoard::try_open(&name, peer)? else {
+            return Ok(None);
+        };
+        let board = Arc::new(board);
+        lock(&self.peer_boards).insert(peer, board.clone());
+        Ok(Some(board))
+    }
+
+    /// Step 3: waits until every peer has reached this call's step on its channel.
+    fn wait_peers(&self, items: &mut [Item], timeout: Duration, deadline: Instant) -> Result<()> {
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        let mut error: Option<Error> = None;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let done = wait_until(remaining, || {
+            pending.retain(|&i| {
+                if error.is_some() {
+                    return true;
+                }
+                let it = &mut items[i];
+                if it.peer_board.is_none() {
+                    match self.peer_board(it.peer) {
+                        Ok(b) => it.peer_board = b,
+                        Err(e) => {
+                            error = Some(e);
+                            return true;
+                        }
+                    }
+                }
+                let Some(board) = &it.peer_board else {
+                    return true;
+                };
+                if it.peer_entry.is_none() {
+                    it.peer_entry = board.find(it.fp);
+                }
+                let Some(entry) = it.peer_entry else {
+                    return true;
+                };
+                match board.read(entry, it.step) {
+                    Some(v) => {
+                        it.peer_version = v;
+                        false
+                    }
+                    None => true,
+                }
+            });
+            (pending.is_empty() || error.is_some()).then_some(())
+        });
+        if let Some(e) = error {
+            return Err(e.context(format!("rank {}", self.cfg.rank)));
+        }
+        if done.is_some() {
+            return Ok(());
+        }
+        let it = &items[pending[0]];
+        let name = board_name(&self.cfg.job_id, &self.cfg.scope, it.peer);
+        let seen = match (self.peer_board(it.peer), it.peer_entry) {
+            (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
+            (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
+            _ => "its board does not exist yet (has it created its cache?)".to_string(),
+        };
+        Err(Error::timeout(format!(
+            "rank {} timed out after {:?} waiting for peer rank {} on {} at step {}: board \
+             entry {} of {} not at step {} ({seen}); {} other channel(s) also pending. Does \
+             rank {} call exchange_handles with the matching request?",
+            self.cfg.rank,
+            timeout,
+            it.peer,
+            it.key,
+            it.step,
+            it.key.describe(),
+            name,
+            it.step,
+            pending.len() - 1,
+            it.peer,
+        )))
+    }
+
+    /// Step 4: fetches and imports the records of peers whose version changed.
+    fn fetch_records(
+        &self,
+        items: &[Item],
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Vec<Option<Imported>>> {
+        let wanted: Vec<usize> = (0..items.len())
+            .filter(|&i| items[i].peer_version != items[i].peer_opened)
+            .collect();
+        let mut imports: Vec<Option<Imported>> = items.iter().map(|_| None).collect();
+        if wanted.is_empty() {
+            return Ok(imports);
+        }
+        let keys: Vec<String> = wanted
+            .iter()
+            .map(|&i| {
+                let it = &items[i];
+                it.key
+                    .record_key(&self.cfg.job_id, &self.cfg.scope, it.peer, it.peer_version)
+            })
+            .collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        bump(&self.counters.store_round_trips, 1);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let values = self
+            .cfg
+            .store
+            .multi_get(&key_refs, remaining)
+            .map_err(|e| {
+                let it = &items[wanted[0]];
+                Error::new(
+                    e.status,
+                    format!(
+                        "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
+                     first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
+                        self.cfg.rank,
+                        keys.len(),
+                        timeout,
+                        it.peer,
+                        it.key,
+                        it.step,
+                        it.peer_version,
+                        keys[0],
+                        e.message
+                    ),
+                )
+            })?;
+        if values.len() != keys.len() {
+            return Err(Error::protocol(format!(
+                "rank {}: the store returned {} values for {} keys",
+                self.cfg.rank,
+                values.len(),
+                keys.len()
+            )));
+        }
+        self.collector_delete(keys.clone());
+        for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
+            match self.import(&items[i], value, key) {
+                Ok(imp) => imports[i] = Some(imp),
+                Err(e) => {
+                    self.release_imports(imports);
+                    return Err(e);
+                }
+            }
+        }
+        bump(&self.counters.records_received, wanted.len() as u64);
+        Ok(imports)
+    }
+
+    fn collector_delete(&self, keys: Vec<String>) {
+        lock(&self.collector).delete(keys);
+    }
+
+    fn import(&self, it: &Item, value: &[u8], key: &str) -> Result<Imported> {
+        let ctx = || {
+            format!(
+                "rank {}: record {key:?} of peer rank {} for {}",
+                self.cfg.rank, it.peer, it.key
+            )
+        };
+        let rec = Record::decode(value).map_err(|e| e.context(ctx()))?;
+        if rec.rank as usize != it.peer || rec.version != it.peer_version {
+            return Err(Error::protocol(format!(
+                "{}: holds rank {} version {}, expected rank {} version {}",
+                ctx(),
+                rec.rank,
+                rec.version,
+                it.peer,
+                it.peer_version
+            )));
+        }
+        let is_device = rec.flags & flags::DEVICE != 0;
+        if is_device != (it.kind == MemKind::Device) {
+            return Err(Error::invalid(format!(
+                "{}: the peer's buffer is {} memory but this rank's is {}: both sides of a \
+                 channel must use the same memory kind",
+                ctx(),
+                if is_device { "device" } else { "host" },
+                it.kind.name()
+            )));
+        }
+        let t = self
+            .transport(it.kind)
+            .expect("channel kinds have transports");
+        let mapping = t.import(&rec).map_err(|e| e.context(ctx()))?;
+        bump(&self.counters.opens, 1);
+        Ok(Imported {
+            kind: it.kind,
+            mapping,
+            bytes: rec.bytes,
+            sem_handle: ExportedHandle {
+                handle_type: rec.sem_type,
+                payload: rec.sem_payload,
+            },
+            sem_slot: rec.sem_slot,
+        })
+    }
+
+    fn release_mapping(&self, kind: MemKind, m: &Mapping) {
+        if let Some(t) = self.transport(kind) {
+            // A failed release means the mapping is already gone; count it as closed anyway
+            // so the balance reflects what this cache asked for.
+            let _ = t.release(m);
+            bump(&self.counters.closes, 1);
+        }
+    }
+
+    fn release_imports(&self, imports: Vec<Option<Imported>>) {
+        for imp in imports.into_iter().flatten() {
+            self.release_mapping(imp.kind, &imp.mapping);
+        }
+    }
+
+    /// Step 5: installs the new peer mappings, releasing the ones they replace.
+    fn commit(&self, items: &[Item], imports: Vec<Option<Imported>>) {
+        let mut st = lock(&self.state);
+        let mut hits = 0;
+        let mut slab_errors: Vec<(usize, Error)> = Vec::new();
+        for (it, imp) in items.iter().zip(imports) {
+            let fetched = imp.is_some();
+            if let Some(imp) = imp {
+                let sem_base = match self.peer_slab(&mut st, it, &imp.sem_handle) {
+                    Ok(base) => base,
+                    Err(e) => {
+                        self.release_mapping(it.kind, &imp.mapping);
+                        slab_errors.push((it.channel, e));
+                        continue;
+                    }
+                };
+                let ch = &mut st.channels[it.channel];
+                let old = ch.peer_side.replace(PeerSide {
+                    mapping: imp.mapping,
+                    bytes: imp.bytes,
+                    semaphore: slot_address(sem_base, imp.sem_slot),
+                });
+                ch.peer_opened = it.peer_version;
+                if let Some(old) = old {
+                    self.release_mapping(it.kind, &old.mapping);
+                }
+            }
+            let ch = &mut st.channels[it.channel];
+            if it.publish {
+                ch.published = it.version;
+            }
+            ch.peer_board.clone_from(&it.peer_board);
+            ch.peer_entry = it.peer_entry;
+            ch.busy = false;
+            if !it.publish && !fetched {
+                hits += 1;
+            }
+        }
+        for (channel, e) in slab_errors {
+            st.channels[channel].failed = Some(e);
+        }
+        bump(&self.counters.hits, hits);
+        bump(&self.counters.misses, items.len() as u64 - hits);
+    }
+
+    /// The base of `it.peer`'s semaphore slab in this process, mapping it on first use.
+    fn peer_slab(&self, st: &mut State, it: &Item, handle: &ExportedHandle) -> Result<u64> {
+        let key = (it.peer, it.kind);
+        if let Some((h, base)) = st.peer_slabs.get(&key) {
+            if h == handle {
+                return Ok(*base);
+            }
+        }
+        let slab = self
+            .transport(it.kind)
+            .expect("channel kinds have transports")
+            .semaphores();
+        let base = slab.import_peer(it.peer, handle)?;
+        bump(&self.counters.opens, 1);
+        // A peer that recreated its slab: drop our reference to the old one.
+        if let Some((old, _)) = st.peer_slabs.insert(key, (*handle, base)) {
+            let _ = slab.release_peer(it.peer, &old);
+            bump(&self.counters.closes, 1);
+        }
+        Ok(base)
+    }
+
+    fn fail(&self, items: &[Item], err: &Error) {
+        let mut st = lock(&self.state);
+        for it in items {
+            let ch = &mut st.channels[it.channel];
+            ch.busy = false;
+            ch.failed = Some(err.clone());
+        }
+    }
+
+    /// The handles of the channel of `req` (as last exchanged): the request must match the
+    /// pointer and size given to the last `exchange_handles` that included it.
+    pub fn get(&self, req: &Request) -> Result<P2pHandles> {
+        if req.peer >= self.cfg.world_size || req.peer == self.cfg.rank {
+            return Err(Error::invalid(format!(
+                "rank {}: get({req}): peer {} is not another rank of this world of {}",
+                self.cfg.rank, req.peer, self.cfg.world_size
+            )));
+        }
+        let st = lock(&self.state);
+        let mut key = ChannelKey::of(self.cfg.rank, req, 0);
+        let mut any = false;
+        loop {
+            let Some(&i) = st.by_key.get(&key) else { break };
+            any = true;
+            let ch = &st.channels[i];
+            let matches = ch
+                .local
+                .is_some_and(|l| l.ptr == req.ptr && l.bytes == req.bytes);
+            if matches && ch.kind == req.kind {
+                if let Some(err) = &ch.failed {
+                    return Err(Error::state(format!(
+                        "rank {}: {} failed in its last exchange: {}",
+                        self.cfg.rank, ch.key, err.message
+                    )));
+                }
+                let (Some(local), Some(peer)) = (&ch.local, &ch.peer_side) else {
+                    break;
+                };
+                let t = self
+                    .transport(ch.kind)
+                    .expect("channel kinds have transports");
+                return Ok(P2pHandles {
+                    kind: ch.kind,
+                    local_ptr: local.ptr,
+                    local_bytes: local.bytes,
+                    local_semaphore: t.semaphores().local(ch.slot)?,
+                    peer_ptr: peer.mapping.ptr,
+                    peer_bytes: peer.bytes,
+                    peer_semaphore: peer.semaphore,
+                    epochs: ch.epochs.clone(),
+                });
+            }
+            key.occurrence += 1;
+        }
+        Err(Error::not_found(format!(
+            "rank {}: no handles for {req}{}; call exchange_handles with this request first",
+            self.cfg.rank,
+            if any {
+                " (the channel exists but was last exchanged for another buffer)"
+            } else {
+                ""
+            }
+        )))
+    }
+
+    /// Releases every mapping, slab reference and semaphore slot, and waits for the collector to
+    /// delete the consumed keys. Returns the final counters. (Drop does the same.)
+    pub fn close(self) -> CacheStats {
+        let mut this = self;
+        this.teardown();
+        this.stats()
+    }
+
+    fn teardown(&mut self) {
+        lock(&self.collector).finish();
+        let mut st = lock(&self.state);
+        let channels = std::mem::take(&mut st.channels);
+        st.by_key.clear();
+        for ch in channels {
+            let t = self
+                .transport(ch.kind)
+                .expect("channel kinds have transports");
+            if let Some(p) = ch.peer_side {
+                self.release_mapping(ch.kind, &p.mapping);
+            }
+            let _ = t.semaphores().free_slot(ch.slot);
+        }
+        for ((peer, kind), (handle, _)) in std::mem::take(&mut st.peer_slabs) {
+            if let Some(t) = self.transport(kind) {
+                let _ = t.semaphores().release_peer(peer, &handle);
+                bump(&self.counters.closes, 1);
+            }
+        }
+        lock(&self.peer_boards).clear();
+    }
+}
+
+struct Imported {
+    kind: MemKind,
+    mapping: Mapping,
+    bytes: u64,
+    sem_handle: ExportedHandle,
+    sem_slot: u32,
+}
+
+impl Drop for HandleCache {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+    use crate::host::alloc::alloc_for_job;
+    use crate::host::HostBuffer;
+    use std::sync::Condvar;
+
+    /// A minimal in-process store with the blocking semantics the exchange relies on.
+    #[derive(Default)]
+    struct MemStore {
+        map: Mutex<HashMap<String, Vec<u8>>>,
+        changed: Condvar,
+    }
+
+    impl Store for MemStore {
+        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+            lock(&self.map).insert(key.into(), value.into());
+            self.changed.notify_all();
+            Ok(())
+        }
+        fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+            Ok(self.multi_get(&[key], timeout)?.remove(0))
+        }
+        fn add(&self, _: &str, _: i64) -> Result<i64> {
+            Err(Error::unsupported("add"))
+        }
+        fn check(&self, keys: &[&str]) -> Result<bool> {
+            let m = lock(&self.map);
+            Ok(keys.iter().all(|k| m.contains_key(*k)))
+        }
+        fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+            let deadline = Instant::now() + timeout;
+            let mut m = lock(&self.map);
+            while !keys.iter().all(|k| m.contains_key(*k)) {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Error::timeout(format!("wait for {keys:?}")));
+                }
+                m = self.changed.wait_timeout(m, deadline - now).unwrap().0;
+            }
+            Ok(())
+        }
+        fn delete_key(&self, key: &str) -> Result<bool> {
+            Ok(lock(&self.map).remove(key).is_some())
+        }
+        fn num_keys(&self) -> Result<i64> {
+            Ok(lock(&self.map).len() as i64)
+        }
+        fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
+            Err(Error::unsupported("compare_set"))
+        }
+        fn append(&self, _: &str, _: &[u8]) -> Result<()> {
+            Err(Error::unsupported("append"))
+        }
+        fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+            self.wait(keys, timeout)?;
+            let m = lock(&self.map);
+            Ok(keys.iter().map(|k| m[*k].clone()).collect())
+        }
+    }
+
+    fn caches(job: &str, world: usize) -> (Arc<MemStore>, Vec<HandleCache>) {
+        let store = Arc::new(MemStore::default());
+        let caches = (0..world)
+            .map(|rank| {
+                HandleCache::new(CacheConfig {
+                    rank,
+                    world_size: world,
+                    store: store.clone(),
+                    job_id: format!("{job}{}", std::process::id()),
+                    scope: String::new(),
+                    timeout: Duration::from_secs(10),
+                })
+                .unwrap()
+            })
+            .collect();
+        (store, caches)
+    }
+
+    fn buf(job: &str, fill: u8) -> HostBuffer {
+        let b = alloc_for_job(job, 64).unwrap();
+        b.write(0, &[fill; 64]).unwrap();
+        b
+    }
+
+    fn peer_byte(h: &P2pHandles) -> u8 {
+        // SAFETY: peer_ptr maps at least one byte of the peer's live buffer.
+        unsafe { *(h.peer_ptr as *const u8) }
+    }
+
+    /// Runs one exchange step on both ranks (rank 1 in a thread) and returns their results.
+    fn step(c: &[HandleCache], r0: &[Request], r1: &[Request]) -> (Result<()>, Result<()>) {
+        std::thread::scope(|s| {
+            let t = s.spawn(|| c[1].exchange_handles(r1));
+            let a = c[0].exchange_handles(r0);
+            (a, t.join().unwrap())
+        })
+    }
+
+    #[test]
+    fn miss_then_hit_with_no_store_traffic() {
+        let (store, c) = caches("ut_hit", 2);
+        let (a, b) = (buf("ut_hit", 1), buf("ut_hit", 2));
+        let r0 = [Request::send(1, "x", a.addr(), 64, MemKind::Host)];
+        let r1 = [Request::recv(0, "x", b.addr(), 64, MemKind::Host)];
+        let (x, y) = step(&c, &r0, &r1);
+        x.unwrap();
+        y.unwrap();
+        let s0 = c[0].stats();
+        assert_eq!(s0.misses, 1);
+        assert_eq!(s0.store_round_trips, 2);
+        assert_eq!(s0.records_sent, 1);
+        assert_eq!(s0.opens, 2, "one buffer mapping and one peer slab");
+        let h0 = c[0].get(&r0[0]).unwrap();
+        let h1 = c[1].get(&r1[0]).unwrap();
+        assert_eq!(peer_byte(&h0), 2);
+        assert_eq!(peer_byte(&h1), 1);
+        for _ in 0..5 {
+            let (x, y) = step(&c, &r0, &r1);
+            x.unwrap();
+            y.unwrap();
+        }
+        let s0b = c[0].stats();
+        assert_eq!(s0b.hits, 5);
+        assert_eq!(
+            s0b.store_round_trips, s0.store_round_trips,
+            "hits touch no store"
+        );
+        assert_eq!(s0b.opens, s0.opens);
+        let t = c[0].transport(MemKind::Host).unwrap().clone();
+        let stats: Vec<CacheStats> = c.into_iter().map(HandleCache::close).collect();
+        for s in &stats {
+            assert_eq!(s.opens, s.closes);
+            assert_eq!(s.keys_deleted, 1, "the importer deleted the record it read");
+        }
+        assert_eq!(t.live_mappings(), 0);
+        assert_eq!(store.num_keys().unwrap(), 0);
+    }
+
+    #[test]
+    fn asymmetric_change_updates_only_one_side() {
+        let (_store, c) = caches("ut_asym", 2);
+        let bufs: Vec<HostBuffer> = (0..3).map(|i| buf("ut_asym", 10 + i)).collect();
+        let mine = buf("ut_asym", 99);
+        for i in 0..6usize {
+            let a = &bufs[i / 2 % 3]; // rank 0 changes its buffer every other step
+            let r0 = [Request::send(1, "x", a.addr(), 64, MemKind::Host)];
+            let r1 = [Request::recv(0, "x", mine.addr(), 64, MemKind::Host)];
+            let before = (c[0].stats(), c[1].stats());
+            let (x, y) = step(&c, &r0, &r1);
+            x.unwrap();
+            y.unwrap();
+            let after = (c[0].stats(), c[1].stats());
+            assert_eq!(
+                peer_byte(&c[1].get(&r1[0]).unwrap()),
+                10 + (i / 2 % 3) as u8
+            );
+            assert_eq!(peer_byte(&c[0].get(&r0[0]).unwrap()), 99);
+            let changed = i % 2 == 0;
+            let rt0 = after.0.store_round_trips - before.0.store_round_trips;
+            let rt1 = after.1.store_round_trips - before.1.store_round_trips;
+            let expected = match (i, changed) {
+                (0, _) => (2, 2),    // both sides are new
+                (_, true) => (1, 1), // rank 0 publishes, rank 1 fetches
+                (_, false) => (0, 0),
+            };
+            assert_eq!((rt0, rt1), expected, "step {i}");
+            if i > 0 {
+                assert_eq!(after.0.records_received, before.0.records_received);
+            }
+        }
+        let t = c[1].transport(MemKind::Host).unwrap().clone();
+        assert_eq!(t.live_mappings(), 1, "replaced mappings were released");
+        drop(c);
+        assert_eq!(t.live_mappings(), 0);
+    }
+
+    #[test]
+    fn missing_peer_times_out_with_context_and_poisons_the_channel() {
+        let (_store, c) = caches("ut_to", 2);
+        let a = buf("ut_to", 1);
+        let r0 = [Request::send(1, "lonely", a.addr(), 64, MemKind::Host)];
+        let start = Instant::now();
+        let err = c[0]
+            .exchange_handles_timeout(&r0, Duration::from_millis(100))
+            .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert_eq!(err.status, Status::Timeout, "{err}");
+        for needle in ["rank 0", "peer rank 1", "\"lonely\"", "step 1", "-b1"] {
+            assert!(err.message.contains(needle), "{needle}: {err}");
+        }
+        let again = c[0].exchange_handles(&r0).unwrap_err();
+        assert_eq!(again.status, Status::InvalidState, "{again}");
+        let s = c.into_iter().next().unwrap().close();
+        assert_eq!(s.opens, s.closes);
+    }
+
+    #[test]
+    fn bad_arguments_are_reported() {
+        let (_store, c) = caches("ut_bad", 2);
+        let a = buf("ut_bad", 1);
+        let stack = [0u8; 8];
+        let cases = [
+            (
+                Request::send(5, "t", a.addr(), 8, MemKind::Host),
+                "not a rank",
+            ),
+            (
+                Request::send(0, "t", a.addr(), 8, MemKind::Host),
+                "this rank",
+            ),
+            (Request::send(1, "t", 0, 8, MemKind::Host), "NULL"),
+            (Request::send(1, "t", a.addr(), 0, MemKind::Host), "0"),
+            (
+                Request::send(1, "t", stack.as_ptr() as u64, 8, MemKind::Host),
+                "not a shared-memory buffer",
+            ),
+            (
+                Request::send(1, "t", a.addr(), 8, MemKind::Device),
+                "device buffer",
+            ),
+        ];
+        for (req, needle) in cases {
+            let err = c[0].exchange_handles(&[req.clone()]).unwrap_err();
+            assert!(
+                matches!(
+                    err.status,
+                    Status::InvalidArgument | Status::Unsupported | Status::CudaUnavailable
+                ),
+                "{req}: {err}"
+            );
+            assert!(err.message.contains(needle), "{needle}: {err}");
+        }
+        let err = c[0]
+            .get(&Request::send(1, "t", a.addr(), 8, MemKind::Host))
+            .unwrap_err();
+        assert_eq!(err.status, Status::NotFound);
+        assert_eq!(c[0].stats().exchanges, 0);
+    }
+}

@@ -1,0 +1,206 @@
+//! Requests, channels and the names derived from them (board fingerprints, store keys).
+//!
+//! A *channel* is one direction of one communication between two ranks:
+//! `(src, dst, tag, occurrence)`. A SEND request of rank `r` to `p` is channel `(r, p, tag, k)`,
+//! the matching RECV request of `p` is `(r, p, tag, k)` as well, where `k` counts earlier requests
+//! with the same (peer, direction, tag) in the same batch. Both ranks therefore name the channel
+//! identically whatever the order of their batches.
+
+use super::transport::MemKind;
+use std::collections::HashMap;
+use std::fmt;
+
+/// Direction of a request, from the calling rank's point of view.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// This rank's buffer is the source: the peer pulls from it.
+    Send = 0,
+    /// This rank's buffer is the destination: it pulls from the peer.
+    Recv = 1,
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Send => "SEND",
+            Direction::Recv => "RECV",
+        }
+    }
+}
+
+/// One point-to-point communication of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The other rank.
+    pub peer: usize,
+    pub direction: Direction,
+    /// Equal on both ranks (nvFuser: the communication's name).
+    pub tag: String,
+    /// Local buffer address and size.
+    pub ptr: u64,
+    pub bytes: u64,
+    pub kind: MemKind,
+}
+
+impl Request {
+    pub fn new(
+        peer: usize,
+        direction: Direction,
+        tag: impl Into<String>,
+        ptr: u64,
+        bytes: u64,
+        kind: MemKind,
+    ) -> Request {
+        Request {
+            peer,
+            direction,
+            tag: tag.into(),
+            ptr,
+            bytes,
+            kind,
+        }
+    }
+
+    pub fn send(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
+        Self::new(peer, Direction::Send, tag, ptr, bytes, kind)
+    }
+
+    pub fn recv(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
+        Self::new(peer, Direction::Recv, tag, ptr, bytes, kind)
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} peer {} tag {:?} ({} buffer {:#x}, {} bytes)",
+            self.direction.name(),
+            if self.direction == Direction::Send {
+                "to"
+            } else {
+                "from"
+            },
+            self.peer,
+            self.tag,
+            self.kind.name(),
+            self.ptr,
+            self.bytes
+        )
+    }
+}
+
+/// The identity of a channel, equal on both ranks.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ChannelKey {
+    pub src: usize,
+    pub dst: usize,
+    pub tag: String,
+    pub occurrence: u32,
+}
+
+impl ChannelKey {
+    /// The channel of `req` issued by `rank`, as the `occurrence`-th such request in its batch.
+    pub fn of(rank: usize, req: &Request, occurrence: u32) -> ChannelKey {
+        let (src, dst) = match req.direction {
+            Direction::Send => (rank, req.peer),
+            Direction::Recv => (req.peer, rank),
+        };
+        ChannelKey {
+            src,
+            dst,
+            tag: req.tag.clone(),
+            occurrence,
+        }
+    }
+
+    /// Unambiguous text form `src/dst/tag#occurrence` (the occurrence is always the digits after
+    /// the last `#`), used for fingerprints and store keys.
+    pub fn describe(&self) -> String {
+        format!("{}/{}/{}#{}", self.src, self.dst, self.tag, self.occurrence)
+    }
+
+    /// Store key of the record that `exporter` published at buffer `version` on this channel.
+    /// Unique per (channel, exporter, version), so a newer export never overwrites an unread one.
+    pub fn record_key(&self, job: &str, scope: &str, exporter: usize, version: u64) -> String {
+        format!(
+            "nvfipc/{job}/{scope}/h/{}/{}/{exporter}/{version}/{}#{}",
+            self.src, self.dst, self.tag, self.occurrence
+        )
+    }
+}
+
+impl fmt::Display for ChannelKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "channel {} -> {} tag {:?}", self.src, self.dst, self.tag)?;
+        if self.occurrence > 0 {
+            write!(f, " (occurrence {})", self.occurrence)?;
+        }
+        Ok(())
+    }
+}
+
+/// Occurrence index of each request: how many earlier requests of the batch have the same
+/// (peer, direction, tag).
+pub fn occurrences(requests: &[Request]) -> Vec<u32> {
+    let mut seen: HashMap<(usize, Direction, &str), u32> = HashMap::new();
+    requests
+        .iter()
+        .map(|r| {
+            let n = seen
+                .entry((r.peer, r.direction, r.tag.as_str()))
+                .or_insert(0);
+            *n += 1;
+            *n - 1
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_and_recv_name_the_same_channel() {
+        let s = Request::send(1, "comm", 0x10, 4, MemKind::Host);
+        let r = Request::recv(0, "comm", 0x20, 4, MemKind::Host);
+        assert_eq!(ChannelKey::of(0, &s, 0), ChannelKey::of(1, &r, 0));
+        let back = Request::send(0, "comm", 0x20, 4, MemKind::Host);
+        assert_ne!(ChannelKey::of(0, &s, 0), ChannelKey::of(1, &back, 0));
+    }
+
+    #[test]
+    fn occurrences_count_per_peer_direction_tag() {
+        let reqs = vec![
+            Request::send(1, "a", 1, 1, MemKind::Host),
+            Request::send(1, "a", 2, 1, MemKind::Host),
+            Request::recv(1, "a", 3, 1, MemKind::Host),
+            Request::send(2, "a", 4, 1, MemKind::Host),
+            Request::send(1, "a", 5, 1, MemKind::Host),
+            Request::send(1, "b", 6, 1, MemKind::Host),
+        ];
+        assert_eq!(occurrences(&reqs), vec![0, 1, 0, 0, 2, 0]);
+    }
+
+    #[test]
+    fn keys_are_unique_per_version_and_exporter() {
+        let k = ChannelKey {
+            src: 0,
+            dst: 1,
+            tag: "x/y".into(),
+            occurrence: 0,
+        };
+        let a = k.record_key("job", "", 0, 1);
+        assert_eq!(a, "nvfipc/job//h/0/1/0/1/x/y#0");
+        assert_ne!(a, k.record_key("job", "", 0, 2));
+        assert_ne!(a, k.record_key("job", "", 1, 1));
+        assert_eq!(k.describe(), "0/1/x/y#0");
+        let k2 = ChannelKey {
+            tag: "x/y#0".into(),
+            occurrence: 1,
+            ..k.clone()
+        };
+        assert_ne!(k.describe(), k2.describe());
+    }
+}

@@ -1,0 +1,477 @@
+//! The handle record: a versioned, fixed-size, little-endian description of one exported buffer
+//! (and the exporter's semaphore slot) that travels through the store.
+//!
+//! Nothing native is ever copied raw: every field is written at a fixed offset in little-endian
+//! order, unused bytes are zero, and [`Record::decode`] validates every field before a transport
+//! is allowed to open anything. Layout (offsets in bytes):
+//!
+//! | off | field | type |
+//! |---|---|---|
+//! | 0 | magic `"NVFI"` | u32 |
+//! | 4 | format version | u16 |
+//! | 6 | record length | u16 |
+//! | 8 | handle type | u8 |
+//! | 9 | flags | u8 |
+//! | 10 | semaphore handle type | u8 |
+//! | 11 | reserved (0) | u8 |
+//! | 12 | semaphore slot | u32 |
+//! | 16 | offset from allocation base | u64 |
+//! | 24 | byte count | u64 |
+//! | 32 | allocation size | u64 |
+//! | 40 | buffer id | u64 |
+//! | 48 | host identity | u64 |
+//! | 56 | buffer version (channel) | u64 |
+//! | 64 | device UUID | 16 bytes |
+//! | 80 | exporter pid | u32 |
+//! | 84 | exporter rank | u32 |
+//! | 88 | host name (NUL padded, for messages) | 32 bytes |
+//! | 120 | handle payload | 64 bytes |
+//! | 184 | semaphore slab payload | 64 bytes |
+//! | 248 | end |
+
+use crate::error::{Error, Result};
+use once_cell::sync::Lazy;
+
+/// `"NVFI"` read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"NVFI");
+/// Current format version. Decoders accept exactly this version.
+pub const FORMAT_VERSION: u16 = 1;
+/// Size of an encoded record in bytes.
+pub const RECORD_LEN: usize = 248;
+/// Size of the opaque handle payloads (a `cudaIpcMemHandle_t` is 64 bytes).
+pub const PAYLOAD_LEN: usize = 64;
+/// Bytes of host name kept in a record (for error messages only; identity is `host_id`).
+pub const HOST_NAME_LEN: usize = 32;
+
+/// How a buffer (or a semaphore slab) is shared with peers.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HandleType {
+    /// `cudaIpcMemHandle_t` of a legacy `cudaMalloc` allocation; payload = the 64 handle bytes.
+    CudaLegacyIpc = 1,
+    /// A POSIX shared-memory segment; payload = its NUL-padded name (e.g. `/nvfipc-...`).
+    PosixShm = 2,
+}
+
+impl HandleType {
+    /// Parses the wire byte.
+    pub fn from_u8(value: u8) -> Option<HandleType> {
+        match value {
+            1 => Some(HandleType::CudaLegacyIpc),
+            2 => Some(HandleType::PosixShm),
+            _ => None,
+        }
+    }
+
+    /// A short name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            HandleType::CudaLegacyIpc => "CUDA legacy IPC",
+            HandleType::PosixShm => "POSIX shared memory",
+        }
+    }
+}
+
+/// Flag bits of [`Record::flags`]. Unknown bits are rejected on decode.
+pub mod flags {
+    /// The buffer lives in device memory (otherwise host memory).
+    pub const DEVICE: u8 = 1 << 0;
+    /// All bits this version understands.
+    pub const KNOWN: u8 = DEVICE;
+}
+
+/// One exported handle plus the exporter's semaphore location, as decoded from the wire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub handle_type: HandleType,
+    pub flags: u8,
+    /// Offset of the exported pointer from its allocation base.
+    pub offset: u64,
+    /// Number of bytes the exporter offers, starting at `offset`.
+    pub bytes: u64,
+    /// Size of the whole allocation that the handle maps.
+    pub alloc_bytes: u64,
+    /// Identity of the allocation in the exporter (CUDA `BUFFER_ID` or shm segment id).
+    pub buffer_id: u64,
+    /// Hash of the exporter's host name and boot id (see [`local_host`]).
+    pub host_id: u64,
+    /// The exporter's buffer version on the channel this record was published for.
+    pub version: u64,
+    /// UUID of the exporter's device; zero for host memory.
+    pub device_uuid: [u8; 16],
+    pub pid: u32,
+    pub rank: u32,
+    /// The exporter's host name, truncated, for messages.
+    pub host_name: [u8; HOST_NAME_LEN],
+    /// Transport-specific handle bytes (see [`HandleType`]).
+    pub payload: [u8; PAYLOAD_LEN],
+    /// How the exporter's semaphore slab is shared.
+    pub sem_type: HandleType,
+    /// Slot of the exporter's semaphore for this channel inside its slab.
+    pub sem_slot: u32,
+    /// Transport-specific handle bytes of the exporter's semaphore slab.
+    pub sem_payload: [u8; PAYLOAD_LEN],
+}
+
+/// Identity of this machine: a 64-bit hash of the host name and the kernel boot id (or the
+/// machine id), so two hosts never match and a reboot changes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostIdentity {
+    pub id: u64,
+    pub name: String,
+}
+
+static LOCAL_HOST: Lazy<HostIdentity> = Lazy::new(|| {
+    let name = host_name();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
+        .unwrap_or_default();
+    let mut bytes = name.clone().into_bytes();
+    bytes.push(0);
+    bytes.extend_from_slice(boot.trim().as_bytes());
+    HostIdentity {
+        id: fnv1a64(&bytes),
+        name,
+    }
+});
+
+/// This machine's identity (computed once per process).
+pub fn local_host() -> &'static HostIdentity {
+    &LOCAL_HOST
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for `buf.len()` bytes; gethostname NUL-terminates on success
+    // when the name fits, and we also stop at the buffer end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown-host".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// 64-bit FNV-1a: small, stable across builds, good enough to tell hosts and channels apart.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// Copies `text` into a NUL-padded fixed array, truncating at `N - 1` bytes so it stays
+/// NUL-terminated. Fails when `text` contains a NUL byte.
+pub fn to_fixed<const N: usize>(text: &str) -> Result<[u8; N]> {
+    if text.as_bytes().contains(&0) {
+        return Err(Error::invalid(format!("name {text:?} contains a NUL byte")));
+    }
+    let mut out = [0u8; N];
+    let n = text.len().min(N - 1);
+    out[..n].copy_from_slice(&text.as_bytes()[..n]);
+    Ok(out)
+}
+
+/// Reads a NUL-padded fixed array back as text (lossy for non-UTF-8).
+pub fn from_fixed(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+impl Record {
+    /// The exporter's host name as text.
+    pub fn host_name(&self) -> String {
+        from_fixed(&self.host_name)
+    }
+
+    /// Encodes to exactly [`RECORD_LEN`] bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RECORD_LEN);
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(RECORD_LEN as u16).to_le_bytes());
+        out.push(self.handle_type as u8);
+        out.push(self.flags);
+        out.push(self.sem_type as u8);
+        out.push(0);
+        out.extend_from_slice(&self.sem_slot.to_le_bytes());
+        for v in [
+            self.offset,
+            self.bytes,
+            self.alloc_bytes,
+            self.buffer_id,
+            self.host_id,
+            self.version,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.device_uuid);
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(&self.rank.to_le_bytes());
+        out.extend_from_slice(&self.host_name);
+        out.extend_from_slice(&self.payload);
+        out.extend_from_slice(&self.sem_payload);
+        debug_assert_eq!(out.len(), RECORD_LEN);
+        out
+    }
+
+    /// Decodes and validates a record that must be opened on this host.
+    pub fn decode(bytes: &[u8]) -> Result<Record> {
+        Self::decode_for_host(bytes, local_host())
+    }
+
+    /// Decodes and validates a record that must be opened on `host`.
+    ///
+    /// Structural problems (length, magic, version, types, flags, ranges) are
+    /// [`Status::Protocol`](crate::error::Status::Protocol); a record from another machine is
+    /// [`Status::Unsupported`](crate::error::Status::Unsupported), because CUDA IPC and shared
+    /// memory are node-local.
+    pub fn decode_for_host(bytes: &[u8], host: &HostIdentity) -> Result<Record> {
+        if bytes.len() < 8 {
+            return Err(Error::protocol(format!(
+                "handle record truncated: {} bytes, expected {RECORD_LEN}",
+                bytes.len()
+            )));
+        }
+        let magic = u32_at(bytes, 0);
+        if magic != MAGIC {
+            return Err(Error::protocol(format!(
+                "not a handle record: magic {magic:#010x}, expected {MAGIC:#010x} (\"NVFI\"); \
+                 is another program writing to the same store keys?"
+            )));
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if version != FORMAT_VERSION {
+            return Err(Error::protocol(format!(
+                "handle record format version {version} is not supported (this library speaks \
+                 version {FORMAT_VERSION}); all ranks must use the same nvfuser-ipc version"
+            )));
+        }
+        let length = usize::from(u16::from_le_bytes([bytes[6], bytes[7]]));
+        if length != RECORD_LEN || bytes.len() != RECORD_LEN {
+            return Err(Error::protocol(format!(
+                "handle record length mismatch: header says {length} bytes, received {}, \
+                 expected {RECORD_LEN}",
+                bytes.len()
+            )));
+        }
+        let handle_type = HandleType::from_u8(bytes[8]).ok_or_else(|| {
+            Error::protocol(format!(
+                "handle record has unknown handle type {}",
+                bytes[8]
+            ))
+        })?;
+        let flags = bytes[9];
+        if flags & !flags::KNOWN != 0 {
+            return Err(Error::protocol(format!(
+                "handle record has unknown flag bits {:#04x}",
+                flags & !flags::KNOWN
+            )));
+        }
+        let sem_type = HandleType::from_u8(bytes[10]).ok_or_else(|| {
+            Error::protocol(format!(
+                "handle record has unknown semaphore handle type {}",
+                bytes[10]
+            ))
+        })?;
+        if bytes[11] != 0 {
+            return Err(Error::protocol(
+                "handle record reserved byte 11 is not zero",
+            ));
+        }
+        let rec = Record {
+            handle_type,
+            flags,
+            sem_type,
+            sem_slot: u32_at(bytes, 12),
+            offset: u64_at(bytes, 16),
+            bytes: u64_at(bytes, 24),
+            alloc_bytes: u64_at(bytes, 32),
+            buffer_id: u64_at(bytes, 40),
+            host_id: u64_at(bytes, 48),
+            version: u64_at(bytes, 56),
+            device_uuid: bytes[64..80].try_into().expect("16-byte slice"),
+            pid: u32_at(bytes, 80),
+            rank: u32_at(bytes, 84),
+            host_name: bytes[88..120].try_into().expect("32-byte slice"),
+            payload: bytes[120..184].try_into().expect("64-byte slice"),
+            sem_payload: bytes[184..248].try_into().expect("64-byte slice"),
+        };
+        rec.validate(host)?;
+        Ok(rec)
+    }
+
+    fn validate(&self, host: &HostIdentity) -> Result<()> {
+        let who = format!("handle record of rank {} (pid {})", self.rank, self.pid);
+        if self.bytes == 0 {
+            return Err(Error::protocol(format!("{who}: byte count is zero")));
+        }
+        let end = self.offset.checked_add(self.bytes);
+        if end.map_or(true, |end| end > self.alloc_bytes) {
+            return Err(Error::protocol(format!(
+                "{who}: range [{}, +{}) lies outside its allocation of {} bytes",
+                self.offset, self.bytes, self.alloc_bytes
+            )));
+        }
+        let is_device = self.flags & flags::DEVICE != 0;
+        if is_device != (self.handle_type == HandleType::CudaLegacyIpc) {
+            return Err(Error::protocol(format!(
+                "{who}: handle type {} does not match the device flag ({is_device})",
+                self.handle_type.name()
+            )));
+        }
+        if self.payload.iter().all(|&b| b == 0) || self.sem_payload.iter().all(|&b| b == 0) {
+            return Err(Error::protocol(format!("{who}: empty handle payload")));
+        }
+        if self.host_id != host.id {
+            return Err(Error::unsupported(format!(
+                "record exported on host {} (id {:#018x}) cannot be opened on host {} \
+                 (id {:#018x}): CUDA IPC is node-local; rank {} must run on the same machine",
+                self.host_name(),
+                self.host_id,
+                host.name,
+                host.id,
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4-byte slice"))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8-byte slice"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    fn sample() -> Record {
+        let host = local_host();
+        Record {
+            handle_type: HandleType::PosixShm,
+            flags: 0,
+            offset: 64,
+            bytes: 128,
+            alloc_bytes: 4096,
+            buffer_id: 7,
+            host_id: host.id,
+            version: 3,
+            device_uuid: [0; 16],
+            pid: 1234,
+            rank: 2,
+            host_name: to_fixed(&host.name).unwrap(),
+            payload: to_fixed("/nvfipc-job-1-2").unwrap(),
+            sem_type: HandleType::PosixShm,
+            sem_slot: 5,
+            sem_payload: to_fixed("/nvfipc-job-sem-2").unwrap(),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let rec = sample();
+        let bytes = rec.encode();
+        assert_eq!(bytes.len(), RECORD_LEN);
+        assert_eq!(&bytes[0..4], b"NVFI");
+        assert_eq!(Record::decode(&bytes).unwrap(), rec);
+    }
+
+    #[test]
+    fn device_record_round_trips() {
+        let mut rec = sample();
+        rec.handle_type = HandleType::CudaLegacyIpc;
+        rec.flags = flags::DEVICE;
+        rec.device_uuid = [9; 16];
+        rec.payload = [0xab; 64];
+        assert_eq!(Record::decode(&rec.encode()).unwrap(), rec);
+    }
+
+    #[test]
+    fn rejects_truncated_and_oversized() {
+        let bytes = sample().encode();
+        for len in [0, 3, 8, 100, RECORD_LEN - 1] {
+            let err = Record::decode(&bytes[..len]).unwrap_err();
+            assert_eq!(err.status, Status::Protocol, "len {len}: {err}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        let err = Record::decode(&long).unwrap_err();
+        assert!(err.message.contains("length mismatch"), "{err}");
+    }
+
+    #[test]
+    fn rejects_garbled_fields() {
+        let good = sample().encode();
+        let cases: Vec<(usize, u8, &str)> = vec![
+            (0, b'X', "magic"),
+            (4, 2, "version"),
+            (6, 1, "length"),
+            (8, 9, "unknown handle type"),
+            (9, 0x80, "unknown flag"),
+            (10, 0, "semaphore handle type"),
+            (11, 1, "reserved"),
+            (9, flags::DEVICE, "does not match"),
+            (31, 0xff, "outside its allocation"),
+        ];
+        for (at, value, needle) in cases {
+            let mut bad = good.clone();
+            bad[at] = value;
+            let err = Record::decode(&bad).unwrap_err();
+            assert_eq!(err.status, Status::Protocol, "byte {at}: {err}");
+            assert!(err.message.contains(needle), "byte {at}: {err}");
+        }
+    }
+
+    #[test]
+    fn rejects_zero_sizes_and_empty_payloads() {
+        let mut rec = sample();
+        rec.bytes = 0;
+        assert!(Record::decode(&rec.encode())
+            .unwrap_err()
+            .message
+            .contains("zero"));
+        let mut rec = sample();
+        rec.payload = [0; 64];
+        assert!(Record::decode(&rec.encode())
+            .unwrap_err()
+            .message
+            .contains("empty"));
+        let mut rec = sample();
+        rec.offset = u64::MAX;
+        assert_eq!(
+            Record::decode(&rec.encode()).unwrap_err().status,
+            Status::Protocol
+        );
+    }
+
+    #[test]
+    fn rejects_other_host() {
+        let bytes = sample().encode();
+        let other = HostIdentity {
+            id: local_host().id ^ 1,
+            name: "elsewhere".into(),
+        };
+        let err = Record::decode_for_host(&bytes, &other).unwrap_err();
+        assert_eq!(err.status, Status::Unsupported);
+        assert!(
+            err.message.contains("cannot be opened on host elsewhere"),
+            "{err}"
+        );
+        assert!(err.message.contains("node-local"), "{err}");
+    }
+
+    #[test]
+    fn fixed_names() {
+        let a: [u8; 8] = to_fixed("abcdefghij").unwrap();
+        assert_eq!(from_fixed(&a), "abcdefg");
+        assert!(to_fixed::<8>("a\0b").is_err());
+    }
+}

@@ -1,0 +1,176 @@
+//! The contract between the exchange and the memory transports (device memory in `crate::cuda`,
+//! host shared memory in `crate::host`).
+//!
+//! The exchange never touches memory itself: it asks a [`Transport`] to
+//! 1. [`resolve`](Transport::resolve) a user pointer into the allocation that contains it,
+//! 2. [`export`](Transport::export) that allocation into handle bytes for a [`Record`],
+//! 3. [`import`](Transport::import) a peer's record into a local mapping, and
+//! 4. [`release`](Transport::release) the mapping when the peer's buffer changes or the cache dies.
+//!
+//! Every transport also owns one [`SemaphoreSlab`] per process: a block of [`SLAB_SLOTS`]
+//! semaphores of [`SEMAPHORE_STRIDE`] bytes each, exported once, so a peer opens one slab per
+//! rank instead of one semaphore allocation per buffer. Semaphores start at zero and hold
+//! epoch values (see `exchange::epoch`).
+//!
+//! Thread safety: all methods take `&self` and may be called from several threads at once.
+
+use super::record::{HandleType, Record, PAYLOAD_LEN};
+use crate::error::Result;
+
+/// Which memory a request's pointer lives in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    /// CUDA device memory (legacy `cudaMalloc` allocations).
+    Device = 0,
+    /// Host memory from the shared-memory allocator (`host::alloc`).
+    Host = 1,
+}
+
+impl MemKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemKind::Device => "device",
+            MemKind::Host => "host",
+        }
+    }
+}
+
+/// Distance in bytes between two semaphore slots of a slab. Semaphores are 32-bit values at the
+/// start of their slot; the rest of the slot is padding (one cache line per slot).
+pub const SEMAPHORE_STRIDE: u64 = 64;
+/// Number of semaphore slots in one slab.
+pub const SLAB_SLOTS: u32 = 1024;
+/// Size of a semaphore slab in bytes.
+pub const SLAB_BYTES: u64 = SEMAPHORE_STRIDE * SLAB_SLOTS as u64;
+
+/// Address of `slot` in a slab mapped at `base`.
+pub fn slot_address(base: u64, slot: u32) -> u64 {
+    base + u64::from(slot) * SEMAPHORE_STRIDE
+}
+
+/// Identity of a local buffer: the user's range and the allocation that contains it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LocalBuffer {
+    /// The user's pointer.
+    pub ptr: u64,
+    /// The user's byte count.
+    pub bytes: u64,
+    /// Base of the exportable allocation containing `[ptr, ptr + bytes)`.
+    pub base: u64,
+    /// Size of that allocation.
+    pub alloc_bytes: u64,
+    /// Unique id of the allocation in this process (CUDA `BUFFER_ID`, or the shm segment id), so
+    /// a new allocation at a recycled address is told apart from the old one.
+    pub buffer_id: u64,
+    /// UUID of the device holding the allocation; zero for host memory.
+    pub device_uuid: [u8; 16],
+}
+
+impl LocalBuffer {
+    /// Offset of `ptr` from the allocation base.
+    pub fn offset(&self) -> u64 {
+        self.ptr - self.base
+    }
+}
+
+/// Handle bytes of an exported allocation or slab: what goes into a [`Record`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExportedHandle {
+    pub handle_type: HandleType,
+    pub payload: [u8; PAYLOAD_LEN],
+}
+
+/// A peer allocation mapped into this process. Returned by [`Transport::import`] and handed back
+/// to [`Transport::release`] exactly once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    /// The exporting rank.
+    pub peer: usize,
+    /// Where the peer's whole allocation is mapped in this process.
+    pub base: u64,
+    /// `base` + the record's offset: the peer's buffer as seen from here.
+    pub ptr: u64,
+    /// Size of the mapped allocation.
+    pub alloc_bytes: u64,
+    /// The exporter's allocation id (from the record); with `peer` it keys the dedup table.
+    pub buffer_id: u64,
+}
+
+/// Exports, imports and releases buffers of one memory kind.
+pub trait Transport: Send + Sync {
+    /// The memory kind this transport handles.
+    fn kind(&self) -> MemKind;
+
+    /// Finds the exportable allocation that contains `[ptr, ptr + bytes)`.
+    ///
+    /// Fails with `InvalidArgument`, naming the pointer, when it is NULL, of the other memory
+    /// kind, freed/unknown, or when the range does not fit inside one allocation.
+    fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer>;
+
+    /// Exports the allocation of `buf`. Cached per (base, buffer_id): exporting the same
+    /// allocation again returns the same handle without new driver or OS calls.
+    fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle>;
+
+    /// Maps the allocation described by `rec` (already validated by `Record::decode`).
+    /// One real open per (exporter, allocation): further imports of the same allocation bump a
+    /// refcount and return the same base. `Mapping::ptr` = mapped base + `rec.offset`.
+    fn import(&self, rec: &Record) -> Result<Mapping>;
+
+    /// Drops one reference taken by [`import`](Transport::import); unmaps at zero.
+    fn release(&self, mapping: &Mapping) -> Result<()>;
+
+    /// This process's semaphore slab for this memory kind.
+    fn semaphores(&self) -> &dyn SemaphoreSlab;
+
+    /// Number of peer allocations currently mapped (each counted once, whatever its refcount).
+    fn live_mappings(&self) -> usize;
+}
+
+/// A per-process block of [`SLAB_SLOTS`] zero-initialised 32-bit semaphores, shared with peers
+/// through a single handle.
+pub trait SemaphoreSlab: Send + Sync {
+    /// Reserves a free slot (its semaphore reads zero). Fails with `InvalidState` when full.
+    fn allocate_slot(&self) -> Result<u32>;
+
+    /// Returns a slot to the free list; its semaphore is reset to zero.
+    fn free_slot(&self, slot: u32) -> Result<()>;
+
+    /// Address of `slot` in this process (a device address for device slabs).
+    fn local(&self, slot: u32) -> Result<u64>;
+
+    /// The slab's handle (exported once, then cached).
+    fn export(&self) -> Result<ExportedHandle>;
+
+    /// Maps the slab of rank `peer` and returns its base in this process. Refcounted per
+    /// (peer, handle): one real open however often it is called.
+    fn import_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<u64>;
+
+    /// Drops one reference taken by [`import_peer`](SemaphoreSlab::import_peer); unmaps at zero.
+    fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_addresses_are_strided() {
+        assert_eq!(slot_address(0x1000, 0), 0x1000);
+        assert_eq!(slot_address(0x1000, 3), 0x1000 + 3 * SEMAPHORE_STRIDE);
+        assert_eq!(SLAB_BYTES, 64 * 1024);
+    }
+
+    #[test]
+    fn offset_is_from_base() {
+        let b = LocalBuffer {
+            ptr: 0x2040,
+            bytes: 16,
+            base: 0x2000,
+            alloc_bytes: 4096,
+            buffer_id: 1,
+            device_uuid: [0; 16],
+        };
+        assert_eq!(b.offset(), 0x40);
+    }
+}

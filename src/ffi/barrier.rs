@@ -1,0 +1,42 @@
+//! C ABI of barriers over the world or any subset of ranks.
+
+use super::context::{context_arg, nvfipc_context};
+use super::guard::{ffi_call, rank_arg, slice_arg};
+use crate::error::{Result, Status};
+use std::time::Duration;
+
+/// Converts the C rank list; `None` (the world) when it is empty.
+fn members_arg(ranks: *const i64, n_ranks: usize, world_size: usize) -> Result<Option<Vec<usize>>> {
+    if n_ranks == 0 {
+        return Ok(None);
+    }
+    slice_arg(ranks, n_ranks, "ranks")?
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| rank_arg(r, world_size, &format!("ranks[{i}]")))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// Blocks until every rank of `ranks[0..n_ranks]` (the whole world when `n_ranks` is 0; `ranks`
+/// may then be NULL) has entered the same barrier. The list must contain this rank, no
+/// duplicates, and only ranks below the world size; its order does not matter. Barriers are
+/// reusable: the members of a set must simply call the same number of barriers on it.
+/// `timeout_ms` < 0 uses the context's default, 0 checks once without waiting. On timeout the
+/// status is `NVFIPC_STATUS_TIMEOUT` and the message names the ranks that did not arrive; the
+/// job should then stop, as the set's barrier state is out of step.
+#[no_mangle]
+pub extern "C" fn nvfipc_barrier(
+    ctx: *const nvfipc_context,
+    ranks: *const i64,
+    n_ranks: usize,
+    timeout_ms: i64,
+) -> Status {
+    ffi_call("nvfipc_barrier", || {
+        let ctx = context_arg(ctx)?;
+        let members = members_arg(ranks, n_ranks, ctx.world_size())?;
+        let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
+        ctx.barrier(members.as_deref(), timeout)?;
+        Ok(())
+    })
+}

@@ -1,0 +1,312 @@
+//! C ABI of the job context: who this rank is and which store the job shares.
+
+use super::guard::{
+    c_str_arg, ffi_call, handle_ref, into_handle, out_ptr, positive_arg, take_handle, timeout_arg,
+    Handle,
+};
+use super::store::nvfipc_store;
+use crate::context::{Context, ContextOptions, EnvOptions};
+use crate::error::{Error, Result, Status};
+use crate::store::DEFAULT_TIMEOUT;
+use std::ffi::{c_char, CString};
+use std::sync::Arc;
+
+/// One rank's view of the job: rank, world size, local rank and size, the store every rank
+/// shares, a job id, and barriers (`nvfipc_barrier`).
+///
+/// Thread safety: getters and `nvfipc_barrier` may be called from any thread at once (barriers
+/// over different rank sets may even run concurrently; the same set must be entered in the same
+/// order by all its members). `nvfipc_context_free` must not race with other calls on it.
+#[allow(non_camel_case_types)]
+#[derive(Clone)]
+pub struct nvfipc_context {
+    pub(crate) ctx: Arc<Context>,
+    /// NUL-terminated copy of the job id for `nvfipc_context_job_id`.
+    job_id: Arc<CString>,
+}
+
+impl Handle for nvfipc_context {
+    const C_NAME: &'static str = "nvfipc_context";
+}
+
+impl nvfipc_context {
+    fn new(ctx: Context) -> Self {
+        let job_id = Arc::new(CString::new(ctx.job_id().to_owned()).unwrap_or_default());
+        nvfipc_context {
+            ctx: Arc::new(ctx),
+            job_id,
+        }
+    }
+}
+
+/// Borrows the context behind a C pointer (the argument is always named `ctx`).
+pub(crate) fn context_arg(ctx: *const nvfipc_context) -> Result<Arc<Context>> {
+    Ok(handle_ref(ctx, "ctx")?.ctx)
+}
+
+/// Converts the four C rank numbers, naming the argument that is wrong.
+fn rank_layout(
+    rank: i64,
+    world_size: i64,
+    local_rank: i64,
+    local_world_size: i64,
+) -> Result<(usize, usize, usize, usize)> {
+    let world = positive_arg(world_size, "world_size")?;
+    let local_world = positive_arg(local_world_size, "local_world_size")?;
+    let rank = super::guard::rank_arg(rank, world, "rank")?;
+    let local_rank = super::guard::rank_arg(local_rank, local_world, "local_rank")?;
+    if local_world > world {
+        return Err(Error::invalid(format!(
+            "local_world_size {local_world} is larger than world_size {world}"
+        )));
+    }
+    Ok((rank, world, local_rank, local_world))
+}
+
+/// Creates the context of rank `rank` of `world_size` (`local_rank` of `local_world_size` on
+/// this node) over `store`. The store is shared, not consumed: the context keeps its own
+/// reference, so the caller may free `store` at any time (the connection stays open until both
+/// are freed). Every rank must create its context over the same store. On success `*out_ctx`
+/// receives the context; free it with `nvfipc_context_free`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_create(
+    rank: i64,
+    world_size: i64,
+    local_rank: i64,
+    local_world_size: i64,
+    store: *const nvfipc_store,
+    out_ctx: *mut *mut nvfipc_context,
+) -> Status {
+    ffi_call("nvfipc_context_create", || {
+        let (rank, world_size, local_rank, local_world_size) =
+            rank_layout(rank, world_size, local_rank, local_world_size)?;
+        let store = handle_ref(store, "store")?;
+        let out = out_ptr(out_ctx, "out_ctx")?;
+        let ctx = Context::new(ContextOptions {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            store: store.store,
+        })?;
+        out.write(into_handle(nvfipc_context::new(ctx)));
+        Ok(())
+    })
+}
+
+/// Creates the context of rank `rank` of `world_size` (all on this node) over the TCPStore at
+/// `host`:`port`. With `host_store` true this rank first starts the store server here (on every
+/// interface; port 0 picks a free one, see `nvfipc_context_hosted_port`), and keeps it running
+/// at free until the other ranks are done. `timeout_ms` (< 0: 300 s) bounds the connection and
+/// is the default timeout of the store and of barriers.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_connect(
+    rank: i64,
+    world_size: i64,
+    host: *const c_char,
+    port: u16,
+    host_store: bool,
+    timeout_ms: i64,
+    out_ctx: *mut *mut nvfipc_context,
+) -> Status {
+    ffi_call("nvfipc_context_connect", || {
+        let (rank, world_size, _, _) = rank_layout(rank, world_size, rank, world_size)?;
+        let host = c_str_arg(host, "host")?;
+        let out = out_ptr(out_ctx, "out_ctx")?;
+        if port == 0 && !host_store {
+            return Err(Error::invalid(format!(
+                "port 0 is only allowed when this rank hosts the store (connecting to {host})"
+            )));
+        }
+        let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
+        let ctx = Context::connect(rank, world_size, host, port, host_store, timeout)?;
+        out.write(into_handle(nvfipc_context::new(ctx)));
+        Ok(())
+    })
+}
+
+/// Creates the context from the launcher's environment: rank, world size and local rank from
+/// Open MPI (`OMPI_COMM_WORLD_*`), `WORLD_RANK`/`WORLD_SIZE`, Slurm or torchrun (`RANK`,
+/// `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`); the store at `NVFUSER_MASTER_ADDR`/`PORT` or
+/// `MASTER_ADDR`/`MASTER_PORT`, hosted by local rank 0 of the master host (or an existing store
+/// at `NVFIPC_STORE_ADDR`). The default timeout is `NVFIPC_TIMEOUT_MS`, else 300 s.
+/// On success `*out_ctx` receives the context; free it with `nvfipc_context_free`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> Status {
+    ffi_call("nvfipc_context_from_env", || {
+        let out = out_ptr(out_ctx, "out_ctx")?;
+        let ctx = Context::from_env(&EnvOptions::default())?;
+        out.write(into_handle(nvfipc_context::new(ctx)));
+        Ok(())
+    })
+}
+
+/// Writes this process's rank to `*out_rank`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_rank(ctx: *const nvfipc_context, out_rank: *mut i64) -> Status {
+    ffi_call("nvfipc_context_rank", || {
+        let ctx = context_arg(ctx)?;
+        out_ptr(out_rank, "out_rank")?.write(ctx.rank() as i64);
+        Ok(())
+    })
+}
+
+/// Writes the number of ranks in the job to `*out_world_size`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_world_size(
+    ctx: *const nvfipc_context,
+    out_world_size: *mut i64,
+) -> Status {
+    ffi_call("nvfipc_context_world_size", || {
+        let ctx = context_arg(ctx)?;
+        out_ptr(out_world_size, "out_world_size")?.write(ctx.world_size() as i64);
+        Ok(())
+    })
+}
+
+/// Writes this process's rank among the ranks of its node to `*out_local_rank`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_local_rank(
+    ctx: *const nvfipc_context,
+    out_local_rank: *mut i64,
+) -> Status {
+    ffi_call("nvfipc_context_local_rank", || {
+        let ctx = context_arg(ctx)?;
+        out_ptr(out_local_rank, "out_local_rank")?.write(ctx.local_rank() as i64);
+        Ok(())
+    })
+}
+
+/// Writes the number of ranks on this node to `*out_local_world_size`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_local_world_size(
+    ctx: *const nvfipc_context,
+    out_local_world_size: *mut i64,
+) -> Status {
+    ffi_call("nvfipc_context_local_world_size", || {
+        let ctx = context_arg(ctx)?;
+        out_ptr(out_local_world_size, "out_local_world_size")?.write(ctx.local_world_size() as i64);
+        Ok(())
+    })
+}
+
+/// Writes the job id (agreed by all ranks; unique per run) to `*out_job_id`. The string belongs
+/// to the context and stays valid until `nvfipc_context_free`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_job_id(
+    ctx: *const nvfipc_context,
+    out_job_id: *mut *const c_char,
+) -> Status {
+    ffi_call("nvfipc_context_job_id", || {
+        let handle = handle_ref(ctx, "ctx")?;
+        // The CString lives in the boxed handle, which stays alive until the context is freed.
+        out_ptr(out_job_id, "out_job_id")?.write(handle.job_id.as_ptr());
+        Ok(())
+    })
+}
+
+/// Writes the port of the store server this rank hosts to `*out_port`, or 0 when it hosts none.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_hosted_port(
+    ctx: *const nvfipc_context,
+    out_port: *mut u16,
+) -> Status {
+    ffi_call("nvfipc_context_hosted_port", || {
+        let ctx = context_arg(ctx)?;
+        out_ptr(out_port, "out_port")?.write(ctx.hosted_store_port().unwrap_or(0));
+        Ok(())
+    })
+}
+
+/// Writes a new reference to the context's store to `*out_store`, for direct key-value use (keys
+/// under `nvfipc/` are the library's). Free it with `nvfipc_store_free`; the context keeps its own
+/// reference.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_store(
+    ctx: *const nvfipc_context,
+    out_store: *mut *mut nvfipc_store,
+) -> Status {
+    ffi_call("nvfipc_context_store", || {
+        let ctx = context_arg(ctx)?;
+        let out = out_ptr(out_store, "out_store")?;
+        out.write(into_handle(nvfipc_store {
+            store: ctx.store().clone(),
+            tcp: None,
+        }));
+        Ok(())
+    })
+}
+
+/// Closes and frees the context. This rank announces that it is done; a rank that hosts the
+/// store first waits (bounded, 30 s by default) until the other ranks have closed or
+/// disconnected, so that nobody loses the store mid-operation, and reports
+/// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). NULL is a no-op;
+/// a second free gives `NVFIPC_STATUS_INVALID_STATE`.
+#[no_mangle]
+pub extern "C" fn nvfipc_context_free(ctx: *mut nvfipc_context) -> Status {
+    ffi_call("nvfipc_context_free", || {
+        let Some(handle) = take_handle(ctx, "ctx")? else {
+            return Ok(());
+        };
+        match Arc::try_unwrap(handle.ctx) {
+            Ok(ctx) => ctx.close(),
+            // A call on another thread still holds it (a race the caller should not have);
+            // the last reference closes it on drop.
+            Err(_shared) => Ok(()),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::barrier::nvfipc_barrier;
+    use crate::ffi::store::nvfipc_store_free;
+    use crate::ffi::store::tests::mem_store;
+
+    #[test]
+    fn create_query_barrier_and_free() {
+        let store = mem_store();
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(
+            nvfipc_context_create(0, 1, 0, 1, store, &mut ctx),
+            Status::Ok
+        );
+        // The context keeps its own reference to the store.
+        assert_eq!(nvfipc_store_free(store), Status::Ok);
+        let (mut rank, mut world, mut local, mut local_world) = (-1, -1, -1, -1);
+        assert_eq!(nvfipc_context_rank(ctx, &mut rank), Status::Ok);
+        assert_eq!(nvfipc_context_world_size(ctx, &mut world), Status::Ok);
+        assert_eq!(nvfipc_context_local_rank(ctx, &mut local), Status::Ok);
+        assert_eq!(
+            nvfipc_context_local_world_size(ctx, &mut local_world),
+            Status::Ok
+        );
+        assert_eq!((rank, world, local, local_world), (0, 1, 0, 1));
+        let mut port = 1u16;
+        assert_eq!(nvfipc_context_hosted_port(ctx, &mut port), Status::Ok);
+        assert_eq!(port, 0);
+        for _ in 0..3 {
+            assert_eq!(nvfipc_barrier(ctx, std::ptr::null(), 0, 0), Status::Ok);
+        }
+        let bad = [0i64, 1];
+        assert_eq!(
+            nvfipc_barrier(ctx, bad.as_ptr(), 2, 0),
+            Status::InvalidArgument
+        );
+        assert_eq!(nvfipc_context_free(ctx), Status::Ok);
+        assert_eq!(nvfipc_context_free(ctx), Status::InvalidState);
+        assert_eq!(nvfipc_context_free(std::ptr::null_mut()), Status::Ok);
+    }
+
+    #[test]
+    fn rank_layout_names_the_bad_argument() {
+        let err = |r, w, lr, lw| rank_layout(r, w, lr, lw).unwrap_err().message;
+        assert!(err(3, 2, 0, 1).contains("`rank` = 3"));
+        assert!(err(0, 0, 0, 1).contains("`world_size` = 0"));
+        assert!(err(0, 2, 0, -1).contains("`local_world_size` = -1"));
+        assert!(err(0, 2, 2, 2).contains("`local_rank` = 2"));
+        assert!(err(0, 2, 0, 3).contains("larger than world_size"));
+        assert_eq!(rank_layout(1, 4, 1, 2).unwrap(), (1, 4, 1, 2));
+    }
+}

@@ -1,0 +1,287 @@
+//! C ABI of the device side: whether CUDA is usable, pointer checks, IPC counters and the
+//! stream-ordered P2P primitives (`send_post`, `recv_post`, `send_wait`) of nvFuser's zero-copy
+//! "get" protocol with epoch-valued semaphores.
+//!
+//! Streams are passed as `void*` (a `CUstream` or `cudaStream_t`; NULL is the legacy default
+//! stream). Every primitive only enqueues work on the stream and returns at once.
+
+use super::guard::{ffi_call, out_ptr, ref_arg};
+use crate::cuda::p2p::{self, Endpoint, Stream};
+use crate::cuda::{driver, ipc, memory};
+use crate::error::{Result, Status};
+use std::ffi::c_void;
+
+/// One side of a P2P channel as the calling rank sees it (device addresses in this process).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvfipc_p2p_endpoint {
+    /// This rank's buffer (send buffer on the sender, receive buffer on the receiver).
+    pub local_ptr: u64,
+    /// Its size in bytes.
+    pub local_bytes: u64,
+    /// This rank's semaphore for the channel (in its own slab).
+    pub local_semaphore: u64,
+    /// The peer's buffer, mapped into this process.
+    pub peer_ptr: u64,
+    /// Its size in bytes.
+    pub peer_bytes: u64,
+    /// The peer's semaphore for the channel, mapped into this process.
+    pub peer_semaphore: u64,
+}
+
+impl From<&nvfipc_p2p_endpoint> for Endpoint {
+    fn from(e: &nvfipc_p2p_endpoint) -> Endpoint {
+        Endpoint {
+            local_ptr: e.local_ptr,
+            local_bytes: e.local_bytes,
+            local_semaphore: e.local_semaphore,
+            peer_ptr: e.peer_ptr,
+            peer_bytes: e.peer_bytes,
+            peer_semaphore: e.peer_semaphore,
+        }
+    }
+}
+
+fn endpoint_arg(ptr: *const nvfipc_p2p_endpoint) -> Result<Endpoint> {
+    Ok(Endpoint::from(ref_arg(ptr, "endpoint")?))
+}
+
+/// Counters of real driver-level IPC opens and closes in this process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvfipc_cuda_ipc_counters {
+    /// `cuIpcOpenMemHandle` calls that succeeded.
+    pub opens: u64,
+    /// `cuIpcCloseMemHandle` calls that succeeded.
+    pub closes: u64,
+    /// Peer allocations mapped right now.
+    pub live: u64,
+}
+
+/// Writes whether the CUDA driver could be loaded and initialised into `*out`. Never fails on a
+/// machine without CUDA: `*out` is then false and `nvfipc_cuda_check` tells why.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_available(out: *mut bool) -> Status {
+    ffi_call("nvfipc_cuda_available", || {
+        out_ptr(out, "out")?.write(driver::is_available());
+        Ok(())
+    })
+}
+
+/// Loads and initialises the CUDA driver (once per process). `NVFIPC_STATUS_CUDA_UNAVAILABLE`,
+/// with the reason in the last error message, when there is no usable driver.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_check() -> Status {
+    ffi_call("nvfipc_cuda_check", || driver::driver().map(|_| ()))
+}
+
+/// Checks that `[ptr, ptr + bytes)` is device memory that legacy CUDA IPC can export.
+/// `NVFIPC_STATUS_INVALID_ARGUMENT` for NULL, host, freed or unknown pointers and ranges that
+/// overrun their allocation; `NVFIPC_STATUS_UNSUPPORTED` for VMM (expandable segments), pool
+/// and managed memory. On success `*out_base` (optional, may be NULL) receives the allocation
+/// base.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_check_pointer(
+    ptr: *const c_void,
+    bytes: u64,
+    out_base: *mut u64,
+) -> Status {
+    ffi_call("nvfipc_cuda_check_pointer", || {
+        let alloc = memory::resolve(ptr as u64, bytes)?;
+        if !out_base.is_null() {
+            out_ptr(out_base, "out_base")?.write(alloc.base);
+        }
+        Ok(())
+    })
+}
+
+/// Reads the process-wide IPC counters (opens == closes and live == 0 after a clean teardown).
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counters) -> Status {
+    ffi_call("nvfipc_cuda_ipc_counters_get", || {
+        let c = ipc::counters();
+        out_ptr(out, "out")?.write(nvfipc_cuda_ipc_counters {
+            opens: c.opens,
+            closes: c.closes,
+            live: c.live,
+        });
+        Ok(())
+    })
+}
+
+/// The 64 bytes of a legacy CUDA IPC handle (`cudaIpcMemHandle_t`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvfipc_cuda_ipc_handle {
+    pub bytes: [u8; 64],
+}
+
+const _: () = assert!(std::mem::size_of::<nvfipc_cuda_ipc_handle>() == ipc::HANDLE_LEN);
+
+/// Exports the device allocation holding `[ptr, ptr + bytes)` as a legacy CUDA IPC handle:
+/// writes the handle of the allocation base to `*out_handle` and `ptr`'s offset from that base
+/// to `*out_offset`. Exports are cached per allocation. A low-level building block; the handle
+/// cache does all of this itself.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_ipc_export(
+    ptr: *const c_void,
+    bytes: u64,
+    out_handle: *mut nvfipc_cuda_ipc_handle,
+    out_offset: *mut u64,
+) -> Status {
+    ffi_call("nvfipc_cuda_ipc_export", || {
+        let out_handle = out_ptr(out_handle, "out_handle")?;
+        let out_offset = out_ptr(out_offset, "out_offset")?;
+        let alloc = memory::resolve(ptr as u64, bytes)?;
+        let bytes = ipc::export_allocation(&alloc)?;
+        out_handle.write(nvfipc_cuda_ipc_handle { bytes });
+        out_offset.write(alloc.offset());
+        Ok(())
+    })
+}
+
+fn handle_arg(handle: *const nvfipc_cuda_ipc_handle) -> Result<ipc::HandleBytes> {
+    Ok(ref_arg(handle, "handle")?.bytes)
+}
+
+fn peer_arg(peer: i64) -> Result<usize> {
+    usize::try_from(peer)
+        .map_err(|_| crate::error::Error::invalid(format!("peer rank {peer} is negative")))
+}
+
+/// Opens the legacy IPC `handle` exported by rank `peer` in the current context (with
+/// lazy peer access) and writes the mapped allocation base to `*out_base`. Opening the same
+/// handle again returns the same base and takes another reference; every open needs one
+/// `nvfipc_cuda_ipc_close`.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_ipc_open(
+    peer: i64,
+    handle: *const nvfipc_cuda_ipc_handle,
+    out_base: *mut u64,
+) -> Status {
+    ffi_call("nvfipc_cuda_ipc_open", || {
+        let out = out_ptr(out_base, "out_base")?;
+        let opened = ipc::open(peer_arg(peer)?, None, &handle_arg(handle)?, None)?;
+        out.write(opened.base);
+        Ok(())
+    })
+}
+
+/// Drops one reference taken by `nvfipc_cuda_ipc_open` on the current device; the mapping is
+/// closed with the last one. No stream may still use the mapping.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_ipc_close(
+    peer: i64,
+    handle: *const nvfipc_cuda_ipc_handle,
+) -> Status {
+    ffi_call("nvfipc_cuda_ipc_close", || {
+        let handle = handle_arg(handle)?;
+        let device = driver::ensure_context(None)?.device()?;
+        ipc::close(peer_arg(peer)?, &handle, device)
+    })
+}
+
+/// Sender, transfer number `transfer` (1, 2, ... per channel): enqueues on `stream` the signal
+/// that the local send buffer holds the data.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_send_post(
+    endpoint: *const nvfipc_p2p_endpoint,
+    transfer: u64,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_cuda_send_post", || {
+        p2p::send_post(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
+    })
+}
+
+/// Receiver, transfer `transfer`: enqueues on `stream` a wait for the sender's signal, the copy of
+/// `bytes` bytes from the peer's buffer into the local buffer, and the "consumed" signal.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_recv_post(
+    endpoint: *const nvfipc_p2p_endpoint,
+    transfer: u64,
+    bytes: u64,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_cuda_recv_post", || {
+        p2p::recv_post(
+            &endpoint_arg(endpoint)?,
+            transfer,
+            bytes,
+            Stream(stream as usize),
+        )
+    })
+}
+
+/// Sender, transfer `transfer`: enqueues on `stream` a wait until the receiver has consumed the
+/// data (the send buffer may be overwritten by work queued after it).
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_send_wait(
+    endpoint: *const nvfipc_p2p_endpoint,
+    transfer: u64,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_cuda_send_wait", || {
+        p2p::send_wait(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::guard::last_error_message;
+
+    #[test]
+    fn available_never_fails() {
+        let mut out = true;
+        assert_eq!(nvfipc_cuda_available(&mut out), Status::Ok);
+        assert_eq!(out, driver::is_available());
+        assert_eq!(
+            nvfipc_cuda_available(std::ptr::null_mut()),
+            Status::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn check_reports_why_cuda_is_missing() {
+        let status = nvfipc_cuda_check();
+        if driver::is_available() {
+            assert_eq!(status, Status::Ok);
+        } else {
+            assert_eq!(status, Status::CudaUnavailable);
+            assert!(last_error_message().contains("libcuda.so.1"));
+        }
+    }
+
+    #[test]
+    fn bad_arguments_give_statuses() {
+        assert_eq!(
+            nvfipc_cuda_check_pointer(std::ptr::null(), 4, std::ptr::null_mut()),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_cuda_send_post(std::ptr::null(), 1, std::ptr::null_mut()),
+            Status::InvalidArgument
+        );
+        let ep = nvfipc_p2p_endpoint {
+            local_ptr: 0x1000,
+            local_bytes: 16,
+            local_semaphore: 0x2000,
+            peer_ptr: 0x3000,
+            peer_bytes: 16,
+            peer_semaphore: 0x4000,
+        };
+        assert_eq!(
+            nvfipc_cuda_recv_post(&ep, 1, 32, std::ptr::null_mut()),
+            Status::InvalidArgument
+        );
+        assert!(last_error_message().contains("does not fit"));
+        assert_eq!(
+            nvfipc_cuda_send_wait(&ep, 0, std::ptr::null_mut()),
+            Status::InvalidArgument
+        );
+        let mut counters = nvfipc_cuda_ipc_counters::default();
+        assert_eq!(nvfipc_cuda_ipc_counters_get(&mut counters), Status::Ok);
+        assert_eq!(counters.opens, counters.closes + counters.live);
+    }
+}

@@ -1,0 +1,356 @@
+//! C ABI of the handle cache: exchange P2P handles for a batch of requests and look them up.
+
+use super::context::context_arg;
+use super::context::nvfipc_context;
+use super::guard::{
+    c_str_arg, ffi_call, handle_ref, into_handle, out_ptr, rank_arg, slice_arg, take_handle,
+    timeout_arg, Handle,
+};
+use crate::error::{Error, Result, Status};
+use crate::exchange::{CacheConfig, CacheStats, Direction, HandleCache, MemKind, Request};
+use std::ffi::c_char;
+use std::sync::Arc;
+
+/// `nvfipc_request.direction`: this rank's buffer is the source (the peer pulls from it).
+pub const NVFIPC_DIRECTION_SEND: i32 = 0;
+/// `nvfipc_request.direction`: this rank's buffer is the destination (it pulls from the peer).
+pub const NVFIPC_DIRECTION_RECV: i32 = 1;
+/// `nvfipc_request.kind`: CUDA device memory (legacy `cudaMalloc` allocations).
+pub const NVFIPC_MEM_DEVICE: i32 = 0;
+/// `nvfipc_request.kind`: host memory from `nvfipc_host_alloc`.
+pub const NVFIPC_MEM_HOST: i32 = 1;
+
+/// Caches P2P handles (own buffer and semaphore, peer's buffer and semaphore) per channel.
+///
+/// Thread safety: all functions may be called from several threads at once; concurrent
+/// `nvfipc_exchange_handles` calls must not include the same channel (that call fails with
+/// `NVFIPC_STATUS_INVALID_STATE`). `nvfipc_cache_free` must not race with other calls on it.
+#[allow(non_camel_case_types)]
+#[derive(Clone)]
+pub struct nvfipc_cache {
+    pub(crate) cache: Arc<HandleCache>,
+}
+
+impl Handle for nvfipc_cache {
+    const C_NAME: &'static str = "nvfipc_cache";
+}
+
+/// One point-to-point communication of a batch.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvfipc_request {
+    /// The other rank (`0..world_size`, not this rank).
+    pub peer: i64,
+    /// `NVFIPC_DIRECTION_SEND` or `NVFIPC_DIRECTION_RECV`.
+    pub direction: i32,
+    /// `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
+    pub kind: i32,
+    /// NUL-terminated name of the communication, equal on both ranks (nvFuser: its name).
+    pub tag: *const c_char,
+    /// Address of the local buffer (a device pointer, or a pointer into an `nvfipc_host_alloc`
+    /// buffer).
+    pub ptr: u64,
+    /// Size of the local buffer in bytes (> 0).
+    pub bytes: u64,
+}
+
+/// Handles of one channel, as nvFuser's `P2pIpcHandle`. Valid until the next
+/// `nvfipc_exchange_handles` that changes the channel's buffers, or until the cache is freed.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvfipc_p2p_handle {
+    /// The local buffer and its size.
+    pub local_ptr: u64,
+    pub local_bytes: u64,
+    /// This rank's 32-bit semaphore of the channel (written by the peer).
+    pub local_semaphore: u64,
+    /// The peer's buffer mapped into this process, and its size.
+    pub peer_ptr: u64,
+    pub peer_bytes: u64,
+    /// The peer's 32-bit semaphore of the channel, mapped into this process.
+    pub peer_semaphore: u64,
+    /// `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
+    pub kind: i32,
+}
+
+/// Counters of a cache since creation.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvfipc_cache_stats {
+    /// Successful `nvfipc_exchange_handles` calls.
+    pub exchanges: u64,
+    /// Channel-steps where neither side's buffer changed (no store traffic).
+    pub hits: u64,
+    /// Channel-steps where at least one side's buffer changed.
+    pub misses: u64,
+    /// Store calls made by exchanges (each multi-set or multi-get counts one).
+    pub store_round_trips: u64,
+    /// Records published and their total encoded size.
+    pub records_sent: u64,
+    pub record_bytes_sent: u64,
+    /// Records fetched and imported.
+    pub records_received: u64,
+    /// Peer mappings opened (buffers and semaphore slabs) and closed.
+    pub opens: u64,
+    pub closes: u64,
+    /// Consumed records deleted from the store in the background.
+    pub keys_deleted: u64,
+}
+
+impl From<CacheStats> for nvfipc_cache_stats {
+    fn from(s: CacheStats) -> Self {
+        nvfipc_cache_stats {
+            exchanges: s.exchanges,
+            hits: s.hits,
+            misses: s.misses,
+            store_round_trips: s.store_round_trips,
+            records_sent: s.records_sent,
+            record_bytes_sent: s.record_bytes_sent,
+            records_received: s.records_received,
+            opens: s.opens,
+            closes: s.closes,
+            keys_deleted: s.keys_deleted,
+        }
+    }
+}
+
+pub(crate) fn cache_arg(cache: *const nvfipc_cache) -> Result<Arc<HandleCache>> {
+    Ok(handle_ref(cache, "cache")?.cache)
+}
+
+pub(crate) fn kind_arg(kind: i32, name: &str) -> Result<MemKind> {
+    match kind {
+        NVFIPC_MEM_DEVICE => Ok(MemKind::Device),
+        NVFIPC_MEM_HOST => Ok(MemKind::Host),
+        other => Err(Error::invalid(format!(
+            "`{name}` = {other} is not NVFIPC_MEM_DEVICE (0) or NVFIPC_MEM_HOST (1)"
+        ))),
+    }
+}
+
+/// Converts one C request (named `name` in messages).
+pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: &str) -> Result<Request> {
+    let direction = match r.direction {
+        NVFIPC_DIRECTION_SEND => Direction::Send,
+        NVFIPC_DIRECTION_RECV => Direction::Recv,
+        other => {
+            return Err(Error::invalid(format!(
+                "`{name}.direction` = {other} is not NVFIPC_DIRECTION_SEND (0) or \
+                 NVFIPC_DIRECTION_RECV (1)"
+            )))
+        }
+    };
+    Ok(Request {
+        peer: rank_arg(r.peer, world, &format!("{name}.peer"))?,
+        direction,
+        tag: c_str_arg(r.tag, &format!("{name}.tag"))?.to_string(),
+        ptr: r.ptr,
+        bytes: r.bytes,
+        kind: kind_arg(r.kind, &format!("{name}.kind"))?,
+    })
+}
+
+/// Borrows the single request argument `req` of a cache call.
+pub(crate) fn single_request(cache: &HandleCache, req: *const nvfipc_request) -> Result<Request> {
+    let reqs = slice_arg(req, 1, "req")?;
+    request_arg(&reqs[0], cache.world_size(), "req")
+}
+
+fn create(
+    ctx: *const nvfipc_context,
+    scope: &str,
+    out_cache: *mut *mut nvfipc_cache,
+) -> Result<()> {
+    let out = out_ptr(out_cache, "out_cache")?;
+    let ctx = context_arg(ctx)?;
+    let mut cfg = CacheConfig::from_context(&ctx);
+    cfg.scope = scope.to_string();
+    let cache = HandleCache::new(cfg)?;
+    out.write(into_handle(nvfipc_cache {
+        cache: Arc::new(cache),
+    }));
+    Ok(())
+}
+
+/// Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
+/// shared memory; the CUDA transport is loaded on the first device request. One cache per job
+/// and rank per process: a second one needs `nvfipc_cache_create_scoped`. Free with
+/// `nvfipc_cache_free`.
+#[no_mangle]
+pub extern "C" fn nvfipc_cache_create(
+    ctx: *const nvfipc_context,
+    out_cache: *mut *mut nvfipc_cache,
+) -> Status {
+    ffi_call("nvfipc_cache_create", || create(ctx, "", out_cache))
+}
+
+/// Like `nvfipc_cache_create`, for one of several caches of a job in one process: `scope` (equal
+/// on all ranks, NUL-terminated) separates their channels, boards and store keys.
+#[no_mangle]
+pub extern "C" fn nvfipc_cache_create_scoped(
+    ctx: *const nvfipc_context,
+    scope: *const c_char,
+    out_cache: *mut *mut nvfipc_cache,
+) -> Status {
+    ffi_call("nvfipc_cache_create_scoped", || {
+        let scope = c_str_arg(scope, "scope")?;
+        create(ctx, scope, out_cache)
+    })
+}
+
+/// Releases every peer mapping and the cache; NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn nvfipc_cache_free(cache: *mut nvfipc_cache) -> Status {
+    ffi_call("nvfipc_cache_free", || {
+        drop(take_handle(cache, "cache")?);
+        Ok(())
+    })
+}
+
+fn exchange(
+    cache: *const nvfipc_cache,
+    reqs: *const nvfipc_request,
+    n: usize,
+    timeout_ms: i64,
+) -> Result<()> {
+    let cache = cache_arg(cache)?;
+    let items = slice_arg(reqs, n, "reqs")?;
+    let requests = items
+        .iter()
+        .enumerate()
+        .map(|(i, r)| request_arg(r, cache.world_size(), &format!("reqs[{i}]")))
+        .collect::<Result<Vec<_>>>()?;
+    cache.exchange_handles_timeout(&requests, timeout_arg(timeout_ms, cache.timeout()))
+}
+
+/// Exchanges handles for the `n` requests at `reqs` with every peer they name. Each peer must make
+/// the matching call (same tags; any order of requests). Costs no store traffic when neither
+/// side's buffers changed, at most one multi-set and one multi-get otherwise; never a barrier.
+/// Fails with `NVFIPC_STATUS_TIMEOUT` (naming rank, peer, tag, step and key) when a peer does not
+/// arrive within the cache's timeout.
+#[no_mangle]
+pub extern "C" fn nvfipc_exchange_handles(
+    cache: *const nvfipc_cache,
+    reqs: *const nvfipc_request,
+    n: usize,
+) -> Status {
+    ffi_call("nvfipc_exchange_handles", || exchange(cache, reqs, n, -1))
+}
+
+/// `nvfipc_exchange_handles` with its own bound (`timeout_ms` < 0: the cache's timeout).
+#[no_mangle]
+pub extern "C" fn nvfipc_exchange_handles_timeout(
+    cache: *const nvfipc_cache,
+    reqs: *const nvfipc_request,
+    n: usize,
+    timeout_ms: i64,
+) -> Status {
+    ffi_call("nvfipc_exchange_handles_timeout", || {
+        exchange(cache, reqs, n, timeout_ms)
+    })
+}
+
+/// Looks up the handles of `req` (same peer, direction, tag, pointer and size as in the last
+/// exchange that included it) into `*out`. `NVFIPC_STATUS_NOT_FOUND` when it was not exchanged.
+#[no_mangle]
+pub extern "C" fn nvfipc_cache_get(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+    out: *mut nvfipc_p2p_handle,
+) -> Status {
+    ffi_call("nvfipc_cache_get", || {
+        let out = out_ptr(out, "out")?;
+        let cache = cache_arg(cache)?;
+        let req = single_request(&cache, req)?;
+        let h = cache.get(&req)?;
+        out.write(nvfipc_p2p_handle {
+            local_ptr: h.local_ptr,
+            local_bytes: h.local_bytes,
+            local_semaphore: h.local_semaphore,
+            peer_ptr: h.peer_ptr,
+            peer_bytes: h.peer_bytes,
+            peer_semaphore: h.peer_semaphore,
+            kind: match h.kind {
+                MemKind::Device => NVFIPC_MEM_DEVICE,
+                MemKind::Host => NVFIPC_MEM_HOST,
+            },
+        });
+        Ok(())
+    })
+}
+
+/// Copies the cache's counters into `*out`.
+#[no_mangle]
+pub extern "C" fn nvfipc_cache_stats(
+    cache: *const nvfipc_cache,
+    out: *mut nvfipc_cache_stats,
+) -> Status {
+    ffi_call("nvfipc_cache_stats", || {
+        let out = out_ptr(out, "out")?;
+        out.write(cache_arg(cache)?.stats().into());
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::guard::last_error_message;
+
+    #[test]
+    fn null_and_freed_arguments_are_errors() {
+        let mut out: *mut nvfipc_cache = std::ptr::null_mut();
+        assert_eq!(
+            nvfipc_cache_create(std::ptr::null(), &mut out),
+            Status::InvalidArgument
+        );
+        assert!(out.is_null());
+        assert_eq!(nvfipc_cache_free(std::ptr::null_mut()), Status::Ok);
+        assert_eq!(
+            nvfipc_exchange_handles(std::ptr::null(), std::ptr::null(), 0),
+            Status::InvalidArgument
+        );
+        let mut stats = nvfipc_cache_stats::default();
+        assert_eq!(
+            nvfipc_cache_stats(std::ptr::null(), &mut stats),
+            Status::InvalidArgument
+        );
+        assert!(last_error_message().contains("cache"));
+    }
+
+    #[test]
+    fn requests_are_validated() {
+        let tag = c"t";
+        let good = nvfipc_request {
+            peer: 1,
+            direction: NVFIPC_DIRECTION_RECV,
+            kind: NVFIPC_MEM_HOST,
+            tag: tag.as_ptr(),
+            ptr: 0x1000,
+            bytes: 8,
+        };
+        let r = request_arg(&good, 2, "r").unwrap();
+        assert_eq!(r.direction, Direction::Recv);
+        assert_eq!(r.tag, "t");
+        let bad = [
+            nvfipc_request { peer: -1, ..good },
+            nvfipc_request { peer: 2, ..good },
+            nvfipc_request {
+                direction: 7,
+                ..good
+            },
+            nvfipc_request { kind: 3, ..good },
+            nvfipc_request {
+                tag: std::ptr::null(),
+                ..good
+            },
+        ];
+        for b in bad {
+            let err = request_arg(&b, 2, "r").unwrap_err();
+            assert_eq!(err.status, Status::InvalidArgument, "{err}");
+        }
+    }
+}

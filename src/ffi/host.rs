@@ -1,0 +1,115 @@
+//! C ABI of the host transport: shared-memory buffers and the zero-copy "get" primitives on them.
+
+use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
+use super::guard::{ffi_call, out_ptr, timeout_arg};
+use crate::error::{Error, Status};
+use crate::host::{self, p2p};
+use std::ffi::c_void;
+
+/// Allocates `bytes` (> 0) of zero-filled host memory in a POSIX shared-memory segment that peers
+/// can map through `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the
+/// address; free it with `nvfipc_host_free`. Segment names carry the job id from
+/// `$NVFIPC_JOB_ID` (or the last cache's context) so a job's segments are easy to find.
+#[no_mangle]
+pub extern "C" fn nvfipc_host_alloc(bytes: usize, out_ptr_arg: *mut *mut c_void) -> Status {
+    ffi_call("nvfipc_host_alloc", || {
+        let out = out_ptr(out_ptr_arg, "out_ptr")?;
+        let buf = host::alloc(bytes as u64)?;
+        out.write(buf.into_raw() as *mut c_void);
+        Ok(())
+    })
+}
+
+/// Frees a buffer from `nvfipc_host_alloc` (its start address); NULL is a no-op. Peers that mapped
+/// it keep their mapping until they release it; a freed or foreign pointer is an error.
+#[no_mangle]
+pub extern "C" fn nvfipc_host_free(ptr: *mut c_void) -> Status {
+    ffi_call("nvfipc_host_free", || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        host::free(ptr as u64)
+    })
+}
+
+fn handles_of(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+) -> crate::Result<crate::exchange::P2pHandles> {
+    let cache = cache_arg(cache)?;
+    let req = single_request(&cache, req)?;
+    if req.kind != crate::exchange::MemKind::Host {
+        return Err(Error::invalid(
+            "host P2P primitives need a NVFIPC_MEM_HOST request",
+        ));
+    }
+    cache.get(&req)
+}
+
+/// Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
+/// the receiver that the next transfer's data is ready. Never blocks.
+#[no_mangle]
+pub extern "C" fn nvfipc_host_send_post(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+) -> Status {
+    ffi_call("nvfipc_host_send_post", || {
+        p2p::send_post(&handles_of(cache, req)?).map(|_| ())
+    })
+}
+
+/// Receiver side (a RECV request already exchanged): waits for the sender's post, copies `bytes`
+/// from the sender's buffer into the local one and signals the sender. `timeout_ms` < 0: the
+/// cache's timeout; 0: check once.
+#[no_mangle]
+pub extern "C" fn nvfipc_host_recv_post(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+    bytes: u64,
+    timeout_ms: i64,
+) -> Status {
+    ffi_call("nvfipc_host_recv_post", || {
+        let h = handles_of(cache, req)?;
+        let timeout = timeout_arg(timeout_ms, cache_arg(cache)?.timeout());
+        p2p::recv_post(&h, bytes, timeout).map(|_| ())
+    })
+}
+
+/// Sender side: waits until the receiver has copied the last posted transfer, after which the
+/// send buffer may be reused. `timeout_ms` as in `nvfipc_host_recv_post`.
+#[no_mangle]
+pub extern "C" fn nvfipc_host_send_wait(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+    timeout_ms: i64,
+) -> Status {
+    ffi_call("nvfipc_host_send_wait", || {
+        let h = handles_of(cache, req)?;
+        let timeout = timeout_arg(timeout_ms, cache_arg(cache)?.timeout());
+        p2p::send_wait(&h, timeout).map(|_| ())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_and_free_check_arguments() {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        assert_eq!(nvfipc_host_alloc(0, &mut p), Status::InvalidArgument);
+        assert_eq!(
+            nvfipc_host_alloc(16, std::ptr::null_mut()),
+            Status::InvalidArgument
+        );
+        assert_eq!(nvfipc_host_alloc(16, &mut p), Status::Ok);
+        assert!(!p.is_null());
+        assert_eq!(nvfipc_host_free(p), Status::Ok);
+        assert_eq!(nvfipc_host_free(p), Status::InvalidArgument, "double free");
+        assert_eq!(nvfipc_host_free(std::ptr::null_mut()), Status::Ok);
+        assert_eq!(
+            nvfipc_host_send_post(std::ptr::null(), std::ptr::null()),
+            Status::InvalidArgument
+        );
+    }
+}

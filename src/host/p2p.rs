@@ -1,0 +1,199 @@
+//! nvFuser's zero-copy "get" protocol on host memory, with epoch-valued semaphores
+//! (see `exchange::epoch`):
+//!
+//! - [`send_post`] (sender): "transfer `n` is ready" into the receiver's semaphore;
+//! - [`recv_post`] (receiver): wait for it, pull the bytes from the sender's buffer into the local
+//!   one, then "transfer `n` is done" into the sender's semaphore;
+//! - [`send_wait`] (sender): wait for "done", after which the send buffer may be reused.
+//!
+//! The handles come from `HandleCache::get` and stay valid until the next `exchange_handles` that
+//! changes the channel, or until the cache is dropped. Calls on one channel and one side must
+//! not overlap (one thread per side per channel, like a CUDA stream).
+
+use super::wait::wait_until;
+use crate::error::{Error, Result};
+use crate::exchange::epoch::{done, posted, reached};
+use crate::exchange::{MemKind, P2pHandles};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+fn check_host(h: &P2pHandles, what: &str) -> Result<()> {
+    if h.kind != MemKind::Host {
+        return Err(Error::invalid(format!(
+            "{what}: the handles are for {} memory; use the device primitives",
+            h.kind.name()
+        )));
+    }
+    if h.local_semaphore == 0 || h.peer_semaphore == 0 || h.local_ptr == 0 || h.peer_ptr == 0 {
+        return Err(Error::invalid(format!(
+            "{what}: handles hold a NULL address"
+        )));
+    }
+    if h.local_semaphore % 4 != 0 || h.peer_semaphore % 4 != 0 {
+        return Err(Error::invalid(format!(
+            "{what}: semaphores must be 4-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+fn semaphore(addr: u64) -> &'static AtomicU32 {
+    // SAFETY: `addr` is a non-NULL, 4-byte-aligned semaphore slot (checked by `check_host`) in a
+    // slab mapped by the cache that produced the handles; the caller's contract keeps it mapped
+    // while the handles are used. `'static` is never held beyond one call.
+    unsafe { &*(addr as *const AtomicU32) }
+}
+
+/// Sender: announces the next transfer to the receiver. Returns its number.
+pub fn send_post(h: &P2pHandles) -> Result<u64> {
+    check_host(h, "send_post")?;
+    let n = h.epochs.next_send();
+    semaphore(h.peer_semaphore).store(posted(n), Ordering::Release);
+    Ok(n)
+}
+
+/// Receiver: waits (at most `timeout`) for the next transfer, copies `bytes` from the peer's
+/// buffer into the local one, and tells the sender it is done. Returns the transfer number.
+pub fn recv_post(h: &P2pHandles, bytes: u64, timeout: Duration) -> Result<u64> {
+    check_host(h, "recv_post")?;
+    if bytes == 0 || bytes > h.local_bytes || bytes > h.peer_bytes {
+        return Err(Error::invalid(format!(
+            "recv_post: byte count {bytes} must be positive and fit both the local buffer \
+             ({} bytes) and the peer's ({} bytes)",
+            h.local_bytes, h.peer_bytes
+        )));
+    }
+    let n = h.epochs.last_recv() + 1;
+    let own = semaphore(h.local_semaphore);
+    let target = posted(n);
+    if wait_until(timeout, || {
+        reached(own.load(Ordering::Acquire), target).then_some(())
+    })
+    .is_none()
+    {
+        return Err(Error::timeout(format!(
+            "recv_post: transfer {n} was not posted by the sender within {timeout:?} (local \
+             semaphore {:#x} holds {}, waiting for {target}); did the peer call send_post?",
+            h.local_semaphore,
+            own.load(Ordering::Acquire)
+        )));
+    }
+    // SAFETY: both ranges were checked against the buffer sizes recorded at exchange time and
+    // are mapped by the cache; they live in different mappings, so they do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            h.peer_ptr as *const u8,
+            h.local_ptr as *mut u8,
+            bytes as usize,
+        )
+    };
+    h.epochs.next_recv();
+    semaphore(h.peer_semaphore).store(done(n), Ordering::Release);
+    Ok(n)
+}
+
+/// Sender: waits (at most `timeout`) until the receiver has pulled the last posted transfer.
+pub fn send_wait(h: &P2pHandles, timeout: Duration) -> Result<u64> {
+    check_host(h, "send_wait")?;
+    let n = h.epochs.last_send();
+    if n == 0 {
+        return Err(Error::state(
+            "send_wait: no send was posted on this channel",
+        ));
+    }
+    let own = semaphore(h.local_semaphore);
+    let target = done(n);
+    if wait_until(timeout, || {
+        reached(own.load(Ordering::Acquire), target).then_some(())
+    })
+    .is_none()
+    {
+        return Err(Error::timeout(format!(
+            "send_wait: the receiver did not finish transfer {n} within {timeout:?} (local \
+             semaphore {:#x} holds {}, waiting for {target}); did the peer call recv_post?",
+            h.local_semaphore,
+            own.load(Ordering::Acquire)
+        )));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::epoch::TransferEpochs;
+    use crate::exchange::transport::SemaphoreSlab;
+    use crate::host::alloc::alloc_for_job;
+    use crate::host::slab::HostSlab;
+    use std::sync::Arc;
+
+    /// Two sides in one process over one slab: enough to check the protocol's values.
+    fn pair(src: u64, dst: u64, bytes: u64, slab: &HostSlab) -> (P2pHandles, P2pHandles) {
+        let s_sem = slab.local(slab.allocate_slot().unwrap()).unwrap();
+        let r_sem = slab.local(slab.allocate_slot().unwrap()).unwrap();
+        let send = P2pHandles {
+            kind: MemKind::Host,
+            local_ptr: src,
+            local_bytes: bytes,
+            local_semaphore: s_sem,
+            peer_ptr: dst,
+            peer_bytes: bytes,
+            peer_semaphore: r_sem,
+            epochs: Arc::new(TransferEpochs::default()),
+        };
+        let recv = P2pHandles {
+            kind: MemKind::Host,
+            local_ptr: dst,
+            local_bytes: bytes,
+            local_semaphore: r_sem,
+            peer_ptr: src,
+            peer_bytes: bytes,
+            peer_semaphore: s_sem,
+            epochs: Arc::new(TransferEpochs::default()),
+        };
+        (send, recv)
+    }
+
+    #[test]
+    fn transfers_in_order_and_tolerates_a_sender_running_ahead() {
+        let slab = HostSlab::new("unit_p2p").unwrap();
+        let a = alloc_for_job("unit_p2p", 8).unwrap();
+        let b = alloc_for_job("unit_p2p", 8).unwrap();
+        let (send, recv) = pair(a.addr(), b.addr(), 8, &slab);
+        let t = Duration::from_secs(5);
+        assert!(send_wait(&send, t).is_err(), "nothing posted yet");
+        a.write(0, &1u64.to_le_bytes()).unwrap();
+        assert_eq!(send_post(&send).unwrap(), 1);
+        assert_eq!(recv_post(&recv, 8, t).unwrap(), 1);
+        assert_eq!(send_wait(&send, t).unwrap(), 1);
+        let mut out = [0u8; 8];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(u64::from_le_bytes(out), 1);
+        // The sender posts twice before the receiver looks: no signal is lost.
+        send_post(&send).unwrap();
+        send_post(&send).unwrap();
+        assert_eq!(recv_post(&recv, 8, t).unwrap(), 2);
+        assert_eq!(recv_post(&recv, 8, t).unwrap(), 3);
+        assert_eq!(send_wait(&send, t).unwrap(), 3);
+        // Nothing posted: the receiver times out without consuming a transfer number.
+        let err = recv_post(&recv, 8, Duration::from_millis(5)).unwrap_err();
+        assert!(err.message.contains("transfer 4"), "{err}");
+        send_post(&send).unwrap();
+        assert_eq!(recv_post(&recv, 8, t).unwrap(), 4);
+    }
+
+    #[test]
+    fn rejects_bad_handles() {
+        let slab = HostSlab::new("unit_p2p").unwrap();
+        let a = alloc_for_job("unit_p2p", 8).unwrap();
+        let b = alloc_for_job("unit_p2p", 8).unwrap();
+        let (mut send, recv) = pair(a.addr(), b.addr(), 8, &slab);
+        assert!(recv_post(&recv, 9, Duration::ZERO).is_err());
+        assert!(recv_post(&recv, 0, Duration::ZERO).is_err());
+        send.kind = MemKind::Device;
+        assert!(send_post(&send).unwrap_err().message.contains("device"));
+        send.kind = MemKind::Host;
+        send.peer_semaphore = 0;
+        assert!(send_post(&send).is_err());
+    }
+}

@@ -1,0 +1,231 @@
+//! A POSIX shared-memory segment (`shm_open` + `mmap`), owned or opened.
+//!
+//! The creator unlinks the name when it is done ([`ShmSegment::unlink`], or on drop when it still
+//! owns the name); openers only unmap. Mapped memory stays valid in every process that mapped it
+//! until that process unmaps it, even after the name is unlinked.
+
+use crate::error::{Error, Result};
+use std::ffi::CString;
+use std::io;
+
+/// One mapped segment. Unmapped on drop; unlinked on drop if this process created it and has not
+/// unlinked it yet.
+#[derive(Debug)]
+pub struct ShmSegment {
+    name: String,
+    addr: u64,
+    len: u64,
+    owns_name: bool,
+}
+
+/// Longest shm name accepted (it must fit a record payload with its NUL).
+pub const MAX_NAME_LEN: usize = 63;
+
+fn c_name(name: &str) -> Result<CString> {
+    if !name.starts_with('/') || name[1..].contains('/') || name.len() > MAX_NAME_LEN {
+        return Err(Error::invalid(format!(
+            "shared-memory name {name:?} must start with '/', contain no other '/' and be at \
+             most {MAX_NAME_LEN} bytes"
+        )));
+    }
+    CString::new(name).map_err(|_| Error::invalid(format!("shm name {name:?} contains NUL")))
+}
+
+impl ShmSegment {
+    /// Creates a new zero-filled segment of `len` bytes; fails if the name exists.
+    pub fn create(name: &str, len: u64) -> Result<ShmSegment> {
+        let cname = c_name(name)?;
+        if len == 0 {
+            return Err(Error::invalid(format!("shm segment {name}: size 0")));
+        }
+        // SAFETY: `cname` is a valid NUL-terminated string; the flags create a new object only.
+        let fd = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            return Err(Error::from_io(format!("shm_open({name}, create)"), &err));
+        }
+        let result = Self::truncate_and_map(fd, name, len);
+        // SAFETY: `fd` is an open descriptor we own; the mapping (if any) keeps its own reference.
+        unsafe { libc::close(fd) };
+        match result {
+            Ok(addr) => Ok(ShmSegment {
+                name: name.to_string(),
+                addr,
+                len,
+                owns_name: true,
+            }),
+            Err(e) => {
+                // SAFETY: `cname` is valid; we created the name above and nobody else owns it.
+                unsafe { libc::shm_unlink(cname.as_ptr()) };
+                Err(e)
+            }
+        }
+    }
+
+    fn truncate_and_map(fd: libc::c_int, name: &str, len: u64) -> Result<u64> {
+        let off_len = libc::off_t::try_from(len)
+            .map_err(|_| Error::invalid(format!("shm segment {name}: size {len} too large")))?;
+        // SAFETY: `fd` is an open shm descriptor.
+        if unsafe { libc::ftruncate(fd, off_len) } != 0 {
+            let err = io::Error::last_os_error();
+            return Err(Error::from_io(
+                format!("ftruncate({name}, {len}) (is /dev/shm full?)"),
+                &err,
+            ));
+        }
+        map(fd, name, len)
+    }
+
+    /// Opens and maps an existing segment, whose size must be at least `min_len` bytes.
+    /// Returns `Ok(None)` when no segment of that name exists (yet).
+    pub fn open(name: &str, min_len: u64) -> Result<Option<ShmSegment>> {
+        let cname = c_name(name)?;
+        // SAFETY: `cname` is a valid NUL-terminated string.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOENT) {
+                return Ok(None);
+            }
+            return Err(Error::from_io(format!("shm_open({name})"), &err));
+        }
+        let result = Self::stat_and_map(fd, name, min_len);
+        // SAFETY: `fd` is an open descriptor we own.
+        unsafe { libc::close(fd) };
+        result.map(|(addr, len)| {
+            Some(ShmSegment {
+                name: name.to_string(),
+                addr,
+                len,
+                owns_name: false,
+            })
+        })
+    }
+
+    fn stat_and_map(fd: libc::c_int, name: &str, min_len: u64) -> Result<(u64, u64)> {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten by fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` is a valid out pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            let err = io::Error::last_os_error();
+            return Err(Error::from_io(format!("fstat({name})"), &err));
+        }
+        let len = u64::try_from(st.st_size).unwrap_or(0);
+        if len < min_len || len == 0 {
+            return Err(Error::protocol(format!(
+                "shared-memory segment {name} has {len} bytes, expected at least {min_len}: it \
+                 was replaced or truncated (stale segment of another job?)"
+            )));
+        }
+        Ok((map(fd, name, len)?, len))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Address of the mapping in this process.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Removes the name (idempotent); the mapping stays valid.
+    pub fn unlink(&mut self) {
+        if self.owns_name {
+            self.owns_name = false;
+            unlink_name(&self.name);
+        }
+    }
+}
+
+/// Removes a shm name, ignoring "does not exist".
+pub fn unlink_name(name: &str) {
+    if let Ok(cname) = CString::new(name) {
+        // SAFETY: `cname` is a valid NUL-terminated string.
+        unsafe { libc::shm_unlink(cname.as_ptr()) };
+    }
+}
+
+fn map(fd: libc::c_int, name: &str, len: u64) -> Result<u64> {
+    let size = usize::try_from(len)
+        .map_err(|_| Error::invalid(format!("shm segment {name}: size {len} too large")))?;
+    // SAFETY: mapping a fresh region (addr NULL) of an open descriptor; the kernel checks the rest.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        let err = io::Error::last_os_error();
+        return Err(Error::from_io(format!("mmap({name}, {len} bytes)"), &err));
+    }
+    Ok(ptr as u64)
+}
+
+impl Drop for ShmSegment {
+    fn drop(&mut self) {
+        // SAFETY: `addr`/`len` describe a mapping made by `map` and not unmapped before; nothing
+        // borrowed from it outlives the segment (users hold raw addresses under the documented
+        // contract that they stop using them once the buffer is freed or released).
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
+        self.unlink();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique(tag: &str) -> String {
+        format!("/nvfipc-test-{}-{tag}", std::process::id())
+    }
+
+    #[test]
+    fn create_open_share_and_unlink() {
+        let name = unique("shm1");
+        let a = ShmSegment::create(&name, 4096).unwrap();
+        let b = ShmSegment::open(&name, 4096).unwrap().unwrap();
+        assert_ne!(a.addr(), b.addr());
+        // SAFETY: both addresses map the same 4096-byte segment.
+        unsafe {
+            *(a.addr() as *mut u32) = 0xdead_beef;
+            assert_eq!(*(b.addr() as *const u32), 0xdead_beef);
+        }
+        assert!(ShmSegment::create(&name, 4096).is_err(), "O_EXCL");
+        drop(a);
+        assert!(ShmSegment::open(&name, 1).unwrap().is_none(), "unlinked");
+        // The opener's mapping is still usable after the unlink.
+        // SAFETY: `b` is still mapped.
+        assert_eq!(unsafe { *(b.addr() as *const u32) }, 0xdead_beef);
+    }
+
+    #[test]
+    fn rejects_bad_names_and_short_segments() {
+        assert!(ShmSegment::create("noslash", 16).is_err());
+        assert!(ShmSegment::create("/a/b", 16).is_err());
+        assert!(ShmSegment::create(&format!("/{}", "x".repeat(70)), 16).is_err());
+        let name = unique("shm2");
+        let _a = ShmSegment::create(&name, 100).unwrap();
+        let err = ShmSegment::open(&name, 4096).unwrap_err();
+        assert!(err.message.contains("expected at least 4096"), "{err}");
+    }
+}

@@ -1,0 +1,101 @@
+//! Bounded waiting on values in shared memory: spin briefly (the common case is a peer that is a
+//! few hundred nanoseconds behind), then yield, then sleep with a growing interval capped at
+//! [`MAX_SLEEP`], always bounded by a deadline. No wake-up call is needed from the writer.
+
+use std::time::{Duration, Instant};
+
+const SPINS: u32 = 2_000;
+const YIELDS: u32 = 200;
+/// Longest sleep between two checks, which bounds the extra latency of a slow wait.
+pub const MAX_SLEEP: Duration = Duration::from_micros(500);
+
+/// Calls `ready` until it returns `Some` or `timeout` has passed (then `None`). With a zero
+/// timeout `ready` is checked exactly once.
+pub fn wait_until<T>(timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+    if let Some(v) = ready() {
+        return Some(v);
+    }
+    if timeout.is_zero() {
+        return None;
+    }
+    for _ in 0..SPINS {
+        std::hint::spin_loop();
+        if let Some(v) = ready() {
+            return Some(v);
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    for _ in 0..YIELDS {
+        std::thread::yield_now();
+        if let Some(v) = ready() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+    }
+    let mut sleep = Duration::from_micros(10);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return ready();
+        }
+        std::thread::sleep(sleep.min(deadline - now));
+        sleep = (sleep * 2).min(MAX_SLEEP);
+        if let Some(v) = ready() {
+            return Some(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn returns_immediately_when_ready() {
+        assert_eq!(wait_until(Duration::ZERO, || Some(3)), Some(3));
+    }
+
+    #[test]
+    fn zero_timeout_checks_once() {
+        let mut calls = 0;
+        assert_eq!(
+            wait_until(Duration::ZERO, || {
+                calls += 1;
+                None::<()>
+            }),
+            None
+        );
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn times_out_within_bounds() {
+        let start = Instant::now();
+        assert_eq!(wait_until(Duration::from_millis(30), || None::<()>), None);
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(30), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn sees_a_value_written_by_another_thread() {
+        let flag = Arc::new(AtomicU32::new(0));
+        let writer = {
+            let flag = flag.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                flag.store(7, Ordering::Release);
+            })
+        };
+        let got = wait_until(Duration::from_secs(5), || {
+            let v = flag.load(Ordering::Acquire);
+            (v != 0).then_some(v)
+        });
+        writer.join().unwrap();
+        assert_eq!(got, Some(7));
+    }
+}

@@ -1,0 +1,255 @@
+//! Embedded TCPStore server, byte-compatible with torch's default (libuv) server.
+//!
+//! [`StoreServer::bind`] starts one background thread running an edge-triggered mio loop
+//! (`event_loop`) over the store (`state`). The server never prints; failures reach the caller
+//! through `Result`s, and per-connection problems (a peer sending garbage, disconnecting, never
+//! saying hello) close only that connection and are counted in [`StoreServer::stats`].
+
+mod event_loop;
+mod fast_hash;
+mod listen;
+mod state;
+
+use crate::error::{Error, Result};
+use mio::{Poll, Waker};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Tuning for [`StoreServer::bind_with`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// Close connections that have not completed the VALIDATE handshake within this time.
+    /// `None` (the default, like torch) lets a silent client sit; it costs one descriptor.
+    pub handshake_timeout: Option<Duration>,
+    /// Descriptors the process must be allowed to open; the soft RLIMIT_NOFILE is raised
+    /// towards the hard limit when it is lower, and binding fails if it cannot reach this.
+    /// 0 skips the check.
+    pub min_open_files: u64,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            handshake_timeout: None,
+            min_open_files: 1024 + 64,
+        }
+    }
+}
+
+/// Counters since the server started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Requests handled (including VALIDATE).
+    pub requests: u64,
+    /// Connections closed because the peer closed them.
+    pub closed_by_peer: u64,
+    /// Connections closed for a bad or missing handshake (including the handshake timeout).
+    pub closed_handshake: u64,
+    /// Connections closed for a malformed or refused request (unknown command, over-limit
+    /// field, ADD on a non-number).
+    pub closed_malformed: u64,
+    /// Connections closed after a socket error.
+    pub closed_io: u64,
+    /// Failed accepts (e.g. out of descriptors).
+    pub accept_errors: u64,
+    /// The most recent of those problems, in words.
+    pub last_error: Option<String>,
+}
+
+#[derive(Default)]
+struct Counters {
+    accepted: AtomicU64,
+    requests: AtomicU64,
+    closed_by_peer: AtomicU64,
+    closed_handshake: AtomicU64,
+    closed_malformed: AtomicU64,
+    closed_io: AtomicU64,
+    accept_errors: AtomicU64,
+}
+
+/// State shared between the handle and the server thread.
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    running: AtomicBool,
+    connected: AtomicUsize,
+    stats: Counters,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn record_error(&self, message: String) {
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = Some(message);
+        }
+    }
+}
+
+/// Marks the server stopped when the thread ends, however it ends.
+struct RunningGuard(Arc<Shared>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.connected.store(0, Ordering::Release);
+        self.0.running.store(false, Ordering::Release);
+    }
+}
+
+/// A running TCPStore server. Dropping it stops it.
+pub struct StoreServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    waker: Waker,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl StoreServer {
+    /// Listens on `host:port` (port 0 picks a free port) with default options. `""` and `"::"`
+    /// listen on every IPv6 and IPv4 address (falling back to 0.0.0.0 without IPv6);
+    /// other hosts (addresses or names) are bound as given.
+    pub fn bind(host: &str, port: u16) -> Result<StoreServer> {
+        Self::bind_with(host, port, &ServerOptions::default())
+    }
+
+    /// [`StoreServer::bind`] with explicit options.
+    pub fn bind_with(host: &str, port: u16, opts: &ServerOptions) -> Result<StoreServer> {
+        if opts.min_open_files > 0 {
+            listen::ensure_fd_limit(opts.min_open_files)?;
+        }
+        let std_listener = listen::bind_listener(host, port)?;
+        let addr = std_listener
+            .local_addr()
+            .map_err(|e| Error::from_io("store server: local_addr", &e))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::from_io("store server: set_nonblocking", &e))?;
+        let listener = mio::net::TcpListener::from_std(std_listener);
+        let poll = Poll::new().map_err(|e| Error::from_io("store server: epoll_create", &e))?;
+        let waker = Waker::new(poll.registry(), event_loop::WAKER)
+            .map_err(|e| Error::from_io("store server: eventfd", &e))?;
+        let shared = Arc::new(Shared::default());
+        let event_loop = event_loop::EventLoop::new(poll, listener, shared.clone(), opts)
+            .map_err(|e| Error::from_io("store server: register listener", &e))?;
+        shared.running.store(true, Ordering::Release);
+        let guard = RunningGuard(shared.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("nvfipc-store-{}", addr.port()))
+            .spawn(move || {
+                let _guard = guard;
+                event_loop.run();
+            })
+            .map_err(|e| {
+                shared.running.store(false, Ordering::Release);
+                Error::from_io("store server: cannot start its thread", &e)
+            })?;
+        Ok(StoreServer {
+            addr,
+            shared,
+            waker,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The port actually listened on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The address listened on (`[::]:port` for the dual-stack default); an error once the
+    /// server has stopped.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        if !self.is_running() {
+            return Err(Error::state(format!(
+                "store server that listened on {} has stopped",
+                self.addr
+            )));
+        }
+        Ok(self.addr)
+    }
+
+    /// Clients connected right now (handshake done or not).
+    pub fn connected_clients(&self) -> usize {
+        self.shared.connected.load(Ordering::Acquire)
+    }
+
+    /// Whether the server thread is still serving.
+    pub fn is_running(&self) -> bool {
+        self.shared.running.load(Ordering::Acquire)
+    }
+
+    /// Counters since the server started.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.shared.stats;
+        ServerStats {
+            accepted: c.accepted.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            closed_by_peer: c.closed_by_peer.load(Ordering::Relaxed),
+            closed_handshake: c.closed_handshake.load(Ordering::Relaxed),
+            closed_malformed: c.closed_malformed.load(Ordering::Relaxed),
+            closed_io: c.closed_io.load(Ordering::Relaxed),
+            accept_errors: c.accept_errors.load(Ordering::Relaxed),
+            last_error: self.shared.last_error.lock().ok().and_then(|e| e.clone()),
+        }
+    }
+
+    /// Stops serving, closes every connection and joins the thread. Idempotent.
+    pub fn shutdown(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Err(e) = self.waker.wake() {
+            self.shared
+                .record_error(format!("store server: cannot wake its thread to stop: {e}"));
+        }
+        let handle = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(handle) = handle {
+            if handle.join().is_err() {
+                self.shared
+                    .record_error("store server: its thread panicked".to_string());
+            }
+        }
+    }
+
+    /// Waits until no client is connected (at most `timeout`), then stops. Returns a timeout
+    /// error naming how many clients were still connected when the time ran out; the server
+    /// is stopped in both cases.
+    pub fn shutdown_when_idle(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let connected = self.connected_clients();
+            if connected == 0 || !self.is_running() {
+                self.shutdown();
+                return Ok(());
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                self.shutdown();
+                return Err(Error::timeout(format!(
+                    "store server on port {}: {connected} client(s) still connected after \
+                     waiting {timeout:?} for them to leave; stopped anyway",
+                    self.port()
+                )));
+            }
+            std::thread::sleep((timeout - elapsed).min(Duration::from_millis(5)));
+        }
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl std::fmt::Debug for StoreServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreServer")
+            .field("addr", &self.addr)
+            .field("connected", &self.connected_clients())
+            .field("running", &self.is_running())
+            .finish()
+    }
+}

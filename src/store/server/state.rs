@@ -1,0 +1,744 @@
+//! The store itself: key-value entries, FIFO queues and WAIT registrations, with the semantics of
+//! torch's libuv TCPStore server. Pure logic, no sockets: a request goes in, reply bytes come
+//! out, and the connections whose WAIT completed are reported so the event loop can notify them.
+
+use super::fast_hash::FastMap;
+use crate::store::wire::{self, Request};
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::Write as _;
+
+/// A connection, as the event loop names it: slot index plus a generation, so a slot reused by a
+/// later connection is never confused with the earlier one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ConnId {
+    pub slot: u32,
+    pub gen: u32,
+}
+
+/// Why a request made the server close its connection (the store itself is left intact).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// VALIDATE carried the wrong magic.
+    BadMagic(u32),
+    /// ADD hit a value that `std::stoll` rejects (no digits, or out of the i64 range).
+    AddNotANumber { key: Vec<u8> },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::BadMagic(m) => write!(
+                f,
+                "VALIDATE magic {m:#010x} is not {:#010x}",
+                wire::VALIDATE_MAGIC
+            ),
+            Refusal::AddNotANumber { key } => write!(
+                f,
+                "ADD on key {:?} whose value is not a decimal i64",
+                String::from_utf8_lossy(key)
+            ),
+        }
+    }
+}
+
+/// One registration of a WAIT under one missing key.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    conn: ConnId,
+    wait_id: u64,
+}
+
+/// A WAIT that is not yet satisfied.
+#[derive(Debug)]
+struct PendingWait {
+    id: u64,
+    /// Registrations not yet consumed by a write to their key.
+    missing: usize,
+    /// The keys it is registered under, to unregister on CANCEL_WAIT or disconnect.
+    keys: Vec<Vec<u8>>,
+}
+
+#[derive(Default)]
+pub(crate) struct StoreState {
+    kv: FastMap<Vec<u8>, Vec<u8>>,
+    /// Non-empty queues only (an emptied queue is removed, so presence means "has items").
+    queues: FastMap<Vec<u8>, VecDeque<Vec<u8>>>,
+    waiters: FastMap<Vec<u8>, Vec<Waiter>>,
+    waits: FastMap<ConnId, Vec<PendingWait>>,
+    next_wait_id: u64,
+}
+
+impl StoreState {
+    /// Applies one request from `conn`. Reply bytes (including a STOP_WAITING for `conn` itself)
+    /// are appended to `out`; other connections whose WAIT completed are pushed to `woken`, each
+    /// owed one [`wire::WAIT_STOP_WAITING`] byte.
+    pub fn apply(
+        &mut self,
+        conn: ConnId,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        woken: &mut Vec<ConnId>,
+    ) -> Result<(), Refusal> {
+        let mut fx = Effects { conn, out, woken };
+        match *req {
+            Request::Validate { magic } => {
+                if magic != wire::VALIDATE_MAGIC {
+                    return Err(Refusal::BadMagic(magic));
+                }
+            }
+            Request::Ping { nonce } => wire::put_u32(fx.out, nonce),
+            Request::Set { key, value } => {
+                self.set(key, value);
+                self.notify_all(key, &mut fx);
+            }
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => self.compare_set(key, expected, desired, &mut fx),
+            Request::Get { key } => wire::put_blob(fx.out, self.value_or_empty(key)),
+            Request::Add { key, delta } => {
+                let value = self.add(key, delta)?;
+                self.notify_all(key, &mut fx);
+                wire::put_i64(fx.out, value);
+            }
+            Request::Check { keys } => {
+                let ready = keys.iter().all(|k| self.present(k));
+                let code = if ready {
+                    wire::CHECK_READY
+                } else {
+                    wire::CHECK_NOT_READY
+                };
+                wire::put_u8(fx.out, code);
+            }
+            Request::Wait { keys } => self.wait(keys, &mut fx),
+            Request::GetNumKeys => wire::put_i64(fx.out, self.kv.len() as i64),
+            Request::DeleteKey { key } => {
+                wire::put_i64(fx.out, i64::from(self.kv.remove(key).is_some()))
+            }
+            Request::Append { key, value } => {
+                match self.kv.get_mut(key) {
+                    Some(existing) => existing.extend_from_slice(value),
+                    None => {
+                        self.kv.insert(key.to_vec(), value.to_vec());
+                    }
+                }
+                self.notify_all(key, &mut fx);
+            }
+            Request::MultiGet { keys } => {
+                for key in keys {
+                    wire::put_blob(fx.out, self.value_or_empty(key));
+                }
+            }
+            Request::MultiSet { pairs } => {
+                for (key, value) in pairs {
+                    self.set(key, value);
+                    self.notify_all(key, &mut fx);
+                }
+            }
+            Request::CancelWait => {
+                self.drop_waits(conn);
+                wire::put_u8(fx.out, wire::WAIT_CANCELED);
+            }
+            Request::QueuePush { key, value } => {
+                match self.queues.get_mut(key) {
+                    Some(q) => q.push_back(value.to_vec()),
+                    None => {
+                        self.queues
+                            .insert(key.to_vec(), VecDeque::from([value.to_vec()]));
+                    }
+                }
+                self.notify_one(key, &mut fx);
+            }
+            Request::QueuePop { key } => self.queue_pop(key, fx.out),
+            Request::QueueLen { key } => {
+                let len = self.queues.get(key).map_or(0, VecDeque::len);
+                wire::put_i64(fx.out, len as i64);
+            }
+            Request::List => {
+                wire::put_i64(fx.out, self.kv.len() as i64);
+                for key in self.kv.keys() {
+                    wire::put_blob(fx.out, key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets every WAIT registration of a connection that went away.
+    pub fn drop_connection(&mut self, conn: ConnId) {
+        self.drop_waits(conn);
+    }
+
+    /// Number of KV entries (what GETNUMKEYS reports).
+    #[cfg(test)]
+    pub fn num_keys(&self) -> usize {
+        self.kv.len()
+    }
+
+    /// Connections with at least one unsatisfied WAIT.
+    #[cfg(test)]
+    pub fn waiting_connections(&self) -> usize {
+        self.waits.len()
+    }
+
+    fn present(&self, key: &[u8]) -> bool {
+        self.kv.contains_key(key) || self.queues.contains_key(key)
+    }
+
+    fn value_or_empty(&self, key: &[u8]) -> &[u8] {
+        self.kv.get(key).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// Upsert that reuses the existing value's allocation.
+    fn set(&mut self, key: &[u8], value: &[u8]) {
+        match self.kv.get_mut(key) {
+            Some(existing) => {
+                existing.clear();
+                existing.extend_from_slice(value);
+            }
+            None => {
+                self.kv.insert(key.to_vec(), value.to_vec());
+            }
+        }
+    }
+
+    fn compare_set(&mut self, key: &[u8], expected: &[u8], desired: &[u8], fx: &mut Effects) {
+        match self.kv.get_mut(key) {
+            Some(current) if current.as_slice() == expected => {
+                current.clear();
+                current.extend_from_slice(desired);
+                wire::put_blob(fx.out, desired);
+            }
+            Some(current) => {
+                wire::put_blob(fx.out, current);
+                return;
+            }
+            None if expected.is_empty() => {
+                self.kv.insert(key.to_vec(), desired.to_vec());
+                wire::put_blob(fx.out, desired);
+            }
+            None => {
+                // torch's rule: a missing key with a non-empty `expected` returns `expected`
+                // and creates nothing.
+                wire::put_blob(fx.out, expected);
+                return;
+            }
+        }
+        self.notify_all(key, fx);
+    }
+
+    fn add(&mut self, key: &[u8], delta: i64) -> Result<i64, Refusal> {
+        let current = match self.kv.get(key) {
+            Some(text) => {
+                parse_stoll(text).ok_or_else(|| Refusal::AddNotANumber { key: key.to_vec() })?
+            }
+            None => 0,
+        };
+        // C++ signed overflow wraps in practice; do the same rather than fail.
+        let value = current.wrapping_add(delta);
+        let mut digits = [0u8; 24];
+        let mut cursor = &mut digits[..];
+        // 24 bytes hold any i64 in decimal, so this write cannot fail.
+        let _ = write!(cursor, "{value}");
+        let len = 24 - cursor.len();
+        self.set(key, &digits[..len]);
+        Ok(value)
+    }
+
+    fn wait(&mut self, keys: wire::KeyList<'_>, fx: &mut Effects) {
+        let missing: Vec<&[u8]> = keys.iter().filter(|k| !self.present(k)).collect();
+        if missing.is_empty() {
+            wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
+            return;
+        }
+        let id = self.next_wait_id;
+        self.next_wait_id += 1;
+        let waiter = Waiter {
+            conn: fx.conn,
+            wait_id: id,
+        };
+        for key in &missing {
+            match self.waiters.get_mut(*key) {
+                Some(list) => list.push(waiter),
+                None => {
+                    self.waiters.insert(key.to_vec(), vec![waiter]);
+                }
+            }
+        }
+        self.waits.entry(fx.conn).or_default().push(PendingWait {
+            id,
+            missing: missing.len(),
+            keys: missing.iter().map(|k| k.to_vec()).collect(),
+        });
+    }
+
+    /// A write to `key`: every registration under it counts down (torch's wakeupWaitingClients).
+    fn notify_all(&mut self, key: &[u8], fx: &mut Effects) {
+        if self.waiters.is_empty() {
+            return;
+        }
+        if let Some(list) = self.waiters.remove(key) {
+            for waiter in list {
+                self.count_down(waiter, fx);
+            }
+        }
+    }
+
+    /// A queue push: the oldest live registration under `key` counts down.
+    fn notify_one(&mut self, key: &[u8], fx: &mut Effects) {
+        let Some(list) = self.waiters.get_mut(key) else {
+            return;
+        };
+        let waits = &self.waits;
+        let is_live = |w: &Waiter| {
+            waits
+                .get(&w.conn)
+                .is_some_and(|pending| pending.iter().any(|p| p.id == w.wait_id))
+        };
+        let mut next = None;
+        while !list.is_empty() {
+            let waiter = list.remove(0);
+            if is_live(&waiter) {
+                next = Some(waiter);
+                break;
+            }
+        }
+        if list.is_empty() {
+            self.waiters.remove(key);
+        }
+        if let Some(waiter) = next {
+            self.count_down(waiter, fx);
+        }
+    }
+
+    fn count_down(&mut self, waiter: Waiter, fx: &mut Effects) {
+        let Some(pending) = self.waits.get_mut(&waiter.conn) else {
+            return;
+        };
+        let Some(i) = pending.iter().position(|w| w.id == waiter.wait_id) else {
+            return;
+        };
+        pending[i].missing -= 1;
+        if pending[i].missing > 0 {
+            return;
+        }
+        pending.remove(i);
+        if pending.is_empty() {
+            self.waits.remove(&waiter.conn);
+        }
+        if waiter.conn == fx.conn {
+            wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
+        } else {
+            fx.woken.push(waiter.conn);
+        }
+    }
+
+    fn drop_waits(&mut self, conn: ConnId) {
+        let Some(pending) = self.waits.remove(&conn) else {
+            return;
+        };
+        for wait in pending {
+            for key in wait.keys {
+                if let Some(list) = self.waiters.get_mut(&key) {
+                    list.retain(|w| w.conn != conn);
+                    if list.is_empty() {
+                        self.waiters.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    fn queue_pop(&mut self, key: &[u8], out: &mut Vec<u8>) {
+        let Some(queue) = self.queues.get_mut(key) else {
+            wire::put_i64(out, 0);
+            return;
+        };
+        let len_before = queue.len();
+        let item = queue.pop_front().unwrap_or_default();
+        if queue.is_empty() {
+            self.queues.remove(key);
+        }
+        wire::put_i64(out, len_before as i64);
+        wire::put_blob(out, &item);
+    }
+}
+
+/// Where a request's effects go.
+struct Effects<'a> {
+    conn: ConnId,
+    out: &'a mut Vec<u8>,
+    woken: &'a mut Vec<ConnId>,
+}
+
+/// `std::stoll(s)` (base 10): optional leading whitespace, an optional sign, at least one digit;
+/// anything after the digits is ignored. `None` for no digits or a value outside i64.
+pub(crate) fn parse_stoll(s: &[u8]) -> Option<i64> {
+    let mut i = 0;
+    while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r') {
+        i += 1;
+    }
+    let negative = match s.get(i) {
+        Some(b'-') => {
+            i += 1;
+            true
+        }
+        Some(b'+') => {
+            i += 1;
+            false
+        }
+        _ => false,
+    };
+    let digits_start = i;
+    let mut value: i64 = 0;
+    while let Some(&c) = s.get(i) {
+        if !c.is_ascii_digit() {
+            break;
+        }
+        let digit = i64::from(c - b'0');
+        // Accumulate towards the sign so that i64::MIN is representable.
+        value = if negative {
+            value.checked_mul(10)?.checked_sub(digit)?
+        } else {
+            value.checked_mul(10)?.checked_add(digit)?
+        };
+        i += 1;
+    }
+    (i > digits_start).then_some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::wire::*;
+
+    const A: ConnId = ConnId { slot: 0, gen: 1 };
+    const B: ConnId = ConnId { slot: 1, gen: 2 };
+    const C: ConnId = ConnId { slot: 2, gen: 3 };
+
+    /// Applies one encoded request; returns the reply bytes and the woken connections.
+    fn run(
+        state: &mut StoreState,
+        conn: ConnId,
+        encode: impl FnOnce(&mut Vec<u8>) -> crate::Result<()>,
+    ) -> Result<(Vec<u8>, Vec<ConnId>), Refusal> {
+        let mut frame = Vec::new();
+        encode(&mut frame).unwrap();
+        let (req, used) = parse_request(&frame).unwrap().unwrap();
+        assert_eq!(used, frame.len());
+        let (mut out, mut woken) = (Vec::new(), Vec::new());
+        state.apply(conn, &req, &mut out, &mut woken)?;
+        Ok((out, woken))
+    }
+
+    fn ok(
+        state: &mut StoreState,
+        conn: ConnId,
+        encode: impl FnOnce(&mut Vec<u8>) -> crate::Result<()>,
+    ) -> Vec<u8> {
+        let (out, woken) = run(state, conn, encode).unwrap();
+        assert!(woken.is_empty(), "unexpected wake-ups {woken:?}");
+        out
+    }
+
+    fn blob(bytes: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        put_blob(&mut v, bytes);
+        v
+    }
+
+    fn i64_reply(v: i64) -> Vec<u8> {
+        v.to_le_bytes().to_vec()
+    }
+
+    #[test]
+    fn set_get_delete_num_keys_list() {
+        let mut s = StoreState::default();
+        assert!(ok(&mut s, A, |o| encode_set(o, "/k", "v1")).is_empty());
+        assert_eq!(ok(&mut s, A, |o| encode_get(o, "/k")), blob(b"v1"));
+        assert_eq!(ok(&mut s, A, |o| encode_get(o, "/missing")), blob(b""));
+        ok(&mut s, A, |o| encode_set(o, "init/", "1"));
+        let mut n = Vec::new();
+        assert_eq!(
+            ok(&mut s, A, |o| {
+                encode_get_num_keys(o);
+                Ok(())
+            }),
+            i64_reply(2)
+        );
+        let list = ok(&mut s, A, |o| {
+            encode_list(o);
+            Ok(())
+        });
+        let (mut keys, _) = decode_list(&list).unwrap().unwrap();
+        keys.sort();
+        assert_eq!(keys, vec![&b"/k"[..], b"init/"]);
+        assert_eq!(ok(&mut s, A, |o| encode_delete_key(o, "/k")), i64_reply(1));
+        assert_eq!(ok(&mut s, A, |o| encode_delete_key(o, "/k")), i64_reply(0));
+        n.extend(ok(&mut s, A, |o| {
+            encode_get_num_keys(o);
+            Ok(())
+        }));
+        assert_eq!(n, i64_reply(1));
+    }
+
+    #[test]
+    fn add_follows_stoll_and_stores_decimal_text() {
+        let mut s = StoreState::default();
+        assert_eq!(ok(&mut s, A, |o| encode_add(o, "/n", 3)), i64_reply(3));
+        assert_eq!(ok(&mut s, A, |o| encode_add(o, "/n", -5)), i64_reply(-2));
+        assert_eq!(ok(&mut s, A, |o| encode_get(o, "/n")), blob(b"-2"));
+        ok(&mut s, A, |o| encode_set(o, "/t", " \t+41xyz"));
+        assert_eq!(ok(&mut s, A, |o| encode_add(o, "/t", 1)), i64_reply(42));
+        for bad in ["abc", "", " ", "-", "99999999999999999999"] {
+            ok(&mut s, A, |o| encode_set(o, "/bad", bad));
+            let refusal = run(&mut s, A, |o| encode_add(o, "/bad", 1)).unwrap_err();
+            assert_eq!(
+                refusal,
+                Refusal::AddNotANumber {
+                    key: b"/bad".to_vec()
+                }
+            );
+            assert!(refusal.to_string().contains("/bad"));
+            // The value is left as it was.
+            assert_eq!(
+                ok(&mut s, A, |o| encode_get(o, "/bad")),
+                blob(bad.as_bytes())
+            );
+        }
+    }
+
+    #[test]
+    fn stoll_edge_cases() {
+        assert_eq!(parse_stoll(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_stoll(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_stoll(b"9223372036854775808"), None);
+        assert_eq!(parse_stoll(b"\n\x0b\x0c\r 12 34"), Some(12));
+        assert_eq!(parse_stoll(b"+-1"), None);
+        assert_eq!(parse_stoll(b"0x10"), Some(0));
+        assert_eq!(parse_stoll(b"007"), Some(7));
+    }
+
+    #[test]
+    fn compare_set_branches_match_torch() {
+        let mut s = StoreState::default();
+        // Missing key, empty expected: created.
+        assert_eq!(
+            ok(&mut s, A, |o| encode_compare_set(o, "/a", "", "new")),
+            blob(b"new")
+        );
+        // Exists and differs: current value returned, nothing written.
+        assert_eq!(
+            ok(&mut s, A, |o| encode_compare_set(o, "/a", "bad", "zzz")),
+            blob(b"new")
+        );
+        // Exists and equal: replaced.
+        assert_eq!(
+            ok(&mut s, A, |o| encode_compare_set(o, "/a", "new", "v2")),
+            blob(b"v2")
+        );
+        assert_eq!(ok(&mut s, A, |o| encode_get(o, "/a")), blob(b"v2"));
+        // Missing key, non-empty expected: returns `expected`, creates nothing.
+        assert_eq!(
+            ok(&mut s, A, |o| encode_compare_set(o, "/m", "e", "v1")),
+            blob(b"e")
+        );
+        assert_eq!(
+            ok(&mut s, A, |o| encode_check(o, ["/m"])),
+            vec![CHECK_NOT_READY]
+        );
+    }
+
+    #[test]
+    fn append_check_multi_get_multi_set() {
+        let mut s = StoreState::default();
+        ok(&mut s, A, |o| encode_append(o, "/k", "a"));
+        ok(&mut s, A, |o| encode_append(o, "/k", "+"));
+        assert_eq!(ok(&mut s, A, |o| encode_get(o, "/k")), blob(b"a+"));
+        ok(&mut s, A, |o| {
+            encode_multi_set(o, [("/x", "1"), ("/y", "2")])
+        });
+        assert_eq!(
+            ok(&mut s, A, |o| encode_check(o, ["/x", "/y"])),
+            vec![CHECK_READY]
+        );
+        assert_eq!(
+            ok(&mut s, A, |o| encode_check(o, ["/x", "/z"])),
+            vec![CHECK_NOT_READY]
+        );
+        let mut expect = blob(b"2");
+        expect.extend(blob(b""));
+        expect.extend(blob(b"1"));
+        assert_eq!(
+            ok(&mut s, A, |o| encode_multi_get(o, ["/y", "/z", "/x"])),
+            expect
+        );
+    }
+
+    #[test]
+    fn wait_counts_missing_keys_and_wakes_once() {
+        let mut s = StoreState::default();
+        ok(&mut s, A, |o| encode_set(o, "/have", "1"));
+        assert_eq!(
+            ok(&mut s, B, |o| encode_wait(o, ["/have"])),
+            vec![WAIT_STOP_WAITING]
+        );
+        assert!(ok(&mut s, B, |o| encode_wait(o, ["/have", "/a", "/b"])).is_empty());
+        // One of two missing keys arrives: nothing yet.
+        assert_eq!(
+            run(&mut s, A, |o| encode_set(o, "/a", "x")).unwrap().1,
+            vec![]
+        );
+        // A second write to the same key does not count twice.
+        assert_eq!(
+            run(&mut s, A, |o| encode_append(o, "/a", "y")).unwrap().1,
+            vec![]
+        );
+        let (out, woken) = run(&mut s, A, |o| encode_add(o, "/b", 1)).unwrap();
+        assert_eq!((out, woken), (i64_reply(1), vec![B]));
+        assert_eq!(s.waiting_connections(), 0);
+        // Later writes wake nobody.
+        assert_eq!(
+            run(&mut s, A, |o| encode_set(o, "/b", "2")).unwrap().1,
+            vec![]
+        );
+    }
+
+    #[test]
+    fn every_writing_command_wakes_waiters() {
+        type Enc = Box<dyn Fn(&mut Vec<u8>) -> crate::Result<()>>;
+        let writers: Vec<Enc> = vec![
+            Box::new(|o| encode_set(o, "/w", "v")),
+            Box::new(|o| encode_add(o, "/w", 1)),
+            Box::new(|o| encode_append(o, "/w", "v")),
+            Box::new(|o| encode_multi_set(o, [("/other", "1"), ("/w", "v")])),
+            Box::new(|o| encode_compare_set(o, "/w", "", "v")),
+            Box::new(|o| encode_queue_push(o, "/w", "v")),
+        ];
+        for writer in writers {
+            let mut s = StoreState::default();
+            assert!(ok(&mut s, B, |o| encode_wait(o, ["/w"])).is_empty());
+            let (_, woken) = run(&mut s, A, |o| writer(o)).unwrap();
+            assert_eq!(woken, vec![B]);
+        }
+        // COMPARE_SET that writes nothing wakes nobody.
+        let mut s = StoreState::default();
+        ok(&mut s, B, |o| encode_wait(o, ["/w"]));
+        assert_eq!(
+            run(&mut s, A, |o| encode_compare_set(o, "/w", "x", "v"))
+                .unwrap()
+                .1,
+            vec![]
+        );
+        assert_eq!(s.waiting_connections(), 1);
+    }
+
+    #[test]
+    fn own_write_answers_the_pending_wait_in_stream_order() {
+        let mut s = StoreState::default();
+        assert!(ok(&mut s, A, |o| encode_wait(o, ["/k"])).is_empty());
+        // The wake-up byte comes before ADD's own reply, as torch writes it.
+        let (out, woken) = run(&mut s, A, |o| encode_add(o, "/k", 7)).unwrap();
+        assert!(woken.is_empty());
+        let mut expect = vec![WAIT_STOP_WAITING];
+        expect.extend(i64_reply(7));
+        assert_eq!(out, expect);
+    }
+
+    #[test]
+    fn cancel_wait_always_answers_and_drops_registrations() {
+        let mut s = StoreState::default();
+        let cancel = |o: &mut Vec<u8>| {
+            encode_cancel_wait(o);
+            Ok(())
+        };
+        assert_eq!(ok(&mut s, A, cancel), vec![WAIT_CANCELED]);
+        ok(&mut s, A, |o| encode_wait(o, ["/never", "/k"]));
+        assert_eq!(ok(&mut s, A, cancel), vec![WAIT_CANCELED]);
+        assert_eq!(s.waiting_connections(), 0);
+        assert!(s.waiters.is_empty());
+        assert_eq!(
+            run(&mut s, B, |o| encode_set(o, "/k", "v")).unwrap().1,
+            vec![]
+        );
+    }
+
+    #[test]
+    fn disconnect_drops_only_that_connections_waits() {
+        let mut s = StoreState::default();
+        ok(&mut s, A, |o| encode_wait(o, ["/k"]));
+        ok(&mut s, B, |o| encode_wait(o, ["/k"]));
+        s.drop_connection(A);
+        let (_, woken) = run(&mut s, C, |o| encode_set(o, "/k", "v")).unwrap();
+        assert_eq!(woken, vec![B]);
+    }
+
+    #[test]
+    fn queues_are_fifo_and_push_wakes_one_waiter() {
+        let mut s = StoreState::default();
+        let mut empty_pop = Vec::new();
+        put_i64(&mut empty_pop, 0);
+        assert_eq!(ok(&mut s, A, |o| encode_queue_pop(o, "/q")), empty_pop);
+        assert_eq!(ok(&mut s, A, |o| encode_queue_len(o, "/q")), i64_reply(0));
+        ok(&mut s, B, |o| encode_wait(o, ["/q"]));
+        ok(&mut s, C, |o| encode_wait(o, ["/q"]));
+        assert_eq!(
+            run(&mut s, A, |o| encode_queue_push(o, "/q", "1"))
+                .unwrap()
+                .1,
+            vec![B]
+        );
+        assert_eq!(
+            run(&mut s, A, |o| encode_queue_push(o, "/q", "2"))
+                .unwrap()
+                .1,
+            vec![C]
+        );
+        // A non-empty queue satisfies CHECK and WAIT but is not a KV key.
+        assert_eq!(
+            ok(&mut s, A, |o| encode_check(o, ["/q"])),
+            vec![CHECK_READY]
+        );
+        assert_eq!(
+            ok(&mut s, A, |o| encode_wait(o, ["/q"])),
+            vec![WAIT_STOP_WAITING]
+        );
+        assert_eq!(s.num_keys(), 0);
+        assert_eq!(ok(&mut s, A, |o| encode_get(o, "/q")), blob(b""));
+        assert_eq!(ok(&mut s, A, |o| encode_queue_len(o, "/q")), i64_reply(2));
+        let mut first = i64_reply(2);
+        first.extend(blob(b"1"));
+        assert_eq!(ok(&mut s, A, |o| encode_queue_pop(o, "/q")), first);
+        let mut second = i64_reply(1);
+        second.extend(blob(b"2"));
+        assert_eq!(ok(&mut s, A, |o| encode_queue_pop(o, "/q")), second);
+        assert_eq!(
+            ok(&mut s, A, |o| encode_check(o, ["/q"])),
+            vec![CHECK_NOT_READY]
+        );
+    }
+
+    #[test]
+    fn validate_and_ping() {
+        let mut s = StoreState::default();
+        assert!(ok(&mut s, A, |o| {
+            encode_validate(o);
+            Ok(())
+        })
+        .is_empty());
+        assert_eq!(
+            ok(&mut s, A, |o| {
+                encode_ping(o, 476);
+                Ok(())
+            }),
+            476u32.to_le_bytes().to_vec()
+        );
+        let bad = Request::Validate { magic: 1 };
+        let refusal = s
+            .apply(A, &bad, &mut Vec::new(), &mut Vec::new())
+            .unwrap_err();
+        assert_eq!(refusal, Refusal::BadMagic(1));
+    }
+}

@@ -1,0 +1,300 @@
+//! The `nvfipc` binary as users run it: `serve`, `launch`, help and usage errors.
+
+use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
+use nvfuser_ipc::store::Store;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const NVFIPC: &str = env!("CARGO_BIN_EXE_nvfipc");
+
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+fn collect(mut source: impl Read + Send + 'static) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = source.read_to_string(&mut text);
+        text
+    })
+}
+
+/// Waits for `child` at most `limit`; kills it and fails the test past that.
+fn wait_bounded(mut child: Child, limit: Duration) -> Finished {
+    let start = Instant::now();
+    // A caller may already read stdout itself.
+    let out = child.stdout.take().map(collect);
+    let err = child.stderr.take().map(collect);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("nvfipc did not finish within {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = start.elapsed();
+    Finished {
+        status,
+        stdout: out.map(|h| h.join().unwrap()).unwrap_or_default(),
+        stderr: err.map(|h| h.join().unwrap()).unwrap_or_default(),
+        elapsed,
+    }
+}
+
+fn nvfipc(args: &[&str], limit: Duration) -> Finished {
+    let child = Command::new(NVFIPC)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nvfipc");
+    wait_bounded(child, limit)
+}
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn help_and_usage_errors() {
+    for args in [&["--help"][..], &["help"], &["-h"]] {
+        let run = nvfipc(args, LIMIT);
+        assert_eq!(run.status.code(), Some(0), "{args:?}");
+        assert!(run.stdout.contains("Usage:"), "{}", run.stdout);
+        assert!(run.stdout.contains("nvfipc launch -n N"), "{}", run.stdout);
+    }
+    for (args, needle) in [
+        (&[][..], "missing command"),
+        (&["frobnicate"], "unknown command \"frobnicate\""),
+        (
+            &["serve", "--port", "x"],
+            "option --port: \"x\" is not a port",
+        ),
+        (&["serve", "--bogus"], "unknown option \"--bogus\""),
+        (&["launch", "--", "true"], "-n N is required"),
+        (&["launch", "-n", "2"], "no command given"),
+        (&["barrier-test"], "--rounds R is required"),
+    ] {
+        let run = nvfipc(args, LIMIT);
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains(needle), "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains("nvfipc --help"), "{}", run.stderr);
+    }
+}
+
+/// Starts `nvfipc serve` on an ephemeral port; returns the child and the port it printed.
+fn start_server() -> (Child, u16, thread::JoinHandle<Vec<String>>) {
+    let mut child = Command::new(NVFIPC)
+        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nvfipc serve");
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let rest = thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(first)) = lines.next() {
+            let _ = tx.send(first);
+        }
+        lines.map_while(|l| l.ok()).collect::<Vec<_>>()
+    });
+    let line = rx
+        .recv_timeout(LIMIT)
+        .expect("serve printed no line in time");
+    let addr = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    assert_eq!(host, "127.0.0.1");
+    let port: u16 = port.parse().unwrap();
+    assert_ne!(port, 0);
+    (child, port, rest)
+}
+
+fn stop_with(child: Child, signal: libc::c_int) -> Finished {
+    // SAFETY: kill(2) takes no pointers; the child is not reaped yet, so its pid is still ours.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, signal);
+    }
+    wait_bounded(child, LIMIT)
+}
+
+#[test]
+fn serve_prints_its_address_serves_and_stops_on_sigterm() {
+    let (child, port, rest) = start_server();
+    let store = TcpStore::connect(
+        "127.0.0.1",
+        port,
+        &ConnectOptions::with_timeout(Duration::from_secs(10)),
+    )
+    .unwrap();
+    store.set("greeting", b"hello").unwrap();
+    assert_eq!(
+        store.get("greeting", Duration::from_secs(5)).unwrap(),
+        b"hello"
+    );
+    drop(store);
+    let run = stop_with(child, libc::SIGTERM);
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+    // Exactly one line on stdout.
+    assert!(rest.join().unwrap().is_empty());
+}
+
+#[test]
+fn serve_stops_on_sigint_with_a_client_connected() {
+    let (child, port, _rest) = start_server();
+    let store = TcpStore::connect(
+        "127.0.0.1",
+        port,
+        &ConnectOptions::with_timeout(Duration::from_secs(10)),
+    )
+    .unwrap();
+    store.set("k", b"v").unwrap();
+    let run = stop_with(child, libc::SIGINT);
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert!(store.get("k", Duration::from_secs(2)).is_err());
+}
+
+#[test]
+fn serve_reports_a_busy_port() {
+    let (child, port, _rest) = start_server();
+    let run = nvfipc(
+        &["serve", "--host", "127.0.0.1", "--port", &port.to_string()],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(1));
+    assert!(run.stderr.contains(&port.to_string()), "{}", run.stderr);
+    stop_with(child, libc::SIGTERM);
+}
+
+#[test]
+fn launch_sets_the_environment_and_prefixes_output() {
+    let script = r#"echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $WORLD_RANK $WORLD_LOCAL_RANK $WORLD_LOCAL_SIZE $MASTER_ADDR $MASTER_PORT $NVFIPC_STORE_ADDR ${OMPI_COMM_WORLD_RANK:-unset}"; printf 'to stderr\nno newline' >&2"#;
+    let child = Command::new(NVFIPC)
+        .args(["launch", "-n", "3", "--", "sh", "-c", script])
+        .env("OMPI_COMM_WORLD_RANK", "9")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = wait_bounded(child, LIMIT);
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    let mut lines: Vec<&str> = run.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 3, "{}", run.stdout);
+    let port = lines[0].split(' ').nth(10).unwrap();
+    assert!(port.parse::<u16>().unwrap() > 0);
+    for (r, line) in lines.iter().enumerate() {
+        assert_eq!(
+            *line,
+            format!("[rank {r}] {r} 3 {r} 3 {r} {r} 3 127.0.0.1 {port} 127.0.0.1:{port} unset")
+        );
+        assert!(
+            run.stderr.contains(&format!("[rank {r}] to stderr\n")),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains(&format!("[rank {r}] no newline\n")),
+            "{}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn launch_propagates_the_first_failure_and_stops_the_rest() {
+    let run = nvfipc(
+        &[
+            "launch",
+            "-n",
+            "4",
+            "--",
+            "sh",
+            "-c",
+            r#"if [ "$RANK" = 2 ]; then sleep 0.2; exit 7; fi; sleep 60"#,
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(7), "{}", run.stderr);
+    assert!(run.stderr.contains("rank 2 failed"), "{}", run.stderr);
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+#[test]
+fn launch_reports_a_signal_as_128_plus_its_number() {
+    let run = nvfipc(
+        &[
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            r#"if [ "$RANK" = 0 ]; then kill -9 $$; fi; sleep 60"#,
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(137), "{}", run.stderr);
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+#[test]
+fn launch_kills_ranks_that_ignore_sigterm_after_the_grace_period() {
+    let run = nvfipc(
+        &[
+            "launch",
+            "-n",
+            "3",
+            "--kill-grace-ms",
+            "300",
+            "--",
+            "sh",
+            "-c",
+            r#"trap '' TERM; if [ "$RANK" = 1 ]; then sleep 0.2; exit 3; fi; sleep 60"#,
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+#[test]
+fn launch_stops_everything_on_sigterm() {
+    let child = Command::new(NVFIPC)
+        .args(["launch", "-n", "2", "--", "sleep", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let run = stop_with(child, libc::SIGTERM);
+    assert_eq!(
+        run.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        run.stderr
+    );
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+#[test]
+fn launch_of_a_missing_command_exits_127() {
+    let run = nvfipc(&["launch", "-n", "2", "--", "/nonexistent/cmd"], LIMIT);
+    assert_eq!(run.status.code(), Some(127), "{}", run.stderr);
+    assert!(run.stderr.contains("cannot start rank 0"), "{}", run.stderr);
+}

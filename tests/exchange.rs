@@ -1,0 +1,547 @@
+//! The exchange protocol across real processes over the host transport.
+//!
+//! Each test starts a store server in the test process and re-executes this test binary once per
+//! rank, running the ignored `child` test with the scenario, rank, world size, port and job id in
+//! the environment. After the ranks exit, the test checks that the job left nothing in /dev/shm.
+
+use nvfuser_ipc::error::Status;
+use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, P2pHandles, Request};
+use nvfuser_ipc::host::{self, p2p, HostBuffer};
+use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
+use nvfuser_ipc::store::server::StoreServer;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "NVFIPC_EXCHANGE_CHILD";
+const T: Duration = Duration::from_secs(20);
+
+// ------------------------------------------------------------------------------------------------
+// Parent side
+// ------------------------------------------------------------------------------------------------
+
+fn job_id(scenario: &str) -> String {
+    // Short and name-safe so that it is used verbatim in shm names.
+    let tag: String = scenario
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(6)
+        .collect();
+    format!("x{tag}{}", std::process::id() % 100_000)
+}
+
+fn shm_entries(job: &str) -> Vec<String> {
+    let prefix = host::alloc::job_prefix(job);
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `scenario` on `world` processes; returns each rank's (exit success, stdout+stderr).
+fn run_ranks(scenario: &str, world: usize) -> Vec<(bool, String)> {
+    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    let job = job_id(scenario);
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut children: Vec<Child> = (0..world)
+        .map(|rank| {
+            Command::new(&exe)
+                .args([
+                    "--ignored",
+                    "--exact",
+                    "child",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(ROLE, scenario)
+                .env("NVFIPC_T_RANK", rank.to_string())
+                .env("NVFIPC_T_WORLD", world.to_string())
+                .env("NVFIPC_T_PORT", server.port().to_string())
+                .env("NVFIPC_T_JOB", &job)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn rank")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(50);
+    let mut status = vec![None; world];
+    while status.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (i, c) in children.iter_mut().enumerate() {
+            if status[i].is_none() {
+                status[i] = c.try_wait().expect("try_wait");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let results: Vec<(bool, String)> = children
+        .iter_mut()
+        .zip(&status)
+        .map(|(c, s)| {
+            let ok = match s {
+                Some(s) => s.success(),
+                None => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    false
+                }
+            };
+            let mut out = String::new();
+            if let Some(mut o) = c.stdout.take() {
+                let _ = o.read_to_string(&mut out);
+            }
+            if let Some(mut e) = c.stderr.take() {
+                let _ = e.read_to_string(&mut out);
+            }
+            (ok, out)
+        })
+        .collect();
+    server.shutdown();
+    let left = shm_entries(&job);
+    assert!(
+        left.is_empty(),
+        "{scenario}: leaked /dev/shm entries: {left:?}"
+    );
+    results
+}
+
+fn assert_all_ok(scenario: &str, world: usize) {
+    for (rank, (ok, out)) in run_ranks(scenario, world).into_iter().enumerate() {
+        assert!(ok, "{scenario}: rank {rank} failed:\n{out}");
+    }
+}
+
+#[test]
+fn seed_race_reexport_every_step() {
+    assert_all_ok("seed_race", 2);
+}
+
+#[test]
+fn several_requests_per_pair_in_differently_ordered_batches() {
+    assert_all_ok("batch", 2);
+}
+
+#[test]
+fn ring_of_8() {
+    assert_all_ok("ring", 8);
+}
+
+#[test]
+fn all_to_all_of_8() {
+    assert_all_ok("all_to_all", 8);
+}
+
+#[test]
+fn asymmetric_miss_moves_data_to_the_current_buffers() {
+    assert_all_ok("asymmetric", 2);
+}
+
+#[test]
+fn missing_peer_times_out_and_leaks_nothing() {
+    assert_all_ok("timeout", 2);
+}
+
+#[test]
+fn one_cache_from_several_threads() {
+    assert_all_ok("threads", 2);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Rank side
+// ------------------------------------------------------------------------------------------------
+
+struct Rank {
+    rank: usize,
+    world: usize,
+    job: String,
+    cache: HandleCache,
+}
+
+fn env_usize(name: &str) -> usize {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} unset"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} not a number"))
+}
+
+impl Rank {
+    fn from_env() -> Rank {
+        let rank = env_usize("NVFIPC_T_RANK");
+        let world = env_usize("NVFIPC_T_WORLD");
+        let port = env_usize("NVFIPC_T_PORT") as u16;
+        let job = std::env::var("NVFIPC_T_JOB").expect("job id");
+        let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(T))
+            .expect("connect to the store");
+        host::alloc::set_default_job(&job);
+        let cache = HandleCache::new(CacheConfig {
+            rank,
+            world_size: world,
+            store: Arc::new(store),
+            job_id: job.clone(),
+            scope: String::new(),
+            timeout: T,
+        })
+        .expect("cache");
+        Rank {
+            rank,
+            world,
+            job,
+            cache,
+        }
+    }
+
+    fn next(&self) -> usize {
+        (self.rank + 1) % self.world
+    }
+
+    fn prev(&self) -> usize {
+        (self.rank + self.world - 1) % self.world
+    }
+
+    /// Ends the rank: tears the cache down and checks the open/close balance.
+    fn finish(self) {
+        let transport = self.cache.transport(MemKind::Host).unwrap().clone();
+        let stats = self.cache.close();
+        assert_eq!(stats.opens, stats.closes, "rank {}: {stats:?}", self.rank);
+        assert_eq!(transport.live_mappings(), 0);
+    }
+}
+
+fn filled(len: u64, value: u8) -> HostBuffer {
+    let b = host::alloc(len).expect("host alloc");
+    b.write(0, &vec![value; len as usize]).unwrap();
+    b
+}
+
+fn first_byte(b: &HostBuffer) -> u8 {
+    let mut x = [0u8; 1];
+    b.read(0, &mut x).unwrap();
+    x[0]
+}
+
+fn peer_bytes(h: &P2pHandles, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    assert!(n as u64 <= h.peer_bytes);
+    // SAFETY: peer_ptr maps at least peer_bytes readable bytes of the peer's live buffer.
+    unsafe { std::ptr::copy_nonoverlapping(h.peer_ptr as *const u8, out.as_mut_ptr(), n) };
+    out
+}
+
+/// A pseudo-random sleep of 0-2 ms (deterministic per rank and step).
+fn jitter(rank: usize, step: usize) {
+    let us = ((rank * 7919 + step * 104_729) % 2000) as u64;
+    std::thread::sleep(Duration::from_micros(us));
+}
+
+#[test]
+#[ignore = "a rank process started by the tests above"]
+fn child() {
+    let Ok(scenario) = std::env::var(ROLE) else {
+        return;
+    };
+    let r = Rank::from_env();
+    match scenario.as_str() {
+        "seed_race" => seed_race(r),
+        "batch" => batch(r),
+        "ring" => ring(r),
+        "all_to_all" => all_to_all(r),
+        "asymmetric" => asymmetric(r),
+        "timeout" => timeout(r),
+        "threads" => threads(r),
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+/// Rank 0 sends from a new buffer at every step (re-exporting before rank 1 has necessarily read
+/// the previous record); rank 1 receives with jitter. Every transfer must carry that step's data.
+fn seed_race(r: Rank) {
+    const STEPS: usize = 12;
+    let recv_buf = filled(256, 0);
+    let mut keep = Vec::new();
+    for step in 0..STEPS {
+        jitter(r.rank, step);
+        if r.rank == 0 {
+            let b = filled(256, step as u8 + 1);
+            let req = Request::send(1, "seed", b.addr(), 256, MemKind::Host);
+            r.cache.exchange_handles(&[req.clone()]).unwrap();
+            let h = r.cache.get(&req).unwrap();
+            p2p::send_post(&h).unwrap();
+            p2p::send_wait(&h, T).unwrap();
+            keep.push(b); // the buffer stays alive, so each step is a genuinely new allocation
+        } else {
+            let req = Request::recv(0, "seed", recv_buf.addr(), 256, MemKind::Host);
+            r.cache.exchange_handles(&[req.clone()]).unwrap();
+            let h = r.cache.get(&req).unwrap();
+            p2p::recv_post(&h, 256, T).unwrap();
+            assert_eq!(first_byte(&recv_buf), step as u8 + 1, "step {step}");
+        }
+    }
+    let s = r.cache.stats();
+    if r.rank == 0 {
+        assert_eq!(s.records_sent, STEPS as u64);
+    } else {
+        assert_eq!(s.records_received, STEPS as u64);
+    }
+    assert_eq!(s.misses, STEPS as u64);
+    r.finish();
+}
+
+/// Several requests between ranks 0 and 1 in one batch: both directions, a tag used twice per
+/// direction, and rank 1 listing them in another order (repeats keep their relative order, which
+/// is what pairs the k-th SEND of a tag with the peer's k-th RECV of it).
+fn batch(r: Rank) {
+    let peer = 1 - r.rank;
+    let bufs: Vec<HostBuffer> = (0..6)
+        .map(|i| filled(64, (r.rank * 10 + i) as u8))
+        .collect();
+    let plan = [
+        (true, "dup"),
+        (true, "dup"),
+        (true, "other"),
+        (false, "dup"),
+        (false, "dup"),
+        (false, "other"),
+    ];
+    let req = |i: usize| {
+        let (send, tag) = plan[i];
+        if send {
+            Request::send(peer, tag, bufs[i].addr(), 64, MemKind::Host)
+        } else {
+            Request::recv(peer, tag, bufs[i].addr(), 64, MemKind::Host)
+        }
+    };
+    let order: Vec<usize> = if r.rank == 0 {
+        (0..6).collect()
+    } else {
+        vec![5, 3, 2, 0, 4, 1]
+    };
+    let reqs: Vec<Request> = order.iter().map(|&i| req(i)).collect();
+    for round in 0..3 {
+        let before = r.cache.stats();
+        r.cache.exchange_handles(&reqs).unwrap();
+        let after = r.cache.stats();
+        let trips = after.store_round_trips - before.store_round_trips;
+        if round == 0 {
+            assert_eq!(
+                trips, 2,
+                "a miss batch takes one multi_set and one multi_get"
+            );
+            assert_eq!(after.records_sent, 6);
+        } else {
+            assert_eq!(trips, 0, "round {round}: all hits");
+            assert_eq!(after.hits - before.hits, 6);
+        }
+    }
+    // My buffer i is paired with the peer's buffer `partner[i]`, whose first byte is
+    // peer * 10 + partner[i].
+    let partner = [3, 4, 5, 0, 1, 2];
+    for (i, &j) in partner.iter().enumerate() {
+        let h = r.cache.get(&req(i)).unwrap();
+        assert_eq!(peer_bytes(&h, 1)[0], (peer * 10 + j) as u8, "request {i}");
+    }
+    r.finish();
+}
+
+/// Each rank sends to the next and receives from the previous, moving data with the host
+/// primitives; repeated steps are hits with zero store traffic.
+fn ring(r: Rank) {
+    let send = filled(4096, 0);
+    let recv = filled(4096, 0);
+    let reqs = [
+        Request::send(r.next(), "ring", send.addr(), 4096, MemKind::Host),
+        Request::recv(r.prev(), "ring", recv.addr(), 4096, MemKind::Host),
+    ];
+    for step in 0..5u8 {
+        send.write(0, &[r.rank as u8 * 16 + step; 4096]).unwrap();
+        let before = r.cache.stats();
+        r.cache.exchange_handles(&reqs).unwrap();
+        let after = r.cache.stats();
+        if step > 0 {
+            assert_eq!(after.store_round_trips, before.store_round_trips);
+            assert_eq!(after.hits - before.hits, 2);
+        }
+        let hs = r.cache.get(&reqs[0]).unwrap();
+        let hr = r.cache.get(&reqs[1]).unwrap();
+        p2p::send_post(&hs).unwrap();
+        p2p::recv_post(&hr, 4096, T).unwrap();
+        p2p::send_wait(&hs, T).unwrap();
+        let mut got = vec![0u8; 4096];
+        recv.read(0, &mut got).unwrap();
+        let want = r.prev() as u8 * 16 + step;
+        assert!(got.iter().all(|&b| b == want), "step {step}");
+    }
+    r.finish();
+}
+
+/// Every rank sends a buffer to and receives one from every other rank, in one batch.
+fn all_to_all(r: Rank) {
+    let mut bufs = Vec::new();
+    let mut reqs = Vec::new();
+    for p in (0..r.world).filter(|&p| p != r.rank) {
+        let s = filled(128, (r.rank * 8 + p) as u8);
+        let d = filled(128, 0);
+        reqs.push(Request::send(p, "a2a", s.addr(), 128, MemKind::Host));
+        reqs.push(Request::recv(p, "a2a", d.addr(), 128, MemKind::Host));
+        bufs.push((p, s, d));
+    }
+    // Rotate the batch per rank so request orders differ.
+    let n = reqs.len();
+    reqs.rotate_left(r.rank % n);
+    r.cache.exchange_handles(&reqs).unwrap();
+    let s = r.cache.stats();
+    assert!(s.store_round_trips <= 2, "{s:?}");
+    for (p, sbuf, dbuf) in &bufs {
+        let hs = r
+            .cache
+            .get(&Request::send(*p, "a2a", sbuf.addr(), 128, MemKind::Host))
+            .unwrap();
+        let hr = r
+            .cache
+            .get(&Request::recv(*p, "a2a", dbuf.addr(), 128, MemKind::Host))
+            .unwrap();
+        // The peer's recv buffer is still zero; its send buffer holds p*8 + me.
+        assert_eq!(peer_bytes(&hs, 128), vec![0u8; 128]);
+        assert_eq!(peer_bytes(&hr, 128), vec![(p * 8 + r.rank) as u8; 128]);
+    }
+    r.cache.exchange_handles(&reqs).unwrap();
+    assert_eq!(r.cache.stats().store_round_trips, s.store_round_trips);
+    r.finish();
+}
+
+/// Rank 0 changes its buffers every other step, rank 1 never does. Each step moves data both ways
+/// with the host primitives into the current buffers.
+fn asymmetric(r: Rank) {
+    let peer = 1 - r.rank;
+    let fixed_send = filled(512, 0);
+    let fixed_recv = filled(512, 0);
+    let mut pool = Vec::new();
+    for step in 0..8usize {
+        let (send, recv) = if r.rank == 0 {
+            if step % 2 == 0 {
+                pool.push((filled(512, 0), filled(512, 0)));
+            }
+            let (s, d) = pool.last().unwrap();
+            (s, d)
+        } else {
+            (&fixed_send, &fixed_recv)
+        };
+        let value = (step * 2 + r.rank + 1) as u8;
+        send.write(0, &[value; 512]).unwrap();
+        let reqs = [
+            Request::send(peer, "fwd", send.addr(), 512, MemKind::Host),
+            Request::recv(peer, "fwd", recv.addr(), 512, MemKind::Host),
+        ];
+        let before = r.cache.stats();
+        jitter(r.rank, step);
+        r.cache.exchange_handles(&reqs).unwrap();
+        let trips = r.cache.stats().store_round_trips - before.store_round_trips;
+        let expected = match step {
+            0 => 2,
+            s if s % 2 == 0 => 1, // rank 0 publishes, rank 1 fetches
+            _ => 0,
+        };
+        assert_eq!(trips, expected, "rank {} step {step}", r.rank);
+        let hs = r.cache.get(&reqs[0]).unwrap();
+        let hr = r.cache.get(&reqs[1]).unwrap();
+        p2p::send_post(&hs).unwrap();
+        p2p::recv_post(&hr, 512, T).unwrap();
+        p2p::send_wait(&hs, T).unwrap();
+        let want = (step * 2 + peer + 1) as u8;
+        let mut got = vec![0u8; 512];
+        recv.read(0, &mut got).unwrap();
+        assert!(
+            got.iter().all(|&b| b == want),
+            "rank {} step {step}",
+            r.rank
+        );
+    }
+    r.finish();
+}
+
+/// Rank 1 never joins channel "late"; rank 0 must time out quickly with a precise message and
+/// leak nothing. Rank 1 then joins channel "other" to show the peer-present message.
+fn timeout(r: Rank) {
+    let b = filled(64, 1);
+    if r.rank == 0 {
+        let req = Request::send(1, "late", b.addr(), 64, MemKind::Host);
+        let start = Instant::now();
+        let err = r
+            .cache
+            .exchange_handles_timeout(&[req], Duration::from_millis(300))
+            .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert_eq!(err.status, Status::Timeout, "{err}");
+        for needle in ["rank 0", "peer rank 1", "\"late\"", "step 1", "board entry"] {
+            assert!(err.message.contains(needle), "missing {needle:?}: {err}");
+        }
+        let b2 = filled(64, 2);
+        let req = Request::recv(1, "other", b2.addr(), 64, MemKind::Host);
+        let err = r
+            .cache
+            .exchange_handles_timeout(&[req], Duration::from_millis(300))
+            .unwrap_err();
+        assert_eq!(err.status, Status::Timeout, "{err}");
+        // Rank 1 sends on "other" only after a sync through the store, so either message is
+        // possible here; both name the board entry of the peer.
+        assert!(err.message.contains("-b1"), "{err}");
+        drop(b2);
+    }
+    let job_done_key = format!("{}/timeout-done", r.job);
+    let store = TcpStore::connect(
+        "127.0.0.1",
+        env_usize("NVFIPC_T_PORT") as u16,
+        &ConnectOptions::with_timeout(T),
+    )
+    .unwrap();
+    use nvfuser_ipc::store::Store;
+    if r.rank == 0 {
+        store.set(&job_done_key, b"1").unwrap();
+    } else {
+        store.get(&job_done_key, T).unwrap();
+    }
+    drop(b);
+    r.finish();
+}
+
+/// Four threads per rank, each with its own tag, exchange and transfer concurrently on one cache.
+fn threads(r: Rank) {
+    let peer = 1 - r.rank;
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let cache = &r.cache;
+            s.spawn(move || {
+                let send = filled(256, 0);
+                let recv = filled(256, 0);
+                let tag = format!("thread{t}");
+                let reqs = [
+                    Request::send(peer, tag.clone(), send.addr(), 256, MemKind::Host),
+                    Request::recv(peer, tag, recv.addr(), 256, MemKind::Host),
+                ];
+                for step in 0..20usize {
+                    let v = (r.rank * 100 + t * 20 + step) as u8;
+                    send.write(0, &[v; 256]).unwrap();
+                    cache.exchange_handles(&reqs).unwrap();
+                    let hs = cache.get(&reqs[0]).unwrap();
+                    let hr = cache.get(&reqs[1]).unwrap();
+                    p2p::send_post(&hs).unwrap();
+                    p2p::recv_post(&hr, 256, T).unwrap();
+                    p2p::send_wait(&hs, T).unwrap();
+                    let want = (peer * 100 + t * 20 + step) as u8;
+                    assert_eq!(first_byte(&recv), want, "thread {t} step {step}");
+                }
+            });
+        }
+    });
+    let s = r.cache.stats();
+    assert_eq!(s.exchanges, 80);
+    assert_eq!(
+        s.misses, 8,
+        "only the first step of each thread misses: {s:?}"
+    );
+    r.finish();
+}

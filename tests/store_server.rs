@@ -1,0 +1,711 @@
+//! The embedded TCPStore server over real sockets, driven with hand-built frames (independent of
+//! the crate's own codec), including misbehaving clients and 1024 concurrent ones.
+
+use nvfuser_ipc::store::server::{ServerOptions, StoreServer};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+// ----------------------------------------------------------------------------------------------
+// Frame building, written out by hand from the protocol description.
+
+const VALIDATE: u8 = 0;
+const SET: u8 = 1;
+const COMPARE_SET: u8 = 2;
+const GET: u8 = 3;
+const ADD: u8 = 4;
+const CHECK: u8 = 5;
+const WAIT: u8 = 6;
+const GETNUMKEYS: u8 = 7;
+const DELETE_KEY: u8 = 8;
+const APPEND: u8 = 9;
+const MULTI_GET: u8 = 10;
+const MULTI_SET: u8 = 11;
+const CANCEL_WAIT: u8 = 12;
+const PING: u8 = 13;
+const QUEUE_PUSH: u8 = 14;
+const QUEUE_POP: u8 = 15;
+const QUEUE_LEN: u8 = 16;
+const LIST: u8 = 17;
+const MAGIC: [u8; 4] = [0xCE, 0xF7, 0x85, 0x3C];
+
+#[derive(Default)]
+struct Frame(Vec<u8>);
+
+impl Frame {
+    fn cmd(c: u8) -> Frame {
+        Frame(vec![c])
+    }
+    fn u64(mut self, v: u64) -> Frame {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn i64(self, v: i64) -> Frame {
+        self.u64(v as u64)
+    }
+    fn raw(mut self, b: &[u8]) -> Frame {
+        self.0.extend_from_slice(b);
+        self
+    }
+    fn blob(self, b: &[u8]) -> Frame {
+        self.u64(b.len() as u64).raw(b)
+    }
+    fn keys(self, keys: &[&[u8]]) -> Frame {
+        keys.iter()
+            .fold(self.u64(keys.len() as u64), |f, k| f.blob(k))
+    }
+}
+
+fn blob_reply(b: &[u8]) -> Vec<u8> {
+    Frame::default().blob(b).0
+}
+
+fn validate_frame() -> Vec<u8> {
+    Frame::cmd(VALIDATE).raw(&MAGIC).0
+}
+
+// ----------------------------------------------------------------------------------------------
+// A minimal blocking client.
+
+struct Client {
+    s: TcpStream,
+}
+
+impl Client {
+    /// Connects without saying anything.
+    fn raw(port: u16) -> Client {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the store server");
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.set_nodelay(true).unwrap();
+        Client { s }
+    }
+
+    /// Connects and completes the handshake (VALIDATE, then PING like torch's client).
+    fn connect(port: u16) -> Client {
+        let mut c = Client::raw(port);
+        c.send(&validate_frame());
+        assert_eq!(c.ping(0xC0FFEE), 0xC0FFEE);
+        c
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).expect("send to the store server");
+    }
+
+    fn recv(&mut self, n: usize) -> Vec<u8> {
+        let mut b = vec![0u8; n];
+        self.s
+            .read_exact(&mut b)
+            .expect("reply from the store server");
+        b
+    }
+
+    fn recv_i64(&mut self) -> i64 {
+        i64::from_le_bytes(self.recv(8).try_into().unwrap())
+    }
+
+    fn recv_blob(&mut self) -> Vec<u8> {
+        let len = self.recv_i64() as usize;
+        self.recv(len)
+    }
+
+    fn ping(&mut self, nonce: u32) -> u32 {
+        self.send(&Frame::cmd(PING).raw(&nonce.to_le_bytes()).0);
+        u32::from_le_bytes(self.recv(4).try_into().unwrap())
+    }
+
+    fn set(&mut self, k: &[u8], v: &[u8]) {
+        self.send(&Frame::cmd(SET).blob(k).blob(v).0);
+    }
+
+    fn get(&mut self, k: &[u8]) -> Vec<u8> {
+        self.send(&Frame::cmd(GET).blob(k).0);
+        self.recv_blob()
+    }
+
+    fn add(&mut self, k: &[u8], d: i64) -> i64 {
+        self.send(&Frame::cmd(ADD).blob(k).i64(d).0);
+        self.recv_i64()
+    }
+
+    fn check(&mut self, keys: &[&[u8]]) -> u8 {
+        self.send(&Frame::cmd(CHECK).keys(keys).0);
+        self.recv(1)[0]
+    }
+
+    /// Asserts the server closes this connection (EOF or reset) within the I/O timeout, without
+    /// sending anything first.
+    fn expect_closed(&mut self) {
+        let mut buf = [0u8; 256];
+        let start = Instant::now();
+        loop {
+            match self.s.read(&mut buf) {
+                Ok(0) => return,
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => panic!(
+                    "expected the server to close the connection, got {e} after {:?}",
+                    start.elapsed()
+                ),
+            }
+        }
+    }
+
+    /// Asserts nothing arrives within `d`.
+    fn expect_silence(&mut self, d: Duration) {
+        self.s.set_read_timeout(Some(d)).unwrap();
+        let mut b = [0u8; 1];
+        match self.s.read(&mut b) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            other => panic!("expected no reply, got {other:?} {b:?}"),
+        }
+        self.s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    }
+}
+
+fn server() -> StoreServer {
+    StoreServer::bind("127.0.0.1", 0).expect("bind the store server")
+}
+
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// After a misbehaving client: the store still answers and still holds `/keep`.
+fn assert_still_serving(port: u16) {
+    let mut c = Client::connect(port);
+    assert_eq!(c.get(b"/keep"), b"kept");
+    c.set(b"/after", b"ok");
+    assert_eq!(c.get(b"/after"), b"ok");
+}
+
+fn server_with_data() -> (StoreServer, Client) {
+    let srv = server();
+    let mut c = Client::connect(srv.port());
+    c.set(b"/keep", b"kept");
+    assert_eq!(c.get(b"/keep"), b"kept");
+    (srv, c)
+}
+
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn every_command_answers_like_torch() {
+    let srv = server();
+    let mut c = Client::connect(srv.port());
+
+    c.set(b"/k", b"v1");
+    assert_eq!(c.get(b"/k"), b"v1");
+    assert_eq!(c.get(b"/missing"), b"");
+    assert_eq!(c.add(b"/n", 3), 3);
+    assert_eq!(c.add(b"/n", -1), 2);
+    assert_eq!(c.get(b"/n"), b"2");
+    assert_eq!(c.check(&[b"/k", b"/n"]), 0);
+    assert_eq!(c.check(&[b"/k", b"/zz"]), 1);
+
+    c.send(&Frame::cmd(WAIT).keys(&[b"/k"]).0);
+    assert_eq!(c.recv(1), [0]);
+
+    c.send(
+        &Frame::cmd(COMPARE_SET)
+            .blob(b"/k")
+            .blob(b"v1")
+            .blob(b"v2")
+            .0,
+    );
+    assert_eq!(c.recv_blob(), b"v2");
+    c.send(
+        &Frame::cmd(COMPARE_SET)
+            .blob(b"/k")
+            .blob(b"bad")
+            .blob(b"zzz")
+            .0,
+    );
+    assert_eq!(c.recv_blob(), b"v2");
+    c.send(&Frame::cmd(COMPARE_SET).blob(b"/m").blob(b"e").blob(b"v1").0);
+    assert_eq!(c.recv_blob(), b"e");
+    c.send(&Frame::cmd(COMPARE_SET).blob(b"/c").blob(b"").blob(b"new").0);
+    assert_eq!(c.recv_blob(), b"new");
+
+    c.send(&Frame::cmd(APPEND).blob(b"/k").blob(b"+").0);
+    assert_eq!(c.get(b"/k"), b"v2+");
+
+    c.send(
+        &Frame::cmd(MULTI_SET)
+            .u64(2)
+            .blob(b"/a")
+            .blob(b"1")
+            .blob(b"/b")
+            .blob(b"2")
+            .0,
+    );
+    c.send(&Frame::cmd(MULTI_GET).keys(&[b"/a", b"/nope", b"/b"]).0);
+    assert_eq!(c.recv_blob(), b"1");
+    assert_eq!(c.recv_blob(), b"");
+    assert_eq!(c.recv_blob(), b"2");
+
+    c.send(&Frame::cmd(DELETE_KEY).blob(b"/a").0);
+    assert_eq!(c.recv_i64(), 1);
+    c.send(&Frame::cmd(DELETE_KEY).blob(b"/a").0);
+    assert_eq!(c.recv_i64(), 0);
+
+    // Keys now: /k /n /c /b.
+    c.send(&Frame::cmd(GETNUMKEYS).0);
+    assert_eq!(c.recv_i64(), 4);
+    c.send(&Frame::cmd(LIST).0);
+    let n = c.recv_i64();
+    let mut keys: Vec<Vec<u8>> = (0..n).map(|_| c.recv_blob()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec![
+            b"/b".to_vec(),
+            b"/c".to_vec(),
+            b"/k".to_vec(),
+            b"/n".to_vec()
+        ]
+    );
+
+    c.send(&Frame::cmd(CANCEL_WAIT).0);
+    assert_eq!(c.recv(1), [1]);
+
+    c.send(&Frame::cmd(QUEUE_PUSH).blob(b"/q").blob(b"x").0);
+    c.send(&Frame::cmd(QUEUE_PUSH).blob(b"/q").blob(b"y").0);
+    c.send(&Frame::cmd(QUEUE_LEN).blob(b"/q").0);
+    assert_eq!(c.recv_i64(), 2);
+    c.send(&Frame::cmd(QUEUE_POP).blob(b"/q").0);
+    assert_eq!((c.recv_i64(), c.recv_blob()), (2, b"x".to_vec()));
+    c.send(&Frame::cmd(QUEUE_POP).blob(b"/q").0);
+    assert_eq!((c.recv_i64(), c.recv_blob()), (1, b"y".to_vec()));
+    c.send(&Frame::cmd(QUEUE_POP).blob(b"/q").0);
+    assert_eq!(c.recv_i64(), 0);
+    // Queues are not KV keys.
+    c.send(&Frame::cmd(GETNUMKEYS).0);
+    assert_eq!(c.recv_i64(), 4);
+
+    // Binary keys and values survive untouched.
+    c.set(b"/\x00\xff", b"\x00\x01\xfe");
+    assert_eq!(c.get(b"/\x00\xff"), b"\x00\x01\xfe");
+    assert!(srv.stats().requests > 30);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let srv = server();
+    let mut c = Client::raw(srv.port());
+    let mut burst = validate_frame();
+    let mut expected = Vec::new();
+    for i in 0..500u32 {
+        let key = format!("/p{i}").into_bytes();
+        let value = format!("value-{i}").into_bytes();
+        burst.extend(Frame::cmd(SET).blob(&key).blob(&value).0);
+        burst.extend(Frame::cmd(GET).blob(&key).0);
+        expected.extend(blob_reply(&value));
+        burst.extend(Frame::cmd(ADD).blob(b"/count").i64(1).0);
+        expected.extend((i64::from(i) + 1).to_le_bytes());
+        burst.extend(Frame::cmd(PING).raw(&i.to_le_bytes()).0);
+        expected.extend(i.to_le_bytes());
+    }
+    c.send(&burst);
+    assert_eq!(c.recv(expected.len()), expected);
+    c.expect_silence(Duration::from_millis(50));
+}
+
+#[test]
+fn requests_split_byte_by_byte_are_reassembled() {
+    let srv = server();
+    let mut c = Client::raw(srv.port());
+    let mut bytes = validate_frame();
+    bytes.extend(Frame::cmd(SET).blob(b"/split").blob(b"slowly").0);
+    bytes.extend(Frame::cmd(GET).blob(b"/split").0);
+    for (i, b) in bytes.iter().enumerate() {
+        c.send(&[*b]);
+        if i % 4 == 0 {
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+    assert_eq!(c.recv_blob(), b"slowly");
+    // torch's `_splitSet`: key, a pause, then the value.
+    let frame = Frame::cmd(SET).blob(b"/k2").blob(b"v2").0;
+    c.send(&frame[..13]);
+    thread::sleep(Duration::from_millis(200));
+    c.send(&frame[13..]);
+    assert_eq!(c.get(b"/k2"), b"v2");
+}
+
+#[test]
+fn wait_is_woken_by_another_client_exactly_once() {
+    let srv = server();
+    let mut waiter = Client::connect(srv.port());
+    let mut writer = Client::connect(srv.port());
+    waiter.send(&Frame::cmd(WAIT).keys(&[b"/w1", b"/w2"]).0);
+    waiter.expect_silence(Duration::from_millis(100));
+    writer.set(b"/w1", b"a");
+    waiter.expect_silence(Duration::from_millis(50));
+    assert_eq!(writer.add(b"/w2", 5), 5);
+    assert_eq!(waiter.recv(1), [0]);
+    writer.set(b"/w2", b"again");
+    // STOP_WAITING at most once; CANCEL_WAIT afterwards still answers 0x01.
+    waiter.send(&Frame::cmd(CANCEL_WAIT).0);
+    assert_eq!(waiter.recv(1), [1]);
+    assert_eq!(waiter.get(b"/w2"), b"again");
+}
+
+#[test]
+fn cancel_wait_drops_the_registration() {
+    let srv = server();
+    let mut waiter = Client::connect(srv.port());
+    let mut writer = Client::connect(srv.port());
+    waiter.send(&Frame::cmd(WAIT).keys(&[b"/never"]).0);
+    waiter.expect_silence(Duration::from_millis(50));
+    waiter.send(&Frame::cmd(CANCEL_WAIT).0);
+    assert_eq!(waiter.recv(1), [1]);
+    writer.set(b"/never", b"now");
+    // No stray STOP_WAITING: the next reply is the GET's.
+    assert_eq!(waiter.get(b"/never"), b"now");
+}
+
+#[test]
+fn queue_push_wakes_one_waiting_client() {
+    let srv = server();
+    let mut w1 = Client::connect(srv.port());
+    let mut w2 = Client::connect(srv.port());
+    let mut pusher = Client::connect(srv.port());
+    w1.send(&Frame::cmd(WAIT).keys(&[b"/jobs"]).0);
+    w1.expect_silence(Duration::from_millis(30));
+    w2.send(&Frame::cmd(WAIT).keys(&[b"/jobs"]).0);
+    w2.expect_silence(Duration::from_millis(30));
+    pusher.send(&Frame::cmd(QUEUE_PUSH).blob(b"/jobs").blob(b"j1").0);
+    assert_eq!(w1.recv(1), [0]);
+    w2.expect_silence(Duration::from_millis(50));
+    w1.send(&Frame::cmd(QUEUE_POP).blob(b"/jobs").0);
+    assert_eq!((w1.recv_i64(), w1.recv_blob()), (1, b"j1".to_vec()));
+    pusher.send(&Frame::cmd(QUEUE_PUSH).blob(b"/jobs").blob(b"j2").0);
+    assert_eq!(w2.recv(1), [0]);
+}
+
+#[test]
+fn wrong_first_message_closes_only_that_connection() {
+    let (srv, mut good) = server_with_data();
+    // PING before VALIDATE.
+    let mut c = Client::raw(srv.port());
+    c.send(&Frame::cmd(PING).raw(&[1, 2, 3, 4]).0);
+    c.expect_closed();
+    // VALIDATE with the wrong magic.
+    let mut c = Client::raw(srv.port());
+    c.send(&Frame::cmd(VALIDATE).raw(&[1, 2, 3, 4]).0);
+    c.expect_closed();
+    // A G1-era client (no VALIDATE; byte 1 was COMPARE_SET there).
+    let mut c = Client::raw(srv.port());
+    c.send(&Frame::cmd(1).blob(b"/k").blob(b"").blob(b"v").0);
+    c.expect_closed();
+    assert_eq!(good.get(b"/keep"), b"kept");
+    assert_still_serving(srv.port());
+    assert!(srv.stats().closed_handshake >= 3);
+}
+
+#[test]
+fn unknown_command_byte_closes_the_connection() {
+    let (srv, mut good) = server_with_data();
+    let mut c = Client::connect(srv.port());
+    c.send(&[18]);
+    c.expect_closed();
+    let mut c = Client::connect(srv.port());
+    c.send(&[0xff, 0, 0, 0]);
+    c.expect_closed();
+    assert_eq!(good.get(b"/keep"), b"kept");
+    assert_still_serving(srv.port());
+    let stats = srv.stats();
+    assert_eq!(stats.closed_malformed, 2);
+    assert!(stats.last_error.unwrap().contains("unknown command byte"));
+}
+
+#[test]
+fn truncated_frames_followed_by_close_do_not_disturb_the_store() {
+    let (srv, mut good) = server_with_data();
+    let frames = [
+        Frame::cmd(SET).blob(b"/keep").blob(b"overwritten").0,
+        Frame::cmd(MULTI_SET).u64(2).blob(b"/keep").blob(b"x").0,
+        Frame::cmd(ADD).blob(b"/keep").0,
+    ];
+    for frame in frames {
+        for cut in [1, frame.len() / 2, frame.len() - 1] {
+            let mut c = Client::connect(srv.port());
+            c.send(&frame[..cut]);
+            c.s.shutdown(Shutdown::Write).unwrap();
+            c.expect_closed();
+        }
+    }
+    assert_eq!(good.get(b"/keep"), b"kept");
+    assert_still_serving(srv.port());
+}
+
+#[test]
+fn over_limit_key_value_and_count_close_the_connection() {
+    let (srv, mut good) = server_with_data();
+    // A key of exactly 8 KiB is fine.
+    let key = vec![b'k'; 8192];
+    good.set(&key, b"big-key");
+    assert_eq!(good.get(&key), b"big-key");
+    // 8 KiB + 1 is not: closed as soon as the length arrives.
+    let mut c = Client::connect(srv.port());
+    c.send(&Frame::cmd(GET).u64(8193).0);
+    c.expect_closed();
+    // A value over 8 MiB: closed before the payload is accepted.
+    let mut c = Client::connect(srv.port());
+    c.send(&Frame::cmd(SET).blob(b"/keep").u64(9 << 20).0);
+    let _ = c.s.write_all(&vec![7u8; 1 << 20]);
+    c.expect_closed();
+    // Too many keys.
+    let mut c = Client::connect(srv.port());
+    c.send(&Frame::cmd(MULTI_GET).u64(131_073).0);
+    c.expect_closed();
+    assert_eq!(good.get(b"/keep"), b"kept");
+    assert_still_serving(srv.port());
+    assert!(srv.stats().closed_malformed >= 3);
+}
+
+#[test]
+fn values_up_to_8_mib_round_trip() {
+    let srv = server();
+    let mut c = Client::connect(srv.port());
+    let value: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+    c.set(b"/big", &value);
+    assert_eq!(c.get(b"/big"), value);
+}
+
+#[test]
+fn add_on_a_non_number_closes_the_connection_and_keeps_the_value() {
+    let (srv, mut good) = server_with_data();
+    let mut c = Client::connect(srv.port());
+    c.set(b"/text", b"not a number");
+    c.send(&Frame::cmd(ADD).blob(b"/text").i64(1).0);
+    c.expect_closed();
+    assert_eq!(good.get(b"/text"), b"not a number");
+    good.set(b"/num", b"  -7 apples");
+    assert_eq!(good.add(b"/num", 10), 3);
+    assert_still_serving(srv.port());
+}
+
+#[test]
+fn client_disconnecting_mid_wait_is_forgotten() {
+    let (srv, mut good) = server_with_data();
+    let mut w = Client::connect(srv.port());
+    w.send(&Frame::cmd(WAIT).keys(&[b"/late"]).0);
+    w.expect_silence(Duration::from_millis(30));
+    drop(w);
+    wait_until("the waiter to be gone", IO_TIMEOUT, || {
+        srv.connected_clients() == 1
+    });
+    let mut w2 = Client::connect(srv.port());
+    w2.send(&Frame::cmd(WAIT).keys(&[b"/late"]).0);
+    w2.expect_silence(Duration::from_millis(30));
+    good.set(b"/late", b"here");
+    assert_eq!(w2.recv(1), [0]);
+    assert_eq!(good.get(b"/keep"), b"kept");
+    assert_still_serving(srv.port());
+}
+
+#[test]
+fn silent_client_does_not_block_others() {
+    let (srv, mut good) = server_with_data();
+    let silent = Client::raw(srv.port());
+    let half = {
+        let mut c = Client::raw(srv.port());
+        c.send(&[VALIDATE, 0xCE]);
+        c
+    };
+    for i in 0..50 {
+        assert_eq!(good.add(b"/ticks", 1), i + 1);
+    }
+    assert_still_serving(srv.port());
+    wait_until("all four clients", IO_TIMEOUT, || {
+        srv.connected_clients() >= 3
+    });
+    drop((silent, half));
+}
+
+#[test]
+fn handshake_timeout_closes_silent_clients_when_configured() {
+    let opts = ServerOptions {
+        handshake_timeout: Some(Duration::from_millis(200)),
+        ..ServerOptions::default()
+    };
+    let srv = StoreServer::bind_with("127.0.0.1", 0, &opts).unwrap();
+    let mut silent = Client::raw(srv.port());
+    let mut good = Client::connect(srv.port());
+    let start = Instant::now();
+    silent.expect_closed();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(good.ping(7), 7);
+    assert_eq!(srv.stats().closed_handshake, 1);
+}
+
+#[test]
+fn slow_reader_gets_backpressure_and_others_are_served() {
+    let srv = server();
+    let mut slow = Client::connect(srv.port());
+    let value = vec![0x5a; 1 << 20];
+    slow.set(b"/mb", &value);
+    // 48 MiB of replies requested without reading any of them.
+    let gets: Vec<u8> = (0..48)
+        .flat_map(|_| Frame::cmd(GET).blob(b"/mb").0)
+        .collect();
+    slow.send(&gets);
+    let mut other = Client::connect(srv.port());
+    for i in 0..20 {
+        assert_eq!(other.add(b"/n", 1), i + 1);
+    }
+    for _ in 0..48 {
+        assert_eq!(slow.recv_blob(), value);
+    }
+    assert_eq!(slow.ping(1), 1);
+}
+
+#[test]
+fn dual_stack_default_accepts_ipv4_and_ipv6() {
+    let srv = StoreServer::bind("", 0).unwrap();
+    let addr = srv.local_addr().unwrap();
+    assert!(addr.ip().is_unspecified());
+    assert_ne!(srv.port(), 0);
+    let mut v4 = Client::connect(srv.port());
+    v4.set(b"/family", b"both");
+    if addr.is_ipv6() {
+        let mut s = TcpStream::connect(("::1", srv.port())).unwrap();
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.write_all(&validate_frame()).unwrap();
+        s.write_all(&Frame::cmd(GET).blob(b"/family").0).unwrap();
+        let mut reply = vec![0u8; 12];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(reply, blob_reply(b"both"));
+    }
+}
+
+#[test]
+fn shutdown_is_idempotent_and_closes_clients() {
+    let srv = server();
+    let mut c = Client::connect(srv.port());
+    srv.shutdown();
+    srv.shutdown();
+    assert!(!srv.is_running());
+    assert!(srv.local_addr().is_err());
+    c.expect_closed();
+    assert_eq!(srv.connected_clients(), 0);
+    drop(srv);
+}
+
+#[test]
+fn shutdown_when_idle_returns_once_clients_leave() {
+    let srv = server();
+    let c = Client::connect(srv.port());
+    wait_until("the client", IO_TIMEOUT, || srv.connected_clients() == 1);
+    let leaver = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(150));
+        drop(c);
+    });
+    let start = Instant::now();
+    srv.shutdown_when_idle(Duration::from_secs(10)).unwrap();
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(100),
+        "returned before the client left"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(!srv.is_running());
+    leaver.join().unwrap();
+}
+
+#[test]
+fn shutdown_when_idle_times_out_when_a_client_stays() {
+    let srv = server();
+    let mut stayer = Client::connect(srv.port());
+    wait_until("the client", IO_TIMEOUT, || srv.connected_clients() == 1);
+    let start = Instant::now();
+    let err = srv
+        .shutdown_when_idle(Duration::from_millis(300))
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(5));
+    assert_eq!(err.status, nvfuser_ipc::Status::Timeout);
+    assert!(err.message.contains("1 client"), "{}", err.message);
+    assert!(!srv.is_running());
+    stayer.expect_closed();
+}
+
+/// 1024 clients at once, driven by a few threads, each socket doing set/get/add rounds.
+#[test]
+fn thousand_clients_set_get_add_concurrently() {
+    const CLIENTS: usize = 1024;
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 10;
+    let srv = server();
+    let port = srv.port();
+    let start = Instant::now();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                let ids: Vec<usize> = (t..CLIENTS).step_by(THREADS).collect();
+                let mut clients: Vec<Client> = ids.iter().map(|_| Client::connect(port)).collect();
+                barrier.wait();
+                barrier.wait();
+                for round in 0..ROUNDS {
+                    // Every socket sends, then every socket reads: all are in flight at once.
+                    for (c, id) in clients.iter_mut().zip(&ids) {
+                        let key = format!("/c{id}/r{round}").into_bytes();
+                        let value = format!("value of client {id} round {round}").into_bytes();
+                        let mut req = Frame::cmd(SET).blob(&key).blob(&value).0;
+                        req.extend(Frame::cmd(GET).blob(&key).0);
+                        req.extend(Frame::cmd(ADD).blob(b"/total").i64(1).0);
+                        c.send(&req);
+                    }
+                    for (c, id) in clients.iter_mut().zip(&ids) {
+                        let value = format!("value of client {id} round {round}").into_bytes();
+                        assert_eq!(c.recv_blob(), value);
+                        let total = c.recv_i64();
+                        assert!(total >= 1 && total <= (CLIENTS * ROUNDS) as i64);
+                    }
+                }
+                // Read back a neighbour's values written by another thread.
+                for (c, id) in clients.iter_mut().zip(&ids).take(8) {
+                    let other = (id + 1) % CLIENTS;
+                    let key = format!("/c{other}/r{}", ROUNDS - 1).into_bytes();
+                    c.send(&Frame::cmd(WAIT).keys(&[&key]).0);
+                    assert_eq!(c.recv(1), [0]);
+                    let expect = format!("value of client {other} round {}", ROUNDS - 1);
+                    assert_eq!(c.get(&key), expect.into_bytes());
+                }
+                clients
+            })
+        })
+        .collect();
+    barrier.wait();
+    wait_until("1024 connected clients", Duration::from_secs(20), || {
+        srv.connected_clients() == CLIENTS
+    });
+    barrier.wait();
+    let clients: Vec<Vec<Client>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let mut check = Client::connect(port);
+    assert_eq!(check.add(b"/total", 0), (CLIENTS * ROUNDS) as i64);
+    check.send(&Frame::cmd(GETNUMKEYS).0);
+    assert_eq!(check.recv_i64(), (CLIENTS * ROUNDS + 1) as i64);
+    drop(clients);
+    drop(check);
+    srv.shutdown_when_idle(Duration::from_secs(10)).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "1024-client load took {:?}",
+        start.elapsed()
+    );
+}
