@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -158,4 +159,54 @@ TEST(Barrier, ZeroTimeoutChecksOnce) {
   NVFIPC_EXPECT_OK(nvfipc_barrier(ctx, self, 1, 0));
   NVFIPC_EXPECT_OK(nvfipc_store_free(store));
   NVFIPC_EXPECT_OK(nvfipc_context_free(ctx));
+}
+
+// Contexts from the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT):
+// local rank 0 hosts the store, the others connect to it, and the host keeps it up until every
+// rank has closed.
+NVFIPC_WORKER(ContextFromEnvironment) {
+  nvfipc_context* ctx = nullptr;
+  WORKER_CHECK_OK(nvfipc_context_from_env(&ctx));
+  int64_t rank = -1, world = -1, local_rank = -1, local_world = -1;
+  WORKER_CHECK_OK(nvfipc_context_rank(ctx, &rank));
+  WORKER_CHECK_OK(nvfipc_context_world_size(ctx, &world));
+  WORKER_CHECK_OK(nvfipc_context_local_rank(ctx, &local_rank));
+  WORKER_CHECK_OK(nvfipc_context_local_world_size(ctx, &local_world));
+  WORKER_CHECK(rank == env.rank && world == env.world_size && local_rank == env.rank &&
+                   local_world == env.world_size,
+               "context says rank " + std::to_string(rank) + " of " + std::to_string(world));
+  uint16_t hosted = 0;
+  WORKER_CHECK_OK(nvfipc_context_hosted_port(ctx, &hosted));
+  WORKER_CHECK((hosted != 0) == (env.rank == 0), "hosted port " + std::to_string(hosted));
+  for (int i = 0; i < 5; ++i) WORKER_CHECK_OK(nvfipc_barrier(ctx, nullptr, 0, 20000));
+  // Everyone agrees on the job id.
+  const char* job_id = nullptr;
+  WORKER_CHECK_OK(nvfipc_context_job_id(ctx, &job_id));
+  nvfipc_store* store = nullptr;
+  WORKER_CHECK_OK(nvfipc_context_store(ctx, &store));
+  const std::string key = "test/job_id/" + std::to_string(env.rank);
+  WORKER_CHECK_OK(nvfipc_store_set(store, key.c_str(), reinterpret_cast<const uint8_t*>(job_id),
+                                   std::strlen(job_id)));
+  WORKER_CHECK_OK(nvfipc_barrier(ctx, nullptr, 0, 20000));
+  for (int64_t r = 0; r < env.world_size; ++r) {
+    const std::string other = "test/job_id/" + std::to_string(r);
+    uint8_t* data = nullptr;
+    size_t len = 0;
+    WORKER_CHECK_OK(nvfipc_store_get(store, other.c_str(), 0, &data, &len));
+    const std::string theirs(reinterpret_cast<char*>(data), len);
+    WORKER_CHECK_OK(nvfipc_buffer_free(data, len));
+    WORKER_CHECK(theirs == job_id, other + " = " + theirs + ", mine " + job_id);
+  }
+  WORKER_CHECK_OK(nvfipc_store_free(store));
+  WORKER_CHECK_OK(nvfipc_context_free(ctx));
+  return 0;
+}
+
+TEST(ContextMultiProcess, FromEnvironmentRankZeroHostsTheStore) {
+  // Learn a free port, then leave it for rank 0 to host the store on.
+  nvfipc_server* probe = nullptr;
+  uint16_t port = 0;
+  NVFIPC_ASSERT_OK(nvfipc_store_serve("127.0.0.1", 0, &port, &probe));
+  NVFIPC_ASSERT_OK(nvfipc_server_free(probe, 0));
+  ExpectAllOk(RunWorkers("ContextFromEnvironment", 3, port, 90.0));
 }

@@ -84,9 +84,10 @@ typedef struct nvfipc_cache nvfipc_cache;
 // One rank's view of the job: rank, world size, local rank and size, the store every rank
 // shares, a job id, and barriers (`nvfipc_barrier`).
 //
-// Thread safety: getters and `nvfipc_barrier` may be called from any thread at once (barriers
-// over different rank sets may even run concurrently; the same set must be entered in the same
-// order by all its members). `nvfipc_context_free` must not race with other calls on it.
+// Thread safety: getters and `nvfipc_barrier` may be called from any thread. The members of a
+// rank set must enter its barriers in the same order, and a waiting barrier occupies the
+// context's store (a TCP store sends one request at a time), delaying other threads' barriers
+// and store calls until it returns. `nvfipc_context_free` must not race with other calls on it.
 typedef struct nvfipc_context nvfipc_context;
 
 // An embedded TCPStore server (PyTorch's wire protocol) running on a background thread of this
@@ -443,6 +444,28 @@ enum nvfipc_status nvfipc_cuda_recv_post(const struct nvfipc_p2p_endpoint *endpo
 enum nvfipc_status nvfipc_cuda_send_wait(const struct nvfipc_p2p_endpoint *endpoint,
                                          uint64_t transfer,
                                          void *stream);
+
+// Sender side of the next transfer on the channel of `req` (a SEND request already exchanged):
+// enqueues on `stream` the signal that the send buffer holds the data (nvFuser's `sendPost`).
+// Never blocks the host.
+enum nvfipc_status nvfipc_p2p_send_post(const struct nvfipc_cache *cache,
+                                        const struct nvfipc_request *req,
+                                        void *stream);
+
+// Receiver side of the next transfer (a RECV request already exchanged): enqueues on `stream` a
+// wait for the sender's signal, the copy of `bytes` bytes from the sender's buffer into the local
+// buffer, and the "consumed" signal (nvFuser's `recvPost`). Never blocks the host.
+enum nvfipc_status nvfipc_p2p_recv_post(const struct nvfipc_cache *cache,
+                                        const struct nvfipc_request *req,
+                                        uint64_t bytes,
+                                        void *stream);
+
+// Sender side: enqueues on `stream` a wait until the receiver has consumed the last transfer
+// posted on the channel of `req`; work queued after it may overwrite the send buffer
+// (nvFuser's `sendWait`). `NVFIPC_STATUS_INVALID_STATE` before any send post.
+enum nvfipc_status nvfipc_p2p_send_wait(const struct nvfipc_cache *cache,
+                                        const struct nvfipc_request *req,
+                                        void *stream);
 
 // Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
 // shared memory; the CUDA transport is loaded on the first device request. One cache per job

@@ -111,7 +111,7 @@ for np in $ranks_list; do
       -x NVFIPC_GPU_JSON_DIR="$json_dir" -x NVFIPC_TIMEOUT_MS=120000 \
       -x NVFIPC_GPU_TEST_TIMEOUT_MS=60000 \
       -x LD_LIBRARY_PATH="$lib_dir:${LD_LIBRARY_PATH:-}" \
-      "$bin" "${filter_args[@]}" >"$log" 2>&1
+      "$bin" --gtest_color=no "${filter_args[@]}" >"$log" 2>&1
   rc=$?
   set -e
   took=$(($(date +%s) - start))

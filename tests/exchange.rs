@@ -111,9 +111,18 @@ fn run_ranks(scenario: &str, world: usize) -> Vec<(bool, String)> {
 }
 
 fn assert_all_ok(scenario: &str, world: usize) {
-    for (rank, (ok, out)) in run_ranks(scenario, world).into_iter().enumerate() {
-        assert!(ok, "{scenario}: rank {rank} failed:\n{out}");
-    }
+    let results = run_ranks(scenario, world);
+    let failed: Vec<String> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, (ok, _))| !ok)
+        .map(|(rank, (_, out))| format!("--- rank {rank}:\n{out}"))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{scenario}: ranks failed:\n{}",
+        failed.join("\n")
+    );
 }
 
 #[test]
@@ -144,6 +153,21 @@ fn asymmetric_miss_moves_data_to_the_current_buffers() {
 #[test]
 fn missing_peer_times_out_and_leaks_nothing() {
     assert_all_ok("timeout", 2);
+}
+
+#[test]
+fn peer_exit_is_reported_before_the_timeout() {
+    assert_all_ok("peer_exit", 2);
+}
+
+#[test]
+fn warm_hits_cost_report() {
+    for (rank, (_, out)) in run_ranks("warm", 2).iter().enumerate() {
+        for line in out.lines().filter_map(|l| l.split_once("warm:")) {
+            println!("rank {rank} warm:{}", line.1);
+        }
+    }
+    assert_all_ok("warm", 2);
 }
 
 #[test]
@@ -253,6 +277,8 @@ fn child() {
         "asymmetric" => asymmetric(r),
         "timeout" => timeout(r),
         "threads" => threads(r),
+        "peer_exit" => peer_exit(r),
+        "warm" => warm(r),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -268,14 +294,18 @@ fn seed_race(r: Rank) {
         if r.rank == 0 {
             let b = filled(256, step as u8 + 1);
             let req = Request::send(1, "seed", b.addr(), 256, MemKind::Host);
-            r.cache.exchange_handles(&[req.clone()]).unwrap();
+            r.cache
+                .exchange_handles(std::slice::from_ref(&req))
+                .unwrap();
             let h = r.cache.get(&req).unwrap();
             p2p::send_post(&h).unwrap();
             p2p::send_wait(&h, T).unwrap();
             keep.push(b); // the buffer stays alive, so each step is a genuinely new allocation
         } else {
             let req = Request::recv(0, "seed", recv_buf.addr(), 256, MemKind::Host);
-            r.cache.exchange_handles(&[req.clone()]).unwrap();
+            r.cache
+                .exchange_handles(std::slice::from_ref(&req))
+                .unwrap();
             let h = r.cache.get(&req).unwrap();
             p2p::recv_post(&h, 256, T).unwrap();
             assert_eq!(first_byte(&recv_buf), step as u8 + 1, "step {step}");
@@ -543,5 +573,90 @@ fn threads(r: Rank) {
         s.misses, 8,
         "only the first step of each thread misses: {s:?}"
     );
+    r.finish();
+}
+
+/// Rank 1 leaves after one exchange; rank 0's next exchange must fail fast naming it.
+fn peer_exit(r: Rank) {
+    let peer = 1 - r.rank;
+    let b = filled(64, 1);
+    let req = if r.rank == 0 {
+        Request::send(peer, "bye", b.addr(), 64, MemKind::Host)
+    } else {
+        Request::recv(peer, "bye", b.addr(), 64, MemKind::Host)
+    };
+    r.cache
+        .exchange_handles(std::slice::from_ref(&req))
+        .unwrap();
+    if r.rank == 1 {
+        drop(b);
+        r.finish();
+        return;
+    }
+    let start = Instant::now();
+    let err = r
+        .cache
+        .exchange_handles_timeout(&[req], Duration::from_secs(15))
+        .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(5), "{err}");
+    assert!(
+        err.message.contains("exited") || err.message.contains("does not exist"),
+        "{err}"
+    );
+    assert!(err.message.contains("peer rank 1"), "{err}");
+    drop(b);
+    r.finish();
+}
+
+/// Measures the cost of an exchange of two requests that hit on both sides (printed, not
+/// asserted: timing depends on the machine) and checks it does no store traffic.
+fn warm(r: Rank) {
+    const CALLS: u32 = 20_000;
+    let peer = 1 - r.rank;
+    let a = filled(64, 0);
+    let b = filled(64, 0);
+    let reqs = [
+        Request::send(peer, "w", a.addr(), 64, MemKind::Host),
+        Request::recv(peer, "w", b.addr(), 64, MemKind::Host),
+    ];
+    r.cache.exchange_handles(&reqs).unwrap();
+    let before = r.cache.stats();
+    let start = Instant::now();
+    for _ in 0..CALLS {
+        r.cache.exchange_handles(&reqs).unwrap();
+    }
+    let per_call = start.elapsed() / CALLS;
+    let after = r.cache.stats();
+    assert_eq!(after.store_round_trips, before.store_round_trips);
+    assert_eq!(after.hits - before.hits, 2 * u64::from(CALLS));
+    // Own cost without waiting: rank 0 lets rank 1 arrive first (a busy pause outside the timed
+    // region), so rank 0's call finds the peer's step already published.
+    const OWN_CALLS: u32 = 5_000;
+    let mut own = Duration::ZERO;
+    for _ in 0..OWN_CALLS {
+        if r.rank == 0 {
+            let pause = Instant::now();
+            while pause.elapsed() < Duration::from_micros(30) {
+                std::hint::spin_loop();
+            }
+        }
+        let start = Instant::now();
+        r.cache.exchange_handles(&reqs).unwrap();
+        own += start.elapsed();
+    }
+    let start = Instant::now();
+    for _ in 0..CALLS {
+        std::hint::black_box(r.cache.get(&reqs[0]).unwrap());
+    }
+    let per_get = start.elapsed() / CALLS;
+    println!(
+        "warm: exchange_handles with 2 hits: {per_call:?}/call in lockstep; get: {per_get:?}/call"
+    );
+    if r.rank == 0 {
+        println!(
+            "warm: exchange_handles with 2 hits, peer already arrived: {:?}/call",
+            own / OWN_CALLS
+        );
+    }
     r.finish();
 }

@@ -1,4 +1,4 @@
-// Shared state and helpers of the GPU suites. The binary runs as one rank of an `mpirun -np N`
+// Shared state and utilities of the GPU suites. The binary runs as one rank of an `mpirun -np N`
 // job (ranks from OMPI_COMM_WORLD_*, or WORLD_RANK/RANK for other launchers); every rank runs
 // the same tests in the same order, so collective steps (barriers, store exchanges) line up.
 #pragma once
@@ -102,6 +102,12 @@ class Stopwatch {
  private:
   std::chrono::steady_clock::time_point start_;
 };
+
+// Waits for `stream` like cudaStreamSynchronize, but bounded (NVFIPC_GPU_STREAM_TIMEOUT_MS,
+// default 30 s): a semaphore wait that is never satisfied would otherwise hang the job until the
+// launcher's timeout. On timeout the rank prints what it was waiting for and exits with code 3,
+// which makes mpirun end the whole job.
+cudaError_t SyncStream(cudaStream_t stream, const char* what);
 
 // Reads the library's IPC counters.
 inline nvfipc_cuda_ipc_counters Counters() {

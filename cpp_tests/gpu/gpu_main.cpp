@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_common.hpp"
@@ -32,6 +33,28 @@ nvfipc_status Get(const std::string& key, void* out, size_t len) {
     return NVFIPC_STATUS_PROTOCOL;
   }
   return NVFIPC_STATUS_OK;
+}
+
+cudaError_t SyncStream(cudaStream_t stream, const char* what) {
+  static const int64_t limit_ms = [] {
+    const char* v = std::getenv("NVFIPC_GPU_STREAM_TIMEOUT_MS");
+    return v && *v ? std::atoll(v) : int64_t{30000};
+  }();
+  Stopwatch sw;
+  for (;;) {
+    cudaError_t err = cudaStreamQuery(stream);
+    if (err != cudaErrorNotReady) return err;
+    if (sw.micros() > 1000.0 * static_cast<double>(limit_ms)) {
+      std::fprintf(stderr,
+                   "rank %lld: stream still busy after %lld ms in %s: a semaphore wait was never "
+                   "satisfied (peer signal lost or stream memory operations not progressing); "
+                   "aborting this rank\n",
+                   static_cast<long long>(job().rank), static_cast<long long>(limit_ms), what);
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 void PrintTiming(const std::string& test, const std::string& what, double micros) {

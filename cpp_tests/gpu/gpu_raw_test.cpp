@@ -197,7 +197,7 @@ TEST(GpuRaw, CudaCommSemaphores) {
       GPU_ASSERT_OK(nvfipc_cuda_recv_post(ring.recv_ep(), transfer, kBytes, stream));
       GPU_ASSERT_OK(nvfipc_cuda_send_wait(ring.send_ep(), transfer, stream));
       CUDA_ASSERT(cudaMemcpyAsync(out, ring.recv(), kBytes, cudaMemcpyDeviceToHost, stream));
-      CUDA_ASSERT(cudaStreamSynchronize(stream));
+      CUDA_ASSERT(SyncStream(stream, "GpuRaw.CudaCommSemaphores lockstep"));
       for (int k = 0; k < kCount; ++k) {
         EXPECT_EQ(out[k], k + 10.0f * i + 100.0f * RecvPeer())
             << "repetition " << i << " element " << k;
@@ -226,7 +226,7 @@ TEST(GpuRaw, CudaCommSemaphores) {
       GPU_ASSERT_OK(nvfipc_cuda_send_wait(ring.send_ep(), transfer, stream));
     }
     double enqueue_us = ahead.micros();
-    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    CUDA_ASSERT(SyncStream(stream, "GpuRaw.CudaCommSemaphores run-ahead"));
     PrintTiming(test, "run_ahead_enqueue_per_transfer", enqueue_us / 32);
     PrintTiming(test, "run_ahead_total_per_transfer", ahead.micros() / 32);
     CUDA_ASSERT(cudaMemcpy(all.data(), outputs.get(), 32 * kBytes, cudaMemcpyDeviceToHost));

@@ -9,8 +9,9 @@
 //! Contexts: nvFuser selects its device through the runtime API (`cudaSetDevice`) before any of
 //! our calls, so the device's primary context is already current on the calling thread and is
 //! used as is. A thread with no current context gets the primary context of the requested
-//! device (or device 0) retained and made current with `cuCtxSetCurrent`, which is what the
-//! runtime API itself would do. Retained primary contexts are kept until the process exits:
+//! device (by default the launcher's local rank modulo the device count, as nvFuser picks it)
+//! retained and made current with `cuCtxSetCurrent`, which is what the runtime API itself would
+//! do. Retained primary contexts are kept until the process exits:
 //! releasing them could destroy a context that the host program is still using.
 
 use crate::error::{Error, Result, Status};
@@ -167,7 +168,8 @@ pub fn describe(rc: sys::CUresult) -> String {
     };
     // The error-name functions need the library; without it the enum name is all we have.
     if DRIVER.get().is_some_and(|d| d.is_ok()) {
-        let name = text(sys::cuGetErrorName).unwrap_or_else(|| format!("{rc:?}"));
+        // A code newer than these bindings has no name here: print its number.
+        let name = text(sys::cuGetErrorName).unwrap_or_else(|| format!("CUresult {}", rc as u32));
         match text(sys::cuGetErrorString) {
             Some(desc) => format!("{name} ({desc})"),
             None => name,
@@ -260,13 +262,34 @@ pub fn primary_context(device: i32) -> Result<Context> {
     Ok(ctx)
 }
 
+/// The launcher's local rank (`OMPI_COMM_WORLD_LOCAL_RANK`, `LOCAL_RANK`, ...), if set.
+fn local_rank_from(lookup: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    crate::env::LOCAL_RANK_VARS
+        .iter()
+        .find_map(|var| lookup(var))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// The device for a thread that has no current context and names none: the launcher's local
+/// rank modulo the number of devices (the device nvFuser selects for the rank), else device 0.
+pub fn default_device() -> Result<i32> {
+    let count = device_count()?.max(1) as usize;
+    let local = local_rank_from(|var| std::env::var(var).ok()).unwrap_or(0);
+    Ok((local % count) as i32)
+}
+
 /// Makes sure a context is current on this thread and returns it: the current one when there is
-/// one, else the primary context of `default_device` (0 when `None`), made current for good.
+/// one, else the primary context of `default_device` (or of [`default_device()`] when `None`),
+/// made current for good.
 pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
     if let Some(ctx) = current_context()? {
         return Ok(ctx);
     }
-    let ctx = primary_context(default_device.unwrap_or(0))?;
+    let device = match default_device {
+        Some(device) => device,
+        None => self::default_device()?,
+    };
+    let ctx = primary_context(device)?;
     // SAFETY: a retained primary context is a valid context handle.
     check(
         unsafe { sys::cuCtxSetCurrent(ctx.raw()) },
@@ -438,6 +461,28 @@ mod tests {
             "{err}"
         );
         assert!(err.message.contains("CUDA_ERROR_INVALID_VALUE"), "{err}");
+    }
+
+    #[test]
+    fn local_rank_comes_from_the_first_launcher_variable() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |var: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(local_rank_from(env(&[])), None);
+        assert_eq!(local_rank_from(env(&[("LOCAL_RANK", "3")])), Some(3));
+        assert_eq!(
+            local_rank_from(env(&[
+                ("LOCAL_RANK", "3"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+            ])),
+            Some(1)
+        );
+        assert_eq!(local_rank_from(env(&[("LOCAL_RANK", "x")])), None);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Everything that touches the CUDA driver: loading it ([`driver`]), inspecting device pointers
 //! ([`memory`]), legacy IPC export/import with dedup ([`ipc`]), the per-process semaphore slab
-//! ([`semaphore`]), the stream-ordered P2P protocol ([`p2p`]) and the device [`transport`] used by
-//! the exchange.
+//! ([`semaphore`]), the stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by
+//! the exchange, and owned device buffers and streams for programs that drive it ([`buffer`]).
 
+pub mod buffer;
 pub mod driver;
 pub mod ipc;
 pub mod memory;

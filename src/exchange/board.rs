@@ -5,7 +5,7 @@
 //!
 //! Layout: a 64-byte header (`magic`, owner pid, rank, capacity, `ready`), then `capacity`
 //! entries of 64 bytes in an insert-only open-addressing table keyed by the channel's 128-bit
-//! fingerprint: `{state, fingerprint, step, version[2]}`. Only the owner writes. An entry is
+//! fingerprint: `{state, fingerprint, step, version[2], opened}`. Only the owner writes. An entry is
 //! published by writing the fingerprint first and `state` last (Release); a step is published by
 //! writing `version[step % 2]` first and `step` last (Release).
 //!
@@ -54,6 +54,8 @@ struct Entry {
     fp_hi: AtomicU64,
     step: AtomicU64,
     version: [AtomicU64; 2],
+    /// The peer's buffer version that the owner has opened on this channel.
+    opened: AtomicU64,
 }
 
 /// Shared view of a mapped board (own or peer's).
@@ -172,6 +174,7 @@ impl OwnBoard {
                 e.fp_lo.store(lo, Ordering::Relaxed);
                 e.fp_hi.store(hi, Ordering::Relaxed);
                 e.step.store(0, Ordering::Relaxed);
+                e.opened.store(0, Ordering::Relaxed);
                 e.state.store(1, Ordering::Release);
                 index.insert(fp, slot);
                 return Ok(slot);
@@ -189,6 +192,14 @@ impl OwnBoard {
         e.step.store(step, Ordering::Release);
     }
 
+    /// Publishes that this rank has opened the peer's buffer `version` on the channel at `entry`.
+    pub fn publish_opened(&self, entry: u32, version: u64) {
+        self.table
+            .entry(entry)
+            .opened
+            .store(version, Ordering::Release);
+    }
+
     /// Reads back this rank's step of `entry` (tests and diagnostics).
     pub fn step(&self, entry: u32) -> u64 {
         self.table.entry(entry).step.load(Ordering::Acquire)
@@ -204,7 +215,8 @@ impl PeerBoard {
     /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise
     /// (the caller retries until its deadline).
     pub fn try_open(name: &str, rank: usize) -> Result<Option<PeerBoard>> {
-        let Some(seg) = ShmSegment::open(name, BOARD_BYTES)? else {
+        // A board being created may still be empty: treat it as absent until it is sized.
+        let Some(seg) = ShmSegment::open_when_sized(name, BOARD_BYTES)? else {
             return Ok(None);
         };
         let table = Table { seg };
@@ -241,9 +253,19 @@ impl PeerBoard {
         (peer_step >= step).then(|| e.version[(step & 1) as usize].load(Ordering::Acquire))
     }
 
+    /// The version of this rank's buffer that the peer has opened on the channel at `entry`.
+    pub fn opened(&self, entry: u32) -> u64 {
+        self.table.entry(entry).opened.load(Ordering::Acquire)
+    }
+
     /// The peer's current step of `entry` (for messages).
     pub fn step(&self, entry: u32) -> u64 {
         self.table.entry(entry).step.load(Ordering::Acquire)
+    }
+
+    /// Whether the owning process still exists.
+    pub fn owner_alive(&self) -> bool {
+        process_alive(self.owner_pid())
     }
 
     /// The owner's pid (for messages).
@@ -280,6 +302,10 @@ mod tests {
         assert_eq!(peer.read(e, 2), Some(11));
         assert_eq!(peer.step(e), 2);
         assert_eq!(peer.owner_pid(), std::process::id());
+        assert!(peer.owner_alive());
+        assert_eq!(peer.opened(e), 0);
+        own.publish_opened(e, 4);
+        assert_eq!(peer.opened(e), 4);
     }
 
     #[test]

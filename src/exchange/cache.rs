@@ -5,13 +5,15 @@
 //! included the channel). One call:
 //!
 //! 1. resolves every request to its allocation and bumps step (and version, on change);
-//! 2. publishes `(step, version)` on its node-local [board](super::board) and, when its version
-//!    changed since it last published, sends its new records with one `multi_set` right away
-//!    (fire-and-forget; the key contains the version, so it can never overwrite an unread one);
+//! 2. when its version changed since it last published, sends its new records with one
+//!    `multi_set` (fire-and-forget; the key contains the version, so it can never overwrite an
+//!    unread one), then publishes `(step, version)` on its node-local [board](super::board);
 //! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
 //!    version for that step: both ranks now agree on what changed, without a barrier;
 //! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
-//!    it has opened, imports them and releases the mappings they replace;
+//!    it has opened, imports them, publishes the versions it opened on the board, and waits until
+//!    the peer has opened every buffer this rank published (so when the call returns both sides
+//!    hold each other's current buffers; then the replaced mappings are released);
 //! 5. hands the keys it has read to a background thread that deletes them from the store.
 //!
 //! A hit on both sides costs a few shared-memory loads and no store operation. A miss costs at
@@ -270,7 +272,10 @@ pub fn board_name(job_id: &str, scope: &str, rank: usize) -> String {
 
 impl HandleCache {
     /// A cache for `ctx` (host transport, CUDA transport on first device request).
+    /// Also makes the context's job id the one in the names of host buffers allocated from now on
+    /// (`host::alloc`), so everything the job leaves in `/dev/shm` carries its id.
     pub fn from_context(ctx: &Context) -> Result<HandleCache> {
+        crate::host::alloc::set_default_job(ctx.job_id());
         Self::new(CacheConfig::from_context(ctx))
     }
 
@@ -407,7 +412,7 @@ impl HandleCache {
         let result = self.run(&mut items, timeout, deadline);
         match result {
             Ok(imports) => {
-                self.commit(&items, imports);
+                self.commit(&items, imports)?;
                 bump(&self.counters.exchanges, 1);
                 Ok(())
             }
@@ -570,12 +575,76 @@ impl HandleCache {
         timeout: Duration,
         deadline: Instant,
     ) -> Result<Vec<Option<Imported>>> {
+        // Records go out before the step is visible on the board: a peer that sees the step
+        // knows the records are already on their way to the store, so its multi_get never waits
+        // on this rank's progress (which matters when several threads share one store client).
+        self.send_records(items)?;
         for it in items.iter() {
             self.board.publish(it.entry, it.step, it.version);
         }
-        self.send_records(items)?;
         self.wait_peers(items, timeout, deadline)?;
-        self.fetch_records(items, timeout, deadline)
+        let imports = self.fetch_records(items, timeout, deadline)?;
+        for (it, imp) in items.iter().zip(&imports) {
+            if imp.is_some() {
+                self.board.publish_opened(it.entry, it.peer_version);
+            }
+        }
+        if let Err(e) = self.wait_opened(items, timeout, deadline) {
+            self.release_imports(imports);
+            return Err(e);
+        }
+        Ok(imports)
+    }
+
+    /// Step 4b: for every channel where this rank published a new buffer, waits until the peer
+    /// has opened it. So when a call returns, both sides hold handles to each other's current
+    /// buffers, and the exporter may free an old buffer without racing the peer's open.
+    fn wait_opened(&self, items: &[Item], timeout: Duration, deadline: Instant) -> Result<()> {
+        let mut pending: Vec<usize> = (0..items.len()).filter(|&i| items[i].publish).collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut error: Option<Error> = None;
+        let mut polls: u32 = 0;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let done = wait_until(remaining, || {
+            polls = polls.wrapping_add(1);
+            if polls % 256 == 0 {
+                error = self.dead_peer(items, &pending);
+            }
+            pending.retain(|&i| {
+                let it = &items[i];
+                match (&it.peer_board, it.peer_entry) {
+                    (Some(b), Some(e)) => b.opened(e) < it.version,
+                    _ => true,
+                }
+            });
+            (pending.is_empty() || error.is_some()).then_some(())
+        });
+        if let Some(e) = error {
+            return Err(e);
+        }
+        if done.is_some() {
+            return Ok(());
+        }
+        let it = &items[pending[0]];
+        let opened = match (&it.peer_board, it.peer_entry) {
+            (Some(b), Some(e)) => b.opened(e),
+            _ => 0,
+        };
+        Err(Error::timeout(format!(
+            "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this              rank's buffer on {} at step {} (board entry {} of {} shows version {opened}              opened; key {:?}); did the peer fail in exchange_handles?",
+            self.cfg.rank,
+            timeout,
+            it.peer,
+            it.version,
+            it.key,
+            it.step,
+            it.key.describe(),
+            board_name(&self.cfg.job_id, &self.cfg.scope, it.peer),
+            it.key
+                .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version),
+        )))
     }
 
     fn send_records(&self, items: &[Item]) -> Result<()> {
@@ -662,8 +731,15 @@ impl HandleCache {
     fn wait_peers(&self, items: &mut [Item], timeout: Duration, deadline: Instant) -> Result<()> {
         let mut pending: Vec<usize> = (0..items.len()).collect();
         let mut error: Option<Error> = None;
+        let mut polls: u32 = 0;
         let remaining = deadline.saturating_duration_since(Instant::now());
         let done = wait_until(remaining, || {
+            polls = polls.wrapping_add(1);
+            // Now and then (about every 100 ms once sleeping), make sure the peers still exist,
+            // so a crashed peer is reported at once rather than at the timeout.
+            if polls % 256 == 0 {
+                error = self.dead_peer(items, &pending);
+            }
             pending.retain(|&i| {
                 if error.is_some() {
                     return true;
@@ -725,6 +801,24 @@ impl HandleCache {
             pending.len() - 1,
             it.peer,
         )))
+    }
+
+    /// An error naming the first pending peer whose process has exited, if any.
+    fn dead_peer(&self, items: &[Item], pending: &[usize]) -> Option<Error> {
+        pending.iter().find_map(|&i| {
+            let it = &items[i];
+            let board = it.peer_board.as_ref()?;
+            (!board.owner_alive()).then(|| {
+                Error::io(format!(
+                    "rank {}: peer rank {} (pid {}) exited before reaching step {} on {}",
+                    self.cfg.rank,
+                    it.peer,
+                    board.owner_pid(),
+                    it.step,
+                    it.key
+                ))
+            })
+        })
     }
 
     /// Step 4: fetches and imports the records of peers whose version changed.
@@ -862,7 +956,7 @@ impl HandleCache {
     }
 
     /// Step 5: installs the new peer mappings, releasing the ones they replace.
-    fn commit(&self, items: &[Item], imports: Vec<Option<Imported>>) {
+    fn commit(&self, items: &[Item], imports: Vec<Option<Imported>>) -> Result<()> {
         let mut st = lock(&self.state);
         let mut hits = 0;
         let mut slab_errors: Vec<(usize, Error)> = Vec::new();
@@ -899,11 +993,19 @@ impl HandleCache {
                 hits += 1;
             }
         }
+        bump(&self.counters.hits, hits);
+        bump(&self.counters.misses, items.len() as u64 - hits);
+        let first = slab_errors.first().map(|(_, e)| e.clone());
         for (channel, e) in slab_errors {
             st.channels[channel].failed = Some(e);
         }
-        bump(&self.counters.hits, hits);
-        bump(&self.counters.misses, items.len() as u64 - hits);
+        match first {
+            Some(e) => Err(e.context(format!(
+                "rank {}: mapping a peer's semaphore slab",
+                self.cfg.rank
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The base of `it.peer`'s semaphore slab in this process, mapping it on first use.
@@ -949,8 +1051,7 @@ impl HandleCache {
         let st = lock(&self.state);
         let mut key = ChannelKey::of(self.cfg.rank, req, 0);
         let mut any = false;
-        loop {
-            let Some(&i) = st.by_key.get(&key) else { break };
+        while let Some(&i) = st.by_key.get(&key) {
             any = true;
             let ch = &st.channels[i];
             let matches = ch
@@ -1101,6 +1202,39 @@ mod tests {
         }
     }
 
+    /// A store whose writes are lost (a peer whose records never reach the store).
+    struct LosesWrites(Arc<MemStore>);
+
+    impl Store for LosesWrites {
+        fn set(&self, _: &str, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+            self.0.get(key, timeout)
+        }
+        fn add(&self, key: &str, delta: i64) -> Result<i64> {
+            self.0.add(key, delta)
+        }
+        fn check(&self, keys: &[&str]) -> Result<bool> {
+            self.0.check(keys)
+        }
+        fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+            self.0.wait(keys, timeout)
+        }
+        fn delete_key(&self, key: &str) -> Result<bool> {
+            self.0.delete_key(key)
+        }
+        fn num_keys(&self) -> Result<i64> {
+            self.0.num_keys()
+        }
+        fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+            self.0.compare_set(k, e, d)
+        }
+        fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.0.append(key, value)
+        }
+    }
+
     fn caches(job: &str, world: usize) -> (Arc<MemStore>, Vec<HandleCache>) {
         let store = Arc::new(MemStore::default());
         let caches = (0..world)
@@ -1238,6 +1372,50 @@ mod tests {
     }
 
     #[test]
+    fn lost_record_times_out_naming_the_key_on_both_sides() {
+        let store = Arc::new(MemStore::default());
+        let job = format!("ut_lost{}", std::process::id());
+        let make = |rank: usize, store: Arc<dyn Store>| {
+            HandleCache::new(CacheConfig {
+                rank,
+                world_size: 2,
+                store,
+                job_id: job.clone(),
+                scope: String::new(),
+                timeout: Duration::from_millis(300),
+            })
+            .unwrap()
+        };
+        let c = [
+            make(0, store.clone()),
+            make(1, Arc::new(LosesWrites(store.clone()))),
+        ];
+        let (a, b) = (buf("ut_lost", 1), buf("ut_lost", 2));
+        let r0 = [Request::recv(1, "lost", a.addr(), 64, MemKind::Host)];
+        let r1 = [Request::send(0, "lost", b.addr(), 64, MemKind::Host)];
+        let (e0, e1) = step(&c, &r0, &r1);
+        let (e0, e1) = (e0.unwrap_err(), e1.unwrap_err());
+        assert_eq!(e0.status, Status::Timeout, "{e0}");
+        for needle in [
+            "rank 0",
+            "peer rank 1",
+            "step 1",
+            "version 1",
+            "/h/1/0/1/1/lost#0",
+        ] {
+            assert!(e0.message.contains(needle), "{needle}: {e0}");
+        }
+        assert_eq!(e1.status, Status::Timeout, "{e1}");
+        for needle in ["rank 1", "peer rank 0 to open version 1", "\"lost\"", "-b0"] {
+            assert!(e1.message.contains(needle), "{needle}: {e1}");
+        }
+        for cache in c {
+            let s = cache.close();
+            assert_eq!(s.opens, s.closes);
+        }
+    }
+
+    #[test]
     fn bad_arguments_are_reported() {
         let (_store, c) = caches("ut_bad", 2);
         let a = buf("ut_bad", 1);
@@ -1263,7 +1441,9 @@ mod tests {
             ),
         ];
         for (req, needle) in cases {
-            let err = c[0].exchange_handles(&[req.clone()]).unwrap_err();
+            let err = c[0]
+                .exchange_handles(std::slice::from_ref(&req))
+                .unwrap_err();
             assert!(
                 matches!(
                     err.status,

@@ -7,7 +7,6 @@
 //! identically whatever the order of their batches.
 
 use super::transport::MemKind;
-use std::collections::HashMap;
 use std::fmt;
 
 /// Direction of a request, from the calling rank's point of view.
@@ -144,15 +143,15 @@ impl fmt::Display for ChannelKey {
 /// Occurrence index of each request: how many earlier requests of the batch have the same
 /// (peer, direction, tag).
 pub fn occurrences(requests: &[Request]) -> Vec<u32> {
-    let mut seen: HashMap<(usize, Direction, &str), u32> = HashMap::new();
+    // Batches are small (a few requests): a quadratic scan beats building a hash map.
     requests
         .iter()
-        .map(|r| {
-            let n = seen
-                .entry((r.peer, r.direction, r.tag.as_str()))
-                .or_insert(0);
-            *n += 1;
-            *n - 1
+        .enumerate()
+        .map(|(i, r)| {
+            requests[..i]
+                .iter()
+                .filter(|o| o.peer == r.peer && o.direction == r.direction && o.tag == r.tag)
+                .count() as u32
         })
         .collect()
 }

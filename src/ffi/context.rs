@@ -14,9 +14,10 @@ use std::sync::Arc;
 /// One rank's view of the job: rank, world size, local rank and size, the store every rank
 /// shares, a job id, and barriers (`nvfipc_barrier`).
 ///
-/// Thread safety: getters and `nvfipc_barrier` may be called from any thread at once (barriers
-/// over different rank sets may even run concurrently; the same set must be entered in the same
-/// order by all its members). `nvfipc_context_free` must not race with other calls on it.
+/// Thread safety: getters and `nvfipc_barrier` may be called from any thread. The members of a
+/// rank set must enter its barriers in the same order, and a waiting barrier occupies the
+/// context's store (a TCP store sends one request at a time), delaying other threads' barriers
+/// and store calls until it returns. `nvfipc_context_free` must not race with other calls on it.
 #[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_context {

@@ -5,10 +5,12 @@
 //! Streams are passed as `void*` (a `CUstream` or `cudaStream_t`; NULL is the legacy default
 //! stream). Every primitive only enqueues work on the stream and returns at once.
 
+use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
 use super::guard::{ffi_call, out_ptr, ref_arg};
 use crate::cuda::p2p::{self, Endpoint, Stream};
 use crate::cuda::{driver, ipc, memory};
-use crate::error::{Result, Status};
+use crate::error::{Error, Result, Status};
+use crate::exchange::MemKind;
 use std::ffi::c_void;
 
 /// One side of a P2P channel as the calling rank sees it (device addresses in this process).
@@ -226,10 +228,96 @@ pub extern "C" fn nvfipc_cuda_send_wait(
     })
 }
 
+fn device_handles(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+) -> Result<crate::exchange::P2pHandles> {
+    let cache = cache_arg(cache)?;
+    let req = single_request(&cache, req)?;
+    if req.kind != MemKind::Device {
+        return Err(Error::invalid(
+            "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use nvfipc_host_* for host \
+             buffers)",
+        ));
+    }
+    cache.get(&req)
+}
+
+/// Sender side of the next transfer on the channel of `req` (a SEND request already exchanged):
+/// enqueues on `stream` the signal that the send buffer holds the data (nvFuser's `sendPost`).
+/// Never blocks the host.
+#[no_mangle]
+pub extern "C" fn nvfipc_p2p_send_post(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_p2p_send_post", || {
+        p2p::channel_send_post(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
+    })
+}
+
+/// Receiver side of the next transfer (a RECV request already exchanged): enqueues on `stream` a
+/// wait for the sender's signal, the copy of `bytes` bytes from the sender's buffer into the local
+/// buffer, and the "consumed" signal (nvFuser's `recvPost`). Never blocks the host.
+#[no_mangle]
+pub extern "C" fn nvfipc_p2p_recv_post(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+    bytes: u64,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_p2p_recv_post", || {
+        p2p::channel_recv_post(&device_handles(cache, req)?, bytes, Stream(stream as usize))
+            .map(|_| ())
+    })
+}
+
+/// Sender side: enqueues on `stream` a wait until the receiver has consumed the last transfer
+/// posted on the channel of `req`; work queued after it may overwrite the send buffer
+/// (nvFuser's `sendWait`). `NVFIPC_STATUS_INVALID_STATE` before any send post.
+#[no_mangle]
+pub extern "C" fn nvfipc_p2p_send_wait(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_p2p_send_wait", || {
+        p2p::channel_send_wait(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ffi::guard::last_error_message;
+
+    #[test]
+    fn cache_primitives_check_their_arguments() {
+        let tag = c"t";
+        let req = nvfipc_request {
+            peer: 1,
+            direction: crate::ffi::exchange::NVFIPC_DIRECTION_SEND,
+            kind: crate::ffi::exchange::NVFIPC_MEM_DEVICE,
+            tag: tag.as_ptr(),
+            ptr: 0x1000,
+            bytes: 8,
+        };
+        let null = std::ptr::null_mut();
+        assert_eq!(
+            nvfipc_p2p_send_post(std::ptr::null(), &req, null),
+            Status::InvalidArgument
+        );
+        assert!(last_error_message().contains("cache"));
+        assert_eq!(
+            nvfipc_p2p_recv_post(std::ptr::null(), &req, 8, null),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_p2p_send_wait(std::ptr::null(), std::ptr::null(), null),
+            Status::InvalidArgument
+        );
+    }
 
     #[test]
     fn available_never_fails() {

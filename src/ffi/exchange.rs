@@ -166,9 +166,13 @@ fn create(
 ) -> Result<()> {
     let out = out_ptr(out_cache, "out_cache")?;
     let ctx = context_arg(ctx)?;
-    let mut cfg = CacheConfig::from_context(&ctx);
-    cfg.scope = scope.to_string();
-    let cache = HandleCache::new(cfg)?;
+    let cache = if scope.is_empty() {
+        HandleCache::from_context(&ctx)?
+    } else {
+        let mut cfg = CacheConfig::from_context(&ctx);
+        cfg.scope = scope.to_string();
+        HandleCache::new(cfg)?
+    };
     out.write(into_handle(nvfipc_cache {
         cache: Arc::new(cache),
     }));

@@ -18,6 +18,8 @@ pub mod context;
 pub mod cuda;
 pub mod exchange;
 pub mod guard;
+#[cfg(test)]
+mod header_check;
 pub mod host;
 pub mod store;
 pub mod store_create;

@@ -10,6 +10,7 @@ use crate::store::client::TcpStore;
 use crate::store::Store;
 use std::ffi::c_char;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A key-value store with the semantics of PyTorch's `c10d::Store`: a TCPStore client
 /// (`nvfipc_store_connect`) or a store backed by host callbacks (`nvfipc_store_from_callbacks`).
@@ -54,6 +55,32 @@ fn store_arg(store: *const nvfipc_store) -> Result<nvfipc_store> {
     handle_ref(store, "store")
 }
 
+/// How long a waiting operation may block. `timeout_ms == 0` ("do not wait") is answered here
+/// with one CHECK, so that it means the same on every backend (a zero timeout handed to a store
+/// may race the server's reply, or mean "forever" to a host store); when the keys exist, the
+/// operation then runs with the store's default bound, which it will not need.
+fn wait_bound(store: &dyn Store, keys: &[&str], timeout_ms: i64) -> Result<Duration> {
+    if timeout_ms != 0 {
+        return Ok(timeout_arg(timeout_ms, store.default_timeout()));
+    }
+    if store.check(keys)? {
+        return Ok(store.default_timeout());
+    }
+    const SHOWN: usize = 8;
+    let mut listed = keys
+        .iter()
+        .take(SHOWN)
+        .map(|k| format!("'{k}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if keys.len() > SHOWN {
+        listed.push_str(&format!(" and {} more", keys.len() - SHOWN));
+    }
+    Err(Error::timeout(format!(
+        "not every key of {listed} is set (timeout_ms = 0: checked once without waiting)"
+    )))
+}
+
 /// Hands a value to C through the `(out_value, out_len)` pair.
 fn write_buffer(value: Vec<u8>, out_value: OutPtr<*mut u8>, out_len: OutPtr<usize>) {
     let (data, len) = into_buffer(value);
@@ -94,7 +121,7 @@ pub extern "C" fn nvfipc_store_get(
         let key = c_str_arg(key, "key")?;
         let out_value = out_ptr(out_value, "out_value")?;
         let out_len = out_ptr(out_len, "out_len")?;
-        let timeout = timeout_arg(timeout_ms, store.store.default_timeout());
+        let timeout = wait_bound(&*store.store, &[key], timeout_ms)?;
         let value = store.store.get(key, timeout)?;
         write_buffer(value, out_value, out_len);
         Ok(())
@@ -156,8 +183,14 @@ pub extern "C" fn nvfipc_store_wait(
             // Nothing to wait for; not every backend accepts an empty list.
             return Ok(());
         }
-        let timeout = timeout_arg(timeout_ms, store.store.default_timeout());
-        store.store.wait(&keys, timeout)
+        if timeout_ms == 0 {
+            // wait_bound has checked that every key exists.
+            return wait_bound(&*store.store, &keys, 0).map(drop);
+        }
+        store.store.wait(
+            &keys,
+            timeout_arg(timeout_ms, store.store.default_timeout()),
+        )
     })
 }
 
@@ -285,7 +318,7 @@ pub extern "C" fn nvfipc_store_multi_get(
         if keys.is_empty() {
             return Ok(());
         }
-        let timeout = timeout_arg(timeout_ms, store.store.default_timeout());
+        let timeout = wait_bound(&*store.store, &keys, timeout_ms)?;
         let values = store.store.multi_get(&keys, timeout)?;
         if values.len() != n {
             return Err(Error::internal(format!(
@@ -580,6 +613,16 @@ pub(crate) mod tests {
         let (mut data, mut len) = (std::ptr::null_mut(), 0usize);
         assert_eq!(
             nvfipc_store_get(s, c"missing".as_ptr(), 0, &mut data, &mut len),
+            Status::Timeout
+        );
+        assert_eq!(
+            last_message(),
+            "nvfipc_store_get: not every key of 'missing' is set (timeout_ms = 0: checked once \
+             without waiting)"
+        );
+        // A positive timeout is the backend's business (MemStore fails at once).
+        assert_eq!(
+            nvfipc_store_get(s, c"missing".as_ptr(), 5, &mut data, &mut len),
             Status::Timeout
         );
         assert!(last_message().starts_with("nvfipc_store_get: key 'missing'"));

@@ -21,8 +21,8 @@ pub struct SegmentInfo {
     pub name: String,
 }
 
-static SEGMENTS: Lazy<Mutex<BTreeMap<u64, ShmSegment>>> = Lazy::new(Default::default);
-static SEGMENT_IDS: Lazy<Mutex<BTreeMap<u64, u64>>> = Lazy::new(Default::default);
+/// Live segments by base address, with their ids.
+static SEGMENTS: Lazy<Mutex<BTreeMap<u64, (ShmSegment, u64)>>> = Lazy::new(Default::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static DEFAULT_JOB: Lazy<Mutex<String>> = Lazy::new(|| {
     Mutex::new(job_tag(
@@ -168,8 +168,7 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
     let seg = ShmSegment::create(&name, bytes)
         .map_err(|e| e.context(format!("allocating {bytes} bytes of host shared memory")))?;
     let base = seg.addr();
-    lock(&SEGMENT_IDS).insert(base, id);
-    lock(&SEGMENTS).insert(base, seg);
+    lock(&SEGMENTS).insert(base, (seg, id));
     Ok(HostBuffer {
         ptr: base,
         len: bytes,
@@ -182,7 +181,6 @@ pub fn free(ptr: u64) -> Result<()> {
     let seg = lock(&SEGMENTS).remove(&ptr);
     match seg {
         Some(seg) => {
-            lock(&SEGMENT_IDS).remove(&ptr);
             drop(seg);
             Ok(())
         }
@@ -193,36 +191,41 @@ pub fn free(ptr: u64) -> Result<()> {
     }
 }
 
-/// Finds the live segment containing `[ptr, ptr + bytes)`.
-pub fn lookup(ptr: u64, bytes: u64) -> Result<SegmentInfo> {
-    let segments = lock(&SEGMENTS);
-    let found = segments
+/// Finds the live segment containing `[ptr, ptr + bytes)`: (base, length, id).
+pub fn locate(ptr: u64, bytes: u64) -> Result<(u64, u64, u64)> {
+    let found = lock(&SEGMENTS)
         .range(..=ptr)
         .next_back()
-        .map(|(&base, seg)| SegmentInfo {
-            base,
-            len: seg.len(),
-            id: 0,
-            name: seg.name().to_string(),
-        });
-    drop(segments);
-    let Some(mut info) = found.filter(|info| ptr < info.base + info.len) else {
+        .map(|(&base, (seg, id))| (base, seg.len(), *id));
+    let Some((base, len, id)) = found.filter(|&(base, len, _)| ptr < base + len) else {
         return Err(Error::invalid(format!(
             "host pointer {ptr:#x} is not a shared-memory buffer from nvfipc_host_alloc or \
              already freed"
         )));
     };
-    if ptr
-        .checked_add(bytes)
-        .map_or(true, |end| end > info.base + info.len)
-    {
+    if ptr.checked_add(bytes).map_or(true, |end| end > base + len) {
         return Err(Error::invalid(format!(
-            "host range [{ptr:#x}, +{bytes}) runs past the end of its {}-byte buffer at {:#x}",
-            info.len, info.base
+            "host range [{ptr:#x}, +{bytes}) runs past the end of its {len}-byte buffer at \
+             {base:#x}"
         )));
     }
-    info.id = lock(&SEGMENT_IDS).get(&info.base).copied().unwrap_or(0);
-    Ok(info)
+    Ok((base, len, id))
+}
+
+/// Like [`locate`], with the segment's name (for exporting).
+pub fn lookup(ptr: u64, bytes: u64) -> Result<SegmentInfo> {
+    let (base, len, id) = locate(ptr, bytes)?;
+    let name = lock(&SEGMENTS)
+        .get(&base)
+        .filter(|(_, seg_id)| *seg_id == id)
+        .map(|(seg, _)| seg.name().to_string())
+        .ok_or_else(|| Error::invalid(format!("host buffer {ptr:#x} was freed meanwhile")))?;
+    Ok(SegmentInfo {
+        base,
+        len,
+        id,
+        name,
+    })
 }
 
 /// Number of live buffers in this process.

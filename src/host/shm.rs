@@ -85,6 +85,16 @@ impl ShmSegment {
     /// Opens and maps an existing segment, whose size must be at least `min_len` bytes.
     /// Returns `Ok(None)` when no segment of that name exists (yet).
     pub fn open(name: &str, min_len: u64) -> Result<Option<ShmSegment>> {
+        Self::open_inner(name, min_len, false)
+    }
+
+    /// Like [`open`](Self::open), but a segment that is still shorter than `min_len` (its creator
+    /// has not sized it yet) also gives `Ok(None)`.
+    pub fn open_when_sized(name: &str, min_len: u64) -> Result<Option<ShmSegment>> {
+        Self::open_inner(name, min_len, true)
+    }
+
+    fn open_inner(name: &str, min_len: u64, short_is_absent: bool) -> Result<Option<ShmSegment>> {
         let cname = c_name(name)?;
         // SAFETY: `cname` is a valid NUL-terminated string.
         let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
@@ -95,11 +105,11 @@ impl ShmSegment {
             }
             return Err(Error::from_io(format!("shm_open({name})"), &err));
         }
-        let result = Self::stat_and_map(fd, name, min_len);
+        let result = Self::stat_and_map(fd, name, min_len, short_is_absent);
         // SAFETY: `fd` is an open descriptor we own.
         unsafe { libc::close(fd) };
-        result.map(|(addr, len)| {
-            Some(ShmSegment {
+        result.map(|mapped| {
+            mapped.map(|(addr, len)| ShmSegment {
                 name: name.to_string(),
                 addr,
                 len,
@@ -108,7 +118,12 @@ impl ShmSegment {
         })
     }
 
-    fn stat_and_map(fd: libc::c_int, name: &str, min_len: u64) -> Result<(u64, u64)> {
+    fn stat_and_map(
+        fd: libc::c_int,
+        name: &str,
+        min_len: u64,
+        short_is_absent: bool,
+    ) -> Result<Option<(u64, u64)>> {
         // SAFETY: an all-zero `stat` is a valid value to be overwritten by fstat.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `fd` is open and `st` is a valid out pointer.
@@ -117,13 +132,16 @@ impl ShmSegment {
             return Err(Error::from_io(format!("fstat({name})"), &err));
         }
         let len = u64::try_from(st.st_size).unwrap_or(0);
+        if short_is_absent && (len < min_len || len == 0) {
+            return Ok(None);
+        }
         if len < min_len || len == 0 {
             return Err(Error::protocol(format!(
                 "shared-memory segment {name} has {len} bytes, expected at least {min_len}: it \
                  was replaced or truncated (stale segment of another job?)"
             )));
         }
-        Ok((map(fd, name, len)?, len))
+        Ok(Some((map(fd, name, len)?, len)))
     }
 
     pub fn name(&self) -> &str {
@@ -227,5 +245,7 @@ mod tests {
         let _a = ShmSegment::create(&name, 100).unwrap();
         let err = ShmSegment::open(&name, 4096).unwrap_err();
         assert!(err.message.contains("expected at least 4096"), "{err}");
+        assert!(ShmSegment::open_when_sized(&name, 4096).unwrap().is_none());
+        assert!(ShmSegment::open_when_sized(&name, 100).unwrap().is_some());
     }
 }

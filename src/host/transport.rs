@@ -57,13 +57,13 @@ impl Transport for HostTransport {
                 "host buffer {ptr:#x}: byte count is 0"
             )));
         }
-        let seg = alloc::lookup(ptr, bytes)?;
+        let (base, alloc_bytes, buffer_id) = alloc::locate(ptr, bytes)?;
         Ok(LocalBuffer {
             ptr,
             bytes,
-            base: seg.base,
-            alloc_bytes: seg.len,
-            buffer_id: seg.id,
+            base,
+            alloc_bytes,
+            buffer_id,
             device_uuid: [0; 16],
         })
     }

@@ -11,6 +11,9 @@
 //!   text (`wait timeout after 1000ms, keys: /nokey`).
 //! - Unlike torch, which blocks forever in `recv` when a server stops answering, every reply read
 //!   here is bounded by the store timeout (at least [`MIN_REPLY_TIMEOUT`]).
+//! - Requests over the limits of torch's default server (a wire key, `/` included, over
+//!   8192 bytes, a value over 8 MiB, more than 131072 keys) are refused with
+//!   [`Status::InvalidArgument`] before anything is sent; the connection stays usable.
 //! - One connection behind a mutex, one request in flight, each request written with one
 //!   syscall from a reused buffer. After an I/O or protocol error the connection is marked broken
 //!   and later calls fail at once (the stream may be out of step); call [`TcpStore::reconnect`] or
@@ -301,10 +304,6 @@ fn describe_keys(keys: &[&str]) -> String {
     s
 }
 
-fn duration_ms(d: Duration) -> u128 {
-    d.as_millis()
-}
-
 impl TcpStore {
     /// Connects to the TCPStore server at `host:port` (retrying until `opts.connect_timeout`),
     /// validates the connection like torch's client, and sends `ADD "init/" 1` when
@@ -337,6 +336,8 @@ impl TcpStore {
     pub fn reconnect(&self) -> Result<()> {
         let fresh = open(&self.host, self.port, self.connect_timeout, self.timeout())?;
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+        // The new connection is clean even if a panic poisoned the lock of the old one.
+        self.conn.clear_poison();
         Ok(())
     }
 
@@ -420,7 +421,7 @@ impl TcpStore {
         })
     }
 
-    /// The user keys in the store (torch >= 2.10), like torch's `list()`: the leading `/` is
+    /// The user keys in the store (torch >= 2.10), like torch's `list_keys()`: the leading `/` is
     /// removed and keys without it (such as `init/`) are left out. Keys that are not UTF-8 are
     /// converted lossily.
     pub fn list(&self) -> Result<Vec<String>> {
@@ -483,7 +484,7 @@ impl TcpStore {
             Fail::WaitTimeout(waited) => {
                 return Err(Error::timeout(format!(
                     "wait timeout after {}ms, keys: {} (store {}, {op})",
-                    duration_ms(waited),
+                    waited.as_millis(),
                     describe_keys(wait_keys),
                     self.addr()
                 )))
@@ -650,7 +651,7 @@ fn open(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> 
                 "The client socket has timed out after {}ms while trying to connect to \
                  ({host}, {port}); last error: {}. Check that the store server is running \
                  and reachable, or raise the connect timeout",
-                duration_ms(start.elapsed()),
+                start.elapsed().as_millis(),
                 last_error.as_deref().unwrap_or("none"),
             )));
         }

@@ -1679,6 +1679,95 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 
+    /// xorshift64*: a tiny deterministic generator for the randomized parser check.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// The requests (re-encoded) in `stream` and the error that ended parsing, parsing the whole
+    /// buffer, or feeding it in random pieces like the server does.
+    fn parse_stream(stream: &[u8], rng: Option<&mut Rng>) -> (Vec<Vec<u8>>, Option<ParseError>) {
+        let mut found = Vec::new();
+        let mut buf = Vec::new();
+        let mut fed = 0;
+        let mut rng = rng;
+        while fed < stream.len() {
+            let piece = match rng.as_deref_mut() {
+                Some(r) => 1 + r.below(16),
+                None => stream.len(),
+            };
+            let end = (fed + piece).min(stream.len());
+            buf.extend_from_slice(&stream[fed..end]);
+            fed = end;
+            loop {
+                match parse_frame(&buf) {
+                    Ok(Parsed::Request(req, used)) => {
+                        let mut encoded = Vec::new();
+                        req.encode(&mut encoded);
+                        assert_eq!(encoded, &buf[..used], "re-encoding differs");
+                        assert_eq!(parse_request(&encoded), Ok(Some((req, used))));
+                        found.push(encoded);
+                        buf.drain(..used);
+                    }
+                    Ok(Parsed::Incomplete { needed }) => {
+                        assert!(needed > buf.len());
+                        break;
+                    }
+                    Err(e) => return (found, Some(e)),
+                }
+            }
+        }
+        (found, None)
+    }
+
+    /// The same property as the `frame_parser` fuzz target, bounded, on every `cargo test`:
+    /// valid frames with random byte mutations, truncations and garbage, fed whole and in random
+    /// pieces. Set NVFIPC_FUZZ_SEED to explore other inputs.
+    #[test]
+    fn random_streams_parse_the_same_whole_and_in_pieces() {
+        let seeds = [0x9E37_79B9_7F4A_7C15u64].into_iter().chain(
+            std::env::var("NVFIPC_FUZZ_SEED")
+                .ok()
+                .and_then(|s| s.parse().ok()),
+        );
+        let frames = every_command();
+        for seed in seeds {
+            let mut rng = Rng(seed | 1);
+            for _ in 0..20_000 {
+                let mut stream = Vec::new();
+                for _ in 0..rng.below(6) {
+                    stream.extend_from_slice(&frames[rng.below(frames.len())]);
+                }
+                for _ in 0..rng.below(4) {
+                    if !stream.is_empty() {
+                        let at = rng.below(stream.len());
+                        stream[at] = rng.next() as u8;
+                    }
+                }
+                if rng.below(4) == 0 {
+                    stream.push(rng.next() as u8);
+                }
+                if rng.below(4) == 0 && !stream.is_empty() {
+                    let keep = rng.below(stream.len());
+                    stream.truncate(keep);
+                }
+                let whole = parse_stream(&stream, None);
+                let pieces = parse_stream(&stream, Some(&mut rng));
+                assert_eq!(whole, pieces, "seed {seed}: stream {stream:02x?}");
+            }
+        }
+    }
+
     #[test]
     fn reply_shapes_follow_the_protocol_table() {
         assert_eq!(Command::Set.reply_shape(), ReplyShape::Nothing);

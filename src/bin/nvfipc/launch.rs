@@ -1,5 +1,8 @@
 //! `nvfipc launch -n N -- CMD ARGS...`: hosts a store, runs N ranks of CMD on this machine,
 //! prefixes their output with `[rank R] `, and stops everything when one rank fails.
+//!
+//! [`run_job`] is the same machinery for other commands (`demo`, `bench`), which may instead let
+//! rank 0 host the store itself (as `torchrun` and `mpirun` jobs do, through `MASTER_PORT`).
 
 use crate::args::{split_flag, take_parsed, unknown_option, UsageError};
 use crate::signals::Signals;
@@ -11,12 +14,16 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Variables that would override ours in `nvfuser_ipc::env` when launch itself runs under MPI.
+/// Variables that would override ours in `nvfuser_ipc::env` when launch itself runs under MPI
+/// (or under another launcher).
 const INHERITED_RANK_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "NVFUSER_MASTER_ADDR",
+    "NVFUSER_MASTER_PORT",
+    "NVFIPC_STORE_ADDR",
 ];
 const POLL: Duration = Duration::from_millis(10);
 /// How long output readers may take to drain after the last rank exited (a rank's own children
@@ -86,6 +93,29 @@ impl LaunchArgs {
     }
 }
 
+/// Who hosts the job's store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreHost {
+    /// The launcher hosts it on `port` (0: a free one); ranks get `NVFIPC_STORE_ADDR`.
+    Launcher { port: u16 },
+    /// Rank 0 hosts it through `Context::from_env` on `port` (0: a free one, picked here);
+    /// ranks get only `MASTER_ADDR`/`MASTER_PORT`.
+    Rank0 { port: u16 },
+}
+
+/// A job of N ranks of one command on this machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    pub ranks: usize,
+    pub command: Vec<String>,
+    pub grace: Duration,
+    pub store: StoreHost,
+    /// Rank 0's standard output is copied without the `[rank 0] ` prefix (its report).
+    pub plain_rank0_stdout: bool,
+    /// Extra variables for every rank.
+    pub env: Vec<(String, String)>,
+}
+
 /// The exit status a shell would report: the code, or 128 + the signal number.
 fn shell_status(status: ExitStatus) -> i32 {
     status
@@ -142,11 +172,17 @@ fn signal_running(ranks: &[Rank], signal: libc::c_int) {
     }
 }
 
-fn spawn_rank(args: &LaunchArgs, rank: usize, port: u16) -> io::Result<Child> {
-    let mut cmd = Command::new(&args.command[0]);
-    let (r, n) = (rank.to_string(), args.ranks.to_string());
-    let store = format!("{STORE_HOST}:{port}");
-    cmd.args(&args.command[1..])
+fn spawn_rank(spec: &JobSpec, rank: usize, port: u16) -> io::Result<Child> {
+    let mut cmd = Command::new(&spec.command[0]);
+    let (r, n) = (rank.to_string(), spec.ranks.to_string());
+    for var in INHERITED_RANK_VARS {
+        cmd.env_remove(var);
+    }
+    if let StoreHost::Launcher { .. } = spec.store {
+        cmd.env("NVFIPC_STORE_ADDR", format!("{STORE_HOST}:{port}"));
+    }
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    cmd.args(&spec.command[1..])
         .env("RANK", &r)
         .env("WORLD_SIZE", &n)
         .env("LOCAL_RANK", &r)
@@ -156,15 +192,11 @@ fn spawn_rank(args: &LaunchArgs, rank: usize, port: u16) -> io::Result<Child> {
         .env("WORLD_LOCAL_SIZE", &n)
         .env("MASTER_ADDR", STORE_HOST)
         .env("MASTER_PORT", port.to_string())
-        .env("NVFIPC_STORE_ADDR", store)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own process group, so that stopping a rank also stops what it started.
         .process_group(0);
-    for var in INHERITED_RANK_VARS {
-        cmd.env_remove(var);
-    }
     #[cfg(target_os = "linux")]
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
     // async-signal-safe and touches no memory of the parent.
@@ -180,8 +212,27 @@ fn spawn_rank(args: &LaunchArgs, rank: usize, port: u16) -> io::Result<Child> {
     cmd.spawn()
 }
 
-/// Runs the job; returns the exit status for the launcher.
+/// Runs the `launch` command; returns the exit status for the launcher.
 pub fn run(args: &LaunchArgs) -> i32 {
+    run_job(&JobSpec {
+        ranks: args.ranks,
+        command: args.command.clone(),
+        grace: args.grace,
+        store: StoreHost::Launcher { port: args.port },
+        plain_rank0_stdout: false,
+        env: Vec::new(),
+    })
+}
+
+/// A port that was free a moment ago, for a store that a rank will host.
+fn free_port() -> io::Result<u16> {
+    Ok(std::net::TcpListener::bind((STORE_HOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// Runs a job to its end; returns the exit status (0, or the first failed rank's).
+pub fn run_job(spec: &JobSpec) -> i32 {
     let signals = match Signals::install(&[libc::SIGINT, libc::SIGTERM]) {
         Ok(s) => s,
         Err(e) => {
@@ -189,25 +240,39 @@ pub fn run(args: &LaunchArgs) -> i32 {
             return 1;
         }
     };
-    let server = match StoreServer::bind(STORE_HOST, args.port) {
-        Ok(server) => server,
-        Err(e) => {
-            eprintln!("nvfipc launch: cannot host the store: {e}");
-            return 1;
-        }
+    let (server, port) = match spec.store {
+        StoreHost::Launcher { port } => match StoreServer::bind(STORE_HOST, port) {
+            Ok(server) => {
+                let port = server.port();
+                (Some(server), port)
+            }
+            Err(e) => {
+                eprintln!("nvfipc launch: cannot host the store: {e}");
+                return 1;
+            }
+        },
+        StoreHost::Rank0 { port: 0 } => match free_port() {
+            Ok(port) => (None, port),
+            Err(e) => {
+                eprintln!("nvfipc launch: cannot find a free port for the store: {e}");
+                return 1;
+            }
+        },
+        StoreHost::Rank0 { port } => (None, port),
     };
-    let port = server.port();
 
     let (drained_tx, drained_rx) = mpsc::channel::<()>();
     let mut readers = 0;
-    let mut ranks: Vec<Rank> = Vec::with_capacity(args.ranks);
+    let mut ranks: Vec<Rank> = Vec::with_capacity(spec.ranks);
     let mut verdict: Option<i32> = None;
-    for r in 0..args.ranks {
-        match spawn_rank(args, r, port) {
+    for r in 0..spec.ranks {
+        match spawn_rank(spec, r, port) {
             Ok(mut child) => {
                 let prefix = format!("[rank {r}] ");
                 if let Some(out) = child.stdout.take() {
-                    let (p, tx) = (prefix.clone(), drained_tx.clone());
+                    let plain = r == 0 && spec.plain_rank0_stdout;
+                    let p = if plain { String::new() } else { prefix.clone() };
+                    let tx = drained_tx.clone();
                     thread::spawn(move || {
                         prefix_lines(out, &p, stdout_sink);
                         let _ = tx.send(());
@@ -227,7 +292,7 @@ pub fn run(args: &LaunchArgs) -> i32 {
             Err(e) => {
                 eprintln!(
                     "nvfipc launch: cannot start rank {r} ({}): {e}",
-                    args.command[0]
+                    spec.command[0]
                 );
                 // Like a shell: 127 when the command does not exist, 126 when it cannot run.
                 verdict = Some(if e.kind() == io::ErrorKind::NotFound {
@@ -243,7 +308,7 @@ pub fn run(args: &LaunchArgs) -> i32 {
 
     let mut kill_at: Option<Instant> = if verdict.is_some() {
         signal_running(&ranks, libc::SIGTERM);
-        Some(Instant::now() + args.grace)
+        Some(Instant::now() + spec.grace)
     } else {
         None
     };
@@ -275,7 +340,7 @@ pub fn run(args: &LaunchArgs) -> i32 {
         }
         if verdict.is_some() && kill_at.is_none() {
             signal_running(&ranks, libc::SIGTERM);
-            kill_at = Some(Instant::now() + args.grace);
+            kill_at = Some(Instant::now() + spec.grace);
         }
         if let Some(at) = kill_at {
             if !killed && Instant::now() >= at {
@@ -305,7 +370,9 @@ pub fn run(args: &LaunchArgs) -> i32 {
             break;
         }
     }
-    server.shutdown();
+    if let Some(server) = server {
+        server.shutdown();
+    }
     verdict.unwrap_or(0)
 }
 

@@ -6,6 +6,7 @@
 //! stops being read once its unsent output passes a high-water mark, so one slow client cannot
 //! grow the server's memory or starve the others.
 
+use super::buf_pool::{self, BufPool};
 use super::state::{ConnId, Refusal, StoreState};
 use super::{ServerOptions, Shared};
 use crate::store::wire::{self, Command, ParseError, Parsed, Request};
@@ -21,14 +22,12 @@ pub(super) const LISTENER: Token = Token(0);
 pub(super) const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
 
-/// Bytes read per read call into the shared scratch buffer.
-const READ_CHUNK: usize = 64 * 1024;
+/// Smallest free space offered to a read; an idle client's input buffer stays this small.
+const MIN_READ: usize = 4096;
 /// Bytes one connection may read per turn before the others get theirs.
 const READ_BUDGET: usize = 4 << 20;
 /// Unsent reply bytes above which a connection's input is left unprocessed until it drains.
 const OUT_HIGH_WATER: usize = 4 << 20;
-/// Idle buffers larger than this are shrunk back, so a burst does not pin memory per client.
-const KEEP_CAPACITY: usize = 256 * 1024;
 /// How long to stop accepting after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -46,9 +45,11 @@ enum Close {
 struct Conn {
     stream: TcpStream,
     id: ConnId,
+    /// Input bytes live in `inbuf[in_start..in_end]`; the tail after `in_end` is zeroed space
+    /// kept for the next read, so the buffer is not re-initialised before every read.
     inbuf: Vec<u8>,
-    /// Start of the unparsed bytes in `inbuf`.
     in_start: usize,
+    in_end: usize,
     /// Bytes (from `in_start`) the pending partial request needs before it is worth re-parsing.
     need: usize,
     outbuf: Vec<u8>,
@@ -56,6 +57,9 @@ struct Conn {
     out_pos: usize,
     validated: bool,
     eof: bool,
+    /// The poller reported the peer's FIN or an error: read until EOF, never stop at a short
+    /// read (the FIN may sit behind the data with no further edge to come).
+    peer_closing: bool,
     /// Already in the loop's `dirty` list.
     dirty: bool,
     /// Already in the loop's `again` list.
@@ -67,8 +71,9 @@ impl Conn {
         self.outbuf.len() - self.out_pos
     }
 
-    /// Writes as much pending output as the socket takes.
-    fn flush(&mut self) -> io::Result<()> {
+    /// Writes as much pending output as the socket takes; a large drained buffer goes back to
+    /// the pool.
+    fn flush(&mut self, pool: &mut BufPool) -> io::Result<()> {
         while self.out_pos < self.outbuf.len() {
             match self.stream.write(&self.outbuf[self.out_pos..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -80,40 +85,74 @@ impl Conn {
         }
         self.outbuf.clear();
         self.out_pos = 0;
-        if self.outbuf.capacity() > KEEP_CAPACITY {
-            self.outbuf.shrink_to(READ_CHUNK);
+        if self.outbuf.capacity() >= buf_pool::LARGE {
+            pool.give(std::mem::take(&mut self.outbuf));
         }
         Ok(())
     }
 
-    /// One read. Large pending requests read straight into the input buffer; small reads go
-    /// through `scratch` so the input buffer is not zero-filled ahead of every read.
-    fn read_some(&mut self, scratch: &mut [u8]) -> io::Result<usize> {
-        let pending = self.inbuf.len() - self.in_start;
-        let missing = self.need.saturating_sub(pending);
-        if missing > scratch.len() {
-            let len = self.inbuf.len();
-            self.inbuf.resize(len + missing.min(READ_BUDGET), 0);
-            let result = self.stream.read(&mut self.inbuf[len..]);
-            self.inbuf.truncate(len + *result.as_ref().unwrap_or(&0));
-            return result;
+    /// One read into the input buffer's free tail, growing it (from the pool when large) for a
+    /// large pending request. Returns the bytes read and whether the socket is now drained: a
+    /// short read on a stream socket emptied its receive queue, and data arriving later raises
+    /// a new edge, so the usual extra read that would only return EAGAIN can be skipped.
+    fn read_some(&mut self, pool: &mut BufPool) -> io::Result<(usize, bool)> {
+        let pending = self.in_end - self.in_start;
+        let want = self
+            .need
+            .saturating_sub(pending)
+            .clamp(MIN_READ, READ_BUDGET);
+        if self.inbuf.len() - self.in_end < want {
+            // At least double, so a burst of small requests grows the buffer geometrically.
+            let grow = want.max(self.inbuf.len()).min(READ_BUDGET);
+            let target = pending + grow;
+            match pool.take(target).filter(|_| target >= buf_pool::LARGE) {
+                Some(mut bigger) => {
+                    if bigger.len() < target {
+                        bigger.resize(target, 0);
+                    }
+                    bigger[..pending].copy_from_slice(&self.inbuf[self.in_start..self.in_end]);
+                    pool.give(std::mem::replace(&mut self.inbuf, bigger));
+                    self.in_start = 0;
+                    self.in_end = pending;
+                }
+                None => self.inbuf.resize(self.in_end + grow, 0),
+            }
         }
-        let n = self.stream.read(scratch)?;
-        self.inbuf.extend_from_slice(&scratch[..n]);
-        Ok(n)
+        let offered = self.inbuf.len() - self.in_end;
+        let n = self.stream.read(&mut self.inbuf[self.in_end..])?;
+        self.in_end += n;
+        Ok((n, n > 0 && n < offered && !self.peer_closing))
     }
 
-    /// Drops parsed bytes from the front of the input buffer.
-    fn compact_input(&mut self) {
-        if self.in_start == self.inbuf.len() {
-            self.inbuf.clear();
-            if self.inbuf.capacity() > KEEP_CAPACITY {
-                self.inbuf.shrink_to(READ_CHUNK);
+    /// Drops parsed bytes from the front of the input buffer; a large empty buffer goes back to
+    /// the pool.
+    fn compact_input(&mut self, pool: &mut BufPool) {
+        if self.in_start == self.in_end {
+            self.in_start = 0;
+            self.in_end = 0;
+            if self.inbuf.len() >= buf_pool::LARGE {
+                pool.give(std::mem::take(&mut self.inbuf));
             }
         } else if self.in_start > 0 {
-            self.inbuf.drain(..self.in_start);
+            self.inbuf.copy_within(self.in_start..self.in_end, 0);
+            self.in_end -= self.in_start;
+            self.in_start = 0;
         }
-        self.in_start = 0;
+    }
+}
+
+/// Before a request whose reply will be large: moves the pending output into a pooled buffer
+/// with room for the reply, instead of growing a small buffer.
+fn reserve_output(outbuf: &mut Vec<u8>, out_pos: &mut usize, pool: &mut BufPool, reply_len: usize) {
+    if outbuf.capacity() - outbuf.len() >= reply_len {
+        return;
+    }
+    let pending = outbuf.len() - *out_pos;
+    if let Some(mut bigger) = pool.take(pending + reply_len) {
+        bigger.clear();
+        bigger.extend_from_slice(&outbuf[*out_pos..]);
+        pool.give(std::mem::replace(outbuf, bigger));
+        *out_pos = 0;
     }
 }
 
@@ -126,13 +165,13 @@ pub(super) struct EventLoop {
     free_slots: Vec<usize>,
     next_gen: u32,
     state: StoreState,
+    pool: BufPool,
     /// Connections owed a STOP_WAITING byte by the request being handled.
     woken: Vec<ConnId>,
     /// Connections with output to flush at the end of this turn.
     dirty: Vec<usize>,
     /// Connections that used up their read budget and must be serviced again.
     again: Vec<usize>,
-    scratch: Box<[u8]>,
     /// Unvalidated connections in accept order, with their handshake deadline.
     handshake_deadlines: VecDeque<(Instant, ConnId)>,
     accept_paused_until: Option<Instant>,
@@ -156,10 +195,10 @@ impl EventLoop {
             free_slots: Vec::new(),
             next_gen: 0,
             state: StoreState::default(),
+            pool: BufPool::default(),
             woken: Vec::new(),
             dirty: Vec::new(),
             again: Vec::new(),
-            scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             handshake_deadlines: VecDeque::new(),
             accept_paused_until: None,
         })
@@ -182,7 +221,15 @@ impl EventLoop {
                 match event.token() {
                     LISTENER => self.accept_all(),
                     WAKER => {}
-                    Token(t) => self.service(t - FIRST_CONN),
+                    Token(t) => {
+                        let slot = t - FIRST_CONN;
+                        if event.is_read_closed() || event.is_error() {
+                            if let Some(conn) = self.conn(slot) {
+                                conn.peer_closing = true;
+                            }
+                        }
+                        self.service(slot);
+                    }
                 }
             }
             for slot in std::mem::take(&mut self.again) {
@@ -291,11 +338,13 @@ impl EventLoop {
             id,
             inbuf: Vec::new(),
             in_start: 0,
+            in_end: 0,
             need: 0,
             outbuf: Vec::new(),
             out_pos: 0,
             validated: false,
             eof: false,
+            peer_closing: false,
             dirty: false,
             again: false,
         });
@@ -311,10 +360,10 @@ impl EventLoop {
     fn service(&mut self, slot: usize) {
         let mut budget = READ_BUDGET;
         loop {
-            let Some(conn) = self.conn(slot) else {
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 return;
             };
-            if conn.flush().is_err() {
+            if conn.flush(&mut self.pool).is_err() {
                 self.close(slot, Some(Close::Io));
                 return;
             }
@@ -324,15 +373,14 @@ impl EventLoop {
             }
             if let Err(reason) = self.process_input(slot) {
                 self.deliver_wakeups();
-                if let Some(conn) = self.conn(slot) {
+                if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
                     // Best effort: replies to the valid requests before the bad one.
-                    let _ = conn.flush();
+                    let _ = conn.flush(&mut self.pool);
                 }
                 self.close(slot, Some(reason));
                 return;
             }
             self.deliver_wakeups();
-            let scratch = &mut self.scratch;
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 return;
             };
@@ -340,7 +388,7 @@ impl EventLoop {
                 continue;
             }
             if conn.eof {
-                let _ = conn.flush();
+                let _ = conn.flush(&mut self.pool);
                 self.close(slot, Some(Close::PeerClosed));
                 return;
             }
@@ -352,11 +400,17 @@ impl EventLoop {
                 self.mark_dirty(slot);
                 return;
             }
-            match conn.read_some(scratch) {
-                Ok(0) => conn.eof = true,
-                Ok(n) => budget = budget.saturating_sub(n),
+            match conn.read_some(&mut self.pool) {
+                Ok((0, _)) => conn.eof = true,
+                Ok((n, drained)) => {
+                    budget = budget.saturating_sub(n);
+                    if drained {
+                        self.drained(slot);
+                        return;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if conn.flush().is_err() {
+                    if conn.flush(&mut self.pool).is_err() {
                         self.close(slot, Some(Close::Io));
                     }
                     return;
@@ -370,6 +424,29 @@ impl EventLoop {
         }
     }
 
+    /// The socket has no more input for now: handle what was read and send the replies.
+    fn drained(&mut self, slot: usize) {
+        let result = self.process_input(slot);
+        self.deliver_wakeups();
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        let flushed = conn.flush(&mut self.pool);
+        let blocked = conn.backlog() > OUT_HIGH_WATER;
+        match (result, flushed) {
+            (Err(reason), _) => self.close(slot, Some(reason)),
+            (Ok(()), Err(_)) => self.close(slot, Some(Close::Io)),
+            // Input left over the high-water mark with room to write again: keep going.
+            (Ok(()), Ok(())) if !blocked && conn.in_end - conn.in_start >= conn.need.max(1) => {
+                if !conn.again {
+                    conn.again = true;
+                    self.again.push(slot);
+                }
+            }
+            (Ok(()), Ok(())) => {}
+        }
+    }
+
     /// Handles every complete request in the connection's input buffer (until the output
     /// passes the high-water mark).
     fn process_input(&mut self, slot: usize) -> Result<(), Close> {
@@ -378,6 +455,7 @@ impl EventLoop {
             state,
             woken,
             shared,
+            pool,
             ..
         } = self;
         let Some(conn) = conns.get_mut(slot).and_then(Option::as_mut) else {
@@ -387,7 +465,7 @@ impl EventLoop {
         let mut handled = 0u64;
         let mut result = Ok(());
         while conn.outbuf.len() - conn.out_pos <= OUT_HIGH_WATER {
-            let avail = &conn.inbuf[pos..];
+            let avail = &conn.inbuf[pos..conn.in_end];
             if avail.is_empty() || avail.len() < conn.need {
                 break;
             }
@@ -412,6 +490,12 @@ impl EventLoop {
                         conn.validated = true;
                         continue;
                     }
+                    if !pool.is_empty() {
+                        let reply_len = state.reply_len_hint(&req);
+                        if reply_len >= buf_pool::LARGE {
+                            reserve_output(&mut conn.outbuf, &mut conn.out_pos, pool, reply_len);
+                        }
+                    }
                     if let Err(refusal) = state.apply(conn.id, &req, &mut conn.outbuf, woken) {
                         result = Err(Close::Refused(refusal));
                         break;
@@ -428,7 +512,7 @@ impl EventLoop {
             }
         }
         conn.in_start = pos;
-        conn.compact_input();
+        conn.compact_input(pool);
         if handled > 0 {
             shared.stats.requests.fetch_add(handled, Ordering::Relaxed);
         }
@@ -461,11 +545,20 @@ impl EventLoop {
 
     fn flush_dirty(&mut self) {
         for slot in std::mem::take(&mut self.dirty) {
-            if let Some(conn) = self.conn(slot) {
-                conn.dirty = false;
-                if conn.flush().is_err() {
-                    self.close(slot, Some(Close::Io));
-                }
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            conn.dirty = false;
+            let was_blocked = conn.backlog() > OUT_HIGH_WATER;
+            if conn.flush(&mut self.pool).is_err() {
+                self.close(slot, Some(Close::Io));
+                continue;
+            }
+            // Input left unprocessed while the output was over the mark: no further readiness
+            // event may come for it, so service it on the next turn.
+            if was_blocked && conn.backlog() <= OUT_HIGH_WATER && !conn.again {
+                conn.again = true;
+                self.again.push(slot);
             }
         }
     }

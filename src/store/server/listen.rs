@@ -163,7 +163,7 @@ pub(crate) fn ensure_fd_limit(required: u64) -> Result<u64> {
             &io::Error::last_os_error(),
         ));
     }
-    let soft = lim.rlim_cur as u64;
+    let soft: u64 = lim.rlim_cur;
     if soft >= required {
         return Ok(soft);
     }
@@ -171,11 +171,11 @@ pub(crate) fn ensure_fd_limit(required: u64) -> Result<u64> {
     let target = if lim.rlim_max == libc::RLIM_INFINITY {
         1 << 20
     } else {
-        lim.rlim_max as u64
+        lim.rlim_max
     };
     if target > soft {
         let raised = libc::rlimit {
-            rlim_cur: target as libc::rlim_t,
+            rlim_cur: target,
             rlim_max: lim.rlim_max,
         };
         // SAFETY: setrlimit reads the struct we pass.

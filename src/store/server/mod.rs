@@ -5,6 +5,7 @@
 //! through `Result`s, and per-connection problems (a peer sending garbage, disconnecting, never
 //! saying hello) close only that connection and are counted in [`StoreServer::stats`].
 
+mod buf_pool;
 mod event_loop;
 mod fast_hash;
 mod listen;

@@ -166,6 +166,29 @@ impl StoreState {
         Ok(())
     }
 
+    /// About how many reply bytes `req` will produce (0 for small or no replies), so the caller
+    /// can provide a large enough buffer up front.
+    pub fn reply_len_hint(&self, req: &Request<'_>) -> usize {
+        let value_len = |key: &[u8]| 8 + self.kv.get(key).map_or(0, Vec::len);
+        match *req {
+            Request::Get { key } => value_len(key),
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => value_len(key).max(8 + expected.len().max(desired.len())),
+            Request::MultiGet { keys } => keys.iter().map(value_len).sum(),
+            Request::QueuePop { key } => {
+                16 + self
+                    .queues
+                    .get(key)
+                    .and_then(VecDeque::front)
+                    .map_or(0, Vec::len)
+            }
+            _ => 0,
+        }
+    }
+
     /// Forgets every WAIT registration of a connection that went away.
     pub fn drop_connection(&mut self, conn: ConnId) {
         self.drop_waits(conn);

@@ -1,0 +1,570 @@
+//! `nvfipc bench`: the measurements of DESIGN section 5 in one run.
+//!
+//! The parent runs each multi-process scenario as a job of this binary (`bench-rank`, started
+//! through `launch::run_job`, rank 0 hosting the store); rank 0 gathers every rank's samples
+//! through the store and writes them to a file the parent reads. The store benchmark runs in
+//! the parent against server processes. The parent then prints the tables and the targets and
+//! writes the JSON and the SVG plots ([`report`]).
+
+mod barrier;
+mod exchange;
+mod json;
+mod report;
+mod seed;
+mod store_load;
+mod svg;
+
+use crate::args::{split_flag, take_parsed, take_value, unknown_option, UsageError};
+use crate::launch::{self, JobSpec, StoreHost};
+use crate::memory::{kind_label, TransportChoice};
+use crate::stats::{decode_samples, encode_samples};
+use nvfuser_ipc::context::{Context, EnvOptions};
+use nvfuser_ipc::cuda::transport::CudaTransport;
+use nvfuser_ipc::exchange::{MemKind, Transport};
+use nvfuser_ipc::host::HostTransport;
+use nvfuser_ipc::{Error, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A named list of samples (nanoseconds).
+pub type Series = (String, Vec<u64>);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Part {
+    Exchange,
+    Store,
+    Barrier,
+}
+
+impl Part {
+    fn parse(name: &str) -> Result<Part, UsageError> {
+        match name {
+            "exchange" => Ok(Part::Exchange),
+            "store" => Ok(Part::Store),
+            "barrier" => Ok(Part::Barrier),
+            _ => Err(UsageError(format!(
+                "option --scenario: {name:?} is not one of exchange, store, barrier"
+            ))),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BenchArgs {
+    pub parts: Vec<Part>,
+    pub json: Option<PathBuf>,
+    pub svg_dir: Option<PathBuf>,
+    pub quick: bool,
+    pub transport: TransportChoice,
+    /// Skip PyTorch's servers even when `NVFIPC_PYTHON` is set.
+    pub no_torch: bool,
+}
+
+impl BenchArgs {
+    pub fn parse(args: Vec<String>) -> Result<BenchArgs, UsageError> {
+        let mut parsed = BenchArgs {
+            parts: vec![Part::Exchange, Part::Store, Part::Barrier],
+            json: None,
+            svg_dir: None,
+            quick: false,
+            transport: TransportChoice::Auto,
+            no_torch: false,
+        };
+        let mut rest = args.into_iter();
+        while let Some(arg) = rest.next() {
+            match split_flag(&arg) {
+                ("--scenario", v) => {
+                    let value = take_value(&mut rest, "--scenario", v)?;
+                    let mut parts = value
+                        .split(',')
+                        .map(|p| Part::parse(p.trim()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    parts.sort();
+                    parts.dedup();
+                    parsed.parts = parts;
+                }
+                ("--json", v) => parsed.json = Some(take_value(&mut rest, "--json", v)?.into()),
+                ("--svg-dir", v) => {
+                    parsed.svg_dir = Some(take_value(&mut rest, "--svg-dir", v)?.into())
+                }
+                ("--transport", v) => {
+                    let value = take_value(&mut rest, "--transport", v)?;
+                    parsed.transport = TransportChoice::parse("--transport", &value)?;
+                }
+                ("--quick", None) => parsed.quick = true,
+                ("--no-torch", None) => parsed.no_torch = true,
+                _ => return Err(unknown_option("bench", &arg)),
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// The sizes of one run (`--quick` or full).
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub exchange_worlds: Vec<usize>,
+    pub exchange_steps: usize,
+    pub bytes: u64,
+    pub store_clients: Vec<usize>,
+    pub store_duration: Duration,
+    pub barrier_worlds: Vec<usize>,
+    pub barrier_steps: usize,
+    pub rank_timeout: Duration,
+}
+
+impl Plan {
+    pub fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                exchange_worlds: vec![2],
+                exchange_steps: 10,
+                bytes: 1 << 16,
+                store_clients: vec![1, 4],
+                store_duration: Duration::from_millis(150),
+                barrier_worlds: vec![2, 4],
+                barrier_steps: 10,
+                rank_timeout: Duration::from_secs(30),
+            }
+        } else {
+            Plan {
+                exchange_worlds: vec![2, 4, 8],
+                exchange_steps: 100,
+                bytes: 1 << 20,
+                store_clients: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
+                store_duration: Duration::from_secs(1),
+                barrier_worlds: vec![2, 4, 8, 16, 32, 64],
+                barrier_steps: 100,
+                rank_timeout: Duration::from_secs(120),
+            }
+        }
+    }
+}
+
+/// What a `bench-rank` process does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Exchange,
+    Barrier,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankArgs {
+    pub role: Role,
+    pub steps: usize,
+    pub bytes: u64,
+    pub kind: MemKind,
+    pub out: PathBuf,
+    pub timeout: Duration,
+}
+
+impl RankArgs {
+    pub fn parse(args: Vec<String>) -> Result<RankArgs, UsageError> {
+        let (mut role, mut out) = (None, None);
+        let (mut steps, mut bytes, mut kind) = (10, 1 << 16, MemKind::Host);
+        let mut timeout = Duration::from_secs(60);
+        let mut rest = args.into_iter();
+        while let Some(arg) = rest.next() {
+            match split_flag(&arg) {
+                ("--role", v) => {
+                    role = Some(match take_value(&mut rest, "--role", v)?.as_str() {
+                        "exchange" => Role::Exchange,
+                        "barrier" => Role::Barrier,
+                        other => {
+                            return Err(UsageError(format!(
+                                "option --role: {other:?} is not exchange or barrier"
+                            )))
+                        }
+                    })
+                }
+                ("--steps", v) => steps = take_parsed(&mut rest, "--steps", v, "a count")?,
+                ("--bytes", v) => bytes = take_parsed(&mut rest, "--bytes", v, "a byte count")?,
+                ("--transport", v) => {
+                    kind = match take_value(&mut rest, "--transport", v)?.as_str() {
+                        "host" => MemKind::Host,
+                        "device" => MemKind::Device,
+                        other => {
+                            return Err(UsageError(format!(
+                                "option --transport: {other:?} is not host or device"
+                            )))
+                        }
+                    }
+                }
+                ("--out", v) => out = Some(PathBuf::from(take_value(&mut rest, "--out", v)?)),
+                ("--timeout-ms", v) => {
+                    let ms: u64 = take_parsed(&mut rest, "--timeout-ms", v, "milliseconds")?;
+                    timeout = Duration::from_millis(ms.max(1));
+                }
+                _ => return Err(unknown_option("bench-rank", &arg)),
+            }
+        }
+        if bytes == 0 || steps == 0 {
+            return Err(UsageError(
+                "bench-rank: --steps and --bytes must be positive".into(),
+            ));
+        }
+        Ok(RankArgs {
+            role: role.ok_or_else(|| UsageError("bench-rank: --role is required".into()))?,
+            steps,
+            bytes,
+            kind,
+            out: out.ok_or_else(|| UsageError("bench-rank: --out FILE is required".into()))?,
+            timeout,
+        })
+    }
+
+    fn to_args(&self) -> Vec<String> {
+        vec![
+            "--role".into(),
+            match self.role {
+                Role::Exchange => "exchange",
+                Role::Barrier => "barrier",
+            }
+            .into(),
+            "--steps".into(),
+            self.steps.to_string(),
+            "--bytes".into(),
+            self.bytes.to_string(),
+            "--transport".into(),
+            self.kind.name().into(),
+            "--out".into(),
+            self.out.to_string_lossy().into_owned(),
+            "--timeout-ms".into(),
+            self.timeout.as_millis().to_string(),
+        ]
+    }
+}
+
+/// Collects every rank's samples of `name` on rank 0 (through the store); other ranks get an
+/// empty list. Collective: every rank calls it with the same name.
+pub fn gather_samples(ctx: &Context, name: &str, samples: &[u64]) -> Result<Vec<Series>> {
+    let key = |r: usize| format!("nvfipc-bench/{}/samples/{name}/{r}", ctx.job_id);
+    ctx.store
+        .set(&key(ctx.rank), encode_samples(samples).as_bytes())?;
+    ctx.barrier(None, None)?;
+    if ctx.rank != 0 {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<String> = (0..ctx.world_size).map(key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut all = Vec::new();
+    for (r, value) in ctx
+        .store
+        .multi_get(&refs, ctx.timeout())?
+        .iter()
+        .enumerate()
+    {
+        let text = String::from_utf8_lossy(value);
+        all.extend(decode_samples(&text).ok_or_else(|| {
+            Error::protocol(format!("rank {r}'s samples of {name} are malformed"))
+        })?);
+    }
+    Ok(vec![(name.to_string(), all)])
+}
+
+/// One `bench-rank` process.
+pub fn run_rank(args: &RankArgs) -> i32 {
+    let options = EnvOptions {
+        timeout: Some(args.timeout),
+        ..EnvOptions::default()
+    };
+    let ctx = match Context::from_env(&options) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("nvfipc bench: {e}");
+            return 1;
+        }
+    };
+    let rank = ctx.rank;
+    let outcome = rank_body(&ctx, args);
+    let closed = ctx.close();
+    match outcome.and(closed) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("nvfipc bench: rank {rank}: {e}");
+            1
+        }
+    }
+}
+
+fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
+    let series = match args.role {
+        Role::Barrier => barrier::run(ctx, args)?,
+        Role::Exchange => {
+            // The transports outlive every cache and import, and are dropped only after the
+            // last barrier: peers may map this rank's semaphore slab until then.
+            let host: Arc<dyn Transport> = HostTransport::new(&ctx.job_id)?;
+            let mut transports = vec![host];
+            if args.kind == MemKind::Device {
+                let device: Arc<dyn Transport> = CudaTransport::new(None)?;
+                transports.push(device);
+            }
+            let series = exchange::run(ctx, args, args.kind, &transports)?;
+            ctx.barrier(None, None)?;
+            drop(transports);
+            series
+        }
+    };
+    if ctx.rank == 0 {
+        let mut text = String::new();
+        for (name, samples) in &series {
+            text.push_str(&format!("{name} {}\n", encode_samples(samples)));
+        }
+        std::fs::write(&args.out, text)
+            .map_err(|e| Error::from_io(&format!("writing {}", args.out.display()), &e))?;
+    }
+    Ok(())
+}
+
+/// Runs a job of `world` bench ranks; returns rank 0's series by name.
+fn run_ranks(
+    exe: &str,
+    world: usize,
+    mut rank_args: RankArgs,
+    scratch: &Path,
+) -> Result<BTreeMap<String, Vec<u64>>> {
+    rank_args.out = scratch.join(format!(
+        "{}-{world}.txt",
+        match rank_args.role {
+            Role::Exchange => "exchange",
+            Role::Barrier => "barrier",
+        }
+    ));
+    let _ = std::fs::remove_file(&rank_args.out);
+    let mut command = vec![exe.to_string(), "bench-rank".to_string()];
+    command.extend(rank_args.to_args());
+    let status = launch::run_job(&JobSpec {
+        ranks: world,
+        command,
+        grace: Duration::from_secs(3),
+        store: StoreHost::Rank0 { port: 0 },
+        plain_rank0_stdout: false,
+        env: Vec::new(),
+    });
+    if status != 0 {
+        return Err(Error::internal(format!(
+            "the {world}-rank job failed with status {status} (see the rank messages above)"
+        )));
+    }
+    let text = std::fs::read_to_string(&rank_args.out)
+        .map_err(|e| Error::from_io(&format!("reading {}", rank_args.out.display()), &e))?;
+    let _ = std::fs::remove_file(&rank_args.out);
+    let mut series = BTreeMap::new();
+    for line in text.lines() {
+        let (name, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let samples = decode_samples(rest)
+            .ok_or_else(|| Error::protocol(format!("malformed result line {line:?}")))?;
+        series.insert(name.to_string(), samples);
+    }
+    Ok(series)
+}
+
+/// A scratch directory for rank results, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn create() -> Result<Scratch> {
+        let dir = std::env::temp_dir().join(format!("nvfipc-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::from_io(&format!("creating {}", dir.display()), &e))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The parent: runs the chosen scenarios, prints and writes the report.
+pub fn run(args: &BenchArgs) -> i32 {
+    match run_parent(args) {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("nvfipc bench: {e}");
+            1
+        }
+    }
+}
+
+/// Returns whether every scenario ran (targets missed are reported, not failures).
+fn run_parent(args: &BenchArgs) -> Result<bool> {
+    let plan = Plan::new(args.quick);
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::from_io("finding this program's path to start the ranks", &e))?
+        .to_string_lossy()
+        .into_owned();
+    let scratch = Scratch::create()?;
+    let mut results = report::Results::new(args.quick);
+    if args.parts.contains(&Part::Exchange) {
+        let kind = args
+            .transport
+            .resolve()
+            .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
+        results.transport = kind_label(kind).to_string();
+        for &world in &plan.exchange_worlds {
+            eprintln!(
+                "nvfipc bench: ring exchange, {world} ranks, {}",
+                kind_label(kind)
+            );
+            let rank_args = RankArgs {
+                role: Role::Exchange,
+                steps: plan.exchange_steps,
+                bytes: plan.bytes,
+                kind,
+                out: PathBuf::new(),
+                timeout: plan.rank_timeout,
+            };
+            match run_ranks(&exe, world, rank_args, &scratch.0) {
+                Ok(series) => results.exchange.push((world, series)),
+                Err(e) => results.fail(format!("exchange, {world} ranks: {e}")),
+            }
+        }
+        results.exchange_steps = plan.exchange_steps;
+    }
+    if args.parts.contains(&Part::Store) {
+        store_part(args, &plan, &exe, &mut results);
+    }
+    if args.parts.contains(&Part::Barrier) {
+        for &world in &plan.barrier_worlds {
+            eprintln!("nvfipc bench: barrier, {world} processes");
+            let rank_args = RankArgs {
+                role: Role::Barrier,
+                steps: plan.barrier_steps,
+                bytes: 1,
+                kind: MemKind::Host,
+                out: PathBuf::new(),
+                timeout: plan.rank_timeout,
+            };
+            match run_ranks(&exe, world, rank_args, &scratch.0) {
+                Ok(series) => results.barrier.push((world, series)),
+                Err(e) => results.fail(format!("barrier, {world} processes: {e}")),
+            }
+        }
+    }
+    print!("{}", results.text());
+    if let Some(path) = &args.json {
+        write_file(path, &results.json().render())?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(dir) = &args.svg_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::from_io(&format!("creating {}", dir.display()), &e))?;
+        for (name, svg) in results.charts() {
+            let path = dir.join(format!("{name}.svg"));
+            write_file(&path, &svg)?;
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(results.failures.is_empty())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::from_io(&format!("creating {}", dir.display()), &e))?;
+    }
+    std::fs::write(path, text)
+        .map_err(|e| Error::from_io(&format!("writing {}", path.display()), &e))
+}
+
+fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Results) {
+    results.store_duration = plan.store_duration;
+    let mut servers = Vec::new();
+    let mut hosts = Vec::new();
+    match store_load::start_ours(exe) {
+        Ok((host, server)) => {
+            hosts.push(host);
+            servers.push(server);
+        }
+        Err(e) => results.fail(format!("store: starting our server: {e}")),
+    }
+    let python = std::env::var(store_load::PYTHON_VAR)
+        .ok()
+        .filter(|p| !p.is_empty());
+    match (args.no_torch, python) {
+        (true, _) => results
+            .store_notes
+            .push("torch rows skipped (--no-torch)".into()),
+        (false, None) => results.store_notes.push(format!(
+            "torch rows skipped: {} is not set (NVFIPC_PYTHON=$(bash scripts/python-env.sh) \
+             gives a Python with torch)",
+            store_load::PYTHON_VAR
+        )),
+        (false, Some(python)) => {
+            eprintln!("nvfipc bench: starting PyTorch's TCPStore servers with {python}");
+            match store_load::start_torch(&python) {
+                Ok((host, torch, notes)) => {
+                    hosts.push(host);
+                    servers.extend(torch);
+                    results.store_notes.extend(notes);
+                }
+                Err(e) => results.store_notes.push(format!(
+                    "torch rows skipped: {python} could not host a TCPStore: {e}"
+                )),
+            }
+        }
+    }
+    for &clients in &plan.store_clients {
+        for (i, server) in servers.iter().enumerate() {
+            eprintln!(
+                "nvfipc bench: store, {} server, {clients} clients",
+                server.label
+            );
+            let run_id = format!("{i}");
+            match store_load::drive(server.port, clients, plan.store_duration, &run_id) {
+                Ok(r) => results.store.push((server.label.clone(), r)),
+                Err(e) => results.fail(format!(
+                    "store, {} server, {clients} clients: {e}",
+                    server.label
+                )),
+            }
+        }
+    }
+    drop(hosts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_bench_options() {
+        let a = BenchArgs::parse(strings(&[
+            "--scenario",
+            "barrier,exchange",
+            "--json=x.json",
+            "--quick",
+        ]))
+        .unwrap();
+        assert_eq!(a.parts, vec![Part::Exchange, Part::Barrier]);
+        assert_eq!(a.json, Some(PathBuf::from("x.json")));
+        assert!(a.quick && !a.no_torch);
+        assert_eq!(BenchArgs::parse(vec![]).unwrap().parts.len(), 3);
+        assert!(BenchArgs::parse(strings(&["--scenario", "gpu"])).is_err());
+        assert!(BenchArgs::parse(strings(&["--quick=1"])).is_err());
+    }
+
+    #[test]
+    fn rank_args_round_trip() {
+        let a = RankArgs {
+            role: Role::Barrier,
+            steps: 7,
+            bytes: 9,
+            kind: MemKind::Device,
+            out: PathBuf::from("/tmp/x"),
+            timeout: Duration::from_millis(1500),
+        };
+        assert_eq!(RankArgs::parse(a.to_args()).unwrap(), a);
+        assert!(RankArgs::parse(strings(&["--role", "x", "--out", "f"])).is_err());
+        assert!(RankArgs::parse(strings(&["--out", "f"])).is_err());
+    }
+}

@@ -1,0 +1,546 @@
+//! Turns the samples of a benchmark run into tables, the target check, JSON and SVG plots.
+
+use super::exchange::floor_ns;
+use super::json::Json;
+use super::store_load::LoadResult;
+use super::svg::{Chart, Series as Line};
+use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::time::Duration;
+
+const MODES: [&str; 3] = ["cold", "warm", "asym"];
+const PROTOCOLS: [&str; 2] = ["ours", "seed"];
+
+/// Everything one run measured.
+pub struct Results {
+    pub quick: bool,
+    pub transport: String,
+    pub exchange_steps: usize,
+    /// Per world size: rank 0's gathered series (`ours.cold`, `seed.warm`, `floor.opens`, ...).
+    pub exchange: Vec<(usize, BTreeMap<String, Vec<u64>>)>,
+    pub store_duration: Duration,
+    /// (server label, result) in the order measured.
+    pub store: Vec<(String, LoadResult)>,
+    pub store_notes: Vec<String>,
+    /// Per world size: `barrier.ours` and `barrier.torch_style`.
+    pub barrier: Vec<(usize, BTreeMap<String, Vec<u64>>)>,
+    pub failures: Vec<String>,
+}
+
+/// One line of the target check.
+pub struct Target {
+    pub name: String,
+    pub measured: String,
+    pub ratio: Option<f64>,
+    pub limit: f64,
+    /// `None` when there was nothing to compare.
+    pub met: Option<bool>,
+}
+
+fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
+    map.get(name).map_or(&[], Vec::as_slice)
+}
+
+fn ratio(a: Option<u64>, b: Option<u64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0 => Some(a as f64 / b as f64),
+        _ => None,
+    }
+}
+
+impl Results {
+    pub fn new(quick: bool) -> Results {
+        Results {
+            quick,
+            transport: String::new(),
+            exchange_steps: 0,
+            exchange: Vec::new(),
+            store_duration: Duration::ZERO,
+            store: Vec::new(),
+            store_notes: Vec::new(),
+            barrier: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    pub fn fail(&mut self, what: String) {
+        eprintln!("nvfipc bench: FAILED: {what}");
+        self.failures.push(what);
+    }
+
+    fn floor(map: &BTreeMap<String, Vec<u64>>) -> Option<u64> {
+        floor_ns(series(map, "floor.opens"), series(map, "floor.rtt"))
+    }
+
+    /// The target check (DESIGN section 5), on the largest world / client counts measured.
+    pub fn targets(&self) -> Vec<Target> {
+        let mut out = Vec::new();
+        if let Some((w, map)) = self.exchange.last() {
+            let med = |n: &str| median(series(map, n));
+            let cold = med("ours.cold");
+            let check = |name: String, a: Option<u64>, b: Option<u64>, limit: f64| {
+                let r = ratio(a, b);
+                Target {
+                    name,
+                    measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
+                    ratio: r,
+                    limit,
+                    met: r.map(|r| r <= limit),
+                }
+            };
+            out.push(check(
+                format!("cold at W={w} vs seed baseline"),
+                cold,
+                med("seed.cold"),
+                0.5,
+            ));
+            out.push(check(
+                format!("cold at W={w} vs floor"),
+                cold,
+                Self::floor(map),
+                1.5,
+            ));
+            let warm = med("ours.warm");
+            out.push(Target {
+                name: format!("warm at W={w}, two comms per call (<= 2 us)"),
+                measured: fmt_opt_ns(warm),
+                ratio: warm.map(|w| w as f64 / 2000.0),
+                limit: 1.0,
+                met: warm.map(|w| w <= 2000),
+            });
+            out.push(check(
+                format!("asym at W={w} vs cold"),
+                med("ours.asym"),
+                cold,
+                1.0,
+            ));
+        }
+        let clients: Vec<usize> = {
+            let mut c: Vec<usize> = self.store.iter().map(|(_, r)| r.clients).collect();
+            c.sort_unstable();
+            c.dedup();
+            c
+        };
+        for label in self.store_labels().into_iter().filter(|l| l != "nvfipc") {
+            let mut worst: Option<(f64, usize)> = None;
+            for &c in &clients {
+                let get = |l: &str| {
+                    self.store
+                        .iter()
+                        .find(|(s, r)| s == l && r.clients == c)
+                        .map(|(_, r)| r.ops_per_sec())
+                };
+                if let (Some(ours), Some(theirs)) = (get("nvfipc"), get(&label)) {
+                    // Throughput: higher is better, so compare theirs / ours against 1.
+                    let r = theirs / ours;
+                    match worst {
+                        Some((w, _)) if w >= r => {}
+                        _ => worst = Some((r, c)),
+                    }
+                }
+            }
+            out.push(Target {
+                name: format!("store throughput vs {label}, every client count (worst)"),
+                measured: worst.map_or("-".into(), |(_, c)| format!("at {c} clients")),
+                ratio: worst.map(|(r, _)| r),
+                limit: 1.0,
+                met: worst.map(|(r, _)| r <= 1.0),
+            });
+        }
+        if let Some((w, map)) = self.barrier.last() {
+            let a = median(series(map, "barrier.ours"));
+            let b = median(series(map, "barrier.torch_style"));
+            let r = ratio(a, b);
+            out.push(Target {
+                name: format!("barrier at W={w} vs torch-style"),
+                measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
+                ratio: r,
+                limit: 0.5,
+                met: r.map(|r| r <= 0.5),
+            });
+        }
+        out
+    }
+
+    fn store_labels(&self) -> Vec<String> {
+        let mut labels: Vec<String> = Vec::new();
+        for (l, _) in &self.store {
+            if !labels.contains(l) {
+                labels.push(l.clone());
+            }
+        }
+        labels
+    }
+
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        if !self.exchange.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n== Ring exchange, {}, two comms per call, {} calls per rank ==",
+                self.transport, self.exchange_steps
+            );
+            let mut rows = vec![vec!["W".to_string(), "protocol".into()]];
+            for m in MODES {
+                rows[0].push(format!("{m} p50"));
+                rows[0].push(format!("{m} p90"));
+            }
+            for (w, map) in &self.exchange {
+                for p in PROTOCOLS {
+                    let mut row = vec![w.to_string(), p.to_string()];
+                    for m in MODES {
+                        let v = series(map, &format!("{p}.{m}"));
+                        row.push(fmt_opt_ns(quantile(v, 0.5)));
+                        row.push(fmt_opt_ns(quantile(v, 0.9)));
+                    }
+                    rows.push(row);
+                }
+                rows.push(vec![
+                    w.to_string(),
+                    "floor".into(),
+                    fmt_opt_ns(Self::floor(map)),
+                    format!(
+                        "(opens {} + 2 x store RTT {})",
+                        fmt_opt_ns(median(series(map, "floor.opens"))),
+                        fmt_opt_ns(median(series(map, "floor.rtt")))
+                    ),
+                ]);
+            }
+            s.push_str(&format_table(&rows));
+            s.push_str(
+                "ours: this library's cache; seed: upstream protocol (SET, store barrier, \
+                 CHECK+GET+DELETE, store barrier) told which comms miss; asym: even ranks swap \
+                 buffers every other call\n",
+            );
+        }
+        if !self.store.is_empty() || !self.store_notes.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n== Store server, SET/GET alternating, {} per point ==",
+                fmt_ns(self.store_duration.as_nanos() as u64)
+            );
+            let mut rows = vec![vec![
+                "clients".to_string(),
+                "server".into(),
+                "ops/s".into(),
+                "GET p50".into(),
+                "GET p90".into(),
+            ]];
+            let mut sorted: Vec<&(String, LoadResult)> = self.store.iter().collect();
+            sorted.sort_by_key(|(_, r)| r.clients);
+            for (label, r) in sorted {
+                rows.push(vec![
+                    r.clients.to_string(),
+                    label.clone(),
+                    format!("{:.0}", r.ops_per_sec()),
+                    fmt_opt_ns(r.get_p50_ns),
+                    fmt_opt_ns(r.get_p90_ns),
+                ]);
+            }
+            s.push_str(&format_table(&rows));
+            for note in &self.store_notes {
+                let _ = writeln!(s, "note: {note}");
+            }
+        }
+        if !self.barrier.is_empty() {
+            let _ = writeln!(s, "\n== Barrier over the world, per call ==");
+            let mut rows = vec![vec![
+                "W".to_string(),
+                "ours p50".into(),
+                "ours p90".into(),
+                "torch-style p50".into(),
+                "torch-style p90".into(),
+                "ours/torch".into(),
+            ]];
+            for (w, map) in &self.barrier {
+                let (a, b) = (
+                    series(map, "barrier.ours"),
+                    series(map, "barrier.torch_style"),
+                );
+                rows.push(vec![
+                    w.to_string(),
+                    fmt_opt_ns(quantile(a, 0.5)),
+                    fmt_opt_ns(quantile(a, 0.9)),
+                    fmt_opt_ns(quantile(b, 0.5)),
+                    fmt_opt_ns(quantile(b, 0.9)),
+                    ratio(median(a), median(b)).map_or("-".into(), |r| format!("{r:.2}x")),
+                ]);
+            }
+            s.push_str(&format_table(&rows));
+        }
+        let targets = self.targets();
+        if !targets.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n== Targets{} ==",
+                if self.quick {
+                    " (quick run: indicative only)"
+                } else {
+                    ""
+                }
+            );
+            let mut rows = vec![vec![
+                "target".to_string(),
+                "measured".into(),
+                "ratio".into(),
+                "limit".into(),
+                "verdict".into(),
+            ]];
+            for t in &targets {
+                rows.push(vec![
+                    t.name.clone(),
+                    t.measured.clone(),
+                    t.ratio.map_or("-".into(), |r| format!("{r:.2}x")),
+                    format!("<= {:.2}x", t.limit),
+                    match t.met {
+                        Some(true) => "met".into(),
+                        Some(false) => "MISSED".into(),
+                        None => "no data".into(),
+                    },
+                ]);
+            }
+            s.push_str(&format_table(&rows));
+        }
+        for f in &self.failures {
+            let _ = writeln!(s, "FAILED: {f}");
+        }
+        s
+    }
+
+    pub fn json(&self) -> Json {
+        let stat = |v: &[u64]| {
+            Json::obj(vec![
+                ("samples", Json::Int(v.len() as u64)),
+                ("median_ns", Json::opt_int(quantile(v, 0.5))),
+                ("p90_ns", Json::opt_int(quantile(v, 0.9))),
+            ])
+        };
+        let exchange = self
+            .exchange
+            .iter()
+            .map(|(w, map)| {
+                let mut fields: Vec<(&str, Json)> = vec![("world", Json::Int(*w as u64))];
+                let named: Vec<(String, Json)> =
+                    map.iter().map(|(k, v)| (k.clone(), stat(v))).collect();
+                fields.push(("series", Json::Obj(named)));
+                fields.push(("floor_ns", Json::opt_int(Self::floor(map))));
+                Json::obj(fields)
+            })
+            .collect();
+        let store = self
+            .store
+            .iter()
+            .map(|(label, r)| {
+                Json::obj(vec![
+                    ("server", Json::str(label.clone())),
+                    ("clients", Json::Int(r.clients as u64)),
+                    ("ops", Json::Int(r.ops)),
+                    ("elapsed_ns", Json::Int(r.elapsed.as_nanos() as u64)),
+                    ("ops_per_sec", Json::Num(r.ops_per_sec())),
+                    ("get_p50_ns", Json::opt_int(r.get_p50_ns)),
+                    ("get_p90_ns", Json::opt_int(r.get_p90_ns)),
+                ])
+            })
+            .collect();
+        let barrier = self
+            .barrier
+            .iter()
+            .map(|(w, map)| {
+                Json::obj(vec![
+                    ("world", Json::Int(*w as u64)),
+                    ("ours", stat(series(map, "barrier.ours"))),
+                    ("torch_style", stat(series(map, "barrier.torch_style"))),
+                ])
+            })
+            .collect();
+        let targets = self
+            .targets()
+            .into_iter()
+            .map(|t| {
+                Json::obj(vec![
+                    ("target", Json::str(t.name)),
+                    ("measured", Json::str(t.measured)),
+                    ("ratio", t.ratio.map_or(Json::Null, Json::Num)),
+                    ("limit", Json::Num(t.limit)),
+                    ("met", t.met.map_or(Json::Null, Json::Bool)),
+                ])
+            })
+            .collect();
+        Json::obj(vec![
+            ("nvfipc_version", Json::str(env!("CARGO_PKG_VERSION"))),
+            ("quick", Json::Bool(self.quick)),
+            ("transport", Json::str(self.transport.clone())),
+            (
+                "exchange_calls_per_rank",
+                Json::Int(self.exchange_steps as u64),
+            ),
+            ("exchange", Json::Arr(exchange)),
+            (
+                "store_seconds_per_point",
+                Json::Num(self.store_duration.as_secs_f64()),
+            ),
+            ("store", Json::Arr(store)),
+            (
+                "store_notes",
+                Json::Arr(
+                    self.store_notes
+                        .iter()
+                        .map(|n| Json::str(n.clone()))
+                        .collect(),
+                ),
+            ),
+            ("barrier", Json::Arr(barrier)),
+            ("targets", Json::Arr(targets)),
+            (
+                "failures",
+                Json::Arr(self.failures.iter().map(|f| Json::str(f.clone())).collect()),
+            ),
+        ])
+    }
+
+    /// One chart per scenario that ran: (file stem, SVG).
+    pub fn charts(&self) -> Vec<(String, String)> {
+        let us = |ns: u64| ns as f64 / 1e3;
+        let mut out = Vec::new();
+        if !self.exchange.is_empty() {
+            let mut lines = Vec::new();
+            for p in PROTOCOLS {
+                for m in MODES {
+                    let points = self
+                        .exchange
+                        .iter()
+                        .filter_map(|(w, map)| {
+                            Some((*w as f64, us(median(series(map, &format!("{p}.{m}")))?)))
+                        })
+                        .collect();
+                    lines.push(Line {
+                        name: format!("{p} {m}"),
+                        points,
+                        dashed: p == "seed",
+                    });
+                }
+            }
+            lines.push(Line {
+                name: "floor".into(),
+                points: self
+                    .exchange
+                    .iter()
+                    .filter_map(|(w, map)| Some((*w as f64, us(Self::floor(map)?))))
+                    .collect(),
+                dashed: true,
+            });
+            out.push((
+                "exchange".to_string(),
+                Chart {
+                    title: format!("Ring exchange per call, median ({})", self.transport),
+                    x_label: "ranks (W)".into(),
+                    y_label: "microseconds per call".into(),
+                    log_x: true,
+                    log_y: true,
+                    series: lines,
+                }
+                .render(),
+            ));
+        }
+        if !self.store.is_empty() {
+            let lines = self
+                .store_labels()
+                .into_iter()
+                .map(|label| Line {
+                    points: self
+                        .store
+                        .iter()
+                        .filter(|(l, _)| *l == label)
+                        .map(|(_, r)| (r.clients as f64, r.ops_per_sec()))
+                        .collect(),
+                    dashed: label != "nvfipc",
+                    name: label,
+                })
+                .collect();
+            out.push((
+                "store".to_string(),
+                Chart {
+                    title: "Store server throughput (SET/GET)".into(),
+                    x_label: "clients".into(),
+                    y_label: "operations per second".into(),
+                    log_x: true,
+                    log_y: true,
+                    series: lines,
+                }
+                .render(),
+            ));
+        }
+        if !self.barrier.is_empty() {
+            let line = |name: &str, key: &str, dashed: bool| Line {
+                name: name.into(),
+                points: self
+                    .barrier
+                    .iter()
+                    .filter_map(|(w, map)| Some((*w as f64, us(median(series(map, key))?))))
+                    .collect(),
+                dashed,
+            };
+            out.push((
+                "barrier".to_string(),
+                Chart {
+                    title: "Barrier latency per call, median".into(),
+                    x_label: "processes (W)".into(),
+                    y_label: "microseconds".into(),
+                    log_x: true,
+                    log_y: true,
+                    series: vec![
+                        line("ours (Context::barrier)", "barrier.ours", false),
+                        line("torch-style store barrier", "barrier.torch_style", true),
+                    ],
+                }
+                .render(),
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(entries: &[(&str, &[u64])]) -> BTreeMap<String, Vec<u64>> {
+        entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn targets_compare_the_largest_world() {
+        let mut r = Results::new(false);
+        r.exchange.push((2, map(&[("ours.cold", &[1])])));
+        r.exchange.push((
+            8,
+            map(&[
+                ("ours.cold", &[100, 100]),
+                ("seed.cold", &[400]),
+                ("ours.warm", &[1500]),
+                ("ours.asym", &[150]),
+                ("floor.opens", &[40]),
+                ("floor.rtt", &[15]),
+            ]),
+        ));
+        r.barrier.push((
+            64,
+            map(&[("barrier.ours", &[10]), ("barrier.torch_style", &[30])]),
+        ));
+        let t = r.targets();
+        let verdicts: Vec<(String, Option<bool>)> =
+            t.iter().map(|t| (t.name.clone(), t.met)).collect();
+        assert_eq!(verdicts[0].1, Some(true), "{verdicts:?}"); // 100/400
+        assert_eq!(verdicts[1].1, Some(true)); // 100 / (40 + 2 * 15)
+        assert_eq!(verdicts[2].1, Some(true)); // 1.5 us
+        assert_eq!(verdicts[3].1, Some(false)); // asym 150 > cold 100
+        assert_eq!(verdicts[4].1, Some(true)); // 10/30
+        assert!(r.text().contains("MISSED"));
+        assert!(r.json().render().contains("\"floor_ns\": 70"));
+        assert_eq!(r.charts().len(), 2);
+    }
+}

@@ -1,0 +1,172 @@
+//! Buffers and transfers of the demo and the benchmarks, on the device or in shared memory:
+//! one type so that the ring logic does not care where the bytes live.
+
+use crate::args::UsageError;
+use nvfuser_ipc::cuda::buffer::{DeviceBuffer, DeviceStream};
+use nvfuser_ipc::cuda::{driver, p2p};
+use nvfuser_ipc::exchange::{MemKind, P2pHandles};
+use nvfuser_ipc::host::{self, HostBuffer};
+use nvfuser_ipc::{Error, Result};
+use std::time::Duration;
+
+/// `--transport`: where the buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// The device when a CUDA driver and a device are there, shared memory otherwise.
+    Auto,
+    Device,
+    Host,
+}
+
+impl TransportChoice {
+    pub fn parse(name: &str, value: &str) -> Result<TransportChoice, UsageError> {
+        match value {
+            "auto" => Ok(TransportChoice::Auto),
+            "device" => Ok(TransportChoice::Device),
+            "host" => Ok(TransportChoice::Host),
+            _ => Err(UsageError(format!(
+                "option {name}: {value:?} is not one of auto, device, host"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Device => "device",
+            TransportChoice::Host => "host",
+        }
+    }
+
+    /// The memory kind to use on this machine; `device` without a usable GPU is an error.
+    pub fn resolve(self) -> Result<MemKind> {
+        match self {
+            TransportChoice::Host => Ok(MemKind::Host),
+            TransportChoice::Device => device_usable().map(|()| MemKind::Device),
+            TransportChoice::Auto => Ok(if device_usable().is_ok() {
+                MemKind::Device
+            } else {
+                MemKind::Host
+            }),
+        }
+    }
+}
+
+/// Ok when a CUDA driver is loaded and at least one device is visible.
+pub fn device_usable() -> Result<()> {
+    if !driver::is_available() {
+        return Err(driver::driver().err().unwrap_or_else(|| {
+            Error::internal("the CUDA driver is reported unavailable without a reason")
+        }));
+    }
+    match driver::device_count()? {
+        0 => Err(Error::unsupported(
+            "the CUDA driver sees no device (check CUDA_VISIBLE_DEVICES and nvidia-smi)",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The label printed in tables: what the transport really is.
+pub fn kind_label(kind: MemKind) -> &'static str {
+    match kind {
+        MemKind::Device => "device (CUDA IPC)",
+        MemKind::Host => "host (shared memory)",
+    }
+}
+
+/// A buffer that peers can map.
+pub enum Buffer {
+    Host(HostBuffer),
+    Device(DeviceBuffer),
+}
+
+impl Buffer {
+    /// A new allocation of `bytes`; host buffers are named after `job_id`.
+    pub fn alloc(kind: MemKind, job_id: &str, bytes: u64) -> Result<Buffer> {
+        match kind {
+            MemKind::Host => host::alloc_for_job(job_id, bytes).map(Buffer::Host),
+            MemKind::Device => DeviceBuffer::alloc(bytes).map(Buffer::Device),
+        }
+    }
+
+    pub fn addr(&self) -> u64 {
+        match self {
+            Buffer::Host(b) => b.addr(),
+            Buffer::Device(b) => b.addr(),
+        }
+    }
+
+    pub fn write(&self, data: &[u8]) -> Result<()> {
+        match self {
+            Buffer::Host(b) => b.write(0, data),
+            Buffer::Device(b) => b.write(0, data),
+        }
+    }
+
+    pub fn read(&self, out: &mut [u8]) -> Result<()> {
+        match self {
+            Buffer::Host(b) => b.read(0, out),
+            Buffer::Device(b) => b.read(0, out),
+        }
+    }
+}
+
+/// Moves bytes over exchanged handles with nvFuser's get protocol: the sender posts, the
+/// receiver pulls from the sender's buffer and signals, the sender waits for that signal.
+pub enum Mover {
+    Host { timeout: Duration },
+    Device { stream: DeviceStream },
+}
+
+impl Mover {
+    pub fn new(kind: MemKind, timeout: Duration) -> Result<Mover> {
+        Ok(match kind {
+            MemKind::Host => Mover::Host { timeout },
+            MemKind::Device => Mover::Device {
+                stream: DeviceStream::new()?,
+            },
+        })
+    }
+
+    /// One ring step: announce `send`, pull `bytes` over `recv`, wait until `send` was pulled.
+    /// Returns when the received bytes are in the local receive buffer.
+    pub fn ring_step(&self, send: &P2pHandles, recv: &P2pHandles, bytes: u64) -> Result<()> {
+        match self {
+            Mover::Host { timeout } => {
+                host::p2p::send_post(send)?;
+                host::p2p::recv_post(recv, bytes, *timeout)?;
+                host::p2p::send_wait(send, *timeout)?;
+            }
+            Mover::Device { stream } => {
+                p2p::channel_send_post(send, stream.stream())?;
+                p2p::channel_recv_post(recv, bytes, stream.stream())?;
+                p2p::channel_send_wait(send, stream.stream())?;
+                stream.synchronize()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_transport_names() {
+        assert_eq!(
+            TransportChoice::parse("--transport", "host"),
+            Ok(TransportChoice::Host)
+        );
+        assert_eq!(
+            TransportChoice::parse("--transport", "auto"),
+            Ok(TransportChoice::Auto)
+        );
+        let err = TransportChoice::parse("--transport", "gpu").unwrap_err();
+        assert!(err.0.contains("auto, device, host"), "{err}");
+        assert_eq!(TransportChoice::Host.resolve().unwrap(), MemKind::Host);
+        // Auto never fails: it falls back to shared memory.
+        assert!(TransportChoice::Auto.resolve().is_ok());
+    }
+}

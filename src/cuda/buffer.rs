@@ -1,0 +1,213 @@
+//! Owned device memory and streams for programs that drive the exchange themselves (the CLI's
+//! demo and benchmarks, tests): `cuMemAlloc`/`cuMemFree`, blocking host<->device copies, and a
+//! `CUstream` that is synchronised and destroyed on drop.
+//!
+//! Every call makes sure a context is current first (the current one, else device 0's primary
+//! context, see [`driver::ensure_context`]); buffers and streams remember their context and use
+//! it again when they are dropped.
+
+use super::driver::{self, check, Context, ContextGuard};
+use super::p2p::Stream;
+use crate::error::{Error, Result, Status};
+use cudarc::driver::sys;
+use once_cell::sync::OnceCell;
+
+/// Driver symbols used here and not in the driver module's required list (cudarc's loader
+/// panics on a missing symbol, so they are looked up once before the first call).
+const COPY_SYMBOLS: &[&str] = &["cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"];
+
+fn copy_symbols_present() -> Result<()> {
+    static PRESENT: OnceCell<Result<()>> = OnceCell::new();
+    PRESENT
+        .get_or_init(|| {
+            driver::driver()?;
+            // SAFETY: driver() succeeded, so the library is present and culib() cannot panic.
+            let lib = unsafe { sys::culib() };
+            let missing: Vec<&str> = COPY_SYMBOLS
+                .iter()
+                .copied()
+                // SAFETY: the symbol is only looked up, never called through this type.
+                .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(*name) }.is_err())
+                .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(Error::new(
+                    Status::CudaUnavailable,
+                    format!("libcuda does not export {}", missing.join(", ")),
+                ))
+            }
+        })
+        .clone()
+}
+
+/// A `cuMemAlloc` allocation, freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    ptr: u64,
+    bytes: u64,
+    ctx: Context,
+}
+
+impl DeviceBuffer {
+    /// Allocates `bytes` (uninitialised) on the current device.
+    pub fn alloc(bytes: u64) -> Result<DeviceBuffer> {
+        if bytes == 0 {
+            return Err(Error::invalid("device allocation of 0 bytes"));
+        }
+        let ctx = driver::ensure_context(None)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out pointer; a context is current (ensure_context above).
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) },
+            &format!("cuMemAlloc({bytes} bytes)"),
+        )?;
+        Ok(DeviceBuffer { ptr, bytes, ctx })
+    }
+
+    /// The device address (what requests carry).
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    fn check_range(&self, offset: u64, n: usize) -> Result<()> {
+        if offset
+            .checked_add(n as u64)
+            .map_or(true, |end| end > self.bytes)
+        {
+            return Err(Error::invalid(format!(
+                "range [{offset}, +{n}) is outside the {}-byte device buffer",
+                self.bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `data` to the buffer at `offset`; returns when the copy is done.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len())?;
+        copy_symbols_present()?;
+        let _guard = ContextGuard::enter(self.ctx)?;
+        // SAFETY: the destination range lies inside this live allocation (checked above) and
+        // the source is a valid slice of `data.len()` bytes; the copy is synchronous.
+        check(
+            unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset, data.as_ptr().cast(), data.len()) },
+            "cuMemcpyHtoD",
+        )
+    }
+
+    /// Copies `out.len()` bytes from the buffer at `offset`; returns when the copy is done.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
+        copy_symbols_present()?;
+        let _guard = ContextGuard::enter(self.ctx)?;
+        // SAFETY: the source range lies inside this live allocation (checked above) and `out`
+        // is a valid, exclusively borrowed slice of `out.len()` bytes; the copy is synchronous.
+        check(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset, out.len()) },
+            "cuMemcpyDtoH",
+        )
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Ok(_guard) = ContextGuard::enter(self.ctx) {
+            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed exactly once.
+            // A failure cannot be reported from drop; the memory then stays allocated.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// A non-blocking `CUstream`, synchronised and destroyed on drop.
+#[derive(Debug)]
+pub struct DeviceStream {
+    raw: usize,
+    ctx: Context,
+}
+
+impl DeviceStream {
+    pub fn new() -> Result<DeviceStream> {
+        let ctx = driver::ensure_context(None)?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: valid out pointer; a context is current.
+        check(
+            unsafe { sys::cuStreamCreate(&mut raw, flags) },
+            "cuStreamCreate",
+        )?;
+        Ok(DeviceStream {
+            raw: raw as usize,
+            ctx,
+        })
+    }
+
+    /// The stream as the P2P primitives take it.
+    pub fn stream(&self) -> Stream {
+        Stream(self.raw)
+    }
+
+    /// Waits for everything queued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        let _guard = ContextGuard::enter(self.ctx)?;
+        // SAFETY: the stream was created by cuStreamCreate and is not destroyed yet.
+        check(
+            unsafe { sys::cuStreamSynchronize(self.raw as sys::CUstream) },
+            "cuStreamSynchronize",
+        )
+    }
+}
+
+impl Drop for DeviceStream {
+    fn drop(&mut self) {
+        if let Ok(_guard) = ContextGuard::enter(self.ctx) {
+            let raw = self.raw as sys::CUstream;
+            // SAFETY: the stream is live and destroyed exactly once; synchronising first keeps
+            // queued work from outliving buffers the owner frees next. Failures cannot be
+            // reported from drop.
+            unsafe {
+                let _ = sys::cuStreamSynchronize(raw);
+                let _ = sys::cuStreamDestroy_v2(raw);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_driver_everything_is_a_clean_error() {
+        if driver::is_available() {
+            let buf = DeviceBuffer::alloc(64).unwrap();
+            buf.write(0, &[7u8; 64]).unwrap();
+            let mut out = [0u8; 64];
+            buf.read(0, &mut out).unwrap();
+            assert_eq!(out, [7u8; 64]);
+            assert!(buf.write(60, &[0u8; 8]).is_err());
+            let stream = DeviceStream::new().unwrap();
+            stream.synchronize().unwrap();
+        } else {
+            let err = DeviceBuffer::alloc(64).unwrap_err();
+            assert_eq!(err.status, Status::CudaUnavailable);
+            assert_eq!(
+                DeviceStream::new().unwrap_err().status,
+                Status::CudaUnavailable
+            );
+        }
+        assert_eq!(
+            DeviceBuffer::alloc(0).unwrap_err().status,
+            Status::InvalidArgument
+        );
+    }
+}
