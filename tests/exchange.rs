@@ -170,6 +170,34 @@ fn warm_hits_cost_report() {
     assert_all_ok("warm", 2);
 }
 
+/// Device memory through the CUDA transport and the device primitives (skipped without a GPU).
+#[test]
+fn device_buffers_between_processes() {
+    if !nvfuser_ipc::cuda::driver::is_available() {
+        eprintln!("skipped: no CUDA driver on this machine");
+        return;
+    }
+    assert_all_ok("device", 2);
+}
+
+#[test]
+fn c_abi_between_processes() {
+    let results = run_ranks("c_abi", 2);
+    for (rank, (ok, out)) in results.iter().enumerate() {
+        assert!(ok, "c_abi: rank {rank} failed:\n{out}");
+        // The context's own job id names the host buffers and boards: none may be left.
+        let jobs: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.split_once("job-id:").map(|(_, j)| j.trim()))
+            .collect();
+        assert_eq!(jobs.len(), 1, "rank {rank} did not finish:\n{out}");
+        for job in jobs {
+            let left = shm_entries(job);
+            assert!(left.is_empty(), "rank {rank}: leaked {left:?}");
+        }
+    }
+}
+
 #[test]
 fn one_cache_from_several_threads() {
     assert_all_ok("threads", 2);
@@ -279,6 +307,8 @@ fn child() {
         "threads" => threads(r),
         "peer_exit" => peer_exit(r),
         "warm" => warm(r),
+        "device" => device(r),
+        "c_abi" => c_abi(r),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -611,7 +641,12 @@ fn peer_exit(r: Rank) {
 /// Measures the cost of an exchange of two requests that hit on both sides (printed, not
 /// asserted: timing depends on the machine) and checks it does no store traffic.
 fn warm(r: Rank) {
-    const CALLS: u32 = 20_000;
+    // Fewer calls in debug builds, where the numbers mean little anyway.
+    let calls: u32 = if cfg!(debug_assertions) {
+        1_000
+    } else {
+        20_000
+    };
     let peer = 1 - r.rank;
     let a = filled(64, 0);
     let b = filled(64, 0);
@@ -622,18 +657,18 @@ fn warm(r: Rank) {
     r.cache.exchange_handles(&reqs).unwrap();
     let before = r.cache.stats();
     let start = Instant::now();
-    for _ in 0..CALLS {
+    for _ in 0..calls {
         r.cache.exchange_handles(&reqs).unwrap();
     }
-    let per_call = start.elapsed() / CALLS;
+    let per_call = start.elapsed() / calls;
     let after = r.cache.stats();
     assert_eq!(after.store_round_trips, before.store_round_trips);
-    assert_eq!(after.hits - before.hits, 2 * u64::from(CALLS));
+    assert_eq!(after.hits - before.hits, 2 * u64::from(calls));
     // Own cost without waiting: rank 0 lets rank 1 arrive first (a busy pause outside the timed
     // region), so rank 0's call finds the peer's step already published.
-    const OWN_CALLS: u32 = 5_000;
+    let own_calls = calls / 4;
     let mut own = Duration::ZERO;
-    for _ in 0..OWN_CALLS {
+    for _ in 0..own_calls {
         if r.rank == 0 {
             let pause = Instant::now();
             while pause.elapsed() < Duration::from_micros(30) {
@@ -645,18 +680,193 @@ fn warm(r: Rank) {
         own += start.elapsed();
     }
     let start = Instant::now();
-    for _ in 0..CALLS {
+    for _ in 0..calls {
         std::hint::black_box(r.cache.get(&reqs[0]).unwrap());
     }
-    let per_get = start.elapsed() / CALLS;
+    let per_get = start.elapsed() / calls;
     println!(
         "warm: exchange_handles with 2 hits: {per_call:?}/call in lockstep; get: {per_get:?}/call"
     );
     if r.rank == 0 {
         println!(
             "warm: exchange_handles with 2 hits, peer already arrived: {:?}/call",
-            own / OWN_CALLS
+            own / own_calls
         );
     }
     r.finish();
+}
+
+/// Store-based barrier of all ranks of a scenario (`name` unique per use).
+fn store_barrier(job: &str, world: usize, name: &str) {
+    use nvfuser_ipc::store::Store;
+    let store = TcpStore::connect(
+        "127.0.0.1",
+        env_usize("NVFIPC_T_PORT") as u16,
+        &ConnectOptions::with_timeout(T),
+    )
+    .unwrap();
+    let key = format!("{job}/barrier/{name}");
+    store.add(&key, 1).unwrap();
+    let deadline = Instant::now() + T;
+    while store.add(&key, 0).unwrap() < world as i64 {
+        assert!(Instant::now() < deadline, "barrier {name} timed out");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Both ranks send device buffers to each other with the device get-zcopy primitives; rank 0
+/// replaces its send buffer every other step.
+fn device(r: Rank) {
+    use nvfuser_ipc::cuda::buffer::{DeviceBuffer, DeviceStream};
+    use nvfuser_ipc::cuda::p2p::{channel_recv_post, channel_send_post, channel_send_wait};
+    const N: u64 = 1 << 16;
+    let peer = 1 - r.rank;
+    let stream = DeviceStream::new().unwrap();
+    let recv = DeviceBuffer::alloc(N).unwrap();
+    let mut sends = vec![DeviceBuffer::alloc(N).unwrap()];
+    for step in 0..6usize {
+        if r.rank == 0 && step % 2 == 0 && step > 0 {
+            sends.push(DeviceBuffer::alloc(N).unwrap());
+        }
+        let send = sends.last().unwrap();
+        let value = (step * 2 + r.rank + 1) as u8;
+        send.write(0, &vec![value; N as usize]).unwrap();
+        let reqs = [
+            Request::send(peer, "dev", send.addr(), N, MemKind::Device),
+            Request::recv(peer, "dev", recv.addr(), N, MemKind::Device),
+        ];
+        r.cache.exchange_handles(&reqs).unwrap();
+        let hs = r.cache.get(&reqs[0]).unwrap();
+        let hr = r.cache.get(&reqs[1]).unwrap();
+        channel_send_post(&hs, stream.stream()).unwrap();
+        channel_recv_post(&hr, N, stream.stream()).unwrap();
+        channel_send_wait(&hs, stream.stream()).unwrap();
+        stream.synchronize().unwrap();
+        let mut got = vec![0u8; N as usize];
+        recv.read(0, &mut got).unwrap();
+        let want = (step * 2 + peer + 1) as u8;
+        assert!(
+            got.iter().all(|&b| b == want),
+            "rank {} step {step}",
+            r.rank
+        );
+    }
+    println!("device: rank {} stats {:?}", r.rank, r.cache.stats());
+    // Every rank closes its mappings of peer memory before any rank frees memory.
+    let (job, world) = (r.job.clone(), r.world);
+    store_barrier(&job, world, "transfers-done");
+    let device = r.cache.transport(MemKind::Device).unwrap().clone();
+    r.finish();
+    assert_eq!(device.live_mappings(), 0);
+    store_barrier(&job, world, "closed");
+    drop(sends);
+    drop(recv);
+}
+
+/// The same exchange through the C ABI: context, cache, host buffers, requests, stats, the host
+/// primitives and argument errors.
+fn c_abi(r: Rank) {
+    use nvfuser_ipc::ffi::context::{
+        nvfipc_context, nvfipc_context_connect, nvfipc_context_free, nvfipc_context_job_id,
+    };
+    use nvfuser_ipc::ffi::exchange::*;
+    use nvfuser_ipc::ffi::host::*;
+    use std::ffi::{c_void, CString};
+    use std::ptr::{null, null_mut};
+    let (rank, peer) = (r.rank, 1 - r.rank);
+    drop(r.cache); // this scenario builds its cache through the C ABI
+    let port = env_usize("NVFIPC_T_PORT") as u16;
+    let host = CString::new("127.0.0.1").unwrap();
+    let mut ctx: *mut nvfipc_context = null_mut();
+    let st = nvfipc_context_connect(rank as i64, 2, host.as_ptr(), port, false, 20_000, &mut ctx);
+    assert_eq!(st, Status::Ok);
+    let mut cache: *mut nvfipc_cache = null_mut();
+    assert_eq!(nvfipc_cache_create(ctx, &mut cache), Status::Ok);
+    let mut send: *mut c_void = null_mut();
+    let mut recv: *mut c_void = null_mut();
+    assert_eq!(nvfipc_host_alloc(4096, &mut send), Status::Ok);
+    assert_eq!(nvfipc_host_alloc(4096, &mut recv), Status::Ok);
+    let tag = CString::new("c-abi").unwrap();
+    let request = |direction, ptr: *mut c_void| nvfipc_request {
+        peer: peer as i64,
+        direction,
+        kind: NVFIPC_MEM_HOST,
+        tag: tag.as_ptr(),
+        ptr: ptr as u64,
+        bytes: 4096,
+    };
+    let reqs = [
+        request(NVFIPC_DIRECTION_SEND, send),
+        request(NVFIPC_DIRECTION_RECV, recv),
+    ];
+    // Bad arguments fail cleanly and change nothing.
+    assert_eq!(
+        nvfipc_exchange_handles(cache, null(), 2),
+        Status::InvalidArgument
+    );
+    let to_self = nvfipc_request {
+        peer: rank as i64,
+        ..reqs[0]
+    };
+    assert_eq!(
+        nvfipc_exchange_handles(cache, &to_self, 1),
+        Status::InvalidArgument
+    );
+    let mut stack = [0u8; 16];
+    let foreign = nvfipc_request {
+        ptr: stack.as_mut_ptr() as u64,
+        bytes: 16,
+        ..reqs[0]
+    };
+    assert_eq!(
+        nvfipc_exchange_handles(cache, &foreign, 1),
+        Status::InvalidArgument
+    );
+    for step in 0..3u8 {
+        // SAFETY: `send` is a live 4096-byte buffer from nvfipc_host_alloc.
+        unsafe { std::ptr::write_bytes(send as *mut u8, rank as u8 * 10 + step, 4096) };
+        assert_eq!(nvfipc_exchange_handles(cache, reqs.as_ptr(), 2), Status::Ok);
+        let mut h = nvfipc_p2p_handle::default();
+        assert_eq!(nvfipc_cache_get(cache, &reqs[1], &mut h), Status::Ok);
+        assert_eq!(h.local_ptr, recv as u64);
+        assert_eq!(h.kind, NVFIPC_MEM_HOST);
+        assert_eq!(nvfipc_host_send_post(cache, &reqs[0]), Status::Ok);
+        assert_eq!(nvfipc_host_recv_post(cache, &reqs[1], 4096, -1), Status::Ok);
+        assert_eq!(nvfipc_host_send_wait(cache, &reqs[0], -1), Status::Ok);
+        // SAFETY: `recv` is a live 4096-byte buffer.
+        let got = unsafe { std::slice::from_raw_parts(recv as *const u8, 4096) };
+        assert!(
+            got.iter().all(|&b| b == peer as u8 * 10 + step),
+            "step {step}"
+        );
+    }
+    let mut stats = nvfipc_cache_counters::default();
+    assert_eq!(nvfipc_cache_stats(cache, &mut stats), Status::Ok);
+    assert_eq!(
+        (stats.exchanges, stats.misses, stats.hits),
+        (3, 2, 4),
+        "{stats:?}"
+    );
+    assert_eq!(stats.store_round_trips, 2);
+    let mut job_ptr: *const std::ffi::c_char = null();
+    assert_eq!(nvfipc_context_job_id(ctx, &mut job_ptr), Status::Ok);
+    // SAFETY: the library returned a NUL-terminated string that lives as long as the context.
+    let job = unsafe { std::ffi::CStr::from_ptr(job_ptr) }
+        .to_string_lossy()
+        .into_owned();
+    println!("job-id:{}", job);
+    assert_eq!(nvfipc_cache_free(cache), Status::Ok);
+    assert_eq!(
+        nvfipc_cache_free(cache),
+        Status::InvalidState,
+        "double free"
+    );
+    assert_eq!(nvfipc_host_free(send), Status::Ok);
+    assert_eq!(
+        nvfipc_host_free(send),
+        Status::InvalidArgument,
+        "double free"
+    );
+    assert_eq!(nvfipc_host_free(recv), Status::Ok);
+    assert_eq!(nvfipc_context_free(ctx), Status::Ok);
 }

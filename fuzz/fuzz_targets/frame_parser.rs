@@ -28,7 +28,10 @@ fn parse_whole(stream: &[u8]) -> (Vec<Vec<u8>>, Option<ParseError>) {
                 pos += used;
             }
             Ok(Parsed::Incomplete { needed }) => {
-                assert!(needed > stream.len() - pos, "hint {needed} within buffered bytes");
+                assert!(
+                    needed > stream.len() - pos,
+                    "hint {needed} within buffered bytes"
+                );
                 return (found, None);
             }
             Err(e) => return (found, Some(e)),
@@ -73,5 +76,8 @@ fuzz_target!(|data: &[u8]| {
     let (splits, stream) = rest.split_at(n);
     let whole = parse_whole(stream);
     let pieces = parse_in_pieces(stream, splits);
-    assert_eq!(whole, pieces, "piecewise parsing differs from whole-buffer parsing");
+    assert_eq!(
+        whole, pieces,
+        "piecewise parsing differs from whole-buffer parsing"
+    );
 });

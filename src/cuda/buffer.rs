@@ -97,11 +97,14 @@ impl DeviceBuffer {
         copy_symbols_present()?;
         let _guard = ContextGuard::enter(self.ctx)?;
         // SAFETY: the destination range lies inside this live allocation (checked above) and
-        // the source is a valid slice of `data.len()` bytes; the copy is synchronous.
+        // the source is a valid slice of `data.len()` bytes, read before the call returns.
         check(
             unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset, data.as_ptr().cast(), data.len()) },
             "cuMemcpyHtoD",
-        )
+        )?;
+        // From pageable memory the call may return before the bytes reach the device; peers
+        // read the buffer from their own streams, so wait until they are there.
+        self.ctx.synchronize()
     }
 
     /// Copies `out.len()` bytes from the buffer at `offset`; returns when the copy is done.

@@ -1,14 +1,24 @@
-//! Handle exchange between ranks: the wire record, the transport contract, and (built on them)
-//! the epoch-keyed exchange protocol and the handle cache.
+//! Handle exchange between ranks.
+//!
+//! - [`record`]: the versioned little-endian wire record of one exported buffer;
+//! - [`transport`]: the contract with the memory transports (`crate::cuda`, `crate::host`);
+//! - [`channel`]: requests, channels, and the store keys derived from them;
+//! - [`board`]: the node-local shared-memory board of per-channel steps and versions;
+//! - [`cache`]: [`HandleCache`], the exchange protocol and its cache;
+//! - [`epoch`]: epoch-valued semaphores shared by the host and device P2P primitives;
+//! - [`stats`]: the cache's counters.
 
 pub mod board;
 pub mod cache;
 pub mod channel;
+mod collector;
 pub mod epoch;
 pub mod record;
+pub mod stats;
 pub mod transport;
 
-pub use cache::{CacheConfig, CacheStats, HandleCache, P2pHandles};
+pub use cache::{CacheConfig, HandleCache, P2pHandles};
 pub use channel::{Direction, Request};
 pub use record::{HandleType, Record};
+pub use stats::CacheStats;
 pub use transport::{LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};

@@ -79,7 +79,7 @@ pub struct nvfipc_p2p_handle {
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct nvfipc_cache_stats {
+pub struct nvfipc_cache_counters {
     /// Successful `nvfipc_exchange_handles` calls.
     pub exchanges: u64,
     /// Channel-steps where neither side's buffer changed (no store traffic).
@@ -100,9 +100,9 @@ pub struct nvfipc_cache_stats {
     pub keys_deleted: u64,
 }
 
-impl From<CacheStats> for nvfipc_cache_stats {
+impl From<CacheStats> for nvfipc_cache_counters {
     fn from(s: CacheStats) -> Self {
-        nvfipc_cache_stats {
+        nvfipc_cache_counters {
             exchanges: s.exchanges,
             hits: s.hits,
             misses: s.misses,
@@ -290,7 +290,7 @@ pub extern "C" fn nvfipc_cache_get(
 #[no_mangle]
 pub extern "C" fn nvfipc_cache_stats(
     cache: *const nvfipc_cache,
-    out: *mut nvfipc_cache_stats,
+    out: *mut nvfipc_cache_counters,
 ) -> Status {
     ffi_call("nvfipc_cache_stats", || {
         let out = out_ptr(out, "out")?;
@@ -317,7 +317,7 @@ mod tests {
             nvfipc_exchange_handles(std::ptr::null(), std::ptr::null(), 0),
             Status::InvalidArgument
         );
-        let mut stats = nvfipc_cache_stats::default();
+        let mut stats = nvfipc_cache_counters::default();
         assert_eq!(
             nvfipc_cache_stats(std::ptr::null(), &mut stats),
             Status::InvalidArgument

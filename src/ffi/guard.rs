@@ -51,7 +51,9 @@ fn to_c_message(message: &str) -> CString {
 /// Records `err` as this thread's last error.
 pub(crate) fn set_last_error(err: &Error) {
     let message = to_c_message(&err.message);
-    LAST_ERROR.with(|slot| {
+    // try_with: during thread teardown (a C thread-local destructor calling in) the slot may be
+    // gone; losing the message then is better than aborting.
+    let _ = LAST_ERROR.try_with(|slot| {
         *slot.borrow_mut() = LastError {
             status: err.status,
             message,
@@ -61,7 +63,9 @@ pub(crate) fn set_last_error(err: &Error) {
 
 /// This thread's last error status (`Ok` when no call has failed yet, or after a clear).
 pub(crate) fn last_error_status() -> Status {
-    LAST_ERROR.with(|slot| slot.borrow().status)
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().status)
+        .unwrap_or(Status::Ok)
 }
 
 /// A copy of this thread's last error message ("" when none).
@@ -71,7 +75,7 @@ pub(crate) fn last_error_message() -> String {
 }
 
 fn clear_last_error() {
-    LAST_ERROR.with(|slot| {
+    let _ = LAST_ERROR.try_with(|slot| {
         *slot.borrow_mut() = LastError {
             status: Status::Ok,
             message: CString::default(),
@@ -405,7 +409,9 @@ pub(crate) fn free_buffer(ptr: *mut u8, len: usize) -> Result<()> {
 /// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
 #[no_mangle]
 pub extern "C" fn nvfipc_last_error_message() -> *const c_char {
-    LAST_ERROR.with(|slot| slot.borrow().message.as_ptr())
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().message.as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).

@@ -313,7 +313,7 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
             text.push_str(&format!("{name} {}\n", encode_samples(samples)));
         }
         std::fs::write(&args.out, text)
-            .map_err(|e| Error::from_io(&format!("writing {}", args.out.display()), &e))?;
+            .map_err(|e| Error::from_io(format!("writing {}", args.out.display()), &e))?;
     }
     Ok(())
 }
@@ -349,7 +349,7 @@ fn run_ranks(
         )));
     }
     let text = std::fs::read_to_string(&rank_args.out)
-        .map_err(|e| Error::from_io(&format!("reading {}", rank_args.out.display()), &e))?;
+        .map_err(|e| Error::from_io(format!("reading {}", rank_args.out.display()), &e))?;
     let _ = std::fs::remove_file(&rank_args.out);
     let mut series = BTreeMap::new();
     for line in text.lines() {
@@ -368,7 +368,7 @@ impl Scratch {
     fn create() -> Result<Scratch> {
         let dir = std::env::temp_dir().join(format!("nvfipc-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::from_io(&format!("creating {}", dir.display()), &e))?;
+            .map_err(|e| Error::from_io(format!("creating {}", dir.display()), &e))?;
         Ok(Scratch(dir))
     }
 }
@@ -453,7 +453,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
     }
     if let Some(dir) = &args.svg_dir {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Error::from_io(&format!("creating {}", dir.display()), &e))?;
+            .map_err(|e| Error::from_io(format!("creating {}", dir.display()), &e))?;
         for (name, svg) in results.charts() {
             let path = dir.join(format!("{name}.svg"));
             write_file(&path, &svg)?;
@@ -466,10 +466,10 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
 fn write_file(path: &Path, text: &str) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Error::from_io(&format!("creating {}", dir.display()), &e))?;
+            .map_err(|e| Error::from_io(format!("creating {}", dir.display()), &e))?;
     }
     std::fs::write(path, text)
-        .map_err(|e| Error::from_io(&format!("writing {}", path.display()), &e))
+        .map_err(|e| Error::from_io(format!("writing {}", path.display()), &e))
 }
 
 fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Results) {

@@ -200,14 +200,17 @@ impl Results {
                     w.to_string(),
                     "floor".into(),
                     fmt_opt_ns(Self::floor(map)),
-                    format!(
-                        "(opens {} + 2 x store RTT {})",
-                        fmt_opt_ns(median(series(map, "floor.opens"))),
-                        fmt_opt_ns(median(series(map, "floor.rtt")))
-                    ),
                 ]);
             }
             s.push_str(&format_table(&rows));
+            for (w, map) in &self.exchange {
+                let _ = writeln!(
+                    s,
+                    "floor at W={w}: opening the two peer records {} + 2 x store round trip {}",
+                    fmt_opt_ns(median(series(map, "floor.opens"))),
+                    fmt_opt_ns(median(series(map, "floor.rtt")))
+                );
+            }
             s.push_str(
                 "ours: this library's cache; seed: upstream protocol (SET, store barrier, \
                  CHECK+GET+DELETE, store barrier) told which comms miss; asym: even ranks swap \

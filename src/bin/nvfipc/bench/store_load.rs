@@ -92,7 +92,7 @@ pub fn start_ours(exe: &str) -> Result<(Hosted, Server)> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(|e| Error::from_io(&format!("starting {exe} serve"), &e))?;
+        .map_err(|e| Error::from_io(format!("starting {exe} serve"), &e))?;
     let out = child.stdout.take().expect("stdout is piped");
     let hosted = Hosted { child };
     let mut port = None;
@@ -121,7 +121,7 @@ pub fn start_torch(python: &str) -> Result<(Hosted, Vec<Server>, Vec<String>)> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| Error::from_io(&format!("starting {python}"), &e))?;
+        .map_err(|e| Error::from_io(format!("starting {python}"), &e))?;
     let out = child.stdout.take().expect("stdout is piped");
     let hosted = Hosted { child };
     let (mut servers, mut notes) = (Vec::new(), Vec::new());

@@ -1,0 +1,319 @@
+//! Unit tests of the handle cache: ranks as threads of one process over an in-memory store.
+
+use super::*;
+use crate::error::Status;
+use crate::host::alloc::alloc_for_job;
+use crate::host::HostBuffer;
+use std::sync::Condvar;
+
+/// A minimal in-process store with the blocking semantics the exchange relies on.
+#[derive(Default)]
+struct MemStore {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Condvar,
+}
+
+impl Store for MemStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        lock(&self.map).insert(key.into(), value.into());
+        self.changed.notify_all();
+        Ok(())
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        Ok(self.multi_get(&[key], timeout)?.remove(0))
+    }
+    fn add(&self, _: &str, _: i64) -> Result<i64> {
+        Err(Error::unsupported("add"))
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        let m = lock(&self.map);
+        Ok(keys.iter().all(|k| m.contains_key(*k)))
+    }
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut m = lock(&self.map);
+        while !keys.iter().all(|k| m.contains_key(*k)) {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::timeout(format!("wait for {keys:?}")));
+            }
+            m = self.changed.wait_timeout(m, deadline - now).unwrap().0;
+        }
+        Ok(())
+    }
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        Ok(lock(&self.map).remove(key).is_some())
+    }
+    fn num_keys(&self) -> Result<i64> {
+        Ok(lock(&self.map).len() as i64)
+    }
+    fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
+        Err(Error::unsupported("compare_set"))
+    }
+    fn append(&self, _: &str, _: &[u8]) -> Result<()> {
+        Err(Error::unsupported("append"))
+    }
+    fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        self.wait(keys, timeout)?;
+        let m = lock(&self.map);
+        Ok(keys.iter().map(|k| m[*k].clone()).collect())
+    }
+}
+
+/// A store whose writes are lost (a peer whose records never reach the store).
+struct LosesWrites(Arc<MemStore>);
+
+impl Store for LosesWrites {
+    fn set(&self, _: &str, _: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.0.get(key, timeout)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.0.add(key, delta)
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.0.check(keys)
+    }
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.0.wait(keys, timeout)
+    }
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        self.0.delete_key(key)
+    }
+    fn num_keys(&self) -> Result<i64> {
+        self.0.num_keys()
+    }
+    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+        self.0.compare_set(k, e, d)
+    }
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.append(key, value)
+    }
+}
+
+fn caches(job: &str, world: usize) -> (Arc<MemStore>, Vec<HandleCache>) {
+    let store = Arc::new(MemStore::default());
+    let caches = (0..world)
+        .map(|rank| {
+            HandleCache::new(CacheConfig {
+                rank,
+                world_size: world,
+                store: store.clone(),
+                job_id: format!("{job}{}", std::process::id()),
+                scope: String::new(),
+                timeout: Duration::from_secs(10),
+            })
+            .unwrap()
+        })
+        .collect();
+    (store, caches)
+}
+
+fn buf(job: &str, fill: u8) -> HostBuffer {
+    let b = alloc_for_job(job, 64).unwrap();
+    b.write(0, &[fill; 64]).unwrap();
+    b
+}
+
+fn peer_byte(h: &P2pHandles) -> u8 {
+    // SAFETY: peer_ptr maps at least one byte of the peer's live buffer.
+    unsafe { *(h.peer_ptr as *const u8) }
+}
+
+/// Runs one exchange step on both ranks (rank 1 in a thread) and returns their results.
+fn step(c: &[HandleCache], r0: &[Request], r1: &[Request]) -> (Result<()>, Result<()>) {
+    std::thread::scope(|s| {
+        let t = s.spawn(|| c[1].exchange_handles(r1));
+        let a = c[0].exchange_handles(r0);
+        (a, t.join().unwrap())
+    })
+}
+
+#[test]
+fn miss_then_hit_with_no_store_traffic() {
+    let (store, c) = caches("ut_hit", 2);
+    let (a, b) = (buf("ut_hit", 1), buf("ut_hit", 2));
+    let r0 = [Request::send(1, "x", a.addr(), 64, MemKind::Host)];
+    let r1 = [Request::recv(0, "x", b.addr(), 64, MemKind::Host)];
+    let (x, y) = step(&c, &r0, &r1);
+    x.unwrap();
+    y.unwrap();
+    let s0 = c[0].stats();
+    assert_eq!(s0.misses, 1);
+    assert_eq!(s0.store_round_trips, 2);
+    assert_eq!(s0.records_sent, 1);
+    assert_eq!(s0.opens, 2, "one buffer mapping and one peer slab");
+    let h0 = c[0].get(&r0[0]).unwrap();
+    let h1 = c[1].get(&r1[0]).unwrap();
+    assert_eq!(peer_byte(&h0), 2);
+    assert_eq!(peer_byte(&h1), 1);
+    for _ in 0..5 {
+        let (x, y) = step(&c, &r0, &r1);
+        x.unwrap();
+        y.unwrap();
+    }
+    let s0b = c[0].stats();
+    assert_eq!(s0b.hits, 5);
+    assert_eq!(
+        s0b.store_round_trips, s0.store_round_trips,
+        "hits touch no store"
+    );
+    assert_eq!(s0b.opens, s0.opens);
+    let t = c[0].transport(MemKind::Host).unwrap().clone();
+    let stats: Vec<CacheStats> = c.into_iter().map(HandleCache::close).collect();
+    for s in &stats {
+        assert_eq!(s.opens, s.closes);
+        assert_eq!(s.keys_deleted, 1, "the importer deleted the record it read");
+    }
+    assert_eq!(t.live_mappings(), 0);
+    assert_eq!(store.num_keys().unwrap(), 0);
+}
+
+#[test]
+fn asymmetric_change_updates_only_one_side() {
+    let (_store, c) = caches("ut_asym", 2);
+    let bufs: Vec<HostBuffer> = (0..3).map(|i| buf("ut_asym", 10 + i)).collect();
+    let mine = buf("ut_asym", 99);
+    for i in 0..6usize {
+        let a = &bufs[i / 2 % 3]; // rank 0 changes its buffer every other step
+        let r0 = [Request::send(1, "x", a.addr(), 64, MemKind::Host)];
+        let r1 = [Request::recv(0, "x", mine.addr(), 64, MemKind::Host)];
+        let before = (c[0].stats(), c[1].stats());
+        let (x, y) = step(&c, &r0, &r1);
+        x.unwrap();
+        y.unwrap();
+        let after = (c[0].stats(), c[1].stats());
+        assert_eq!(
+            peer_byte(&c[1].get(&r1[0]).unwrap()),
+            10 + (i / 2 % 3) as u8
+        );
+        assert_eq!(peer_byte(&c[0].get(&r0[0]).unwrap()), 99);
+        let changed = i % 2 == 0;
+        let rt0 = after.0.store_round_trips - before.0.store_round_trips;
+        let rt1 = after.1.store_round_trips - before.1.store_round_trips;
+        let expected = match (i, changed) {
+            (0, _) => (2, 2),    // both sides are new
+            (_, true) => (1, 1), // rank 0 publishes, rank 1 fetches
+            (_, false) => (0, 0),
+        };
+        assert_eq!((rt0, rt1), expected, "step {i}");
+        if i > 0 {
+            assert_eq!(after.0.records_received, before.0.records_received);
+        }
+    }
+    let t = c[1].transport(MemKind::Host).unwrap().clone();
+    assert_eq!(t.live_mappings(), 1, "replaced mappings were released");
+    drop(c);
+    assert_eq!(t.live_mappings(), 0);
+}
+
+#[test]
+fn missing_peer_times_out_with_context_and_poisons_the_channel() {
+    let (_store, c) = caches("ut_to", 2);
+    let a = buf("ut_to", 1);
+    let r0 = [Request::send(1, "lonely", a.addr(), 64, MemKind::Host)];
+    let start = Instant::now();
+    let err = c[0]
+        .exchange_handles_timeout(&r0, Duration::from_millis(100))
+        .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert_eq!(err.status, Status::Timeout, "{err}");
+    for needle in ["rank 0", "peer rank 1", "\"lonely\"", "step 1", "-b1"] {
+        assert!(err.message.contains(needle), "{needle}: {err}");
+    }
+    let again = c[0].exchange_handles(&r0).unwrap_err();
+    assert_eq!(again.status, Status::InvalidState, "{again}");
+    let s = c.into_iter().next().unwrap().close();
+    assert_eq!(s.opens, s.closes);
+}
+
+#[test]
+fn lost_record_times_out_naming_the_key_on_both_sides() {
+    let store = Arc::new(MemStore::default());
+    let job = format!("ut_lost{}", std::process::id());
+    let make = |rank: usize, store: Arc<dyn Store>| {
+        HandleCache::new(CacheConfig {
+            rank,
+            world_size: 2,
+            store,
+            job_id: job.clone(),
+            scope: String::new(),
+            timeout: Duration::from_millis(300),
+        })
+        .unwrap()
+    };
+    let c = [
+        make(0, store.clone()),
+        make(1, Arc::new(LosesWrites(store.clone()))),
+    ];
+    let (a, b) = (buf("ut_lost", 1), buf("ut_lost", 2));
+    let r0 = [Request::recv(1, "lost", a.addr(), 64, MemKind::Host)];
+    let r1 = [Request::send(0, "lost", b.addr(), 64, MemKind::Host)];
+    let (e0, e1) = step(&c, &r0, &r1);
+    let (e0, e1) = (e0.unwrap_err(), e1.unwrap_err());
+    assert_eq!(e0.status, Status::Timeout, "{e0}");
+    for needle in [
+        "rank 0",
+        "peer rank 1",
+        "step 1",
+        "version 1",
+        "/h/1/0/1/1/lost#0",
+    ] {
+        assert!(e0.message.contains(needle), "{needle}: {e0}");
+    }
+    assert_eq!(e1.status, Status::Timeout, "{e1}");
+    for needle in ["rank 1", "peer rank 0 to open version 1", "\"lost\"", "-b0"] {
+        assert!(e1.message.contains(needle), "{needle}: {e1}");
+    }
+    for cache in c {
+        let s = cache.close();
+        assert_eq!(s.opens, s.closes);
+    }
+}
+
+#[test]
+fn bad_arguments_are_reported() {
+    let (_store, c) = caches("ut_bad", 2);
+    let a = buf("ut_bad", 1);
+    let stack = [0u8; 8];
+    let cases = [
+        (
+            Request::send(5, "t", a.addr(), 8, MemKind::Host),
+            "not a rank",
+        ),
+        (
+            Request::send(0, "t", a.addr(), 8, MemKind::Host),
+            "this rank",
+        ),
+        (Request::send(1, "t", 0, 8, MemKind::Host), "NULL"),
+        (Request::send(1, "t", a.addr(), 0, MemKind::Host), "0"),
+        (
+            Request::send(1, "t", stack.as_ptr() as u64, 8, MemKind::Host),
+            "not a shared-memory buffer",
+        ),
+        (
+            Request::send(1, "t", a.addr(), 8, MemKind::Device),
+            "device buffer",
+        ),
+    ];
+    for (req, needle) in cases {
+        let err = c[0]
+            .exchange_handles(std::slice::from_ref(&req))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err.status,
+                Status::InvalidArgument | Status::Unsupported | Status::CudaUnavailable
+            ),
+            "{req}: {err}"
+        );
+        assert!(err.message.contains(needle), "{needle}: {err}");
+    }
+    let err = c[0]
+        .get(&Request::send(1, "t", a.addr(), 8, MemKind::Host))
+        .unwrap_err();
+    assert_eq!(err.status, Status::NotFound);
+    assert_eq!(c[0].stats().exchanges, 0);
+}

@@ -1,0 +1,65 @@
+//! Counters of a handle cache.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Counters of a cache, cumulative since creation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct CacheStats {
+    /// `exchange_handles` calls that succeeded.
+    pub exchanges: u64,
+    /// Channel-steps where neither side's buffer changed.
+    pub hits: u64,
+    /// Channel-steps where at least one side's buffer changed.
+    pub misses: u64,
+    /// Store calls on the exchange path (each `multi_set` or `multi_get` counts one).
+    pub store_round_trips: u64,
+    /// Records published, and their encoded bytes.
+    pub records_sent: u64,
+    pub record_bytes_sent: u64,
+    /// Records fetched and imported.
+    pub records_received: u64,
+    /// Imports (buffer mappings and peer semaphore slabs) and their releases.
+    pub opens: u64,
+    pub closes: u64,
+    /// Consumed records deleted from the store by the background collector.
+    pub keys_deleted: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) exchanges: AtomicU64,
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    pub(crate) store_round_trips: AtomicU64,
+    pub(crate) records_sent: AtomicU64,
+    pub(crate) record_bytes_sent: AtomicU64,
+    pub(crate) records_received: AtomicU64,
+    pub(crate) opens: AtomicU64,
+    pub(crate) closes: AtomicU64,
+    pub(crate) keys_deleted: Arc<AtomicU64>,
+}
+
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Counters {
+    /// A snapshot of the counters.
+    pub(crate) fn snapshot(&self) -> CacheStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheStats {
+            exchanges: l(&self.exchanges),
+            hits: l(&self.hits),
+            misses: l(&self.misses),
+            store_round_trips: l(&self.store_round_trips),
+            records_sent: l(&self.records_sent),
+            record_bytes_sent: l(&self.record_bytes_sent),
+            records_received: l(&self.records_received),
+            opens: l(&self.opens),
+            closes: l(&self.closes),
+            keys_deleted: l(&self.keys_deleted),
+        }
+    }
+}
