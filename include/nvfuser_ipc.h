@@ -173,7 +173,7 @@ typedef struct nvfipc_p2p_handle {
 } nvfipc_p2p_handle;
 
 // Counters of a cache since creation.
-typedef struct nvfipc_cache_stats {
+typedef struct nvfipc_cache_counters {
   // Successful `nvfipc_exchange_handles` calls.
   uint64_t exchanges;
   // Channel-steps where neither side's buffer changed (no store traffic).
@@ -192,7 +192,7 @@ typedef struct nvfipc_cache_stats {
   uint64_t closes;
   // Consumed records deleted from the store in the background.
   uint64_t keys_deleted;
-} nvfipc_cache_stats;
+} nvfipc_cache_counters;
 
 // An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
 typedef struct nvfipc_bytes {
@@ -506,7 +506,7 @@ enum nvfipc_status nvfipc_cache_get(const struct nvfipc_cache *cache,
 
 // Copies the cache's counters into `*out`.
 enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
-                                      struct nvfipc_cache_stats *out);
+                                      struct nvfipc_cache_counters *out);
 
 // The message of the last failed call on this thread, or "" when none has failed. Never NULL.
 // The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to

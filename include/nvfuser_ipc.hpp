@@ -364,8 +364,9 @@ class Store {
   explicit operator bool() const noexcept { return handle_.get() != nullptr; }
   // Frees the handle now, reporting errors (the destructor drops them).
   void close() {
-    detail::check(handle_.close(), "nvfipc_store_free");
+    const nvfipc_status status = handle_.close();
     keepalive_.reset();
+    detail::check(status, "nvfipc_store_free");
   }
 
  private:
@@ -392,15 +393,12 @@ class Server {
     return Server(raw, actual);
   }
 
-  ~Server() {
-    if (raw_ != nullptr) (void)nvfipc_server_free(std::exchange(raw_, nullptr),
-                                                  idle_timeout_.count());
-  }
+  ~Server() { reset(); }
   Server(Server&& o) noexcept
       : raw_(std::exchange(o.raw_, nullptr)), port_(o.port_), idle_timeout_(o.idle_timeout_) {}
   Server& operator=(Server&& o) noexcept {
     if (this != &o) {
-      this->~Server();
+      reset();
       raw_ = std::exchange(o.raw_, nullptr);
       port_ = o.port_;
       idle_timeout_ = o.idle_timeout_;
@@ -430,6 +428,12 @@ class Server {
   nvfipc_server* raw() const { return detail::live(raw_, "nvfipc::Server"); }
 
  private:
+  void reset() noexcept {
+    if (raw_ != nullptr) {
+      (void)nvfipc_server_free(std::exchange(raw_, nullptr), idle_timeout_.count());
+    }
+  }
+
   Server(nvfipc_server* raw, uint16_t port) noexcept : raw_(raw), port_(port) {}
   nvfipc_server* raw_ = nullptr;
   uint16_t port_ = 0;
@@ -524,8 +528,9 @@ class Context {
   // Frees the context now; a store host first waits (bounded) for the other ranks. Throws
   // TimeoutError when they did not finish (the context is freed in every case).
   void close() {
-    detail::check(handle_.close(), "nvfipc_context_free");
+    const nvfipc_status status = handle_.close();
     keepalive_.reset();
+    detail::check(status, "nvfipc_context_free");
   }
 
   nvfipc_context* raw() const { return detail::live(handle_.get(), "nvfipc::Context"); }
@@ -626,7 +631,7 @@ class P2pHandle {
   Buffer peer_;
 };
 
-using CacheStats = nvfipc_cache_stats;
+using CacheStats = nvfipc_cache_counters;
 
 // ---- HandleCache ------------------------------------------------------------------------------
 
@@ -721,8 +726,9 @@ class HandleCache {
   }
 
   void close() {
-    detail::check(handle_.close(), "nvfipc_cache_free");
+    const nvfipc_status status = handle_.close();
     keepalive_.reset();
+    detail::check(status, "nvfipc_cache_free");
   }
   nvfipc_cache* raw() const { return detail::live(handle_.get(), "nvfipc::HandleCache"); }
   explicit operator bool() const noexcept { return handle_.get() != nullptr; }
@@ -744,14 +750,12 @@ class HostBuffer {
   explicit HostBuffer(size_t bytes) : bytes_(bytes) {
     detail::check(nvfipc_host_alloc(bytes, &ptr_), "nvfipc_host_alloc");
   }
-  ~HostBuffer() {
-    if (ptr_ != nullptr) (void)nvfipc_host_free(std::exchange(ptr_, nullptr));
-  }
+  ~HostBuffer() { reset(); }
   HostBuffer(HostBuffer&& o) noexcept
       : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   HostBuffer& operator=(HostBuffer&& o) noexcept {
     if (this != &o) {
-      this->~HostBuffer();
+      reset();
       ptr_ = std::exchange(o.ptr_, nullptr);
       bytes_ = std::exchange(o.bytes_, 0);
     }
@@ -773,6 +777,11 @@ class HostBuffer {
   }
 
  private:
+  void reset() noexcept {
+    bytes_ = 0;
+    if (ptr_ != nullptr) (void)nvfipc_host_free(std::exchange(ptr_, nullptr));
+  }
+
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };

@@ -46,14 +46,17 @@ Usage:
 
   nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE]
                [--svg-dir DIR] [--quick] [--transport auto|device|host]
+               [--no-torch]
       Measure, in one run: the ring exchange (cold, warm, asymmetric) against
       the upstream seed protocol and the floor (opens + two store round trips)
-      for 2, 4 and 8 ranks; our store server against PyTorch's TCPStore
-      (libuv and classic; the Python in $NVFIPC_PYTHON, skipped without it)
-      for 1 to 256 clients; barrier latency for up to 64 processes against a
+      for 2, 4 and 8 ranks (--transport as for demo); our store server against
+      PyTorch's TCPStore (libuv and classic, hosted by the Python in
+      $NVFIPC_PYTHON; skipped with a note without it or with --no-torch) for 1
+      to 256 clients; barrier latency for up to 64 processes against a
       torch-style store barrier. Prints tables and the ratios to the targets;
       writes JSON to FILE and one SVG plot per scenario to DIR. --quick runs a
-      small version in a few seconds. Default: every scenario.
+      small version in a few seconds. Default: every scenario. Exits non-zero
+      when a scenario could not run (a missed target is reported, not an error).
 
   nvfipc help | --help | -h
       Show this text.

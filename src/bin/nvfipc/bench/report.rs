@@ -141,7 +141,7 @@ impl Results {
                 }
             }
             out.push(Target {
-                name: format!("store throughput vs {label}, every client count (worst)"),
+                name: format!("store: {label} / ours throughput, worst client count"),
                 measured: worst.map_or("-".into(), |(_, c)| format!("at {c} clients")),
                 ratio: worst.map(|(r, _)| r),
                 limit: 1.0,
@@ -409,7 +409,7 @@ impl Results {
         if !self.exchange.is_empty() {
             let mut lines = Vec::new();
             for p in PROTOCOLS {
-                for m in MODES {
+                for (mi, m) in MODES.iter().enumerate() {
                     let points = self
                         .exchange
                         .iter()
@@ -421,6 +421,7 @@ impl Results {
                         name: format!("{p} {m}"),
                         points,
                         dashed: p == "seed",
+                        color: Some(mi),
                     });
                 }
             }
@@ -432,6 +433,7 @@ impl Results {
                     .filter_map(|(w, map)| Some((*w as f64, us(Self::floor(map)?))))
                     .collect(),
                 dashed: true,
+                color: Some(7),
             });
             out.push((
                 "exchange".to_string(),
@@ -458,6 +460,7 @@ impl Results {
                         .map(|(_, r)| (r.clients as f64, r.ops_per_sec()))
                         .collect(),
                     dashed: label != "nvfipc",
+                    color: None,
                     name: label,
                 })
                 .collect();
@@ -483,6 +486,7 @@ impl Results {
                     .filter_map(|(w, map)| Some((*w as f64, us(median(series(map, key))?))))
                     .collect(),
                 dashed,
+                color: None,
             };
             out.push((
                 "barrier".to_string(),

@@ -9,6 +9,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Dashed line (baselines and floors).
     pub dashed: bool,
+    /// Index into the palette; `None`: by position.
+    pub color: Option<usize>,
 }
 
 pub struct Chart {
@@ -44,7 +46,9 @@ struct Axis {
 }
 
 impl Axis {
-    fn new(values: impl Iterator<Item = f64>, log: bool) -> Option<Axis> {
+    /// `tight`: the range of the data plus a margin (for x); otherwise whole decades on a log
+    /// axis and a zero-based range on a linear one (for y).
+    fn new(values: impl Iterator<Item = f64>, log: bool, tight: bool) -> Option<Axis> {
         let values: Vec<f64> = values
             .filter(|v| v.is_finite() && (!log || *v > 0.0))
             .collect();
@@ -53,7 +57,15 @@ impl Axis {
         if values.is_empty() {
             return None;
         }
-        Some(if log {
+        Some(if log && tight {
+            let (lo, hi) = (lo.log10(), hi.log10());
+            let margin = ((hi - lo) * 0.06).max(0.05);
+            Axis {
+                log,
+                lo: lo - margin,
+                hi: hi + margin,
+            }
+        } else if log {
             Axis {
                 log,
                 lo: lo.log10().floor(),
@@ -123,8 +135,8 @@ impl Chart {
         );
         let all = || self.series.iter().flat_map(|s| s.points.iter());
         let (Some(xa), Some(ya)) = (
-            Axis::new(all().map(|p| p.0), self.log_x),
-            Axis::new(all().map(|p| p.1), self.log_y),
+            Axis::new(all().map(|p| p.0), self.log_x, true),
+            Axis::new(all().map(|p| p.1), self.log_y, false),
         ) else {
             let _ = writeln!(s, r#"<text x="40" y="80">no data</text></svg>"#);
             return s;
@@ -177,7 +189,7 @@ impl Chart {
             escape(&self.y_label)
         );
         for (i, series) in self.series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
+            let color = COLORS[series.color.unwrap_or(i) % COLORS.len()];
             let dash = if series.dashed {
                 r#" stroke-dasharray="6 4""#
             } else {
@@ -232,11 +244,13 @@ mod tests {
                     name: "ours".into(),
                     points: vec![(2.0, 10.0), (4.0, 100.0), (8.0, 0.0)],
                     dashed: false,
+                    color: None,
                 },
                 Series {
                     name: "seed".into(),
                     points: vec![(2.0, 1000.0)],
                     dashed: true,
+                    color: Some(0),
                 },
             ],
         };
