@@ -481,6 +481,15 @@ enum nvfipc_status nvfipc_cache_create_scoped(const struct nvfipc_context *ctx,
                                               struct nvfipc_cache **out_cache);
 
 // Releases every peer mapping and the cache; NULL is a no-op.
+//
+// Frees nothing a peer may still map: the cache releases its own mappings of peer memory, marks
+// itself closed on its board, then waits (bounded by the cache's linger, min(timeout, 30 s))
+// until every peer it exchanged with has closed its cache too, or has exited, before freeing its
+// semaphore slab. So every rank should free its cache (ranks freeing theirs at the same time do
+// not wait on each other), and a rank may free the buffers it exported once this call returns.
+// If a peer does not close within the linger, the device semaphore slab is deliberately left
+// allocated rather than freed under the peer's mapping (so should be the buffers exported to that
+// peer), and this call still returns OK.
 enum nvfipc_status nvfipc_cache_free(struct nvfipc_cache *cache);
 
 // Exchanges handles for the `n` requests at `reqs` with every peer they name. Each peer must make

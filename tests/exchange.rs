@@ -9,10 +9,11 @@ use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, P2pHandles, Reque
 use nvfuser_ipc::host::{self, p2p, HostBuffer};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::store::Store;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const ROLE: &str = "NVFIPC_EXCHANGE_CHILD";
 const T: Duration = Duration::from_secs(20);
@@ -43,64 +44,92 @@ fn shm_entries(job: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The rank processes of one scenario; whatever is still running when this is dropped (a failed
+/// assertion in the parent) is killed and reaped.
+struct Ranks {
+    children: Vec<Child>,
+}
+
+impl Ranks {
+    fn spawn(scenario: &str, world: usize, port: u16, job: &str) -> Ranks {
+        let exe = std::env::current_exe().expect("test binary path");
+        let children = (0..world)
+            .map(|rank| {
+                Command::new(&exe)
+                    .args([
+                        "--ignored",
+                        "--exact",
+                        "child",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env(ROLE, scenario)
+                    .env("NVFIPC_T_RANK", rank.to_string())
+                    .env("NVFIPC_T_WORLD", world.to_string())
+                    .env("NVFIPC_T_PORT", port.to_string())
+                    .env("NVFIPC_T_JOB", job)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn rank")
+            })
+            .collect();
+        Ranks { children }
+    }
+
+    /// Waits (bounded) for every rank; returns each rank's (exit success, stdout+stderr).
+    fn collect(&mut self) -> Vec<(bool, String)> {
+        let deadline = Instant::now() + Duration::from_secs(50);
+        let mut status = vec![None; self.children.len()];
+        while status.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (i, c) in self.children.iter_mut().enumerate() {
+                if status[i].is_none() {
+                    status[i] = c.try_wait().expect("try_wait");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.children
+            .iter_mut()
+            .zip(&status)
+            .map(|(c, s)| {
+                let ok = match s {
+                    Some(s) => s.success(),
+                    None => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        false
+                    }
+                };
+                let mut out = String::new();
+                if let Some(mut o) = c.stdout.take() {
+                    let _ = o.read_to_string(&mut out);
+                }
+                if let Some(mut e) = c.stderr.take() {
+                    let _ = e.read_to_string(&mut out);
+                }
+                (ok, out)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
 /// Runs `scenario` on `world` processes; returns each rank's (exit success, stdout+stderr).
 fn run_ranks(scenario: &str, world: usize) -> Vec<(bool, String)> {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
     let job = job_id(scenario);
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut children: Vec<Child> = (0..world)
-        .map(|rank| {
-            Command::new(&exe)
-                .args([
-                    "--ignored",
-                    "--exact",
-                    "child",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(ROLE, scenario)
-                .env("NVFIPC_T_RANK", rank.to_string())
-                .env("NVFIPC_T_WORLD", world.to_string())
-                .env("NVFIPC_T_PORT", server.port().to_string())
-                .env("NVFIPC_T_JOB", &job)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn rank")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(50);
-    let mut status = vec![None; world];
-    while status.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (i, c) in children.iter_mut().enumerate() {
-            if status[i].is_none() {
-                status[i] = c.try_wait().expect("try_wait");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let results: Vec<(bool, String)> = children
-        .iter_mut()
-        .zip(&status)
-        .map(|(c, s)| {
-            let ok = match s {
-                Some(s) => s.success(),
-                None => {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    false
-                }
-            };
-            let mut out = String::new();
-            if let Some(mut o) = c.stdout.take() {
-                let _ = o.read_to_string(&mut out);
-            }
-            if let Some(mut e) = c.stderr.take() {
-                let _ = e.read_to_string(&mut out);
-            }
-            (ok, out)
-        })
-        .collect();
+    let results = Ranks::spawn(scenario, world, server.port(), &job).collect();
     server.shutdown();
     let left = shm_entries(&job);
     assert!(
@@ -203,6 +232,63 @@ fn one_cache_from_several_threads() {
     assert_all_ok("threads", 2);
 }
 
+/// Rank 0 closes first while rank 1 keeps its mappings of rank 0's memory for 300 ms: rank 0's
+/// close returns only once rank 1 has closed (checked by rank 0 through timestamps in the store).
+#[test]
+fn close_waits_for_the_peer_that_still_maps_this_rank() {
+    assert_all_ok("linger", 2);
+}
+
+/// Rank 1 holds rank 0's memory mapped and is killed (SIGKILL) while rank 0 waits in its close:
+/// rank 0's close returns within a second of the kill, without reporting a timeout.
+#[test]
+fn close_returns_promptly_when_the_peer_is_killed() {
+    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    let job = job_id("killed");
+    let mut ranks = Ranks::spawn("killed", 2, server.port(), &job);
+    let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
+        .expect("connect to the store");
+    store
+        .get(&format!("{job}/r0-closing"), T)
+        .expect("rank 0 starts closing");
+    // Let rank 0 wait for the live rank 1 a while, then kill rank 1 and reap it (a zombie's pid
+    // still exists).
+    std::thread::sleep(Duration::from_millis(300));
+    let killed_at = now_ns();
+    let victim = &mut ranks.children[1];
+    let victim_pid = victim.id();
+    victim.kill().expect("SIGKILL rank 1");
+    victim.wait().expect("reap rank 1");
+    let results = ranks.collect();
+    assert!(results[0].0, "rank 0 failed:\n{}", results[0].1);
+    let closed_at = stamp(&store, &format!("{job}/r0-closed"));
+    assert!(
+        closed_at > killed_at,
+        "rank 0's close returned before rank 1 was killed"
+    );
+    let after_kill = Duration::from_nanos(closed_at - killed_at);
+    assert!(
+        after_kill < Duration::from_secs(1),
+        "returned {after_kill:?} after the kill"
+    );
+    println!("rank 0's close returned {after_kill:?} after rank 1 was killed");
+    drop(store);
+    server.shutdown();
+    // A killed rank cannot clean up: remove what it left, then nothing else may remain.
+    let prefix = host::alloc::job_prefix(&job);
+    let (killed, others): (Vec<String>, Vec<String>) =
+        shm_entries(&job).into_iter().partition(|n| {
+            n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}b1")
+        });
+    for name in &killed {
+        host::shm::unlink_name(&format!("/{name}"));
+    }
+    assert!(
+        others.is_empty(),
+        "rank 0 leaked /dev/shm entries: {others:?}"
+    );
+}
+
 // ------------------------------------------------------------------------------------------------
 // Rank side
 // ------------------------------------------------------------------------------------------------
@@ -255,11 +341,13 @@ impl Rank {
         (self.rank + self.world - 1) % self.world
     }
 
-    /// Ends the rank: tears the cache down and checks the open/close balance.
+    /// Ends the rank: tears the cache down (every peer must close too) and checks the open/close
+    /// balance.
     fn finish(self) {
         let transport = self.cache.transport(MemKind::Host).unwrap().clone();
-        let stats = self.cache.close();
+        let stats = self.cache.try_close().expect("close");
         assert_eq!(stats.opens, stats.closes, "rank {}: {stats:?}", self.rank);
+        assert_eq!((stats.peers_unclosed, stats.leaked_slabs), (0, 0));
         assert_eq!(transport.live_mappings(), 0);
     }
 }
@@ -268,6 +356,39 @@ fn filled(len: u64, value: u8) -> HostBuffer {
     let b = host::alloc(len).expect("host alloc");
     b.write(0, &vec![value; len as usize]).unwrap();
     b
+}
+
+/// A client of the scenario's store.
+fn test_store() -> TcpStore {
+    TcpStore::connect(
+        "127.0.0.1",
+        env_usize("NVFIPC_T_PORT") as u16,
+        &ConnectOptions::with_timeout(T),
+    )
+    .expect("connect to the store")
+}
+
+/// Wall-clock nanoseconds, comparable between the processes of one machine.
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos() as u64
+}
+
+/// Stores the current time under `key`.
+fn set_stamp(store: &TcpStore, key: &str) -> u64 {
+    let t = now_ns();
+    store.set(key, t.to_string().as_bytes()).unwrap();
+    t
+}
+
+/// Reads a time stored by [`set_stamp`] (waiting for it, bounded).
+fn stamp(store: &TcpStore, key: &str) -> u64 {
+    let v = store.get(key, T).unwrap_or_else(|e| panic!("{key}: {e}"));
+    String::from_utf8_lossy(&v)
+        .parse()
+        .unwrap_or_else(|_| panic!("{key}: not a time: {v:?}"))
 }
 
 fn first_byte(b: &HostBuffer) -> u8 {
@@ -309,6 +430,8 @@ fn child() {
         "warm" => warm(r),
         "device" => device(r),
         "c_abi" => c_abi(r),
+        "linger" => linger(r),
+        "killed" => killed(r),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -552,13 +675,7 @@ fn timeout(r: Rank) {
         drop(b2);
     }
     let job_done_key = format!("{}/timeout-done", r.job);
-    let store = TcpStore::connect(
-        "127.0.0.1",
-        env_usize("NVFIPC_T_PORT") as u16,
-        &ConnectOptions::with_timeout(T),
-    )
-    .unwrap();
-    use nvfuser_ipc::store::Store;
+    let store = test_store();
     if r.rank == 0 {
         store.set(&job_done_key, b"1").unwrap();
     } else {
@@ -629,8 +746,11 @@ fn peer_exit(r: Rank) {
         .exchange_handles_timeout(&[req], Duration::from_secs(15))
         .unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(5), "{err}");
+    // Rank 1 waits in its close for rank 0 to close, so rank 0 sees it closed (or exited).
     assert!(
-        err.message.contains("exited") || err.message.contains("does not exist"),
+        err.message.contains("closed its cache")
+            || err.message.contains("exited")
+            || err.message.contains("does not exist"),
         "{err}"
     );
     assert!(err.message.contains("peer rank 1"), "{err}");
@@ -696,24 +816,6 @@ fn warm(r: Rank) {
     r.finish();
 }
 
-/// Store-based barrier of all ranks of a scenario (`name` unique per use).
-fn store_barrier(job: &str, world: usize, name: &str) {
-    use nvfuser_ipc::store::Store;
-    let store = TcpStore::connect(
-        "127.0.0.1",
-        env_usize("NVFIPC_T_PORT") as u16,
-        &ConnectOptions::with_timeout(T),
-    )
-    .unwrap();
-    let key = format!("{job}/barrier/{name}");
-    store.add(&key, 1).unwrap();
-    let deadline = Instant::now() + T;
-    while store.add(&key, 0).unwrap() < world as i64 {
-        assert!(Instant::now() < deadline, "barrier {name} timed out");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Both ranks send device buffers to each other with the device get-zcopy primitives; rank 0
 /// replaces its send buffer every other step.
 fn device(r: Rank) {
@@ -752,13 +854,12 @@ fn device(r: Rank) {
         );
     }
     println!("device: rank {} stats {:?}", r.rank, r.cache.stats());
-    // Every rank closes its mappings of peer memory before any rank frees memory.
-    let (job, world) = (r.job.clone(), r.world);
-    store_barrier(&job, world, "transfers-done");
+    // No barrier: every transfer completed on both sides (each send_wait saw the peer's last
+    // write), and the close returns only once the peer has closed its mappings of this rank's
+    // memory, so the buffers may be freed right after it.
     let device = r.cache.transport(MemKind::Device).unwrap().clone();
     r.finish();
     assert_eq!(device.live_mappings(), 0);
-    store_barrier(&job, world, "closed");
     drop(sends);
     drop(recv);
 }
@@ -869,4 +970,78 @@ fn c_abi(r: Rank) {
     );
     assert_eq!(nvfipc_host_free(recv), Status::Ok);
     assert_eq!(nvfipc_context_free(ctx), Status::Ok);
+}
+
+/// Both ranks exchange a pair of host buffers. Rank 0 then closes first; rank 1 keeps using its
+/// mapping of rank 0's buffer for 300 ms before it closes. Rank 0's close must not return before
+/// rank 1 has started closing.
+fn linger(r: Rank) {
+    const HOLD: Duration = Duration::from_millis(300);
+    let peer = 1 - r.rank;
+    let send = filled(256, r.rank as u8 + 1);
+    let recv = filled(256, 0);
+    let reqs = [
+        Request::send(peer, "hold", send.addr(), 256, MemKind::Host),
+        Request::recv(peer, "hold", recv.addr(), 256, MemKind::Host),
+    ];
+    r.cache.exchange_handles(&reqs).unwrap();
+    let store = test_store();
+    let key = |k: &str| format!("{}/linger/{k}", r.job);
+    if r.rank == 0 {
+        let started = set_stamp(&store, &key("r0-closing"));
+        let stats = r.cache.try_close().expect("rank 0's close");
+        let returned = now_ns();
+        assert_eq!(stats.opens, stats.closes, "{stats:?}");
+        assert_eq!(stats.peers_unclosed, 0);
+        // Rank 1 writes its stamp right before it closes: it must be there already.
+        assert!(
+            store.check(&[key("r1-closing").as_str()]).unwrap(),
+            "rank 0's close returned before rank 1 started closing"
+        );
+        let peer_closing = stamp(&store, &key("r1-closing"));
+        assert!(peer_closing <= returned, "{peer_closing} > {returned}");
+        let waited = Duration::from_nanos(returned - started);
+        assert!(waited >= HOLD - Duration::from_millis(50), "{waited:?}");
+        println!("linger: rank 0's close waited {waited:?} for rank 1");
+    } else {
+        stamp(&store, &key("r0-closing"));
+        // Rank 0 is closing: its buffer is still mapped here and must stay readable.
+        let h = r.cache.get(&reqs[1]).unwrap();
+        let until = Instant::now() + HOLD;
+        while Instant::now() < until {
+            assert_eq!(peer_bytes(&h, 256), vec![1u8; 256]);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        set_stamp(&store, &key("r1-closing"));
+        r.finish();
+    }
+}
+
+/// Both ranks exchange; rank 0 then closes while rank 1 holds the mappings until the parent
+/// kills it.
+fn killed(r: Rank) {
+    let peer = 1 - r.rank;
+    let send = filled(256, r.rank as u8 + 1);
+    let recv = filled(256, 0);
+    let reqs = [
+        Request::send(peer, "kill", send.addr(), 256, MemKind::Host),
+        Request::recv(peer, "kill", recv.addr(), 256, MemKind::Host),
+    ];
+    r.cache.exchange_handles(&reqs).unwrap();
+    let store = test_store();
+    if r.rank == 0 {
+        let started = set_stamp(&store, &format!("{}/r0-closing", r.job));
+        let stats = r.cache.try_close().expect("rank 0's close");
+        let returned = set_stamp(&store, &format!("{}/r0-closed", r.job));
+        assert_eq!(stats.opens, stats.closes, "{stats:?}");
+        assert_eq!((stats.peers_unclosed, stats.leaked_slabs), (0, 0));
+        println!(
+            "killed: rank 0's close took {:?}",
+            Duration::from_nanos(returned - started)
+        );
+    } else {
+        // Hold rank 0's memory until killed; the parent kills within a second.
+        std::thread::sleep(T);
+        panic!("rank 1 was not killed");
+    }
 }

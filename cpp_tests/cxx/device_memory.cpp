@@ -52,8 +52,10 @@ class DeviceMemory final : public Memory {
     synchronize();
     Check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   }
+  // cudaMemcpy does not wait for device-to-device copies, so queue it and wait for it.
   void put(void* dst, const void* src, size_t bytes) override {
-    Check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+    Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync D2D");
+    synchronize();
   }
   void* stream() const override { return stream_; }
   void synchronize() override { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }

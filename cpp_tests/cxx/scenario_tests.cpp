@@ -1,13 +1,15 @@
 // The nvFuser scenarios as multi-process tests.
 //
 // HostScenarios: every test starts N copies of this binary (2, 4 and 8 ranks) that run the
-// scenario over shared-memory host buffers, with nvfuser-ipc's store server (started by the
-// test) and, in the Torch-enabled binary, with a c10d::TCPStore served by rank 0.
+// scenario over shared-memory host buffers: in nvfipc_cxx_tests with nvfuser-ipc's store server
+// (started by the test), in nvfipc_cxx_c10d_tests with a c10d::TCPStore served by rank 0 and
+// reached through the c10d adapter (as nvFuser's Communicator holds it).
 //
 // DeviceScenarios: the same code on CUDA buffers, run in-process as one rank of an
 // `mpirun -np N` job (ranks from OMPI_COMM_WORLD_*; WORLD_RANK/WORLD_SIZE or RANK/WORLD_SIZE
 // also work) when NVFIPC_TEST_DEVICE=1; skipped otherwise. Stores: rank 0 serves nvfuser-ipc's
-// store at MASTER_ADDR:MASTER_PORT and a c10d::TCPStore at MASTER_PORT+1.
+// store at MASTER_ADDR:MASTER_PORT (nvfipc_cxx_tests) or a c10d::TCPStore at MASTER_PORT+1
+// (nvfipc_cxx_c10d_tests).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -14,8 +14,8 @@
 namespace nvfipc_gpu {
 namespace {
 
-nvfipc_cache_stats Stats(const nvfipc_cache* cache) {
-  nvfipc_cache_stats s{};
+nvfipc_cache_counters Stats(const nvfipc_cache* cache) {
+  nvfipc_cache_counters s{};
   nvfipc_status st = nvfipc_cache_stats(cache, &s);
   EXPECT_EQ(st, NVFIPC_STATUS_OK) << Describe(st);
   return s;
@@ -100,7 +100,7 @@ TEST(GpuCache, ShareIpcMemHandles) {
           << "repetition " << i << " element " << k;
     GPU_ASSERT_OK(Barrier());
   }
-  const nvfipc_cache_stats s = Stats(cache.get());
+  const nvfipc_cache_counters s = Stats(cache.get());
   EXPECT_EQ(s.exchanges, 10u);
   EXPECT_EQ(s.store_round_trips, round_trips_after_first)
       << "cache hits must not touch the store";
@@ -152,7 +152,7 @@ TEST(GpuCache, CudaComm) {
             << "repetition " << i << " element " << k;
     }
     PrintTiming(test, "exchange_warm_avg", warm_total / 31);
-    const nvfipc_cache_stats s = Stats(cache.get());
+    const nvfipc_cache_counters s = Stats(cache.get());
     EXPECT_EQ(s.hits, 2u * 31u);
     CUDA_ASSERT(cudaFreeHost(host));
     CUDA_ASSERT(cudaStreamDestroy(stream));
@@ -216,7 +216,7 @@ TEST(GpuCache, SeedRaceReexportBeforeImport) {
     if (HasFatalFailure()) break;
     PrintTiming("GpuCache.SeedRaceReexportBeforeImport", "miss_step_with_transfer", sw.micros());
   }
-  const nvfipc_cache_stats s = Stats(cache.get());
+  const nvfipc_cache_counters s = Stats(cache.get());
   EXPECT_EQ(s.misses, 2u * kSteps);
   CUDA_ASSERT(cudaStreamDestroy(stream));
   cache.Free();
@@ -254,7 +254,7 @@ TEST(GpuCache, AsymmetricMiss) {
     if (HasFatalFailure()) break;
     PrintTiming("GpuCache.AsymmetricMiss", step % 2 == 0 ? "even_step" : "odd_step", sw.micros());
   }
-  const nvfipc_cache_stats s = Stats(cache.get());
+  const nvfipc_cache_counters s = Stats(cache.get());
   EXPECT_GT(s.misses, 0u);
   EXPECT_GT(s.hits, 0u);
   CUDA_ASSERT(cudaStreamDestroy(stream));
@@ -318,7 +318,7 @@ TEST(GpuCache, DuplicatePairsAndReorderedBatch) {
             << "step " << step << " channel " << j << " element " << k;
     }
   }
-  const nvfipc_cache_stats s = Stats(cache.get());
+  const nvfipc_cache_counters s = Stats(cache.get());
   EXPECT_EQ(s.misses, 2u * kChannels);
   EXPECT_EQ(s.hits, 2u * kChannels * 2u);
   CUDA_ASSERT(cudaStreamDestroy(stream));
@@ -398,7 +398,7 @@ TEST(GpuCache, OpensEqualClosesAfterTeardown) {
       RingStep(cache.get(), batch, send.get(), recv.get(), step, stream, "teardown");
       if (HasFatalFailure()) break;
     }
-    const nvfipc_cache_stats s = Stats(cache.get());
+    const nvfipc_cache_counters s = Stats(cache.get());
     cache_opens = s.opens;
     EXPECT_GT(s.opens, 0u);
     const nvfipc_cuda_ipc_counters during = Counters();

@@ -83,8 +83,12 @@ auto translated(const char* what, F&& body) -> decltype(body()) {
   try {
     return body();
   } catch (const nvfipc::Error& e) {
-    NVF_CHECK(false, what, " failed: ", e.what());
-    throw; // not reached: NVF_CHECK(false, ...) throws
+    // A user-facing nvFuser error (not an internal assert): timeouts, dead peers, bad buffers.
+    nvfCheckFail(
+        __func__,
+        __FILE__,
+        static_cast<uint32_t>(__LINE__),
+        std::string(what) + " failed: " + e.what());
   }
 }
 

@@ -3,24 +3,31 @@
 //! *version* at each step. Peers read it with plain atomic loads, so two ranks can agree on
 //! whether a channel needs a store exchange without any store traffic.
 //!
-//! Layout: a 64-byte header (`magic`, owner pid, rank, capacity, `ready`), then `capacity`
-//! entries of 64 bytes in an insert-only open-addressing table keyed by the channel's 128-bit
-//! fingerprint: `{state, fingerprint, step, version[2], opened}`. Only the owner writes. An entry is
-//! published by writing the fingerprint first and `state` last (Release); a step is published by
-//! writing `version[step % 2]` first and `step` last (Release).
+//! Layout (magic `NVFIBRD2`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
+//! `closed`), then `capacity` entries of 64 bytes in an insert-only open-addressing table keyed by
+//! the channel's 128-bit fingerprint: `{state, fingerprint, step, version[2], opened}`. Only the
+//! owner writes. An entry is published by writing the fingerprint first and `state` last
+//! (Release); a step is published by writing `version[step % 2]` first and `step` last (Release).
 //!
 //! Why two version slots suffice: a rank at step `s` waits until its peer's step is `>= s`, so
 //! while one rank reads step `s` its peer is at step `s` or `s + 1` and never overwrites the slot
 //! of parity `s`.
+//!
+//! `closed` goes from 0 to 1, once, when the owner's cache is being torn down and has released
+//! every peer mapping and peer semaphore slab it held: from then on the owner maps nothing of its
+//! peers, and its peers must not import anything of the owner's any more. The store of `closed`
+//! and the peers' loads of it are sequentially consistent (with a fence on each side), so an
+//! importer that saw `closed == 0` right before importing is sure to be waited for by the owner.
 
 use super::record::fnv1a64;
 use crate::error::{Error, Result};
 use crate::host::shm::ShmSegment;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD1");
+/// Version 2 added `closed` to the header.
+const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD2");
 const HEADER: u64 = 64;
 const ENTRY: u64 = 64;
 /// Channels one rank can publish (per cache).
@@ -44,7 +51,12 @@ struct Header {
     rank: AtomicU32,
     capacity: AtomicU32,
     ready: AtomicU32,
+    /// 1 once the owner has released everything it imported and is closing (see module docs).
+    closed: AtomicU32,
 }
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER as usize);
+const _: () = assert!(std::mem::size_of::<Entry>() <= ENTRY as usize);
 
 #[repr(C)]
 struct Entry {
@@ -204,6 +216,19 @@ impl OwnBoard {
     pub fn step(&self, entry: u32) -> u64 {
         self.table.entry(entry).step.load(Ordering::Acquire)
     }
+
+    /// Tells the peers that this rank has released every mapping of theirs and is closing: they
+    /// must import nothing more from it, and it waits for them to close before freeing memory.
+    pub fn mark_closed(&self) {
+        self.table.header().closed.store(1, Ordering::SeqCst);
+        // Orders the store before the loads of the peers' boards that follow (see module docs).
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether [`mark_closed`](Self::mark_closed) was called.
+    pub fn is_closed(&self) -> bool {
+        self.table.header().closed.load(Ordering::SeqCst) != 0
+    }
 }
 
 /// A peer's board, mapped read-only in spirit (we never write it).
@@ -263,7 +288,16 @@ impl PeerBoard {
         self.table.entry(entry).step.load(Ordering::Acquire)
     }
 
-    /// Whether the owning process still exists.
+    /// Whether the owner has marked itself closed: it holds none of this rank's memory any more,
+    /// and must not be imported from.
+    pub fn closed(&self) -> bool {
+        // Orders this rank's earlier stores (e.g. its own `closed`) before the load.
+        fence(Ordering::SeqCst);
+        self.table.header().closed.load(Ordering::SeqCst) != 0
+    }
+
+    /// Whether the owning process still exists (a killed process counts as existing until it is
+    /// reaped by its parent).
     pub fn owner_alive(&self) -> bool {
         process_alive(self.owner_pid())
     }
@@ -306,6 +340,34 @@ mod tests {
         assert_eq!(peer.opened(e), 0);
         own.publish_opened(e, 4);
         assert_eq!(peer.opened(e), 4);
+    }
+
+    #[test]
+    fn closed_is_seen_by_peers_and_survives_the_unlink() {
+        let n = name("d");
+        let own = OwnBoard::create(&n, 1).unwrap();
+        let peer = PeerBoard::try_open(&n, 1).unwrap().unwrap();
+        assert!(!peer.closed());
+        assert!(!own.is_closed());
+        own.mark_closed();
+        assert!(own.is_closed());
+        assert!(peer.closed());
+        drop(own);
+        // A peer that mapped the board keeps reading it after the owner unlinked it.
+        assert!(peer.closed());
+        assert!(PeerBoard::try_open(&n, 1).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_board_of_another_layout_is_refused() {
+        let n = name("e");
+        let own = OwnBoard::create(&n, 0).unwrap();
+        own.table
+            .header()
+            .magic
+            .store(u64::from_le_bytes(*b"NVFIBRD1"), Ordering::Relaxed);
+        let err = PeerBoard::try_open(&n, 0).err().unwrap();
+        assert!(err.message.contains("unknown layout"), "{err}");
     }
 
     #[test]

@@ -20,6 +20,17 @@
 //! most one `multi_set` and one `multi_get`. A failed call (timeout, bad record) poisons the
 //! channels of its batch: later calls on them fail with `InvalidState` (create a new cache).
 //!
+//! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
+//! barrier: the cache first releases everything it imported (peer buffers and peer semaphore
+//! slabs), then marks itself closed on its board, then waits, bounded by the
+//! [linger](HandleCache::set_linger), until every peer of its channels has marked itself closed
+//! on its own board, has exited, or has no board; only then are the transports (with this rank's
+//! semaphore slab) dropped. Releasing before waiting means two ranks closing at the same time
+//! never wait on each other. When the linger runs out, the device transport is deliberately kept
+//! alive (its slab is leaked rather than freed under a peer's mapping) and the peers that did not
+//! close are reported. A closed peer is also refused by the exchange: waiting on it fails at once,
+//! and its records are not imported.
+//!
 //! Thread safety: every method takes `&self`. Calls on *different* channels may run concurrently
 //! from several threads (the state lock is never held across a board wait or a store call); a call
 //! that includes a channel already being exchanged by another thread fails with `InvalidState`.
@@ -40,7 +51,7 @@ use crate::host::wait::wait_until;
 use crate::host::HostTransport;
 use crate::store::Store;
 use once_cell::sync::OnceCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -152,6 +163,28 @@ struct Item {
     peer_version: u64,
 }
 
+/// What a peer was awaited for when it closed or exited (for messages).
+#[derive(Clone, Copy)]
+enum Stage {
+    Step,
+    Open,
+}
+
+/// Upper bound of the default [linger](HandleCache::linger): min(timeout, this).
+pub const DEFAULT_MAX_LINGER: Duration = Duration::from_secs(30);
+/// `linger_ns` value meaning "derived from the timeout".
+const LINGER_FROM_TIMEOUT: u64 = u64::MAX;
+
+/// Teardowns in this process that stopped waiting for peers to close (and so kept device memory
+/// alive on purpose). Drop cannot report anything else.
+static TEARDOWNS_TIMED_OUT: AtomicU64 = AtomicU64::new(0);
+
+/// How many cache teardowns in this process gave up waiting for peers to close (each left its
+/// device semaphore slab allocated rather than free it under a peer's mapping).
+pub fn teardowns_timed_out() -> u64 {
+    TEARDOWNS_TIMED_OUT.load(Ordering::Relaxed)
+}
+
 /// Exchanges and caches P2P handles between the ranks of one job.
 pub struct HandleCache {
     cfg: CacheConfig,
@@ -164,6 +197,10 @@ pub struct HandleCache {
     counters: Counters,
     collector: Mutex<Collector>,
     timeout_ns: AtomicU64,
+    /// Bound of the teardown's wait for peers; `LINGER_FROM_TIMEOUT` until set.
+    linger_ns: AtomicU64,
+    /// Set by the first teardown (close, then drop, run it twice).
+    torn_down: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -240,6 +277,8 @@ impl HandleCache {
             counters,
             collector: Mutex::new(collector),
             timeout_ns,
+            linger_ns: AtomicU64::new(LINGER_FROM_TIMEOUT),
+            torn_down: false,
         })
     }
 
@@ -294,6 +333,22 @@ impl HandleCache {
     pub fn set_timeout(&self, timeout: Duration) {
         let ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
         self.timeout_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The bound of the teardown's wait for peers to close: the value given to
+    /// [`set_linger`](Self::set_linger), else min([`timeout`](Self::timeout),
+    /// [`DEFAULT_MAX_LINGER`]).
+    pub fn linger(&self) -> Duration {
+        match self.linger_ns.load(Ordering::Relaxed) {
+            LINGER_FROM_TIMEOUT => self.timeout().min(DEFAULT_MAX_LINGER),
+            ns => Duration::from_nanos(ns),
+        }
+    }
+
+    /// Sets the bound of the teardown's wait for peers to close (zero: check once).
+    pub fn set_linger(&self, linger: Duration) {
+        let ns = linger.as_nanos().min(u128::from(LINGER_FROM_TIMEOUT - 1)) as u64;
+        self.linger_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Counters since creation.
@@ -512,9 +567,13 @@ impl HandleCache {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let done = wait_until(remaining, || {
             polls = polls.wrapping_add(1);
-            if polls % 256 == 0 {
-                error = self.dead_peer(items, &pending);
-            }
+            // Checked before the entries: what a peer published before it closed or exited is
+            // visible once its `closed` flag or its death is, and then it is no failure.
+            let gone = if polls % 256 == 0 {
+                self.gone_peer(items, &pending, Stage::Open)
+            } else {
+                None
+            };
             pending.retain(|&i| {
                 let it = &items[i];
                 match (&it.peer_board, it.peer_entry) {
@@ -522,6 +581,7 @@ impl HandleCache {
                     _ => true,
                 }
             });
+            error = gone.and_then(|(i, e)| pending.contains(&i).then_some(e));
             (pending.is_empty() || error.is_some()).then_some(())
         });
         if let Some(e) = error {
@@ -638,11 +698,14 @@ impl HandleCache {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let done = wait_until(remaining, || {
             polls = polls.wrapping_add(1);
-            // Now and then (about every 100 ms once sleeping), make sure the peers still exist,
-            // so a crashed peer is reported at once rather than at the timeout.
-            if polls % 256 == 0 {
-                error = self.dead_peer(items, &pending);
-            }
+            // Now and then (about every 100 ms once sleeping), make sure the peers still exist
+            // and have not closed their caches, so a crashed or closed peer is reported at once
+            // rather than at the timeout. Checked before the entries (see `wait_opened`).
+            let gone = if polls % 256 == 0 {
+                self.gone_peer(items, &pending, Stage::Step)
+            } else {
+                None
+            };
             pending.retain(|&i| {
                 if error.is_some() {
                     return true;
@@ -652,7 +715,7 @@ impl HandleCache {
                     match self.peer_board(it.peer) {
                         Ok(b) => it.peer_board = b,
                         Err(e) => {
-                            error = Some(e);
+                            error = Some(e.context(format!("rank {}", self.cfg.rank)));
                             return true;
                         }
                     }
@@ -674,10 +737,13 @@ impl HandleCache {
                     None => true,
                 }
             });
+            if error.is_none() {
+                error = gone.and_then(|(i, e)| pending.contains(&i).then_some(e));
+            }
             (pending.is_empty() || error.is_some()).then_some(())
         });
         if let Some(e) = error {
-            return Err(e.context(format!("rank {}", self.cfg.rank)));
+            return Err(e);
         }
         if done.is_some() {
             return Ok(());
@@ -706,22 +772,55 @@ impl HandleCache {
         )))
     }
 
-    /// An error naming the first pending peer whose process has exited, if any.
-    fn dead_peer(&self, items: &[Item], pending: &[usize]) -> Option<Error> {
+    /// The first pending item whose peer has closed its cache or exited, with an error naming
+    /// the peer and what this rank was waiting for.
+    fn gone_peer(&self, items: &[Item], pending: &[usize], stage: Stage) -> Option<(usize, Error)> {
         pending.iter().find_map(|&i| {
             let it = &items[i];
             let board = it.peer_board.as_ref()?;
-            (!board.owner_alive()).then(|| {
-                Error::io(format!(
-                    "rank {}: peer rank {} (pid {}) exited before reaching step {} on {}",
-                    self.cfg.rank,
-                    it.peer,
-                    board.owner_pid(),
-                    it.step,
-                    it.key
+            let closed = board.closed();
+            if !closed && board.owner_alive() {
+                return None;
+            }
+            let waited_for = match stage {
+                Stage::Step => format!("reaching step {} on {}", it.step, it.key),
+                Stage::Open => format!(
+                    "opening version {} of this rank's buffer on {} at step {}",
+                    it.version, it.key, it.step
+                ),
+            };
+            let (who, pid) = (it.peer, board.owner_pid());
+            let err = if closed {
+                Error::state(format!(
+                    "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
+                     a closed cache takes no part in exchanges (create new caches on both ranks)",
+                    self.cfg.rank
                 ))
-            })
+            } else {
+                Error::io(format!(
+                    "rank {}: peer rank {who} (pid {pid}) exited before {waited_for}",
+                    self.cfg.rank
+                ))
+            };
+            Some((i, err))
         })
+    }
+
+    /// Refuses to import a record of a peer that has closed its cache: it may free that memory
+    /// as soon as the ranks it waits for have closed.
+    fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
+        match &it.peer_board {
+            Some(b) if b.closed() => Err(Error::state(format!(
+                "rank {}: peer rank {} (pid {}) closed its cache before this rank opened its \
+                 record {key:?} for {}; a closed cache takes no part in exchanges (create new \
+                 caches on both ranks)",
+                self.cfg.rank,
+                it.peer,
+                b.owner_pid(),
+                it.key
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Step 4: fetches and imports the records of peers whose version changed.
@@ -782,7 +881,10 @@ impl HandleCache {
         }
         self.collector_delete(keys.clone());
         for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
-            match self.import(&items[i], value, key) {
+            let imported = self
+                .refuse_closed_peer(&items[i], key)
+                .and_then(|()| self.import(&items[i], value, key));
+            match imported {
                 Ok(imp) => imports[i] = Some(imp),
                 Err(e) => {
                     self.release_imports(imports);
@@ -997,20 +1099,95 @@ impl HandleCache {
         )))
     }
 
-    /// Releases every mapping, slab reference and semaphore slot, and waits for the collector to
-    /// delete the consumed keys. Returns the final counters. (Drop does the same.)
+    /// Tears the cache down (see the module docs) and returns the final counters. Never fails:
+    /// when peers did not close within the [linger](Self::linger), the counters say so
+    /// (`peers_unclosed`, `leaked_slabs`); [`try_close`](Self::try_close) names them.
     pub fn close(self) -> CacheStats {
         let mut this = self;
-        this.teardown();
+        let _ = this.teardown();
         this.stats()
     }
 
-    fn teardown(&mut self) {
+    /// Tears the cache down: waits for the collector to delete the consumed keys, releases every
+    /// peer mapping and peer semaphore slab, marks this rank closed on its board, and waits,
+    /// bounded by the [linger](Self::linger), until every peer of its channels has closed its
+    /// cache too (or exited) before freeing this rank's semaphore slab. Returns the final
+    /// counters, or a `Timeout` naming the peers that did not close; then the device semaphore
+    /// slab is deliberately left allocated (a peer may still map it), and so must be any buffer
+    /// this rank exported to those peers.
+    pub fn try_close(self) -> Result<CacheStats> {
+        let mut this = self;
+        this.teardown()?;
+        Ok(this.stats())
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
         lock(&self.collector).finish();
+        // Release first, so that peers closing at the same time never wait on each other.
+        let peers = self.release_everything();
+        self.board.mark_closed();
+        let linger = self.linger();
+        let start = Instant::now();
+        let unclosed = self.wait_for_peers_to_close(peers, linger);
+        let names: Vec<String> = {
+            let mut boards = lock(&self.peer_boards);
+            let names = unclosed
+                .iter()
+                .map(|&(peer, _)| match boards.get(&peer) {
+                    Some(b) => format!("rank {peer} (pid {})", b.owner_pid()),
+                    None => format!("rank {peer}"),
+                })
+                .collect();
+            boards.clear();
+            names
+        };
+        if unclosed.is_empty() {
+            return Ok(());
+        }
+        let exposed_device = unclosed.iter().any(|&(_, device)| device);
+        let leaked = match self.transports[kind_index(MemKind::Device)].get() {
+            Some(t) if exposed_device => {
+                // Deliberately never dropped: freeing the slab (or closing the driver state of
+                // buffers a peer still maps) while that peer maps it is undefined behaviour.
+                std::mem::forget(Arc::clone(t));
+                1
+            }
+            _ => 0,
+        };
+        bump(&self.counters.peers_unclosed, unclosed.len() as u64);
+        bump(&self.counters.leaked_slabs, leaked);
+        TEARDOWNS_TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+        Err(Error::timeout(format!(
+            "rank {}: peers that had not closed their caches {:?} after this rank closed \
+             (linger {linger:?}): {}. They may still map this rank's buffers and semaphore slab, \
+             so {}. Close the cache on every rank that exchanged with this one (a failed rank \
+             must exit or close its cache), or raise the bound with set_linger",
+            self.cfg.rank,
+            start.elapsed(),
+            names.join(", "),
+            if leaked > 0 {
+                "the device semaphore slab was left allocated on purpose; keep the buffers \
+                 exported to them alive too"
+            } else {
+                "keep the buffers exported to them alive until they exit"
+            }
+        )))
+    }
+
+    /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers
+    /// of the channels (they may hold this rank's memory), each with whether a device channel
+    /// connects them.
+    fn release_everything(&self) -> Vec<(usize, bool)> {
         let mut st = lock(&self.state);
         let channels = std::mem::take(&mut st.channels);
         st.by_key.clear();
+        let mut peers: BTreeMap<usize, bool> = BTreeMap::new();
         for ch in channels {
+            *peers.entry(ch.peer).or_default() |= ch.kind == MemKind::Device;
             let t = self
                 .transport(ch.kind)
                 .expect("channel kinds have transports");
@@ -1025,7 +1202,38 @@ impl HandleCache {
                 bump(&self.counters.closes, 1);
             }
         }
-        lock(&self.peer_boards).clear();
+        peers.into_iter().collect()
+    }
+
+    /// Waits, at most `linger`, until every peer has let go of this rank's memory; returns the
+    /// ones that have not.
+    fn wait_for_peers_to_close(
+        &self,
+        mut pending: Vec<(usize, bool)>,
+        linger: Duration,
+    ) -> Vec<(usize, bool)> {
+        let deadline = Instant::now() + linger;
+        let mut sleep = Duration::from_micros(50);
+        loop {
+            pending.retain(|&(peer, _)| !self.peer_let_go(peer));
+            let now = Instant::now();
+            if pending.is_empty() || now >= deadline {
+                return pending;
+            }
+            std::thread::sleep(sleep.min(deadline - now));
+            sleep = (sleep * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Whether `peer` can no longer map this rank's memory: it marked its board closed, its
+    /// process has exited, or no live board of it can be found (it never created its cache, its
+    /// board was removed, or it belongs to a dead process). A board of another layout belongs to
+    /// an incompatible version, which could never have exchanged with this one.
+    fn peer_let_go(&self, peer: usize) -> bool {
+        match self.peer_board(peer) {
+            Ok(Some(b)) => b.closed() || !b.owner_alive(),
+            Ok(None) | Err(_) => true,
+        }
     }
 }
 
@@ -1039,7 +1247,8 @@ struct Imported {
 
 impl Drop for HandleCache {
     fn drop(&mut self) {
-        self.teardown();
+        // Drop cannot report a timeout: it is counted in `teardowns_timed_out`.
+        let _ = self.teardown();
     }
 }
 

@@ -2,8 +2,11 @@
 
 use super::*;
 use crate::error::Status;
+use crate::exchange::record::{from_fixed, HandleType};
+use crate::exchange::transport::SemaphoreSlab;
 use crate::host::alloc::alloc_for_job;
-use crate::host::HostBuffer;
+use crate::host::{HostBuffer, HostTransport};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Condvar;
 
 /// A minimal in-process store with the blocking semantics the exchange relies on.
@@ -93,6 +96,18 @@ impl Store for LosesWrites {
     }
 }
 
+/// Closes every cache at once, as ranks do: closed one by one, each would wait for the next.
+fn close_all(c: impl IntoIterator<Item = HandleCache>) -> Vec<CacheStats> {
+    let closing: Vec<_> = c
+        .into_iter()
+        .map(|c| std::thread::spawn(move || c.try_close()))
+        .collect();
+    closing
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect()
+}
+
 fn caches(job: &str, world: usize) -> (Arc<MemStore>, Vec<HandleCache>) {
     let store = Arc::new(MemStore::default());
     let caches = (0..world)
@@ -162,8 +177,7 @@ fn miss_then_hit_with_no_store_traffic() {
     );
     assert_eq!(s0b.opens, s0.opens);
     let t = c[0].transport(MemKind::Host).unwrap().clone();
-    let stats: Vec<CacheStats> = c.into_iter().map(HandleCache::close).collect();
-    for s in &stats {
+    for s in &close_all(c) {
         assert_eq!(s.opens, s.closes);
         assert_eq!(s.keys_deleted, 1, "the importer deleted the record it read");
     }
@@ -205,7 +219,7 @@ fn asymmetric_change_updates_only_one_side() {
     }
     let t = c[1].transport(MemKind::Host).unwrap().clone();
     assert_eq!(t.live_mappings(), 1, "replaced mappings were released");
-    drop(c);
+    close_all(c);
     assert_eq!(t.live_mappings(), 0);
 }
 
@@ -225,8 +239,9 @@ fn missing_peer_times_out_with_context_and_poisons_the_channel() {
     }
     let again = c[0].exchange_handles(&r0).unwrap_err();
     assert_eq!(again.status, Status::InvalidState, "{again}");
-    let s = c.into_iter().next().unwrap().close();
-    assert_eq!(s.opens, s.closes);
+    for s in close_all(c) {
+        assert_eq!(s.opens, s.closes);
+    }
 }
 
 #[test]
@@ -267,8 +282,7 @@ fn lost_record_times_out_naming_the_key_on_both_sides() {
     for needle in ["rank 1", "peer rank 0 to open version 1", "\"lost\"", "-b0"] {
         assert!(e1.message.contains(needle), "{needle}: {e1}");
     }
-    for cache in c {
-        let s = cache.close();
+    for s in close_all(c) {
         assert_eq!(s.opens, s.closes);
     }
 }
@@ -316,4 +330,232 @@ fn bad_arguments_are_reported() {
         .unwrap_err();
     assert_eq!(err.status, Status::NotFound);
     assert_eq!(c[0].stats().exchanges, 0);
+}
+
+/// A connected pair: rank 0 sends "x" to rank 1, both exchanged once.
+fn exchanged_pair(job: &str) -> (Vec<HandleCache>, [HostBuffer; 2], [Request; 2]) {
+    let (_store, c) = caches(job, 2);
+    let bufs = [buf(job, 1), buf(job, 2)];
+    let reqs = [
+        Request::send(1, "x", bufs[0].addr(), 64, MemKind::Host),
+        Request::recv(0, "x", bufs[1].addr(), 64, MemKind::Host),
+    ];
+    let (x, y) = step(&c, &reqs[..1], &reqs[1..]);
+    x.unwrap();
+    y.unwrap();
+    (c, bufs, reqs)
+}
+
+#[test]
+fn close_waits_until_the_peer_has_closed() {
+    let (c, _bufs, _reqs) = exchanged_pair("ut_wait");
+    let mut c = c.into_iter();
+    let (c0, c1) = (c.next().unwrap(), c.next().unwrap());
+    let peer_closing = AtomicBool::new(false);
+    let start = Instant::now();
+    let (s0, returned) = std::thread::scope(|s| {
+        let closing = s.spawn(|| {
+            let stats = c0.try_close();
+            let returned = start.elapsed();
+            // Rank 1 only starts closing after the sleep below.
+            assert!(
+                peer_closing.load(Ordering::SeqCst),
+                "returned before the peer closed"
+            );
+            (stats, returned)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        peer_closing.store(true, Ordering::SeqCst);
+        let s1 = c1.try_close().unwrap();
+        assert_eq!(s1.opens, s1.closes);
+        closing.join().unwrap()
+    });
+    let s0 = s0.unwrap();
+    assert!(returned >= Duration::from_millis(200), "{returned:?}");
+    assert!(returned < Duration::from_secs(5), "{returned:?}");
+    assert_eq!(
+        (s0.opens, s0.peers_unclosed, s0.leaked_slabs),
+        (s0.closes, 0, 0)
+    );
+}
+
+#[test]
+fn peers_closing_together_do_not_wait_for_each_other() {
+    let (c, _bufs, _reqs) = exchanged_pair("ut_together");
+    let start = Instant::now();
+    for s in close_all(c) {
+        assert_eq!(s.opens, s.closes);
+        assert_eq!(s.peers_unclosed, 0);
+    }
+    // Each releases its imports before it waits, so neither waits for its linger (10 s).
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn exchange_with_a_closed_peer_fails_at_once() {
+    let (c, bufs, reqs) = exchanged_pair("ut_closedpeer");
+    let mut c = c.into_iter();
+    let (c0, c1) = (c.next().unwrap(), c.next().unwrap());
+    std::thread::scope(|s| {
+        let closing = s.spawn(|| c1.try_close());
+        // Wait (bounded) until rank 1 is closed and waiting for rank 0.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !c0.peer_let_go(1) {
+            assert!(
+                Instant::now() < deadline,
+                "rank 1 never marked itself closed"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let start = Instant::now();
+        let err = c0.exchange_handles(&reqs[..1]).unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(3), "{err}");
+        assert_eq!(err.status, Status::InvalidState, "{err}");
+        for needle in ["peer rank 1", "closed its cache", "step 2"] {
+            assert!(err.message.contains(needle), "{needle}: {err}");
+        }
+        let s0 = c0.try_close().unwrap();
+        assert_eq!(s0.opens, s0.closes);
+        let s1 = closing.join().unwrap().unwrap();
+        assert_eq!(s1.opens, s1.closes);
+    });
+    drop(bufs);
+}
+
+/// Host shared memory presented as device memory, so the teardown's device-only path (keeping
+/// the slab alive) runs without a GPU. Counts its drops.
+struct DeviceLike {
+    inner: Arc<HostTransport>,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Transport for DeviceLike {
+    fn kind(&self) -> MemKind {
+        MemKind::Device
+    }
+    fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
+        self.inner.resolve(ptr, bytes)
+    }
+    fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
+        // Device records must carry a CUDA handle type; the payload stays the shm name.
+        let handle = self.inner.export(buf)?;
+        Ok(ExportedHandle {
+            handle_type: HandleType::CudaLegacyIpc,
+            ..handle
+        })
+    }
+    fn import(&self, rec: &Record) -> Result<Mapping> {
+        let mut host = rec.clone();
+        host.handle_type = HandleType::PosixShm;
+        self.inner.import(&host)
+    }
+    fn release(&self, mapping: &Mapping) -> Result<()> {
+        self.inner.release(mapping)
+    }
+    fn semaphores(&self) -> &dyn SemaphoreSlab {
+        self.inner.semaphores()
+    }
+    fn live_mappings(&self) -> usize {
+        self.inner.live_mappings()
+    }
+}
+
+impl Drop for DeviceLike {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn close_gives_up_after_the_linger_naming_the_peer_and_keeps_device_memory() {
+    let job = format!("ut_linger{}", std::process::id());
+    let store = Arc::new(MemStore::default());
+    let mut inner = Vec::new();
+    let mut drops = Vec::new();
+    let c: Vec<HandleCache> = (0..3)
+        .map(|rank| {
+            let host = HostTransport::new(&job).unwrap();
+            let dropped = Arc::new(AtomicUsize::new(0));
+            let device: Arc<dyn Transport> = Arc::new(DeviceLike {
+                inner: host.clone(),
+                drops: dropped.clone(),
+            });
+            inner.push(host);
+            drops.push(dropped);
+            let cfg = CacheConfig {
+                rank,
+                world_size: 3,
+                store: store.clone(),
+                job_id: job.clone(),
+                scope: String::new(),
+                timeout: Duration::from_secs(10),
+            };
+            HandleCache::with_transports(cfg, vec![device]).unwrap()
+        })
+        .collect();
+    // Ranks 0 and 2 each send to rank 1.
+    let bufs: Vec<HostBuffer> = (0..4).map(|i| buf("ut_linger", i)).collect();
+    let to1 = |b: &HostBuffer| Request::send(1, "d", b.addr(), 64, MemKind::Device);
+    let r1 = [
+        Request::recv(0, "d", bufs[1].addr(), 64, MemKind::Device),
+        Request::recv(2, "d", bufs[3].addr(), 64, MemKind::Device),
+    ];
+    std::thread::scope(|s| {
+        let a = s.spawn(|| c[0].exchange_handles(&[to1(&bufs[0])]));
+        let b = s.spawn(|| c[2].exchange_handles(&[to1(&bufs[2])]));
+        c[1].exchange_handles(&r1).unwrap();
+        a.join().unwrap().unwrap();
+        b.join().unwrap().unwrap();
+    });
+    let slab_names: Vec<String> = inner
+        .iter()
+        .map(|t| from_fixed(&t.semaphores().export().unwrap().payload))
+        .collect();
+    let before = teardowns_timed_out();
+    let mut c = c.into_iter();
+    let (c0, c1, c2) = (c.next().unwrap(), c.next().unwrap(), c.next().unwrap());
+    let linger = Duration::from_millis(200);
+    c0.set_linger(linger);
+    c2.set_linger(linger);
+    assert_eq!(c1.linger(), Duration::from_secs(10), "min(timeout, 30 s)");
+    // Rank 1 keeps its mappings open: rank 0 (try_close) and rank 2 (close) give up.
+    let start = Instant::now();
+    let (e0, s2) = std::thread::scope(|s| {
+        let t = s.spawn(|| c2.close());
+        (c0.try_close().unwrap_err(), t.join().unwrap())
+    });
+    let took = start.elapsed();
+    assert!(took >= linger && took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(e0.status, Status::Timeout, "{e0}");
+    let rank1 = format!("rank 1 (pid {})", std::process::id());
+    for needle in ["rank 0:", &rank1, "200ms", "left allocated", "set_linger"] {
+        assert!(e0.message.contains(needle), "{needle}: {e0}");
+    }
+    assert_eq!((s2.peers_unclosed, s2.leaked_slabs), (1, 1), "{s2:?}");
+    assert_eq!(s2.opens, s2.closes, "imports are released before waiting");
+    assert!(teardowns_timed_out() >= before + 2);
+    for r in [0, 2] {
+        assert_eq!(
+            drops[r].load(Ordering::SeqCst),
+            0,
+            "rank {r}'s slab was freed"
+        );
+        assert_eq!(inner[r].live_mappings(), 0);
+        assert_eq!(inner[r].live_peer_slabs(), 0);
+    }
+    // Rank 1 closes last: its peers are closed, so it neither waits nor leaks.
+    let start = Instant::now();
+    let s1 = c1.try_close().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!((s1.peers_unclosed, s1.leaked_slabs), (0, 0));
+    assert_eq!(s1.opens, s1.closes);
+    assert_eq!(drops[1].load(Ordering::SeqCst), 1);
+    // The leaked slabs of ranks 0 and 2 stay mapped in this process; only their names go.
+    for r in [0, 2] {
+        crate::host::shm::unlink_name(&slab_names[r]);
+    }
 }

@@ -25,6 +25,12 @@ pub struct CacheStats {
     pub closes: u64,
     /// Consumed records deleted from the store by the background collector.
     pub keys_deleted: u64,
+    /// Peers that had not closed their caches when this cache's teardown stopped waiting for them
+    /// (they may still map this rank's memory; see `HandleCache::try_close`).
+    pub peers_unclosed: u64,
+    /// Device transports (with their semaphore slab) deliberately left allocated by a teardown
+    /// that timed out, rather than freed under a peer's mapping.
+    pub leaked_slabs: u64,
 }
 
 #[derive(Default)]
@@ -39,6 +45,8 @@ pub(crate) struct Counters {
     pub(crate) opens: AtomicU64,
     pub(crate) closes: AtomicU64,
     pub(crate) keys_deleted: Arc<AtomicU64>,
+    pub(crate) peers_unclosed: AtomicU64,
+    pub(crate) leaked_slabs: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
@@ -60,6 +68,8 @@ impl Counters {
             opens: l(&self.opens),
             closes: l(&self.closes),
             keys_deleted: l(&self.keys_deleted),
+            peers_unclosed: l(&self.peers_unclosed),
+            leaked_slabs: l(&self.leaked_slabs),
         }
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::args::{split_flag, take_parsed, take_value, unknown_option, UsageError};
 use crate::launch::{self, JobSpec, StoreHost};
-use crate::memory::{kind_label, Buffer, Mover, TransportChoice};
+use crate::memory::{enter_rank_device, kind_label, Buffer, Mover, TransportChoice};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, nanos};
 use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::cuda::transport::CudaTransport;
@@ -263,6 +263,7 @@ fn ring(ctx: &Context, args: &DemoArgs, kind: MemKind) -> Result<()> {
     let (rank, world) = (ctx.rank, ctx.world_size);
     let next = (rank + 1) % world;
     let prev = (rank + world - 1) % world;
+    let device = enter_rank_device(kind, ctx.local_rank)?;
     let transports = transports(kind, &ctx.job_id)?;
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.clone())?;
     let mover = Mover::new(kind, args.timeout)?;
@@ -322,6 +323,7 @@ fn ring(ctx: &Context, args: &DemoArgs, kind: MemKind) -> Result<()> {
     let closed = cache.close();
     ctx.barrier(None, None)?;
     drop((send, recv, retired, mover, transports));
+    drop(device);
     if rank == 0 {
         let keys: Vec<String> = (0..world).map(result_key).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();

@@ -3,7 +3,8 @@
 
 use crate::args::UsageError;
 use nvfuser_ipc::cuda::buffer::{DeviceBuffer, DeviceStream};
-use nvfuser_ipc::cuda::{driver, p2p};
+use nvfuser_ipc::cuda::driver::{self, ContextGuard};
+use nvfuser_ipc::cuda::p2p;
 use nvfuser_ipc::exchange::{MemKind, P2pHandles};
 use nvfuser_ipc::host::{self, HostBuffer};
 use nvfuser_ipc::{Error, Result};
@@ -65,6 +66,17 @@ pub fn device_usable() -> Result<()> {
         )),
         _ => Ok(()),
     }
+}
+
+/// For device memory, makes GPU `local_rank % device count` current on this thread until the
+/// guard drops (one GPU per rank on a multi-GPU node, all ranks on one GPU otherwise). Hold it
+/// until every device buffer, stream and transport of the rank is gone.
+pub fn enter_rank_device(kind: MemKind, local_rank: usize) -> Result<Option<ContextGuard>> {
+    if kind != MemKind::Device {
+        return Ok(None);
+    }
+    let count = driver::device_count()?.max(1) as usize;
+    ContextGuard::for_device((local_rank % count) as i32).map(Some)
 }
 
 /// The label printed in tables: what the transport really is.

@@ -16,7 +16,7 @@ mod svg;
 
 use crate::args::{split_flag, take_parsed, take_value, unknown_option, UsageError};
 use crate::launch::{self, JobSpec, StoreHost};
-use crate::memory::{kind_label, TransportChoice};
+use crate::memory::{enter_rank_device, kind_label, TransportChoice};
 use crate::stats::{decode_samples, encode_samples};
 use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::cuda::transport::CudaTransport;
@@ -295,6 +295,7 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
         Role::Exchange => {
             // The transports outlive every cache and import, and are dropped only after the
             // last barrier: peers may map this rank's semaphore slab until then.
+            let device = enter_rank_device(args.kind, ctx.local_rank)?;
             let host: Arc<dyn Transport> = HostTransport::new(&ctx.job_id)?;
             let mut transports = vec![host];
             if args.kind == MemKind::Device {
@@ -304,6 +305,7 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
             let series = exchange::run(ctx, args, args.kind, &transports)?;
             ctx.barrier(None, None)?;
             drop(transports);
+            drop(device);
             series
         }
     };
