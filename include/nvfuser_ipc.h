@@ -192,6 +192,10 @@ typedef struct nvfipc_cache_counters {
   uint64_t closes;
   // Consumed records deleted from the store in the background.
   uint64_t keys_deleted;
+  // Peers that had not closed their caches when this cache's teardown gave up waiting.
+  uint64_t peers_unclosed;
+  // Device semaphore slabs deliberately left allocated because a peer might still map them.
+  uint64_t leaked_slabs;
 } nvfipc_cache_counters;
 
 // An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
@@ -489,7 +493,9 @@ enum nvfipc_status nvfipc_cache_create_scoped(const struct nvfipc_context *ctx,
 // not wait on each other), and a rank may free the buffers it exported once this call returns.
 // If a peer does not close within the linger, the device semaphore slab is deliberately left
 // allocated rather than freed under the peer's mapping (so should be the buffers exported to that
-// peer), and this call still returns OK.
+// peer); the cache is still freed, and the call returns NVFIPC_STATUS_TIMEOUT naming the peers.
+// When another thread is still inside a call on this cache, teardown happens when that call
+// returns, and this call returns OK.
 enum nvfipc_status nvfipc_cache_free(struct nvfipc_cache *cache);
 
 // Exchanges handles for the `n` requests at `reqs` with every peer they name. Each peer must make

@@ -5,8 +5,8 @@
 //!
 //! Lifetime: the slab is allocated on first use and freed only when the slab is dropped, after a
 //! synchronize of its context. Peers map it, so it must not be dropped while a peer may still
-//! write into it: the owner (the exchange context) drops it only after its teardown barrier, when
-//! every peer has released its mappings.
+//! write into it: the owner (the handle cache) drops it only after its teardown has waited for
+//! every peer it exchanged with to close its cache (or exit), and never when that wait times out.
 
 use super::driver::{self, check, Context, ContextGuard};
 use super::ipc::{self, HandleBytes};

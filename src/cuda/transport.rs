@@ -4,7 +4,8 @@
 //! Imports are refcounted per (peer, exporter buffer id); the driver-level open/close is further
 //! deduplicated process-wide by [`ipc`], so a peer allocation is opened once however many
 //! channels use it. Dropping the transport closes whatever is still imported and then frees the
-//! semaphore slab; the owner drops it only after its teardown barrier (see [`super::semaphore`]).
+//! semaphore slab; the handle cache drops it only after its teardown has waited for its peers to
+//! close (see [`super::semaphore`]).
 
 use super::driver;
 use super::ipc::{self, HandleBytes};

@@ -98,6 +98,10 @@ pub struct nvfipc_cache_counters {
     pub closes: u64,
     /// Consumed records deleted from the store in the background.
     pub keys_deleted: u64,
+    /// Peers that had not closed their caches when this cache's teardown gave up waiting.
+    pub peers_unclosed: u64,
+    /// Device semaphore slabs deliberately left allocated because a peer might still map them.
+    pub leaked_slabs: u64,
 }
 
 impl From<CacheStats> for nvfipc_cache_counters {
@@ -113,6 +117,8 @@ impl From<CacheStats> for nvfipc_cache_counters {
             opens: s.opens,
             closes: s.closes,
             keys_deleted: s.keys_deleted,
+            peers_unclosed: s.peers_unclosed,
+            leaked_slabs: s.leaked_slabs,
         }
     }
 }
@@ -214,12 +220,23 @@ pub extern "C" fn nvfipc_cache_create_scoped(
 /// not wait on each other), and a rank may free the buffers it exported once this call returns.
 /// If a peer does not close within the linger, the device semaphore slab is deliberately left
 /// allocated rather than freed under the peer's mapping (so should be the buffers exported to that
-/// peer), and this call still returns OK.
+/// peer); the cache is still freed, and the call returns NVFIPC_STATUS_TIMEOUT naming the peers.
+/// When another thread is still inside a call on this cache, teardown happens when that call
+/// returns, and this call returns OK.
 #[no_mangle]
 pub extern "C" fn nvfipc_cache_free(cache: *mut nvfipc_cache) -> Status {
     ffi_call("nvfipc_cache_free", || {
-        drop(take_handle(cache, "cache")?);
-        Ok(())
+        let Some(handle) = take_handle(cache, "cache")? else {
+            return Ok(());
+        };
+        match Arc::try_unwrap(handle.cache) {
+            Ok(cache) => cache.try_close().map(|_| ()),
+            // Another thread holds it mid-call: the last reference tears it down.
+            Err(shared) => {
+                drop(shared);
+                Ok(())
+            }
+        }
     })
 }
 
