@@ -213,7 +213,6 @@ class Store {
   Store& operator=(const Store&) = delete;
   ~Store() { handle_.reset(); }
 
-
   // Connects to a TCPStore server (PyTorch's, nvfipc's). `timeout` bounds the connection and is
   // the store's default timeout (kDefaultTimeout: 300 s).
   static Store connect(const std::string& host, uint16_t port,
@@ -460,7 +459,6 @@ class Context {
   Context& operator=(const Context&) = delete;
   ~Context() { handle_.reset(); }
 
-
   // Rank `rank` of `world_size` over `store` (shared: the context keeps its own reference).
   static Context create(int64_t rank, int64_t world_size, int64_t local_rank,
                         int64_t local_world_size, const Store& store) {
@@ -653,7 +651,6 @@ class HandleCache {
   HandleCache(const HandleCache&) = delete;
   HandleCache& operator=(const HandleCache&) = delete;
   ~HandleCache() { handle_.reset(); }
-
 
   // The cache of `ctx`'s rank; `scope` (equal on all ranks) separates several caches of one job
   // in one process.

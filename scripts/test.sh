@@ -10,11 +10,12 @@ bash scripts/deps.sh
 NVFIPC_PYTHON="$(bash scripts/python-env.sh)"
 export NVFIPC_PYTHON NVFIPC_REQUIRE_TORCH=1
 
+echo "== fuzz the store frame parser (bounded, first: its output is long)"
+bash scripts/fuzz.sh "${NVFIPC_FUZZ_SECONDS:-60}"
+
 echo "== cargo test (release profile for realistic multi-process timing)"
 cargo test --release --all-targets
 
 echo "== C/C++ suites (CMake + GoogleTest)"
 bash scripts/cpp-tests.sh build/ci-cpp
 
-echo "== fuzz the store frame parser (bounded)"
-bash scripts/fuzz.sh "${NVFIPC_FUZZ_SECONDS:-60}"
