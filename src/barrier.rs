@@ -1,31 +1,43 @@
 //! Reusable barriers over the world or any subset of ranks, built on a [`Store`].
 //!
 //! Protocol for generation `g` of a member set of `n` ranks (keys under `nvfipc/barrier/...`):
-//! 1. each arriving rank SETs `<set>/arrived/<rank>` to `g` (no reply on the TCP store, so it
-//!    costs no round trip) and ADDs 1 to `<set>/count` (one round trip);
+//! 1. each arriving rank ADDs 1 to `<set>/count` (its only round trip before the wait);
 //! 2. the counter is never reset: generation `g` owns the values `g*n+1 ..= (g+1)*n`, so the rank
 //!    that reads `(g+1)*n` is the last arriver; it SETs `<set>/release/<g>` and then deletes
 //!    `<set>/release/<g-1>`, which nobody can still be waiting on (every member has arrived at `g`,
 //!    so every member has left `g-1`);
 //! 3. everyone else WAITs for `<set>/release/<g>` with the timeout.
 //!
-//! The store therefore holds at most one arrival key per member, one counter and two release keys
+//! A rank still waiting after [`ANNOUNCE_AFTER`] SETs `<set>/arrived/<rank>` to `g` and waits on;
+//! a fast barrier therefore costs each rank one ADD and one WAIT and nothing else. On timeout the
+//! counter says how many members arrived and the arrival keys say which: the error names the
+//! others. The store holds at most one arrival key per member, one counter and two release keys
 //! per member set, however many barriers run. A counter value outside the generation's range
 //! means the members disagree on how many barriers they called (or another job shares the store
-//! namespace) and is reported instead of silently mis-synchronising. On timeout the arrival keys
-//! tell which ranks never arrived, and the error names them.
+//! namespace) and is reported instead of silently mis-synchronising.
 
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Prefix of every key the barrier writes.
 pub const BARRIER_KEY_PREFIX: &str = "nvfipc/barrier";
 
 /// How long the timeout diagnosis may block on reading a key that `check` reported present.
 const DIAGNOSIS_GET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A rank that has waited this long announces its arrival (one SET) so that a timeout elsewhere
+/// can name the absent ranks; barriers that complete sooner write no arrival key.
+pub const ANNOUNCE_AFTER: Duration = Duration::from_millis(50);
+
+/// After a timeout, how long past [`ANNOUNCE_AFTER`] the diagnosis waits for ranks that the
+/// counter shows as arrived to announce themselves.
+const ANNOUNCE_GRACE: Duration = Duration::from_millis(500);
+
+/// Pause between two scans of the arrival keys during the diagnosis.
+const DIAGNOSIS_POLL: Duration = Duration::from_millis(10);
 
 /// Lists longer than this are printed as ranges (`[0-31,33]`) in messages.
 const FULL_LIST_MAX: usize = 16;
@@ -148,7 +160,14 @@ pub fn format_ranks(ranks: &[usize]) -> String {
 #[derive(Debug)]
 pub struct BarrierState {
     prefix: String,
-    generations: Mutex<HashMap<String, u64>>,
+    sets: Mutex<HashMap<String, SetSlot>>,
+}
+
+/// What the state keeps per member set: the next generation and the set's keys, formatted once.
+#[derive(Debug)]
+struct SetSlot {
+    next_generation: u64,
+    keys: Arc<BarrierKeys>,
 }
 
 impl Default for BarrierState {
@@ -162,7 +181,7 @@ impl BarrierState {
     pub fn new() -> BarrierState {
         BarrierState {
             prefix: BARRIER_KEY_PREFIX.to_string(),
-            generations: Mutex::new(HashMap::new()),
+            sets: Mutex::new(HashMap::new()),
         }
     }
 
@@ -171,7 +190,7 @@ impl BarrierState {
     pub fn scoped(scope: &str) -> BarrierState {
         BarrierState {
             prefix: format!("{BARRIER_KEY_PREFIX}/{scope}"),
-            generations: Mutex::new(HashMap::new()),
+            sets: Mutex::new(HashMap::new()),
         }
     }
 
@@ -182,43 +201,108 @@ impl BarrierState {
 
     /// The generation the next barrier over `set` will use.
     pub fn next_generation(&self, set: &MemberSet) -> u64 {
-        self.lock().get(set.id()).copied().unwrap_or(0)
+        self.lock()
+            .get(set.id())
+            .map_or(0, |slot| slot.next_generation)
     }
 
-    /// Returns the generation for this call and advances the counter.
-    fn take_generation(&self, set: &MemberSet) -> u64 {
+    /// Returns the generation for this call and the set's keys, and advances the counter.
+    fn take_generation(&self, set: &MemberSet) -> (u64, Arc<BarrierKeys>) {
         let mut map = self.lock();
-        let slot = map.entry(set.id().to_string()).or_insert(0);
-        let gen = *slot;
-        *slot += 1;
-        gen
+        let slot = match map.get_mut(set.id()) {
+            Some(slot) => slot,
+            None => map.entry(set.id().to_string()).or_insert_with(|| SetSlot {
+                next_generation: 0,
+                keys: Arc::new(BarrierKeys::new(&self.prefix, set)),
+            }),
+        };
+        let gen = slot.next_generation;
+        slot.next_generation += 1;
+        (gen, Arc::clone(&slot.keys))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SetSlot>> {
         // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
-        self.generations.lock().unwrap_or_else(|e| e.into_inner())
+        self.sets.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// Store keys of one member set.
+#[derive(Debug)]
 struct BarrierKeys {
     base: String,
+    count: String,
 }
 
 impl BarrierKeys {
-    fn new(state: &BarrierState, set: &MemberSet) -> BarrierKeys {
-        BarrierKeys {
-            base: format!("{}/{}", state.key_prefix(), set.id()),
-        }
+    fn new(prefix: &str, set: &MemberSet) -> BarrierKeys {
+        let base = format!("{prefix}/{}", set.id());
+        let count = format!("{base}/count");
+        BarrierKeys { base, count }
     }
     fn arrival(&self, rank: usize) -> String {
         format!("{}/arrived/{rank}", self.base)
     }
-    fn count(&self) -> String {
-        format!("{}/count", self.base)
+    fn count(&self) -> &str {
+        &self.count
     }
     fn release(&self, gen: u64) -> String {
         format!("{}/release/{gen}", self.base)
+    }
+}
+
+/// One call's view of the barrier: who, which generation, which keys.
+struct Call<'a> {
+    store: &'a dyn Store,
+    keys: &'a BarrierKeys,
+    set: &'a MemberSet,
+    gen: u64,
+    rank: usize,
+}
+
+impl Call<'_> {
+    fn what(&self) -> String {
+        format!(
+            "barrier gen {} over ranks {} on rank {}",
+            self.gen,
+            format_ranks(self.set.ranks()),
+            self.rank
+        )
+    }
+
+    /// Counter values generation `gen` owns.
+    fn range(&self) -> (i64, i64) {
+        let n = self.set.len() as i64;
+        let gen = self.gen as i64;
+        (gen * n + 1, (gen + 1) * n)
+    }
+
+    fn announce(&self) -> Result<()> {
+        self.store
+            .set(
+                &self.keys.arrival(self.rank),
+                self.gen.to_string().as_bytes(),
+            )
+            .map_err(|e| e.context(format!("{}: announcing arrival", self.what())))
+    }
+
+    /// Waits for the release key: first up to [`ANNOUNCE_AFTER`] without writing anything, then,
+    /// announced, for the rest of `timeout`.
+    fn wait_release(&self, release_key: &str, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return match self.store.check(&[release_key]) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(Error::timeout("not released at the first check")),
+                Err(e) => Err(e),
+            };
+        }
+        let first = timeout.min(ANNOUNCE_AFTER);
+        match self.store.wait(&[release_key], first) {
+            Err(e) if e.status == Status::Timeout && first < timeout => {}
+            other => return other,
+        }
+        self.announce()?;
+        self.store.wait(&[release_key], timeout - first)
     }
 }
 
@@ -238,36 +322,30 @@ pub fn barrier(
     timeout: Duration,
 ) -> Result<u64> {
     let set = MemberSet::new(rank, world, members)?;
-    let gen = state.take_generation(&set);
+    let (gen, keys) = state.take_generation(&set);
     if set.len() == 1 {
         // Nobody to wait for.
         return Ok(gen);
     }
-    let keys = BarrierKeys::new(state, &set);
-    let what = || {
-        format!(
-            "barrier gen {gen} over ranks {} on rank {rank}",
-            format_ranks(set.ranks())
-        )
+    let call = Call {
+        store,
+        keys: &keys,
+        set: &set,
+        gen,
+        rank,
     };
 
-    store
-        .set(&keys.arrival(rank), gen.to_string().as_bytes())
-        .map_err(|e| e.context(format!("{}: announcing arrival", what())))?;
     let count_key = keys.count();
     let count = store
-        .add(&count_key, 1)
-        .map_err(|e| e.context(format!("{}: adding to {count_key}", what())))?;
-
-    let n = set.len() as i64;
-    let gen_i = gen as i64;
-    let (first, last) = (gen_i * n + 1, (gen_i + 1) * n);
+        .add(count_key, 1)
+        .map_err(|e| e.context(format!("{}: adding to {count_key}", call.what())))?;
+    let (first, last) = call.range();
     if count < first || count > last {
         return Err(Error::state(format!(
             "{}: the counter {count_key} reads {count}, outside {first}..={last} which \
              generation {gen} owns; the members called different numbers of barriers over this \
              set, or another job uses the same store keys (give it its own scope)",
-            what()
+            call.what()
         )));
     }
 
@@ -275,64 +353,58 @@ pub fn barrier(
     if count == last {
         store
             .set(&release_key, b"1")
-            .map_err(|e| e.context(format!("{}: releasing", what())))?;
+            .map_err(|e| e.context(format!("{}: releasing", call.what())))?;
         if gen > 0 {
             let old = keys.release(gen - 1);
             store
                 .delete_key(&old)
-                .map_err(|e| e.context(format!("{}: deleting the old key {old}", what())))?;
+                .map_err(|e| e.context(format!("{}: deleting the old key {old}", call.what())))?;
         }
         return Ok(gen);
     }
 
-    let waited = if timeout.is_zero() {
-        match store.check(&[&release_key]) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::timeout("not released at the first check")),
-            Err(e) => Err(e),
-        }
-    } else {
-        store.wait(&[&release_key], timeout)
-    };
-    match waited {
+    match call.wait_release(&release_key, timeout) {
         Ok(()) => Ok(gen),
         Err(e) if e.status == Status::Timeout => {
             // The release may have landed just after the wait gave up.
             if store.check(&[&release_key]).unwrap_or(false) {
                 return Ok(gen);
             }
-            Err(timeout_error(store, &keys, &set, gen, rank, timeout))
+            Err(timeout_error(&call, timeout))
         }
-        Err(e) => Err(e.context(format!("{}: waiting for {release_key}", what()))),
+        Err(e) => Err(e.context(format!("{}: waiting for {release_key}", call.what()))),
     }
 }
 
-/// Builds the timeout error, naming the members whose arrival key is missing or older than `gen`.
-fn timeout_error(
-    store: &dyn Store,
-    keys: &BarrierKeys,
-    set: &MemberSet,
-    gen: u64,
-    rank: usize,
-    timeout: Duration,
-) -> Error {
+/// Builds the timeout error, naming the members that did not arrive at the generation.
+fn timeout_error(call: &Call<'_>, timeout: Duration) -> Error {
     let head = format!(
-        "barrier gen {gen} over ranks {} timed out after {} ms on rank {rank}",
-        format_ranks(set.ranks()),
-        timeout.as_millis()
+        "barrier gen {} over ranks {} timed out after {} ms on rank {}",
+        call.gen,
+        format_ranks(call.set.ranks()),
+        timeout.as_millis(),
+        call.rank
     );
-    match missing_ranks(store, keys, set, gen, rank) {
-        Ok(missing) if missing.is_empty() => Error::timeout(format!(
+    match missing_ranks(call) {
+        Ok(Absent::None) => Error::timeout(format!(
             "{head}: every rank arrived but the release key {} was not set; the last arriver \
              may have died or lost its store connection",
-            keys.release(gen)
+            call.keys.release(call.gen)
         )),
-        Ok(missing) => {
-            let list = format_ranks(&missing);
+        Ok(Absent::Ranks { ranks, unannounced }) => {
+            let list = format_ranks(&ranks);
             let list = &list[1..list.len() - 1];
+            let note = if unannounced > 0 {
+                format!(
+                    " ({unannounced} of them reached the barrier by the counter but never \
+                     announced themselves: they may have died while waiting)"
+                )
+            } else {
+                String::new()
+            };
             Error::timeout(format!(
-                "{head}: ranks {list} did not arrive; check that they are alive and call the \
-                 same barriers, or raise the timeout"
+                "{head}: ranks {list} did not arrive{note}; check that they are alive and call \
+                 the same barriers, or raise the timeout"
             ))
         }
         Err(e) => Error::timeout(format!(
@@ -341,22 +413,58 @@ fn timeout_error(
     }
 }
 
-/// Members (other than `rank`) that have not announced arrival at generation `gen`.
-fn missing_ranks(
-    store: &dyn Store,
-    keys: &BarrierKeys,
-    set: &MemberSet,
-    gen: u64,
-    rank: usize,
-) -> Result<Vec<usize>> {
+/// Outcome of the timeout diagnosis.
+#[derive(Debug, PartialEq, Eq)]
+enum Absent {
+    /// The counter shows every member arrived.
+    None,
+    /// Members without an arrival record for the generation; `unannounced` of them did arrive
+    /// by the counter but wrote no record within the grace period.
+    Ranks {
+        ranks: Vec<usize>,
+        unannounced: usize,
+    },
+}
+
+/// Members (other than the caller) that have not reached the generation.
+///
+/// The counter gives how many arrived; ranks that arrived announce themselves within
+/// [`ANNOUNCE_AFTER`] of arriving, so the scan repeats (bounded) until the announced ranks
+/// account for every arrival.
+fn missing_ranks(call: &Call<'_>) -> Result<Absent> {
+    // Waiters announce before they time out, but a zero or short timeout may end first.
+    call.announce()?;
+    let (first, last) = call.range();
+    let count = call.store.add(call.keys.count(), 0)?;
+    if count >= last {
+        return Ok(Absent::None);
+    }
+    let arrived_others = usize::try_from(count - first).unwrap_or(0);
+    let deadline = Instant::now() + ANNOUNCE_AFTER + ANNOUNCE_GRACE;
+    loop {
+        let missing = unannounced_ranks(call)?;
+        let announced_others = call.set.len() - 1 - missing.len();
+        let unaccounted = arrived_others.saturating_sub(announced_others);
+        if unaccounted == 0 || Instant::now() >= deadline {
+            return Ok(Absent::Ranks {
+                ranks: missing,
+                unannounced: unaccounted,
+            });
+        }
+        std::thread::sleep(DIAGNOSIS_POLL);
+    }
+}
+
+/// Members (other than the caller) whose arrival key is missing or older than the generation.
+fn unannounced_ranks(call: &Call<'_>) -> Result<Vec<usize>> {
     let mut missing = Vec::new();
-    for &member in set.ranks().iter().filter(|&&m| m != rank) {
-        let key = keys.arrival(member);
-        if !store.check(&[&key])? {
+    for &member in call.set.ranks().iter().filter(|&&m| m != call.rank) {
+        let key = call.keys.arrival(member);
+        if !call.store.check(&[&key])? {
             missing.push(member);
             continue;
         }
-        let value = store.get(&key, DIAGNOSIS_GET_TIMEOUT)?;
+        let value = call.store.get(&key, DIAGNOSIS_GET_TIMEOUT)?;
         let arrived = std::str::from_utf8(&value)
             .ok()
             .and_then(|s| s.parse::<u64>().ok())
@@ -365,7 +473,7 @@ fn missing_ranks(
                     "arrival key {key} holds {value:?}, not a generation number"
                 ))
             })?;
-        if arrived < gen {
+        if arrived < call.gen {
             missing.push(member);
         }
     }
@@ -663,6 +771,104 @@ mod tests {
         for r in results {
             r.unwrap();
         }
+    }
+
+    #[test]
+    fn short_timeout_waits_for_arrived_ranks_to_announce() {
+        let store = Arc::new(MemoryStore::new());
+        let early = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let state = BarrierState::new();
+                barrier(&*store, &state, 0, 3, None, Duration::from_millis(400)).unwrap_err()
+            })
+        };
+        // Rank 0 has added to the counter but, within ANNOUNCE_AFTER, written no arrival key.
+        let deadline = Instant::now() + LONG;
+        while store.add("nvfipc/barrier/w3/count", 0).unwrap() < 1 {
+            assert!(Instant::now() < deadline, "rank 0 never arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let state = BarrierState::new();
+        let err = barrier(&*store, &state, 1, 3, None, Duration::from_millis(1)).unwrap_err();
+        assert_eq!(err.status, Status::Timeout);
+        assert!(err.message.contains(": ranks 2 did not arrive;"), "{err}");
+        let err = early.join().unwrap();
+        assert!(err.message.contains(": ranks 2 did not arrive;"), "{err}");
+        assert_eq!(
+            store.get("nvfipc/barrier/w3/arrived/0", LONG).unwrap(),
+            b"0".to_vec()
+        );
+    }
+
+    #[test]
+    fn arrivals_that_never_announce_are_listed_with_a_note() {
+        let store = MemoryStore::new();
+        // A member that added to the counter and vanished before announcing itself.
+        store.add("nvfipc/barrier/w3/count", 1).unwrap();
+        let state = BarrierState::new();
+        let err = barrier(&store, &state, 0, 3, None, Duration::from_millis(1)).unwrap_err();
+        assert_eq!(err.status, Status::Timeout);
+        assert!(
+            err.message
+                .contains("ranks 1,2 did not arrive (1 of them reached the barrier"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_arrival_without_release_is_reported() {
+        let store = Arc::new(MemoryStore::new());
+        let count_key = "nvfipc/barrier/w3/count";
+        store.add(count_key, 1).unwrap();
+        let waiter = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let state = BarrierState::new();
+                barrier(&*store, &state, 0, 3, None, Duration::from_millis(200)).unwrap_err()
+            })
+        };
+        let deadline = Instant::now() + LONG;
+        while store.add(count_key, 0).unwrap() < 2 {
+            assert!(Instant::now() < deadline, "rank 0 never arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The last arriver counts itself and dies before releasing.
+        store.add(count_key, 1).unwrap();
+        let err = waiter.join().unwrap();
+        assert_eq!(err.status, Status::Timeout);
+        assert!(err.message.contains("every rank arrived but"), "{err}");
+    }
+
+    #[test]
+    fn slow_barrier_over_tcp_announces_and_completes() {
+        use crate::store::client::{ConnectOptions, TcpStore};
+        use crate::store::server::StoreServer;
+        let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+        let port = server.port();
+        let ranks: Vec<_> = (0..3)
+            .map(|rank| {
+                std::thread::spawn(move || -> Result<Vec<u8>> {
+                    let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::default())?;
+                    let state = BarrierState::new();
+                    if rank == 2 {
+                        // Arrive well after the others have started announcing themselves.
+                        std::thread::sleep(ANNOUNCE_AFTER * 3);
+                    }
+                    assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 0);
+                    // Everyone is past generation 0, so the others' announcements are in.
+                    let announced = store.check(&["nvfipc/barrier/w3/arrived/0"])?
+                        && store.check(&["nvfipc/barrier/w3/arrived/1"])?;
+                    assert!(announced, "the early ranks did not announce themselves");
+                    assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 1);
+                    store.get("nvfipc/barrier/w3/arrived/0", LONG)
+                })
+            })
+            .collect();
+        for handle in ranks {
+            assert_eq!(handle.join().unwrap().unwrap(), b"0".to_vec());
+        }
+        server.shutdown();
     }
 
     #[test]

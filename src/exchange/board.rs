@@ -19,7 +19,6 @@
 //! and the peers' loads of it are sequentially consistent (with a fence on each side), so an
 //! importer that saw `closed == 0` right before importing is sure to be waited for by the owner.
 
-use super::record::fnv1a64;
 use crate::error::{Error, Result};
 use crate::host::shm::ShmSegment;
 use std::collections::HashMap;
@@ -36,12 +35,74 @@ const BOARD_BYTES: u64 = HEADER + ENTRY * CAPACITY as u64;
 
 /// 128-bit fingerprint of a channel (two independent 64-bit FNV-1a hashes of its description).
 pub fn fingerprint(description: &str) -> u128 {
-    let lo = fnv1a64(description.as_bytes());
-    let mut salted = Vec::with_capacity(description.len() + 1);
-    salted.push(0x5a);
-    salted.extend_from_slice(description.as_bytes());
-    let hi = fnv1a64(&salted);
-    (u128::from(hi) << 64) | u128::from(lo)
+    let mut f = Fingerprinter::new();
+    f.write(description.as_bytes());
+    f.finish()
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+/// The byte hashed before the description in the high half of a fingerprint.
+const FINGERPRINT_SALT: u8 = 0x5a;
+
+/// [`fingerprint`] of a description fed in pieces, so a channel's fingerprint can be computed
+/// from its parts without formatting the description into a new string.
+#[derive(Clone, Copy)]
+pub struct Fingerprinter {
+    lo: u64,
+    hi: u64,
+}
+
+impl Fingerprinter {
+    pub fn new() -> Fingerprinter {
+        Fingerprinter {
+            lo: FNV_OFFSET,
+            hi: (FNV_OFFSET ^ u64::from(FINGERPRINT_SALT)).wrapping_mul(FNV_PRIME),
+        }
+    }
+
+    /// Appends `bytes` to the description.
+    pub fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_byte(b);
+        }
+    }
+
+    #[inline]
+    fn write_byte(&mut self, b: u8) {
+        self.lo = (self.lo ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+        self.hi = (self.hi ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+    }
+
+    /// Appends the decimal digits of `n` (as `format!("{n}")` writes them).
+    pub fn write_decimal(&mut self, mut n: u64) {
+        // Ranks and occurrences are small: one digit needs no buffer.
+        if n < 10 {
+            self.write_byte(b'0' + n as u8);
+            return;
+        }
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.write(&digits[start..]);
+    }
+
+    pub fn finish(self) -> u128 {
+        (u128::from(self.hi) << 64) | u128::from(self.lo)
+    }
+}
+
+impl Default for Fingerprinter {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 #[repr(C)]
@@ -392,6 +453,27 @@ mod tests {
         assert!(err.message.contains("own scope"), "{err}");
         drop(own);
         assert!(PeerBoard::try_open(&n, 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn fingerprints_match_the_two_fnv1a_hashes_and_stream_in_pieces() {
+        use super::super::record::fnv1a64;
+        let d = "12/3/x/y#7";
+        let salted = [&[FINGERPRINT_SALT][..], d.as_bytes()].concat();
+        let expected = (u128::from(fnv1a64(&salted)) << 64) | u128::from(fnv1a64(d.as_bytes()));
+        assert_eq!(fingerprint(d), expected);
+        let mut f = Fingerprinter::new();
+        f.write_decimal(12);
+        f.write(b"/");
+        f.write_decimal(3);
+        f.write(b"/x/y#");
+        f.write_decimal(7);
+        assert_eq!(f.finish(), expected);
+        for n in [0u64, 9, 10, 99, 100, 4096, u64::MAX] {
+            let mut f = Fingerprinter::new();
+            f.write_decimal(n);
+            assert_eq!(f.finish(), fingerprint(&n.to_string()), "{n}");
+        }
     }
 
     #[test]

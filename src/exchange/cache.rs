@@ -16,7 +16,9 @@
 //!    hold each other's current buffers; then the replaced mappings are released);
 //! 5. hands the keys it has read to a background thread that deletes them from the store.
 //!
-//! A hit on both sides costs a few shared-memory loads and no store operation. A miss costs at
+//! A hit on both sides costs a few shared-memory loads and no store operation, and neither
+//! allocates nor makes a syscall (per-call buffers are reused per thread; channels are found by
+//! their board fingerprint; the clock is read only when a peer is not there yet). A miss costs at
 //! most one `multi_set` and one `multi_get`. A failed call (timeout, bad record) poisons the
 //! channels of its batch: later calls on them fail with `InvalidState` (create a new cache).
 //!
@@ -36,8 +38,8 @@
 //! that includes a channel already being exchanged by another thread fails with `InvalidState`.
 //! `get` and `stats` may run at any time.
 
-use super::board::{fingerprint, OwnBoard, PeerBoard};
-use super::channel::{occurrences, ChannelKey, Request};
+use super::board::{OwnBoard, PeerBoard};
+use super::channel::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::collector::Collector;
 use super::epoch::TransferEpochs;
 use super::record::{self, flags, local_host, Record};
@@ -51,7 +53,9 @@ use crate::host::wait::wait_until;
 use crate::host::HostTransport;
 use crate::store::Store;
 use once_cell::sync::OnceCell;
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -115,7 +119,7 @@ struct PeerSide {
 }
 
 struct Channel {
-    key: ChannelKey,
+    key: Arc<ChannelKey>,
     peer: usize,
     kind: MemKind,
     slot: u32,
@@ -136,10 +140,34 @@ struct Channel {
     epochs: Arc<TransferEpochs>,
 }
 
+/// Hashes a channel fingerprint, already uniformly distributed, by folding it (no SipHash on
+/// the exchange path).
+#[derive(Default)]
+struct FingerprintHasher(u64);
+
+impl Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        self.0 = (n as u64) ^ ((n >> 64) as u64);
+    }
+}
+
+type ByFingerprint = HashMap<u128, usize, BuildHasherDefault<FingerprintHasher>>;
+
 #[derive(Default)]
 struct State {
     channels: Vec<Channel>,
-    by_key: HashMap<ChannelKey, usize>,
+    /// Channel index by fingerprint (the channel's key is compared too).
+    by_fp: ByFingerprint,
     /// Peer semaphore slabs mapped by this cache, per (peer, kind).
     peer_slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
 }
@@ -147,7 +175,7 @@ struct State {
 /// Work of one request in one call, captured under the lock.
 struct Item {
     channel: usize,
-    key: ChannelKey,
+    key: Arc<ChannelKey>,
     peer: usize,
     kind: MemKind,
     slot: u32,
@@ -161,6 +189,58 @@ struct Item {
     peer_board: Option<Arc<PeerBoard>>,
     peer_entry: Option<u32>,
     peer_version: u64,
+    /// Still waited for by the current wait (peer's step, then peer's open).
+    waiting: bool,
+}
+
+/// Buffers of one call, kept per thread and reused, so a warm exchange allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    resolved: Vec<LocalBuffer>,
+    channels: Vec<usize>,
+    items: Vec<Item>,
+}
+
+/// Batches larger than this do not leave their buffers behind in the thread.
+const SCRATCH_KEEP: usize = 256;
+
+thread_local! {
+    static SCRATCH: Cell<Scratch> = const {
+        Cell::new(Scratch {
+            resolved: Vec::new(),
+            channels: Vec::new(),
+            items: Vec::new(),
+        })
+    };
+}
+
+/// The deadline of a call's waits. It starts at the first wait that needs it, so a call whose
+/// peers are already there never reads the clock.
+struct Deadline {
+    timeout: Duration,
+    at: Option<Instant>,
+}
+
+impl Deadline {
+    fn new(timeout: Duration) -> Deadline {
+        Deadline { timeout, at: None }
+    }
+
+    fn remaining(&mut self) -> Duration {
+        let timeout = self.timeout;
+        let at = *self.at.get_or_insert_with(|| Instant::now() + timeout);
+        at.saturating_duration_since(Instant::now())
+    }
+}
+
+/// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
+/// syscall): past the spin phase of `wait_until`, so a peer a few microseconds late costs none.
+const FIRST_LIVENESS_POLL: u32 = 2048;
+/// Polls between two liveness checks after that (about 100 ms once sleeping).
+const LIVENESS_EVERY: u32 = 256;
+
+fn liveness_check_due(polls: u32) -> bool {
+    polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
 }
 
 /// What a peer was awaited for when it closed or exited (for messages).
@@ -364,33 +444,51 @@ impl HandleCache {
 
     /// [`exchange_handles`](Self::exchange_handles) with an explicit bound on its waits.
     pub fn exchange_handles_timeout(&self, requests: &[Request], timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let resolved = self.resolve_all(requests)?;
-        let mut items = self.begin(requests, resolved)?;
-        let result = self.run(&mut items, timeout, deadline);
+        let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
+        let result = self.exchange_with(requests, timeout, &mut scratch);
+        if scratch.items.capacity() <= SCRATCH_KEEP {
+            scratch.resolved.clear();
+            scratch.channels.clear();
+            scratch.items.clear();
+            // Fails only while the thread exits; the buffers are then simply freed.
+            let _ = SCRATCH.try_with(|cell| cell.set(scratch));
+        }
+        result
+    }
+
+    fn exchange_with(
+        &self,
+        requests: &[Request],
+        timeout: Duration,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let mut deadline = Deadline::new(timeout);
+        self.resolve_all(requests, &mut scratch.resolved)?;
+        let items = &mut scratch.items;
+        self.begin(requests, &scratch.resolved, &mut scratch.channels, items)?;
+        let result = self.run(items, timeout, &mut deadline);
         match result {
             Ok(imports) => {
-                self.commit(&items, imports)?;
+                self.commit(items, imports)?;
                 bump(&self.counters.exchanges, 1);
                 Ok(())
             }
             Err(err) => {
-                self.fail(&items, &err);
+                self.fail(items, &err);
                 Err(err)
             }
         }
     }
 
-    /// Checks every request and resolves its buffer; nothing is changed on failure.
-    fn resolve_all(&self, requests: &[Request]) -> Result<Vec<LocalBuffer>> {
-        requests
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                self.resolve(r)
-                    .map_err(|e| e.context(format!("rank {}: request {i} ({r})", self.cfg.rank)))
-            })
-            .collect()
+    /// Checks every request and resolves its buffer into `out`; nothing is changed on failure.
+    fn resolve_all(&self, requests: &[Request], out: &mut Vec<LocalBuffer>) -> Result<()> {
+        for (i, r) in requests.iter().enumerate() {
+            let local = self
+                .resolve(r)
+                .map_err(|e| e.context(format!("rank {}: request {i} ({r})", self.cfg.rank)))?;
+            out.push(local);
+        }
+        Ok(())
     }
 
     fn resolve(&self, r: &Request) -> Result<LocalBuffer> {
@@ -415,22 +513,35 @@ impl HandleCache {
     }
 
     /// Step 1: claims the channels of the batch and advances their step (and version).
-    fn begin(&self, requests: &[Request], resolved: Vec<LocalBuffer>) -> Result<Vec<Item>> {
-        let occ = occurrences(requests);
-        let keys: Vec<ChannelKey> = requests
-            .iter()
-            .zip(&occ)
-            .map(|(r, &k)| ChannelKey::of(self.cfg.rank, r, k))
-            .collect();
+    fn begin(
+        &self,
+        requests: &[Request],
+        resolved: &[LocalBuffer],
+        indices: &mut Vec<usize>,
+        items: &mut Vec<Item>,
+    ) -> Result<()> {
+        let rank = self.cfg.rank;
         let mut st = lock(&self.state);
         // Pass 1: find or create every channel and check it can be used; no step moves yet.
-        let mut indices = Vec::with_capacity(requests.len());
-        for (r, key) in requests.iter().zip(&keys) {
-            let idx = match st.by_key.get(key) {
-                Some(&i) => i,
+        for (n, r) in requests.iter().enumerate() {
+            let occ = occurrence(requests, n);
+            let fp = fingerprint_of(rank, r, occ);
+            let idx = match st.by_fp.get(&fp) {
+                Some(&i) => {
+                    let key = &st.channels[i].key;
+                    if !key.is_of(rank, r, occ) {
+                        return Err(Error::state(format!(
+                            "rank {rank}: {} has the board fingerprint of {key}; the board cannot \
+                             tell them apart: use another tag",
+                            ChannelKey::of(rank, r, occ)
+                        )));
+                    }
+                    i
+                }
                 None => {
-                    let i = self.create_channel(&mut st, r, key.clone())?;
-                    st.by_key.insert(key.clone(), i);
+                    let key = ChannelKey::of(rank, r, occ);
+                    let i = self.create_channel(&mut st, r, key, fp)?;
+                    st.by_fp.insert(fp, i);
                     i
                 }
             };
@@ -461,8 +572,7 @@ impl HandleCache {
             indices.push(idx);
         }
         // Pass 2: advance.
-        let mut items = Vec::with_capacity(requests.len());
-        for ((idx, key), local) in indices.into_iter().zip(keys).zip(resolved) {
+        for (&idx, &local) in indices.iter().zip(resolved) {
             let ch = &mut st.channels[idx];
             let identity = Identity {
                 base: local.base,
@@ -479,7 +589,7 @@ impl HandleCache {
             ch.busy = true;
             items.push(Item {
                 channel: idx,
-                key,
+                key: ch.key.clone(),
                 peer: ch.peer,
                 kind: ch.kind,
                 slot: ch.slot,
@@ -490,21 +600,28 @@ impl HandleCache {
                 local,
                 publish: ch.version != ch.published,
                 peer_opened: ch.peer_opened,
-                peer_board: ch.peer_board.clone(),
+                // Moved, not cloned: the channel is this call's until commit puts it back.
+                peer_board: ch.peer_board.take(),
                 peer_entry: ch.peer_entry,
                 peer_version: 0,
+                waiting: false,
             });
         }
-        Ok(items)
+        Ok(())
     }
 
-    fn create_channel(&self, st: &mut State, r: &Request, key: ChannelKey) -> Result<usize> {
+    fn create_channel(
+        &self,
+        st: &mut State,
+        r: &Request,
+        key: ChannelKey,
+        fp: u128,
+    ) -> Result<usize> {
         let t = self.transport(r.kind).expect("checked by resolve");
-        let fp = fingerprint(&key.describe());
         let entry = self.board.insert(fp)?;
         let slot = t.semaphores().allocate_slot()?;
         st.channels.push(Channel {
-            key,
+            key: Arc::new(key),
             peer: r.peer,
             kind: r.kind,
             slot,
@@ -531,7 +648,7 @@ impl HandleCache {
         &self,
         items: &mut [Item],
         timeout: Duration,
-        deadline: Instant,
+        deadline: &mut Deadline,
     ) -> Result<Vec<Option<Imported>>> {
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits
@@ -557,32 +674,44 @@ impl HandleCache {
     /// Step 4b: for every channel where this rank published a new buffer, waits until the peer
     /// has opened it. So when a call returns, both sides hold handles to each other's current
     /// buffers, and the exporter may free an old buffer without racing the peer's open.
-    fn wait_opened(&self, items: &[Item], timeout: Duration, deadline: Instant) -> Result<()> {
-        let mut pending: Vec<usize> = (0..items.len()).filter(|&i| items[i].publish).collect();
-        if pending.is_empty() {
+    fn wait_opened(
+        &self,
+        items: &mut [Item],
+        timeout: Duration,
+        deadline: &mut Deadline,
+    ) -> Result<()> {
+        let mut left = 0;
+        for it in items.iter_mut() {
+            it.waiting = it.publish;
+            left += usize::from(it.publish);
+        }
+        if left == 0 {
             return Ok(());
         }
         let mut error: Option<Error> = None;
         let mut polls: u32 = 0;
-        let remaining = deadline.saturating_duration_since(Instant::now());
+        let remaining = deadline.remaining();
         let done = wait_until(remaining, || {
             polls = polls.wrapping_add(1);
             // Checked before the entries: what a peer published before it closed or exited is
             // visible once its `closed` flag or its death is, and then it is no failure.
-            let gone = if polls % 256 == 0 {
-                self.gone_peer(items, &pending, Stage::Open)
+            let gone = if liveness_check_due(polls) {
+                self.gone_peer(items, Stage::Open)
             } else {
                 None
             };
-            pending.retain(|&i| {
-                let it = &items[i];
-                match (&it.peer_board, it.peer_entry) {
+            for it in items.iter_mut().filter(|it| it.waiting) {
+                let still = match (&it.peer_board, it.peer_entry) {
                     (Some(b), Some(e)) => b.opened(e) < it.version,
                     _ => true,
+                };
+                if !still {
+                    it.waiting = false;
+                    left -= 1;
                 }
-            });
-            error = gone.and_then(|(i, e)| pending.contains(&i).then_some(e));
-            (pending.is_empty() || error.is_some()).then_some(())
+            }
+            error = gone.and_then(|(i, e)| items[i].waiting.then_some(e));
+            (left == 0 || error.is_some()).then_some(())
         });
         if let Some(e) = error {
             return Err(e);
@@ -590,13 +719,18 @@ impl HandleCache {
         if done.is_some() {
             return Ok(());
         }
-        let it = &items[pending[0]];
+        // A wait that timed out left an item pending; none left means it completed.
+        let Some(it) = items.iter().find(|it| it.waiting) else {
+            return Ok(());
+        };
         let opened = match (&it.peer_board, it.peer_entry) {
             (Some(b), Some(e)) => b.opened(e),
             _ => 0,
         };
         Err(Error::timeout(format!(
-            "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this              rank's buffer on {} at step {} (board entry {} of {} shows version {opened}              opened; key {:?}); did the peer fail in exchange_handles?",
+            "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this \
+             rank's buffer on {} at step {} (board entry {} of {} shows version {opened} \
+             opened; key {:?}); did the peer fail in exchange_handles?",
             self.cfg.rank,
             timeout,
             it.peer,
@@ -691,64 +825,77 @@ impl HandleCache {
     }
 
     /// Step 3: waits until every peer has reached this call's step on its channel.
-    fn wait_peers(&self, items: &mut [Item], timeout: Duration, deadline: Instant) -> Result<()> {
-        let mut pending: Vec<usize> = (0..items.len()).collect();
+    fn wait_peers(
+        &self,
+        items: &mut [Item],
+        timeout: Duration,
+        deadline: &mut Deadline,
+    ) -> Result<()> {
+        for it in items.iter_mut() {
+            it.waiting = true;
+        }
+        let mut left = items.len();
         let mut error: Option<Error> = None;
         let mut polls: u32 = 0;
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let done = wait_until(remaining, || {
+        let mut poll = || {
             polls = polls.wrapping_add(1);
             // Now and then (about every 100 ms once sleeping), make sure the peers still exist
             // and have not closed their caches, so a crashed or closed peer is reported at once
             // rather than at the timeout. Checked before the entries (see `wait_opened`).
-            let gone = if polls % 256 == 0 {
-                self.gone_peer(items, &pending, Stage::Step)
+            let gone = if liveness_check_due(polls) {
+                self.gone_peer(items, Stage::Step)
             } else {
                 None
             };
-            pending.retain(|&i| {
+            for it in items.iter_mut().filter(|it| it.waiting) {
                 if error.is_some() {
-                    return true;
+                    break;
                 }
-                let it = &mut items[i];
                 if it.peer_board.is_none() {
                     match self.peer_board(it.peer) {
                         Ok(b) => it.peer_board = b,
                         Err(e) => {
                             error = Some(e.context(format!("rank {}", self.cfg.rank)));
-                            return true;
+                            break;
                         }
                     }
                 }
                 let Some(board) = &it.peer_board else {
-                    return true;
+                    continue;
                 };
                 if it.peer_entry.is_none() {
                     it.peer_entry = board.find(it.fp);
                 }
                 let Some(entry) = it.peer_entry else {
-                    return true;
+                    continue;
                 };
-                match board.read(entry, it.step) {
-                    Some(v) => {
-                        it.peer_version = v;
-                        false
-                    }
-                    None => true,
+                if let Some(v) = board.read(entry, it.step) {
+                    it.peer_version = v;
+                    it.waiting = false;
+                    left -= 1;
                 }
-            });
-            if error.is_none() {
-                error = gone.and_then(|(i, e)| pending.contains(&i).then_some(e));
             }
-            (pending.is_empty() || error.is_some()).then_some(())
-        });
+            if error.is_none() {
+                error = gone.and_then(|(i, e)| items[i].waiting.then_some(e));
+            }
+            (left == 0 || error.is_some()).then_some(())
+        };
+        // Peers usually are there already: then the clock is never read.
+        let done = match poll() {
+            Some(()) => Some(()),
+            None => wait_until(deadline.remaining(), &mut poll),
+        };
         if let Some(e) = error {
             return Err(e);
         }
         if done.is_some() {
             return Ok(());
         }
-        let it = &items[pending[0]];
+        let pending = items.iter().filter(|it| it.waiting).count();
+        // A wait that timed out left an item pending; none left means it completed.
+        let Some(it) = items.iter().find(|it| it.waiting) else {
+            return Ok(());
+        };
         let name = board_name(&self.cfg.job_id, &self.cfg.scope, it.peer);
         let seen = match (self.peer_board(it.peer), it.peer_entry) {
             (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
@@ -767,16 +914,18 @@ impl HandleCache {
             it.key.describe(),
             name,
             it.step,
-            pending.len() - 1,
+            pending - 1,
             it.peer,
         )))
     }
 
     /// The first pending item whose peer has closed its cache or exited, with an error naming
     /// the peer and what this rank was waiting for.
-    fn gone_peer(&self, items: &[Item], pending: &[usize], stage: Stage) -> Option<(usize, Error)> {
-        pending.iter().find_map(|&i| {
-            let it = &items[i];
+    fn gone_peer(&self, items: &[Item], stage: Stage) -> Option<(usize, Error)> {
+        items.iter().enumerate().find_map(|(i, it)| {
+            if !it.waiting {
+                return None;
+            }
             let board = it.peer_board.as_ref()?;
             let closed = board.closed();
             if !closed && board.owner_alive() {
@@ -824,19 +973,20 @@ impl HandleCache {
     }
 
     /// Step 4: fetches and imports the records of peers whose version changed.
+    /// Returns the imports by item index; empty (nothing imported) when every peer is cached.
     fn fetch_records(
         &self,
         items: &[Item],
         timeout: Duration,
-        deadline: Instant,
+        deadline: &mut Deadline,
     ) -> Result<Vec<Option<Imported>>> {
+        if items.iter().all(|it| it.peer_version == it.peer_opened) {
+            return Ok(Vec::new());
+        }
         let wanted: Vec<usize> = (0..items.len())
             .filter(|&i| items[i].peer_version != items[i].peer_opened)
             .collect();
         let mut imports: Vec<Option<Imported>> = items.iter().map(|_| None).collect();
-        if wanted.is_empty() {
-            return Ok(imports);
-        }
         let keys: Vec<String> = wanted
             .iter()
             .map(|&i| {
@@ -847,7 +997,7 @@ impl HandleCache {
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         bump(&self.counters.store_round_trips, 1);
-        let remaining = deadline.saturating_duration_since(Instant::now());
+        let remaining = deadline.remaining();
         let values = self
             .cfg
             .store
@@ -961,11 +1111,14 @@ impl HandleCache {
     }
 
     /// Step 5: installs the new peer mappings, releasing the ones they replace.
-    fn commit(&self, items: &[Item], imports: Vec<Option<Imported>>) -> Result<()> {
+    fn commit(&self, items: &mut [Item], imports: Vec<Option<Imported>>) -> Result<()> {
         let mut st = lock(&self.state);
         let mut hits = 0;
         let mut slab_errors: Vec<(usize, Error)> = Vec::new();
-        for (it, imp) in items.iter().zip(imports) {
+        // `imports` is empty when nothing was imported.
+        let mut imports = imports.into_iter();
+        for it in items.iter_mut() {
+            let imp = imports.next().flatten();
             let fetched = imp.is_some();
             if let Some(imp) = imp {
                 let sem_base = match self.peer_slab(&mut st, it, &imp.sem_handle) {
@@ -991,7 +1144,7 @@ impl HandleCache {
             if it.publish {
                 ch.published = it.version;
             }
-            ch.peer_board.clone_from(&it.peer_board);
+            ch.peer_board = it.peer_board.take();
             ch.peer_entry = it.peer_entry;
             ch.busy = false;
             if !it.publish && !fetched {
@@ -999,7 +1152,10 @@ impl HandleCache {
             }
         }
         bump(&self.counters.hits, hits);
-        bump(&self.counters.misses, items.len() as u64 - hits);
+        let misses = items.len() as u64 - hits;
+        if misses > 0 {
+            bump(&self.counters.misses, misses);
+        }
         let first = slab_errors.first().map(|(_, e)| e.clone());
         for (channel, e) in slab_errors {
             st.channels[channel].failed = Some(e);
@@ -1054,9 +1210,12 @@ impl HandleCache {
             )));
         }
         let st = lock(&self.state);
-        let mut key = ChannelKey::of(self.cfg.rank, req, 0);
+        let mut occ: u32 = 0;
         let mut any = false;
-        while let Some(&i) = st.by_key.get(&key) {
+        while let Some(&i) = st.by_fp.get(&fingerprint_of(self.cfg.rank, req, occ)) {
+            if !st.channels[i].key.is_of(self.cfg.rank, req, occ) {
+                break;
+            }
             any = true;
             let ch = &st.channels[i];
             let matches = ch
@@ -1086,7 +1245,7 @@ impl HandleCache {
                     epochs: ch.epochs.clone(),
                 });
             }
-            key.occurrence += 1;
+            occ = occ.wrapping_add(1);
         }
         Err(Error::not_found(format!(
             "rank {}: no handles for {req}{}; call exchange_handles with this request first",
@@ -1184,7 +1343,7 @@ impl HandleCache {
     fn release_everything(&self) -> Vec<(usize, bool)> {
         let mut st = lock(&self.state);
         let channels = std::mem::take(&mut st.channels);
-        st.by_key.clear();
+        st.by_fp.clear();
         let mut peers: BTreeMap<usize, bool> = BTreeMap::new();
         for ch in channels {
             *peers.entry(ch.peer).or_default() |= ch.kind == MemKind::Device;
@@ -1255,3 +1414,42 @@ impl Drop for HandleCache {
 #[cfg(test)]
 #[path = "cache_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod hot_path_tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_checked_for_liveness_only_past_the_spin_phase() {
+        assert!(!(0..FIRST_LIVENESS_POLL).any(liveness_check_due));
+        assert!(liveness_check_due(FIRST_LIVENESS_POLL));
+        assert!(!liveness_check_due(FIRST_LIVENESS_POLL + 1));
+        assert!(liveness_check_due(FIRST_LIVENESS_POLL + LIVENESS_EVERY));
+    }
+
+    #[test]
+    fn the_deadline_starts_at_its_first_use_and_then_holds() {
+        let mut d = Deadline::new(Duration::from_secs(60));
+        assert!(d.at.is_none());
+        let first = d.remaining();
+        assert!(first > Duration::from_secs(59) && first <= Duration::from_secs(60));
+        let at = d.at.expect("set by the first use");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(d.remaining() < first);
+        assert_eq!(d.at, Some(at));
+        assert_eq!(Deadline::new(Duration::ZERO).remaining(), Duration::ZERO);
+    }
+
+    #[test]
+    fn fingerprints_hash_to_their_folded_halves() {
+        let fp = (7u128 << 64) | 5;
+        let mut h = FingerprintHasher::default();
+        h.write_u128(fp);
+        assert_eq!(h.finish(), 7 ^ 5);
+        let mut by_fp = ByFingerprint::default();
+        by_fp.insert(fp, 1);
+        by_fp.insert(fp ^ (1 << 64), 2);
+        assert_eq!(by_fp.get(&fp), Some(&1));
+        assert_eq!(by_fp.get(&(fp ^ (1 << 64))), Some(&2));
+    }
+}

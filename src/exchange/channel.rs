@@ -6,6 +6,7 @@
 //! with the same (peer, direction, tag) in the same batch. Both ranks therefore name the channel
 //! identically whatever the order of their batches.
 
+use super::board::Fingerprinter;
 use super::transport::MemKind;
 use std::fmt;
 
@@ -102,16 +103,26 @@ pub struct ChannelKey {
 impl ChannelKey {
     /// The channel of `req` issued by `rank`, as the `occurrence`-th such request in its batch.
     pub fn of(rank: usize, req: &Request, occurrence: u32) -> ChannelKey {
-        let (src, dst) = match req.direction {
-            Direction::Send => (rank, req.peer),
-            Direction::Recv => (req.peer, rank),
-        };
+        let (src, dst) = ends(rank, req);
         ChannelKey {
             src,
             dst,
             tag: req.tag.clone(),
             occurrence,
         }
+    }
+
+    /// Whether this is the channel of `req` issued by `rank` as the `occurrence`-th such
+    /// request (what `*self == ChannelKey::of(rank, req, occurrence)` says, without a copy).
+    pub fn is_of(&self, rank: usize, req: &Request, occurrence: u32) -> bool {
+        (self.src, self.dst) == ends(rank, req)
+            && self.occurrence == occurrence
+            && self.tag == req.tag
+    }
+
+    /// The channel's board fingerprint: `board::fingerprint(&self.describe())`.
+    pub fn fingerprint(&self) -> u128 {
+        fingerprint_parts(self.src, self.dst, &self.tag, self.occurrence)
     }
 
     /// Unambiguous text form `src/dst/tag#occurrence` (the occurrence is always the digits after
@@ -140,19 +151,51 @@ impl fmt::Display for ChannelKey {
     }
 }
 
-/// Occurrence index of each request: how many earlier requests of the batch have the same
-/// (peer, direction, tag).
-pub fn occurrences(requests: &[Request]) -> Vec<u32> {
+/// The (src, dst) ranks of the channel of `req` issued by `rank`.
+fn ends(rank: usize, req: &Request) -> (usize, usize) {
+    match req.direction {
+        Direction::Send => (rank, req.peer),
+        Direction::Recv => (req.peer, rank),
+    }
+}
+
+/// The board fingerprint of the channel of `req` issued by `rank` as the `occurrence`-th such
+/// request: `ChannelKey::of(rank, req, occurrence).fingerprint()` without building the key (the
+/// exchange computes it for every request of every call).
+pub fn fingerprint_of(rank: usize, req: &Request, occurrence: u32) -> u128 {
+    let (src, dst) = ends(rank, req);
+    fingerprint_parts(src, dst, &req.tag, occurrence)
+}
+
+/// Fingerprint of the description `src/dst/tag#occurrence` (see [`ChannelKey::describe`]), fed
+/// piece by piece.
+fn fingerprint_parts(src: usize, dst: usize, tag: &str, occurrence: u32) -> u128 {
+    let mut f = Fingerprinter::new();
+    f.write_decimal(src as u64);
+    f.write(b"/");
+    f.write_decimal(dst as u64);
+    f.write(b"/");
+    f.write(tag.as_bytes());
+    f.write(b"#");
+    f.write_decimal(u64::from(occurrence));
+    f.finish()
+}
+
+/// Occurrence index of request `i` of a batch: how many earlier requests of the batch have the
+/// same (peer, direction, tag).
+pub fn occurrence(requests: &[Request], i: usize) -> u32 {
     // Batches are small (a few requests): a quadratic scan beats building a hash map.
-    requests
+    let r = &requests[i];
+    requests[..i]
         .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            requests[..i]
-                .iter()
-                .filter(|o| o.peer == r.peer && o.direction == r.direction && o.tag == r.tag)
-                .count() as u32
-        })
+        .filter(|o| o.peer == r.peer && o.direction == r.direction && o.tag == r.tag)
+        .count() as u32
+}
+
+/// [`occurrence`] of every request.
+pub fn occurrences(requests: &[Request]) -> Vec<u32> {
+    (0..requests.len())
+        .map(|i| occurrence(requests, i))
         .collect()
 }
 
@@ -201,5 +244,29 @@ mod tests {
             ..k.clone()
         };
         assert_ne!(k.describe(), k2.describe());
+    }
+
+    #[test]
+    fn fingerprints_are_those_of_the_description() {
+        let reqs = [
+            Request::send(1, "comm", 1, 1, MemKind::Host),
+            Request::recv(12, "x/y#0", 1, 1, MemKind::Host),
+            Request::send(4095, "", 1, 1, MemKind::Device),
+        ];
+        for rank in [0, 3, 100_000] {
+            for r in &reqs {
+                for occ in [0, 1, 10, u32::MAX] {
+                    let key = ChannelKey::of(rank, r, occ);
+                    let fp = super::super::board::fingerprint(&key.describe());
+                    assert_eq!(key.fingerprint(), fp, "{key}");
+                    assert_eq!(fingerprint_of(rank, r, occ), fp, "{key}");
+                    assert!(key.is_of(rank, r, occ));
+                    assert!(!key.is_of(rank, r, occ.wrapping_add(1)));
+                    assert!(!key.is_of(rank + 1, r, occ));
+                }
+            }
+        }
+        let other_tag = Request::send(1, "comm2", 1, 1, MemKind::Host);
+        assert!(!ChannelKey::of(0, &reqs[0], 0).is_of(0, &other_tag, 0));
     }
 }

@@ -6,7 +6,6 @@ use super::fast_hash::FastMap;
 use crate::store::wire::{self, Request};
 use std::collections::VecDeque;
 use std::fmt;
-use std::io::Write as _;
 
 /// A connection, as the event loop names it: slot index plus a generation, so a slot reused by a
 /// later connection is never confused with the earlier one.
@@ -203,7 +202,7 @@ impl StoreState {
     /// Connections with at least one unsatisfied WAIT.
     #[cfg(test)]
     pub fn waiting_connections(&self) -> usize {
-        self.waits.len()
+        self.waits.values().filter(|p| !p.is_empty()).count()
     }
 
     fn present(&self, key: &[u8]) -> bool {
@@ -261,18 +260,16 @@ impl StoreState {
         };
         // C++ signed overflow wraps in practice; do the same rather than fail.
         let value = current.wrapping_add(delta);
-        let mut digits = [0u8; 24];
-        let mut cursor = &mut digits[..];
-        // 24 bytes hold any i64 in decimal, so this write cannot fail.
-        let _ = write!(cursor, "{value}");
-        let len = 24 - cursor.len();
-        self.set(key, &digits[..len]);
+        let mut digits = [0u8; I64_DECIMAL_MAX];
+        let text = format_i64(value, &mut digits);
+        self.set(key, text);
         Ok(value)
     }
 
     fn wait(&mut self, keys: wire::KeyList<'_>, fx: &mut Effects) {
-        let missing: Vec<&[u8]> = keys.iter().filter(|k| !self.present(k)).collect();
-        if missing.is_empty() {
+        // Counted first so that a satisfied WAIT (the common case) allocates nothing.
+        let missing = keys.iter().filter(|k| !self.present(k)).count();
+        if missing == 0 {
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
             return;
         }
@@ -282,18 +279,20 @@ impl StoreState {
             conn: fx.conn,
             wait_id: id,
         };
-        for key in &missing {
-            match self.waiters.get_mut(*key) {
+        let mut registered = Vec::with_capacity(missing);
+        registered.extend(keys.iter().filter(|k| !self.present(k)).map(<[u8]>::to_vec));
+        for key in &registered {
+            match self.waiters.get_mut(key.as_slice()) {
                 Some(list) => list.push(waiter),
                 None => {
-                    self.waiters.insert(key.to_vec(), vec![waiter]);
+                    self.waiters.insert(key.clone(), vec![waiter]);
                 }
             }
         }
         self.waits.entry(fx.conn).or_default().push(PendingWait {
             id,
-            missing: missing.len(),
-            keys: missing.iter().map(|k| k.to_vec()).collect(),
+            missing,
+            keys: registered,
         });
     }
 
@@ -347,10 +346,9 @@ impl StoreState {
         if pending[i].missing > 0 {
             return;
         }
+        // The connection's (now maybe empty) list stays, so its next WAIT reuses the allocation;
+        // `drop_waits` removes it when the connection goes.
         pending.remove(i);
-        if pending.is_empty() {
-            self.waits.remove(&waiter.conn);
-        }
         if waiter.conn == fx.conn {
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
         } else {
@@ -387,6 +385,29 @@ impl StoreState {
         wire::put_i64(out, len_before as i64);
         wire::put_blob(out, &item);
     }
+}
+
+/// Longest decimal form of an i64 (`-9223372036854775808`).
+const I64_DECIMAL_MAX: usize = 20;
+
+/// Writes `value` in decimal (as `std::to_string` does) into the end of `buf` and returns it;
+/// the hot path of ADD, without the formatting machinery.
+fn format_i64(value: i64, buf: &mut [u8; I64_DECIMAL_MAX]) -> &[u8] {
+    let mut magnitude = value.unsigned_abs();
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (magnitude % 10) as u8;
+        magnitude /= 10;
+        if magnitude == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        start -= 1;
+        buf[start] = b'-';
+    }
+    &buf[start..]
 }
 
 /// Where a request's effects go.
@@ -530,6 +551,25 @@ mod tests {
                 ok(&mut s, A, |o| encode_get(o, "/bad")),
                 blob(bad.as_bytes())
             );
+        }
+    }
+
+    #[test]
+    fn format_i64_matches_to_string() {
+        let mut buf = [0u8; I64_DECIMAL_MAX];
+        for v in [
+            0,
+            1,
+            -1,
+            9,
+            10,
+            -10,
+            1234567890,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+        ] {
+            assert_eq!(format_i64(v, &mut buf), v.to_string().as_bytes(), "{v}");
         }
     }
 
