@@ -852,21 +852,31 @@ mod tests {
                     let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::default())?;
                     let state = BarrierState::new();
                     if rank == 2 {
-                        // Arrive well after the others have started announcing themselves.
+                        // Arrive well after the others have started waiting.
+                        let deadline = Instant::now() + LONG;
+                        while store.add("nvfipc/barrier/w3/count", 0)? < 2 {
+                            assert!(Instant::now() < deadline, "ranks 0 and 1 never arrived");
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
                         std::thread::sleep(ANNOUNCE_AFTER * 3);
                     }
                     assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 0);
-                    // Everyone is past generation 0, so the others' announcements are in.
-                    let announced = store.check(&["nvfipc/barrier/w3/arrived/0"])?
-                        && store.check(&["nvfipc/barrier/w3/arrived/1"])?;
-                    assert!(announced, "the early ranks did not announce themselves");
+                    // The early ranks announced themselves while waiting, before the release.
+                    let value = store.get("nvfipc/barrier/w3/arrived/0", LONG)?;
                     assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 1);
-                    store.get("nvfipc/barrier/w3/arrived/0", LONG)
+                    Ok(value)
                 })
             })
             .collect();
-        for handle in ranks {
-            assert_eq!(handle.join().unwrap().unwrap(), b"0".to_vec());
+        for (rank, handle) in ranks.into_iter().enumerate() {
+            let value = handle.join().unwrap().unwrap();
+            // Rank 0 read its own key before arriving at generation 1; a slow generation 1 may
+            // have moved it on by the time the others read it.
+            let expected: &[&[u8]] = if rank == 0 { &[b"0"] } else { &[b"0", b"1"] };
+            assert!(
+                expected.contains(&value.as_slice()),
+                "rank {rank}: {value:?}"
+            );
         }
         server.shutdown();
     }
