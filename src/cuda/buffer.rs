@@ -11,19 +11,20 @@ use super::p2p::Stream;
 use crate::error::{Error, Result, Status};
 use cudarc::driver::sys;
 use once_cell::sync::OnceCell;
+use std::time::{Duration, Instant};
 
 /// Driver symbols used here and not in the driver module's required list (cudarc's loader
 /// panics on a missing symbol, so they are looked up once before the first call).
-const COPY_SYMBOLS: &[&str] = &["cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"];
+const EXTRA_SYMBOLS: &[&str] = &["cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuStreamQuery"];
 
-fn copy_symbols_present() -> Result<()> {
+fn extra_symbols_present() -> Result<()> {
     static PRESENT: OnceCell<Result<()>> = OnceCell::new();
     PRESENT
         .get_or_init(|| {
             driver::driver()?;
             // SAFETY: driver() succeeded, so the library is present and culib() cannot panic.
             let lib = unsafe { sys::culib() };
-            let missing: Vec<&str> = COPY_SYMBOLS
+            let missing: Vec<&str> = EXTRA_SYMBOLS
                 .iter()
                 .copied()
                 // SAFETY: the symbol is only looked up, never called through this type.
@@ -94,7 +95,7 @@ impl DeviceBuffer {
     /// Copies `data` to the buffer at `offset`; returns when the copy is done.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
-        copy_symbols_present()?;
+        extra_symbols_present()?;
         let _guard = ContextGuard::enter(self.ctx)?;
         // SAFETY: the destination range lies inside this live allocation (checked above) and
         // the source is a valid slice of `data.len()` bytes, read before the call returns.
@@ -110,7 +111,7 @@ impl DeviceBuffer {
     /// Copies `out.len()` bytes from the buffer at `offset`; returns when the copy is done.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
-        copy_symbols_present()?;
+        extra_symbols_present()?;
         let _guard = ContextGuard::enter(self.ctx)?;
         // SAFETY: the source range lies inside this live allocation (checked above) and `out`
         // is a valid, exclusively borrowed slice of `out.len()` bytes; the copy is synchronous.
@@ -157,6 +158,32 @@ impl DeviceStream {
     /// The stream as the P2P primitives take it.
     pub fn stream(&self) -> Stream {
         Stream(self.raw)
+    }
+
+    /// Waits, at most `timeout`, for everything queued on the stream. Queued semaphore waits
+    /// block the stream until a peer signals, so a peer that died would otherwise hang this
+    /// process for ever: past the timeout this returns `Timeout` (the queued work stays queued).
+    pub fn synchronize_within(&self, timeout: Duration) -> Result<()> {
+        extra_symbols_present()?;
+        let _guard = ContextGuard::enter(self.ctx)?;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(1);
+        loop {
+            // SAFETY: the stream was created by cuStreamCreate and is not destroyed yet.
+            let rc = unsafe { sys::cuStreamQuery(self.raw as sys::CUstream) };
+            if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
+                return check(rc, "cuStreamQuery");
+            }
+            if start.elapsed() >= timeout {
+                return Err(Error::timeout(format!(
+                    "the work queued on the stream did not finish within {timeout:?}: a peer may \
+                     have stopped before signalling its semaphore"
+                )));
+            }
+            // Short transfers finish in microseconds; back off to 1 ms for long waits.
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
     }
 
     /// Waits for everything queued on the stream.

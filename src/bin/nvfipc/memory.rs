@@ -127,8 +127,13 @@ impl Buffer {
 /// Moves bytes over exchanged handles with nvFuser's get protocol: the sender posts, the
 /// receiver pulls from the sender's buffer and signals, the sender waits for that signal.
 pub enum Mover {
-    Host { timeout: Duration },
-    Device { stream: DeviceStream },
+    Host {
+        timeout: Duration,
+    },
+    Device {
+        stream: DeviceStream,
+        timeout: Duration,
+    },
 }
 
 impl Mover {
@@ -137,6 +142,7 @@ impl Mover {
             MemKind::Host => Mover::Host { timeout },
             MemKind::Device => Mover::Device {
                 stream: DeviceStream::new()?,
+                timeout,
             },
         })
     }
@@ -150,11 +156,11 @@ impl Mover {
                 host::p2p::recv_post(recv, bytes, *timeout)?;
                 host::p2p::send_wait(send, *timeout)?;
             }
-            Mover::Device { stream } => {
+            Mover::Device { stream, timeout } => {
                 p2p::channel_send_post(send, stream.stream())?;
                 p2p::channel_recv_post(recv, bytes, stream.stream())?;
                 p2p::channel_send_wait(send, stream.stream())?;
-                stream.synchronize()?;
+                stream.synchronize_within(*timeout)?;
             }
         }
         Ok(())
