@@ -17,7 +17,7 @@
 //! namespace) and is reported instead of silently mis-synchronising.
 
 use crate::error::{Error, Result, Status};
-use crate::store::Store;
+use crate::store::{Arrival, ArrivalOutcome, Store};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -286,23 +286,14 @@ impl Call<'_> {
             .map_err(|e| e.context(format!("{}: announcing arrival", self.what())))
     }
 
-    /// Waits for the release key: first up to [`ANNOUNCE_AFTER`] without writing anything, then,
-    /// announced, for the rest of `timeout`.
-    fn wait_release(&self, release_key: &str, timeout: Duration) -> Result<()> {
-        if timeout.is_zero() {
-            return match self.store.check(&[release_key]) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Error::timeout("not released at the first check")),
-                Err(e) => Err(e),
-            };
-        }
-        let first = timeout.min(ANNOUNCE_AFTER);
-        match self.store.wait(&[release_key], first) {
-            Err(e) if e.status == Status::Timeout && first < timeout => {}
-            other => return other,
+    /// After the quiet part of the wait: announces this rank (so that a timeout can name the
+    /// absent ones) and waits the `rest` of the timeout for the release key.
+    fn wait_announced(&self, release_key: &str, rest: Duration) -> Result<()> {
+        if rest.is_zero() {
+            return Err(Error::timeout("not released within the timeout"));
         }
         self.announce()?;
-        self.store.wait(&[release_key], timeout - first)
+        self.store.wait(&[release_key], rest)
     }
 }
 
@@ -336,34 +327,35 @@ pub fn barrier(
     };
 
     let count_key = keys.count();
-    let count = store
-        .add(count_key, 1)
-        .map_err(|e| e.context(format!("{}: adding to {count_key}", call.what())))?;
     let (first, last) = call.range();
-    if count < first || count > last {
-        return Err(Error::state(format!(
-            "{}: the counter {count_key} reads {count}, outside {first}..={last} which \
-             generation {gen} owns; the members called different numbers of barriers over this \
-             set, or another job uses the same store keys (give it its own scope)",
-            call.what()
-        )));
-    }
-
     let release_key = keys.release(gen);
-    if count == last {
-        store
-            .set(&release_key, b"1")
-            .map_err(|e| e.context(format!("{}: releasing", call.what())))?;
-        if gen > 0 {
-            let old = keys.release(gen - 1);
-            store
-                .delete_key(&old)
-                .map_err(|e| e.context(format!("{}: deleting the old key {old}", call.what())))?;
+    let retire_key = gen.checked_sub(1).map(|old| keys.release(old));
+    let arrival = Arrival {
+        counter: count_key,
+        owns: first..=last,
+        release_key: &release_key,
+        retire_key: retire_key.as_deref(),
+    };
+    // Stay silent for the first ANNOUNCE_AFTER: a barrier that completes by then writes only
+    // the counter and the release key.
+    let quiet = timeout.min(ANNOUNCE_AFTER);
+    let outcome = store
+        .arrive(&arrival, quiet)
+        .map_err(|e| e.context(format!("{}: arriving at {count_key}", call.what())))?;
+    match outcome {
+        ArrivalOutcome::Released(_) | ArrivalOutcome::Arrived(_) => return Ok(gen),
+        ArrivalOutcome::OutOfRange(count) => {
+            return Err(Error::state(format!(
+                "{}: the counter {count_key} reads {count}, outside {first}..={last} which \
+                 generation {gen} owns; the members called different numbers of barriers over \
+                 this set, or another job uses the same store keys (give it its own scope)",
+                call.what()
+            )))
         }
-        return Ok(gen);
+        ArrivalOutcome::Waiting(_) => {}
     }
 
-    match call.wait_release(&release_key, timeout) {
+    match call.wait_announced(&release_key, timeout - quiet) {
         Ok(()) => Ok(gen),
         Err(e) if e.status == Status::Timeout => {
             // The release may have landed just after the wait gave up.

@@ -6,9 +6,10 @@
 //! Without it the tests print "skipped: ..." and pass, unless `NVFIPC_REQUIRE_TORCH=1`, in which
 //! case a missing python or torch fails them. Every subprocess is bounded and killed on failure.
 
+use nvfuser_ipc::barrier::{barrier, BarrierState};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
-use nvfuser_ipc::store::{wire, Store};
+use nvfuser_ipc::store::{wire, Arrival, ArrivalOutcome, Store};
 use nvfuser_ipc::Status;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -265,6 +266,49 @@ fn torch_client_against_our_server() {
 }
 
 /// Our client against a torch server: every operation, cross-checked from Python.
+/// Barriers and single arrivals through the server at `port`; `s` is a connected client.
+fn barrier_rounds_and_arrivals(port: u16, s: &TcpStore) {
+    // Barriers pipeline ADD + WAIT (and SET + DELETE for the last arriver) on one connection;
+    // torch's server must answer them in order, round after round.
+    let state_per_rank: Vec<_> = (0..4).map(|_| BarrierState::scoped("interop")).collect();
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = state_per_rank
+            .iter()
+            .enumerate()
+            .map(|(rank, state)| {
+                scope.spawn(move || {
+                    let c = TcpStore::connect("127.0.0.1", port, &opts()).unwrap();
+                    for round in 0..20u64 {
+                        assert_eq!(barrier(&c, state, rank, 4, None, T).unwrap(), round);
+                    }
+                    c.ping().unwrap();
+                })
+            })
+            .collect();
+        for r in ranks {
+            r.join().unwrap();
+        }
+    });
+    // A lone arrival times out cleanly; one outside the owned range does not wait.
+    let lone = Arrival {
+        counter: "lone/count",
+        owns: 1..=2,
+        release_key: "lone/release/0",
+        retire_key: None,
+    };
+    assert_eq!(
+        s.arrive(&lone, Duration::from_millis(100)).unwrap(),
+        ArrivalOutcome::Waiting(1)
+    );
+    assert_eq!(
+        s.arrive(&lone, Duration::ZERO).unwrap(),
+        ArrivalOutcome::Released(2)
+    );
+    assert_eq!(s.get("lone/release/0", T).unwrap(), b"1");
+    assert_eq!(s.arrive(&lone, T).unwrap(), ArrivalOutcome::OutOfRange(3));
+    s.ping().unwrap();
+}
+
 fn our_client_against_torch_server(libuv: bool) {
     let Some(py) = python(&format!("our_client_against_torch_server(libuv={libuv})")) else {
         return;
@@ -381,6 +425,8 @@ fn our_client_against_torch_server(libuv: bool) {
     s.ping().unwrap();
     assert_eq!(s.get("py_bin", T).unwrap(), b"\x00\xff\x01");
 
+    barrier_rounds_and_arrivals(port, &s);
+
     // Limits: 8 MiB goes through, 9 MiB is refused before sending.
     let big = vec![0xa5u8; wire::MAX_VALUE_LEN];
     s.set("big", &big).unwrap();
@@ -426,6 +472,13 @@ fn our_client_against_torch_server(libuv: bool) {
         err.message
     );
     assert!(start.elapsed() < T);
+}
+
+#[test]
+fn pipelined_barriers_against_our_server() {
+    let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+    let s = TcpStore::connect("127.0.0.1", server.port(), &opts()).unwrap();
+    barrier_rounds_and_arrivals(server.port(), &s);
 }
 
 #[test]

@@ -98,10 +98,11 @@ pub fn query(ptr: u64) -> Result<PointerInfo> {
     driver::ensure_context(None)?;
     let mut slots = [0u64; ATTRIBUTES.len()];
     let mut attrs = ATTRIBUTES;
-    let mut data: Vec<*mut c_void> = slots
-        .iter_mut()
-        .map(|slot| (slot as *mut u64).cast::<c_void>())
-        .collect();
+    // A fixed array, not a Vec: this runs on every cached exchange.
+    let mut data = [std::ptr::null_mut::<c_void>(); ATTRIBUTES.len()];
+    for (entry, slot) in data.iter_mut().zip(slots.iter_mut()) {
+        *entry = (slot as *mut u64).cast::<c_void>();
+    }
     let mut count = ATTRIBUTES.len();
     // SAFETY: `attrs` and `data` both have `count` entries; every data entry points to a zeroed
     // 8-byte slot, large enough for each requested attribute.

@@ -21,7 +21,7 @@
 
 use crate::error::{Error, Result, Status};
 use crate::store::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
-use crate::store::{Store, DEFAULT_TIMEOUT};
+use crate::store::{Arrival, ArrivalOutcome, Store, DEFAULT_TIMEOUT};
 use std::ffi::CString;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
@@ -217,6 +217,11 @@ impl Conn {
         timeout: Duration,
     ) -> Step<()> {
         self.request(|out| wire::encode_wait(out, keys))?;
+        self.finish_wait(timeout)
+    }
+
+    /// Waits up to `timeout` for the reply of a WAIT already sent, cancelling it on timeout.
+    fn finish_wait(&mut self, timeout: Duration) -> Step<()> {
         if self.reader.buffer().is_empty() && !poll_readable(self.stream(), timeout)? {
             self.request(|out| {
                 wire::encode_cancel_wait(out);
@@ -616,6 +621,47 @@ impl Store for TcpStore {
             c.wait(user_keys(keys), timeout)?;
             c.request(|out| wire::encode_multi_get(out, user_keys(keys)))?;
             Ok(wire::read_blobs(&mut c.reader, keys.len())?)
+        })
+    }
+
+    /// ADD and WAIT go out in one message, so a rank that is not last spends one round trip; the
+    /// last one sends SET (which answers its own pending WAIT) and DELETE together.
+    fn arrive(&self, arrival: &Arrival<'_>, timeout: Duration) -> Result<ArrivalOutcome> {
+        self.call("ADD+WAIT", &[arrival.release_key], |c| {
+            let release = user_key(arrival.release_key);
+            c.request(|out| {
+                wire::encode_add(out, &user_key(arrival.counter), 1)?;
+                wire::encode_wait(out, std::iter::once(release))
+            })?;
+            let count = wire::read_i64(&mut c.reader)?;
+            let last = *arrival.owns.end();
+            if count == last {
+                c.request(|out| {
+                    wire::encode_set(out, &release, b"1")?;
+                    match arrival.retire_key {
+                        Some(old) => wire::encode_delete_key(out, &user_key(old)),
+                        None => Ok(()),
+                    }
+                })?;
+                c.expect_byte("WAIT", WAIT_STOP_WAITING)?;
+                if arrival.retire_key.is_some() {
+                    wire::read_i64(&mut c.reader)?;
+                }
+                return Ok(ArrivalOutcome::Released(count));
+            }
+            let in_range = arrival.owns.contains(&count);
+            // Out of range: nobody will release this key; take the WAIT back at once.
+            let wait_for = if in_range { timeout } else { Duration::ZERO };
+            let satisfied = match c.finish_wait(wait_for) {
+                Ok(()) => true,
+                Err(Fail::WaitTimeout(_)) => false,
+                Err(fail) => return Err(fail),
+            };
+            Ok(match (in_range, satisfied) {
+                (false, _) => ArrivalOutcome::OutOfRange(count),
+                (true, true) => ArrivalOutcome::Arrived(count),
+                (true, false) => ArrivalOutcome::Waiting(count),
+            })
         })
     }
 
