@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One device session's whole campaign, run ON the GPU machine from the repository root with the
+# library and the CLI prebuilt (target/release/libnvfuser_ipc.so and target/release/nvfipc; no
+# cargo there). Stages, each bounded by `timeout` and logged under $OUT/<stage>.log:
+#   gpu-check   the C API GPU suites under mpirun (scripts/gpu-check.sh, NVFIPC_GPU_RANKS)
+#   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu-cxx-check.sh, NPS)
+#   demo        `nvfipc demo --transport device` with the largest rank count
+#   bench       `nvfipc bench` (exchange on the device; store and barrier on this machine's CPUs)
+# $OUT/campaign.txt gets one line per stage (status, seconds). Exits non-zero when a stage fails.
+#
+#   OUT (default ./gpu-out), RANKS (default "2 4 8"), BENCH_SCENARIOS (default
+#   exchange,store,barrier), BENCH_TIMEOUT (seconds, default 300)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+RANKS="${RANKS:-2 4 8}"
+largest="$(echo "$RANKS" | tr ' ' '\n' | sort -n | tail -1)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+summary="$OUT/campaign.txt"
+: >"$summary"
+failures=0
+
+stage() {
+  local name="$1" limit="$2"
+  shift 2
+  local start rc
+  start=$(date +%s)
+  echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  local took=$(($(date +%s) - start))
+  if [ "$rc" -eq 0 ]; then
+    echo "$name: ok in ${took}s" | tee -a "$summary"
+  else
+    echo "$name: FAILED rc=$rc in ${took}s (log: $OUT/$name.log)" | tee -a "$summary"
+    failures=$((failures + 1))
+  fi
+  tail -25 "$OUT/$name.log"
+}
+
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >"$OUT/gpus.csv" 2>&1
+nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
+cat "$OUT/gpus.csv"
+
+stage gpu-check 200 env OUT="$OUT/gpu-check" NVFIPC_GPU_RANKS="$RANKS" bash scripts/gpu-check.sh
+stage cxx 150 env OUT="$OUT/cxx" NPS="$RANKS" bash scripts/gpu-cxx-check.sh
+stage demo 60 target/release/nvfipc demo --ranks "$largest" --transport device --iters 20
+mkdir -p "$OUT/bench"
+stage bench "${BENCH_TIMEOUT:-300}" env NVFIPC_PYTHON="$(command -v python3)" \
+  target/release/nvfipc bench --transport device \
+  --scenario "${BENCH_SCENARIOS:-exchange,store,barrier}" \
+  --json "$OUT/bench/bench.json" --svg-dir "$OUT/bench"
+
+echo "== campaign: $failures failed stage(s)" | tee -a "$summary"
+[ "$failures" -eq 0 ]
