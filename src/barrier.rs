@@ -1,43 +1,30 @@
 //! Reusable barriers over the world or any subset of ranks, built on a [`Store`].
 //!
-//! Protocol for generation `g` of a member set of `n` ranks (keys under `nvfipc/barrier/...`):
-//! 1. each arriving rank ADDs 1 to `<set>/count` (its only round trip before the wait);
-//! 2. the counter is never reset: generation `g` owns the values `g*n+1 ..= (g+1)*n`, so the rank
-//!    that reads `(g+1)*n` is the last arriver; it SETs `<set>/release/<g>` and then deletes
-//!    `<set>/release/<g-1>`, which nobody can still be waiting on (every member has arrived at `g`,
-//!    so every member has left `g-1`);
-//! 3. everyone else WAITs for `<set>/release/<g>` with the timeout.
+//! Protocol for generation `g` of a member set (keys under `nvfipc/barrier/.../<set>/`); the
+//! set's lowest rank is its coordinator:
+//! 1. every member SETs `arrived/<g>/<rank>`; a member other than the coordinator then WAITs for
+//!    `release/<g>`; the coordinator instead WAITs for every other member's arrival key. On the
+//!    TCP store the SET and the WAIT go out in one message, and a SET has no reply, so a member
+//!    is woken once, when the barrier completes;
+//! 2. once every arrival key exists, the coordinator DELETEs them (and `release/<g-1>`, which
+//!    nobody can still be waiting on: every member has arrived at `g`, so every member has left
+//!    `g-1`), then SETs `release/<g>`: one message. Deleting before releasing means no member
+//!    can have written its next arrival key yet, on any server.
 //!
-//! A rank still waiting after [`ANNOUNCE_AFTER`] SETs `<set>/arrived/<rank>` to `g` and waits on;
-//! a fast barrier therefore costs each rank one ADD and one WAIT and nothing else. On timeout the
-//! counter says how many members arrived and the arrival keys say which: the error names the
-//! others. The store holds at most one arrival key per member, one counter and two release keys
-//! per member set, however many barriers run. A counter value outside the generation's range
-//! means the members disagree on how many barriers they called (or another job shares the store
-//! namespace) and is reported instead of silently mis-synchronising.
+//! A barrier therefore costs the server one read per member and one write per member, about a
+//! third of a torch-style ADD, WAIT, GET barrier. The store holds, per member set, the arrival
+//! keys of the generation in progress and at most two release keys. On timeout the arrival keys
+//! say exactly who is missing, and a missing member found waiting in a neighbouring generation
+//! is reported as such (the members called different numbers of barriers over the set).
 
 use crate::error::{Error, Result, Status};
-use crate::store::{Arrival, ArrivalOutcome, Store};
+use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Prefix of every key the barrier writes.
 pub const BARRIER_KEY_PREFIX: &str = "nvfipc/barrier";
-
-/// How long the timeout diagnosis may block on reading a key that `check` reported present.
-const DIAGNOSIS_GET_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A rank that has waited this long announces its arrival (one SET) so that a timeout elsewhere
-/// can name the absent ranks; barriers that complete sooner write no arrival key.
-pub const ANNOUNCE_AFTER: Duration = Duration::from_millis(50);
-
-/// After a timeout, how long past [`ANNOUNCE_AFTER`] the diagnosis waits for ranks that the
-/// counter shows as arrived to announce themselves.
-const ANNOUNCE_GRACE: Duration = Duration::from_millis(500);
-
-/// Pause between two scans of the arrival keys during the diagnosis.
-const DIAGNOSIS_POLL: Duration = Duration::from_millis(10);
 
 /// Lists longer than this are printed as ranges (`[0-31,33]`) in messages.
 const FULL_LIST_MAX: usize = 16;
@@ -231,20 +218,16 @@ impl BarrierState {
 #[derive(Debug)]
 struct BarrierKeys {
     base: String,
-    count: String,
 }
 
 impl BarrierKeys {
     fn new(prefix: &str, set: &MemberSet) -> BarrierKeys {
-        let base = format!("{prefix}/{}", set.id());
-        let count = format!("{base}/count");
-        BarrierKeys { base, count }
+        BarrierKeys {
+            base: format!("{prefix}/{}", set.id()),
+        }
     }
-    fn arrival(&self, rank: usize) -> String {
-        format!("{}/arrived/{rank}", self.base)
-    }
-    fn count(&self) -> &str {
-        &self.count
+    fn arrival(&self, gen: u64, rank: usize) -> String {
+        format!("{}/arrived/{gen}/{rank}", self.base)
     }
     fn release(&self, gen: u64) -> String {
         format!("{}/release/{gen}", self.base)
@@ -270,30 +253,128 @@ impl Call<'_> {
         )
     }
 
-    /// Counter values generation `gen` owns.
-    fn range(&self) -> (i64, i64) {
-        let n = self.set.len() as i64;
-        let gen = self.gen as i64;
-        (gen * n + 1, (gen + 1) * n)
+    fn coordinator(&self) -> usize {
+        self.set.ranks()[0]
     }
 
-    fn announce(&self) -> Result<()> {
-        self.store
-            .set(
-                &self.keys.arrival(self.rank),
-                self.gen.to_string().as_bytes(),
-            )
-            .map_err(|e| e.context(format!("{}: announcing arrival", self.what())))
+    /// The members other than the caller.
+    fn others(&self) -> impl Iterator<Item = usize> + '_ {
+        self.set.ranks().iter().copied().filter(|&m| m != self.rank)
     }
 
-    /// After the quiet part of the wait: announces this rank (so that a timeout can name the
-    /// absent ones) and waits the `rest` of the timeout for the release key.
-    fn wait_announced(&self, release_key: &str, rest: Duration) -> Result<()> {
-        if rest.is_zero() {
-            return Err(Error::timeout("not released within the timeout"));
+    /// Coordinator: waits for every other member, then clears the generation's arrival keys
+    /// and the previous release key and releases everyone.
+    fn coordinate(&self, own_arrival: &str, timeout: Duration) -> Result<()> {
+        let arrivals: Vec<String> = self
+            .others()
+            .map(|m| self.keys.arrival(self.gen, m))
+            .collect();
+        let waited: Vec<&str> = arrivals.iter().map(String::as_str).collect();
+        match self
+            .store
+            .set_then_wait(own_arrival, b"1", &waited, timeout)
+        {
+            Ok(()) => {}
+            // Everyone may have arrived just as the wait gave up.
+            Err(e) if e.status == Status::Timeout && self.store.check(&waited).unwrap_or(false) => {
+            }
+            Err(e) if e.status == Status::Timeout => return Err(self.timeout_error(timeout)),
+            Err(e) => return Err(e.context(format!("{}: waiting for the others", self.what()))),
         }
-        self.announce()?;
-        self.store.wait(&[release_key], rest)
+        let retire = self.gen.checked_sub(1).map(|old| self.keys.release(old));
+        let mut delete: Vec<&str> = waited;
+        delete.push(own_arrival);
+        delete.extend(retire.as_deref());
+        self.store
+            .delete_then_set(&delete, &self.keys.release(self.gen), b"1")
+            .map_err(|e| e.context(format!("{}: releasing", self.what())))
+    }
+
+    /// Any other member: announces itself and waits for the coordinator's release.
+    fn wait_release(&self, own_arrival: &str, timeout: Duration) -> Result<()> {
+        let release = self.keys.release(self.gen);
+        match self
+            .store
+            .set_then_wait(own_arrival, b"1", &[&release], timeout)
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.status == Status::Timeout => {
+                // The release may have landed just after the wait gave up, or while the
+                // diagnosis ran (the coordinator deletes the arrival keys just before).
+                if self.store.check(&[&release]).unwrap_or(false) {
+                    return Ok(());
+                }
+                let err = self.timeout_error(timeout);
+                if self.store.check(&[&release]).unwrap_or(false) {
+                    return Ok(());
+                }
+                Err(err)
+            }
+            Err(e) => Err(e.context(format!("{}: waiting for {release}", self.what()))),
+        }
+    }
+
+    /// The timeout error, naming the members whose arrival key is missing.
+    fn timeout_error(&self, timeout: Duration) -> Error {
+        let head = format!(
+            "barrier gen {} over ranks {} timed out after {} ms on rank {}",
+            self.gen,
+            format_ranks(self.set.ranks()),
+            timeout.as_millis(),
+            self.rank
+        );
+        match self.absent() {
+            Ok(absent) if absent.is_empty() => Error::timeout(format!(
+                "{head}: every rank arrived but the coordinator, rank {}, did not release them; \
+                 it may have died or lost its store connection",
+                self.coordinator()
+            )),
+            Ok(absent) => {
+                let ranks: Vec<usize> = absent.iter().map(|a| a.0).collect();
+                let list = format_ranks(&ranks);
+                let list = &list[1..list.len() - 1];
+                let elsewhere: Vec<String> = absent
+                    .iter()
+                    .filter_map(|&(rank, gen)| gen.map(|g| format!("rank {rank} is at gen {g}")))
+                    .collect();
+                let note = if elsewhere.is_empty() {
+                    "check that they are alive and call the same barriers, or raise the timeout"
+                        .to_owned()
+                } else {
+                    format!(
+                        "{}: the members called different numbers of barriers over this set, \
+                         or another job uses the same store keys (give it its own scope)",
+                        elsewhere.join(", ")
+                    )
+                };
+                Error::timeout(format!("{head}: ranks {list} did not arrive; {note}"))
+            }
+            Err(e) => Error::timeout(format!(
+                "{head}; could not tell which ranks are missing: {e}"
+            )),
+        }
+    }
+
+    /// Members (other than the caller) without an arrival key for this generation, each with
+    /// the neighbouring generation it was found waiting in, if any.
+    fn absent(&self) -> Result<Vec<(usize, Option<u64>)>> {
+        let mut absent = Vec::new();
+        for member in self.others() {
+            if self.store.check(&[&self.keys.arrival(self.gen, member)])? {
+                continue;
+            }
+            let mut elsewhere = None;
+            for gen in [self.gen.checked_sub(1), self.gen.checked_add(1)]
+                .into_iter()
+                .flatten()
+            {
+                if self.store.check(&[&self.keys.arrival(gen, member)])? {
+                    elsewhere = Some(gen);
+                }
+            }
+            absent.push((member, elsewhere));
+        }
+        Ok(absent)
     }
 }
 
@@ -303,7 +384,7 @@ impl Call<'_> {
 /// `rank` must be a member. Returns the generation that completed (0 for the first barrier over
 /// this member set, then 1, 2, ...). A zero timeout checks once and does not wait.
 ///
-/// After a failed barrier the member set's counters may be out of step; the job should stop.
+/// After a failed barrier the member set's keys may be out of step; the job should stop.
 pub fn barrier(
     store: &dyn Store,
     state: &BarrierState,
@@ -325,151 +406,13 @@ pub fn barrier(
         gen,
         rank,
     };
-
-    let count_key = keys.count();
-    let (first, last) = call.range();
-    let release_key = keys.release(gen);
-    let retire_key = gen.checked_sub(1).map(|old| keys.release(old));
-    let arrival = Arrival {
-        counter: count_key,
-        owns: first..=last,
-        release_key: &release_key,
-        retire_key: retire_key.as_deref(),
-    };
-    // Stay silent for the first ANNOUNCE_AFTER: a barrier that completes by then writes only
-    // the counter and the release key.
-    let quiet = timeout.min(ANNOUNCE_AFTER);
-    let outcome = store
-        .arrive(&arrival, quiet)
-        .map_err(|e| e.context(format!("{}: arriving at {count_key}", call.what())))?;
-    match outcome {
-        ArrivalOutcome::Released(_) | ArrivalOutcome::Arrived(_) => return Ok(gen),
-        ArrivalOutcome::OutOfRange(count) => {
-            return Err(Error::state(format!(
-                "{}: the counter {count_key} reads {count}, outside {first}..={last} which \
-                 generation {gen} owns; the members called different numbers of barriers over \
-                 this set, or another job uses the same store keys (give it its own scope)",
-                call.what()
-            )))
-        }
-        ArrivalOutcome::Waiting(_) => {}
+    let own_arrival = keys.arrival(gen, rank);
+    if rank == call.coordinator() {
+        call.coordinate(&own_arrival, timeout)?;
+    } else {
+        call.wait_release(&own_arrival, timeout)?;
     }
-
-    match call.wait_announced(&release_key, timeout - quiet) {
-        Ok(()) => Ok(gen),
-        Err(e) if e.status == Status::Timeout => {
-            // The release may have landed just after the wait gave up.
-            if store.check(&[&release_key]).unwrap_or(false) {
-                return Ok(gen);
-            }
-            Err(timeout_error(&call, timeout))
-        }
-        Err(e) => Err(e.context(format!("{}: waiting for {release_key}", call.what()))),
-    }
-}
-
-/// Builds the timeout error, naming the members that did not arrive at the generation.
-fn timeout_error(call: &Call<'_>, timeout: Duration) -> Error {
-    let head = format!(
-        "barrier gen {} over ranks {} timed out after {} ms on rank {}",
-        call.gen,
-        format_ranks(call.set.ranks()),
-        timeout.as_millis(),
-        call.rank
-    );
-    match missing_ranks(call) {
-        Ok(Absent::None) => Error::timeout(format!(
-            "{head}: every rank arrived but the release key {} was not set; the last arriver \
-             may have died or lost its store connection",
-            call.keys.release(call.gen)
-        )),
-        Ok(Absent::Ranks { ranks, unannounced }) => {
-            let list = format_ranks(&ranks);
-            let list = &list[1..list.len() - 1];
-            let note = if unannounced > 0 {
-                format!(
-                    " ({unannounced} of them reached the barrier by the counter but never \
-                     announced themselves: they may have died while waiting)"
-                )
-            } else {
-                String::new()
-            };
-            Error::timeout(format!(
-                "{head}: ranks {list} did not arrive{note}; check that they are alive and call \
-                 the same barriers, or raise the timeout"
-            ))
-        }
-        Err(e) => Error::timeout(format!(
-            "{head}; could not tell which ranks are missing: {e}"
-        )),
-    }
-}
-
-/// Outcome of the timeout diagnosis.
-#[derive(Debug, PartialEq, Eq)]
-enum Absent {
-    /// The counter shows every member arrived.
-    None,
-    /// Members without an arrival record for the generation; `unannounced` of them did arrive
-    /// by the counter but wrote no record within the grace period.
-    Ranks {
-        ranks: Vec<usize>,
-        unannounced: usize,
-    },
-}
-
-/// Members (other than the caller) that have not reached the generation.
-///
-/// The counter gives how many arrived; ranks that arrived announce themselves within
-/// [`ANNOUNCE_AFTER`] of arriving, so the scan repeats (bounded) until the announced ranks
-/// account for every arrival.
-fn missing_ranks(call: &Call<'_>) -> Result<Absent> {
-    // Waiters announce before they time out, but a zero or short timeout may end first.
-    call.announce()?;
-    let (first, last) = call.range();
-    let count = call.store.add(call.keys.count(), 0)?;
-    if count >= last {
-        return Ok(Absent::None);
-    }
-    let arrived_others = usize::try_from(count - first).unwrap_or(0);
-    let deadline = Instant::now() + ANNOUNCE_AFTER + ANNOUNCE_GRACE;
-    loop {
-        let missing = unannounced_ranks(call)?;
-        let announced_others = call.set.len() - 1 - missing.len();
-        let unaccounted = arrived_others.saturating_sub(announced_others);
-        if unaccounted == 0 || Instant::now() >= deadline {
-            return Ok(Absent::Ranks {
-                ranks: missing,
-                unannounced: unaccounted,
-            });
-        }
-        std::thread::sleep(DIAGNOSIS_POLL);
-    }
-}
-
-/// Members (other than the caller) whose arrival key is missing or older than the generation.
-fn unannounced_ranks(call: &Call<'_>) -> Result<Vec<usize>> {
-    let mut missing = Vec::new();
-    for &member in call.set.ranks().iter().filter(|&&m| m != call.rank) {
-        let key = call.keys.arrival(member);
-        if !call.store.check(&[&key])? {
-            missing.push(member);
-            continue;
-        }
-        let value = call.store.get(&key, DIAGNOSIS_GET_TIMEOUT)?;
-        let arrived = std::str::from_utf8(&value)
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| {
-                Error::protocol(format!(
-                    "arrival key {key} holds {value:?}, not a generation number"
-                ))
-            })?;
-        if arrived < call.gen {
-            missing.push(member);
-        }
-    }
-    Ok(missing)
+    Ok(gen)
 }
 
 /// A thread-safe in-memory [`Store`] with c10d semantics, for unit tests of the layers above it.
@@ -716,6 +659,8 @@ mod tests {
             }
         }
         assert!(per_set.values().all(|&n| n <= 2), "{per_set:?}");
+        // Every generation completed, so the coordinators removed every arrival key.
+        assert!(keys.iter().all(|k| !k.contains("/arrived/")), "{keys:?}");
     }
 
     #[test]
@@ -766,109 +711,64 @@ mod tests {
     }
 
     #[test]
-    fn short_timeout_waits_for_arrived_ranks_to_announce() {
+    fn a_coordinator_that_dies_after_arriving_is_named() {
         let store = Arc::new(MemoryStore::new());
-        let early = {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || {
-                let state = BarrierState::new();
-                barrier(&*store, &state, 0, 3, None, Duration::from_millis(400)).unwrap_err()
-            })
-        };
-        // Rank 0 has added to the counter but, within ANNOUNCE_AFTER, written no arrival key.
-        let deadline = Instant::now() + LONG;
-        while store.add("nvfipc/barrier/w3/count", 0).unwrap() < 1 {
-            assert!(Instant::now() < deadline, "rank 0 never arrived");
-            std::thread::sleep(Duration::from_millis(1));
+        // Rank 0 arrived (its key is there) and died before releasing.
+        store.set("nvfipc/barrier/w3/arrived/0/0", b"1").unwrap();
+        let results = run_ranks(3, Arc::clone(&store), |rank, store, state| {
+            if rank == 0 {
+                return Ok(());
+            }
+            let err = barrier(store, state, rank, 3, None, Duration::from_millis(200)).unwrap_err();
+            assert_eq!(err.status, Status::Timeout);
+            assert!(
+                err.message
+                    .contains("every rank arrived but the coordinator, rank 0, did not release"),
+                "{err}"
+            );
+            Ok(())
+        });
+        for r in results {
+            r.unwrap();
         }
-        let state = BarrierState::new();
-        let err = barrier(&*store, &state, 1, 3, None, Duration::from_millis(1)).unwrap_err();
-        assert_eq!(err.status, Status::Timeout);
-        assert!(err.message.contains(": ranks 2 did not arrive;"), "{err}");
-        let err = early.join().unwrap();
-        assert!(err.message.contains(": ranks 2 did not arrive;"), "{err}");
-        assert_eq!(
-            store.get("nvfipc/barrier/w3/arrived/0", LONG).unwrap(),
-            b"0".to_vec()
-        );
     }
 
     #[test]
-    fn arrivals_that_never_announce_are_listed_with_a_note() {
-        let store = MemoryStore::new();
-        // A member that added to the counter and vanished before announcing itself.
-        store.add("nvfipc/barrier/w3/count", 1).unwrap();
-        let state = BarrierState::new();
-        let err = barrier(&store, &state, 0, 3, None, Duration::from_millis(1)).unwrap_err();
-        assert_eq!(err.status, Status::Timeout);
-        assert!(
-            err.message
-                .contains("ranks 1,2 did not arrive (1 of them reached the barrier"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn every_arrival_without_release_is_reported() {
-        let store = Arc::new(MemoryStore::new());
-        let count_key = "nvfipc/barrier/w3/count";
-        store.add(count_key, 1).unwrap();
-        let waiter = {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || {
-                let state = BarrierState::new();
-                barrier(&*store, &state, 0, 3, None, Duration::from_millis(200)).unwrap_err()
-            })
-        };
-        let deadline = Instant::now() + LONG;
-        while store.add(count_key, 0).unwrap() < 2 {
-            assert!(Instant::now() < deadline, "rank 0 never arrived");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // The last arriver counts itself and dies before releasing.
-        store.add(count_key, 1).unwrap();
-        let err = waiter.join().unwrap();
-        assert_eq!(err.status, Status::Timeout);
-        assert!(err.message.contains("every rank arrived but"), "{err}");
-    }
-
-    #[test]
-    fn slow_barrier_over_tcp_announces_and_completes() {
+    fn slow_barrier_over_tcp_completes_and_leaves_no_arrival_keys() {
         use crate::store::client::{ConnectOptions, TcpStore};
         use crate::store::server::StoreServer;
         let server = StoreServer::bind("127.0.0.1", 0).unwrap();
         let port = server.port();
         let ranks: Vec<_> = (0..3)
             .map(|rank| {
-                std::thread::spawn(move || -> Result<Vec<u8>> {
+                std::thread::spawn(move || -> Result<()> {
                     let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::default())?;
                     let state = BarrierState::new();
                     if rank == 2 {
                         // Arrive well after the others have started waiting.
                         let deadline = Instant::now() + LONG;
-                        while store.add("nvfipc/barrier/w3/count", 0)? < 2 {
+                        while !store.check(&[
+                            "nvfipc/barrier/w3/arrived/0/0",
+                            "nvfipc/barrier/w3/arrived/0/1",
+                        ])? {
                             assert!(Instant::now() < deadline, "ranks 0 and 1 never arrived");
                             std::thread::sleep(Duration::from_millis(1));
                         }
-                        std::thread::sleep(ANNOUNCE_AFTER * 3);
+                        std::thread::sleep(Duration::from_millis(150));
                     }
                     assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 0);
-                    // The early ranks announced themselves while waiting, before the release.
-                    let value = store.get("nvfipc/barrier/w3/arrived/0", LONG)?;
+                    // The coordinator cleared the arrival keys before it released anyone.
+                    for member in 0..3 {
+                        let key = format!("nvfipc/barrier/w3/arrived/0/{member}");
+                        assert!(!store.check(&[&key])?, "{key} left behind");
+                    }
                     assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 1);
-                    Ok(value)
+                    Ok(())
                 })
             })
             .collect();
-        for (rank, handle) in ranks.into_iter().enumerate() {
-            let value = handle.join().unwrap().unwrap();
-            // Rank 0 read its own key before arriving at generation 1; a slow generation 1 may
-            // have moved it on by the time the others read it.
-            let expected: &[&[u8]] = if rank == 0 { &[b"0"] } else { &[b"0", b"1"] };
-            assert!(
-                expected.contains(&value.as_slice()),
-                "rank {rank}: {value:?}"
-            );
+        for handle in ranks {
+            handle.join().unwrap().unwrap();
         }
         server.shutdown();
     }
@@ -883,14 +783,20 @@ mod tests {
     }
 
     #[test]
-    fn mismatched_generations_are_reported() {
+    fn a_member_in_another_generation_is_reported() {
         let store = Arc::new(MemoryStore::new());
-        // Rank 1 already ran one barrier more than rank 0 thinks (e.g. state from another job).
-        store.add("nvfipc/barrier/w2/count", 2).unwrap();
+        // Rank 1 waits in generation 1 while rank 0 (the coordinator) is at generation 0.
+        store.set("nvfipc/barrier/w2/arrived/1/1", b"1").unwrap();
         let state = BarrierState::new();
-        let err = barrier(&*store, &state, 0, 2, None, LONG).unwrap_err();
-        assert_eq!(err.status, Status::InvalidState);
-        assert!(err.message.contains("reads 3, outside 1..=2"), "{err}");
+        let err = barrier(&*store, &state, 0, 2, None, Duration::from_millis(50)).unwrap_err();
+        assert_eq!(err.status, Status::Timeout);
+        assert!(
+            err.message.contains(
+                "ranks 1 did not arrive; rank 1 is at gen 1: the members called different \
+                 numbers of barriers"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use nvfuser_ipc::barrier::{barrier, BarrierState};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
-use nvfuser_ipc::store::{wire, Arrival, ArrivalOutcome, Store};
+use nvfuser_ipc::store::{wire, Store};
 use nvfuser_ipc::Status;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -268,8 +268,8 @@ fn torch_client_against_our_server() {
 /// Our client against a torch server: every operation, cross-checked from Python.
 /// Barriers and single arrivals through the server at `port`; `s` is a connected client.
 fn barrier_rounds_and_arrivals(port: u16, s: &TcpStore) {
-    // Barriers pipeline ADD + WAIT (and SET + DELETE for the last arriver) on one connection;
-    // torch's server must answer them in order, round after round.
+    // Barriers pipeline SET + WAIT (and DELETE_KEY x n + SET for the coordinator) on one
+    // connection; the server must answer them in order, round after round.
     let state_per_rank: Vec<_> = (0..4).map(|_| BarrierState::scoped("interop")).collect();
     std::thread::scope(|scope| {
         let ranks: Vec<_> = state_per_rank
@@ -289,23 +289,25 @@ fn barrier_rounds_and_arrivals(port: u16, s: &TcpStore) {
             r.join().unwrap();
         }
     });
-    // A lone arrival times out cleanly; one outside the owned range does not wait.
-    let lone = Arrival {
-        counter: "lone/count",
-        owns: 1..=2,
-        release_key: "lone/release/0",
-        retire_key: None,
-    };
-    assert_eq!(
-        s.arrive(&lone, Duration::from_millis(100)).unwrap(),
-        ArrivalOutcome::Waiting(1)
-    );
-    assert_eq!(
-        s.arrive(&lone, Duration::ZERO).unwrap(),
-        ArrivalOutcome::Released(2)
-    );
-    assert_eq!(s.get("lone/release/0", T).unwrap(), b"1");
-    assert_eq!(s.arrive(&lone, T).unwrap(), ArrivalOutcome::OutOfRange(3));
+    // SET + WAIT in one message: a timeout cancels cleanly and leaves the stream in step;
+    // DELETE_KEY x n + SET in one message: every reply is read.
+    let err = s
+        .set_then_wait(
+            "lone/arrived",
+            b"1",
+            &["lone/release"],
+            Duration::from_millis(100),
+        )
+        .unwrap_err();
+    assert_eq!(err.status, Status::Timeout, "{err}");
+    assert!(s.check(&["lone/arrived"]).unwrap());
+    s.delete_then_set(&["lone/arrived", "lone/missing"], "lone/release", b"go")
+        .unwrap();
+    assert!(!s.check(&["lone/arrived"]).unwrap());
+    s.set_then_wait("lone/again", b"2", &["lone/release"], T)
+        .unwrap();
+    assert_eq!(s.get("lone/release", T).unwrap(), b"go");
+    assert_eq!(s.get("lone/again", T).unwrap(), b"2");
     s.ping().unwrap();
 }
 

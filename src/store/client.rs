@@ -21,7 +21,7 @@
 
 use crate::error::{Error, Result, Status};
 use crate::store::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
-use crate::store::{Arrival, ArrivalOutcome, Store, DEFAULT_TIMEOUT};
+use crate::store::{Store, DEFAULT_TIMEOUT};
 use std::ffi::CString;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
@@ -624,44 +624,34 @@ impl Store for TcpStore {
         })
     }
 
-    /// ADD and WAIT go out in one message, so a rank that is not last spends one round trip; the
-    /// last one sends SET (which answers its own pending WAIT) and DELETE together.
-    fn arrive(&self, arrival: &Arrival<'_>, timeout: Duration) -> Result<ArrivalOutcome> {
-        self.call("ADD+WAIT", &[arrival.release_key], |c| {
-            let release = user_key(arrival.release_key);
+    fn set_then_wait(
+        &self,
+        key: &str,
+        value: &[u8],
+        wait_keys: &[&str],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.call("SET+WAIT", wait_keys, |c| {
             c.request(|out| {
-                wire::encode_add(out, &user_key(arrival.counter), 1)?;
-                wire::encode_wait(out, std::iter::once(release))
+                wire::encode_set(out, &user_key(key), value)?;
+                wire::encode_wait(out, user_keys(wait_keys))
             })?;
-            let count = wire::read_i64(&mut c.reader)?;
-            let last = *arrival.owns.end();
-            if count == last {
-                c.request(|out| {
-                    wire::encode_set(out, &release, b"1")?;
-                    match arrival.retire_key {
-                        Some(old) => wire::encode_delete_key(out, &user_key(old)),
-                        None => Ok(()),
-                    }
-                })?;
-                c.expect_byte("WAIT", WAIT_STOP_WAITING)?;
-                if arrival.retire_key.is_some() {
-                    wire::read_i64(&mut c.reader)?;
+            c.finish_wait(timeout)
+        })
+    }
+
+    fn delete_then_set(&self, delete: &[&str], key: &str, value: &[u8]) -> Result<()> {
+        self.call("DELETE_KEY+SET", &[], |c| {
+            c.request(|out| {
+                for old in delete {
+                    wire::encode_delete_key(out, &user_key(old))?;
                 }
-                return Ok(ArrivalOutcome::Released(count));
+                wire::encode_set(out, &user_key(key), value)
+            })?;
+            for _ in delete {
+                wire::read_i64(&mut c.reader)?;
             }
-            let in_range = arrival.owns.contains(&count);
-            // Out of range: nobody will release this key; take the WAIT back at once.
-            let wait_for = if in_range { timeout } else { Duration::ZERO };
-            let satisfied = match c.finish_wait(wait_for) {
-                Ok(()) => true,
-                Err(Fail::WaitTimeout(_)) => false,
-                Err(fail) => return Err(fail),
-            };
-            Ok(match (in_range, satisfied) {
-                (false, _) => ArrivalOutcome::OutOfRange(count),
-                (true, true) => ArrivalOutcome::Arrived(count),
-                (true, false) => ArrivalOutcome::Waiting(count),
-            })
+            Ok(())
         })
     }
 

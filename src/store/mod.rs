@@ -10,7 +10,6 @@ pub mod server;
 pub mod wire;
 
 use crate::error::Result;
-use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// PyTorch's default store timeout (`Store::kDefaultTimeout`).
@@ -54,63 +53,30 @@ pub trait Store: Send + Sync {
         keys.iter().map(|k| self.get(k, timeout)).collect()
     }
 
-    /// One barrier arrival: adds 1 to `arrival.counter`; when the new value is `arrival.owns`'s
-    /// end this caller is the last, so it sets `arrival.release_key` (and deletes
-    /// `arrival.retire_key`); otherwise, when the value lies in `arrival.owns`, waits up to
-    /// `timeout` for the release key. A value outside `owns` returns
-    /// [`ArrivalOutcome::OutOfRange`] without waiting.
-    ///
-    /// The default makes the ordinary calls one after the other; the TCP client sends the ADD and
-    /// the WAIT in one message, so a rank that is not last spends one round trip.
-    fn arrive(&self, arrival: &Arrival<'_>, timeout: Duration) -> Result<ArrivalOutcome> {
-        let count = self.add(arrival.counter, 1)?;
-        if !arrival.owns.contains(&count) {
-            return Ok(ArrivalOutcome::OutOfRange(count));
+    /// Sets `key`, then waits for every key of `wait_keys`. The TCP client sends both in one
+    /// message (a SET has no reply), so the caller is woken once, when the wait ends.
+    fn set_then_wait(
+        &self,
+        key: &str,
+        value: &[u8],
+        wait_keys: &[&str],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.set(key, value)?;
+        self.wait(wait_keys, timeout)
+    }
+
+    /// Deletes every key of `delete` (missing ones are fine), then sets `key`. The TCP client
+    /// sends all of it in one message and reads the replies together.
+    fn delete_then_set(&self, delete: &[&str], key: &str, value: &[u8]) -> Result<()> {
+        for old in delete {
+            self.delete_key(old)?;
         }
-        if count == *arrival.owns.end() {
-            self.set(arrival.release_key, b"1")?;
-            if let Some(old) = arrival.retire_key {
-                self.delete_key(old)?;
-            }
-            return Ok(ArrivalOutcome::Released(count));
-        }
-        match self.wait(&[arrival.release_key], timeout) {
-            Ok(()) => Ok(ArrivalOutcome::Arrived(count)),
-            Err(e) if e.status == crate::error::Status::Timeout => {
-                Ok(ArrivalOutcome::Waiting(count))
-            }
-            Err(e) => Err(e),
-        }
+        self.set(key, value)
     }
 
     /// The timeout used when a caller does not give one.
     fn default_timeout(&self) -> Duration {
         DEFAULT_TIMEOUT
     }
-}
-
-/// The keys of one barrier arrival (see [`Store::arrive`]).
-#[derive(Debug, Clone)]
-pub struct Arrival<'a> {
-    /// The member set's counter.
-    pub counter: &'a str,
-    /// The counter values this generation owns; the last one releases.
-    pub owns: RangeInclusive<i64>,
-    /// Set by the last arriver; the others wait for it.
-    pub release_key: &'a str,
-    /// The previous generation's release key, deleted by the last arriver.
-    pub retire_key: Option<&'a str>,
-}
-
-/// What [`Store::arrive`] saw; each carries the counter value the ADD returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArrivalOutcome {
-    /// This caller was last and released the others.
-    Released(i64),
-    /// The release key appeared within the timeout.
-    Arrived(i64),
-    /// The timeout passed first; nothing is left pending on the store.
-    Waiting(i64),
-    /// The counter left the owned range: the members are out of step.
-    OutOfRange(i64),
 }
