@@ -2,8 +2,9 @@
 //! round (e.g. under `valgrind --tool=callgrind` or `strace -f -c`): N client threads speak the
 //! wire protocol directly and run R barriers of one scheme.
 //!
-//! - `ours`: ADD `count` 1; the last arriver SETs `release/<g>` and deletes `release/<g-1>`,
-//!   everyone else WAITs on `release/<g>` (the library's fast path);
+//! - `ours`: the library's protocol (`src/barrier.rs`): every client SETs `arrived/<g>/<rank>`
+//!   and, in the same message, WAITs for `release/<g>`; client 0 instead WAITs for every other
+//!   arrival key, then DELETEs them and `release/<g-1>` and SETs `release/<g>` in one message;
 //! - `torch`: ADD `<g>` 1, ADD `<g>` 0, the rank that reads N SETs `<g>:last_worker`, everyone
 //!   WAITs on it (PyTorch's store-based barrier).
 //!
@@ -60,15 +61,13 @@ impl Client {
         self.send()
     }
 
-    fn delete(&mut self, key: &str) -> std::io::Result<()> {
-        wire::encode_delete_key(&mut self.out, key).map_err(std::io::Error::other)?;
-        self.send()?;
-        wire::read_i64(&mut self.reader).map(|_| ())
-    }
-
     fn wait(&mut self, key: &str) -> std::io::Result<()> {
         wire::encode_wait(&mut self.out, [key]).map_err(std::io::Error::other)?;
         self.send()?;
+        self.expect_stop_waiting()
+    }
+
+    fn expect_stop_waiting(&mut self) -> std::io::Result<()> {
         let mut byte = [0u8];
         self.reader.read_exact(&mut byte)?;
         if byte[0] != wire::WAIT_STOP_WAITING {
@@ -78,20 +77,34 @@ impl Client {
     }
 }
 
-fn ours(c: &mut Client, n: i64, gen: i64) -> std::io::Result<()> {
-    let count = c.add("/b/count", 1)?;
+fn ours(c: &mut Client, rank: usize, n: i64, gen: i64) -> std::io::Result<()> {
+    let other = std::io::Error::other;
+    let own = format!("/b/arrived/{gen}/{rank}");
     let release = format!("/b/release/{gen}");
-    if count == (gen + 1) * n {
-        c.set(&release)?;
-        if gen > 0 {
-            c.delete(&format!("/b/release/{}", gen - 1))?;
-        }
-        return Ok(());
+    wire::encode_set(&mut c.out, &own, b"1").map_err(other)?;
+    if rank != 0 {
+        return c.wait(&release);
     }
-    c.wait(&release)
+    let arrivals: Vec<String> = (1..n).map(|r| format!("/b/arrived/{gen}/{r}")).collect();
+    wire::encode_wait(&mut c.out, arrivals.iter().map(String::as_str)).map_err(other)?;
+    c.send()?;
+    c.expect_stop_waiting()?;
+    let mut deleted = arrivals;
+    deleted.push(own);
+    if gen > 0 {
+        deleted.push(format!("/b/release/{}", gen - 1));
+    }
+    for key in &deleted {
+        wire::encode_delete_key(&mut c.out, key).map_err(other)?;
+    }
+    c.set(&release)?;
+    for _ in &deleted {
+        wire::read_i64(&mut c.reader)?;
+    }
+    Ok(())
 }
 
-fn torch(c: &mut Client, n: i64, gen: i64) -> std::io::Result<()> {
+fn torch(c: &mut Client, _rank: usize, n: i64, gen: i64) -> std::io::Result<()> {
     let key = format!("/t/{gen}");
     c.add(&key, 1)?;
     let count = c.add(&key, 0)?;
@@ -104,7 +117,7 @@ fn torch(c: &mut Client, n: i64, gen: i64) -> std::io::Result<()> {
 
 fn main() {
     let scheme = std::env::args().nth(1).unwrap_or_else(|| "ours".into());
-    let round: fn(&mut Client, i64, i64) -> std::io::Result<()> = match scheme.as_str() {
+    let round: fn(&mut Client, usize, i64, i64) -> std::io::Result<()> = match scheme.as_str() {
         "ours" => ours,
         "torch" => torch,
         other => {
@@ -124,11 +137,11 @@ fn main() {
     let port = server.port();
     let start = Instant::now();
     let threads: Vec<_> = (0..clients)
-        .map(|_| {
+        .map(|rank| {
             std::thread::spawn(move || -> std::io::Result<()> {
                 let mut c = Client::connect(port)?;
                 for gen in 0..rounds as i64 {
-                    round(&mut c, clients as i64, gen)?;
+                    round(&mut c, rank, clients as i64, gen)?;
                 }
                 Ok(())
             })

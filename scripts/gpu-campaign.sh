@@ -6,7 +6,9 @@
 #   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu-cxx-check.sh, NPS)
 #   demo        `nvfipc demo --transport device` with the largest rank count
 #   bench       `nvfipc bench` (exchange on the device; store and barrier on this machine's CPUs)
-# $OUT/campaign.txt gets one line per stage (status, seconds). Exits non-zero when a stage fails.
+# $OUT/campaign.txt gets one line per stage (status, seconds); every log, report and plot is packed
+# into $OUT/campaign.tgz, and the benchmark's tables, JSON and plots are also copied to $OUT
+# itself. Exits non-zero when a stage fails.
 #
 #   OUT (default ./gpu-out), RANKS (default "2 4 8"), BENCH_SCENARIOS (default
 #   exchange,store,barrier), BENCH_TIMEOUT (seconds, default 300)
@@ -15,6 +17,9 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
+FINAL="$OUT"
+OUT="$FINAL/campaign"
+mkdir -p "$OUT"
 RANKS="${RANKS:-2 4 8}"
 largest="$(echo "$RANKS" | tr ' ' '\n' | sort -n | tail -1)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -54,4 +59,7 @@ stage bench "${BENCH_TIMEOUT:-300}" env NVFIPC_PYTHON="$(command -v python3)" \
   --json "$OUT/bench/bench.json" --svg-dir "$OUT/bench"
 
 echo "== campaign: $failures failed stage(s)" | tee -a "$summary"
+tar czf "$FINAL/campaign.tgz" -C "$FINAL" campaign
+cp "$summary" "$OUT/bench.log" "$FINAL/" 2>/dev/null
+cp "$OUT"/bench/*.svg "$OUT"/bench/bench.json "$FINAL/" 2>/dev/null
 [ "$failures" -eq 0 ]

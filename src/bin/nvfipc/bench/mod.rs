@@ -110,6 +110,8 @@ pub struct Plan {
     pub bytes: u64,
     pub store_clients: Vec<usize>,
     pub store_duration: Duration,
+    /// Rounds per store point, servers interleaved within each; the median round is reported.
+    pub store_rounds: usize,
     pub barrier_worlds: Vec<usize>,
     pub barrier_steps: usize,
     pub rank_timeout: Duration,
@@ -124,6 +126,7 @@ impl Plan {
                 bytes: 1 << 16,
                 store_clients: vec![1, 4],
                 store_duration: Duration::from_millis(150),
+                store_rounds: 1,
                 barrier_worlds: vec![2, 4],
                 barrier_steps: 10,
                 rank_timeout: Duration::from_secs(30),
@@ -135,6 +138,7 @@ impl Plan {
                 bytes: 1 << 20,
                 store_clients: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
                 store_duration: Duration::from_secs(1),
+                store_rounds: 3,
                 barrier_worlds: vec![2, 4, 8, 16, 32, 64],
                 barrier_steps: 100,
                 rank_timeout: Duration::from_secs(120),
@@ -511,19 +515,38 @@ fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Re
             }
         }
     }
+    results.store_rounds = plan.store_rounds;
     for &clients in &plan.store_clients {
-        for (i, server) in servers.iter().enumerate() {
-            eprintln!(
-                "nvfipc bench: store, {} server, {clients} clients",
-                server.label
-            );
-            let run_id = format!("{i}");
-            match store_load::drive(server.port, clients, plan.store_duration, &run_id) {
-                Ok(r) => results.store.push((server.label.clone(), r)),
-                Err(e) => results.fail(format!(
-                    "store, {} server, {clients} clients: {e}",
-                    server.label
-                )),
+        // Rounds interleave the servers so that a slow spell of the machine hits them alike.
+        let mut rounds: Vec<Vec<store_load::LoadResult>> = vec![Vec::new(); servers.len()];
+        let mut failed = vec![false; servers.len()];
+        for round in 0..plan.store_rounds {
+            for (i, server) in servers.iter().enumerate() {
+                if failed[i] {
+                    continue;
+                }
+                eprintln!(
+                    "nvfipc bench: store, {} server, {clients} clients, round {} of {}",
+                    server.label,
+                    round + 1,
+                    plan.store_rounds
+                );
+                let run_id = format!("{i}.{round}");
+                match store_load::drive(server.port, clients, plan.store_duration, &run_id) {
+                    Ok(r) => rounds[i].push(r),
+                    Err(e) => {
+                        failed[i] = true;
+                        results.fail(format!(
+                            "store, {} server, {clients} clients: {e}",
+                            server.label
+                        ))
+                    }
+                }
+            }
+        }
+        for (server, measured) in servers.iter().zip(rounds) {
+            if let Some(median) = store_load::LoadResult::median_of(measured) {
+                results.store.push((server.label.clone(), median));
             }
         }
     }

@@ -20,6 +20,7 @@ pub struct Results {
     /// Per world size: rank 0's gathered series (`ours.cold`, `seed.warm`, `floor.opens`, ...).
     pub exchange: Vec<(usize, BTreeMap<String, Vec<u64>>)>,
     pub store_duration: Duration,
+    pub store_rounds: usize,
     /// (server label, result) in the order measured.
     pub store: Vec<(String, LoadResult)>,
     pub store_notes: Vec<String>,
@@ -57,6 +58,7 @@ impl Results {
             exchange_steps: 0,
             exchange: Vec::new(),
             store_duration: Duration::ZERO,
+            store_rounds: 0,
             store: Vec::new(),
             store_notes: Vec::new(),
             barrier: Vec::new(),
@@ -220,8 +222,10 @@ impl Results {
         if !self.store.is_empty() || !self.store_notes.is_empty() {
             let _ = writeln!(
                 s,
-                "\n== Store server, SET/GET alternating, {} per point ==",
-                fmt_ns(self.store_duration.as_nanos() as u64)
+                "\n== Store server, SET/GET alternating, {} per point, median of {} interleaved \
+                 rounds ==",
+                fmt_ns(self.store_duration.as_nanos() as u64),
+                self.store_rounds
             );
             let mut rows = vec![vec![
                 "clients".to_string(),
@@ -229,6 +233,7 @@ impl Results {
                 "ops/s".into(),
                 "GET p50".into(),
                 "GET p90".into(),
+                "spread".into(),
             ]];
             let mut sorted: Vec<&(String, LoadResult)> = self.store.iter().collect();
             sorted.sort_by_key(|(_, r)| r.clients);
@@ -239,6 +244,7 @@ impl Results {
                     format!("{:.0}", r.ops_per_sec()),
                     fmt_opt_ns(r.get_p50_ns),
                     fmt_opt_ns(r.get_p90_ns),
+                    format!("{:.0}%", r.spread() * 100.0),
                 ]);
             }
             s.push_str(&format_table(&rows));
@@ -343,6 +349,10 @@ impl Results {
                     ("ops_per_sec", Json::Num(r.ops_per_sec())),
                     ("get_p50_ns", Json::opt_int(r.get_p50_ns)),
                     ("get_p90_ns", Json::opt_int(r.get_p90_ns)),
+                    (
+                        "round_ops_per_sec",
+                        Json::Arr(r.round_rates.iter().map(|&x| Json::Num(x)).collect()),
+                    ),
                 ])
             })
             .collect();
@@ -383,6 +393,7 @@ impl Results {
                 "store_seconds_per_point",
                 Json::Num(self.store_duration.as_secs_f64()),
             ),
+            ("store_rounds", Json::Int(self.store_rounds as u64)),
             ("store", Json::Arr(store)),
             (
                 "store_notes",

@@ -152,11 +152,33 @@ pub struct LoadResult {
     pub elapsed: Duration,
     pub get_p50_ns: Option<u64>,
     pub get_p90_ns: Option<u64>,
+    /// Throughput of every round of this point, in run order (this result is the median one).
+    pub round_rates: Vec<f64>,
 }
 
 impl LoadResult {
     pub fn ops_per_sec(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The round with the median throughput, carrying every round's rate.
+    pub fn median_of(mut rounds: Vec<LoadResult>) -> Option<LoadResult> {
+        let rates: Vec<f64> = rounds.iter().map(LoadResult::ops_per_sec).collect();
+        rounds.sort_by(|a, b| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
+        let mid = rounds.len().checked_sub(1)? / 2;
+        let mut median = rounds.swap_remove(mid);
+        median.round_rates = rates;
+        Some(median)
+    }
+
+    /// (max - min) / median of the round rates, e.g. 0.04 for a 4% spread.
+    pub fn spread(&self) -> f64 {
+        let max = self.round_rates.iter().copied().fold(f64::MIN, f64::max);
+        let min = self.round_rates.iter().copied().fold(f64::MAX, f64::min);
+        if self.round_rates.len() < 2 {
+            return 0.0;
+        }
+        (max - min) / self.ops_per_sec().max(1e-9)
     }
 }
 
@@ -230,6 +252,7 @@ pub fn drive(port: u16, clients: usize, duration: Duration, run_id: &str) -> Res
         elapsed,
         get_p50_ns: quantile(&gets, 0.5),
         get_p90_ns: quantile(&gets, 0.9),
+        round_rates: Vec::new(),
     })
 }
 
@@ -245,5 +268,24 @@ mod tests {
         assert_eq!(r.clients, 3);
         assert!(r.ops >= 6 && r.ops % 2 == 0, "{r:?}");
         assert!(r.get_p50_ns.is_some() && r.get_p50_ns <= r.get_p90_ns);
+    }
+
+    #[test]
+    fn median_round_is_reported_with_every_rate() {
+        let round = |ops: u64| LoadResult {
+            clients: 2,
+            ops,
+            elapsed: Duration::from_secs(1),
+            get_p50_ns: Some(ops),
+            get_p90_ns: Some(ops),
+            round_rates: Vec::new(),
+        };
+        let median = LoadResult::median_of(vec![round(300), round(100), round(200)]).unwrap();
+        assert_eq!(median.ops, 200);
+        assert_eq!(median.get_p50_ns, Some(200));
+        assert_eq!(median.round_rates, vec![300.0, 100.0, 200.0]);
+        assert!((median.spread() - 1.0).abs() < 1e-9);
+        assert_eq!(LoadResult::median_of(vec![round(5)]).unwrap().spread(), 0.0);
+        assert!(LoadResult::median_of(Vec::new()).is_none());
     }
 }
