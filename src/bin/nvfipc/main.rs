@@ -17,11 +17,12 @@ const USAGE: &str = "\
 nvfipc: store server, local launcher, demo and benchmarks of nvfuser-ipc
 
 Usage:
-  nvfipc serve [--host H] [--port P]
+  nvfipc serve [--host H] [--port P] [--busy-poll-us US]
       Run a TCPStore server (PyTorch's wire protocol). Prints one line
       \"listening on HOST:PORT\" when ready and serves until SIGINT or SIGTERM.
       Defaults: --host :: (every IPv6 and IPv4 address), --port 29542;
-      --port 0 picks a free port.
+      --port 0 picks a free port. After each request the server polls
+      without sleeping for US microseconds (default 50; 0: never).
 
   nvfipc launch -n N [--port P] [--kill-grace-ms MS] [--] CMD [ARGS...]
       Host a store on 127.0.0.1 (--port 0, the default, picks a free port) and

@@ -3,7 +3,7 @@
 use crate::args::{split_flag, take_parsed, take_value, unknown_option, UsageError};
 use crate::signals::Signals;
 use nvfuser_ipc::env::DEFAULT_MASTER_PORT;
-use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::store::server::{ServerOptions, StoreServer, DEFAULT_BUSY_POLL};
 use std::io::Write;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 pub struct ServeArgs {
     pub host: String,
     pub port: u16,
+    pub busy_poll_us: u64,
 }
 
 impl ServeArgs {
@@ -21,6 +22,7 @@ impl ServeArgs {
         let mut parsed = ServeArgs {
             host: "::".to_string(),
             port: DEFAULT_MASTER_PORT,
+            busy_poll_us: DEFAULT_BUSY_POLL.as_micros() as u64,
         };
         let mut rest = args.into_iter();
         while let Some(arg) = rest.next() {
@@ -28,6 +30,10 @@ impl ServeArgs {
                 ("--host", inline) => parsed.host = take_value(&mut rest, "--host", inline)?,
                 ("--port", inline) => {
                     parsed.port = take_parsed(&mut rest, "--port", inline, "a port (0..=65535)")?
+                }
+                ("--busy-poll-us", inline) => {
+                    parsed.busy_poll_us =
+                        take_parsed(&mut rest, "--busy-poll-us", inline, "microseconds")?
                 }
                 _ => return Err(unknown_option("serve", &arg)),
             }
@@ -46,7 +52,11 @@ pub fn run(args: &ServeArgs) -> i32 {
             return 1;
         }
     };
-    let server = match StoreServer::bind(&args.host, args.port) {
+    let opts = ServerOptions {
+        busy_poll: Duration::from_micros(args.busy_poll_us),
+        ..ServerOptions::default()
+    };
+    let server = match StoreServer::bind_with(&args.host, args.port, &opts) {
         Ok(server) => server,
         Err(e) => {
             eprintln!("nvfipc serve: {e}");
@@ -103,17 +113,26 @@ mod tests {
             ServeArgs::parse(strings(&[])).unwrap(),
             ServeArgs {
                 host: "::".into(),
-                port: 29542
+                port: 29542,
+                busy_poll_us: 50
             }
         );
         assert_eq!(
-            ServeArgs::parse(strings(&["--host", "127.0.0.1", "--port=0"])).unwrap(),
+            ServeArgs::parse(strings(&[
+                "--host",
+                "127.0.0.1",
+                "--port=0",
+                "--busy-poll-us=0"
+            ]))
+            .unwrap(),
             ServeArgs {
                 host: "127.0.0.1".into(),
-                port: 0
+                port: 0,
+                busy_poll_us: 0
             }
         );
         assert!(ServeArgs::parse(strings(&["--port", "99999"])).is_err());
         assert!(ServeArgs::parse(strings(&["--bogus"])).is_err());
+        assert!(ServeArgs::parse(strings(&["--busy-poll-us", "-1"])).is_err());
     }
 }

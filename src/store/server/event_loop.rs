@@ -161,6 +161,7 @@ pub(super) struct EventLoop {
     listener: TcpListener,
     shared: Arc<Shared>,
     handshake_timeout: Option<Duration>,
+    busy_poll: Duration,
     conns: Vec<Option<Conn>>,
     free_slots: Vec<usize>,
     next_gen: u32,
@@ -191,6 +192,7 @@ impl EventLoop {
             listener,
             shared,
             handshake_timeout: opts.handshake_timeout,
+            busy_poll: opts.busy_poll,
             conns: Vec::new(),
             free_slots: Vec::new(),
             next_gen: 0,
@@ -207,8 +209,14 @@ impl EventLoop {
     /// Runs until the stop flag is set (or polling itself fails, which is recorded).
     pub(super) fn run(mut self) {
         let mut events = Events::with_capacity(1024);
+        let mut last_activity: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::Acquire) {
-            let timeout = self.poll_timeout();
+            let spinning = last_activity.is_some_and(|t| t.elapsed() < self.busy_poll);
+            let timeout = if spinning {
+                Some(Duration::ZERO)
+            } else {
+                self.poll_timeout()
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -216,6 +224,13 @@ impl EventLoop {
                 self.shared
                     .record_error(format!("store server: poll failed, stopping: {e}"));
                 break;
+            }
+            if events.is_empty() {
+                if spinning {
+                    std::hint::spin_loop();
+                }
+            } else {
+                last_activity = Some(Instant::now());
             }
             for event in events.iter() {
                 match event.token() {

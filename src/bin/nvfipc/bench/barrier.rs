@@ -1,5 +1,5 @@
 //! Rank side of the barrier benchmark: `Context::barrier` (ours) against PyTorch's store-based
-//! barrier over the same store, one after the other, each timed per call on every rank.
+//! barrier over the same store, alternating in blocks, each timed per call on every rank.
 
 use super::seed::TorchStyleBarrier;
 use super::{gather_samples, RankArgs, Series};
@@ -11,22 +11,29 @@ use std::time::Instant;
 /// Untimed rounds first, so connections and keys exist before the clock runs.
 const WARMUP: usize = 3;
 
+/// The two barriers alternate in this many blocks, so that a slow spell of the machine hits
+/// both alike.
+const BLOCKS: usize = 4;
+
 pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<Series>> {
-    let mut ours = Vec::with_capacity(args.steps);
-    for i in 0..WARMUP + args.steps {
-        let start = Instant::now();
-        ctx.barrier(None, None)?;
-        if i >= WARMUP {
-            ours.push(nanos(start.elapsed()));
-        }
-    }
     let prefix = format!("nvfipc-bench/{}/torch-barrier", ctx.job_id);
     let mut torch = TorchStyleBarrier::new(prefix, ctx.world_size, ctx.timeout());
-    let mut theirs = Vec::with_capacity(args.steps);
-    for i in 0..WARMUP + args.steps {
-        let start = Instant::now();
+    for _ in 0..WARMUP {
+        ctx.barrier(None, None)?;
         torch.wait(&*ctx.store)?;
-        if i >= WARMUP {
+    }
+    let per_block = args.steps.div_ceil(BLOCKS);
+    let mut ours = Vec::with_capacity(per_block * BLOCKS);
+    let mut theirs = Vec::with_capacity(per_block * BLOCKS);
+    for _ in 0..BLOCKS {
+        for _ in 0..per_block {
+            let start = Instant::now();
+            ctx.barrier(None, None)?;
+            ours.push(nanos(start.elapsed()));
+        }
+        for _ in 0..per_block {
+            let start = Instant::now();
+            torch.wait(&*ctx.store)?;
             theirs.push(nanos(start.elapsed()));
         }
     }

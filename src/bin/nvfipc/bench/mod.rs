@@ -60,6 +60,8 @@ pub struct BenchArgs {
     pub transport: TransportChoice,
     /// Skip PyTorch's servers even when `NVFIPC_PYTHON` is set.
     pub no_torch: bool,
+    /// `--busy-poll-us` for our server in the store scenario (`None`: its default).
+    pub busy_poll_us: Option<u64>,
 }
 
 impl BenchArgs {
@@ -71,6 +73,7 @@ impl BenchArgs {
             quick: false,
             transport: TransportChoice::Auto,
             no_torch: false,
+            busy_poll_us: None,
         };
         let mut rest = args.into_iter();
         while let Some(arg) = rest.next() {
@@ -95,6 +98,10 @@ impl BenchArgs {
                 }
                 ("--quick", None) => parsed.quick = true,
                 ("--no-torch", None) => parsed.no_torch = true,
+                ("--busy-poll-us", v) => {
+                    parsed.busy_poll_us =
+                        Some(take_parsed(&mut rest, "--busy-poll-us", v, "microseconds")?)
+                }
                 _ => return Err(unknown_option("bench", &arg)),
             }
         }
@@ -482,7 +489,7 @@ fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Re
     results.store_duration = plan.store_duration;
     let mut servers = Vec::new();
     let mut hosts = Vec::new();
-    match store_load::start_ours(exe) {
+    match store_load::start_ours(exe, args.busy_poll_us) {
         Ok((host, server)) => {
             hosts.push(host);
             servers.push(server);

@@ -84,10 +84,16 @@ fn read_lines_until(out: ChildStdout, mut done: impl FnMut(&str) -> bool) -> Res
     }
 }
 
-/// Starts `nvfipc serve` on a free loopback port.
-pub fn start_ours(exe: &str) -> Result<(Hosted, Server)> {
+/// Starts `nvfipc serve` on a free loopback port, polling `busy_poll_us` after each request
+/// (`None`: the server's default). A non-default setting shows in the label.
+pub fn start_ours(exe: &str, busy_poll_us: Option<u64>) -> Result<(Hosted, Server)> {
+    let mut args = vec!["serve", "--host", "127.0.0.1", "--port", "0"];
+    let busy = busy_poll_us.map(|us| us.to_string());
+    if let Some(us) = &busy {
+        args.extend(["--busy-poll-us", us.as_str()]);
+    }
     let mut child = Command::new(exe)
-        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+        .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -107,7 +113,10 @@ pub fn start_ours(exe: &str) -> Result<(Hosted, Server)> {
     Ok((
         hosted,
         Server {
-            label: "nvfipc".into(),
+            label: match busy {
+                Some(us) => format!("nvfipc-poll{us}us"),
+                None => "nvfipc".into(),
+            },
             port,
         },
     ))
