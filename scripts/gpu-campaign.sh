@@ -62,4 +62,5 @@ echo "== campaign: $failures failed stage(s)" | tee -a "$summary"
 tar czf "$FINAL/campaign.tgz" -C "$FINAL" campaign
 cp "$summary" "$OUT/bench.log" "$FINAL/" 2>/dev/null
 cp "$OUT"/bench/*.svg "$OUT"/bench/bench.json "$FINAL/" 2>/dev/null
+rm -rf "$OUT" # packed above; what comes back from a device run is limited to a few files
 [ "$failures" -eq 0 ]
