@@ -15,6 +15,8 @@ bash scripts/fuzz.sh "${NVFIPC_FUZZ_SECONDS:-60}"
 
 echo "== cargo test (release profile for realistic multi-process timing)"
 cargo test --release --all-targets
+echo "== store server suite again, with three event loops"
+NVFIPC_TEST_STORE_THREADS=3 cargo test --release --test store_server
 
 echo "== C/C++ suites (CMake + GoogleTest)"
 bash scripts/cpp-tests.sh build/ci-cpp

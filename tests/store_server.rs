@@ -1,5 +1,8 @@
 //! The embedded TCPStore server over real sockets, driven with hand-built frames (independent of
 //! the crate's own codec), including misbehaving clients and 1024 concurrent ones.
+//!
+//! `NVFIPC_TEST_STORE_THREADS=N` runs every test against a server with N event loops (the default
+//! on a small machine is one); the tests at the end always use several.
 
 use nvfuser_ipc::store::server::{ServerOptions, StoreServer};
 use std::io::{ErrorKind, Read, Write};
@@ -168,8 +171,23 @@ impl Client {
     }
 }
 
+/// Server options for this run: the default, with `NVFIPC_TEST_STORE_THREADS` event loops when
+/// that is set.
+fn options() -> ServerOptions {
+    let threads = match std::env::var("NVFIPC_TEST_STORE_THREADS") {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("NVFIPC_TEST_STORE_THREADS={v:?} is not a count")),
+        Err(_) => 0,
+    };
+    ServerOptions {
+        threads,
+        ..ServerOptions::default()
+    }
+}
+
 fn server() -> StoreServer {
-    StoreServer::bind("127.0.0.1", 0).expect("bind the store server")
+    StoreServer::bind_with("127.0.0.1", 0, &options()).expect("bind the store server")
 }
 
 fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -370,6 +388,9 @@ fn cancel_wait_drops_the_registration() {
     waiter.send(&Frame::cmd(CANCEL_WAIT).0);
     assert_eq!(waiter.recv(1), [1]);
     writer.set(b"/never", b"now");
+    // A SET has no reply: a round trip on the writer's connection shows it was applied (with
+    // several loops the waiter's next request could otherwise overtake it).
+    writer.ping(7);
     // No stray STOP_WAITING: the next reply is the GET's.
     assert_eq!(waiter.get(b"/never"), b"now");
 }
@@ -538,7 +559,7 @@ fn silent_client_does_not_block_others() {
 fn handshake_timeout_closes_silent_clients_when_configured() {
     let opts = ServerOptions {
         handshake_timeout: Some(Duration::from_millis(200)),
-        ..ServerOptions::default()
+        ..options()
     };
     let srv = StoreServer::bind_with("127.0.0.1", 0, &opts).unwrap();
     let mut silent = Client::raw(srv.port());
@@ -574,7 +595,7 @@ fn slow_reader_gets_backpressure_and_others_are_served() {
 
 #[test]
 fn dual_stack_default_accepts_ipv4_and_ipv6() {
-    let srv = StoreServer::bind("", 0).unwrap();
+    let srv = StoreServer::bind_with("", 0, &options()).unwrap();
     let addr = srv.local_addr().unwrap();
     assert!(addr.ip().is_unspecified());
     assert_ne!(srv.port(), 0);
@@ -708,4 +729,94 @@ fn thousand_clients_set_get_add_concurrently() {
         "1024-client load took {:?}",
         start.elapsed()
     );
+}
+
+/// With several event loops a WAIT is often completed by a writer on another loop while its
+/// own client cancels it: the STOP_WAITING byte must come before the CANCEL_WAIT reply (`00 01`)
+/// or not at all (`01`), and never after, or the client's stream would be out of step.
+#[test]
+fn cross_loop_wakeups_and_cancels_keep_every_stream_in_step() {
+    use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
+    use nvfuser_ipc::store::Store;
+    const ROUNDS: usize = 3000;
+    let opts = ServerOptions {
+        threads: 4,
+        ..ServerOptions::default()
+    };
+    let srv = StoreServer::bind_with("127.0.0.1", 0, &opts).unwrap();
+    assert_eq!(srv.threads(), 4);
+    let port = srv.port();
+    let connect = ConnectOptions::with_timeout(IO_TIMEOUT);
+    // Connections are dealt to the loops in turn: waiter and setter sit on different loops.
+    let waiter = TcpStore::connect("127.0.0.1", port, &connect).unwrap();
+    let setter = TcpStore::connect("127.0.0.1", port, &connect).unwrap();
+    let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let setter_thread = {
+        let go = go.clone();
+        thread::spawn(move || {
+            for i in 0..ROUNDS {
+                go.wait();
+                setter.set(&format!("race/{i}"), b"x").unwrap();
+            }
+        })
+    };
+    let (mut woken, mut cancelled) = (0, 0);
+    for i in 0..ROUNDS {
+        go.wait();
+        // A zero timeout sends WAIT and, unless the reply is already there, CANCEL_WAIT.
+        match waiter.wait(&[&format!("race/{i}")], Duration::ZERO) {
+            Ok(()) => woken += 1,
+            Err(e) => {
+                assert_eq!(e.status, nvfuser_ipc::Status::Timeout, "{e}");
+                cancelled += 1;
+            }
+        }
+        if i % 64 == 0 {
+            waiter.ping().unwrap();
+        }
+    }
+    setter_thread.join().unwrap();
+    waiter.ping().unwrap();
+    assert_eq!(waiter.get("race/0", IO_TIMEOUT).unwrap(), b"x");
+    assert_eq!(woken + cancelled, ROUNDS);
+    eprintln!("{woken} waits woken, {cancelled} cancelled");
+    srv.shutdown();
+}
+
+/// Barriers of 24 ranks over a server with three loops: every wake-up crosses loops.
+#[test]
+fn barriers_over_several_loops() {
+    use nvfuser_ipc::barrier::{barrier, BarrierState};
+    use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
+    const RANKS: usize = 24;
+    const ROUNDS: u64 = 60;
+    let opts = ServerOptions {
+        threads: 3,
+        ..ServerOptions::default()
+    };
+    let srv = StoreServer::bind_with("127.0.0.1", 0, &opts).unwrap();
+    let port = srv.port();
+    let ranks: Vec<_> = (0..RANKS)
+        .map(|rank| {
+            thread::spawn(move || {
+                let store =
+                    TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(IO_TIMEOUT))
+                        .unwrap();
+                let state = BarrierState::new();
+                for round in 0..ROUNDS {
+                    assert_eq!(
+                        barrier(&store, &state, rank, RANKS, None, IO_TIMEOUT).unwrap(),
+                        round
+                    );
+                }
+            })
+        })
+        .collect();
+    for r in ranks {
+        r.join().unwrap();
+    }
+    wait_until("the ranks to disconnect", IO_TIMEOUT, || {
+        srv.connected_clients() == 0
+    });
+    srv.shutdown();
 }

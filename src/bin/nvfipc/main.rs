@@ -17,12 +17,13 @@ const USAGE: &str = "\
 nvfipc: store server, local launcher, demo and benchmarks of nvfuser-ipc
 
 Usage:
-  nvfipc serve [--host H] [--port P] [--busy-poll-us US]
+  nvfipc serve [--host H] [--port P] [--threads N] [--busy-poll-us US]
       Run a TCPStore server (PyTorch's wire protocol). Prints one line
       \"listening on HOST:PORT\" when ready and serves until SIGINT or SIGTERM.
       Defaults: --host :: (every IPv6 and IPv4 address), --port 29542;
-      --port 0 picks a free port. After each request the server polls
-      without sleeping for US microseconds (default 50; 0: never).
+      --port 0 picks a free port. N event-loop threads (default 0: one per
+      eight cores, 1 to 4). After a request each loop polls without sleeping
+      for US microseconds (default 50; 0: never).
 
   nvfipc launch -n N [--port P] [--kill-grace-ms MS] [--] CMD [ARGS...]
       Host a store on 127.0.0.1 (--port 0, the default, picks a free port) and
@@ -47,7 +48,7 @@ Usage:
 
   nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE]
                [--svg-dir DIR] [--quick] [--transport auto|device|host]
-               [--no-torch]
+               [--no-torch] [--server-threads N] [--busy-poll-us US]
       Measure, in one run: the ring exchange (cold, warm, asymmetric) against
       the upstream seed protocol and the floor (opens + two store round trips)
       for 2, 4 and 8 ranks (--transport as for demo); our store server against
@@ -56,8 +57,10 @@ Usage:
       to 256 clients; barrier latency for up to 64 processes against a
       torch-style store barrier. Prints tables and the ratios to the targets;
       writes JSON to FILE and one SVG plot per scenario to DIR. --quick runs a
-      small version in a few seconds. Default: every scenario. Exits non-zero
-      when a scenario could not run (a missed target is reported, not an error).
+      small version in a few seconds. Default: every scenario. --server-threads
+      and --busy-poll-us set our server of the store scenario as for serve
+      (its label then names them). Exits non-zero when a scenario could not
+      run (a missed target is reported, not an error).
 
   nvfipc help | --help | -h
       Show this text.

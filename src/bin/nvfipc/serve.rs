@@ -15,6 +15,8 @@ pub struct ServeArgs {
     pub host: String,
     pub port: u16,
     pub busy_poll_us: u64,
+    /// Event-loop threads; 0 picks one per eight cores, at most four.
+    pub threads: usize,
 }
 
 impl ServeArgs {
@@ -23,6 +25,7 @@ impl ServeArgs {
             host: "::".to_string(),
             port: DEFAULT_MASTER_PORT,
             busy_poll_us: DEFAULT_BUSY_POLL.as_micros() as u64,
+            threads: 0,
         };
         let mut rest = args.into_iter();
         while let Some(arg) = rest.next() {
@@ -34,6 +37,9 @@ impl ServeArgs {
                 ("--busy-poll-us", inline) => {
                     parsed.busy_poll_us =
                         take_parsed(&mut rest, "--busy-poll-us", inline, "microseconds")?
+                }
+                ("--threads", inline) => {
+                    parsed.threads = take_parsed(&mut rest, "--threads", inline, "a thread count")?
                 }
                 _ => return Err(unknown_option("serve", &arg)),
             }
@@ -54,6 +60,7 @@ pub fn run(args: &ServeArgs) -> i32 {
     };
     let opts = ServerOptions {
         busy_poll: Duration::from_micros(args.busy_poll_us),
+        threads: args.threads,
         ..ServerOptions::default()
     };
     let server = match StoreServer::bind_with(&args.host, args.port, &opts) {
@@ -114,7 +121,8 @@ mod tests {
             ServeArgs {
                 host: "::".into(),
                 port: 29542,
-                busy_poll_us: 50
+                busy_poll_us: 50,
+                threads: 0
             }
         );
         assert_eq!(
@@ -122,13 +130,16 @@ mod tests {
                 "--host",
                 "127.0.0.1",
                 "--port=0",
-                "--busy-poll-us=0"
+                "--busy-poll-us=0",
+                "--threads",
+                "3"
             ]))
             .unwrap(),
             ServeArgs {
                 host: "127.0.0.1".into(),
                 port: 0,
-                busy_poll_us: 0
+                busy_poll_us: 0,
+                threads: 3
             }
         );
         assert!(ServeArgs::parse(strings(&["--port", "99999"])).is_err());

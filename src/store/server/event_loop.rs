@@ -1,4 +1,11 @@
-//! The server thread: one mio poll loop (edge-triggered) over the listener and every client.
+//! A server thread: one mio poll loop (edge-triggered) over its share of the clients (and, for
+//! the first loop, the listener).
+//!
+//! Requests are applied under the store's mutex, one batch per connection turn. A WAIT that a
+//! write completes may belong to a connection of another loop: its STOP_WAITING byte goes into
+//! that loop's mailbox while the writer still holds the store, and every loop empties its
+//! mailbox under the store before applying anything. So the byte always precedes any later
+//! reply to that connection (a CANCEL_WAIT answered `00 01`, never `01` then `00`).
 //!
 //! Each connection has an input buffer (partial and pipelined requests) and an output buffer
 //! (replies not yet accepted by the kernel). Every complete request in the input is handled per
@@ -11,11 +18,14 @@ use super::state::{ConnId, Refusal, StoreState};
 use super::{ServerOptions, Shared};
 use crate::store::wire::{self, Command, ParseError, Parsed, Request};
 use mio::net::{TcpListener, TcpStream};
+use mio::Waker;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub(super) const LISTENER: Token = Token(0);
@@ -156,16 +166,51 @@ fn reserve_output(outbuf: &mut Vec<u8>, out_pos: &mut usize, pool: &mut BufPool,
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every guarded structure stays consistent between statements, so a panicking holder
+    // leaves nothing half done.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What other threads hand to one loop: STOP_WAITING bytes owed to its connections and newly
+/// accepted connections.
+pub(super) struct Shard {
+    /// Pushed only while holding the store's mutex (see the module docs).
+    mail: Mutex<Vec<ConnId>>,
+    has_mail: AtomicBool,
+    arrivals: Mutex<Vec<TcpStream>>,
+    waker: Waker,
+}
+
+impl Shard {
+    pub(super) fn new(waker: Waker) -> Shard {
+        Shard {
+            mail: Mutex::new(Vec::new()),
+            has_mail: AtomicBool::new(false),
+            arrivals: Mutex::new(Vec::new()),
+            waker,
+        }
+    }
+
+    pub(super) fn wake(&self) -> io::Result<()> {
+        self.waker.wake()
+    }
+}
+
 pub(super) struct EventLoop {
+    index: usize,
     poll: Poll,
-    listener: TcpListener,
+    /// The first loop accepts and deals the connections out in turn.
+    listener: Option<TcpListener>,
+    next_target: usize,
+    /// Loops whose mailbox this batch wrote to; woken once the store is released.
+    to_wake: Vec<bool>,
     shared: Arc<Shared>,
     handshake_timeout: Option<Duration>,
     busy_poll: Duration,
     conns: Vec<Option<Conn>>,
     free_slots: Vec<usize>,
     next_gen: u32,
-    state: StoreState,
     pool: BufPool,
     /// Connections owed a STOP_WAITING byte by the request being handled.
     woken: Vec<ConnId>,
@@ -180,23 +225,29 @@ pub(super) struct EventLoop {
 
 impl EventLoop {
     pub(super) fn new(
+        index: usize,
         poll: Poll,
-        mut listener: TcpListener,
+        mut listener: Option<TcpListener>,
         shared: Arc<Shared>,
         opts: &ServerOptions,
     ) -> io::Result<EventLoop> {
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        if let Some(listener) = listener.as_mut() {
+            poll.registry()
+                .register(listener, LISTENER, Interest::READABLE)?;
+        }
+        let shards = shared.shards.len();
         Ok(EventLoop {
+            index,
             poll,
             listener,
+            next_target: index,
+            to_wake: vec![false; shards],
             shared,
             handshake_timeout: opts.handshake_timeout,
             busy_poll: opts.busy_poll,
             conns: Vec::new(),
             free_slots: Vec::new(),
             next_gen: 0,
-            state: StoreState::default(),
             pool: BufPool::default(),
             woken: Vec::new(),
             dirty: Vec::new(),
@@ -204,6 +255,10 @@ impl EventLoop {
             handshake_deadlines: VecDeque::new(),
             accept_paused_until: None,
         })
+    }
+
+    pub(super) fn index(&self) -> usize {
+        self.index
     }
 
     /// Runs until the stop flag is set (or polling itself fails, which is recorded).
@@ -235,7 +290,17 @@ impl EventLoop {
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept_all(),
-                    WAKER => {}
+                    WAKER => {
+                        self.take_arrivals();
+                        if self.shared.shards[self.index]
+                            .has_mail
+                            .load(Ordering::Acquire)
+                        {
+                            let shared = Arc::clone(&self.shared);
+                            let state = lock(&shared.state);
+                            self.collect_mail(&state);
+                        }
+                    }
                     Token(t) => {
                         let slot = t - FIRST_CONN;
                         if event.is_read_closed() || event.is_error() {
@@ -293,8 +358,11 @@ impl EventLoop {
             return;
         }
         loop {
-            match self.listener.accept() {
-                Ok((stream, _peer)) => self.add_connection(stream),
+            let Some(listener) = self.listener.as_ref() else {
+                return;
+            };
+            match listener.accept() {
+                Ok((stream, _peer)) => self.deal(stream),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -317,6 +385,30 @@ impl EventLoop {
                     // Per-connection failures (e.g. ECONNABORTED): move on to the next one.
                 }
             }
+        }
+    }
+
+    /// Gives a new connection to the next loop in turn.
+    fn deal(&mut self, stream: TcpStream) {
+        let shards = &self.shared.shards;
+        let target = self.next_target % shards.len();
+        self.next_target = self.next_target.wrapping_add(1);
+        if target == self.index {
+            self.add_connection(stream);
+            return;
+        }
+        lock(&shards[target].arrivals).push(stream);
+        if let Err(e) = shards[target].wake() {
+            self.shared
+                .record_error(format!("store server: cannot wake loop {target}: {e}"));
+        }
+    }
+
+    /// Takes the connections the accepting loop dealt to this one.
+    fn take_arrivals(&mut self) {
+        let arrived = std::mem::take(&mut *lock(&self.shared.shards[self.index].arrivals));
+        for stream in arrived {
+            self.add_connection(stream);
         }
     }
 
@@ -345,6 +437,7 @@ impl EventLoop {
         }
         self.next_gen = self.next_gen.wrapping_add(1);
         let id = ConnId {
+            shard: self.index as u32,
             slot: slot as u32,
             gen: self.next_gen,
         };
@@ -387,7 +480,6 @@ impl EventLoop {
                 return;
             }
             if let Err(reason) = self.process_input(slot) {
-                self.deliver_wakeups();
                 if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
                     // Best effort: replies to the valid requests before the bad one.
                     let _ = conn.flush(&mut self.pool);
@@ -395,7 +487,6 @@ impl EventLoop {
                 self.close(slot, Some(reason));
                 return;
             }
-            self.deliver_wakeups();
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 return;
             };
@@ -442,7 +533,6 @@ impl EventLoop {
     /// The socket has no more input for now: handle what was read and send the replies.
     fn drained(&mut self, slot: usize) {
         let result = self.process_input(slot);
-        self.deliver_wakeups();
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
@@ -463,11 +553,23 @@ impl EventLoop {
     }
 
     /// Handles every complete request in the connection's input buffer (until the output
-    /// passes the high-water mark).
+    /// passes the high-water mark), holding the store for the whole batch.
     fn process_input(&mut self, slot: usize) -> Result<(), Close> {
+        let shared = Arc::clone(&self.shared);
+        let mut state = lock(&shared.state);
+        if shared.shards[self.index].has_mail.load(Ordering::Acquire) {
+            self.collect_mail(&state);
+        }
+        let result = self.apply_batch(slot, &mut state);
+        self.route_wakeups(&shared);
+        drop(state);
+        self.wake_loops();
+        result
+    }
+
+    fn apply_batch(&mut self, slot: usize, state: &mut StoreState) -> Result<(), Close> {
         let EventLoop {
             conns,
-            state,
             woken,
             shared,
             pool,
@@ -534,7 +636,50 @@ impl EventLoop {
         result
     }
 
-    /// Queues one STOP_WAITING byte for every connection whose WAIT completed.
+    /// With the store held: STOP_WAITING bytes for this loop's connections go out with their
+    /// next flush; those for other loops go to their mailboxes (woken after the store is
+    /// released).
+    fn route_wakeups(&mut self, shared: &Shared) {
+        let mut i = 0;
+        while i < self.woken.len() {
+            let id = self.woken[i];
+            let shard = id.shard as usize;
+            if shard == self.index {
+                i += 1;
+                continue;
+            }
+            self.woken.swap_remove(i);
+            if let Some(target) = shared.shards.get(shard) {
+                lock(&target.mail).push(id);
+                target.has_mail.store(true, Ordering::Release);
+                self.to_wake[shard] = true;
+            }
+        }
+        self.deliver_wakeups();
+    }
+
+    fn wake_loops(&mut self) {
+        for shard in 0..self.to_wake.len() {
+            if std::mem::take(&mut self.to_wake[shard]) {
+                if let Err(e) = self.shared.shards[shard].wake() {
+                    self.shared
+                        .record_error(format!("store server: cannot wake loop {shard}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// With the store held: takes the STOP_WAITING bytes other loops owe this loop's
+    /// connections.
+    fn collect_mail(&mut self, _store_held: &StoreState) {
+        let shard = &self.shared.shards[self.index];
+        let mail = std::mem::take(&mut *lock(&shard.mail));
+        shard.has_mail.store(false, Ordering::Release);
+        self.woken.extend(mail);
+        self.deliver_wakeups();
+    }
+
+    /// Queues one STOP_WAITING byte for every connection of this loop whose WAIT completed.
     fn deliver_wakeups(&mut self) {
         for i in 0..self.woken.len() {
             let id = self.woken[i];
@@ -602,7 +747,7 @@ impl EventLoop {
             return;
         };
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.state.drop_connection(conn.id);
+        lock(&self.shared.state).drop_connection(conn.id);
         self.free_slots.push(slot);
         self.shared.connected.fetch_sub(1, Ordering::AcqRel);
         let stats = &self.shared.stats;

@@ -1,7 +1,10 @@
 //! Embedded TCPStore server, byte-compatible with torch's default (libuv) server.
 //!
-//! [`StoreServer::bind`] starts one background thread running an edge-triggered mio loop
-//! (`event_loop`) over the store (`state`). The server never prints; failures reach the caller
+//! [`StoreServer::bind`] starts one or more threads, each running an edge-triggered mio loop
+//! (`event_loop`) over its share of the connections; the first also accepts and hands new
+//! connections out in turn. The store (`state`) sits behind one mutex, taken once per batch of
+//! requests, so the socket work (which dominates) runs in parallel while every request still
+//! applies atomically and in order. The server never prints; failures reach the caller
 //! through `Result`s, and per-connection problems (a peer sending garbage, disconnecting, never
 //! saying hello) close only that connection and are counted in [`StoreServer::stats`].
 
@@ -33,6 +36,15 @@ pub struct ServerOptions {
     /// a client's next request within that window is picked up without the thread wake-up
     /// (several microseconds), at the price of that much CPU after each burst. Zero disables.
     pub busy_poll: Duration,
+    /// Event-loop threads; 0 picks [`default_threads`].
+    pub threads: usize,
+}
+
+/// Event-loop threads when [`ServerOptions::threads`] is 0: one per eight cores, between one
+/// and four (the store is shared, so more threads mostly add contention).
+pub fn default_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 8).clamp(1, 4)
 }
 
 /// Default of [`ServerOptions::busy_poll`].
@@ -44,6 +56,7 @@ impl Default for ServerOptions {
             handshake_timeout: None,
             min_open_files: 1024 + 64,
             busy_poll: DEFAULT_BUSY_POLL,
+            threads: 0,
         }
     }
 }
@@ -81,14 +94,17 @@ struct Counters {
     accept_errors: AtomicU64,
 }
 
-/// State shared between the handle and the server thread.
-#[derive(Default)]
+/// State shared between the handle and the server threads.
 struct Shared {
     stop: AtomicBool,
     running: AtomicBool,
     connected: AtomicUsize,
     stats: Counters,
     last_error: Mutex<Option<String>>,
+    /// The store, taken by a loop once per batch of requests.
+    state: Mutex<state::StoreState>,
+    /// One per event-loop thread, in thread order.
+    shards: Vec<event_loop::Shard>,
 }
 
 impl Shared {
@@ -97,14 +113,33 @@ impl Shared {
             *last = Some(message);
         }
     }
+
+    /// Asks every loop to stop.
+    fn stop_all(&self) {
+        self.stop.store(true, Ordering::Release);
+        for shard in &self.shards {
+            if let Err(e) = shard.wake() {
+                self.record_error(format!("store server: cannot wake a thread to stop: {e}"));
+            }
+        }
+    }
 }
 
-/// Marks the server stopped when the thread ends, however it ends.
+/// Stops the other loops when one loop's thread ends, however it ends (a loop that failed
+/// takes the server down rather than leave its connections unserved).
+struct StopOnExit(Arc<Shared>);
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        self.0.stop_all();
+    }
+}
+
+/// Marks the server stopped when the first loop's thread ends, however it ends.
 struct RunningGuard(Arc<Shared>);
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        self.0.connected.store(0, Ordering::Release);
         self.0.running.store(false, Ordering::Release);
     }
 }
@@ -113,8 +148,7 @@ impl Drop for RunningGuard {
 pub struct StoreServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    waker: Waker,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl StoreServer {
@@ -138,29 +172,67 @@ impl StoreServer {
             .set_nonblocking(true)
             .map_err(|e| Error::from_io("store server: set_nonblocking", &e))?;
         let listener = mio::net::TcpListener::from_std(std_listener);
-        let poll = Poll::new().map_err(|e| Error::from_io("store server: epoll_create", &e))?;
-        let waker = Waker::new(poll.registry(), event_loop::WAKER)
-            .map_err(|e| Error::from_io("store server: eventfd", &e))?;
-        let shared = Arc::new(Shared::default());
-        let event_loop = event_loop::EventLoop::new(poll, listener, shared.clone(), opts)
-            .map_err(|e| Error::from_io("store server: register listener", &e))?;
+        let threads = if opts.threads == 0 {
+            default_threads()
+        } else {
+            opts.threads
+        };
+        let mut polls = Vec::with_capacity(threads);
+        let mut shards = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let poll = Poll::new().map_err(|e| Error::from_io("store server: epoll_create", &e))?;
+            let waker = Waker::new(poll.registry(), event_loop::WAKER)
+                .map_err(|e| Error::from_io("store server: eventfd", &e))?;
+            shards.push(event_loop::Shard::new(waker));
+            polls.push(poll);
+        }
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            running: AtomicBool::new(false),
+            connected: AtomicUsize::new(0),
+            stats: Counters::default(),
+            last_error: Mutex::new(None),
+            state: Mutex::new(state::StoreState::default()),
+            shards,
+        });
+        let mut loops = Vec::with_capacity(threads);
+        let mut listener = Some(listener);
+        for (index, poll) in polls.into_iter().enumerate() {
+            let event_loop =
+                event_loop::EventLoop::new(index, poll, listener.take(), shared.clone(), opts)
+                    .map_err(|e| Error::from_io("store server: register listener", &e))?;
+            loops.push(event_loop);
+        }
         shared.running.store(true, Ordering::Release);
-        let guard = RunningGuard(shared.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("nvfipc-store-{}", addr.port()))
-            .spawn(move || {
-                let _guard = guard;
-                event_loop.run();
-            })
-            .map_err(|e| {
-                shared.running.store(false, Ordering::Release);
-                Error::from_io("store server: cannot start its thread", &e)
-            })?;
+        let mut handles = Vec::with_capacity(threads);
+        for event_loop in loops {
+            let index = event_loop.index();
+            // The first loop owns the listener: the server runs as long as it does.
+            let guard = (index == 0).then(|| RunningGuard(shared.clone()));
+            let stopper = StopOnExit(shared.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("nvfipc-store-{}-{index}", addr.port()))
+                .spawn(move || {
+                    let _guard = guard;
+                    let _stopper = stopper;
+                    event_loop.run();
+                });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    shared.stop_all();
+                    for handle in handles {
+                        let _ = handle.join();
+                    }
+                    shared.running.store(false, Ordering::Release);
+                    return Err(Error::from_io("store server: cannot start its threads", &e));
+                }
+            }
+        }
         Ok(StoreServer {
             addr,
             shared,
-            waker,
-            thread: Mutex::new(Some(thread)),
+            threads: Mutex::new(handles),
         })
     }
 
@@ -183,10 +255,13 @@ impl StoreServer {
 
     /// Clients connected right now (handshake done or not).
     pub fn connected_clients(&self) -> usize {
+        if !self.is_running() {
+            return 0;
+        }
         self.shared.connected.load(Ordering::Acquire)
     }
 
-    /// Whether the server thread is still serving.
+    /// Whether the server is still serving.
     pub fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Acquire)
     }
@@ -206,20 +281,25 @@ impl StoreServer {
         }
     }
 
-    /// Stops serving, closes every connection and joins the thread. Idempotent.
+    /// Stops serving, closes every connection and joins the threads. Idempotent.
     pub fn shutdown(&self) {
-        self.shared.stop.store(true, Ordering::Release);
-        if let Err(e) = self.waker.wake() {
-            self.shared
-                .record_error(format!("store server: cannot wake its thread to stop: {e}"));
-        }
-        let handle = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(handle) = handle {
+        self.shared.stop_all();
+        let handles = self
+            .threads
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        for handle in handles {
             if handle.join().is_err() {
                 self.shared
-                    .record_error("store server: its thread panicked".to_string());
+                    .record_error("store server: a thread panicked".to_string());
             }
         }
+    }
+
+    /// Event-loop threads serving (fixed when the server starts).
+    pub fn threads(&self) -> usize {
+        self.shared.shards.len()
     }
 
     /// Waits until no client is connected (at most `timeout`), then stops. Returns a timeout

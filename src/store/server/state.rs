@@ -7,10 +7,11 @@ use crate::store::wire::{self, Request};
 use std::collections::VecDeque;
 use std::fmt;
 
-/// A connection, as the event loop names it: slot index plus a generation, so a slot reused by a
-/// later connection is never confused with the earlier one.
+/// A connection, as the event loops name it: the loop serving it, a slot index in that loop and
+/// a generation, so a slot reused by a later connection is never confused with the earlier one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ConnId {
+    pub shard: u32,
     pub slot: u32,
     pub gen: u32,
 }
@@ -458,9 +459,21 @@ mod tests {
     use super::*;
     use crate::store::wire::*;
 
-    const A: ConnId = ConnId { slot: 0, gen: 1 };
-    const B: ConnId = ConnId { slot: 1, gen: 2 };
-    const C: ConnId = ConnId { slot: 2, gen: 3 };
+    const A: ConnId = ConnId {
+        shard: 0,
+        slot: 0,
+        gen: 1,
+    };
+    const B: ConnId = ConnId {
+        shard: 1,
+        slot: 1,
+        gen: 2,
+    };
+    const C: ConnId = ConnId {
+        shard: 0,
+        slot: 2,
+        gen: 3,
+    };
 
     /// Applies one encoded request; returns the reply bytes and the woken connections.
     fn run(

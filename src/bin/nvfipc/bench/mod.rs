@@ -60,8 +60,8 @@ pub struct BenchArgs {
     pub transport: TransportChoice,
     /// Skip PyTorch's servers even when `NVFIPC_PYTHON` is set.
     pub no_torch: bool,
-    /// `--busy-poll-us` for our server in the store scenario (`None`: its default).
-    pub busy_poll_us: Option<u64>,
+    /// Non-default settings of our server in the store scenario.
+    pub server: store_load::OurServer,
 }
 
 impl BenchArgs {
@@ -73,7 +73,7 @@ impl BenchArgs {
             quick: false,
             transport: TransportChoice::Auto,
             no_torch: false,
-            busy_poll_us: None,
+            server: store_load::OurServer::default(),
         };
         let mut rest = args.into_iter();
         while let Some(arg) = rest.next() {
@@ -99,8 +99,16 @@ impl BenchArgs {
                 ("--quick", None) => parsed.quick = true,
                 ("--no-torch", None) => parsed.no_torch = true,
                 ("--busy-poll-us", v) => {
-                    parsed.busy_poll_us =
+                    parsed.server.busy_poll_us =
                         Some(take_parsed(&mut rest, "--busy-poll-us", v, "microseconds")?)
+                }
+                ("--server-threads", v) => {
+                    parsed.server.threads = Some(take_parsed(
+                        &mut rest,
+                        "--server-threads",
+                        v,
+                        "a thread count",
+                    )?)
                 }
                 _ => return Err(unknown_option("bench", &arg)),
             }
@@ -489,7 +497,7 @@ fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Re
     results.store_duration = plan.store_duration;
     let mut servers = Vec::new();
     let mut hosts = Vec::new();
-    match store_load::start_ours(exe, args.busy_poll_us) {
+    match store_load::start_ours(exe, &args.server) {
         Ok((host, server)) => {
             hosts.push(host);
             servers.push(server);

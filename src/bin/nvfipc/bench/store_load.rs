@@ -84,13 +84,36 @@ fn read_lines_until(out: ChildStdout, mut done: impl FnMut(&str) -> bool) -> Res
     }
 }
 
-/// Starts `nvfipc serve` on a free loopback port, polling `busy_poll_us` after each request
-/// (`None`: the server's default). A non-default setting shows in the label.
-pub fn start_ours(exe: &str, busy_poll_us: Option<u64>) -> Result<(Hosted, Server)> {
-    let mut args = vec!["serve", "--host", "127.0.0.1", "--port", "0"];
-    let busy = busy_poll_us.map(|us| us.to_string());
-    if let Some(us) = &busy {
-        args.extend(["--busy-poll-us", us.as_str()]);
+/// Settings of our server other than its defaults; they show in its label.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OurServer {
+    pub busy_poll_us: Option<u64>,
+    pub threads: Option<usize>,
+}
+
+impl OurServer {
+    fn label(&self) -> String {
+        let mut label = String::from("nvfipc");
+        if let Some(t) = self.threads {
+            label.push_str(&format!("-{t}t"));
+        }
+        if let Some(us) = self.busy_poll_us {
+            label.push_str(&format!("-poll{us}us"));
+        }
+        label
+    }
+}
+
+/// Starts `nvfipc serve` on a free loopback port with `settings`.
+pub fn start_ours(exe: &str, settings: &OurServer) -> Result<(Hosted, Server)> {
+    let mut args: Vec<String> = ["serve", "--host", "127.0.0.1", "--port", "0"]
+        .map(String::from)
+        .to_vec();
+    if let Some(us) = settings.busy_poll_us {
+        args.extend(["--busy-poll-us".into(), us.to_string()]);
+    }
+    if let Some(t) = settings.threads {
+        args.extend(["--threads".into(), t.to_string()]);
     }
     let mut child = Command::new(exe)
         .args(&args)
@@ -113,10 +136,7 @@ pub fn start_ours(exe: &str, busy_poll_us: Option<u64>) -> Result<(Hosted, Serve
     Ok((
         hosted,
         Server {
-            label: match busy {
-                Some(us) => format!("nvfipc-poll{us}us"),
-                None => "nvfipc".into(),
-            },
+            label: settings.label(),
             port,
         },
     ))
