@@ -3,8 +3,9 @@
 //! wire protocol directly and run R barriers of one scheme.
 //!
 //! - `ours`: the library's protocol (`src/barrier.rs`): every client SETs `arrived/<g>/<rank>`
-//!   and, in the same message, WAITs for `release/<g>`; client 0 instead WAITs for every other
-//!   arrival key, then DELETEs them and `release/<g-1>` and SETs `release/<g>` in one message;
+//!   and, in the same message, WAITs for `release/<g>`; client 0 instead DELETEs the arrival
+//!   keys of `g-1` and WAITs for every other arrival key, then DELETEs `release/<g-1>` and SETs
+//!   `release/<g>` in one message;
 //! - `torch`: ADD `<g>` 1, ADD `<g>` 0, the rank that reads N SETs `<g>:last_worker`, everyone
 //!   WAITs on it (PyTorch's store-based barrier).
 //!
@@ -81,24 +82,35 @@ fn ours(c: &mut Client, rank: usize, n: i64, gen: i64) -> std::io::Result<()> {
     let other = std::io::Error::other;
     let own = format!("/b/arrived/{gen}/{rank}");
     let release = format!("/b/release/{gen}");
-    wire::encode_set(&mut c.out, &own, b"1").map_err(other)?;
     if rank != 0 {
+        wire::encode_set(&mut c.out, &own, b"1").map_err(other)?;
         return c.wait(&release);
     }
+    // The coordinator clears the previous generation's arrival keys while it waits.
+    let previous: Vec<String> = if gen > 0 {
+        (0..n)
+            .map(|r| format!("/b/arrived/{}/{r}", gen - 1))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for key in &previous {
+        wire::encode_delete_key(&mut c.out, key).map_err(other)?;
+    }
+    wire::encode_set(&mut c.out, &own, b"1").map_err(other)?;
     let arrivals: Vec<String> = (1..n).map(|r| format!("/b/arrived/{gen}/{r}")).collect();
     wire::encode_wait(&mut c.out, arrivals.iter().map(String::as_str)).map_err(other)?;
     c.send()?;
-    c.expect_stop_waiting()?;
-    let mut deleted = arrivals;
-    deleted.push(own);
-    if gen > 0 {
-        deleted.push(format!("/b/release/{}", gen - 1));
+    for _ in &previous {
+        wire::read_i64(&mut c.reader)?;
     }
-    for key in &deleted {
-        wire::encode_delete_key(&mut c.out, key).map_err(other)?;
+    c.expect_stop_waiting()?;
+    if gen > 0 {
+        let old = format!("/b/release/{}", gen - 1);
+        wire::encode_delete_key(&mut c.out, &old).map_err(other)?;
     }
     c.set(&release)?;
-    for _ in &deleted {
+    if gen > 0 {
         wire::read_i64(&mut c.reader)?;
     }
     Ok(())

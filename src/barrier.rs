@@ -3,19 +3,20 @@
 //! Protocol for generation `g` of a member set (keys under `nvfipc/barrier/.../<set>/`); the
 //! set's lowest rank is its coordinator:
 //! 1. every member SETs `arrived/<g>/<rank>`; a member other than the coordinator then WAITs for
-//!    `release/<g>`; the coordinator instead WAITs for every other member's arrival key. On the
-//!    TCP store the SET and the WAIT go out in one message, and a SET has no reply, so a member
-//!    is woken once, when the barrier completes;
-//! 2. once every arrival key exists, the coordinator DELETEs them (and `release/<g-1>`, which
-//!    nobody can still be waiting on: every member has arrived at `g`, so every member has left
-//!    `g-1`), then SETs `release/<g>`: one message. Deleting before releasing means no member
-//!    can have written its next arrival key yet, on any server.
+//!    `release/<g>`; the coordinator instead WAITs for every other member's arrival key, and in
+//!    the same message first DELETEs the arrival keys of `g-1` (every member has left `g-1`,
+//!    which the coordinator released, and nobody writes them again). On the TCP store each of
+//!    these is one message, and a SET has no reply, so a member is woken once, when the barrier
+//!    completes;
+//! 2. once every arrival key exists, the coordinator DELETEs `release/<g-1>` (nobody can still
+//!    be waiting on it: every member has arrived at `g`) and SETs `release/<g>`: one message,
+//!    with no other work between the last arrival and the release.
 //!
 //! A barrier therefore costs the server one read per member and one write per member, about a
-//! third of a torch-style ADD, WAIT, GET barrier. The store holds, per member set, the arrival
-//! keys of the generation in progress and at most two release keys. On timeout the arrival keys
-//! say exactly who is missing, and a missing member found waiting in a neighbouring generation
-//! is reported as such (the members called different numbers of barriers over the set).
+//! third of a torch-style ADD, ADD, WAIT barrier. The store holds, per member set, the arrival
+//! keys of at most one generation and at most two release keys. On timeout the arrival keys say
+//! exactly who is missing, and a missing member found waiting in the next generation is reported
+//! as such (the members called different numbers of barriers over the set).
 
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
@@ -262,18 +263,28 @@ impl Call<'_> {
         self.set.ranks().iter().copied().filter(|&m| m != self.rank)
     }
 
-    /// Coordinator: waits for every other member, then clears the generation's arrival keys
-    /// and the previous release key and releases everyone.
+    /// Coordinator: clears the previous generation's arrival keys while it waits for every
+    /// other member, then deletes the previous release key and releases everyone.
     fn coordinate(&self, own_arrival: &str, timeout: Duration) -> Result<()> {
         let arrivals: Vec<String> = self
             .others()
             .map(|m| self.keys.arrival(self.gen, m))
             .collect();
         let waited: Vec<&str> = arrivals.iter().map(String::as_str).collect();
-        match self
-            .store
-            .set_then_wait(own_arrival, b"1", &waited, timeout)
-        {
+        let previous: Vec<String> = match self.gen.checked_sub(1) {
+            Some(old) => self
+                .set
+                .ranks()
+                .iter()
+                .map(|&m| self.keys.arrival(old, m))
+                .collect(),
+            None => Vec::new(),
+        };
+        let previous: Vec<&str> = previous.iter().map(String::as_str).collect();
+        let arrived =
+            self.store
+                .update_then_wait(&previous, Some((own_arrival, b"1")), &waited, timeout);
+        match arrived {
             Ok(()) => {}
             // Everyone may have arrived just as the wait gave up.
             Err(e) if e.status == Status::Timeout && self.store.check(&waited).unwrap_or(false) => {
@@ -282,11 +293,10 @@ impl Call<'_> {
             Err(e) => return Err(e.context(format!("{}: waiting for the others", self.what()))),
         }
         let retire = self.gen.checked_sub(1).map(|old| self.keys.release(old));
-        let mut delete: Vec<&str> = waited;
-        delete.push(own_arrival);
-        delete.extend(retire.as_deref());
+        let retire: Vec<&str> = retire.iter().map(String::as_str).collect();
+        let release = self.keys.release(self.gen);
         self.store
-            .delete_then_set(&delete, &self.keys.release(self.gen), b"1")
+            .update_then_wait(&retire, Some((&release, b"1")), &[], timeout)
             .map_err(|e| e.context(format!("{}: releasing", self.what())))
     }
 
@@ -295,7 +305,7 @@ impl Call<'_> {
         let release = self.keys.release(self.gen);
         match self
             .store
-            .set_then_wait(own_arrival, b"1", &[&release], timeout)
+            .update_then_wait(&[], Some((own_arrival, b"1")), &[&release], timeout)
         {
             Ok(()) => Ok(()),
             Err(e) if e.status == Status::Timeout => {
@@ -356,23 +366,17 @@ impl Call<'_> {
     }
 
     /// Members (other than the caller) without an arrival key for this generation, each with
-    /// the neighbouring generation it was found waiting in, if any.
+    /// the next generation when it was found waiting there. (The previous generation's keys
+    /// linger until the coordinator's next arrival, so they say nothing.)
     fn absent(&self) -> Result<Vec<(usize, Option<u64>)>> {
         let mut absent = Vec::new();
         for member in self.others() {
             if self.store.check(&[&self.keys.arrival(self.gen, member)])? {
                 continue;
             }
-            let mut elsewhere = None;
-            for gen in [self.gen.checked_sub(1), self.gen.checked_add(1)]
-                .into_iter()
-                .flatten()
-            {
-                if self.store.check(&[&self.keys.arrival(gen, member)])? {
-                    elsewhere = Some(gen);
-                }
-            }
-            absent.push((member, elsewhere));
+            let next = self.gen + 1;
+            let ahead = self.store.check(&[&self.keys.arrival(next, member)])?;
+            absent.push((member, ahead.then_some(next)));
         }
         Ok(absent)
     }
@@ -647,7 +651,7 @@ mod tests {
         for r in results {
             r.unwrap();
         }
-        // Per member set: arrival keys, one counter and at most two release keys.
+        // Per member set: at most two release keys.
         let keys = store.keys();
         let mut per_set: HashMap<String, usize> = HashMap::new();
         for key in &keys {
@@ -659,8 +663,18 @@ mod tests {
             }
         }
         assert!(per_set.values().all(|&n| n <= 2), "{per_set:?}");
-        // Every generation completed, so the coordinators removed every arrival key.
-        assert!(keys.iter().all(|k| !k.contains("/arrived/")), "{keys:?}");
+        // Arrival keys of at most one generation per set are left: the coordinator removes a
+        // generation's keys when it arrives at the next one.
+        let mut arrival_gens: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
+        for key in keys.iter().filter(|k| k.contains("/arrived/")) {
+            let (set, rest) = key.split_once("/arrived/").unwrap();
+            let gen = rest.split('/').next().unwrap().to_string();
+            arrival_gens.entry(set.to_string()).or_default().insert(gen);
+        }
+        assert!(
+            arrival_gens.values().all(|gens| gens.len() == 1),
+            "{arrival_gens:?}"
+        );
     }
 
     #[test]
@@ -734,7 +748,7 @@ mod tests {
     }
 
     #[test]
-    fn slow_barrier_over_tcp_completes_and_leaves_no_arrival_keys() {
+    fn slow_barrier_over_tcp_completes_and_clears_old_arrival_keys() {
         use crate::store::client::{ConnectOptions, TcpStore};
         use crate::store::server::StoreServer;
         let server = StoreServer::bind("127.0.0.1", 0).unwrap();
@@ -757,12 +771,13 @@ mod tests {
                         std::thread::sleep(Duration::from_millis(150));
                     }
                     assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 0);
-                    // The coordinator cleared the arrival keys before it released anyone.
+                    assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 1);
+                    // The coordinator cleared generation 0's arrival keys when it arrived at
+                    // generation 1, before it released anyone.
                     for member in 0..3 {
                         let key = format!("nvfipc/barrier/w3/arrived/0/{member}");
                         assert!(!store.check(&[&key])?, "{key} left behind");
                     }
-                    assert_eq!(barrier(&store, &state, rank, 3, None, LONG)?, 1);
                     Ok(())
                 })
             })

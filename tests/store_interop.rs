@@ -290,22 +290,35 @@ fn barrier_rounds_and_arrivals(port: u16, s: &TcpStore) {
         }
     });
     // SET + WAIT in one message: a timeout cancels cleanly and leaves the stream in step;
-    // DELETE_KEY x n + SET in one message: every reply is read.
+    // DELETE_KEY x n + SET (+ WAIT) in one message: every reply is read.
     let err = s
-        .set_then_wait(
-            "lone/arrived",
-            b"1",
+        .update_then_wait(
+            &[],
+            Some(("lone/arrived", b"1")),
             &["lone/release"],
             Duration::from_millis(100),
         )
         .unwrap_err();
     assert_eq!(err.status, Status::Timeout, "{err}");
     assert!(s.check(&["lone/arrived"]).unwrap());
-    s.delete_then_set(&["lone/arrived", "lone/missing"], "lone/release", b"go")
-        .unwrap();
+    s.update_then_wait(
+        &["lone/arrived", "lone/missing"],
+        Some(("lone/release", b"go")),
+        &[],
+        T,
+    )
+    .unwrap();
     assert!(!s.check(&["lone/arrived"]).unwrap());
-    s.set_then_wait("lone/again", b"2", &["lone/release"], T)
-        .unwrap();
+    s.set("lone/old", b"o").unwrap();
+    s.update_then_wait(
+        &["lone/old"],
+        Some(("lone/again", b"2")),
+        &["lone/release"],
+        T,
+    )
+    .unwrap();
+    assert!(!s.check(&["lone/old"]).unwrap());
+    s.update_then_wait(&[], None, &[], T).unwrap();
     assert_eq!(s.get("lone/release", T).unwrap(), b"go");
     assert_eq!(s.get("lone/again", T).unwrap(), b"2");
     s.ping().unwrap();

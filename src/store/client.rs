@@ -624,34 +624,33 @@ impl Store for TcpStore {
         })
     }
 
-    fn set_then_wait(
+    fn update_then_wait(
         &self,
-        key: &str,
-        value: &[u8],
-        wait_keys: &[&str],
+        delete: &[&str],
+        set: Option<(&str, &[u8])>,
+        wait: &[&str],
         timeout: Duration,
     ) -> Result<()> {
-        self.call("SET+WAIT", wait_keys, |c| {
-            c.request(|out| {
-                wire::encode_set(out, &user_key(key), value)?;
-                wire::encode_wait(out, user_keys(wait_keys))
-            })?;
-            c.finish_wait(timeout)
-        })
-    }
-
-    fn delete_then_set(&self, delete: &[&str], key: &str, value: &[u8]) -> Result<()> {
-        self.call("DELETE_KEY+SET", &[], |c| {
+        self.call("DELETE_KEY/SET/WAIT", wait, |c| {
             c.request(|out| {
                 for old in delete {
                     wire::encode_delete_key(out, &user_key(old))?;
                 }
-                wire::encode_set(out, &user_key(key), value)
+                if let Some((key, value)) = set {
+                    wire::encode_set(out, &user_key(key), value)?;
+                }
+                if wait.is_empty() {
+                    return Ok(());
+                }
+                wire::encode_wait(out, user_keys(wait))
             })?;
             for _ in delete {
                 wire::read_i64(&mut c.reader)?;
             }
-            Ok(())
+            if wait.is_empty() {
+                return Ok(());
+            }
+            c.finish_wait(timeout)
         })
     }
 

@@ -53,26 +53,27 @@ pub trait Store: Send + Sync {
         keys.iter().map(|k| self.get(k, timeout)).collect()
     }
 
-    /// Sets `key`, then waits for every key of `wait_keys`. The TCP client sends both in one
-    /// message (a SET has no reply), so the caller is woken once, when the wait ends.
-    fn set_then_wait(
+    /// Deletes every key of `delete` (missing ones are fine), sets `set` when given, then waits
+    /// for every key of `wait` (none: returns at once). The TCP client sends all of it in one
+    /// message; a SET has no reply, so a caller that only sets and waits is woken once, when
+    /// the wait ends.
+    fn update_then_wait(
         &self,
-        key: &str,
-        value: &[u8],
-        wait_keys: &[&str],
+        delete: &[&str],
+        set: Option<(&str, &[u8])>,
+        wait: &[&str],
         timeout: Duration,
     ) -> Result<()> {
-        self.set(key, value)?;
-        self.wait(wait_keys, timeout)
-    }
-
-    /// Deletes every key of `delete` (missing ones are fine), then sets `key`. The TCP client
-    /// sends all of it in one message and reads the replies together.
-    fn delete_then_set(&self, delete: &[&str], key: &str, value: &[u8]) -> Result<()> {
         for old in delete {
             self.delete_key(old)?;
         }
-        self.set(key, value)
+        if let Some((key, value)) = set {
+            self.set(key, value)?;
+        }
+        if wait.is_empty() {
+            return Ok(());
+        }
+        self.wait(wait, timeout)
     }
 
     /// The timeout used when a caller does not give one.

@@ -22,7 +22,7 @@ Usage:
       \"listening on HOST:PORT\" when ready and serves until SIGINT or SIGTERM.
       Defaults: --host :: (every IPv6 and IPv4 address), --port 29542;
       --port 0 picks a free port. N event-loop threads (default 0: one per
-      eight cores, 1 to 4). After a request each loop polls without sleeping
+      four cores, 1 to 4). After a request each loop polls without sleeping
       for US microseconds (default 50; 0: never).
 
   nvfipc launch -n N [--port P] [--kill-grace-ms MS] [--] CMD [ARGS...]

@@ -15,7 +15,7 @@ pub struct ServeArgs {
     pub host: String,
     pub port: u16,
     pub busy_poll_us: u64,
-    /// Event-loop threads; 0 picks one per eight cores, at most four.
+    /// Event-loop threads; 0 picks one per four cores, at most four.
     pub threads: usize,
 }
 

@@ -40,11 +40,11 @@ pub struct ServerOptions {
     pub threads: usize,
 }
 
-/// Event-loop threads when [`ServerOptions::threads`] is 0: one per eight cores, between one
+/// Event-loop threads when [`ServerOptions::threads`] is 0: one per four cores, between one
 /// and four (the store is shared, so more threads mostly add contention).
 pub fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / 8).clamp(1, 4)
+    (cores / 4).clamp(1, 4)
 }
 
 /// Default of [`ServerOptions::busy_poll`].
