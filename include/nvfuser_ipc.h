@@ -702,6 +702,8 @@ enum nvfipc_status nvfipc_store_ping(const struct nvfipc_store *store, int64_t *
 // Starts a TCPStore server listening on `bind_host`:`port` ("" or "::" listens on every
 // interface, IPv4 and IPv6; "127.0.0.1" only locally; port 0 picks a free port). The port it
 // listens on is written to `*out_port` (may be NULL; see also `nvfipc_server_port`).
+// It serves from `NVFIPC_STORE_THREADS` threads (default 1; 0: one per four cores, at most
+// four); a malformed value fails with `NVFIPC_STATUS_INVALID_ARGUMENT`.
 // On success `*out_server` receives the server; stop it with `nvfipc_server_free`.
 enum nvfipc_status nvfipc_store_serve(const char *bind_host,
                                       uint16_t port,

@@ -163,13 +163,14 @@ impl Context {
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
         let server = if host_store {
-            let server = StoreServer::bind("", port).map_err(|e| {
-                e.context(format!(
-                    "{who}: hosting the store on port {port} (pick a free port with \
+            let server = StoreServer::bind_with("", port, &env::embedded_server_options()?)
+                .map_err(|e| {
+                    e.context(format!(
+                        "{who}: hosting the store on port {port} (pick a free port with \
                      NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
-                    env::STORE_ADDR_VAR
-                ))
-            })?;
+                        env::STORE_ADDR_VAR
+                    ))
+                })?;
             Some(server)
         } else {
             None

@@ -10,6 +10,7 @@
 //! environment; `from_env` functions pass `std::env::var`.
 
 use crate::error::{Error, Result, Status};
+use crate::store::server::ServerOptions;
 use std::fmt;
 use std::time::Duration;
 
@@ -42,6 +43,11 @@ pub const MASTER_PORT_VARS: &[&str] = &["NVFUSER_MASTER_PORT", "MASTER_PORT"];
 pub const STORE_ADDR_VAR: &str = "NVFIPC_STORE_ADDR";
 /// Default timeout of store operations, barriers and exchanges, in milliseconds.
 pub const TIMEOUT_MS_VAR: &str = "NVFIPC_TIMEOUT_MS";
+/// Event-loop threads of a store server embedded in this process (default 1; 0: one per four
+/// cores, at most four).
+pub const STORE_THREADS_VAR: &str = "NVFIPC_STORE_THREADS";
+/// Most event-loop threads `NVFIPC_STORE_THREADS` may ask for.
+const MAX_STORE_THREADS: usize = 64;
 /// Variables that name one run of a job, first set wins: ours, torchrun's, PMIx's (Open MPI).
 /// SLURM's job and step ids are used when none of these is set.
 pub const JOB_TAG_VARS: &[&str] = &["NVFIPC_JOB_TAG", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE"];
@@ -288,6 +294,28 @@ pub fn master_from_lookup(
     Ok(HostPort::new(host, port))
 }
 
+/// `NVFIPC_STORE_THREADS` (see [`STORE_THREADS_VAR`]): 1 when unset.
+pub fn store_threads_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<usize> {
+    let Some(value) = lookup(STORE_THREADS_VAR) else {
+        return Ok(1);
+    };
+    match value.trim().parse::<usize>() {
+        Ok(n) if n <= MAX_STORE_THREADS => Ok(n),
+        _ => Err(Error::invalid(format!(
+            "{STORE_THREADS_VAR}={value:?} is not a thread count: expected 1 to \
+             {MAX_STORE_THREADS}, or 0 for one per four cores"
+        ))),
+    }
+}
+
+/// Options for a store server embedded in this process, from the environment.
+pub fn embedded_server_options() -> Result<ServerOptions> {
+    Ok(ServerOptions {
+        threads: store_threads_from_lookup(process_env)?,
+        ..ServerOptions::default()
+    })
+}
+
 /// `NVFIPC_TIMEOUT_MS` as a duration (at least 1 ms), or `None` when unset.
 pub fn timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
     let Some(value) = lookup(TIMEOUT_MS_VAR) else {
@@ -384,6 +412,24 @@ mod tests {
         ("MASTER_ADDR", "node0"),
         ("MASTER_PORT", "29500"),
     ];
+
+    #[test]
+    fn store_threads_variable() {
+        assert_eq!(store_threads_from_lookup(env(&[])).unwrap(), 1);
+        for (value, want) in [("4", 4), (" 2 ", 2), ("0", 0), ("64", 64)] {
+            let got = store_threads_from_lookup(env(&[("NVFIPC_STORE_THREADS", value)])).unwrap();
+            assert_eq!(got, want, "{value:?}");
+        }
+        for bad in ["65", "-1", "two", ""] {
+            let err = store_threads_from_lookup(env(&[("NVFIPC_STORE_THREADS", bad)])).unwrap_err();
+            assert_eq!(err.status, Status::InvalidArgument);
+            assert!(
+                err.message
+                    .starts_with(&format!("NVFIPC_STORE_THREADS={bad:?} is not")),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn torchrun_variables() {

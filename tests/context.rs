@@ -35,6 +35,7 @@ const CLEARED: &[&str] = &[
     "MASTER_PORT",
     "NVFIPC_STORE_ADDR",
     "NVFIPC_TIMEOUT_MS",
+    "NVFIPC_STORE_THREADS",
 ];
 
 fn free_port() -> u16 {
@@ -139,7 +140,11 @@ fn rank_process() {
 fn hosting_rank_finishing_first_does_not_break_the_others() {
     const WORLD: usize = 4;
     let port = free_port();
-    let extra = [("NVFUSER_MASTER_PORT", port.to_string())];
+    // The hosted store runs three event loops here (the default is one).
+    let extra = [
+        ("NVFUSER_MASTER_PORT", port.to_string()),
+        ("NVFIPC_STORE_THREADS", "3".to_string()),
+    ];
     let children: Vec<Child> = (0..WORLD)
         .map(|r| spawn_rank("host-first", r, WORLD, &extra))
         .collect();
@@ -276,6 +281,26 @@ fn explicit_store_and_job_ids_per_run() {
     // A long-lived store serves the next run under a new id.
     let second = Context::new(options()).unwrap();
     assert_ne!(second.job_id, first_id);
+}
+
+#[test]
+fn a_malformed_store_threads_variable_is_reported() {
+    let extra = [
+        ("NVFUSER_MASTER_PORT", free_port().to_string()),
+        ("NVFIPC_STORE_THREADS", "lots".to_string()),
+    ];
+    let out = finish(
+        spawn_rank("host-first", 0, 1, &extra),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("NVFIPC_STORE_THREADS")
+            && text(&out).contains("lots")
+            && text(&out).contains("is not a thread count"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@ use super::guard::{
     take_handle, timeout_arg, Handle,
 };
 use super::store::nvfipc_store;
+use crate::env;
 use crate::error::{Error, Result, Status};
 use crate::store::callback::{nvfipc_store_callbacks, CallbackStore};
 use crate::store::client::{ConnectOptions, TcpStore};
@@ -134,6 +135,8 @@ pub extern "C" fn nvfipc_store_ping(store: *const nvfipc_store, out_rtt_us: *mut
 /// Starts a TCPStore server listening on `bind_host`:`port` ("" or "::" listens on every
 /// interface, IPv4 and IPv6; "127.0.0.1" only locally; port 0 picks a free port). The port it
 /// listens on is written to `*out_port` (may be NULL; see also `nvfipc_server_port`).
+/// It serves from `NVFIPC_STORE_THREADS` threads (default 1; 0: one per four cores, at most
+/// four); a malformed value fails with `NVFIPC_STATUS_INVALID_ARGUMENT`.
 /// On success `*out_server` receives the server; stop it with `nvfipc_server_free`.
 #[no_mangle]
 pub extern "C" fn nvfipc_store_serve(
@@ -146,7 +149,7 @@ pub extern "C" fn nvfipc_store_serve(
         let host = c_str_arg(bind_host, "bind_host")?;
         let out_port = optional_out_ptr(out_port, "out_port")?;
         let out = out_ptr(out_server, "out_server")?;
-        let server = StoreServer::bind(host, port)?;
+        let server = StoreServer::bind_with(host, port, &env::embedded_server_options()?)?;
         if let Some(p) = out_port {
             p.write(server.port());
         }

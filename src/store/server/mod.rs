@@ -36,7 +36,9 @@ pub struct ServerOptions {
     /// a client's next request within that window is picked up without the thread wake-up
     /// (several microseconds), at the price of that much CPU after each burst. Zero disables.
     pub busy_poll: Duration,
-    /// Event-loop threads; 0 picks [`default_threads`].
+    /// Event-loop threads; 0 picks [`default_threads`]. The default is one: a server embedded
+    /// in a rank's process (the context's, `nvfipc_store_serve`) stays on one thread unless
+    /// `NVFIPC_STORE_THREADS` says otherwise; `nvfipc serve` picks [`default_threads`].
     pub threads: usize,
 }
 
@@ -56,7 +58,7 @@ impl Default for ServerOptions {
             handshake_timeout: None,
             min_open_files: 1024 + 64,
             busy_poll: DEFAULT_BUSY_POLL,
-            threads: 0,
+            threads: 1,
         }
     }
 }
