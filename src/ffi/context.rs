@@ -130,7 +130,8 @@ pub extern "C" fn nvfipc_context_connect(
 /// Open MPI (`OMPI_COMM_WORLD_*`), `WORLD_RANK`/`WORLD_SIZE`, Slurm or torchrun (`RANK`,
 /// `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`); the store at `NVFUSER_MASTER_ADDR`/`PORT` or
 /// `MASTER_ADDR`/`MASTER_PORT`, hosted by local rank 0 of the master host (or an existing store
-/// at `NVFIPC_STORE_ADDR`). The default timeout is `NVFIPC_TIMEOUT_MS`, else 300 s.
+/// at `NVFIPC_STORE_ADDR`). The default timeout is `NVFIPC_TIMEOUT_MS`, else 300 s. The hosting
+/// rank serves the store from `NVFIPC_STORE_THREADS` event loops (default 1).
 /// On success `*out_ctx` receives the context; free it with `nvfipc_context_free`.
 #[no_mangle]
 pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> Status {
