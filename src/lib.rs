@@ -17,5 +17,6 @@ pub mod exchange;
 pub mod ffi;
 pub mod host;
 pub mod store;
+mod sync;
 
 pub use error::{Error, Result, Status};

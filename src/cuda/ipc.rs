@@ -17,11 +17,12 @@
 use super::driver::{self, check, describe, Context, ContextGuard};
 use super::memory::DeviceAllocation;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use cudarc::driver::sys;
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 /// Size of a `cudaIpcMemHandle_t`.
 pub const HANDLE_LEN: usize = 64;
@@ -55,11 +56,7 @@ static IMPORTS: Lazy<Mutex<HashMap<ImportKey, ImportEntry>>> =
 static OPENS: AtomicU64 = AtomicU64::new(0);
 static CLOSES: AtomicU64 = AtomicU64::new(0);
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves consistent tables (every update is one insert or
-    // remove), so poisoning is ignored.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+// Tables here are updated by one insert or remove at a time, so `lock` may ignore poisoning.
 
 /// Exports the allocation that starts at `base` (cached per (base, buffer id)).
 pub fn export(base: u64, buffer_id: u64) -> Result<HandleBytes> {

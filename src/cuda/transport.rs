@@ -16,9 +16,10 @@ use crate::exchange::record::{HandleType, Record};
 use crate::exchange::transport::{
     ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport,
 };
+use crate::sync::lock;
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 struct Imported {
     handle: HandleBytes,
@@ -33,10 +34,6 @@ pub struct CudaTransport {
     slab: DeviceSemaphoreSlab,
     /// Peer allocations imported through this transport: (peer, exporter buffer id) -> mapping.
     imports: Mutex<HashMap<(usize, u64), Imported>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 static UUIDS: Lazy<Mutex<HashMap<i32, [u8; 16]>>> = Lazy::new(|| Mutex::new(HashMap::new()));

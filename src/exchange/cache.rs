@@ -52,12 +52,13 @@ use crate::host::alloc::job_tag;
 use crate::host::wait::wait_until;
 use crate::host::HostTransport;
 use crate::store::Store;
+use crate::sync::lock;
 use once_cell::sync::OnceCell;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What a cache needs to know about its job.
@@ -281,10 +282,6 @@ pub struct HandleCache {
     linger_ns: AtomicU64,
     /// Set by the first teardown (close, then drop, run it twice).
     torn_down: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn kind_index(kind: MemKind) -> usize {

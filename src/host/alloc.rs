@@ -7,10 +7,11 @@
 
 use super::shm::ShmSegment;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use once_cell::sync::Lazy;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 /// A registered segment as seen by the transport.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,10 +31,7 @@ static DEFAULT_JOB: Lazy<Mutex<String>> = Lazy::new(|| {
     ))
 });
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing panics while holding these locks; tolerate poisoning anyway.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+// Nothing panics while holding these locks; `lock` tolerates poisoning anyway.
 
 /// Turns a job id into the short, name-safe tag used in shm names (at most 16 characters of
 /// `[A-Za-z0-9_]`, or a hash when the id has other characters or is longer).

@@ -17,6 +17,7 @@ use super::buf_pool::{self, BufPool};
 use super::state::{ConnId, Refusal, StoreState};
 use super::{ServerOptions, Shared};
 use crate::store::wire::{self, Command, ParseError, Parsed, Request};
+use crate::sync::lock;
 use mio::net::{TcpListener, TcpStream};
 use mio::Waker;
 use mio::{Events, Interest, Poll, Token};
@@ -25,7 +26,7 @@ use std::io::{self, Read, Write};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub(super) const LISTENER: Token = Token(0);
@@ -166,11 +167,8 @@ fn reserve_output(outbuf: &mut Vec<u8>, out_pos: &mut usize, pool: &mut BufPool,
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every guarded structure stays consistent between statements, so a panicking holder
-    // leaves nothing half done.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+// Every structure guarded here stays consistent between statements, so `lock` may ignore
+// poisoning.
 
 /// What other threads hand to one loop: STOP_WAITING bytes owed to its connections and newly
 /// accepted connections.
