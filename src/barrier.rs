@@ -310,7 +310,8 @@ impl Call<'_> {
             Ok(()) => Ok(()),
             Err(e) if e.status == Status::Timeout => {
                 // The release may have landed just after the wait gave up, or while the
-                // diagnosis ran (the coordinator deletes the arrival keys just before).
+                // diagnosis ran (once released, the coordinator may reach the next generation
+                // and delete this one's arrival keys, making everyone look absent).
                 if self.store.check(&[&release]).unwrap_or(false) {
                     return Ok(());
                 }

@@ -57,6 +57,12 @@ pub fn unknown_option(command: &str, arg: &str) -> UsageError {
     UsageError(format!("{command}: unknown option {arg:?}"))
 }
 
+/// Owned arguments, as the parsers take them (for the parsers' tests).
+#[cfg(test)]
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -408,10 +408,7 @@ fn report(args: &DemoArgs, kind: MemKind, results: &[RankResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::args::strings;
 
     #[test]
     fn parses_options_and_rejects_nonsense() {

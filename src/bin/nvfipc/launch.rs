@@ -379,10 +379,7 @@ pub fn run_job(spec: &JobSpec) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::args::strings;
 
     #[test]
     fn parses_ranks_port_and_command() {

@@ -109,10 +109,7 @@ pub fn run(args: &ServeArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::args::strings;
 
     #[test]
     fn parses_host_and_port() {

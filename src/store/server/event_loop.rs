@@ -278,11 +278,7 @@ impl EventLoop {
                     .record_error(format!("store server: poll failed, stopping: {e}"));
                 break;
             }
-            if events.is_empty() {
-                if spinning {
-                    std::hint::spin_loop();
-                }
-            } else {
+            if !events.is_empty() {
                 last_activity = Some(Instant::now());
             }
             for event in events.iter() {

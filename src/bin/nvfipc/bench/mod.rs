@@ -571,10 +571,7 @@ fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Re
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::args::strings;
 
     #[test]
     fn parses_bench_options() {
