@@ -15,7 +15,8 @@
 #include <nvfuser_ipc_c10d.hpp>
 #endif
 
-#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -25,17 +26,54 @@ namespace nvfuser {
 
 namespace {
 
-// The nvfuser-ipc context of this process, shared by every IpcHandleCache. With
-// NVFUSER_DISTRIBUTED it runs over the Communicator's c10d::TCPStore (through the adapter,
+// The nvfuser-ipc state of this process: one context and one handle cache, shared by every
+// IpcHandleCache. One cache per process (not one per IpcHandleCache) means the channels of two
+// ranks never depend on how many IpcHandleCaches (HostIrEvaluators) each process created, or in
+// which order: a channel is named only after the two ranks and the position of the
+// communication among those between them (see IpcHandleCache::channelTag).
+//
+// With NVFUSER_DISTRIBUTED it runs over the Communicator's c10d::TCPStore (through the adapter,
 // which keeps a reference to it); without, over nvfuser-ipc's own store, found from the same
 // environment variables the Communicator reads.
-std::shared_ptr<nvfipc::Context> processContext() {
-  static std::mutex mutex;
-  static std::shared_ptr<nvfipc::Context> context;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (context != nullptr) {
-    return context;
+//
+// Lifetime: created on the first exchange and released by an atexit handler registered then,
+// which runs after main() returns (and after Communicator::cleanup()) but before the static
+// objects that existed before the first exchange are destroyed, so c10d's store and torch are
+// still intact. The release closes the cache (peers' mappings released, bounded by the cache's
+// linger) and the context; errors there are reported on stderr, never thrown. The object itself
+// is never destroyed by static destruction.
+struct ProcessState {
+  std::shared_ptr<nvfipc::Context> context;
+  nvfipc::HandleCache cache;
+};
+
+std::mutex& processStateMutex() {
+  static auto* mutex = new std::mutex();
+  return *mutex;
+}
+
+ProcessState*& processStateSlot() {
+  static ProcessState* state = nullptr;
+  return state;
+}
+
+void releaseProcessState() noexcept {
+  std::lock_guard<std::mutex> lock(processStateMutex());
+  ProcessState* state = processStateSlot();
+  processStateSlot() = nullptr;
+  if (state == nullptr) {
+    return;
   }
+  try {
+    state->cache = nvfipc::HandleCache();
+    state->context.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nvfuser-ipc: releasing the IPC handle cache at exit: %s\n", e.what());
+  }
+  delete state;
+}
+
+std::shared_ptr<nvfipc::Context> createContext() {
   Communicator& communicator = Communicator::getInstance();
   NVF_ERROR(
       communicator.is_available(),
@@ -47,14 +85,14 @@ std::shared_ptr<nvfipc::Context> processContext() {
   c10::intrusive_ptr<c10d::Store> store =
       c10::intrusive_ptr<c10d::TCPStore>::reclaim_copy(tcp_store);
   nvfipc::Store ipc_store = nvfipc::c10d::storeFrom(std::move(store));
-  context = std::make_shared<nvfipc::Context>(nvfipc::Context::create(
+  return std::make_shared<nvfipc::Context>(nvfipc::Context::create(
       communicator.deviceId(),
       communicator.size(),
       communicator.local_rank(),
       communicator.local_size(),
       ipc_store));
 #else
-  context = std::make_shared<nvfipc::Context>(nvfipc::Context::fromEnv());
+  auto context = std::make_shared<nvfipc::Context>(nvfipc::Context::fromEnv());
   NVF_ERROR(
       context->rank() == communicator.deviceId() &&
           context->worldSize() == communicator.size(),
@@ -66,15 +104,20 @@ std::shared_ptr<nvfipc::Context> processContext() {
       communicator.deviceId(),
       " of ",
       communicator.size());
-#endif
   return context;
+#endif
 }
 
-// Caches are created in the same order on every rank (one per host program), so a counter
-// gives each one a scope that is equal on all ranks.
-std::string nextCacheScope() {
-  static std::atomic<int64_t> next{0};
-  return "nvfuser_ipc_handle_cache_" + std::to_string(next++);
+// The process state, created on first use. Callers hold processStateMutex().
+ProcessState& processState() {
+  ProcessState*& state = processStateSlot();
+  if (state == nullptr) {
+    auto context = createContext();
+    nvfipc::HandleCache cache(*context, "nvfuser_ipc_handle_cache");
+    state = new ProcessState{std::move(context), std::move(cache)};
+    std::atexit(releaseProcessState);
+  }
+  return *state;
 }
 
 // Runs `body`, turning nvfuser-ipc errors into nvFuser errors that say what was being done.
@@ -98,11 +141,6 @@ nvfipc::Direction directionOf(const P2PCommunication* comm) {
 }
 
 } // namespace
-
-struct IpcHandleCache::Backend {
-  std::shared_ptr<nvfipc::Context> context;
-  nvfipc::HandleCache cache;
-};
 
 std::size_t IpcHandleCache::KeyType::Hash::operator()(
     const KeyType& key) const {
@@ -135,18 +173,31 @@ IpcHandleCache::KeyType IpcHandleCache::getKey(P2PCommunication* comm) const {
       comm};
 }
 
+const std::string& IpcHandleCache::channelTag(
+    P2PCommunication* comm,
+    int64_t my_rank,
+    int64_t peer) {
+  auto known = tags_.find(comm);
+  if (known != tags_.end()) {
+    return known->second;
+  }
+  const bool send = comm->type() == P2PCommunicationType::SEND;
+  const int64_t src = send ? my_rank : peer;
+  const int64_t dst = send ? peer : my_rank;
+  const std::string pair =
+      "P2PComm_dst=" + std::to_string(dst) + "_src=" + std::to_string(src);
+  const int64_t index = pair_counts_[pair]++;
+  return tags_.emplace(comm, pair + "_" + std::to_string(index)).first->second;
+}
+
 void IpcHandleCache::exchangeHandles(
     const std::vector<P2PCommunication*>& communications) {
   const int64_t my_rank = Communicator::getInstance().deviceId();
 
-  // One request per communication. The tag pairs a rank's SEND with the peer's RECV: both
-  // sides name the channel after the ordered pair of ranks (as upstream's store keys do) and
-  // the position of the communication among those with the same peer and direction.
   std::vector<nvfipc::Request> requests;
   std::vector<KeyType> keys;
   requests.reserve(communications.size());
   keys.reserve(communications.size());
-  std::unordered_map<std::string, int64_t> occurrences;
   for (P2PCommunication* comm : communications) {
     KeyType key = getKey(comm);
     NVF_ERROR(
@@ -163,19 +214,11 @@ void IpcHandleCache::exchangeHandles(
         buffer.is_cuda(),
         "IpcHandle only supports CUDA tensors: ",
         comm->toString());
-    const nvfipc::Direction direction = directionOf(comm);
-    const int64_t src =
-        direction == nvfipc::Direction::Send ? my_rank : key.peer;
-    const int64_t dst =
-        direction == nvfipc::Direction::Send ? key.peer : my_rank;
-    const std::string pair =
-        "P2PComm_dst=" + std::to_string(dst) + "_src=" + std::to_string(src);
-    const int64_t index = occurrences[pair]++;
     nvfipc::Request request;
     request.peer = key.peer;
-    request.direction = direction;
+    request.direction = directionOf(comm);
     request.kind = nvfipc::MemKind::Device;
-    request.tag = pair + "_" + std::to_string(index);
+    request.tag = channelTag(comm, my_rank, key.peer);
     request.ptr = nvfipc::Request::address(buffer.data_ptr());
     request.bytes = static_cast<uint64_t>(buffer.numel()) *
         static_cast<uint64_t>(buffer.element_size());
@@ -184,18 +227,14 @@ void IpcHandleCache::exchangeHandles(
   }
 
   translated("nvfuser-ipc exchangeHandles", [&] {
-    if (backend_ == nullptr) {
-      std::shared_ptr<nvfipc::Context> context = processContext();
-      nvfipc::HandleCache cache(*context, nextCacheScope());
-      backend_ = std::make_unique<Backend>(
-          Backend{std::move(context), std::move(cache)});
-    }
+    std::lock_guard<std::mutex> lock(processStateMutex());
+    ProcessState& state = processState();
     // Every communication goes to the library, cached or not: a hit costs a few shared-memory
     // loads there, and it is how both sides learn that the other's buffer changed.
-    backend_->cache.exchangeHandles(requests);
+    state.cache.exchangeHandles(requests);
 
     for (size_t i = 0; i < requests.size(); ++i) {
-      const nvfipc::P2pHandle h = backend_->cache.get(requests[i]);
+      const nvfipc::P2pHandle h = state.cache.get(requests[i]);
       auto local = std::make_unique<IpcHandle>(
           h.local().ptr(),
           reinterpret_cast<IpcSemaphore*>(h.local().semaphore()));
@@ -205,12 +244,13 @@ void IpcHandleCache::exchangeHandles(
       P2PCommunication* comm = communications[i];
       auto last = last_key_.find(comm);
       if (last != last_key_.end() && !(last->second == keys[i])) {
-        handles_.erase(last->second);  // the communication's previous buffer
+        handles_.erase(last->second); // the communication's previous buffer
       }
       last_key_[comm] = keys[i];
       auto& slot = handles_[keys[i]];
       if (slot == nullptr) {
-        slot = std::make_unique<P2pIpcHandle>(std::move(local), std::move(peer));
+        slot =
+            std::make_unique<P2pIpcHandle>(std::move(local), std::move(peer));
       } else {
         // Keep the P2pIpcHandle object (references to it stay valid), refresh its content.
         *slot = P2pIpcHandle(std::move(local), std::move(peer));

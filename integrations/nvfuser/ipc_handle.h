@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -106,13 +107,19 @@ class IpcHandleCache {
     };
   };
 
-  // The nvfuser-ipc cache of this IpcHandleCache (created on the first exchange).
-  struct Backend;
+  // The channel of `comm` (equal on both ranks of the communication): the ordered pair of ranks
+  // and the position of `comm` among this cache's communications between that pair, in the
+  // order they were first exchanged (program order, the same on both ranks).
+  const std::string& channelTag(
+      P2PCommunication* comm,
+      int64_t my_rank,
+      int64_t peer);
 
   KeyType getKey(P2PCommunication* comm) const;
 
   const ExpressionEvaluator& expr_evaluator_;
-  std::unique_ptr<Backend> backend_;
+  std::unordered_map<P2PCommunication*, std::string> tags_;
+  std::unordered_map<std::string, int64_t> pair_counts_;
   std::unordered_map<KeyType, std::unique_ptr<P2pIpcHandle>, KeyType::Hash>
       handles_;
   // The key each communication was last exchanged with, to drop entries of replaced buffers.

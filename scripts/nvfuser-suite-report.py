@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Summarises scripts/nvfuser-suite.sh's logs as the Markdown table of docs/nvfuser-suite.md.
+
+Usage: nvfuser-suite-report.py RESULTS_DIR "2 4 8"
+
+Rows: every test of test_multidevice run with one rank (a suite whose tests all have the same
+results, stock and ours, is one row `Suite.* (N tests)`), then every scenario of the host-IR
+driver per process count. Results: pass, fail, skip, n/a (not reached or not run).
+"""
+import collections
+import glob
+import os
+import re
+import sys
+
+RUN = re.compile(r"^\[ RUN      \] (\S+)")
+END = re.compile(r"^\[ +(OK|FAILED|SKIPPED) +\] (\S+)(?: \(\d+ ms\))?$")
+WORD = {"OK": "pass", "FAILED": "fail", "SKIPPED": "skip"}
+
+
+def gtest_results(paths):
+    """test name -> pass/fail/skip; a test that started but never ended (crash, timeout) fails."""
+    results = {}
+    for path in paths:
+        started = None
+        with open(path, errors="replace") as f:
+            for line in f:
+                line = line.rstrip("\n")
+                m = RUN.match(line)
+                if m:
+                    started = m.group(1)
+                    continue
+                m = END.match(line)
+                if m and "." in m.group(2) and not m.group(2).endswith("tests,"):
+                    name = m.group(2)
+                    # gtest repeats FAILED lines in its summary; the first verdict counts.
+                    results.setdefault(name, WORD[m.group(1)])
+                    if name == started:
+                        started = None
+        if started is not None and started not in results:
+            results[started] = "fail"
+    return results
+
+
+def driver_results(res, label, w):
+    """(ran, scenario -> pass/fail, scenario -> us per iteration) of one driver run; a scenario
+    passes only when every rank passed it."""
+    ranks = sorted(glob.glob(os.path.join(res, f"driver-{label}-{w}-rank*.txt")))
+    passed = collections.Counter()
+    timings = {}
+    for path in ranks:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = re.match(r"RESULT rank=\S+ scenario=(\S+) PASS", line)
+                if m:
+                    passed[m.group(1)] += 1
+                m = re.match(r"TIMING scenario=(\S+) ranks=\d+ iters=\d+ us_per_iter=(\S+)", line)
+                if m:
+                    timings[m.group(1)] = float(m.group(2))
+    results = {s: ("pass" if n == len(ranks) else "fail") for s, n in passed.items()}
+    return bool(ranks), results, timings
+
+
+SCENARIOS = ["share_ipc_mem_handles", "cuda_comm", "ring_cached", "ring_alternating",
+             "exchange_cached", "exchange_alternating", "extra_evaluator"]
+
+
+def main():
+    res, ranks = sys.argv[1], sys.argv[2].split()
+    stock = gtest_results(sorted(glob.glob(os.path.join(res, "test-stock-*.txt"))))
+    ours = gtest_results(sorted(glob.glob(os.path.join(res, "test-ours-*.txt"))))
+    names = sorted(set(stock) | set(ours))
+    by_suite = collections.OrderedDict()
+    for n in names:
+        by_suite.setdefault(n.split(".")[0], []).append(n)
+
+    print("| test | ranks | GPUs | stock | ours |")
+    print("|---|---|---|---|---|")
+    totals = collections.Counter()
+    regressions = []
+    for suite, tests in by_suite.items():
+        pairs = [(stock.get(t, "n/a"), ours.get(t, "n/a")) for t in tests]
+        for t, (s, o) in zip(tests, pairs):
+            totals[("stock", s)] += 1
+            totals[("ours", o)] += 1
+            if s == "pass" and o != "pass":
+                regressions.append(t)
+        if len(set(pairs)) == 1:
+            s, o = pairs[0]
+            print(f"| `{suite}.*` ({len(tests)} tests) | 1 | 1 | {s} | {o} |")
+        else:
+            for t, (s, o) in zip(tests, pairs):
+                print(f"| `{t}` | 1 | 1 | {s} | {o} |")
+
+    timing_rows = []
+    for w in ranks:
+        stock_ran, stock_d, _ = driver_results(res, "stock", w)
+        ours_ran, ours_d, ours_t = driver_results(res, "ours", w)
+        for s in SCENARIOS:
+            st = stock_d.get(s, "fail") if stock_ran else "n/a"
+            ou = ours_d.get(s, "fail") if ours_ran else "n/a"
+            print(f"| `nvfipc_hostir_driver` {s} | {w} | 1 | {st} | {ou} |")
+        timing_rows += [(s, w, us) for s, us in ours_t.items()]
+
+    print()
+    print("Single-rank totals: stock " +
+          ", ".join(f"{k[1]} {v}" for k, v in sorted(totals.items()) if k[0] == "stock") +
+          "; ours " +
+          ", ".join(f"{k[1]} {v}" for k, v in sorted(totals.items()) if k[0] == "ours") + ".")
+    print("Tests stock passes and ours does not: " + (", ".join(regressions) or "none") + ".")
+    if timing_rows:
+        print()
+        print("| driver scenario (ours) | processes | us per iteration (rank 0) |")
+        print("|---|---|---|")
+        for s, w, us in timing_rows:
+            print(f"| {s} | {w} | {us:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

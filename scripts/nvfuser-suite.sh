@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# nvFuser's own multidevice suite, stock beside the drop-in, on a GPU machine without network or
+# cargo. Run from the repository root; resumable: every call continues where the last stopped
+# and returns before its time budget, so a build longer than one command's limit is finished by
+# calling it again (the work directory survives between calls on the same machine).
+#
+#   bash scripts/nvfuser-suite.sh            # repeat until it prints "nvfuser-suite: DONE"
+#
+# Inputs, prepared where cargo and the network are (scripts/nvfuser-prepare.sh):
+#   NVF_TAR   nvFuser at 3fe1c32124ea83f90253496cecbe5becf46c9df0 with its submodules flatbuffers,
+#             googletest and benchmark, as a .tar.xz (default .nvf/nvfuser-seed.tar.xz)
+#   NVF_LIB   a directory holding libnvfuser_ipc.so (default .nvf/lib)
+# Settings:
+#   WORK      work directory (default build/nvfuser-suite): sources, the build, results
+#   BUDGET    seconds this call may use (default 570)
+#   SHARDS    parallel single-rank shards per build of test_multidevice (default 6)
+#   TEST_TIMEOUT  seconds for the single-rank runs, all shards of both builds at once (default 300)
+#   DRIVER_RANKS  process counts for the host-IR driver (default "2 4 8")
+#
+# Steps (a marker file under $WORK/state records each one done):
+#   unpack     sources to $WORK/src; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock; two
+#              lines appended to nvFuser's CMakeLists.txt: include() of
+#              integrations/nvfuser/nvfuser_ipc.cmake (links the library; nvFuser's stock
+#              sources do not use it) and of integrations/nvfuser/hostir_driver/hostir_driver.cmake
+#   configure  Ninja, no optimisation (CMAKE_BUILD_TYPE empty: -O0, as measured to fit the
+#              device limits), USE_DISTRIBUTED/NVFUSER_DISTRIBUTED/BUILD_TEST/BUILD_PYTHON on;
+#              on CUDA 13 integrations/nvfuser/seed-compat/cuda13_pfn.h is force-included
+#   build-stock, stash-stock  nvFuser's own ipc_handle.{h,cpp}; binaries copied to $WORK/bin-stock
+#   swap       integrations/nvfuser/ipc_handle.{h,cpp} copied over them (ninja then rebuilds
+#              only their includers and relinks)
+#   build-ours, stash-ours    the drop-in; binaries copied to $WORK/bin-ours
+#   driver-ours-W  the host-IR driver with W = 2, 4, 8 processes on the GPU
+#   driver-stock-2 the same with nvFuser's own files (its NCCL world barrier refuses a shared GPU)
+#   tests      test_multidevice with one rank, stock and ours side by side
+#   report     $OUT/nvfuser-suite.md (one row per test: stock, ours) and the raw logs
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo="$PWD"
+start_s=$(date +%s)
+BUDGET="${BUDGET:-570}"
+NVF_TAR="${NVF_TAR:-.nvf/nvfuser-seed.tar.xz}"
+NVF_LIB="${NVF_LIB:-.nvf/lib}"
+WORK="${WORK:-build/nvfuser-suite}"
+SHARDS="${SHARDS:-6}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
+DRIVER_RANKS="${DRIVER_RANKS:-2 4 8}"
+OUT="${OUT:-$WORK/out}"
+mkdir -p "$WORK/state" "$WORK/results" "$OUT"
+WORK="$(cd "$WORK" && pwd)"
+OUT="$(cd "$OUT" && pwd)"
+NVF_LIB="$(cd "$NVF_LIB" && pwd)"
+src="$WORK/src"
+bld="$WORK/build"
+res="$WORK/results"
+log="$OUT/nvfuser-suite.log"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+say() { echo "nvfuser-suite: $*" | tee -a "$log"; }
+pack() { tar -czf "$OUT/nvfuser-suite-logs.tgz" -C "$res" . 2>/dev/null; }
+die() {
+  say "FAILED: $*"
+  pack
+  exit 1
+}
+left() { echo $((BUDGET - ($(date +%s) - start_s))); }
+done_() { [ -f "$WORK/state/$1" ]; }
+mark() { date +%s >"$WORK/state/$1"; }
+# Stops this call (successfully) when fewer than $1 seconds are left: call the script again.
+need() {
+  if [ "$(left)" -lt "$1" ]; then
+    say "RESUME: $(left) s left in this call, the next step needs about $1 s; run the script again"
+    pack
+    exit 0
+  fi
+}
+
+python="$(command -v python3)"
+torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')" ||
+  die "python3 cannot import torch"
+
+# ---- unpack ---------------------------------------------------------------------------------
+if ! done_ unpack; then
+  [ -f "$NVF_TAR" ] || die "$NVF_TAR missing: run scripts/nvfuser-prepare.sh where the network is"
+  [ -f "$NVF_LIB/libnvfuser_ipc.so" ] || die "$NVF_LIB/libnvfuser_ipc.so missing"
+  rm -rf "$src" "$WORK/stock"
+  mkdir -p "$src" "$WORK/stock"
+  tar -xJf "$NVF_TAR" -C "$src" || die "unpacking $NVF_TAR"
+  cp "$src/csrc/multidevice/ipc_handle.h" "$src/csrc/multidevice/ipc_handle.cpp" "$WORK/stock/"
+  {
+    echo ""
+    echo "include(\"$repo/integrations/nvfuser/nvfuser_ipc.cmake\")"
+    echo "include(\"$repo/integrations/nvfuser/hostir_driver/hostir_driver.cmake\")"
+  } >>"$src/CMakeLists.txt"
+  mark unpack
+  say "unpacked $(du -sh "$src" | cut -f1) of sources"
+fi
+
+# ---- configure ------------------------------------------------------------------------------
+if ! done_ configure; then
+  need 120
+  cuda_inc=/usr/local/cuda/include
+  cxx_flags="-Wno-psabi"
+  if ! grep -qE '(define|typedef).*PFN_cuGetErrorString[^_]' "$cuda_inc/cudaTypedefs.h"; then
+    cxx_flags="$cxx_flags -include $repo/integrations/nvfuser/seed-compat/cuda13_pfn.h -Wno-error=deprecated-declarations"
+    say "CUDA headers without unversioned PFN_cu* typedefs: force-including the seed compat shim"
+  fi
+  pybind_dir="$("$python" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null)"
+  timeout "$(left)" cmake -S "$src" -B "$bld" -G Ninja \
+    -DCMAKE_PREFIX_PATH="$torch_dir/share/cmake" \
+    -DPython_EXECUTABLE="$python" ${pybind_dir:+-Dpybind11_DIR="$pybind_dir"} \
+    -DUSE_DISTRIBUTED=ON -DNVFUSER_DISTRIBUTED=ON -DBUILD_TEST=ON -DBUILD_PYTHON=ON \
+    -DBUILD_NVFUSER_BENCHMARK=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+    -DCMAKE_CXX_FLAGS="$cxx_flags" \
+    -DNVFUSER_IPC_SOURCE_DIR="$repo" -DNVFIPC_PREBUILT_LIB_DIR="$NVF_LIB" \
+    >"$res/configure.txt" 2>&1 || { tail -40 "$res/configure.txt"; die "configure"; }
+  mark configure
+  say "configured"
+fi
+
+build() { # label
+  local label="$1"
+  done_ "build-$label" && return 0
+  need 60
+  local t0=$(date +%s)
+  timeout $(($(left) - 20)) ninja -C "$bld" -j16 test_multidevice nvfipc_hostir_driver \
+    >>"$res/build-$label.txt" 2>&1
+  local rc=$?
+  say "build-$label: ninja rc=$rc after $(($(date +%s) - t0)) s ($(grep -c '^\[' "$res/build-$label.txt") steps logged)"
+  if [ "$rc" -eq 124 ]; then
+    say "RESUME: the build continues in the next call"
+    pack
+    exit 0
+  fi
+  [ "$rc" -eq 0 ] || { grep -m5 -B2 -A10 'error' "$res/build-$label.txt" | head -60; die "build-$label"; }
+  grep -qE 'warning:' "$res/build-$label.txt" && say "build-$label: compiler warnings: $(grep -cE 'warning:' "$res/build-$label.txt")"
+  mark "build-$label"
+}
+
+# One rank, all of test_multidevice, stock and ours at the same time: $SHARDS processes each
+# on the one GPU (gtest sharding), every shard a world of its own.
+single_rank_tests() {
+  done_ tests && return 0
+  need $((TEST_TIMEOUT + 20))
+  local t0=$(date +%s) pids=() names=() i label bin port=29600
+  for label in stock ours; do
+    bin="$WORK/bin-$label/test_multidevice"
+    for ((i = 0; i < SHARDS; i++)); do
+      env WORLD_RANK=0 WORLD_SIZE=1 WORLD_LOCAL_RANK=0 WORLD_LOCAL_SIZE=1 \
+        NVFUSER_MASTER_PORT=$((port++)) NVFIPC_TIMEOUT_MS=60000 \
+        GTEST_TOTAL_SHARDS="$SHARDS" GTEST_SHARD_INDEX="$i" \
+        timeout -k 5 "$TEST_TIMEOUT" "$bin" --gtest_color=no \
+        >"$res/test-$label-$i.txt" 2>&1 &
+      pids+=($!)
+      names+=("$label/$i")
+    done
+  done
+  local rcs=""
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rcs="$rcs ${names[$i]}=$?"
+  done
+  say "single-rank test_multidevice: exit codes:$rcs after $(($(date +%s) - t0)) s"
+  mark tests
+}
+
+# The host-IR driver with W processes on the one GPU, each a node of its own.
+driver() { # label W
+  local label="$1" w="$2"
+  done_ "driver-$label-$w" && return 0
+  need 100
+  local t0=$(date +%s) pids=() r rcs="" port=$((29700 + w))
+  [ "$label" = stock ] && port=$((29800 + w))
+  for ((r = 0; r < w; r++)); do
+    local addr=127.0.0.1
+    [ "$r" -eq 0 ] && addr=localhost
+    env WORLD_RANK="$r" WORLD_SIZE="$w" WORLD_LOCAL_RANK=0 WORLD_LOCAL_SIZE=1 \
+      NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$port" NVFIPC_TIMEOUT_MS=30000 \
+      timeout -k 5 90 "$WORK/bin-$label/nvfipc_hostir_driver" --iters 50 \
+      >"$res/driver-$label-$w-rank$r.txt" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do
+    wait "${pids[$r]}"
+    rcs="$rcs $?"
+    echo "rank $r exited at $(date +%s.%N)" >>"$res/driver-$label-$w-exit.txt"
+  done
+  say "driver-$label W=$w: exit codes:$rcs after $(($(date +%s) - t0)) s"
+  grep -h '^TIMING\|FAIL\|exiting' "$res"/driver-"$label"-"$w"-rank*.txt | tee -a "$log"
+  mark "driver-$label-$w"
+}
+
+# The binaries link codegen_internal's objects (nvFuser's tests do), so a copy keeps running
+# after the sources change.
+stash() { # label
+  done_ "stash-$1" && return 0
+  mkdir -p "$WORK/bin-$1"
+  cp "$bld/bin/test_multidevice" "$bld/bin/nvfipc_hostir_driver" "$WORK/bin-$1/" || die "stash $1"
+  mark "stash-$1"
+}
+
+build stock
+stash stock
+if ! done_ swap; then
+  cp "$repo/integrations/nvfuser/ipc_handle.h" "$repo/integrations/nvfuser/ipc_handle.cpp" \
+    "$src/csrc/multidevice/"
+  mark swap
+  say "swapped in the drop-in (integrations/nvfuser/ipc_handle.{h,cpp})"
+fi
+build ours
+stash ours
+for w in $DRIVER_RANKS; do driver ours "$w"; done
+# Stock's exchange ends with Communicator::barrier(), a NCCL world barrier, and NCCL refuses
+# two ranks on one GPU: stock runs once, at two processes, to record what it does there.
+driver stock 2
+single_rank_tests
+
+# ---- report ---------------------------------------------------------------------------------
+"$python" "$repo/scripts/nvfuser-suite-report.py" "$res" "$DRIVER_RANKS" >"$OUT/nvfuser-suite.md" ||
+  die "report"
+cp "$res"/configure.txt "$OUT/" 2>/dev/null
+pack
+say "DONE: $OUT/nvfuser-suite.md"
