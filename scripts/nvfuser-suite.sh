@@ -86,6 +86,10 @@ if ! done_ unpack; then
   mkdir -p "$src" "$WORK/stock"
   tar -xJf "$NVF_TAR" -C "$src" || die "unpacking $NVF_TAR"
   cp "$src/csrc/multidevice/ipc_handle.h" "$src/csrc/multidevice/ipc_handle.cpp" "$WORK/stock/"
+  # Every compile force-includes the shim (on CUDA 13): a copy made once keeps its time stamp,
+  # so a fresh copy of this repository does not make ninja rebuild everything.
+  mkdir -p "$WORK/compat"
+  cp "$repo/integrations/nvfuser/seed-compat/cuda13_pfn.h" "$WORK/compat/"
   {
     echo ""
     echo "include(\"$repo/integrations/nvfuser/nvfuser_ipc.cmake\")"
@@ -101,7 +105,7 @@ if ! done_ configure; then
   cuda_inc=/usr/local/cuda/include
   cxx_flags="-Wno-psabi"
   if ! grep -qE '(define|typedef).*PFN_cuGetErrorString[^_]' "$cuda_inc/cudaTypedefs.h"; then
-    cxx_flags="$cxx_flags -include $repo/integrations/nvfuser/seed-compat/cuda13_pfn.h -Wno-error=deprecated-declarations"
+    cxx_flags="$cxx_flags -include $WORK/compat/cuda13_pfn.h -Wno-error=deprecated-declarations"
     say "CUDA headers without unversioned PFN_cu* typedefs: force-including the seed compat shim"
   fi
   pybind_dir="$("$python" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null)"
