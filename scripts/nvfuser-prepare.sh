@@ -22,8 +22,8 @@ for f in CMakeLists.txt csrc/multidevice/ipc_handle.cpp third_party/flatbuffers/
 done
 mkdir -p .nvf/lib
 grep -qxF '/.nvf/' .git/info/exclude 2>/dev/null || echo '/.nvf/' >>.git/info/exclude
-# Documentation, the CLA and generated files are not needed to build.
-tar -C "$fuser" --exclude=./doc --exclude='*.pdf' --exclude=./csrc/serde/fusion_cache_generated.h \
+# The CLA and generated files are not needed to build (doc/ is: tests link to files in it).
+tar -C "$fuser" --exclude='*.pdf' --exclude=./csrc/serde/fusion_cache_generated.h \
   -cJf .nvf/nvfuser-seed.tar.xz .
 cargo build --release --lib
 strip --strip-debug -o .nvf/lib/libnvfuser_ipc.so target/release/libnvfuser_ipc.so

@@ -79,8 +79,13 @@ torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file_
   die "python3 cannot import torch"
 
 # ---- unpack ---------------------------------------------------------------------------------
+[ -f "$NVF_TAR" ] || die "$NVF_TAR missing: run scripts/nvfuser-prepare.sh where the network is"
+tar_sum="$(sha256sum "$NVF_TAR" | cut -d' ' -f1)"
+if [ "$(cat "$WORK/state/sources" 2>/dev/null)" != "$tar_sum" ]; then
+  rm -rf "$WORK/state" "$bld" # other sources: start over
+  mkdir -p "$WORK/state"
+fi
 if ! done_ unpack; then
-  [ -f "$NVF_TAR" ] || die "$NVF_TAR missing: run scripts/nvfuser-prepare.sh where the network is"
   [ -f "$NVF_LIB/libnvfuser_ipc.so" ] || die "$NVF_LIB/libnvfuser_ipc.so missing"
   rm -rf "$src" "$WORK/stock"
   mkdir -p "$src" "$WORK/stock"
@@ -96,6 +101,7 @@ if ! done_ unpack; then
     echo "include(\"$repo/integrations/nvfuser/hostir_driver/hostir_driver.cmake\")"
   } >>"$src/CMakeLists.txt"
   mark unpack
+  echo "$tar_sum" >"$WORK/state/sources"
   say "unpacked $(du -sh "$src" | cut -f1) of sources"
 fi
 
