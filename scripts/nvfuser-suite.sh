@@ -85,6 +85,12 @@ if [ "$(cat "$WORK/state/sources" 2>/dev/null)" != "$tar_sum" ]; then
   rm -rf "$WORK/state" "$bld" # other sources: start over
   mkdir -p "$WORK/state"
 fi
+# RERUN="step ...": forget that these steps were done (e.g. "build-ours stash-ours driver-ours-2").
+for step in ${RERUN:-}; do rm -f "$WORK/state/$step"; done
+# ONLY_IF_BUILT=1: do nothing on a machine that does not hold the builds (a fresh one).
+if [ -n "${ONLY_IF_BUILT:-}" ] && ! done_ stash-ours; then
+  die "ONLY_IF_BUILT: this machine holds no build"
+fi
 if ! done_ unpack; then
   [ -f "$NVF_LIB/libnvfuser_ipc.so" ] || die "$NVF_LIB/libnvfuser_ipc.so missing"
   rm -rf "$src" "$WORK/stock"
@@ -134,7 +140,7 @@ build() { # label
   local t0=$(date +%s)
   # -k 0: a failing driver must not stop nvFuser's own test binary from building.
   timeout $(($(left) - 20)) ninja -C "$bld" -j16 -k 0 test_multidevice nvfipc_hostir_driver \
-    >>"$res/build-$label.txt" 2>&1
+    >"$res/build-$label.txt" 2>&1
   local rc=$?
   say "build-$label: ninja rc=$rc after $(($(date +%s) - t0)) s"
   if [ "$rc" -eq 124 ]; then
@@ -161,8 +167,9 @@ single_rank_tests() {
   for label in stock ours; do
     bin="$WORK/bin-$label/test_multidevice"
     for ((i = 0; i < SHARDS; i++)); do
+      port=$((port + 1)) # here, not inside the backgrounded command (a subshell)
       env WORLD_RANK=0 WORLD_SIZE=1 WORLD_LOCAL_RANK=0 WORLD_LOCAL_SIZE=1 \
-        NVFUSER_MASTER_PORT=$((port++)) NVFIPC_TIMEOUT_MS=60000 \
+        NVFUSER_MASTER_PORT="$port" NVFIPC_TIMEOUT_MS=60000 \
         GTEST_TOTAL_SHARDS="$SHARDS" GTEST_SHARD_INDEX="$i" \
         timeout -k 5 "$TEST_TIMEOUT" "$bin" --gtest_color=no \
         >"$res/test-$label-$i.txt" 2>&1 &
@@ -210,8 +217,28 @@ driver() { # label W
 stash() { # label
   done_ "stash-$1" && return 0
   mkdir -p "$WORK/bin-$1"
-  cp "$bld/bin/test_multidevice" "$bld/bin/nvfipc_hostir_driver" "$WORK/bin-$1/" || die "stash $1"
+  local b
+  for b in test_multidevice nvfipc_hostir_driver; do
+    cp "$(find "$bld" -maxdepth 2 -type f -name "$b" | head -1)" "$WORK/bin-$1/" || die "stash $1: $b"
+  done
   mark "stash-$1"
+}
+
+# nvFuser's HostIrEvaluator takes its default stream on device <global rank> (deviceId()),
+# not <local rank>: with several ranks per GPU (or per node) rank >= 1 fails with "Device
+# index value 1 is out of index range". One line of csrc/host_ir/executor.cpp is patched to use
+# the local rank it already holds (my_local_device_index_); with one GPU per rank on one node
+# (nvFuser's CI) both are equal.
+patch_executor() {
+  done_ patch-executor && return 0
+  sed -i 's/getDefaultCUDAStream(\n\?\s*static_cast<c10::DeviceIndex>(device_index))/getDefaultCUDAStream(static_cast<c10::DeviceIndex>(my_local_device_index_))/' \
+    "$src/csrc/host_ir/executor.cpp"
+  perl -0pi -e 's/getDefaultCUDAStream\(\s*static_cast<c10::DeviceIndex>\(device_index\)\)/getDefaultCUDAStream(static_cast<c10::DeviceIndex>(my_local_device_index_))/' \
+    "$src/csrc/host_ir/executor.cpp"
+  grep -q 'getDefaultCUDAStream(static_cast<c10::DeviceIndex>(my_local_device_index_))' \
+    "$src/csrc/host_ir/executor.cpp" || die "patching host_ir/executor.cpp"
+  mark patch-executor
+  say "patched host_ir/executor.cpp: default stream on the local device"
 }
 
 build stock
@@ -222,6 +249,7 @@ if ! done_ swap; then
   mark swap
   say "swapped in the drop-in (integrations/nvfuser/ipc_handle.{h,cpp})"
 fi
+patch_executor
 build ours
 stash ours
 for w in $DRIVER_RANKS; do driver ours "$w"; done

@@ -37,6 +37,8 @@
 #include <multidevice/communication.h>
 #include <multidevice/communicator.h>
 #include <multidevice/ipc_handle.h>
+#include <runtime/fusion_executor_cache.h>
+#include <runtime/fusion_kernel_runtime.h>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -61,13 +63,13 @@ namespace {
 using namespace nvfuser;
 using Clock = std::chrono::steady_clock;
 
-struct Options {
+struct DriverOptions {
   int64_t iters = 50;
   int64_t chunk_elems = 1 << 18; // 1 MiB of floats per ring chunk
 };
 
-Options parseOptions(int argc, char** argv) {
-  Options o;
+DriverOptions parseOptions(int argc, char** argv) {
+  DriverOptions o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> int64_t {
@@ -143,7 +145,9 @@ void synchronizeStream() {
 }
 
 at::TensorOptions optionsOf(World& w, at::ScalarType dtype) {
-  return at::TensorOptions().dtype(dtype).device(w.communicator->device());
+  // The Communicator's device() is cuda:<rank>; every rank here runs on its local device.
+  return at::TensorOptions().dtype(dtype).device(
+      at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(w.communicator->local_rank())));
 }
 
 double microsPerIter(Clock::time_point start, int64_t iters) {
@@ -213,6 +217,8 @@ void shareIpcMemHandles(World& w) {
             kTensorSize * sizeof(int32_t),
             cudaMemcpyDeviceToDevice),
         "cudaMemcpy into the peer");
+    // A device-to-device cudaMemcpy does not wait for the copy: finish it before the barrier.
+    cudaCheck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     w.barrier.wait("share_ipc_written");
     check(
         at::equal(recv_tensor, expected(repetition, recv_peer)),
@@ -362,7 +368,7 @@ float ringValue(int64_t iteration, int64_t rank) {
   return static_cast<float>(1000 * iteration + rank + 1);
 }
 
-void ring(World& w, const Options& o, bool alternating, const char* scenario) {
+void ring(World& w, const DriverOptions& o, bool alternating, const char* scenario) {
   if (w.size < 2) {
     return;
   }
@@ -399,6 +405,7 @@ void ring(World& w, const Options& o, bool alternating, const char* scenario) {
                 " holds " + std::to_string(got.min().item<float>()) + ".." +
                 std::to_string(got.max().item<float>()) + ", expected " +
                 std::to_string(ringValue(it, owner)));
+      }
     }
   }
   synchronizeStream();
@@ -406,7 +413,7 @@ void ring(World& w, const Options& o, bool alternating, const char* scenario) {
   report(w, scenario, timed, microsPerIter(start, timed));
 }
 
-void exchangeOnly(World& w, const Options& o, bool alternating, const char* scenario) {
+void exchangeOnly(World& w, const DriverOptions& o, bool alternating, const char* scenario) {
   if (w.size < 2) {
     return;
   }
@@ -460,7 +467,7 @@ void extraEvaluator(World& w) {
 int main(int argc, char** argv) {
   int64_t rank = -1;
   try {
-    const Options options = parseOptions(argc, argv);
+    const DriverOptions options = parseOptions(argc, argv);
     Communicator& communicator = Communicator::getInstance();
     if (!communicator.is_available() || communicator.size() < 2) {
       std::fprintf(stderr,
