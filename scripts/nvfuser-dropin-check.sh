@@ -112,6 +112,14 @@ if [ -n "$cupti_inc" ]; then incs+=(-isystem "$cupti_inc"); fi
 # Further system include dirs (e.g. CUDA math-library headers kept elsewhere), ':'-separated.
 IFS=':' read -r -a extra_incs <<<"${EXTRA_INCLUDE_DIRS:-}"
 for d in "${extra_incs[@]}"; do [ -n "$d" ] && incs+=(-isystem "$d"); done
+# torch's CUDA wheels have no crt/, CCCL or cuda_profiler_api.h, which nvFuser's sources include:
+# take them from NVIDIA's header wheels of the same version (cached; see scripts/cuda-headers.sh).
+if [ ! -f "$cuda_inc/crt/host_config.h" ]; then
+  more_inc="$(bash "$root/scripts/cuda-headers.sh" "$python")" ||
+    die "CUDA headers at $cuda_inc lack crt/host_config.h and scripts/cuda-headers.sh could not fetch them"
+  say "CUDA header wheels (crt, CCCL, profiler API): $more_inc"
+  incs+=(-isystem "$more_inc")
+fi
 common=(-std=c++20 -fPIC -fvisibility=hidden -fvisibility-inlines-hidden -O0 "${defs[@]}" "${incs[@]}")
 
 try_compile() { # name source extra-flags...

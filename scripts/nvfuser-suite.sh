@@ -25,6 +25,7 @@
 #   configure  Ninja, no optimisation (CMAKE_BUILD_TYPE empty: -O0, as measured to fit the
 #              device limits), USE_DISTRIBUTED/NVFUSER_DISTRIBUTED/BUILD_TEST/BUILD_PYTHON on;
 #              on CUDA 13 integrations/nvfuser/seed-compat/cuda13_pfn.h is force-included
+#   patch-executor  one line of csrc/host_ir/executor.cpp (see patch_executor below)
 #   build-stock, stash-stock  nvFuser's own ipc_handle.{h,cpp}; binaries copied to $WORK/bin-stock
 #   swap       integrations/nvfuser/ipc_handle.{h,cpp} copied over them (ninja then rebuilds
 #              only their includers and relinks)
@@ -241,6 +242,7 @@ patch_executor() {
   say "patched host_ir/executor.cpp: default stream on the local device"
 }
 
+patch_executor
 build stock
 stash stock
 if ! done_ swap; then
@@ -249,7 +251,6 @@ if ! done_ swap; then
   mark swap
   say "swapped in the drop-in (integrations/nvfuser/ipc_handle.{h,cpp})"
 fi
-patch_executor
 build ours
 stash ours
 for w in $DRIVER_RANKS; do driver ours "$w"; done
