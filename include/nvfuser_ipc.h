@@ -113,8 +113,14 @@ typedef struct nvfipc_cuda_ipc_counters {
   uint64_t opens;
   // `cuIpcCloseMemHandle` calls that succeeded.
   uint64_t closes;
-  // Peer allocations mapped right now.
+  // Peer allocations mapped right now (including those waiting for their close).
   uint64_t live;
+  // Mappings whose last reference is gone and that wait for (or are in) their close on the
+  // library's releaser thread: it closes them once the work queued on their context before
+  // they were released has finished, so an exchange never waits for device work.
+  uint64_t pending_closes;
+  // Closes on the releaser thread that failed (the driver's message is kept).
+  uint64_t close_errors;
 } nvfipc_cuda_ipc_counters;
 
 // The 64 bytes of a legacy CUDA IPC handle (`cudaIpcMemHandle_t`).
@@ -407,8 +413,17 @@ enum nvfipc_status nvfipc_cuda_check(void);
 // base.
 enum nvfipc_status nvfipc_cuda_check_pointer(const void *ptr, uint64_t bytes, uint64_t *out_base);
 
-// Reads the process-wide IPC counters (opens == closes and live == 0 after a clean teardown).
+// Reads the process-wide IPC counters (opens == closes, live == 0 and pending_closes == 0 after
+// a clean teardown).
 enum nvfipc_status nvfipc_cuda_ipc_counters_get(struct nvfipc_cuda_ipc_counters *out);
+
+// Waits until every peer mapping released so far (by exchanges that replaced it, or by freed
+// caches) has been closed by the library's releaser thread, at most `timeout_ms` (negative: the
+// default timeout). A close waits until all work queued on the mapping's context before its
+// release has finished. `NVFIPC_STATUS_TIMEOUT` when some are still pending (they stay queued
+// and are closed later); the message says how many. Never needed for correctness:
+// `nvfipc_cache_free` does the same, bounded by the cache's linger.
+enum nvfipc_status nvfipc_cuda_ipc_flush_releases(int64_t timeout_ms);
 
 // Exports the device allocation holding `[ptr, ptr + bytes)` as a legacy CUDA IPC handle:
 // writes the handle of the allocation base to `*out_handle` and `ptr`'s offset from that base
@@ -422,13 +437,15 @@ enum nvfipc_status nvfipc_cuda_ipc_export(const void *ptr,
 // Opens the legacy IPC `handle` exported by rank `peer` in the current context (with
 // lazy peer access) and writes the mapped allocation base to `*out_base`. Opening the same
 // handle again returns the same base and takes another reference; every open needs one
-// `nvfipc_cuda_ipc_close`.
+// `nvfipc_cuda_ipc_close`. When the releaser thread is closing a previous mapping of the same
+// handle right now, waits for that (at most the default timeout).
 enum nvfipc_status nvfipc_cuda_ipc_open(int64_t peer,
                                         const struct nvfipc_cuda_ipc_handle *handle,
                                         uint64_t *out_base);
 
 // Drops one reference taken by `nvfipc_cuda_ipc_open` on the current device; the mapping is
-// closed with the last one. No stream may still use the mapping.
+// closed with the last one, on the calling thread: `cuIpcCloseMemHandle` then blocks until all
+// work queued on the device context has finished. No stream may still use the mapping.
 enum nvfipc_status nvfipc_cuda_ipc_close(int64_t peer, const struct nvfipc_cuda_ipc_handle *handle);
 
 // Sender, transfer number `transfer` (1, 2, ... per channel): enqueues on `stream` the signal

@@ -19,6 +19,7 @@ use crate::exchange::transport::{
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 /// The device memory of an allocated slab.
 struct Allocation {
@@ -213,7 +214,7 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
         })
     }
 
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<u64> {
+    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
         if handle.handle_type != HandleType::CudaLegacyIpc {
             return Err(Error::invalid(format!(
                 "semaphore slab of rank {peer} is shared as {}, but this is the device slab",
@@ -222,7 +223,7 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
         }
         let mut state = self.lock();
         let device = Self::allocated(&mut state, self.device)?.device;
-        let opened = ipc::open(peer, None, &handle.payload, Some(device))
+        let opened = ipc::open(peer, None, &handle.payload, Some(device), wait)
             .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
         *state.peers.entry((peer, handle.payload)).or_insert(0) += 1;
         Ok(opened.base)
@@ -241,7 +242,7 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
             state.peers.remove(&key);
         }
         let device = Self::allocated(&mut state, self.device)?.device;
-        ipc::close(peer, &handle.payload, device)
+        ipc::release(peer, &handle.payload, device)
     }
 }
 
@@ -255,7 +256,7 @@ impl Drop for DeviceSemaphoreSlab {
         // ours), then our own slab is freed after a synchronize.
         for ((peer, handle), refs) in state.peers.drain() {
             for _ in 0..refs {
-                let _ = ipc::close(peer, &handle, alloc.device);
+                let _ = ipc::release(peer, &handle, alloc.device);
             }
         }
         release(&alloc);
@@ -298,7 +299,9 @@ mod tests {
             payload: [1; 64],
         };
         assert_eq!(
-            slab.import_peer(1, &host).unwrap_err().status,
+            slab.import_peer(1, &host, Duration::ZERO)
+                .unwrap_err()
+                .status,
             Status::InvalidArgument
         );
         assert_eq!(

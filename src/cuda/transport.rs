@@ -3,7 +3,9 @@
 //!
 //! Imports are refcounted per (peer, exporter buffer id); the driver-level open/close is further
 //! deduplicated process-wide by [`ipc`], so a peer allocation is opened once however many
-//! channels use it. Dropping the transport closes whatever is still imported and then frees the
+//! channels use it, and a new buffer carved from an allocation that is already mapped (PyTorch's
+//! caching allocator) costs no driver call. Releases never wait for device work: the last one of
+//! a mapping hands it to the releaser thread ([`super::release`]). Dropping the transport closes whatever is still imported and then frees the
 //! semaphore slab; the handle cache drops it only after its teardown has waited for its peers to
 //! close (see [`super::semaphore`]).
 
@@ -20,6 +22,7 @@ use crate::sync::lock;
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 struct Imported {
     handle: HandleBytes,
@@ -88,7 +91,7 @@ impl Transport for CudaTransport {
         })
     }
 
-    fn import(&self, rec: &Record) -> Result<Mapping> {
+    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
         if rec.handle_type != HandleType::CudaLegacyIpc {
             return Err(Error::invalid(format!(
                 "record of rank {} holds a {} handle; the device transport only opens CUDA IPC \
@@ -109,14 +112,15 @@ impl Transport for CudaTransport {
                 )));
             }
         }
-        let opened = ipc::open(peer, Some(rec.pid), &rec.payload, self.device).map_err(|e| {
-            e.context(format!(
-                "importing buffer {} of rank {peer} (pid {}, host {})",
-                rec.buffer_id,
-                rec.pid,
-                rec.host_name()
-            ))
-        })?;
+        let opened =
+            ipc::open(peer, Some(rec.pid), &rec.payload, self.device, wait).map_err(|e| {
+                e.context(format!(
+                    "importing buffer {} of rank {peer} (pid {}, host {})",
+                    rec.buffer_id,
+                    rec.pid,
+                    rec.host_name()
+                ))
+            })?;
         let entry = imports.entry(key).or_insert(Imported {
             handle: rec.payload,
             device: opened.device,
@@ -153,7 +157,15 @@ impl Transport for CudaTransport {
         if entry.refs == 0 {
             imports.remove(&key);
         }
-        ipc::close(mapping.peer, &handle, device)
+        ipc::release(mapping.peer, &handle, device)
+    }
+
+    fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
+        ipc::wait_release_room(peer, timeout)
+    }
+
+    fn flush_releases(&self, timeout: Duration) -> Result<()> {
+        ipc::flush_releases(timeout)
     }
 
     fn semaphores(&self) -> &dyn SemaphoreSlab {
@@ -167,11 +179,12 @@ impl Transport for CudaTransport {
 
 impl Drop for CudaTransport {
     fn drop(&mut self) {
-        // Close what the owner did not release; the slab frees itself afterwards (field order).
+        // Release what the owner did not (closed on the releaser thread); the slab frees itself
+        // afterwards (field order).
         let imports = self.imports.get_mut().unwrap_or_else(|p| p.into_inner());
         for ((peer, _), entry) in imports.drain() {
             for _ in 0..entry.refs {
-                let _ = ipc::close(peer, &entry.handle, entry.device);
+                let _ = ipc::release(peer, &entry.handle, entry.device);
             }
         }
     }
@@ -220,7 +233,7 @@ mod tests {
             sem_payload: to_fixed("/sem").unwrap(),
         };
         assert_eq!(rec.flags & flags::DEVICE, 0);
-        let err = transport.import(&rec).unwrap_err();
+        let err = transport.import(&rec, Duration::ZERO).unwrap_err();
         assert_eq!(err.status, Status::InvalidArgument);
         let mapping = Mapping {
             peer: 1,

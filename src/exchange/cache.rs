@@ -13,7 +13,10 @@
 //! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
 //!    it has opened, imports them, publishes the versions it opened on the board, and waits until
 //!    the peer has opened every buffer this rank published (so when the call returns both sides
-//!    hold each other's current buffers; then the replaced mappings are released);
+//!    hold each other's current buffers; then the replaced mappings are released: a release
+//!    never waits for device work, the device transport closes them on its releaser thread once
+//!    the work queued before the release has finished, and when more than its bound of one peer's
+//!    mappings wait the call waits for the releaser, bounded by its timeout);
 //! 5. hands the keys it has read to a background thread that deletes them from the store.
 //!
 //! A hit on both sides costs a few shared-memory loads and no store operation, and neither
@@ -24,7 +27,8 @@
 //!
 //! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
 //! barrier: the cache first releases everything it imported (peer buffers and peer semaphore
-//! slabs), then marks itself closed on its board, then waits, bounded by the
+//! slabs), waits (bounded by the linger) until the releaser thread has closed them, then marks
+//! itself closed on its board, then waits, bounded by the
 //! [linger](HandleCache::set_linger), until every peer of its channels has marked itself closed
 //! on its own board, has exited, or has no board; only then are the transports (with this rank's
 //! semaphore slab) dropped. Releasing before waiting means two ranks closing at the same time
@@ -466,9 +470,9 @@ impl HandleCache {
         let result = self.run(items, timeout, &mut deadline);
         match result {
             Ok(imports) => {
-                self.commit(items, imports)?;
+                let replaced = self.commit(items, imports, &mut deadline)?;
                 bump(&self.counters.exchanges, 1);
-                Ok(())
+                self.wait_release_room(items, replaced, timeout, &mut deadline)
             }
             Err(err) => {
                 self.fail(items, &err);
@@ -1027,10 +1031,11 @@ impl HandleCache {
             )));
         }
         self.collector_delete(keys.clone());
+        let wait = deadline.remaining();
         for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
             let imported = self
                 .refuse_closed_peer(&items[i], key)
-                .and_then(|()| self.import(&items[i], value, key));
+                .and_then(|()| self.import(&items[i], value, key, wait));
             match imported {
                 Ok(imp) => imports[i] = Some(imp),
                 Err(e) => {
@@ -1047,7 +1052,7 @@ impl HandleCache {
         lock(&self.collector).delete(keys);
     }
 
-    fn import(&self, it: &Item, value: &[u8], key: &str) -> Result<Imported> {
+    fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
         let ctx = || {
             format!(
                 "rank {}: record {key:?} of peer rank {} for {}",
@@ -1078,7 +1083,7 @@ impl HandleCache {
         let t = self
             .transport(it.kind)
             .expect("channel kinds have transports");
-        let mapping = t.import(&rec).map_err(|e| e.context(ctx()))?;
+        let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
         bump(&self.counters.opens, 1);
         Ok(Imported {
             kind: it.kind,
@@ -1107,10 +1112,17 @@ impl HandleCache {
         }
     }
 
-    /// Step 5: installs the new peer mappings, releasing the ones they replace.
-    fn commit(&self, items: &mut [Item], imports: Vec<Option<Imported>>) -> Result<()> {
+    /// Step 5: installs the new peer mappings, releasing the ones they replace (a release never
+    /// waits for device work). Returns the number of mappings replaced.
+    fn commit(
+        &self,
+        items: &mut [Item],
+        imports: Vec<Option<Imported>>,
+        deadline: &mut Deadline,
+    ) -> Result<usize> {
         let mut st = lock(&self.state);
         let mut hits = 0;
+        let mut replaced = 0;
         let mut slab_errors: Vec<(usize, Error)> = Vec::new();
         // `imports` is empty when nothing was imported.
         let mut imports = imports.into_iter();
@@ -1118,7 +1130,7 @@ impl HandleCache {
             let imp = imports.next().flatten();
             let fetched = imp.is_some();
             if let Some(imp) = imp {
-                let sem_base = match self.peer_slab(&mut st, it, &imp.sem_handle) {
+                let sem_base = match self.peer_slab(&mut st, it, &imp.sem_handle, deadline) {
                     Ok(base) => base,
                     Err(e) => {
                         self.release_mapping(it.kind, &imp.mapping);
@@ -1135,6 +1147,7 @@ impl HandleCache {
                 ch.peer_opened = it.peer_version;
                 if let Some(old) = old {
                     self.release_mapping(it.kind, &old.mapping);
+                    replaced += 1;
                 }
             }
             let ch = &mut st.channels[it.channel];
@@ -1162,12 +1175,56 @@ impl HandleCache {
                 "rank {}: mapping a peer's semaphore slab",
                 self.cfg.rank
             ))),
-            None => Ok(()),
+            None => Ok(replaced),
         }
     }
 
+    /// Back-pressure on replaced mappings: the device transport closes them on a releaser thread
+    /// once the device work queued before their release has finished; when more than its bound
+    /// of one peer's mappings wait, this waits for the releaser, bounded by the call's timeout.
+    /// A timeout fails the call without poisoning its channels: the new handles are installed
+    /// and the replaced mappings stay queued.
+    fn wait_release_room(
+        &self,
+        items: &[Item],
+        replaced: usize,
+        timeout: Duration,
+        deadline: &mut Deadline,
+    ) -> Result<()> {
+        if replaced == 0 {
+            return Ok(());
+        }
+        for (i, it) in items.iter().enumerate() {
+            // One wait per (kind, peer) of the batch.
+            if items[..i]
+                .iter()
+                .any(|o| o.peer == it.peer && o.kind == it.kind)
+            {
+                continue;
+            }
+            let Some(t) = self.transport(it.kind) else {
+                continue;
+            };
+            t.wait_release_room(it.peer, deadline.remaining())
+                .map_err(|e| {
+                    e.context(format!(
+                        "rank {}: {} (exchange timeout {timeout:?}; its handles are current, the \
+                         replaced mappings stay queued)",
+                        self.cfg.rank, it.key
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+
     /// The base of `it.peer`'s semaphore slab in this process, mapping it on first use.
-    fn peer_slab(&self, st: &mut State, it: &Item, handle: &ExportedHandle) -> Result<u64> {
+    fn peer_slab(
+        &self,
+        st: &mut State,
+        it: &Item,
+        handle: &ExportedHandle,
+        deadline: &mut Deadline,
+    ) -> Result<u64> {
         let key = (it.peer, it.kind);
         if let Some((h, base)) = st.peer_slabs.get(&key) {
             if h == handle {
@@ -1178,7 +1235,7 @@ impl HandleCache {
             .transport(it.kind)
             .expect("channel kinds have transports")
             .semaphores();
-        let base = slab.import_peer(it.peer, handle)?;
+        let base = slab.import_peer(it.peer, handle, deadline.remaining())?;
         bump(&self.counters.opens, 1);
         // A peer that recreated its slab: drop our reference to the old one.
         if let Some((old, _)) = st.peer_slabs.insert(key, (*handle, base)) {
@@ -1285,10 +1342,17 @@ impl HandleCache {
         lock(&self.collector).finish();
         // Release first, so that peers closing at the same time never wait on each other.
         let peers = self.release_everything();
-        self.board.mark_closed();
         let linger = self.linger();
         let start = Instant::now();
-        let unclosed = self.wait_for_peers_to_close(peers, linger);
+        // The device transport closes released mappings on its releaser thread once the work
+        // queued before their release has finished: this is where they are closed at the latest.
+        // Only then does this rank say it has let go of its peers' memory; if that work does not
+        // finish within the linger, it never says so, and its peers keep their memory.
+        let flushed = self.flush_releases(linger);
+        if flushed.is_ok() {
+            self.board.mark_closed();
+        }
+        let unclosed = self.wait_for_peers_to_close(peers, linger.saturating_sub(start.elapsed()));
         let names: Vec<String> = {
             let mut boards = lock(&self.peer_boards);
             let names = unclosed
@@ -1302,7 +1366,7 @@ impl HandleCache {
             names
         };
         if unclosed.is_empty() {
-            return Ok(());
+            return flushed;
         }
         let exposed_device = unclosed.iter().any(|&(_, device)| device);
         let leaked = match self.transports[kind_index(MemKind::Device)].get() {
@@ -1332,6 +1396,20 @@ impl HandleCache {
                 "keep the buffers exported to them alive until they exit"
             }
         )))
+    }
+
+    /// Waits, at most `linger`, until every transport has unmapped what it released.
+    fn flush_releases(&self, linger: Duration) -> Result<()> {
+        for t in self.transports.iter().filter_map(OnceCell::get) {
+            t.flush_releases(linger).map_err(|e| {
+                e.context(format!(
+                    "rank {}: closing the cache (this rank has not marked itself closed, so its \
+                     peers keep the memory it may still map)",
+                    self.cfg.rank
+                ))
+            })?;
+        }
+        Ok(())
     }
 
     /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers

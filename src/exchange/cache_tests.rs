@@ -448,10 +448,10 @@ impl Transport for DeviceLike {
             ..handle
         })
     }
-    fn import(&self, rec: &Record) -> Result<Mapping> {
+    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
         let mut host = rec.clone();
         host.handle_type = HandleType::PosixShm;
-        self.inner.import(&host)
+        self.inner.import(&host, wait)
     }
     fn release(&self, mapping: &Mapping) -> Result<()> {
         self.inner.release(mapping)

@@ -7,6 +7,11 @@
 //! 3. [`import`](Transport::import) a peer's record into a local mapping, and
 //! 4. [`release`](Transport::release) the mapping when the peer's buffer changes or the cache dies.
 //!
+//! A release never waits for device work: the device transport closes a mapping on a releaser
+//! thread once the work queued before the release has finished (see `cuda::release`). The
+//! exchange bounds that backlog per peer with [`wait_release_room`](Transport::wait_release_room)
+//! and a cache's teardown waits for it with [`flush_releases`](Transport::flush_releases).
+//!
 //! Every transport also owns one [`SemaphoreSlab`] per process: a block of [`SLAB_SLOTS`]
 //! semaphores of [`SEMAPHORE_STRIDE`] bytes each, exported once, so a peer opens one slab per
 //! rank instead of one semaphore allocation per buffer. Semaphores start at zero and hold
@@ -16,6 +21,7 @@
 
 use super::record::{HandleType, Record, PAYLOAD_LEN};
 use crate::error::Result;
+use std::time::Duration;
 
 /// Which memory a request's pointer lives in.
 #[repr(C)]
@@ -115,10 +121,25 @@ pub trait Transport: Send + Sync {
     /// Maps the allocation described by `rec` (already validated by `Record::decode`).
     /// One real open per (exporter, allocation): further imports of the same allocation bump a
     /// refcount and return the same base. `Mapping::ptr` = mapped base + `rec.offset`.
-    fn import(&self, rec: &Record) -> Result<Mapping>;
+    /// Waits at most `wait` (for a previous mapping of the same allocation still being closed).
+    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping>;
 
-    /// Drops one reference taken by [`import`](Transport::import); unmaps at zero.
+    /// Drops one reference taken by [`import`](Transport::import); unmaps at zero, at once or,
+    /// for device memory, on a releaser thread once the work queued before this call finished.
+    /// Never waits for device work.
     fn release(&self, mapping: &Mapping) -> Result<()>;
+
+    /// Waits, at most `timeout`, until no more of `peer`'s released mappings wait to be unmapped
+    /// than the transport allows; `Timeout` naming the peer otherwise. Immediate by default.
+    fn wait_release_room(&self, _peer: usize, _timeout: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    /// Waits, at most `timeout`, until every mapping released so far is unmapped. Immediate by
+    /// default.
+    fn flush_releases(&self, _timeout: Duration) -> Result<()> {
+        Ok(())
+    }
 
     /// This process's semaphore slab for this memory kind.
     fn semaphores(&self) -> &dyn SemaphoreSlab;
@@ -143,8 +164,9 @@ pub trait SemaphoreSlab: Send + Sync {
     fn export(&self) -> Result<ExportedHandle>;
 
     /// Maps the slab of rank `peer` and returns its base in this process. Refcounted per
-    /// (peer, handle): one real open however often it is called.
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<u64>;
+    /// (peer, handle): one real open however often it is called. Waits at most `wait` (for a
+    /// previous mapping of the same slab still being closed).
+    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64>;
 
     /// Drops one reference taken by [`import_peer`](SemaphoreSlab::import_peer); unmaps at zero.
     fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()>;

@@ -6,11 +6,12 @@
 //! stream). Every primitive only enqueues work on the stream and returns at once.
 
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
-use super::guard::{ffi_call, out_ptr, ref_arg};
+use super::guard::{ffi_call, out_ptr, ref_arg, timeout_arg};
 use crate::cuda::p2p::{self, Endpoint, Stream};
 use crate::cuda::{driver, ipc, memory};
 use crate::error::{Error, Result, Status};
 use crate::exchange::MemKind;
+use crate::store::DEFAULT_TIMEOUT;
 use std::ffi::c_void;
 
 /// One side of a P2P channel as the calling rank sees it (device addresses in this process).
@@ -56,8 +57,14 @@ pub struct nvfipc_cuda_ipc_counters {
     pub opens: u64,
     /// `cuIpcCloseMemHandle` calls that succeeded.
     pub closes: u64,
-    /// Peer allocations mapped right now.
+    /// Peer allocations mapped right now (including those waiting for their close).
     pub live: u64,
+    /// Mappings whose last reference is gone and that wait for (or are in) their close on the
+    /// library's releaser thread: it closes them once the work queued on their context before
+    /// they were released has finished, so an exchange never waits for device work.
+    pub pending_closes: u64,
+    /// Closes on the releaser thread that failed (the driver's message is kept).
+    pub close_errors: u64,
 }
 
 /// Writes whether the CUDA driver could be loaded and initialised into `*out`. Never fails on a
@@ -97,7 +104,8 @@ pub extern "C" fn nvfipc_cuda_check_pointer(
     })
 }
 
-/// Reads the process-wide IPC counters (opens == closes and live == 0 after a clean teardown).
+/// Reads the process-wide IPC counters (opens == closes, live == 0 and pending_closes == 0 after
+/// a clean teardown).
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counters) -> Status {
     ffi_call("nvfipc_cuda_ipc_counters_get", || {
@@ -106,8 +114,23 @@ pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counter
             opens: c.opens,
             closes: c.closes,
             live: c.live,
+            pending_closes: c.pending_closes,
+            close_errors: c.close_errors,
         });
         Ok(())
+    })
+}
+
+/// Waits until every peer mapping released so far (by exchanges that replaced it, or by freed
+/// caches) has been closed by the library's releaser thread, at most `timeout_ms` (negative: the
+/// default timeout). A close waits until all work queued on the mapping's context before its
+/// release has finished. `NVFIPC_STATUS_TIMEOUT` when some are still pending (they stay queued
+/// and are closed later); the message says how many. Never needed for correctness:
+/// `nvfipc_cache_free` does the same, bounded by the cache's linger.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_ipc_flush_releases(timeout_ms: i64) -> Status {
+    ffi_call("nvfipc_cuda_ipc_flush_releases", || {
+        ipc::flush_releases(timeout_arg(timeout_ms, DEFAULT_TIMEOUT))
     })
 }
 
@@ -154,7 +177,8 @@ fn peer_arg(peer: i64) -> Result<usize> {
 /// Opens the legacy IPC `handle` exported by rank `peer` in the current context (with
 /// lazy peer access) and writes the mapped allocation base to `*out_base`. Opening the same
 /// handle again returns the same base and takes another reference; every open needs one
-/// `nvfipc_cuda_ipc_close`.
+/// `nvfipc_cuda_ipc_close`. When the releaser thread is closing a previous mapping of the same
+/// handle right now, waits for that (at most the default timeout).
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_ipc_open(
     peer: i64,
@@ -163,14 +187,21 @@ pub extern "C" fn nvfipc_cuda_ipc_open(
 ) -> Status {
     ffi_call("nvfipc_cuda_ipc_open", || {
         let out = out_ptr(out_base, "out_base")?;
-        let opened = ipc::open(peer_arg(peer)?, None, &handle_arg(handle)?, None)?;
+        let opened = ipc::open(
+            peer_arg(peer)?,
+            None,
+            &handle_arg(handle)?,
+            None,
+            DEFAULT_TIMEOUT,
+        )?;
         out.write(opened.base);
         Ok(())
     })
 }
 
 /// Drops one reference taken by `nvfipc_cuda_ipc_open` on the current device; the mapping is
-/// closed with the last one. No stream may still use the mapping.
+/// closed with the last one, on the calling thread: `cuIpcCloseMemHandle` then blocks until all
+/// work queued on the device context has finished. No stream may still use the mapping.
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_ipc_close(
     peer: i64,

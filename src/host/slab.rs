@@ -11,6 +11,7 @@ use crate::exchange::transport::{
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 static NEXT_SLAB: AtomicU64 = AtomicU64::new(1);
 
@@ -97,7 +98,7 @@ impl SemaphoreSlab for HostSlab {
         Ok(self.handle)
     }
 
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<u64> {
+    fn import_peer(&self, peer: usize, handle: &ExportedHandle, _wait: Duration) -> Result<u64> {
         if handle.handle_type != HandleType::PosixShm {
             return Err(Error::protocol(format!(
                 "rank {peer} sent a {} semaphore slab for host memory",
@@ -148,8 +149,12 @@ mod tests {
         let slot = a.allocate_slot().unwrap();
         assert_eq!(slot, 0);
         let handle = a.export().unwrap();
-        let base = b.import_peer(1, &handle).unwrap();
-        assert_eq!(b.import_peer(1, &handle).unwrap(), base, "deduplicated");
+        let base = b.import_peer(1, &handle, Duration::ZERO).unwrap();
+        assert_eq!(
+            b.import_peer(1, &handle, Duration::ZERO).unwrap(),
+            base,
+            "deduplicated"
+        );
         assert_eq!(b.live_peer_slabs(), 1);
         // SAFETY: `base` maps a's slab; slot 0 is inside it and 4-byte aligned.
         let remote = unsafe { &*(slot_address(base, slot) as *const AtomicU32) };

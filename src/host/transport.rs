@@ -11,6 +11,7 @@ use crate::exchange::transport::{
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 struct Imported {
     seg: ShmSegment,
@@ -83,7 +84,7 @@ impl Transport for HostTransport {
         })
     }
 
-    fn import(&self, rec: &Record) -> Result<Mapping> {
+    fn import(&self, rec: &Record, _wait: Duration) -> Result<Mapping> {
         if rec.handle_type != HandleType::PosixShm {
             return Err(Error::invalid(format!(
                 "the host transport cannot open a {} handle from rank {}",
@@ -188,8 +189,8 @@ mod tests {
         let handle = exporter.export(&local).unwrap();
         let rec = record_for(&local, &handle, &exporter.semaphores().export().unwrap());
         let rec = Record::decode(&rec.encode()).unwrap();
-        let m1 = importer.import(&rec).unwrap();
-        let m2 = importer.import(&rec).unwrap();
+        let m1 = importer.import(&rec, Duration::ZERO).unwrap();
+        let m2 = importer.import(&rec, Duration::ZERO).unwrap();
         assert_eq!(m1, m2);
         assert_eq!(importer.live_mappings(), 1);
         let mut got = [0u8; 5];
@@ -202,7 +203,7 @@ mod tests {
         assert_eq!(importer.live_mappings(), 0);
         assert!(importer.release(&m2).is_err());
         drop(buf);
-        let err = importer.import(&rec).unwrap_err();
+        let err = importer.import(&rec, Duration::ZERO).unwrap_err();
         assert!(err.message.contains("no longer exists"), "{err}");
     }
 

@@ -91,6 +91,8 @@ pub fn make_record(
 pub struct Importer {
     transport: Arc<dyn Transport>,
     slabs: HashMap<usize, record::Record>,
+    /// Bound of an import's wait for a previous mapping still being closed.
+    wait: Duration,
 }
 
 impl Importer {
@@ -98,18 +100,21 @@ impl Importer {
         Importer {
             transport,
             slabs: HashMap::new(),
+            wait: Duration::from_secs(60),
         }
     }
 
     pub fn import(&mut self, peer: usize, bytes: &[u8]) -> Result<Mapping> {
         let rec = Record::decode(bytes)?;
-        let mapping = self.transport.import(&rec)?;
+        let mapping = self.transport.import(&rec, self.wait)?;
         if let std::collections::hash_map::Entry::Vacant(slot) = self.slabs.entry(peer) {
             let handle = nvfuser_ipc::exchange::transport::ExportedHandle {
                 handle_type: rec.sem_type,
                 payload: rec.sem_payload,
             };
-            self.transport.semaphores().import_peer(peer, &handle)?;
+            self.transport
+                .semaphores()
+                .import_peer(peer, &handle, self.wait)?;
             slot.insert(rec);
         }
         Ok(mapping)
