@@ -541,6 +541,15 @@ enum nvfipc_status nvfipc_cache_get(const struct nvfipc_cache *cache,
 enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
                                       struct nvfipc_cache_counters *out);
 
+// Sets how many replaced peer allocations the cache keeps mapped per (peer, memory kind)
+// (default 8). A buffer carved again from a kept allocation (PyTorch's caching allocator carves
+// every iteration's tensors from a few segments) then costs no IPC open. 0 releases every
+// replaced mapping at once. Kept mappings are released when the cache is freed; until then an
+// exporter that frees such an allocation does not get its memory back. May be called at any
+// time; takes effect at the next replacement.
+enum nvfipc_status nvfipc_cache_set_retained_mappings(const struct nvfipc_cache *cache,
+                                                      uint32_t per_peer);
+
 // The message of the last failed call on this thread, or "" when none has failed. Never NULL.
 // The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
 // keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).

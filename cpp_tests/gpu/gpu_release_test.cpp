@@ -46,11 +46,13 @@ nvfipc_request Request(int64_t peer, int32_t direction, const char* tag, const v
 }
 
 // A cache freed collectively (streams drained, barriers around the free), before the buffers
-// of the test are freed (declare it after them).
+// of the test are freed (declare it after them). It keeps no replaced mapping for reuse, so
+// every replacement releases the old mapping and these tests exercise the releaser.
 class ScopedCache {
  public:
   explicit ScopedCache(const std::string& scope) {
     status_ = nvfipc_cache_create_scoped(job().ctx, scope.c_str(), &cache_);
+    if (status_ == NVFIPC_STATUS_OK) status_ = nvfipc_cache_set_retained_mappings(cache_, 0);
   }
   ~ScopedCache() { Free(); }
   ScopedCache(const ScopedCache&) = delete;

@@ -47,6 +47,7 @@ use super::channel::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::collector::Collector;
 use super::epoch::TransferEpochs;
 use super::record::{self, flags, local_host, Record};
+use super::retain::{Retained, DEFAULT_RETAINED_PER_PEER};
 use super::stats::{bump, CacheStats, Counters};
 use super::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind, Transport};
 use crate::context::Context;
@@ -61,7 +62,7 @@ use once_cell::sync::OnceCell;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -175,6 +176,8 @@ struct State {
     by_fp: ByFingerprint,
     /// Peer semaphore slabs mapped by this cache, per (peer, kind).
     peer_slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
+    /// Replaced peer mappings kept mapped for reuse (see `retain`).
+    retained: Retained,
 }
 
 /// Work of one request in one call, captured under the lock.
@@ -286,6 +289,8 @@ pub struct HandleCache {
     linger_ns: AtomicU64,
     /// Set by the first teardown (close, then drop, run it twice).
     torn_down: bool,
+    /// Bound of the replaced peer allocations kept mapped per (peer, kind) (see `retain`).
+    retain_per_peer: AtomicUsize,
 }
 
 fn kind_index(kind: MemKind) -> usize {
@@ -360,6 +365,7 @@ impl HandleCache {
             timeout_ns,
             linger_ns: AtomicU64::new(LINGER_FROM_TIMEOUT),
             torn_down: false,
+            retain_per_peer: AtomicUsize::new(DEFAULT_RETAINED_PER_PEER),
         })
     }
 
@@ -430,6 +436,18 @@ impl HandleCache {
     pub fn set_linger(&self, linger: Duration) {
         let ns = linger.as_nanos().min(u128::from(LINGER_FROM_TIMEOUT - 1)) as u64;
         self.linger_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// How many replaced peer allocations the cache keeps mapped per (peer, memory kind), so that
+    /// buffers carved again from them cost no open (default [`DEFAULT_RETAINED_PER_PEER`]).
+    pub fn retained_per_peer(&self) -> usize {
+        self.retain_per_peer.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`retained_per_peer`](Self::retained_per_peer); 0 releases every replaced mapping at
+    /// once. Takes effect at the next replacement.
+    pub fn set_retained_per_peer(&self, per_peer: usize) {
+        self.retain_per_peer.store(per_peer, Ordering::Relaxed);
     }
 
     /// Counters since creation.
@@ -1113,7 +1131,8 @@ impl HandleCache {
     }
 
     /// Step 5: installs the new peer mappings, releasing the ones they replace (a release never
-    /// waits for device work). Returns the number of mappings replaced.
+    /// waits for device work; up to a bound of them are kept mapped for reuse instead, see
+    /// `retain`). Returns the number of mappings released.
     fn commit(
         &self,
         items: &mut [Item],
@@ -1146,8 +1165,11 @@ impl HandleCache {
                 });
                 ch.peer_opened = it.peer_version;
                 if let Some(old) = old {
-                    self.release_mapping(it.kind, &old.mapping);
-                    replaced += 1;
+                    let limit = self.retained_per_peer();
+                    for m in st.retained.retire(it.kind, old.mapping, limit) {
+                        self.release_mapping(it.kind, &m);
+                        replaced += 1;
+                    }
                 }
             }
             let ch = &mut st.channels[it.channel];
@@ -1179,7 +1201,7 @@ impl HandleCache {
         }
     }
 
-    /// Back-pressure on replaced mappings: the device transport closes them on a releaser thread
+    /// Back-pressure on released mappings: the device transport closes them on a releaser thread
     /// once the device work queued before their release has finished; when more than its bound
     /// of one peer's mappings wait, this waits for the releaser, bounded by the call's timeout.
     /// A timeout fails the call without poisoning its channels: the new handles are installed
@@ -1429,6 +1451,9 @@ impl HandleCache {
                 self.release_mapping(ch.kind, &p.mapping);
             }
             let _ = t.semaphores().free_slot(ch.slot);
+        }
+        for (kind, m) in st.retained.drain() {
+            self.release_mapping(kind, &m);
         }
         for ((peer, kind), (handle, _)) in std::mem::take(&mut st.peer_slabs) {
             if let Some(t) = self.transport(kind) {

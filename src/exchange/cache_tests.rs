@@ -188,6 +188,8 @@ fn miss_then_hit_with_no_store_traffic() {
 #[test]
 fn asymmetric_change_updates_only_one_side() {
     let (_store, c) = caches("ut_asym", 2);
+    // Replaced mappings are released at once (none kept for reuse), as checked at the end.
+    c[1].set_retained_per_peer(0);
     let bufs: Vec<HostBuffer> = (0..3).map(|i| buf("ut_asym", 10 + i)).collect();
     let mine = buf("ut_asym", 99);
     for i in 0..6usize {
@@ -221,6 +223,63 @@ fn asymmetric_change_updates_only_one_side() {
     assert_eq!(t.live_mappings(), 1, "replaced mappings were released");
     close_all(c);
     assert_eq!(t.live_mappings(), 0);
+}
+
+#[test]
+fn buffers_carved_from_mapped_segments_cost_no_open() {
+    // Rank 0's buffer moves every step to a new offset in one of two segments (a caching
+    // allocator's pattern); rank 1 keeps both segments mapped once it has seen them.
+    let (_store, c) = caches("ut_pool", 2);
+    let segments: Vec<HostBuffer> = (0..2)
+        .map(|_| alloc_for_job("ut_pool", 4096).unwrap())
+        .collect();
+    let mine = buf("ut_pool", 99);
+    let t = c[1].transport(MemKind::Host).unwrap().clone();
+    for i in 0..12usize {
+        let seg = &segments[i % 2];
+        let offset = 64 * (i as u64 % 7);
+        seg.write(offset, &[i as u8; 64]).unwrap();
+        let r0 = [Request::send(
+            1,
+            "x",
+            seg.addr() + offset,
+            64,
+            MemKind::Host,
+        )];
+        let r1 = [Request::recv(0, "x", mine.addr(), 64, MemKind::Host)];
+        let (x, y) = step(&c, &r0, &r1);
+        x.unwrap();
+        y.unwrap();
+        assert_eq!(peer_byte(&c[1].get(&r1[0]).unwrap()), i as u8, "step {i}");
+        let mapped = t.live_mappings();
+        assert_eq!(
+            mapped,
+            (i + 1).min(2),
+            "step {i}: both segments stay mapped"
+        );
+    }
+    let s1 = c[1].stats();
+    assert_eq!(s1.misses, 12, "every step moved the buffer");
+    c[1].set_retained_per_peer(0);
+    let seg = &segments[0];
+    let r0 = [Request::send(1, "x", seg.addr() + 512, 64, MemKind::Host)];
+    let r1 = [Request::recv(0, "x", mine.addr(), 64, MemKind::Host)];
+    let (x, y) = step(&c, &r0, &r1);
+    x.unwrap();
+    y.unwrap();
+    assert_eq!(
+        t.live_mappings(),
+        2,
+        "a kept mapping is reused, the replaced one released"
+    );
+    for s in &close_all(c) {
+        assert_eq!(s.opens, s.closes);
+    }
+    assert_eq!(
+        t.live_mappings(),
+        0,
+        "kept mappings are released with the cache"
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! - [`channel`]: requests, channels, and the store keys derived from them;
 //! - [`board`]: the node-local shared-memory board of per-channel steps and versions;
 //! - [`cache`]: [`HandleCache`], the exchange protocol and its cache;
+//! - [`retain`]: replaced peer mappings a cache keeps mapped for buffers carved again from them;
 //! - [`epoch`]: epoch-valued semaphores shared by the host and device P2P primitives;
 //! - [`stats`]: the cache's counters.
 
@@ -14,6 +15,7 @@ pub mod channel;
 mod collector;
 pub mod epoch;
 pub mod record;
+pub mod retain;
 pub mod stats;
 pub mod transport;
 

@@ -325,6 +325,23 @@ pub extern "C" fn nvfipc_cache_stats(
     })
 }
 
+/// Sets how many replaced peer allocations the cache keeps mapped per (peer, memory kind)
+/// (default 8). A buffer carved again from a kept allocation (PyTorch's caching allocator carves
+/// every iteration's tensors from a few segments) then costs no IPC open. 0 releases every
+/// replaced mapping at once. Kept mappings are released when the cache is freed; until then an
+/// exporter that frees such an allocation does not get its memory back. May be called at any
+/// time; takes effect at the next replacement.
+#[no_mangle]
+pub extern "C" fn nvfipc_cache_set_retained_mappings(
+    cache: *const nvfipc_cache,
+    per_peer: u32,
+) -> Status {
+    ffi_call("nvfipc_cache_set_retained_mappings", || {
+        cache_arg(cache)?.set_retained_per_peer(per_peer as usize);
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
