@@ -3,10 +3,14 @@
 //!
 //! - cold: every rank swaps both buffers before every call (every call misses);
 //! - warm: the buffers never change (every call after the first hits);
-//! - asym: even ranks swap their buffers every other call, odd ranks never (one side misses).
+//! - asym: even ranks swap their buffers every other call, odd ranks never (one side misses);
+//! - pool: nvFuser's real pattern under PyTorch's caching allocator: fresh buffers every call,
+//!   carved at varying offsets from a few large allocations per rank that were exported before
+//!   (every call misses on both sides, but no allocation is new: no open is needed).
 //!
-//! Step 0 of every scenario (new channels) is not timed. Replaced buffers stay allocated for two
-//! more steps: by then every peer has finished the call that released its mapping of them.
+//! Step 0 of every scenario (new channels) is not timed; the pool scenario also leaves untimed
+//! the first calls that map each segment of each peer once. Replaced buffers stay allocated for
+//! two more steps: by then every peer has finished the call that released its mapping of them.
 
 use super::seed::{make_record, Importer, SeedExchange};
 use super::{gather_samples, RankArgs, Series};
@@ -24,9 +28,18 @@ pub enum Scenario {
     Cold,
     Warm,
     Asym,
+    Pool,
 }
 
-pub const SCENARIOS: [Scenario; 3] = [Scenario::Cold, Scenario::Warm, Scenario::Asym];
+pub const SCENARIOS: [Scenario; 4] = [
+    Scenario::Cold,
+    Scenario::Warm,
+    Scenario::Asym,
+    Scenario::Pool,
+];
+
+/// Segments (large allocations) per rank in the pool scenario.
+pub const POOL_SEGMENTS: usize = 3;
 
 impl Scenario {
     pub fn name(self) -> &'static str {
@@ -34,6 +47,16 @@ impl Scenario {
             Scenario::Cold => "cold",
             Scenario::Warm => "warm",
             Scenario::Asym => "asym",
+            Scenario::Pool => "pool",
+        }
+    }
+
+    /// Calls before the timed ones: the first (new channels) and, in the pool scenario, those
+    /// that map every segment of every peer once, as a send and as a receive buffer.
+    pub fn untimed(self) -> usize {
+        match self {
+            Scenario::Pool => POOL_SEGMENTS + 1,
+            _ => 1,
         }
     }
 
@@ -43,7 +66,103 @@ impl Scenario {
             Scenario::Cold => true,
             Scenario::Warm => step == 0,
             Scenario::Asym => step == 0 || (rank % 2 == 0 && step % 2 == 1),
+            Scenario::Pool => true,
         }
+    }
+}
+
+/// The pool scenario's buffers: `POOL_SEGMENTS` allocations made once; call `step` sends from
+/// segment `step % POOL_SEGMENTS` (first half) and receives into the next one (second half), at
+/// offsets that differ from call to call, 256-byte aligned like the caching allocator's blocks.
+struct PoolBuffers {
+    kind: MemKind,
+    bytes: u64,
+    half: u64,
+    segments: Vec<Buffer>,
+    send: u64,
+    recv: u64,
+}
+
+impl PoolBuffers {
+    fn new(kind: MemKind, job_id: &str, bytes: u64) -> Result<PoolBuffers> {
+        let half = (4 * bytes).max(2 << 20);
+        let segments = (0..POOL_SEGMENTS)
+            .map(|_| Buffer::alloc(kind, job_id, 2 * half))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PoolBuffers {
+            kind,
+            bytes,
+            half,
+            segments,
+            send: 0,
+            recv: 0,
+        })
+    }
+
+    /// Offset of call `step`'s buffer in a half segment (varies, fits, 256-byte aligned).
+    fn offset(&self, step: usize, salt: u64) -> u64 {
+        let slots = (self.half - self.bytes) / 256 + 1;
+        (((step as u64).wrapping_mul(7919) + salt) % slots) * 256
+    }
+
+    fn step(&mut self, step: usize) {
+        let send_seg = &self.segments[step % POOL_SEGMENTS];
+        let recv_seg = &self.segments[(step + 1) % POOL_SEGMENTS];
+        self.send = send_seg.addr() + self.offset(step, 0);
+        self.recv = recv_seg.addr() + self.half + self.offset(step, 4099);
+    }
+
+    fn requests(&self, rank: usize, world: usize, tag: &str) -> [Request; 2] {
+        [
+            Request::send((rank + 1) % world, tag, self.send, self.bytes, self.kind),
+            Request::recv(
+                (rank + world - 1) % world,
+                tag,
+                self.recv,
+                self.bytes,
+                self.kind,
+            ),
+        ]
+    }
+}
+
+/// The buffers of a scenario.
+enum Buffers {
+    Ring(RingBuffers),
+    Pool(PoolBuffers),
+}
+
+impl Buffers {
+    fn new(scenario: Scenario, kind: MemKind, job_id: &str, bytes: u64) -> Result<Buffers> {
+        Ok(match scenario {
+            Scenario::Pool => Buffers::Pool(PoolBuffers::new(kind, job_id, bytes)?),
+            _ => Buffers::Ring(RingBuffers::new(kind, job_id, bytes)),
+        })
+    }
+
+    fn step(&mut self, step: usize, swap: bool) -> Result<()> {
+        match self {
+            Buffers::Ring(r) => r.step(step, swap),
+            Buffers::Pool(p) => {
+                p.step(step);
+                Ok(())
+            }
+        }
+    }
+
+    fn requests(&self, rank: usize, world: usize, tag: &str) -> [Request; 2] {
+        match self {
+            Buffers::Ring(r) => r.requests(rank, world, tag),
+            Buffers::Pool(p) => p.requests(rank, world, tag),
+        }
+    }
+}
+
+/// Real driver-level IPC opens in this process so far (0 for host memory).
+fn driver_opens(kind: MemKind) -> u64 {
+    match kind {
+        MemKind::Device => nvfuser_ipc::cuda::ipc::counters().opens,
+        MemKind::Host => 0,
     }
 }
 
@@ -121,16 +240,22 @@ pub fn run(
     let mut out = Vec::new();
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
     for scenario in SCENARIOS {
-        let samples = ours(ctx, &cache, args, kind, scenario)?;
+        let (samples, opens) = ours(ctx, &cache, args, kind, scenario)?;
         let name = format!("ours.{}", scenario.name());
         out.extend(gather_samples(ctx, &name, &samples)?);
+        if scenario == Scenario::Pool && kind == MemKind::Device {
+            out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
+        }
     }
     ctx.barrier(None, None)?;
     cache.close();
     for scenario in SCENARIOS {
-        let samples = seed(ctx, &transport, args, kind, scenario)?;
+        let (samples, opens) = seed(ctx, &transport, args, kind, scenario)?;
         let name = format!("seed.{}", scenario.name());
         out.extend(gather_samples(ctx, &name, &samples)?);
+        if scenario == Scenario::Pool && kind == MemKind::Device {
+            out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
+        }
     }
     let (opens, rtts) = floor(ctx, &transport, args, kind)?;
     out.extend(gather_samples(ctx, "floor.opens", &opens)?);
@@ -138,38 +263,46 @@ pub fn run(
     Ok(out)
 }
 
+/// One scenario through our cache: the timed samples and the driver opens they made.
 fn ours(
     ctx: &Context,
     cache: &HandleCache,
     args: &RankArgs,
     kind: MemKind,
     scenario: Scenario,
-) -> Result<Vec<u64>> {
+) -> Result<(Vec<u64>, u64)> {
     let tag = format!("bench-{}", scenario.name());
-    let mut buffers = RingBuffers::new(kind, &ctx.job_id, args.bytes);
+    let mut buffers = Buffers::new(scenario, kind, &ctx.job_id, args.bytes)?;
     let mut samples = Vec::with_capacity(args.steps);
+    let untimed = scenario.untimed();
+    let mut opens = 0;
     ctx.barrier(None, None)?;
-    for step in 0..=args.steps {
+    for step in 0..untimed + args.steps {
         buffers.step(step, scenario.swaps(ctx.rank, step))?;
         let requests = buffers.requests(ctx.rank, ctx.world_size, &tag);
+        if step == untimed {
+            opens = driver_opens(kind);
+        }
         let start = Instant::now();
         cache.exchange_handles(&requests)?;
-        if step > 0 {
+        if step >= untimed {
             samples.push(nanos(start.elapsed()));
         }
     }
+    let opens = driver_opens(kind) - opens;
     // Nobody frees a buffer a peer may still map from its last call.
     ctx.barrier(None, None)?;
-    Ok(samples)
+    Ok((samples, opens))
 }
 
+/// One scenario through the seed protocol: the timed samples and the driver opens they made.
 fn seed(
     ctx: &Context,
     transport: &Arc<dyn Transport>,
     args: &RankArgs,
     kind: MemKind,
     scenario: Scenario,
-) -> Result<Vec<u64>> {
+) -> Result<(Vec<u64>, u64)> {
     let (rank, world) = (ctx.rank, ctx.world_size);
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     let tag = format!("seed-{}", scenario.name());
@@ -186,10 +319,15 @@ fn seed(
         &prefix,
         ctx.timeout(),
     )?;
-    let mut buffers = RingBuffers::new(kind, &ctx.job_id, args.bytes);
+    // Upstream's cache never drops a handle before the cache itself: with the pool's few
+    // segments, its opens of a segment already mapped are only reference counts.
+    seed.keep_replaced(scenario == Scenario::Pool);
+    let mut buffers = Buffers::new(scenario, kind, &ctx.job_id, args.bytes)?;
     let mut samples = Vec::with_capacity(args.steps);
+    let untimed = scenario.untimed();
+    let mut opens = 0;
     ctx.barrier(None, None)?;
-    for step in 0..=args.steps {
+    for step in 0..untimed + args.steps {
         buffers.step(step, scenario.swaps(rank, step))?;
         let requests = buffers.requests(rank, world, &tag);
         // Both sides of a comm derive the same answer: it misses when either side swapped.
@@ -198,14 +336,18 @@ fn seed(
             mine || scenario.swaps(next, step),
             mine || scenario.swaps(prev, step),
         ];
+        if step == untimed {
+            opens = driver_opens(kind);
+        }
         let start = Instant::now();
         seed.exchange(&requests, &miss)?;
-        if step > 0 {
+        if step >= untimed {
             samples.push(nanos(start.elapsed()));
         }
     }
+    let opens = driver_opens(kind) - opens;
     ctx.barrier(None, None)?;
-    Ok(samples)
+    Ok((samples, opens))
 }
 
 /// The floor of a cold call: opening the two peer records (decode, map the buffer, release the
@@ -278,6 +420,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pool_buffers_move_inside_their_segments() {
+        let job = format!("ut-bench-pool-{}", std::process::id());
+        let bytes = 1 << 16;
+        let mut p = PoolBuffers::new(MemKind::Host, &job, bytes).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for step in 0..32 {
+            p.step(step);
+            let send_seg = p.segments[step % POOL_SEGMENTS].addr();
+            let recv_seg = p.segments[(step + 1) % POOL_SEGMENTS].addr();
+            assert!(
+                p.send >= send_seg && p.send + bytes <= send_seg + p.half,
+                "step {step}"
+            );
+            assert!(p.recv >= recv_seg + p.half && p.recv + bytes <= recv_seg + 2 * p.half);
+            assert_eq!((p.send - send_seg) % 256, 0);
+            seen.insert(p.send - send_seg);
+        }
+        assert!(seen.len() > 16, "offsets vary from call to call");
+    }
+
+    #[test]
     fn schedules() {
         for step in 0..6 {
             assert!(Scenario::Cold.swaps(3, step));
@@ -285,6 +448,9 @@ mod tests {
             assert_eq!(Scenario::Asym.swaps(1, step), step == 0);
         }
         assert!(Scenario::Asym.swaps(2, 1) && !Scenario::Asym.swaps(2, 2));
+        assert!(Scenario::Pool.swaps(1, 5));
+        assert_eq!(Scenario::Pool.untimed(), POOL_SEGMENTS + 1);
+        assert_eq!(Scenario::Cold.untimed(), 1);
         assert_eq!(floor_ns(&[10, 20, 30], &[5]), Some(30));
         assert_eq!(floor_ns(&[], &[5]), None);
     }

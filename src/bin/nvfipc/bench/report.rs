@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
-const MODES: [&str; 3] = ["cold", "warm", "asym"];
+const MODES: [&str; 4] = ["cold", "warm", "asym", "pool"];
 const PROTOCOLS: [&str; 2] = ["ours", "seed"];
 
 /// Everything one run measured.
@@ -117,6 +117,12 @@ impl Results {
                 cold,
                 1.0,
             ));
+            out.push(check(
+                format!("pool at W={w} vs seed baseline (segments mapped before)"),
+                med("ours.pool"),
+                med("seed.pool"),
+                0.1,
+            ));
         }
         let clients: Vec<usize> = {
             let mut c: Vec<usize> = self.store.iter().map(|(_, r)| r.clients).collect();
@@ -217,10 +223,23 @@ impl Results {
                     fmt_opt_ns(median(series(map, "floor.rtt")))
                 );
             }
+            for (w, map) in &self.exchange {
+                let total = |n: &str| series(map, n).iter().sum::<u64>();
+                if map.contains_key("ours.pool.opens") {
+                    let _ = writeln!(
+                        s,
+                        "pool at W={w}: IPC opens during the timed calls, all ranks: ours {}, \
+                         seed {}",
+                        total("ours.pool.opens"),
+                        total("seed.pool.opens")
+                    );
+                }
+            }
             s.push_str(
                 "ours: this library's cache; seed: upstream protocol (SET, store barrier, \
                  CHECK+GET+DELETE, store barrier) told which comms miss; asym: even ranks swap \
-                 buffers every other call\n",
+                 buffers every other call; pool: fresh buffers every call, carved at varying \
+                 offsets from 3 allocations per rank mapped before (caching-allocator pattern)\n",
             );
         }
         if !self.store.is_empty() || !self.store_notes.is_empty() {
@@ -545,6 +564,10 @@ mod tests {
                 ("seed.cold", &[400]),
                 ("ours.warm", &[1500]),
                 ("ours.asym", &[150]),
+                ("ours.pool", &[20]),
+                ("seed.pool", &[400]),
+                ("ours.pool.opens", &[0, 0]),
+                ("seed.pool.opens", &[1, 0]),
                 ("floor.opens", &[40]),
                 ("floor.rtt", &[15]),
             ]),
@@ -560,8 +583,12 @@ mod tests {
         assert_eq!(verdicts[1].1, Some(true)); // 100 / (40 + 2 * 15)
         assert_eq!(verdicts[2].1, Some(true)); // 1.5 us
         assert_eq!(verdicts[3].1, Some(false)); // asym 150 > cold 100
-        assert_eq!(verdicts[4].1, Some(true)); // 10/30
+        assert_eq!(verdicts[4].1, Some(true)); // pool 20/400 = 0.05
+        assert_eq!(verdicts[5].1, Some(true)); // 10/30
         assert!(r.text().contains("MISSED"));
+        assert!(r
+            .text()
+            .contains("pool at W=8: IPC opens during the timed calls, all ranks: ours 0, seed 1"));
         assert!(r.json().render().contains("\"floor_ns\": 70"));
         assert_eq!(r.charts().len(), 2);
     }

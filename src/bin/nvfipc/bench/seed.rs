@@ -154,6 +154,9 @@ pub struct SeedExchange {
     version: u64,
     /// Mapping of the peer buffer per (peer, direction, tag).
     mapped: HashMap<(usize, Direction, String), Mapping>,
+    /// Replaced mappings kept until the end instead of released (see `keep_replaced`).
+    kept: Vec<Mapping>,
+    keep: bool,
     timeout: Duration,
 }
 
@@ -176,8 +179,16 @@ impl SeedExchange {
             slot,
             version: 0,
             mapped: HashMap::new(),
+            kept: Vec::new(),
+            keep: false,
             timeout,
         })
+    }
+
+    /// Keeps replaced mappings until the exchange is dropped, as upstream's cache keeps every
+    /// handle until it is destroyed (so re-importing a mapped allocation costs no open).
+    pub fn keep_replaced(&mut self, keep: bool) {
+        self.keep = keep;
     }
 
     fn key_of(&self, req: &Request, exporter: usize) -> String {
@@ -224,7 +235,11 @@ impl SeedExchange {
             let mapping = self.importer.import(req.peer, &value)?;
             let id = (req.peer, req.direction, req.tag.clone());
             if let Some(old) = self.mapped.insert(id, mapping) {
-                self.importer.release(&old)?;
+                if self.keep {
+                    self.kept.push(old);
+                } else {
+                    self.importer.release(&old)?;
+                }
             }
         }
         self.barrier.wait(&*self.store)
@@ -234,6 +249,9 @@ impl SeedExchange {
 impl Drop for SeedExchange {
     fn drop(&mut self) {
         for (_, m) in self.mapped.drain() {
+            let _ = self.importer.release(&m);
+        }
+        for m in self.kept.drain(..) {
             let _ = self.importer.release(&m);
         }
         let _ = self.transport.semaphores().free_slot(self.slot);
