@@ -3,6 +3,8 @@
 # library and the CLI prebuilt (target/release/libnvfuser_ipc.so and target/release/nvfipc; no
 # cargo there). Stages, each bounded by `timeout` and logged under $OUT/<stage>.log:
 #   gpu-check   the C API GPU suites under mpirun (scripts/gpu-check.sh, NVFIPC_GPU_RANKS)
+#   release     buffer replacement on the device, with its PASS/FAIL summary
+#               (scripts/gpu-release-check.sh without its benchmark: the bench stage has the pool)
 #   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu-cxx-check.sh, NPS)
 #   demo        `nvfipc demo --transport device` with the largest rank count
 #   bench       `nvfipc bench` (exchange on the device; store and barrier on this machine's CPUs)
@@ -50,6 +52,7 @@ nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
 cat "$OUT/gpus.csv"
 
 stage gpu-check 200 env OUT="$OUT/gpu-check" NVFIPC_GPU_RANKS="$RANKS" bash scripts/gpu-check.sh
+stage release 300 env OUT="$OUT/release" RELEASE_BENCH=0 bash scripts/gpu-release-check.sh
 stage cxx 150 env OUT="$OUT/cxx" NPS="$RANKS" bash scripts/gpu-cxx-check.sh
 stage demo 60 target/release/nvfipc demo --ranks "$largest" --transport device --iters 20
 mkdir -p "$OUT/bench"

@@ -223,6 +223,8 @@ fn bench_quick_smoke() {
         "== Barrier over the world",
         "== Targets",
         "torch rows skipped (--no-torch)",
+        "pool p50",
+        "pool at W=2 vs seed baseline",
     ] {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
     }
@@ -238,6 +240,8 @@ fn bench_quick_smoke() {
         "\"exchange\"",
         "\"ours.cold\"",
         "\"seed.warm\"",
+        "\"ours.pool\"",
+        "\"seed.pool\"",
         "\"store\"",
         "\"barrier\"",
         "\"targets\"",
