@@ -504,8 +504,10 @@ enum nvfipc_status nvfipc_cache_create_scoped(const struct nvfipc_context *ctx,
 
 // Releases every peer mapping and the cache; NULL is a no-op.
 //
-// Frees nothing a peer may still map: the cache releases its own mappings of peer memory, marks
-// itself closed on its board, then waits (bounded by the cache's linger, min(timeout, 30 s))
+// Frees nothing a peer may still map: the cache releases its own mappings of peer memory (kept
+// ones included), waits until the releaser thread has closed them (each close waits for the
+// device work queued on its context; bounded by the linger, and the cache does not mark itself
+// closed when that runs out), marks itself closed on its board, then waits (bounded by the cache's linger, min(timeout, 30 s))
 // until every peer it exchanged with has closed its cache too, or has exited, before freeing its
 // semaphore slab. So every rank should free its cache (ranks freeing theirs at the same time do
 // not wait on each other), and a rank may free the buffers it exported once this call returns.
@@ -521,6 +523,20 @@ enum nvfipc_status nvfipc_cache_free(struct nvfipc_cache *cache);
 // side's buffers changed, at most one multi-set and one multi-get otherwise; never a barrier.
 // Fails with `NVFIPC_STATUS_TIMEOUT` (naming rank, peer, tag, step and key) when a peer does not
 // arrive within the cache's timeout.
+//
+// Buffer replacement: when a peer's buffer changed, the new mapping replaces the old one in the
+// cache. The old mapping stays valid for device work enqueued before this call: the cache keeps
+// up to `nvfipc_cache_set_retained_mappings` replaced allocations per peer mapped for reuse, and
+// releases the others to the library's releaser thread, which closes each once all work queued
+// on its device context before the release has finished. This call never waits for device work
+// (a stream may wait on a flag that is set only after it returns). When more than 32 released
+// mappings of one peer are still waiting to be closed, it waits for the releaser, bounded by its
+// timeout, and then fails with `NVFIPC_STATUS_TIMEOUT` naming the peer and channel; the handles
+// are installed all the same and the channels stay usable.
+//
+// Exported buffers are not pinned: a rank keeps each buffer it exported allocated until every
+// peer has replaced it (an exchange with its successor returned on both sides) and finished the
+// device work that used it, or until the caches are freed.
 enum nvfipc_status nvfipc_exchange_handles(const struct nvfipc_cache *cache,
                                            const struct nvfipc_request *reqs,
                                            size_t n);
