@@ -115,6 +115,7 @@ class Watchdog {
       std::unique_lock<std::mutex> lock(mu_);
       if (!cv_.wait_for(lock, limit, [this] { return stopped_; })) {
         fired_ = true;
+        fired_step_ = step_.load();
         flag_.Set();
       }
     });
@@ -135,7 +136,11 @@ class Watchdog {
     return fired_;
   }
   void Step(const char* what) { step_.store(what); }
-  const char* step() const { return step_.load(); }
+  // The step that was running when the watchdog fired ("" if it did not).
+  std::string fired_step() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fired_step_;
+  }
 
  private:
   HostFlag& flag_;
@@ -143,6 +148,7 @@ class Watchdog {
   std::condition_variable cv_;
   bool stopped_ = false;
   bool fired_ = false;
+  std::string fired_step_;
   std::atomic<const char*> step_{"start"};
   std::thread thread_;
 };
@@ -294,7 +300,8 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
     PrintTiming(test, "replacement_exchange", replace_us);
     ASSERT_EQ(st, NVFIPC_STATUS_OK) << Describe(st);
     EXPECT_FALSE(dog.fired()) << "the replacement exchange returned only after the watchdog set "
-                                 "the flag: it waited for device work queued before it";
+                                 "the flag: it waited for device work queued before it ("
+                              << dog.fired_step() << ")";
     EXPECT_FALSE(flag.IsSet());
     EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "the gated copy ran early";
     EXPECT_GE(Counters().pending_closes, 1u)
@@ -322,10 +329,9 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
     ASSERT_EQ(st, NVFIPC_STATUS_OK) << Describe(st);
     dog.Step("done probing");
     const bool serialised = dog.fired();
-    EXPECT_FALSE(serialised) << "a driver call on the caller's thread did not return while the "
-                                "releaser waited for queued work (serialised behind it); last "
-                                "step: "
-                             << dog.step();
+    EXPECT_FALSE(serialised) << "a call on the caller's thread did not return while the "
+                                "releaser waited for queued work (serialised behind it): "
+                             << dog.fired_step();
     const uint64_t newer_peer = Get(cache.get(), step3[1]).peer_ptr;
     EXPECT_NE(newer_peer, 0u);
 
