@@ -691,6 +691,13 @@ class HandleCache {
     return s;
   }
 
+  // How many replaced peer allocations stay mapped per (peer, memory kind) for buffers carved
+  // again from them (default 8; 0: release every replaced mapping at once).
+  void setRetainedMappings(uint32_t perPeer) const {
+    detail::check(nvfipc_cache_set_retained_mappings(raw(), perPeer),
+                  "nvfipc_cache_set_retained_mappings");
+  }
+
   // Device P2P (nvFuser's get_zcopy), enqueued on `stream` (a CUstream / cudaStream_t).
   void sendPost(const Request& send, void* stream) const {
     nvfipc_request c = send.toC();
