@@ -286,8 +286,10 @@ pub fn close(peer: usize, handle: &HandleBytes, device: i32) -> Result<()> {
     let Some((_, mapped)) = drop_reference(&mut imports, peer, handle, device)? else {
         return Ok(());
     };
+    // Closed under the table's lock, so no open of the same handle can run before it is unmapped.
+    let closed = close_mapping(peer, mapped, false);
     drop(imports);
-    close_mapping(peer, mapped, false)
+    closed
 }
 
 /// Drops one reference; returns the mapping to close when it was the last one of a real
