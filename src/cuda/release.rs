@@ -56,6 +56,8 @@ pub struct Job<K, T> {
     pub peer: usize,
     pub target: T,
     pub queued_at: Instant,
+    /// Submission order (for `flush`).
+    pub seq: u64,
 }
 
 /// What [`Releaser::revive`] found.
@@ -151,11 +153,13 @@ where
                 .map_err(|e| Error::from_io("starting the IPC releaser thread", &e))?;
             st.thread = true;
         }
+        let seq = st.submitted;
         st.queue.push_back(Job {
             key,
             peer,
             target,
             queued_at: Instant::now(),
+            seq,
         });
         *st.per_peer.entry(peer).or_default() += 1;
         st.submitted += 1;
@@ -295,14 +299,21 @@ where
     pub fn flush(&self, timeout: Duration) -> std::result::Result<(), usize> {
         let deadline = Instant::now() + timeout;
         let mut st = lock(&self.state);
+        // Jobs are numbered in submission order; those submitted later do not count.
         let target = st.submitted;
         loop {
-            if st.retired >= target {
+            let left = st
+                .queue
+                .iter()
+                .chain(st.closing.iter())
+                .filter(|j| j.seq < target)
+                .count();
+            if left == 0 {
                 return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err((target - st.retired) as usize);
+                return Err(left);
             }
             st = self
                 .changed
@@ -446,6 +457,26 @@ mod tests {
         assert!(r.last_error().unwrap().contains("on purpose"));
         // Closes submitted after a flush began are not waited for by it.
         assert_eq!(r.flush(Duration::ZERO), Ok(()));
+    }
+
+    #[test]
+    fn flush_waits_for_earlier_closes_whatever_happens_to_later_ones() {
+        let (r, go, _done) = gated();
+        r.submit(1, 0, 1).unwrap(); // will be closing
+        r.submit(2, 0, 1).unwrap(); // stays queued
+        wait_busy(&r);
+        let flusher = {
+            let r = Arc::clone(&r);
+            std::thread::spawn(move || r.flush(Duration::from_millis(1500)))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        // A later close, taken back at once, must not let the flush count key 2 as done.
+        r.submit(3, 0, 1).unwrap();
+        assert!(matches!(r.revive(&3), Revive::Queued(1)));
+        go.send(()).unwrap(); // key 1 closes; key 2 is still queued behind the gate
+        assert_eq!(flusher.join().unwrap(), Err(1));
+        go.send(()).unwrap();
+        r.flush(Duration::from_secs(10)).unwrap();
     }
 
     #[test]

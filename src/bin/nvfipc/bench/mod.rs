@@ -324,6 +324,11 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
             let series = exchange::run(ctx, args, args.kind, &transports)?;
             ctx.barrier(None, None)?;
             drop(transports);
+            if args.kind == MemKind::Device {
+                // Released peer mappings are closed on the library's releaser thread: let it
+                // finish before this process exits.
+                nvfuser_ipc::cuda::ipc::flush_releases(args.timeout)?;
+            }
             drop(device);
             series
         }
