@@ -10,13 +10,16 @@
 //!
 //! Step 0 of every scenario (new channels) is not timed; the pool scenario also leaves untimed
 //! the first calls that map each segment of each peer once. Replaced buffers stay allocated for
-//! two more steps: by then every peer has finished the call that released its mapping of them.
+//! [`RETIRE_AFTER`] more steps: by then every peer has dropped its mapping of them (a cache keeps
+//! up to `DEFAULT_RETAINED_PER_PEER` replaced allocations of each peer mapped), so no rank frees
+//! memory a peer still maps.
 
 use super::seed::{make_record, Importer, SeedExchange};
 use super::{gather_samples, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
 use nvfuser_ipc::context::Context;
+use nvfuser_ipc::exchange::retain::DEFAULT_RETAINED_PER_PEER;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request, Transport};
 use nvfuser_ipc::Result;
 use std::collections::VecDeque;
@@ -37,6 +40,10 @@ pub const SCENARIOS: [Scenario; 4] = [
     Scenario::Asym,
     Scenario::Pool,
 ];
+
+/// Steps a replaced buffer stays allocated: longer than a peer's cache keeps it mapped (two
+/// allocations per step per peer at W = 2).
+pub const RETIRE_AFTER: usize = DEFAULT_RETAINED_PER_PEER / 2 + 2;
 
 /// Segments (large allocations) per rank in the pool scenario.
 pub const POOL_SEGMENTS: usize = 3;
@@ -188,9 +195,13 @@ impl RingBuffers {
         }
     }
 
-    /// Swaps in new buffers when asked; frees those retired two or more steps ago.
+    /// Swaps in new buffers when asked; frees those retired `RETIRE_AFTER` or more steps ago.
     fn step(&mut self, step: usize, swap: bool) -> Result<()> {
-        while self.retired.front().is_some_and(|(s, _)| s + 2 <= step) {
+        while self
+            .retired
+            .front()
+            .is_some_and(|(s, _)| s + RETIRE_AFTER <= step)
+        {
             self.retired.pop_front();
         }
         if swap || self.send.is_none() {
