@@ -42,11 +42,17 @@ rc=$?
 took=$(($(date +%s) - start))
 logs=$(ls "$OUT"/gpu/np*.log 2>/dev/null)
 count() { [ -n "$logs" ] && grep -h "$1" $logs 2>/dev/null | sed 's/^.*\] //' | sort -u; }
+# Lines of the mpirun logs matching $1.
+hits() {
+  local n=0
+  if [ -n "$logs" ]; then n=$(cat $logs | grep -c -- "$1" || true); fi
+  echo "${n:-0}"
+}
 for t in HostFlagGatesStream ReplacementDoesNotWaitForGatedWork QueuedCopiesDoNotDelayReplacement \
   ExporterFreesMappedBuffer; do
   name="GpuRelease.$t"
-  ok=$( [ -n "$logs" ] && grep -h "\[       OK \] $name " $logs 2>/dev/null | wc -l || echo 0)
-  bad=$( [ -n "$logs" ] && grep -h "\[  FAILED  \] $name " $logs 2>/dev/null | wc -l || echo 0)
+  ok=$(hits "\[       OK \] $name ")
+  bad=$(hits "\[  FAILED  \] $name ")
   if [ "$ok" -gt 0 ] && [ "$bad" -eq 0 ]; then
     say "PASS  $name ($ok rank(s))"
   else
