@@ -618,3 +618,134 @@ fn close_gives_up_after_the_linger_naming_the_peer_and_keeps_device_memory() {
         crate::host::shm::unlink_name(&slab_names[r]);
     }
 }
+
+/// Host memory whose releases report a backlog on demand, as the device transport does while its
+/// releaser thread waits for device work queued before a release.
+struct Backlogged {
+    inner: Arc<HostTransport>,
+    backlog: Arc<AtomicBool>,
+}
+
+impl Transport for Backlogged {
+    fn kind(&self) -> MemKind {
+        MemKind::Host
+    }
+    fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
+        self.inner.resolve(ptr, bytes)
+    }
+    fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
+        self.inner.export(buf)
+    }
+    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
+        self.inner.import(rec, wait)
+    }
+    fn release(&self, mapping: &Mapping) -> Result<()> {
+        self.inner.release(mapping)
+    }
+    fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
+        if self.backlog.load(Ordering::SeqCst) {
+            return Err(Error::timeout(format!(
+                "mappings of peer rank {peer} still wait to be closed after {timeout:?}"
+            )));
+        }
+        Ok(())
+    }
+    fn flush_releases(&self, timeout: Duration) -> Result<()> {
+        if self.backlog.load(Ordering::SeqCst) {
+            return Err(Error::timeout(format!(
+                "released mappings still wait to be closed after {timeout:?}"
+            )));
+        }
+        Ok(())
+    }
+    fn semaphores(&self) -> &dyn SemaphoreSlab {
+        self.inner.semaphores()
+    }
+    fn live_mappings(&self) -> usize {
+        self.inner.live_mappings()
+    }
+}
+
+fn backlogged_caches(job: &str, backlog: &Arc<AtomicBool>) -> Vec<HandleCache> {
+    let store = Arc::new(MemStore::default());
+    (0..2)
+        .map(|rank| {
+            let t: Arc<dyn Transport> = Arc::new(Backlogged {
+                inner: HostTransport::new(job).unwrap(),
+                backlog: backlog.clone(),
+            });
+            let cfg = CacheConfig {
+                rank,
+                world_size: 2,
+                store: store.clone(),
+                job_id: job.to_string(),
+                scope: String::new(),
+                timeout: Duration::from_secs(10),
+            };
+            let c = HandleCache::with_transports(cfg, vec![t]).unwrap();
+            c.set_retained_per_peer(0);
+            c
+        })
+        .collect()
+}
+
+#[test]
+fn a_release_backlog_fails_the_call_but_keeps_its_handles() {
+    let job = format!("ut_backlog{}", std::process::id());
+    let backlog = Arc::new(AtomicBool::new(false));
+    let c = backlogged_caches(&job, &backlog);
+    let (a0, a1, mine) = (buf(&job, 1), buf(&job, 2), buf(&job, 9));
+    let r1 = [Request::recv(0, "x", mine.addr(), 64, MemKind::Host)];
+    let send = |b: &HostBuffer| [Request::send(1, "x", b.addr(), 64, MemKind::Host)];
+    let (x, y) = step(&c, &send(&a0), &r1);
+    x.unwrap();
+    y.unwrap();
+    // Rank 0 moves to a new buffer: rank 1 releases its mapping of the old one, and its
+    // releases are backlogged.
+    backlog.store(true, Ordering::SeqCst);
+    let (x, y) = step(&c, &send(&a1), &r1);
+    x.unwrap();
+    let err = y.unwrap_err();
+    assert_eq!(err.status, Status::Timeout, "{err}");
+    for needle in ["peer rank 0", "its handles are current", "rank 1:"] {
+        assert!(err.message.contains(needle), "{needle}: {err}");
+    }
+    // The new handles are installed and the channel is not poisoned.
+    assert_eq!(peer_byte(&c[1].get(&r1[0]).unwrap()), 2);
+    backlog.store(false, Ordering::SeqCst);
+    let (x, y) = step(&c, &send(&a1), &r1);
+    x.unwrap();
+    y.unwrap();
+    assert_eq!(peer_byte(&c[1].get(&r1[0]).unwrap()), 2);
+    for s in &close_all(c) {
+        assert_eq!(s.opens, s.closes);
+    }
+}
+
+#[test]
+fn a_cache_whose_releases_do_not_finish_does_not_say_it_closed() {
+    let job = format!("ut_backlog_close{}", std::process::id());
+    let backlog = Arc::new(AtomicBool::new(false));
+    let c = backlogged_caches(&job, &backlog);
+    let (a0, mine) = (buf(&job, 1), buf(&job, 9));
+    let r0 = [Request::send(1, "x", a0.addr(), 64, MemKind::Host)];
+    let r1 = [Request::recv(0, "x", mine.addr(), 64, MemKind::Host)];
+    let (x, y) = step(&c, &r0, &r1);
+    x.unwrap();
+    y.unwrap();
+    for cache in &c {
+        cache.set_linger(Duration::from_millis(100));
+    }
+    backlog.store(true, Ordering::SeqCst);
+    let mut c = c.into_iter();
+    let (c0, c1) = (c.next().unwrap(), c.next().unwrap());
+    let closing = std::thread::spawn(move || c1.try_close());
+    let e0 = c0.try_close().unwrap_err();
+    let e1 = closing.join().unwrap().unwrap_err();
+    // Neither rank could flush, so neither said it closed: each reports the other.
+    for (e, peer) in [(&e0, 1), (&e1, 0)] {
+        assert_eq!(e.status, Status::Timeout, "{e}");
+        assert!(e.message.contains("had not closed their caches"), "{e}");
+        assert!(e.message.contains(&format!("rank {peer} (pid")), "{e}");
+    }
+}
