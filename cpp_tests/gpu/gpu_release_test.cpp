@@ -253,15 +253,18 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
   constexpr size_t kCount = 1 << 20;  // 4 MiB: allocations of their own
   constexpr size_t kBytes = kCount * sizeof(int32_t);
   const int64_t me = job().rank, left = RecvPeer();
-  DeviceBuffer old_send(kBytes), new_send(kBytes), newer_send(kBytes), recv(kBytes);
+  DeviceBuffer old_send(kBytes), new_send(kBytes), probe_send(kBytes), recv(kBytes),
+      probe_recv(kBytes);
   ASSERT_NE(old_send.get(), nullptr);
   ASSERT_NE(new_send.get(), nullptr);
-  ASSERT_NE(newer_send.get(), nullptr);
+  ASSERT_NE(probe_send.get(), nullptr);
   ASSERT_NE(recv.get(), nullptr);
+  ASSERT_NE(probe_recv.get(), nullptr);
   Fill(old_send.get(), kCount, me, 1);
   Fill(new_send.get(), kCount, me, 2);
-  Fill(newer_send.get(), kCount, me, 3);
+  Fill(probe_send.get(), kCount, me, 3);
   CUDA_ASSERT(cudaMemset(recv.get(), 0, kBytes));
+  CUDA_ASSERT(cudaMemset(probe_recv.get(), 0, kBytes));
   HostFlag flag;
   ASSERT_TRUE(flag.ok());
   cudaStream_t stream = nullptr, side = nullptr;
@@ -279,6 +282,11 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
           Request(SendPeer(), NVFIPC_DIRECTION_SEND, "gated", send, kBytes),
           Request(RecvPeer(), NVFIPC_DIRECTION_RECV, "gated", recv.get(), kBytes)};
     };
+    // Another channel, first exchanged while the releaser is blocked: new allocations on both
+    // sides, so its exchange exports and opens.
+    std::vector<nvfipc_request> probe = {
+        Request(SendPeer(), NVFIPC_DIRECTION_SEND, "probe", probe_send.get(), kBytes),
+        Request(RecvPeer(), NVFIPC_DIRECTION_RECV, "probe", probe_recv.get(), kBytes)};
     auto step1 = batch(old_send.get());
     GPU_ASSERT_OK(nvfipc_exchange_handles(cache.get(), step1.data(), 2));
     const uint64_t old_peer = Get(cache.get(), step1[1]).peer_ptr;
@@ -314,17 +322,17 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the releaser block
     dog.Step("cudaPointerGetAttributes");
     cudaPointerAttributes attrs{};
-    CUDA_ASSERT(cudaPointerGetAttributes(&attrs, newer_send.get()));
+    CUDA_ASSERT(cudaPointerGetAttributes(&attrs, probe_send.get()));
     dog.Step("cudaMalloc");
     void* scratch = nullptr;
     CUDA_ASSERT(cudaMalloc(&scratch, 4 << 20));
-    dog.Step("cudaMemsetAsync + cudaStreamSynchronize on another stream");
+    dog.Step("cudaMemsetAsync + a wait for it on another stream (if only this step stalls, "
+             "the streams may share a hardware queue: CUDA_DEVICE_MAX_CONNECTIONS)");
     CUDA_ASSERT(cudaMemsetAsync(scratch, 1, 4 << 20, side));
     CUDA_ASSERT(SyncStream(side, "GpuRelease side stream"));
-    dog.Step("an exchange that exports and opens a new allocation");
-    auto step3 = batch(newer_send.get());
+    dog.Step("an exchange that exports and opens new allocations");
     sw = Stopwatch();
-    st = nvfipc_exchange_handles(cache.get(), step3.data(), 2);
+    st = nvfipc_exchange_handles(cache.get(), probe.data(), 2);
     PrintTiming(test, "exchange_while_releaser_blocked", sw.micros());
     ASSERT_EQ(st, NVFIPC_STATUS_OK) << Describe(st);
     dog.Step("done probing");
@@ -332,8 +340,8 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
     EXPECT_FALSE(serialised) << "a call on the caller's thread did not return while the "
                                 "releaser waited for queued work (serialised behind it): "
                              << dog.fired_step();
-    const uint64_t newer_peer = Get(cache.get(), step3[1]).peer_ptr;
-    EXPECT_NE(newer_peer, 0u);
+    const uint64_t probe_peer = Get(cache.get(), probe[1]).peer_ptr;
+    EXPECT_NE(probe_peer, 0u);
 
     // Release the gated copy: it must deliver the OLD data through the OLD mapping.
     flag.Set();
@@ -342,13 +350,16 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
     ExpectPattern(recv.get(), kCount, left, 1, "the gated copy from the OLD mapping");
     GPU_ASSERT_OK(Barrier());
 
-    // The next step with the current mapping delivers the current data.
-    GPU_ASSERT_OK(nvfipc_exchange_handles(cache.get(), step3.data(), 2));
-    EXPECT_EQ(Get(cache.get(), step3[1]).peer_ptr, newer_peer);
-    CUDA_ASSERT(cudaMemcpyAsync(recv.get(), reinterpret_cast<void*>(newer_peer), kBytes,
+    // The next step, a cache hit, delivers the NEW data through the NEW mapping.
+    GPU_ASSERT_OK(nvfipc_exchange_handles(cache.get(), step2.data(), 2));
+    EXPECT_EQ(Get(cache.get(), step2[1]).peer_ptr, new_peer);
+    CUDA_ASSERT(cudaMemcpyAsync(recv.get(), reinterpret_cast<void*>(new_peer), kBytes,
+                                cudaMemcpyDeviceToDevice, stream));
+    CUDA_ASSERT(cudaMemcpyAsync(probe_recv.get(), reinterpret_cast<void*>(probe_peer), kBytes,
                                 cudaMemcpyDeviceToDevice, stream));
     CUDA_ASSERT(SyncStream(stream, test.c_str()));
-    ExpectPattern(recv.get(), kCount, left, 3, "a copy from the current mapping");
+    ExpectPattern(recv.get(), kCount, left, 2, "a copy from the NEW mapping");
+    ExpectPattern(probe_recv.get(), kCount, left, 3, "a copy on the channel opened meanwhile");
     ExpectReleasesDrain(test);
     CUDA_ASSERT(cudaFree(scratch));
     cache.Free();
