@@ -17,7 +17,8 @@
 //! of [`super::release`], which synchronises the context that opened it and then closes it. The
 //! caller never waits for device work, and no mapping is unmapped while work enqueued before its
 //! last reference was dropped may still use it. A mapping opened again while it waits for its
-//! close is taken back, still mapped. [`close`] is the synchronous variant of the low-level C API,
+//! close (queued, or while the thread waits for the device work before it) is taken back, still
+//! mapped, and not closed. [`close`] is the synchronous variant of the low-level C API,
 //! whose caller promises that no stream still uses the mapping; it still waits for the context's
 //! queued work, inside the driver.
 //!
@@ -84,9 +85,11 @@ type IpcReleaser = Releaser<ImportKey, Mapped>;
 
 /// The process-wide releaser of peer mappings (closes are process-wide, like the opens).
 static RELEASER: Lazy<Arc<IpcReleaser>> = Lazy::new(|| {
-    Releaser::new("nvfipc-ipc-close", |job: &Job<ImportKey, Mapped>| {
-        close_mapping(job.peer, job.target, true)
-    })
+    Releaser::new(
+        "nvfipc-ipc-close",
+        |job: &Job<ImportKey, Mapped>| drain_context(job.peer, job.target),
+        |job: &Job<ImportKey, Mapped>| close_mapping(job.peer, job.target),
+    )
 });
 
 // Tables here are updated by one insert or remove at a time, so `lock` may ignore poisoning.
@@ -287,7 +290,7 @@ pub fn close(peer: usize, handle: &HandleBytes, device: i32) -> Result<()> {
         return Ok(());
     };
     // Closed under the table's lock, so no open of the same handle can run before it is unmapped.
-    let closed = close_mapping(peer, mapped, false);
+    let closed = close_mapping(peer, mapped);
     drop(imports);
     closed
 }
@@ -326,25 +329,27 @@ fn drop_reference(
     }))
 }
 
-/// Closes one mapping with its context current; with `synchronize`, first waits for all work
-/// queued in that context (the releaser thread's way: every use of the mapping that was enqueued
-/// before its last reference was dropped has then finished).
-fn close_mapping(peer: usize, mapped: Mapped, synchronize: bool) -> Result<()> {
+/// The releaser thread's first step: waits, with the mapping's context current, for all work
+/// queued in that context, so every use of the mapping enqueued before its last reference was
+/// dropped has finished. The mapping stays intact (and may still be taken back by `open`).
+fn drain_context(peer: usize, mapped: Mapped) -> Result<()> {
     let _guard = ContextGuard::enter(mapped.context)?;
-    let synced = if synchronize {
-        mapped.context.synchronize().map_err(|e| {
-            e.context(format!(
-                "before closing the mapping {:#x} of rank {peer}'s allocation",
-                mapped.base
-            ))
-        })
-    } else {
-        Ok(())
-    };
+    mapped.context.synchronize().map_err(|e| {
+        e.context(format!(
+            "waiting for device work before closing the mapping {:#x} of rank {peer}'s \
+             allocation",
+            mapped.base
+        ))
+    })
+}
+
+/// Closes one mapping with its context current.
+fn close_mapping(peer: usize, mapped: Mapped) -> Result<()> {
+    let _guard = ContextGuard::enter(mapped.context)?;
     // SAFETY: `base` was returned by cuIpcOpenMemHandle in `context` (now current) and is closed
-    // only here, once: its entry left the import table when its last reference went away, and a
-    // mapping taken back by `open` is removed from the releaser's queue before it could get here.
-    // The close is attempted even when the synchronize reported a (sticky) context error.
+    // once: its entry left the import table when its last reference went away, and the releaser
+    // runs the close only for a job that `open` did not take back (it checks under its lock,
+    // where `revive` marks a job, before it starts the close).
     check(
         unsafe { sys::cuIpcCloseMemHandle(mapped.base) },
         &format!(
@@ -353,7 +358,7 @@ fn close_mapping(peer: usize, mapped: Mapped, synchronize: bool) -> Result<()> {
         ),
     )?;
     CLOSES.fetch_add(1, Ordering::Relaxed);
-    synced
+    Ok(())
 }
 
 /// Back-pressure of [`release`]: waits, at most `timeout`, until no more than

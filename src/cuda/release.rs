@@ -11,15 +11,18 @@
 //! current, runs `cuCtxSynchronize` (all work queued in that context before this point has
 //! finished, which includes every use of the mapping enqueued before it was replaced) and then
 //! `cuIpcCloseMemHandle`. The caller never waits for device work, and nothing is unmapped while
-//! work enqueued before the replacement may still use it.
+//! work enqueued before the replacement may still use it. A job runs in two phases, the wait
+//! ([`Phase::Draining`]) and the close ([`Phase::Closing`]); until the close starts, the mapping is
+//! intact and can be taken back.
 //!
 //! Bounds and release points:
 //! * at most [`max_pending_per_peer`] mappings of one peer may wait to be closed; the exchange
 //!   that queues one more waits for the releaser, bounded by its timeout, and then fails with a
 //!   `Timeout` naming the peer and the mapping being closed (see [`Releaser::wait_below`]);
 //! * a mapping that is opened again while it waits (a peer going back to a buffer it used
-//!   before) is taken back from the queue, still mapped ([`Releaser::revive`]); one the releaser
-//!   is closing right now is waited for, bounded, and opened afresh;
+//!   before) is taken back, still mapped ([`Releaser::revive`]), whether it is queued or the
+//!   thread is waiting for the device work before its close (the thread then skips the close);
+//!   only one inside `cuIpcCloseMemHandle` right now is waited for, bounded, and opened afresh;
 //! * freeing a handle cache waits, bounded by its linger, until every close queued so far has
 //!   run ([`Releaser::flush`]); that is where the mappings of a cache are released at the latest.
 //!
@@ -63,12 +66,29 @@ pub struct Job<K, T> {
 /// What [`Releaser::revive`] found.
 #[derive(Debug)]
 pub enum Revive<T> {
-    /// The mapping was still queued: it is taken back, still mapped.
+    /// The mapping was queued, or its device work was being waited for: it is taken back, still
+    /// mapped, and will not be closed.
     Queued(T),
-    /// The releaser is closing it right now.
+    /// The releaser is inside its close right now.
     Closing,
     /// Not in the releaser.
     Absent,
+}
+
+/// Where the thread is with the job it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the device work queued before the release; the mapping is intact.
+    Draining,
+    /// Inside the close.
+    Closing,
+}
+
+/// The job the thread runs, and whether it was taken back meanwhile.
+struct Running<K, T> {
+    job: Job<K, T>,
+    phase: Phase,
+    revived: bool,
 }
 
 /// Counters of a releaser.
@@ -87,7 +107,7 @@ pub struct ReleaseCounters {
 struct State<K, T> {
     queue: VecDeque<Job<K, T>>,
     /// The job the thread is running now.
-    closing: Option<Job<K, T>>,
+    running: Option<Running<K, T>>,
     per_peer: HashMap<usize, usize>,
     /// Jobs submitted and jobs retired (closed, failed or revived) since creation.
     submitted: u64,
@@ -99,13 +119,15 @@ struct State<K, T> {
     thread: bool,
 }
 
-type CloseFn<K, T> = dyn Fn(&Job<K, T>) -> Result<()> + Send + Sync;
+type StepFn<K, T> = dyn Fn(&Job<K, T>) -> Result<()> + Send + Sync;
 
 /// A queue of mappings to close and the thread that closes them (see the module docs).
 pub struct Releaser<K, T> {
     state: Mutex<State<K, T>>,
     changed: Condvar,
-    close: Box<CloseFn<K, T>>,
+    /// Waits for the device work queued before the release (the mapping stays intact).
+    drain: Box<StepFn<K, T>>,
+    close: Box<StepFn<K, T>>,
     name: &'static str,
 }
 
@@ -117,15 +139,17 @@ where
     K: Copy + Eq + Hash + Send + 'static,
     T: Clone + Send + 'static,
 {
-    /// A releaser whose thread (named `name`, started on the first submit) runs `close`.
+    /// A releaser whose thread (named `name`, started on the first submit) runs `drain` and
+    /// then, unless the job was taken back meanwhile, `close` for every job.
     pub fn new(
         name: &'static str,
+        drain: impl Fn(&Job<K, T>) -> Result<()> + Send + Sync + 'static,
         close: impl Fn(&Job<K, T>) -> Result<()> + Send + Sync + 'static,
     ) -> Arc<Self> {
         Arc::new(Releaser {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
-                closing: None,
+                running: None,
                 per_peer: HashMap::new(),
                 submitted: 0,
                 retired: 0,
@@ -136,6 +160,7 @@ where
                 thread: false,
             }),
             changed: Condvar::new(),
+            drain: Box::new(drain),
             close: Box::new(close),
             name,
         })
@@ -173,7 +198,11 @@ where
                 let mut st = lock(&self.state);
                 loop {
                     if let Some(job) = st.queue.pop_front() {
-                        st.closing = Some(job.clone());
+                        st.running = Some(Running {
+                            job: job.clone(),
+                            phase: Phase::Draining,
+                            revived: false,
+                        });
                         break job;
                     }
                     st = self
@@ -182,20 +211,37 @@ where
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
                 }
             };
-            // A panic in `close` must not kill the thread and strand the queue.
-            let result =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.close)(&job)))
-                    .unwrap_or_else(|_| Err(Error::internal("closing a peer mapping panicked")));
+            let drained = Self::guarded(|| (self.drain)(&job));
+            let revived = {
+                let mut st = lock(&self.state);
+                let running = st.running.as_mut().expect("the running job is ours");
+                running.phase = Phase::Closing;
+                running.revived
+            };
+            // A job taken back while draining stays mapped: `revive` already retired it.
+            let result = if revived {
+                Ok(())
+            } else {
+                Self::guarded(|| (self.close)(&job)).and(drained)
+            };
             let mut st = lock(&self.state);
-            st.closing = None;
-            Self::retire(&mut st, job.peer);
-            st.finished += 1;
-            if let Err(e) = result {
-                st.errors += 1;
-                st.last_error = Some(e.message);
+            st.running = None;
+            if !revived {
+                Self::retire(&mut st, job.peer);
+                st.finished += 1;
+                if let Err(e) = result {
+                    st.errors += 1;
+                    st.last_error = Some(e.message);
+                }
             }
             self.changed.notify_all();
         }
+    }
+
+    /// Runs one step; a panic in it must not kill the thread and strand the queue.
+    fn guarded(step: impl FnOnce() -> Result<()>) -> Result<()> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(step))
+            .unwrap_or_else(|_| Err(Error::internal("closing a peer mapping panicked")))
     }
 
     fn retire(st: &mut State<K, T>, peer: usize) {
@@ -208,7 +254,8 @@ where
         st.retired += 1;
     }
 
-    /// Takes mapping `key` back when it is still queued (it is still mapped).
+    /// Takes mapping `key` back while it is intact: queued, or its device work being waited for
+    /// (then the thread skips its close).
     pub fn revive(&self, key: &K) -> Revive<T> {
         let mut st = lock(&self.state);
         if let Some(i) = st.queue.iter().position(|j| &j.key == key) {
@@ -218,18 +265,35 @@ where
             self.changed.notify_all();
             return Revive::Queued(job.target);
         }
-        if st.closing.as_ref().is_some_and(|j| &j.key == key) {
-            return Revive::Closing;
-        }
-        Revive::Absent
+        let taken = match st.running.as_mut() {
+            Some(r) if &r.job.key == key && !r.revived => {
+                if r.phase == Phase::Closing {
+                    return Revive::Closing;
+                }
+                r.revived = true;
+                (r.job.peer, r.job.target.clone())
+            }
+            _ => return Revive::Absent,
+        };
+        Self::retire(&mut st, taken.0);
+        st.revived += 1;
+        self.changed.notify_all();
+        Revive::Queued(taken.1)
     }
 
-    /// Waits, at most `timeout`, until the thread is no longer closing mapping `key`.
+    /// Whether the thread is inside the close of mapping `key`.
+    fn closing(st: &State<K, T>, key: &K) -> bool {
+        st.running
+            .as_ref()
+            .is_some_and(|r| &r.job.key == key && r.phase == Phase::Closing && !r.revived)
+    }
+
+    /// Waits, at most `timeout`, until the thread is no longer inside the close of mapping `key`.
     pub fn wait_not_closing(&self, key: &K, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut st = lock(&self.state);
         loop {
-            if !st.closing.as_ref().is_some_and(|j| &j.key == key) {
+            if !Self::closing(&st, key) {
                 return true;
             }
             let now = Instant::now();
@@ -265,12 +329,12 @@ where
                 let oldest = st
                     .queue
                     .iter()
-                    .chain(st.closing.iter())
+                    .chain(Self::pending_running(&st))
                     .filter(|j| j.peer == peer)
                     .map(|j| now.saturating_duration_since(j.queued_at))
                     .max()
                     .unwrap_or_default();
-                let doing = match &st.closing {
+                let doing = match Self::pending_running(&st) {
                     Some(j) => format!(
                         "it has been closing a mapping of rank {} for {:?}",
                         j.peer,
@@ -305,7 +369,7 @@ where
             let left = st
                 .queue
                 .iter()
-                .chain(st.closing.iter())
+                .chain(Self::pending_running(&st))
                 .filter(|j| j.seq < target)
                 .count();
             if left == 0 {
@@ -338,9 +402,14 @@ where
         lock(&self.state).last_error.clone()
     }
 
-    /// Whether the thread is inside a close right now.
+    /// The job the thread runs, unless it was taken back.
+    fn pending_running(st: &State<K, T>) -> Option<&Job<K, T>> {
+        st.running.as_ref().filter(|r| !r.revived).map(|r| &r.job)
+    }
+
+    /// Whether the thread is running a job right now.
     pub fn busy(&self) -> bool {
-        lock(&self.state).closing.is_some()
+        lock(&self.state).running.is_some()
     }
 }
 
@@ -349,36 +418,66 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    /// A releaser whose closes block until the test lets each one through (no GPU involved:
-    /// this tests the queue, the bounds and the revival, not the driver).
-    fn gated() -> (
-        Arc<Releaser<u32, u64>>,
-        mpsc::Sender<()>,
-        mpsc::Receiver<u32>,
-    ) {
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let (done_tx, done_rx) = mpsc::channel::<u32>();
-        let go_rx = Mutex::new(go_rx);
-        let done_tx = Mutex::new(done_tx);
-        let r = Releaser::new("nvfipc-test-releaser", move |job: &Job<u32, u64>| {
-            lock(&go_rx)
-                .recv()
-                .map_err(|_| Error::internal("gate closed"))?;
-            let _ = lock(&done_tx).send(job.key);
-            if job.target == 0 {
-                return Err(Error::internal("close failed on purpose"));
-            }
-            Ok(())
-        });
-        (r, go_tx, done_rx)
+    /// The test's hold on a releaser's steps (no GPU involved: this tests the queue, the bounds
+    /// and the revival, not the driver). Each drain waits for one message on `drain` (the device
+    /// work before the close); the close of a job whose target is 100 or more also waits for one
+    /// on `close`; a target of 0 makes the close fail. Closed keys are reported on `done`.
+    struct Gates {
+        drain: mpsc::Sender<()>,
+        close: mpsc::Sender<()>,
+        done: mpsc::Receiver<u32>,
     }
 
-    fn wait_busy(r: &Releaser<u32, u64>) {
+    fn gated() -> (Arc<Releaser<u32, u64>>, Gates) {
+        let (drain_tx, drain_rx) = mpsc::channel::<()>();
+        let (close_tx, close_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<u32>();
+        let (drain_rx, close_rx, done_tx) = (
+            Mutex::new(drain_rx),
+            Mutex::new(close_rx),
+            Mutex::new(done_tx),
+        );
+        let r = Releaser::new(
+            "nvfipc-test-releaser",
+            move |_: &Job<u32, u64>| {
+                lock(&drain_rx)
+                    .recv()
+                    .map_err(|_| Error::internal("gate closed"))
+            },
+            move |job: &Job<u32, u64>| {
+                if job.target >= 100 {
+                    lock(&close_rx)
+                        .recv()
+                        .map_err(|_| Error::internal("gate closed"))?;
+                }
+                let _ = lock(&done_tx).send(job.key);
+                if job.target == 0 {
+                    return Err(Error::internal("close failed on purpose"));
+                }
+                Ok(())
+            },
+        );
+        let gates = Gates {
+            drain: drain_tx,
+            close: close_tx,
+            done: done_rx,
+        };
+        (r, gates)
+    }
+
+    fn wait_until_phase(r: &Releaser<u32, u64>, key: u32, phase: Phase) {
         let start = Instant::now();
-        while !r.busy() {
+        loop {
+            let there = lock(&r.state)
+                .running
+                .as_ref()
+                .is_some_and(|run| run.job.key == key && run.phase == phase);
+            if there {
+                return;
+            }
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "thread never started"
+                "key {key} never reached {phase:?}"
             );
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -386,16 +485,16 @@ mod tests {
 
     #[test]
     fn submit_returns_at_once_and_the_thread_closes_in_order() {
-        let (r, go, done) = gated();
-        r.submit(1, 7, 100).unwrap();
-        r.submit(2, 7, 200).unwrap();
+        let (r, g) = gated();
+        r.submit(1, 7, 10).unwrap();
+        r.submit(2, 7, 20).unwrap();
         // Nothing has been let through, yet submit returned.
         assert_eq!(r.pending_for(7), 2);
         assert_eq!(r.counters().pending, 2);
-        go.send(()).unwrap();
-        go.send(()).unwrap();
-        assert_eq!(done.recv().unwrap(), 1);
-        assert_eq!(done.recv().unwrap(), 2);
+        g.drain.send(()).unwrap();
+        g.drain.send(()).unwrap();
+        assert_eq!(g.done.recv().unwrap(), 1);
+        assert_eq!(g.done.recv().unwrap(), 2);
         r.flush(Duration::from_secs(10)).unwrap();
         assert_eq!(r.pending_for(7), 0);
         let c = r.counters();
@@ -404,11 +503,11 @@ mod tests {
 
     #[test]
     fn back_pressure_waits_then_names_the_peer() {
-        let (r, go, done) = gated();
+        let (r, g) = gated();
         for key in 0..3 {
             r.submit(key + 10, 4, 1).unwrap();
         }
-        wait_busy(&r);
+        wait_until_phase(&r, 10, Phase::Draining);
         let err = r.wait_below(4, 1, Duration::from_millis(50)).unwrap_err();
         assert_eq!(err.status, crate::error::Status::Timeout);
         assert!(
@@ -420,38 +519,60 @@ mod tests {
         // Another peer is not held back.
         r.wait_below(5, 1, Duration::ZERO).unwrap();
         // Let two through: now only one waits, and the bounded wait succeeds.
-        go.send(()).unwrap();
-        go.send(()).unwrap();
-        assert_eq!(done.recv().unwrap(), 10);
-        assert_eq!(done.recv().unwrap(), 11);
+        g.drain.send(()).unwrap();
+        g.drain.send(()).unwrap();
+        assert_eq!(g.done.recv().unwrap(), 10);
+        assert_eq!(g.done.recv().unwrap(), 11);
         r.wait_below(4, 1, Duration::from_secs(10)).unwrap();
-        go.send(()).unwrap();
+        g.drain.send(()).unwrap();
         r.flush(Duration::from_secs(10)).unwrap();
     }
 
     #[test]
-    fn a_queued_mapping_opened_again_is_taken_back() {
-        let (r, go, _done) = gated();
+    fn a_mapping_opened_again_before_its_close_is_taken_back() {
+        let (r, g) = gated();
         r.submit(1, 0, 11).unwrap();
         r.submit(2, 0, 22).unwrap();
-        wait_busy(&r); // key 1 is being closed, key 2 waits
+        wait_until_phase(&r, 1, Phase::Draining);
+        // Key 1 waits for device work, key 2 is queued: both are intact and come back.
         assert!(matches!(r.revive(&2), Revive::Queued(22)));
-        assert!(matches!(r.revive(&1), Revive::Closing));
+        assert!(matches!(r.revive(&1), Revive::Queued(11)));
+        assert!(matches!(r.revive(&1), Revive::Absent), "taken back once");
         assert!(matches!(r.revive(&3), Revive::Absent));
-        assert!(!r.wait_not_closing(&1, Duration::from_millis(20)));
-        go.send(()).unwrap();
-        assert!(r.wait_not_closing(&1, Duration::from_secs(10)));
+        assert!(r.wait_not_closing(&1, Duration::ZERO));
+        assert_eq!(r.counters().pending, 0);
+        r.flush(Duration::ZERO).unwrap();
+        // The drain ends; the thread then skips the close of the job taken back.
+        g.drain.send(()).unwrap();
+        r.submit(3, 0, 33).unwrap();
+        g.drain.send(()).unwrap();
+        assert_eq!(g.done.recv().unwrap(), 3, "key 1 was never closed");
         r.flush(Duration::from_secs(10)).unwrap();
         let c = r.counters();
-        assert_eq!((c.pending, c.finished, c.revived), (0, 1, 1));
+        assert_eq!((c.pending, c.finished, c.revived), (0, 1, 2));
+    }
+
+    #[test]
+    fn a_mapping_inside_its_close_is_waited_for() {
+        let (r, g) = gated();
+        r.submit(1, 0, 100).unwrap();
+        g.drain.send(()).unwrap();
+        wait_until_phase(&r, 1, Phase::Closing);
+        assert!(matches!(r.revive(&1), Revive::Closing));
+        assert!(!r.wait_not_closing(&1, Duration::from_millis(20)));
+        g.close.send(()).unwrap();
+        assert!(r.wait_not_closing(&1, Duration::from_secs(10)));
+        assert_eq!(g.done.recv().unwrap(), 1);
+        r.flush(Duration::from_secs(10)).unwrap();
+        assert!(matches!(r.revive(&1), Revive::Absent));
     }
 
     #[test]
     fn flush_is_bounded_and_failed_closes_are_counted() {
-        let (r, go, _done) = gated();
+        let (r, g) = gated();
         r.submit(1, 0, 0).unwrap(); // target 0: the close fails
         assert_eq!(r.flush(Duration::from_millis(20)), Err(1));
-        go.send(()).unwrap();
+        g.drain.send(()).unwrap();
         r.flush(Duration::from_secs(10)).unwrap();
         assert_eq!(r.counters().errors, 1);
         assert!(r.last_error().unwrap().contains("on purpose"));
@@ -461,10 +582,10 @@ mod tests {
 
     #[test]
     fn flush_waits_for_earlier_closes_whatever_happens_to_later_ones() {
-        let (r, go, _done) = gated();
-        r.submit(1, 0, 1).unwrap(); // will be closing
+        let (r, g) = gated();
+        r.submit(1, 0, 1).unwrap(); // will be draining
         r.submit(2, 0, 1).unwrap(); // stays queued
-        wait_busy(&r);
+        wait_until_phase(&r, 1, Phase::Draining);
         let flusher = {
             let r = Arc::clone(&r);
             std::thread::spawn(move || r.flush(Duration::from_millis(1500)))
@@ -473,9 +594,9 @@ mod tests {
         // A later close, taken back at once, must not let the flush count key 2 as done.
         r.submit(3, 0, 1).unwrap();
         assert!(matches!(r.revive(&3), Revive::Queued(1)));
-        go.send(()).unwrap(); // key 1 closes; key 2 is still queued behind the gate
+        g.drain.send(()).unwrap(); // key 1 closes; key 2 then drains behind the gate
         assert_eq!(flusher.join().unwrap(), Err(1));
-        go.send(()).unwrap();
+        g.drain.send(()).unwrap();
         r.flush(Duration::from_secs(10)).unwrap();
     }
 
