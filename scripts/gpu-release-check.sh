@@ -6,7 +6,8 @@
 #               one GPU: every suite, GpuRelease.* among them (a replacement exchange returns while
 #               work queued before it waits on a flag set only afterwards; the old mapping still
 #               delivers the old data, the next step the new; driver calls and an exchange are not
-#               serialised behind the releaser; 200 queued 256 MiB copies do not delay a
+#               serialised behind the releaser; going back to a buffer whose mapping waits for
+#               its close takes it back without a new open; 200 queued 256 MiB copies do not delay a
 #               replacement; an exporter freeing a mapped buffer corrupts nothing; no CUDA error);
 #   2. bench    `nvfipc bench --scenario exchange --transport device` (W = 2, 4, 8; cold, warm,
 #               asym and pool, ours against the seed protocol), unless RELEASE_BENCH=0.
@@ -48,8 +49,8 @@ hits() {
   if [ -n "$logs" ]; then n=$(cat $logs | grep -c -- "$1" || true); fi
   echo "${n:-0}"
 }
-for t in HostFlagGatesStream ReplacementDoesNotWaitForGatedWork QueuedCopiesDoNotDelayReplacement \
-  ExporterFreesMappedBuffer; do
+for t in HostFlagGatesStream ReplacementDoesNotWaitForGatedWork GoingBackTakesTheMappingBack \
+  QueuedCopiesDoNotDelayReplacement ExporterFreesMappedBuffer; do
   name="GpuRelease.$t"
   ok=$(hits "\[       OK \] $name ")
   bad=$(hits "\[  FAILED  \] $name ")

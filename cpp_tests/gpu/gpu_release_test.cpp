@@ -7,6 +7,7 @@
 //     work still reads the OLD buffer through the OLD mapping, the next step the NEW one;
 //   * while the releaser waits for that work, other driver calls and a further exchange (a new
 //     allocation: export, open) on the caller's thread are not serialised behind it;
+//   * a peer going back to a buffer whose mapping waits for its close gets it back, no reopen;
 //   * 200 queued 256 MiB copies do not delay a replacement exchange;
 //   * an exporter that frees a buffer its peer still maps never corrupts anything;
 // and that no CUDA error is left behind and the context stays usable.
@@ -369,6 +370,76 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
   EXPECT_EQ(after.live, before.live);
   CUDA_ASSERT(cudaStreamDestroy(stream));
   CUDA_ASSERT(cudaStreamDestroy(side));
+  ExpectHealthy(test);
+}
+
+TEST(GpuRelease, GoingBackTakesTheMappingBack) {
+  // A peer that goes back to a buffer whose mapping was just released (ping-pong buffers) while
+  // work queued before the release still waits on a flag: the exchange takes the mapping back
+  // (no new open, same address) instead of waiting for its close, returns before the flag is
+  // set, and the gated copy and the next step both read that buffer.
+  REQUIRE_RANKS(2);
+  const std::string test = "GpuRelease.GoingBackTakesTheMappingBack";
+  constexpr size_t kCount = 1 << 20;
+  constexpr size_t kBytes = kCount * sizeof(int32_t);
+  const int64_t me = job().rank, left = RecvPeer();
+  DeviceBuffer ping(kBytes), pong(kBytes), recv(kBytes), again(kBytes);
+  ASSERT_NE(ping.get(), nullptr);
+  ASSERT_NE(pong.get(), nullptr);
+  ASSERT_NE(recv.get(), nullptr);
+  ASSERT_NE(again.get(), nullptr);
+  Fill(ping.get(), kCount, me, 1);
+  Fill(pong.get(), kCount, me, 2);
+  HostFlag flag;
+  ASSERT_TRUE(flag.ok());
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    ScopedCache cache("release_back");
+    GPU_ASSERT_OK(cache.status());
+    SetOnExit release_on_exit(flag);
+    auto batch = [&](void* send) {
+      return std::vector<nvfipc_request>{
+          Request(SendPeer(), NVFIPC_DIRECTION_SEND, "back", send, kBytes),
+          Request(RecvPeer(), NVFIPC_DIRECTION_RECV, "back", recv.get(), kBytes)};
+    };
+    auto on_ping = batch(ping.get()), on_pong = batch(pong.get());
+    GPU_ASSERT_OK(nvfipc_exchange_handles(cache.get(), on_ping.data(), 2));
+    const uint64_t ping_peer = Get(cache.get(), on_ping[1]).peer_ptr;
+    ASSERT_NE(ping_peer, 0u);
+    GPU_ASSERT_OK(Barrier());
+    DRV_ASSERT(flag.EnqueueWait(stream));
+    CUDA_ASSERT(cudaMemcpyAsync(recv.get(), reinterpret_cast<void*>(ping_peer), kBytes,
+                                cudaMemcpyDeviceToDevice, stream));
+    Watchdog dog(flag, kWatchdog);
+    dog.Step("the exchange moving to pong");
+    GPU_ASSERT_OK(nvfipc_exchange_handles(cache.get(), on_pong.data(), 2));
+    EXPECT_GE(Counters().pending_closes, 1u) << "the ping mapping should wait for its close";
+    const uint64_t opens = Counters().opens;
+    dog.Step("the exchange going back to ping");
+    Stopwatch sw;
+    nvfipc_status st = nvfipc_exchange_handles(cache.get(), on_ping.data(), 2);
+    PrintTiming(test, "exchange_going_back", sw.micros());
+    ASSERT_EQ(st, NVFIPC_STATUS_OK) << Describe(st);
+    EXPECT_FALSE(dog.fired()) << "going back waited for the close of the old mapping ("
+                              << dog.fired_step() << ")";
+    EXPECT_EQ(Get(cache.get(), on_ping[1]).peer_ptr, ping_peer) << "the mapping was not taken back";
+    EXPECT_EQ(Counters().opens, opens) << "going back opened the buffer again";
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "the gated copy ran early";
+    flag.Set();
+    dog.Stop();
+    CUDA_ASSERT(SyncStream(stream, test.c_str()));
+    ExpectPattern(recv.get(), kCount, left, 1, "the gated copy from the ping mapping");
+    GPU_ASSERT_OK(Barrier());
+    GPU_ASSERT_OK(nvfipc_exchange_handles(cache.get(), on_ping.data(), 2));
+    CUDA_ASSERT(cudaMemcpyAsync(again.get(), reinterpret_cast<void*>(ping_peer), kBytes,
+                                cudaMemcpyDeviceToDevice, stream));
+    CUDA_ASSERT(SyncStream(stream, test.c_str()));
+    ExpectPattern(again.get(), kCount, left, 1, "a copy after going back");
+    ExpectReleasesDrain(test);
+    cache.Free();
+  }
+  CUDA_ASSERT(cudaStreamDestroy(stream));
   ExpectHealthy(test);
 }
 
