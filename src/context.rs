@@ -1,32 +1,47 @@
 //! A rank's view of the job: who it is, the store everyone shares, a job-unique id and barriers.
 //!
-//! Store lifetime: when the store is hosted in-process (local rank 0 of the master host), closing
-//! or dropping that rank's [`Context`] does not pull the store from under the others. It first
-//! waits, bounded by the host linger (30 s by default), until every rank has closed its context,
-//! or every rank has connected once and all of them have since disconnected; then it drops its
-//! own connection and stops the server once no client is left.
+//! Store hosting: without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master
+//! address as its own is a candidate; each tries to listen on the master port and the one whose
+//! bind succeeds hosts the store (the others find the port taken and connect, like every other
+//! rank). So exactly one process hosts it even when several nodes (containers sharing the host
+//! network) all see the master address as theirs.
 //!
-//! Keys (all under `nvfipc/context/`):
-//! - `<tag>/w<world>/created`: counts contexts created. Every rank creates its contexts in the
-//!   same order, so creation `n` belongs to run `(n-1)/world`, and a store that outlives one run
-//!   (several contexts in one process, or `nvfipc serve` serving one job after another) gives each
-//!   run its own keys. The tag names the job when the launcher gives one (see
-//!   `env::JOB_TAG_VARS`), which keeps concurrent jobs on one store apart as well;
+//! Store lifetime: when the store is hosted in-process, closing or dropping that rank's
+//! [`Context`] does not pull the store from under the others. It first waits, bounded by the
+//! host linger (30 s by default), until every rank has closed its context, or every rank has
+//! connected once and all of them have since disconnected; then it drops its own connection and
+//! stops the server once no client is left.
+//!
+//! Keys (all under `nvfipc/context/`). A job is identified by its tag (`NVFIPC_JOB_TAG` or the
+//! launcher's job id, see `env::JOB_TAG_VARS`; `default` otherwise) and world size, and a store
+//! that outlives one run (several contexts in one process, or `nvfipc serve` serving one job
+//! after another) numbers the runs of each:
+//! - `<tag>/w<world>/<run>/rank/<rank>`: the claim of a rank in a run, made atomically with
+//!   COMPARE_SET (ADD on stores without it) and holding a per-process nonce and the claimer's
+//!   node identity. A rank takes the first run whose slot is free; it skips runs whose slot's
+//!   holder has closed (`<run>/closed/<rank>`), is dead (where its pid can be checked) or is
+//!   another context of its own process. A slot held by any other live process means the rank is
+//!   claimed twice (two jobs on one store without distinct tags, or a rank started twice): the
+//!   newcomer is refused and writes `<run>/duplicate/<rank>`, which refuses the holder as well at
+//!   its first barrier or at close. Grouping thus never depends on the order of arrival;
 //! - `<tag>/w<world>/<run>/job_id`: agreed with one COMPARE_SET, the first proposal wins (stores
 //!   without COMPARE_SET: rank 0 sets it and the others read it); the last rank to close deletes
 //!   it;
-//! - `<job>/joined/<rank>`: set once connected (a SET costs no round trip);
+//! - `<job>/joined/<rank>`: the rank's node identity (`crate::node`), set once connected (a SET
+//!   costs no round trip); caches read it to tell peers they cannot map at once;
 //! - `<job>/closed` (a counter) and `<job>/all_closed`: the close protocol above.
 
 use crate::barrier::{self, BarrierState};
 use crate::env::{self, EnvConfig, RankInfo, StoreSource};
 use crate::error::{Error, Result, Status};
+use crate::node::{NodeIdentity, Reach};
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
 use crate::store::{Store, DEFAULT_TIMEOUT};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -82,6 +97,10 @@ pub struct Context {
     server: Mutex<Option<StoreServer>>,
     /// The key that holds `job_id`; deleted by the last rank to close.
     job_key: String,
+    /// This rank's claim of its place in the run.
+    claim: RankClaim,
+    /// Set once a barrier has checked the claim.
+    claim_checked: AtomicBool,
     timeout: Duration,
     host_linger: Duration,
     barriers: BarrierState,
@@ -162,16 +181,21 @@ impl Context {
         tag: &str,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
+        // Election: every candidate (local rank 0 of a node that sees the master address as its
+        // own) tries to listen on the master port; the one whose bind succeeds hosts, the others
+        // find the port taken and connect like every other rank.
         let server = if host_store {
-            let server = StoreServer::bind_with("", port, &env::embedded_server_options()?)
-                .map_err(|e| {
-                    e.context(format!(
+            match StoreServer::bind_with("", port, &env::embedded_server_options()?) {
+                Ok(server) => Some(server),
+                Err(e) if port != 0 && is_addr_in_use(&e) => None,
+                Err(e) => {
+                    return Err(e.context(format!(
                         "{who}: hosting the store on port {port} (pick a free port with \
-                     NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
+                         NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
                         env::STORE_ADDR_VAR
-                    ))
-                })?;
-            Some(server)
+                    )))
+                }
+            }
         } else {
             None
         };
@@ -195,7 +219,8 @@ impl Context {
         timeout: Duration,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        let (job_key, agreed) = agree_on_job_id(&*store, &ranks, tag, timeout)
+        let claim = claim_rank(&*store, &ranks, tag).map_err(|e| e.context(who.clone()))?;
+        let (job_key, agreed) = agree_on_job_id(&*store, &claim, &ranks, timeout)
             .map_err(|e| e.context(format!("{who}: agreeing on the job id")))?;
         let job_id = String::from_utf8(agreed)
             .ok()
@@ -207,7 +232,10 @@ impl Context {
                 ))
             })?;
         store
-            .set(&joined_key(&job_id, ranks.rank), b"1")
+            .set(
+                &joined_key(&job_id, ranks.rank),
+                NodeIdentity::local().encode().as_bytes(),
+            )
             .map_err(|e| e.context(format!("{who}: announcing this rank")))?;
         Ok(Context {
             rank: ranks.rank,
@@ -219,6 +247,8 @@ impl Context {
             job_id,
             server: Mutex::new(server),
             job_key,
+            claim,
+            claim_checked: AtomicBool::new(false),
             timeout,
             host_linger: DEFAULT_HOST_LINGER,
             closed: false,
@@ -273,14 +303,20 @@ impl Context {
     /// Barrier over the world (`None`) or the listed ranks, which must include this rank.
     /// `timeout` `None` uses the context's default. Returns the generation that completed.
     pub fn barrier(&self, members: Option<&[usize]>, timeout: Option<Duration>) -> Result<u64> {
-        barrier::barrier(
+        let gen = barrier::barrier(
             &*self.store,
             &self.barriers,
             self.rank,
             self.world_size,
             members,
             timeout.unwrap_or(self.timeout),
-        )
+        )?;
+        // Every member has claimed its rank once the first barrier passed: a rank claimed twice
+        // by then is seen here, on both processes, before the job goes on.
+        if gen == 0 && !self.claim_checked.swap(true, Ordering::Relaxed) {
+            self.check_rank_claim()?;
+        }
+        Ok(gen)
     }
 
     /// Announces that this rank is done and, on the hosting rank, waits (bounded by the host
@@ -311,6 +347,10 @@ impl Context {
     /// Counts this rank as closed; the last one marks the job finished and frees the job id key.
     fn announce_close(&self) -> Result<()> {
         let who = format!("rank {} of {}", self.rank, self.world_size);
+        let duplicate = self.claim.check_duplicate(&*self.store);
+        self.store
+            .set(&self.claim.closed_key(), b"1")
+            .map_err(|e| e.context(format!("{who}: announcing close")))?;
         let closed = self
             .store
             .add(&format!("{KEY_PREFIX}/{}/closed", self.job_id), 1)
@@ -319,7 +359,20 @@ impl Context {
             self.store.set(&all_closed_key(&self.job_id), b"1")?;
             self.store.delete_key(&self.job_key)?;
         }
-        Ok(())
+        duplicate.map_err(|e| e.context(who))
+    }
+
+    /// Fails when another process claimed this rank of this run after this one did (two jobs
+    /// on one store without distinct job tags); checked by the first barrier and at close.
+    pub fn check_rank_claim(&self) -> Result<()> {
+        self.claim
+            .check_duplicate(&*self.store)
+            .map_err(|e| e.context(format!("rank {} of {}", self.rank, self.world_size)))
+    }
+
+    /// The node identity rank `peer` published when it joined (waits, bounded, until it has).
+    pub fn peer_node(&self, peer: usize, timeout: Duration) -> Result<NodeIdentity> {
+        peer_node(&*self.store, &self.job_id, peer, timeout)
     }
 
     /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
@@ -385,17 +438,14 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Finds this creation's run and agrees on its job id; returns the key and the agreed value.
+/// Agrees on the job id of the run `claim` belongs to; returns the key and the agreed value.
 fn agree_on_job_id(
     store: &dyn Store,
+    claim: &RankClaim,
     ranks: &RankInfo,
-    tag: &str,
     timeout: Duration,
 ) -> Result<(String, Vec<u8>)> {
-    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
-    let created = store.add(&format!("{base}/created"), 1)?;
-    let run = (created.max(1) - 1) / ranks.world_size as i64;
-    let key = format!("{base}/{run}/job_id");
+    let key = format!("{}/{}/job_id", claim.base, claim.run);
     let proposal = propose_job_id(ranks.rank);
     let agreed = match store.compare_set(&key, b"", proposal.as_bytes()) {
         Ok(value) => value,
@@ -412,7 +462,175 @@ fn agree_on_job_id(
     Ok((key, agreed))
 }
 
-fn joined_key(job_id: &str, rank: usize) -> String {
+/// A per-process random nonce: claims of one process are told from another's by it.
+static PROCESS_NONCE: once_cell::sync::Lazy<String> =
+    once_cell::sync::Lazy::new(|| propose_job_id(usize::MAX));
+/// Contexts created by this process, numbering its claims.
+static CLAIMS_MADE: AtomicU64 = AtomicU64::new(0);
+/// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
+#[derive(Debug)]
+struct RankClaim {
+    base: String,
+    run: u64,
+    rank: usize,
+}
+
+/// A claim's holder, parsed from the claim key's value `<nonce>.<n>;<node identity>`.
+struct Holder {
+    nonce: String,
+    node: Option<NodeIdentity>,
+}
+
+impl Holder {
+    fn parse(value: &[u8]) -> Holder {
+        let text = String::from_utf8_lossy(value);
+        let (claim, node) = text.split_once(';').unwrap_or((&text, ""));
+        let nonce = claim.split_once('.').map_or(claim, |(n, _)| n).to_string();
+        Holder {
+            nonce,
+            node: NodeIdentity::decode(node),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.node {
+            Some(n) => format!("pid {} on host {:?}", n.pid, n.host_name),
+            None => "a process of unknown identity".to_string(),
+        }
+    }
+
+    /// True when the holder is known to be gone: its pid means something here and is dead.
+    fn is_dead(&self) -> bool {
+        let Some(node) = &self.node else {
+            return false;
+        };
+        matches!(NodeIdentity::local().reach(node), Reach::Mappable { pids: true })
+            && node.boot_id == NodeIdentity::local().boot_id
+            && !crate::node::process_alive(node.pid)
+    }
+}
+
+impl RankClaim {
+    fn key(&self) -> String {
+        format!("{}/{}/rank/{}", self.base, self.run, self.rank)
+    }
+    fn closed_key(&self) -> String {
+        format!("{}/{}/closed/{}", self.base, self.run, self.rank)
+    }
+    fn duplicate_key(base: &str, run: u64, rank: usize) -> String {
+        format!("{base}/{run}/duplicate/{rank}")
+    }
+
+    /// Fails, naming the other process, when another process tried to claim this rank of this
+    /// run while this one held it.
+    fn check_duplicate(&self, store: &dyn Store) -> Result<()> {
+        let key = Self::duplicate_key(&self.base, self.run, self.rank);
+        if !store.check(&[&key])? {
+            return Ok(());
+        }
+        let other = store.get(&key, Duration::from_secs(1)).unwrap_or_default();
+        Err(Error::state(format!(
+            "another process ({}) also claimed rank {} of this job (store key {}): two jobs \
+             use one store without distinct job tags, or one rank was started twice; their \
+             ranks cannot be told apart, so both are refused. Give each job its own \
+             NVFIPC_JOB_TAG (or its own store)",
+            Holder::parse(&other).describe(),
+            self.rank,
+            self.key(),
+        )))
+    }
+}
+
+/// Claims this rank's place in the first run of `<tag>/w<world>` where it is free, atomically
+/// (COMPARE_SET of `<run>/rank/<rank>` with a per-process nonce). A run whose slot is held by a
+/// context that closed, by a dead process or by another context of this process is skipped; a
+/// slot held by any other live process means two processes claim one rank: both are refused (the
+/// holder sees the `duplicate` key this writes at its first barrier or at close).
+fn claim_rank(store: &dyn Store, ranks: &RankInfo, tag: &str) -> Result<RankClaim> {
+    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
+    let serial = CLAIMS_MADE.fetch_add(1, Ordering::Relaxed);
+    let value = format!(
+        "{}.{serial};{}",
+        *PROCESS_NONCE,
+        NodeIdentity::local().encode()
+    );
+    let mut run = 0;
+    loop {
+        let claim = RankClaim {
+            base: base.clone(),
+            run,
+            rank: ranks.rank,
+        };
+        let held = try_claim(store, &claim.key(), value.as_bytes())?;
+        if held == value.as_bytes() {
+            return Ok(claim);
+        }
+        let holder = Holder::parse(&held);
+        if holder.nonce == *PROCESS_NONCE
+            || store.check(&[&claim.closed_key()])?
+            || holder.is_dead()
+        {
+            run += 1;
+            continue;
+        }
+        let dup = RankClaim::duplicate_key(&base, run, ranks.rank);
+        store.set(&dup, value.as_bytes())?;
+        return Err(Error::state(format!(
+            "rank {} is already claimed in this store by another live process ({}; store key \
+             {}): two jobs use one store without distinct job tags, or one rank was started \
+             twice; their ranks cannot be told apart, so both are refused. Give each job its \
+             own NVFIPC_JOB_TAG (or its own store)",
+            ranks.rank,
+            holder.describe(),
+            claim.key()
+        )));
+    }
+}
+
+/// Writes `value` into `key` unless it holds a value already; returns what it holds then. Atomic:
+/// one COMPARE_SET, or, on stores without it, an ADD on `<key>/n` (the first adder writes).
+fn try_claim(store: &dyn Store, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+    match store.compare_set(key, b"", value) {
+        Err(e) if e.status == Status::Unsupported => {
+            if store.add(&format!("{key}/n"), 1)? == 1 {
+                store.set(key, value)?;
+                Ok(value.to_vec())
+            } else {
+                // The first adder writes right after its ADD.
+                store.get(key, Duration::from_secs(10))
+            }
+        }
+        other => other,
+    }
+}
+
+/// The node identity rank `peer` of job `job_id` published when it joined.
+pub fn peer_node(
+    store: &dyn Store,
+    job_id: &str,
+    peer: usize,
+    timeout: Duration,
+) -> Result<NodeIdentity> {
+    let key = joined_key(job_id, peer);
+    let value = store.get(&key, timeout).map_err(|e| {
+        e.context(format!("waiting for peer rank {peer} to join the job (key {key})"))
+    })?;
+    NodeIdentity::decode(&String::from_utf8_lossy(&value)).ok_or_else(|| {
+        Error::protocol(format!(
+            "store key {key} does not hold a node identity: all ranks must use the same \
+             nvfuser-ipc version"
+        ))
+    })
+}
+
+/// True when `e` is a bind failure because the address is in use.
+fn is_addr_in_use(e: &Error) -> bool {
+    e.message
+        .contains(&std::io::Error::from_raw_os_error(libc::EADDRINUSE).to_string())
+}
+
+/// The key where rank `rank` of job `job_id` publishes its node identity when it joins.
+pub fn joined_key(job_id: &str, rank: usize) -> String {
     format!("{KEY_PREFIX}/{job_id}/joined/{rank}")
 }
 
@@ -538,7 +756,10 @@ mod tests {
             .iter()
             .any(|k| k.starts_with(&format!("nvfipc/barrier/{}/w4/", ids[0]))));
         // Every context closed, so the last one freed the job id for the next run.
-        assert!(keys.contains(&"nvfipc/context/default/w4/created".to_string()));
+        for rank in 0..4 {
+            assert!(keys.contains(&format!("nvfipc/context/default/w4/0/rank/{rank}")));
+            assert!(keys.contains(&format!("nvfipc/context/default/w4/0/closed/{rank}")));
+        }
         assert!(!keys.iter().any(|k| k.ends_with("/job_id")), "{keys:?}");
         assert!(keys.contains(&format!("nvfipc/context/{}/all_closed", ids[0])));
     }

@@ -39,6 +39,8 @@
 //! `get` and `stats` may run at any time.
 
 use super::board::{OwnBoard, PeerBoard};
+use super::peers::PeerNodes;
+use crate::node::PeerProcess;
 use super::channel::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::collector::Collector;
 use super::epoch::TransferEpochs;
@@ -103,6 +105,8 @@ pub struct P2pHandles {
     pub peer_semaphore: u64,
     /// Transfer counters of the channel (see `exchange::epoch`).
     pub epochs: Arc<TransferEpochs>,
+    /// The peer's rank and process, so that transfer waits can tell when it has exited.
+    pub peer: PeerProcess,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -274,6 +278,7 @@ pub struct HandleCache {
     auto_device: bool,
     board: OwnBoard,
     peer_boards: Mutex<HashMap<usize, Arc<PeerBoard>>>,
+    peer_nodes: PeerNodes,
     state: Mutex<State>,
     counters: Counters,
     collector: Mutex<Collector>,
@@ -341,6 +346,7 @@ impl HandleCache {
         }
         let board = OwnBoard::create(&board_name(&cfg.job_id, &cfg.scope, cfg.rank), cfg.rank)
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
+        let peer_nodes = PeerNodes::publish(&*cfg.store, &cfg.job_id, &cfg.scope, cfg.rank)?;
         let counters = Counters::default();
         let collector = Collector::start(cfg.store.clone(), counters.keys_deleted.clone())?;
         let timeout_ns = AtomicU64::new(cfg.timeout.as_nanos().min(u64::MAX as u128) as u64);
@@ -350,6 +356,7 @@ impl HandleCache {
             auto_device: false,
             board,
             peer_boards: Mutex::new(HashMap::new()),
+            peer_nodes,
             state: Mutex::new(State::default()),
             counters,
             collector: Mutex::new(collector),
@@ -647,6 +654,13 @@ impl HandleCache {
         timeout: Duration,
         deadline: &mut Deadline,
     ) -> Result<Vec<Option<Imported>>> {
+        // A channel that has not found its peer's board yet may have a peer that can never
+        // have one here (another host or container): refuse it before anything is published.
+        for it in items.iter().filter(|it| it.peer_board.is_none()) {
+            self.peer_nodes
+                .check(&*self.cfg.store, it.peer, deadline.remaining())
+                .map_err(|e| e.context(format!("{}", it.key)))?;
+        }
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits
         // on this rank's progress (which matters when several threads share one store client).
@@ -1240,6 +1254,14 @@ impl HandleCache {
                     peer_bytes: peer.bytes,
                     peer_semaphore: peer.semaphore,
                     epochs: ch.epochs.clone(),
+                    peer: ch.peer_board.as_ref().map_or(
+                        PeerProcess {
+                            rank: ch.peer,
+                            pid: 0,
+                            checkable: false,
+                        },
+                        |b| b.owner(),
+                    ),
                 });
             }
             occ = occ.wrapping_add(1);
@@ -1283,6 +1305,7 @@ impl HandleCache {
         }
         self.torn_down = true;
         lock(&self.collector).finish();
+        self.peer_nodes.unpublish(&*self.cfg.store);
         // Release first, so that peers closing at the same time never wait on each other.
         let peers = self.release_everything();
         self.board.mark_closed();
