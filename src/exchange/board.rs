@@ -187,6 +187,44 @@ fn pid_checkable(ns: u64) -> bool {
     ns != 0 && ns == local_pid_ns()
 }
 
+/// Removes the boards (`/dev/shm/nvfipc-...-b<rank>`) whose owner no longer exists (checked only
+/// for owners of this pid namespace); returns how many. Their peers' mappings stay valid.
+pub fn reclaim_dead() -> usize {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let is_board = name.starts_with("nvfipc-")
+            && name
+                .rsplit_once("-b")
+                .is_some_and(|(_, r)| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()));
+        if !is_board {
+            continue;
+        }
+        let path = format!("/{name}");
+        let Ok(Some(seg)) = ShmSegment::open_when_sized(&path, HEADER) else {
+            continue;
+        };
+        let t = Table { seg };
+        let h = t.header();
+        let pid = h.owner_pid.load(Ordering::Acquire);
+        let dead = h.magic.load(Ordering::Relaxed) == MAGIC
+            && pid != 0
+            && pid_checkable(h.owner_pid_ns.load(Ordering::Relaxed))
+            && !process_alive(pid);
+        if dead {
+            crate::host::shm::unlink_name(&path);
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// The board this rank owns and writes. Unlinked on drop.
 pub struct OwnBoard {
     table: Table,

@@ -296,6 +296,13 @@ fn kind_index(kind: MemKind) -> usize {
     }
 }
 
+/// Removes what dead processes of this node left in `/dev/shm`: their boards, buffers and slabs.
+/// Called by every new cache (the next job) and every closing one (the survivors).
+fn reclaim_dead_segments() {
+    super::board::reclaim_dead();
+    crate::host::cleanup::reclaim_dead();
+}
+
 /// Name of the board of `rank` for a job and scope.
 pub fn board_name(job_id: &str, scope: &str, rank: usize) -> String {
     if scope.is_empty() {
@@ -344,6 +351,7 @@ impl HandleCache {
                 )));
             }
         }
+        reclaim_dead_segments();
         let board = OwnBoard::create(&board_name(&cfg.job_id, &cfg.scope, cfg.rank), cfg.rank)
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &cfg.job_id, &cfg.scope, cfg.rank)?;
@@ -1312,6 +1320,7 @@ impl HandleCache {
         let linger = self.linger();
         let start = Instant::now();
         let unclosed = self.wait_for_peers_to_close(peers, linger);
+        reclaim_dead_segments();
         let names: Vec<String> = {
             let mut boards = lock(&self.peer_boards);
             let names = unclosed

@@ -39,6 +39,8 @@ fn wait_for(h: &P2pHandles, own: &AtomicU32, target: u32, timeout: Duration) -> 
         None
     });
     if dead {
+        // Its buffers and slab stay mapped here; their names go now.
+        super::cleanup::reclaim_dead();
         return Err(Error::io(format!(
             "{}; stopped waiting for it (own semaphore {:#x} holds {}, waiting for {target})",
             h.peer.describe(),

@@ -16,6 +16,8 @@ pub struct ShmSegment {
     addr: u64,
     len: u64,
     owns_name: bool,
+    /// This name's slot in the exit-time cleanup table (see `host::cleanup`).
+    cleanup_slot: Option<usize>,
 }
 
 /// "/dev/shm has F of T bytes free", for messages.
@@ -75,6 +77,7 @@ impl ShmSegment {
                 addr,
                 len,
                 owns_name: true,
+                cleanup_slot: super::cleanup::register(name),
             }),
             Err(e) => {
                 // SAFETY: `cname` is valid; we created the name above and nobody else owns it.
@@ -145,6 +148,7 @@ impl ShmSegment {
                 addr,
                 len,
                 owns_name: false,
+                cleanup_slot: None,
             })
         })
     }
@@ -197,6 +201,9 @@ impl ShmSegment {
         if self.owns_name {
             self.owns_name = false;
             unlink_name(&self.name);
+            if let Some(slot) = self.cleanup_slot.take() {
+                super::cleanup::unregister(slot);
+            }
         }
     }
 }
