@@ -266,6 +266,11 @@ fn outbound_addr() -> Option<String> {
     (!ip.is_loopback() && !ip.is_unspecified()).then(|| ip.to_string())
 }
 
+fn client_at(addr: &str) -> TcpStore {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    TcpStore::connect(host, port.parse().unwrap(), &ConnectOptions::default()).unwrap()
+}
+
 fn client(port: u16) -> TcpStore {
     TcpStore::connect("127.0.0.1", port, &ConnectOptions::default()).unwrap()
 }
@@ -338,6 +343,26 @@ fn node_rank() {
         let err = host::alloc(32 << 20).unwrap_err();
         assert!(err.message.contains("/dev/shm has"), "{err}");
         println!("refused: {err}");
+        return;
+    }
+    if role == "race" {
+        // Two jobs start at once; each rank reports the first claim error it meets.
+        let job = std::env::var("NVFIPC_T_JOB").unwrap();
+        let rank = std::env::var("WORLD_RANK").unwrap();
+        let ctx = Context::from_env(&EnvOptions::default());
+        let control = client_at(&std::env::var("NVFIPC_STORE_ADDR").unwrap());
+        control
+            .set(&format!("test/started/{job}/{rank}"), b"1")
+            .unwrap();
+        control.get("test/go", T).unwrap();
+        let result = ctx.and_then(|ctx| {
+            ctx.barrier(None, None)?;
+            ctx.close()
+        });
+        match result {
+            Ok(()) => println!("job {job} rank {rank}: completed"),
+            Err(e) => println!("job {job} rank {rank}: refused: {e}"),
+        }
         return;
     }
     let ctx = match Context::from_env(&EnvOptions::default()) {
@@ -489,6 +514,36 @@ fn two_jobs_without_a_tag_on_one_store_are_both_refused() {
     for (r, out) in second.iter().enumerate() {
         assert!(out.status.success(), "second job, rank {r}: {}", text(out));
         assert!(text(out).contains("refused:"), "{}", text(out));
+    }
+}
+
+#[test]
+fn two_jobs_without_a_tag_started_together_are_all_refused() {
+    let (server, addr) = store(None);
+    let control = client(server.port());
+    let mut ranks = Vec::new();
+    for job in ["a", "b"] {
+        for r in 0..2 {
+            let mut env = store_env(&addr, r, 2);
+            env.push(("NVFIPC_T_JOB", job.to_string()));
+            ranks.push(spawn(Node::A, "race", r, 2, &env));
+        }
+    }
+    // Every rank has tried to claim its place before any of them goes on.
+    let started: Vec<String> = ["a", "b"]
+        .iter()
+        .flat_map(|j| (0..2).map(move |r| format!("test/started/{j}/{r}")))
+        .collect();
+    let started: Vec<&str> = started.iter().map(String::as_str).collect();
+    control.wait(&started, T).unwrap();
+    control.set("test/go", b"1").unwrap();
+    let outs: Vec<String> = ranks.into_iter().map(|c| text(&finish(c))).collect();
+    for o in &outs {
+        // Whichever process won a rank's slot, neither job runs with ranks of the other.
+        assert!(
+            o.contains("refused:") && o.contains("claimed") && !o.contains("completed"),
+            "{outs:#?}"
+        );
     }
 }
 
