@@ -196,6 +196,9 @@ typedef struct nvfipc_cache_counters {
   uint64_t peers_unclosed;
   // Device semaphore slabs deliberately left allocated because a peer might still map them.
   uint64_t leaked_slabs;
+  // Store round trips (not in `store_round_trips`) that read a peer's node identity: at most
+  // one per peer, only when a first exchange found no board of the peer on this node yet.
+  uint64_t peer_lookups;
 } nvfipc_cache_counters;
 
 // An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
@@ -563,14 +566,17 @@ enum nvfipc_status nvfipc_host_send_post(const struct nvfipc_cache *cache,
 
 // Receiver side (a RECV request already exchanged): waits for the sender's post, copies `bytes`
 // from the sender's buffer into the local one and signals the sender. `timeout_ms` < 0: the
-// cache's timeout; 0: check once.
+// cache's timeout; 0: check once. A sender that has exited (where its pid can be checked: same
+// pid namespace) fails the wait at once with `NVFIPC_STATUS_IO`, naming its rank and pid; a
+// timeout names them too.
 enum nvfipc_status nvfipc_host_recv_post(const struct nvfipc_cache *cache,
                                          const struct nvfipc_request *req,
                                          uint64_t bytes,
                                          int64_t timeout_ms);
 
 // Sender side: waits until the receiver has copied the last posted transfer, after which the
-// send buffer may be reused. `timeout_ms` as in `nvfipc_host_recv_post`.
+// send buffer may be reused. `timeout_ms` and a receiver that has exited as in
+// `nvfipc_host_recv_post`.
 enum nvfipc_status nvfipc_host_send_wait(const struct nvfipc_cache *cache,
                                          const struct nvfipc_request *req,
                                          int64_t timeout_ms);

@@ -34,7 +34,7 @@
 use crate::barrier::{self, BarrierState};
 use crate::env::{self, EnvConfig, RankInfo, StoreSource};
 use crate::error::{Error, Result, Status};
-use crate::node::{NodeIdentity, Reach};
+use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
 use crate::store::{Store, DEFAULT_TIMEOUT};
@@ -219,7 +219,8 @@ impl Context {
         timeout: Duration,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        let claim = claim_rank(&*store, &ranks, tag).map_err(|e| e.context(who.clone()))?;
+        let claim =
+            claim_rank(&*store, &ranks, tag, timeout).map_err(|e| e.context(who.clone()))?;
         let (job_key, agreed) = agree_on_job_id(&*store, &claim, &ranks, timeout)
             .map_err(|e| e.context(format!("{who}: agreeing on the job id")))?;
         let job_id = String::from_utf8(agreed)
@@ -504,8 +505,11 @@ impl Holder {
         let Some(node) = &self.node else {
             return false;
         };
-        matches!(NodeIdentity::local().reach(node), Reach::Mappable { pids: true })
-            && node.boot_id == NodeIdentity::local().boot_id
+        // A pid means something here only on this kernel and in this pid namespace.
+        let me = NodeIdentity::local();
+        node.boot_id == me.boot_id
+            && node.pid_ns == me.pid_ns
+            && me.pid_ns != 0
             && !crate::node::process_alive(node.pid)
     }
 }
@@ -541,12 +545,21 @@ impl RankClaim {
     }
 }
 
-/// Claims this rank's place in the first run of `<tag>/w<world>` where it is free, atomically
-/// (COMPARE_SET of `<run>/rank/<rank>` with a per-process nonce). A run whose slot is held by a
-/// context that closed, by a dead process or by another context of this process is skipped; a
-/// slot held by any other live process means two processes claim one rank: both are refused (the
-/// holder sees the `duplicate` key this writes at its first barrier or at close).
-fn claim_rank(store: &dyn Store, ranks: &RankInfo, tag: &str) -> Result<RankClaim> {
+/// Claims this rank's place in a run of `<tag>/w<world>`, atomically (COMPARE_SET of
+/// `<run>/rank/<rank>` with a per-process nonce). Rank 0 opens runs: it takes the first run, from
+/// the last one opened on, whose slot 0 is free, skipping slots held by a context that closed, by
+/// a dead process or by another context of its own process, then marks the run open. Every other
+/// rank joins the last run opened, once its rank 0 is still there (neither closed nor dead),
+/// waiting (bounded) for the next one otherwise. So all ranks of a job land in one run whatever
+/// their order of arrival, and a run left half-claimed by a dead job is never joined. A slot held
+/// by any other live process means two processes claim one rank: both are refused (the holder
+/// sees the `duplicate` key this writes after its first barrier or at close).
+fn claim_rank(
+    store: &dyn Store,
+    ranks: &RankInfo,
+    tag: &str,
+    timeout: Duration,
+) -> Result<RankClaim> {
     let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
     let serial = CLAIMS_MADE.fetch_add(1, Ordering::Relaxed);
     let value = format!(
@@ -554,37 +567,92 @@ fn claim_rank(store: &dyn Store, ranks: &RankInfo, tag: &str) -> Result<RankClai
         *PROCESS_NONCE,
         NodeIdentity::local().encode()
     );
-    let mut run = 0;
+    let current_key = format!("{base}/current");
+    let open_key = |run: u64| format!("{base}/{run}/open");
+    let deadline = Instant::now() + timeout;
+    let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
+        Ok(holder.nonce == *PROCESS_NONCE
+            || store.check(&[&format!("{base}/{run}/closed/{rank}")])?
+            || holder.is_dead())
+    };
+    let refuse = |run: u64, holder: &Holder| -> Result<RankClaim> {
+        let dup = RankClaim::duplicate_key(&base, run, ranks.rank);
+        store.set(&dup, value.as_bytes())?;
+        Err(Error::state(format!(
+            "rank {} is already claimed in this store by another live process ({}; store key \
+             {base}/{run}/rank/{}): two jobs use one store without distinct job tags, or one \
+             rank was started twice; their ranks cannot be told apart, so both are refused. Give \
+             each job its own NVFIPC_JOB_TAG (or its own store)",
+            ranks.rank,
+            holder.describe(),
+            ranks.rank,
+        )))
+    };
+    let mut run: u64 = if ranks.rank == 0 {
+        if store.check(&[&current_key])? {
+            parse_run(&store.get(&current_key, timeout)?)
+        } else {
+            0
+        }
+    } else {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let current = store.get(&current_key, remaining).map_err(|e| {
+            e.context(format!(
+                "waiting for rank 0 to open a run of this job (key {current_key})"
+            ))
+        })?;
+        parse_run(&current)
+    };
     loop {
         let claim = RankClaim {
             base: base.clone(),
             run,
             rank: ranks.rank,
         };
-        let held = try_claim(store, &claim.key(), value.as_bytes())?;
-        if held == value.as_bytes() {
-            return Ok(claim);
-        }
-        let holder = Holder::parse(&held);
-        if holder.nonce == *PROCESS_NONCE
-            || store.check(&[&claim.closed_key()])?
-            || holder.is_dead()
-        {
+        if ranks.rank == 0 {
+            let held = try_claim(store, &claim.key(), value.as_bytes())?;
+            if held == value.as_bytes() {
+                store.set(&open_key(run), b"1")?;
+                store.set(&current_key, run.to_string().as_bytes())?;
+                return Ok(claim);
+            }
+            let holder = Holder::parse(&held);
+            if !slot_done(run, 0, &holder)? {
+                return refuse(run, &holder);
+            }
             run += 1;
             continue;
         }
-        let dup = RankClaim::duplicate_key(&base, run, ranks.rank);
-        store.set(&dup, value.as_bytes())?;
-        return Err(Error::state(format!(
-            "rank {} is already claimed in this store by another live process ({}; store key \
-             {}): two jobs use one store without distinct job tags, or one rank was started \
-             twice; their ranks cannot be told apart, so both are refused. Give each job its \
-             own NVFIPC_JOB_TAG (or its own store)",
-            ranks.rank,
-            holder.describe(),
-            claim.key()
-        )));
+        // Join this run only while the rank 0 that opened it is still in it.
+        let leader = Holder::parse(&store.get(&format!("{base}/{run}/rank/0"), timeout)?);
+        let leader_gone = store.check(&[&format!("{base}/{run}/closed/0")])? || leader.is_dead();
+        if !leader_gone {
+            let held = try_claim(store, &claim.key(), value.as_bytes())?;
+            if held == value.as_bytes() {
+                return Ok(claim);
+            }
+            let holder = Holder::parse(&held);
+            if !slot_done(run, ranks.rank, &holder)? {
+                return refuse(run, &holder);
+            }
+        }
+        let next = open_key(run + 1);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        store.wait(&[&next], remaining).map_err(|e| {
+            e.context(format!(
+                "the last run of this job on the store ({run}) is over or taken; waiting for \
+                 rank 0 to open the next one (key {next})"
+            ))
+        })?;
+        run += 1;
     }
+}
+
+fn parse_run(value: &[u8]) -> u64 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Writes `value` into `key` unless it holds a value already; returns what it holds then. Atomic:
@@ -613,7 +681,9 @@ pub fn peer_node(
 ) -> Result<NodeIdentity> {
     let key = joined_key(job_id, peer);
     let value = store.get(&key, timeout).map_err(|e| {
-        e.context(format!("waiting for peer rank {peer} to join the job (key {key})"))
+        e.context(format!(
+            "waiting for peer rank {peer} to join the job (key {key})"
+        ))
     })?;
     NodeIdentity::decode(&String::from_utf8_lossy(&value)).ok_or_else(|| {
         Error::protocol(format!(

@@ -226,7 +226,10 @@ impl PeerProcess {
     /// "peer rank R (pid P)" for messages, with ", which has exited" when it has.
     pub fn describe(&self) -> String {
         if self.is_dead() {
-            format!("peer rank {} (pid {}, which has exited)", self.rank, self.pid)
+            format!(
+                "peer rank {} (pid {}, which has exited)",
+                self.rank, self.pid
+            )
         } else if self.pid != 0 {
             format!("peer rank {} (pid {})", self.rank, self.pid)
         } else {
@@ -260,7 +263,10 @@ mod tests {
         let Reach::Unmappable(m) = me.reach(&other_host) else {
             panic!("another host is mappable");
         };
-        assert!(m.contains("another host") && m.contains("node-local"), "{m}");
+        assert!(
+            m.contains("another host") && m.contains("node-local"),
+            "{m}"
+        );
         let container = NodeIdentity {
             ipc_ns: me.ipc_ns + 1,
             shm_dev: me.shm_dev + 1,
@@ -289,7 +295,11 @@ mod tests {
             checkable: true,
         };
         assert!(dead.is_dead());
-        assert!(dead.describe().contains("has exited"), "{}", dead.describe());
+        assert!(
+            dead.describe().contains("has exited"),
+            "{}",
+            dead.describe()
+        );
         assert!(!PeerProcess {
             checkable: false,
             ..dead

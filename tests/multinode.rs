@@ -206,8 +206,16 @@ fn spawn(node: Node, role: &str, rank: usize, world: usize, env: &[(&str, String
         Node::A => Command::new(&exe),
         Node::Sim(sim) => {
             let mut c = Command::new("nsenter");
-            c.args(["-t", &sim.holder.id().to_string(), "-m", "-u", "-i", "-n", "--"])
-                .arg(&exe);
+            c.args([
+                "-t",
+                &sim.holder.id().to_string(),
+                "-m",
+                "-u",
+                "-i",
+                "-n",
+                "--",
+            ])
+            .arg(&exe);
             c
         }
     };
@@ -382,7 +390,12 @@ fn node_rank() {
             ctx.barrier(None, None).unwrap();
             let cache = HandleCache::from_context(&ctx).unwrap();
             same_node_transfer(&ctx, &cache);
-            refused_far_request(&ctx, &cache, (rank + 2) % 4, &["another host", "node-local"]);
+            refused_far_request(
+                &ctx,
+                &cache,
+                (rank + 2) % 4,
+                &["another host", "node-local"],
+            );
             ctx.barrier(None, None).unwrap();
             ctx.barrier(Some(&[1, 2]), None).ok();
             cache.try_close().unwrap();
@@ -405,6 +418,15 @@ fn node_rank() {
             assert_eq!(err.status, Status::InvalidState, "{err}");
             assert!(err.message.contains("also claimed"), "{err}");
             println!("refused at close: {err}");
+        }
+        "linger" => {
+            ctx.store.set("test/lingering", b"1").unwrap();
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        "plain" => {
+            ctx.barrier(None, None).unwrap();
+            ctx.close().unwrap();
+            println!("rank {rank}: done");
         }
         "elect" => {
             println!("hosts={}", ctx.hosted_store_port().is_some());
@@ -485,7 +507,13 @@ fn a_container_without_a_shared_ipc_namespace_and_dev_shm_is_named() {
     let container = SimNode::start(None, None, 64);
     let ranks = [
         spawn(Node::A, "container", 0, 2, &store_env(&addr, 0, 1)),
-        spawn(Node::Sim(&container), "container", 1, 2, &store_env(&addr, 0, 1)),
+        spawn(
+            Node::Sim(&container),
+            "container",
+            1,
+            2,
+            &store_env(&addr, 0, 1),
+        ),
     ];
     for (r, child) in ranks.into_iter().enumerate() {
         let out = finish(child);
@@ -548,14 +576,40 @@ fn two_jobs_without_a_tag_started_together_are_all_refused() {
 }
 
 #[test]
+fn a_killed_job_does_not_capture_the_next_one_on_the_store() {
+    let (server, addr) = store(None);
+    let control = client(server.port());
+    // Only rank 0 of the first job comes, and it is killed.
+    let mut dead = spawn(Node::A, "linger", 0, 2, &store_env(&addr, 0, 2));
+    control.wait(&["test/lingering"], T).unwrap();
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    // The next job, untagged on the same store, with its rank 1 first.
+    let r1 = spawn(Node::A, "plain", 1, 2, &store_env(&addr, 1, 2));
+    std::thread::sleep(Duration::from_millis(200));
+    let r0 = spawn(Node::A, "plain", 0, 2, &store_env(&addr, 0, 2));
+    let outs: Vec<Output> = [r0, r1].into_iter().map(finish).collect();
+    for o in &outs {
+        assert!(o.status.success(), "{outs:#?}");
+        assert!(text(o).contains(": done"), "{outs:#?}");
+    }
+}
+
+#[test]
 fn exactly_one_of_two_nodes_sharing_the_network_hosts_the_store() {
     require_namespaces!("exactly_one_of_two_nodes_sharing_the_network_hosts_the_store");
     // Both nodes share this network, so both see MASTER_ADDR (an address of this machine that
     // is not loopback: the job spans nodes) as their own, and both are local rank 0.
     let net = Net::create(2);
-    let Some(addr) = net.as_ref().map(|n| n.host_addr.clone()).or_else(outbound_addr) else {
-        println!("SKIPPED exactly_one_of_two_nodes_sharing_the_network_hosts_the_store: no \
-                  non-loopback address on this machine");
+    let Some(addr) = net
+        .as_ref()
+        .map(|n| n.host_addr.clone())
+        .or_else(outbound_addr)
+    else {
+        println!(
+            "SKIPPED exactly_one_of_two_nodes_sharing_the_network_hosts_the_store: no \
+                  non-loopback address on this machine"
+        );
         return;
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -39,11 +39,10 @@
 //! `get` and `stats` may run at any time.
 
 use super::board::{OwnBoard, PeerBoard};
-use super::peers::PeerNodes;
-use crate::node::PeerProcess;
 use super::channel::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::collector::Collector;
 use super::epoch::TransferEpochs;
+use super::peers::PeerNodes;
 use super::record::{self, flags, local_host, Record};
 use super::stats::{bump, CacheStats, Counters};
 use super::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind, Transport};
@@ -53,6 +52,7 @@ use crate::error::{Error, Result};
 use crate::host::alloc::job_tag;
 use crate::host::wait::wait_until;
 use crate::host::HostTransport;
+use crate::node::PeerProcess;
 use crate::store::Store;
 use crate::sync::lock;
 use once_cell::sync::OnceCell;
@@ -664,10 +664,23 @@ impl HandleCache {
     ) -> Result<Vec<Option<Imported>>> {
         // A channel that has not found its peer's board yet may have a peer that can never
         // have one here (another host or container): refuse it before anything is published.
-        for it in items.iter().filter(|it| it.peer_board.is_none()) {
+        // A board found on this node's /dev/shm settles it (an IPC namespace it does not share
+        // is still refused when its records are imported); so the lookup, one store round trip,
+        // happens only for a peer whose board is not there yet.
+        let mut unknown: Vec<usize> = Vec::new();
+        for it in items.iter_mut().filter(|it| it.peer_board.is_none()) {
+            if self.peer_nodes.known(it.peer) {
+                continue;
+            }
+            match self.peer_board(it.peer) {
+                Ok(Some(board)) => it.peer_board = Some(board),
+                _ => unknown.push(it.peer),
+            }
+        }
+        if !unknown.is_empty() {
+            bump(&self.counters.peer_lookups, 1);
             self.peer_nodes
-                .check(&*self.cfg.store, it.peer, deadline.remaining())
-                .map_err(|e| e.context(format!("{}", it.key)))?;
+                .check(&*self.cfg.store, &unknown, deadline.remaining())?;
         }
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits

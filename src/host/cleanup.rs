@@ -168,13 +168,9 @@ pub fn reclaim_dead() -> usize {
         let Some(name) = name.to_str() else {
             continue;
         };
-        match creator_here(name) {
-            Some(pid) if !process_alive(pid) => {
-                if std::fs::remove_file(entry.path()).is_ok() {
-                    removed += 1;
-                }
-            }
-            _ => {}
+        let dead = creator_here(name).is_some_and(|pid| !process_alive(pid));
+        if dead && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
         }
     }
     removed
