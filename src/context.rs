@@ -18,12 +18,16 @@
 //! after another) numbers the runs of each:
 //! - `<tag>/w<world>/<run>/rank/<rank>`: the claim of a rank in a run, made atomically with
 //!   COMPARE_SET (ADD on stores without it) and holding a per-process nonce and the claimer's
-//!   node identity. A rank takes the first run whose slot is free; it skips runs whose slot's
-//!   holder has closed (`<run>/closed/<rank>`), is dead (where its pid can be checked) or is
-//!   another context of its own process. A slot held by any other live process means the rank is
-//!   claimed twice (two jobs on one store without distinct tags, or a rank started twice): the
-//!   newcomer is refused and writes `<run>/duplicate/<rank>`, which refuses the holder as well at
-//!   its first barrier or at close. Grouping thus never depends on the order of arrival;
+//!   node identity. Rank 0 opens runs: it takes the first run, from `<tag>/w<world>/current` on,
+//!   whose slot 0 is free, skipping slots whose holder has closed (`<run>/closed/<rank>`), is dead
+//!   (where its pid can be checked) or is another context of its own process, then sets
+//!   `<run>/open` and `current`. Every other rank joins the run `current` names while the rank 0
+//!   that opened it is still there, and waits (bounded) for `<run+1>/open` otherwise. So a job's
+//!   ranks land in one run whatever their order of arrival, and a run half-claimed by a dead job
+//!   is never joined. A slot held by any other live process means the rank is claimed twice (two
+//!   jobs on one store without distinct tags, or a rank started twice): the newcomer is refused
+//!   and writes `<run>/duplicate/<rank>`, which refuses the holder as well after its first
+//!   barrier or at close;
 //! - `<tag>/w<world>/<run>/job_id`: agreed with one COMPARE_SET, the first proposal wins (stores
 //!   without COMPARE_SET: rank 0 sets it and the others read it); the last rank to close deletes
 //!   it;
