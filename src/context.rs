@@ -57,6 +57,17 @@ const DEFAULT_JOB_TAG: &str = "default";
 /// Poll interval of the hosting rank while it waits for the others to finish.
 const LINGER_POLL: Duration = Duration::from_millis(10);
 
+/// Whether a rank hosts the store it connects to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hosting {
+    /// Connect only.
+    Connect,
+    /// Host it; failing to listen is an error.
+    Host,
+    /// Host it if this rank wins the election (its bind succeeds); connect otherwise.
+    Candidate,
+}
+
 /// What [`Context::new`] needs: the rank's place in the job and a store that is already there.
 pub struct ContextOptions {
     pub rank: usize,
@@ -136,7 +147,12 @@ impl Context {
         timeout: Duration,
     ) -> Result<Context> {
         let ranks = RankInfo::new(rank, world_size, rank, world_size)?;
-        Self::open(ranks, host, port, host_store, timeout, DEFAULT_JOB_TAG)
+        let hosting = if host_store {
+            Hosting::Host
+        } else {
+            Hosting::Connect
+        };
+        Self::open(ranks, host, port, hosting, timeout, DEFAULT_JOB_TAG)
     }
 
     /// Builds the context from the launcher's environment (see [`crate::env`]). Without
@@ -164,14 +180,12 @@ impl Context {
                 config.ranks.local_rank == 0 && is_this_host(&addr.host),
             ),
         };
-        let mut ctx = Self::open(
-            config.ranks,
-            &addr.host,
-            addr.port,
-            host_store,
-            timeout,
-            &tag,
-        )?;
+        let hosting = if host_store {
+            Hosting::Candidate
+        } else {
+            Hosting::Connect
+        };
+        let mut ctx = Self::open(config.ranks, &addr.host, addr.port, hosting, timeout, &tag)?;
         ctx.host_linger = options.host_linger;
         Ok(ctx)
     }
@@ -180,7 +194,7 @@ impl Context {
         ranks: RankInfo,
         host: &str,
         port: u16,
-        host_store: bool,
+        hosting: Hosting,
         timeout: Duration,
         tag: &str,
     ) -> Result<Context> {
@@ -188,10 +202,10 @@ impl Context {
         // Election: every candidate (local rank 0 of a node that sees the master address as its
         // own) tries to listen on the master port; the one whose bind succeeds hosts, the others
         // find the port taken and connect like every other rank.
-        let server = if host_store {
+        let server = if hosting != Hosting::Connect {
             match StoreServer::bind_with("", port, &env::embedded_server_options()?) {
                 Ok(server) => Some(server),
-                Err(e) if port != 0 && is_addr_in_use(&e) => None,
+                Err(e) if hosting == Hosting::Candidate && port != 0 && is_addr_in_use(&e) => None,
                 Err(e) => {
                     return Err(e.context(format!(
                         "{who}: hosting the store on port {port} (pick a free port with \
