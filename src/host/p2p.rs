@@ -17,8 +17,10 @@ use crate::exchange::{MemKind, P2pHandles};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-/// Polls of a transfer wait between two liveness checks of the peer (`kill(pid, 0)`); past the
-/// spin phase of `wait_until` these are about 100 ms apart.
+/// Polls of a transfer wait before the first liveness check of the peer (`kill(pid, 0)`, a
+/// syscall): past the spin phase of `wait_until`, so a peer a few microseconds late costs none.
+const FIRST_LIVENESS_POLL: u32 = 2048;
+/// Polls between two liveness checks after that (about 100 ms once sleeping).
 const LIVENESS_EVERY: u32 = 256;
 
 /// Waits until `own` has reached `target`, or the peer has exited (`Err` naming it), or the
@@ -31,7 +33,7 @@ fn wait_for(h: &P2pHandles, own: &AtomicU32, target: u32, timeout: Duration) -> 
             return Some(true);
         }
         polls = polls.wrapping_add(1);
-        if polls % LIVENESS_EVERY == 0 && h.peer.is_dead() {
+        if polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0 && h.peer.is_dead() {
             // A last look: what the peer wrote before it died still counts.
             dead = !reached(own.load(Ordering::Acquire), target);
             return Some(!dead);
@@ -227,6 +229,43 @@ mod tests {
         assert!(err.message.contains("transfer 4"), "{err}");
         send_post(&send).unwrap();
         assert_eq!(recv_post(&recv, 8, t).unwrap(), 4);
+    }
+
+    #[test]
+    fn waits_stop_at_once_when_the_peer_has_exited() {
+        let slab = HostSlab::new("unit_p2p").unwrap();
+        let a = alloc_for_job("unit_p2p", 8).unwrap();
+        let b = alloc_for_job("unit_p2p", 8).unwrap();
+        let (mut send, mut recv) = pair(a.addr(), b.addr(), 8, &slab);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        for h in [&mut send, &mut recv] {
+            h.peer = crate::node::PeerProcess {
+                rank: 5,
+                pid,
+                checkable: true,
+            };
+        }
+        // Far below the timeout: the dead peer is noticed at the first liveness check.
+        let t = Duration::from_secs(60);
+        let start = std::time::Instant::now();
+        let err = recv_post(&recv, 8, t).unwrap_err();
+        assert_eq!(err.status, crate::error::Status::Io, "{err}");
+        assert!(err
+            .message
+            .contains(&format!("peer rank 5 (pid {pid}, which has exited)")));
+        // A timeout names the peer as well.
+        recv.peer.checkable = false;
+        let err = recv_post(&recv, 8, Duration::from_millis(5)).unwrap_err();
+        assert!(
+            err.message.contains(&format!("peer rank 5 (pid {pid})")),
+            "{err}"
+        );
+        send_post(&send).unwrap();
+        let err = send_wait(&send, t).unwrap_err();
+        assert!(err.message.contains("has exited"), "{err}");
+        assert!(start.elapsed() < t / 2, "{:?}", start.elapsed());
     }
 
     #[test]
