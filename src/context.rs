@@ -223,8 +223,21 @@ impl Context {
             connect_timeout: timeout,
             wait_for_workers: None,
         };
-        let store = TcpStore::connect(host, port, &connect)
-            .map_err(|e| e.context(format!("{who}: connecting to the store at {host}:{port}")))?;
+        let lost_election = hosting == Hosting::Candidate && server.is_none();
+        let store = TcpStore::connect(host, port, &connect).map_err(|e| {
+            let why = if lost_election {
+                format!(
+                    " (port {port} was taken when this rank tried to host the store there: \
+                     another node's rank hosts it, or another program uses the port; if so, pick \
+                     a free port with NVFUSER_MASTER_PORT/MASTER_PORT)"
+                )
+            } else {
+                String::new()
+            };
+            e.context(format!(
+                "{who}: connecting to the store at {host}:{port}{why}"
+            ))
+        })?;
         Self::start(ranks, Arc::new(store), server, tag, timeout)
     }
 
@@ -965,6 +978,84 @@ mod tests {
     fn closed_store_reports_invalid_state() {
         let err = ClosedStore.get("k", Duration::from_secs(1)).unwrap_err();
         assert_eq!(err.status, Status::InvalidState);
+    }
+
+    /// This machine's address towards the outside (no packet is sent), if it is not loopback.
+    fn non_loopback_addr() -> Option<String> {
+        let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+        s.connect("192.0.2.1:9").ok()?;
+        let ip = s.local_addr().ok()?.ip();
+        (!ip.is_loopback() && !ip.is_unspecified()).then(|| ip.to_string())
+    }
+
+    fn master_config(rank: usize, port: u16, addr: &str) -> EnvConfig {
+        EnvConfig::from_lookup(|var| match var {
+            "WORLD_RANK" => Some(rank.to_string()),
+            "WORLD_SIZE" => Some("2".into()),
+            "WORLD_LOCAL_RANK" => Some("0".into()),
+            "WORLD_LOCAL_SIZE" => Some("1".into()),
+            "MASTER_ADDR" => Some(addr.to_string()),
+            "MASTER_PORT" => Some(port.to_string()),
+            _ => None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_candidate_whose_bind_fails_connects_to_the_winner() {
+        let Some(addr) = non_loopback_addr() else {
+            println!("SKIPPED: no non-loopback address on this machine");
+            return;
+        };
+        // Two ranks that are both local rank 0 of a node owning the master address.
+        let probe = std::net::TcpListener::bind("[::]:0")
+            .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+            .unwrap();
+        let port = probe.local_addr().unwrap().port();
+        drop(probe);
+        let options = EnvOptions {
+            timeout: Some(Duration::from_secs(20)),
+            ..EnvOptions::default()
+        };
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let (config, options) = (master_config(rank, port, &addr), options.clone());
+                std::thread::spawn(move || {
+                    let ctx = Context::from_config(&config, &options).unwrap();
+                    ctx.barrier(None, None).unwrap();
+                    let hosts = ctx.hosted_store_port().is_some();
+                    ctx.close().unwrap();
+                    hosts
+                })
+            })
+            .collect();
+        let hosts: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(hosts.iter().filter(|&&h| h).count(), 1, "{hosts:?}");
+    }
+
+    #[test]
+    fn a_port_taken_by_another_program_is_named() {
+        let Some(addr) = non_loopback_addr() else {
+            println!("SKIPPED: no non-loopback address on this machine");
+            return;
+        };
+        let squatter = std::net::TcpListener::bind("[::]:0")
+            .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+            .unwrap();
+        let port = squatter.local_addr().unwrap().port();
+        // Accepts and closes at once, as a program that is no store would.
+        std::thread::spawn(move || {
+            for conn in squatter.incoming().take(64) {
+                drop(conn);
+            }
+        });
+        let options = EnvOptions {
+            timeout: Some(Duration::from_secs(2)),
+            ..EnvOptions::default()
+        };
+        let err = Context::from_config(&master_config(0, port, &addr), &options).unwrap_err();
+        assert!(err.message.contains("was taken"), "{err}");
+        assert!(err.message.contains("MASTER_PORT"), "{err}");
     }
 
     #[test]
