@@ -49,10 +49,29 @@ fn start(role: &str, job: &str, port: u16) -> Child {
     child
 }
 
+/// A rank of a job started by `nvfipc launch`: rank 1 fails once both hold shared memory, so the
+/// launcher terminates rank 0 (SIGTERM).
+fn launched_rank() {
+    use nvfuser_ipc::context::{Context, EnvOptions};
+    let ctx = Context::from_env(&EnvOptions::default()).unwrap();
+    let cache = HandleCache::from_context(&ctx).unwrap();
+    let _buffer = host::alloc(1 << 16).unwrap().into_raw();
+    println!("job={}", ctx.job_id);
+    ctx.barrier(None, None).unwrap();
+    if ctx.rank == 1 {
+        std::process::exit(3);
+    }
+    std::thread::sleep(Duration::from_secs(60));
+    drop(cache);
+}
+
 #[test]
 #[ignore = "a rank process, started by the tests of this file"]
 fn holder() {
     let role = std::env::var(ROLE).unwrap();
+    if role == "launched" {
+        return launched_rank();
+    }
     let job = std::env::var("NVFIPC_T_JOB").unwrap();
     let port: u16 = std::env::var("NVFIPC_T_PORT").unwrap().parse().unwrap();
     let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::default()).unwrap();
@@ -122,4 +141,33 @@ fn a_killed_process_is_cleaned_up_by_the_next_job() {
     assert!(next.wait().unwrap().success());
     assert_eq!(entries(&dead_job), Vec::<String>::new());
     assert_eq!(entries(&next_job), Vec::<String>::new());
+}
+
+#[test]
+fn ranks_the_launcher_terminates_after_a_failure_leave_nothing() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nvfipc"))
+        .args(["launch", "-n", "2", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["holder", "--exact", "--ignored", "--nocapture"])
+        .env(ROLE, "launched")
+        .env_remove("NVFIPC_STORE_ADDR")
+        .env_remove("NVFIPC_JOB_TAG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "rank 1 fails, so the job does: {text}"
+    );
+    let job = text
+        .split("job=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(entries(job), Vec::<String>::new(), "{text}");
 }
