@@ -343,8 +343,8 @@ impl Context {
             members,
             timeout.unwrap_or(self.timeout),
         )?;
-        // Every member has claimed its rank once the first barrier passed: a rank claimed twice
-        // by then is seen here, on both processes, before the job goes on.
+        // A rank claimed twice before the first barrier completed is seen here, on both
+        // processes, before the job goes on; one claimed later is seen at close.
         if gen == 0 && !self.claim_checked.swap(true, Ordering::Relaxed) {
             self.check_rank_claim()?;
         }
@@ -400,11 +400,6 @@ impl Context {
         self.claim
             .check_duplicate(&*self.store)
             .map_err(|e| e.context(format!("rank {} of {}", self.rank, self.world_size)))
-    }
-
-    /// The node identity rank `peer` published when it joined (waits, bounded, until it has).
-    pub fn peer_node(&self, peer: usize, timeout: Duration) -> Result<NodeIdentity> {
-        peer_node(&*self.store, &self.job_id, peer, timeout)
     }
 
     /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
@@ -701,27 +696,6 @@ fn try_claim(store: &dyn Store, key: &str, value: &[u8]) -> Result<Vec<u8>> {
         }
         other => other,
     }
-}
-
-/// The node identity rank `peer` of job `job_id` published when it joined.
-pub fn peer_node(
-    store: &dyn Store,
-    job_id: &str,
-    peer: usize,
-    timeout: Duration,
-) -> Result<NodeIdentity> {
-    let key = joined_key(job_id, peer);
-    let value = store.get(&key, timeout).map_err(|e| {
-        e.context(format!(
-            "waiting for peer rank {peer} to join the job (key {key})"
-        ))
-    })?;
-    NodeIdentity::decode(&String::from_utf8_lossy(&value)).ok_or_else(|| {
-        Error::protocol(format!(
-            "store key {key} does not hold a node identity: all ranks must use the same \
-             nvfuser-ipc version"
-        ))
-    })
 }
 
 /// True when `e` is a bind failure because the address is in use.
