@@ -186,11 +186,13 @@ impl Drop for SimNode {
     }
 }
 
-/// Where a rank runs: this machine as it is, or a simulated node.
+/// Where a rank runs: this machine as it is, a simulated node, or this machine in a pid
+/// namespace of its own (a container sharing the IPC namespace and /dev/shm but not the pids).
 #[derive(Clone, Copy)]
 enum Node<'a> {
     A,
     Sim(&'a SimNode),
+    OwnPids,
 }
 
 fn spawn(node: Node, role: &str, rank: usize, world: usize, env: &[(&str, String)]) -> Child {
@@ -204,6 +206,11 @@ fn spawn(node: Node, role: &str, rank: usize, world: usize, env: &[(&str, String
     ];
     let mut cmd = match node {
         Node::A => Command::new(&exe),
+        Node::OwnPids => {
+            let mut c = Command::new("unshare");
+            c.args(["-p", "-f", "--"]).arg(&exe);
+            c
+        }
         Node::Sim(sim) => {
             let mut c = Command::new("nsenter");
             c.args([
@@ -422,6 +429,40 @@ fn node_rank() {
             assert!(err.message.contains("also claimed"), "{err}");
             println!("refused at close: {err}");
         }
+        "own-pids" => {
+            // Rank 0 is late to everything, so rank 1 waits long enough for liveness checks,
+            // which must not take rank 0 (whose pid means nothing in rank 1's namespace, and the
+            // other way round) for dead.
+            let late = || {
+                if rank == 0 {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+            };
+            let cache = HandleCache::from_context(&ctx).unwrap();
+            let bytes = 4096usize;
+            let send = host::alloc(bytes as u64).unwrap();
+            let recv = host::alloc(bytes as u64).unwrap();
+            send.write(0, &pattern(rank, bytes)).unwrap();
+            let reqs = [
+                Request::send(1 - rank, "p", send.addr(), bytes as u64, MemKind::Host),
+                Request::recv(1 - rank, "p", recv.addr(), bytes as u64, MemKind::Host),
+            ];
+            late();
+            cache.exchange_handles(&reqs).unwrap();
+            let (hs, hr) = (cache.get(&reqs[0]).unwrap(), cache.get(&reqs[1]).unwrap());
+            assert!(!hs.peer.checkable, "{:?}", hs.peer);
+            late();
+            p2p::send_post(&hs).unwrap();
+            p2p::recv_post(&hr, bytes as u64, T).unwrap();
+            p2p::send_wait(&hs, T).unwrap();
+            let mut got = vec![0u8; bytes];
+            recv.read(0, &mut got).unwrap();
+            assert_eq!(got, pattern(1 - rank, bytes));
+            ctx.barrier(None, None).unwrap();
+            cache.try_close().unwrap();
+            ctx.close().unwrap();
+            println!("rank {rank}: done");
+        }
         "linger" => {
             ctx.store.set("test/lingering", b"1").unwrap();
             std::thread::sleep(Duration::from_secs(600));
@@ -593,6 +634,31 @@ fn a_killed_job_does_not_capture_the_next_one_on_the_store() {
     std::thread::sleep(Duration::from_millis(200));
     let r0 = spawn(Node::A, "plain", 0, 2, &store_env(&addr, 0, 2));
     let outs: Vec<Output> = [r0, r1].into_iter().map(finish).collect();
+    for o in &outs {
+        assert!(o.status.success(), "{outs:#?}");
+        assert!(text(o).contains(": done"), "{outs:#?}");
+    }
+}
+
+#[test]
+fn peers_in_another_pid_namespace_are_not_taken_for_dead() {
+    if !Command::new("unshare")
+        .args(["-p", "-f", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        println!(
+            "SKIPPED peers_in_another_pid_namespace_are_not_taken_for_dead: this machine \
+             forbids pid namespaces (unshare -p -f failed)"
+        );
+        return;
+    }
+    let (_server, addr) = store(None);
+    let ranks = [
+        spawn(Node::A, "own-pids", 0, 2, &store_env(&addr, 0, 2)),
+        spawn(Node::OwnPids, "own-pids", 1, 2, &store_env(&addr, 1, 2)),
+    ];
+    let outs: Vec<Output> = ranks.into_iter().map(finish).collect();
     for o in &outs {
         assert!(o.status.success(), "{outs:#?}");
         assert!(text(o).contains(": done"), "{outs:#?}");
