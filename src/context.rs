@@ -21,10 +21,10 @@
 //!   node identity. Rank 0 opens runs: it takes the first run, from `<tag>/w<world>/current` on,
 //!   whose slot 0 is free, skipping slots whose holder has closed (`<run>/closed/<rank>`), is dead
 //!   (where its pid can be checked) or is another context of its own process, then sets
-//!   `<run>/open` and `current`. Every other rank joins the run `current` names while the rank 0
-//!   that opened it is still there, and waits (bounded) for `<run+1>/open` otherwise. So a job's
-//!   ranks land in one run whatever their order of arrival, and a run half-claimed by a dead job
-//!   is never joined. A slot held by any other live process means the rank is claimed twice (two
+//!   `<run>/open` and `current`. Every other rank joins the run `current` names unless the rank 0
+//!   that opened it is dead or its own slot there is held by a closed, dead or finishing process,
+//!   and then waits (bounded) for `<run+1>/open`. So a job's ranks land in one run whatever their
+//!   order of arrival, and a run half-claimed by a dead job is never joined. A slot held by any other live process means the rank is claimed twice (two
 //!   jobs on one store without distinct tags, or a rank started twice): the newcomer is refused
 //!   and writes `<run>/duplicate/<rank>`, which refuses the holder as well after its first
 //!   barrier or at close;
@@ -575,8 +575,9 @@ impl RankClaim {
 /// `<run>/rank/<rank>` with a per-process nonce). Rank 0 opens runs: it takes the first run, from
 /// the last one opened on, whose slot 0 is free, skipping slots held by a context that closed, by
 /// a dead process or by another context of its own process, then marks the run open. Every other
-/// rank joins the last run opened, once its rank 0 is still there (neither closed nor dead),
-/// waiting (bounded) for the next one otherwise. So all ranks of a job land in one run whatever
+/// rank joins the last run opened unless its rank 0 is dead or the rank's slot there is held by a
+/// closed or dead process or, once that rank 0 closed, by any other (the previous job finishing);
+/// it waits (bounded) for the next run then. So all ranks of a job land in one run whatever
 /// their order of arrival, and a run left half-claimed by a dead job is never joined. A slot held
 /// by any other live process means two processes claim one rank: both are refused (the holder
 /// sees the `duplicate` key this writes after its first barrier or at close).
@@ -649,16 +650,19 @@ fn claim_rank(
             run += 1;
             continue;
         }
-        // Join this run only while the rank 0 that opened it is still in it.
+        // Join this run unless the rank 0 that opened it is dead (a run a dead job left half
+        // claimed). A rank 0 that already closed (it may have failed early) still lets its ranks
+        // join; but a live holder of this slot is then the previous job finishing, not a rank
+        // claimed twice.
         let leader = Holder::parse(&store.get(&format!("{base}/{run}/rank/0"), timeout)?);
-        let leader_gone = store.check(&[&format!("{base}/{run}/closed/0")])? || leader.is_dead();
-        if !leader_gone {
+        if !leader.is_dead() {
             let held = try_claim(store, &claim.key(), value.as_bytes())?;
             if held == value.as_bytes() {
                 return Ok(claim);
             }
             let holder = Holder::parse(&held);
-            if !slot_done(run, ranks.rank, &holder)? {
+            let leader_closed = store.check(&[&format!("{base}/{run}/closed/0")])?;
+            if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
                 return refuse(run, &holder);
             }
         }
@@ -929,6 +933,56 @@ mod tests {
                 .collect();
             let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
             assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+        }
+    }
+
+    #[test]
+    fn a_rank_joins_the_run_of_a_rank_0_that_already_closed() {
+        // Rank 0 failed early and closed before rank 1 came: rank 1 still joins its run (and can
+        // report its own error) instead of waiting for a run that will never open.
+        let store = Arc::new(MemoryStore::new());
+        let a0 = Context::new(options(0, 2, &store)).unwrap();
+        let first = a0.job_id.clone();
+        drop(a0);
+        let mut opts = options(1, 2, &store);
+        opts.store = Arc::new(ShortTimeout(Arc::clone(&store))) as Arc<dyn Store>;
+        let a1 = Context::new(opts).unwrap();
+        assert_eq!(a1.job_id, first);
+    }
+
+    /// A store whose default timeout is short, so a wrong wait fails the test quickly.
+    struct ShortTimeout(Arc<MemoryStore>);
+
+    impl Store for ShortTimeout {
+        fn set(&self, k: &str, v: &[u8]) -> Result<()> {
+            self.0.set(k, v)
+        }
+        fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
+            self.0.get(k, t)
+        }
+        fn add(&self, k: &str, d: i64) -> Result<i64> {
+            self.0.add(k, d)
+        }
+        fn check(&self, k: &[&str]) -> Result<bool> {
+            self.0.check(k)
+        }
+        fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
+            self.0.wait(k, t)
+        }
+        fn delete_key(&self, k: &str) -> Result<bool> {
+            self.0.delete_key(k)
+        }
+        fn num_keys(&self) -> Result<i64> {
+            self.0.num_keys()
+        }
+        fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+            self.0.compare_set(k, e, d)
+        }
+        fn append(&self, k: &str, v: &[u8]) -> Result<()> {
+            self.0.append(k, v)
+        }
+        fn default_timeout(&self) -> Duration {
+            Duration::from_secs(2)
         }
     }
 
