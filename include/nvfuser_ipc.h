@@ -202,6 +202,9 @@ typedef struct nvfipc_cache_counters {
   uint64_t peers_unclosed;
   // Device semaphore slabs deliberately left allocated because a peer might still map them.
   uint64_t leaked_slabs;
+  // Store round trips (not in `store_round_trips`) that read a peer's node identity: at most
+  // one per peer, only when a first exchange found no board of the peer on this node yet.
+  uint64_t peer_lookups;
 } nvfipc_cache_counters;
 
 // An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
@@ -323,7 +326,9 @@ extern "C" {
 // reusable: the members of a set must simply call the same number of barriers on it.
 // `timeout_ms` < 0 uses the context's default, 0 checks once without waiting. On timeout the
 // status is `NVFIPC_STATUS_TIMEOUT` and the message names the ranks that did not arrive; the
-// job should then stop, as the set's barrier state is out of step.
+// job should then stop, as the set's barrier state is out of step. The context's first barrier
+// also fails, with `NVFIPC_STATUS_INVALID_STATE`, when another process has claimed this rank of
+// the job (see `nvfipc_context_create`).
 enum nvfipc_status nvfipc_barrier(const struct nvfipc_context *ctx,
                                   const int64_t *ranks,
                                   size_t n_ranks,
@@ -333,7 +338,11 @@ enum nvfipc_status nvfipc_barrier(const struct nvfipc_context *ctx,
 // this node) over `store`. The store is shared, not consumed: the context keeps its own
 // reference, so the caller may free `store` at any time (the connection stays open until both
 // are freed). Every rank must create its context over the same store. On success `*out_ctx`
-// receives the context; free it with `nvfipc_context_free`.
+// receives the context; free it with `nvfipc_context_free`. A rank other than 0 waits (bounded
+// by the store's timeout) until rank 0 has created its context. When another live process holds
+// this rank of this job (two jobs on one store without distinct `NVFIPC_JOB_TAG`s, or one rank
+// started twice), this fails with `NVFIPC_STATUS_INVALID_STATE` naming that process, and the
+// other process is refused as well (after its first barrier, or at `nvfipc_context_free`).
 enum nvfipc_status nvfipc_context_create(int64_t rank,
                                          int64_t world_size,
                                          int64_t local_rank,
@@ -394,8 +403,10 @@ enum nvfipc_status nvfipc_context_store(const struct nvfipc_context *ctx,
 // Closes and frees the context. This rank announces that it is done; a rank that hosts the
 // store first waits (bounded, 30 s by default) until the other ranks have closed or
 // disconnected, so that nobody loses the store mid-operation, and reports
-// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). NULL is a no-op;
-// a second free gives `NVFIPC_STATUS_INVALID_STATE`.
+// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
+// `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
+// open (see `nvfipc_context_create`). NULL is a no-op; a second free gives
+// `NVFIPC_STATUS_INVALID_STATE`.
 enum nvfipc_status nvfipc_context_free(struct nvfipc_context *ctx);
 
 // Writes whether the CUDA driver could be loaded and initialised into `*out`. Never fails on a
@@ -605,14 +616,17 @@ enum nvfipc_status nvfipc_host_send_post(const struct nvfipc_cache *cache,
 
 // Receiver side (a RECV request already exchanged): waits for the sender's post, copies `bytes`
 // from the sender's buffer into the local one and signals the sender. `timeout_ms` < 0: the
-// cache's timeout; 0: check once.
+// cache's timeout; 0: check once. A sender that has exited (where its pid can be checked: same
+// pid namespace) fails the wait at once with `NVFIPC_STATUS_IO`, naming its rank and pid; a
+// timeout names them too.
 enum nvfipc_status nvfipc_host_recv_post(const struct nvfipc_cache *cache,
                                          const struct nvfipc_request *req,
                                          uint64_t bytes,
                                          int64_t timeout_ms);
 
 // Sender side: waits until the receiver has copied the last posted transfer, after which the
-// send buffer may be reused. `timeout_ms` as in `nvfipc_host_recv_post`.
+// send buffer may be reused. `timeout_ms` and a receiver that has exited as in
+// `nvfipc_host_recv_post`.
 enum nvfipc_status nvfipc_host_send_wait(const struct nvfipc_cache *cache,
                                          const struct nvfipc_request *req,
                                          int64_t timeout_ms);

@@ -1,32 +1,51 @@
 //! A rank's view of the job: who it is, the store everyone shares, a job-unique id and barriers.
 //!
-//! Store lifetime: when the store is hosted in-process (local rank 0 of the master host), closing
-//! or dropping that rank's [`Context`] does not pull the store from under the others. It first
-//! waits, bounded by the host linger (30 s by default), until every rank has closed its context,
-//! or every rank has connected once and all of them have since disconnected; then it drops its
-//! own connection and stops the server once no client is left.
+//! Store hosting: without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master
+//! address as its own is a candidate; each tries to listen on the master port and the one whose
+//! bind succeeds hosts the store (the others find the port taken and connect, like every other
+//! rank). So exactly one process hosts it even when several nodes (containers sharing the host
+//! network) all see the master address as theirs.
 //!
-//! Keys (all under `nvfipc/context/`):
-//! - `<tag>/w<world>/created`: counts contexts created. Every rank creates its contexts in the
-//!   same order, so creation `n` belongs to run `(n-1)/world`, and a store that outlives one run
-//!   (several contexts in one process, or `nvfipc serve` serving one job after another) gives each
-//!   run its own keys. The tag names the job when the launcher gives one (see
-//!   `env::JOB_TAG_VARS`), which keeps concurrent jobs on one store apart as well;
+//! Store lifetime: when the store is hosted in-process, closing or dropping that rank's
+//! [`Context`] does not pull the store from under the others. It first waits, bounded by the
+//! host linger (30 s by default), until every rank has closed its context, or every rank has
+//! connected once and all of them have since disconnected; then it drops its own connection and
+//! stops the server once no client is left.
+//!
+//! Keys (all under `nvfipc/context/`). A job is identified by its tag (`NVFIPC_JOB_TAG` or the
+//! launcher's job id, see `env::JOB_TAG_VARS`; `default` otherwise) and world size, and a store
+//! that outlives one run (several contexts in one process, or `nvfipc serve` serving one job
+//! after another) numbers the runs of each:
+//! - `<tag>/w<world>/<run>/rank/<rank>`: the claim of a rank in a run, made atomically with
+//!   COMPARE_SET (ADD on stores without it) and holding a per-process nonce and the claimer's
+//!   node identity. Rank 0 opens runs: it takes the first run, from `<tag>/w<world>/current` on,
+//!   whose slot 0 is free, skipping slots whose holder has closed (`<run>/closed/<rank>`), is dead
+//!   (where its pid can be checked) or is another context of its own process, then sets
+//!   `<run>/open` and `current`. Every other rank joins the run `current` names unless the rank 0
+//!   that opened it is dead or its own slot there is held by a closed, dead or finishing process,
+//!   and then waits (bounded) for `<run+1>/open`. So a job's ranks land in one run whatever their
+//!   order of arrival, and a run half-claimed by a dead job is never joined. A slot held by any other live process means the rank is claimed twice (two
+//!   jobs on one store without distinct tags, or a rank started twice): the newcomer is refused
+//!   and writes `<run>/duplicate/<rank>`, which refuses the holder as well after its first
+//!   barrier or at close;
 //! - `<tag>/w<world>/<run>/job_id`: agreed with one COMPARE_SET, the first proposal wins (stores
 //!   without COMPARE_SET: rank 0 sets it and the others read it); the last rank to close deletes
 //!   it;
-//! - `<job>/joined/<rank>`: set once connected (a SET costs no round trip);
+//! - `<job>/joined/<rank>`: the rank's node identity (`crate::node`), set once connected (a SET
+//!   costs no round trip); caches read it to tell peers they cannot map at once;
 //! - `<job>/closed` (a counter) and `<job>/all_closed`: the close protocol above.
 
 use crate::barrier::{self, BarrierState};
 use crate::env::{self, EnvConfig, RankInfo, StoreSource};
 use crate::error::{Error, Result, Status};
+use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
 use crate::store::{Store, DEFAULT_TIMEOUT};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -37,6 +56,17 @@ const KEY_PREFIX: &str = "nvfipc/context";
 const DEFAULT_JOB_TAG: &str = "default";
 /// Poll interval of the hosting rank while it waits for the others to finish.
 const LINGER_POLL: Duration = Duration::from_millis(10);
+
+/// Whether a rank hosts the store it connects to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hosting {
+    /// Connect only.
+    Connect,
+    /// Host it; failing to listen is an error.
+    Host,
+    /// Host it if this rank wins the election (its bind succeeds); connect otherwise.
+    Candidate,
+}
 
 /// What [`Context::new`] needs: the rank's place in the job and a store that is already there.
 pub struct ContextOptions {
@@ -82,6 +112,10 @@ pub struct Context {
     server: Mutex<Option<StoreServer>>,
     /// The key that holds `job_id`; deleted by the last rank to close.
     job_key: String,
+    /// This rank's claim of its place in the run.
+    claim: RankClaim,
+    /// Set once a barrier has checked the claim.
+    claim_checked: AtomicBool,
     timeout: Duration,
     host_linger: Duration,
     barriers: BarrierState,
@@ -113,7 +147,12 @@ impl Context {
         timeout: Duration,
     ) -> Result<Context> {
         let ranks = RankInfo::new(rank, world_size, rank, world_size)?;
-        Self::open(ranks, host, port, host_store, timeout, DEFAULT_JOB_TAG)
+        let hosting = if host_store {
+            Hosting::Host
+        } else {
+            Hosting::Connect
+        };
+        Self::open(ranks, host, port, hosting, timeout, DEFAULT_JOB_TAG)
     }
 
     /// Builds the context from the launcher's environment (see [`crate::env`]). Without
@@ -141,14 +180,12 @@ impl Context {
                 config.ranks.local_rank == 0 && is_this_host(&addr.host),
             ),
         };
-        let mut ctx = Self::open(
-            config.ranks,
-            &addr.host,
-            addr.port,
-            host_store,
-            timeout,
-            &tag,
-        )?;
+        let hosting = if host_store {
+            Hosting::Candidate
+        } else {
+            Hosting::Connect
+        };
+        let mut ctx = Self::open(config.ranks, &addr.host, addr.port, hosting, timeout, &tag)?;
         ctx.host_linger = options.host_linger;
         Ok(ctx)
     }
@@ -157,21 +194,26 @@ impl Context {
         ranks: RankInfo,
         host: &str,
         port: u16,
-        host_store: bool,
+        hosting: Hosting,
         timeout: Duration,
         tag: &str,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        let server = if host_store {
-            let server = StoreServer::bind_with("", port, &env::embedded_server_options()?)
-                .map_err(|e| {
-                    e.context(format!(
+        // Election: every candidate (local rank 0 of a node that sees the master address as its
+        // own) tries to listen on the master port; the one whose bind succeeds hosts, the others
+        // find the port taken and connect like every other rank.
+        let server = if hosting != Hosting::Connect {
+            match StoreServer::bind_with("", port, &env::embedded_server_options()?) {
+                Ok(server) => Some(server),
+                Err(e) if hosting == Hosting::Candidate && port != 0 && is_addr_in_use(&e) => None,
+                Err(e) => {
+                    return Err(e.context(format!(
                         "{who}: hosting the store on port {port} (pick a free port with \
-                     NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
+                         NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
                         env::STORE_ADDR_VAR
-                    ))
-                })?;
-            Some(server)
+                    )))
+                }
+            }
         } else {
             None
         };
@@ -181,8 +223,21 @@ impl Context {
             connect_timeout: timeout,
             wait_for_workers: None,
         };
-        let store = TcpStore::connect(host, port, &connect)
-            .map_err(|e| e.context(format!("{who}: connecting to the store at {host}:{port}")))?;
+        let lost_election = hosting == Hosting::Candidate && server.is_none();
+        let store = TcpStore::connect(host, port, &connect).map_err(|e| {
+            let why = if lost_election {
+                format!(
+                    " (port {port} was taken when this rank tried to host the store there: \
+                     another node's rank hosts it, or another program uses the port; if so, pick \
+                     a free port with NVFUSER_MASTER_PORT/MASTER_PORT)"
+                )
+            } else {
+                String::new()
+            };
+            e.context(format!(
+                "{who}: connecting to the store at {host}:{port}{why}"
+            ))
+        })?;
         Self::start(ranks, Arc::new(store), server, tag, timeout)
     }
 
@@ -195,7 +250,9 @@ impl Context {
         timeout: Duration,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        let (job_key, agreed) = agree_on_job_id(&*store, &ranks, tag, timeout)
+        let claim =
+            claim_rank(&*store, &ranks, tag, timeout).map_err(|e| e.context(who.clone()))?;
+        let (job_key, agreed) = agree_on_job_id(&*store, &claim, &ranks, timeout)
             .map_err(|e| e.context(format!("{who}: agreeing on the job id")))?;
         let job_id = String::from_utf8(agreed)
             .ok()
@@ -207,7 +264,10 @@ impl Context {
                 ))
             })?;
         store
-            .set(&joined_key(&job_id, ranks.rank), b"1")
+            .set(
+                &joined_key(&job_id, ranks.rank),
+                NodeIdentity::local().encode().as_bytes(),
+            )
             .map_err(|e| e.context(format!("{who}: announcing this rank")))?;
         Ok(Context {
             rank: ranks.rank,
@@ -219,6 +279,8 @@ impl Context {
             job_id,
             server: Mutex::new(server),
             job_key,
+            claim,
+            claim_checked: AtomicBool::new(false),
             timeout,
             host_linger: DEFAULT_HOST_LINGER,
             closed: false,
@@ -273,14 +335,20 @@ impl Context {
     /// Barrier over the world (`None`) or the listed ranks, which must include this rank.
     /// `timeout` `None` uses the context's default. Returns the generation that completed.
     pub fn barrier(&self, members: Option<&[usize]>, timeout: Option<Duration>) -> Result<u64> {
-        barrier::barrier(
+        let gen = barrier::barrier(
             &*self.store,
             &self.barriers,
             self.rank,
             self.world_size,
             members,
             timeout.unwrap_or(self.timeout),
-        )
+        )?;
+        // A rank claimed twice before the first barrier completed is seen here, on both
+        // processes, before the job goes on; one claimed later is seen at close.
+        if gen == 0 && !self.claim_checked.swap(true, Ordering::Relaxed) {
+            self.check_rank_claim()?;
+        }
+        Ok(gen)
     }
 
     /// Announces that this rank is done and, on the hosting rank, waits (bounded by the host
@@ -311,6 +379,10 @@ impl Context {
     /// Counts this rank as closed; the last one marks the job finished and frees the job id key.
     fn announce_close(&self) -> Result<()> {
         let who = format!("rank {} of {}", self.rank, self.world_size);
+        let duplicate = self.claim.check_duplicate(&*self.store);
+        self.store
+            .set(&self.claim.closed_key(), b"1")
+            .map_err(|e| e.context(format!("{who}: announcing close")))?;
         let closed = self
             .store
             .add(&format!("{KEY_PREFIX}/{}/closed", self.job_id), 1)
@@ -319,7 +391,15 @@ impl Context {
             self.store.set(&all_closed_key(&self.job_id), b"1")?;
             self.store.delete_key(&self.job_key)?;
         }
-        Ok(())
+        duplicate.map_err(|e| e.context(who))
+    }
+
+    /// Fails when another process claimed this rank of this run after this one did (two jobs
+    /// on one store without distinct job tags); checked by the first barrier and at close.
+    pub fn check_rank_claim(&self) -> Result<()> {
+        self.claim
+            .check_duplicate(&*self.store)
+            .map_err(|e| e.context(format!("rank {} of {}", self.rank, self.world_size)))
     }
 
     /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
@@ -385,17 +465,14 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Finds this creation's run and agrees on its job id; returns the key and the agreed value.
+/// Agrees on the job id of the run `claim` belongs to; returns the key and the agreed value.
 fn agree_on_job_id(
     store: &dyn Store,
+    claim: &RankClaim,
     ranks: &RankInfo,
-    tag: &str,
     timeout: Duration,
 ) -> Result<(String, Vec<u8>)> {
-    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
-    let created = store.add(&format!("{base}/created"), 1)?;
-    let run = (created.max(1) - 1) / ranks.world_size as i64;
-    let key = format!("{base}/{run}/job_id");
+    let key = format!("{}/{}/job_id", claim.base, claim.run);
     let proposal = propose_job_id(ranks.rank);
     let agreed = match store.compare_set(&key, b"", proposal.as_bytes()) {
         Ok(value) => value,
@@ -412,7 +489,227 @@ fn agree_on_job_id(
     Ok((key, agreed))
 }
 
-fn joined_key(job_id: &str, rank: usize) -> String {
+/// A per-process random nonce: claims of one process are told from another's by it.
+static PROCESS_NONCE: once_cell::sync::Lazy<String> =
+    once_cell::sync::Lazy::new(|| propose_job_id(usize::MAX));
+/// Contexts created by this process, numbering its claims.
+static CLAIMS_MADE: AtomicU64 = AtomicU64::new(0);
+/// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
+#[derive(Debug)]
+struct RankClaim {
+    base: String,
+    run: u64,
+    rank: usize,
+}
+
+/// A claim's holder, parsed from the claim key's value `<nonce>.<n>;<node identity>`.
+struct Holder {
+    nonce: String,
+    node: Option<NodeIdentity>,
+}
+
+impl Holder {
+    fn parse(value: &[u8]) -> Holder {
+        let text = String::from_utf8_lossy(value);
+        let (claim, node) = text.split_once(';').unwrap_or((&text, ""));
+        let nonce = claim.split_once('.').map_or(claim, |(n, _)| n).to_string();
+        Holder {
+            nonce,
+            node: NodeIdentity::decode(node),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.node {
+            Some(n) => format!("pid {} on host {:?}", n.pid, n.host_name),
+            None => "a process of unknown identity".to_string(),
+        }
+    }
+
+    /// True when the holder is known to be gone: its pid means something here and is dead.
+    fn is_dead(&self) -> bool {
+        let Some(node) = &self.node else {
+            return false;
+        };
+        // A pid means something here only on this kernel and in this pid namespace.
+        let me = NodeIdentity::local();
+        node.boot_id == me.boot_id
+            && node.pid_ns == me.pid_ns
+            && me.pid_ns != 0
+            && !crate::node::process_alive(node.pid)
+    }
+}
+
+impl RankClaim {
+    fn key(&self) -> String {
+        format!("{}/{}/rank/{}", self.base, self.run, self.rank)
+    }
+    fn closed_key(&self) -> String {
+        format!("{}/{}/closed/{}", self.base, self.run, self.rank)
+    }
+    fn duplicate_key(base: &str, run: u64, rank: usize) -> String {
+        format!("{base}/{run}/duplicate/{rank}")
+    }
+
+    /// Fails, naming the other process, when another process tried to claim this rank of this
+    /// run while this one held it.
+    fn check_duplicate(&self, store: &dyn Store) -> Result<()> {
+        let key = Self::duplicate_key(&self.base, self.run, self.rank);
+        if !store.check(&[&key])? {
+            return Ok(());
+        }
+        let other = store.get(&key, Duration::from_secs(1)).unwrap_or_default();
+        Err(Error::state(format!(
+            "another process ({}) also claimed rank {} of this job (store key {}): two jobs \
+             use one store without distinct job tags, or one rank was started twice; their \
+             ranks cannot be told apart, so both are refused. Give each job its own \
+             NVFIPC_JOB_TAG (or its own store)",
+            Holder::parse(&other).describe(),
+            self.rank,
+            self.key(),
+        )))
+    }
+}
+
+/// Claims this rank's place in a run of `<tag>/w<world>`, atomically (COMPARE_SET of
+/// `<run>/rank/<rank>` with a per-process nonce). Rank 0 opens runs: it takes the first run, from
+/// the last one opened on, whose slot 0 is free, skipping slots held by a context that closed, by
+/// a dead process or by another context of its own process, then marks the run open. Every other
+/// rank joins the last run opened unless its rank 0 is dead or the rank's slot there is held by a
+/// closed or dead process or, once that rank 0 closed, by any other (the previous job finishing);
+/// it waits (bounded) for the next run then. So all ranks of a job land in one run whatever
+/// their order of arrival, and a run left half-claimed by a dead job is never joined. A slot held
+/// by any other live process means two processes claim one rank: both are refused (the holder
+/// sees the `duplicate` key this writes after its first barrier or at close).
+fn claim_rank(
+    store: &dyn Store,
+    ranks: &RankInfo,
+    tag: &str,
+    timeout: Duration,
+) -> Result<RankClaim> {
+    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
+    let serial = CLAIMS_MADE.fetch_add(1, Ordering::Relaxed);
+    let value = format!(
+        "{}.{serial};{}",
+        *PROCESS_NONCE,
+        NodeIdentity::local().encode()
+    );
+    let current_key = format!("{base}/current");
+    let open_key = |run: u64| format!("{base}/{run}/open");
+    let deadline = Instant::now() + timeout;
+    let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
+        Ok(holder.nonce == *PROCESS_NONCE
+            || store.check(&[&format!("{base}/{run}/closed/{rank}")])?
+            || holder.is_dead())
+    };
+    let refuse = |run: u64, holder: &Holder| -> Result<RankClaim> {
+        let dup = RankClaim::duplicate_key(&base, run, ranks.rank);
+        store.set(&dup, value.as_bytes())?;
+        Err(Error::state(format!(
+            "rank {} is already claimed in this store by another live process ({}; store key \
+             {base}/{run}/rank/{}): two jobs use one store without distinct job tags, or one \
+             rank was started twice; their ranks cannot be told apart, so both are refused. Give \
+             each job its own NVFIPC_JOB_TAG (or its own store)",
+            ranks.rank,
+            holder.describe(),
+            ranks.rank,
+        )))
+    };
+    let mut run: u64 = if ranks.rank == 0 {
+        if store.check(&[&current_key])? {
+            parse_run(&store.get(&current_key, timeout)?)
+        } else {
+            0
+        }
+    } else {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let current = store.get(&current_key, remaining).map_err(|e| {
+            e.context(format!(
+                "waiting for rank 0 to open a run of this job (key {current_key})"
+            ))
+        })?;
+        parse_run(&current)
+    };
+    loop {
+        let claim = RankClaim {
+            base: base.clone(),
+            run,
+            rank: ranks.rank,
+        };
+        if ranks.rank == 0 {
+            let held = try_claim(store, &claim.key(), value.as_bytes())?;
+            if held == value.as_bytes() {
+                store.set(&open_key(run), b"1")?;
+                store.set(&current_key, run.to_string().as_bytes())?;
+                return Ok(claim);
+            }
+            let holder = Holder::parse(&held);
+            if !slot_done(run, 0, &holder)? {
+                return refuse(run, &holder);
+            }
+            run += 1;
+            continue;
+        }
+        // Join this run unless the rank 0 that opened it is dead (a run a dead job left half
+        // claimed). A rank 0 that already closed (it may have failed early) still lets its ranks
+        // join; but a live holder of this slot is then the previous job finishing, not a rank
+        // claimed twice.
+        let leader = Holder::parse(&store.get(&format!("{base}/{run}/rank/0"), timeout)?);
+        if !leader.is_dead() {
+            let held = try_claim(store, &claim.key(), value.as_bytes())?;
+            if held == value.as_bytes() {
+                return Ok(claim);
+            }
+            let holder = Holder::parse(&held);
+            let leader_closed = store.check(&[&format!("{base}/{run}/closed/0")])?;
+            if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
+                return refuse(run, &holder);
+            }
+        }
+        let next = open_key(run + 1);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        store.wait(&[&next], remaining).map_err(|e| {
+            e.context(format!(
+                "the last run of this job on the store ({run}) is over or taken; waiting for \
+                 rank 0 to open the next one (key {next})"
+            ))
+        })?;
+        run += 1;
+    }
+}
+
+fn parse_run(value: &[u8]) -> u64 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Writes `value` into `key` unless it holds a value already; returns what it holds then. Atomic:
+/// one COMPARE_SET, or, on stores without it, an ADD on `<key>/n` (the first adder writes).
+fn try_claim(store: &dyn Store, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+    match store.compare_set(key, b"", value) {
+        Err(e) if e.status == Status::Unsupported => {
+            if store.add(&format!("{key}/n"), 1)? == 1 {
+                store.set(key, value)?;
+                Ok(value.to_vec())
+            } else {
+                // The first adder writes right after its ADD.
+                store.get(key, Duration::from_secs(10))
+            }
+        }
+        other => other,
+    }
+}
+
+/// True when `e` is a bind failure because the address is in use.
+fn is_addr_in_use(e: &Error) -> bool {
+    e.message
+        .contains(&std::io::Error::from_raw_os_error(libc::EADDRINUSE).to_string())
+}
+
+/// The key where rank `rank` of job `job_id` publishes its node identity when it joins.
+pub fn joined_key(job_id: &str, rank: usize) -> String {
     format!("{KEY_PREFIX}/{job_id}/joined/{rank}")
 }
 
@@ -538,7 +835,10 @@ mod tests {
             .iter()
             .any(|k| k.starts_with(&format!("nvfipc/barrier/{}/w4/", ids[0]))));
         // Every context closed, so the last one freed the job id for the next run.
-        assert!(keys.contains(&"nvfipc/context/default/w4/created".to_string()));
+        for rank in 0..4 {
+            assert!(keys.contains(&format!("nvfipc/context/default/w4/0/rank/{rank}")));
+            assert!(keys.contains(&format!("nvfipc/context/default/w4/0/closed/{rank}")));
+        }
         assert!(!keys.iter().any(|k| k.ends_with("/job_id")), "{keys:?}");
         assert!(keys.contains(&format!("nvfipc/context/{}/all_closed", ids[0])));
     }
@@ -637,6 +937,56 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_joins_the_run_of_a_rank_0_that_already_closed() {
+        // Rank 0 failed early and closed before rank 1 came: rank 1 still joins its run (and can
+        // report its own error) instead of waiting for a run that will never open.
+        let store = Arc::new(MemoryStore::new());
+        let a0 = Context::new(options(0, 2, &store)).unwrap();
+        let first = a0.job_id.clone();
+        drop(a0);
+        let mut opts = options(1, 2, &store);
+        opts.store = Arc::new(ShortTimeout(Arc::clone(&store))) as Arc<dyn Store>;
+        let a1 = Context::new(opts).unwrap();
+        assert_eq!(a1.job_id, first);
+    }
+
+    /// A store whose default timeout is short, so a wrong wait fails the test quickly.
+    struct ShortTimeout(Arc<MemoryStore>);
+
+    impl Store for ShortTimeout {
+        fn set(&self, k: &str, v: &[u8]) -> Result<()> {
+            self.0.set(k, v)
+        }
+        fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
+            self.0.get(k, t)
+        }
+        fn add(&self, k: &str, d: i64) -> Result<i64> {
+            self.0.add(k, d)
+        }
+        fn check(&self, k: &[&str]) -> Result<bool> {
+            self.0.check(k)
+        }
+        fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
+            self.0.wait(k, t)
+        }
+        fn delete_key(&self, k: &str) -> Result<bool> {
+            self.0.delete_key(k)
+        }
+        fn num_keys(&self) -> Result<i64> {
+            self.0.num_keys()
+        }
+        fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+            self.0.compare_set(k, e, d)
+        }
+        fn append(&self, k: &str, v: &[u8]) -> Result<()> {
+            self.0.append(k, v)
+        }
+        fn default_timeout(&self) -> Duration {
+            Duration::from_secs(2)
+        }
+    }
+
+    #[test]
     fn overlapping_runs_in_one_store_get_their_own_ids() {
         // Rank 0 starts its second context before rank 1 has closed its first one.
         let store = Arc::new(MemoryStore::new());
@@ -656,6 +1006,84 @@ mod tests {
     fn closed_store_reports_invalid_state() {
         let err = ClosedStore.get("k", Duration::from_secs(1)).unwrap_err();
         assert_eq!(err.status, Status::InvalidState);
+    }
+
+    /// This machine's address towards the outside (no packet is sent), if it is not loopback.
+    fn non_loopback_addr() -> Option<String> {
+        let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+        s.connect("192.0.2.1:9").ok()?;
+        let ip = s.local_addr().ok()?.ip();
+        (!ip.is_loopback() && !ip.is_unspecified()).then(|| ip.to_string())
+    }
+
+    fn master_config(rank: usize, port: u16, addr: &str) -> EnvConfig {
+        EnvConfig::from_lookup(|var| match var {
+            "WORLD_RANK" => Some(rank.to_string()),
+            "WORLD_SIZE" => Some("2".into()),
+            "WORLD_LOCAL_RANK" => Some("0".into()),
+            "WORLD_LOCAL_SIZE" => Some("1".into()),
+            "MASTER_ADDR" => Some(addr.to_string()),
+            "MASTER_PORT" => Some(port.to_string()),
+            _ => None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_candidate_whose_bind_fails_connects_to_the_winner() {
+        let Some(addr) = non_loopback_addr() else {
+            println!("SKIPPED: no non-loopback address on this machine");
+            return;
+        };
+        // Two ranks that are both local rank 0 of a node owning the master address.
+        let probe = std::net::TcpListener::bind("[::]:0")
+            .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+            .unwrap();
+        let port = probe.local_addr().unwrap().port();
+        drop(probe);
+        let options = EnvOptions {
+            timeout: Some(Duration::from_secs(20)),
+            ..EnvOptions::default()
+        };
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let (config, options) = (master_config(rank, port, &addr), options.clone());
+                std::thread::spawn(move || {
+                    let ctx = Context::from_config(&config, &options).unwrap();
+                    ctx.barrier(None, None).unwrap();
+                    let hosts = ctx.hosted_store_port().is_some();
+                    ctx.close().unwrap();
+                    hosts
+                })
+            })
+            .collect();
+        let hosts: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(hosts.iter().filter(|&&h| h).count(), 1, "{hosts:?}");
+    }
+
+    #[test]
+    fn a_port_taken_by_another_program_is_named() {
+        let Some(addr) = non_loopback_addr() else {
+            println!("SKIPPED: no non-loopback address on this machine");
+            return;
+        };
+        let squatter = std::net::TcpListener::bind("[::]:0")
+            .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+            .unwrap();
+        let port = squatter.local_addr().unwrap().port();
+        // Accepts and closes at once, as a program that is no store would.
+        std::thread::spawn(move || {
+            for conn in squatter.incoming().take(64) {
+                drop(conn);
+            }
+        });
+        let options = EnvOptions {
+            timeout: Some(Duration::from_secs(2)),
+            ..EnvOptions::default()
+        };
+        let err = Context::from_config(&master_config(0, port, &addr), &options).unwrap_err();
+        assert!(err.message.contains("was taken"), "{err}");
+        assert!(err.message.contains("MASTER_PORT"), "{err}");
     }
 
     #[test]

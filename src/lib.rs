@@ -3,6 +3,7 @@
 //! Layers, bottom up (see README.md and docs/ARCHITECTURE.md):
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
 //! - [`barrier`]: reusable barriers over the world or any subset of ranks;
+//! - [`node`]: which peers share this node (mappable memory, checkable pids);
 //! - [`env`] and [`context`]: who we are (rank, world, local rank) and which store we use;
 //! - [`cuda`] and [`host`]: exporting and importing device and host buffers;
 //! - [`exchange`]: epoch-keyed handle exchange and the handle cache;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod exchange;
 pub mod ffi;
 pub mod host;
+pub mod node;
 pub mod store;
 mod sync;
 

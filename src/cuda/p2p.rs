@@ -278,6 +278,11 @@ mod tests {
             peer_bytes: e.peer_bytes,
             peer_semaphore: e.peer_semaphore,
             epochs: Default::default(),
+            peer: crate::node::PeerProcess {
+                rank: 1,
+                pid: 0,
+                checkable: false,
+            },
         }
     }
 

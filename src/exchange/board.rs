@@ -4,7 +4,7 @@
 //! whether a channel needs a store exchange without any store traffic.
 //!
 //! Layout (magic `NVFIBRD2`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
-//! `closed`), then `capacity` entries of 64 bytes in an insert-only open-addressing table keyed by
+//! `closed`, the owner's pid namespace), then `capacity` entries of 64 bytes in an insert-only open-addressing table keyed by
 //! the channel's 128-bit fingerprint: `{state, fingerprint, step, version[2], opened}`. Only the
 //! owner writes. An entry is published by writing the fingerprint first and `state` last
 //! (Release); a step is published by writing `version[step % 2]` first and `step` last (Release).
@@ -114,6 +114,9 @@ struct Header {
     ready: AtomicU32,
     /// 1 once the owner has released everything it imported and is closing (see module docs).
     closed: AtomicU32,
+    _reserved: u32,
+    /// Inode of the owner's pid namespace: its pid is checked only from the same namespace.
+    owner_pid_ns: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER as usize);
@@ -169,14 +172,57 @@ impl Table {
     }
 }
 
-/// Is `pid` a live process (or one we may not signal, which also means it exists)?
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
+use crate::node::{process_alive, NodeIdentity, PeerProcess};
+use once_cell::sync::Lazy;
+
+static LOCAL_PID_NS: Lazy<u64> = Lazy::new(|| NodeIdentity::local().pid_ns);
+
+fn local_pid_ns() -> u64 {
+    *LOCAL_PID_NS
+}
+
+/// A pid written by a process of pid namespace `ns` can be checked here only from that namespace
+/// (0: unknown, never checked).
+fn pid_checkable(ns: u64) -> bool {
+    ns != 0 && ns == local_pid_ns()
+}
+
+/// Removes the boards (`/dev/shm/nvfipc-...-b<rank>`) whose owner no longer exists (checked only
+/// for owners of this pid namespace); returns how many. Their peers' mappings stay valid.
+pub fn reclaim_dead() -> usize {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return 0;
     };
-    // SAFETY: signal 0 only checks for existence and permission; it sends nothing.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let is_board = name.starts_with("nvfipc-")
+            && name
+                .rsplit_once("-b")
+                .is_some_and(|(_, r)| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()));
+        if !is_board {
+            continue;
+        }
+        let path = format!("/{name}");
+        let Ok(Some(seg)) = ShmSegment::open_when_sized(&path, HEADER) else {
+            continue;
+        };
+        let t = Table { seg };
+        let h = t.header();
+        let pid = h.owner_pid.load(Ordering::Acquire);
+        let dead = h.magic.load(Ordering::Relaxed) == MAGIC
+            && pid != 0
+            && pid_checkable(h.owner_pid_ns.load(Ordering::Relaxed))
+            && !process_alive(pid);
+        if dead {
+            crate::host::shm::unlink_name(&path);
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// The board this rank owns and writes. Unlinked on drop.
@@ -202,7 +248,8 @@ impl OwnBoard {
                                  in this process: give each cache of a job its own scope"
                             )));
                         }
-                        if pid != 0 && process_alive(pid) {
+                        let ns = t.header().owner_pid_ns.load(Ordering::Acquire);
+                        if pid != 0 && (!pid_checkable(ns) || process_alive(pid)) {
                             return Err(Error::state(format!(
                                 "board {name} of rank {rank} is owned by live process {pid}: \
                                  two processes claim the same job id and rank"
@@ -222,6 +269,7 @@ impl OwnBoard {
         let table = Table { seg };
         let h = table.header();
         h.owner_pid.store(std::process::id(), Ordering::Relaxed);
+        h.owner_pid_ns.store(local_pid_ns(), Ordering::Relaxed);
         h.rank.store(rank as u32, Ordering::Relaxed);
         h.capacity.store(CAPACITY, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Relaxed);
@@ -319,7 +367,8 @@ impl PeerBoard {
             )));
         }
         if h.rank.load(Ordering::Relaxed) as usize != rank
-            || !process_alive(h.owner_pid.load(Ordering::Relaxed))
+            || (pid_checkable(h.owner_pid_ns.load(Ordering::Relaxed))
+                && !process_alive(h.owner_pid.load(Ordering::Relaxed)))
         {
             // A board left behind by a crashed process; its owner will replace it.
             return Ok(None);
@@ -360,7 +409,17 @@ impl PeerBoard {
     /// Whether the owning process still exists (a killed process counts as existing until it is
     /// reaped by its parent).
     pub fn owner_alive(&self) -> bool {
-        process_alive(self.owner_pid())
+        !self.owner().is_dead()
+    }
+
+    /// The owner as a process whose liveness can be checked where its pid is meaningful.
+    pub fn owner(&self) -> PeerProcess {
+        let h = self.table.header();
+        PeerProcess {
+            rank: h.rank.load(Ordering::Relaxed) as usize,
+            pid: h.owner_pid.load(Ordering::Relaxed),
+            checkable: pid_checkable(h.owner_pid_ns.load(Ordering::Relaxed)),
+        }
     }
 
     /// The owner's pid (for messages).

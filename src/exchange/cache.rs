@@ -46,6 +46,7 @@ use super::board::{OwnBoard, PeerBoard};
 use super::channel::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::collector::Collector;
 use super::epoch::TransferEpochs;
+use super::peers::PeerNodes;
 use super::record::{self, flags, local_host, Record};
 use super::retain::{Retained, DEFAULT_RETAINED_PER_PEER};
 use super::stats::{bump, CacheStats, Counters};
@@ -56,6 +57,7 @@ use crate::error::{Error, Result};
 use crate::host::alloc::job_tag;
 use crate::host::wait::wait_until;
 use crate::host::HostTransport;
+use crate::node::PeerProcess;
 use crate::store::Store;
 use crate::sync::lock;
 use once_cell::sync::OnceCell;
@@ -108,6 +110,8 @@ pub struct P2pHandles {
     pub peer_semaphore: u64,
     /// Transfer counters of the channel (see `exchange::epoch`).
     pub epochs: Arc<TransferEpochs>,
+    /// The peer's rank and process, so that transfer waits can tell when it has exited.
+    pub peer: PeerProcess,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -281,6 +285,7 @@ pub struct HandleCache {
     auto_device: bool,
     board: OwnBoard,
     peer_boards: Mutex<HashMap<usize, Arc<PeerBoard>>>,
+    peer_nodes: PeerNodes,
     state: Mutex<State>,
     counters: Counters,
     collector: Mutex<Collector>,
@@ -298,6 +303,13 @@ fn kind_index(kind: MemKind) -> usize {
         MemKind::Device => 0,
         MemKind::Host => 1,
     }
+}
+
+/// Removes what dead processes of this node left in `/dev/shm`: their boards, buffers and slabs.
+/// Called by every new cache (the next job) and every closing one (the survivors).
+fn reclaim_dead_segments() {
+    super::board::reclaim_dead();
+    crate::host::cleanup::reclaim_dead();
 }
 
 /// Name of the board of `rank` for a job and scope.
@@ -348,8 +360,10 @@ impl HandleCache {
                 )));
             }
         }
+        reclaim_dead_segments();
         let board = OwnBoard::create(&board_name(&cfg.job_id, &cfg.scope, cfg.rank), cfg.rank)
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
+        let peer_nodes = PeerNodes::publish(&*cfg.store, &cfg.job_id, &cfg.scope, cfg.rank)?;
         let counters = Counters::default();
         let collector = Collector::start(cfg.store.clone(), counters.keys_deleted.clone())?;
         let timeout_ns = AtomicU64::new(cfg.timeout.as_nanos().min(u64::MAX as u128) as u64);
@@ -359,6 +373,7 @@ impl HandleCache {
             auto_device: false,
             board,
             peer_boards: Mutex::new(HashMap::new()),
+            peer_nodes,
             state: Mutex::new(State::default()),
             counters,
             collector: Mutex::new(collector),
@@ -669,6 +684,26 @@ impl HandleCache {
         timeout: Duration,
         deadline: &mut Deadline,
     ) -> Result<Vec<Option<Imported>>> {
+        // A channel that has not found its peer's board yet may have a peer that can never
+        // have one here (another host or container): refuse it before anything is published.
+        // A board found on this node's /dev/shm settles it (an IPC namespace it does not share
+        // is still refused when its records are imported); so the lookup, one store round trip,
+        // happens only for a peer whose board is not there yet.
+        let mut unknown: Vec<usize> = Vec::new();
+        for it in items.iter_mut().filter(|it| it.peer_board.is_none()) {
+            if self.peer_nodes.known(it.peer) {
+                continue;
+            }
+            match self.peer_board(it.peer) {
+                Ok(Some(board)) => it.peer_board = Some(board),
+                _ => unknown.push(it.peer),
+            }
+        }
+        if !unknown.is_empty() {
+            bump(&self.counters.peer_lookups, 1);
+            self.peer_nodes
+                .check(&*self.cfg.store, &unknown, deadline.remaining())?;
+        }
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits
         // on this rank's progress (which matters when several threads share one store client).
@@ -1319,6 +1354,14 @@ impl HandleCache {
                     peer_bytes: peer.bytes,
                     peer_semaphore: peer.semaphore,
                     epochs: ch.epochs.clone(),
+                    peer: ch.peer_board.as_ref().map_or(
+                        PeerProcess {
+                            rank: ch.peer,
+                            pid: 0,
+                            checkable: false,
+                        },
+                        |b| b.owner(),
+                    ),
                 });
             }
             occ = occ.wrapping_add(1);
@@ -1362,6 +1405,7 @@ impl HandleCache {
         }
         self.torn_down = true;
         lock(&self.collector).finish();
+        self.peer_nodes.unpublish(&*self.cfg.store);
         // Release first, so that peers closing at the same time never wait on each other.
         let peers = self.release_everything();
         let linger = self.linger();
@@ -1375,6 +1419,7 @@ impl HandleCache {
             self.board.mark_closed();
         }
         let unclosed = self.wait_for_peers_to_close(peers, linger.saturating_sub(start.elapsed()));
+        reclaim_dead_segments();
         let names: Vec<String> = {
             let mut boards = lock(&self.peer_boards);
             let names = unclosed

@@ -113,8 +113,10 @@ pub struct Record {
     pub sem_payload: [u8; PAYLOAD_LEN],
 }
 
-/// Identity of this machine: a 64-bit hash of the host name and the kernel boot id (or the
-/// machine id), so two hosts never match and a reboot changes it.
+/// Identity of this node as far as mapping memory goes: a 64-bit hash of the kernel boot id, the
+/// IPC namespace and the `/dev/shm` directory (see `crate::node`), so processes that cannot map
+/// each other's memory (other hosts, containers without a shared IPC namespace and `/dev/shm`)
+/// never match, and a reboot changes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostIdentity {
     pub id: u64,
@@ -122,34 +124,16 @@ pub struct HostIdentity {
 }
 
 static LOCAL_HOST: Lazy<HostIdentity> = Lazy::new(|| {
-    let name = host_name();
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
-        .unwrap_or_default();
-    let mut bytes = name.clone().into_bytes();
-    bytes.push(0);
-    bytes.extend_from_slice(boot.trim().as_bytes());
+    let node = crate::node::NodeIdentity::local();
     HostIdentity {
-        id: fnv1a64(&bytes),
-        name,
+        id: fnv1a64(&node.mapping_key()),
+        name: node.host_name,
     }
 });
 
 /// This machine's identity (computed once per process).
 pub fn local_host() -> &'static HostIdentity {
     &LOCAL_HOST
-}
-
-fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` is writable for `buf.len()` bytes; gethostname NUL-terminates on success
-    // when the name fits, and we also stop at the buffer end.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown-host".to_string();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// 64-bit FNV-1a: small, stable across builds, good enough to tell hosts and channels apart.
@@ -328,7 +312,8 @@ impl Record {
         if self.host_id != host.id {
             return Err(Error::unsupported(format!(
                 "record exported on host {} (id {:#018x}) cannot be opened on host {} \
-                 (id {:#018x}): CUDA IPC is node-local; rank {} must run on the same machine",
+                 (id {:#018x}): CUDA IPC is node-local; rank {} must run on the same machine, in \
+                 the same IPC namespace and with the same /dev/shm",
                 self.host_name(),
                 self.host_id,
                 host.name,

@@ -13,7 +13,8 @@ pub struct CacheStats {
     pub hits: u64,
     /// Channel-steps where at least one side's buffer changed.
     pub misses: u64,
-    /// Store calls on the exchange path (each `multi_set` or `multi_get` counts one).
+    /// Store calls on the exchange path (each `multi_set` or `multi_get` counts one), apart from
+    /// `peer_lookups`.
     pub store_round_trips: u64,
     /// Records published, and their encoded bytes.
     pub records_sent: u64,
@@ -31,6 +32,9 @@ pub struct CacheStats {
     /// Device transports (with their semaphore slab) deliberately left allocated by a teardown
     /// that timed out, rather than freed under a peer's mapping.
     pub leaked_slabs: u64,
+    /// Reads of peers' node identities (one `WAIT` + `MULTI_GET` each), made at most once per
+    /// peer and only when a first exchange found no board of the peer on this node yet.
+    pub peer_lookups: u64,
 }
 
 #[derive(Default)]
@@ -47,6 +51,7 @@ pub(crate) struct Counters {
     pub(crate) keys_deleted: Arc<AtomicU64>,
     pub(crate) peers_unclosed: AtomicU64,
     pub(crate) leaked_slabs: AtomicU64,
+    pub(crate) peer_lookups: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
@@ -70,6 +75,7 @@ impl Counters {
             keys_deleted: l(&self.keys_deleted),
             peers_unclosed: l(&self.peers_unclosed),
             leaked_slabs: l(&self.leaked_slabs),
+            peer_lookups: l(&self.peer_lookups),
         }
     }
 }

@@ -24,7 +24,9 @@ fn members_arg(ranks: *const i64, n_ranks: usize, world_size: usize) -> Result<O
 /// reusable: the members of a set must simply call the same number of barriers on it.
 /// `timeout_ms` < 0 uses the context's default, 0 checks once without waiting. On timeout the
 /// status is `NVFIPC_STATUS_TIMEOUT` and the message names the ranks that did not arrive; the
-/// job should then stop, as the set's barrier state is out of step.
+/// job should then stop, as the set's barrier state is out of step. The context's first barrier
+/// also fails, with `NVFIPC_STATUS_INVALID_STATE`, when another process has claimed this rank of
+/// the job (see `nvfipc_context_create`).
 #[no_mangle]
 pub extern "C" fn nvfipc_barrier(
     ctx: *const nvfipc_context,

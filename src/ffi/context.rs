@@ -68,7 +68,11 @@ fn rank_layout(
 /// this node) over `store`. The store is shared, not consumed: the context keeps its own
 /// reference, so the caller may free `store` at any time (the connection stays open until both
 /// are freed). Every rank must create its context over the same store. On success `*out_ctx`
-/// receives the context; free it with `nvfipc_context_free`.
+/// receives the context; free it with `nvfipc_context_free`. A rank other than 0 waits (bounded
+/// by the store's timeout) until rank 0 has created its context. When another live process holds
+/// this rank of this job (two jobs on one store without distinct `NVFIPC_JOB_TAG`s, or one rank
+/// started twice), this fails with `NVFIPC_STATUS_INVALID_STATE` naming that process, and the
+/// other process is refused as well (after its first barrier, or at `nvfipc_context_free`).
 #[no_mangle]
 pub extern "C" fn nvfipc_context_create(
     rank: i64,
@@ -242,8 +246,10 @@ pub extern "C" fn nvfipc_context_store(
 /// Closes and frees the context. This rank announces that it is done; a rank that hosts the
 /// store first waits (bounded, 30 s by default) until the other ranks have closed or
 /// disconnected, so that nobody loses the store mid-operation, and reports
-/// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). NULL is a no-op;
-/// a second free gives `NVFIPC_STATUS_INVALID_STATE`.
+/// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
+/// `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
+/// open (see `nvfipc_context_create`). NULL is a no-op; a second free gives
+/// `NVFIPC_STATUS_INVALID_STATE`.
 #[no_mangle]
 pub extern "C" fn nvfipc_context_free(ctx: *mut nvfipc_context) -> Status {
     ffi_call("nvfipc_context_free", || {

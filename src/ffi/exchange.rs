@@ -102,6 +102,9 @@ pub struct nvfipc_cache_counters {
     pub peers_unclosed: u64,
     /// Device semaphore slabs deliberately left allocated because a peer might still map them.
     pub leaked_slabs: u64,
+    /// Store round trips (not in `store_round_trips`) that read a peer's node identity: at most
+    /// one per peer, only when a first exchange found no board of the peer on this node yet.
+    pub peer_lookups: u64,
 }
 
 impl From<CacheStats> for nvfipc_cache_counters {
@@ -119,6 +122,7 @@ impl From<CacheStats> for nvfipc_cache_counters {
             keys_deleted: s.keys_deleted,
             peers_unclosed: s.peers_unclosed,
             leaked_slabs: s.leaked_slabs,
+            peer_lookups: s.peer_lookups,
         }
     }
 }

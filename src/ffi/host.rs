@@ -60,7 +60,9 @@ pub extern "C" fn nvfipc_host_send_post(
 
 /// Receiver side (a RECV request already exchanged): waits for the sender's post, copies `bytes`
 /// from the sender's buffer into the local one and signals the sender. `timeout_ms` < 0: the
-/// cache's timeout; 0: check once.
+/// cache's timeout; 0: check once. A sender that has exited (where its pid can be checked: same
+/// pid namespace) fails the wait at once with `NVFIPC_STATUS_IO`, naming its rank and pid; a
+/// timeout names them too.
 #[no_mangle]
 pub extern "C" fn nvfipc_host_recv_post(
     cache: *const nvfipc_cache,
@@ -76,7 +78,8 @@ pub extern "C" fn nvfipc_host_recv_post(
 }
 
 /// Sender side: waits until the receiver has copied the last posted transfer, after which the
-/// send buffer may be reused. `timeout_ms` as in `nvfipc_host_recv_post`.
+/// send buffer may be reused. `timeout_ms` and a receiver that has exited as in
+/// `nvfipc_host_recv_post`.
 #[no_mangle]
 pub extern "C" fn nvfipc_host_send_wait(
     cache: *const nvfipc_cache,

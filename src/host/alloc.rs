@@ -1,9 +1,11 @@
 //! The host allocator: every buffer is its own POSIX shared-memory segment, registered in a
 //! process-wide table so that a pointer anywhere inside it can be resolved and exported.
 //!
-//! Segment names are `/nvfipc-<job>-<pid>-<id>`: the job tag keeps concurrent jobs apart and lets
-//! tests check that a job left nothing in `/dev/shm`; `<id>` is unique in the process and doubles
-//! as the buffer id of exported records. A segment is unlinked and unmapped when it is freed.
+//! Segment names are `/nvfipc-<job>-<pid>n<pid namespace>-<id>`: the job tag keeps concurrent jobs
+//! apart and lets tests check that a job left nothing in `/dev/shm`; the pid lets others reclaim
+//! the segments of a dead process (`host::cleanup`); `<id>` is unique in the process and doubles
+//! as the buffer id of exported records. A segment is unlinked and unmapped when it is freed, and
+//! its name at the latest when the process exits or is terminated.
 
 use super::shm::ShmSegment;
 use crate::error::{Error, Result};
@@ -162,7 +164,11 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
         return Err(Error::invalid("host allocation of 0 bytes"));
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let name = format!("/{}{}-{id}", job_prefix(job_id), std::process::id());
+    let name = format!(
+        "/{}{}-{id}",
+        job_prefix(job_id),
+        super::cleanup::pid_field()
+    );
     let seg = ShmSegment::create(&name, bytes)
         .map_err(|e| e.context(format!("allocating {bytes} bytes of host shared memory")))?;
     let base = seg.addr();

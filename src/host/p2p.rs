@@ -17,6 +17,42 @@ use crate::exchange::{MemKind, P2pHandles};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+/// Polls of a transfer wait before the first liveness check of the peer (`kill(pid, 0)`, a
+/// syscall): past the spin phase of `wait_until`, so a peer a few microseconds late costs none.
+const FIRST_LIVENESS_POLL: u32 = 2048;
+/// Polls between two liveness checks after that (about 100 ms once sleeping).
+const LIVENESS_EVERY: u32 = 256;
+
+/// Waits until `own` has reached `target`, or the peer has exited (`Err` naming it), or the
+/// timeout (`Ok(false)`).
+fn wait_for(h: &P2pHandles, own: &AtomicU32, target: u32, timeout: Duration) -> Result<bool> {
+    let mut polls: u32 = 0;
+    let mut dead = false;
+    let reached_it = wait_until(timeout, || {
+        if reached(own.load(Ordering::Acquire), target) {
+            return Some(true);
+        }
+        polls = polls.wrapping_add(1);
+        if polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0 && h.peer.is_dead() {
+            // A last look: what the peer wrote before it died still counts.
+            dead = !reached(own.load(Ordering::Acquire), target);
+            return Some(!dead);
+        }
+        None
+    });
+    if dead {
+        // Its buffers and slab stay mapped here; their names go now.
+        super::cleanup::reclaim_dead();
+        return Err(Error::io(format!(
+            "{}; stopped waiting for it (own semaphore {:#x} holds {}, waiting for {target})",
+            h.peer.describe(),
+            own as *const AtomicU32 as usize,
+            own.load(Ordering::Acquire)
+        )));
+    }
+    Ok(reached_it.unwrap_or(false))
+}
+
 fn check_host(h: &P2pHandles, what: &str) -> Result<()> {
     if h.kind != MemKind::Host {
         return Err(Error::invalid(format!(
@@ -66,16 +102,16 @@ pub fn recv_post(h: &P2pHandles, bytes: u64, timeout: Duration) -> Result<u64> {
     let n = h.epochs.last_recv() + 1;
     let own = semaphore(h.local_semaphore);
     let target = posted(n);
-    if wait_until(timeout, || {
-        reached(own.load(Ordering::Acquire), target).then_some(())
-    })
-    .is_none()
-    {
+    let arrived = wait_for(h, own, target, timeout)
+        .map_err(|e| e.context(format!("recv_post: transfer {n} was never posted")))?;
+    if !arrived {
         return Err(Error::timeout(format!(
-            "recv_post: transfer {n} was not posted by the sender within {timeout:?} (local \
-             semaphore {:#x} holds {}, waiting for {target}); did the peer call send_post?",
+            "recv_post: transfer {n} was not posted by the sender, {}, within {timeout:?} \
+             (local semaphore {:#x} holds {}, waiting for {target}); did {} call send_post?",
+            h.peer.describe(),
             h.local_semaphore,
-            own.load(Ordering::Acquire)
+            own.load(Ordering::Acquire),
+            h.peer.describe()
         )));
     }
     // SAFETY: both ranges were checked against the buffer sizes recorded at exchange time and
@@ -103,16 +139,19 @@ pub fn send_wait(h: &P2pHandles, timeout: Duration) -> Result<u64> {
     }
     let own = semaphore(h.local_semaphore);
     let target = done(n);
-    if wait_until(timeout, || {
-        reached(own.load(Ordering::Acquire), target).then_some(())
-    })
-    .is_none()
-    {
+    let finished = wait_for(h, own, target, timeout).map_err(|e| {
+        e.context(format!(
+            "send_wait: the receiver never finished transfer {n}"
+        ))
+    })?;
+    if !finished {
         return Err(Error::timeout(format!(
-            "send_wait: the receiver did not finish transfer {n} within {timeout:?} (local \
-             semaphore {:#x} holds {}, waiting for {target}); did the peer call recv_post?",
+            "send_wait: the receiver, {}, did not finish transfer {n} within {timeout:?} (local \
+             semaphore {:#x} holds {}, waiting for {target}); did {} call recv_post?",
+            h.peer.describe(),
             h.local_semaphore,
-            own.load(Ordering::Acquire)
+            own.load(Ordering::Acquire),
+            h.peer.describe()
         )));
     }
     Ok(n)
@@ -140,6 +179,11 @@ mod tests {
             peer_bytes: bytes,
             peer_semaphore: r_sem,
             epochs: Arc::new(TransferEpochs::default()),
+            peer: crate::node::PeerProcess {
+                rank: 1,
+                pid: std::process::id(),
+                checkable: true,
+            },
         };
         let recv = P2pHandles {
             kind: MemKind::Host,
@@ -150,6 +194,11 @@ mod tests {
             peer_bytes: bytes,
             peer_semaphore: s_sem,
             epochs: Arc::new(TransferEpochs::default()),
+            peer: crate::node::PeerProcess {
+                rank: 1,
+                pid: std::process::id(),
+                checkable: true,
+            },
         };
         (send, recv)
     }
@@ -180,6 +229,43 @@ mod tests {
         assert!(err.message.contains("transfer 4"), "{err}");
         send_post(&send).unwrap();
         assert_eq!(recv_post(&recv, 8, t).unwrap(), 4);
+    }
+
+    #[test]
+    fn waits_stop_at_once_when_the_peer_has_exited() {
+        let slab = HostSlab::new("unit_p2p").unwrap();
+        let a = alloc_for_job("unit_p2p", 8).unwrap();
+        let b = alloc_for_job("unit_p2p", 8).unwrap();
+        let (mut send, mut recv) = pair(a.addr(), b.addr(), 8, &slab);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        for h in [&mut send, &mut recv] {
+            h.peer = crate::node::PeerProcess {
+                rank: 5,
+                pid,
+                checkable: true,
+            };
+        }
+        // Far below the timeout: the dead peer is noticed at the first liveness check.
+        let t = Duration::from_secs(60);
+        let start = std::time::Instant::now();
+        let err = recv_post(&recv, 8, t).unwrap_err();
+        assert_eq!(err.status, crate::error::Status::Io, "{err}");
+        assert!(err
+            .message
+            .contains(&format!("peer rank 5 (pid {pid}, which has exited)")));
+        // A timeout names the peer as well.
+        recv.peer.checkable = false;
+        let err = recv_post(&recv, 8, Duration::from_millis(5)).unwrap_err();
+        assert!(
+            err.message.contains(&format!("peer rank 5 (pid {pid})")),
+            "{err}"
+        );
+        send_post(&send).unwrap();
+        let err = send_wait(&send, t).unwrap_err();
+        assert!(err.message.contains("has exited"), "{err}");
+        assert!(start.elapsed() < t / 2, "{:?}", start.elapsed());
     }
 
     #[test]

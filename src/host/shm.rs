@@ -16,6 +16,24 @@ pub struct ShmSegment {
     addr: u64,
     len: u64,
     owns_name: bool,
+    /// This name's slot in the exit-time cleanup table (see `host::cleanup`).
+    cleanup_slot: Option<usize>,
+}
+
+/// "/dev/shm has F of T bytes free", for messages.
+pub fn shm_space() -> String {
+    // SAFETY: an all-zero `statvfs` is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is a valid NUL-terminated string and `st` a valid out pointer.
+    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut st) } != 0 {
+        return "/dev/shm's free space is unknown".to_string();
+    }
+    let unit = st.f_frsize as u64;
+    format!(
+        "/dev/shm has {} of {} bytes free",
+        st.f_bavail as u64 * unit,
+        st.f_blocks as u64 * unit
+    )
 }
 
 /// Longest shm name accepted (it must fit a record payload with its NUL).
@@ -59,6 +77,7 @@ impl ShmSegment {
                 addr,
                 len,
                 owns_name: true,
+                cleanup_slot: super::cleanup::register(name),
             }),
             Err(e) => {
                 // SAFETY: `cname` is valid; we created the name above and nobody else owns it.
@@ -76,6 +95,21 @@ impl ShmSegment {
             let err = io::Error::last_os_error();
             return Err(Error::from_io(
                 format!("ftruncate({name}, {len}) (is /dev/shm full?)"),
+                &err,
+            ));
+        }
+        // ftruncate is sparse: on a full tmpfs the first write past its capacity would kill the
+        // process with SIGBUS. Reserve every page now so a lack of space is an error here.
+        // SAFETY: `fd` is an open shm descriptor; the range is within the size just set.
+        let rc = unsafe { libc::posix_fallocate(fd, 0, off_len) };
+        if rc != 0 {
+            let err = io::Error::from_raw_os_error(rc);
+            return Err(Error::from_io(
+                format!(
+                    "reserving {len} bytes of shared memory for {name} ({}; raise its size, \
+                     e.g. docker --shm-size, or free space there)",
+                    shm_space()
+                ),
                 &err,
             ));
         }
@@ -114,6 +148,7 @@ impl ShmSegment {
                 addr,
                 len,
                 owns_name: false,
+                cleanup_slot: None,
             })
         })
     }
@@ -166,6 +201,9 @@ impl ShmSegment {
         if self.owns_name {
             self.owns_name = false;
             unlink_name(&self.name);
+            if let Some(slot) = self.cleanup_slot.take() {
+                super::cleanup::unregister(slot);
+            }
         }
     }
 }

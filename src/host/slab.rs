@@ -38,7 +38,7 @@ impl HostSlab {
         let name = format!(
             "/{}{}-s{}",
             job_prefix(job_id),
-            std::process::id(),
+            super::cleanup::pid_field(),
             NEXT_SLAB.fetch_add(1, Ordering::Relaxed)
         );
         let seg = ShmSegment::create(&name, SLAB_BYTES)

@@ -1,0 +1,105 @@
+//! Which peers this rank can map, learnt once per peer through the store.
+//!
+//! Each cache publishes its node identity (`crate::node`) under
+//! `nvfipc/<job>/<scope>/node/<rank>` when it is created (a SET, no reply) and deletes it when it
+//! closes. When a rank is about to wait for a peer's node-local board that is not there, it reads
+//! the peer's identity (waiting, bounded, until the peer has created its cache) and compares it
+//! with its own: a peer
+//! on another host, or in a container that shares neither this IPC namespace nor this `/dev/shm`,
+//! is refused at once, on both sides, with a message saying so, instead of timing out waiting for
+//! a board that can never appear. Afterwards the answer is cached: warm exchanges never look.
+
+use crate::error::{Error, Result};
+use crate::node::{NodeIdentity, Reach};
+use crate::store::Store;
+use crate::sync::lock;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The store key where `rank`'s cache of a job and scope publishes its node identity.
+pub fn node_key(job_id: &str, scope: &str, rank: usize) -> String {
+    format!("nvfipc/{job_id}/{scope}/node/{rank}")
+}
+
+/// This rank's view of its peers' nodes.
+pub struct PeerNodes {
+    job_id: String,
+    scope: String,
+    rank: usize,
+    /// Peers found mappable, with whether their pids can be checked from here.
+    known: Mutex<HashMap<usize, bool>>,
+}
+
+impl PeerNodes {
+    /// Publishes this rank's identity.
+    pub fn publish(store: &dyn Store, job_id: &str, scope: &str, rank: usize) -> Result<PeerNodes> {
+        let key = node_key(job_id, scope, rank);
+        store
+            .set(&key, NodeIdentity::local().encode().as_bytes())
+            .map_err(|e| e.context(format!("rank {rank}: publishing its node identity ({key})")))?;
+        Ok(PeerNodes {
+            job_id: job_id.to_string(),
+            scope: scope.to_string(),
+            rank,
+            known: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// True when `peer` was already found mappable (a map lookup; no store traffic).
+    pub fn known(&self, peer: usize) -> bool {
+        lock(&self.known).contains_key(&peer)
+    }
+
+    /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory; reads
+    /// the identities of those not known yet in one `WAIT` + `MULTI_GET`, waiting at most
+    /// `timeout` for the peers to publish them (they do when they create their caches).
+    pub fn check(&self, store: &dyn Store, peers: &[usize], timeout: Duration) -> Result<()> {
+        let mut unknown: Vec<usize> = peers.iter().copied().filter(|&p| !self.known(p)).collect();
+        unknown.sort_unstable();
+        unknown.dedup();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = unknown
+            .iter()
+            .map(|&p| node_key(&self.job_id, &self.scope, p))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = store.multi_get(&refs, timeout).map_err(|e| {
+            e.context(format!(
+                "rank {}: waiting for peer rank(s) {unknown:?} to create their caches (keys \
+                 {keys:?}); do they create a cache for this job?",
+                self.rank
+            ))
+        })?;
+        let me = NodeIdentity::local();
+        for ((peer, key), value) in unknown.iter().zip(&keys).zip(&values) {
+            let node = NodeIdentity::decode(&String::from_utf8_lossy(value)).ok_or_else(|| {
+                Error::protocol(format!(
+                    "rank {}: store key {key} does not hold a node identity; all ranks must use \
+                     the same nvfuser-ipc version",
+                    self.rank
+                ))
+            })?;
+            match me.reach(&node) {
+                Reach::Mappable { pids } => {
+                    lock(&self.known).insert(*peer, pids);
+                }
+                Reach::Unmappable(why) => {
+                    return Err(Error::unsupported(format!(
+                        "rank {}: peer rank {peer} (pid {}) {why}. Exchange handles only \
+                         between ranks of one node",
+                        self.rank, node.pid
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes this rank's identity key (at close).
+    pub fn unpublish(&self, store: &dyn Store) {
+        let _ = store.delete_key(&node_key(&self.job_id, &self.scope, self.rank));
+    }
+}

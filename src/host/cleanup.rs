@@ -1,0 +1,203 @@
+//! Nothing of a finished or dead job stays in `/dev/shm`.
+//!
+//! 1. Every shared-memory name this process creates is registered in a fixed, lock-free table
+//!    until it is unlinked. At normal exit (`atexit`) and on SIGTERM, SIGINT or SIGHUP (only
+//!    where the signal's disposition was the default: a host's own handlers are left alone) the
+//!    names still registered are unlinked with `unlink(2)`, which is async-signal-safe; the
+//!    signal then takes its default action, so the process still dies of it. Peers that mapped a
+//!    segment keep their mapping: only the name goes.
+//! 2. A process killed with SIGKILL runs nothing, so its names are reclaimed by others:
+//!    [`reclaim_dead`] removes the segments whose names carry the pid of a process that no longer
+//!    exists (`nvfipc-<job>-<pid>n<pid namespace>-...`). Pids are compared only within this pid
+//!    namespace. Caches call it when they are created (the next job) and when they close (the
+//!    survivors), and a transfer wait that finds its peer dead calls it at once.
+//!
+//! A table slot holds the full path (`/dev/shm/<name>`) and the pid of the creating process, so a
+//! forked child that exits never unlinks its parent's names.
+
+use crate::node::{process_alive, NodeIdentity};
+use once_cell::sync::Lazy;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Once;
+
+/// Names registered at once; beyond that, names are still reclaimed after death by others.
+const SLOTS: usize = 2048;
+/// `/dev/shm` + a name of at most 63 bytes + NUL.
+const PATH_LEN: usize = 80;
+const FREE: u32 = 0;
+const BUSY: u32 = 1;
+const USED: u32 = 2;
+
+struct Slot {
+    state: AtomicU32,
+    pid: AtomicU32,
+    path: [AtomicU8; PATH_LEN],
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    state: AtomicU32::new(FREE),
+    pid: AtomicU32::new(0),
+    path: [const { AtomicU8::new(0) }; PATH_LEN],
+};
+
+static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
+static INSTALL: Once = Once::new();
+static PID_NS: Lazy<u64> = Lazy::new(|| NodeIdentity::local().pid_ns);
+
+/// Signals whose default action would leave the names behind.
+const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// Registers the shm `name` (with its leading `/`) for removal at exit or on a fatal signal.
+/// Returns the slot to give back to [`unregister`] once the name is unlinked.
+pub fn register(name: &str) -> Option<usize> {
+    INSTALL.call_once(install);
+    let path = format!("/dev/shm{name}");
+    if path.len() >= PATH_LEN {
+        return None;
+    }
+    for (i, slot) in TABLE.iter().enumerate() {
+        if slot
+            .state
+            .compare_exchange(FREE, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        for (j, cell) in slot.path.iter().enumerate() {
+            cell.store(*path.as_bytes().get(j).unwrap_or(&0), Ordering::Relaxed);
+        }
+        slot.pid.store(std::process::id(), Ordering::Relaxed);
+        slot.state.store(USED, Ordering::Release);
+        return Some(i);
+    }
+    None
+}
+
+/// Gives a slot back once its name was unlinked.
+pub fn unregister(slot: usize) {
+    if let Some(s) = TABLE.get(slot) {
+        s.state.store(FREE, Ordering::Release);
+    }
+}
+
+/// Unlinks every name this process registered and has not unlinked yet. Async-signal-safe: no
+/// allocation, no lock, only atomics and `unlink(2)`.
+fn unlink_registered() {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() } as u32;
+    for slot in &TABLE {
+        if slot.state.load(Ordering::Acquire) != USED || slot.pid.load(Ordering::Relaxed) != me {
+            continue;
+        }
+        let mut path = [0u8; PATH_LEN];
+        for (b, cell) in path.iter_mut().zip(&slot.path) {
+            *b = cell.load(Ordering::Relaxed);
+        }
+        path[PATH_LEN - 1] = 0;
+        // SAFETY: `path` is NUL-terminated (its last byte is 0).
+        unsafe { libc::unlink(path.as_ptr().cast()) };
+    }
+}
+
+extern "C" fn at_exit() {
+    unlink_registered();
+}
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    unlink_registered();
+    // SA_RESETHAND restored the default action on entry; the signal is blocked while this
+    // handler runs, so it is delivered, and kills the process, once the handler returns.
+    // SAFETY: raise is async-signal-safe.
+    unsafe { libc::raise(sig) };
+}
+
+fn install() {
+    // SAFETY: registers a function with C linkage that touches only statics.
+    unsafe { libc::atexit(at_exit) };
+    for sig in SIGNALS {
+        // SAFETY: an all-zero sigaction is a valid value to be overwritten by sigaction.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: querying the current action into a valid out pointer.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0
+            || old.sa_sigaction != libc::SIG_DFL
+        {
+            continue;
+        }
+        // SAFETY: as above.
+        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+        new.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        new.sa_flags = libc::SA_RESETHAND;
+        // SAFETY: `new.sa_mask` is a valid sigset; the handler is async-signal-safe.
+        unsafe {
+            libc::sigemptyset(&mut new.sa_mask);
+            libc::sigaction(sig, &new, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The pid field of segment names: `<pid>n<pid namespace inode>`.
+pub fn pid_field() -> String {
+    format!("{}n{}", std::process::id(), *PID_NS)
+}
+
+/// The creator's pid of a segment name `nvfipc-<job>-<pid>n<ns>-<rest>` (no leading `/`), when
+/// it was created in this pid namespace.
+fn creator_here(name: &str) -> Option<u32> {
+    let mut parts = name.split('-');
+    if parts.next()? != "nvfipc" {
+        return None;
+    }
+    let _job = parts.next()?;
+    let (pid, ns) = parts.next()?.split_once('n')?;
+    parts.next()?;
+    let ns: u64 = ns.parse().ok()?;
+    (ns == *PID_NS && ns != 0).then_some(())?;
+    pid.parse().ok()
+}
+
+/// Removes the segments of processes of this pid namespace that no longer exist; returns how
+/// many. Their peers' mappings stay valid.
+pub fn reclaim_dead() -> usize {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let dead = creator_here(name).is_some_and(|pid| !process_alive(pid));
+        if dead && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_of_this_namespace_are_parsed() {
+        let me = std::process::id();
+        let ns = *PID_NS;
+        assert_eq!(creator_here(&format!("nvfipc-job_1-{me}n{ns}-7")), Some(me));
+        assert_eq!(creator_here(&format!("nvfipc-job-{me}n{ns}-s1")), Some(me));
+        assert_eq!(creator_here(&format!("nvfipc-job-{me}n{}-7", ns + 1)), None);
+        assert_eq!(creator_here("nvfipc-job-b3"), None);
+        assert_eq!(creator_here("nvfipc-job-scope-b3"), None);
+        assert_eq!(creator_here(&format!("other-job-{me}n{ns}-7")), None);
+        assert_eq!(pid_field(), format!("{me}n{ns}"));
+    }
+
+    #[test]
+    fn registers_and_gives_back() {
+        let a = register("/nvfipc-unitcleanup-x").unwrap();
+        assert_eq!(TABLE[a].state.load(Ordering::Acquire), USED);
+        unregister(a);
+        assert_eq!(register(&format!("/{}", "x".repeat(90))), None);
+    }
+}

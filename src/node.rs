@@ -1,0 +1,315 @@
+//! Which processes can map each other's memory, and whose pids this process can check.
+//!
+//! CUDA IPC and the shared-memory host transport are node-local: two processes can map each
+//! other's buffers only when they run on one kernel (same boot id), in one IPC namespace, and see
+//! the same `/dev/shm`. Containers on one machine may share the kernel but not the other two
+//! (`--ipc=host` and a shared `/dev/shm` are needed). A pid names a process only inside its pid
+//! namespace on its kernel, so liveness checks (`kill(pid, 0)`) are made only there.
+//!
+//! Every rank publishes its [`NodeIdentity`] when it joins a job (see `context`); a rank compares
+//! a peer's with its own before it waits for anything node-local of that peer.
+
+use once_cell::sync::Lazy;
+use std::os::unix::fs::MetadataExt;
+
+/// Where a process runs, as far as mapping memory and checking pids are concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub host_name: String,
+    /// The kernel's boot id (or the machine id): equal on one kernel, changes on reboot.
+    pub boot_id: String,
+    /// Inode of `/proc/self/ns/ipc` (0 when unknown).
+    pub ipc_ns: u64,
+    /// Inode of `/proc/self/ns/pid` (0 when unknown).
+    pub pid_ns: u64,
+    /// `st_dev` and `st_ino` of `/dev/shm`: equal only for one and the same directory.
+    pub shm_dev: u64,
+    pub shm_ino: u64,
+    pub pid: u32,
+}
+
+/// How a peer relates to this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Its memory can be mapped here; `pids` says whether its pid can be checked from here.
+    Mappable { pids: bool },
+    /// Its memory cannot be mapped here; the message says why and what to do.
+    Unmappable(String),
+}
+
+fn ns_inode(kind: &str) -> u64 {
+    std::fs::metadata(format!("/proc/self/ns/{kind}")).map_or(0, |m| m.ino())
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The host name (`gethostname`), or `unknown-host`.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for `buf.len()` bytes; gethostname NUL-terminates on success
+    // when the name fits, and we also stop at the buffer end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown-host".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+static LOCAL: Lazy<NodeIdentity> = Lazy::new(|| {
+    let shm = std::fs::metadata("/dev/shm").ok();
+    NodeIdentity {
+        host_name: host_name(),
+        boot_id: boot_id(),
+        ipc_ns: ns_inode("ipc"),
+        pid_ns: ns_inode("pid"),
+        shm_dev: shm.as_ref().map_or(0, |m| m.dev()),
+        shm_ino: shm.as_ref().map_or(0, |m| m.ino()),
+        pid: std::process::id(),
+    }
+});
+
+impl NodeIdentity {
+    /// This process's identity (computed once; the pid is the current one).
+    pub fn local() -> NodeIdentity {
+        NodeIdentity {
+            pid: std::process::id(),
+            ..LOCAL.clone()
+        }
+    }
+
+    /// Bytes that are equal exactly for processes that can map each other's memory (the record's
+    /// host identity is their hash).
+    pub fn mapping_key(&self) -> Vec<u8> {
+        let mut out = self.boot_id.clone().into_bytes();
+        out.push(0);
+        for n in [self.ipc_ns, self.shm_dev, self.shm_ino] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        out
+    }
+
+    /// `key=value` fields separated by `;` (host names cannot contain `;`).
+    pub fn encode(&self) -> String {
+        format!(
+            "node1;host={};boot={};ipc={};pidns={};shm={}:{};pid={}",
+            self.host_name.replace(';', "_"),
+            self.boot_id,
+            self.ipc_ns,
+            self.pid_ns,
+            self.shm_dev,
+            self.shm_ino,
+            self.pid
+        )
+    }
+
+    /// Parses [`encode`](Self::encode)'s output; `None` for anything else.
+    pub fn decode(text: &str) -> Option<NodeIdentity> {
+        let mut fields = text.split(';');
+        if fields.next()? != "node1" {
+            return None;
+        }
+        let mut id = NodeIdentity {
+            host_name: String::new(),
+            boot_id: String::new(),
+            ipc_ns: 0,
+            pid_ns: 0,
+            shm_dev: 0,
+            shm_ino: 0,
+            pid: 0,
+        };
+        for field in fields {
+            let (k, v) = field.split_once('=')?;
+            match k {
+                "host" => id.host_name = v.to_string(),
+                "boot" => id.boot_id = v.to_string(),
+                "ipc" => id.ipc_ns = v.parse().ok()?,
+                "pidns" => id.pid_ns = v.parse().ok()?,
+                "shm" => {
+                    let (d, i) = v.split_once(':')?;
+                    id.shm_dev = d.parse().ok()?;
+                    id.shm_ino = i.parse().ok()?;
+                }
+                "pid" => id.pid = v.parse().ok()?,
+                _ => {}
+            }
+        }
+        Some(id)
+    }
+
+    /// Can this process (`self`) map `peer`'s memory, and check its pid?
+    pub fn reach(&self, peer: &NodeIdentity) -> Reach {
+        let same_kernel = self.boot_id == peer.boot_id;
+        let same_ipc = self.ipc_ns == peer.ipc_ns;
+        let same_shm = self.shm_dev == peer.shm_dev && self.shm_ino == peer.shm_ino;
+        if same_kernel && same_ipc && same_shm {
+            return Reach::Mappable {
+                pids: self.pid_ns == peer.pid_ns && self.pid_ns != 0,
+            };
+        }
+        let mut missing = Vec::new();
+        if !same_ipc {
+            missing.push(format!(
+                "IPC namespace (ipc:[{}] here, ipc:[{}] there)",
+                self.ipc_ns, peer.ipc_ns
+            ));
+        }
+        if !same_shm {
+            missing.push(format!(
+                "/dev/shm (device {} inode {} here, device {} inode {} there)",
+                self.shm_dev, self.shm_ino, peer.shm_dev, peer.shm_ino
+            ));
+        }
+        let message = if !same_kernel || self.host_name != peer.host_name {
+            let kernel = if same_kernel {
+                format!(
+                    " (the same kernel, but it does not share this process's {}: a container \
+                     or namespace of its own)",
+                    missing.join(" or ")
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "is on another host ({:?}; this rank is on {:?}){kernel}: CUDA IPC and shared \
+                 memory are node-local, so only ranks on one node can exchange handles",
+                peer.host_name, self.host_name
+            )
+        } else {
+            format!(
+                "is on this host ({:?}) but in another container: it does not share this \
+                 process's {}. CUDA IPC between containers needs a shared IPC namespace and a \
+                 shared /dev/shm: run every container of the job with --ipc=host (or one \
+                 shared IPC namespace) and the same /dev/shm",
+                self.host_name,
+                missing.join(" nor its ")
+            )
+        };
+        Reach::Unmappable(message)
+    }
+}
+
+/// Is `pid` a live process of this pid namespace (or one we may not signal, which also means it
+/// exists)? A zombie counts as alive until its parent reaps it.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence and permission; it sends nothing.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// A peer process whose liveness can be checked from here, when its pid means something here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerProcess {
+    pub rank: usize,
+    pub pid: u32,
+    /// False when the peer runs in another pid namespace (its pid says nothing here).
+    pub checkable: bool,
+}
+
+impl PeerProcess {
+    /// True only when the pid is meaningful here and no such process exists any more.
+    pub fn is_dead(&self) -> bool {
+        self.checkable && self.pid != 0 && !process_alive(self.pid)
+    }
+
+    /// "peer rank R (pid P)" for messages, with ", which has exited" when it has.
+    pub fn describe(&self) -> String {
+        if self.is_dead() {
+            format!(
+                "peer rank {} (pid {}, which has exited)",
+                self.rank, self.pid
+            )
+        } else if self.pid != 0 {
+            format!("peer rank {} (pid {})", self.rank, self.pid)
+        } else {
+            format!("peer rank {}", self.rank)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_and_decodes() {
+        let me = NodeIdentity::local();
+        assert_eq!(NodeIdentity::decode(&me.encode()), Some(me.clone()));
+        assert_eq!(NodeIdentity::decode("1"), None);
+        assert_eq!(NodeIdentity::decode("node1;pid=x"), None);
+        assert!(me.ipc_ns != 0 && me.shm_ino != 0, "{me:?}");
+        assert_eq!(me.reach(&me), Reach::Mappable { pids: true });
+    }
+
+    #[test]
+    fn tells_hosts_containers_and_pid_namespaces_apart() {
+        let me = NodeIdentity::local();
+        let other_host = NodeIdentity {
+            host_name: "nodeb".into(),
+            boot_id: "another-boot".into(),
+            ..me.clone()
+        };
+        let Reach::Unmappable(m) = me.reach(&other_host) else {
+            panic!("another host is mappable");
+        };
+        assert!(
+            m.contains("another host") && m.contains("node-local"),
+            "{m}"
+        );
+        let container = NodeIdentity {
+            ipc_ns: me.ipc_ns + 1,
+            shm_dev: me.shm_dev + 1,
+            ..me.clone()
+        };
+        let Reach::Unmappable(m) = me.reach(&container) else {
+            panic!("a container with its own IPC namespace is mappable");
+        };
+        assert!(m.contains("--ipc=host") && m.contains("/dev/shm"), "{m}");
+        assert!(m.contains("IPC namespace"), "{m}");
+        let pid_ns = NodeIdentity {
+            pid_ns: me.pid_ns + 1,
+            ..me.clone()
+        };
+        assert_eq!(me.reach(&pid_ns), Reach::Mappable { pids: false });
+    }
+
+    #[test]
+    fn dead_processes_are_told_only_where_pids_mean_something() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let dead = PeerProcess {
+            rank: 3,
+            pid,
+            checkable: true,
+        };
+        assert!(dead.is_dead());
+        assert!(
+            dead.describe().contains("has exited"),
+            "{}",
+            dead.describe()
+        );
+        assert!(!PeerProcess {
+            checkable: false,
+            ..dead
+        }
+        .is_dead());
+        let me = PeerProcess {
+            rank: 0,
+            pid: std::process::id(),
+            checkable: true,
+        };
+        assert!(!me.is_dead());
+    }
+}

@@ -1,0 +1,173 @@
+//! Nothing of a finished, terminated or killed process stays in /dev/shm. Each test re-runs this
+//! test binary as a rank process (the ignored `holder` test) that creates a cache (its board and
+//! semaphore slab) and host buffers it never frees, then ends in the way under test.
+
+use nvfuser_ipc::exchange::{CacheConfig, HandleCache};
+use nvfuser_ipc::host;
+use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
+use nvfuser_ipc::store::server::StoreServer;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+const ROLE: &str = "NVFIPC_CLEANUP_ROLE";
+
+fn job(test: &str) -> String {
+    format!("c{test}{}", std::process::id() % 100_000)
+}
+
+fn entries(job: &str) -> Vec<String> {
+    let prefix = host::alloc::job_prefix(job);
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Starts a holder for `job` and waits until it has created everything.
+fn start(role: &str, job: &str, port: u16) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["holder", "--exact", "--ignored", "--nocapture"])
+        .env(ROLE, role)
+        .env("NVFIPC_T_JOB", job)
+        .env("NVFIPC_T_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("holding") {
+        line.clear();
+    }
+    assert!(line.contains("holding"), "the holder did not start");
+    child
+}
+
+/// A rank of a job started by `nvfipc launch`: rank 1 fails once both hold shared memory, so the
+/// launcher terminates rank 0 (SIGTERM).
+fn launched_rank() {
+    use nvfuser_ipc::context::{Context, EnvOptions};
+    let ctx = Context::from_env(&EnvOptions::default()).unwrap();
+    let cache = HandleCache::from_context(&ctx).unwrap();
+    let _buffer = host::alloc(1 << 16).unwrap().into_raw();
+    println!("job={}", ctx.job_id);
+    ctx.barrier(None, None).unwrap();
+    if ctx.rank == 1 {
+        std::process::exit(3);
+    }
+    std::thread::sleep(Duration::from_secs(60));
+    drop(cache);
+}
+
+#[test]
+#[ignore = "a rank process, started by the tests of this file"]
+fn holder() {
+    let role = std::env::var(ROLE).unwrap();
+    if role == "launched" {
+        return launched_rank();
+    }
+    let job = std::env::var("NVFIPC_T_JOB").unwrap();
+    let port: u16 = std::env::var("NVFIPC_T_PORT").unwrap().parse().unwrap();
+    let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::default()).unwrap();
+    let cache = HandleCache::new(CacheConfig {
+        rank: 0,
+        world_size: 2,
+        store: Arc::new(store),
+        job_id: job.clone(),
+        scope: String::new(),
+        timeout: Duration::from_secs(5),
+    })
+    .unwrap();
+    let buffers: Vec<u64> = (0..3)
+        .map(|_| host::alloc_for_job(&job, 1 << 16).unwrap().into_raw())
+        .collect();
+    assert!(entries(&job).len() >= 4, "{:?}", entries(&job));
+    println!("holding {} segments", entries(&job).len());
+    match role.as_str() {
+        // Never frees anything and leaves through exit(), as a program that forgets to.
+        "exit" => {
+            std::mem::forget(cache);
+            std::process::exit(0)
+        }
+        // Waits to be terminated or killed.
+        _ => {
+            std::thread::sleep(Duration::from_secs(60));
+            drop((cache, buffers));
+        }
+    }
+}
+
+#[test]
+fn a_normal_exit_without_freeing_leaves_nothing() {
+    let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+    let job = job("exit");
+    let mut child = start("exit", &job, server.port());
+    assert!(child.wait().unwrap().success());
+    assert_eq!(entries(&job), Vec::<String>::new());
+}
+
+#[test]
+fn a_terminated_process_leaves_nothing() {
+    let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+    let job = job("term");
+    let mut child = start("hold", &job, server.port());
+    // SAFETY: signalling our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    // It still dies of the signal, as it would without the library.
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert_eq!(entries(&job), Vec::<String>::new());
+}
+
+#[test]
+fn a_killed_process_is_cleaned_up_by_the_next_job() {
+    let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+    let dead_job = job("kill");
+    let mut child = start("hold", &dead_job, server.port());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // SIGKILL runs nothing: its board, slab and buffers are still there ...
+    let left = entries(&dead_job);
+    assert!(left.len() >= 4, "{left:?}");
+    // ... until the next job on this node creates its cache.
+    let next_job = job("next");
+    let mut next = start("exit", &next_job, server.port());
+    assert!(next.wait().unwrap().success());
+    assert_eq!(entries(&dead_job), Vec::<String>::new());
+    assert_eq!(entries(&next_job), Vec::<String>::new());
+}
+
+#[test]
+fn ranks_the_launcher_terminates_after_a_failure_leave_nothing() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nvfipc"))
+        .args(["launch", "-n", "2", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["holder", "--exact", "--ignored", "--nocapture"])
+        .env(ROLE, "launched")
+        .env_remove("NVFIPC_STORE_ADDR")
+        .env_remove("NVFIPC_JOB_TAG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "rank 1 fails, so the job does: {text}"
+    );
+    let job = text
+        .split("job=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(entries(job), Vec::<String>::new(), "{text}");
+}
