@@ -11,10 +11,14 @@
 //! (replies not yet accepted by the kernel). Every complete request in the input is handled per
 //! readable event and the replies go out in one write. A connection whose peer stops reading
 //! stops being read once its unsent output passes a high-water mark, so one slow client cannot
-//! grow the server's memory or starve the others.
+//! grow the server's memory or starve the others. A GET or MULTI_GET whose reply would be large
+//! (one MULTI_GET may name an 8 MiB key 131072 times) is not built: the connection keeps
+//! references to the values it names and writes them out a chunk at a time as the peer reads,
+//! handling nothing else of that connection meanwhile. So a connection holds at most about
+//! `OUT_HIGH_WATER + STREAM_CHUNK` bytes of output, plus one reference per key it asked for.
 
 use super::buf_pool::{self, BufPool};
-use super::state::{ConnId, Refusal, StoreState};
+use super::state::{ConnId, Refusal, StoreState, StreamedBlob};
 use super::{ServerOptions, Shared};
 use crate::store::wire::{self, Command, ParseError, Parsed, Request};
 use crate::sync::lock;
@@ -39,6 +43,8 @@ const MIN_READ: usize = 4096;
 const READ_BUDGET: usize = 4 << 20;
 /// Unsent reply bytes above which a connection's input is left unprocessed until it drains.
 const OUT_HIGH_WATER: usize = 4 << 20;
+/// Bytes of a streamed reply copied into the output buffer at a time.
+const STREAM_CHUNK: usize = 256 * 1024;
 /// How long to stop accepting after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -66,6 +72,9 @@ struct Conn {
     outbuf: Vec<u8>,
     /// Bytes of `outbuf` already written.
     out_pos: usize,
+    /// The rest of a streamed reply, written after `outbuf`; nothing else of this connection is
+    /// handled until it is empty.
+    streaming: VecDeque<StreamedBlob>,
     validated: bool,
     eof: bool,
     /// The poller reported the peer's FIN or an error: read until EOF, never stop at a short
@@ -82,20 +91,56 @@ impl Conn {
         self.outbuf.len() - self.out_pos
     }
 
-    /// Writes as much pending output as the socket takes; a large drained buffer goes back to
-    /// the pool.
-    fn flush(&mut self, pool: &mut BufPool) -> io::Result<()> {
-        while self.out_pos < self.outbuf.len() {
-            match self.stream.write(&self.outbuf[self.out_pos..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+    /// Whether this connection's input must wait: too much unsent output, or a streamed reply
+    /// still going out.
+    fn blocked(&self) -> bool {
+        self.backlog() > OUT_HIGH_WATER || !self.streaming.is_empty()
+    }
+
+    /// Moves up to [`STREAM_CHUNK`] bytes of the streamed reply into the (drained) output buffer.
+    fn refill(&mut self) {
+        let mut room = STREAM_CHUNK;
+        while room > 0 {
+            let Some(blob) = self.streaming.front_mut() else {
+                return;
+            };
+            let header = (blob.value.len() as u64).to_le_bytes();
+            if blob.pos < header.len() {
+                self.outbuf.extend_from_slice(&header[blob.pos..]);
+                room = room.saturating_sub(header.len() - blob.pos);
+                blob.pos = header.len();
+            }
+            let data = &blob.value[blob.pos - header.len()..];
+            let n = data.len().min(room);
+            self.outbuf.extend_from_slice(&data[..n]);
+            room -= n;
+            blob.pos += n;
+            if n == data.len() {
+                self.streaming.pop_front();
             }
         }
-        self.outbuf.clear();
-        self.out_pos = 0;
+    }
+
+    /// Writes as much pending output as the socket takes, continuing with the streamed reply
+    /// if there is one; a large drained buffer goes back to the pool.
+    fn flush(&mut self, pool: &mut BufPool) -> io::Result<()> {
+        loop {
+            while self.out_pos < self.outbuf.len() {
+                match self.stream.write(&self.outbuf[self.out_pos..]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => self.out_pos += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.outbuf.clear();
+            self.out_pos = 0;
+            if self.streaming.is_empty() {
+                break;
+            }
+            self.refill();
+        }
         if self.outbuf.capacity() >= buf_pool::LARGE {
             pool.give(std::mem::take(&mut self.outbuf));
         }
@@ -219,6 +264,8 @@ pub(super) struct EventLoop {
     /// Unvalidated connections in accept order, with their handshake deadline.
     handshake_deadlines: VecDeque<(Instant, ConnId)>,
     accept_paused_until: Option<Instant>,
+    /// When the last line about refused or delayed clients went to stderr.
+    last_limit_log: Option<Instant>,
 }
 
 impl EventLoop {
@@ -252,6 +299,7 @@ impl EventLoop {
             again: Vec::new(),
             handshake_deadlines: VecDeque::new(),
             accept_paused_until: None,
+            last_limit_log: None,
         })
     }
 
@@ -356,7 +404,20 @@ impl EventLoop {
                 return;
             };
             match listener.accept() {
-                Ok((stream, _peer)) => self.deal(stream),
+                Ok((stream, peer)) => {
+                    let max = self.shared.max_connections;
+                    if self.shared.connected.load(Ordering::Acquire) >= max {
+                        drop(stream);
+                        self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                        self.limit_log(format!(
+                            "store server: refused a client from {peer}: {max} clients are \
+                             connected, the most this server takes (its open-file limit); \
+                             it may retry once others leave"
+                        ));
+                        continue;
+                    }
+                    self.deal(stream)
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -370,8 +431,9 @@ impl EventLoop {
                     );
                     if out_of_resources {
                         // The pending connection stays in the backlog; try again shortly.
-                        self.shared.record_error(format!(
-                            "store server: accept failed ({e}); raise the open-file limit"
+                        self.limit_log(format!(
+                            "store server: accept failed ({e}); clients wait in the listen \
+                             backlog until descriptors are free (raise `ulimit -n`)"
                         ));
                         self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
                         return;
@@ -380,6 +442,21 @@ impl EventLoop {
                 }
             }
         }
+    }
+
+    /// Records a problem with the connection limit and prints it on stderr, at most once a
+    /// second (a client retrying in a loop must not flood the log).
+    fn limit_log(&mut self, message: String) {
+        let now = Instant::now();
+        let due = match self.last_limit_log {
+            Some(t) => now.duration_since(t) >= Duration::from_secs(1),
+            None => true,
+        };
+        if due {
+            self.last_limit_log = Some(now);
+            eprintln!("{message}");
+        }
+        self.shared.record_error(message);
     }
 
     /// Gives a new connection to the next loop in turn.
@@ -444,6 +521,7 @@ impl EventLoop {
             need: 0,
             outbuf: Vec::new(),
             out_pos: 0,
+            streaming: VecDeque::new(),
             validated: false,
             eof: false,
             peer_closing: false,
@@ -469,7 +547,7 @@ impl EventLoop {
                 self.close(slot, Some(Close::Io));
                 return;
             }
-            if conn.backlog() > OUT_HIGH_WATER {
+            if conn.blocked() {
                 // Resumed by the WRITABLE edge once the peer reads.
                 return;
             }
@@ -484,7 +562,7 @@ impl EventLoop {
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 return;
             };
-            if conn.backlog() > OUT_HIGH_WATER {
+            if conn.blocked() {
                 continue;
             }
             if conn.eof {
@@ -531,7 +609,7 @@ impl EventLoop {
             return;
         };
         let flushed = conn.flush(&mut self.pool);
-        let blocked = conn.backlog() > OUT_HIGH_WATER;
+        let blocked = conn.blocked();
         match (result, flushed) {
             (Err(reason), _) => self.close(slot, Some(reason)),
             (Ok(()), Err(_)) => self.close(slot, Some(Close::Io)),
@@ -575,7 +653,7 @@ impl EventLoop {
         let mut pos = conn.in_start;
         let mut handled = 0u64;
         let mut result = Ok(());
-        while conn.outbuf.len() - conn.out_pos <= OUT_HIGH_WATER {
+        while !conn.blocked() {
             let avail = &conn.inbuf[pos..conn.in_end];
             if avail.is_empty() || avail.len() < conn.need {
                 break;
@@ -599,6 +677,10 @@ impl EventLoop {
                             break;
                         }
                         conn.validated = true;
+                        continue;
+                    }
+                    if state.should_stream(&req) {
+                        state.stream_reply(&req, &mut conn.streaming);
                         continue;
                     }
                     if !pool.is_empty() {
@@ -680,7 +762,16 @@ impl EventLoop {
             let slot = id.slot as usize;
             if let Some(conn) = self.conn(slot) {
                 if conn.id == id {
-                    conn.outbuf.push(wire::WAIT_STOP_WAITING);
+                    if conn.streaming.is_empty() {
+                        conn.outbuf.push(wire::WAIT_STOP_WAITING);
+                    } else {
+                        // Owed after the reply being streamed: queued behind it, as raw bytes
+                        // (a blob whose length header counts as written).
+                        conn.streaming.push_back(StreamedBlob {
+                            value: Arc::new(vec![wire::WAIT_STOP_WAITING]),
+                            pos: 8,
+                        });
+                    }
                     self.mark_dirty(slot);
                 }
             }
@@ -703,14 +794,14 @@ impl EventLoop {
                 continue;
             };
             conn.dirty = false;
-            let was_blocked = conn.backlog() > OUT_HIGH_WATER;
+            let was_blocked = conn.blocked();
             if conn.flush(&mut self.pool).is_err() {
                 self.close(slot, Some(Close::Io));
                 continue;
             }
             // Input left unprocessed while the output was over the mark: no further readiness
             // event may come for it, so service it on the next turn.
-            if was_blocked && conn.backlog() <= OUT_HIGH_WATER && !conn.again {
+            if was_blocked && !conn.blocked() && !conn.again {
                 conn.again = true;
                 self.again.push(slot);
             }

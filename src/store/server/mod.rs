@@ -28,10 +28,13 @@ pub struct ServerOptions {
     /// Close connections that have not completed the VALIDATE handshake within this time.
     /// `None` (the default, like torch) lets a silent client sit; it costs one descriptor.
     pub handshake_timeout: Option<Duration>,
-    /// Descriptors the process must be allowed to open; the soft RLIMIT_NOFILE is raised
-    /// towards the hard limit when it is lower, and binding fails if it cannot reach this.
-    /// 0 skips the check.
-    pub min_open_files: u64,
+    /// Most clients connected at once. The soft RLIMIT_NOFILE is raised (never beyond the
+    /// hard limit, and never further than this plus [`FD_RESERVE`]) so that they fit; when the
+    /// limit in force is lower, the server takes `limit - FD_RESERVE` clients (at least
+    /// [`MIN_CONNECTIONS`]). A client beyond the limit is refused (accepted and closed at once,
+    /// with a line on stderr at most once a second); when descriptors run out anyway, accepting
+    /// pauses briefly and the pending clients wait in the listen backlog.
+    pub max_connections: usize,
     /// After handling a request, keep polling without sleeping for this long before blocking:
     /// a client's next request within that window is picked up without the thread wake-up
     /// (several microseconds), at the price of that much CPU after each burst. Zero disables.
@@ -49,6 +52,13 @@ pub fn default_threads() -> usize {
     (cores / 4).clamp(1, 4)
 }
 
+/// Descriptors left to the rest of the process (the listener, the loops' epoll and eventfd
+/// descriptors, and whatever the embedding program opens) when the connection limit is derived
+/// from RLIMIT_NOFILE.
+pub const FD_RESERVE: usize = 64;
+/// The fewest clients a server takes at once, however low RLIMIT_NOFILE is.
+pub const MIN_CONNECTIONS: usize = 16;
+
 /// Default of [`ServerOptions::busy_poll`].
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
@@ -56,7 +66,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             handshake_timeout: None,
-            min_open_files: 1024 + 64,
+            max_connections: 16384,
             busy_poll: DEFAULT_BUSY_POLL,
             threads: 1,
         }
@@ -81,6 +91,10 @@ pub struct ServerStats {
     pub closed_io: u64,
     /// Failed accepts (e.g. out of descriptors).
     pub accept_errors: u64,
+    /// Clients refused because the server already held its most connections.
+    pub refused: u64,
+    /// Most clients this server holds at once (see [`ServerOptions::max_connections`]).
+    pub max_connections: usize,
     /// The most recent of those problems, in words.
     pub last_error: Option<String>,
 }
@@ -94,6 +108,7 @@ struct Counters {
     closed_malformed: AtomicU64,
     closed_io: AtomicU64,
     accept_errors: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// State shared between the handle and the server threads.
@@ -101,6 +116,8 @@ struct Shared {
     stop: AtomicBool,
     running: AtomicBool,
     connected: AtomicUsize,
+    /// Most connections at once, from the options and RLIMIT_NOFILE.
+    max_connections: usize,
     stats: Counters,
     last_error: Mutex<Option<String>>,
     /// The store, taken by a loop once per batch of requests.
@@ -163,9 +180,12 @@ impl StoreServer {
 
     /// [`StoreServer::bind`] with explicit options.
     pub fn bind_with(host: &str, port: u16, opts: &ServerOptions) -> Result<StoreServer> {
-        if opts.min_open_files > 0 {
-            listen::ensure_fd_limit(opts.min_open_files)?;
-        }
+        let wanted = opts.max_connections.max(MIN_CONNECTIONS);
+        let soft = listen::raise_fd_limit((wanted + FD_RESERVE) as u64);
+        let max_connections = usize::try_from(soft)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(FD_RESERVE)
+            .clamp(MIN_CONNECTIONS, wanted);
         let std_listener = listen::bind_listener(host, port)?;
         let addr = std_listener
             .local_addr()
@@ -192,6 +212,7 @@ impl StoreServer {
             stop: AtomicBool::new(false),
             running: AtomicBool::new(false),
             connected: AtomicUsize::new(0),
+            max_connections,
             stats: Counters::default(),
             last_error: Mutex::new(None),
             state: Mutex::new(state::StoreState::default()),
@@ -279,6 +300,8 @@ impl StoreServer {
             closed_malformed: c.closed_malformed.load(Ordering::Relaxed),
             closed_io: c.closed_io.load(Ordering::Relaxed),
             accept_errors: c.accept_errors.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            max_connections: self.shared.max_connections,
             last_error: self.shared.last_error.lock().ok().and_then(|e| e.clone()),
         }
     }

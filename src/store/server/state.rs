@@ -6,6 +6,21 @@ use super::fast_hash::FastMap;
 use crate::store::wire::{self, Request};
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::Arc;
+
+/// A stored value. Shared so that a large reply can be streamed out of a snapshot of the values
+/// it names (see [`StoreState::stream_reply`]) instead of being copied whole into memory.
+pub(crate) type Value = Arc<Vec<u8>>;
+
+/// Replies to GET and MULTI_GET at least this long are streamed rather than built in memory.
+pub(crate) const STREAM_REPLY_MIN: usize = 1 << 20;
+
+/// One blob of a streamed reply: the value as it was when the request was applied.
+pub(crate) struct StreamedBlob {
+    pub value: Value,
+    /// Bytes of `8-byte length ‖ value` already written out.
+    pub pos: usize,
+}
 
 /// A connection, as the event loops name it: the loop serving it, a slot index in that loop and
 /// a generation, so a slot reused by a later connection is never confused with the earlier one.
@@ -61,12 +76,14 @@ struct PendingWait {
 
 #[derive(Default)]
 pub(crate) struct StoreState {
-    kv: FastMap<Vec<u8>, Vec<u8>>,
+    kv: FastMap<Vec<u8>, Value>,
     /// Non-empty queues only (an emptied queue is removed, so presence means "has items").
     queues: FastMap<Vec<u8>, VecDeque<Vec<u8>>>,
     waiters: FastMap<Vec<u8>, Vec<Waiter>>,
     waits: FastMap<ConnId, Vec<PendingWait>>,
     next_wait_id: u64,
+    /// The value of every missing key in a streamed reply.
+    empty: Value,
 }
 
 impl StoreState {
@@ -119,9 +136,9 @@ impl StoreState {
             }
             Request::Append { key, value } => {
                 match self.kv.get_mut(key) {
-                    Some(existing) => existing.extend_from_slice(value),
+                    Some(existing) => Arc::make_mut(existing).extend_from_slice(value),
                     None => {
-                        self.kv.insert(key.to_vec(), value.to_vec());
+                        self.kv.insert(key.to_vec(), Arc::new(value.to_vec()));
                     }
                 }
                 self.notify_all(key, &mut fx);
@@ -166,10 +183,49 @@ impl StoreState {
         Ok(())
     }
 
+    /// Whether the reply to `req` is at least [`STREAM_REPLY_MIN`] bytes and made of stored
+    /// values (GET, MULTI_GET), so it should be streamed with [`StoreState::stream_reply`]: one
+    /// MULTI_GET naming an 8 MiB key 131072 times asks for a terabyte, which must never be built
+    /// in memory.
+    pub fn should_stream(&self, req: &Request<'_>) -> bool {
+        let value_len = |key: &[u8]| 8 + self.kv.get(key).map_or(0, |v| v.len());
+        match *req {
+            Request::Get { key } => value_len(key) >= STREAM_REPLY_MIN,
+            Request::MultiGet { keys } => {
+                let mut total = 0;
+                for key in keys.iter() {
+                    total += value_len(key);
+                    if total >= STREAM_REPLY_MIN {
+                        return true;
+                    }
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// The reply to a GET or MULTI_GET as the values it names, as they are now (the same
+    /// atomic snapshot a built reply would hold, at the cost of one reference per key).
+    pub fn stream_reply(&self, req: &Request<'_>, out: &mut VecDeque<StreamedBlob>) {
+        let mut push = |key: &[u8]| {
+            let value = self.kv.get(key).unwrap_or(&self.empty);
+            out.push_back(StreamedBlob {
+                value: Arc::clone(value),
+                pos: 0,
+            });
+        };
+        match *req {
+            Request::Get { key } => push(key),
+            Request::MultiGet { keys } => keys.iter().for_each(push),
+            _ => {}
+        }
+    }
+
     /// About how many reply bytes `req` will produce (0 for small or no replies), so the caller
     /// can provide a large enough buffer up front.
     pub fn reply_len_hint(&self, req: &Request<'_>) -> usize {
-        let value_len = |key: &[u8]| 8 + self.kv.get(key).map_or(0, Vec::len);
+        let value_len = |key: &[u8]| 8 + self.kv.get(key).map_or(0, |v| v.len());
         match *req {
             Request::Get { key } => value_len(key),
             Request::CompareSet {
@@ -211,18 +267,22 @@ impl StoreState {
     }
 
     fn value_or_empty(&self, key: &[u8]) -> &[u8] {
-        self.kv.get(key).map_or(&[][..], Vec::as_slice)
+        self.kv.get(key).map_or(&[][..], |v| v.as_slice())
     }
 
-    /// Upsert that reuses the existing value's allocation.
+    /// Upsert that reuses the existing value's allocation unless a streamed reply still
+    /// holds it.
     fn set(&mut self, key: &[u8], value: &[u8]) {
         match self.kv.get_mut(key) {
-            Some(existing) => {
-                existing.clear();
-                existing.extend_from_slice(value);
-            }
+            Some(existing) => match Arc::get_mut(existing) {
+                Some(unshared) => {
+                    unshared.clear();
+                    unshared.extend_from_slice(value);
+                }
+                None => *existing = Arc::new(value.to_vec()),
+            },
             None => {
-                self.kv.insert(key.to_vec(), value.to_vec());
+                self.kv.insert(key.to_vec(), Arc::new(value.to_vec()));
             }
         }
     }
@@ -230,8 +290,13 @@ impl StoreState {
     fn compare_set(&mut self, key: &[u8], expected: &[u8], desired: &[u8], fx: &mut Effects) {
         match self.kv.get_mut(key) {
             Some(current) if current.as_slice() == expected => {
-                current.clear();
-                current.extend_from_slice(desired);
+                match Arc::get_mut(current) {
+                    Some(unshared) => {
+                        unshared.clear();
+                        unshared.extend_from_slice(desired);
+                    }
+                    None => *current = Arc::new(desired.to_vec()),
+                }
                 wire::put_blob(fx.out, desired);
             }
             Some(current) => {
@@ -239,7 +304,7 @@ impl StoreState {
                 return;
             }
             None if expected.is_empty() => {
-                self.kv.insert(key.to_vec(), desired.to_vec());
+                self.kv.insert(key.to_vec(), Arc::new(desired.to_vec()));
                 wire::put_blob(fx.out, desired);
             }
             None => {

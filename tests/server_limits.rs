@@ -1,0 +1,336 @@
+//! The store server under hostile requests and tight process limits, run as `nvfipc serve` in a
+//! child process (so a server that aborts fails the test instead of taking the test down):
+//! replies many times larger than their request under an address-space limit, and a low
+//! open-file limit with more clients than it allows.
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+const MAGIC: [u8; 4] = [0xCE, 0xF7, 0x85, 0x3C];
+const SET: u8 = 1;
+const GET: u8 = 3;
+const MULTI_GET: u8 = 10;
+const PING: u8 = 13;
+
+/// `nvfipc serve` on an ephemeral port after the shell `limits` (e.g. `ulimit -v 1000000`), with
+/// its stderr lines forwarded to a channel.
+struct Server {
+    child: Child,
+    port: u16,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(limits: &str) -> Server {
+        let exe = env!("CARGO_BIN_EXE_nvfipc");
+        let script = format!("{limits}; exec \"$0\" serve --host 127.0.0.1 --port 0 --threads 1");
+        let mut child = Command::new("sh")
+            .args(["-c", &script, exe])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nvfipc serve");
+        let stdout = child.stdout.take().unwrap();
+        let (line_tx, line_rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = line_tx.send(line);
+            }
+        });
+        let stderr = forward(child.stderr.take().unwrap());
+        let first = match line_rx.recv_timeout(IO_TIMEOUT) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let said: Vec<String> = stderr.try_iter().collect();
+                panic!("nvfipc serve under `{limits}` did not start; stderr: {said:?}");
+            }
+        };
+        let port = first
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+        Server {
+            child,
+            port,
+            stderr,
+        }
+    }
+
+    /// Whether the server process is still running.
+    fn alive(&mut self) -> bool {
+        self.child
+            .try_wait()
+            .expect("wait for nvfipc serve")
+            .is_none()
+    }
+
+    /// A line of /proc/<pid>/status or /proc/<pid>/limits starting with `prefix`.
+    fn proc_line(&self, file: &str, prefix: &str) -> String {
+        let text = std::fs::read_to_string(format!("/proc/{}/{file}", self.child.id()))
+            .expect("read the server's /proc entry");
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in /proc/pid/{file}"))
+            .to_string()
+    }
+
+    /// Resident memory of the server, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let line = self.proc_line("status", "VmRSS:");
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn forward(stderr: ChildStderr) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+fn blob(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+struct Client(TcpStream);
+
+impl Client {
+    fn connect(port: u16) -> Client {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect to nvfipc serve");
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        let mut c = Client(s);
+        let mut hello = vec![0u8];
+        hello.extend_from_slice(&MAGIC);
+        c.0.write_all(&hello).unwrap();
+        assert_eq!(c.ping(7).expect("ping after the handshake"), 7);
+        c
+    }
+
+    fn ping(&mut self, nonce: u32) -> std::io::Result<u32> {
+        let mut frame = vec![PING];
+        frame.extend_from_slice(&nonce.to_le_bytes());
+        self.0.write_all(&frame)?;
+        let mut b = [0u8; 4];
+        self.0.read_exact(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn set(&mut self, k: &[u8], v: &[u8]) {
+        let mut frame = vec![SET];
+        blob(&mut frame, k);
+        blob(&mut frame, v);
+        self.0.write_all(&frame).unwrap();
+    }
+
+    fn get(&mut self, k: &[u8]) -> Vec<u8> {
+        let mut frame = vec![GET];
+        blob(&mut frame, k);
+        self.0.write_all(&frame).unwrap();
+        self.read_blob()
+    }
+
+    fn read_blob(&mut self) -> Vec<u8> {
+        let mut len = [0u8; 8];
+        self.0.read_exact(&mut len).expect("blob length");
+        let mut v = vec![0u8; u64::from_le_bytes(len) as usize];
+        self.0.read_exact(&mut v).expect("blob bytes");
+        v
+    }
+}
+
+fn big_value() -> Vec<u8> {
+    (0..4u32 << 20).map(|i| (i % 251) as u8).collect()
+}
+
+/// One MULTI_GET naming a 4 MiB key 131072 times asks for 512 GiB. Under a 3 GiB address-space
+/// limit the server must stream it (or refuse it), never build it: it stays up, serves other
+/// clients meanwhile, and its memory stays small while the reply goes out.
+#[test]
+fn amplified_multi_get_is_streamed_within_bounded_memory() {
+    let mut server = Server::start("ulimit -v 3145728");
+    let value = big_value();
+    let mut writer = Client::connect(server.port);
+    writer.set(b"/big", &value);
+    assert_eq!(writer.get(b"/big").len(), value.len());
+
+    let mut frame = vec![MULTI_GET];
+    let count = 131_072u64;
+    frame.extend_from_slice(&count.to_le_bytes());
+    for _ in 0..count {
+        blob(&mut frame, b"/big");
+    }
+    let mut greedy = Client::connect(server.port);
+    greedy.0.write_all(&frame).unwrap();
+    // Read the first 16 values of the reply: each is the whole value.
+    for i in 0..16 {
+        let got = greedy.read_blob();
+        assert!(got == value, "value {i} of the streamed reply differs");
+    }
+    assert!(server.alive(), "the server died serving the reply");
+    // Others are served while the reply is half sent, and writes are not blocked by it.
+    let mut other = Client::connect(server.port);
+    other.set(b"/big", b"replaced");
+    assert_eq!(other.get(b"/big"), b"replaced");
+    assert_eq!(other.ping(42).unwrap(), 42);
+    // The rest of the reply still shows the value as it was when MULTI_GET was applied.
+    assert!(greedy.read_blob() == value);
+    let rss = server.rss_kib();
+    assert!(
+        rss < 512 * 1024,
+        "the server holds {rss} KiB while streaming a 512 GiB reply"
+    );
+
+    // A second client asks the same and never reads: its connection holds little.
+    let mut stalled = Client::connect(server.port);
+    stalled.0.write_all(&frame).unwrap();
+    drop(greedy);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(other.ping(43).unwrap(), 43);
+    let rss = server.rss_kib();
+    assert!(
+        rss < 512 * 1024,
+        "the server holds {rss} KiB with a client that does not read"
+    );
+    drop(stalled);
+    assert_eq!(other.ping(44).unwrap(), 44);
+    assert!(server.alive());
+}
+
+/// Raises this test process's own soft open-file limit so it can hold `n` sockets.
+fn allow_open_files(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we pass.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    if lim.rlim_cur < n && lim.rlim_max >= n {
+        lim.rlim_cur = n;
+        // SAFETY: setrlimit reads the struct we pass.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    }
+}
+
+/// Waits for the server's answer on a fresh connection: `Some(nonce)` when served, `None` when
+/// the server closed it.
+fn try_ping(port: u16) -> Option<u32> {
+    let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut c = Client(s);
+    let mut hello = vec![0u8];
+    hello.extend_from_slice(&MAGIC);
+    if c.0.write_all(&hello).is_err() {
+        return None;
+    }
+    match c.ping(9) {
+        Ok(n) => Some(n),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe
+            ) =>
+        {
+            None
+        }
+        Err(e) => panic!("unexpected error from the server: {e}"),
+    }
+}
+
+/// With soft = hard = 1024 open files (common in containers) the server starts and serves; the
+/// clients beyond what the limit allows are refused with a line on stderr, and served again
+/// once others leave.
+#[test]
+fn serves_under_ulimit_n_1024_and_refuses_clients_beyond_it() {
+    allow_open_files(4096);
+    let server = Server::start("ulimit -n 1024");
+    let limits = server.proc_line("limits", "Max open files");
+    assert!(limits.contains(" 1024 "), "{limits}");
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..1100 {
+        match try_ping(server.port) {
+            Some(9) => {}
+            Some(other) => panic!("ping answered {other}"),
+            None => refused += 1,
+        }
+        // Keep every connection open (served or not) to press on the limit.
+        held.push(TcpStream::connect(("127.0.0.1", server.port)).expect("connect"));
+    }
+    assert!(
+        refused > 0,
+        "1100 clients fit under a 1024 open-file limit?"
+    );
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let mut said = Vec::new();
+    while Instant::now() < deadline {
+        match server.stderr.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) => said.push(line),
+            Err(_) if !said.is_empty() => break,
+            Err(_) => {}
+        }
+    }
+    assert!(
+        said.iter()
+            .any(|l| l.contains("refused a client") && l.contains("open-file limit")),
+        "no line about refused clients on stderr: {said:?}"
+    );
+    drop(held);
+    // Once the others left, a client is served again.
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        if try_ping(server.port) == Some(9) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not served again after clients left"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// With a low soft limit under a high hard one, the server raises the soft limit to what its
+/// connection limit needs, not to the hard limit.
+#[test]
+fn raises_the_soft_limit_only_as_far_as_it_needs() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we pass.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    if lim.rlim_max <= 1024 + 64 {
+        eprintln!(
+            "hard open-file limit {} is too low for this check",
+            lim.rlim_max
+        );
+        return;
+    }
+    let server = Server::start("ulimit -Sn 256");
+    let limits = server.proc_line("limits", "Max open files");
+    let soft: u64 = limits.split_whitespace().nth(3).unwrap().parse().unwrap();
+    let wanted = (16384 + 64).min(lim.rlim_max);
+    assert_eq!(soft, wanted, "{limits}");
+    assert_eq!(try_ping(server.port), Some(9));
+}
