@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a machine with no GPU: Rust unit and multi-process tests,
-# interop with real PyTorch, the C/C++ GoogleTest suites, and a bounded fuzz run of the store's
-# frame parser. Installs what it needs (Debian packages, a cached Python venv with torch).
+# interop with real PyTorch (the pinned torch and the newest on the package index), the C/C++
+# GoogleTest suites, and a bounded fuzz run of the store's frame parser. Installs what it needs
+# (Debian packages, two cached Python venvs with torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,8 @@ echo "== cargo test (release profile for realistic multi-process timing)"
 cargo test --release --all-targets
 echo "== store server suite again, with three event loops"
 NVFIPC_TEST_STORE_THREADS=3 cargo test --release --test store_server
+echo "== PyTorch interop again, with the newest torch on the package index"
+NVFIPC_PYTHON="$(bash scripts/python-env-newest.sh)" cargo test --release --test store_interop
 
 echo "== C/C++ suites (CMake + GoogleTest)"
 bash scripts/cpp-tests.sh build/ci-cpp

@@ -244,6 +244,7 @@ fn torch_client_against_our_server() {
     rust.set("from_rust", b"\x00rust\xff").unwrap();
 
     let mut client = Py::spawn(&py, "torch_client.py", &[&port.to_string()]);
+    let version = client.expect("torch ");
     client.expect("waiting rust_late");
     // torch's client is blocked in WAIT; our SET from another connection must wake it.
     std::thread::sleep(Duration::from_millis(100));
@@ -253,8 +254,16 @@ fn torch_client_against_our_server() {
         msg.contains("wait timeout after 500ms, keys: /never"),
         "{msg}"
     );
+    let barrier = client.expect("barrier: ");
+    if torch_at_least(&version, 2, 15) {
+        assert_eq!(
+            barrier, "OK",
+            "torch {version}: Store.barrier against our server"
+        );
+    }
     client.expect("OK");
     client.succeed();
+    assert_eq!(server.stats().closed_malformed, 0, "{:?}", server.stats());
 
     // What torch wrote is visible to us, under torch's key layout.
     assert_eq!(rust.get("from_python", T).unwrap(), b"\xffpy\x00");
@@ -263,6 +272,15 @@ fn torch_client_against_our_server() {
     // The world_size=2 client sent ADD "init/" 1 (wire key without "/").
     assert_eq!(raw_get(port, "init/"), b"1");
     assert!(!rust.check(&["init/"]).unwrap());
+}
+
+/// Whether a torch version string (`2.15.0+cu130`) is at least `major.minor`.
+fn torch_at_least(version: &str, major: u32, minor: u32) -> bool {
+    let mut parts = version
+        .split(['.', '+'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let got = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    got >= (major, minor)
 }
 
 /// Our client against a torch server: every operation, cross-checked from Python.

@@ -438,7 +438,7 @@ fn wrong_first_message_closes_only_that_connection() {
 fn unknown_command_byte_closes_the_connection() {
     let (srv, mut good) = server_with_data();
     let mut c = Client::connect(srv.port());
-    c.send(&[18]);
+    c.send(&[19]);
     c.expect_closed();
     let mut c = Client::connect(srv.port());
     c.send(&[0xff, 0, 0, 0]);

@@ -1,4 +1,5 @@
-//! PyTorch TCPStore wire protocol, current generation (torch >= 2.2, `VALIDATE` = 0).
+//! PyTorch TCPStore wire protocol, current generation (torch >= 2.2, `VALIDATE` = 0, through
+//! torch 2.15's `BARRIER` = 18).
 //!
 //! Everything is little-endian; lengths and counts are u64; a string or blob is `u64 len ‖ bytes`
 //! and a key list is `u64 count ‖ count × blob`. There is no framing header: a request is one
@@ -58,11 +59,12 @@ pub enum Command {
     QueuePop = 15,
     QueueLen = 16,
     List = 17,
+    Barrier = 18,
 }
 
 impl Command {
     /// Every command, in byte order.
-    pub const ALL: [Command; 18] = [
+    pub const ALL: [Command; 19] = [
         Command::Validate,
         Command::Set,
         Command::CompareSet,
@@ -81,9 +83,10 @@ impl Command {
         Command::QueuePop,
         Command::QueueLen,
         Command::List,
+        Command::Barrier,
     ];
 
-    /// The command for a wire byte, or `None` for an unknown byte (18 and above).
+    /// The command for a wire byte, or `None` for an unknown byte (19 and above).
     pub fn from_byte(byte: u8) -> Option<Command> {
         Command::ALL.get(usize::from(byte)).copied()
     }
@@ -114,6 +117,7 @@ impl Command {
             Command::QueuePop => "QUEUE_POP",
             Command::QueueLen => "QUEUE_LEN",
             Command::List => "LIST",
+            Command::Barrier => "BARRIER",
         }
     }
 }
@@ -353,6 +357,13 @@ pub enum Request<'a> {
         key: &'a [u8],
     },
     List,
+    /// Counts one arrival at `key` (stored as decimal text, like ADD); answered with
+    /// STOP_WAITING once `world_size` arrivals were counted, until then a pending wait that
+    /// CANCEL_WAIT cancels.
+    Barrier {
+        key: &'a [u8],
+        world_size: i64,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -376,6 +387,7 @@ impl<'a> Request<'a> {
             Request::QueuePop { .. } => Command::QueuePop,
             Request::QueueLen { .. } => Command::QueueLen,
             Request::List => Command::List,
+            Request::Barrier { .. } => Command::Barrier,
         }
     }
 
@@ -409,6 +421,10 @@ impl<'a> Request<'a> {
                 put_blob(out, key);
                 put_i64(out, delta);
             }
+            Request::Barrier { key, world_size } => {
+                put_blob(out, key);
+                put_i64(out, world_size);
+            }
             Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
                 put_u64(out, keys.count as u64);
                 out.extend_from_slice(keys.raw);
@@ -435,7 +451,7 @@ impl<'a> Request<'a> {
 pub enum ReplyShape {
     /// No reply at all (VALIDATE, SET, APPEND, MULTI_SET, QUEUE_PUSH).
     Nothing,
-    /// One byte (CHECK, WAIT, CANCEL_WAIT).
+    /// One byte (CHECK, WAIT, CANCEL_WAIT, BARRIER).
     Byte,
     /// The ping nonce.
     U32,
@@ -461,7 +477,9 @@ impl Command {
             | Command::Append
             | Command::MultiSet
             | Command::QueuePush => ReplyShape::Nothing,
-            Command::Check | Command::Wait | Command::CancelWait => ReplyShape::Byte,
+            Command::Check | Command::Wait | Command::CancelWait | Command::Barrier => {
+                ReplyShape::Byte
+            }
             Command::Ping => ReplyShape::U32,
             Command::Add | Command::GetNumKeys | Command::DeleteKey | Command::QueueLen => {
                 ReplyShape::I64
@@ -666,6 +684,10 @@ impl<'a> Cursor<'a> {
             Command::QueuePop => Request::QueuePop { key: self.key()? },
             Command::QueueLen => Request::QueueLen { key: self.key()? },
             Command::List => Request::List,
+            Command::Barrier => Request::Barrier {
+                key: self.key()?,
+                world_size: self.i64()?,
+            },
         })
     }
 }
@@ -1035,6 +1057,20 @@ pub fn encode_queue_len<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Re
 /// `LIST`; reply: i64 count and that many keys (wire form).
 pub fn encode_list(out: &mut Vec<u8>) {
     out.push(Command::List.byte());
+}
+
+/// `BARRIER key world_size`; reply: one byte, STOP_WAITING once `world_size` arrivals at `key`
+/// were counted (a torch >= 2.15 server, or ours).
+pub fn encode_barrier<K: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    key: &K,
+    world_size: i64,
+) -> Result<()> {
+    framed(out, Command::Barrier, |out| {
+        put_key(out, Command::Barrier, key)?;
+        put_i64(out, world_size);
+        Ok(())
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1439,6 +1475,7 @@ mod tests {
             encode_list(o);
             Ok(())
         });
+        push(&|o| encode_barrier(o, "/b", 4));
         all
     }
 
@@ -1580,7 +1617,7 @@ mod tests {
 
     #[test]
     fn unknown_command_bytes_are_errors() {
-        for byte in [18u8, 19, 0x7f, 0xff] {
+        for byte in [19u8, 20, 0x7f, 0xff] {
             let err = parse_request(&[byte, 1, 2, 3]).unwrap_err();
             assert_eq!(err.kind, ParseErrorKind::UnknownCommand(byte));
             assert!(err.to_string().contains(&format!("byte {byte}")));
@@ -1780,6 +1817,6 @@ mod tests {
         for (i, c) in Command::ALL.iter().enumerate() {
             assert_eq!(Command::from_byte(i as u8), Some(*c));
         }
-        assert_eq!(Command::from_byte(18), None);
+        assert_eq!(Command::from_byte(19), None);
     }
 }

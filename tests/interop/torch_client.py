@@ -11,6 +11,7 @@ Expects the Rust side to have set "from_rust" = b"\\x00rust\\xff" first; prints
 import datetime as dt
 import sys
 
+import torch
 import torch.distributed as dist
 
 T = dt.timedelta(seconds=20)
@@ -27,6 +28,7 @@ def expect_store_error(fn, text):
 
 def main():
     port = int(sys.argv[1])
+    print("torch", torch.__version__, flush=True)
     c = dist.TCPStore("127.0.0.1", port, world_size=None, is_master=False, timeout=T,
                       wait_for_workers=False)
 
@@ -89,10 +91,25 @@ def main():
     p.set("k", "pv")
     assert p.get("k") == b"pv" and c.get("pfx/k") == b"pv"
 
+    # Store.barrier (torch >= 2.15 sends BARRIER, command 18): a world of one passes at once; a
+    # world of two times out alone (CANCEL_WAIT) but its arrival counts, so the next passes.
+    barrier_keys = []
+    if hasattr(c, "barrier"):
+        c.barrier("bk", 1)
+        expect_store_error(lambda: c.barrier("b2", 2, dt.timedelta(milliseconds=300)),
+                           "barrier timeout after 300ms")
+        c.barrier("b2", 2, dt.timedelta(seconds=5))
+        assert c.get("b2") == b"2", c.get("b2")
+        assert c.get("k") == b"w+"  # the connection stayed in step
+        barrier_keys = ["bk", "b2"]
+        print("barrier: OK", flush=True)
+    else:
+        print("barrier: not in this torch", flush=True)
+
     c.set("from_python", b"\xffpy\x00")
     keys = sorted(c.list_keys())
     expected = sorted(["from_rust", "rust_late", "k", "n", "m", "fresh", "b", "bin", "pfx/k",
-                       "from_python"])
+                       "from_python"] + barrier_keys)
     assert keys == expected, keys
     n = c.num_keys()
     assert n == len(expected), n

@@ -36,7 +36,8 @@ pub(crate) struct ConnId {
 pub(crate) enum Refusal {
     /// VALIDATE carried the wrong magic.
     BadMagic(u32),
-    /// ADD hit a value that `std::stoll` rejects (no digits, or out of the i64 range).
+    /// ADD or BARRIER hit a value that `std::stoll` rejects (no digits, or out of the i64
+    /// range).
     AddNotANumber { key: Vec<u8> },
 }
 
@@ -50,7 +51,7 @@ impl fmt::Display for Refusal {
             ),
             Refusal::AddNotANumber { key } => write!(
                 f,
-                "ADD on key {:?} whose value is not a decimal i64",
+                "ADD or BARRIER on key {:?} whose value is not a decimal i64",
                 String::from_utf8_lossy(key)
             ),
         }
@@ -179,6 +180,7 @@ impl StoreState {
                     wire::put_blob(fx.out, key);
                 }
             }
+            Request::Barrier { key, world_size } => self.barrier(key, world_size, &mut fx)?,
         }
         Ok(())
     }
@@ -360,6 +362,44 @@ impl StoreState {
             missing,
             keys: registered,
         });
+    }
+
+    /// BARRIER: counts one arrival at `key` (decimal text, as ADD stores it). The arrival that
+    /// reaches `world_size` releases every earlier one (as a write to `key` does) and is answered
+    /// at once; an earlier one waits, as a WAIT on `key` would, until then or CANCEL_WAIT.
+    fn barrier(&mut self, key: &[u8], world_size: i64, fx: &mut Effects) -> Result<(), Refusal> {
+        let count = match self.kv.get(key) {
+            Some(text) => parse_stoll(text)
+                .ok_or_else(|| Refusal::AddNotANumber { key: key.to_vec() })?
+                .wrapping_add(1),
+            None => 1,
+        };
+        let mut digits = [0u8; I64_DECIMAL_MAX];
+        let text = format_i64(count, &mut digits);
+        self.set(key, text);
+        if count >= world_size {
+            self.notify_all(key, fx);
+            wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
+            return Ok(());
+        }
+        let id = self.next_wait_id;
+        self.next_wait_id += 1;
+        let waiter = Waiter {
+            conn: fx.conn,
+            wait_id: id,
+        };
+        match self.waiters.get_mut(key) {
+            Some(list) => list.push(waiter),
+            None => {
+                self.waiters.insert(key.to_vec(), vec![waiter]);
+            }
+        }
+        self.waits.entry(fx.conn).or_default().push(PendingWait {
+            id,
+            missing: 1,
+            keys: vec![key.to_vec()],
+        });
+        Ok(())
     }
 
     /// A write to `key`: every registration under it counts down (torch's wakeupWaitingClients).
@@ -858,6 +898,44 @@ mod tests {
         assert_eq!(
             ok(&mut s, A, |o| encode_check(o, ["/q"])),
             vec![CHECK_NOT_READY]
+        );
+    }
+
+    #[test]
+    fn barrier_counts_arrivals_and_releases_them_all_at_world_size() {
+        let mut s = StoreState::default();
+        assert!(ok(&mut s, A, |o| encode_barrier(o, "/b", 3)).is_empty());
+        assert!(ok(&mut s, B, |o| encode_barrier(o, "/b", 3)).is_empty());
+        assert_eq!(s.waiting_connections(), 2);
+        assert_eq!(ok(&mut s, C, |o| encode_get(o, "/b")), blob(b"2"));
+        // The last arrival is answered at once and releases the others.
+        let (out, mut woken) = run(&mut s, C, |o| encode_barrier(o, "/b", 3)).unwrap();
+        woken.sort_by_key(|c| c.gen);
+        assert_eq!((out, woken), (vec![WAIT_STOP_WAITING], vec![A, B]));
+        assert_eq!(s.waiting_connections(), 0);
+        // A world of one (or less) never waits; a cancelled arrival still counts.
+        assert_eq!(
+            ok(&mut s, A, |o| encode_barrier(o, "/one", 1)),
+            vec![WAIT_STOP_WAITING]
+        );
+        assert!(ok(&mut s, A, |o| encode_barrier(o, "/c", 2)).is_empty());
+        let cancel = |o: &mut Vec<u8>| {
+            encode_cancel_wait(o);
+            Ok(())
+        };
+        assert_eq!(ok(&mut s, A, cancel), vec![WAIT_CANCELED]);
+        assert_eq!(
+            ok(&mut s, B, |o| encode_barrier(o, "/c", 2)),
+            vec![WAIT_STOP_WAITING]
+        );
+        // A key holding something else than a count is refused like ADD's.
+        ok(&mut s, A, |o| encode_set(o, "/t", "text"));
+        let refusal = run(&mut s, A, |o| encode_barrier(o, "/t", 2)).unwrap_err();
+        assert_eq!(
+            refusal,
+            Refusal::AddNotANumber {
+                key: b"/t".to_vec()
+            }
         );
     }
 
