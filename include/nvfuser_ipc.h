@@ -33,6 +33,10 @@
 #define NVFIPC_VERSION_PATCH 0
 
 
+// Most ranks a job may have (`world_size` of every context, members of every barrier): a world
+// barrier waits for every other rank's key in one store request, which names at most this many.
+#define NVFIPC_MAX_WORLD_SIZE 131072
+
 // `nvfipc_request.direction`: this rank's buffer is the source (the peer pulls from it).
 #define NVFIPC_DIRECTION_SEND 0
 

@@ -18,11 +18,12 @@
 //! exactly who is missing, and a missing member found waiting in the next generation is reported
 //! as such (the members called different numbers of barriers over the set).
 
+use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Prefix of every key the barrier writes.
 pub const BARRIER_KEY_PREFIX: &str = "nvfipc/barrier";
@@ -39,10 +40,22 @@ pub struct MemberSet {
 
 impl MemberSet {
     /// Validates `members` (the whole world when `None`) for a barrier called by `rank`: members
-    /// must be unique, below `world`, and include `rank`.
+    /// must be unique, below `world`, and include `rank`; `world` is at most
+    /// [`MAX_WORLD_SIZE`].
     pub fn new(rank: usize, world: usize, members: Option<&[usize]>) -> Result<MemberSet> {
         if world == 0 {
             return Err(Error::invalid("barrier: world size is 0"));
+        }
+        if world > MAX_WORLD_SIZE {
+            return Err(Error::invalid(format!(
+                "barrier: the world size {world} is above the limit of {MAX_WORLD_SIZE} ranks"
+            )));
+        }
+        if let Some(list) = members.filter(|l| l.len() > world) {
+            return Err(Error::invalid(format!(
+                "barrier: {} members listed in a world of {world} ranks",
+                list.len()
+            )));
         }
         if rank >= world {
             return Err(Error::invalid(format!(
@@ -325,8 +338,12 @@ impl Call<'_> {
         }
     }
 
-    /// The timeout error, naming the members whose arrival key is missing.
+    /// The timeout error, naming the members whose arrival key is missing (as many as can be
+    /// checked within a tenth of the timeout, at least 20 ms and at most 1 s, so the error
+    /// comes in time whatever the number of members).
     fn timeout_error(&self, timeout: Duration) -> Error {
+        let budget = (timeout / 10).clamp(Duration::from_millis(20), Duration::from_secs(1));
+        let deadline = Instant::now() + budget;
         let head = format!(
             "barrier gen {} over ranks {} timed out after {} ms on rank {}",
             self.gen,
@@ -334,16 +351,21 @@ impl Call<'_> {
             timeout.as_millis(),
             self.rank
         );
-        match self.absent() {
-            Ok(absent) if absent.is_empty() => Error::timeout(format!(
+        match self.absent(deadline) {
+            Ok((absent, 0)) if absent.is_empty() => Error::timeout(format!(
                 "{head}: every rank arrived but the coordinator, rank {}, did not release them; \
                  it may have died or lost its store connection",
                 self.coordinator()
             )),
-            Ok(absent) => {
+            Ok((absent, unchecked)) => {
                 let ranks: Vec<usize> = absent.iter().map(|a| a.0).collect();
                 let list = format_ranks(&ranks);
                 let list = &list[1..list.len() - 1];
+                let more = if unchecked == 0 {
+                    String::new()
+                } else {
+                    format!(" ({unchecked} more members were not checked in time)")
+                };
                 let elsewhere: Vec<String> = absent
                     .iter()
                     .filter_map(|&(rank, gen)| gen.map(|g| format!("rank {rank} is at gen {g}")))
@@ -358,7 +380,12 @@ impl Call<'_> {
                         elsewhere.join(", ")
                     )
                 };
-                Error::timeout(format!("{head}: ranks {list} did not arrive; {note}"))
+                if ranks.is_empty() {
+                    return Error::timeout(format!(
+                        "{head}: {unchecked} members were not checked in time; {note}"
+                    ));
+                }
+                Error::timeout(format!("{head}: ranks {list} did not arrive{more}; {note}"))
             }
             Err(e) => Error::timeout(format!(
                 "{head}; could not tell which ranks are missing: {e}"
@@ -367,11 +394,15 @@ impl Call<'_> {
     }
 
     /// Members (other than the caller) without an arrival key for this generation, each with
-    /// the next generation when it was found waiting there. (The previous generation's keys
-    /// linger until the coordinator's next arrival, so they say nothing.)
-    fn absent(&self) -> Result<Vec<(usize, Option<u64>)>> {
+    /// the next generation when it was found waiting there, and how many members were left
+    /// unchecked at `deadline`. (The previous generation's keys linger until the coordinator's
+    /// next arrival, so they say nothing.)
+    fn absent(&self, deadline: Instant) -> Result<(Vec<(usize, Option<u64>)>, usize)> {
         let mut absent = Vec::new();
-        for member in self.others() {
+        for (checked, member) in self.others().enumerate() {
+            if Instant::now() >= deadline {
+                return Ok((absent, self.set.len() - 1 - checked));
+            }
             if self.store.check(&[&self.keys.arrival(self.gen, member)])? {
                 continue;
             }
@@ -379,7 +410,7 @@ impl Call<'_> {
             let ahead = self.store.check(&[&self.keys.arrival(next, member)])?;
             absent.push((member, ahead.then_some(next)));
         }
-        Ok(absent)
+        Ok((absent, 0))
     }
 }
 

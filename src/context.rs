@@ -8,7 +8,7 @@
 //!
 //! Store lifetime: when the store is hosted in-process, closing or dropping that rank's
 //! [`Context`] does not pull the store from under the others. It first waits, bounded by the
-//! host linger (30 s by default), until every rank has closed its context, or every rank has
+//! host linger (the context's timeout, at most 30 s, by default), until every rank has closed its context, or every rank has
 //! connected once and all of them have since disconnected; then it drops its own connection and
 //! stops the server once no client is left.
 //!
@@ -49,7 +49,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-/// How long a hosting rank waits, at most, for the other ranks before it stops the store.
+/// How long a hosting rank waits, at most, for the other ranks before it stops the store, unless
+/// told otherwise (by default it waits its context's timeout, capped at this).
 pub const DEFAULT_HOST_LINGER: Duration = Duration::from_secs(30);
 
 const KEY_PREFIX: &str = "nvfipc/context";
@@ -82,8 +83,9 @@ pub struct ContextOptions {
 pub struct EnvOptions {
     /// Default timeout of store operations and barriers; `None`: `NVFIPC_TIMEOUT_MS`, else 300 s.
     pub timeout: Option<Duration>,
-    /// How long a hosting rank waits for the others when it closes (default 30 s).
-    pub host_linger: Duration,
+    /// How long a hosting rank waits for the others when it closes; `None` (the default): the
+    /// context's timeout, at most [`DEFAULT_HOST_LINGER`].
+    pub host_linger: Option<Duration>,
     /// Name of this run; `None`: from the launcher's environment (see `env::JOB_TAG_VARS`).
     pub job_tag: Option<String>,
 }
@@ -92,7 +94,7 @@ impl Default for EnvOptions {
     fn default() -> Self {
         EnvOptions {
             timeout: None,
-            host_linger: DEFAULT_HOST_LINGER,
+            host_linger: None,
             job_tag: None,
         }
     }
@@ -186,7 +188,9 @@ impl Context {
             Hosting::Connect
         };
         let mut ctx = Self::open(config.ranks, &addr.host, addr.port, hosting, timeout, &tag)?;
-        ctx.host_linger = options.host_linger;
+        if let Some(linger) = options.host_linger {
+            ctx.host_linger = linger;
+        }
         Ok(ctx)
     }
 
@@ -282,7 +286,7 @@ impl Context {
             claim,
             claim_checked: AtomicBool::new(false),
             timeout,
-            host_linger: DEFAULT_HOST_LINGER,
+            host_linger: timeout.min(DEFAULT_HOST_LINGER),
             closed: false,
         })
     }
@@ -314,7 +318,8 @@ impl Context {
         self.timeout = timeout;
     }
 
-    /// How long a hosting rank waits for the others when it closes.
+    /// How long a hosting rank waits for the others when it closes (by default the timeout
+    /// the context was created with, at most [`DEFAULT_HOST_LINGER`]).
     pub fn host_linger(&self) -> Duration {
         self.host_linger
     }

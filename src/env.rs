@@ -52,6 +52,10 @@ const MAX_STORE_THREADS: usize = 64;
 /// SLURM's job and step ids are used when none of these is set.
 pub const JOB_TAG_VARS: &[&str] = &["NVFIPC_JOB_TAG", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE"];
 
+/// Most ranks a job may have. A world barrier's coordinator waits for every other rank's key
+/// in one WAIT, and a TCPStore request names at most this many keys.
+pub const MAX_WORLD_SIZE: usize = crate::store::wire::MAX_KEY_COUNT;
+
 /// A rank's place in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RankInfo {
@@ -71,6 +75,11 @@ impl RankInfo {
     ) -> Result<RankInfo> {
         if world_size == 0 {
             return Err(Error::invalid("the world size must be at least 1, got 0"));
+        }
+        if world_size > MAX_WORLD_SIZE {
+            return Err(Error::invalid(format!(
+                "the world size {world_size} is above the limit of {MAX_WORLD_SIZE} ranks"
+            )));
         }
         if local_world_size == 0 || local_world_size > world_size {
             return Err(Error::invalid(format!(

@@ -2,6 +2,7 @@
 //! finishes first. Multi-process cases re-run this test binary as rank processes.
 
 use nvfuser_ipc::context::{Context, ContextOptions, EnvOptions};
+use nvfuser_ipc::ffi::context::{nvfipc_context_free, nvfipc_context_from_env};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
@@ -100,6 +101,18 @@ fn text(output: &Output) -> String {
 #[ignore = "a rank process, started by the multi-process tests of this file"]
 fn rank_process() {
     let role = std::env::var(ROLE_VAR).expect("started without a role");
+    if role == "c-host-alone" {
+        // Through the C ABI, with the timeout from NVFIPC_TIMEOUT_MS, as a C program would.
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(nvfipc_context_from_env(&mut ctx), Status::Ok);
+        let start = Instant::now();
+        let status = nvfipc_context_free(ctx);
+        println!(
+            "freed after {} ms with {status:?}",
+            start.elapsed().as_millis()
+        );
+        return;
+    }
     let options = EnvOptions {
         timeout: Some(TIMEOUT),
         ..EnvOptions::default()
@@ -193,6 +206,35 @@ fn host_returns_once_a_rank_left_without_closing() {
         start.elapsed() < Duration::from_secs(10),
         "{:?}",
         start.elapsed()
+    );
+}
+
+/// The hosting rank of a world of two whose other rank died before joining: freeing its context
+/// waits for the missing rank no longer than NVFIPC_TIMEOUT_MS.
+#[test]
+fn host_free_is_bounded_by_the_configured_timeout() {
+    let port = free_port();
+    let child = spawn_rank(
+        "c-host-alone",
+        0,
+        2,
+        &[
+            ("NVFUSER_MASTER_PORT", port.to_string()),
+            ("NVFIPC_TIMEOUT_MS", "1500".to_string()),
+        ],
+    );
+    let out = finish(child, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    let ms: u64 = said
+        .split("freed after ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        ms < 5 * 1500,
+        "freeing took {ms} ms with NVFIPC_TIMEOUT_MS=1500: {said}"
     );
 }
 

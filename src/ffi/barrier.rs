@@ -2,13 +2,18 @@
 
 use super::context::{context_arg, nvfipc_context};
 use super::guard::{ffi_call, rank_arg, slice_arg};
-use crate::error::{Result, Status};
+use crate::error::{Error, Result, Status};
 use std::time::Duration;
 
 /// Converts the C rank list; `None` (the world) when it is empty.
 fn members_arg(ranks: *const i64, n_ranks: usize, world_size: usize) -> Result<Option<Vec<usize>>> {
     if n_ranks == 0 {
         return Ok(None);
+    }
+    if n_ranks > world_size {
+        return Err(Error::invalid(format!(
+            "argument `n_ranks` = {n_ranks} is more than the world size {world_size}"
+        )));
     }
     slice_arg(ranks, n_ranks, "ranks")?
         .iter()

@@ -6,10 +6,16 @@ use super::guard::{
 };
 use super::store::nvfipc_store;
 use crate::context::{Context, ContextOptions, EnvOptions};
+use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use crate::store::DEFAULT_TIMEOUT;
 use std::ffi::{c_char, CString};
 use std::sync::Arc;
+
+/// Most ranks a job may have (`world_size` of every context, members of every barrier): a world
+/// barrier waits for every other rank's key in one store request, which names at most this many.
+pub const NVFIPC_MAX_WORLD_SIZE: i64 = 131_072;
+const _: () = assert!(NVFIPC_MAX_WORLD_SIZE as usize == MAX_WORLD_SIZE);
 
 /// One rank's view of the job: rank, world size, local rank and size, the store every rank
 /// shares, a job id, and barriers (`nvfipc_barrier`).
@@ -53,6 +59,12 @@ fn rank_layout(
     local_world_size: i64,
 ) -> Result<(usize, usize, usize, usize)> {
     let world = positive_arg(world_size, "world_size")?;
+    if world > MAX_WORLD_SIZE {
+        return Err(Error::invalid(format!(
+            "argument `world_size` = {world} is above the limit of NVFIPC_MAX_WORLD_SIZE = \
+             {MAX_WORLD_SIZE} ranks"
+        )));
+    }
     let local_world = positive_arg(local_world_size, "local_world_size")?;
     let rank = super::guard::rank_arg(rank, world, "rank")?;
     let local_rank = super::guard::rank_arg(local_rank, local_world, "local_rank")?;

@@ -616,11 +616,22 @@ impl<'a> Cursor<'a> {
         Ok(count as usize)
     }
 
+    /// Each of `left` more items takes at least 8 bytes: a lower bound on the frame's end that
+    /// spares a server re-parsing a long key list every time a little more of it arrives.
+    fn need_items(&self, stop: Stop, left: usize) -> Stop {
+        match stop {
+            Stop::Need(n) => Stop::Need(n.saturating_add(left.saturating_mul(8))),
+            bad => bad,
+        }
+    }
+
     fn keys(&mut self) -> Step<KeyList<'a>> {
         let count = self.count("key count")?;
         let start = self.pos;
-        for _ in 0..count {
-            self.key()?;
+        for i in 0..count {
+            if let Err(stop) = self.key() {
+                return Err(self.need_items(stop, count - i - 1));
+            }
         }
         Ok(KeyList {
             count,
@@ -631,9 +642,10 @@ impl<'a> Cursor<'a> {
     fn pairs(&mut self) -> Step<PairList<'a>> {
         let count = self.count("pair count")?;
         let start = self.pos;
-        for _ in 0..count {
-            self.key()?;
-            self.value("value")?;
+        for i in 0..count {
+            if let Err(stop) = self.key().and_then(|_| self.value("value")) {
+                return Err(self.need_items(stop, 2 * (count - i - 1)));
+            }
         }
         Ok(PairList {
             count,

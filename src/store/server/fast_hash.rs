@@ -1,5 +1,5 @@
 //! A small, fast, non-cryptographic hasher for the store's key maps (the Fx algorithm used by
-//! rustc). Keys are short byte strings from cluster peers; SipHash's DoS resistance is not
+//! rustc, with a final mix). Keys are short byte strings from cluster peers; SipHash's DoS resistance is not
 //! worth its cost for a store that has no authentication anyway.
 
 use std::collections::HashMap;
@@ -56,9 +56,16 @@ impl Hasher for FxHasher {
         self.add(i as u64);
     }
 
+    /// Mixes every input bit into the low bits, which pick the bucket: without this, keys that
+    /// differ only in the high bytes of their last word (`.../arrived/0/131071` and its
+    /// neighbours) share buckets and a map of them degrades to linear scans.
     #[inline]
     fn finish(&self) -> u64 {
-        self.hash
+        let mut h = self.hash;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h
     }
 }
 
@@ -73,6 +80,22 @@ mod tests {
         let mut h = FxHasher::default();
         bytes.hash(&mut h);
         h.finish()
+    }
+
+    #[test]
+    fn keys_differing_only_at_their_end_spread_over_the_low_bits() {
+        // hashbrown picks the bucket from the low bits: barrier keys of a large world must not
+        // pile up in a few buckets.
+        let mut buckets = std::collections::HashSet::new();
+        for rank in 0..4096 {
+            let key = format!("/nvfipc/barrier/0123456789abcdef/w131072/arrived/0/{rank}");
+            buckets.insert(hash_of(key.as_bytes()) & 0xfff);
+        }
+        assert!(
+            buckets.len() > 2048,
+            "{} buckets of 4096 used",
+            buckets.len()
+        );
     }
 
     #[test]
