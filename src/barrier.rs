@@ -248,6 +248,9 @@ impl BarrierKeys {
     }
 }
 
+/// A member found absent, with the next generation when it was found waiting there.
+type Absent = (usize, Option<u64>);
+
 /// One call's view of the barrier: who, which generation, which keys.
 struct Call<'a> {
     store: &'a dyn Store,
@@ -397,7 +400,7 @@ impl Call<'_> {
     /// the next generation when it was found waiting there, and how many members were left
     /// unchecked at `deadline`. (The previous generation's keys linger until the coordinator's
     /// next arrival, so they say nothing.)
-    fn absent(&self, deadline: Instant) -> Result<(Vec<(usize, Option<u64>)>, usize)> {
+    fn absent(&self, deadline: Instant) -> Result<(Vec<Absent>, usize)> {
         let mut absent = Vec::new();
         for (checked, member) in self.others().enumerate() {
             if Instant::now() >= deadline {

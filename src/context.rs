@@ -79,7 +79,7 @@ pub struct ContextOptions {
 }
 
 /// Settings of [`Context::from_env`] that the environment does not give.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EnvOptions {
     /// Default timeout of store operations and barriers; `None`: `NVFIPC_TIMEOUT_MS`, else 300 s.
     pub timeout: Option<Duration>,
@@ -90,15 +90,6 @@ pub struct EnvOptions {
     pub job_tag: Option<String>,
 }
 
-impl Default for EnvOptions {
-    fn default() -> Self {
-        EnvOptions {
-            timeout: None,
-            host_linger: None,
-            job_tag: None,
-        }
-    }
-}
 
 /// One rank's handle on the job. `Send + Sync`; share it with `Arc`.
 pub struct Context {
