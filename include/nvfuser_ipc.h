@@ -537,7 +537,10 @@ enum nvfipc_status nvfipc_cache_free(struct nvfipc_cache *cache);
 // the matching call (same tags; any order of requests). Costs no store traffic when neither
 // side's buffers changed, at most one multi-set and one multi-get otherwise; never a barrier.
 // Fails with `NVFIPC_STATUS_TIMEOUT` (naming rank, peer, tag, step and key) when a peer does not
-// arrive within the cache's timeout.
+// arrive within the cache's timeout. A timed-out call leaves its channels in the step it began:
+// calling again with the same requests (same buffers) resumes that step, and the peer sees
+// nothing of it. Any other failure leaves the channels unusable (`NVFIPC_STATUS_INVALID_STATE`
+// afterwards: create a new cache).
 //
 // Buffer replacement: when a peer's buffer changed, the new mapping replaces the old one in the
 // cache. The old mapping stays valid for device work enqueued before this call: the cache keeps
@@ -556,7 +559,9 @@ enum nvfipc_status nvfipc_exchange_handles(const struct nvfipc_cache *cache,
                                            const struct nvfipc_request *reqs,
                                            size_t n);
 
-// `nvfipc_exchange_handles` with its own bound (`timeout_ms` < 0: the cache's timeout).
+// `nvfipc_exchange_handles` with its own bound (`timeout_ms` < 0: the cache's timeout; 0 checks
+// once without waiting). A call that finds a peer not ready returns `NVFIPC_STATUS_TIMEOUT` and
+// can be retried with the same requests until it returns OK, e.g. to poll while doing other work.
 enum nvfipc_status nvfipc_exchange_handles_timeout(const struct nvfipc_cache *cache,
                                                    const struct nvfipc_request *reqs,
                                                    size_t n,

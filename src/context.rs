@@ -90,7 +90,6 @@ pub struct EnvOptions {
     pub job_tag: Option<String>,
 }
 
-
 /// One rank's handle on the job. `Send + Sync`; share it with `Arc`.
 pub struct Context {
     pub rank: usize,

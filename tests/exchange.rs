@@ -185,6 +185,11 @@ fn missing_peer_times_out_and_leaks_nothing() {
 }
 
 #[test]
+fn check_once_exchanges_that_find_the_peer_not_ready_can_be_retried() {
+    assert_all_ok("check_once", 2);
+}
+
+#[test]
 fn peer_exit_is_reported_before_the_timeout() {
     assert_all_ok("peer_exit", 2);
 }
@@ -425,6 +430,7 @@ fn child() {
         "all_to_all" => all_to_all(r),
         "asymmetric" => asymmetric(r),
         "timeout" => timeout(r),
+        "check_once" => check_once(r),
         "threads" => threads(r),
         "peer_exit" => peer_exit(r),
         "warm" => warm(r),
@@ -682,6 +688,62 @@ fn timeout(r: Rank) {
         store.get(&job_done_key, T).unwrap();
     }
     drop(b);
+    r.finish();
+}
+
+/// Retries an exchange with a zero timeout ("check once") until it succeeds; returns how many
+/// checks found the peer not ready. Any other error fails the rank.
+fn until_ready(r: &Rank, reqs: &[Request]) -> usize {
+    let start = Instant::now();
+    let mut not_ready = 0;
+    loop {
+        match r.cache.exchange_handles_timeout(reqs, Duration::ZERO) {
+            Ok(()) => return not_ready,
+            Err(e) if e.status == Status::Timeout => not_ready += 1,
+            Err(e) => panic!("rank {}: check {not_ready} failed: {e}", r.rank),
+        }
+        assert!(start.elapsed() < T, "rank {}: never ready", r.rank);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Both ranks exchange with a zero timeout, retrying while the peer is not ready: rank 1 starts
+/// late (rank 0's checks find it at an earlier step), then both re-export new buffers at once
+/// (each check may find the peer not yet done opening). No check poisons a channel, and the data
+/// that arrives is the current buffer's.
+fn check_once(r: Rank) {
+    let peer = 1 - r.rank;
+    if r.rank == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let mut not_ready = Vec::new();
+    for round in 0..3u8 {
+        let mine = filled(4096, 10 * round + r.rank as u8);
+        let theirs = filled(4096, 0);
+        let reqs = [
+            Request::send(peer, "once", mine.addr(), 4096, MemKind::Host),
+            Request::recv(peer, "once", theirs.addr(), 4096, MemKind::Host),
+        ];
+        not_ready.push(until_ready(&r, &reqs));
+        let h = r.cache.get(&reqs[1]).expect("handles of the recv side");
+        assert_eq!(
+            peer_bytes(&h, 4096),
+            vec![10 * round + peer as u8; 4096],
+            "rank {} round {round}",
+            r.rank
+        );
+        // Both ranks keep their buffers until the peer has read them.
+        let store = test_store();
+        let key = format!("{}/once/{round}/{}", r.job, r.rank);
+        store.set(&key, b"1").unwrap();
+        store
+            .get(&format!("{}/once/{round}/{peer}", r.job), T)
+            .unwrap();
+    }
+    if r.rank == 0 {
+        assert!(not_ready[0] > 0, "rank 1 started late, yet {not_ready:?}");
+    }
+    println!("rank {}: not ready {not_ready:?}", r.rank);
     r.finish();
 }
 

@@ -22,8 +22,12 @@
 //! A hit on both sides costs a few shared-memory loads and no store operation, and neither
 //! allocates nor makes a syscall (per-call buffers are reused per thread; channels are found by
 //! their board fingerprint; the clock is read only when a peer is not there yet). A miss costs at
-//! most one `multi_set` and one `multi_get`. A failed call (timeout, bad record) poisons the
-//! channels of its batch: later calls on them fail with `InvalidState` (create a new cache).
+//! most one `multi_set` and one `multi_get`. A call that times out because a peer is not there
+//! yet (it has not reached the same step, or has not opened this rank's new buffer) leaves its
+//! channels suspended in that step, so a zero timeout checks once: calling again with the same
+//! batch (same buffers) resumes the step where it stopped, and the peer never notices. Any other
+//! failure (a peer that closed or died, a bad record, a store error) poisons the channels of its
+//! batch: later calls on them fail with `InvalidState` (create a new cache).
 //!
 //! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
 //! barrier: the cache first releases everything it imported (peer buffers and peer semaphore
@@ -53,7 +57,7 @@ use super::stats::{bump, CacheStats, Counters};
 use super::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind, Transport};
 use crate::context::Context;
 use crate::cuda::transport::CudaTransport;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Status};
 use crate::host::alloc::job_tag;
 use crate::host::wait::wait_until;
 use crate::host::HostTransport;
@@ -147,7 +151,16 @@ struct Channel {
     peer_entry: Option<u32>,
     busy: bool,
     failed: Option<Error>,
+    /// Set when a call timed out waiting for the peer: the step it left unfinished.
+    resume: Option<Resume>,
     epochs: Arc<TransferEpochs>,
+}
+
+/// What a call that timed out waiting for a peer leaves for the next call on its channel: the
+/// step and version stay; the records were sent; a peer buffer already opened is kept.
+struct Resume {
+    publish: bool,
+    staged: Option<Imported>,
 }
 
 /// Hashes a channel fingerprint, already uniformly distributed, by folding it (no SipHash on
@@ -203,6 +216,10 @@ struct Item {
     peer_version: u64,
     /// Still waited for by the current wait (peer's step, then peer's open).
     waiting: bool,
+    /// Resuming a suspended step: its records are already in the store.
+    sent: bool,
+    /// Resuming a suspended step: the peer's buffer, already opened then.
+    staged: Option<Imported>,
 }
 
 /// Buffers of one call, kept per thread and reused, so a warm exchange allocates nothing.
@@ -507,7 +524,11 @@ impl HandleCache {
                 bump(&self.counters.exchanges, 1);
                 self.wait_release_room(items, replaced, timeout, &mut deadline)
             }
-            Err(err) => {
+            Err(RunError::NotReady(err, imports)) => {
+                self.suspend(items, imports);
+                Err(err)
+            }
+            Err(RunError::Fatal(err)) => {
                 self.fail(items, &err);
                 Err(err)
             }
@@ -605,22 +626,34 @@ impl HandleCache {
             }
             indices.push(idx);
         }
-        // Pass 2: advance.
+        // A suspended step resumes with the buffer it started with.
+        for (&idx, local) in indices.iter().zip(resolved) {
+            let ch = &st.channels[idx];
+            if ch.resume.is_some() && ch.identity != Some(identity_of(local)) {
+                return Err(Error::invalid(format!(
+                    "rank {}: {} timed out waiting for its peer at step {} and must be resumed                      with the same buffer; call again with the buffer of that call",
+                    self.cfg.rank, ch.key, ch.step
+                )));
+            }
+        }
+        // Pass 2: advance (or resume).
         for (&idx, &local) in indices.iter().zip(resolved) {
             let ch = &mut st.channels[idx];
-            let identity = Identity {
-                base: local.base,
-                buffer_id: local.buffer_id,
-                offset: local.offset(),
-                bytes: local.bytes,
-            };
-            if ch.identity != Some(identity) {
-                ch.identity = Some(identity);
-                ch.version += 1;
+            let resume = ch.resume.take();
+            if resume.is_none() {
+                let identity = identity_of(&local);
+                if ch.identity != Some(identity) {
+                    ch.identity = Some(identity);
+                    ch.version += 1;
+                }
+                ch.step += 1;
             }
             ch.local = Some(local);
-            ch.step += 1;
             ch.busy = true;
+            let (publish, sent, staged) = match resume {
+                Some(r) => (r.publish, true, r.staged),
+                None => (ch.version != ch.published, false, None),
+            };
             items.push(Item {
                 channel: idx,
                 key: ch.key.clone(),
@@ -632,13 +665,15 @@ impl HandleCache {
                 step: ch.step,
                 version: ch.version,
                 local,
-                publish: ch.version != ch.published,
+                publish,
                 peer_opened: ch.peer_opened,
                 // Moved, not cloned: the channel is this call's until commit puts it back.
                 peer_board: ch.peer_board.take(),
                 peer_entry: ch.peer_entry,
                 peer_version: 0,
                 waiting: false,
+                sent,
+                staged,
             });
         }
         Ok(())
@@ -672,6 +707,7 @@ impl HandleCache {
             peer_entry: None,
             busy: false,
             failed: None,
+            resume: None,
             epochs: Arc::new(TransferEpochs::default()),
         });
         Ok(st.channels.len() - 1)
@@ -683,7 +719,7 @@ impl HandleCache {
         items: &mut [Item],
         timeout: Duration,
         deadline: &mut Deadline,
-    ) -> Result<Vec<Option<Imported>>> {
+    ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
         // A channel that has not found its peer's board yet may have a peer that can never
         // have one here (another host or container): refuse it before anything is published.
         // A board found on this node's /dev/shm settles it (an IPC namespace it does not share
@@ -702,27 +738,62 @@ impl HandleCache {
         if !unknown.is_empty() {
             bump(&self.counters.peer_lookups, 1);
             self.peer_nodes
-                .check(&*self.cfg.store, &unknown, deadline.remaining())?;
+                .check(&*self.cfg.store, &unknown, deadline.remaining())
+                .map_err(|e| RunError::classify(e, Vec::new()))?;
         }
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits
         // on this rank's progress (which matters when several threads share one store client).
-        self.send_records(items)?;
+        self.send_records(items).map_err(RunError::Fatal)?;
         for it in items.iter() {
             self.board.publish(it.entry, it.step, it.version);
         }
-        self.wait_peers(items, timeout, deadline)?;
-        let imports = self.fetch_records(items, timeout, deadline)?;
+        if let Err(e) = self.wait_peers(items, timeout, deadline) {
+            let staged = items.iter_mut().map(|it| it.staged.take()).collect();
+            return Err(RunError::classify(e, staged));
+        }
+        let imports = match self.fetch_records(items, timeout, deadline) {
+            Ok(imports) => imports,
+            Err(e) => {
+                for it in items.iter_mut() {
+                    if let Some(imp) = it.staged.take() {
+                        self.release_mapping(imp.kind, &imp.mapping);
+                    }
+                }
+                return Err(RunError::Fatal(e));
+            }
+        };
         for (it, imp) in items.iter().zip(&imports) {
             if imp.is_some() {
                 self.board.publish_opened(it.entry, it.peer_version);
             }
         }
         if let Err(e) = self.wait_opened(items, timeout, deadline) {
+            if e.status == Status::Timeout {
+                return Err(RunError::NotReady(e, imports));
+            }
             self.release_imports(imports);
-            return Err(e);
+            return Err(RunError::Fatal(e));
         }
         Ok(imports)
+    }
+
+    /// A call that timed out waiting for a peer: its channels keep their step, version and
+    /// what was opened, for the next call with the same batch to resume.
+    fn suspend(&self, items: &mut [Item], imports: Vec<Option<Imported>>) {
+        let mut st = lock(&self.state);
+        let mut imports = imports.into_iter();
+        for it in items.iter_mut() {
+            let staged = imports.next().flatten();
+            let ch = &mut st.channels[it.channel];
+            ch.busy = false;
+            ch.peer_board = it.peer_board.take();
+            ch.peer_entry = it.peer_entry;
+            ch.resume = Some(Resume {
+                publish: it.publish,
+                staged,
+            });
+        }
     }
 
     /// Step 4b: for every channel where this rank published a new buffer, waits until the peer
@@ -800,7 +871,7 @@ impl HandleCache {
 
     fn send_records(&self, items: &[Item]) -> Result<()> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
-        for it in items.iter().filter(|it| it.publish) {
+        for it in items.iter().filter(|it| it.publish && !it.sent) {
             let rec = self.make_record(it).map_err(|e| {
                 e.context(format!(
                     "rank {}: exporting the buffer of {}",
@@ -1030,17 +1101,29 @@ impl HandleCache {
     /// Returns the imports by item index; empty (nothing imported) when every peer is cached.
     fn fetch_records(
         &self,
-        items: &[Item],
+        items: &mut [Item],
         timeout: Duration,
         deadline: &mut Deadline,
     ) -> Result<Vec<Option<Imported>>> {
-        if items.iter().all(|it| it.peer_version == it.peer_opened) {
+        if items
+            .iter()
+            .all(|it| it.peer_version == it.peer_opened && it.staged.is_none())
+        {
             return Ok(Vec::new());
         }
-        let wanted: Vec<usize> = (0..items.len())
-            .filter(|&i| items[i].peer_version != items[i].peer_opened)
-            .collect();
         let mut imports: Vec<Option<Imported>> = items.iter().map(|_| None).collect();
+        // A resumed step already opened these (the peer's version at a step never changes).
+        for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
+            if it.staged.is_some() {
+                *imp = it.staged.take();
+            }
+        }
+        let wanted: Vec<usize> = (0..items.len())
+            .filter(|&i| items[i].peer_version != items[i].peer_opened && imports[i].is_none())
+            .collect();
+        if wanted.is_empty() {
+            return Ok(imports);
+        }
         let keys: Vec<String> = wanted
             .iter()
             .map(|&i| {
@@ -1495,6 +1578,9 @@ impl HandleCache {
             if let Some(p) = ch.peer_side {
                 self.release_mapping(ch.kind, &p.mapping);
             }
+            if let Some(imp) = ch.resume.and_then(|r| r.staged) {
+                self.release_mapping(imp.kind, &imp.mapping);
+            }
             let _ = t.semaphores().free_slot(ch.slot);
         }
         for (kind, m) in st.retained.drain() {
@@ -1538,6 +1624,32 @@ impl HandleCache {
             Ok(Some(b)) => b.closed() || !b.owner_alive(),
             Ok(None) | Err(_) => true,
         }
+    }
+}
+
+/// Why a call's steps 2-4 failed: a peer not there in time (the step can be resumed), or
+/// anything else (the channels are poisoned).
+enum RunError {
+    NotReady(Error, Vec<Option<Imported>>),
+    Fatal(Error),
+}
+
+impl RunError {
+    fn classify(e: Error, staged: Vec<Option<Imported>>) -> RunError {
+        if e.status == Status::Timeout {
+            RunError::NotReady(e, staged)
+        } else {
+            RunError::Fatal(e)
+        }
+    }
+}
+
+fn identity_of(local: &LocalBuffer) -> Identity {
+    Identity {
+        base: local.base,
+        buffer_id: local.buffer_id,
+        offset: local.offset(),
+        bytes: local.bytes,
     }
 }
 

@@ -287,7 +287,7 @@ fn buffers_carved_from_mapped_segments_cost_no_open() {
 }
 
 #[test]
-fn missing_peer_times_out_with_context_and_poisons_the_channel() {
+fn missing_peer_times_out_with_context_and_the_step_resumes() {
     let (_store, c) = caches("ut_to", 2);
     let a = buf("ut_to", 1);
     let r0 = [Request::send(1, "lonely", a.addr(), 64, MemKind::Host)];
@@ -300,8 +300,28 @@ fn missing_peer_times_out_with_context_and_poisons_the_channel() {
     for needle in ["rank 0", "peer rank 1", "\"lonely\"", "step 1", "-b1"] {
         assert!(err.message.contains(needle), "{needle}: {err}");
     }
-    let again = c[0].exchange_handles(&r0).unwrap_err();
-    assert_eq!(again.status, Status::InvalidState, "{again}");
+    // Still not there: the same step is checked again (not step 2), nothing is poisoned.
+    let again = c[0]
+        .exchange_handles_timeout(&r0, Duration::ZERO)
+        .unwrap_err();
+    assert_eq!(again.status, Status::Timeout, "{again}");
+    assert!(again.message.contains("step 1"), "{again}");
+    // A suspended step resumes with its buffer only.
+    let other = buf("ut_to", 2);
+    let moved = [Request::send(1, "lonely", other.addr(), 64, MemKind::Host)];
+    let err = c[0]
+        .exchange_handles_timeout(&moved, Duration::ZERO)
+        .unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    // The peer arrives: the resumed step completes on both sides.
+    let inbox = buf("ut_to", 0);
+    let r1 = [Request::recv(0, "lonely", inbox.addr(), 64, MemKind::Host)];
+    std::thread::scope(|s| {
+        s.spawn(|| c[1].exchange_handles(&r1).unwrap());
+        c[0].exchange_handles(&r0).unwrap();
+    });
+    assert_eq!(c[1].get(&r1[0]).unwrap().peer_bytes, 64);
+    drop(other);
     for s in close_all(c) {
         assert_eq!(s.opens, s.closes);
     }
