@@ -24,3 +24,6 @@ NVFIPC_PYTHON="$(bash scripts/python-env-newest.sh)" cargo test --release --test
 echo "== C/C++ suites (CMake + GoogleTest)"
 bash scripts/cpp-tests.sh build/ci-cpp
 
+
+echo "== README's C example, compiled and run as printed"
+bash scripts/readme-check.sh
