@@ -91,6 +91,125 @@ fn help_and_usage_errors() {
     }
 }
 
+const COMMANDS: [&str; 5] = ["serve", "launch", "demo", "bench", "barrier-test"];
+
+/// Every command prints its own usage for `--help` and `-h` (even with other options before
+/// them), exits 0 and runs nothing.
+#[test]
+fn every_command_has_its_own_help() {
+    for command in COMMANDS.iter().chain(&["demo-rank", "bench-rank"]) {
+        for flag in ["--help", "-h"] {
+            let run = nvfipc(&[command, flag], LIMIT);
+            assert_eq!(
+                run.status.code(),
+                Some(0),
+                "{command} {flag}: {}",
+                run.stderr
+            );
+            assert!(
+                run.stdout.starts_with("Usage:\n  nvfipc "),
+                "{}",
+                run.stdout
+            );
+            if *command != "demo-rank" && *command != "bench-rank" {
+                assert!(
+                    run.stdout.contains(&format!("nvfipc {command} ")),
+                    "{command}: {}",
+                    run.stdout
+                );
+            }
+        }
+    }
+    let run = nvfipc(&["launch", "-n", "2", "--help"], LIMIT);
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("nvfipc launch -n N"), "{}", run.stdout);
+    // After the command, --help belongs to the command.
+    let run = nvfipc(
+        &[
+            "launch",
+            "-n",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$0\"",
+            "--help",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("[rank 0] --help"), "{}", run.stdout);
+}
+
+/// The lines under "Examples:" of `nvfipc --help` run as printed, with no nvfipc on PATH.
+#[test]
+fn help_examples_run_as_printed() {
+    let help = nvfipc(&["--help"], LIMIT).stdout;
+    let examples: Vec<&str> = help
+        .split("Examples:\n")
+        .nth(1)
+        .expect("an Examples section")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert!(examples.len() >= 3, "{examples:?}");
+    for example in examples {
+        let words: Vec<&str> = example.split_whitespace().collect();
+        assert_eq!(words[0], "nvfipc", "{example}");
+        let mut cmd = Command::new(NVFIPC);
+        cmd.args(&words[1..])
+            .env("PATH", "/usr/bin:/bin")
+            .env_remove("NVFIPC_PYTHON")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if words[1] == "serve" {
+            // Serves until stopped: it must say where, then stop on SIGTERM.
+            let mut child = cmd.spawn().expect("spawn");
+            let mut first = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut first)
+                .unwrap();
+            assert!(first.starts_with("listening on "), "{example}: {first:?}");
+            let run = stop_with(child, libc::SIGTERM);
+            assert_eq!(run.status.code(), Some(0), "{example}: {}", run.stderr);
+            continue;
+        }
+        let run = wait_bounded(cmd.spawn().expect("spawn"), Duration::from_secs(120));
+        assert_eq!(
+            run.status.code(),
+            Some(0),
+            "{example}:\n{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+    }
+}
+
+/// Every option any command's help names is in the README's CLI section.
+#[test]
+fn readme_cli_section_lists_every_option() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("## CLI")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a CLI section in README.md");
+    for command in COMMANDS {
+        let help = nvfipc(&[command, "--help"], LIMIT).stdout;
+        let options = help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'));
+        for option in options.filter(|w| w.starts_with("--") && w.len() > 2) {
+            assert!(
+                section.contains(option),
+                "README's CLI section lacks {option} of nvfipc {command}"
+            );
+        }
+        assert!(section.contains(&format!("nvfipc {command}")), "{command}");
+    }
+}
+
 /// Starts `nvfipc serve` on an ephemeral port; returns the child and the port it printed.
 fn start_server() -> (Child, u16, thread::JoinHandle<Vec<String>>) {
     let mut child = Command::new(NVFIPC)

@@ -127,6 +127,22 @@ fn demo_ring(ranks: usize) {
     }
     let all = row(out, "all");
     assert_eq!(all[4], (ranks as u64 * 5 * 4099).to_string(), "{all:?}");
+    // A legend explains every column of the table.
+    for column in [
+        "rank",
+        "cold exchange",
+        "warm exchange (median)",
+        "swap exchange",
+        "verified bytes",
+        "store round trips",
+        "hits/misses",
+        "opens",
+    ] {
+        assert!(
+            out.contains(&format!("\n{column}: ")),
+            "no legend for {column:?}: {out}"
+        );
+    }
 }
 
 #[test]

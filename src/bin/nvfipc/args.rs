@@ -3,9 +3,21 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// A command-line mistake; reported with the usage text and exit status 2.
+/// A command-line mistake; reported with the usage text and exit status 2. An empty message
+/// means the command's help was asked for (`--help` or `-h` where an option may stand).
 #[derive(Debug, PartialEq, Eq)]
 pub struct UsageError(pub String);
+
+impl UsageError {
+    /// `--help` or `-h` was given.
+    pub fn help() -> UsageError {
+        UsageError(String::new())
+    }
+
+    pub fn is_help(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 impl fmt::Display for UsageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -53,7 +65,12 @@ pub fn take_parsed<T: FromStr>(
     parse_value(name, &value, what)
 }
 
+/// The error for an argument no option of `command` matches; `--help` and `-h` ask for the
+/// command's help instead (every parser ends in this, so every command takes them).
 pub fn unknown_option(command: &str, arg: &str) -> UsageError {
+    if matches!(arg, "--help" | "-h") {
+        return UsageError::help();
+    }
     UsageError(format!("{command}: unknown option {arg:?}"))
 }
 

@@ -348,6 +348,19 @@ fn ring(ctx: &Context, args: &DemoArgs, kind: MemKind) -> Result<()> {
     Ok(())
 }
 
+/// What the columns of the demo's table mean.
+const LEGEND: &str = "
+rank: the rank, then `all` (medians of the times, sums of the counts)
+cold exchange: the first exchange_handles, nothing cached: export, store round trips, open
+warm exchange (median): the median of the later exchanges with unchanged buffers (cache hits)
+swap exchange: the exchange right after every rank replaced its send buffer (a miss on both
+  sides of each channel), `-` when there were too few iterations for a swap
+verified bytes: bytes this rank pulled from its predecessor and checked
+store round trips: store requests that waited for a reply, over all exchanges
+hits/misses: channel-steps served from the cache / that moved a record through the store
+opens: peer buffers (and semaphore slabs) this rank mapped
+";
+
 fn report(args: &DemoArgs, kind: MemKind, results: &[RankResult]) -> String {
     let swap = swap_step(args.iters).map_or(String::new(), |s| {
         format!(", iteration {s} swaps every send buffer")
@@ -396,6 +409,7 @@ fn report(args: &DemoArgs, kind: MemKind, results: &[RankResult]) -> String {
         sum(|r| r.opens).to_string(),
     ]);
     out.push_str(&format_table(&rows));
+    out.push_str(LEGEND);
     out.push_str(&format!(
         "\nOK: {} ranks verified {} transfers of {} bytes each\n",
         results.len(),

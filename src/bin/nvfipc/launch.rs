@@ -172,8 +172,19 @@ fn signal_running(ranks: &[Rank], signal: libc::c_int) {
     }
 }
 
+/// The program to run for CMD: `nvfipc` is this program (so `nvfipc launch -n 4 -- nvfipc
+/// barrier-test` works without nvfipc on PATH); anything else is looked up as usual.
+fn program(command: &str) -> std::ffi::OsString {
+    if command == "nvfipc" {
+        if let Ok(exe) = std::env::current_exe() {
+            return exe.into_os_string();
+        }
+    }
+    command.into()
+}
+
 fn spawn_rank(spec: &JobSpec, rank: usize, port: u16) -> io::Result<Child> {
-    let mut cmd = Command::new(&spec.command[0]);
+    let mut cmd = Command::new(program(&spec.command[0]));
     let (r, n) = (rank.to_string(), spec.ranks.to_string());
     for var in INHERITED_RANK_VARS {
         cmd.env_remove(var);

@@ -17,6 +17,8 @@ pub struct ServeArgs {
     pub busy_poll_us: u64,
     /// Event-loop threads; 0 picks one per four cores, at most four.
     pub threads: usize,
+    /// Most clients at once.
+    pub max_connections: usize,
 }
 
 impl ServeArgs {
@@ -26,6 +28,7 @@ impl ServeArgs {
             port: DEFAULT_MASTER_PORT,
             busy_poll_us: DEFAULT_BUSY_POLL.as_micros() as u64,
             threads: 0,
+            max_connections: ServerOptions::default().max_connections,
         };
         let mut rest = args.into_iter();
         while let Some(arg) = rest.next() {
@@ -40,6 +43,10 @@ impl ServeArgs {
                 }
                 ("--threads", inline) => {
                     parsed.threads = take_parsed(&mut rest, "--threads", inline, "a thread count")?
+                }
+                ("--max-connections", inline) => {
+                    parsed.max_connections =
+                        take_parsed(&mut rest, "--max-connections", inline, "a client count")?
                 }
                 _ => return Err(unknown_option("serve", &arg)),
             }
@@ -61,6 +68,7 @@ pub fn run(args: &ServeArgs) -> i32 {
     let opts = ServerOptions {
         busy_poll: Duration::from_micros(args.busy_poll_us),
         threads: args.threads,
+        max_connections: args.max_connections,
         ..ServerOptions::default()
     };
     let server = match StoreServer::bind_with(&args.host, args.port, &opts) {
@@ -119,7 +127,8 @@ mod tests {
                 host: "::".into(),
                 port: 29542,
                 busy_poll_us: 50,
-                threads: 0
+                threads: 0,
+                max_connections: 16384,
             }
         );
         assert_eq!(
@@ -129,18 +138,23 @@ mod tests {
                 "--port=0",
                 "--busy-poll-us=0",
                 "--threads",
-                "3"
+                "3",
+                "--max-connections=100",
             ]))
             .unwrap(),
             ServeArgs {
                 host: "127.0.0.1".into(),
                 port: 0,
                 busy_poll_us: 0,
-                threads: 3
+                threads: 3,
+                max_connections: 100,
             }
         );
         assert!(ServeArgs::parse(strings(&["--port", "99999"])).is_err());
         assert!(ServeArgs::parse(strings(&["--bogus"])).is_err());
+        assert!(ServeArgs::parse(strings(&["--help"]))
+            .unwrap_err()
+            .is_help());
         assert!(ServeArgs::parse(strings(&["--busy-poll-us", "-1"])).is_err());
     }
 }
