@@ -334,3 +334,58 @@ fn raises_the_soft_limit_only_as_far_as_it_needs() {
     assert_eq!(soft, wanted, "{limits}");
     assert_eq!(try_ping(server.port), Some(9));
 }
+
+/// LIST (one byte asking for every key) and COMPARE_SET returning a large stored value (grown
+/// by APPEND) from many connections that do not read: each would hold a copy before streaming.
+#[test]
+fn list_and_compare_set_replies_are_streamed_too() {
+    let mut server = Server::start("ulimit -v 3145728");
+    let mut writer = Client::connect(server.port);
+    let mut batch = Vec::new();
+    for i in 0..12_000u32 {
+        let mut key = format!("/key{i:06}/").into_bytes();
+        key.resize(8000, b'k');
+        batch.push(SET);
+        blob(&mut batch, &key);
+        blob(&mut batch, b"");
+    }
+    writer.0.write_all(&batch).unwrap();
+    let chunk = vec![b'a'; 8 << 20];
+    for _ in 0..8 {
+        let mut frame = vec![9u8]; // APPEND
+        blob(&mut frame, b"/grown");
+        blob(&mut frame, &chunk);
+        writer.0.write_all(&frame).unwrap();
+    }
+    assert_eq!(writer.get(b"/grown").len(), 64 << 20);
+    let mut stalled = Vec::new();
+    for i in 0..40 {
+        let mut c = Client::connect(server.port);
+        let frame = if i % 2 == 0 {
+            vec![17u8] // LIST
+        } else {
+            let mut f = vec![2u8]; // COMPARE_SET with a wrong expected value
+            blob(&mut f, b"/grown");
+            blob(&mut f, b"x");
+            blob(&mut f, b"y");
+            f
+        };
+        c.0.write_all(&frame).unwrap();
+        stalled.push(c);
+    }
+    thread::sleep(Duration::from_millis(500));
+    assert!(server.alive(), "the server died");
+    assert_eq!(writer.ping(5).unwrap(), 5);
+    let rss = server.rss_kib();
+    assert!(
+        rss < 768 * 1024,
+        "the server holds {rss} KiB for 40 unread replies"
+    );
+    // The replies are whole once read.
+    let mut list = stalled.swap_remove(0);
+    let mut n = [0u8; 8];
+    list.0.read_exact(&mut n).unwrap();
+    assert_eq!(i64::from_le_bytes(n), 12_001);
+    let mut cas = stalled.swap_remove(0);
+    assert_eq!(cas.read_blob().len(), 64 << 20);
+}

@@ -820,3 +820,69 @@ fn barriers_over_several_loops() {
     });
     srv.shutdown();
 }
+
+/// Large replies (GET, MULTI_GET, LIST, a COMPARE_SET returning the stored value) are streamed
+/// from a snapshot: byte-exact and in order with the connection's other replies; a write after
+/// the request does not change what is streamed; a WAIT completed while a reply streams is
+/// answered after it.
+#[test]
+fn streamed_replies_are_exact_and_in_order() {
+    let srv = server();
+    let mut w = Client::connect(srv.port());
+    w.set(b"/keep", b"kept");
+    let big: Vec<u8> = (0..3u32 << 20).map(|i| (i % 253) as u8).collect();
+    w.set(b"/big", &big);
+    let suffix = vec![b'f'; 4000];
+    let mut expected: Vec<Vec<u8>> = vec![b"/big".to_vec(), b"/keep".to_vec()];
+    for i in 0..300 {
+        // Long keys so that LIST's reply passes the streaming threshold.
+        let mut key = format!("/k{i:04}").into_bytes();
+        key.extend_from_slice(&suffix);
+        w.set(&key, b"v");
+        expected.push(key);
+    }
+    expected.sort();
+
+    let mut c = Client::connect(srv.port());
+    let mut pipelined = Frame::cmd(GET).blob(b"/big").0;
+    pipelined.extend(Frame::cmd(MULTI_GET).keys(&[b"/big", b"/none", b"/big"]).0);
+    pipelined.extend(
+        Frame::cmd(COMPARE_SET)
+            .blob(b"/big")
+            .blob(b"x")
+            .blob(b"y")
+            .0,
+    );
+    pipelined.extend(Frame::cmd(LIST).0);
+    pipelined.extend(Frame::cmd(PING).raw(&7u32.to_le_bytes()).0);
+    c.send(&pipelined);
+    assert!(c.recv_blob() == big, "GET");
+    assert!(c.recv_blob() == big, "MULTI_GET 1");
+    assert!(c.recv_blob().is_empty(), "MULTI_GET 2");
+    assert!(c.recv_blob() == big, "MULTI_GET 3");
+    assert!(c.recv_blob() == big, "COMPARE_SET returns the stored value");
+    let n = c.recv_i64();
+    let mut listed: Vec<Vec<u8>> = (0..n).map(|_| c.recv_blob()).collect();
+    listed.sort();
+    assert!(listed == expected, "LIST: {} keys", listed.len());
+    assert_eq!(u32::from_le_bytes(c.recv(4).try_into().unwrap()), 7);
+
+    // A pending WAIT, then a streamed GET the client does not read yet.
+    let before = srv.stats().requests;
+    c.send(&Frame::cmd(WAIT).keys(&[b"/later"]).0);
+    c.send(&Frame::cmd(GET).blob(b"/big").0);
+    wait_until("WAIT and GET applied", IO_TIMEOUT, || {
+        srv.stats().requests >= before + 2
+    });
+    // The value changes and the WAIT completes while the reply is still going out.
+    w.set(b"/big", b"small now");
+    w.set(b"/later", b"1");
+    assert_eq!(w.get(b"/big"), b"small now");
+    assert!(
+        c.recv_blob() == big,
+        "the GET streams the value it was applied to"
+    );
+    assert_eq!(c.recv(1), vec![0u8], "then the WAIT's reply");
+    assert_eq!(c.get(b"/big"), b"small now");
+    assert_still_serving(srv.port());
+}

@@ -12,7 +12,8 @@
 //! readable event and the replies go out in one write. A connection whose peer stops reading
 //! stops being read once its unsent output passes a high-water mark, so one slow client cannot
 //! grow the server's memory or starve the others. A GET or MULTI_GET whose reply would be large
-//! (one MULTI_GET may name an 8 MiB key 131072 times) is not built: the connection keeps
+//! (one MULTI_GET may name an 8 MiB key 131072 times), and the same for LIST and a COMPARE_SET
+//! that returns a large stored value, is not built: the connection keeps
 //! references to the values it names and writes them out a chunk at a time as the peer reads,
 //! handling nothing else of that connection meanwhile. So a connection holds at most about
 //! `OUT_HIGH_WATER + STREAM_CHUNK` bytes of output, plus one reference per key it asked for.
@@ -104,13 +105,14 @@ impl Conn {
             let Some(blob) = self.streaming.front_mut() else {
                 return;
             };
-            let header = (blob.value.len() as u64).to_le_bytes();
+            let bytes = blob.data.bytes();
+            let header = (bytes.len() as u64).to_le_bytes();
             if blob.pos < header.len() {
                 self.outbuf.extend_from_slice(&header[blob.pos..]);
                 room = room.saturating_sub(header.len() - blob.pos);
                 blob.pos = header.len();
             }
-            let data = &blob.value[blob.pos - header.len()..];
+            let data = &bytes[blob.pos - header.len()..];
             let n = data.len().min(room);
             self.outbuf.extend_from_slice(&data[..n]);
             room -= n;
@@ -767,10 +769,8 @@ impl EventLoop {
                     } else {
                         // Owed after the reply being streamed: queued behind it, as raw bytes
                         // (a blob whose length header counts as written).
-                        conn.streaming.push_back(StreamedBlob {
-                            value: Arc::new(vec![wire::WAIT_STOP_WAITING]),
-                            pos: 8,
-                        });
+                        conn.streaming
+                            .push_back(StreamedBlob::raw(vec![wire::WAIT_STOP_WAITING]));
                     }
                     self.mark_dirty(slot);
                 }

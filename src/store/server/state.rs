@@ -12,14 +12,44 @@ use std::sync::Arc;
 /// it names (see [`StoreState::stream_reply`]) instead of being copied whole into memory.
 pub(crate) type Value = Arc<Vec<u8>>;
 
-/// Replies to GET and MULTI_GET at least this long are streamed rather than built in memory.
+/// A stored key. Shared so that a LIST reply can be streamed out of a snapshot of the keys.
+pub(crate) type Key = Arc<[u8]>;
+
+/// Replies to GET, MULTI_GET, COMPARE_SET and LIST at least this long are streamed rather than
+/// built in memory.
 pub(crate) const STREAM_REPLY_MIN: usize = 1 << 20;
 
-/// One blob of a streamed reply: the value as it was when the request was applied.
+/// Bytes of a streamed reply, shared with the store.
+pub(crate) enum Shared {
+    Value(Value),
+    Key(Key),
+}
+
+impl Shared {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Shared::Value(v) => v,
+            Shared::Key(k) => k,
+        }
+    }
+}
+
+/// One blob of a streamed reply: the value (or key) as it was when the request was applied.
 pub(crate) struct StreamedBlob {
-    pub value: Value,
-    /// Bytes of `8-byte length ‖ value` already written out.
+    pub data: Shared,
+    /// Bytes of `8-byte length ‖ data` already written out (start at 8 for raw bytes without
+    /// a length).
     pub pos: usize,
+}
+
+impl StreamedBlob {
+    /// Raw reply bytes (no length header), queued in order with the blobs.
+    pub fn raw(bytes: Vec<u8>) -> StreamedBlob {
+        StreamedBlob {
+            data: Shared::Value(Arc::new(bytes)),
+            pos: 8,
+        }
+    }
 }
 
 /// A connection, as the event loops name it: the loop serving it, a slot index in that loop and
@@ -77,7 +107,7 @@ struct PendingWait {
 
 #[derive(Default)]
 pub(crate) struct StoreState {
-    kv: FastMap<Vec<u8>, Value>,
+    kv: FastMap<Key, Value>,
     /// Non-empty queues only (an emptied queue is removed, so presence means "has items").
     queues: FastMap<Vec<u8>, VecDeque<Vec<u8>>>,
     waiters: FastMap<Vec<u8>, Vec<Waiter>>,
@@ -139,7 +169,7 @@ impl StoreState {
                 match self.kv.get_mut(key) {
                     Some(existing) => Arc::make_mut(existing).extend_from_slice(value),
                     None => {
-                        self.kv.insert(key.to_vec(), Arc::new(value.to_vec()));
+                        self.kv.insert(Key::from(key), Arc::new(value.to_vec()));
                     }
                 }
                 self.notify_all(key, &mut fx);
@@ -186,13 +216,28 @@ impl StoreState {
     }
 
     /// Whether the reply to `req` is at least [`STREAM_REPLY_MIN`] bytes and made of stored
-    /// values (GET, MULTI_GET), so it should be streamed with [`StoreState::stream_reply`]: one
-    /// MULTI_GET naming an 8 MiB key 131072 times asks for a terabyte, which must never be built
-    /// in memory.
+    /// keys or values (GET, MULTI_GET, LIST, and COMPARE_SET when it returns the stored value),
+    /// so it should be streamed with [`StoreState::stream_reply`]: one MULTI_GET naming an
+    /// 8 MiB key 131072 times asks for a terabyte, and a one-byte LIST for every key, which must
+    /// never be built in memory, once per asking connection.
     pub fn should_stream(&self, req: &Request<'_>) -> bool {
         let value_len = |key: &[u8]| 8 + self.kv.get(key).map_or(0, |v| v.len());
         match *req {
             Request::Get { key } => value_len(key) >= STREAM_REPLY_MIN,
+            Request::CompareSet { key, expected, .. } => self
+                .kv
+                .get(key)
+                .is_some_and(|v| v.as_slice() != expected && v.len() >= STREAM_REPLY_MIN),
+            Request::List => {
+                let mut total = 8;
+                for key in self.kv.keys() {
+                    total += 8 + key.len();
+                    if total >= STREAM_REPLY_MIN {
+                        return true;
+                    }
+                }
+                false
+            }
             Request::MultiGet { keys } => {
                 let mut total = 0;
                 for key in keys.iter() {
@@ -207,19 +252,27 @@ impl StoreState {
         }
     }
 
-    /// The reply to a GET or MULTI_GET as the values it names, as they are now (the same
-    /// atomic snapshot a built reply would hold, at the cost of one reference per key).
+    /// The reply to a request [`StoreState::should_stream`] chose, as the values or keys it
+    /// names as they are now (the same atomic snapshot a built reply would hold, at the cost of
+    /// one reference per key). A COMPARE_SET streamed here writes nothing (the stored value
+    /// differs from the expected one), so it needs no wake-ups.
     pub fn stream_reply(&self, req: &Request<'_>, out: &mut VecDeque<StreamedBlob>) {
-        let mut push = |key: &[u8]| {
-            let value = self.kv.get(key).unwrap_or(&self.empty);
-            out.push_back(StreamedBlob {
-                value: Arc::clone(value),
-                pos: 0,
-            });
+        let value = |key: &[u8]| StreamedBlob {
+            data: Shared::Value(Arc::clone(self.kv.get(key).unwrap_or(&self.empty))),
+            pos: 0,
         };
         match *req {
-            Request::Get { key } => push(key),
-            Request::MultiGet { keys } => keys.iter().for_each(push),
+            Request::Get { key } | Request::CompareSet { key, .. } => out.push_back(value(key)),
+            Request::MultiGet { keys } => out.extend(keys.iter().map(value)),
+            Request::List => {
+                out.push_back(StreamedBlob::raw(
+                    (self.kv.len() as i64).to_le_bytes().to_vec(),
+                ));
+                out.extend(self.kv.keys().map(|key| StreamedBlob {
+                    data: Shared::Key(Arc::clone(key)),
+                    pos: 0,
+                }));
+            }
             _ => {}
         }
     }
@@ -284,7 +337,7 @@ impl StoreState {
                 None => *existing = Arc::new(value.to_vec()),
             },
             None => {
-                self.kv.insert(key.to_vec(), Arc::new(value.to_vec()));
+                self.kv.insert(Key::from(key), Arc::new(value.to_vec()));
             }
         }
     }
@@ -306,7 +359,7 @@ impl StoreState {
                 return;
             }
             None if expected.is_empty() => {
-                self.kv.insert(key.to_vec(), Arc::new(desired.to_vec()));
+                self.kv.insert(Key::from(key), Arc::new(desired.to_vec()));
                 wire::put_blob(fx.out, desired);
             }
             None => {
