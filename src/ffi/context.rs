@@ -79,7 +79,8 @@ fn rank_layout(
 /// Creates the context of rank `rank` of `world_size` (`local_rank` of `local_world_size` on
 /// this node) over `store`. The store is shared, not consumed: the context keeps its own
 /// reference, so the caller may free `store` at any time (the connection stays open until both
-/// are freed). Every rank must create its context over the same store. On success `*out_ctx`
+/// are freed). Every rank must create its context over the same store. `world_size` is at most
+/// `NVFIPC_MAX_WORLD_SIZE`. On success `*out_ctx`
 /// receives the context; free it with `nvfipc_context_free`. A rank other than 0 waits (bounded
 /// by the store's timeout) until rank 0 has created its context. When another live process holds
 /// this rank of this job (two jobs on one store without distinct `NVFIPC_JOB_TAG`s, or one rank
@@ -114,8 +115,9 @@ pub extern "C" fn nvfipc_context_create(
 /// Creates the context of rank `rank` of `world_size` (all on this node) over the TCPStore at
 /// `host`:`port`. With `host_store` true this rank first starts the store server here (on every
 /// interface; port 0 picks a free one, see `nvfipc_context_hosted_port`), and keeps it running
-/// at free until the other ranks are done. `timeout_ms` (< 0: 300 s) bounds the connection and
-/// is the default timeout of the store and of barriers.
+/// at free until the other ranks are done (waiting at most `timeout_ms`, and at most 30 s).
+/// `timeout_ms` (< 0: 300 s) bounds the connection and is the default timeout of the store and
+/// of barriers. `world_size` is at most `NVFIPC_MAX_WORLD_SIZE`.
 #[no_mangle]
 pub extern "C" fn nvfipc_context_connect(
     rank: i64,
@@ -147,7 +149,9 @@ pub extern "C" fn nvfipc_context_connect(
 /// `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`); the store at `NVFUSER_MASTER_ADDR`/`PORT` or
 /// `MASTER_ADDR`/`MASTER_PORT`, hosted by local rank 0 of the master host (or an existing store
 /// at `NVFIPC_STORE_ADDR`). The default timeout is `NVFIPC_TIMEOUT_MS`, else 300 s. The hosting
-/// rank serves the store from `NVFIPC_STORE_THREADS` event loops (default 1).
+/// rank serves the store from `NVFIPC_STORE_THREADS` event loops (default 1), and at free waits
+/// for the other ranks at most that timeout (and at most 30 s). The world size is at most
+/// `NVFIPC_MAX_WORLD_SIZE`.
 /// On success `*out_ctx` receives the context; free it with `nvfipc_context_free`.
 #[no_mangle]
 pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> Status {
@@ -256,8 +260,8 @@ pub extern "C" fn nvfipc_context_store(
 }
 
 /// Closes and frees the context. This rank announces that it is done; a rank that hosts the
-/// store first waits (bounded, 30 s by default) until the other ranks have closed or
-/// disconnected, so that nobody loses the store mid-operation, and reports
+/// store first waits (bounded by the context's timeout, at most 30 s) until the other ranks have
+/// closed or disconnected, so that nobody loses the store mid-operation, and reports
 /// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
 /// `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
 /// open (see `nvfipc_context_create`). NULL is a no-op; a second free gives
