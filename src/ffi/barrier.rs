@@ -2,6 +2,7 @@
 
 use super::context::{context_arg, nvfipc_context};
 use super::guard::{ffi_call, rank_arg, slice_arg};
+use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use std::time::Duration;
 
@@ -10,9 +11,11 @@ fn members_arg(ranks: *const i64, n_ranks: usize, world_size: usize) -> Result<O
     if n_ranks == 0 {
         return Ok(None);
     }
-    if n_ranks > world_size {
+    // Checked before the list is read: no world has more members.
+    if n_ranks > MAX_WORLD_SIZE && !ranks.is_null() {
         return Err(Error::invalid(format!(
-            "argument `n_ranks` = {n_ranks} is more than the world size {world_size}"
+            "argument `n_ranks` = {n_ranks} is above the limit of NVFIPC_MAX_WORLD_SIZE = \
+             {MAX_WORLD_SIZE} ranks"
         )));
     }
     slice_arg(ranks, n_ranks, "ranks")?
