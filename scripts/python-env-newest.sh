@@ -80,16 +80,13 @@ if works; then
 fi
 
 want="$(wanted)"
-if [ -z "$want" ]; then
-    log "cannot ask the package index for torch's newest version"
-    exit 1
-fi
-
-log "creating $VENV with torch $want and $BASE_PY (downloads about 4 GB)"
+# Without an answer from `pip index`, pip's own resolution picks the newest release.
+spec="torch${want:+==$want}"
+log "creating $VENV with $spec and $BASE_PY (downloads about 4 GB)"
 rm -rf "$VENV"
 "$BASE_PY" -m venv "$VENV"
 PIP=("$PY" -m pip install --disable-pip-version-check --no-input --quiet)
-"${PIP[@]}" --no-deps "torch==$want"
+"${PIP[@]}" --no-deps "$spec"
 # torch's own requirements for this platform, minus the two it never needs to import.
 mapfile -t REQS < <("$PY" - <<'EOF'
 from importlib.metadata import requires

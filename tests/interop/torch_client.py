@@ -106,6 +106,10 @@ def main():
     else:
         print("barrier: not in this torch", flush=True)
 
+    # A clone is a second connection to the same server (torch >= 2.4).
+    if hasattr(c, "clone"):
+        assert c.clone().get("k") == b"w+"
+
     c.set("from_python", b"\xffpy\x00")
     keys = sorted(c.list_keys())
     expected = sorted(["from_rust", "rust_late", "k", "n", "m", "fresh", "b", "bin", "pfx/k",
