@@ -157,9 +157,11 @@ struct Channel {
 }
 
 /// What a call that timed out waiting for a peer leaves for the next call on its channel: the
-/// step and version stay; the records were sent; a peer buffer already opened is kept.
+/// step and version stay; records already sent are not sent again; a peer buffer already opened
+/// is kept.
 struct Resume {
     publish: bool,
+    sent: bool,
     staged: Option<Imported>,
 }
 
@@ -631,7 +633,8 @@ impl HandleCache {
             let ch = &st.channels[idx];
             if ch.resume.is_some() && ch.identity != Some(identity_of(local)) {
                 return Err(Error::invalid(format!(
-                    "rank {}: {} timed out waiting for its peer at step {} and must be resumed                      with the same buffer; call again with the buffer of that call",
+                    "rank {}: {} timed out waiting for its peer at step {} and must be resumed \
+                     with the same buffer; call again with the buffer of that call",
                     self.cfg.rank, ch.key, ch.step
                 )));
             }
@@ -651,7 +654,7 @@ impl HandleCache {
             ch.local = Some(local);
             ch.busy = true;
             let (publish, sent, staged) = match resume {
-                Some(r) => (r.publish, true, r.staged),
+                Some(r) => (r.publish, r.sent, r.staged),
                 None => (ch.version != ch.published, false, None),
             };
             items.push(Item {
@@ -745,6 +748,9 @@ impl HandleCache {
         // knows the records are already on their way to the store, so its multi_get never waits
         // on this rank's progress (which matters when several threads share one store client).
         self.send_records(items).map_err(RunError::Fatal)?;
+        for it in items.iter_mut() {
+            it.sent = true;
+        }
         for it in items.iter() {
             self.board.publish(it.entry, it.step, it.version);
         }
@@ -754,6 +760,12 @@ impl HandleCache {
         }
         let imports = match self.fetch_records(items, timeout, deadline) {
             Ok(imports) => imports,
+            Err(e) if e.status == Status::Timeout => {
+                // Records are sent without waiting for the store's reply, so a peer's step can be
+                // visible before its records are: a zero timeout may miss them. Retryable.
+                let staged = items.iter_mut().map(|it| it.staged.take()).collect();
+                return Err(RunError::NotReady(e, staged));
+            }
             Err(e) => {
                 for it in items.iter_mut() {
                     if let Some(imp) = it.staged.take() {
@@ -791,6 +803,7 @@ impl HandleCache {
             ch.peer_entry = it.peer_entry;
             ch.resume = Some(Resume {
                 publish: it.publish,
+                sent: it.sent,
                 staged,
             });
         }
@@ -1135,29 +1148,35 @@ impl HandleCache {
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         bump(&self.counters.store_round_trips, 1);
         let remaining = deadline.remaining();
-        let values = self
-            .cfg
-            .store
-            .multi_get(&key_refs, remaining)
-            .map_err(|e| {
-                let it = &items[wanted[0]];
-                Error::new(
-                    e.status,
-                    format!(
-                        "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
+        let fetched = self.cfg.store.multi_get(&key_refs, remaining);
+        if fetched.is_err() {
+            // What a resumed step had opened goes back to its item: a timeout suspends the step
+            // with it, any other failure releases it.
+            for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
+                if imp.is_some() {
+                    it.staged = imp.take();
+                }
+            }
+        }
+        let values = fetched.map_err(|e| {
+            let it = &items[wanted[0]];
+            Error::new(
+                e.status,
+                format!(
+                    "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
                      first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
-                        self.cfg.rank,
-                        keys.len(),
-                        timeout,
-                        it.peer,
-                        it.key,
-                        it.step,
-                        it.peer_version,
-                        keys[0],
-                        e.message
-                    ),
-                )
-            })?;
+                    self.cfg.rank,
+                    keys.len(),
+                    timeout,
+                    it.peer,
+                    it.key,
+                    it.step,
+                    it.peer_version,
+                    keys[0],
+                    e.message
+                ),
+            )
+        })?;
         if values.len() != keys.len() {
             return Err(Error::protocol(format!(
                 "rank {}: the store returned {} values for {} keys",
