@@ -20,10 +20,10 @@
 
 use nvfuser_ipc::error::{Error, Result};
 use nvfuser_ipc::exchange::board::{fingerprint, PeerBoard};
-use nvfuser_ipc::exchange::cache::board_name;
 use nvfuser_ipc::exchange::channel::ChannelKey;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request};
 use nvfuser_ipc::host::alloc::alloc_for_job;
+use nvfuser_ipc::names::board_name;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use std::process::Command;
@@ -92,7 +92,7 @@ fn run_rank(rank: usize, port: u16, job: &str, args: &Args) -> Result<()> {
         wait_for_workers: None,
     };
     let store = Arc::new(TcpStore::connect("127.0.0.1", port, &opts)?);
-    let cache = HandleCache::new(CacheConfig {
+    let cache = nvfuser_ipc::default_transports::cache(CacheConfig {
         rank,
         world_size: world,
         store,

@@ -21,13 +21,8 @@ pub const DEFAULT_MASTER_PORT: u16 = 29542;
 pub const RANK_VARS: &[&str] = &["OMPI_COMM_WORLD_RANK", "WORLD_RANK", "RANK", "SLURM_PROCID"];
 /// Number of ranks, first set wins.
 pub const WORLD_SIZE_VARS: &[&str] = &["OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS"];
-/// Rank on this node, first set wins.
-pub const LOCAL_RANK_VARS: &[&str] = &[
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "WORLD_LOCAL_RANK",
-    "LOCAL_RANK",
-    "SLURM_LOCALID",
-];
+/// Rank on this node, first set wins (read by the CUDA transport too, so kept under `os`).
+pub use crate::os::launcher::LOCAL_RANK_VARS;
 /// Number of ranks on this node, first set wins.
 pub const LOCAL_WORLD_SIZE_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_LOCAL_SIZE",

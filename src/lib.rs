@@ -1,24 +1,33 @@
 //! nvfuser-ipc: CUDA IPC handle exchange for nvFuser, with a C ABI.
 //!
-//! Layers, bottom up (see README.md and docs/ARCHITECTURE.md):
+//! Layers, bottom up (see README.md and docs/ARCHITECTURE.md); each uses only layers below it:
+//! - [`error`], [`os`] (shm, waits, processes, launcher variables) and [`names`] (every shm name
+//!   and store key of a job);
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
-//! - [`barrier`]: reusable barriers over the world or any subset of ranks;
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);
-//! - [`env`] and [`context`]: who we are (rank, world, local rank) and which store we use;
-//! - [`cuda`] and [`host`]: exporting and importing device and host buffers;
-//! - [`exchange`]: epoch-keyed handle exchange and the handle cache;
+//! - [`transport`]: the contract between the exchange and the memory transports;
+//! - [`cuda`] and [`host`]: the device and host transports, implementing that contract;
+//! - [`barrier`], [`env`] and [`context`]: barriers, who we are and which store we use;
+//! - [`exchange`]: epoch-keyed handle exchange and the handle cache, over the contract only;
+//! - [`default_transports`]: hands a cache the library's own transports;
 //! - [`ffi`]: the thin C ABI over all of the above.
 
 pub mod barrier;
 pub mod context;
 pub mod cuda;
+pub mod default_transports;
 pub mod env;
 pub mod error;
 pub mod exchange;
+#[cfg(test)]
+mod exchange_tests;
 pub mod ffi;
 pub mod host;
+pub mod names;
 pub mod node;
+pub mod os;
 pub mod store;
 mod sync;
+pub mod transport;
 
 pub use error::{Error, Result, Status};

@@ -9,6 +9,8 @@
 //! Every rank publishes its [`NodeIdentity`] when it joins a job (see `context`); a rank compares
 //! a peer's with its own before it waits for anything node-local of that peer.
 
+use crate::os::process::ns_inode;
+pub use crate::os::process::{host_name, process_alive};
 use once_cell::sync::Lazy;
 use std::os::unix::fs::MetadataExt;
 
@@ -37,28 +39,11 @@ pub enum Reach {
     Unmappable(String),
 }
 
-fn ns_inode(kind: &str) -> u64 {
-    std::fs::metadata(format!("/proc/self/ns/{kind}")).map_or(0, |m| m.ino())
-}
-
 fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
-}
-
-/// The host name (`gethostname`), or `unknown-host`.
-pub fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` is writable for `buf.len()` bytes; gethostname NUL-terminates on success
-    // when the name fits, and we also stop at the buffer end.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown-host".to_string();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 static LOCAL: Lazy<NodeIdentity> = Lazy::new(|| {
@@ -192,20 +177,6 @@ impl NodeIdentity {
         };
         Reach::Unmappable(message)
     }
-}
-
-/// Is `pid` a live process of this pid namespace (or one we may not signal, which also means it
-/// exists)? A zombie counts as alive until its parent reaps it.
-pub fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks for existence and permission; it sends nothing.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// A peer process whose liveness can be checked from here, when its pid means something here.

@@ -4,6 +4,7 @@
 //! rank, running the ignored `child` test with the scenario, rank, world size, port and job id in
 //! the environment. After the ranks exit, the test checks that the job left nothing in /dev/shm.
 
+use nvfuser_ipc::default_transports;
 use nvfuser_ipc::error::Status;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, P2pHandles, Request};
 use nvfuser_ipc::host::{self, p2p, HostBuffer};
@@ -286,7 +287,7 @@ fn close_returns_promptly_when_the_peer_is_killed() {
             n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}b1")
         });
     for name in &killed {
-        host::shm::unlink_name(&format!("/{name}"));
+        nvfuser_ipc::os::shm::unlink_name(&format!("/{name}"));
     }
     assert!(
         others.is_empty(),
@@ -321,7 +322,7 @@ impl Rank {
         let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(T))
             .expect("connect to the store");
         host::alloc::set_default_job(&job);
-        let cache = HandleCache::new(CacheConfig {
+        let cache = default_transports::cache(CacheConfig {
             rank,
             world_size: world,
             store: Arc::new(store),

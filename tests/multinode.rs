@@ -8,6 +8,7 @@
 //! the ignored `node_rank` test. Where the machine forbids namespaces the tests print SKIPPED.
 
 use nvfuser_ipc::context::{Context, EnvOptions};
+use nvfuser_ipc::default_transports;
 use nvfuser_ipc::exchange::channel::ChannelKey;
 use nvfuser_ipc::exchange::{HandleCache, MemKind, Request};
 use nvfuser_ipc::host::{self, p2p};
@@ -395,7 +396,7 @@ fn node_rank() {
         "two-nodes" => {
             // Ranks 0, 1 on node A, ranks 2, 3 on node B.
             ctx.barrier(None, None).unwrap();
-            let cache = HandleCache::from_context(&ctx).unwrap();
+            let cache = default_transports::cache_from_context(&ctx).unwrap();
             same_node_transfer(&ctx, &cache);
             refused_far_request(
                 &ctx,
@@ -413,7 +414,7 @@ fn node_rank() {
             println!("rank {rank}: done");
         }
         "container" => {
-            let cache = HandleCache::from_context(&ctx).unwrap();
+            let cache = default_transports::cache_from_context(&ctx).unwrap();
             refused_far_request(&ctx, &cache, 1 - rank, &["--ipc=host", "/dev/shm"]);
             ctx.barrier(None, None).unwrap();
             cache.try_close().unwrap();
@@ -438,7 +439,7 @@ fn node_rank() {
                     std::thread::sleep(Duration::from_millis(1500));
                 }
             };
-            let cache = HandleCache::from_context(&ctx).unwrap();
+            let cache = default_transports::cache_from_context(&ctx).unwrap();
             let bytes = 4096usize;
             let send = host::alloc(bytes as u64).unwrap();
             let recv = host::alloc(bytes as u64).unwrap();
@@ -480,7 +481,7 @@ fn node_rank() {
             println!("closed in {} ms", start.elapsed().as_millis());
         }
         "dead-peer" => {
-            let cache = HandleCache::from_context(&ctx).unwrap();
+            let cache = default_transports::cache_from_context(&ctx).unwrap();
             let bytes = 1024u64;
             let buf = host::alloc(bytes).unwrap();
             let reqs = [

@@ -2,7 +2,8 @@
 //! test binary as a rank process (the ignored `holder` test) that creates a cache (its board and
 //! semaphore slab) and host buffers it never frees, then ends in the way under test.
 
-use nvfuser_ipc::exchange::{CacheConfig, HandleCache};
+use nvfuser_ipc::default_transports;
+use nvfuser_ipc::exchange::CacheConfig;
 use nvfuser_ipc::host;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
@@ -54,7 +55,7 @@ fn start(role: &str, job: &str, port: u16) -> Child {
 fn launched_rank() {
     use nvfuser_ipc::context::{Context, EnvOptions};
     let ctx = Context::from_env(&EnvOptions::default()).unwrap();
-    let cache = HandleCache::from_context(&ctx).unwrap();
+    let cache = default_transports::cache_from_context(&ctx).unwrap();
     let _buffer = host::alloc(1 << 16).unwrap().into_raw();
     println!("job={}", ctx.job_id);
     ctx.barrier(None, None).unwrap();
@@ -75,7 +76,7 @@ fn holder() {
     let job = std::env::var("NVFIPC_T_JOB").unwrap();
     let port: u16 = std::env::var("NVFIPC_T_PORT").unwrap().parse().unwrap();
     let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::default()).unwrap();
-    let cache = HandleCache::new(CacheConfig {
+    let cache = default_transports::cache(CacheConfig {
         rank: 0,
         world_size: 2,
         store: Arc::new(store),

@@ -262,19 +262,11 @@ pub fn primary_context(device: i32) -> Result<Context> {
     Ok(ctx)
 }
 
-/// The launcher's local rank (`OMPI_COMM_WORLD_LOCAL_RANK`, `LOCAL_RANK`, ...), if set.
-fn local_rank_from(lookup: impl Fn(&str) -> Option<String>) -> Option<usize> {
-    crate::env::LOCAL_RANK_VARS
-        .iter()
-        .find_map(|var| lookup(var))
-        .and_then(|value| value.trim().parse().ok())
-}
-
 /// The device for a thread that has no current context and names none: the launcher's local
 /// rank modulo the number of devices (the device nvFuser selects for the rank), else device 0.
 pub fn default_device() -> Result<i32> {
     let count = device_count()?.max(1) as usize;
-    let local = local_rank_from(|var| std::env::var(var).ok()).unwrap_or(0);
+    let local = crate::os::launcher::local_rank().unwrap_or(0);
     Ok((local % count) as i32)
 }
 
@@ -461,28 +453,6 @@ mod tests {
             "{err}"
         );
         assert!(err.message.contains("CUDA_ERROR_INVALID_VALUE"), "{err}");
-    }
-
-    #[test]
-    fn local_rank_comes_from_the_first_launcher_variable() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |var: &str| {
-                pairs
-                    .iter()
-                    .find(|(k, _)| *k == var)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
-        assert_eq!(local_rank_from(env(&[])), None);
-        assert_eq!(local_rank_from(env(&[("LOCAL_RANK", "3")])), Some(3));
-        assert_eq!(
-            local_rank_from(env(&[
-                ("LOCAL_RANK", "3"),
-                ("OMPI_COMM_WORLD_LOCAL_RANK", "1")
-            ])),
-            Some(1)
-        );
-        assert_eq!(local_rank_from(env(&[("LOCAL_RANK", "x")])), None);
     }
 
     #[test]

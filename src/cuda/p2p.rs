@@ -1,5 +1,5 @@
 //! The zero-copy "get" protocol of nvFuser's `cuda_p2p.cpp` on a CUDA stream, with epoch-valued
-//! semaphores (see [`crate::exchange::epoch`]) instead of two-valued ones:
+//! semaphores (see [`crate::transport::epoch`]) instead of two-valued ones:
 //!
 //! - [`send_post`]: the sender writes `posted(n)` into the receiver's semaphore ("data ready");
 //! - [`recv_post`]: the receiver waits until its own semaphore reaches `posted(n)`, pulls the bytes
@@ -19,9 +19,9 @@
 
 use super::driver::{self, describe};
 use crate::error::{Error, Result, Status};
-use crate::exchange::cache::P2pHandles;
-use crate::exchange::epoch::{done, posted};
-use crate::exchange::transport::MemKind;
+use crate::transport::epoch::{done, posted};
+use crate::transport::MemKind;
+use crate::transport::P2pHandles;
 use cudarc::driver::sys;
 
 /// One side of a channel as the calling rank sees it: its own buffer and semaphore, and the

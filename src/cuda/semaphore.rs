@@ -12,8 +12,8 @@ use super::driver::{self, check, Context, ContextGuard};
 use super::ipc::{self, HandleBytes};
 use super::memory;
 use crate::error::{Error, Result};
-use crate::exchange::record::HandleType;
-use crate::exchange::transport::{
+use crate::transport::record::HandleType;
+use crate::transport::{
     slot_address, ExportedHandle, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS,
 };
 use cudarc::driver::sys;

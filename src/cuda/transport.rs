@@ -14,11 +14,9 @@ use super::ipc::{self, HandleBytes};
 use super::memory;
 use super::semaphore::DeviceSemaphoreSlab;
 use crate::error::{Error, Result};
-use crate::exchange::record::{HandleType, Record};
-use crate::exchange::transport::{
-    ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport,
-};
 use crate::sync::lock;
+use crate::transport::record::{HandleType, Record};
+use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -194,7 +192,7 @@ impl Drop for CudaTransport {
 mod tests {
     use super::*;
     use crate::error::Status;
-    use crate::exchange::record::{flags, local_host, to_fixed};
+    use crate::transport::record::{flags, local_host, to_fixed};
 
     #[test]
     fn without_driver_the_transport_is_unavailable() {

@@ -20,7 +20,7 @@
 //! importer that saw `closed == 0` right before importing is sure to be waited for by the owner.
 
 use crate::error::{Error, Result};
-use crate::host::shm::ShmSegment;
+use crate::os::shm::ShmSegment;
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -199,10 +199,7 @@ pub fn reclaim_dead() -> usize {
         let Some(name) = name.to_str() else {
             continue;
         };
-        let is_board = name.starts_with("nvfipc-")
-            && name
-                .rsplit_once("-b")
-                .is_some_and(|(_, r)| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()));
+        let is_board = crate::names::is_board_name(name);
         if !is_board {
             continue;
         }
@@ -218,7 +215,7 @@ pub fn reclaim_dead() -> usize {
             && pid_checkable(h.owner_pid_ns.load(Ordering::Relaxed))
             && !process_alive(pid);
         if dead {
-            crate::host::shm::unlink_name(&path);
+            crate::os::shm::unlink_name(&path);
             removed += 1;
         }
     }
@@ -262,7 +259,7 @@ impl OwnBoard {
                 if !stale {
                     return Err(first.context(format!("creating the board of rank {rank}")));
                 }
-                crate::host::shm::unlink_name(name);
+                crate::os::shm::unlink_name(name);
                 ShmSegment::create(name, BOARD_BYTES)?
             }
         };
@@ -516,7 +513,7 @@ mod tests {
 
     #[test]
     fn fingerprints_match_the_two_fnv1a_hashes_and_stream_in_pieces() {
-        use super::super::record::fnv1a64;
+        use crate::transport::record::fnv1a64;
         let d = "12/3/x/y#7";
         let salted = [&[FINGERPRINT_SALT][..], d.as_bytes()].concat();
         let expected = (u128::from(fnv1a64(&salted)) << 64) | u128::from(fnv1a64(d.as_bytes()));

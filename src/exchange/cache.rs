@@ -49,22 +49,20 @@
 use super::board::{OwnBoard, PeerBoard};
 use super::channel::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::collector::Collector;
-use super::epoch::TransferEpochs;
 use super::peers::PeerNodes;
-use super::record::{self, flags, local_host, Record};
 use super::retain::{Retained, DEFAULT_RETAINED_PER_PEER};
 use super::stats::{bump, CacheStats, Counters};
-use super::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind, Transport};
 use crate::context::Context;
-use crate::cuda::transport::CudaTransport;
 use crate::error::{Error, Result, Status};
-use crate::host::alloc::job_tag;
-use crate::host::wait::wait_until;
-use crate::host::HostTransport;
 use crate::node::PeerProcess;
+use crate::os::wait::wait_until;
 use crate::store::Store;
 use crate::sync::lock;
-use once_cell::sync::OnceCell;
+use crate::transport::epoch::TransferEpochs;
+use crate::transport::record::{self, flags, local_host, Record};
+use crate::transport::{
+    slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles, Transport, Transports,
+};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -98,24 +96,6 @@ impl CacheConfig {
             timeout: ctx.timeout(),
         }
     }
-}
-
-/// Handles of one channel, as nvFuser's `P2pIpcHandle`: the local buffer and semaphore, and the
-/// peer's, mapped in this process.
-#[derive(Clone, Debug)]
-pub struct P2pHandles {
-    pub kind: MemKind,
-    pub local_ptr: u64,
-    pub local_bytes: u64,
-    pub local_semaphore: u64,
-    pub peer_ptr: u64,
-    /// Bytes the peer offers at `peer_ptr`.
-    pub peer_bytes: u64,
-    pub peer_semaphore: u64,
-    /// Transfer counters of the channel (see `exchange::epoch`).
-    pub epochs: Arc<TransferEpochs>,
-    /// The peer's rank and process, so that transfer waits can tell when it has exited.
-    pub peer: PeerProcess,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -299,9 +279,8 @@ pub fn teardowns_timed_out() -> u64 {
 /// Exchanges and caches P2P handles between the ranks of one job.
 pub struct HandleCache {
     cfg: CacheConfig,
-    /// Per memory kind; the device one is created on first use when `auto_device` is set.
-    transports: [OnceCell<Arc<dyn Transport>>; 2],
-    auto_device: bool,
+    /// Handed in by the layer that builds the cache (see `Transports`).
+    transports: Transports,
     board: OwnBoard,
     peer_boards: Mutex<HashMap<usize, Arc<PeerBoard>>>,
     peer_nodes: PeerNodes,
@@ -317,49 +296,27 @@ pub struct HandleCache {
     retain_per_peer: AtomicUsize,
 }
 
-fn kind_index(kind: MemKind) -> usize {
-    match kind {
-        MemKind::Device => 0,
-        MemKind::Host => 1,
-    }
-}
-
-/// Removes what dead processes of this node left in `/dev/shm`: their boards, buffers and slabs.
-/// Called by every new cache (the next job) and every closing one (the survivors).
-fn reclaim_dead_segments() {
+/// Removes what dead processes of this node left in `/dev/shm`: their boards, and what the
+/// transports reclaim (host buffers and slabs). Called by every new cache (the next job) and
+/// every closing one (the survivors).
+fn reclaim_dead_segments(transports: &Transports) {
     super::board::reclaim_dead();
-    crate::host::cleanup::reclaim_dead();
-}
-
-/// Name of the board of `rank` for a job and scope.
-pub fn board_name(job_id: &str, scope: &str, rank: usize) -> String {
-    if scope.is_empty() {
-        format!("/nvfipc-{}-b{rank}", job_tag(job_id))
-    } else {
-        format!("/nvfipc-{}-{}-b{rank}", job_tag(job_id), job_tag(scope))
+    for t in transports.existing() {
+        t.reclaim_dead();
     }
 }
+
+pub use crate::names::board_name;
 
 impl HandleCache {
-    /// A cache for `ctx` (host transport, CUDA transport on first device request).
-    /// Also makes the context's job id the one in the names of host buffers allocated from now on
-    /// (`host::alloc`), so everything the job leaves in `/dev/shm` carries its id.
-    pub fn from_context(ctx: &Context) -> Result<HandleCache> {
-        crate::host::alloc::set_default_job(ctx.job_id());
-        Self::new(CacheConfig::from_context(ctx))
-    }
-
-    /// A cache with the host transport; the CUDA transport is created on the first device
-    /// request (so host-only users never load the driver).
-    pub fn new(cfg: CacheConfig) -> Result<HandleCache> {
-        let host: Arc<dyn Transport> = HostTransport::new(&cfg.job_id)?;
-        let mut cache = Self::with_transports(cfg, vec![host])?;
-        cache.auto_device = true;
-        Ok(cache)
-    }
-
     /// A cache with the given transports (at most one per memory kind).
     pub fn with_transports(cfg: CacheConfig, list: Vec<Arc<dyn Transport>>) -> Result<HandleCache> {
+        Self::new(cfg, Transports::of(list)?)
+    }
+
+    /// A cache that exchanges buffers through `transports` (for the library's own set, see
+    /// `crate::default_transports`).
+    pub fn new(cfg: CacheConfig, transports: Transports) -> Result<HandleCache> {
         if cfg.world_size == 0 || cfg.rank >= cfg.world_size {
             return Err(Error::invalid(format!(
                 "rank {} is not in a world of {} ranks",
@@ -369,17 +326,7 @@ impl HandleCache {
         if cfg.world_size > u32::MAX as usize {
             return Err(Error::invalid("world size does not fit 32 bits"));
         }
-        let transports: [OnceCell<Arc<dyn Transport>>; 2] = Default::default();
-        for t in list {
-            let kind = t.kind();
-            if transports[kind_index(kind)].set(t).is_err() {
-                return Err(Error::invalid(format!(
-                    "two transports given for {} memory",
-                    kind.name()
-                )));
-            }
-        }
-        reclaim_dead_segments();
+        reclaim_dead_segments(&transports);
         let board = OwnBoard::create(&board_name(&cfg.job_id, &cfg.scope, cfg.rank), cfg.rank)
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &cfg.job_id, &cfg.scope, cfg.rank)?;
@@ -389,7 +336,6 @@ impl HandleCache {
         Ok(HandleCache {
             cfg,
             transports,
-            auto_device: false,
             board,
             peer_boards: Mutex::new(HashMap::new()),
             peer_nodes,
@@ -410,8 +356,7 @@ impl HandleCache {
                 "transports must be set before the first exchange",
             ));
         }
-        let i = kind_index(t.kind());
-        self.transports[i] = OnceCell::with_value(t);
+        self.transports.set(t);
         Ok(self)
     }
 
@@ -425,25 +370,7 @@ impl HandleCache {
 
     /// The transport of `kind`, if this cache has one.
     pub fn transport(&self, kind: MemKind) -> Option<&Arc<dyn Transport>> {
-        self.transports[kind_index(kind)].get()
-    }
-
-    /// The transport of `kind`, creating the CUDA one on first use when allowed.
-    fn transport_for_request(&self, kind: MemKind) -> Result<&Arc<dyn Transport>> {
-        let cell = &self.transports[kind_index(kind)];
-        if let Some(t) = cell.get() {
-            return Ok(t);
-        }
-        if kind == MemKind::Device && self.auto_device {
-            return cell.get_or_try_init(|| {
-                let t: Arc<dyn Transport> = CudaTransport::new(None)?;
-                Ok(t)
-            });
-        }
-        Err(Error::unsupported(format!(
-            "this cache has no {} transport",
-            kind.name()
-        )))
+        self.transports.get(kind)
     }
 
     /// The bound of every wait of [`exchange_handles`](Self::exchange_handles).
@@ -566,7 +493,7 @@ impl HandleCache {
         if r.bytes == 0 {
             return Err(Error::invalid("byte count is 0"));
         }
-        self.transport_for_request(r.kind)?.resolve(r.ptr, r.bytes)
+        self.transports.get_or_make(r.kind)?.resolve(r.ptr, r.bytes)
     }
 
     /// Step 1: claims the channels of the batch and advances their step (and version).
@@ -1521,7 +1448,7 @@ impl HandleCache {
             self.board.mark_closed();
         }
         let unclosed = self.wait_for_peers_to_close(peers, linger.saturating_sub(start.elapsed()));
-        reclaim_dead_segments();
+        reclaim_dead_segments(&self.transports);
         let names: Vec<String> = {
             let mut boards = lock(&self.peer_boards);
             let names = unclosed
@@ -1538,7 +1465,7 @@ impl HandleCache {
             return flushed;
         }
         let exposed_device = unclosed.iter().any(|&(_, device)| device);
-        let leaked = match self.transports[kind_index(MemKind::Device)].get() {
+        let leaked = match self.transports.get(MemKind::Device) {
             Some(t) if exposed_device => {
                 // Deliberately never dropped: freeing the slab (or closing the driver state of
                 // buffers a peer still maps) while that peer maps it is undefined behaviour.
@@ -1569,7 +1496,7 @@ impl HandleCache {
 
     /// Waits, at most `linger`, until every transport has unmapped what it released.
     fn flush_releases(&self, linger: Duration) -> Result<()> {
-        for t in self.transports.iter().filter_map(OnceCell::get) {
+        for t in self.transports.existing() {
             t.flush_releases(linger).map_err(|e| {
                 e.context(format!(
                     "rank {}: closing the cache (this rank has not marked itself closed, so its \
@@ -1638,7 +1565,7 @@ impl HandleCache {
     /// process has exited, or no live board of it can be found (it never created its cache, its
     /// board was removed, or it belongs to a dead process). A board of another layout belongs to
     /// an incompatible version, which could never have exchanged with this one.
-    fn peer_let_go(&self, peer: usize) -> bool {
+    pub(crate) fn peer_let_go(&self, peer: usize) -> bool {
         match self.peer_board(peer) {
             Ok(Some(b)) => b.closed() || !b.owner_alive(),
             Ok(None) | Err(_) => true,
@@ -1686,10 +1613,6 @@ impl Drop for HandleCache {
         let _ = self.teardown();
     }
 }
-
-#[cfg(test)]
-#[path = "cache_tests.rs"]
-mod tests;
 
 #[cfg(test)]
 mod hot_path_tests {

@@ -7,7 +7,7 @@
 //! identically whatever the order of their batches.
 
 use super::board::Fingerprinter;
-use super::transport::MemKind;
+use crate::transport::MemKind;
 use std::fmt;
 
 /// Direction of a request, from the calling rank's point of view.
@@ -131,13 +131,11 @@ impl ChannelKey {
         format!("{}/{}/{}#{}", self.src, self.dst, self.tag, self.occurrence)
     }
 
-    /// Store key of the record that `exporter` published at buffer `version` on this channel.
-    /// Unique per (channel, exporter, version), so a newer export never overwrites an unread one.
+    /// Store key of the record that `exporter` published at buffer `version` on this channel
+    /// (see [`names::record_key`](crate::names::record_key)).
     pub fn record_key(&self, job: &str, scope: &str, exporter: usize, version: u64) -> String {
-        format!(
-            "nvfipc/{job}/{scope}/h/{}/{}/{exporter}/{version}/{}#{}",
-            self.src, self.dst, self.tag, self.occurrence
-        )
+        let channel = (self.src, self.dst, self.tag.as_str(), self.occurrence);
+        crate::names::record_key(job, scope, channel, exporter, version)
     }
 }
 

@@ -17,10 +17,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// The store key where `rank`'s cache of a job and scope publishes its node identity.
-pub fn node_key(job_id: &str, scope: &str, rank: usize) -> String {
-    format!("nvfipc/{job_id}/{scope}/node/{rank}")
-}
+pub use crate::names::node_key;
 
 /// This rank's view of its peers' nodes.
 pub struct PeerNodes {

@@ -12,7 +12,7 @@
 //! frees it, its memory is only returned once the mapping is released (evicted, or the cache
 //! freed). With a bound of zero every replaced mapping is released at once.
 
-use super::transport::{Mapping, MemKind};
+use crate::transport::{Mapping, MemKind};
 use std::collections::{HashMap, VecDeque};
 
 /// Default number of distinct peer allocations kept per (peer, memory kind) and cache.

@@ -177,11 +177,11 @@ fn create(
     let out = out_ptr(out_cache, "out_cache")?;
     let ctx = context_arg(ctx)?;
     let cache = if scope.is_empty() {
-        HandleCache::from_context(&ctx)?
+        crate::default_transports::cache_from_context(&ctx)?
     } else {
         let mut cfg = CacheConfig::from_context(&ctx);
         cfg.scope = scope.to_string();
-        HandleCache::new(cfg)?
+        crate::default_transports::cache(cfg)?
     };
     out.write(into_handle(nvfipc_cache {
         cache: Arc::new(cache),

@@ -3,12 +3,12 @@
 //!
 //! Segment names are `/nvfipc-<job>-<pid>n<pid namespace>-<id>`: the job tag keeps concurrent jobs
 //! apart and lets tests check that a job left nothing in `/dev/shm`; the pid lets others reclaim
-//! the segments of a dead process (`host::cleanup`); `<id>` is unique in the process and doubles
+//! the segments of a dead process (`os::cleanup`); `<id>` is unique in the process and doubles
 //! as the buffer id of exported records. A segment is unlinked and unmapped when it is freed, and
 //! its name at the latest when the process exits or is terminated.
 
-use super::shm::ShmSegment;
 use crate::error::{Error, Result};
+use crate::os::shm::ShmSegment;
 use crate::sync::lock;
 use once_cell::sync::Lazy;
 use std::collections::BTreeMap;
@@ -35,24 +35,6 @@ static DEFAULT_JOB: Lazy<Mutex<String>> = Lazy::new(|| {
 
 // Nothing panics while holding these locks; `lock` tolerates poisoning anyway.
 
-/// Turns a job id into the short, name-safe tag used in shm names (at most 16 characters of
-/// `[A-Za-z0-9_]`, or a hash when the id has other characters or is longer).
-pub fn job_tag(job_id: &str) -> String {
-    let safe = !job_id.is_empty()
-        && job_id.len() <= 16
-        && job_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if safe {
-        job_id.to_string()
-    } else {
-        format!(
-            "{:016x}",
-            super::super::exchange::record::fnv1a64(job_id.as_bytes())
-        )
-    }
-}
-
 /// Sets the job id used in the names of segments allocated by [`alloc`] from now on
 /// (default: `$NVFIPC_JOB_ID`, else `nojob`).
 pub fn set_default_job(job_id: &str) {
@@ -64,11 +46,7 @@ pub fn default_job() -> String {
     lock(&DEFAULT_JOB).clone()
 }
 
-/// The shm-name prefix of everything this library creates for `job_id` in any process
-/// (e.g. `nvfipc-job1-`; `/dev/shm` entries have no leading slash).
-pub fn job_prefix(job_id: &str) -> String {
-    format!("nvfipc-{}-", job_tag(job_id))
-}
+pub use crate::names::{job_prefix, job_tag};
 
 /// A host buffer in shared memory that peers can map. Freed (unlinked and unmapped) on drop,
 /// unless handed over with [`HostBuffer::into_raw`].
@@ -167,7 +145,7 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
     let name = format!(
         "/{}{}-{id}",
         job_prefix(job_id),
-        super::cleanup::pid_field()
+        crate::os::cleanup::pid_field()
     );
     let seg = ShmSegment::create(&name, bytes)
         .map_err(|e| e.context(format!("allocating {bytes} bytes of host shared memory")))?;
@@ -279,13 +257,5 @@ mod tests {
         free(raw).unwrap();
         assert!(free(raw).unwrap_err().message.contains("already freed"));
         assert!(alloc(0).is_err());
-    }
-
-    #[test]
-    fn job_tags_are_name_safe() {
-        assert_eq!(job_tag("abc_1"), "abc_1");
-        assert_eq!(job_tag("a/b").len(), 16);
-        assert_eq!(job_tag("").len(), 16);
-        assert_eq!(job_tag(&"x".repeat(40)).len(), 16);
     }
 }

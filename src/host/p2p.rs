@@ -10,10 +10,10 @@
 //! changes the channel, or until the cache is dropped. Calls on one channel and one side must
 //! not overlap (one thread per side per channel, like a CUDA stream).
 
-use super::wait::wait_until;
 use crate::error::{Error, Result};
-use crate::exchange::epoch::{done, posted, reached};
-use crate::exchange::{MemKind, P2pHandles};
+use crate::os::wait::wait_until;
+use crate::transport::epoch::{done, posted, reached};
+use crate::transport::{MemKind, P2pHandles};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ fn wait_for(h: &P2pHandles, own: &AtomicU32, target: u32, timeout: Duration) -> 
     });
     if dead {
         // Its buffers and slab stay mapped here; their names go now.
-        super::cleanup::reclaim_dead();
+        crate::os::cleanup::reclaim_dead();
         return Err(Error::io(format!(
             "{}; stopped waiting for it (own semaphore {:#x} holds {}, waiting for {target})",
             h.peer.describe(),
@@ -160,10 +160,10 @@ pub fn send_wait(h: &P2pHandles, timeout: Duration) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exchange::epoch::TransferEpochs;
-    use crate::exchange::transport::SemaphoreSlab;
     use crate::host::alloc::alloc_for_job;
     use crate::host::slab::HostSlab;
+    use crate::transport::epoch::TransferEpochs;
+    use crate::transport::SemaphoreSlab;
     use std::sync::Arc;
 
     /// Two sides in one process over one slab: enough to check the protocol's values.

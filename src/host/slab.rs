@@ -2,12 +2,10 @@
 //! transport, so a peer maps one segment per rank whatever the number of channels.
 
 use super::alloc::job_prefix;
-use super::shm::ShmSegment;
 use crate::error::{Error, Result};
-use crate::exchange::record::{from_fixed, to_fixed, HandleType, PAYLOAD_LEN};
-use crate::exchange::transport::{
-    slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS,
-};
+use crate::os::shm::ShmSegment;
+use crate::transport::record::{from_fixed, to_fixed, HandleType, PAYLOAD_LEN};
+use crate::transport::{slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -38,7 +36,7 @@ impl HostSlab {
         let name = format!(
             "/{}{}-s{}",
             job_prefix(job_id),
-            super::cleanup::pid_field(),
+            crate::os::cleanup::pid_field(),
             NEXT_SLAB.fetch_add(1, Ordering::Relaxed)
         );
         let seg = ShmSegment::create(&name, SLAB_BYTES)

@@ -2,13 +2,11 @@
 //! name, imported by mapping the peer's segment once per (peer, segment) with a refcount.
 
 use super::alloc;
-use super::shm::ShmSegment;
 use super::slab::HostSlab;
 use crate::error::{Error, Result};
-use crate::exchange::record::{from_fixed, to_fixed, HandleType, Record};
-use crate::exchange::transport::{
-    ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport,
-};
+use crate::os::shm::ShmSegment;
+use crate::transport::record::{from_fixed, to_fixed, HandleType, Record};
+use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -47,6 +45,10 @@ impl HostTransport {
 impl Transport for HostTransport {
     fn kind(&self) -> MemKind {
         MemKind::Host
+    }
+
+    fn reclaim_dead(&self) {
+        crate::os::cleanup::reclaim_dead();
     }
 
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
@@ -155,7 +157,7 @@ impl Transport for HostTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exchange::record::local_host;
+    use crate::transport::record::local_host;
 
     fn record_for(buf: &LocalBuffer, handle: &ExportedHandle, slab: &ExportedHandle) -> Record {
         Record {

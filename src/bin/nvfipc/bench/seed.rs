@@ -10,9 +10,9 @@
 //! caller says which comms miss (both sides derive it from the same schedule), so the baseline
 //! runs every scenario and only the protocol differs from ours.
 
-use nvfuser_ipc::exchange::record::{self, flags, local_host, Record};
 use nvfuser_ipc::exchange::{Direction, LocalBuffer, Mapping, MemKind, Request, Transport};
 use nvfuser_ipc::store::Store;
+use nvfuser_ipc::transport::record::{self, flags, local_host, Record};
 use nvfuser_ipc::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -108,7 +108,7 @@ impl Importer {
         let rec = Record::decode(bytes)?;
         let mapping = self.transport.import(&rec, self.wait)?;
         if let std::collections::hash_map::Entry::Vacant(slot) = self.slabs.entry(peer) {
-            let handle = nvfuser_ipc::exchange::transport::ExportedHandle {
+            let handle = nvfuser_ipc::transport::ExportedHandle {
                 handle_type: rec.sem_type,
                 payload: rec.sem_payload,
             };
@@ -128,7 +128,7 @@ impl Importer {
 impl Drop for Importer {
     fn drop(&mut self) {
         for (peer, rec) in self.slabs.drain() {
-            let handle = nvfuser_ipc::exchange::transport::ExportedHandle {
+            let handle = nvfuser_ipc::transport::ExportedHandle {
                 handle_type: rec.sem_type,
                 payload: rec.sem_payload,
             };

@@ -1,13 +1,25 @@
-//! Unit tests of the handle cache: ranks as threads of one process over an in-memory store.
+//! Unit tests of the handle cache with the host transport: ranks as threads of one process over
+//! an in-memory store. Here, above both, because the exchange itself never names a transport.
 
-use super::*;
+use crate::default_transports;
 use crate::error::Status;
-use crate::exchange::record::{from_fixed, HandleType};
-use crate::exchange::transport::SemaphoreSlab;
+use crate::error::{Error, Result};
+use crate::exchange::cache::teardowns_timed_out;
+use crate::exchange::{CacheConfig, CacheStats, HandleCache, Request};
 use crate::host::alloc::alloc_for_job;
 use crate::host::{HostBuffer, HostTransport};
+use crate::store::Store;
+use crate::sync::lock;
+use crate::transport::record::Record;
+use crate::transport::record::{from_fixed, HandleType};
+use crate::transport::SemaphoreSlab;
+use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles, Transport};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Condvar;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A minimal in-process store with the blocking semantics the exchange relies on.
 #[derive(Default)]
@@ -116,7 +128,7 @@ fn caches(job: &str, world: usize) -> (Arc<MemStore>, Vec<HandleCache>) {
     let store = Arc::new(MemStore::default());
     let caches = (0..world)
         .map(|rank| {
-            HandleCache::new(CacheConfig {
+            default_transports::cache(CacheConfig {
                 rank,
                 world_size: world,
                 store: store.clone(),
@@ -332,7 +344,7 @@ fn lost_record_times_out_naming_the_key_on_both_sides() {
     let store = Arc::new(MemStore::default());
     let job = format!("ut_lost{}", std::process::id());
     let make = |rank: usize, store: Arc<dyn Store>| {
-        HandleCache::new(CacheConfig {
+        default_transports::cache(CacheConfig {
             rank,
             world_size: 2,
             store,
@@ -639,7 +651,7 @@ fn close_gives_up_after_the_linger_naming_the_peer_and_keeps_device_memory() {
     assert_eq!(drops[1].load(Ordering::SeqCst), 1);
     // The leaked slabs of ranks 0 and 2 stay mapped in this process; only their names go.
     for r in [0, 2] {
-        crate::host::shm::unlink_name(&slab_names[r]);
+        crate::os::shm::unlink_name(&slab_names[r]);
     }
 }
 

@@ -16,7 +16,7 @@ pub struct ShmSegment {
     addr: u64,
     len: u64,
     owns_name: bool,
-    /// This name's slot in the exit-time cleanup table (see `host::cleanup`).
+    /// This name's slot in the exit-time cleanup table (see `os::cleanup`).
     cleanup_slot: Option<usize>,
 }
 

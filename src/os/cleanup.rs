@@ -15,7 +15,7 @@
 //! A table slot holds the full path (`/dev/shm/<name>`) and the pid of the creating process, so a
 //! forked child that exits never unlinks its parent's names.
 
-use crate::node::{process_alive, NodeIdentity};
+use super::process::{ns_inode, process_alive};
 use once_cell::sync::Lazy;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Once;
@@ -43,7 +43,7 @@ const EMPTY: Slot = Slot {
 
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 static INSTALL: Once = Once::new();
-static PID_NS: Lazy<u64> = Lazy::new(|| NodeIdentity::local().pid_ns);
+static PID_NS: Lazy<u64> = Lazy::new(|| ns_inode("pid"));
 
 /// Signals whose default action would leave the names behind.
 const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];

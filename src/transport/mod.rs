@@ -1,5 +1,12 @@
 //! The contract between the exchange and the memory transports (device memory in `crate::cuda`,
-//! host shared memory in `crate::host`).
+//! host shared memory in `crate::host`): the layer both sides point to, so the exchange never
+//! names a concrete transport and a transport never knows the exchange.
+//!
+//! - [`record`]: the versioned little-endian wire record of one exported buffer;
+//! - [`epoch`]: epoch-valued semaphores shared by the host and device P2P primitives;
+//! - [`handles`]: [`P2pHandles`], what the exchange hands the P2P primitives of one channel;
+//! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
+//! - this module: [`Transport`], [`SemaphoreSlab`] and the types they exchange.
 //!
 //! The exchange never touches memory itself: it asks a [`Transport`] to
 //! 1. [`resolve`](Transport::resolve) a user pointer into the allocation that contains it,
@@ -15,12 +22,20 @@
 //! Every transport also owns one [`SemaphoreSlab`] per process: a block of [`SLAB_SLOTS`]
 //! semaphores of [`SEMAPHORE_STRIDE`] bytes each, exported once, so a peer opens one slab per
 //! rank instead of one semaphore allocation per buffer. Semaphores start at zero and hold
-//! epoch values (see `exchange::epoch`).
+//! epoch values (see [`epoch`]).
 //!
 //! Thread safety: all methods take `&self` and may be called from several threads at once.
 
-use super::record::{HandleType, Record, PAYLOAD_LEN};
+pub mod epoch;
+pub mod handles;
+pub mod record;
+pub mod set;
+
+pub use handles::P2pHandles;
+pub use set::{TransportFactory, Transports};
+
 use crate::error::Result;
+use record::{HandleType, Record, PAYLOAD_LEN};
 use std::time::Duration;
 
 /// Which memory a request's pointer lives in.
@@ -140,6 +155,11 @@ pub trait Transport: Send + Sync {
     fn flush_releases(&self, _timeout: Duration) -> Result<()> {
         Ok(())
     }
+
+    /// Removes what dead processes of this node left behind of this memory kind (host: their
+    /// segments in `/dev/shm`). A cache calls it when it is created and when it closes. Nothing
+    /// by default.
+    fn reclaim_dead(&self) {}
 
     /// This process's semaphore slab for this memory kind.
     fn semaphores(&self) -> &dyn SemaphoreSlab;

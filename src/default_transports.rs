@@ -1,0 +1,42 @@
+//! The library's own transports, handed to a cache by the layers above the exchange (the C
+//! layer, programs, tests): host shared memory at once, CUDA device memory on the first device
+//! request (so host-only users never load the driver).
+//!
+//! This is the one place that names both the exchange and the concrete transports: the
+//! exchange sees only the contract (`crate::transport`).
+
+use crate::context::Context;
+use crate::cuda::transport::CudaTransport;
+use crate::error::Result;
+use crate::exchange::{CacheConfig, HandleCache};
+use crate::host::HostTransport;
+use crate::transport::{MemKind, Transport, Transports};
+use std::sync::Arc;
+
+/// Host transport for `job_id`, and the CUDA transport made on first use.
+pub fn for_job(job_id: &str) -> Result<Transports> {
+    let host: Arc<dyn Transport> = HostTransport::new(job_id)?;
+    let mut set = Transports::of(vec![host])?;
+    set.set_on_first_use(
+        MemKind::Device,
+        Box::new(|| {
+            let t: Arc<dyn Transport> = CudaTransport::new(None)?;
+            Ok(t)
+        }),
+    );
+    Ok(set)
+}
+
+/// A cache for `cfg` with the library's own transports.
+pub fn cache(cfg: CacheConfig) -> Result<HandleCache> {
+    let transports = for_job(&cfg.job_id)?;
+    HandleCache::new(cfg, transports)
+}
+
+/// A cache for `ctx` with the library's own transports. Also makes the context's job id the one
+/// in the names of host buffers allocated from now on (`host::alloc`), so everything the job
+/// leaves in `/dev/shm` carries its id.
+pub fn cache_from_context(ctx: &Context) -> Result<HandleCache> {
+    crate::host::alloc::set_default_job(ctx.job_id());
+    cache(CacheConfig::from_context(ctx))
+}

@@ -1,0 +1,52 @@
+//! What a launcher (mpirun, torchrun, srun) tells a process about its place on the node.
+//!
+//! The CUDA transport picks its default device from the local rank, and `env` reads every launcher
+//! variable: both read the list from here, so neither depends on the other.
+
+/// Rank on this node, first set wins.
+pub const LOCAL_RANK_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "WORLD_LOCAL_RANK",
+    "LOCAL_RANK",
+    "SLURM_LOCALID",
+];
+
+/// The launcher's local rank (the first of [`LOCAL_RANK_VARS`] set), read through `lookup`.
+pub fn local_rank_from(lookup: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    LOCAL_RANK_VARS
+        .iter()
+        .find_map(|var| lookup(var))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// The launcher's local rank in this process's environment, if set.
+pub fn local_rank() -> Option<usize> {
+    local_rank_from(|var| std::env::var(var).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_rank_comes_from_the_first_launcher_variable() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |var: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(local_rank_from(env(&[])), None);
+        assert_eq!(local_rank_from(env(&[("LOCAL_RANK", "3")])), Some(3));
+        assert_eq!(
+            local_rank_from(env(&[
+                ("LOCAL_RANK", "3"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+            ])),
+            Some(1)
+        );
+        assert_eq!(local_rank_from(env(&[("LOCAL_RANK", "x")])), None);
+    }
+}

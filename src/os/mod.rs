@@ -1,0 +1,14 @@
+//! Operating-system calls behind one door (as mio keeps `sys/`): the layers above use these
+//! helpers and make no `libc` call of their own for them.
+//!
+//! - [`shm`]: POSIX shared-memory segments (`shm_open` + `mmap`);
+//! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
+//! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
+//! - [`process`]: the host name and whether a pid is alive;
+//! - [`launcher`]: the launcher's variables that place a process on its node.
+
+pub mod cleanup;
+pub mod launcher;
+pub mod process;
+pub mod shm;
+pub mod wait;

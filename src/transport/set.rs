@@ -1,0 +1,84 @@
+//! The transports a cache is handed: at most one per memory kind, each given ready or made on
+//! first use (so a host-only program never loads the CUDA driver).
+//!
+//! The exchange only sees [`Transport`]s; which concrete transports exist is decided by the layer
+//! that builds the cache (`crate::default_transports`, the C layer, a program of its own).
+
+use super::{MemKind, Transport};
+use crate::error::{Error, Result};
+use once_cell::sync::OnceCell;
+use std::sync::Arc;
+
+/// Makes a transport the first time its memory kind is used.
+pub type TransportFactory = Box<dyn Fn() -> Result<Arc<dyn Transport>> + Send + Sync>;
+
+const KINDS: usize = 2;
+
+fn index(kind: MemKind) -> usize {
+    match kind {
+        MemKind::Device => 0,
+        MemKind::Host => 1,
+    }
+}
+
+/// At most one transport per memory kind.
+#[derive(Default)]
+pub struct Transports {
+    ready: [OnceCell<Arc<dyn Transport>>; KINDS],
+    on_first_use: [Option<TransportFactory>; KINDS],
+}
+
+impl Transports {
+    /// The given transports; `InvalidArgument` when two are of one memory kind.
+    pub fn of(list: Vec<Arc<dyn Transport>>) -> Result<Transports> {
+        let set = Transports::default();
+        for t in list {
+            let kind = t.kind();
+            if set.ready[index(kind)].set(t).is_err() {
+                return Err(Error::invalid(format!(
+                    "two transports given for {} memory",
+                    kind.name()
+                )));
+            }
+        }
+        Ok(set)
+    }
+
+    /// Adds, or replaces, the transport of its memory kind.
+    pub fn set(&mut self, t: Arc<dyn Transport>) {
+        let i = index(t.kind());
+        self.ready[i] = OnceCell::with_value(t);
+        self.on_first_use[i] = None;
+    }
+
+    /// Makes the transport of `kind` with `make` when first needed, unless one is given.
+    pub fn set_on_first_use(&mut self, kind: MemKind, make: TransportFactory) {
+        self.on_first_use[index(kind)] = Some(make);
+    }
+
+    /// The transport of `kind`, if it exists already.
+    pub fn get(&self, kind: MemKind) -> Option<&Arc<dyn Transport>> {
+        self.ready[index(kind)].get()
+    }
+
+    /// The transport of `kind`, made now when it is made on first use; `Unsupported` when there
+    /// is none for `kind`.
+    pub fn get_or_make(&self, kind: MemKind) -> Result<&Arc<dyn Transport>> {
+        let cell = &self.ready[index(kind)];
+        if let Some(t) = cell.get() {
+            return Ok(t);
+        }
+        match &self.on_first_use[index(kind)] {
+            Some(make) => cell.get_or_try_init(make),
+            None => Err(Error::unsupported(format!(
+                "this cache has no {} transport",
+                kind.name()
+            ))),
+        }
+    }
+
+    /// The transports that exist now.
+    pub fn existing(&self) -> impl Iterator<Item = &Arc<dyn Transport>> {
+        self.ready.iter().filter_map(OnceCell::get)
+    }
+}
