@@ -7,7 +7,7 @@
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);
 //! - [`transport`]: the contract between the exchange and the memory transports;
 //! - [`cuda`] and [`host`]: the device and host transports, implementing that contract;
-//! - [`barrier`], [`env`] and [`context`]: barriers, who we are and which store we use;
+//! - [`barrier`], [`env`](mod@env) and [`context`]: barriers, who we are and which store we use;
 //! - [`exchange`]: epoch-keyed handle exchange and the handle cache, over the contract only;
 //! - [`default_transports`]: hands a cache the library's own transports;
 //! - [`ffi`]: the thin C ABI over all of the above.

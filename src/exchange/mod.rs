@@ -1,23 +1,32 @@
 //! Handle exchange between ranks, over the transport contract ([`crate::transport`]) and a
 //! [`Store`](crate::store::Store); it never names a concrete transport.
 //!
-//! - [`channel`]: requests, channels, and the store keys derived from them;
+//! - [`request`]: requests, the channels they name, and their board fingerprints;
 //! - [`board`]: the node-local shared-memory board of per-channel steps and versions;
 //! - [`peers`]: which peers share this node, learnt once per peer through the store;
-//! - [`cache`]: [`HandleCache`], the exchange protocol and its cache;
+//! - [`cache`]: [`HandleCache`], its channel table (`channel`), settings (`settings`), and the
+//!   parts of a call that hold the table's lock;
+//! - `protocol`: the exchange protocol of one call, with its one wait routine (`deadline`: the
+//!   call's timeout and when it runs out);
+//! - `teardown`: closing a cache without freeing what a peer may still map;
 //! - [`retain`]: replaced peer mappings a cache keeps mapped for buffers carved again from them;
 //! - [`stats`]: the cache's counters.
 
 pub mod board;
 pub mod cache;
-pub mod channel;
+mod channel;
 mod collector;
+mod deadline;
 pub mod peers;
+mod protocol;
+pub mod request;
 pub mod retain;
+mod settings;
 pub mod stats;
+mod teardown;
 
 pub use crate::transport::record::{HandleType, Record};
 pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};
 pub use cache::{CacheConfig, HandleCache};
-pub use channel::{Direction, Request};
+pub use request::{ChannelKey, Direction, Request};
 pub use stats::CacheStats;

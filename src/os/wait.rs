@@ -1,31 +1,65 @@
 //! Bounded waiting on values in shared memory: spin briefly (the common case is a peer that is a
 //! few hundred nanoseconds behind), then yield, then sleep with a growing interval capped at
-//! [`MAX_SLEEP`], always bounded by a deadline. No wake-up call is needed from the writer.
+//! [`MAX_SLEEP`], always bounded by a deadline. No wake-up call is needed from the writer. Slower
+//! waits (a peer closing) use the same routine at the [`SLEEPING`] pace.
 
 use std::time::{Duration, Instant};
 
-const SPINS: u32 = 2_000;
-const YIELDS: u32 = 200;
-/// Longest sleep between two checks, which bounds the extra latency of a slow wait.
+/// How a wait polls: spins, then yields, then sleeps growing from `first_sleep` to `max_sleep`.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    pub spins: u32,
+    pub yields: u32,
+    pub first_sleep: Duration,
+    pub max_sleep: Duration,
+}
+
+/// Longest sleep between two checks of [`wait_until`], which bounds the extra latency of a slow
+/// wait.
 pub const MAX_SLEEP: Duration = Duration::from_micros(500);
 
-/// Calls `ready` until it returns `Some` or `timeout` has passed (then `None`). With a zero
-/// timeout `ready` is checked exactly once.
-pub fn wait_until<T>(timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+/// For a value a peer is about to write: spin briefly, then yield, then sleep up to [`MAX_SLEEP`].
+pub const SHARED_MEMORY: Pace = Pace {
+    spins: 2_000,
+    yields: 200,
+    first_sleep: Duration::from_micros(10),
+    max_sleep: MAX_SLEEP,
+};
+
+/// For what takes milliseconds (a peer closing its cache): sleep at once, up to 5 ms.
+pub const SLEEPING: Pace = Pace {
+    spins: 0,
+    yields: 0,
+    first_sleep: Duration::from_micros(50),
+    max_sleep: Duration::from_millis(5),
+};
+
+/// Calls `ready` until it returns `Some` or `timeout` has passed (then `None`), at the
+/// [`SHARED_MEMORY`] pace. With a zero timeout `ready` is checked exactly once.
+pub fn wait_until<T>(timeout: Duration, ready: impl FnMut() -> Option<T>) -> Option<T> {
+    wait_paced(SHARED_MEMORY, timeout, ready)
+}
+
+/// [`wait_until`] at another pace. The one place where "a zero timeout checks once" is made.
+pub fn wait_paced<T>(
+    pace: Pace,
+    timeout: Duration,
+    mut ready: impl FnMut() -> Option<T>,
+) -> Option<T> {
     if let Some(v) = ready() {
         return Some(v);
     }
     if timeout.is_zero() {
         return None;
     }
-    for _ in 0..SPINS {
+    for _ in 0..pace.spins {
         std::hint::spin_loop();
         if let Some(v) = ready() {
             return Some(v);
         }
     }
     let deadline = Instant::now() + timeout;
-    for _ in 0..YIELDS {
+    for _ in 0..pace.yields {
         std::thread::yield_now();
         if let Some(v) = ready() {
             return Some(v);
@@ -34,14 +68,14 @@ pub fn wait_until<T>(timeout: Duration, mut ready: impl FnMut() -> Option<T>) ->
             return None;
         }
     }
-    let mut sleep = Duration::from_micros(10);
+    let mut sleep = pace.first_sleep;
     loop {
         let now = Instant::now();
         if now >= deadline {
             return ready();
         }
         std::thread::sleep(sleep.min(deadline - now));
-        sleep = (sleep * 2).min(MAX_SLEEP);
+        sleep = (sleep * 2).min(pace.max_sleep);
         if let Some(v) = ready() {
             return Some(v);
         }

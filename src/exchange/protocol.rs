@@ -1,0 +1,626 @@
+//! The exchange protocol of one call, steps 2 to 4 (step 1 and the commit are the cache's).
+//!
+//! Per channel (see [`request`](super::request)) every rank keeps a buffer *version* (bumped when
+//! the resolved identity of its buffer changes) and a *step* (how many `exchange_handles` calls
+//! included the channel). One call:
+//!
+//! 1. resolves every request to its allocation and bumps step (and version, on change);
+//! 2. when its version changed since it last published, sends its new records with one
+//!    `multi_set` (fire-and-forget; the key contains the version, so it can never overwrite an
+//!    unread one), then publishes `(step, version)` on its node-local [board](super::board);
+//! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
+//!    version for that step: both ranks now agree on what changed, without a barrier;
+//! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
+//!    it has opened, imports them, publishes the versions it opened on the board, and waits until
+//!    the peer has opened every buffer this rank published (so when the call returns both sides
+//!    hold each other's current buffers; then the replaced mappings are released: a release
+//!    never waits for device work, the device transport closes them on its releaser thread once
+//!    the work queued before the release has finished, and when more than its bound of one peer's
+//!    mappings wait the call waits for the releaser, bounded by its timeout);
+//! 5. hands the keys it has read to a background thread that deletes them from the store.
+//!
+//! A hit on both sides costs a few shared-memory loads and no store operation, and neither
+//! allocates nor makes a syscall (per-call buffers are reused per thread; channels are found by
+//! their board fingerprint; the clock is read only when a peer is not there yet). A miss costs at
+//! most one `multi_set` and one `multi_get`. A call that times out because a peer is not there
+//! yet (it has not reached the same step, or has not opened this rank's new buffer) leaves its
+//! channels suspended in that step, so a zero timeout checks once: calling again with the same
+//! batch (same buffers) resumes the step where it stopped, and the peer never notices. Any other
+//! failure (a peer that closed or died, a bad record, a store error) poisons the channels of its
+//! batch: later calls on them fail with `InvalidState` (create a new cache).
+
+use super::board::PeerBoard;
+use super::cache::HandleCache;
+use super::channel::{ChannelInfo, Imported, PeerLink};
+use super::deadline::Deadline;
+use super::stats::bump;
+use crate::error::{Error, Result, Status};
+use crate::names::board_name;
+use crate::os::wait::wait_until;
+use crate::sync::lock;
+use crate::transport::record::{self, flags, local_host, Record};
+use crate::transport::{ExportedHandle, LocalBuffer, MemKind};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Work of one request in one call. What the channel is comes through one `Arc`; its peer link
+/// is moved in and back; the rest is this call's own.
+pub(super) struct Item {
+    pub channel: usize,
+    pub ch: Arc<ChannelInfo>,
+    pub step: u64,
+    pub version: u64,
+    pub local: LocalBuffer,
+    /// This call sends new records (the channel's version changed since it last published).
+    pub publish: bool,
+    pub peer_opened: u64,
+    pub link: PeerLink,
+    pub peer_version: u64,
+    /// Still waited for by the current wait (peer's step, then peer's open).
+    pub waiting: bool,
+    /// Resuming a suspended step: its records are already in the store.
+    pub sent: bool,
+    /// Resuming a suspended step: the peer's buffer, already opened then.
+    pub staged: Option<Imported>,
+}
+
+/// Why a call's steps 2-4 failed: a peer not there in time (the step can be resumed), or
+/// anything else (the channels are poisoned).
+pub(super) enum RunError {
+    NotReady(Error, Vec<Option<Imported>>),
+    Fatal(Error),
+}
+
+impl RunError {
+    fn classify(e: Error, staged: Vec<Option<Imported>>) -> RunError {
+        if e.status == Status::Timeout {
+            RunError::NotReady(e, staged)
+        } else {
+            RunError::Fatal(e)
+        }
+    }
+}
+
+/// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
+/// syscall): past the spin phase of `wait_until`, so a peer a few microseconds late costs none.
+const FIRST_LIVENESS_POLL: u32 = 2048;
+/// Polls between two liveness checks after that (about 100 ms once sleeping).
+const LIVENESS_EVERY: u32 = 256;
+
+fn liveness_check_due(polls: u32) -> bool {
+    polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
+}
+
+/// What a peer was awaited for when it closed or exited (for messages).
+#[derive(Clone, Copy)]
+enum Stage {
+    Step,
+    Open,
+}
+
+impl HandleCache {
+    /// Steps 2-4, without the state lock. Returns the new peer mappings by item index.
+    pub(super) fn run(
+        &self,
+        items: &mut [Item],
+        deadline: &mut Deadline,
+    ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
+        // A channel that has not found its peer's board yet may have a peer that can never
+        // have one here (another host or container): refuse it before anything is published.
+        // A board found on this node's /dev/shm settles it (an IPC namespace it does not share
+        // is still refused when its records are imported); so the lookup, one store round trip,
+        // happens only for a peer whose board is not there yet.
+        let mut unknown: Vec<usize> = Vec::new();
+        for it in items.iter_mut().filter(|it| it.link.board.is_none()) {
+            if self.peer_nodes.known(it.ch.peer) {
+                continue;
+            }
+            match self.peer_board(it.ch.peer) {
+                Ok(Some(board)) => it.link.board = Some(board),
+                _ => unknown.push(it.ch.peer),
+            }
+        }
+        if !unknown.is_empty() {
+            bump(&self.counters.peer_lookups, 1);
+            self.peer_nodes
+                .check(&*self.cfg.store, &unknown, deadline.remaining())
+                .map_err(|e| RunError::classify(e, Vec::new()))?;
+        }
+        // Records go out before the step is visible on the board: a peer that sees the step
+        // knows the records are already on their way to the store, so its multi_get never waits
+        // on this rank's progress (which matters when several threads share one store client).
+        self.send_records(items).map_err(RunError::Fatal)?;
+        for it in items.iter_mut() {
+            it.sent = true;
+        }
+        for it in items.iter() {
+            self.board.publish(it.ch.entry, it.step, it.version);
+        }
+        if let Err(e) = self.wait_peers(items, deadline) {
+            let staged = items.iter_mut().map(|it| it.staged.take()).collect();
+            return Err(RunError::classify(e, staged));
+        }
+        let imports = match self.fetch_records(items, deadline) {
+            Ok(imports) => imports,
+            Err(e) if e.status == Status::Timeout => {
+                // Records are sent without waiting for the store's reply, so a peer's step can be
+                // visible before its records are: a zero timeout may miss them. Retryable.
+                let staged = items.iter_mut().map(|it| it.staged.take()).collect();
+                return Err(RunError::NotReady(e, staged));
+            }
+            Err(e) => {
+                for it in items.iter_mut() {
+                    if let Some(imp) = it.staged.take() {
+                        self.release_mapping(imp.kind, &imp.mapping);
+                    }
+                }
+                return Err(RunError::Fatal(e));
+            }
+        };
+        for (it, imp) in items.iter().zip(&imports) {
+            if imp.is_some() {
+                self.board.publish_opened(it.ch.entry, it.peer_version);
+            }
+        }
+        if let Err(e) = self.wait_opened(items, deadline) {
+            if e.status == Status::Timeout {
+                return Err(RunError::NotReady(e, imports));
+            }
+            self.release_imports(imports);
+            return Err(RunError::Fatal(e));
+        }
+        Ok(imports)
+    }
+
+    fn send_records(&self, items: &[Item]) -> Result<()> {
+        let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
+        for it in items.iter().filter(|it| it.publish && !it.sent) {
+            let rec = self.make_record(it).map_err(|e| {
+                e.context(format!(
+                    "rank {}: exporting the buffer of {}",
+                    self.cfg.rank, it.ch.key
+                ))
+            })?;
+            let key =
+                it.ch
+                    .key
+                    .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version);
+            pairs.push((key, rec.encode()));
+        }
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<(&str, &[u8])> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        bump(&self.counters.store_round_trips, 1);
+        self.cfg.store.multi_set(&refs).map_err(|e| {
+            e.context(format!(
+                "rank {}: publishing {} record(s) (first key {})",
+                self.cfg.rank,
+                pairs.len(),
+                pairs[0].0
+            ))
+        })?;
+        bump(&self.counters.records_sent, pairs.len() as u64);
+        let bytes: usize = pairs.iter().map(|(_, v)| v.len()).sum();
+        bump(&self.counters.record_bytes_sent, bytes as u64);
+        Ok(())
+    }
+
+    fn make_record(&self, it: &Item) -> Result<Record> {
+        let t = self
+            .transport(it.ch.kind)
+            .expect("channel kinds have transports");
+        let handle = t.export(&it.local)?;
+        let slab = t.semaphores().export()?;
+        let host = local_host();
+        Ok(Record {
+            handle_type: handle.handle_type,
+            flags: if it.ch.kind == MemKind::Device {
+                flags::DEVICE
+            } else {
+                0
+            },
+            offset: it.local.offset(),
+            bytes: it.local.bytes,
+            alloc_bytes: it.local.alloc_bytes,
+            buffer_id: it.local.buffer_id,
+            host_id: host.id,
+            version: it.version,
+            device_uuid: it.local.device_uuid,
+            pid: std::process::id(),
+            rank: self.cfg.rank as u32,
+            host_name: record::to_fixed(&host.name).unwrap_or([0; record::HOST_NAME_LEN]),
+            payload: handle.payload,
+            sem_type: slab.handle_type,
+            sem_slot: it.ch.slot,
+            sem_payload: slab.payload,
+        })
+    }
+
+    pub(super) fn peer_board(&self, peer: usize) -> Result<Option<Arc<PeerBoard>>> {
+        if let Some(b) = lock(&self.peer_boards).get(&peer) {
+            return Ok(Some(b.clone()));
+        }
+        let name = board_name(&self.cfg.job_id, &self.cfg.scope, peer);
+        let Some(board) = PeerBoard::try_open(&name, peer)? else {
+            return Ok(None);
+        };
+        let board = Arc::new(board);
+        lock(&self.peer_boards).insert(peer, board.clone());
+        Ok(Some(board))
+    }
+
+    /// Waits, within `deadline`, until `ready` holds for every item marked `waiting`, clearing
+    /// the mark of each that gets ready. Now and then (about every 100 ms once sleeping) it makes
+    /// sure the awaited peers still exist and have not closed their caches, so a crashed or
+    /// closed peer is reported at once rather than at the timeout. Returns whether every item got
+    /// ready; `false` when the deadline ran out (the items still marked are the late ones).
+    fn wait_items(
+        &self,
+        items: &mut [Item],
+        stage: Stage,
+        deadline: &mut Deadline,
+        mut ready: impl FnMut(&Self, &mut Item) -> Result<bool>,
+    ) -> Result<bool> {
+        let mut left = items.iter().filter(|it| it.waiting).count();
+        if left == 0 {
+            return Ok(true);
+        }
+        let mut error: Option<Error> = None;
+        let mut polls: u32 = 0;
+        let mut poll = || {
+            polls = polls.wrapping_add(1);
+            // Checked before the entries: what a peer published before it closed or exited is
+            // visible once its `closed` flag or its death is, and then it is no failure.
+            let gone = if liveness_check_due(polls) {
+                self.gone_peer(items, stage)
+            } else {
+                None
+            };
+            for it in items.iter_mut().filter(|it| it.waiting) {
+                match ready(self, it) {
+                    Ok(true) => {
+                        it.waiting = false;
+                        left -= 1;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            if error.is_none() {
+                error = gone.and_then(|(i, e)| items[i].waiting.then_some(e));
+            }
+            (left == 0 || error.is_some()).then_some(())
+        };
+        // Peers usually are there already: then the clock is never read.
+        let done = match poll() {
+            Some(()) => Some(()),
+            None => wait_until(deadline.remaining(), &mut poll),
+        };
+        if let Some(e) = error {
+            return Err(e);
+        }
+        // A wait that timed out may have seen the last item get ready in its final check.
+        Ok(done.is_some() || items.iter().all(|it| !it.waiting))
+    }
+
+    /// Step 3: waits until every peer has reached this call's step on its channel, and reads
+    /// the peer's version for that step.
+    fn wait_peers(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
+        for it in items.iter_mut() {
+            it.waiting = true;
+        }
+        let rank = self.cfg.rank;
+        let all_there = self.wait_items(items, Stage::Step, deadline, |cache, it| {
+            if it.link.board.is_none() {
+                it.link.board = cache
+                    .peer_board(it.ch.peer)
+                    .map_err(|e| e.context(format!("rank {rank}")))?;
+            }
+            let Some(board) = &it.link.board else {
+                return Ok(false);
+            };
+            if it.link.entry.is_none() {
+                it.link.entry = board.find(it.ch.fp);
+            }
+            let Some(entry) = it.link.entry else {
+                return Ok(false);
+            };
+            match board.read(entry, it.step) {
+                Some(v) => {
+                    it.peer_version = v;
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        })?;
+        if all_there {
+            return Ok(());
+        }
+        let pending = items.iter().filter(|it| it.waiting).count();
+        let it = items
+            .iter()
+            .find(|it| it.waiting)
+            .expect("a wait that timed out left an item pending");
+        let name = board_name(&self.cfg.job_id, &self.cfg.scope, it.ch.peer);
+        let seen = match (self.peer_board(it.ch.peer), it.link.entry) {
+            (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
+            (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
+            _ => "its board does not exist yet (has it created its cache?)".to_string(),
+        };
+        Err(Error::timeout(format!(
+            "rank {} timed out after {:?} waiting for peer rank {} on {} at step {}: board \
+             entry {} of {} not at step {} ({seen}); {} other channel(s) also pending. Does \
+             rank {} call exchange_handles with the matching request?",
+            self.cfg.rank,
+            deadline.timeout(),
+            it.ch.peer,
+            it.ch.key,
+            it.step,
+            it.ch.key.describe(),
+            name,
+            it.step,
+            pending - 1,
+            it.ch.peer,
+        )))
+    }
+
+    /// Step 4b: for every channel where this rank published a new buffer, waits until the peer
+    /// has opened it. So when a call returns, both sides hold handles to each other's current
+    /// buffers, and the exporter may free an old buffer without racing the peer's open.
+    fn wait_opened(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
+        for it in items.iter_mut() {
+            it.waiting = it.publish;
+        }
+        let all_opened = self.wait_items(items, Stage::Open, deadline, |_, it| {
+            Ok(match (&it.link.board, it.link.entry) {
+                (Some(b), Some(e)) => b.opened(e) >= it.version,
+                _ => false,
+            })
+        })?;
+        if all_opened {
+            return Ok(());
+        }
+        let it = items
+            .iter()
+            .find(|it| it.waiting)
+            .expect("a wait that timed out left an item pending");
+        let opened = match (&it.link.board, it.link.entry) {
+            (Some(b), Some(e)) => b.opened(e),
+            _ => 0,
+        };
+        Err(Error::timeout(format!(
+            "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this \
+             rank's buffer on {} at step {} (board entry {} of {} shows version {opened} \
+             opened; key {:?}); did the peer fail in exchange_handles?",
+            self.cfg.rank,
+            deadline.timeout(),
+            it.ch.peer,
+            it.version,
+            it.ch.key,
+            it.step,
+            it.ch.key.describe(),
+            board_name(&self.cfg.job_id, &self.cfg.scope, it.ch.peer),
+            it.ch
+                .key
+                .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version),
+        )))
+    }
+
+    /// The first pending item whose peer has closed its cache or exited, with an error naming
+    /// the peer and what this rank was waiting for.
+    fn gone_peer(&self, items: &[Item], stage: Stage) -> Option<(usize, Error)> {
+        items.iter().enumerate().find_map(|(i, it)| {
+            if !it.waiting {
+                return None;
+            }
+            let board = it.link.board.as_ref()?;
+            let closed = board.closed();
+            if !closed && board.owner_alive() {
+                return None;
+            }
+            let waited_for = match stage {
+                Stage::Step => format!("reaching step {} on {}", it.step, it.ch.key),
+                Stage::Open => format!(
+                    "opening version {} of this rank's buffer on {} at step {}",
+                    it.version, it.ch.key, it.step
+                ),
+            };
+            let (who, pid) = (it.ch.peer, board.owner_pid());
+            let err = if closed {
+                Error::state(format!(
+                    "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
+                     a closed cache takes no part in exchanges (create new caches on both ranks)",
+                    self.cfg.rank
+                ))
+            } else {
+                Error::io(format!(
+                    "rank {}: peer rank {who} (pid {pid}) exited before {waited_for}",
+                    self.cfg.rank
+                ))
+            };
+            Some((i, err))
+        })
+    }
+
+    /// Refuses to import a record of a peer that has closed its cache: it may free that memory
+    /// as soon as the ranks it waits for have closed.
+    fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
+        match &it.link.board {
+            Some(b) if b.closed() => Err(Error::state(format!(
+                "rank {}: peer rank {} (pid {}) closed its cache before this rank opened its \
+                 record {key:?} for {}; a closed cache takes no part in exchanges (create new \
+                 caches on both ranks)",
+                self.cfg.rank,
+                it.ch.peer,
+                b.owner_pid(),
+                it.ch.key
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Step 4: fetches and imports the records of peers whose version changed.
+    /// Returns the imports by item index; empty (nothing imported) when every peer is cached.
+    fn fetch_records(
+        &self,
+        items: &mut [Item],
+        deadline: &mut Deadline,
+    ) -> Result<Vec<Option<Imported>>> {
+        if items
+            .iter()
+            .all(|it| it.peer_version == it.peer_opened && it.staged.is_none())
+        {
+            return Ok(Vec::new());
+        }
+        let mut imports: Vec<Option<Imported>> = items.iter().map(|_| None).collect();
+        // A resumed step already opened these (the peer's version at a step never changes).
+        for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
+            if it.staged.is_some() {
+                *imp = it.staged.take();
+            }
+        }
+        let wanted: Vec<usize> = (0..items.len())
+            .filter(|&i| items[i].peer_version != items[i].peer_opened && imports[i].is_none())
+            .collect();
+        if wanted.is_empty() {
+            return Ok(imports);
+        }
+        let keys: Vec<String> = wanted
+            .iter()
+            .map(|&i| {
+                let it = &items[i];
+                it.ch.key.record_key(
+                    &self.cfg.job_id,
+                    &self.cfg.scope,
+                    it.ch.peer,
+                    it.peer_version,
+                )
+            })
+            .collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        bump(&self.counters.store_round_trips, 1);
+        let remaining = deadline.remaining();
+        let fetched = self.cfg.store.multi_get(&key_refs, remaining);
+        if fetched.is_err() {
+            // What a resumed step had opened goes back to its item: a timeout suspends the step
+            // with it, any other failure releases it.
+            for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
+                if imp.is_some() {
+                    it.staged = imp.take();
+                }
+            }
+        }
+        let values = fetched.map_err(|e| {
+            let it = &items[wanted[0]];
+            Error::new(
+                e.status,
+                format!(
+                    "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
+                     first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
+                    self.cfg.rank,
+                    keys.len(),
+                    deadline.timeout(),
+                    it.ch.peer,
+                    it.ch.key,
+                    it.step,
+                    it.peer_version,
+                    keys[0],
+                    e.message
+                ),
+            )
+        })?;
+        if values.len() != keys.len() {
+            return Err(Error::protocol(format!(
+                "rank {}: the store returned {} values for {} keys",
+                self.cfg.rank,
+                values.len(),
+                keys.len()
+            )));
+        }
+        self.collector_delete(keys.clone());
+        let wait = deadline.remaining();
+        for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
+            let imported = self
+                .refuse_closed_peer(&items[i], key)
+                .and_then(|()| self.import(&items[i], value, key, wait));
+            match imported {
+                Ok(imp) => imports[i] = Some(imp),
+                Err(e) => {
+                    self.release_imports(imports);
+                    return Err(e);
+                }
+            }
+        }
+        bump(&self.counters.records_received, wanted.len() as u64);
+        Ok(imports)
+    }
+
+    fn collector_delete(&self, keys: Vec<String>) {
+        lock(&self.collector).delete(keys);
+    }
+
+    fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
+        let ctx = || {
+            format!(
+                "rank {}: record {key:?} of peer rank {} for {}",
+                self.cfg.rank, it.ch.peer, it.ch.key
+            )
+        };
+        let rec = Record::decode(value).map_err(|e| e.context(ctx()))?;
+        if rec.rank as usize != it.ch.peer || rec.version != it.peer_version {
+            return Err(Error::protocol(format!(
+                "{}: holds rank {} version {}, expected rank {} version {}",
+                ctx(),
+                rec.rank,
+                rec.version,
+                it.ch.peer,
+                it.peer_version
+            )));
+        }
+        let is_device = rec.flags & flags::DEVICE != 0;
+        if is_device != (it.ch.kind == MemKind::Device) {
+            return Err(Error::invalid(format!(
+                "{}: the peer's buffer is {} memory but this rank's is {}: both sides of a \
+                 channel must use the same memory kind",
+                ctx(),
+                if is_device { "device" } else { "host" },
+                it.ch.kind.name()
+            )));
+        }
+        let t = self
+            .transport(it.ch.kind)
+            .expect("channel kinds have transports");
+        let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
+        bump(&self.counters.opens, 1);
+        Ok(Imported {
+            kind: it.ch.kind,
+            mapping,
+            bytes: rec.bytes,
+            sem_handle: ExportedHandle {
+                handle_type: rec.sem_type,
+                payload: rec.sem_payload,
+            },
+            sem_slot: rec.sem_slot,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_checked_for_liveness_only_past_the_spin_phase() {
+        assert!(!(0..FIRST_LIVENESS_POLL).any(liveness_check_due));
+        assert!(liveness_check_due(FIRST_LIVENESS_POLL));
+        assert!(!liveness_check_due(FIRST_LIVENESS_POLL + 1));
+        assert!(liveness_check_due(FIRST_LIVENESS_POLL + LIVENESS_EVERY));
+    }
+}
