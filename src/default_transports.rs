@@ -40,3 +40,19 @@ pub fn cache_from_context(ctx: &Context) -> Result<HandleCache> {
     crate::host::alloc::set_default_job(ctx.job_id());
     cache(CacheConfig::from_context(ctx))
 }
+
+/// Written here rather than beside `CacheConfig`, so that the exchange does not depend on the
+/// context.
+impl CacheConfig {
+    /// The configuration of `ctx` (its rank, world, store, job id and timeout), scope "".
+    pub fn from_context(ctx: &Context) -> CacheConfig {
+        CacheConfig {
+            rank: ctx.rank(),
+            world_size: ctx.world_size(),
+            store: ctx.store().clone(),
+            job_id: ctx.job_id().to_string(),
+            scope: String::new(),
+            timeout: ctx.timeout(),
+        }
+    }
+}

@@ -28,6 +28,8 @@ pub mod node;
 pub mod os;
 pub mod store;
 mod sync;
+#[doc(hidden)]
+pub mod test_support;
 pub mod transport;
 
 pub use error::{Error, Result, Status};

@@ -882,8 +882,8 @@ fn warm(r: Rank) {
 /// Both ranks send device buffers to each other with the device get-zcopy primitives; rank 0
 /// replaces its send buffer every other step.
 fn device(r: Rank) {
-    use nvfuser_ipc::cuda::buffer::{DeviceBuffer, DeviceStream};
     use nvfuser_ipc::cuda::p2p::{channel_recv_post, channel_send_post, channel_send_wait};
+    use nvfuser_ipc::test_support::device_buffer::{DeviceBuffer, DeviceStream};
     const N: u64 = 1 << 16;
     let peer = 1 - r.rank;
     let stream = DeviceStream::new().unwrap();

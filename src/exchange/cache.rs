@@ -17,7 +17,6 @@ use super::protocol::{Item, RunError};
 use super::request::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::settings::Settings;
 use super::stats::{bump, CacheStats, Counters};
-use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::names::board_name;
 use crate::node::PeerProcess;
@@ -46,20 +45,6 @@ pub struct CacheConfig {
     pub scope: String,
     /// Bound of every wait of an exchange (board and store).
     pub timeout: Duration,
-}
-
-impl CacheConfig {
-    /// The configuration of `ctx` (its rank, world, store, job id and timeout), scope "".
-    pub fn from_context(ctx: &Context) -> CacheConfig {
-        CacheConfig {
-            rank: ctx.rank(),
-            world_size: ctx.world_size(),
-            store: ctx.store().clone(),
-            job_id: ctx.job_id().to_string(),
-            scope: String::new(),
-            timeout: ctx.timeout(),
-        }
-    }
 }
 
 /// Buffers of one call, kept per thread and reused, so a warm exchange allocates nothing.

@@ -1,5 +1,5 @@
 //! nvFuser's zero-copy "get" protocol on host memory, with epoch-valued semaphores
-//! (see `exchange::epoch`):
+//! (see `transport::epoch`):
 //!
 //! - [`send_post`] (sender): "transfer `n` is ready" into the receiver's semaphore;
 //! - [`recv_post`] (receiver): wait for it, pull the bytes from the sender's buffer into the local

@@ -2,11 +2,11 @@
 //! one type so that the ring logic does not care where the bytes live.
 
 use crate::args::UsageError;
-use nvfuser_ipc::cuda::buffer::{DeviceBuffer, DeviceStream};
 use nvfuser_ipc::cuda::driver::{self, ContextGuard};
 use nvfuser_ipc::cuda::p2p;
 use nvfuser_ipc::exchange::{MemKind, P2pHandles};
 use nvfuser_ipc::host::{self, HostBuffer};
+use nvfuser_ipc::test_support::device_buffer::{DeviceBuffer, DeviceStream};
 use nvfuser_ipc::{Error, Result};
 use std::time::Duration;
 

@@ -6,8 +6,8 @@
 //! context, see [`driver::ensure_context`]); buffers and streams remember their context and use
 //! it again when they are dropped.
 
-use super::driver::{self, check, Context, ContextGuard};
-use super::p2p::Stream;
+use crate::cuda::driver::{self, check, Context, ContextGuard};
+use crate::cuda::p2p::Stream;
 use crate::error::{Error, Result, Status};
 use cudarc::driver::sys;
 use once_cell::sync::OnceCell;
