@@ -28,7 +28,9 @@ pub struct Driver {
     pub version: i32,
 }
 
-/// Every driver symbol this crate calls (cudarc's loader panics on a missing one).
+/// Every driver symbol this crate calls, the one list (cudarc's loader panics on a missing one).
+/// The last three serve only `test_support`'s device buffers; every driver since CUDA 4 has
+/// them, so requiring them turns no supported driver away.
 const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
     "cuDriverGetVersion",
@@ -60,6 +62,9 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamSynchronize",
     "cuStreamWriteValue32_v2",
     "cuStreamWaitValue32_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuStreamQuery",
 ];
 
 /// Oldest driver with the v2 stream memory operations (enabled by default on all platforms).
@@ -184,11 +189,13 @@ pub fn check(rc: sys::CUresult, call: &str) -> Result<()> {
     if rc == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(Error::new(
-            Status::Cuda,
-            format!("{call} failed: {}", describe(rc)),
-        ))
+        Err(error(rc, call))
     }
+}
+
+/// The [`Status::Cuda`] error of `call` failing with `rc`.
+pub fn error(rc: sys::CUresult, call: &str) -> Error {
+    Error::new(Status::Cuda, format!("{call} failed: {}", describe(rc)))
 }
 
 /// A CUDA context handle. Contexts are process-wide objects usable from any thread, so the
@@ -220,8 +227,7 @@ impl Context {
     /// Waits for all work in this context (`cuCtxSynchronize` with the context current).
     pub fn synchronize(self) -> Result<()> {
         let _guard = ContextGuard::enter(self)?;
-        // SAFETY: no arguments; the context is current.
-        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+        super::result::ctx_synchronize().map_err(|rc| error(rc, "cuCtxSynchronize"))
     }
 }
 

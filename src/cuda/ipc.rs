@@ -30,9 +30,10 @@
 //! when an exporter frees earlier: the importer must read the old contents or get an error, never
 //! another allocation's data.
 
-use super::driver::{self, check, describe, Context, ContextGuard};
+use super::driver::{self, describe, Context, ContextGuard};
 use super::memory::DeviceAllocation;
 use super::release::{self as releaser, Job, Releaser, Revive};
+use super::result;
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use cudarc::driver::sys;
@@ -103,12 +104,8 @@ pub fn export(base: u64, buffer_id: u64) -> Result<HandleBytes> {
             return Ok(entry.handle);
         }
     }
-    let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
-    // SAFETY: valid out pointer; `base` is a device address the driver validates.
-    check(
-        unsafe { sys::cuIpcGetMemHandle(&mut handle, base) },
-        &format!("cuIpcGetMemHandle({base:#x})"),
-    )?;
+    let handle = result::ipc_get_mem_handle(base)
+        .map_err(|rc| driver::error(rc, &format!("cuIpcGetMemHandle({base:#x})")))?;
     let handle = handle.reserved.map(|b| b as u8);
     exports.insert(base, ExportEntry { buffer_id, handle });
     Ok(handle)
@@ -201,8 +198,7 @@ pub fn open(
             Revive::Absent => break,
         }
     }
-    // SAFETY: getpid has no preconditions.
-    let own_pid = unsafe { libc::getpid() } as u32;
+    let own_pid = std::process::id();
     if let Some(base) = own_base(handle) {
         imports.insert(
             key,
@@ -226,34 +222,16 @@ pub fn open(
     let raw = sys::CUipcMemHandle {
         reserved: handle.map(|b| b as std::ffi::c_char),
     };
-    let mut base: sys::CUdeviceptr = 0;
-    let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-    // SAFETY: valid out pointer; the handle is plain bytes the driver validates.
-    let rc = unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, raw, flags) };
+    let opened = result::ipc_open_mem_handle(raw);
     let who = match pid {
         Some(pid) => format!("rank {peer} (pid {pid})"),
         None => format!("rank {peer}"),
     };
-    if rc == sys::CUresult::CUDA_ERROR_ALREADY_MAPPED {
-        return Err(Error::state(format!(
-            "cuIpcOpenMemHandle: the allocation of {who} is already mapped in this process by \
-             other code (e.g. PyTorch's own IPC); one process must not open the same handle \
-             through two libraries ({})",
-            describe(rc)
-        )));
-    }
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::new(
-            crate::error::Status::Cuda,
-            format!(
-                "cuIpcOpenMemHandle for an allocation of {who} on device {} failed: {}; the \
-                 exporter may have exited or freed the buffer, or peer access between the devices \
-                 is impossible",
-                key.device,
-                describe(rc)
-            ),
-        ));
-    }
+    let base = match opened {
+        Ok(base) => base,
+        Err(rc) => return Err(open_error(rc, &who, key.device)),
+    };
+
     OPENS.fetch_add(1, Ordering::Relaxed);
     imports.insert(
         key,
@@ -267,6 +245,27 @@ pub fn open(
         base,
         device: key.device,
     })
+}
+
+/// The error of a failed `cuIpcOpenMemHandle` of `who`'s allocation on `device`.
+fn open_error(rc: sys::CUresult, who: &str, device: i32) -> Error {
+    if rc == sys::CUresult::CUDA_ERROR_ALREADY_MAPPED {
+        return Error::state(format!(
+            "cuIpcOpenMemHandle: the allocation of {who} is already mapped in this process by \
+             other code (e.g. PyTorch's own IPC); one process must not open the same handle \
+             through two libraries ({})",
+            describe(rc)
+        ));
+    }
+    Error::new(
+        crate::error::Status::Cuda,
+        format!(
+            "cuIpcOpenMemHandle for an allocation of {who} on device {device} failed: {}; the \
+             exporter may have exited or freed the buffer, or peer access between the devices \
+             is impossible",
+            describe(rc)
+        ),
+    )
 }
 
 /// Drops one reference taken by [`open`]. When it was the last one, the mapping is handed to the
@@ -350,13 +349,15 @@ fn close_mapping(peer: usize, mapped: Mapped) -> Result<()> {
     // once: its entry left the import table when its last reference went away, and the releaser
     // runs the close only for a job that `open` did not take back (it checks under its lock,
     // where `revive` marks a job, before it starts the close).
-    check(
-        unsafe { sys::cuIpcCloseMemHandle(mapped.base) },
-        &format!(
-            "cuIpcCloseMemHandle({:#x}) of rank {peer}'s allocation",
-            mapped.base
-        ),
-    )?;
+    unsafe { result::ipc_close_mem_handle(mapped.base) }.map_err(|rc| {
+        driver::error(
+            rc,
+            &format!(
+                "cuIpcCloseMemHandle({:#x}) of rank {peer}'s allocation",
+                mapped.base
+            ),
+        )
+    })?;
     CLOSES.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

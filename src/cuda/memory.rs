@@ -4,6 +4,7 @@
 //! [`DeviceAllocation`] or an error that says what the pointer is and what to do.
 
 use super::driver::{self, check};
+use super::result;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -106,17 +107,14 @@ pub fn query(ptr: u64) -> Result<PointerInfo> {
     let mut count = ATTRIBUTES.len();
     // SAFETY: `attrs` and `data` both have `count` entries; every data entry points to a zeroed
     // 8-byte slot, large enough for each requested attribute.
-    let mut rc = unsafe {
-        sys::cuPointerGetAttributes(count as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
-    };
-    if rc == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+    let mut rc = unsafe { result::pointer_get_attributes(count, &mut attrs, &mut data, ptr) };
+    if rc == Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE) {
         // An older driver that does not know the newer attributes: ask for the core set only.
         count = CORE_ATTRIBUTES;
         // SAFETY: as above, with the first `count` entries of both arrays.
-        rc = unsafe {
-            sys::cuPointerGetAttributes(count as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
-        };
+        rc = unsafe { result::pointer_get_attributes(count, &mut attrs, &mut data, ptr) };
     }
+    let rc = rc.err().unwrap_or(sys::CUresult::CUDA_SUCCESS);
     if rc == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT
         || rc == sys::CUresult::CUDA_ERROR_INVALID_VALUE
     {
@@ -144,15 +142,7 @@ pub fn query(ptr: u64) -> Result<PointerInfo> {
 
 /// True when `ptr` lies in a VMM mapping (the only memory `cuMemRetainAllocationHandle` accepts).
 fn is_vmm(ptr: u64) -> bool {
-    let mut handle: sys::CUmemGenericAllocationHandle = 0;
-    // SAFETY: valid out pointer; the driver only looks the address up.
-    let rc = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut c_void) };
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return false;
-    }
-    // SAFETY: the retain above succeeded, so this drops exactly the reference it took.
-    unsafe { sys::cuMemRelease(handle) };
-    true
+    result::is_vmm_address(ptr)
 }
 
 /// Decides whether `[info.ptr, info.ptr + bytes)` is exportable device memory.

@@ -1,4 +1,5 @@
-//! Everything that touches the CUDA driver: loading it ([`driver`]), inspecting device pointers
+//! Everything that touches the CUDA driver: loading it, its errors, contexts and devices
+//! ([`driver`]), the raw memory, IPC and stream calls made once each ([`result`]), inspecting device pointers
 //! ([`memory`]), legacy IPC export/import with dedup ([`ipc`]), the thread that closes replaced
 //! mappings without blocking the exchange on device work ([`release`]), the per-process semaphore slab
 //! ([`semaphore`]), the stream-ordered P2P protocol ([`p2p`]), and the device [`transport`] used by
@@ -10,5 +11,6 @@ pub mod ipc;
 pub mod memory;
 pub mod p2p;
 pub mod release;
+pub mod result;
 pub mod semaphore;
 pub mod transport;

@@ -18,6 +18,7 @@
 //! [`Status::Unsupported`](crate::error::Status::Unsupported).
 
 use super::driver::{self, describe};
+use super::result;
 use crate::error::{Error, Result, Status};
 use crate::transport::epoch::{done, posted};
 use crate::transport::MemKind;
@@ -78,26 +79,16 @@ fn memop_error(call: &str, rc: sys::CUresult, what: &str) -> Error {
 }
 
 fn write(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
-    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
     // SAFETY: `addr` is a device semaphore address from the cache (own slab or a mapped peer
     // slab); the driver validates the stream and the address.
-    let rc = unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), addr, value, flags) };
-    if rc == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(memop_error("cuStreamWriteValue32", rc, what))
-    }
+    unsafe { result::stream_write_value32(stream.raw(), addr, value) }
+        .map_err(|rc| memop_error("cuStreamWriteValue32", rc, what))
 }
 
 fn wait(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
-    let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
     // SAFETY: as in `write`.
-    let rc = unsafe { sys::cuStreamWaitValue32_v2(stream.raw(), addr, value, flags) };
-    if rc == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(memop_error("cuStreamWaitValue32", rc, what))
-    }
+    unsafe { result::stream_wait_value32_geq(stream.raw(), addr, value) }
+        .map_err(|rc| memop_error("cuStreamWaitValue32", rc, what))
 }
 
 fn prepare(ep: &Endpoint, transfer: u64) -> Result<()> {
@@ -140,10 +131,10 @@ pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()
     if bytes > 0 {
         // SAFETY: both ranges were resolved and checked against their allocations by the
         // exchange, and `bytes` fits both (checked above); the copy is ordered on `stream`.
-        let rc = unsafe {
-            sys::cuMemcpyDtoDAsync_v2(ep.local_ptr, ep.peer_ptr, bytes as usize, stream.raw())
+        let copied = unsafe {
+            result::memcpy_dtod_async(ep.local_ptr, ep.peer_ptr, bytes as usize, stream.raw())
         };
-        if rc != sys::CUresult::CUDA_SUCCESS {
+        if let Err(rc) = copied {
             return Err(Error::new(
                 Status::Cuda,
                 format!(

@@ -8,9 +8,10 @@
 //! write into it: the owner (the handle cache) drops it only after its teardown has waited for
 //! every peer it exchanged with to close its cache (or exit), and never when that wait times out.
 
-use super::driver::{self, check, Context, ContextGuard};
+use super::driver::{self, Context, ContextGuard};
 use super::ipc::{self, HandleBytes};
 use super::memory;
+use super::result;
 use crate::error::{Error, Result};
 use crate::transport::record::HandleType;
 use crate::transport::{
@@ -41,15 +42,11 @@ impl Allocation {
         let _guard = ContextGuard::enter(self.context)?;
         // SAFETY: `addr` lies inside this slab (callers pass the base or a slot address) and
         // `words` 4-byte words fit; the stream belongs to the slab's context.
-        check(
-            unsafe { sys::cuMemsetD32Async(addr, 0, words, self.stream()) },
-            "cuMemsetD32Async(semaphore slab)",
-        )?;
+        unsafe { result::memset_d32_async(addr, 0, words, self.stream()) }
+            .map_err(|rc| driver::error(rc, "cuMemsetD32Async(semaphore slab)"))?;
         // SAFETY: a valid stream created by this slab.
-        check(
-            unsafe { sys::cuStreamSynchronize(self.stream()) },
-            "cuStreamSynchronize(semaphore slab)",
-        )
+        unsafe { result::stream_synchronize(self.stream()) }
+            .map_err(|rc| driver::error(rc, "cuStreamSynchronize(semaphore slab)"))
     }
 }
 
@@ -111,25 +108,20 @@ fn allocate(device: Option<i32>) -> Result<Allocation> {
     driver::driver()?;
     let (context, _guard) = driver::enter_device(device)?;
     let device = context.device()?;
-    let mut base: sys::CUdeviceptr = 0;
-    // SAFETY: valid out pointer; a context is current.
-    check(
-        unsafe { sys::cuMemAlloc_v2(&mut base, SLAB_BYTES as usize) },
-        &format!("cuMemAlloc({SLAB_BYTES} bytes for the semaphore slab on device {device})"),
-    )?;
-    let mut stream: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: valid out pointer; a context is current.
-    let rc = unsafe {
-        sys::cuStreamCreate(
-            &mut stream,
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+    let base = result::mem_alloc(SLAB_BYTES as usize).map_err(|rc| {
+        driver::error(
+            rc,
+            &format!("cuMemAlloc({SLAB_BYTES} bytes for the semaphore slab on device {device})"),
         )
+    })?;
+    let stream = match result::stream_create(sys::CUstream_flags::CU_STREAM_NON_BLOCKING) {
+        Ok(stream) => stream,
+        Err(rc) => {
+            // SAFETY: `base` was allocated above and never shared.
+            let _ = unsafe { result::mem_free(base) };
+            return Err(driver::error(rc, "cuStreamCreate(semaphore slab)"));
+        }
     };
-    if let Err(err) = check(rc, "cuStreamCreate(semaphore slab)") {
-        // SAFETY: `base` was allocated above and never shared.
-        unsafe { sys::cuMemFree_v2(base) };
-        return Err(err);
-    }
     let alloc = Allocation {
         base,
         context,
@@ -149,13 +141,13 @@ fn allocate(device: Option<i32>) -> Result<Allocation> {
 fn release(alloc: &Allocation) {
     ipc::forget_export(alloc.base);
     if let Ok(_guard) = ContextGuard::enter(alloc.context) {
+        // Errors cannot be reported from teardown.
+        let _ = result::ctx_synchronize();
         // SAFETY: the stream and the allocation belong to this slab and are released once, here,
-        // after a synchronize (so no queued operation still uses them). Errors cannot be
-        // reported from teardown.
+        // after the synchronize above (so no queued operation still uses them).
         unsafe {
-            let _ = sys::cuCtxSynchronize();
-            let _ = sys::cuStreamDestroy_v2(alloc.stream());
-            let _ = sys::cuMemFree_v2(alloc.base);
+            let _ = result::stream_destroy(alloc.stream());
+            let _ = result::mem_free(alloc.base);
         }
     }
 }

@@ -6,41 +6,12 @@
 //! context, see [`driver::ensure_context`]); buffers and streams remember their context and use
 //! it again when they are dropped.
 
-use crate::cuda::driver::{self, check, Context, ContextGuard};
+use crate::cuda::driver::{self, Context, ContextGuard};
 use crate::cuda::p2p::Stream;
-use crate::error::{Error, Result, Status};
+use crate::cuda::result;
+use crate::error::{Error, Result};
 use cudarc::driver::sys;
-use once_cell::sync::OnceCell;
 use std::time::{Duration, Instant};
-
-/// Driver symbols used here and not in the driver module's required list (cudarc's loader
-/// panics on a missing symbol, so they are looked up once before the first call).
-const EXTRA_SYMBOLS: &[&str] = &["cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuStreamQuery"];
-
-fn extra_symbols_present() -> Result<()> {
-    static PRESENT: OnceCell<Result<()>> = OnceCell::new();
-    PRESENT
-        .get_or_init(|| {
-            driver::driver()?;
-            // SAFETY: driver() succeeded, so the library is present and culib() cannot panic.
-            let lib = unsafe { sys::culib() };
-            let missing: Vec<&str> = EXTRA_SYMBOLS
-                .iter()
-                .copied()
-                // SAFETY: the symbol is only looked up, never called through this type.
-                .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(*name) }.is_err())
-                .collect();
-            if missing.is_empty() {
-                Ok(())
-            } else {
-                Err(Error::new(
-                    Status::CudaUnavailable,
-                    format!("libcuda does not export {}", missing.join(", ")),
-                ))
-            }
-        })
-        .clone()
-}
 
 /// A `cuMemAlloc` allocation, freed on drop.
 #[derive(Debug)]
@@ -57,12 +28,9 @@ impl DeviceBuffer {
             return Err(Error::invalid("device allocation of 0 bytes"));
         }
         let ctx = driver::ensure_context(None)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid out pointer; a context is current (ensure_context above).
-        check(
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) },
-            &format!("cuMemAlloc({bytes} bytes)"),
-        )?;
+        // A context is current (ensure_context above).
+        let ptr = result::mem_alloc(bytes as usize)
+            .map_err(|rc| driver::error(rc, &format!("cuMemAlloc({bytes} bytes)")))?;
         Ok(DeviceBuffer { ptr, bytes, ctx })
     }
 
@@ -95,14 +63,11 @@ impl DeviceBuffer {
     /// Copies `data` to the buffer at `offset`; returns when the copy is done.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
-        extra_symbols_present()?;
         let _guard = ContextGuard::enter(self.ctx)?;
         // SAFETY: the destination range lies inside this live allocation (checked above) and
         // the source is a valid slice of `data.len()` bytes, read before the call returns.
-        check(
-            unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset, data.as_ptr().cast(), data.len()) },
-            "cuMemcpyHtoD",
-        )?;
+        unsafe { result::memcpy_htod(self.ptr + offset, data) }
+            .map_err(|rc| driver::error(rc, "cuMemcpyHtoD"))?;
         // From pageable memory the call may return before the bytes reach the device; peers
         // read the buffer from their own streams, so wait until they are there.
         self.ctx.synchronize()
@@ -111,14 +76,11 @@ impl DeviceBuffer {
     /// Copies `out.len()` bytes from the buffer at `offset`; returns when the copy is done.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
-        extra_symbols_present()?;
         let _guard = ContextGuard::enter(self.ctx)?;
         // SAFETY: the source range lies inside this live allocation (checked above) and `out`
         // is a valid, exclusively borrowed slice of `out.len()` bytes; the copy is synchronous.
-        check(
-            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset, out.len()) },
-            "cuMemcpyDtoH",
-        )
+        unsafe { result::memcpy_dtoh(out, self.ptr + offset) }
+            .map_err(|rc| driver::error(rc, "cuMemcpyDtoH"))
     }
 }
 
@@ -127,7 +89,7 @@ impl Drop for DeviceBuffer {
         if let Ok(_guard) = ContextGuard::enter(self.ctx) {
             // SAFETY: `ptr` came from cuMemAlloc in this context and is freed exactly once.
             // A failure cannot be reported from drop; the memory then stays allocated.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            let _ = unsafe { result::mem_free(self.ptr) };
         }
     }
 }
@@ -142,13 +104,9 @@ pub struct DeviceStream {
 impl DeviceStream {
     pub fn new() -> Result<DeviceStream> {
         let ctx = driver::ensure_context(None)?;
-        let mut raw: sys::CUstream = std::ptr::null_mut();
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        // SAFETY: valid out pointer; a context is current.
-        check(
-            unsafe { sys::cuStreamCreate(&mut raw, flags) },
-            "cuStreamCreate",
-        )?;
+        // A context is current (ensure_context above).
+        let raw = result::stream_create(sys::CUstream_flags::CU_STREAM_NON_BLOCKING)
+            .map_err(|rc| driver::error(rc, "cuStreamCreate"))?;
         Ok(DeviceStream {
             raw: raw as usize,
             ctx,
@@ -164,15 +122,14 @@ impl DeviceStream {
     /// block the stream until a peer signals, so a peer that died would otherwise hang this
     /// process for ever: past the timeout this returns `Timeout` (the queued work stays queued).
     pub fn synchronize_within(&self, timeout: Duration) -> Result<()> {
-        extra_symbols_present()?;
         let _guard = ContextGuard::enter(self.ctx)?;
         let start = Instant::now();
         let mut pause = Duration::from_micros(1);
         loop {
             // SAFETY: the stream was created by cuStreamCreate and is not destroyed yet.
-            let rc = unsafe { sys::cuStreamQuery(self.raw as sys::CUstream) };
-            if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
-                return check(rc, "cuStreamQuery");
+            match unsafe { result::stream_query(self.raw as sys::CUstream) } {
+                Err(sys::CUresult::CUDA_ERROR_NOT_READY) => {}
+                done => return done.map_err(|rc| driver::error(rc, "cuStreamQuery")),
             }
             if start.elapsed() >= timeout {
                 return Err(Error::timeout(format!(
@@ -190,10 +147,8 @@ impl DeviceStream {
     pub fn synchronize(&self) -> Result<()> {
         let _guard = ContextGuard::enter(self.ctx)?;
         // SAFETY: the stream was created by cuStreamCreate and is not destroyed yet.
-        check(
-            unsafe { sys::cuStreamSynchronize(self.raw as sys::CUstream) },
-            "cuStreamSynchronize",
-        )
+        unsafe { result::stream_synchronize(self.raw as sys::CUstream) }
+            .map_err(|rc| driver::error(rc, "cuStreamSynchronize"))
     }
 }
 
@@ -205,8 +160,8 @@ impl Drop for DeviceStream {
             // queued work from outliving buffers the owner frees next. Failures cannot be
             // reported from drop.
             unsafe {
-                let _ = sys::cuStreamSynchronize(raw);
-                let _ = sys::cuStreamDestroy_v2(raw);
+                let _ = result::stream_synchronize(raw);
+                let _ = result::stream_destroy(raw);
             }
         }
     }
@@ -215,6 +170,7 @@ impl Drop for DeviceStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Status;
 
     #[test]
     fn without_a_driver_everything_is_a_clean_error() {
