@@ -17,6 +17,7 @@ pub mod error;
 pub mod exchange;
 pub mod ffi;
 pub mod host;
+pub mod logging;
 pub mod node;
 pub mod store;
 mod sync;
