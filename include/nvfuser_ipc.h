@@ -49,6 +49,22 @@
 // `nvfipc_request.kind`: host memory from `nvfipc_host_alloc`.
 #define NVFIPC_MEM_HOST 1
 
+// Log level: nothing.
+#define NVFIPC_LOG_OFF 0
+
+// Log level: problems the library recovered from or is about to report (the default).
+#define NVFIPC_LOG_WARN 1
+
+// Log level: one line per store round trip, exchange step that moved records, open, release,
+// barrier and connection, with durations.
+#define NVFIPC_LOG_INFO 2
+
+// Log level: INFO plus waits as they begin and the keys of each store request.
+#define NVFIPC_LOG_DEBUG 3
+
+// Log level: everything, cached (free) exchanges included.
+#define NVFIPC_LOG_TRACE 4
+
 // Status codes returned by every exported C function. `Ok` is zero; everything else is an error
 // whose details are in the thread-local last-error message.
 typedef enum nvfipc_status {
@@ -210,6 +226,14 @@ typedef struct nvfipc_cache_counters {
   // one per peer, only when a first exchange found no board of the peer on this node yet.
   uint64_t peer_lookups;
 } nvfipc_cache_counters;
+
+// Receives one log line: its level (`NVFIPC_LOG_WARN` .. `NVFIPC_LOG_TRACE`), its subsystem
+// ("store", "barrier", "exchange", "cuda", "host" or "server"), the whole line without a
+// newline (time, host:pid:tid, rank, level, subsystem, message) and the `user` pointer given to
+// `nvfipc_log_set_callback`. Both strings are valid only during the call. Called from any
+// thread, the library's own threads included, possibly concurrently: it must be thread-safe, must
+// not block for long, and must not call `nvfipc_log_set_callback`.
+typedef void (*nvfipc_log_fn)(int32_t level, const char *subsystem, const char *line, void *user);
 
 // An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
 typedef struct nvfipc_bytes {
@@ -643,6 +667,20 @@ enum nvfipc_status nvfipc_host_recv_post(const struct nvfipc_cache *cache,
 enum nvfipc_status nvfipc_host_send_wait(const struct nvfipc_cache *cache,
                                          const struct nvfipc_request *req,
                                          int64_t timeout_ms);
+
+// Sets the most verbose level written (`NVFIPC_LOG_OFF` .. `NVFIPC_LOG_TRACE`), overriding
+// `NVFIPC_DEBUG`, for the whole process. Thread-safe.
+enum nvfipc_status nvfipc_log_set_level(int32_t level);
+
+// Writes the level in force (set by `nvfipc_log_set_level` or read from `NVFIPC_DEBUG`) to
+// `*out_level`. Thread-safe.
+enum nvfipc_status nvfipc_log_get_level(int32_t *out_level);
+
+// Sends every log line to `callback` (with `user`) instead of stderr or `NVFIPC_DEBUG_FILE`;
+// NULL restores them. The level and subsystem filters still apply. A line being written while
+// the callback is replaced may still reach the previous one, so keep `user` valid until the
+// process's library threads are done (in practice: for the process's lifetime). Thread-safe.
+enum nvfipc_status nvfipc_log_set_callback(nvfipc_log_fn callback, void *user);
 
 // Sets `key` to the `value_len` bytes at `value`, replacing any previous value, and wakes
 // waiters of `key`.

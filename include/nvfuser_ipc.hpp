@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -192,6 +193,54 @@ inline constexpr Milliseconds kNoWait{0};
 
 inline std::string version() { return nvfipc_version(); }
 inline std::string lastErrorMessage() { return nvfipc_last_error_message(); }
+
+// ---- log ------------------------------------------------------------------------------------
+
+enum class LogLevel : int32_t {
+  Off = NVFIPC_LOG_OFF,
+  Warn = NVFIPC_LOG_WARN,
+  Info = NVFIPC_LOG_INFO,
+  Debug = NVFIPC_LOG_DEBUG,
+  Trace = NVFIPC_LOG_TRACE,
+};
+
+// Receives each log line: level, subsystem ("store", "exchange", ...) and the whole line.
+using LogSink = std::function<void(LogLevel, std::string_view subsystem, std::string_view line)>;
+
+// Sets the most verbose level written for the whole process (overrides NVFIPC_DEBUG).
+inline void setLogLevel(LogLevel level) {
+  detail::check(nvfipc_log_set_level(static_cast<int32_t>(level)), "nvfipc_log_set_level");
+}
+
+inline LogLevel logLevel() {
+  int32_t level = 0;
+  detail::check(nvfipc_log_get_level(&level), "nvfipc_log_get_level");
+  return static_cast<LogLevel>(level);
+}
+
+// Routes the library's log lines into `sink` (e.g. the host program's logger) instead of stderr;
+// an empty sink restores stderr / NVFIPC_DEBUG_FILE. The sink is called from any thread,
+// concurrently, and must be thread-safe. Sinks are kept for the process's lifetime (the library's
+// threads may still be writing a line while the sink is replaced), so set one once, at start-up.
+inline void setLogSink(LogSink sink) {
+  if (!sink) {
+    detail::check(nvfipc_log_set_callback(nullptr, nullptr), "nvfipc_log_set_callback");
+    return;
+  }
+  // Leaked on purpose: a line may still be on its way to a replaced sink, and static
+  // destruction order must not matter.
+  auto* kept = new LogSink(std::move(sink));
+  detail::check(nvfipc_log_set_callback(
+      [](int32_t level, const char* subsystem, const char* line, void* user) {
+        try {
+          (*static_cast<LogSink*>(user))(static_cast<LogLevel>(level), subsystem, line);
+        } catch (...) {
+          // An exception must not unwind into the library's threads.
+        }
+      },
+      kept),
+      "nvfipc_log_set_callback");
+}
 
 // ---- Store ------------------------------------------------------------------------------------
 

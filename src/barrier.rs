@@ -20,6 +20,7 @@
 
 use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
+use crate::logging;
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -446,12 +447,36 @@ pub fn barrier(
         rank,
     };
     let own_arrival = keys.arrival(gen, rank);
-    if rank == call.coordinator() {
-        call.coordinate(&own_arrival, timeout)?;
+    let start = Instant::now();
+    let coordinator = rank == call.coordinator();
+    log::debug!(
+        target: logging::BARRIER,
+        "{}: arriving ({}, key {own_arrival:?})",
+        call.what(),
+        if coordinator { "coordinator" } else { "member" }
+    );
+    let result = if coordinator {
+        call.coordinate(&own_arrival, timeout)
     } else {
-        call.wait_release(&own_arrival, timeout)?;
+        call.wait_release(&own_arrival, timeout)
+    };
+    match &result {
+        Ok(()) => log::info!(
+            target: logging::BARRIER,
+            "{}: released after {:.1}us",
+            call.what(),
+            logging::micros(start.elapsed())
+        ),
+        // The caller gets the error; the log records it only for those who asked for events.
+        Err(e) => log::info!(
+            target: logging::BARRIER,
+            "{}: failed after {:.1}us: {}",
+            call.what(),
+            logging::micros(start.elapsed()),
+            e.message
+        ),
     }
-    Ok(gen)
+    result.map(|()| gen)
 }
 
 /// A thread-safe in-memory [`Store`] with c10d semantics, for unit tests of the layers above it.

@@ -38,6 +38,7 @@
 use crate::barrier::{self, BarrierState};
 use crate::env::{self, EnvConfig, RankInfo, StoreSource};
 use crate::error::{Error, Result, Status};
+use crate::logging;
 use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
@@ -243,6 +244,8 @@ impl Context {
         tag: &str,
         timeout: Duration,
     ) -> Result<Context> {
+        logging::set_rank(ranks.rank as i64);
+        let started = std::time::Instant::now();
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
         let claim =
             claim_rank(&*store, &ranks, tag, timeout).map_err(|e| e.context(who.clone()))?;
@@ -263,6 +266,16 @@ impl Context {
                 NodeIdentity::local().encode().as_bytes(),
             )
             .map_err(|e| e.context(format!("{who}: announcing this rank")))?;
+        log::info!(
+            target: logging::STORE,
+            "context: {who} (local {} of {}), tag {tag:?}, run {}, job id {job_id}, {} store, \
+             ready after {:.1}us",
+            ranks.local_rank,
+            ranks.local_world_size,
+            claim.run,
+            if server.is_some() { "hosting the" } else { "connected to the" },
+            logging::micros(started.elapsed())
+        );
         Ok(Context {
             rank: ranks.rank,
             world_size: ranks.world_size,
@@ -440,7 +453,7 @@ impl Drop for Context {
             // Only the store host's problems matter here: other ranks' stores may legitimately
             // be gone already at exit.
             if hosting {
-                eprintln!("nvfuser-ipc: closing the context: {e}");
+                log::warn!(target: logging::STORE, "closing the context: {e}");
             }
         }
     }

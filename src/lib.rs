@@ -23,6 +23,7 @@ pub mod exchange;
 mod exchange_tests;
 pub mod ffi;
 pub mod host;
+pub mod logging;
 pub mod names;
 pub mod node;
 pub mod os;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -180,3 +181,46 @@ TEST(Wrapper, OneRankContextAndCacheMisuse) {
 }
 
 }  // namespace
+
+// The log adapter: lines reach a C++ sink with their level and subsystem, the level filter
+// applies, and an empty sink restores stderr.
+TEST(Wrapper, LogLinesReachTheSink) {
+  struct Line {
+    nvfipc::LogLevel level;
+    std::string subsystem;
+    std::string text;
+  };
+  static std::mutex mu;
+  static std::vector<Line> lines;
+  const nvfipc::LogLevel before = nvfipc::logLevel();
+  EXPECT_THROW(nvfipc::setLogLevel(static_cast<nvfipc::LogLevel>(9)),
+               nvfipc::InvalidArgumentError);
+  nvfipc::setLogSink([](nvfipc::LogLevel level, std::string_view sub, std::string_view text) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.push_back({level, std::string(sub), std::string(text)});
+  });
+  nvfipc::setLogLevel(nvfipc::LogLevel::Debug);
+  EXPECT_EQ(nvfipc::logLevel(), nvfipc::LogLevel::Debug);
+  {
+    nvfipc::Server server = nvfipc::Server::serve("127.0.0.1", 0);
+    server.setIdleTimeout(Milliseconds(2000));
+    nvfipc::Store store = nvfipc::Store::connect("127.0.0.1", server.port(), Milliseconds(10000));
+    nvfipc::Context ctx = nvfipc::Context::create(0, 1, store);
+    ctx.barrier({0}, Milliseconds(1000));
+    ctx.close();
+  }
+  nvfipc::setLogSink(nullptr);
+  nvfipc::setLogLevel(before);
+  std::lock_guard<std::mutex> lock(mu);
+  bool context_line = false;
+  for (const Line& l : lines) {
+    EXPECT_NE(l.text.find("NVFIPC"), std::string::npos) << l.text;
+    EXPECT_NE(l.text.find(l.subsystem + ": "), std::string::npos) << l.text;
+    if (l.subsystem == "store" && l.text.find("context: rank 0 of 1") != std::string::npos) {
+      EXPECT_EQ(l.level, nvfipc::LogLevel::Info) << l.text;
+      EXPECT_NE(l.text.find("[rank 0]"), std::string::npos) << l.text;
+      context_line = true;
+    }
+  }
+  EXPECT_TRUE(context_line) << lines.size() << " lines, none about the context";
+}

@@ -21,6 +21,7 @@ pub mod guard;
 #[cfg(test)]
 mod header_check;
 pub mod host;
+pub mod log;
 pub mod store;
 pub mod store_create;
 pub mod version;

@@ -1,0 +1,190 @@
+//! The log's C surface: the level and a callback that receives the lines instead of stderr
+//! (nvFuser routes them into its own logger). The environment (`NVFIPC_DEBUG`,
+//! `NVFIPC_DEBUG_SUBSYS`, `NVFIPC_DEBUG_FILE`) configures the same log without code.
+
+use super::guard::{ffi_call, out_ptr};
+use crate::logging::{self, Level, Subsystem};
+use crate::{Error, Status};
+use log::LevelFilter;
+use std::ffi::{c_char, c_void, CString};
+
+/// Log level: nothing.
+pub const NVFIPC_LOG_OFF: i32 = 0;
+/// Log level: problems the library recovered from or is about to report (the default).
+pub const NVFIPC_LOG_WARN: i32 = 1;
+/// Log level: one line per store round trip, exchange step that moved records, open, release,
+/// barrier and connection, with durations.
+pub const NVFIPC_LOG_INFO: i32 = 2;
+/// Log level: INFO plus waits as they begin and the keys of each store request.
+pub const NVFIPC_LOG_DEBUG: i32 = 3;
+/// Log level: everything, cached (free) exchanges included.
+pub const NVFIPC_LOG_TRACE: i32 = 4;
+
+/// Receives one log line: its level (`NVFIPC_LOG_WARN` .. `NVFIPC_LOG_TRACE`), its subsystem
+/// ("store", "barrier", "exchange", "cuda", "host" or "server"), the whole line without a
+/// newline (time, host:pid:tid, rank, level, subsystem, message) and the `user` pointer given to
+/// `nvfipc_log_set_callback`. Both strings are valid only during the call. Called from any
+/// thread, the library's own threads included, possibly concurrently: it must be thread-safe, must
+/// not block for long, and must not call `nvfipc_log_set_callback`.
+#[allow(non_camel_case_types)]
+pub type nvfipc_log_fn = Option<
+    unsafe extern "C" fn(
+        level: i32,
+        subsystem: *const c_char,
+        line: *const c_char,
+        user: *mut c_void,
+    ),
+>;
+
+fn level_filter(level: i32) -> Option<LevelFilter> {
+    Some(match level {
+        NVFIPC_LOG_OFF => LevelFilter::Off,
+        NVFIPC_LOG_WARN => LevelFilter::Warn,
+        NVFIPC_LOG_INFO => LevelFilter::Info,
+        NVFIPC_LOG_DEBUG => LevelFilter::Debug,
+        NVFIPC_LOG_TRACE => LevelFilter::Trace,
+        _ => return None,
+    })
+}
+
+fn level_code(level: Level) -> i32 {
+    match level {
+        Level::Error | Level::Warn => NVFIPC_LOG_WARN,
+        Level::Info => NVFIPC_LOG_INFO,
+        Level::Debug => NVFIPC_LOG_DEBUG,
+        Level::Trace => NVFIPC_LOG_TRACE,
+    }
+}
+
+/// Sets the most verbose level written (`NVFIPC_LOG_OFF` .. `NVFIPC_LOG_TRACE`), overriding
+/// `NVFIPC_DEBUG`, for the whole process. Thread-safe.
+#[no_mangle]
+pub extern "C" fn nvfipc_log_set_level(level: i32) -> Status {
+    ffi_call("nvfipc_log_set_level", || {
+        let filter = level_filter(level).ok_or_else(|| {
+            Error::invalid(format!(
+                "argument `level` is {level}; expected NVFIPC_LOG_OFF (0) .. NVFIPC_LOG_TRACE (4)"
+            ))
+        })?;
+        logging::set_level(filter);
+        Ok(())
+    })
+}
+
+/// Writes the level in force (set by `nvfipc_log_set_level` or read from `NVFIPC_DEBUG`) to
+/// `*out_level`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn nvfipc_log_get_level(out_level: *mut i32) -> Status {
+    ffi_call("nvfipc_log_get_level", || {
+        let out = out_ptr(out_level, "out_level")?;
+        logging::init();
+        out.write(match log::max_level() {
+            LevelFilter::Off => NVFIPC_LOG_OFF,
+            LevelFilter::Error | LevelFilter::Warn => NVFIPC_LOG_WARN,
+            LevelFilter::Info => NVFIPC_LOG_INFO,
+            LevelFilter::Debug => NVFIPC_LOG_DEBUG,
+            LevelFilter::Trace => NVFIPC_LOG_TRACE,
+        });
+        Ok(())
+    })
+}
+
+/// Sends every log line to `callback` (with `user`) instead of stderr or `NVFIPC_DEBUG_FILE`;
+/// NULL restores them. The level and subsystem filters still apply. A line being written while
+/// the callback is replaced may still reach the previous one, so keep `user` valid until the
+/// process's library threads are done (in practice: for the process's lifetime). Thread-safe.
+#[no_mangle]
+pub extern "C" fn nvfipc_log_set_callback(callback: nvfipc_log_fn, user: *mut c_void) -> Status {
+    ffi_call("nvfipc_log_set_callback", || {
+        let Some(callback) = callback else {
+            logging::set_callback(None);
+            return Ok(());
+        };
+        // The pointer crosses threads as an integer: the caller promised a thread-safe callback
+        // and a `user` valid while lines may arrive.
+        let user = user as usize;
+        logging::set_callback(Some(std::sync::Arc::new(
+            move |level: Level, sub: Subsystem, line: &str| {
+                let subsystem = CString::new(sub.name()).unwrap_or_default();
+                // A NUL inside a message (from a key or tag) would cut the C string: replace it.
+                let line = CString::new(line.replace('\0', "\\0")).unwrap_or_default();
+                // SAFETY: `callback` is a function pointer the caller gave for this purpose; both
+                // strings are NUL-terminated and outlive the call; `user` is passed back as given.
+                unsafe {
+                    callback(
+                        level_code(level),
+                        subsystem.as_ptr(),
+                        line.as_ptr(),
+                        user as *mut c_void,
+                    )
+                };
+            },
+        )));
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+    use std::sync::Mutex;
+
+    static LINES: Mutex<Vec<(i32, String, String, usize)>> = Mutex::new(Vec::new());
+
+    unsafe extern "C" fn collect(
+        level: i32,
+        subsystem: *const c_char,
+        line: *const c_char,
+        user: *mut c_void,
+    ) {
+        // SAFETY: the library passes NUL-terminated strings valid during the call.
+        let (sub, line) = unsafe {
+            (
+                CStr::from_ptr(subsystem).to_string_lossy().into_owned(),
+                CStr::from_ptr(line).to_string_lossy().into_owned(),
+            )
+        };
+        LINES
+            .lock()
+            .unwrap()
+            .push((level, sub, line, user as usize));
+    }
+
+    #[test]
+    fn levels_and_the_callback_round_trip() {
+        assert_eq!(nvfipc_log_set_level(7), Status::InvalidArgument);
+        assert_eq!(
+            nvfipc_log_get_level(std::ptr::null_mut()),
+            Status::InvalidArgument
+        );
+        assert_eq!(nvfipc_log_set_level(NVFIPC_LOG_INFO), Status::Ok);
+        let mut level = -1;
+        assert_eq!(nvfipc_log_get_level(&mut level), Status::Ok);
+        assert_eq!(level, NVFIPC_LOG_INFO);
+        assert_eq!(
+            nvfipc_log_set_callback(Some(collect), 0x5eed as *mut c_void),
+            Status::Ok
+        );
+        log::info!(target: logging::BARRIER, "unit-test marker {}", 17);
+        log::debug!(target: logging::BARRIER, "unit-test hidden");
+        assert_eq!(
+            nvfipc_log_set_callback(None, std::ptr::null_mut()),
+            Status::Ok
+        );
+        log::info!(target: logging::BARRIER, "unit-test after");
+        assert_eq!(nvfipc_log_set_level(NVFIPC_LOG_WARN), Status::Ok);
+        let lines = LINES.lock().unwrap();
+        let mine: Vec<_> = lines.iter().filter(|l| l.2.contains("unit-test")).collect();
+        assert_eq!(mine.len(), 1, "{lines:?}");
+        let (lvl, sub, line, user) = mine[0];
+        assert_eq!(
+            (*lvl, sub.as_str(), *user),
+            (NVFIPC_LOG_INFO, "barrier", 0x5eed)
+        );
+        assert!(
+            line.ends_with("NVFIPC INFO barrier: unit-test marker 17"),
+            "{line}"
+        );
+    }
+}

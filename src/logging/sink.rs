@@ -1,0 +1,213 @@
+//! The logger behind the `log` facade: formats one line per event and writes it whole to
+//! stderr, the configured file, or the host's callback.
+
+use super::config::LogConfig;
+use super::Subsystem;
+use crate::sync::lock;
+use log::{Level, LevelFilter, Log, Metadata, Record};
+use std::fs::File;
+use std::io::Write;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock, RwLock};
+use std::time::SystemTime;
+
+/// Receives each line (without its newline) instead of stderr or the file. Called from any
+/// thread of the library, the releaser's and the store server's included.
+pub type LineCallback = Arc<dyn Fn(Level, Subsystem, &str) + Send + Sync>;
+
+struct Sink {
+    subsystems: AtomicU32,
+    /// Rank of this process once a context or cache knows it; -1 before.
+    rank: AtomicI64,
+    host: String,
+    pid: u32,
+    file: Mutex<Option<File>>,
+    callback: RwLock<Option<LineCallback>>,
+}
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+static INIT: Once = Once::new();
+
+struct Logger;
+static LOGGER: Logger = Logger;
+
+pub(super) fn init_once() {
+    INIT.call_once(|| {
+        let host = crate::node::host_name();
+        let pid = std::process::id();
+        let config = LogConfig::from_lookup(|k| std::env::var(k).ok(), &host, pid);
+        let mut problems = config.problems.clone();
+        let file = config.file.as_ref().and_then(|path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    problems.push(format!(
+                        "{}={path:?} cannot be opened ({e}); logging to stderr",
+                        super::config::FILE_VAR
+                    ))
+                })
+                .ok()
+        });
+        let _ = SINK.set(Sink {
+            subsystems: AtomicU32::new(config.subsystems),
+            rank: AtomicI64::new(-1),
+            host,
+            pid,
+            file: Mutex::new(file),
+            callback: RwLock::new(None),
+        });
+        // Another logger already installed (the library linked as an rlib into a program with
+        // its own): that one receives our lines and its level rules.
+        if log::set_logger(&LOGGER).is_ok() {
+            log::set_max_level(config.level);
+        }
+        for p in problems {
+            log::warn!(target: super::STORE, "{p}");
+        }
+    });
+}
+
+fn sink() -> Option<&'static Sink> {
+    SINK.get()
+}
+
+/// Records this process's rank for the lines' prefix (the last context or cache created wins).
+pub fn set_rank(rank: i64) {
+    init_once();
+    if let Some(s) = sink() {
+        s.rank.store(rank, Ordering::Relaxed);
+    }
+}
+
+/// Sets the most verbose level written, overriding `NVFIPC_DEBUG`.
+pub fn set_level(level: LevelFilter) {
+    init_once();
+    log::set_max_level(level);
+}
+
+/// Sends lines to `callback` instead of stderr or the file; `None` restores them. A line being
+/// written while the callback is replaced may still reach the previous one.
+pub fn set_callback(callback: Option<LineCallback>) {
+    init_once();
+    if let Some(s) = sink() {
+        *s.callback.write().unwrap_or_else(|p| p.into_inner()) = callback;
+    }
+}
+
+thread_local! {
+    static TID: i64 = os_thread_id();
+}
+
+fn os_thread_id() -> i64 {
+    // SAFETY: gettid takes no arguments, cannot fail and touches no memory.
+    i64::from(unsafe { libc::gettid() })
+}
+
+impl Log for Logger {
+    fn enabled(&self, meta: &Metadata) -> bool {
+        let Some(s) = sink() else { return false };
+        match Subsystem::from_target(meta.target()) {
+            Some(sub) => s.subsystems.load(Ordering::Relaxed) & sub.bit() != 0,
+            // Dependencies' lines only at WARN and above, whatever the subsystem filter.
+            None => meta.level() <= Level::Warn,
+        }
+    }
+
+    fn log(&self, record: &Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let Some(s) = sink() else { return };
+        let sub = Subsystem::from_target(record.target());
+        let line = format_line(s, record.level(), sub, record.target(), record.args());
+        let callback = s.callback.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let (Some(cb), Some(sub)) = (callback, sub) {
+            cb(record.level(), sub, &line);
+            return;
+        }
+        let mut bytes = line.into_bytes();
+        bytes.push(b'\n');
+        // One write per line, so lines of concurrent threads and processes never interleave.
+        let mut file = lock(&s.file);
+        match file.as_mut() {
+            Some(f) => {
+                let _ = f.write_all(&bytes);
+            }
+            None => {
+                let _ = std::io::stderr().write_all(&bytes);
+            }
+        }
+    }
+
+    fn flush(&self) {
+        if let Some(s) = sink() {
+            if let Some(f) = lock(&s.file).as_mut() {
+                let _ = f.flush();
+            }
+        }
+    }
+}
+
+fn format_line(
+    s: &Sink,
+    level: Level,
+    sub: Option<Subsystem>,
+    target: &str,
+    args: &std::fmt::Arguments,
+) -> String {
+    let time = humantime::format_rfc3339_micros(SystemTime::now());
+    let tid = TID.with(|t| *t);
+    let rank = s.rank.load(Ordering::Relaxed);
+    let rank = if rank >= 0 {
+        format!(" [rank {rank}]")
+    } else {
+        String::new()
+    };
+    let what: &str = match sub {
+        Some(sub) => sub.name(),
+        None => target,
+    };
+    format!(
+        "{time} {}:{}:{tid}{rank} NVFIPC {level} {what}: {args}",
+        s.host, s.pid
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_name_host_pid_thread_rank_level_and_subsystem() {
+        let s = Sink {
+            subsystems: AtomicU32::new(Subsystem::ALL_MASK),
+            rank: AtomicI64::new(3),
+            host: "node7".into(),
+            pid: 42,
+            file: Mutex::new(None),
+            callback: RwLock::new(None),
+        };
+        let line = format_line(
+            &s,
+            Level::Info,
+            Some(Subsystem::Exchange),
+            super::super::EXCHANGE,
+            &format_args!("peer={} step={}", 1, 5),
+        );
+        let (time, rest) = line.split_once(' ').unwrap();
+        assert!(time.ends_with('Z') && time.contains('T'), "{line}");
+        let tid = os_thread_id();
+        assert_eq!(
+            rest,
+            format!("node7:42:{tid} [rank 3] NVFIPC INFO exchange: peer=1 step=5")
+        );
+        s.rank.store(-1, Ordering::Relaxed);
+        let line = format_line(&s, Level::Warn, None, "mio::poll", &format_args!("x"));
+        assert!(
+            line.ends_with(&format!("node7:42:{tid} NVFIPC WARN mio::poll: x")),
+            "{line}"
+        );
+    }
+}
