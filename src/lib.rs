@@ -6,6 +6,7 @@
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);
 //! - [`env`] and [`context`]: who we are (rank, world, local rank) and which store we use;
 //! - [`cuda`] and [`host`]: exporting and importing device and host buffers;
+//! - [`fdpass`]: passing file descriptors between processes without ptrace rights;
 //! - [`exchange`]: epoch-keyed handle exchange and the handle cache;
 //! - [`ffi`]: the thin C ABI over all of the above.
 
@@ -15,6 +16,7 @@ pub mod cuda;
 pub mod env;
 pub mod error;
 pub mod exchange;
+pub mod fdpass;
 pub mod ffi;
 pub mod host;
 pub mod node;
