@@ -2,6 +2,7 @@
 //! rung tried, which gate failed and what to change.
 
 use super::frame::ErrorCode;
+use super::sys::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
 use crate::error::{Error, Status};
 use std::fmt;
 use std::io;
@@ -247,13 +248,6 @@ pub fn pidfd_gate_of(err: &io::Error, exporter_ptracer: &str, peer_pid: u32) -> 
         _ => Gate::Other(err.to_string()),
     }
 }
-
-// errno values, so this file needs no libc (Linux, every architecture this crate builds for).
-const EPERM: i32 = 1;
-const ESRCH: i32 = 3;
-const EBADF: i32 = 9;
-const EACCES: i32 = 13;
-const ENOSYS: i32 = 38;
 
 /// Every rung tried for one descriptor and why each failed.
 #[derive(Clone, Debug, PartialEq, Eq)]

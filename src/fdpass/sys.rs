@@ -9,6 +9,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 
+/// The errno values the rest of `fdpass` tells apart.
+pub use libc::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
+
 /// Room for one `cmsghdr` carrying up to 4 fds (a peer that sends more than one has them closed).
 const CMSG_SPACE_FDS: usize = 4;
 
