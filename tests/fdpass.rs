@@ -332,6 +332,73 @@ fn timeouts_are_bounded() {
     );
 }
 
+#[test]
+fn a_busy_responder_is_retried_and_a_restarted_peer_is_found_again() {
+    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    let store: Arc<dyn Store> = Arc::new(client(server.port()));
+    let job = job_id("busy");
+    let dir = socket_dir(&job);
+    let exporter_config = FdPassConfig {
+        socket_dir: Some(dir.clone()),
+        max_connections: 1,
+        ..FdPassConfig::default()
+    };
+    let exporter = FdPass::new(
+        store.clone(),
+        &prefix(&job),
+        &job,
+        0,
+        exporter_config.clone(),
+    );
+    let file = filled_memfd(3, 4096);
+    let id = exporter.register_dup(&file).unwrap();
+    let record = exporter.record().unwrap();
+
+    // The one connection slot is taken; the importer is told "busy" until it frees.
+    let hog = raw(&record);
+    let importer_config = FdPassConfig {
+        socket_dir: Some(dir.clone()),
+        rungs: vec![Rung::Abstract, Rung::Path],
+        connect_retry: Duration::from_secs(2),
+        ..FdPassConfig::default()
+    };
+    let importer = FdPass::new(store.clone(), &prefix(&job), &job, 1, importer_config);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(hog);
+    });
+    let got = importer.fetch_diagnosed(0, &[id], T).unwrap();
+    release.join().unwrap();
+    assert_eq!(got.rung, Rung::Abstract, "{}", got.fell_back);
+    assert_eq!(read_all(&got.fds[0], 4096), pattern(3, 4096));
+    let (_, sent, refused, _) = exporter.responder_stats().unwrap();
+    assert_eq!(sent, 1);
+    assert!(refused >= 1, "the importer was told busy at least once");
+
+    // The exporter restarts its transport (new nonce, new names); the importer's cached record
+    // is stale, fails, is read again and the fetch succeeds within the same call.
+    drop(exporter);
+    assert!(
+        !store.check(&[&record_key(&prefix(&job), 0)]).unwrap(),
+        "record withdrawn"
+    );
+    let exporter = FdPass::new(store.clone(), &prefix(&job), &job, 0, exporter_config);
+    let file = filled_memfd(4, 4096);
+    let id = exporter.register_dup(&file).unwrap();
+    assert_ne!(exporter.record().unwrap().nonce, record.nonce);
+    let got = importer.fetch_diagnosed(0, &[id], T).unwrap();
+    assert_eq!(got.rung, Rung::Abstract);
+    assert!(
+        got.fell_back.what.contains("after its record changed"),
+        "{}",
+        got.fell_back.what
+    );
+    assert_eq!(read_all(&got.fds[0], 4096), pattern(4, 4096));
+    drop(exporter);
+    assert!(sockets_in(&dir).is_empty(), "{:?}", sockets_in(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Rank side
 // ------------------------------------------------------------------------------------------------

@@ -158,80 +158,110 @@ impl Gate {
     }
 }
 
-/// Says which of seccomp, a missing capability, Yama or another user closed `pidfd_getfd` with
-/// EPERM, from what this process can see of itself and what the exporter published.
-pub fn explain_ptrace_eperm(exporter_ptracer: &str, peer_pid: u32) -> String {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_string())
-    };
-    let seccomp = field("Seccomp:").unwrap_or_default();
-    let cap_ptrace = field("CapEff:")
-        .and_then(|v| u64::from_str_radix(&v, 16).ok())
-        .is_some_and(|caps| caps & (1 << 19) != 0);
-    let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+/// What this process can see of the gates of `pidfd_getfd` (from `/proc`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PtraceFacts {
+    /// `Seccomp:` of `/proc/self/status`: 0 none, 1 strict, 2 filter.
+    pub seccomp: u32,
+    /// CAP_SYS_PTRACE in this process's effective set.
+    pub cap_sys_ptrace: bool,
+    /// Yama's `ptrace_scope`, when Yama is there.
+    pub yama_scope: Option<u32>,
+    pub my_uid: Option<u32>,
+    pub peer_uid: Option<u32>,
+}
+
+fn status_field(status: &str, name: &str) -> Option<String> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(|v| v.trim().to_string())
+}
+
+fn real_uid(status: &str) -> Option<u32> {
+    status_field(status, "Uid:")?
+        .split_whitespace()
+        .next()?
+        .parse()
         .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok());
-    let my_uid = field("Uid:").and_then(|v| v.split_whitespace().next().map(str::to_string));
-    let peer_uid = std::fs::read_to_string(format!("/proc/{peer_pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().next().map(str::to_string))
-        });
-    let mut why = Vec::new();
-    if seccomp == "2" && !cap_ptrace {
-        why.push(
-            "a seccomp filter is active and this process lacks CAP_SYS_PTRACE (Docker's default \
-             profile allows pidfd_getfd only with it): add --cap-add SYS_PTRACE, or use the \
-             socket rungs"
-                .to_string(),
-        );
-    }
-    match yama {
-        Some(3) => why.push(
-            "Yama ptrace_scope=3 forbids all attaching: only the socket rungs can work".into(),
-        ),
-        Some(2) if !cap_ptrace => why.push(
-            "Yama ptrace_scope=2 requires CAP_SYS_PTRACE: add --cap-add SYS_PTRACE, or use \
-             the socket rungs"
-                .into(),
-        ),
-        Some(1) if exporter_ptracer != "any" => why.push(format!(
-            "Yama ptrace_scope=1 admits only ancestors unless the exporter calls \
-             PR_SET_PTRACER, and the exporter's record says ptracer={exporter_ptracer}: \
-             unset NVFIPC_FD_PTRACER=none in the exporter"
-        )),
-        _ => {}
-    }
-    if let (Some(me), Some(peer)) = (&my_uid, &peer_uid) {
-        if me != peer && !cap_ptrace {
-            why.push(format!(
-                "the peer runs as uid {peer} and this process as uid {me} without \
-                 CAP_SYS_PTRACE: run both as one user"
-            ));
+}
+
+impl PtraceFacts {
+    /// Reads this process's facts and `peer_pid`'s uid.
+    pub fn observe(peer_pid: u32) -> PtraceFacts {
+        let me = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        PtraceFacts {
+            seccomp: status_field(&me, "Seccomp:")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            cap_sys_ptrace: status_field(&me, "CapEff:")
+                .and_then(|v| u64::from_str_radix(&v, 16).ok())
+                .is_some_and(|caps| caps & (1 << 19) != 0),
+            yama_scope: std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
+            my_uid: real_uid(&me),
+            peer_uid: std::fs::read_to_string(format!("/proc/{peer_pid}/status"))
+                .ok()
+                .and_then(|s| real_uid(&s)),
         }
     }
-    if !cap_ptrace && why.is_empty() {
-        why.push(
-            "this process lacks CAP_SYS_PTRACE and the kernel refused to let it attach to the \
-             peer (seccomp, Yama, a dropped dumpable flag or another user): add --cap-add \
-             SYS_PTRACE, or use the socket rungs"
-                .into(),
-        );
+
+    /// Which of seccomp, a missing capability, Yama or another user closed `pidfd_getfd` with
+    /// EPERM, given what the exporter published about `PR_SET_PTRACER`, and what to change.
+    pub fn explain_eperm(&self, exporter_ptracer: &str) -> String {
+        let cap = self.cap_sys_ptrace;
+        let mut why = Vec::new();
+        if self.seccomp == 2 && !cap {
+            why.push(
+                "a seccomp filter is active and this process lacks CAP_SYS_PTRACE (Docker's \
+                 default profile allows pidfd_getfd only with it): add --cap-add SYS_PTRACE, or \
+                 use the socket rungs"
+                    .to_string(),
+            );
+        }
+        match self.yama_scope {
+            Some(3) => why.push(
+                "Yama ptrace_scope=3 forbids all attaching: only the socket rungs can work".into(),
+            ),
+            Some(2) if !cap => why.push(
+                "Yama ptrace_scope=2 requires CAP_SYS_PTRACE: add --cap-add SYS_PTRACE, or use \
+                 the socket rungs"
+                    .into(),
+            ),
+            Some(1) if exporter_ptracer != "any" && !cap => why.push(format!(
+                "Yama ptrace_scope=1 admits only ancestors unless the exporter calls \
+                 PR_SET_PTRACER, and the exporter's record says ptracer={exporter_ptracer}: \
+                 leave NVFIPC_FD_PTRACER unset (or `any`) in the exporter, or use the socket \
+                 rungs"
+            )),
+            _ => {}
+        }
+        if let (Some(me), Some(peer)) = (self.my_uid, self.peer_uid) {
+            if me != peer && !cap {
+                why.push(format!(
+                    "the peer runs as uid {peer} and this process as uid {me} without \
+                     CAP_SYS_PTRACE: run both as one user, or use the socket rungs"
+                ));
+            }
+        }
+        if !cap && why.is_empty() {
+            why.push(
+                "this process lacks CAP_SYS_PTRACE and the kernel refused to let it attach to \
+                 the peer (a peer with capabilities this process lacks, a cleared dumpable \
+                 flag, an LSM): add --cap-add SYS_PTRACE, or use the socket rungs"
+                    .into(),
+            );
+        }
+        if why.is_empty() {
+            why.push(
+                "refused although this process holds CAP_SYS_PTRACE: a seccomp filter or an LSM \
+                 (AppArmor, SELinux) denies it; use the socket rungs"
+                    .into(),
+            );
+        }
+        why.join("; ")
     }
-    if why.is_empty() {
-        why.push(
-            "refused although this process holds CAP_SYS_PTRACE: a seccomp filter or an LSM \
-             (AppArmor, SELinux) denies it; use the socket rungs"
-                .into(),
-        );
-    }
-    why.join("; ")
 }
 
 /// Maps an error of `pidfd_open`/`pidfd_getfd` to its gate.
@@ -240,7 +270,7 @@ pub fn pidfd_gate_of(err: &io::Error, exporter_ptracer: &str, peer_pid: u32) -> 
         Some(e) if e == ENOSYS => Gate::NoKernelSupport(err.to_string()),
         Some(e) if e == ESRCH => Gate::ProcessGone,
         Some(e) if e == EPERM || e == EACCES => {
-            Gate::PtraceDenied(explain_ptrace_eperm(exporter_ptracer, peer_pid))
+            Gate::PtraceDenied(PtraceFacts::observe(peer_pid).explain_eperm(exporter_ptracer))
         }
         Some(e) if e == EBADF => Gate::NotTheObject(format!(
             "the descriptor number is not open in the peer ({err}): the object was revoked"
@@ -373,6 +403,73 @@ mod tests {
         assert_eq!(d.into_error().status, Status::Timeout);
         let e = Diagnosis::new("x").into_error();
         assert!(e.message.contains("NVFIPC_FD_RUNGS"), "{}", e.message);
+    }
+
+    #[test]
+    fn eperm_is_explained_by_the_gate_that_applies() {
+        let docker = PtraceFacts {
+            seccomp: 2,
+            cap_sys_ptrace: false,
+            yama_scope: Some(1),
+            my_uid: Some(1000),
+            peer_uid: Some(1000),
+        };
+        let why = docker.explain_eperm("any");
+        assert!(
+            why.contains("seccomp") && why.contains("--cap-add SYS_PTRACE"),
+            "{why}"
+        );
+        assert!(
+            !why.contains("Yama"),
+            "the exporter allowed any ptracer: {why}"
+        );
+        let why = docker.explain_eperm("refused");
+        assert!(
+            why.contains("ptrace_scope=1") && why.contains("ptracer=refused"),
+            "{why}"
+        );
+        let why = PtraceFacts {
+            seccomp: 0,
+            yama_scope: Some(2),
+            ..docker.clone()
+        }
+        .explain_eperm("any");
+        assert!(
+            why.contains("ptrace_scope=2") && !why.contains("seccomp"),
+            "{why}"
+        );
+        let why = PtraceFacts {
+            yama_scope: Some(3),
+            cap_sys_ptrace: true,
+            ..docker.clone()
+        }
+        .explain_eperm("any");
+        assert!(why.contains("ptrace_scope=3"), "{why}");
+        let why = PtraceFacts {
+            seccomp: 0,
+            yama_scope: None,
+            peer_uid: Some(0),
+            ..docker.clone()
+        }
+        .explain_eperm("unneeded");
+        assert!(why.contains("uid 0") && why.contains("uid 1000"), "{why}");
+        let why = PtraceFacts {
+            seccomp: 0,
+            yama_scope: None,
+            ..docker.clone()
+        }
+        .explain_eperm("unneeded");
+        assert!(why.contains("lacks CAP_SYS_PTRACE"), "{why}");
+        let why = PtraceFacts {
+            seccomp: 0,
+            yama_scope: None,
+            cap_sys_ptrace: true,
+            ..docker
+        }
+        .explain_eperm("unneeded");
+        assert!(why.contains("although this process holds"), "{why}");
+        let me = PtraceFacts::observe(std::process::id());
+        assert_eq!(me.my_uid, me.peer_uid);
     }
 
     #[test]

@@ -88,9 +88,12 @@ pub fn fetch_over_socket(
     stream
         .set_write_timeout(Some(left))
         .map_err(|e| Gate::Other(e.to_string()))?;
-    stream
-        .write_all(&out)
-        .map_err(|e| timed_out("sending the request", &e))?;
+    if let Err(e) = stream.write_all(&out) {
+        // A responder that refused the connection ("busy") wrote why before closing it.
+        return Err(
+            refusal_waiting(&stream).unwrap_or_else(|| timed_out("sending the request", &e))
+        );
+    }
     let mut fds = Vec::with_capacity(ids.len());
     let mut input: Vec<u8> = Vec::new();
     let mut pending_fds: Vec<OwnedFd> = Vec::new();
@@ -156,6 +159,19 @@ pub fn fetch_over_socket(
         }
     }
     Ok(fds)
+}
+
+/// The error frame already received on `stream`, if any (without waiting).
+fn refusal_waiting(stream: &UnixStream) -> Option<Gate> {
+    stream.set_nonblocking(true).ok()?;
+    let mut buf = [0u8; HEADER_LEN + MAX_BODY];
+    let (n, _) = sys::recv_with_fd(stream.as_fd(), &mut buf).ok()?;
+    match Reply::decode(&buf[..n]) {
+        Ok(Parsed::Frame(Reply::Error { code, message, .. }, _)) => {
+            Some(Gate::Refused { code, message })
+        }
+        _ => None,
+    }
 }
 
 /// Whether a gate from a socket rung is the exporter's own answer about the object (unknown or

@@ -58,6 +58,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+/// Pause before asking again a responder that answered "busy".
+const BUSY_PAUSE: Duration = Duration::from_millis(10);
+
 /// The store key of `rank`'s record under `prefix`.
 pub fn record_key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/fdpass/{rank}")
@@ -345,9 +348,30 @@ impl FdPass {
                 fell_back: diag,
             }),
             None => {
-                // A stale record (a restarted peer) is read again next time.
+                // The record may be stale (the peer restarted its transport): read it again,
+                // and when it changed, climb once more with the new one.
                 lock(&self.peers).remove(&peer);
-                Err(FetchFailure::Rungs(diag))
+                let fresh = self
+                    .store
+                    .check(&[&record_key(&self.prefix, peer)])
+                    .unwrap_or(false)
+                    .then(|| self.peer_record(peer, deadline.max(Instant::now())).ok())
+                    .flatten();
+                match fresh {
+                    Some(new) if new.nonce != record.nonce && Instant::now() < deadline => {
+                        let mut again =
+                            Diagnosis::new(format!("{} (after its record changed)", diag.what));
+                        match self.climb(&new, ids, deadline, &mut again) {
+                            Some((fds, rung)) => Ok(Fetched {
+                                fds,
+                                rung,
+                                fell_back: again,
+                            }),
+                            None => Err(FetchFailure::Rungs(again)),
+                        }
+                    }
+                    _ => Err(FetchFailure::Rungs(diag)),
+                }
             }
         }
     }
@@ -441,12 +465,21 @@ impl FdPass {
         diag: &mut Diagnosis,
     ) -> Option<std::result::Result<Vec<OwnedFd>, ()>> {
         let retry_until = Instant::now() + self.config.connect_retry;
-        match import::fetch_over_socket(route, request, ids, deadline, retry_until) {
-            Ok(fds) => Some(Ok(fds)),
-            Err(gate) => {
-                let definitive = import::is_definitive(&gate);
-                diag.add(route.rung(), route.describe(), gate);
-                definitive.then_some(Err(()))
+        loop {
+            match import::fetch_over_socket(route, request, ids, deadline, retry_until) {
+                Ok(fds) => return Some(Ok(fds)),
+                // A responder at its connection limit: retry like a connect that failed.
+                Err(Gate::Refused {
+                    code: frame::ErrorCode::Busy,
+                    ..
+                }) if Instant::now() + BUSY_PAUSE < retry_until.min(deadline) => {
+                    std::thread::sleep(BUSY_PAUSE);
+                }
+                Err(gate) => {
+                    let definitive = import::is_definitive(&gate);
+                    diag.add(route.rung(), route.describe(), gate);
+                    return definitive.then_some(Err(()));
+                }
             }
         }
     }
