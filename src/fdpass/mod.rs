@@ -535,3 +535,62 @@ impl Drop for FdPass {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::client::{ConnectOptions, TcpStore};
+    use crate::store::server::StoreServer;
+
+    #[test]
+    fn one_instance_per_process_job_and_rank_started_once_withdrawn_on_drop() {
+        let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::default()).unwrap(),
+        );
+        let config = FdPassConfig {
+            socket_dir: None,
+            ..FdPassConfig::default()
+        };
+        let a = FdPass::for_job(store.clone(), "unit", "j", 0, config.clone());
+        let b = FdPass::for_job(store.clone(), "unit", "j", 0, config.clone());
+        assert!(Arc::ptr_eq(&a, &b));
+        let other_rank = FdPass::for_job(store.clone(), "unit", "j", 1, config.clone());
+        assert!(!Arc::ptr_eq(&a, &other_rank));
+        assert!(a.record().is_none() && !a.responder_running(), "lazy");
+        let record = a.start().unwrap();
+        assert_eq!(b.start().unwrap(), record, "started once");
+        assert!(a.responder_running());
+        assert!(record
+            .path
+            .as_ref()
+            .unwrap_err()
+            .contains("NVFIPC_SOCKET_DIR=none"));
+        let key = record_key("unit", 0);
+        assert_eq!(
+            store.get(&key, Duration::from_secs(5)).unwrap(),
+            record.encode().into_bytes()
+        );
+
+        // A process may fetch its own descriptors too.
+        let fd = memfd("unit", 12345).unwrap();
+        assert_eq!(
+            std::fs::File::from(fd.try_clone().unwrap())
+                .metadata()
+                .unwrap()
+                .len(),
+            12345
+        );
+        let id = a.register(fd).unwrap();
+        let got = b.fetch(0, &id, Duration::from_secs(5)).unwrap();
+        assert_eq!(sys::file_identity(got.as_fd()).unwrap(), (id.dev, id.ino));
+
+        drop((a, b));
+        assert!(!store.check(&[&key]).unwrap(), "the record is withdrawn");
+        let again = FdPass::for_job(store, "unit", "j", 0, config);
+        assert!(
+            again.record().is_none(),
+            "a new instance once the last one is gone"
+        );
+    }
+}
