@@ -210,6 +210,12 @@ fn a_denied_pidfd_rung_is_diagnosed_and_sockets_need_no_ptrace() {
 }
 
 #[test]
+fn a_closed_responder_gives_an_error_not_sigpipe() {
+    let outs = run("sigpipe", 1, |_| vec![]);
+    assert!(outs[0].contains("survived"), "{}", outs[0]);
+}
+
+#[test]
 fn a_killed_exporters_socket_file_is_reclaimed() {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
     let job = job_id("killed");
@@ -876,6 +882,54 @@ fn scenario_pidfd_denied(r: &Rank) {
     r.done();
 }
 
+/// With SIGPIPE at its default action (as in a C++ host), an importer whose responder closes
+/// while the request is being written gets an error, not a fatal signal.
+fn scenario_sigpipe(r: &Rank) {
+    // SAFETY: sets this process's SIGPIPE disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let name = format!("nvfipc-test-closer-{}", std::process::id());
+    let listener = std::os::unix::net::UnixListener::bind_addr(
+        &SocketAddr::from_abstract_name(&name).unwrap(),
+    )
+    .unwrap();
+    let closer = std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        drop(conn);
+    });
+    let record = PeerRecord {
+        who: LocalIdentity::current(),
+        nonce: 5,
+        abstract_name: name,
+        path: Err("none".into()),
+        ptracer: PtracerState::NotNeeded,
+    };
+    r.store
+        .set(&record_key(&prefix(&r.job), 1), record.encode().as_bytes())
+        .unwrap();
+    let fp = r.fdpass(FdPassConfig {
+        rungs: vec![Rung::Abstract],
+        ..FdPassConfig::from_env().unwrap()
+    });
+    // 20000 requests (720 kB) cannot all fit in the socket buffer: the write is still going
+    // when the other side closes.
+    let ids: Vec<FdId> = (1..=20_000)
+        .map(|serial| FdId {
+            serial,
+            fd: 3,
+            dev: 0,
+            ino: 0,
+        })
+        .collect();
+    let e = fp.fetch_many(1, &ids, T).unwrap_err();
+    closer.join().unwrap();
+    assert!(
+        e.message.contains("Broken pipe") || e.message.contains("reset"),
+        "{e}"
+    );
+    println!("survived: {e}");
+}
+
 /// Registers one descriptor and sleeps until killed.
 fn scenario_hold(r: &Rank) {
     let fp = r.env_fdpass();
@@ -905,6 +959,7 @@ fn child() {
         "netns" => scenario_netns(&r),
         "pidfd_denied" => scenario_pidfd_denied(&r),
         "hold" => scenario_hold(&r),
+        "sigpipe" => scenario_sigpipe(&r),
         other => panic!("unknown scenario {other}"),
     }
 }

@@ -7,7 +7,7 @@ use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, HEADER_LEN, MAX_BODY}
 use super::naming::Route;
 use super::registry::FdId;
 use super::sys;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
@@ -73,7 +73,7 @@ pub fn fetch_over_socket(
     deadline: Instant,
     retry_until: Instant,
 ) -> Result<Vec<OwnedFd>, Gate> {
-    let mut stream = connect(route, retry_until.min(deadline))?;
+    let stream = connect(route, retry_until.min(deadline))?;
     let mut out = Vec::with_capacity(ids.len() * (HEADER_LEN + 24));
     for id in ids {
         out.extend_from_slice(
@@ -88,7 +88,7 @@ pub fn fetch_over_socket(
     stream
         .set_write_timeout(Some(left))
         .map_err(|e| Gate::Other(e.to_string()))?;
-    if let Err(e) = stream.write_all(&out) {
+    if let Err(e) = send_all(&stream, &out) {
         // A responder that refused the connection ("busy") wrote why before closing it.
         return Err(
             refusal_waiting(&stream).unwrap_or_else(|| timed_out("sending the request", &e))
@@ -159,6 +159,20 @@ pub fn fetch_over_socket(
         }
     }
     Ok(fds)
+}
+
+/// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a responder that closed gives EPIPE, never
+/// a SIGPIPE that would kill a host process whose SIGPIPE disposition is the default.
+fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match sys::send_with_fd(stream.as_fd(), bytes, None) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The error frame already received on `stream`, if any (without waiting).
