@@ -824,6 +824,8 @@ fn scenario_netns(r: &Rank) {
         "rank 1 of job",
         "peer rank 0",
         "different network namespace",
+        "pidfd_getfd pid",
+        "not enabled",
         &path.display().to_string(),
         "does not exist",
         "NVFIPC_SOCKET_DIR",

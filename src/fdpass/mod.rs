@@ -451,6 +451,14 @@ impl FdPass {
                 None => {}
             }
         }
+        if pidfd_pos.is_none() {
+            // Every fd rung appears in the error, enabled or not.
+            diag.add(
+                Rung::Pidfd,
+                format!("pid {}", record.who.pid),
+                Gate::Disabled,
+            );
+        }
         None
     }
 
