@@ -2,10 +2,12 @@
 //!
 //! Layers, bottom up (see README.md and docs/ARCHITECTURE.md); each uses only layers below it:
 //! - [`error`], [`os`] (shm, waits, processes, launcher variables) and [`names`] (every shm name
-//!   and store key of a job);
+//!   and store key of a job), [`logging`] (the log `NVFIPC_DEBUG` turns on);
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);
 //! - [`transport`]: the contract between the exchange and the memory transports;
+//! - [`fdpass`]: passing file descriptors between processes without ptrace rights (for
+//!   fd-based transports);
 //! - [`cuda`] and [`host`]: the device and host transports, implementing that contract;
 //! - [`barrier`], [`env`](mod@env) and [`context`]: barriers, who we are and which store we use;
 //! - [`exchange`]: epoch-keyed handle exchange and the handle cache, over the contract only;
@@ -21,6 +23,7 @@ pub mod error;
 pub mod exchange;
 #[cfg(test)]
 mod exchange_tests;
+pub mod fdpass;
 pub mod ffi;
 pub mod host;
 pub mod logging;

@@ -1,0 +1,145 @@
+//! The fd transport's settings, from the environment or set by hand.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `NVFIPC_SOCKET_DIR` | directory of the path sockets; `none` for no path socket | `$XDG_RUNTIME_DIR`, else `/tmp` |
+//! | `NVFIPC_FD_RUNGS` | rungs an importer tries, in order, comma-separated | `abstract,path,pidfd` |
+//! | `NVFIPC_FD_PTRACER` | `any`: under Yama `ptrace_scope=1`, let importers attach (`PR_SET_PTRACER_ANY`) so that the pidfd rung can work; `none`: never | `any` |
+
+use super::diagnose::Rung;
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const SOCKET_DIR_VAR: &str = "NVFIPC_SOCKET_DIR";
+pub const RUNGS_VAR: &str = "NVFIPC_FD_RUNGS";
+pub const PTRACER_VAR: &str = "NVFIPC_FD_PTRACER";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FdPassConfig {
+    /// Where the path socket goes; `None`: abstract socket only.
+    pub socket_dir: Option<PathBuf>,
+    /// Rungs the importer tries, in this order ([`Rung::Fabric`] is ignored here: the VMM
+    /// transport tries it).
+    pub rungs: Vec<Rung>,
+    /// Under Yama `ptrace_scope=1`, call `PR_SET_PTRACER_ANY` when the responder starts.
+    pub allow_ptracer: bool,
+    /// How long an importer keeps retrying to connect to one socket (within its own timeout)
+    /// before it moves to the next rung.
+    pub connect_retry: Duration,
+    /// A responder closes a connection that has been silent this long.
+    pub idle_timeout: Duration,
+    /// Connections a responder serves at once; more are answered "busy" and closed.
+    pub max_connections: usize,
+}
+
+impl Default for FdPassConfig {
+    fn default() -> Self {
+        FdPassConfig {
+            socket_dir: Some(default_socket_dir()),
+            rungs: vec![Rung::Abstract, Rung::Path, Rung::Pidfd],
+            allow_ptracer: true,
+            connect_retry: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+        }
+    }
+}
+
+fn default_socket_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && p.is_dir())
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+impl FdPassConfig {
+    pub fn from_env() -> Result<FdPassConfig> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the variables through `lookup` (tests pass a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<FdPassConfig> {
+        let mut config = FdPassConfig::default();
+        if let Some(dir) = lookup(SOCKET_DIR_VAR).filter(|s| !s.is_empty()) {
+            config.socket_dir = if dir == "none" {
+                None
+            } else if !dir.starts_with('/') {
+                return Err(Error::invalid(format!(
+                    "{SOCKET_DIR_VAR}={dir:?} is not an absolute path: give a directory every \
+                     rank of the node can reach by one path, or `none`"
+                )));
+            } else {
+                Some(PathBuf::from(dir))
+            };
+        }
+        if let Some(list) = lookup(RUNGS_VAR).filter(|s| !s.trim().is_empty()) {
+            let mut rungs = Vec::new();
+            for name in list.split(',') {
+                let rung = Rung::parse(name).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{RUNGS_VAR}={list:?}: {name:?} is not a rung; use a comma-separated \
+                         list of abstract, path, pidfd, fabric"
+                    ))
+                })?;
+                if !rungs.contains(&rung) {
+                    rungs.push(rung);
+                }
+            }
+            config.rungs = rungs;
+        }
+        if let Some(v) = lookup(PTRACER_VAR).filter(|s| !s.is_empty()) {
+            config.allow_ptracer = match v.as_str() {
+                "any" => true,
+                "none" => false,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{PTRACER_VAR}={v:?}: use `any` (let importers attach under Yama \
+                         ptrace_scope=1) or `none`"
+                    )))
+                }
+            };
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn reads_the_environment_and_refuses_nonsense() {
+        let c = FdPassConfig::from_lookup(env(&[])).unwrap();
+        assert_eq!(c, FdPassConfig::default());
+        assert!(c.socket_dir.is_some());
+        let c = FdPassConfig::from_lookup(env(&[
+            (SOCKET_DIR_VAR, "/shared/sock"),
+            (RUNGS_VAR, "pidfd, path,pidfd"),
+            (PTRACER_VAR, "none"),
+        ]))
+        .unwrap();
+        assert_eq!(c.socket_dir, Some(PathBuf::from("/shared/sock")));
+        assert_eq!(c.rungs, vec![Rung::Pidfd, Rung::Path]);
+        assert!(!c.allow_ptracer);
+        let c = FdPassConfig::from_lookup(env(&[(SOCKET_DIR_VAR, "none")])).unwrap();
+        assert_eq!(c.socket_dir, None);
+        for (k, v, needle) in [
+            (SOCKET_DIR_VAR, "rel/dir", "absolute"),
+            (RUNGS_VAR, "abstract,tcp", "\"tcp\" is not a rung"),
+            (PTRACER_VAR, "maybe", "any"),
+        ] {
+            let e = FdPassConfig::from_lookup(env(&[(k, v)])).unwrap_err();
+            assert!(e.message.contains(needle) && e.message.contains(k), "{e}");
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! The fd transport's frames: what an importer sends to a responder and what comes back. Pure
+//! encoding and validation, no I/O.
+//!
+//! Every frame starts with a 12-byte header, little-endian:
+//! `magic[4] | version u16 | kind u16 | body_len u32`, then `body_len` bytes of body.
+//!
+//! | frame | magic | kind | body |
+//! |---|---|---|---|
+//! | request: fetch | `NVFQ` | 1 | `nonce u64, serial u64, rank u32, pid u32` (24 bytes) |
+//! | reply: fd | `NVFR` | 1 | `serial u64, st_dev u64, st_ino u64` (24 bytes); the fd rides as `SCM_RIGHTS` on the header's bytes |
+//! | reply: error | `NVFR` | 2 | `code u16, serial u64, len u16, message[len]` (UTF-8, at most 512 bytes) |
+//!
+//! A request with another magic, version or kind, or a body of the wrong size, is answered with
+//! an error frame (serial 0) and its connection is closed: a byte stream cannot be resynchronised.
+
+/// Frame format version; a change of any layout above bumps it.
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 12;
+/// Largest body either side accepts; anything longer is refused before it is read.
+pub const MAX_BODY: usize = 1024;
+/// Longest error message carried in a reply (longer ones are cut at a char boundary).
+pub const MAX_MESSAGE: usize = 512;
+
+const REQUEST_MAGIC: [u8; 4] = *b"NVFQ";
+const REPLY_MAGIC: [u8; 4] = *b"NVFR";
+const KIND_FETCH: u16 = 1;
+const KIND_FD: u16 = 1;
+const KIND_ERROR: u16 = 2;
+const FETCH_BODY: usize = 24;
+const FD_BODY: usize = 24;
+
+/// An importer's request for the object registered under `serial` at the responder whose
+/// published nonce is `nonce`. `rank` and `pid` say who asks (for the responder's messages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FetchRequest {
+    pub nonce: u64,
+    pub serial: u64,
+    pub rank: u32,
+    pub pid: u32,
+}
+
+/// Why a responder refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// No object was ever registered under this serial.
+    UnknownId = 1,
+    /// The object was registered and has been unregistered since.
+    Revoked = 2,
+    /// The request did not parse (magic, kind, size).
+    Malformed = 3,
+    /// The request names another responder's nonce (a stale record, or another job).
+    WrongNonce = 4,
+    /// The request's frame version is not one this responder speaks.
+    UnsupportedVersion = 5,
+    /// The responder has too many connections open.
+    Busy = 6,
+    /// The responder failed to send the descriptor.
+    Internal = 7,
+}
+
+impl ErrorCode {
+    fn from_u16(v: u16) -> Option<ErrorCode> {
+        Some(match v {
+            1 => ErrorCode::UnknownId,
+            2 => ErrorCode::Revoked,
+            3 => ErrorCode::Malformed,
+            4 => ErrorCode::WrongNonce,
+            5 => ErrorCode::UnsupportedVersion,
+            6 => ErrorCode::Busy,
+            7 => ErrorCode::Internal,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::UnknownId => "unknown id",
+            ErrorCode::Revoked => "revoked",
+            ErrorCode::Malformed => "malformed request",
+            ErrorCode::WrongNonce => "wrong nonce",
+            ErrorCode::UnsupportedVersion => "unsupported version",
+            ErrorCode::Busy => "busy",
+            ErrorCode::Internal => "internal error",
+        }
+    }
+}
+
+/// A responder's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The descriptor is attached; `dev`/`ino` are the responder's `fstat` of it.
+    Fd { serial: u64, dev: u64, ino: u64 },
+    Error {
+        code: ErrorCode,
+        serial: u64,
+        message: String,
+    },
+}
+
+/// A frame that cannot be accepted: the error code to answer with and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// What the bytes received so far hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed<T> {
+    /// Not a whole frame yet: at least this many bytes in total are needed.
+    Incomplete(usize),
+    /// A frame, and the bytes it took.
+    Frame(T, usize),
+}
+
+fn header(magic: [u8; 4], kind: u16, body_len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + body_len);
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&(body_len as u32).to_le_bytes());
+    out
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn bad(code: ErrorCode, message: impl Into<String>) -> FrameError {
+    FrameError {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Checks the header of `bytes` against `magic`; returns (kind, body length) or why not.
+/// `Ok(None)`: fewer than [`HEADER_LEN`] bytes so far.
+fn parse_header(bytes: &[u8], magic: [u8; 4]) -> Result<Option<(u16, usize)>, FrameError> {
+    // A wrong magic is told as soon as its bytes are there, before a whole header arrives.
+    let seen = bytes.len().min(4);
+    if bytes[..seen] != magic[..seen] {
+        return Err(bad(
+            ErrorCode::Malformed,
+            format!(
+                "frame magic {:02x?} is not {:?}: not an nvfuser-ipc fd transport peer",
+                &bytes[..seen],
+                String::from_utf8_lossy(&magic)
+            ),
+        ));
+    }
+    if bytes.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let version = u16_at(bytes, 4);
+    if version != VERSION {
+        return Err(bad(
+            ErrorCode::UnsupportedVersion,
+            format!(
+                "frame version {version}, this build speaks version {VERSION}: run one \
+                 nvfuser-ipc version in every process of the job"
+            ),
+        ));
+    }
+    let body_len = u32_at(bytes, 8) as usize;
+    if body_len > MAX_BODY {
+        return Err(bad(
+            ErrorCode::Malformed,
+            format!("frame body of {body_len} bytes exceeds the limit of {MAX_BODY}"),
+        ));
+    }
+    Ok(Some((u16_at(bytes, 6), body_len)))
+}
+
+impl FetchRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = header(REQUEST_MAGIC, KIND_FETCH, FETCH_BODY);
+        out.extend_from_slice(&self.nonce.to_le_bytes());
+        out.extend_from_slice(&self.serial.to_le_bytes());
+        out.extend_from_slice(&self.rank.to_le_bytes());
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        out
+    }
+
+    /// Parses the first request in `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Parsed<FetchRequest>, FrameError> {
+        let Some((kind, body_len)) = parse_header(bytes, REQUEST_MAGIC)? else {
+            return Ok(Parsed::Incomplete(HEADER_LEN));
+        };
+        if kind != KIND_FETCH {
+            return Err(bad(
+                ErrorCode::Malformed,
+                format!("request kind {kind} is not fetch ({KIND_FETCH})"),
+            ));
+        }
+        if body_len != FETCH_BODY {
+            return Err(bad(
+                ErrorCode::Malformed,
+                format!("fetch request body of {body_len} bytes, expected {FETCH_BODY}"),
+            ));
+        }
+        let total = HEADER_LEN + body_len;
+        if bytes.len() < total {
+            return Ok(Parsed::Incomplete(total));
+        }
+        let b = &bytes[HEADER_LEN..total];
+        Ok(Parsed::Frame(
+            FetchRequest {
+                nonce: u64_at(b, 0),
+                serial: u64_at(b, 8),
+                rank: u32_at(b, 16),
+                pid: u32_at(b, 20),
+            },
+            total,
+        ))
+    }
+}
+
+impl Reply {
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Reply::Fd { serial, dev, ino } => {
+                let mut out = header(REPLY_MAGIC, KIND_FD, FD_BODY);
+                for v in [serial, dev, ino] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out
+            }
+            Reply::Error {
+                code,
+                serial,
+                message,
+            } => {
+                let mut cut = message.len().min(MAX_MESSAGE);
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let text = &message.as_bytes()[..cut];
+                let mut out = header(REPLY_MAGIC, KIND_ERROR, 12 + text.len());
+                out.extend_from_slice(&(*code as u16).to_le_bytes());
+                out.extend_from_slice(&serial.to_le_bytes());
+                out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+                out.extend_from_slice(text);
+                out
+            }
+        }
+    }
+
+    /// Parses the first reply in `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Parsed<Reply>, FrameError> {
+        let Some((kind, body_len)) = parse_header(bytes, REPLY_MAGIC)? else {
+            return Ok(Parsed::Incomplete(HEADER_LEN));
+        };
+        let total = HEADER_LEN + body_len;
+        match kind {
+            KIND_FD if body_len != FD_BODY => {
+                return Err(bad(
+                    ErrorCode::Malformed,
+                    format!("fd reply body of {body_len} bytes, expected {FD_BODY}"),
+                ))
+            }
+            KIND_ERROR if !(12..=12 + MAX_MESSAGE).contains(&body_len) => {
+                return Err(bad(
+                    ErrorCode::Malformed,
+                    format!("error reply body of {body_len} bytes"),
+                ))
+            }
+            KIND_FD | KIND_ERROR => {}
+            other => {
+                return Err(bad(
+                    ErrorCode::Malformed,
+                    format!(
+                        "reply kind {other} is neither fd ({KIND_FD}) nor error ({KIND_ERROR})"
+                    ),
+                ))
+            }
+        }
+        if bytes.len() < total {
+            return Ok(Parsed::Incomplete(total));
+        }
+        let b = &bytes[HEADER_LEN..total];
+        let reply = if kind == KIND_FD {
+            Reply::Fd {
+                serial: u64_at(b, 0),
+                dev: u64_at(b, 8),
+                ino: u64_at(b, 16),
+            }
+        } else {
+            let raw = u16_at(b, 0);
+            let code = ErrorCode::from_u16(raw)
+                .ok_or_else(|| bad(ErrorCode::Malformed, format!("unknown error code {raw}")))?;
+            let len = u16_at(b, 10) as usize;
+            if 12 + len != body_len {
+                return Err(bad(
+                    ErrorCode::Malformed,
+                    format!("error message of {len} bytes in a body of {body_len}"),
+                ));
+            }
+            Reply::Error {
+                code,
+                serial: u64_at(b, 2),
+                message: String::from_utf8_lossy(&b[12..]).into_owned(),
+            }
+        };
+        Ok(Parsed::Frame(reply, total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REQ: FetchRequest = FetchRequest {
+        nonce: 0x0123_4567_89ab_cdef,
+        serial: 42,
+        rank: 3,
+        pid: 4242,
+    };
+
+    #[test]
+    fn requests_round_trip_and_arrive_in_pieces() {
+        let bytes = REQ.encode();
+        assert_eq!(bytes.len(), HEADER_LEN + FETCH_BODY);
+        assert_eq!(
+            FetchRequest::decode(&bytes),
+            Ok(Parsed::Frame(REQ, bytes.len()))
+        );
+        for cut in 0..bytes.len() {
+            match FetchRequest::decode(&bytes[..cut]) {
+                Ok(Parsed::Incomplete(need)) => assert!(need > cut, "{cut} -> {need}"),
+                other => panic!("{cut} bytes gave {other:?}"),
+            }
+        }
+        // Two pipelined requests: the first is parsed, the rest left.
+        let mut two = bytes.clone();
+        two.extend_from_slice(&bytes);
+        assert_eq!(
+            FetchRequest::decode(&two),
+            Ok(Parsed::Frame(REQ, bytes.len()))
+        );
+    }
+
+    #[test]
+    fn malformed_requests_are_told_apart() {
+        let good = REQ.encode();
+        let mut magic = good.clone();
+        magic[0] = b'G';
+        let e = FetchRequest::decode(&magic).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Malformed);
+        assert!(e.message.contains("magic"), "{}", e.message);
+        // A wrong magic is seen from its first byte.
+        assert_eq!(
+            FetchRequest::decode(b"GET ").unwrap_err().code,
+            ErrorCode::Malformed
+        );
+        let mut version = good.clone();
+        version[4] = 9;
+        let e = FetchRequest::decode(&version).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedVersion);
+        assert!(e.message.contains("version 9"), "{}", e.message);
+        let mut kind = good.clone();
+        kind[6] = 7;
+        assert!(FetchRequest::decode(&kind)
+            .unwrap_err()
+            .message
+            .contains("kind 7"));
+        let mut len = good.clone();
+        len[8] = 23;
+        assert!(FetchRequest::decode(&len)
+            .unwrap_err()
+            .message
+            .contains("23 bytes"));
+        let mut huge = good;
+        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(FetchRequest::decode(&huge)
+            .unwrap_err()
+            .message
+            .contains("exceeds"));
+        // A reply is not a request.
+        let reply = Reply::Fd {
+            serial: 1,
+            dev: 2,
+            ino: 3,
+        }
+        .encode();
+        assert_eq!(
+            FetchRequest::decode(&reply).unwrap_err().code,
+            ErrorCode::Malformed
+        );
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let fd = Reply::Fd {
+            serial: 7,
+            dev: 8,
+            ino: 9,
+        };
+        let b = fd.encode();
+        assert_eq!(Reply::decode(&b), Ok(Parsed::Frame(fd, b.len())));
+        for code in [
+            ErrorCode::UnknownId,
+            ErrorCode::Revoked,
+            ErrorCode::Malformed,
+            ErrorCode::WrongNonce,
+            ErrorCode::UnsupportedVersion,
+            ErrorCode::Busy,
+            ErrorCode::Internal,
+        ] {
+            let e = Reply::Error {
+                code,
+                serial: 5,
+                message: format!("{} here", code.name()),
+            };
+            let b = e.encode();
+            assert_eq!(Reply::decode(&b), Ok(Parsed::Frame(e, b.len())));
+            assert!(matches!(
+                Reply::decode(&b[..b.len() - 1]),
+                Ok(Parsed::Incomplete(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_char_boundary_and_bad_replies_refused() {
+        let e = Reply::Error {
+            code: ErrorCode::Internal,
+            serial: 0,
+            message: "é".repeat(400),
+        };
+        let b = e.encode();
+        let Ok(Parsed::Frame(Reply::Error { message, .. }, _)) = Reply::decode(&b) else {
+            panic!("no reply");
+        };
+        assert!(message.len() <= MAX_MESSAGE && message.chars().all(|c| c == 'é'));
+        let mut code = b.clone();
+        code[12] = 99;
+        assert!(Reply::decode(&code)
+            .unwrap_err()
+            .message
+            .contains("error code 99"));
+        let mut len = b;
+        len[22] = len[22].wrapping_add(1);
+        assert_eq!(Reply::decode(&len).unwrap_err().code, ErrorCode::Malformed);
+        assert_eq!(
+            Reply::decode(&REQ.encode()).unwrap_err().code,
+            ErrorCode::Malformed
+        );
+    }
+}

@@ -1,0 +1,604 @@
+//! Passing file descriptors between the processes of a job without ptrace rights.
+//!
+//! A process that exports an object (a VMM allocation's POSIX fd, a memfd holding a host
+//! buffer) registers its descriptor with [`FdPass::register`] and puts the returned [`FdId`] in
+//! the record it publishes. An importer calls [`FdPass::fetch`] with the exporter's rank and that
+//! id and gets its own descriptor of the same open file. Rungs, tried in order
+//! (`NVFIPC_FD_RUNGS`):
+//!
+//! 1. **abstract**: the exporter's responder on `\0nvfipc-<job>-<rank>-<nonce>`, only when both
+//!    share a kernel and a network namespace; `SCM_RIGHTS`, no ptrace rights needed.
+//! 2. **path**: the same responder on `<NVFIPC_SOCKET_DIR>/nvfipc-<job>-<rank>-<pid>p<pidns>-
+//!    <nonce>.sock`, for peers in another network namespace that see the same directory.
+//! 3. **pidfd**: `pidfd_open` + `pidfd_getfd` (same kernel and pid namespace; ptrace rights,
+//!    which the exporter grants under Yama `ptrace_scope=1` with `PR_SET_PTRACER_ANY` unless
+//!    `NVFIPC_FD_PTRACER=none`).
+//! 4. **fabric**: not an fd; the VMM transport tries it and adds its outcome to the
+//!    [`Diagnosis`] from [`FdPass::fetch_diagnosed`].
+//!
+//! When every rung fails the error names each rung's gate (other host, network or PID
+//! namespace, socket directory not shared, seccomp/capability/Yama EPERM, ...) and what to
+//! change.
+//!
+//! The responder starts at the first `register` (or [`FdPass::start`]), once per process, job
+//! and rank ([`FdPass::for_job`] hands out the one instance), and publishes
+//! `<prefix>/fdpass/<rank>` = [`PeerRecord`] only once it listens: an importer that has an id
+//! finds the responder ready, so there is no readiness barrier. Dropping the last handle stops
+//! the thread, removes the socket file and deletes the record.
+//!
+//! Layout: `sys` (every libc call), `frame` (wire frames), `naming` (names, records, route
+//! choice), `registry` (the id table), `responder` (the serving thread), `import` (the
+//! importer's rungs), `diagnose` (gates and the final error), `config` (environment).
+
+pub mod config;
+pub mod diagnose;
+pub mod frame;
+mod import;
+pub mod naming;
+pub mod registry;
+pub mod responder;
+mod sys;
+
+pub use config::FdPassConfig;
+pub use diagnose::{Diagnosis, Gate, Rung};
+pub use naming::{LocalIdentity, PeerRecord, PtracerState};
+pub use registry::FdId;
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+use crate::sync::lock;
+use frame::FetchRequest;
+use naming::Route;
+use once_cell::sync::Lazy;
+use registry::Registry;
+use responder::{Responder, ResponderStats};
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Pause before asking again a responder that answered "busy".
+const BUSY_PAUSE: Duration = Duration::from_millis(10);
+
+/// The store key of `rank`'s record under `prefix`.
+pub fn record_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/fdpass/{rank}")
+}
+
+/// An anonymous file of `bytes` bytes (`memfd_create`, close-on-exec), for host buffers passed
+/// by fd.
+pub fn memfd(name: &str, bytes: u64) -> Result<OwnedFd> {
+    let fd = sys::memfd_create(name)
+        .map_err(|e| Error::from_io(format!("memfd_create({name:?})"), &e))?;
+    let file = std::fs::File::from(fd);
+    file.set_len(bytes)
+        .map_err(|e| Error::from_io(format!("sizing memfd {name:?} to {bytes} bytes"), &e))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// A random nonce from the kernel's generator.
+fn random_nonce() -> Result<u64> {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| Error::from_io("fd transport: reading /dev/urandom for a nonce", &e))?;
+    Ok(u64::from_le_bytes(b).max(1))
+}
+
+/// Under Yama `ptrace_scope=1`, lets importers attach (for the pidfd rung) when allowed.
+fn set_ptracer(allow: bool) -> PtracerState {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
+    match scope {
+        Some(1) if !allow => PtracerState::Refused,
+        Some(1) => match sys::allow_any_ptracer() {
+            Ok(()) => PtracerState::Any,
+            Err(_) => PtracerState::Failed,
+        },
+        _ => PtracerState::NotNeeded,
+    }
+}
+
+struct Running {
+    responder: Responder,
+    record: PeerRecord,
+}
+
+/// One process's fd transport for one job and rank. Cheap to share (`Arc`).
+pub struct FdPass {
+    store: Arc<dyn Store>,
+    prefix: String,
+    job: String,
+    rank: usize,
+    config: FdPassConfig,
+    local: LocalIdentity,
+    registry: Arc<Registry>,
+    running: Mutex<Option<Running>>,
+    peers: Mutex<HashMap<usize, PeerRecord>>,
+}
+
+type InstanceKey = (String, String, usize);
+static INSTANCES: Lazy<Mutex<HashMap<InstanceKey, Weak<FdPass>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+impl FdPass {
+    /// A transport that publishes under `prefix` in `store` (e.g. `nvfipc/<job id>`) as `rank`
+    /// of `job`. Starts nothing yet.
+    pub fn new(
+        store: Arc<dyn Store>,
+        prefix: &str,
+        job: &str,
+        rank: usize,
+        config: FdPassConfig,
+    ) -> FdPass {
+        FdPass {
+            store,
+            prefix: prefix.to_string(),
+            job: job.to_string(),
+            rank,
+            config,
+            local: LocalIdentity::current(),
+            registry: Arc::new(Registry::default()),
+            running: Mutex::new(None),
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The one transport of this process for (`prefix`, `job`, `rank`): the live one when there
+    /// is one, else a new one (configured by `config`).
+    pub fn for_job(
+        store: Arc<dyn Store>,
+        prefix: &str,
+        job: &str,
+        rank: usize,
+        config: FdPassConfig,
+    ) -> Arc<FdPass> {
+        let key = (prefix.to_string(), job.to_string(), rank);
+        let mut map = lock(&INSTANCES);
+        map.retain(|_, w| w.strong_count() > 0);
+        if let Some(live) = map.get(&key).and_then(Weak::upgrade) {
+            return live;
+        }
+        let fresh = Arc::new(FdPass::new(store, prefix, job, rank, config));
+        map.insert(key, Arc::downgrade(&fresh));
+        fresh
+    }
+
+    fn who(&self) -> String {
+        format!("rank {} of job {}", self.rank, self.job)
+    }
+
+    /// Starts the responder and publishes this process's record, once; later calls return the
+    /// record.
+    pub fn start(&self) -> Result<PeerRecord> {
+        let mut running = lock(&self.running);
+        if let Some(r) = running.as_ref() {
+            return Ok(r.record.clone());
+        }
+        let who = self.who();
+        let nonce = random_nonce()?;
+        let abstract_name = naming::abstract_name(&self.job, self.rank, nonce);
+        let path = match &self.config.socket_dir {
+            None => Err("no socket directory (NVFIPC_SOCKET_DIR=none)".to_string()),
+            Some(dir) => {
+                naming::reclaim_dead_sockets(dir, self.local.pid_ns);
+                naming::socket_path(dir, &self.job, self.rank, &self.local, nonce)
+            }
+        };
+        let (responder, path) = Responder::start(
+            self.registry.clone(),
+            nonce,
+            &abstract_name,
+            path,
+            &self.config,
+            &who,
+        )?;
+        let record = PeerRecord {
+            who: self.local.clone(),
+            nonce,
+            abstract_name,
+            path,
+            ptracer: set_ptracer(self.config.allow_ptracer),
+        };
+        let key = record_key(&self.prefix, self.rank);
+        self.store
+            .set(&key, record.encode().as_bytes())
+            .map_err(|e| e.context(format!("{who}: publishing the fd transport record {key}")))?;
+        *running = Some(Running {
+            responder,
+            record: record.clone(),
+        });
+        Ok(record)
+    }
+
+    /// Offers `fd` to the job's importers (starting the responder when needed). The descriptor
+    /// stays open, owned here, until [`unregister`](Self::unregister) or drop.
+    pub fn register(&self, fd: OwnedFd) -> Result<FdId> {
+        self.start()?;
+        self.registry
+            .register(fd)
+            .map_err(|e| e.context(self.who()))
+    }
+
+    /// Offers a duplicate of `fd` (the caller keeps its own).
+    pub fn register_dup(&self, fd: impl AsFd) -> Result<FdId> {
+        let dup = fd.as_fd().try_clone_to_owned().map_err(|e| {
+            Error::from_io(
+                format!("{}: duplicating a descriptor to register", self.who()),
+                &e,
+            )
+        })?;
+        self.register(dup)
+    }
+
+    /// Closes the registered descriptor; importers asking later get "revoked". False when `id`
+    /// was not registered here.
+    pub fn unregister(&self, id: &FdId) -> bool {
+        self.registry.unregister(id)
+    }
+
+    /// Descriptors registered now.
+    pub fn registered(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// This process's published record, once started.
+    pub fn record(&self) -> Option<PeerRecord> {
+        lock(&self.running).as_ref().map(|r| r.record.clone())
+    }
+
+    /// Counters of this process's responder (zeros before it starts).
+    pub fn responder_stats(&self) -> Option<(u64, u64, u64, u64)> {
+        let running = lock(&self.running);
+        let s: &ResponderStats = running.as_ref()?.responder.stats();
+        use std::sync::atomic::Ordering::Relaxed;
+        Some((
+            s.accepted.load(Relaxed),
+            s.fds_sent.load(Relaxed),
+            s.refused.load(Relaxed),
+            s.malformed.load(Relaxed),
+        ))
+    }
+
+    /// Whether the responder thread runs.
+    pub fn responder_running(&self) -> bool {
+        lock(&self.running)
+            .as_ref()
+            .is_some_and(|r| r.responder.is_running())
+    }
+
+    /// `peer`'s record, from the cache or the store (waiting at most until `deadline`).
+    pub fn peer_record(&self, peer: usize, deadline: Instant) -> Result<PeerRecord> {
+        if let Some(r) = lock(&self.peers).get(&peer) {
+            return Ok(r.clone());
+        }
+        let key = record_key(&self.prefix, peer);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let bytes = self.store.get(&key, left).map_err(|e| {
+            e.context(format!(
+                "{}: waiting for peer rank {peer}'s fd transport record {key} (it publishes it \
+                 when it first registers a descriptor; has it exported anything, or exited?)",
+                self.who()
+            ))
+        })?;
+        let record = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(PeerRecord::decode)
+            .ok_or_else(|| {
+                Error::protocol(format!(
+                    "{}: the store key {key} does not hold an fd transport record of this \
+                     version ({} bytes): run one nvfuser-ipc version in every rank",
+                    self.who(),
+                    bytes.len()
+                ))
+            })?;
+        lock(&self.peers).insert(peer, record.clone());
+        Ok(record)
+    }
+
+    /// `peer`'s descriptor `id`, within `timeout`, by the first rung that works.
+    pub fn fetch(&self, peer: usize, id: &FdId, timeout: Duration) -> Result<OwnedFd> {
+        let mut fds = self.fetch_many(peer, std::slice::from_ref(id), timeout)?;
+        Ok(fds.remove(0))
+    }
+
+    /// Several descriptors of one peer, over one connection where a socket rung works.
+    pub fn fetch_many(&self, peer: usize, ids: &[FdId], timeout: Duration) -> Result<Vec<OwnedFd>> {
+        self.fetch_diagnosed(peer, ids, timeout)
+            .map(|f| f.fds)
+            .map_err(FetchFailure::into_error)
+    }
+
+    /// [`fetch_many`](Self::fetch_many), saying which rung delivered and which failed before
+    /// it (a fallback is never silent); on failure every rung's gate as a [`Diagnosis`], to
+    /// which a caller with more rungs (FABRIC) adds its own before turning it into the error.
+    pub fn fetch_diagnosed(
+        &self,
+        peer: usize,
+        ids: &[FdId],
+        timeout: Duration,
+    ) -> std::result::Result<Fetched, FetchFailure> {
+        let deadline = Instant::now() + timeout;
+        let record = self
+            .peer_record(peer, deadline)
+            .map_err(FetchFailure::Record)?;
+        let what = match ids {
+            [] => "no fd ids".to_string(),
+            [one] => one.to_string(),
+            many => format!("{} fd ids ({} first)", many.len(), many[0]),
+        };
+        let mut diag = Diagnosis::new(format!(
+            "{}: fetching {what} of peer rank {peer} (pid {})",
+            self.who(),
+            record.who.pid
+        ));
+        if ids.is_empty() {
+            return Ok(Fetched {
+                fds: Vec::new(),
+                rung: Rung::Abstract,
+                fell_back: diag,
+            });
+        }
+        match self.climb(&record, ids, deadline, &mut diag) {
+            Some((fds, rung)) => Ok(Fetched {
+                fds,
+                rung,
+                fell_back: diag,
+            }),
+            None => {
+                // The record may be stale (the peer restarted its transport): read it again,
+                // and when it changed, climb once more with the new one.
+                lock(&self.peers).remove(&peer);
+                let fresh = self
+                    .store
+                    .check(&[&record_key(&self.prefix, peer)])
+                    .unwrap_or(false)
+                    .then(|| self.peer_record(peer, deadline.max(Instant::now())).ok())
+                    .flatten();
+                match fresh {
+                    Some(new) if new.nonce != record.nonce && Instant::now() < deadline => {
+                        let mut again =
+                            Diagnosis::new(format!("{} (after its record changed)", diag.what));
+                        match self.climb(&new, ids, deadline, &mut again) {
+                            Some((fds, rung)) => Ok(Fetched {
+                                fds,
+                                rung,
+                                fell_back: again,
+                            }),
+                            None => Err(FetchFailure::Rungs(again)),
+                        }
+                    }
+                    _ => Err(FetchFailure::Rungs(diag)),
+                }
+            }
+        }
+    }
+
+    fn climb(
+        &self,
+        record: &PeerRecord,
+        ids: &[FdId],
+        deadline: Instant,
+        diag: &mut Diagnosis,
+    ) -> Option<(Vec<OwnedFd>, Rung)> {
+        let rungs = &self.config.rungs;
+        let (routes, ruled_out) = naming::socket_routes(&self.local, record, rungs);
+        let request = FetchRequest {
+            nonce: record.nonce,
+            serial: 0,
+            rank: u32::try_from(self.rank).unwrap_or(u32::MAX),
+            pid: self.local.pid,
+        };
+        // Socket rungs in the configured order.
+        let mut socket_order: Vec<Route> = Vec::new();
+        for rung in rungs {
+            socket_order.extend(routes.iter().filter(|r| r.rung() == *rung).cloned());
+        }
+        for (rung, target, gate) in ruled_out {
+            diag.add(rung, target, gate);
+        }
+        let pidfd_pos = rungs.iter().position(|r| *r == Rung::Pidfd);
+        let socket_first = |r: &Route| {
+            let pos = rungs.iter().position(|x| *x == r.rung());
+            match pidfd_pos {
+                None => true,
+                Some(p) => pos < Some(p),
+            }
+        };
+        let (before, after): (Vec<Route>, Vec<Route>) =
+            socket_order.into_iter().partition(socket_first);
+        for route in &before {
+            match self.try_route(route, request, ids, deadline, diag) {
+                Some(Ok(fds)) => return Some((fds, route.rung())),
+                Some(Err(())) => return None,
+                None => {}
+            }
+        }
+        if pidfd_pos.is_some() {
+            let target = ids.first().map_or(String::new(), |id| {
+                format!("pid {} fd {}", record.who.pid, id.fd)
+            });
+            if let Some(gate) = naming::pidfd_gate(&self.local, record) {
+                diag.add(Rung::Pidfd, target, gate);
+            } else {
+                let mut fds = Vec::with_capacity(ids.len());
+                let mut failed = false;
+                for id in ids {
+                    match import::fetch_with_pidfd(record.who.pid, id, record_ptracer(record)) {
+                        Ok(fd) => fds.push(fd),
+                        Err(gate) => {
+                            diag.add(
+                                Rung::Pidfd,
+                                format!("pid {} fd {}", record.who.pid, id.fd),
+                                gate,
+                            );
+                            failed = true;
+                            break;
+                        }
+                    }
+                }
+                if !failed {
+                    return Some((fds, Rung::Pidfd));
+                }
+            }
+        }
+        for route in &after {
+            match self.try_route(route, request, ids, deadline, diag) {
+                Some(Ok(fds)) => return Some((fds, route.rung())),
+                Some(Err(())) => return None,
+                None => {}
+            }
+        }
+        if pidfd_pos.is_none() {
+            // Every fd rung appears in the error, enabled or not.
+            diag.add(
+                Rung::Pidfd,
+                format!("pid {}", record.who.pid),
+                Gate::Disabled,
+            );
+        }
+        None
+    }
+
+    /// One socket route: `Some(Ok)` delivered, `Some(Err)` a definitive refusal (recorded),
+    /// `None` go on with the next rung (recorded).
+    fn try_route(
+        &self,
+        route: &Route,
+        request: FetchRequest,
+        ids: &[FdId],
+        deadline: Instant,
+        diag: &mut Diagnosis,
+    ) -> Option<std::result::Result<Vec<OwnedFd>, ()>> {
+        let retry_until = Instant::now() + self.config.connect_retry;
+        loop {
+            match import::fetch_over_socket(route, request, ids, deadline, retry_until) {
+                Ok(fds) => return Some(Ok(fds)),
+                // A responder at its connection limit: retry like a connect that failed.
+                Err(Gate::Refused {
+                    code: frame::ErrorCode::Busy,
+                    ..
+                }) if Instant::now() + BUSY_PAUSE < retry_until.min(deadline) => {
+                    std::thread::sleep(BUSY_PAUSE);
+                }
+                Err(gate) => {
+                    let definitive = import::is_definitive(&gate);
+                    diag.add(route.rung(), route.describe(), gate);
+                    return definitive.then_some(Err(()));
+                }
+            }
+        }
+    }
+}
+
+fn record_ptracer(record: &PeerRecord) -> &'static str {
+    record.ptracer.as_str()
+}
+
+/// What [`FdPass::fetch_diagnosed`] delivered.
+#[derive(Debug)]
+pub struct Fetched {
+    /// One descriptor per id, in order.
+    pub fds: Vec<OwnedFd>,
+    /// The rung that delivered them.
+    pub rung: Rung,
+    /// The rungs tried or ruled out before it, with their gates (empty: the first worked).
+    pub fell_back: Diagnosis,
+}
+
+/// Why [`FdPass::fetch_diagnosed`] failed.
+#[derive(Debug)]
+pub enum FetchFailure {
+    /// The peer's record could not be read (not published in time, or garbled).
+    Record(Error),
+    /// Every rung failed; the diagnosis says how.
+    Rungs(Diagnosis),
+}
+
+impl FetchFailure {
+    pub fn into_error(self) -> Error {
+        match self {
+            FetchFailure::Record(e) => e,
+            FetchFailure::Rungs(d) => d.into_error(),
+        }
+    }
+}
+
+impl Drop for FdPass {
+    fn drop(&mut self) {
+        let running = lock(&self.running).take();
+        if let Some(r) = running {
+            // Stop serving first (the socket file goes), then withdraw the record if it is
+            // still ours (best effort: the store may be gone already).
+            drop(r.responder);
+            let key = record_key(&self.prefix, self.rank);
+            let ours = r.record.encode().into_bytes();
+            if self.store.check(&[&key]).unwrap_or(false)
+                && self.store.get(&key, Duration::from_millis(100)).ok() == Some(ours)
+            {
+                let _ = self.store.delete_key(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::client::{ConnectOptions, TcpStore};
+    use crate::store::server::StoreServer;
+
+    #[test]
+    fn one_instance_per_process_job_and_rank_started_once_withdrawn_on_drop() {
+        let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::default()).unwrap(),
+        );
+        let config = FdPassConfig {
+            socket_dir: None,
+            ..FdPassConfig::default()
+        };
+        let a = FdPass::for_job(store.clone(), "unit", "j", 0, config.clone());
+        let b = FdPass::for_job(store.clone(), "unit", "j", 0, config.clone());
+        assert!(Arc::ptr_eq(&a, &b));
+        let other_rank = FdPass::for_job(store.clone(), "unit", "j", 1, config.clone());
+        assert!(!Arc::ptr_eq(&a, &other_rank));
+        assert!(a.record().is_none() && !a.responder_running(), "lazy");
+        let record = a.start().unwrap();
+        assert_eq!(b.start().unwrap(), record, "started once");
+        assert!(a.responder_running());
+        assert!(record
+            .path
+            .as_ref()
+            .unwrap_err()
+            .contains("NVFIPC_SOCKET_DIR=none"));
+        let key = record_key("unit", 0);
+        assert_eq!(
+            store.get(&key, Duration::from_secs(5)).unwrap(),
+            record.encode().into_bytes()
+        );
+
+        // A process may fetch its own descriptors too.
+        let fd = memfd("unit", 12345).unwrap();
+        assert_eq!(
+            std::fs::File::from(fd.try_clone().unwrap())
+                .metadata()
+                .unwrap()
+                .len(),
+            12345
+        );
+        let id = a.register(fd).unwrap();
+        let got = b.fetch(0, &id, Duration::from_secs(5)).unwrap();
+        assert_eq!(sys::file_identity(got.as_fd()).unwrap(), (id.dev, id.ino));
+
+        drop((a, b));
+        assert!(!store.check(&[&key]).unwrap(), "the record is withdrawn");
+        let again = FdPass::for_job(store, "unit", "j", 0, config);
+        assert!(
+            again.record().is_none(),
+            "a new instance once the last one is gone"
+        );
+    }
+}

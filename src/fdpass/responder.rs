@@ -1,0 +1,468 @@
+//! The responder: one thread per process and job that is always ready to hand out registered
+//! descriptors, so no importer waits for a barrier.
+//!
+//! It listens on an abstract name and, when the socket directory is usable, on a socket file
+//! (see `naming`), and runs one mio poll loop over both listeners and its connections: readable
+//! -> parse the requests that arrived -> queue the replies -> write what the kernel takes. A
+//! connection may pipeline any number of requests. An fd reply carries the descriptor as
+//! `SCM_RIGHTS` on its first byte. A request that does not parse is answered with an error frame
+//! and its connection closed once that is written; the responder goes on serving the others.
+//! A connection silent for `idle_timeout` is closed, connections beyond `max_connections` get a
+//! "busy" frame, and a peer that stops reading stops being read (its replies wait).
+//!
+//! Dropping the [`Responder`] wakes the loop, joins the thread and removes the socket file.
+
+use super::config::FdPassConfig;
+use super::frame::{ErrorCode, FetchRequest, Parsed, Reply};
+use super::registry::Registry;
+use super::sys;
+use crate::error::{Error, Result};
+use mio::net::{UnixListener, UnixStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const ABSTRACT: Token = Token(0);
+const PATH: Token = Token(1);
+const WAKER: Token = Token(2);
+const FIRST_CONN: usize = 3;
+/// Input a connection may hold unparsed: many pipelined requests, never an endless stream.
+const MAX_INPUT: usize = 64 * 1024;
+/// Replies queued per connection before its input stops being read.
+const MAX_QUEUED: usize = 256;
+
+/// What a responder has done so far (for tests and diagnostics).
+#[derive(Default, Debug)]
+pub struct ResponderStats {
+    pub accepted: AtomicU64,
+    pub fds_sent: AtomicU64,
+    pub refused: AtomicU64,
+    pub malformed: AtomicU64,
+}
+
+/// A running responder; stopped and cleaned up on drop.
+pub struct Responder {
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+    thread: Option<JoinHandle<()>>,
+    path: Option<PathBuf>,
+    stats: Arc<ResponderStats>,
+}
+
+/// Binds a listener on `addr`, non-blocking, for mio.
+fn listen(addr: &SocketAddr) -> io::Result<UnixListener> {
+    let l = std::os::unix::net::UnixListener::bind_addr(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(UnixListener::from_std(l))
+}
+
+/// Binds the socket file at `path` (its directory created when missing, a leftover file of the
+/// same name replaced); `Err` says why it could not be, for the published record.
+fn listen_path(path: &Path) -> std::result::Result<UnixListener, String> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        return Err(format!(
+            "the socket directory {} cannot be created ({e}): set NVFIPC_SOCKET_DIR to a \
+             writable directory",
+            dir.display()
+        ));
+    }
+    let _ = std::fs::remove_file(path);
+    let addr = SocketAddr::from_pathname(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    listen(&addr).map_err(|e| {
+        format!(
+            "cannot listen on {} ({e}): set NVFIPC_SOCKET_DIR to a writable directory",
+            path.display()
+        )
+    })
+}
+
+impl Responder {
+    /// Starts listening on `abstract_name` (required) and `path` (when given and usable) and
+    /// spawns the serving thread. Returns the responder and the path it listens on, or why not.
+    pub fn start(
+        registry: Arc<Registry>,
+        nonce: u64,
+        abstract_name: &str,
+        path: std::result::Result<PathBuf, String>,
+        config: &FdPassConfig,
+        who: &str,
+    ) -> Result<(Responder, std::result::Result<PathBuf, String>)> {
+        let addr = SocketAddr::from_abstract_name(abstract_name.as_bytes())
+            .map_err(|e| Error::from_io(format!("{who}: abstract name @{abstract_name}"), &e))?;
+        let mut abs = listen(&addr).map_err(|e| {
+            Error::from_io(
+                format!(
+                    "{who}: fd transport cannot listen on the abstract socket @{abstract_name}"
+                ),
+                &e,
+            )
+        })?;
+        let mut file = None;
+        let path = path.and_then(|p| {
+            let l = listen_path(&p)?;
+            sys::remove_at_exit(&p);
+            file = Some(l);
+            Ok(p)
+        });
+        let poll = Poll::new().map_err(|e| Error::from_io(format!("{who}: epoll"), &e))?;
+        let reg = poll.registry();
+        reg.register(&mut abs, ABSTRACT, Interest::READABLE)
+            .map_err(|e| Error::from_io(format!("{who}: epoll_ctl"), &e))?;
+        if let Some(l) = file.as_mut() {
+            reg.register(l, PATH, Interest::READABLE)
+                .map_err(|e| Error::from_io(format!("{who}: epoll_ctl"), &e))?;
+        }
+        let waker = Arc::new(
+            Waker::new(reg, WAKER).map_err(|e| Error::from_io(format!("{who}: eventfd"), &e))?,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(ResponderStats::default());
+        let mut serve = Loop {
+            poll,
+            listeners: [Some(abs), file],
+            conns: HashMap::new(),
+            next_token: FIRST_CONN,
+            registry,
+            nonce,
+            idle: config.idle_timeout,
+            max_connections: config.max_connections.max(1),
+            stop: stop.clone(),
+            stats: stats.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("nvfipc-fdpass".into())
+            .spawn(move || serve.run())
+            .map_err(|e| Error::from_io(format!("{who}: spawning the fd responder thread"), &e))?;
+        let responder = Responder {
+            stop,
+            waker,
+            thread: Some(thread),
+            path: path.as_ref().ok().cloned(),
+            stats,
+        };
+        Ok((responder, path))
+    }
+
+    pub fn stats(&self) -> &ResponderStats {
+        &self.stats
+    }
+
+    /// Whether the serving thread is still running.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+            sys::forget_at_exit(p);
+        }
+    }
+}
+
+struct Conn {
+    stream: UnixStream,
+    input: Vec<u8>,
+    /// Replies not yet fully written: bytes, bytes written, the fd for the first byte.
+    output: VecDeque<(Vec<u8>, usize, Option<Arc<OwnedFd>>)>,
+    /// Close once `output` is written (after an error frame for a malformed request).
+    closing: bool,
+    last_active: Instant,
+}
+
+struct Loop {
+    poll: Poll,
+    listeners: [Option<UnixListener>; 2],
+    conns: HashMap<Token, Conn>,
+    next_token: usize,
+    registry: Arc<Registry>,
+    nonce: u64,
+    idle: Duration,
+    max_connections: usize,
+    stop: Arc<AtomicBool>,
+    stats: Arc<ResponderStats>,
+}
+
+/// Why a connection ends.
+enum End {
+    Done,
+    Broken,
+}
+
+impl Loop {
+    fn run(&mut self) {
+        let mut events = Events::with_capacity(256);
+        while !self.stop.load(Ordering::SeqCst) {
+            let tick = self.next_expiry();
+            if let Err(e) = self.poll.poll(&mut events, Some(tick)) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // epoll_wait failing otherwise means the loop cannot go on; importers then see
+                // "no responder answers" with the reason on their side.
+                break;
+            }
+            for event in events.iter() {
+                match event.token() {
+                    WAKER => {}
+                    ABSTRACT => self.accept(0),
+                    PATH => self.accept(1),
+                    token => self.drive(token),
+                }
+            }
+            self.expire();
+        }
+    }
+
+    fn next_expiry(&self) -> Duration {
+        let now = Instant::now();
+        self.conns
+            .values()
+            .map(|c| (c.last_active + self.idle).saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(3600))
+            .max(Duration::from_millis(1))
+    }
+
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let idle = self.idle;
+        let expired: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| now.duration_since(c.last_active) >= idle)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in expired {
+            self.close(t);
+        }
+    }
+
+    fn accept(&mut self, which: usize) {
+        loop {
+            let Some(listener) = self.listeners[which].as_ref() else {
+                return;
+            };
+            let mut stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Out of descriptors or similar: the pending connection stays queued and the
+                // listener is polled again at the next event or tick.
+                Err(_) => return,
+            };
+            self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+            if self.conns.len() >= self.max_connections {
+                let busy = Reply::Error {
+                    code: ErrorCode::Busy,
+                    serial: 0,
+                    message: format!(
+                        "the responder serves {} connections already: retry",
+                        self.conns.len()
+                    ),
+                };
+                let _ = sys::send_with_fd(stream.as_fd(), &busy.encode(), None);
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let token = Token(self.next_token);
+            self.next_token += 1;
+            if self
+                .poll
+                .registry()
+                .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+                .is_err()
+            {
+                continue;
+            }
+            self.conns.insert(
+                token,
+                Conn {
+                    stream,
+                    input: Vec::new(),
+                    output: VecDeque::new(),
+                    closing: false,
+                    last_active: Instant::now(),
+                },
+            );
+            // Requests may already be there; edge-triggered readiness will report them too.
+            self.drive(token);
+        }
+    }
+
+    fn close(&mut self, token: Token) {
+        if let Some(mut c) = self.conns.remove(&token) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+        }
+    }
+
+    fn drive(&mut self, token: Token) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let end = serve(conn, &self.registry, self.nonce, &self.stats);
+        if end.is_some() {
+            self.close(token);
+        }
+    }
+}
+
+/// Writes what the kernel takes; true when everything queued is written.
+fn flush(conn: &mut Conn) -> std::result::Result<bool, End> {
+    while let Some((bytes, done, fd)) = conn.output.front_mut() {
+        let fd_now = if *done == 0 {
+            fd.as_ref().map(|f| f.as_fd())
+        } else {
+            None
+        };
+        match sys::send_with_fd(conn.stream.as_fd(), &bytes[*done..], fd_now) {
+            Ok(n) => {
+                *done += n;
+                conn.last_active = Instant::now();
+                if *done == bytes.len() {
+                    conn.output.pop_front();
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Err(End::Broken),
+        }
+    }
+    Ok(true)
+}
+
+/// Serves one connection as far as it can go now: flush, parse, answer, read more. `Some`:
+/// close it.
+fn serve(conn: &mut Conn, registry: &Registry, nonce: u64, stats: &ResponderStats) -> Option<End> {
+    loop {
+        match flush(conn) {
+            Err(end) => return Some(end),
+            Ok(false) => return None,
+            Ok(true) if conn.closing => return Some(End::Done),
+            Ok(true) => {}
+        }
+        // Answer every complete request in the input.
+        let mut answered = false;
+        while conn.output.len() < MAX_QUEUED {
+            match FetchRequest::decode(&conn.input) {
+                Ok(Parsed::Frame(req, used)) => {
+                    conn.input.drain(..used);
+                    conn.output.push_back(answer(&req, registry, nonce, stats));
+                    answered = true;
+                }
+                Ok(Parsed::Incomplete(_)) => break,
+                Err(e) => {
+                    stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    let reply = Reply::Error {
+                        code: e.code,
+                        serial: 0,
+                        message: e.message,
+                    };
+                    conn.output.push_back((reply.encode(), 0, None));
+                    conn.input.clear();
+                    conn.closing = true;
+                    answered = true;
+                    break;
+                }
+            }
+        }
+        if answered {
+            continue;
+        }
+        if conn.output.len() >= MAX_QUEUED {
+            return None;
+        }
+        // Read what arrived.
+        let mut buf = [0u8; 4096];
+        match conn.stream.read(&mut buf) {
+            Ok(0) => return Some(End::Done),
+            Ok(n) => {
+                conn.last_active = Instant::now();
+                if conn.input.len() + n > MAX_INPUT {
+                    // Cannot happen with whole requests being answered as they come; a peer
+                    // that sends this much without completing one is not speaking the protocol.
+                    return Some(End::Broken);
+                }
+                conn.input.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Some(End::Broken),
+        }
+    }
+}
+
+/// The reply to one well-formed request, with the descriptor when there is one.
+fn answer(
+    req: &FetchRequest,
+    registry: &Registry,
+    nonce: u64,
+    stats: &ResponderStats,
+) -> (Vec<u8>, usize, Option<Arc<OwnedFd>>) {
+    let refuse = |code: ErrorCode, message: String| {
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        let reply = Reply::Error {
+            code,
+            serial: req.serial,
+            message,
+        };
+        (reply.encode(), 0, None)
+    };
+    if req.nonce != nonce {
+        return refuse(
+            ErrorCode::WrongNonce,
+            format!(
+                "request from rank {} (pid {}) names nonce {:016x}, this responder's is \
+                 {nonce:016x}: the record it read is stale (a restarted process or another job)",
+                req.rank, req.pid, req.nonce
+            ),
+        );
+    }
+    match registry.lookup(req.serial) {
+        Ok(fd) => match sys::file_identity(fd.as_fd()) {
+            Ok((dev, ino)) => {
+                stats.fds_sent.fetch_add(1, Ordering::Relaxed);
+                let reply = Reply::Fd {
+                    serial: req.serial,
+                    dev,
+                    ino,
+                };
+                (reply.encode(), 0, Some(fd))
+            }
+            Err(e) => refuse(
+                ErrorCode::Internal,
+                format!("fstat of the registered fd: {e}"),
+            ),
+        },
+        Err(code) => refuse(
+            code,
+            match code {
+                ErrorCode::Revoked => format!(
+                    "fd id {} was unregistered by its exporter before rank {} (pid {}) asked \
+                     for it",
+                    req.serial, req.rank, req.pid
+                ),
+                _ => format!(
+                    "no fd id {} was ever registered here (asked by rank {}, pid {})",
+                    req.serial, req.rank, req.pid
+                ),
+            },
+        ),
+    }
+}

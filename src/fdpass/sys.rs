@@ -1,0 +1,230 @@
+//! Every OS call of the fd transport that std does not offer, written once with its SAFETY note:
+//! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `pidfd_open`/`pidfd_getfd`, `prctl(PR_SET_PTRACER)`,
+//! `memfd_create`, `fstat`, and the unlinking of socket paths at exit. The rest of `fdpass` has
+//! no `libc::` and no `unsafe`; this file is meant to move under the OS module as it is.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, Once};
+
+/// The errno values the rest of `fdpass` tells apart.
+pub use libc::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
+
+/// Room for one `cmsghdr` carrying up to 4 fds (a peer that sends more than one has them closed).
+const CMSG_SPACE_FDS: usize = 4;
+
+/// Bytes of control buffer for `n` fds (`CMSG_SPACE(n * sizeof(int))`).
+fn cmsg_space(n: usize) -> usize {
+    // SAFETY: CMSG_SPACE is a pure computation on its argument.
+    unsafe { libc::CMSG_SPACE((n * std::mem::size_of::<RawFd>()) as u32) as usize }
+}
+
+/// An 8-byte-aligned control buffer (cmsghdr needs the alignment of `size_t`).
+fn control_buffer(n: usize) -> Vec<u64> {
+    vec![0u64; cmsg_space(n).div_ceil(8)]
+}
+
+/// Sends `bytes` on the connected stream socket `sock`, with `fd` attached as `SCM_RIGHTS` when
+/// given (attached to the first byte, so the receiver gets it with the start of the frame).
+/// `MSG_NOSIGNAL`: a closed peer gives EPIPE, never SIGPIPE. Returns the bytes sent.
+pub fn send_with_fd(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    let mut control = control_buffer(1);
+    // SAFETY: an all-zero msghdr is a valid "no name, no iov, no control" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = cmsg_space(1) as _;
+        // SAFETY: msg_control points to `control`, which is at least CMSG_SPACE(sizeof(int))
+        // bytes and 8-byte aligned, so CMSG_FIRSTHDR is non-null and the header and one int of
+        // data fit inside it; nothing else aliases `control` while we write.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd.as_raw_fd());
+        }
+    }
+    // SAFETY: `msg` points to `iov` (valid for `bytes.len()` readable bytes) and to `control`
+    // (initialised above), both alive for the call; the kernel only reads them.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Receives into `buf` from the stream socket `sock`; returns the byte count (0: the peer
+/// closed) and the first fd that came with them (`MSG_CMSG_CLOEXEC`, owned by the caller; any
+/// further fds are closed). An fd cut off by a too-small control buffer is an error.
+pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = control_buffer(CMSG_SPACE_FDS);
+    // SAFETY: an all-zero msghdr is a valid "no name, no iov, no control" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = cmsg_space(CMSG_SPACE_FDS) as _;
+    // SAFETY: `iov` covers `buf` (writable for its length) and msg_control covers `control`
+    // (writable for msg_controllen bytes); both outlive the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `control` and set msg_controllen; CMSG_FIRSTHDR/CMSG_NXTHDR walk
+    // only headers inside that length, and each SCM_RIGHTS header's data holds
+    // (cmsg_len - CMSG_LEN(0)) / sizeof(int) fds that the kernel installed in this process, which
+    // we take ownership of exactly once here.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    let raw = std::ptr::read_unaligned(data.add(i));
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer attached more file descriptors than one reply carries (control data cut off)",
+        ));
+    }
+    let first = if fds.is_empty() {
+        None
+    } else {
+        Some(fds.swap_remove(0))
+    };
+    Ok((n as usize, first))
+}
+
+/// `pidfd_open(pid, 0)` (Linux >= 5.3): a descriptor naming the process `pid` of this pid
+/// namespace.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: pidfd_open takes a pid and flags by value and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_getfd(pidfd, target, 0)` (Linux >= 5.6): a duplicate, in this process, of the target
+/// process's descriptor number `target`. Needs PTRACE_MODE_ATTACH_REALCREDS over the target.
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_getfd takes two descriptors numbers and flags by value and returns a new fd
+    // (close-on-exec) or -1; `pidfd` is open for the duration of the call.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`: under Yama `ptrace_scope=1`, lets any process
+/// of this user (not only ancestors) attach to this one, which `pidfd_getfd` requires.
+pub fn allow_any_ptracer() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_PTRACER takes its arguments by value and touches no memory.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_PTRACER,
+            libc::PR_SET_PTRACER_ANY as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `memfd_create(name, MFD_CLOEXEC)`: an anonymous file, sized with `File::set_len`.
+pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
+    let name = CString::new(name.replace('\0', "_"))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name"))?;
+    // SAFETY: `name` is a NUL-terminated string alive for the call; flags by value.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `(st_dev, st_ino)` of the open file `fd`: tells whether two descriptors name one file.
+pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is writable for sizeof(stat); `fd` is open for the call.
+    let rc = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Socket paths this process created and still owns, unlinked by an `atexit` handler (a
+/// process that is killed leaves them; the next process to bind in the directory reclaims the
+/// dead ones, see `naming::reclaim_dead_sockets`).
+static AT_EXIT: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+static INSTALL: Once = Once::new();
+
+extern "C" fn unlink_at_exit() {
+    // try_lock: never block at exit (a thread may have died holding the lock).
+    if let Ok(paths) = AT_EXIT.try_lock() {
+        let me = std::process::id();
+        for (pid, path) in paths.iter() {
+            // A forked child that exits does not remove its parent's sockets.
+            if *pid == me {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// Registers `path` for removal at normal process exit.
+pub fn remove_at_exit(path: &Path) {
+    INSTALL.call_once(|| {
+        // SAFETY: `unlink_at_exit` is an `extern "C" fn()` that does not unwind (it only locks
+        // without blocking and removes files, ignoring errors).
+        unsafe { libc::atexit(unlink_at_exit) };
+    });
+    if let Ok(mut paths) = AT_EXIT.lock() {
+        paths.push((std::process::id(), path.to_path_buf()));
+    }
+}
+
+/// Forgets `path` (it was removed already).
+pub fn forget_at_exit(path: &Path) {
+    if let Ok(mut paths) = AT_EXIT.lock() {
+        paths.retain(|(_, p)| p != path);
+    }
+}
