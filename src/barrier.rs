@@ -463,16 +463,16 @@ pub fn barrier(
     match &result {
         Ok(()) => log::info!(
             target: logging::BARRIER,
-            "{}: released after {:.1}us",
+            "{}: released after {}",
             call.what(),
-            logging::micros(start.elapsed())
+            logging::took(start.elapsed())
         ),
         // The caller gets the error; the log records it only for those who asked for events.
         Err(e) => log::info!(
             target: logging::BARRIER,
-            "{}: failed after {:.1}us: {}",
+            "{}: failed after {}: {}",
             call.what(),
-            logging::micros(start.elapsed()),
+            logging::took(start.elapsed()),
             e.message
         ),
     }

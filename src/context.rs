@@ -269,12 +269,12 @@ impl Context {
         log::info!(
             target: logging::STORE,
             "context: {who} (local {} of {}), tag {tag:?}, run {}, job id {job_id}, {} store, \
-             ready after {:.1}us",
+             ready after {}",
             ranks.local_rank,
             ranks.local_world_size,
             claim.run,
             if server.is_some() { "hosting the" } else { "connected to the" },
-            logging::micros(started.elapsed())
+            logging::took(started.elapsed())
         );
         Ok(Context {
             rank: ranks.rank,

@@ -12,12 +12,14 @@ use super::board::{OwnBoard, PeerBoard};
 use super::channel::{Channel, ChannelInfo, ChannelTable, Identity, Imported, PeerSide, Resume};
 use super::collector::Collector;
 use super::deadline::Deadline;
+use super::events;
 use super::peers::PeerNodes;
 use super::protocol::{Item, RunError};
 use super::request::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::settings::Settings;
 use super::stats::{bump, CacheStats, Counters};
 use crate::error::{Error, Result};
+use crate::logging;
 use crate::names::board_name;
 use crate::node::PeerProcess;
 use crate::store::Store;
@@ -109,6 +111,16 @@ impl HandleCache {
         let counters = Counters::default();
         let collector = Collector::start(cfg.store.clone(), counters.keys_deleted.clone())?;
         let settings = Settings::new(cfg.timeout);
+        logging::set_rank(cfg.rank as i64);
+        log::info!(
+            target: logging::EXCHANGE,
+            "rank {}: cache created for job {:?}, scope {:?}, world {}, timeout {:?}",
+            cfg.rank,
+            cfg.job_id,
+            cfg.scope,
+            cfg.world_size,
+            cfg.timeout
+        );
         Ok(HandleCache {
             cfg,
             transports,
@@ -216,22 +228,67 @@ impl HandleCache {
         self.resolve_all(requests, &mut scratch.resolved)?;
         let items = &mut scratch.items;
         self.begin(requests, &scratch.resolved, &mut scratch.channels, items)?;
+        // A cached call is logged at TRACE, one that moved records (or failed) at INFO.
+        let clock = events::clock(log::Level::Info);
         let result = self.run(items, &mut deadline);
         match result {
             Ok(imports) => {
+                let opened = imports.iter().filter(|i| i.is_some()).count();
                 let replaced = self.commit(items, imports, &mut deadline)?;
                 bump(&self.counters.exchanges, 1);
+                if clock.is_some() {
+                    self.log_done(items, opened, replaced, events::since(clock));
+                }
                 self.wait_release_room(items, replaced, &mut deadline)
             }
             Err(RunError::NotReady(err, imports)) => {
                 self.suspend(items, imports);
+                log::info!(
+                    target: logging::EXCHANGE,
+                    "rank {}: exchange of {} channel(s) suspended after {}, resumable with \
+                     the same batch: {}",
+                    self.cfg.rank,
+                    items.len(),
+                    events::since(clock),
+                    err.message
+                );
                 Err(err)
             }
             Err(RunError::Fatal(err)) => {
                 self.fail(items, &err);
+                log::info!(
+                    target: logging::EXCHANGE,
+                    "rank {}: exchange of {} channel(s) failed after {}, its channels are \
+                     unusable: {}",
+                    self.cfg.rank,
+                    items.len(),
+                    events::since(clock),
+                    err.message
+                );
                 Err(err)
             }
         }
+    }
+
+    fn log_done(&self, items: &[Item], opened: usize, released: usize, took: String) {
+        let published = items.iter().filter(|it| it.publish).count();
+        let level = if published + opened + released == 0 {
+            log::Level::Trace
+        } else {
+            log::Level::Info
+        };
+        log::log!(
+            target: logging::EXCHANGE,
+            level,
+            "rank {}: exchange of {} channel(s) done in {took}: {published} published, \
+             {opened} opened, {released} released{}",
+            self.cfg.rank,
+            items.len(),
+            match items.first() {
+                Some(it) => format!(" (first: {} step {} version {})", it.ch.key, it.step, it.version),
+                None => String::new(),
+            }
+        );
     }
 
     /// Checks every request and resolves its buffer into `out`; nothing is changed on failure.

@@ -17,6 +17,7 @@ pub mod cache;
 mod channel;
 mod collector;
 mod deadline;
+mod events;
 pub mod peers;
 mod protocol;
 pub mod request;

@@ -33,8 +33,10 @@ use super::board::PeerBoard;
 use super::cache::HandleCache;
 use super::channel::{ChannelInfo, Imported, PeerLink};
 use super::deadline::Deadline;
+use super::events;
 use super::stats::bump;
 use crate::error::{Error, Result, Status};
+use crate::logging;
 use crate::names::board_name;
 use crate::os::wait::wait_until;
 use crate::sync::lock;
@@ -93,7 +95,7 @@ fn liveness_check_due(polls: u32) -> bool {
 
 /// What a peer was awaited for when it closed or exited (for messages).
 #[derive(Clone, Copy)]
-enum Stage {
+pub(super) enum Stage {
     Step,
     Open,
 }
@@ -195,6 +197,7 @@ impl HandleCache {
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
         bump(&self.counters.store_round_trips, 1);
+        let clock = events::clock(log::Level::Info);
         self.cfg.store.multi_set(&refs).map_err(|e| {
             e.context(format!(
                 "rank {}: publishing {} record(s) (first key {})",
@@ -206,6 +209,17 @@ impl HandleCache {
         bump(&self.counters.records_sent, pairs.len() as u64);
         let bytes: usize = pairs.iter().map(|(_, v)| v.len()).sum();
         bump(&self.counters.record_bytes_sent, bytes as u64);
+        if clock.is_some() {
+            let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {}: sent {} record(s) ({bytes} bytes) to the store in {}: {}",
+                self.cfg.rank,
+                pairs.len(),
+                events::since(clock),
+                events::some_keys(&keys, 4)
+            );
+        }
         Ok(())
     }
 
@@ -271,11 +285,14 @@ impl HandleCache {
         }
         let mut error: Option<Error> = None;
         let mut polls: u32 = 0;
+        let mut stuck = events::StuckReport::new();
+        let timeout = deadline.timeout();
         let mut poll = || {
             polls = polls.wrapping_add(1);
             // Checked before the entries: what a peer published before it closed or exited is
             // visible once its `closed` flag or its death is, and then it is no failure.
             let gone = if liveness_check_due(polls) {
+                stuck.check(self.cfg.rank, items, stage, timeout);
                 self.gone_peer(items, stage)
             } else {
                 None
@@ -507,7 +524,23 @@ impl HandleCache {
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         bump(&self.counters.store_round_trips, 1);
         let remaining = deadline.remaining();
+        let clock = events::clock(log::Level::Info);
         let fetched = self.cfg.store.multi_get(&key_refs, remaining);
+        if clock.is_some() {
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {}: fetching {} record(s) from the store took {} ({}): {}",
+                self.cfg.rank,
+                keys.len(),
+                events::since(clock),
+                match &fetched {
+                    Ok(_) => "found",
+                    Err(e) if e.status == Status::Timeout => "not there yet",
+                    Err(_) => "failed",
+                },
+                events::some_keys(&keys, 4)
+            );
+        }
         if fetched.is_err() {
             // What a resumed step had opened goes back to its item: a timeout suspends the step
             // with it, any other failure releases it.
@@ -597,8 +630,22 @@ impl HandleCache {
         let t = self
             .transport(it.ch.kind)
             .expect("channel kinds have transports");
+        let clock = events::clock(log::Level::Info);
         let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
         bump(&self.counters.opens, 1);
+        if clock.is_some() {
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {}: opened peer rank {}'s {} buffer for {} (version {}, {} bytes) in {}",
+                self.cfg.rank,
+                it.ch.peer,
+                it.ch.kind.name(),
+                it.ch.key,
+                rec.version,
+                rec.bytes,
+                events::since(clock)
+            );
+        }
         Ok(Imported {
             kind: it.ch.kind,
             mapping,

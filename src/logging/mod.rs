@@ -102,9 +102,16 @@ pub fn init() {
     sink::init_once();
 }
 
-/// Microseconds of a duration, for log lines (`12.3us`).
-pub fn micros(d: std::time::Duration) -> f64 {
-    d.as_secs_f64() * 1e6
+/// A duration for a log line, in the unit that keeps it short: `33.5us`, `12.3ms`, `2.50s`.
+pub fn took(d: std::time::Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 10_000.0 {
+        format!("{us:.1}us")
+    } else if us < 10_000_000.0 {
+        format!("{:.1}ms", us / 1e3)
+    } else {
+        format!("{:.2}s", us / 1e6)
+    }
 }
 
 #[cfg(test)]
@@ -120,5 +127,14 @@ mod tests {
         }
         assert_eq!(Subsystem::from_target("mio::poll"), None);
         assert_eq!(Subsystem::ALL_MASK, 0b11_1111);
+    }
+
+    #[test]
+    fn durations_in_short_units() {
+        use std::time::Duration;
+        assert_eq!(took(Duration::from_nanos(33_500)), "33.5us");
+        assert_eq!(took(Duration::from_micros(12_345)), "12.3ms");
+        assert_eq!(took(Duration::from_micros(2_500_522)), "2500.5ms");
+        assert_eq!(took(Duration::from_secs(25)), "25.00s");
     }
 }

@@ -1,0 +1,105 @@
+//! The exchange's log lines (`NVFIPC_DEBUG=INFO`, subsystem `exchange`): what each call moved
+//! and how long it took, and, while a call waits, which peer it waits for. Everything here is
+//! behind a level check, so a call with the log off pays one atomic load per event site.
+
+use super::protocol::{Item, Stage};
+use crate::logging::{self, took};
+use log::Level;
+use std::time::{Duration, Instant};
+
+/// Whether lines at `level` of the exchange subsystem are written.
+pub(super) fn enabled(level: Level) -> bool {
+    log::log_enabled!(target: logging::EXCHANGE, level)
+}
+
+/// The clock, read only when a line at `level` will use it.
+pub(super) fn clock(level: Level) -> Option<Instant> {
+    enabled(level).then(Instant::now)
+}
+
+/// The time since `start` for a line ("?" when the clock was not read).
+pub(super) fn since(start: Option<Instant>) -> String {
+    start.map_or_else(|| "?".to_string(), |t| took(t.elapsed()))
+}
+
+/// At most `limit` keys, then how many more (keys can be many in a large batch).
+pub(super) fn some_keys<S: AsRef<str>>(keys: &[S], limit: usize) -> String {
+    let mut out: Vec<String> = keys
+        .iter()
+        .take(limit)
+        .map(|k| format!("{:?}", k.as_ref()))
+        .collect();
+    if keys.len() > limit {
+        out.push(format!("and {} more", keys.len() - limit));
+    }
+    out.join(", ")
+}
+
+/// Reports a wait that lasts: first after one second, then each time its length doubles, one
+/// line per pending channel (at most four), so a stuck exchange explains itself in the log
+/// while it hangs, not only when it times out.
+pub(super) struct StuckReport {
+    since: Option<Instant>,
+    next: Duration,
+}
+
+impl StuckReport {
+    pub fn new() -> Self {
+        StuckReport {
+            since: None,
+            next: Duration::from_secs(1),
+        }
+    }
+
+    /// Called now and then during a wait (not on its first poll, which usually succeeds).
+    pub fn check(&mut self, rank: usize, items: &[Item], stage: Stage, timeout: Duration) {
+        if !enabled(Level::Info) {
+            return;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let waited = since.elapsed();
+        if waited < self.next {
+            return;
+        }
+        self.next *= 2;
+        let pending: Vec<&Item> = items.iter().filter(|it| it.waiting).collect();
+        for it in pending.iter().take(4) {
+            let what = match stage {
+                Stage::Step => format!(
+                    "to reach step {} (board entry of {})",
+                    it.step,
+                    it.ch.key.describe()
+                ),
+                Stage::Open => format!("to open version {} of this rank's buffer", it.version),
+            };
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {rank}: still waiting after {:.1}s (timeout {:?}) for peer rank {} on {} \
+                 {what}",
+                waited.as_secs_f64(),
+                timeout,
+                it.ch.peer,
+                it.ch.key,
+            );
+        }
+        if pending.len() > 4 {
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {rank}: and {} more channel(s) pending",
+                pending.len() - 4
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_lists_are_bounded() {
+        assert_eq!(some_keys(&["a", "b"], 4), "\"a\", \"b\"");
+        assert_eq!(some_keys(&["a", "b", "c"], 2), "\"a\", \"b\", and 1 more");
+        assert_eq!(some_keys::<&str>(&[], 2), "");
+    }
+}
