@@ -182,32 +182,35 @@ typedef struct nvfipc_p2p_handle {
   int32_t kind;
 } nvfipc_p2p_handle;
 
-// Counters of a cache since creation.
+// Counters of a cache, cumulative since creation.
 typedef struct nvfipc_cache_counters {
-  // Successful `nvfipc_exchange_handles` calls.
+  // `exchange_handles` calls that succeeded.
   uint64_t exchanges;
-  // Channel-steps where neither side's buffer changed (no store traffic).
+  // Channel-steps where neither side's buffer changed.
   uint64_t hits;
   // Channel-steps where at least one side's buffer changed.
   uint64_t misses;
-  // Store calls made by exchanges (each multi-set or multi-get counts one).
+  // Store calls on the exchange path (each `multi_set` or `multi_get` counts one), apart from
+  // `peer_lookups`.
   uint64_t store_round_trips;
-  // Records published and their total encoded size.
+  // Records published, and their encoded bytes.
   uint64_t records_sent;
   uint64_t record_bytes_sent;
   // Records fetched and imported.
   uint64_t records_received;
-  // Peer mappings opened (buffers and semaphore slabs) and closed.
+  // Imports (buffer mappings and peer semaphore slabs) and their releases.
   uint64_t opens;
   uint64_t closes;
-  // Consumed records deleted from the store in the background.
+  // Consumed records deleted from the store by the background collector.
   uint64_t keys_deleted;
-  // Peers that had not closed their caches when this cache's teardown gave up waiting.
+  // Peers that had not closed their caches when this cache's teardown stopped waiting for them
+  // (they may still map this rank's memory; see `HandleCache::try_close`).
   uint64_t peers_unclosed;
-  // Device semaphore slabs deliberately left allocated because a peer might still map them.
+  // Device transports (with their semaphore slab) deliberately left allocated by a teardown
+  // that timed out, rather than freed under a peer's mapping.
   uint64_t leaked_slabs;
-  // Store round trips (not in `store_round_trips`) that read a peer's node identity: at most
-  // one per peer, only when a first exchange found no board of the peer on this node yet.
+  // Reads of peers' node identities (one `WAIT` + `MULTI_GET` each), made at most once per
+  // peer and only when a first exchange found no board of the peer on this node yet.
   uint64_t peer_lookups;
 } nvfipc_cache_counters;
 
@@ -337,6 +340,22 @@ enum nvfipc_status nvfipc_barrier(const struct nvfipc_context *ctx,
                                   const int64_t *ranks,
                                   size_t n_ranks,
                                   int64_t timeout_ms);
+
+// The message of the last failed call on this thread, or "" when none has failed. Never NULL.
+// The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
+// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
+const char *nvfipc_last_error_message(void);
+
+// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).
+enum nvfipc_status nvfipc_last_error_status(void);
+
+// Forgets the last error of this thread, so a later check of `nvfipc_last_error_status` only
+// sees failures after this point.
+void nvfipc_last_error_clear(void);
+
+// A short, static, lower-case name for a status value (e.g. "timeout"); "unknown status" for a
+// value that is not an `nvfipc_status`. Never NULL; never freed.
+const char *nvfipc_status_name(int32_t status);
 
 // Creates the context of rank `rank` of `world_size` (`local_rank` of `local_world_size` on
 // this node) over `store`. The store is shared, not consumed: the context keeps its own
@@ -577,7 +596,8 @@ enum nvfipc_status nvfipc_cache_get(const struct nvfipc_cache *cache,
                                     const struct nvfipc_request *req,
                                     struct nvfipc_p2p_handle *out);
 
-// Copies the cache's counters into `*out`.
+// Copies the cache's counters into `*out`. (`nvfipc_cache_counters` is the Rust `CacheStats`
+// itself, exported by cbindgen under its C name: the two cannot drift apart.)
 enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
                                       struct nvfipc_cache_counters *out);
 
@@ -589,28 +609,6 @@ enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
 // time; takes effect at the next replacement.
 enum nvfipc_status nvfipc_cache_set_retained_mappings(const struct nvfipc_cache *cache,
                                                       uint32_t per_peer);
-
-// The message of the last failed call on this thread, or "" when none has failed. Never NULL.
-// The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
-// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
-const char *nvfipc_last_error_message(void);
-
-// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).
-enum nvfipc_status nvfipc_last_error_status(void);
-
-// Forgets the last error of this thread, so a later check of `nvfipc_last_error_status` only
-// sees failures after this point.
-void nvfipc_last_error_clear(void);
-
-// A short, static, lower-case name for a status value (e.g. "timeout"); "unknown status" for a
-// value that is not an `nvfipc_status`. Never NULL; never freed.
-const char *nvfipc_status_name(int32_t status);
-
-// Frees a buffer returned by the library (e.g. by `nvfipc_store_get`), given the length returned
-// with it. NULL is a no-op. Freeing twice, or a pointer the library did not return, gives
-// `NVFIPC_STATUS_INVALID_STATE`; a wrong length gives `NVFIPC_STATUS_INVALID_ARGUMENT` (and
-// the buffer stays allocated). Thread-safe.
-enum nvfipc_status nvfipc_buffer_free(uint8_t *data, size_t len);
 
 // Allocates `bytes` (> 0) of zero-filled host memory in a POSIX shared-memory segment that peers
 // can map through `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the
@@ -643,6 +641,12 @@ enum nvfipc_status nvfipc_host_recv_post(const struct nvfipc_cache *cache,
 enum nvfipc_status nvfipc_host_send_wait(const struct nvfipc_cache *cache,
                                          const struct nvfipc_request *req,
                                          int64_t timeout_ms);
+
+// Frees a buffer returned by the library (e.g. by `nvfipc_store_get`), given the length returned
+// with it. NULL is a no-op. Freeing twice, or a pointer the library did not return, gives
+// `NVFIPC_STATUS_INVALID_STATE`; a wrong length gives `NVFIPC_STATUS_INVALID_ARGUMENT` (and
+// the buffer stays allocated). Thread-safe.
+enum nvfipc_status nvfipc_buffer_free(uint8_t *data, size_t len);
 
 // Sets `key` to the `value_len` bytes at `value`, replacing any previous value, and wakes
 // waiters of `key`.

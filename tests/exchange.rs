@@ -1003,7 +1003,7 @@ fn c_abi(r: Rank) {
             "step {step}"
         );
     }
-    let mut stats = nvfipc_cache_counters::default();
+    let mut stats = nvfuser_ipc::exchange::CacheStats::default();
     assert_eq!(nvfipc_cache_stats(cache, &mut stats), Status::Ok);
     assert_eq!(
         (stats.exchanges, stats.misses, stats.hits),

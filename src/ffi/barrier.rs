@@ -1,7 +1,8 @@
 //! C ABI of barriers over the world or any subset of ranks.
 
+use super::args::{rank_arg, slice_arg};
+use super::boundary::ffi_call;
 use super::context::{context_arg, nvfipc_context};
-use super::guard::{ffi_call, rank_arg, slice_arg};
 use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use std::time::Duration;

@@ -5,8 +5,9 @@
 //! Streams are passed as `void*` (a `CUstream` or `cudaStream_t`; NULL is the legacy default
 //! stream). Every primitive only enqueues work on the stream and returns at once.
 
+use super::args::{out_ptr, ref_arg, timeout_arg};
+use super::boundary::ffi_call;
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
-use super::guard::{ffi_call, out_ptr, ref_arg, timeout_arg};
 use crate::cuda::p2p::{self, Endpoint, Stream};
 use crate::cuda::{driver, ipc, memory};
 use crate::error::{Error, Result, Status};
@@ -321,7 +322,7 @@ pub extern "C" fn nvfipc_p2p_send_wait(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::guard::last_error_message;
+    use crate::ffi::boundary::last_error_message;
 
     #[test]
     fn cache_primitives_check_their_arguments() {

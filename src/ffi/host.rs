@@ -1,7 +1,8 @@
 //! C ABI of the host transport: shared-memory buffers and the zero-copy "get" primitives on them.
 
+use super::args::{out_ptr, timeout_arg};
+use super::boundary::ffi_call;
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
-use super::guard::{ffi_call, out_ptr, timeout_arg};
 use crate::error::{Error, Status};
 use crate::host::{self, p2p};
 use std::ffi::c_void;

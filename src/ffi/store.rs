@@ -1,10 +1,12 @@
 //! C ABI of the key-value store: every [`Store`] operation on an opaque `nvfipc_store`.
 //! Creating stores (TCP client, embedded server, host callbacks) is in `store_create.rs`.
 
-use super::guard::{
-    bytes_arg, c_str_arg, c_str_array_arg, ffi_call, free_buffer, handle_ref, into_buffer,
-    optional_out_ptr, out_ptr, slice_arg, take_handle, timeout_arg, Handle, OutPtr,
+use super::args::{
+    bytes_arg, c_str_arg, c_str_array_arg, optional_out_ptr, out_ptr, slice_arg, timeout_arg,
+    OutPtr,
 };
+use super::boundary::ffi_call;
+use super::registry::{free_buffer, handle_ref, into_buffer, take_handle, Handle};
 use crate::error::{Error, Result, Status};
 use crate::store::client::TcpStore;
 use crate::store::Store;
@@ -401,7 +403,7 @@ pub extern "C" fn nvfipc_store_free(store: *mut nvfipc_store) -> Status {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ffi::guard::into_handle;
+    use crate::ffi::registry::into_handle;
     use std::collections::HashMap;
     use std::ffi::CStr;
     use std::sync::Mutex;
@@ -484,7 +486,7 @@ pub(crate) mod tests {
 
     fn last_message() -> String {
         // SAFETY: never NULL; copied at once.
-        unsafe { CStr::from_ptr(crate::ffi::guard::nvfipc_last_error_message()) }
+        unsafe { CStr::from_ptr(crate::ffi::boundary::nvfipc_last_error_message()) }
             .to_string_lossy()
             .into_owned()
     }
@@ -492,7 +494,10 @@ pub(crate) mod tests {
     fn take(data: *mut u8, len: usize) -> Vec<u8> {
         // SAFETY: `data` is a live library buffer of `len + 1` bytes.
         let v = unsafe { std::slice::from_raw_parts(data, len) }.to_vec();
-        assert_eq!(crate::ffi::guard::nvfipc_buffer_free(data, len), Status::Ok);
+        assert_eq!(
+            crate::ffi::registry::nvfipc_buffer_free(data, len),
+            Status::Ok
+        );
         v
     }
 
