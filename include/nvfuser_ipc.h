@@ -26,6 +26,23 @@
  *   do not wait"; a positive value is a bound in milliseconds.
  * - Thread safety is stated per object type below. Errors are recorded per thread.
  */
+
+/*
+ * Deprecated names, kept as aliases so that code written against earlier headers still compiles.
+ * The P2P families are now named by memory kind, then by what they are given:
+ * nvfipc_cuda_p2p_* and nvfipc_host_p2p_* take a cache and a request (a cached channel);
+ * nvfipc_cuda_endpoint_* take a raw nvfipc_p2p_endpoint and an explicit transfer number.
+ */
+#define nvfipc_p2p_send_post nvfipc_cuda_p2p_send_post
+#define nvfipc_p2p_recv_post nvfipc_cuda_p2p_recv_post
+#define nvfipc_p2p_send_wait nvfipc_cuda_p2p_send_wait
+#define nvfipc_host_send_post nvfipc_host_p2p_send_post
+#define nvfipc_host_recv_post nvfipc_host_p2p_recv_post
+#define nvfipc_host_send_wait nvfipc_host_p2p_send_wait
+#define nvfipc_cuda_send_post nvfipc_cuda_endpoint_send_post
+#define nvfipc_cuda_recv_post nvfipc_cuda_endpoint_recv_post
+#define nvfipc_cuda_send_wait nvfipc_cuda_endpoint_send_wait
+
 /* Version of this header; compare with nvfipc_version() at run time. */
 #define NVFIPC_VERSION "0.1.0"
 #define NVFIPC_VERSION_MAJOR 0
@@ -488,44 +505,44 @@ enum nvfipc_status nvfipc_cuda_ipc_close(int64_t peer, const struct nvfipc_cuda_
 
 // Sender, transfer number `transfer` (1, 2, ... per channel): enqueues on `stream` the signal
 // that the local send buffer holds the data.
-enum nvfipc_status nvfipc_cuda_send_post(const struct nvfipc_p2p_endpoint *endpoint,
-                                         uint64_t transfer,
-                                         void *stream);
+enum nvfipc_status nvfipc_cuda_endpoint_send_post(const struct nvfipc_p2p_endpoint *endpoint,
+                                                  uint64_t transfer,
+                                                  void *stream);
 
 // Receiver, transfer `transfer`: enqueues on `stream` a wait for the sender's signal, the copy of
 // `bytes` bytes from the peer's buffer into the local buffer, and the "consumed" signal.
-enum nvfipc_status nvfipc_cuda_recv_post(const struct nvfipc_p2p_endpoint *endpoint,
-                                         uint64_t transfer,
-                                         uint64_t bytes,
-                                         void *stream);
+enum nvfipc_status nvfipc_cuda_endpoint_recv_post(const struct nvfipc_p2p_endpoint *endpoint,
+                                                  uint64_t transfer,
+                                                  uint64_t bytes,
+                                                  void *stream);
 
 // Sender, transfer `transfer`: enqueues on `stream` a wait until the receiver has consumed the
 // data (the send buffer may be overwritten by work queued after it).
-enum nvfipc_status nvfipc_cuda_send_wait(const struct nvfipc_p2p_endpoint *endpoint,
-                                         uint64_t transfer,
-                                         void *stream);
+enum nvfipc_status nvfipc_cuda_endpoint_send_wait(const struct nvfipc_p2p_endpoint *endpoint,
+                                                  uint64_t transfer,
+                                                  void *stream);
 
 // Sender side of the next transfer on the channel of `req` (a SEND request already exchanged):
 // enqueues on `stream` the signal that the send buffer holds the data (nvFuser's `sendPost`).
 // Never blocks the host.
-enum nvfipc_status nvfipc_p2p_send_post(const struct nvfipc_cache *cache,
-                                        const struct nvfipc_request *req,
-                                        void *stream);
+enum nvfipc_status nvfipc_cuda_p2p_send_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             void *stream);
 
 // Receiver side of the next transfer (a RECV request already exchanged): enqueues on `stream` a
 // wait for the sender's signal, the copy of `bytes` bytes from the sender's buffer into the local
 // buffer, and the "consumed" signal (nvFuser's `recvPost`). Never blocks the host.
-enum nvfipc_status nvfipc_p2p_recv_post(const struct nvfipc_cache *cache,
-                                        const struct nvfipc_request *req,
-                                        uint64_t bytes,
-                                        void *stream);
+enum nvfipc_status nvfipc_cuda_p2p_recv_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             uint64_t bytes,
+                                             void *stream);
 
 // Sender side: enqueues on `stream` a wait until the receiver has consumed the last transfer
 // posted on the channel of `req`; work queued after it may overwrite the send buffer
 // (nvFuser's `sendWait`). `NVFIPC_STATUS_INVALID_STATE` before any send post.
-enum nvfipc_status nvfipc_p2p_send_wait(const struct nvfipc_cache *cache,
-                                        const struct nvfipc_request *req,
-                                        void *stream);
+enum nvfipc_status nvfipc_cuda_p2p_send_wait(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             void *stream);
 
 // Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
 // shared memory; the CUDA transport is loaded on the first device request. One cache per job
@@ -622,25 +639,25 @@ enum nvfipc_status nvfipc_host_free(void *ptr);
 
 // Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
 // the receiver that the next transfer's data is ready. Never blocks.
-enum nvfipc_status nvfipc_host_send_post(const struct nvfipc_cache *cache,
-                                         const struct nvfipc_request *req);
+enum nvfipc_status nvfipc_host_p2p_send_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req);
 
 // Receiver side (a RECV request already exchanged): waits for the sender's post, copies `bytes`
 // from the sender's buffer into the local one and signals the sender. `timeout_ms` < 0: the
 // cache's timeout; 0: check once. A sender that has exited (where its pid can be checked: same
 // pid namespace) fails the wait at once with `NVFIPC_STATUS_IO`, naming its rank and pid; a
 // timeout names them too.
-enum nvfipc_status nvfipc_host_recv_post(const struct nvfipc_cache *cache,
-                                         const struct nvfipc_request *req,
-                                         uint64_t bytes,
-                                         int64_t timeout_ms);
+enum nvfipc_status nvfipc_host_p2p_recv_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             uint64_t bytes,
+                                             int64_t timeout_ms);
 
 // Sender side: waits until the receiver has copied the last posted transfer, after which the
 // send buffer may be reused. `timeout_ms` and a receiver that has exited as in
-// `nvfipc_host_recv_post`.
-enum nvfipc_status nvfipc_host_send_wait(const struct nvfipc_cache *cache,
-                                         const struct nvfipc_request *req,
-                                         int64_t timeout_ms);
+// `nvfipc_host_p2p_recv_post`.
+enum nvfipc_status nvfipc_host_p2p_send_wait(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             int64_t timeout_ms);
 
 // Frees a buffer returned by the library (e.g. by `nvfipc_store_get`), given the length returned
 // with it. NULL is a no-op. Freeing twice, or a pointer the library did not return, gives
