@@ -5,13 +5,18 @@
 //! `nvfipc_*` function. The documented C contract (each pointer is NULL or valid for the stated
 //! length, strings are NUL-terminated) is what makes their `unsafe` blocks sound; the helpers
 //! check everything that can be checked (NULL, alignment, UTF-8, lengths).
+//!
+//! Argument names are `impl Display` so that a caller can pass `format_args!("{name}.peer")`:
+//! the name is only formatted when a message needs it, never on the success path (a warm
+//! `nvfipc_cache_get` spent most of its time formatting names it never used).
 
 use crate::error::{Error, Result};
 use std::ffi::{c_char, CStr};
+use std::fmt::Display;
 use std::time::Duration;
 
 /// Fails with `InvalidArgument` naming `name` when `ptr` is NULL.
-pub(crate) fn check_not_null<T>(ptr: *const T, name: &str) -> Result<()> {
+pub(crate) fn check_not_null<T>(ptr: *const T, name: impl Display) -> Result<()> {
     if ptr.is_null() {
         Err(Error::invalid(format!("argument `{name}` is NULL")))
     } else {
@@ -20,8 +25,8 @@ pub(crate) fn check_not_null<T>(ptr: *const T, name: &str) -> Result<()> {
 }
 
 /// Borrows a NUL-terminated UTF-8 C string argument.
-pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: &str) -> Result<&'a str> {
-    check_not_null(ptr, name)?;
+pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'a str> {
+    check_not_null(ptr, &name)?;
     // SAFETY: non-NULL (checked above); the C contract says string arguments are NUL-terminated
     // and stay valid for the duration of the call, which outlives every use of the result.
     let c_str = unsafe { CStr::from_ptr(ptr) };
@@ -74,7 +79,7 @@ pub(crate) fn c_str_array_arg<'a>(
     items
         .iter()
         .enumerate()
-        .map(|(i, &item)| c_str_arg(item, &format!("{name}[{i}]")))
+        .map(|(i, &item)| c_str_arg(item, format_args!("{name}[{i}]")))
         .collect()
 }
 
@@ -123,7 +128,7 @@ pub(crate) fn timeout_arg(timeout_ms: i64, default: Duration) -> Duration {
 }
 
 /// Converts a C rank (`int64_t`) into an index in `0..world_size`.
-pub(crate) fn rank_arg(rank: i64, world_size: usize, name: &str) -> Result<usize> {
+pub(crate) fn rank_arg(rank: i64, world_size: usize, name: impl Display) -> Result<usize> {
     usize::try_from(rank)
         .ok()
         .filter(|&r| r < world_size)

@@ -22,7 +22,7 @@ fn members_arg(ranks: *const i64, n_ranks: usize, world_size: usize) -> Result<O
     slice_arg(ranks, n_ranks, "ranks")?
         .iter()
         .enumerate()
-        .map(|(i, &r)| rank_arg(r, world_size, &format!("ranks[{i}]")))
+        .map(|(i, &r)| rank_arg(r, world_size, format_args!("ranks[{i}]")))
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }

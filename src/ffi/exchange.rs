@@ -8,6 +8,7 @@ use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use crate::error::{Error, Result, Status};
 use crate::exchange::{CacheConfig, CacheStats, Direction, HandleCache, MemKind, Request};
 use std::ffi::c_char;
+use std::fmt::Display;
 use std::sync::Arc;
 
 /// `nvfipc_request.direction`: this rank's buffer is the source (the peer pulls from it).
@@ -78,7 +79,7 @@ pub(crate) fn cache_arg(cache: *const nvfipc_cache) -> Result<Arc<HandleCache>> 
     Ok(handle_ref(cache, "cache")?.cache)
 }
 
-pub(crate) fn kind_arg(kind: i32, name: &str) -> Result<MemKind> {
+pub(crate) fn kind_arg(kind: i32, name: impl Display) -> Result<MemKind> {
     match kind {
         NVFIPC_MEM_DEVICE => Ok(MemKind::Device),
         NVFIPC_MEM_HOST => Ok(MemKind::Host),
@@ -89,7 +90,7 @@ pub(crate) fn kind_arg(kind: i32, name: &str) -> Result<MemKind> {
 }
 
 /// Converts one C request (named `name` in messages).
-pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: &str) -> Result<Request> {
+pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: impl Display) -> Result<Request> {
     let direction = match r.direction {
         NVFIPC_DIRECTION_SEND => Direction::Send,
         NVFIPC_DIRECTION_RECV => Direction::Recv,
@@ -101,12 +102,12 @@ pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: &str) -> Resul
         }
     };
     Ok(Request {
-        peer: rank_arg(r.peer, world, &format!("{name}.peer"))?,
+        peer: rank_arg(r.peer, world, format_args!("{name}.peer"))?,
         direction,
-        tag: c_str_arg(r.tag, &format!("{name}.tag"))?.to_string(),
+        tag: c_str_arg(r.tag, format_args!("{name}.tag"))?.to_string(),
         ptr: r.ptr,
         bytes: r.bytes,
-        kind: kind_arg(r.kind, &format!("{name}.kind"))?,
+        kind: kind_arg(r.kind, format_args!("{name}.kind"))?,
     })
 }
 
@@ -204,7 +205,7 @@ fn exchange(
     let requests = items
         .iter()
         .enumerate()
-        .map(|(i, r)| request_arg(r, cache.world_size(), &format!("reqs[{i}]")))
+        .map(|(i, r)| request_arg(r, cache.world_size(), format_args!("reqs[{i}]")))
         .collect::<Result<Vec<_>>>()?;
     cache.exchange_handles_timeout(&requests, timeout_arg(timeout_ms, cache.timeout()))
 }

@@ -25,6 +25,8 @@ pub mod exchange;
 mod header_check;
 pub mod host;
 pub(crate) mod registry;
+#[cfg(test)]
+mod registry_bench;
 pub mod store;
 pub mod store_callbacks;
 pub mod store_create;

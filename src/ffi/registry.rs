@@ -13,7 +13,7 @@ use crate::error::{Error, Result, Status};
 use once_cell::sync::Lazy;
 use std::any::TypeId;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[derive(Clone, Copy)]
 enum Live {
@@ -26,11 +26,19 @@ enum Live {
     Buffer { len: usize },
 }
 
-static LIVE: Lazy<Mutex<HashMap<usize, Live>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+/// A read-write lock: every call on a handle looks it up (a read), only creating and freeing
+/// objects write, so concurrent calls on live objects never wait for each other here.
+static LIVE: Lazy<RwLock<HashMap<usize, Live>>> = Lazy::new(|| RwLock::new(HashMap::new()));
 
-/// Locks the registry. Nothing panics while holding it, but tolerate poisoning anyway.
-fn live() -> MutexGuard<'static, HashMap<usize, Live>> {
-    LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Locks the registry for a change. Nothing panics while holding it, but tolerate poisoning anyway.
+fn live() -> RwLockWriteGuard<'static, HashMap<usize, Live>> {
+    LIVE.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Locks the registry for a lookup.
+fn live_read() -> RwLockReadGuard<'static, HashMap<usize, Live>> {
+    LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn describe(entry: Option<&Live>) -> String {
@@ -88,11 +96,11 @@ fn check_handle<T: Handle>(
 /// another type.
 pub(crate) fn handle_ref<T: Handle>(ptr: *const T, name: &str) -> Result<T> {
     check_not_null(ptr, name)?;
-    let registry = live();
+    let registry = live_read();
     check_handle(&registry, ptr, name)?;
     // SAFETY: the registry says `ptr` came from `into_handle::<T>` and has not been freed; frees
-    // remove it from the registry under the same lock before dropping, so it stays valid while
-    // we clone it.
+    // remove it from the registry under the write lock before dropping, which cannot be taken
+    // while we hold the read lock, so it stays valid while we clone it.
     Ok(unsafe { (*ptr).clone() })
 }
 
