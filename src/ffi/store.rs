@@ -404,82 +404,12 @@ pub extern "C" fn nvfipc_store_free(store: *mut nvfipc_store) -> Status {
 pub(crate) mod tests {
     use super::*;
     use crate::ffi::registry::into_handle;
-    use std::collections::HashMap;
+    use crate::store::memory::MemoryStore;
     use std::ffi::CStr;
-    use std::sync::Mutex;
-    use std::time::Duration;
-
-    /// A minimal in-memory store for exercising the C layer without a network.
-    #[derive(Default)]
-    pub(crate) struct MemStore {
-        map: Mutex<HashMap<String, Vec<u8>>>,
-    }
-
-    impl Store for MemStore {
-        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-            self.map.lock().unwrap().insert(key.into(), value.into());
-            Ok(())
-        }
-        fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-            self.map
-                .lock()
-                .unwrap()
-                .get(key)
-                .cloned()
-                .ok_or_else(|| Error::timeout(format!("key '{key}' not set within {timeout:?}")))
-        }
-        fn add(&self, key: &str, delta: i64) -> Result<i64> {
-            let mut map = self.map.lock().unwrap();
-            let old: i64 = map
-                .get(key)
-                .map_or(0, |v| String::from_utf8_lossy(v).parse().unwrap_or(0));
-            map.insert(key.into(), (old + delta).to_string().into_bytes());
-            Ok(old + delta)
-        }
-        fn check(&self, keys: &[&str]) -> Result<bool> {
-            let map = self.map.lock().unwrap();
-            Ok(keys.iter().all(|k| map.contains_key(*k)))
-        }
-        fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-            if self.check(keys)? {
-                Ok(())
-            } else {
-                Err(Error::timeout(format!(
-                    "keys {keys:?} missing after {timeout:?}"
-                )))
-            }
-        }
-        fn delete_key(&self, key: &str) -> Result<bool> {
-            Ok(self.map.lock().unwrap().remove(key).is_some())
-        }
-        fn num_keys(&self) -> Result<i64> {
-            Ok(self.map.lock().unwrap().len() as i64)
-        }
-        fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-            let mut map = self.map.lock().unwrap();
-            match map.get(key) {
-                None if expected.is_empty() => {
-                    map.insert(key.into(), desired.into());
-                    Ok(desired.into())
-                }
-                None => Ok(expected.into()),
-                Some(v) if v == expected => {
-                    map.insert(key.into(), desired.into());
-                    Ok(desired.into())
-                }
-                Some(v) => Ok(v.clone()),
-            }
-        }
-        fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-            let mut map = self.map.lock().unwrap();
-            map.entry(key.into()).or_default().extend_from_slice(value);
-            Ok(())
-        }
-    }
 
     pub(crate) fn mem_store() -> *mut nvfipc_store {
         into_handle(nvfipc_store {
-            store: Arc::new(MemStore::default()),
+            store: Arc::new(MemoryStore::new()),
             tcp: None,
         })
     }
@@ -625,12 +555,12 @@ pub(crate) mod tests {
             "nvfipc_store_get: not every key of 'missing' is set (timeout_ms = 0: checked once \
              without waiting)"
         );
-        // A positive timeout is the backend's business (MemStore fails at once).
+        // A positive timeout is the backend's business (the in-memory store waits it out).
         assert_eq!(
             nvfipc_store_get(s, c"missing".as_ptr(), 5, &mut data, &mut len),
             Status::Timeout
         );
-        assert!(last_message().starts_with("nvfipc_store_get: key 'missing'"));
+        assert!(last_message().starts_with("nvfipc_store_get: wait timeout, keys: [\"missing\"]"));
         assert_eq!(
             nvfipc_store_set(std::ptr::null(), c"k".as_ptr(), std::ptr::null(), 0),
             Status::InvalidArgument

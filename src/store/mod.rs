@@ -6,6 +6,8 @@
 //! prefix on the wire exactly like torch's client, so Python code sees the same keys.
 
 pub mod client;
+#[cfg(test)]
+pub(crate) mod memory;
 pub mod server;
 pub mod wire;
 
