@@ -26,6 +26,23 @@
  *   do not wait"; a positive value is a bound in milliseconds.
  * - Thread safety is stated per object type below. Errors are recorded per thread.
  */
+
+/*
+ * Deprecated names, kept as aliases so that code written against earlier headers still compiles.
+ * The P2P families are now named by memory kind, then by what they are given:
+ * nvfipc_cuda_p2p_* and nvfipc_host_p2p_* take a cache and a request (a cached channel);
+ * nvfipc_cuda_endpoint_* take a raw nvfipc_p2p_endpoint and an explicit transfer number.
+ */
+#define nvfipc_p2p_send_post nvfipc_cuda_p2p_send_post
+#define nvfipc_p2p_recv_post nvfipc_cuda_p2p_recv_post
+#define nvfipc_p2p_send_wait nvfipc_cuda_p2p_send_wait
+#define nvfipc_host_send_post nvfipc_host_p2p_send_post
+#define nvfipc_host_recv_post nvfipc_host_p2p_recv_post
+#define nvfipc_host_send_wait nvfipc_host_p2p_send_wait
+#define nvfipc_cuda_send_post nvfipc_cuda_endpoint_send_post
+#define nvfipc_cuda_recv_post nvfipc_cuda_endpoint_recv_post
+#define nvfipc_cuda_send_wait nvfipc_cuda_endpoint_send_wait
+
 /* Version of this header; compare with nvfipc_version() at run time. */
 #define NVFIPC_VERSION "0.1.0"
 #define NVFIPC_VERSION_MAJOR 0
@@ -198,32 +215,35 @@ typedef struct nvfipc_p2p_handle {
   int32_t kind;
 } nvfipc_p2p_handle;
 
-// Counters of a cache since creation.
+// Counters of a cache, cumulative since creation.
 typedef struct nvfipc_cache_counters {
-  // Successful `nvfipc_exchange_handles` calls.
+  // `exchange_handles` calls that succeeded.
   uint64_t exchanges;
-  // Channel-steps where neither side's buffer changed (no store traffic).
+  // Channel-steps where neither side's buffer changed.
   uint64_t hits;
   // Channel-steps where at least one side's buffer changed.
   uint64_t misses;
-  // Store calls made by exchanges (each multi-set or multi-get counts one).
+  // Store calls on the exchange path (each `multi_set` or `multi_get` counts one), apart from
+  // `peer_lookups`.
   uint64_t store_round_trips;
-  // Records published and their total encoded size.
+  // Records published, and their encoded bytes.
   uint64_t records_sent;
   uint64_t record_bytes_sent;
   // Records fetched and imported.
   uint64_t records_received;
-  // Peer mappings opened (buffers and semaphore slabs) and closed.
+  // Imports (buffer mappings and peer semaphore slabs) and their releases.
   uint64_t opens;
   uint64_t closes;
-  // Consumed records deleted from the store in the background.
+  // Consumed records deleted from the store by the background collector.
   uint64_t keys_deleted;
-  // Peers that had not closed their caches when this cache's teardown gave up waiting.
+  // Peers that had not closed their caches when this cache's teardown stopped waiting for them
+  // (they may still map this rank's memory; see `HandleCache::try_close`).
   uint64_t peers_unclosed;
-  // Device semaphore slabs deliberately left allocated because a peer might still map them.
+  // Device transports (with their semaphore slab) deliberately left allocated by a teardown
+  // that timed out, rather than freed under a peer's mapping.
   uint64_t leaked_slabs;
-  // Store round trips (not in `store_round_trips`) that read a peer's node identity: at most
-  // one per peer, only when a first exchange found no board of the peer on this node yet.
+  // Reads of peers' node identities (one `WAIT` + `MULTI_GET` each), made at most once per
+  // peer and only when a first exchange found no board of the peer on this node yet.
   uint64_t peer_lookups;
 } nvfipc_cache_counters;
 
@@ -362,6 +382,22 @@ enum nvfipc_status nvfipc_barrier(const struct nvfipc_context *ctx,
                                   size_t n_ranks,
                                   int64_t timeout_ms);
 
+// The message of the last failed call on this thread, or "" when none has failed. Never NULL.
+// The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
+// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
+const char *nvfipc_last_error_message(void);
+
+// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).
+enum nvfipc_status nvfipc_last_error_status(void);
+
+// Forgets the last error of this thread, so a later check of `nvfipc_last_error_status` only
+// sees failures after this point.
+void nvfipc_last_error_clear(void);
+
+// A short, static, lower-case name for a status value (e.g. "timeout"); "unknown status" for a
+// value that is not an `nvfipc_status`. Never NULL; never freed.
+const char *nvfipc_status_name(int32_t status);
+
 // Creates the context of rank `rank` of `world_size` (`local_rank` of `local_world_size` on
 // this node) over `store`. The store is shared, not consumed: the context keeps its own
 // reference, so the caller may free `store` at any time (the connection stays open until both
@@ -493,44 +529,44 @@ enum nvfipc_status nvfipc_cuda_ipc_close(int64_t peer, const struct nvfipc_cuda_
 
 // Sender, transfer number `transfer` (1, 2, ... per channel): enqueues on `stream` the signal
 // that the local send buffer holds the data.
-enum nvfipc_status nvfipc_cuda_send_post(const struct nvfipc_p2p_endpoint *endpoint,
-                                         uint64_t transfer,
-                                         void *stream);
+enum nvfipc_status nvfipc_cuda_endpoint_send_post(const struct nvfipc_p2p_endpoint *endpoint,
+                                                  uint64_t transfer,
+                                                  void *stream);
 
 // Receiver, transfer `transfer`: enqueues on `stream` a wait for the sender's signal, the copy of
 // `bytes` bytes from the peer's buffer into the local buffer, and the "consumed" signal.
-enum nvfipc_status nvfipc_cuda_recv_post(const struct nvfipc_p2p_endpoint *endpoint,
-                                         uint64_t transfer,
-                                         uint64_t bytes,
-                                         void *stream);
+enum nvfipc_status nvfipc_cuda_endpoint_recv_post(const struct nvfipc_p2p_endpoint *endpoint,
+                                                  uint64_t transfer,
+                                                  uint64_t bytes,
+                                                  void *stream);
 
 // Sender, transfer `transfer`: enqueues on `stream` a wait until the receiver has consumed the
 // data (the send buffer may be overwritten by work queued after it).
-enum nvfipc_status nvfipc_cuda_send_wait(const struct nvfipc_p2p_endpoint *endpoint,
-                                         uint64_t transfer,
-                                         void *stream);
+enum nvfipc_status nvfipc_cuda_endpoint_send_wait(const struct nvfipc_p2p_endpoint *endpoint,
+                                                  uint64_t transfer,
+                                                  void *stream);
 
 // Sender side of the next transfer on the channel of `req` (a SEND request already exchanged):
 // enqueues on `stream` the signal that the send buffer holds the data (nvFuser's `sendPost`).
 // Never blocks the host.
-enum nvfipc_status nvfipc_p2p_send_post(const struct nvfipc_cache *cache,
-                                        const struct nvfipc_request *req,
-                                        void *stream);
+enum nvfipc_status nvfipc_cuda_p2p_send_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             void *stream);
 
 // Receiver side of the next transfer (a RECV request already exchanged): enqueues on `stream` a
 // wait for the sender's signal, the copy of `bytes` bytes from the sender's buffer into the local
 // buffer, and the "consumed" signal (nvFuser's `recvPost`). Never blocks the host.
-enum nvfipc_status nvfipc_p2p_recv_post(const struct nvfipc_cache *cache,
-                                        const struct nvfipc_request *req,
-                                        uint64_t bytes,
-                                        void *stream);
+enum nvfipc_status nvfipc_cuda_p2p_recv_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             uint64_t bytes,
+                                             void *stream);
 
 // Sender side: enqueues on `stream` a wait until the receiver has consumed the last transfer
 // posted on the channel of `req`; work queued after it may overwrite the send buffer
 // (nvFuser's `sendWait`). `NVFIPC_STATUS_INVALID_STATE` before any send post.
-enum nvfipc_status nvfipc_p2p_send_wait(const struct nvfipc_cache *cache,
-                                        const struct nvfipc_request *req,
-                                        void *stream);
+enum nvfipc_status nvfipc_cuda_p2p_send_wait(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             void *stream);
 
 // Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
 // shared memory; the CUDA transport is loaded on the first device request. One cache per job
@@ -601,7 +637,8 @@ enum nvfipc_status nvfipc_cache_get(const struct nvfipc_cache *cache,
                                     const struct nvfipc_request *req,
                                     struct nvfipc_p2p_handle *out);
 
-// Copies the cache's counters into `*out`.
+// Copies the cache's counters into `*out`. (`nvfipc_cache_counters` is the Rust `CacheStats`
+// itself, exported by cbindgen under its C name: the two cannot drift apart.)
 enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
                                       struct nvfipc_cache_counters *out);
 
@@ -613,28 +650,6 @@ enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
 // time; takes effect at the next replacement.
 enum nvfipc_status nvfipc_cache_set_retained_mappings(const struct nvfipc_cache *cache,
                                                       uint32_t per_peer);
-
-// The message of the last failed call on this thread, or "" when none has failed. Never NULL.
-// The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
-// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
-const char *nvfipc_last_error_message(void);
-
-// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).
-enum nvfipc_status nvfipc_last_error_status(void);
-
-// Forgets the last error of this thread, so a later check of `nvfipc_last_error_status` only
-// sees failures after this point.
-void nvfipc_last_error_clear(void);
-
-// A short, static, lower-case name for a status value (e.g. "timeout"); "unknown status" for a
-// value that is not an `nvfipc_status`. Never NULL; never freed.
-const char *nvfipc_status_name(int32_t status);
-
-// Frees a buffer returned by the library (e.g. by `nvfipc_store_get`), given the length returned
-// with it. NULL is a no-op. Freeing twice, or a pointer the library did not return, gives
-// `NVFIPC_STATUS_INVALID_STATE`; a wrong length gives `NVFIPC_STATUS_INVALID_ARGUMENT` (and
-// the buffer stays allocated). Thread-safe.
-enum nvfipc_status nvfipc_buffer_free(uint8_t *data, size_t len);
 
 // Allocates `bytes` (> 0) of zero-filled host memory in a POSIX shared-memory segment that peers
 // can map through `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the
@@ -648,25 +663,25 @@ enum nvfipc_status nvfipc_host_free(void *ptr);
 
 // Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
 // the receiver that the next transfer's data is ready. Never blocks.
-enum nvfipc_status nvfipc_host_send_post(const struct nvfipc_cache *cache,
-                                         const struct nvfipc_request *req);
+enum nvfipc_status nvfipc_host_p2p_send_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req);
 
 // Receiver side (a RECV request already exchanged): waits for the sender's post, copies `bytes`
 // from the sender's buffer into the local one and signals the sender. `timeout_ms` < 0: the
 // cache's timeout; 0: check once. A sender that has exited (where its pid can be checked: same
 // pid namespace) fails the wait at once with `NVFIPC_STATUS_IO`, naming its rank and pid; a
 // timeout names them too.
-enum nvfipc_status nvfipc_host_recv_post(const struct nvfipc_cache *cache,
-                                         const struct nvfipc_request *req,
-                                         uint64_t bytes,
-                                         int64_t timeout_ms);
+enum nvfipc_status nvfipc_host_p2p_recv_post(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             uint64_t bytes,
+                                             int64_t timeout_ms);
 
 // Sender side: waits until the receiver has copied the last posted transfer, after which the
 // send buffer may be reused. `timeout_ms` and a receiver that has exited as in
-// `nvfipc_host_recv_post`.
-enum nvfipc_status nvfipc_host_send_wait(const struct nvfipc_cache *cache,
-                                         const struct nvfipc_request *req,
-                                         int64_t timeout_ms);
+// `nvfipc_host_p2p_recv_post`.
+enum nvfipc_status nvfipc_host_p2p_send_wait(const struct nvfipc_cache *cache,
+                                             const struct nvfipc_request *req,
+                                             int64_t timeout_ms);
 
 // Sets the most verbose level written (`NVFIPC_LOG_OFF` .. `NVFIPC_LOG_TRACE`), overriding
 // `NVFIPC_DEBUG`, for the whole process. Thread-safe.
@@ -681,6 +696,12 @@ enum nvfipc_status nvfipc_log_get_level(int32_t *out_level);
 // the callback is replaced may still reach the previous one, so keep `user` valid until the
 // process's library threads are done (in practice: for the process's lifetime). Thread-safe.
 enum nvfipc_status nvfipc_log_set_callback(nvfipc_log_fn callback, void *user);
+
+// Frees a buffer returned by the library (e.g. by `nvfipc_store_get`), given the length returned
+// with it. NULL is a no-op. Freeing twice, or a pointer the library did not return, gives
+// `NVFIPC_STATUS_INVALID_STATE`; a wrong length gives `NVFIPC_STATUS_INVALID_ARGUMENT` (and
+// the buffer stays allocated). Thread-safe.
+enum nvfipc_status nvfipc_buffer_free(uint8_t *data, size_t len);
 
 // Sets `key` to the `value_len` bytes at `value`, replacing any previous value, and wakes
 // waiters of `key`.

@@ -750,32 +750,33 @@ class HandleCache {
   // Device P2P (nvFuser's get_zcopy), enqueued on `stream` (a CUstream / cudaStream_t).
   void sendPost(const Request& send, void* stream) const {
     nvfipc_request c = send.toC();
-    detail::check(nvfipc_p2p_send_post(raw(), &c, stream), "nvfipc_p2p_send_post");
+    detail::check(nvfipc_cuda_p2p_send_post(raw(), &c, stream), "nvfipc_cuda_p2p_send_post");
   }
   void recvPost(const Request& recv, uint64_t bytes, void* stream) const {
     nvfipc_request c = recv.toC();
-    detail::check(nvfipc_p2p_recv_post(raw(), &c, bytes, stream), "nvfipc_p2p_recv_post");
+    detail::check(nvfipc_cuda_p2p_recv_post(raw(), &c, bytes, stream), "nvfipc_cuda_p2p_recv_post");
   }
   void sendWait(const Request& send, void* stream) const {
     nvfipc_request c = send.toC();
-    detail::check(nvfipc_p2p_send_wait(raw(), &c, stream), "nvfipc_p2p_send_wait");
+    detail::check(nvfipc_cuda_p2p_send_wait(raw(), &c, stream), "nvfipc_cuda_p2p_send_wait");
   }
 
   // Host P2P over shared memory: the same protocol, run by the calling thread. recv and wait
   // block (bounded by `timeout`).
   void hostSendPost(const Request& send) const {
     nvfipc_request c = send.toC();
-    detail::check(nvfipc_host_send_post(raw(), &c), "nvfipc_host_send_post");
+    detail::check(nvfipc_host_p2p_send_post(raw(), &c), "nvfipc_host_p2p_send_post");
   }
   void hostRecvPost(const Request& recv, uint64_t bytes,
                     Milliseconds timeout = kDefaultTimeout) const {
     nvfipc_request c = recv.toC();
-    detail::check(nvfipc_host_recv_post(raw(), &c, bytes, timeout.count()),
-                  "nvfipc_host_recv_post");
+    detail::check(nvfipc_host_p2p_recv_post(raw(), &c, bytes, timeout.count()),
+                  "nvfipc_host_p2p_recv_post");
   }
   void hostSendWait(const Request& send, Milliseconds timeout = kDefaultTimeout) const {
     nvfipc_request c = send.toC();
-    detail::check(nvfipc_host_send_wait(raw(), &c, timeout.count()), "nvfipc_host_send_wait");
+    detail::check(nvfipc_host_p2p_send_wait(raw(), &c, timeout.count()),
+                  "nvfipc_host_p2p_send_wait");
   }
 
   void close() {
@@ -857,15 +858,18 @@ inline nvfipc_cuda_ipc_counters cudaIpcCounters() {
 // Explicit-transfer primitives on a channel's endpoint (transfer = 1, 2, ... per channel).
 inline void cudaSendPost(const P2pHandle& h, uint64_t transfer, void* stream) {
   nvfipc_p2p_endpoint e = h.endpoint();
-  detail::check(nvfipc_cuda_send_post(&e, transfer, stream), "nvfipc_cuda_send_post");
+  detail::check(nvfipc_cuda_endpoint_send_post(&e, transfer, stream),
+                "nvfipc_cuda_endpoint_send_post");
 }
 inline void cudaRecvPost(const P2pHandle& h, uint64_t transfer, uint64_t bytes, void* stream) {
   nvfipc_p2p_endpoint e = h.endpoint();
-  detail::check(nvfipc_cuda_recv_post(&e, transfer, bytes, stream), "nvfipc_cuda_recv_post");
+  detail::check(nvfipc_cuda_endpoint_recv_post(&e, transfer, bytes, stream),
+                "nvfipc_cuda_endpoint_recv_post");
 }
 inline void cudaSendWait(const P2pHandle& h, uint64_t transfer, void* stream) {
   nvfipc_p2p_endpoint e = h.endpoint();
-  detail::check(nvfipc_cuda_send_wait(&e, transfer, stream), "nvfipc_cuda_send_wait");
+  detail::check(nvfipc_cuda_endpoint_send_wait(&e, transfer, stream),
+                "nvfipc_cuda_endpoint_send_wait");
 }
 
 }  // namespace nvfipc

@@ -796,7 +796,7 @@ impl Store for ClosedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::barrier::memory_store::MemoryStore;
+    use crate::store::memory::MemoryStore;
 
     fn assert_send_sync<T: Send + Sync>() {}
 

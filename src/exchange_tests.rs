@@ -21,59 +21,8 @@ use std::sync::Condvar;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A minimal in-process store with the blocking semantics the exchange relies on.
-#[derive(Default)]
-struct MemStore {
-    map: Mutex<HashMap<String, Vec<u8>>>,
-    changed: Condvar,
-}
-
-impl Store for MemStore {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        lock(&self.map).insert(key.into(), value.into());
-        self.changed.notify_all();
-        Ok(())
-    }
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        Ok(self.multi_get(&[key], timeout)?.remove(0))
-    }
-    fn add(&self, _: &str, _: i64) -> Result<i64> {
-        Err(Error::unsupported("add"))
-    }
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        let m = lock(&self.map);
-        Ok(keys.iter().all(|k| m.contains_key(*k)))
-    }
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let mut m = lock(&self.map);
-        while !keys.iter().all(|k| m.contains_key(*k)) {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::timeout(format!("wait for {keys:?}")));
-            }
-            m = self.changed.wait_timeout(m, deadline - now).unwrap().0;
-        }
-        Ok(())
-    }
-    fn delete_key(&self, key: &str) -> Result<bool> {
-        Ok(lock(&self.map).remove(key).is_some())
-    }
-    fn num_keys(&self) -> Result<i64> {
-        Ok(lock(&self.map).len() as i64)
-    }
-    fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
-        Err(Error::unsupported("compare_set"))
-    }
-    fn append(&self, _: &str, _: &[u8]) -> Result<()> {
-        Err(Error::unsupported("append"))
-    }
-    fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        self.wait(keys, timeout)?;
-        let m = lock(&self.map);
-        Ok(keys.iter().map(|k| m[*k].clone()).collect())
-    }
-}
+/// The shared in-memory test store (blocking waits, as the exchange relies on).
+use crate::store::memory::MemoryStore as MemStore;
 
 /// A store whose writes are lost (a peer whose records never reach the store).
 struct LosesWrites(Arc<MemStore>);

@@ -994,9 +994,12 @@ fn c_abi(r: Rank) {
         assert_eq!(nvfipc_cache_get(cache, &reqs[1], &mut h), Status::Ok);
         assert_eq!(h.local_ptr, recv as u64);
         assert_eq!(h.kind, NVFIPC_MEM_HOST);
-        assert_eq!(nvfipc_host_send_post(cache, &reqs[0]), Status::Ok);
-        assert_eq!(nvfipc_host_recv_post(cache, &reqs[1], 4096, -1), Status::Ok);
-        assert_eq!(nvfipc_host_send_wait(cache, &reqs[0], -1), Status::Ok);
+        assert_eq!(nvfipc_host_p2p_send_post(cache, &reqs[0]), Status::Ok);
+        assert_eq!(
+            nvfipc_host_p2p_recv_post(cache, &reqs[1], 4096, -1),
+            Status::Ok
+        );
+        assert_eq!(nvfipc_host_p2p_send_wait(cache, &reqs[0], -1), Status::Ok);
         // SAFETY: `recv` is a live 4096-byte buffer.
         let got = unsafe { std::slice::from_raw_parts(recv as *const u8, 4096) };
         assert!(
@@ -1004,7 +1007,7 @@ fn c_abi(r: Rank) {
             "step {step}"
         );
     }
-    let mut stats = nvfipc_cache_counters::default();
+    let mut stats = nvfuser_ipc::exchange::CacheStats::default();
     assert_eq!(nvfipc_cache_stats(cache, &mut stats), Status::Ok);
     assert_eq!(
         (stats.exchanges, stats.misses, stats.hits),

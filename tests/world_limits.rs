@@ -7,10 +7,10 @@ use nvfuser_ipc::barrier::{barrier, BarrierState, MemberSet};
 use nvfuser_ipc::context::{Context, ContextOptions};
 use nvfuser_ipc::env::{RankInfo, MAX_WORLD_SIZE};
 use nvfuser_ipc::ffi::barrier::nvfipc_barrier;
+use nvfuser_ipc::ffi::boundary::nvfipc_last_error_message;
 use nvfuser_ipc::ffi::context::{
     nvfipc_context_connect, nvfipc_context_free, NVFIPC_MAX_WORLD_SIZE,
 };
-use nvfuser_ipc::ffi::guard::nvfipc_last_error_message;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::Status;

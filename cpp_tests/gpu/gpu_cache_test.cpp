@@ -1,6 +1,6 @@
 // The handle cache on a real GPU, on a ring (send to rank+1, receive from rank-1):
 // nvFuser's ShareIpcMemHandles and CudaComm through nvfipc_exchange_handles / nvfipc_cache_get /
-// nvfipc_p2p_*, the seed's re-export race, asymmetric buffer changes, the zero-store-traffic
+// nvfipc_cuda_p2p_*, the seed's re-export race, asymmetric buffer changes, the zero-store-traffic
 // cache hit, balanced opens and closes after teardown, and bad pointers.
 #include <chrono>
 #include <cstring>
@@ -142,9 +142,9 @@ TEST(GpuCache, CudaComm) {
       } else {
         warm_total += us;
       }
-      GPU_ASSERT_OK(nvfipc_p2p_send_post(cache.get(), &batch[0], stream));
-      GPU_ASSERT_OK(nvfipc_p2p_recv_post(cache.get(), &batch[1], kBytes, stream));
-      GPU_ASSERT_OK(nvfipc_p2p_send_wait(cache.get(), &batch[0], stream));
+      GPU_ASSERT_OK(nvfipc_cuda_p2p_send_post(cache.get(), &batch[0], stream));
+      GPU_ASSERT_OK(nvfipc_cuda_p2p_recv_post(cache.get(), &batch[1], kBytes, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_p2p_send_wait(cache.get(), &batch[0], stream));
       CUDA_ASSERT(cudaMemcpyAsync(out, recv.get(), kBytes, cudaMemcpyDeviceToHost, stream));
       CUDA_ASSERT(SyncStream(stream, "GpuCache.CudaComm"));
       for (int k = 0; k < kCount; ++k)
@@ -177,9 +177,9 @@ void RingStep(nvfipc_cache* cache, nvfipc_request* batch, void* send, void* recv
   nvfipc_p2p_handle h{};
   GPU_ASSERT_OK(nvfipc_cache_get(cache, &batch[1], &h));
   ASSERT_EQ(h.local_ptr, reinterpret_cast<uint64_t>(recv)) << what << " step " << step;
-  GPU_ASSERT_OK(nvfipc_p2p_send_post(cache, &batch[0], stream));
-  GPU_ASSERT_OK(nvfipc_p2p_recv_post(cache, &batch[1], kBytes, stream));
-  GPU_ASSERT_OK(nvfipc_p2p_send_wait(cache, &batch[0], stream));
+  GPU_ASSERT_OK(nvfipc_cuda_p2p_send_post(cache, &batch[0], stream));
+  GPU_ASSERT_OK(nvfipc_cuda_p2p_recv_post(cache, &batch[1], kBytes, stream));
+  GPU_ASSERT_OK(nvfipc_cuda_p2p_send_wait(cache, &batch[0], stream));
   CUDA_ASSERT(cudaMemcpyAsync(got, recv, kBytes, cudaMemcpyDeviceToHost, stream));
   CUDA_ASSERT(SyncStream(stream, what.c_str()));
   for (int k = 0; k < kCount; ++k)
@@ -304,11 +304,11 @@ TEST(GpuCache, DuplicatePairsAndReorderedBatch) {
     }
     GPU_ASSERT_OK(nvfipc_exchange_handles(cache.get(), batch.data(), batch.size()));
     for (int j = 0; j < kChannels; ++j)
-      GPU_ASSERT_OK(nvfipc_p2p_send_post(cache.get(), &send_reqs[j], stream));
+      GPU_ASSERT_OK(nvfipc_cuda_p2p_send_post(cache.get(), &send_reqs[j], stream));
     for (int j = kChannels - 1; j >= 0; --j)
-      GPU_ASSERT_OK(nvfipc_p2p_recv_post(cache.get(), &recv_reqs[j], kBytes, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_p2p_recv_post(cache.get(), &recv_reqs[j], kBytes, stream));
     for (int j = 0; j < kChannels; ++j)
-      GPU_ASSERT_OK(nvfipc_p2p_send_wait(cache.get(), &send_reqs[j], stream));
+      GPU_ASSERT_OK(nvfipc_cuda_p2p_send_wait(cache.get(), &send_reqs[j], stream));
     CUDA_ASSERT(SyncStream(stream, "GpuCache.DuplicatePairsAndReorderedBatch"));
     for (int j = 0; j < kChannels; ++j) {
       int32_t got[kCount];
@@ -361,11 +361,11 @@ TEST(GpuCache, PipelinedRingAllgather) {
   CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Stopwatch run;
   for (int64_t s = 0; s + 1 < world; ++s) {
-    GPU_ASSERT_OK(nvfipc_p2p_send_post(cache.get(), &batch[2 * s], stream));
-    GPU_ASSERT_OK(nvfipc_p2p_recv_post(cache.get(), &batch[2 * s + 1], kBytes, stream));
+    GPU_ASSERT_OK(nvfipc_cuda_p2p_send_post(cache.get(), &batch[2 * s], stream));
+    GPU_ASSERT_OK(nvfipc_cuda_p2p_recv_post(cache.get(), &batch[2 * s + 1], kBytes, stream));
   }
   for (int64_t s = 0; s + 1 < world; ++s)
-    GPU_ASSERT_OK(nvfipc_p2p_send_wait(cache.get(), &batch[2 * s], stream));
+    GPU_ASSERT_OK(nvfipc_cuda_p2p_send_wait(cache.get(), &batch[2 * s], stream));
   CUDA_ASSERT(SyncStream(stream, "GpuCache.PipelinedRingAllgather"));
   PrintTiming("GpuCache.PipelinedRingAllgather", "allgather", run.micros());
   std::vector<float> all(world * kCount);
@@ -450,7 +450,7 @@ TEST(GpuCache, BadPointersGiveStatuses) {
   // The P2P primitives on a channel that was never exchanged: a status, no crash.
   DeviceBuffer buf(kBytes);
   nvfipc_request unknown = Request(SendPeer(), NVFIPC_DIRECTION_SEND, "never", buf.get(), kBytes);
-  st = nvfipc_p2p_send_post(cache.get(), &unknown, nullptr);
+  st = nvfipc_cuda_p2p_send_post(cache.get(), &unknown, nullptr);
   EXPECT_NE(st, NVFIPC_STATUS_OK);
   EXPECT_NE(st, NVFIPC_STATUS_PANIC) << Describe(st);
   cache.Free();

@@ -153,15 +153,15 @@ TEST(GpuPointer, PoolMemoryIsRefusedOrExportable) {
 
 TEST(GpuPointer, P2pPrimitivesRejectBadEndpoints) {
   nvfipc_p2p_endpoint ep = {};
-  nvfipc_status st = nvfipc_cuda_send_post(&ep, 1, nullptr);
+  nvfipc_status st = nvfipc_cuda_endpoint_send_post(&ep, 1, nullptr);
   EXPECT_EQ(st, NVFIPC_STATUS_INVALID_ARGUMENT) << Describe(st);
-  st = nvfipc_cuda_send_post(nullptr, 1, nullptr);
+  st = nvfipc_cuda_endpoint_send_post(nullptr, 1, nullptr);
   EXPECT_EQ(st, NVFIPC_STATUS_INVALID_ARGUMENT) << Describe(st);
   ep.local_ptr = ep.peer_ptr = ep.local_semaphore = ep.peer_semaphore = 0x1000;
   ep.local_bytes = ep.peer_bytes = 16;
-  st = nvfipc_cuda_recv_post(&ep, 1, 64, nullptr);
+  st = nvfipc_cuda_endpoint_recv_post(&ep, 1, 64, nullptr);
   EXPECT_EQ(st, NVFIPC_STATUS_INVALID_ARGUMENT) << Describe(st);
-  st = nvfipc_cuda_send_wait(&ep, 0, nullptr);
+  st = nvfipc_cuda_endpoint_send_wait(&ep, 0, nullptr);
   EXPECT_EQ(st, NVFIPC_STATUS_INVALID_ARGUMENT) << Describe(st);
 }
 

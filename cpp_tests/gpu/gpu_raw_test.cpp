@@ -193,9 +193,9 @@ TEST(GpuRaw, CudaCommSemaphores) {
       for (int k = 0; k < kCount; ++k) host[k] = k + 10.0f * i + 100.0f * me;
       CUDA_ASSERT(cudaMemcpyAsync(ring.send(), host, kBytes, cudaMemcpyHostToDevice, stream));
       ++transfer;
-      GPU_ASSERT_OK(nvfipc_cuda_send_post(ring.send_ep(), transfer, stream));
-      GPU_ASSERT_OK(nvfipc_cuda_recv_post(ring.recv_ep(), transfer, kBytes, stream));
-      GPU_ASSERT_OK(nvfipc_cuda_send_wait(ring.send_ep(), transfer, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_endpoint_send_post(ring.send_ep(), transfer, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_endpoint_recv_post(ring.recv_ep(), transfer, kBytes, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_endpoint_send_wait(ring.send_ep(), transfer, stream));
       CUDA_ASSERT(cudaMemcpyAsync(out, ring.recv(), kBytes, cudaMemcpyDeviceToHost, stream));
       CUDA_ASSERT(SyncStream(stream, "GpuRaw.CudaCommSemaphores lockstep"));
       for (int k = 0; k < kCount; ++k) {
@@ -220,10 +220,10 @@ TEST(GpuRaw, CudaCommSemaphores) {
       char* res = static_cast<char*>(outputs.get()) + i * kBytes;
       CUDA_ASSERT(cudaMemcpyAsync(ring.send(), in, kBytes, cudaMemcpyDeviceToDevice, stream));
       ++transfer;
-      GPU_ASSERT_OK(nvfipc_cuda_send_post(ring.send_ep(), transfer, stream));
-      GPU_ASSERT_OK(nvfipc_cuda_recv_post(ring.recv_ep(), transfer, kBytes, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_endpoint_send_post(ring.send_ep(), transfer, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_endpoint_recv_post(ring.recv_ep(), transfer, kBytes, stream));
       CUDA_ASSERT(cudaMemcpyAsync(res, ring.recv(), kBytes, cudaMemcpyDeviceToDevice, stream));
-      GPU_ASSERT_OK(nvfipc_cuda_send_wait(ring.send_ep(), transfer, stream));
+      GPU_ASSERT_OK(nvfipc_cuda_endpoint_send_wait(ring.send_ep(), transfer, stream));
     }
     double enqueue_us = ahead.micros();
     CUDA_ASSERT(SyncStream(stream, "GpuRaw.CudaCommSemaphores run-ahead"));

@@ -1,7 +1,8 @@
 //! C ABI of barriers over the world or any subset of ranks.
 
+use super::args::{rank_arg, slice_arg};
+use super::boundary::ffi_call;
 use super::context::{context_arg, nvfipc_context};
-use super::guard::{ffi_call, rank_arg, slice_arg};
 use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use std::time::Duration;
@@ -21,7 +22,7 @@ fn members_arg(ranks: *const i64, n_ranks: usize, world_size: usize) -> Result<O
     slice_arg(ranks, n_ranks, "ranks")?
         .iter()
         .enumerate()
-        .map(|(i, &r)| rank_arg(r, world_size, &format!("ranks[{i}]")))
+        .map(|(i, &r)| rank_arg(r, world_size, format_args!("ranks[{i}]")))
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }

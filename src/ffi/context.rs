@@ -1,9 +1,8 @@
 //! C ABI of the job context: who this rank is and which store the job shares.
 
-use super::guard::{
-    c_str_arg, ffi_call, handle_ref, into_handle, out_ptr, positive_arg, take_handle, timeout_arg,
-    Handle,
-};
+use super::args::{c_str_arg, out_ptr, positive_arg, timeout_arg};
+use super::boundary::ffi_call;
+use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use super::store::nvfipc_store;
 use crate::context::{Context, ContextOptions, EnvOptions};
 use crate::env::MAX_WORLD_SIZE;
@@ -66,8 +65,8 @@ fn rank_layout(
         )));
     }
     let local_world = positive_arg(local_world_size, "local_world_size")?;
-    let rank = super::guard::rank_arg(rank, world, "rank")?;
-    let local_rank = super::guard::rank_arg(local_rank, local_world, "local_rank")?;
+    let rank = super::args::rank_arg(rank, world, "rank")?;
+    let local_rank = super::args::rank_arg(local_rank, local_world, "local_rank")?;
     if local_world > world {
         return Err(Error::invalid(format!(
             "local_world_size {local_world} is larger than world_size {world}"

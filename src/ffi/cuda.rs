@@ -2,11 +2,18 @@
 //! stream-ordered P2P primitives (`send_post`, `recv_post`, `send_wait`) of nvFuser's zero-copy
 //! "get" protocol with epoch-valued semaphores.
 //!
+//! P2P names say the memory, then what the call is given: `nvfipc_cuda_p2p_*` work on a cached
+//! channel (cache + request, transfer numbers kept by the cache) as `nvfipc_host_p2p_*` do for
+//! host memory; `nvfipc_cuda_endpoint_*` work on a raw `nvfipc_p2p_endpoint` with explicit
+//! transfer numbers. (The old names `nvfipc_p2p_*`, `nvfipc_cuda_{send,recv}_post`... remain as
+//! deprecated macros at the end of the header.)
+//!
 //! Streams are passed as `void*` (a `CUstream` or `cudaStream_t`; NULL is the legacy default
 //! stream). Every primitive only enqueues work on the stream and returns at once.
 
+use super::args::{out_ptr, ref_arg, timeout_arg};
+use super::boundary::ffi_call;
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
-use super::guard::{ffi_call, out_ptr, ref_arg, timeout_arg};
 use crate::cuda::p2p::{self, Endpoint, Stream};
 use crate::cuda::{driver, ipc, memory};
 use crate::error::{Error, Result, Status};
@@ -217,12 +224,12 @@ pub extern "C" fn nvfipc_cuda_ipc_close(
 /// Sender, transfer number `transfer` (1, 2, ... per channel): enqueues on `stream` the signal
 /// that the local send buffer holds the data.
 #[no_mangle]
-pub extern "C" fn nvfipc_cuda_send_post(
+pub extern "C" fn nvfipc_cuda_endpoint_send_post(
     endpoint: *const nvfipc_p2p_endpoint,
     transfer: u64,
     stream: *mut c_void,
 ) -> Status {
-    ffi_call("nvfipc_cuda_send_post", || {
+    ffi_call("nvfipc_cuda_endpoint_send_post", || {
         p2p::send_post(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
     })
 }
@@ -230,13 +237,13 @@ pub extern "C" fn nvfipc_cuda_send_post(
 /// Receiver, transfer `transfer`: enqueues on `stream` a wait for the sender's signal, the copy of
 /// `bytes` bytes from the peer's buffer into the local buffer, and the "consumed" signal.
 #[no_mangle]
-pub extern "C" fn nvfipc_cuda_recv_post(
+pub extern "C" fn nvfipc_cuda_endpoint_recv_post(
     endpoint: *const nvfipc_p2p_endpoint,
     transfer: u64,
     bytes: u64,
     stream: *mut c_void,
 ) -> Status {
-    ffi_call("nvfipc_cuda_recv_post", || {
+    ffi_call("nvfipc_cuda_endpoint_recv_post", || {
         p2p::recv_post(
             &endpoint_arg(endpoint)?,
             transfer,
@@ -249,12 +256,12 @@ pub extern "C" fn nvfipc_cuda_recv_post(
 /// Sender, transfer `transfer`: enqueues on `stream` a wait until the receiver has consumed the
 /// data (the send buffer may be overwritten by work queued after it).
 #[no_mangle]
-pub extern "C" fn nvfipc_cuda_send_wait(
+pub extern "C" fn nvfipc_cuda_endpoint_send_wait(
     endpoint: *const nvfipc_p2p_endpoint,
     transfer: u64,
     stream: *mut c_void,
 ) -> Status {
-    ffi_call("nvfipc_cuda_send_wait", || {
+    ffi_call("nvfipc_cuda_endpoint_send_wait", || {
         p2p::send_wait(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
     })
 }
@@ -267,7 +274,7 @@ fn device_handles(
     let req = single_request(&cache, req)?;
     if req.kind != MemKind::Device {
         return Err(Error::invalid(
-            "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use nvfipc_host_* for host \
+            "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use nvfipc_host_p2p_* for host \
              buffers)",
         ));
     }
@@ -278,12 +285,12 @@ fn device_handles(
 /// enqueues on `stream` the signal that the send buffer holds the data (nvFuser's `sendPost`).
 /// Never blocks the host.
 #[no_mangle]
-pub extern "C" fn nvfipc_p2p_send_post(
+pub extern "C" fn nvfipc_cuda_p2p_send_post(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
     stream: *mut c_void,
 ) -> Status {
-    ffi_call("nvfipc_p2p_send_post", || {
+    ffi_call("nvfipc_cuda_p2p_send_post", || {
         p2p::channel_send_post(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
     })
 }
@@ -292,13 +299,13 @@ pub extern "C" fn nvfipc_p2p_send_post(
 /// wait for the sender's signal, the copy of `bytes` bytes from the sender's buffer into the local
 /// buffer, and the "consumed" signal (nvFuser's `recvPost`). Never blocks the host.
 #[no_mangle]
-pub extern "C" fn nvfipc_p2p_recv_post(
+pub extern "C" fn nvfipc_cuda_p2p_recv_post(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
     bytes: u64,
     stream: *mut c_void,
 ) -> Status {
-    ffi_call("nvfipc_p2p_recv_post", || {
+    ffi_call("nvfipc_cuda_p2p_recv_post", || {
         p2p::channel_recv_post(&device_handles(cache, req)?, bytes, Stream(stream as usize))
             .map(|_| ())
     })
@@ -308,12 +315,12 @@ pub extern "C" fn nvfipc_p2p_recv_post(
 /// posted on the channel of `req`; work queued after it may overwrite the send buffer
 /// (nvFuser's `sendWait`). `NVFIPC_STATUS_INVALID_STATE` before any send post.
 #[no_mangle]
-pub extern "C" fn nvfipc_p2p_send_wait(
+pub extern "C" fn nvfipc_cuda_p2p_send_wait(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
     stream: *mut c_void,
 ) -> Status {
-    ffi_call("nvfipc_p2p_send_wait", || {
+    ffi_call("nvfipc_cuda_p2p_send_wait", || {
         p2p::channel_send_wait(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
     })
 }
@@ -321,7 +328,7 @@ pub extern "C" fn nvfipc_p2p_send_wait(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::guard::last_error_message;
+    use crate::ffi::boundary::last_error_message;
 
     #[test]
     fn cache_primitives_check_their_arguments() {
@@ -336,16 +343,16 @@ mod tests {
         };
         let null = std::ptr::null_mut();
         assert_eq!(
-            nvfipc_p2p_send_post(std::ptr::null(), &req, null),
+            nvfipc_cuda_p2p_send_post(std::ptr::null(), &req, null),
             Status::InvalidArgument
         );
         assert!(last_error_message().contains("cache"));
         assert_eq!(
-            nvfipc_p2p_recv_post(std::ptr::null(), &req, 8, null),
+            nvfipc_cuda_p2p_recv_post(std::ptr::null(), &req, 8, null),
             Status::InvalidArgument
         );
         assert_eq!(
-            nvfipc_p2p_send_wait(std::ptr::null(), std::ptr::null(), null),
+            nvfipc_cuda_p2p_send_wait(std::ptr::null(), std::ptr::null(), null),
             Status::InvalidArgument
         );
     }
@@ -379,7 +386,7 @@ mod tests {
             Status::InvalidArgument
         );
         assert_eq!(
-            nvfipc_cuda_send_post(std::ptr::null(), 1, std::ptr::null_mut()),
+            nvfipc_cuda_endpoint_send_post(std::ptr::null(), 1, std::ptr::null_mut()),
             Status::InvalidArgument
         );
         let ep = nvfipc_p2p_endpoint {
@@ -391,12 +398,12 @@ mod tests {
             peer_semaphore: 0x4000,
         };
         assert_eq!(
-            nvfipc_cuda_recv_post(&ep, 1, 32, std::ptr::null_mut()),
+            nvfipc_cuda_endpoint_recv_post(&ep, 1, 32, std::ptr::null_mut()),
             Status::InvalidArgument
         );
         assert!(last_error_message().contains("does not fit"));
         assert_eq!(
-            nvfipc_cuda_send_wait(&ep, 0, std::ptr::null_mut()),
+            nvfipc_cuda_endpoint_send_wait(&ep, 0, std::ptr::null_mut()),
             Status::InvalidArgument
         );
         let mut counters = nvfipc_cuda_ipc_counters::default();

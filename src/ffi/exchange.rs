@@ -1,14 +1,14 @@
 //! C ABI of the handle cache: exchange P2P handles for a batch of requests and look them up.
 
+use super::args::{c_str_arg, out_ptr, rank_arg, slice_arg, timeout_arg};
+use super::boundary::ffi_call;
 use super::context::context_arg;
 use super::context::nvfipc_context;
-use super::guard::{
-    c_str_arg, ffi_call, handle_ref, into_handle, out_ptr, rank_arg, slice_arg, take_handle,
-    timeout_arg, Handle,
-};
+use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use crate::error::{Error, Result, Status};
 use crate::exchange::{CacheConfig, CacheStats, Direction, HandleCache, MemKind, Request};
 use std::ffi::c_char;
+use std::fmt::Display;
 use std::sync::Arc;
 
 /// `nvfipc_request.direction`: this rank's buffer is the source (the peer pulls from it).
@@ -75,63 +75,11 @@ pub struct nvfipc_p2p_handle {
     pub kind: i32,
 }
 
-/// Counters of a cache since creation.
-#[allow(non_camel_case_types)]
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct nvfipc_cache_counters {
-    /// Successful `nvfipc_exchange_handles` calls.
-    pub exchanges: u64,
-    /// Channel-steps where neither side's buffer changed (no store traffic).
-    pub hits: u64,
-    /// Channel-steps where at least one side's buffer changed.
-    pub misses: u64,
-    /// Store calls made by exchanges (each multi-set or multi-get counts one).
-    pub store_round_trips: u64,
-    /// Records published and their total encoded size.
-    pub records_sent: u64,
-    pub record_bytes_sent: u64,
-    /// Records fetched and imported.
-    pub records_received: u64,
-    /// Peer mappings opened (buffers and semaphore slabs) and closed.
-    pub opens: u64,
-    pub closes: u64,
-    /// Consumed records deleted from the store in the background.
-    pub keys_deleted: u64,
-    /// Peers that had not closed their caches when this cache's teardown gave up waiting.
-    pub peers_unclosed: u64,
-    /// Device semaphore slabs deliberately left allocated because a peer might still map them.
-    pub leaked_slabs: u64,
-    /// Store round trips (not in `store_round_trips`) that read a peer's node identity: at most
-    /// one per peer, only when a first exchange found no board of the peer on this node yet.
-    pub peer_lookups: u64,
-}
-
-impl From<CacheStats> for nvfipc_cache_counters {
-    fn from(s: CacheStats) -> Self {
-        nvfipc_cache_counters {
-            exchanges: s.exchanges,
-            hits: s.hits,
-            misses: s.misses,
-            store_round_trips: s.store_round_trips,
-            records_sent: s.records_sent,
-            record_bytes_sent: s.record_bytes_sent,
-            records_received: s.records_received,
-            opens: s.opens,
-            closes: s.closes,
-            keys_deleted: s.keys_deleted,
-            peers_unclosed: s.peers_unclosed,
-            leaked_slabs: s.leaked_slabs,
-            peer_lookups: s.peer_lookups,
-        }
-    }
-}
-
 pub(crate) fn cache_arg(cache: *const nvfipc_cache) -> Result<Arc<HandleCache>> {
     Ok(handle_ref(cache, "cache")?.cache)
 }
 
-pub(crate) fn kind_arg(kind: i32, name: &str) -> Result<MemKind> {
+pub(crate) fn kind_arg(kind: i32, name: impl Display) -> Result<MemKind> {
     match kind {
         NVFIPC_MEM_DEVICE => Ok(MemKind::Device),
         NVFIPC_MEM_HOST => Ok(MemKind::Host),
@@ -142,7 +90,7 @@ pub(crate) fn kind_arg(kind: i32, name: &str) -> Result<MemKind> {
 }
 
 /// Converts one C request (named `name` in messages).
-pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: &str) -> Result<Request> {
+pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: impl Display) -> Result<Request> {
     let direction = match r.direction {
         NVFIPC_DIRECTION_SEND => Direction::Send,
         NVFIPC_DIRECTION_RECV => Direction::Recv,
@@ -154,12 +102,12 @@ pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: &str) -> Resul
         }
     };
     Ok(Request {
-        peer: rank_arg(r.peer, world, &format!("{name}.peer"))?,
+        peer: rank_arg(r.peer, world, format_args!("{name}.peer"))?,
         direction,
-        tag: c_str_arg(r.tag, &format!("{name}.tag"))?.to_string(),
+        tag: c_str_arg(r.tag, format_args!("{name}.tag"))?.to_string(),
         ptr: r.ptr,
         bytes: r.bytes,
-        kind: kind_arg(r.kind, &format!("{name}.kind"))?,
+        kind: kind_arg(r.kind, format_args!("{name}.kind"))?,
     })
 }
 
@@ -257,7 +205,7 @@ fn exchange(
     let requests = items
         .iter()
         .enumerate()
-        .map(|(i, r)| request_arg(r, cache.world_size(), &format!("reqs[{i}]")))
+        .map(|(i, r)| request_arg(r, cache.world_size(), format_args!("reqs[{i}]")))
         .collect::<Result<Vec<_>>>()?;
     cache.exchange_handles_timeout(&requests, timeout_arg(timeout_ms, cache.timeout()))
 }
@@ -337,15 +285,13 @@ pub extern "C" fn nvfipc_cache_get(
     })
 }
 
-/// Copies the cache's counters into `*out`.
+/// Copies the cache's counters into `*out`. (`nvfipc_cache_counters` is the Rust `CacheStats`
+/// itself, exported by cbindgen under its C name: the two cannot drift apart.)
 #[no_mangle]
-pub extern "C" fn nvfipc_cache_stats(
-    cache: *const nvfipc_cache,
-    out: *mut nvfipc_cache_counters,
-) -> Status {
+pub extern "C" fn nvfipc_cache_stats(cache: *const nvfipc_cache, out: *mut CacheStats) -> Status {
     ffi_call("nvfipc_cache_stats", || {
         let out = out_ptr(out, "out")?;
-        out.write(cache_arg(cache)?.stats().into());
+        out.write(cache_arg(cache)?.stats());
         Ok(())
     })
 }
@@ -370,7 +316,7 @@ pub extern "C" fn nvfipc_cache_set_retained_mappings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::guard::last_error_message;
+    use crate::ffi::boundary::last_error_message;
 
     #[test]
     fn null_and_freed_arguments_are_errors() {
@@ -385,7 +331,7 @@ mod tests {
             nvfipc_exchange_handles(std::ptr::null(), std::ptr::null(), 0),
             Status::InvalidArgument
         );
-        let mut stats = nvfipc_cache_counters::default();
+        let mut stats = CacheStats::default();
         assert_eq!(
             nvfipc_cache_stats(std::ptr::null(), &mut stats),
             Status::InvalidArgument

@@ -1,7 +1,8 @@
 //! C ABI of the host transport: shared-memory buffers and the zero-copy "get" primitives on them.
 
+use super::args::{out_ptr, timeout_arg};
+use super::boundary::ffi_call;
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
-use super::guard::{ffi_call, out_ptr, timeout_arg};
 use crate::error::{Error, Status};
 use crate::host::{self, p2p};
 use std::ffi::c_void;
@@ -49,11 +50,11 @@ fn handles_of(
 /// Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
 /// the receiver that the next transfer's data is ready. Never blocks.
 #[no_mangle]
-pub extern "C" fn nvfipc_host_send_post(
+pub extern "C" fn nvfipc_host_p2p_send_post(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
 ) -> Status {
-    ffi_call("nvfipc_host_send_post", || {
+    ffi_call("nvfipc_host_p2p_send_post", || {
         p2p::send_post(&handles_of(cache, req)?).map(|_| ())
     })
 }
@@ -64,13 +65,13 @@ pub extern "C" fn nvfipc_host_send_post(
 /// pid namespace) fails the wait at once with `NVFIPC_STATUS_IO`, naming its rank and pid; a
 /// timeout names them too.
 #[no_mangle]
-pub extern "C" fn nvfipc_host_recv_post(
+pub extern "C" fn nvfipc_host_p2p_recv_post(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
     bytes: u64,
     timeout_ms: i64,
 ) -> Status {
-    ffi_call("nvfipc_host_recv_post", || {
+    ffi_call("nvfipc_host_p2p_recv_post", || {
         let h = handles_of(cache, req)?;
         let timeout = timeout_arg(timeout_ms, cache_arg(cache)?.timeout());
         p2p::recv_post(&h, bytes, timeout).map(|_| ())
@@ -79,14 +80,14 @@ pub extern "C" fn nvfipc_host_recv_post(
 
 /// Sender side: waits until the receiver has copied the last posted transfer, after which the
 /// send buffer may be reused. `timeout_ms` and a receiver that has exited as in
-/// `nvfipc_host_recv_post`.
+/// `nvfipc_host_p2p_recv_post`.
 #[no_mangle]
-pub extern "C" fn nvfipc_host_send_wait(
+pub extern "C" fn nvfipc_host_p2p_send_wait(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
     timeout_ms: i64,
 ) -> Status {
-    ffi_call("nvfipc_host_send_wait", || {
+    ffi_call("nvfipc_host_p2p_send_wait", || {
         let h = handles_of(cache, req)?;
         let timeout = timeout_arg(timeout_ms, cache_arg(cache)?.timeout());
         p2p::send_wait(&h, timeout).map(|_| ())
@@ -111,7 +112,7 @@ mod tests {
         assert_eq!(nvfipc_host_free(p), Status::InvalidArgument, "double free");
         assert_eq!(nvfipc_host_free(std::ptr::null_mut()), Status::Ok);
         assert_eq!(
-            nvfipc_host_send_post(std::ptr::null(), std::ptr::null()),
+            nvfipc_host_p2p_send_post(std::ptr::null(), std::ptr::null()),
             Status::InvalidArgument
         );
     }

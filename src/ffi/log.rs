@@ -2,7 +2,8 @@
 //! (nvFuser routes them into its own logger). The environment (`NVFIPC_DEBUG`,
 //! `NVFIPC_DEBUG_SUBSYS`, `NVFIPC_DEBUG_FILE`) configures the same log without code.
 
-use super::guard::{ffi_call, out_ptr};
+use super::args::out_ptr;
+use super::boundary::ffi_call;
 use crate::logging::{self, Level, Subsystem};
 use crate::{Error, Status};
 use log::LevelFilter;

@@ -1,6 +1,8 @@
 //! The C ABI (`nvfipc_*`): a thin layer that checks arguments, calls the Rust API and maps
-//! errors to [`crate::Status`] plus a thread-local message. Everything that touches raw pointers,
-//! catches panics or records errors lives in [`guard`]; the other modules only convert and call.
+//! errors to [`crate::Status`] plus a thread-local message. Three modules hold everything unsafe or
+//! shared: [`boundary`] (the panic boundary and the last error), [`args`] (raw argument pointers to
+//! Rust references) and [`registry`] (live handles and library-owned buffers); the other modules,
+//! one per C object family, only convert and call.
 //!
 //! Conventions shared by every function:
 //! - the return value is an `nvfipc_status` (`NVFIPC_STATUS_OK` is 0); on failure
@@ -13,15 +15,20 @@
 //! - ranks are `int64_t`; `timeout_ms < 0` means the object's default timeout, 0 means "check
 //!   once, do not wait".
 
+pub(crate) mod args;
 pub mod barrier;
+pub mod boundary;
 pub mod context;
 pub mod cuda;
 pub mod exchange;
-pub mod guard;
 #[cfg(test)]
 mod header_check;
 pub mod host;
 pub mod log;
+pub(crate) mod registry;
+#[cfg(test)]
+mod registry_bench;
 pub mod store;
+pub mod store_callbacks;
 pub mod store_create;
 pub mod version;

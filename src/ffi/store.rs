@@ -1,10 +1,12 @@
 //! C ABI of the key-value store: every [`Store`] operation on an opaque `nvfipc_store`.
 //! Creating stores (TCP client, embedded server, host callbacks) is in `store_create.rs`.
 
-use super::guard::{
-    bytes_arg, c_str_arg, c_str_array_arg, ffi_call, free_buffer, handle_ref, into_buffer,
-    optional_out_ptr, out_ptr, slice_arg, take_handle, timeout_arg, Handle, OutPtr,
+use super::args::{
+    bytes_arg, c_str_arg, c_str_array_arg, optional_out_ptr, out_ptr, slice_arg, timeout_arg,
+    OutPtr,
 };
+use super::boundary::ffi_call;
+use super::registry::{free_buffer, handle_ref, into_buffer, take_handle, Handle};
 use crate::error::{Error, Result, Status};
 use crate::store::client::TcpStore;
 use crate::store::Store;
@@ -401,90 +403,20 @@ pub extern "C" fn nvfipc_store_free(store: *mut nvfipc_store) -> Status {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ffi::guard::into_handle;
-    use std::collections::HashMap;
+    use crate::ffi::registry::into_handle;
+    use crate::store::memory::MemoryStore;
     use std::ffi::CStr;
-    use std::sync::Mutex;
-    use std::time::Duration;
-
-    /// A minimal in-memory store for exercising the C layer without a network.
-    #[derive(Default)]
-    pub(crate) struct MemStore {
-        map: Mutex<HashMap<String, Vec<u8>>>,
-    }
-
-    impl Store for MemStore {
-        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-            self.map.lock().unwrap().insert(key.into(), value.into());
-            Ok(())
-        }
-        fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-            self.map
-                .lock()
-                .unwrap()
-                .get(key)
-                .cloned()
-                .ok_or_else(|| Error::timeout(format!("key '{key}' not set within {timeout:?}")))
-        }
-        fn add(&self, key: &str, delta: i64) -> Result<i64> {
-            let mut map = self.map.lock().unwrap();
-            let old: i64 = map
-                .get(key)
-                .map_or(0, |v| String::from_utf8_lossy(v).parse().unwrap_or(0));
-            map.insert(key.into(), (old + delta).to_string().into_bytes());
-            Ok(old + delta)
-        }
-        fn check(&self, keys: &[&str]) -> Result<bool> {
-            let map = self.map.lock().unwrap();
-            Ok(keys.iter().all(|k| map.contains_key(*k)))
-        }
-        fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-            if self.check(keys)? {
-                Ok(())
-            } else {
-                Err(Error::timeout(format!(
-                    "keys {keys:?} missing after {timeout:?}"
-                )))
-            }
-        }
-        fn delete_key(&self, key: &str) -> Result<bool> {
-            Ok(self.map.lock().unwrap().remove(key).is_some())
-        }
-        fn num_keys(&self) -> Result<i64> {
-            Ok(self.map.lock().unwrap().len() as i64)
-        }
-        fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-            let mut map = self.map.lock().unwrap();
-            match map.get(key) {
-                None if expected.is_empty() => {
-                    map.insert(key.into(), desired.into());
-                    Ok(desired.into())
-                }
-                None => Ok(expected.into()),
-                Some(v) if v == expected => {
-                    map.insert(key.into(), desired.into());
-                    Ok(desired.into())
-                }
-                Some(v) => Ok(v.clone()),
-            }
-        }
-        fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-            let mut map = self.map.lock().unwrap();
-            map.entry(key.into()).or_default().extend_from_slice(value);
-            Ok(())
-        }
-    }
 
     pub(crate) fn mem_store() -> *mut nvfipc_store {
         into_handle(nvfipc_store {
-            store: Arc::new(MemStore::default()),
+            store: Arc::new(MemoryStore::new()),
             tcp: None,
         })
     }
 
     fn last_message() -> String {
         // SAFETY: never NULL; copied at once.
-        unsafe { CStr::from_ptr(crate::ffi::guard::nvfipc_last_error_message()) }
+        unsafe { CStr::from_ptr(crate::ffi::boundary::nvfipc_last_error_message()) }
             .to_string_lossy()
             .into_owned()
     }
@@ -492,7 +424,10 @@ pub(crate) mod tests {
     fn take(data: *mut u8, len: usize) -> Vec<u8> {
         // SAFETY: `data` is a live library buffer of `len + 1` bytes.
         let v = unsafe { std::slice::from_raw_parts(data, len) }.to_vec();
-        assert_eq!(crate::ffi::guard::nvfipc_buffer_free(data, len), Status::Ok);
+        assert_eq!(
+            crate::ffi::registry::nvfipc_buffer_free(data, len),
+            Status::Ok
+        );
         v
     }
 
@@ -620,12 +555,12 @@ pub(crate) mod tests {
             "nvfipc_store_get: not every key of 'missing' is set (timeout_ms = 0: checked once \
              without waiting)"
         );
-        // A positive timeout is the backend's business (MemStore fails at once).
+        // A positive timeout is the backend's business (the in-memory store waits it out).
         assert_eq!(
             nvfipc_store_get(s, c"missing".as_ptr(), 5, &mut data, &mut len),
             Status::Timeout
         );
-        assert!(last_message().starts_with("nvfipc_store_get: key 'missing'"));
+        assert!(last_message().starts_with("nvfipc_store_get: wait timeout, keys: [\"missing\"]"));
         assert_eq!(
             nvfipc_store_set(std::ptr::null(), c"k".as_ptr(), std::ptr::null(), 0),
             Status::InvalidArgument

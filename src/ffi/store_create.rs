@@ -1,14 +1,13 @@
 //! C ABI for making stores: a TCPStore client, an embedded TCPStore server, and a store over
 //! host callbacks. The operations on a store are in `store.rs`.
 
-use super::guard::{
-    c_str_arg, ffi_call, handle_ref, into_handle, optional_out_ptr, out_ptr, positive_arg, ref_arg,
-    take_handle, timeout_arg, Handle,
-};
+use super::args::{c_str_arg, optional_out_ptr, out_ptr, positive_arg, ref_arg, timeout_arg};
+use super::boundary::ffi_call;
+use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use super::store::nvfipc_store;
+use super::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
 use crate::env;
 use crate::error::{Error, Result, Status};
-use crate::store::callback::{nvfipc_store_callbacks, CallbackStore};
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
 use crate::store::{Store, DEFAULT_TIMEOUT};

@@ -1,11 +1,13 @@
 //! Key-value stores: the [`Store`] trait that the barrier and the exchange use, a client and an
-//! embedded server for PyTorch's TCPStore wire protocol, and a store backed by host callbacks.
+//! embedded server for PyTorch's TCPStore wire protocol. (A store backed by host callbacks is
+//! the C boundary's business: `ffi::store_callbacks` implements [`Store`] over a C vtable.)
 //!
 //! Keys given to a [`Store`] are *user keys*, as in `c10d::Store`: the TCP client puts the `/`
 //! prefix on the wire exactly like torch's client, so Python code sees the same keys.
 
-pub mod callback;
 pub mod client;
+#[cfg(test)]
+pub(crate) mod memory;
 pub mod server;
 pub mod wire;
 

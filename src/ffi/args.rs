@@ -1,0 +1,212 @@
+//! Argument helpers of the C ABI: the one place where raw argument pointers become Rust
+//! references, and C integers become ranks, counts and timeouts.
+//!
+//! Safety contract: these helpers must only be given pointers that a C caller passed to an
+//! `nvfipc_*` function. The documented C contract (each pointer is NULL or valid for the stated
+//! length, strings are NUL-terminated) is what makes their `unsafe` blocks sound; the helpers
+//! check everything that can be checked (NULL, alignment, UTF-8, lengths).
+//!
+//! Argument names are `impl Display` so that a caller can pass `format_args!("{name}.peer")`:
+//! the name is only formatted when a message needs it, never on the success path (a warm
+//! `nvfipc_cache_get` spent most of its time formatting names it never used).
+
+use crate::error::{Error, Result};
+use std::ffi::{c_char, CStr};
+use std::fmt::Display;
+use std::time::Duration;
+
+/// Fails with `InvalidArgument` naming `name` when `ptr` is NULL.
+pub(crate) fn check_not_null<T>(ptr: *const T, name: impl Display) -> Result<()> {
+    if ptr.is_null() {
+        Err(Error::invalid(format!("argument `{name}` is NULL")))
+    } else {
+        Ok(())
+    }
+}
+
+/// Borrows a NUL-terminated UTF-8 C string argument.
+pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'a str> {
+    check_not_null(ptr, &name)?;
+    // SAFETY: non-NULL (checked above); the C contract says string arguments are NUL-terminated
+    // and stay valid for the duration of the call, which outlives every use of the result.
+    let c_str = unsafe { CStr::from_ptr(ptr) };
+    c_str.to_str().map_err(|e| {
+        Error::invalid(format!(
+            "argument `{name}` is not valid UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })
+}
+
+/// Borrows `len` items at `ptr`; NULL is accepted only when `len` is 0.
+pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    check_not_null(ptr, name)?;
+    if !ptr.is_aligned() {
+        return Err(Error::invalid(format!(
+            "argument `{name}` ({ptr:p}) is not aligned for its element type"
+        )));
+    }
+    if len.saturating_mul(std::mem::size_of::<T>()) > isize::MAX as usize {
+        return Err(Error::invalid(format!(
+            "argument `{name}`: length {len} is too large"
+        )));
+    }
+    // SAFETY: non-NULL, aligned and of a representable size (checked above); the C contract says
+    // `ptr` points to `len` initialised items that stay valid and unmodified during the call.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// Borrows one `T` at `ptr` (an input struct such as a vtable).
+pub(crate) fn ref_arg<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
+    Ok(&slice_arg(ptr, 1, name)?[0])
+}
+
+/// Borrows a byte span `(ptr, len)`; NULL is accepted only when `len` is 0.
+pub(crate) fn bytes_arg<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'a [u8]> {
+    slice_arg(ptr, len, name)
+}
+
+/// Borrows an array of `n` C strings (NULL allowed when `n` is 0).
+pub(crate) fn c_str_array_arg<'a>(
+    ptr: *const *const c_char,
+    n: usize,
+    name: &str,
+) -> Result<Vec<&'a str>> {
+    let items = slice_arg(ptr, n, name)?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, &item)| c_str_arg(item, format_args!("{name}[{i}]")))
+        .collect()
+}
+
+/// An output argument that has been checked to be non-NULL. Check outputs before doing any work
+/// so that nothing is created (and leaked) when the caller gave no place to put it.
+pub(crate) struct OutPtr<T> {
+    ptr: *mut T,
+}
+
+impl<T> OutPtr<T> {
+    /// Stores `value` in the caller's variable.
+    pub(crate) fn write(self, value: T) {
+        // SAFETY: non-NULL (checked in `out_ptr`); the C contract says output pointers point to
+        // writable storage for one `T`. `write` does not drop the (possibly uninitialised) old value.
+        unsafe { self.ptr.write(value) }
+    }
+}
+
+/// Checks an output pointer argument.
+pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> Result<OutPtr<T>> {
+    check_not_null(ptr, name)?;
+    if !ptr.is_aligned() {
+        return Err(Error::invalid(format!(
+            "argument `{name}` ({ptr:p}) is not aligned for its type"
+        )));
+    }
+    Ok(OutPtr { ptr })
+}
+
+/// An optional output argument: NULL means the caller does not want the value.
+pub(crate) fn optional_out_ptr<T>(ptr: *mut T, name: &str) -> Result<Option<OutPtr<T>>> {
+    if ptr.is_null() {
+        Ok(None)
+    } else {
+        out_ptr(ptr, name).map(Some)
+    }
+}
+
+/// Converts a C timeout: negative means `default`, 0 means "do not wait", otherwise milliseconds.
+pub(crate) fn timeout_arg(timeout_ms: i64, default: Duration) -> Duration {
+    if timeout_ms < 0 {
+        default
+    } else {
+        Duration::from_millis(timeout_ms as u64)
+    }
+}
+
+/// Converts a C rank (`int64_t`) into an index in `0..world_size`.
+pub(crate) fn rank_arg(rank: i64, world_size: usize, name: impl Display) -> Result<usize> {
+    usize::try_from(rank)
+        .ok()
+        .filter(|&r| r < world_size)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "argument `{name}` = {rank} is not a rank of a world of size {world_size} \
+                 (expected 0..{world_size})"
+            ))
+        })
+}
+
+/// Converts a C count or size (`int64_t`) that must be positive.
+pub(crate) fn positive_arg(value: i64, name: &str) -> Result<usize> {
+    usize::try_from(value)
+        .ok()
+        .filter(|&v| v > 0)
+        .ok_or_else(|| Error::invalid(format!("argument `{name}` = {value} must be positive")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    #[test]
+    fn string_arguments_are_checked() {
+        let err = c_str_arg(std::ptr::null(), "key").unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("`key` is NULL"));
+        let bad = [b'a', 0xff, 0];
+        let err = c_str_arg(bad.as_ptr().cast(), "key").unwrap_err();
+        assert!(err.message.contains("not valid UTF-8"), "{}", err.message);
+        assert_eq!(c_str_arg(c"hello".as_ptr(), "key").unwrap(), "hello");
+        let arr = [c"a".as_ptr(), std::ptr::null()];
+        let err = c_str_array_arg(arr.as_ptr(), 2, "keys").unwrap_err();
+        assert!(err.message.contains("`keys[1]` is NULL"), "{}", err.message);
+        assert_eq!(c_str_array_arg(arr.as_ptr(), 1, "keys").unwrap(), ["a"]);
+        assert!(c_str_array_arg(std::ptr::null(), 0, "keys")
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn spans_accept_null_only_when_empty() {
+        assert!(bytes_arg(std::ptr::null(), 0, "v").unwrap().is_empty());
+        let err = bytes_arg(std::ptr::null(), 3, "v").unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert_eq!(bytes_arg(b"xyz".as_ptr(), 2, "v").unwrap(), b"xy");
+    }
+
+    #[test]
+    fn out_pointers_are_checked_and_written() {
+        assert!(out_ptr::<i64>(std::ptr::null_mut(), "out").is_err());
+        assert!(optional_out_ptr::<i64>(std::ptr::null_mut(), "out")
+            .unwrap()
+            .is_none());
+        let mut v = 0i64;
+        out_ptr(&mut v, "out").unwrap().write(42);
+        assert_eq!(v, 42);
+    }
+
+    #[test]
+    fn timeouts_and_ranks_convert() {
+        let d = Duration::from_secs(9);
+        assert_eq!(timeout_arg(-1, d), d);
+        assert_eq!(timeout_arg(0, d), Duration::ZERO);
+        assert_eq!(timeout_arg(250, d), Duration::from_millis(250));
+        assert_eq!(rank_arg(3, 4, "rank").unwrap(), 3);
+        for bad in [-1, 4, i64::MAX] {
+            let err = rank_arg(bad, 4, "rank").unwrap_err();
+            assert!(
+                err.message.contains(&format!("`rank` = {bad}")),
+                "{}",
+                err.message
+            );
+        }
+        assert_eq!(positive_arg(2, "n").unwrap(), 2);
+        assert!(positive_arg(0, "n").is_err());
+        assert!(positive_arg(-5, "n").is_err());
+    }
+}

@@ -1,0 +1,244 @@
+//! The panic boundary and the per-thread last error of the C ABI.
+//!
+//! Every exported `nvfipc_*` function body runs inside [`ffi_call`]: it returns a [`Status`],
+//! stores the error message in a thread-local slot on failure and turns a Rust panic into
+//! [`Status::Panic`] instead of unwinding into C. The functions that read the last error back
+//! (`nvfipc_last_error_*`, `nvfipc_status_name`) are exported here too.
+
+use crate::error::{Error, Result, Status};
+use once_cell::sync::Lazy;
+use std::any::Any;
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+// ---------------------------------------------------------------------------------------------
+// Last error
+// ---------------------------------------------------------------------------------------------
+
+struct LastError {
+    status: Status,
+    message: CString,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<LastError> = RefCell::new(LastError {
+        status: Status::Ok,
+        message: CString::default(),
+    });
+}
+
+/// Turns a message into a C string; interior NUL bytes (never expected) are made visible.
+fn to_c_message(message: &str) -> CString {
+    CString::new(message.replace('\0', "\\0")).unwrap_or_default()
+}
+
+/// Records `err` as this thread's last error.
+pub(crate) fn set_last_error(err: &Error) {
+    let message = to_c_message(&err.message);
+    // try_with: during thread teardown (a C thread-local destructor calling in) the slot may be
+    // gone; losing the message then is better than aborting.
+    let _ = LAST_ERROR.try_with(|slot| {
+        *slot.borrow_mut() = LastError {
+            status: err.status,
+            message,
+        }
+    });
+}
+
+/// This thread's last error status (`Ok` when no call has failed yet, or after a clear).
+pub(crate) fn last_error_status() -> Status {
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().status)
+        .unwrap_or(Status::Ok)
+}
+
+/// A copy of this thread's last error message ("" when none).
+#[cfg(test)]
+pub(crate) fn last_error_message() -> String {
+    LAST_ERROR.with(|slot| slot.borrow().message.to_string_lossy().into_owned())
+}
+
+fn clear_last_error() {
+    let _ = LAST_ERROR.try_with(|slot| {
+        *slot.borrow_mut() = LastError {
+            status: Status::Ok,
+            message: CString::default(),
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Panic boundary
+// ---------------------------------------------------------------------------------------------
+
+/// Extracts the text of a panic payload (`panic!("...")` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Runs the body of the C function `function`: `Ok` gives [`Status::Ok`]; an error or a panic is
+/// recorded as the thread's last error (message prefixed with `function`) and its status returned.
+/// A success leaves the previous last error in place, like `errno`.
+pub(crate) fn ffi_call(function: &'static str, body: impl FnOnce() -> Result<()>) -> Status {
+    // AssertUnwindSafe: after a panic the caller only gets a status; objects the body touched are
+    // documented as possibly unusable (Status::Panic), and shared state uses poison-tolerant locks.
+    let err = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return Status::Ok,
+        Ok(Err(err)) => err,
+        Err(payload) => Error::new(
+            Status::Panic,
+            format!(
+                "internal panic: {} (please report this; the object involved may be unusable)",
+                panic_message(payload.as_ref())
+            ),
+        ),
+    };
+    let err = err.context(function);
+    set_last_error(&err);
+    err.status
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exported error functions
+// ---------------------------------------------------------------------------------------------
+
+/// The message of the last failed call on this thread, or "" when none has failed. Never NULL.
+/// The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
+/// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
+#[no_mangle]
+pub extern "C" fn nvfipc_last_error_message() -> *const c_char {
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().message.as_ptr())
+        .unwrap_or(c"".as_ptr())
+}
+
+/// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).
+#[no_mangle]
+pub extern "C" fn nvfipc_last_error_status() -> Status {
+    last_error_status()
+}
+
+/// Forgets the last error of this thread, so a later check of `nvfipc_last_error_status` only
+/// sees failures after this point.
+#[no_mangle]
+pub extern "C" fn nvfipc_last_error_clear() {
+    clear_last_error()
+}
+
+/// A short, static, lower-case name for a status value (e.g. "timeout"); "unknown status" for a
+/// value that is not an `nvfipc_status`. Never NULL; never freed.
+#[no_mangle]
+pub extern "C" fn nvfipc_status_name(status: i32) -> *const c_char {
+    static NAMES: Lazy<Vec<(i32, CString)>> = Lazy::new(|| {
+        ALL_STATUSES
+            .iter()
+            .map(|&s| (s as i32, to_c_message(s.name())))
+            .collect()
+    });
+    static UNKNOWN: &CStr = c"unknown status";
+    NAMES
+        .iter()
+        .find(|(code, _)| *code == status)
+        .map_or(UNKNOWN.as_ptr(), |(_, name)| name.as_ptr())
+}
+
+const ALL_STATUSES: [Status; 12] = [
+    Status::Ok,
+    Status::InvalidArgument,
+    Status::Timeout,
+    Status::Io,
+    Status::Protocol,
+    Status::NotFound,
+    Status::Cuda,
+    Status::CudaUnavailable,
+    Status::Unsupported,
+    Status::InvalidState,
+    Status::Panic,
+    Status::Internal,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message_of_last_error() -> String {
+        // SAFETY: nvfipc_last_error_message never returns NULL and the string lives until the
+        // next failing call on this thread; we copy it at once.
+        unsafe { CStr::from_ptr(nvfipc_last_error_message()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn last_error_is_empty_before_any_failure_and_survives_success() {
+        std::thread::spawn(|| {
+            assert_eq!(message_of_last_error(), "");
+            assert_eq!(nvfipc_last_error_status(), Status::Ok);
+            let st = ffi_call("nvfipc_x", || {
+                Err(Error::timeout("waited 5 ms for key 'k'"))
+            });
+            assert_eq!(st, Status::Timeout);
+            assert_eq!(message_of_last_error(), "nvfipc_x: waited 5 ms for key 'k'");
+            assert_eq!(ffi_call("nvfipc_y", || Ok(())), Status::Ok);
+            assert_eq!(nvfipc_last_error_status(), Status::Timeout);
+            assert_eq!(last_error_message(), "nvfipc_x: waited 5 ms for key 'k'");
+            nvfipc_last_error_clear();
+            assert_eq!(nvfipc_last_error_status(), Status::Ok);
+            assert_eq!(message_of_last_error(), "");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn last_error_is_per_thread() {
+        ffi_call("nvfipc_main", || Err(Error::io("main thread failure")));
+        std::thread::spawn(|| {
+            assert_eq!(message_of_last_error(), "");
+            ffi_call("nvfipc_other", || Err(Error::not_found("other")));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(message_of_last_error(), "nvfipc_main: main thread failure");
+    }
+
+    #[test]
+    fn panics_become_status_panic_with_message() {
+        let st = ffi_call("nvfipc_boom", || panic!("exploded at step {}", 3));
+        assert_eq!(st, Status::Panic);
+        let msg = message_of_last_error();
+        assert!(
+            msg.starts_with("nvfipc_boom: internal panic: exploded at step 3"),
+            "{msg}"
+        );
+        let st = ffi_call("nvfipc_boom2", || std::panic::panic_any(17u32));
+        assert_eq!(st, Status::Panic);
+        assert!(message_of_last_error().contains("non-string panic payload"));
+    }
+
+    #[test]
+    fn interior_nul_in_message_is_escaped() {
+        ffi_call("nvfipc_n", || Err(Error::protocol("a\0b")));
+        assert_eq!(message_of_last_error(), "nvfipc_n: a\\0b");
+    }
+
+    #[test]
+    fn status_names_cover_every_status() {
+        for s in ALL_STATUSES {
+            // SAFETY: static NUL-terminated strings.
+            let name = unsafe { CStr::from_ptr(nvfipc_status_name(s as i32)) };
+            assert_eq!(name.to_str().unwrap(), s.name());
+        }
+        // SAFETY: as above.
+        let unknown = unsafe { CStr::from_ptr(nvfipc_status_name(99)) };
+        assert_eq!(unknown.to_str().unwrap(), "unknown status");
+        assert_eq!(ALL_STATUSES.len(), Status::Internal as usize + 1);
+    }
+}

@@ -1,0 +1,264 @@
+//! The registry of live objects handed to C: handles (boxed Rust values) and library-owned byte
+//! buffers.
+//!
+//! A pointer is only dereferenced after the registry has confirmed that it is a live object of
+//! the expected type, so a double free, a use after free or a pointer of the wrong type is
+//! reported as an error instead of touching freed memory. (A magic field inside the object could
+//! not do that: reading it from a freed pointer is already the bug.) The only case that cannot be
+//! detected is a freed address that a new object of the same type happens to reuse.
+
+use super::args::check_not_null;
+use super::boundary::ffi_call;
+use crate::error::{Error, Result, Status};
+use once_cell::sync::Lazy;
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+#[derive(Clone, Copy)]
+enum Live {
+    /// A handle of the Rust type with this id and C name.
+    Handle {
+        type_id: TypeId,
+        c_name: &'static str,
+    },
+    /// A byte buffer allocated by the library of this length (without the trailing NUL).
+    Buffer { len: usize },
+}
+
+/// A read-write lock: every call on a handle looks it up (a read), only creating and freeing
+/// objects write, so concurrent calls on live objects never wait for each other here.
+static LIVE: Lazy<RwLock<HashMap<usize, Live>>> = Lazy::new(|| RwLock::new(HashMap::new()));
+
+/// Locks the registry for a change. Nothing panics while holding it, but tolerate poisoning anyway.
+fn live() -> RwLockWriteGuard<'static, HashMap<usize, Live>> {
+    LIVE.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Locks the registry for a lookup.
+fn live_read() -> RwLockReadGuard<'static, HashMap<usize, Live>> {
+    LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn describe(entry: Option<&Live>) -> String {
+    match entry {
+        Some(Live::Handle { c_name, .. }) => format!("a live {c_name}"),
+        Some(Live::Buffer { len }) => format!("a buffer of {len} bytes"),
+        None => "not a live object (already freed, or not created by this library)".to_string(),
+    }
+}
+
+/// A Rust type handed to C as an opaque pointer. Its fields should be cheap to clone (`Arc`s):
+/// [`handle_ref`] clones the object under the registry lock so that a concurrent free cannot pull
+/// it away during a call.
+pub(crate) trait Handle: Clone + Send + Sync + 'static {
+    /// The C type name, used in error messages.
+    const C_NAME: &'static str;
+}
+
+/// Boxes `obj`, registers it as live and returns the pointer for C.
+pub(crate) fn into_handle<T: Handle>(obj: T) -> *mut T {
+    let ptr = Box::into_raw(Box::new(obj));
+    live().insert(
+        ptr as usize,
+        Live::Handle {
+            type_id: TypeId::of::<T>(),
+            c_name: T::C_NAME,
+        },
+    );
+    ptr
+}
+
+fn check_handle<T: Handle>(
+    registry: &HashMap<usize, Live>,
+    ptr: *const T,
+    name: &str,
+) -> Result<()> {
+    match registry.get(&(ptr as usize)) {
+        Some(Live::Handle { type_id, .. }) if *type_id == TypeId::of::<T>() => Ok(()),
+        Some(other @ Live::Handle { .. }) | Some(other @ Live::Buffer { .. }) => {
+            Err(Error::invalid(format!(
+                "argument `{name}` ({ptr:p}) is {}, not a {}",
+                describe(Some(other)),
+                T::C_NAME
+            )))
+        }
+        None => Err(Error::state(format!(
+            "argument `{name}` ({ptr:p}) is not a live {} (already freed, or not created by \
+             this library)",
+            T::C_NAME
+        ))),
+    }
+}
+
+/// Returns a clone of the live handle at `ptr`, or an error when `ptr` is NULL, freed or of
+/// another type.
+pub(crate) fn handle_ref<T: Handle>(ptr: *const T, name: &str) -> Result<T> {
+    check_not_null(ptr, name)?;
+    let registry = live_read();
+    check_handle(&registry, ptr, name)?;
+    // SAFETY: the registry says `ptr` came from `into_handle::<T>` and has not been freed; frees
+    // remove it from the registry under the write lock before dropping, which cannot be taken
+    // while we hold the read lock, so it stays valid while we clone it.
+    Ok(unsafe { (*ptr).clone() })
+}
+
+/// Unregisters and returns the handle at `ptr` for dropping; `Ok(None)` when `ptr` is NULL.
+pub(crate) fn take_handle<T: Handle>(ptr: *mut T, name: &str) -> Result<Option<Box<T>>> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    let mut registry = live();
+    check_handle(&registry, ptr, name)?;
+    registry.remove(&(ptr as usize));
+    drop(registry);
+    // SAFETY: `ptr` came from `Box::into_raw` in `into_handle::<T>` (registry checked above) and
+    // we just removed it from the registry, so no other call can reach it again.
+    Ok(Some(unsafe { Box::from_raw(ptr) }))
+}
+
+/// Hands `bytes` to C as a library-owned buffer. The buffer holds `bytes.len()` bytes followed by
+/// a NUL (not counted in the length), so text values can be printed directly. Free it with
+/// [`free_buffer`] (C: `nvfipc_buffer_free`).
+pub(crate) fn into_buffer(mut bytes: Vec<u8>) -> (*mut u8, usize) {
+    let len = bytes.len();
+    bytes.push(0);
+    let ptr = Box::into_raw(bytes.into_boxed_slice()) as *mut u8;
+    live().insert(ptr as usize, Live::Buffer { len });
+    (ptr, len)
+}
+
+/// Frees a buffer made by [`into_buffer`]; NULL is a no-op. The length must match.
+pub(crate) fn free_buffer(ptr: *mut u8, len: usize) -> Result<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    let mut registry = live();
+    match registry.get(&(ptr as usize)) {
+        Some(Live::Buffer { len: actual }) if *actual == len => {}
+        Some(Live::Buffer { len: actual }) => {
+            return Err(Error::invalid(format!(
+                "buffer {ptr:p} has {actual} bytes but was freed with length {len}; pass the \
+                 length the library returned with it"
+            )))
+        }
+        other => {
+            return Err(Error::state(format!(
+                "argument `data` ({ptr:p}) is {}, not a buffer allocated by this library",
+                match other {
+                    None => "not live (already freed, or not created by this library)".into(),
+                    some => describe(some),
+                }
+            )))
+        }
+    }
+    registry.remove(&(ptr as usize));
+    drop(registry);
+    let slice = std::ptr::slice_from_raw_parts_mut(ptr, len + 1);
+    // SAFETY: `ptr` came from `into_buffer`, which boxed a slice of exactly `len + 1` bytes (the
+    // registry recorded `len`, checked above); removed from the registry, so freed exactly once.
+    drop(unsafe { Box::from_raw(slice) });
+    Ok(())
+}
+
+/// Frees a buffer returned by the library (e.g. by `nvfipc_store_get`), given the length returned
+/// with it. NULL is a no-op. Freeing twice, or a pointer the library did not return, gives
+/// `NVFIPC_STATUS_INVALID_STATE`; a wrong length gives `NVFIPC_STATUS_INVALID_ARGUMENT` (and
+/// the buffer stays allocated). Thread-safe.
+#[no_mangle]
+pub extern "C" fn nvfipc_buffer_free(data: *mut u8, len: usize) -> Status {
+    ffi_call("nvfipc_buffer_free", || free_buffer(data, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::boundary::nvfipc_last_error_message;
+    use std::ffi::CStr;
+    use std::sync::Arc;
+
+    fn message_of_last_error() -> String {
+        // SAFETY: nvfipc_last_error_message never returns NULL and the string lives until the
+        // next failing call on this thread; we copy it at once.
+        unsafe { CStr::from_ptr(nvfipc_last_error_message()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[derive(Clone, Debug)]
+    struct Apple(Arc<u32>);
+    impl Handle for Apple {
+        const C_NAME: &'static str = "test_apple";
+    }
+    #[derive(Clone, Debug)]
+    struct Pear;
+    impl Handle for Pear {
+        const C_NAME: &'static str = "test_pear";
+    }
+
+    #[test]
+    fn registry_detects_double_free_and_wrong_types() {
+        let apple = into_handle(Apple(Arc::new(5)));
+        let pear = into_handle(Pear);
+        assert_eq!(*handle_ref(apple, "apple").unwrap().0, 5);
+
+        let err = handle_ref(pear.cast::<Apple>(), "apple").unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(
+            err.message
+                .contains("is a live test_pear, not a test_apple"),
+            "{}",
+            err.message
+        );
+        assert!(take_handle(pear.cast::<Apple>(), "apple").is_err());
+
+        let err = handle_ref::<Apple>(std::ptr::null(), "apple").unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+
+        let kept = handle_ref(apple, "apple").unwrap();
+        assert!(take_handle(apple, "apple").unwrap().is_some());
+        // A clone taken before the free stays usable.
+        assert_eq!(*kept.0, 5);
+        let err = take_handle(apple, "apple").unwrap_err();
+        assert_eq!(err.status, Status::InvalidState);
+        assert!(
+            err.message.contains("not a live test_apple"),
+            "{}",
+            err.message
+        );
+        assert!(handle_ref(apple, "apple").is_err());
+        assert!(take_handle::<Apple>(std::ptr::null_mut(), "apple")
+            .unwrap()
+            .is_none());
+        assert!(take_handle(pear, "pear").unwrap().is_some());
+    }
+
+    #[test]
+    fn buffers_are_nul_terminated_and_freed_once() {
+        let (ptr, len) = into_buffer(b"value".to_vec());
+        assert_eq!(len, 5);
+        // SAFETY: into_buffer allocates len + 1 bytes.
+        let all = unsafe { std::slice::from_raw_parts(ptr, len + 1) };
+        assert_eq!(all, b"value\0");
+        let err = free_buffer(ptr, 4).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert_eq!(nvfipc_buffer_free(ptr, len), Status::Ok);
+        assert_eq!(nvfipc_buffer_free(ptr, len), Status::InvalidState);
+        assert!(message_of_last_error().contains("not live"));
+        assert_eq!(nvfipc_buffer_free(std::ptr::null_mut(), 3), Status::Ok);
+
+        let (empty, len) = into_buffer(Vec::new());
+        assert!(!empty.is_null());
+        assert_eq!(len, 0);
+        let apple = into_handle(Apple(Arc::new(1)));
+        assert_eq!(
+            nvfipc_buffer_free(apple.cast(), 0),
+            Status::InvalidState,
+            "a handle is not a buffer"
+        );
+        assert!(message_of_last_error().contains("is a live test_apple"));
+        assert!(take_handle(apple, "apple").unwrap().is_some());
+        assert_eq!(nvfipc_buffer_free(empty, 0), Status::Ok);
+    }
+}

@@ -1,0 +1,379 @@
+//! Encoders: raw fields (`put_*`, used for replies too) and whole requests (`encode_*`).
+
+use super::*;
+use crate::error::Result;
+
+// ---------------------------------------------------------------------------------------------
+// Raw field encoders (requests and replies).
+
+pub fn put_u8(out: &mut Vec<u8>, v: u8) {
+    out.push(v);
+}
+
+pub fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+pub fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+pub fn put_i64(out: &mut Vec<u8>, v: i64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+/// `u64 len ‖ bytes`.
+pub fn put_blob(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_u64(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// Bytes that can be written as a wire string without first being copied into one buffer.
+pub trait WireBytes {
+    fn wire_len(&self) -> usize;
+    fn write_bytes(&self, out: &mut Vec<u8>);
+}
+
+impl WireBytes for [u8] {
+    fn wire_len(&self) -> usize {
+        self.len()
+    }
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl WireBytes for str {
+    fn wire_len(&self) -> usize {
+        self.len()
+    }
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+impl WireBytes for Vec<u8> {
+    fn wire_len(&self) -> usize {
+        self.len()
+    }
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl WireBytes for String {
+    fn wire_len(&self) -> usize {
+        self.len()
+    }
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+impl<const N: usize> WireBytes for [u8; N] {
+    fn wire_len(&self) -> usize {
+        N
+    }
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl<T: WireBytes + ?Sized> WireBytes for &T {
+    fn wire_len(&self) -> usize {
+        (**self).wire_len()
+    }
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        (**self).write_bytes(out)
+    }
+}
+
+/// A key written as `prefix ‖ rest` (torch's client puts "/" before every user key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefixed<'a> {
+    pub prefix: &'a [u8],
+    pub rest: &'a [u8],
+}
+
+impl<'a> Prefixed<'a> {
+    pub fn new(
+        prefix: &'a (impl AsRef<[u8]> + ?Sized),
+        rest: &'a (impl AsRef<[u8]> + ?Sized),
+    ) -> Self {
+        Prefixed {
+            prefix: prefix.as_ref(),
+            rest: rest.as_ref(),
+        }
+    }
+}
+
+impl WireBytes for Prefixed<'_> {
+    fn wire_len(&self) -> usize {
+        self.prefix.len() + self.rest.len()
+    }
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.prefix);
+        out.extend_from_slice(self.rest);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request encoders. Each appends one whole request to `out`; the ones with keys or values check
+// the server's limits first and leave `out` untouched when a limit is exceeded.
+
+fn check_len(command: Command, field: &str, len: usize, limit: usize) -> Result<()> {
+    if len > limit {
+        return Err(Error::invalid(format!(
+            "TCPStore {command} {field} is {len} bytes, over the server limit of {limit} bytes \
+             (torch's default server closes the connection); use a shorter {field}"
+        )));
+    }
+    Ok(())
+}
+
+fn put_key<K: WireBytes + ?Sized>(out: &mut Vec<u8>, command: Command, key: &K) -> Result<()> {
+    check_len(command, "key", key.wire_len(), MAX_KEY_LEN)?;
+    put_u64(out, key.wire_len() as u64);
+    key.write_bytes(out);
+    Ok(())
+}
+
+fn put_value<V: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    command: Command,
+    field: &str,
+    value: &V,
+) -> Result<()> {
+    check_len(command, field, value.wire_len(), MAX_VALUE_LEN)?;
+    put_u64(out, value.wire_len() as u64);
+    value.write_bytes(out);
+    Ok(())
+}
+
+/// Runs `body` after the command byte; on error restores `out` to its previous length.
+fn framed(
+    out: &mut Vec<u8>,
+    command: Command,
+    body: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let start = out.len();
+    out.push(command.byte());
+    let result = body(out);
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+fn put_key_list<I, K>(out: &mut Vec<u8>, command: Command, keys: I) -> Result<()>
+where
+    I: IntoIterator<Item = K>,
+    K: WireBytes,
+{
+    let count_at = out.len();
+    put_u64(out, 0);
+    let mut count = 0usize;
+    for key in keys {
+        put_key(out, command, &key)?;
+        count += 1;
+    }
+    if count > MAX_KEY_COUNT {
+        return Err(Error::invalid(format!(
+            "TCPStore {command} names {count} keys, over the server limit of {MAX_KEY_COUNT}; \
+             split the request"
+        )));
+    }
+    out[count_at..count_at + 8].copy_from_slice(&(count as u64).to_le_bytes());
+    Ok(())
+}
+
+/// `VALIDATE` with [`VALIDATE_MAGIC`]; must be the first request on a connection. No reply.
+pub fn encode_validate(out: &mut Vec<u8>) {
+    out.push(Command::Validate.byte());
+    put_u32(out, VALIDATE_MAGIC);
+}
+
+/// `PING nonce`; the server echoes the nonce.
+pub fn encode_ping(out: &mut Vec<u8>, nonce: u32) {
+    out.push(Command::Ping.byte());
+    put_u32(out, nonce);
+}
+
+/// `SET key value`. No reply.
+pub fn encode_set<K, V>(out: &mut Vec<u8>, key: &K, value: &V) -> Result<()>
+where
+    K: WireBytes + ?Sized,
+    V: WireBytes + ?Sized,
+{
+    framed(out, Command::Set, |out| {
+        put_key(out, Command::Set, key)?;
+        put_value(out, Command::Set, "value", value)
+    })
+}
+
+/// `COMPARE_SET key expected desired`; reply: a blob.
+pub fn encode_compare_set<K, E, D>(
+    out: &mut Vec<u8>,
+    key: &K,
+    expected: &E,
+    desired: &D,
+) -> Result<()>
+where
+    K: WireBytes + ?Sized,
+    E: WireBytes + ?Sized,
+    D: WireBytes + ?Sized,
+{
+    framed(out, Command::CompareSet, |out| {
+        put_key(out, Command::CompareSet, key)?;
+        put_value(out, Command::CompareSet, "expected value", expected)?;
+        put_value(out, Command::CompareSet, "desired value", desired)
+    })
+}
+
+/// `GET key`; reply: a blob (empty when the key is missing on a libuv server).
+pub fn encode_get<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
+    framed(out, Command::Get, |out| put_key(out, Command::Get, key))
+}
+
+/// `ADD key delta`; reply: the new value as i64.
+pub fn encode_add<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K, delta: i64) -> Result<()> {
+    framed(out, Command::Add, |out| {
+        put_key(out, Command::Add, key)?;
+        put_i64(out, delta);
+        Ok(())
+    })
+}
+
+/// `CHECK keys`; reply: [`CHECK_READY`] or [`CHECK_NOT_READY`].
+pub fn encode_check<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
+where
+    I: IntoIterator<Item = K>,
+    K: WireBytes,
+{
+    framed(out, Command::Check, |out| {
+        put_key_list(out, Command::Check, keys)
+    })
+}
+
+/// `WAIT keys`; reply: [`WAIT_STOP_WAITING`] once every key exists.
+pub fn encode_wait<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
+where
+    I: IntoIterator<Item = K>,
+    K: WireBytes,
+{
+    framed(out, Command::Wait, |out| {
+        put_key_list(out, Command::Wait, keys)
+    })
+}
+
+/// `GETNUMKEYS`; reply: i64.
+pub fn encode_get_num_keys(out: &mut Vec<u8>) {
+    out.push(Command::GetNumKeys.byte());
+}
+
+/// `DELETE_KEY key`; reply: i64 0 or 1.
+pub fn encode_delete_key<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
+    framed(out, Command::DeleteKey, |out| {
+        put_key(out, Command::DeleteKey, key)
+    })
+}
+
+/// `APPEND key data`. No reply.
+pub fn encode_append<K, V>(out: &mut Vec<u8>, key: &K, value: &V) -> Result<()>
+where
+    K: WireBytes + ?Sized,
+    V: WireBytes + ?Sized,
+{
+    framed(out, Command::Append, |out| {
+        put_key(out, Command::Append, key)?;
+        put_value(out, Command::Append, "value", value)
+    })
+}
+
+/// `MULTI_GET keys`; reply: one blob per key, in order.
+pub fn encode_multi_get<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
+where
+    I: IntoIterator<Item = K>,
+    K: WireBytes,
+{
+    framed(out, Command::MultiGet, |out| {
+        put_key_list(out, Command::MultiGet, keys)
+    })
+}
+
+/// `MULTI_SET pairs`. No reply.
+pub fn encode_multi_set<I, K, V>(out: &mut Vec<u8>, pairs: I) -> Result<()>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: WireBytes,
+    V: WireBytes,
+{
+    framed(out, Command::MultiSet, |out| {
+        let count_at = out.len();
+        put_u64(out, 0);
+        let mut count = 0usize;
+        for (key, value) in pairs {
+            put_key(out, Command::MultiSet, &key)?;
+            put_value(out, Command::MultiSet, "value", &value)?;
+            count += 1;
+        }
+        if count > MAX_KEY_COUNT {
+            return Err(Error::invalid(format!(
+                "TCPStore MULTI_SET has {count} pairs, over the server limit of {MAX_KEY_COUNT}; \
+                 split the request"
+            )));
+        }
+        out[count_at..count_at + 8].copy_from_slice(&(count as u64).to_le_bytes());
+        Ok(())
+    })
+}
+
+/// `CANCEL_WAIT`; reply: [`WAIT_CANCELED`] (possibly preceded by a late [`WAIT_STOP_WAITING`]).
+pub fn encode_cancel_wait(out: &mut Vec<u8>) {
+    out.push(Command::CancelWait.byte());
+}
+
+/// `QUEUE_PUSH key value`. No reply.
+pub fn encode_queue_push<K, V>(out: &mut Vec<u8>, key: &K, value: &V) -> Result<()>
+where
+    K: WireBytes + ?Sized,
+    V: WireBytes + ?Sized,
+{
+    framed(out, Command::QueuePush, |out| {
+        put_key(out, Command::QueuePush, key)?;
+        put_value(out, Command::QueuePush, "value", value)
+    })
+}
+
+/// `QUEUE_POP key`; reply: i64 length before the pop, then a blob when it was positive.
+pub fn encode_queue_pop<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
+    framed(out, Command::QueuePop, |out| {
+        put_key(out, Command::QueuePop, key)
+    })
+}
+
+/// `QUEUE_LEN key`; reply: i64.
+pub fn encode_queue_len<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
+    framed(out, Command::QueueLen, |out| {
+        put_key(out, Command::QueueLen, key)
+    })
+}
+
+/// `LIST`; reply: i64 count and that many keys (wire form).
+pub fn encode_list(out: &mut Vec<u8>) {
+    out.push(Command::List.byte());
+}
+
+/// `BARRIER key world_size`; reply: one byte, STOP_WAITING once `world_size` arrivals at `key`
+/// were counted (a torch >= 2.15 server, or ours).
+pub fn encode_barrier<K: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    key: &K,
+    world_size: i64,
+) -> Result<()> {
+    framed(out, Command::Barrier, |out| {
+        put_key(out, Command::Barrier, key)?;
+        put_i64(out, world_size);
+        Ok(())
+    })
+}

@@ -1,0 +1,231 @@
+//! PyTorch TCPStore wire protocol, current generation (torch >= 2.2, `VALIDATE` = 0, through
+//! torch 2.15's `BARRIER` = 18).
+//!
+//! Everything is little-endian; lengths and counts are u64; a string or blob is `u64 len ‖ bytes`
+//! and a key list is `u64 count ‖ count × blob`. There is no framing header: a request is one
+//! command byte followed by its arguments, so the parser must cope with partial and pipelined
+//! requests. The limits are those of torch's default (libuv) server, which closes the connection
+//! when a request exceeds them.
+//!
+//! One file per job, all re-exported here (`wire::parse_frame`, `wire::encode_set`, ...):
+//! - this file: the limits and reply codes, [`Command`] and [`ParseError`];
+//! - `request.rs`: a parsed [`Request`] (zero-copy key and pair lists) and the [`ReplyShape`] of
+//!   each command;
+//! - `parser.rs`: [`parse_request`] / [`parse_frame`], the incremental, zero-copy request parser
+//!   the server runs and the fuzz target drives;
+//! - `encode.rs`: `encode_*` request encoders (limit-checked) and the `put_*` raw field encoders
+//!   the server writes replies with;
+//! - `reply.rs`: `read_*`, the blocking reply readers of the client;
+//! - `decode.rs` (tests only): `decode_*`, reply decoders over byte slices that check the
+//!   server's replies byte by byte.
+
+#[cfg(test)]
+mod decode;
+mod encode;
+mod parser;
+mod reply;
+mod request;
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+pub(crate) use decode::*;
+pub use encode::*;
+pub use parser::*;
+pub use reply::*;
+pub use request::*;
+
+use crate::error::Error;
+use std::fmt;
+use std::io;
+
+/// The u32 that must follow the first `VALIDATE` byte of every connection.
+pub const VALIDATE_MAGIC: u32 = 0x3C85_F7CE;
+/// Longest key the libuv server accepts, in bytes.
+pub const MAX_KEY_LEN: usize = 8192;
+/// Longest value (SET/APPEND/COMPARE_SET/MULTI_SET/QUEUE_PUSH payload) the libuv server accepts.
+pub const MAX_VALUE_LEN: usize = 8 * 1024 * 1024;
+/// Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET request.
+pub const MAX_KEY_COUNT: usize = 131_072;
+/// Largest blob the response decoders accept. A classic torch server has no value limit, so this
+/// is well above [`MAX_VALUE_LEN`]; it only rejects a corrupt length before reading forever.
+pub const MAX_REPLY_BLOB_LEN: u64 = 1 << 32;
+
+/// CHECK reply: every key exists.
+pub const CHECK_READY: u8 = 0x00;
+/// CHECK reply: at least one key is missing.
+pub const CHECK_NOT_READY: u8 = 0x01;
+/// WAIT reply: every awaited key exists now.
+pub const WAIT_STOP_WAITING: u8 = 0x00;
+/// CANCEL_WAIT reply.
+pub const WAIT_CANCELED: u8 = 0x01;
+
+/// Command bytes (`c10d::detail::QueryType`), current numbering.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Command {
+    Validate = 0,
+    Set = 1,
+    CompareSet = 2,
+    Get = 3,
+    Add = 4,
+    Check = 5,
+    Wait = 6,
+    GetNumKeys = 7,
+    DeleteKey = 8,
+    Append = 9,
+    MultiGet = 10,
+    MultiSet = 11,
+    CancelWait = 12,
+    Ping = 13,
+    QueuePush = 14,
+    QueuePop = 15,
+    QueueLen = 16,
+    List = 17,
+    Barrier = 18,
+}
+
+impl Command {
+    /// Every command, in byte order.
+    pub const ALL: [Command; 19] = [
+        Command::Validate,
+        Command::Set,
+        Command::CompareSet,
+        Command::Get,
+        Command::Add,
+        Command::Check,
+        Command::Wait,
+        Command::GetNumKeys,
+        Command::DeleteKey,
+        Command::Append,
+        Command::MultiGet,
+        Command::MultiSet,
+        Command::CancelWait,
+        Command::Ping,
+        Command::QueuePush,
+        Command::QueuePop,
+        Command::QueueLen,
+        Command::List,
+        Command::Barrier,
+    ];
+
+    /// The command for a wire byte, or `None` for an unknown byte (19 and above).
+    pub fn from_byte(byte: u8) -> Option<Command> {
+        Command::ALL.get(usize::from(byte)).copied()
+    }
+
+    /// The wire byte.
+    pub fn byte(self) -> u8 {
+        self as u8
+    }
+
+    /// The upper-case name torch uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Validate => "VALIDATE",
+            Command::Set => "SET",
+            Command::CompareSet => "COMPARE_SET",
+            Command::Get => "GET",
+            Command::Add => "ADD",
+            Command::Check => "CHECK",
+            Command::Wait => "WAIT",
+            Command::GetNumKeys => "GETNUMKEYS",
+            Command::DeleteKey => "DELETE_KEY",
+            Command::Append => "APPEND",
+            Command::MultiGet => "MULTI_GET",
+            Command::MultiSet => "MULTI_SET",
+            Command::CancelWait => "CANCEL_WAIT",
+            Command::Ping => "PING",
+            Command::QueuePush => "QUEUE_PUSH",
+            Command::QueuePop => "QUEUE_POP",
+            Command::QueueLen => "QUEUE_LEN",
+            Command::List => "LIST",
+            Command::Barrier => "BARRIER",
+        }
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What was wrong with a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParseErrorKind {
+    /// The command byte is not a known command.
+    UnknownCommand(u8),
+    /// A length field is larger than the limit.
+    TooLong { len: u64, limit: u64 },
+    /// A count field is larger than the limit.
+    TooMany { count: u64, limit: u64 },
+    /// A signed count or length in a reply is negative.
+    Negative(i64),
+}
+
+/// A malformed frame: which command, which field, and which limit it broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParseError {
+    /// The command being parsed (`None` when the command byte itself is unknown).
+    pub command: Option<Command>,
+    /// The field that broke the rule ("key", "value", "key count", "reply value", ...).
+    pub field: &'static str,
+    pub kind: ParseErrorKind,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cmd = self.command.map_or("?", Command::name);
+        match self.kind {
+            ParseErrorKind::UnknownCommand(byte) => write!(
+                f,
+                "malformed TCPStore frame: unknown command byte {byte} (known commands are 0..=17)"
+            ),
+            ParseErrorKind::TooLong { len, limit } => write!(
+                f,
+                "malformed TCPStore frame: {cmd} {} is {len} bytes, over the limit of {limit} bytes",
+                self.field
+            ),
+            ParseErrorKind::TooMany { count, limit } => write!(
+                f,
+                "malformed TCPStore frame: {cmd} {} is {count}, over the limit of {limit}",
+                self.field
+            ),
+            ParseErrorKind::Negative(v) => write!(
+                f,
+                "malformed TCPStore frame: {cmd} {} is negative ({v})",
+                self.field
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+impl From<ParseError> for Error {
+    fn from(e: ParseError) -> Error {
+        Error::protocol(e.to_string())
+    }
+}
+
+impl From<ParseError> for io::Error {
+    fn from(e: ParseError) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, e)
+    }
+}
+
+fn le_u64(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// A malformed reply of `command` (a length over the limits, a negative count).
+fn reply_error(command: Command, field: &'static str, kind: ParseErrorKind) -> ParseError {
+    ParseError {
+        command: Some(command),
+        field,
+        kind,
+    }
+}

@@ -1,0 +1,96 @@
+//! Blocking reply readers for a client on a `Read` (a socket). Errors are `io::Error`s; a corrupt
+//! length is `InvalidData`, a closed connection `UnexpectedEof`.
+
+use super::*;
+use std::io::{self, Read};
+
+pub fn read_u8(r: &mut impl Read) -> io::Result<u8> {
+    let mut b = [0u8; 1];
+    r.read_exact(&mut b)?;
+    Ok(b[0])
+}
+
+pub fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+pub fn read_i64(r: &mut impl Read) -> io::Result<i64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(i64::from_le_bytes(b))
+}
+
+/// Reads one blob into `out` (cleared first), growing it as bytes arrive so that a corrupt
+/// length cannot force a huge allocation up front.
+pub fn read_blob_into(r: &mut impl Read, out: &mut Vec<u8>) -> io::Result<()> {
+    let len = read_i64(r)? as u64;
+    if len > MAX_REPLY_BLOB_LEN {
+        return Err(reply_error(
+            Command::Get,
+            "reply value",
+            ParseErrorKind::TooLong {
+                len,
+                limit: MAX_REPLY_BLOB_LEN,
+            },
+        )
+        .into());
+    }
+    out.clear();
+    out.reserve((len as usize).min(MAX_VALUE_LEN));
+    let got = r.take(len).read_to_end(out)?;
+    if got as u64 != len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("TCPStore reply value truncated: got {got} of {len} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn read_blob(r: &mut impl Read) -> io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    read_blob_into(r, &mut v)?;
+    Ok(v)
+}
+
+/// MULTI_GET reply: `n` blobs.
+pub fn read_blobs(r: &mut impl Read, n: usize) -> io::Result<Vec<Vec<u8>>> {
+    (0..n).map(|_| read_blob(r)).collect()
+}
+
+/// QUEUE_POP reply: `Some(value)`, or `None` when the queue was empty.
+pub fn read_queue_pop(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+    let len_before = read_i64(r)?;
+    if len_before < 0 {
+        return Err(reply_error(
+            Command::QueuePop,
+            "reply queue length",
+            ParseErrorKind::Negative(len_before),
+        )
+        .into());
+    }
+    if len_before == 0 {
+        return Ok(None);
+    }
+    read_blob(r).map(Some)
+}
+
+/// LIST reply: keys in wire form.
+pub fn read_list(r: &mut impl Read) -> io::Result<Vec<Vec<u8>>> {
+    let count = read_i64(r)?;
+    if count < 0 {
+        return Err(reply_error(
+            Command::List,
+            "reply key count",
+            ParseErrorKind::Negative(count),
+        )
+        .into());
+    }
+    let mut keys = Vec::with_capacity((count as usize).min(MAX_KEY_COUNT));
+    for _ in 0..count {
+        keys.push(read_blob(r)?);
+    }
+    Ok(keys)
+}

@@ -1,0 +1,304 @@
+//! A parsed request: the [`Request`] enum over borrowed bytes, its key and pair lists, and the
+//! [`ReplyShape`] each command answers with.
+
+use super::*;
+
+/// A list of keys inside a parsed frame: `count` validated blobs, decoded lazily (no allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyList<'a> {
+    pub(super) count: usize,
+    /// `count × (u64 len ‖ bytes)`, already validated.
+    pub(super) raw: &'a [u8],
+}
+
+impl<'a> KeyList<'a> {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+    /// The keys, in wire order.
+    pub fn iter(&self) -> BlobIter<'a> {
+        BlobIter {
+            remaining: self.count,
+            raw: self.raw,
+        }
+    }
+}
+
+impl<'a> IntoIterator for KeyList<'a> {
+    type Item = &'a [u8];
+    type IntoIter = BlobIter<'a>;
+    fn into_iter(self) -> BlobIter<'a> {
+        self.iter()
+    }
+}
+
+/// Iterator over validated `u64 len ‖ bytes` blobs.
+#[derive(Clone, Debug)]
+pub struct BlobIter<'a> {
+    remaining: usize,
+    raw: &'a [u8],
+}
+
+impl<'a> Iterator for BlobIter<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.remaining == 0 || self.raw.len() < 8 {
+            return None;
+        }
+        let (len_bytes, rest) = self.raw.split_at(8);
+        let len = usize::try_from(le_u64(len_bytes)).ok()?;
+        if rest.len() < len {
+            return None;
+        }
+        let (blob, rest) = rest.split_at(len);
+        self.raw = rest;
+        self.remaining -= 1;
+        Some(blob)
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.remaining))
+    }
+}
+
+/// The key/value pairs of a MULTI_SET, decoded lazily.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairList<'a> {
+    pub(super) count: usize,
+    pub(super) raw: &'a [u8],
+}
+
+impl<'a> PairList<'a> {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+    /// The (key, value) pairs, in wire order.
+    pub fn iter(&self) -> PairIter<'a> {
+        PairIter {
+            blobs: BlobIter {
+                remaining: self.count.saturating_mul(2),
+                raw: self.raw,
+            },
+        }
+    }
+}
+
+impl<'a> IntoIterator for PairList<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+    type IntoIter = PairIter<'a>;
+    fn into_iter(self) -> PairIter<'a> {
+        self.iter()
+    }
+}
+
+/// Iterator over the pairs of a [`PairList`].
+#[derive(Clone, Debug)]
+pub struct PairIter<'a> {
+    blobs: BlobIter<'a>,
+}
+
+impl<'a> Iterator for PairIter<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+    fn next(&mut self) -> Option<Self::Item> {
+        let key = self.blobs.next()?;
+        let value = self.blobs.next()?;
+        Some((key, value))
+    }
+}
+
+/// One parsed request. Byte fields borrow from the input buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    Validate {
+        magic: u32,
+    },
+    Set {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    CompareSet {
+        key: &'a [u8],
+        expected: &'a [u8],
+        desired: &'a [u8],
+    },
+    Get {
+        key: &'a [u8],
+    },
+    Add {
+        key: &'a [u8],
+        delta: i64,
+    },
+    Check {
+        keys: KeyList<'a>,
+    },
+    Wait {
+        keys: KeyList<'a>,
+    },
+    GetNumKeys,
+    DeleteKey {
+        key: &'a [u8],
+    },
+    Append {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    MultiGet {
+        keys: KeyList<'a>,
+    },
+    MultiSet {
+        pairs: PairList<'a>,
+    },
+    CancelWait,
+    Ping {
+        nonce: u32,
+    },
+    QueuePush {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    QueuePop {
+        key: &'a [u8],
+    },
+    QueueLen {
+        key: &'a [u8],
+    },
+    List,
+    /// Counts one arrival at `key` (stored as decimal text, like ADD); answered with
+    /// STOP_WAITING once `world_size` arrivals were counted, until then a pending wait that
+    /// CANCEL_WAIT cancels.
+    Barrier {
+        key: &'a [u8],
+        world_size: i64,
+    },
+}
+
+impl<'a> Request<'a> {
+    pub fn command(&self) -> Command {
+        match self {
+            Request::Validate { .. } => Command::Validate,
+            Request::Set { .. } => Command::Set,
+            Request::CompareSet { .. } => Command::CompareSet,
+            Request::Get { .. } => Command::Get,
+            Request::Add { .. } => Command::Add,
+            Request::Check { .. } => Command::Check,
+            Request::Wait { .. } => Command::Wait,
+            Request::GetNumKeys => Command::GetNumKeys,
+            Request::DeleteKey { .. } => Command::DeleteKey,
+            Request::Append { .. } => Command::Append,
+            Request::MultiGet { .. } => Command::MultiGet,
+            Request::MultiSet { .. } => Command::MultiSet,
+            Request::CancelWait => Command::CancelWait,
+            Request::Ping { .. } => Command::Ping,
+            Request::QueuePush { .. } => Command::QueuePush,
+            Request::QueuePop { .. } => Command::QueuePop,
+            Request::QueueLen { .. } => Command::QueueLen,
+            Request::List => Command::List,
+            Request::Barrier { .. } => Command::Barrier,
+        }
+    }
+
+    /// Appends this request's exact wire bytes to `out`. A parsed request re-encodes to the bytes
+    /// it was parsed from; no limits are checked here (use the `encode_*` functions for that).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.command().byte());
+        match *self {
+            Request::Validate { magic } => put_u32(out, magic),
+            Request::Ping { nonce } => put_u32(out, nonce),
+            Request::Set { key, value }
+            | Request::Append { key, value }
+            | Request::QueuePush { key, value } => {
+                put_blob(out, key);
+                put_blob(out, value);
+            }
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
+                put_blob(out, key);
+                put_blob(out, expected);
+                put_blob(out, desired);
+            }
+            Request::Get { key }
+            | Request::DeleteKey { key }
+            | Request::QueuePop { key }
+            | Request::QueueLen { key } => put_blob(out, key),
+            Request::Add { key, delta } => {
+                put_blob(out, key);
+                put_i64(out, delta);
+            }
+            Request::Barrier { key, world_size } => {
+                put_blob(out, key);
+                put_i64(out, world_size);
+            }
+            Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
+                put_u64(out, keys.count as u64);
+                out.extend_from_slice(keys.raw);
+            }
+            Request::MultiSet { pairs } => {
+                put_u64(out, pairs.count as u64);
+                out.extend_from_slice(pairs.raw);
+            }
+            Request::GetNumKeys | Request::CancelWait | Request::List => {}
+        }
+    }
+
+    /// The shape of the server's reply to this request.
+    pub fn reply_shape(&self) -> ReplyShape {
+        match self {
+            Request::MultiGet { keys } => ReplyShape::Blobs(keys.len()),
+            other => other.command().reply_shape(),
+        }
+    }
+}
+
+/// What a server sends back for a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyShape {
+    /// No reply at all (VALIDATE, SET, APPEND, MULTI_SET, QUEUE_PUSH).
+    Nothing,
+    /// One byte (CHECK, WAIT, CANCEL_WAIT, BARRIER).
+    Byte,
+    /// The ping nonce.
+    U32,
+    /// One i64 (ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN).
+    I64,
+    /// One blob (GET, COMPARE_SET).
+    Blob,
+    /// This many blobs (MULTI_GET).
+    Blobs(usize),
+    /// `i64 len_before` and, when positive, one blob (QUEUE_POP).
+    QueuePop,
+    /// `i64 count` and that many blobs (LIST).
+    KeyList,
+}
+
+impl Command {
+    /// The reply shape; MULTI_GET's count comes from its request (see [`Request::reply_shape`]),
+    /// so here it is `Blobs(0)`.
+    pub fn reply_shape(self) -> ReplyShape {
+        match self {
+            Command::Validate
+            | Command::Set
+            | Command::Append
+            | Command::MultiSet
+            | Command::QueuePush => ReplyShape::Nothing,
+            Command::Check | Command::Wait | Command::CancelWait | Command::Barrier => {
+                ReplyShape::Byte
+            }
+            Command::Ping => ReplyShape::U32,
+            Command::Add | Command::GetNumKeys | Command::DeleteKey | Command::QueueLen => {
+                ReplyShape::I64
+            }
+            Command::Get | Command::CompareSet => ReplyShape::Blob,
+            Command::MultiGet => ReplyShape::Blobs(0),
+            Command::QueuePop => ReplyShape::QueuePop,
+            Command::List => ReplyShape::KeyList,
+        }
+    }
+}
