@@ -8,7 +8,6 @@
 
 mod barrier;
 mod exchange;
-mod json;
 mod report;
 mod seed;
 mod store_load;
@@ -415,7 +414,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
     }
     print!("{}", results.text());
     if let Some(path) = &args.json {
-        write_file(path, &results.json().render())?;
+        write_file(path, &results.json_text())?;
         println!("wrote {}", path.display());
     }
     if let Some(dir) = &args.svg_dir {
