@@ -25,5 +25,8 @@ echo "== C/C++ suites (CMake + GoogleTest)"
 bash scripts/cpp-tests.sh build/ci-cpp
 
 
+echo "== pkg-config file: installed, then a C program built with it alone"
+bash scripts/pkgconfig-check.sh
+
 echo "== README's C example, compiled and run as printed"
 bash scripts/readme-check.sh

@@ -9,16 +9,13 @@ use crate::exchange::{CacheConfig, CacheStats, HandleCache, Request};
 use crate::host::alloc::alloc_for_job;
 use crate::host::{HostBuffer, HostTransport};
 use crate::store::Store;
-use crate::sync::lock;
 use crate::transport::record::Record;
 use crate::transport::record::{from_fixed, HandleType};
 use crate::transport::SemaphoreSlab;
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles, Transport};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::Condvar;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The shared in-memory test store (blocking waits, as the exchange relies on).

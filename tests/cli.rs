@@ -74,15 +74,17 @@ fn help_and_usage_errors() {
     }
     for (args, needle) in [
         (&[][..], "missing command"),
-        (&["frobnicate"], "unknown command \"frobnicate\""),
+        (&["frobnicate"], "unrecognized subcommand 'frobnicate'"),
         (
             &["serve", "--port", "x"],
-            "option --port: \"x\" is not a port",
+            "invalid value 'x' for '--port <P>'",
         ),
-        (&["serve", "--bogus"], "unknown option \"--bogus\""),
-        (&["launch", "--", "true"], "-n N is required"),
-        (&["launch", "-n", "2"], "no command given"),
-        (&["barrier-test"], "--rounds R is required"),
+        (&["serve", "--bogus"], "unexpected argument '--bogus'"),
+        (&["launch", "--", "true"], "--nproc <N>"),
+        (&["launch", "-n", "2"], "<CMD>..."),
+        (&["barrier-test"], "--rounds <R>"),
+        (&["demo", "--ranks", "1"], "must be at least 2"),
+        (&["completions", "tcsh"], "invalid value 'tcsh'"),
     ] {
         let run = nvfipc(args, LIMIT);
         assert_eq!(run.status.code(), Some(2), "{args:?}: {}", run.stderr);
@@ -139,6 +141,23 @@ fn every_command_has_its_own_help() {
     );
     assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
     assert!(run.stdout.contains("[rank 0] --help"), "{}", run.stdout);
+}
+
+/// `nvfipc completions SHELL` prints a script that offers every shown command and none of the
+/// hidden ones.
+#[test]
+fn completions_offer_the_shown_commands() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let run = nvfipc(&["completions", shell], LIMIT);
+        assert_eq!(run.status.code(), Some(0), "{shell}: {}", run.stderr);
+        for command in COMMANDS {
+            assert!(run.stdout.contains(command), "{shell} lacks {command}");
+        }
+        assert!(run.stdout.contains("kill-grace-ms"), "{shell}");
+        for hidden in ["demo-rank", "bench-rank"] {
+            assert!(!run.stdout.contains(hidden), "{shell} offers {hidden}");
+        }
+    }
 }
 
 /// The lines under "Examples:" of `nvfipc --help` run as printed, with no nvfipc on PATH.

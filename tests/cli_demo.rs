@@ -160,7 +160,7 @@ fn demo_rejects_bad_options_and_unavailable_transports() {
     let run = nvfipc(&["demo", "--ranks", "1"], &[]);
     assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
     assert!(
-        run.stderr.contains("--ranks must be at least 2"),
+        run.stderr.contains("'--ranks <N>': must be at least 2"),
         "{}",
         run.stderr
     );

@@ -1,83 +1,65 @@
-//! Small helpers for hand-written argument parsing: `--name value` and `--name=value`.
+//! What the commands' clap definitions share: value parsers that say what a value must be, the
+//! help layout, and (for the parsers' tests) parsing one command's arguments alone.
 
-use std::fmt;
-use std::str::FromStr;
+use std::time::Duration;
 
-/// A command-line mistake; reported with the usage text and exit status 2. An empty message
-/// means the command's help was asked for (`--help` or `-h` where an option may stand).
-#[derive(Debug, PartialEq, Eq)]
-pub struct UsageError(pub String);
+/// Every command's help starts with its usage line(s), as the README's CLI section shows them.
+pub const COMMAND_HELP: &str = "\
+Usage:
+  {usage}
 
-impl UsageError {
-    /// `--help` or `-h` was given.
-    pub fn help() -> UsageError {
-        UsageError(String::new())
-    }
+{about-with-newline}
+{all-args}{after-help}";
 
-    pub fn is_help(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Splits `--name=value` into `("--name", Some("value"))`; other arguments come back whole.
-pub fn split_flag(arg: &str) -> (&str, Option<&str>) {
-    match arg.split_once('=') {
-        Some((name, value)) if name.starts_with('-') => (name, Some(value)),
-        _ => (arg, None),
-    }
-}
-
-/// The value of option `name`: the inline `=value`, else the next argument.
-pub fn take_value(
-    rest: &mut impl Iterator<Item = String>,
-    name: &str,
-    inline: Option<&str>,
-) -> Result<String, UsageError> {
-    match inline {
-        Some(v) => Ok(v.to_string()),
-        None => rest
-            .next()
-            .ok_or_else(|| UsageError(format!("option {name} needs a value"))),
-    }
-}
-
-/// Parses the value of option `name`, naming both in the error.
-pub fn parse_value<T: FromStr>(name: &str, value: &str, what: &str) -> Result<T, UsageError> {
-    value
+/// A count of at least `min`, with a message that names the minimum.
+fn at_least(value: &str, min: u64) -> Result<u64, String> {
+    let n: u64 = value
         .parse()
-        .map_err(|_| UsageError(format!("option {name}: {value:?} is not {what}")))
-}
-
-/// Shorthand for the common `take_value` + `parse_value`.
-pub fn take_parsed<T: FromStr>(
-    rest: &mut impl Iterator<Item = String>,
-    name: &str,
-    inline: Option<&str>,
-    what: &str,
-) -> Result<T, UsageError> {
-    let value = take_value(rest, name, inline)?;
-    parse_value(name, &value, what)
-}
-
-/// The error for an argument no option of `command` matches; `--help` and `-h` ask for the
-/// command's help instead (every parser ends in this, so every command takes them).
-pub fn unknown_option(command: &str, arg: &str) -> UsageError {
-    if matches!(arg, "--help" | "-h") {
-        return UsageError::help();
+        .map_err(|_| format!("{value:?} is not a number"))?;
+    if n < min {
+        return Err(format!("must be at least {min}"));
     }
-    UsageError(format!("{command}: unknown option {arg:?}"))
+    Ok(n)
 }
 
-/// Owned arguments, as the parsers take them (for the parsers' tests).
+/// A count of at least 1.
+pub fn positive(value: &str) -> Result<u64, String> {
+    at_least(value, 1)
+}
+
+/// A count of at least 1 (as `usize`).
+pub fn positive_count(value: &str) -> Result<usize, String> {
+    Ok(at_least(value, 1)? as usize)
+}
+
+/// A rank count of at least 2 (a ring needs two).
+pub fn two_or_more(value: &str) -> Result<usize, String> {
+    Ok(at_least(value, 2)? as usize)
+}
+
+/// A positive number of milliseconds.
+pub fn positive_ms(value: &str) -> Result<Duration, String> {
+    Ok(Duration::from_millis(at_least(value, 1)?))
+}
+
+/// Milliseconds, 0 included.
+pub fn millis(value: &str) -> Result<Duration, String> {
+    Ok(Duration::from_millis(at_least(value, 0)?))
+}
+
+/// Parses `args` as the arguments of one command (for the parsers' tests).
 #[cfg(test)]
-pub fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| s.to_string()).collect()
+pub fn parse<A: clap::Args>(args: &[&str]) -> Result<A, clap::Error> {
+    use clap::{FromArgMatches, Parser};
+    #[derive(Parser)]
+    struct One<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    let matches = <One<A> as clap::CommandFactory>::command()
+        .no_binary_name(true)
+        .try_get_matches_from(args)?;
+    One::<A>::from_arg_matches(&matches).map(|one| one.args)
 }
 
 #[cfg(test)]
@@ -85,14 +67,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flags_with_inline_and_separate_values() {
-        assert_eq!(split_flag("--port=5"), ("--port", Some("5")));
-        assert_eq!(split_flag("--port"), ("--port", None));
-        assert_eq!(split_flag("a=b"), ("a=b", None));
-        let mut rest = vec!["7".to_string()].into_iter();
-        assert_eq!(take_parsed::<u16>(&mut rest, "-n", None, "a number"), Ok(7));
-        assert!(take_value(&mut rest, "-n", None).is_err());
-        let err = parse_value::<u16>("--port", "x", "a port").unwrap_err();
-        assert_eq!(err.0, "option --port: \"x\" is not a port");
+    fn values_name_what_they_must_be() {
+        assert_eq!(positive("7"), Ok(7));
+        assert_eq!(positive("0").unwrap_err(), "must be at least 1");
+        assert_eq!(two_or_more("x").unwrap_err(), "\"x\" is not a number");
+        assert_eq!(millis("0"), Ok(Duration::ZERO));
+        assert!(positive_ms("0").is_err());
     }
 }

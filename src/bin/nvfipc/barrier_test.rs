@@ -2,53 +2,34 @@
 //! world or over pseudo-random subsets that every rank derives from the same seed, and checks
 //! through the store that no barrier releases a rank before every member arrived.
 
-use crate::args::{split_flag, take_parsed, unknown_option, UsageError};
+use crate::args::positive_ms;
 use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::Result;
 use std::time::{Duration, Instant};
 
-#[derive(Debug, PartialEq, Eq)]
+/// Checked barriers, run by every rank of a launched job (see launch)
+///
+/// R barriers over the world, or over
+/// pseudo-random subsets of the ranks derived from seed S, each checked through the store (no rank
+/// leaves before every member arrived). Exits non-zero on any failure.
+#[derive(clap::Args, Debug, PartialEq, Eq)]
+#[command(
+    override_usage = "nvfipc barrier-test --rounds R [--subset-seed S] [--timeout-ms MS]\n                      [--absent-rank A]"
+)]
 pub struct BarrierTestArgs {
+    /// Number of barriers
+    #[arg(long, value_name = "R")]
     pub rounds: usize,
+    /// Barriers over seeded random subsets of the ranks instead of the world
+    #[arg(long, value_name = "S")]
     pub subset_seed: Option<u64>,
+    /// Timeout of each barrier (default: the library's)
+    #[arg(long = "timeout-ms", value_name = "MS", value_parser = positive_ms)]
     pub timeout: Option<Duration>,
-    /// This rank creates its context but never joins a barrier (to test timeouts).
+    /// This rank creates its context but never joins a barrier (the others must time out naming
+    /// it)
+    #[arg(long, value_name = "A")]
     pub absent_rank: Option<usize>,
-}
-
-impl BarrierTestArgs {
-    pub fn parse(args: Vec<String>) -> Result<BarrierTestArgs, UsageError> {
-        let mut parsed = BarrierTestArgs {
-            rounds: 0,
-            subset_seed: None,
-            timeout: None,
-            absent_rank: None,
-        };
-        let mut rounds = None;
-        let mut rest = args.into_iter();
-        while let Some(arg) = rest.next() {
-            match split_flag(&arg) {
-                ("--rounds", v) => rounds = Some(take_parsed(&mut rest, "--rounds", v, "a count")?),
-                ("--subset-seed", v) => {
-                    parsed.subset_seed = Some(take_parsed(&mut rest, "--subset-seed", v, "a seed")?)
-                }
-                ("--timeout-ms", v) => {
-                    let ms: u64 = take_parsed(&mut rest, "--timeout-ms", v, "milliseconds")?;
-                    if ms == 0 {
-                        return Err(UsageError("option --timeout-ms must be positive".into()));
-                    }
-                    parsed.timeout = Some(Duration::from_millis(ms));
-                }
-                ("--absent-rank", v) => {
-                    parsed.absent_rank = Some(take_parsed(&mut rest, "--absent-rank", v, "a rank")?)
-                }
-                _ => return Err(unknown_option("barrier-test", &arg)),
-            }
-        }
-        parsed.rounds =
-            rounds.ok_or_else(|| UsageError("barrier-test: --rounds R is required".into()))?;
-        Ok(parsed)
-    }
 }
 
 /// SplitMix64: a tiny deterministic generator, identical on every rank.
@@ -165,16 +146,13 @@ mod tests {
 
     #[test]
     fn parses_options() {
-        let a = BarrierTestArgs::parse(
-            ["--rounds", "3", "--subset-seed=9", "--timeout-ms", "500"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        )
-        .unwrap();
+        let a: BarrierTestArgs =
+            crate::args::parse(&["--rounds", "3", "--subset-seed=9", "--timeout-ms", "500"])
+                .unwrap();
         assert_eq!(a.rounds, 3);
         assert_eq!(a.subset_seed, Some(9));
         assert_eq!(a.timeout, Some(Duration::from_millis(500)));
-        assert!(BarrierTestArgs::parse(vec![]).is_err());
+        assert!(crate::args::parse::<BarrierTestArgs>(&[]).is_err());
+        assert!(crate::args::parse::<BarrierTestArgs>(&["--rounds=1", "--timeout-ms=0"]).is_err());
     }
 }

@@ -6,7 +6,7 @@
 //! The parent re-executes this binary as `demo-rank` through the launcher (`launch::run_job`);
 //! rank 0 hosts the store through `Context::from_env`, as under torchrun or mpirun.
 
-use crate::args::{split_flag, take_parsed, take_value, unknown_option, UsageError};
+use crate::args::{positive, positive_count, positive_ms, two_or_more};
 use crate::launch::{self, JobSpec, StoreHost};
 use crate::memory::{enter_rank_device, kind_label, Buffer, Mover, TransportChoice};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, nanos};
@@ -23,62 +23,37 @@ const RING_TAG: &str = "demo-ring";
 const KEY_PREFIX: &str = "nvfipc-demo";
 const RESULT_FIELDS: usize = 8;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The ring exchange demo (GPU or shared memory)
+///
+/// Start N ranks of this program on this machine (rank 0 hosts the store). Each exports a send and a receive buffer and exchanges handles in a ring (send to rank+1,
+/// receive from rank-1); each rank pulls its predecessor's data over the handles and verifies it,
+/// K times: the first exchange is cold, the others are cache hits except one step in the middle
+/// where every rank swaps its send buffer. Rank 0 prints the timings and counters, one row per
+/// rank (the table's legend says what each column is). Exits non-zero on any failure.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+#[command(
+    override_usage = "nvfipc demo [--ranks N] [--iters K] [--bytes B] [--transport auto|device|host]\n              [--timeout-ms MS]"
+)]
 pub struct DemoArgs {
+    /// Number of ranks
+    #[arg(short = 'n', long, value_name = "N", default_value = "2", value_parser = two_or_more)]
     pub ranks: usize,
+    /// Iterations
+    #[arg(long, value_name = "K", default_value = "10", value_parser = positive_count)]
     pub iters: usize,
+    /// Bytes per buffer
+    #[arg(long, value_name = "B", default_value = "1048576", value_parser = positive)]
     pub bytes: u64,
+    /// Where the buffers live (auto: the GPU when a CUDA driver and a device are there, shared
+    /// memory otherwise)
+    #[arg(long, value_name = "T", value_enum, default_value_t = TransportChoice::Auto)]
     pub transport: TransportChoice,
+    /// Timeout of every wait
+    #[arg(long = "timeout-ms", value_name = "MS", default_value = "30000", value_parser = positive_ms)]
     pub timeout: Duration,
 }
 
 impl DemoArgs {
-    pub fn parse(args: Vec<String>) -> Result<DemoArgs, UsageError> {
-        let mut parsed = DemoArgs {
-            ranks: 2,
-            iters: 10,
-            bytes: 1 << 20,
-            transport: TransportChoice::Auto,
-            timeout: Duration::from_secs(30),
-        };
-        let mut rest = args.into_iter();
-        while let Some(arg) = rest.next() {
-            match split_flag(&arg) {
-                ("--ranks" | "-n", v) => {
-                    parsed.ranks = take_parsed(&mut rest, "--ranks", v, "a number of ranks")?
-                }
-                ("--iters", v) => {
-                    parsed.iters = take_parsed(&mut rest, "--iters", v, "a number of iterations")?
-                }
-                ("--bytes", v) => {
-                    parsed.bytes = take_parsed(&mut rest, "--bytes", v, "a byte count")?
-                }
-                ("--transport", v) => {
-                    let value = take_value(&mut rest, "--transport", v)?;
-                    parsed.transport = TransportChoice::parse("--transport", &value)?;
-                }
-                ("--timeout-ms", v) => {
-                    let ms: u64 = take_parsed(&mut rest, "--timeout-ms", v, "milliseconds")?;
-                    parsed.timeout = Duration::from_millis(ms);
-                }
-                _ => return Err(unknown_option("demo", &arg)),
-            }
-        }
-        if parsed.ranks < 2 {
-            return Err(UsageError("demo: --ranks must be at least 2".into()));
-        }
-        if parsed.iters == 0 {
-            return Err(UsageError("demo: --iters must be at least 1".into()));
-        }
-        if parsed.bytes == 0 {
-            return Err(UsageError("demo: --bytes must be at least 1".into()));
-        }
-        if parsed.timeout.is_zero() {
-            return Err(UsageError("demo: --timeout-ms must be positive".into()));
-        }
-        Ok(parsed)
-    }
-
     /// The arguments of every rank: the same, with the transport already decided.
     fn rank_args(&self, kind: MemKind) -> Vec<String> {
         vec![
@@ -422,11 +397,11 @@ fn report(args: &DemoArgs, kind: MemKind, results: &[RankResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::strings;
+    use crate::args::parse;
 
     #[test]
     fn parses_options_and_rejects_nonsense() {
-        let a = DemoArgs::parse(strings(&[
+        let a: DemoArgs = parse(&[
             "--ranks",
             "4",
             "--iters=3",
@@ -434,14 +409,14 @@ mod tests {
             "10",
             "--transport",
             "host",
-        ]))
+        ])
         .unwrap();
         assert_eq!((a.ranks, a.iters, a.bytes), (4, 3, 10));
         assert_eq!(a.transport, TransportChoice::Host);
+        let rank_args = a.rank_args(MemKind::Host);
+        let rank_args: Vec<&str> = rank_args.iter().map(String::as_str).collect();
         assert_eq!(
-            DemoArgs::parse(a.rank_args(MemKind::Host))
-                .unwrap()
-                .transport,
+            parse::<DemoArgs>(&rank_args).unwrap().transport,
             TransportChoice::Host
         );
         for bad in [
@@ -451,7 +426,7 @@ mod tests {
             &["--transport", "gpu"],
             &["--what"],
         ] {
-            assert!(DemoArgs::parse(strings(bad)).is_err(), "{bad:?}");
+            assert!(parse::<DemoArgs>(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -4,7 +4,7 @@
 //! [`run_job`] is the same machinery for other commands (`demo`, `bench`), which may instead let
 //! rank 0 host the store itself (as `torchrun` and `mpirun` jobs do, through `MASTER_PORT`).
 
-use crate::args::{split_flag, take_parsed, unknown_option, UsageError};
+use crate::args::{millis, positive_count};
 use crate::signals::Signals;
 use nvfuser_ipc::store::server::StoreServer;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -31,66 +31,28 @@ const POLL: Duration = Duration::from_millis(10);
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 const STORE_HOST: &str = "127.0.0.1";
 
-#[derive(Debug, PartialEq, Eq)]
+/// N ranks of CMD on this machine, with a store and torchrun's variables
+///
+/// Hosts a store on 127.0.0.1 and runs N ranks of CMD; each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+/// NVFIPC_STORE_ADDR, WORLD_RANK, WORLD_LOCAL_RANK and WORLD_LOCAL_SIZE. CMD `nvfipc` runs this
+/// nvfipc program. Every output line is prefixed with "[rank R] ". When a rank fails, the others
+/// get SIGTERM, then SIGKILL after the grace period, and nvfipc exits with the failed rank's
+/// status (128 + signal number for a signal).
+#[derive(clap::Args, Debug, PartialEq, Eq)]
+#[command(override_usage = "nvfipc launch -n N [--port P] [--kill-grace-ms MS] [--] CMD [ARGS...]")]
 pub struct LaunchArgs {
+    /// Number of ranks
+    #[arg(short = 'n', long = "nproc", value_name = "N", value_parser = positive_count)]
     pub ranks: usize,
+    /// Port of the store (0 picks a free one)
+    #[arg(long, value_name = "P", default_value_t = 0)]
     pub port: u16,
+    /// Milliseconds between SIGTERM and SIGKILL when stopping the ranks
+    #[arg(long = "kill-grace-ms", value_name = "MS", default_value = "5000", value_parser = millis)]
     pub grace: Duration,
+    /// The command every rank runs, with its arguments (everything from CMD on is its own)
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
-}
-
-impl LaunchArgs {
-    pub fn parse(args: Vec<String>) -> Result<LaunchArgs, UsageError> {
-        let mut ranks = None;
-        let mut port = 0u16;
-        let mut grace = Duration::from_secs(5);
-        let mut rest = args.into_iter();
-        let mut command = Vec::new();
-        while let Some(arg) = rest.next() {
-            match split_flag(&arg) {
-                ("-n" | "--nproc", inline) => {
-                    ranks = Some(take_parsed::<usize>(
-                        &mut rest,
-                        "-n",
-                        inline,
-                        "a number of ranks",
-                    )?)
-                }
-                ("--port", inline) => {
-                    port = take_parsed(&mut rest, "--port", inline, "a port (0..=65535)")?
-                }
-                ("--kill-grace-ms", inline) => {
-                    grace = Duration::from_millis(take_parsed(
-                        &mut rest,
-                        "--kill-grace-ms",
-                        inline,
-                        "a number of milliseconds",
-                    )?)
-                }
-                ("--", None) => {
-                    command.extend(rest.by_ref());
-                }
-                _ if !arg.starts_with('-') => {
-                    command.push(arg);
-                    command.extend(rest.by_ref());
-                }
-                _ => return Err(unknown_option("launch", &arg)),
-            }
-        }
-        let ranks = ranks.ok_or_else(|| UsageError("launch: -n N is required".into()))?;
-        if ranks == 0 {
-            return Err(UsageError("launch: -n must be at least 1".into()));
-        }
-        if command.is_empty() {
-            return Err(UsageError("launch: no command given after --".into()));
-        }
-        Ok(LaunchArgs {
-            ranks,
-            port,
-            grace,
-            command,
-        })
-    }
 }
 
 /// Who hosts the job's store.
@@ -390,16 +352,18 @@ pub fn run_job(spec: &JobSpec) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::strings;
+    use crate::args::parse;
 
     #[test]
     fn parses_ranks_port_and_command() {
-        let a = LaunchArgs::parse(strings(&["-n", "4", "--port=7", "--", "echo", "-x"])).unwrap();
+        let a: LaunchArgs = parse(&["-n", "4", "--port=7", "--", "echo", "-x"]).unwrap();
         assert_eq!(a.ranks, 4);
         assert_eq!(a.port, 7);
-        assert_eq!(a.command, strings(&["echo", "-x"]));
-        let a = LaunchArgs::parse(strings(&["-n=2", "sh", "-c", "true"])).unwrap();
-        assert_eq!(a.command, strings(&["sh", "-c", "true"]));
+        assert_eq!(a.command, ["echo", "-x"]);
+        let a: LaunchArgs = parse(&["-n=2", "sh", "-c", "true", "--help"]).unwrap();
+        assert_eq!(a.command, ["sh", "-c", "true", "--help"]);
+        let a: LaunchArgs = parse(&["--nproc", "3", "--kill-grace-ms=0", "true"]).unwrap();
+        assert_eq!((a.ranks, a.grace), (3, Duration::ZERO));
         for bad in [
             &["echo"][..],
             &["-n", "0", "--", "echo"],
@@ -408,7 +372,7 @@ mod tests {
             &["-n", "x", "--", "echo"],
             &["-n", "2", "--what", "--", "echo"],
         ] {
-            assert!(LaunchArgs::parse(strings(bad)).is_err(), "{bad:?}");
+            assert!(parse::<LaunchArgs>(bad).is_err(), "{bad:?}");
         }
     }
 

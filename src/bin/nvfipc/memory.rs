@@ -1,7 +1,6 @@
 //! Buffers and transfers of the demo and the benchmarks, on the device or in shared memory:
 //! one type so that the ring logic does not care where the bytes live.
 
-use crate::args::UsageError;
 use nvfuser_ipc::cuda::driver::{self, ContextGuard};
 use nvfuser_ipc::cuda::p2p;
 use nvfuser_ipc::exchange::{MemKind, P2pHandles};
@@ -11,7 +10,7 @@ use nvfuser_ipc::{Error, Result};
 use std::time::Duration;
 
 /// `--transport`: where the buffers live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TransportChoice {
     /// The device when a CUDA driver and a device are there, shared memory otherwise.
     Auto,
@@ -20,17 +19,6 @@ pub enum TransportChoice {
 }
 
 impl TransportChoice {
-    pub fn parse(name: &str, value: &str) -> Result<TransportChoice, UsageError> {
-        match value {
-            "auto" => Ok(TransportChoice::Auto),
-            "device" => Ok(TransportChoice::Device),
-            "host" => Ok(TransportChoice::Host),
-            _ => Err(UsageError(format!(
-                "option {name}: {value:?} is not one of auto, device, host"
-            ))),
-        }
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             TransportChoice::Auto => "auto",
@@ -173,16 +161,11 @@ mod tests {
 
     #[test]
     fn parses_transport_names() {
-        assert_eq!(
-            TransportChoice::parse("--transport", "host"),
-            Ok(TransportChoice::Host)
-        );
-        assert_eq!(
-            TransportChoice::parse("--transport", "auto"),
-            Ok(TransportChoice::Auto)
-        );
-        let err = TransportChoice::parse("--transport", "gpu").unwrap_err();
-        assert!(err.0.contains("auto, device, host"), "{err}");
+        use clap::ValueEnum;
+        for choice in TransportChoice::value_variants() {
+            assert_eq!(TransportChoice::from_str(choice.name(), false), Ok(*choice));
+        }
+        assert!(TransportChoice::from_str("gpu", false).is_err());
         assert_eq!(TransportChoice::Host.resolve().unwrap(), MemKind::Host);
         // Auto never fails: it falls back to shared memory.
         assert!(TransportChoice::Auto.resolve().is_ok());

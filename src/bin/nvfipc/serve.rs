@@ -1,6 +1,5 @@
 //! `nvfipc serve`: a TCPStore server until SIGINT or SIGTERM.
 
-use crate::args::{split_flag, take_parsed, take_value, unknown_option, UsageError};
 use crate::signals::Signals;
 use nvfuser_ipc::env::DEFAULT_MASTER_PORT;
 use nvfuser_ipc::store::server::{ServerOptions, StoreServer, DEFAULT_BUSY_POLL};
@@ -10,49 +9,31 @@ use std::time::Duration;
 /// How often the main thread checks that the server thread is still serving.
 const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
-#[derive(Debug, PartialEq, Eq)]
+/// Run a TCPStore server (PyTorch's wire protocol)
+///
+/// Prints one line "listening on HOST:PORT" when ready and serves until SIGINT or SIGTERM. The
+/// server raises its soft open-file limit only as far as --max-connections needs, and refuses
+/// clients beyond the limit with a line on stderr.
+#[derive(clap::Args, Debug, PartialEq, Eq)]
+#[command(
+    override_usage = "nvfipc serve [--host H] [--port P] [--threads N] [--busy-poll-us US]\n               [--max-connections C]"
+)]
 pub struct ServeArgs {
+    /// Address to listen on (:: is every IPv6 and IPv4 address)
+    #[arg(long, value_name = "H", default_value = "::")]
     pub host: String,
+    /// Port (0 picks a free one)
+    #[arg(long, value_name = "P", default_value_t = DEFAULT_MASTER_PORT)]
     pub port: u16,
+    /// After a request each event loop polls without sleeping for US microseconds (0: never)
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_BUSY_POLL.as_micros() as u64)]
     pub busy_poll_us: u64,
     /// Event-loop threads; 0 picks one per four cores, at most four.
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
-    /// Most clients at once.
+    /// Most clients at once (fewer when the open-file limit is lower)
+    #[arg(long, value_name = "C", default_value_t = ServerOptions::default().max_connections)]
     pub max_connections: usize,
-}
-
-impl ServeArgs {
-    pub fn parse(args: Vec<String>) -> Result<ServeArgs, UsageError> {
-        let mut parsed = ServeArgs {
-            host: "::".to_string(),
-            port: DEFAULT_MASTER_PORT,
-            busy_poll_us: DEFAULT_BUSY_POLL.as_micros() as u64,
-            threads: 0,
-            max_connections: ServerOptions::default().max_connections,
-        };
-        let mut rest = args.into_iter();
-        while let Some(arg) = rest.next() {
-            match split_flag(&arg) {
-                ("--host", inline) => parsed.host = take_value(&mut rest, "--host", inline)?,
-                ("--port", inline) => {
-                    parsed.port = take_parsed(&mut rest, "--port", inline, "a port (0..=65535)")?
-                }
-                ("--busy-poll-us", inline) => {
-                    parsed.busy_poll_us =
-                        take_parsed(&mut rest, "--busy-poll-us", inline, "microseconds")?
-                }
-                ("--threads", inline) => {
-                    parsed.threads = take_parsed(&mut rest, "--threads", inline, "a thread count")?
-                }
-                ("--max-connections", inline) => {
-                    parsed.max_connections =
-                        take_parsed(&mut rest, "--max-connections", inline, "a client count")?
-                }
-                _ => return Err(unknown_option("serve", &arg)),
-            }
-        }
-        Ok(parsed)
-    }
 }
 
 /// Runs the server; returns the exit status.
@@ -117,12 +98,12 @@ pub fn run(args: &ServeArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::strings;
+    use crate::args::parse;
 
     #[test]
     fn parses_host_and_port() {
         assert_eq!(
-            ServeArgs::parse(strings(&[])).unwrap(),
+            parse::<ServeArgs>(&[]).unwrap(),
             ServeArgs {
                 host: "::".into(),
                 port: 29542,
@@ -132,7 +113,7 @@ mod tests {
             }
         );
         assert_eq!(
-            ServeArgs::parse(strings(&[
+            parse::<ServeArgs>(&[
                 "--host",
                 "127.0.0.1",
                 "--port=0",
@@ -140,7 +121,7 @@ mod tests {
                 "--threads",
                 "3",
                 "--max-connections=100",
-            ]))
+            ])
             .unwrap(),
             ServeArgs {
                 host: "127.0.0.1".into(),
@@ -150,11 +131,12 @@ mod tests {
                 max_connections: 100,
             }
         );
-        assert!(ServeArgs::parse(strings(&["--port", "99999"])).is_err());
-        assert!(ServeArgs::parse(strings(&["--bogus"])).is_err());
-        assert!(ServeArgs::parse(strings(&["--help"]))
-            .unwrap_err()
-            .is_help());
-        assert!(ServeArgs::parse(strings(&["--busy-poll-us", "-1"])).is_err());
+        assert!(parse::<ServeArgs>(&["--port", "99999"]).is_err());
+        assert!(parse::<ServeArgs>(&["--bogus"]).is_err());
+        assert_eq!(
+            parse::<ServeArgs>(&["--help"]).err().map(|e| e.kind()),
+            Some(clap::error::ErrorKind::DisplayHelp)
+        );
+        assert!(parse::<ServeArgs>(&["--busy-poll-us", "-1"]).is_err());
     }
 }

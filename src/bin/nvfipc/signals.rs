@@ -1,105 +1,105 @@
-//! SIGINT/SIGTERM delivered through a self-pipe, so the main thread can wait for them with
-//! `poll` (together with a timeout) instead of doing work inside a signal handler.
+//! SIGINT/SIGTERM for the main thread to wait for, together with a timeout, instead of doing work
+//! inside a signal handler. signal-hook runs the async-signal-safe part: each signal records its
+//! number and wakes a socket pair the main thread reads with a timeout.
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use signal_hook::low_level::{pipe, unregister};
+use signal_hook::SigId;
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// Write end of the pipe, read by the handler; -1 when no [`Signals`] is installed.
-static WRITE_FD: AtomicI32 = AtomicI32::new(-1);
-
-extern "C" fn on_signal(signal: libc::c_int) {
-    let fd = WRITE_FD.load(Ordering::Relaxed);
-    if fd < 0 {
-        return;
-    }
-    let byte = signal as u8;
-    // SAFETY: errno is thread-local; it is saved and restored so the interrupted code does not
-    // see the handler's write(2) result. write(2) is async-signal-safe and `byte` outlives it.
-    unsafe {
-        let saved = *libc::__errno_location();
-        libc::write(fd, (&byte as *const u8).cast(), 1);
-        *libc::__errno_location() = saved;
-    }
-}
 
 /// Receives the signals it was installed for until it is dropped. One per process.
 pub struct Signals {
-    read: OwnedFd,
-    _write: OwnedFd,
+    /// The number of the last signal not yet taken; 0 for none.
+    last: Arc<AtomicUsize>,
+    /// Read end of the socket pair every signal writes a byte to.
+    wake: UnixStream,
+    ids: Vec<SigId>,
 }
 
 impl Signals {
     pub fn install(signals: &[libc::c_int]) -> io::Result<Signals> {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: `fds` has room for the two descriptors pipe2(2) writes.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        WRITE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
+        let (wake, write) = UnixStream::pair()?;
+        let last = Arc::new(AtomicUsize::new(0));
+        let mut installed = Signals {
+            last,
+            wake,
+            ids: Vec::new(),
+        };
         for &signal in signals {
-            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler
-            // is an `extern "C" fn(c_int)` that only does async-signal-safe work.
-            unsafe {
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-                action.sa_flags = libc::SA_RESTART;
-                libc::sigemptyset(&mut action.sa_mask);
-                if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
+            // Actions run in the order they were registered: the number is there before the
+            // reader wakes.
+            let number = signal as usize;
+            let id =
+                signal_hook::flag::register_usize(signal, Arc::clone(&installed.last), number)?;
+            installed.ids.push(id);
+            installed
+                .ids
+                .push(pipe::register(signal, write.try_clone()?)?);
         }
-        Ok(Signals {
-            read,
-            _write: write,
-        })
+        Ok(installed)
     }
 
     /// Waits up to `timeout` (forever with `None`) for a signal; returns its number.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Option<libc::c_int>> {
-        if let Some(signal) = self.take()? {
+        if let Some(signal) = self.take() {
             return Ok(Some(signal));
         }
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as libc::c_int);
-        let mut pfd = libc::pollfd {
-            fd: self.read.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() != io::ErrorKind::Interrupted {
-                return Err(err);
-            }
+        // A zero read timeout would mean "forever".
+        let timeout = timeout.map(|t| t.max(Duration::from_millis(1)));
+        self.wake.set_read_timeout(timeout)?;
+        let mut bytes = [0u8; 64];
+        match (&self.wake).read(&mut bytes) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
         }
-        self.take()
+        Ok(self.take())
     }
 
     /// A signal that already arrived, without waiting.
-    fn take(&self) -> io::Result<Option<libc::c_int>> {
-        let mut byte = 0u8;
-        // SAFETY: reads at most one byte into `byte`, which is valid for writes.
-        let n = unsafe { libc::read(self.read.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) };
-        if n == 1 {
-            return Ok(Some(libc::c_int::from(byte)));
-        }
-        let err = io::Error::last_os_error();
-        match err.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-            _ if n == 0 => Ok(None),
-            _ => Err(err),
+    fn take(&self) -> Option<libc::c_int> {
+        match self.last.swap(0, Ordering::SeqCst) {
+            0 => None,
+            signal => Some(signal as libc::c_int),
         }
     }
 }
 
 impl Drop for Signals {
     fn drop(&mut self) {
-        WRITE_FD.store(-1, Ordering::SeqCst);
+        // signal-hook keeps its handler (it does not restore the default action): a signal that
+        // arrives after this is ignored.
+        for id in self.ids.drain(..) {
+            unregister(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_raised_signal_is_received_once_and_timeouts_hold() {
+        let signals = Signals::install(&[libc::SIGUSR2]).unwrap();
+        let start = Instant::now();
+        assert_eq!(signals.wait(Some(Duration::from_millis(30))).unwrap(), None);
+        assert!(start.elapsed() >= Duration::from_millis(25));
+        signal_hook::low_level::raise(libc::SIGUSR2).unwrap();
+        assert_eq!(
+            signals.wait(Some(Duration::from_secs(5))).unwrap(),
+            Some(libc::SIGUSR2)
+        );
+        assert_eq!(signals.wait(Some(Duration::ZERO)).unwrap(), None);
     }
 }

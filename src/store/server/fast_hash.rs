@@ -1,85 +1,18 @@
-//! A small, fast, non-cryptographic hasher for the store's key maps (the Fx algorithm used by
-//! rustc, with a final mix). Keys are short byte strings from cluster peers; SipHash's DoS resistance is not
-//! worth its cost for a store that has no authentication anyway.
+//! The hasher of the store's key maps: rustc-hash's FxHasher (2.x: a multiply-mix string hash
+//! whose finish spreads every input bit into the bucket bits). Keys are short byte strings from
+//! cluster peers; SipHash's DoS resistance is not worth its cost for a store that has no
+//! authentication anyway. It replaced a hand-written Fx variant: faster on the store's key shapes
+//! (docs/BENCHMARKS.md, "Store key hasher") with the same spread of barrier keys over buckets.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher {
-    hash: u64,
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    /// Mixes every input bit into the low bits, which pick the bucket: without this, keys that
-    /// differ only in the high bytes of their last word (`.../arrived/0/131071` and its
-    /// neighbours) share buckets and a map of them degrades to linear scans.
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut h = self.hash;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h
-    }
-}
-
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub(crate) type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::Hash;
+    use std::hash::BuildHasher;
 
     fn hash_of(bytes: &[u8]) -> u64 {
-        let mut h = FxHasher::default();
-        bytes.hash(&mut h);
-        h.finish()
+        FastMap::<Vec<u8>, u32>::default().hasher().hash_one(bytes)
     }
 
     #[test]
@@ -110,5 +43,53 @@ mod tests {
         }
         assert_eq!(m.get(&b"/key777"[..]), Some(&777));
         assert_eq!(m.len(), 1000);
+    }
+}
+
+/// The store's hot path without I/O: SET then GET through `StoreState::apply` on the key shapes
+/// of the store-load benchmark and of a large world's barrier. Prints ns per request (best of
+/// 20); run with `cargo test --release --lib hasher_hot_path -- --ignored --nocapture`.
+#[cfg(test)]
+mod hot_path {
+    use super::super::state::{ConnId, StoreState};
+    use crate::store::wire::Request;
+    use std::time::Instant;
+
+    #[test]
+    #[ignore = "a timing, not a check"]
+    fn hasher_hot_path() {
+        let conn = ConnId {
+            shard: 0,
+            slot: 1,
+            gen: 1,
+        };
+        let load = |i: usize| format!("load/1a2b3c4d/64/{}/{}", i % 64, i / 64);
+        let barrier = |i: usize| format!("/nvfipc/barrier/0123456789abcdef/w131072/arrived/0/{i}");
+        let shapes = [
+            ("store-load keys", (0..8192).map(load).collect::<Vec<_>>()),
+            ("barrier keys", (0..8192).map(barrier).collect()),
+        ];
+        for (name, keys) in shapes {
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                let mut state = StoreState::default();
+                let (mut out, mut woken) = (Vec::new(), Vec::new());
+                let start = Instant::now();
+                for key in &keys {
+                    let set = Request::Set {
+                        key: key.as_bytes(),
+                        value: b"0123456789abcdef",
+                    };
+                    state.apply(conn, &set, &mut out, &mut woken).unwrap();
+                    let get = Request::Get {
+                        key: key.as_bytes(),
+                    };
+                    state.apply(conn, &get, &mut out, &mut woken).unwrap();
+                    out.clear();
+                }
+                best = best.min(start.elapsed().as_nanos() as f64 / (2 * keys.len()) as f64);
+            }
+            println!("hot path, {name}: {best:.1} ns per request (SET/GET, 8192 keys, best of 20)");
+        }
     }
 }

@@ -1,10 +1,10 @@
 //! Turns the samples of a benchmark run into tables, the target check, JSON and SVG plots.
 
 use super::exchange::floor_ns;
-use super::json::Json;
 use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
+use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
@@ -340,100 +340,85 @@ impl Results {
         s
     }
 
-    pub fn json(&self) -> Json {
+    /// The results as JSON (keys in the order written here; non-finite numbers are null).
+    pub fn json(&self) -> Value {
         let stat = |v: &[u64]| {
-            Json::obj(vec![
-                ("samples", Json::Int(v.len() as u64)),
-                ("median_ns", Json::opt_int(quantile(v, 0.5))),
-                ("p90_ns", Json::opt_int(quantile(v, 0.9))),
-            ])
+            json!({
+                "samples": v.len(),
+                "median_ns": quantile(v, 0.5),
+                "p90_ns": quantile(v, 0.9),
+            })
         };
-        let exchange = self
+        let exchange: Vec<Value> = self
             .exchange
             .iter()
             .map(|(w, map)| {
-                let mut fields: Vec<(&str, Json)> = vec![("world", Json::Int(*w as u64))];
-                let named: Vec<(String, Json)> =
+                let named: Map<String, Value> =
                     map.iter().map(|(k, v)| (k.clone(), stat(v))).collect();
-                fields.push(("series", Json::Obj(named)));
-                fields.push(("floor_ns", Json::opt_int(Self::floor(map))));
-                Json::obj(fields)
+                json!({ "world": w, "series": named, "floor_ns": Self::floor(map) })
             })
             .collect();
-        let store = self
+        let store: Vec<Value> = self
             .store
             .iter()
             .map(|(label, r)| {
-                Json::obj(vec![
-                    ("server", Json::str(label.clone())),
-                    ("clients", Json::Int(r.clients as u64)),
-                    ("ops", Json::Int(r.ops)),
-                    ("elapsed_ns", Json::Int(r.elapsed.as_nanos() as u64)),
-                    ("ops_per_sec", Json::Num(r.ops_per_sec())),
-                    ("get_p50_ns", Json::opt_int(r.get_p50_ns)),
-                    ("get_p90_ns", Json::opt_int(r.get_p90_ns)),
-                    (
-                        "round_ops_per_sec",
-                        Json::Arr(r.round_rates.iter().map(|&x| Json::Num(x)).collect()),
-                    ),
-                ])
+                json!({
+                    "server": label,
+                    "clients": r.clients,
+                    "ops": r.ops,
+                    "elapsed_ns": r.elapsed.as_nanos() as u64,
+                    "ops_per_sec": r.ops_per_sec(),
+                    "get_p50_ns": r.get_p50_ns,
+                    "get_p90_ns": r.get_p90_ns,
+                    "round_ops_per_sec": r.round_rates,
+                })
             })
             .collect();
-        let barrier = self
+        let barrier: Vec<Value> = self
             .barrier
             .iter()
             .map(|(w, map)| {
-                Json::obj(vec![
-                    ("world", Json::Int(*w as u64)),
-                    ("ours", stat(series(map, "barrier.ours"))),
-                    ("torch_style", stat(series(map, "barrier.torch_style"))),
-                ])
+                json!({
+                    "world": w,
+                    "ours": stat(series(map, "barrier.ours")),
+                    "torch_style": stat(series(map, "barrier.torch_style")),
+                })
             })
             .collect();
-        let targets = self
+        let targets: Vec<Value> = self
             .targets()
             .into_iter()
             .map(|t| {
-                Json::obj(vec![
-                    ("target", Json::str(t.name)),
-                    ("measured", Json::str(t.measured)),
-                    ("ratio", t.ratio.map_or(Json::Null, Json::Num)),
-                    ("limit", Json::Num(t.limit)),
-                    ("met", t.met.map_or(Json::Null, Json::Bool)),
-                ])
+                json!({
+                    "target": t.name,
+                    "measured": t.measured,
+                    "ratio": t.ratio,
+                    "limit": t.limit,
+                    "met": t.met,
+                })
             })
             .collect();
-        Json::obj(vec![
-            ("nvfipc_version", Json::str(env!("CARGO_PKG_VERSION"))),
-            ("quick", Json::Bool(self.quick)),
-            ("transport", Json::str(self.transport.clone())),
-            (
-                "exchange_calls_per_rank",
-                Json::Int(self.exchange_steps as u64),
-            ),
-            ("exchange", Json::Arr(exchange)),
-            (
-                "store_seconds_per_point",
-                Json::Num(self.store_duration.as_secs_f64()),
-            ),
-            ("store_rounds", Json::Int(self.store_rounds as u64)),
-            ("store", Json::Arr(store)),
-            (
-                "store_notes",
-                Json::Arr(
-                    self.store_notes
-                        .iter()
-                        .map(|n| Json::str(n.clone()))
-                        .collect(),
-                ),
-            ),
-            ("barrier", Json::Arr(barrier)),
-            ("targets", Json::Arr(targets)),
-            (
-                "failures",
-                Json::Arr(self.failures.iter().map(|f| Json::str(f.clone())).collect()),
-            ),
-        ])
+        json!({
+            "nvfipc_version": env!("CARGO_PKG_VERSION"),
+            "quick": self.quick,
+            "transport": self.transport,
+            "exchange_calls_per_rank": self.exchange_steps,
+            "exchange": exchange,
+            "store_seconds_per_point": self.store_duration.as_secs_f64(),
+            "store_rounds": self.store_rounds,
+            "store": store,
+            "store_notes": self.store_notes,
+            "barrier": barrier,
+            "targets": targets,
+            "failures": self.failures,
+        })
+    }
+
+    /// [`Results::json`] pretty-printed with two-space indentation, ending in a newline.
+    pub fn json_text(&self) -> String {
+        let mut text = serde_json::to_string_pretty(&self.json()).expect("a Value always renders");
+        text.push('\n');
+        text
     }
 
     /// One chart per scenario that ran: (file stem, SVG).
@@ -589,7 +574,7 @@ mod tests {
         assert!(r
             .text()
             .contains("pool at W=8: IPC opens during the timed calls, all ranks: ours 0, seed 1"));
-        assert!(r.json().render().contains("\"floor_ns\": 70"));
+        assert!(r.json_text().contains("\"floor_ns\": 70"));
         assert_eq!(r.charts().len(), 2);
     }
 }

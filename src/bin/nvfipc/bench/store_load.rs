@@ -85,9 +85,13 @@ fn read_lines_until(out: ChildStdout, mut done: impl FnMut(&str) -> bool) -> Res
 }
 
 /// Settings of our server other than its defaults; they show in its label.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
 pub struct OurServer {
+    /// --busy-poll-us of our server, as for serve (its label then names it)
+    #[arg(long, value_name = "US")]
     pub busy_poll_us: Option<u64>,
+    /// --threads of our server, as for serve (its label then names it)
+    #[arg(long = "server-threads", value_name = "N")]
     pub threads: Option<usize>,
 }
 
