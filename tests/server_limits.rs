@@ -389,3 +389,44 @@ fn list_and_compare_set_replies_are_streamed_too() {
     let mut cas = stalled.swap_remove(0);
     assert_eq!(cas.read_blob().len(), 64 << 20);
 }
+
+/// A client that sends garbage is closed with a WARN line of the `server` subsystem on stderr
+/// (by default, without NVFIPC_DEBUG), at most one a second however many do it, and the server
+/// keeps serving.
+#[test]
+fn bad_frames_are_logged_at_warn_and_rate_limited() {
+    let mut server = Server::start("true");
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.write_all(&[0xFF; 64]).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    assert!(server.alive(), "the server died on garbage");
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let mut warned: Vec<String> = Vec::new();
+    while warned.is_empty() && Instant::now() < deadline {
+        warned.extend(
+            server
+                .stderr
+                .recv_timeout(Duration::from_millis(100))
+                .into_iter()
+                .filter(|l| l.contains("NVFIPC WARN server: store server:")),
+        );
+    }
+    assert!(!warned.is_empty(), "no WARN line about the bad clients");
+    assert!(warned[0].contains("connection closed"), "{warned:?}");
+    thread::sleep(Duration::from_millis(200));
+    warned.extend(
+        server
+            .stderr
+            .try_iter()
+            .filter(|l| l.contains("NVFIPC WARN")),
+    );
+    assert!(
+        warned.len() <= 2,
+        "20 bad clients within a second logged {} lines: {warned:?}",
+        warned.len()
+    );
+}

@@ -35,6 +35,7 @@ use super::memory::DeviceAllocation;
 use super::release::{self as releaser, Job, Releaser, Revive};
 use super::result;
 use crate::error::{Error, Result};
+use crate::logging;
 use crate::sync::lock;
 use cudarc::driver::sys;
 use once_cell::sync::Lazy;
@@ -222,6 +223,8 @@ pub fn open(
     let raw = sys::CUipcMemHandle {
         reserved: handle.map(|b| b as std::ffi::c_char),
     };
+    let clock =
+        log::log_enabled!(target: logging::CUDA, log::Level::Info).then(std::time::Instant::now);
     let opened = result::ipc_open_mem_handle(raw);
     let who = match pid {
         Some(pid) => format!("rank {peer} (pid {pid})"),
@@ -233,6 +236,15 @@ pub fn open(
     };
 
     OPENS.fetch_add(1, Ordering::Relaxed);
+    if let Some(t) = clock {
+        log::info!(
+            target: logging::CUDA,
+            "cuIpcOpenMemHandle of {who}'s allocation on device {}: {:#x} in {}",
+            key.device,
+            base,
+            logging::took(t.elapsed())
+        );
+    }
     imports.insert(
         key,
         ImportEntry {
@@ -359,6 +371,11 @@ fn close_mapping(peer: usize, mapped: Mapped) -> Result<()> {
         )
     })?;
     CLOSES.fetch_add(1, Ordering::Relaxed);
+    log::info!(
+        target: logging::CUDA,
+        "cuIpcCloseMemHandle({:#x}) of rank {peer}'s allocation done",
+        mapped.base
+    );
     Ok(())
 }
 

@@ -48,7 +48,14 @@ impl Transport for HostTransport {
     }
 
     fn reclaim_dead(&self) {
-        crate::os::cleanup::reclaim_dead();
+        let removed = crate::os::cleanup::reclaim_dead();
+        if removed > 0 {
+            log::info!(
+                target: crate::logging::HOST,
+                "removed {removed} shared-memory segment(s) left in /dev/shm by processes that \
+                 no longer exist"
+            );
+        }
     }
 
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {

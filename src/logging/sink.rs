@@ -33,7 +33,7 @@ static LOGGER: Logger = Logger;
 
 pub(super) fn init_once() {
     INIT.call_once(|| {
-        let host = crate::node::host_name();
+        let host = crate::os::process::host_name();
         let pid = std::process::id();
         let config = LogConfig::from_lookup(|k| std::env::var(k).ok(), &host, pid);
         let mut problems = config.problems.clone();
@@ -101,8 +101,7 @@ thread_local! {
 }
 
 fn os_thread_id() -> i64 {
-    // SAFETY: gettid takes no arguments, cannot fail and touches no memory.
-    i64::from(unsafe { libc::gettid() })
+    crate::os::process::thread_id()
 }
 
 impl Log for Logger {

@@ -15,6 +15,12 @@ pub fn host_name() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// The kernel's id of the calling thread (what `top -H` and `gdb` show).
+pub fn thread_id() -> i64 {
+    // SAFETY: gettid takes no arguments, cannot fail and touches no memory.
+    i64::from(unsafe { libc::gettid() })
+}
+
 /// Is `pid` a live process of this pid namespace (or one we may not signal, which also means it
 /// exists)? A zombie counts as alive until its parent reaps it.
 pub fn process_alive(pid: u32) -> bool {

@@ -331,6 +331,8 @@ impl TcpStore {
                  (use None to not announce this client)"
             )));
         }
+        crate::logging::init();
+        let started = std::time::Instant::now();
         let store = TcpStore {
             host: host.to_owned(),
             port,
@@ -344,6 +346,11 @@ impl TcpStore {
                 Ok(wire::read_i64(&mut c.reader)?)
             })?;
         }
+        log::info!(
+            target: crate::logging::STORE,
+            "connected to the store at {host}:{port} in {}",
+            crate::logging::took(started.elapsed())
+        );
         Ok(store)
     }
 

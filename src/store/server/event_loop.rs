@@ -21,6 +21,7 @@
 use super::buf_pool::{self, BufPool};
 use super::state::{ConnId, Refusal, StoreState, StreamedBlob};
 use super::{ServerOptions, Shared};
+use crate::logging;
 use crate::store::wire::{self, Command, ParseError, Parsed, Request};
 use crate::sync::lock;
 use mio::net::{TcpListener, TcpStream};
@@ -268,6 +269,7 @@ pub(super) struct EventLoop {
     accept_paused_until: Option<Instant>,
     /// When the last line about refused or delayed clients went to stderr.
     last_limit_log: Option<Instant>,
+    last_bad_client_log: Option<Instant>,
 }
 
 impl EventLoop {
@@ -302,6 +304,7 @@ impl EventLoop {
             handshake_deadlines: VecDeque::new(),
             accept_paused_until: None,
             last_limit_log: None,
+            last_bad_client_log: None,
         })
     }
 
@@ -456,7 +459,22 @@ impl EventLoop {
         };
         if due {
             self.last_limit_log = Some(now);
-            eprintln!("{message}");
+            log::warn!(target: logging::SERVER, "{message}");
+        }
+        self.shared.record_error(message);
+    }
+
+    /// A connection closed for a protocol problem: a WARN line, at most one a second (a broken
+    /// or hostile client in a loop must not flood the log), and the server's last error.
+    fn bad_client(&mut self, message: String) {
+        let now = Instant::now();
+        let due = match self.last_bad_client_log {
+            Some(t) => now.duration_since(t) >= Duration::from_secs(1),
+            None => true,
+        };
+        if due {
+            self.last_bad_client_log = Some(now);
+            log::warn!(target: logging::SERVER, "{message}");
         }
         self.shared.record_error(message);
     }
@@ -846,18 +864,27 @@ impl EventLoop {
             }
             Some(Close::Handshake) => {
                 stats.closed_handshake.fetch_add(1, Ordering::Relaxed);
+                self.bad_client(
+                    "store server: a client's first message was not the TCPStore VALIDATE \
+                     handshake (not a c10d client?); connection closed"
+                        .to_string(),
+                );
             }
             Some(Close::HandshakeTimeout) => {
                 stats.closed_handshake.fetch_add(1, Ordering::Relaxed);
+                self.bad_client(
+                    "store server: a client sent no complete handshake in time; connection \
+                     closed"
+                        .to_string(),
+                );
             }
             Some(Close::Malformed(e)) => {
                 stats.closed_malformed.fetch_add(1, Ordering::Relaxed);
-                self.shared.record_error(format!("{e}; connection closed"));
+                self.bad_client(format!("store server: {e}; connection closed"));
             }
             Some(Close::Refused(r)) => {
                 stats.closed_malformed.fetch_add(1, Ordering::Relaxed);
-                self.shared
-                    .record_error(format!("store server: {r}; connection closed"));
+                self.bad_client(format!("store server: {r}; connection closed"));
             }
         }
     }

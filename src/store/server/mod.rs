@@ -180,6 +180,7 @@ impl StoreServer {
 
     /// [`StoreServer::bind`] with explicit options.
     pub fn bind_with(host: &str, port: u16, opts: &ServerOptions) -> Result<StoreServer> {
+        crate::logging::init();
         let wanted = opts.max_connections.max(MIN_CONNECTIONS);
         let soft = listen::raise_fd_limit((wanted + FD_RESERVE) as u64);
         let max_connections = usize::try_from(soft)
@@ -227,6 +228,20 @@ impl StoreServer {
             loops.push(event_loop);
         }
         shared.running.store(true, Ordering::Release);
+        log::info!(
+            target: crate::logging::SERVER,
+            "store server listening on {addr} ({threads} event loop(s), at most {max_connections} \
+             clients)"
+        );
+        if max_connections < wanted {
+            // INFO: common in containers and harmless until that many clients come; refusing
+            // one is a WARN of the event loop.
+            log::info!(
+                target: crate::logging::SERVER,
+                "store server on {addr}: the open-file limit allows {max_connections} clients, \
+                 not the {wanted} asked for; raise `ulimit -n` for more"
+            );
+        }
         let mut handles = Vec::with_capacity(threads);
         for event_loop in loops {
             let index = event_loop.index();
