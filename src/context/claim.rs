@@ -1,0 +1,241 @@
+//! Rank claims and the job id: how each rank of a job lands in one run of the store, and how
+//! the ranks of a run agree on a job id (see the keys in the parent module's documentation).
+
+use super::*;
+
+/// Agrees on the job id of the run `claim` belongs to; returns the key and the agreed value.
+pub(super) fn agree_on_job_id(
+    store: &dyn Store,
+    claim: &RankClaim,
+    ranks: &RankInfo,
+    timeout: Duration,
+) -> Result<(String, Vec<u8>)> {
+    let key = format!("{}/{}/job_id", claim.base, claim.run);
+    let proposal = propose_job_id(ranks.rank);
+    let agreed = match store.compare_set(&key, b"", proposal.as_bytes()) {
+        Ok(value) => value,
+        Err(e) if e.status == Status::Unsupported => {
+            if ranks.rank == 0 {
+                store.set(&key, proposal.as_bytes())?;
+                proposal.into_bytes()
+            } else {
+                store.get(&key, timeout)?
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    Ok((key, agreed))
+}
+
+/// A per-process random nonce: claims of one process are told from another's by it.
+static PROCESS_NONCE: once_cell::sync::Lazy<String> =
+    once_cell::sync::Lazy::new(|| propose_job_id(usize::MAX));
+/// Contexts created by this process, numbering its claims.
+static CLAIMS_MADE: AtomicU64 = AtomicU64::new(0);
+/// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
+#[derive(Debug)]
+pub(super) struct RankClaim {
+    pub(super) base: String,
+    pub(super) run: u64,
+    pub(super) rank: usize,
+}
+
+/// A claim's holder, parsed from the claim key's value `<nonce>.<n>;<node identity>`.
+struct Holder {
+    nonce: String,
+    node: Option<NodeIdentity>,
+}
+
+impl Holder {
+    fn parse(value: &[u8]) -> Holder {
+        let text = String::from_utf8_lossy(value);
+        let (claim, node) = text.split_once(';').unwrap_or((&text, ""));
+        let nonce = claim.split_once('.').map_or(claim, |(n, _)| n).to_string();
+        Holder {
+            nonce,
+            node: NodeIdentity::decode(node),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.node {
+            Some(n) => format!("pid {} on host {:?}", n.pid, n.host_name),
+            None => "a process of unknown identity".to_string(),
+        }
+    }
+
+    /// True when the holder is known to be gone: its pid means something here and is dead.
+    fn is_dead(&self) -> bool {
+        let Some(node) = &self.node else {
+            return false;
+        };
+        // A pid means something here only on this kernel and in this pid namespace.
+        let me = NodeIdentity::local();
+        node.boot_id == me.boot_id
+            && node.pid_ns == me.pid_ns
+            && me.pid_ns != 0
+            && !crate::node::process_alive(node.pid)
+    }
+}
+
+impl RankClaim {
+    fn key(&self) -> String {
+        format!("{}/{}/rank/{}", self.base, self.run, self.rank)
+    }
+    pub(super) fn closed_key(&self) -> String {
+        format!("{}/{}/closed/{}", self.base, self.run, self.rank)
+    }
+    fn duplicate_key(base: &str, run: u64, rank: usize) -> String {
+        format!("{base}/{run}/duplicate/{rank}")
+    }
+
+    /// Fails, naming the other process, when another process tried to claim this rank of this
+    /// run while this one held it.
+    pub(super) fn check_duplicate(&self, store: &dyn Store) -> Result<()> {
+        let key = Self::duplicate_key(&self.base, self.run, self.rank);
+        if !store.check(&[&key])? {
+            return Ok(());
+        }
+        let other = store.get(&key, Duration::from_secs(1)).unwrap_or_default();
+        Err(Error::state(format!(
+            "another process ({}) also claimed rank {} of this job (store key {}): two jobs \
+             use one store without distinct job tags, or one rank was started twice; their \
+             ranks cannot be told apart, so both are refused. Give each job its own \
+             NVFIPC_JOB_TAG (or its own store)",
+            Holder::parse(&other).describe(),
+            self.rank,
+            self.key(),
+        )))
+    }
+}
+
+/// Claims this rank's place in a run of `<tag>/w<world>`, atomically (COMPARE_SET of
+/// `<run>/rank/<rank>` with a per-process nonce). Rank 0 opens runs: it takes the first run, from
+/// the last one opened on, whose slot 0 is free, skipping slots held by a context that closed, by
+/// a dead process or by another context of its own process, then marks the run open. Every other
+/// rank joins the last run opened unless its rank 0 is dead or the rank's slot there is held by a
+/// closed or dead process or, once that rank 0 closed, by any other (the previous job finishing);
+/// it waits (bounded) for the next run then. So all ranks of a job land in one run whatever
+/// their order of arrival, and a run left half-claimed by a dead job is never joined. A slot held
+/// by any other live process means two processes claim one rank: both are refused (the holder
+/// sees the `duplicate` key this writes after its first barrier or at close).
+pub(super) fn claim_rank(
+    store: &dyn Store,
+    ranks: &RankInfo,
+    tag: &str,
+    timeout: Duration,
+) -> Result<RankClaim> {
+    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
+    let serial = CLAIMS_MADE.fetch_add(1, Ordering::Relaxed);
+    let value = format!(
+        "{}.{serial};{}",
+        *PROCESS_NONCE,
+        NodeIdentity::local().encode()
+    );
+    let current_key = format!("{base}/current");
+    let open_key = |run: u64| format!("{base}/{run}/open");
+    let deadline = Instant::now() + timeout;
+    let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
+        Ok(holder.nonce == *PROCESS_NONCE
+            || store.check(&[&format!("{base}/{run}/closed/{rank}")])?
+            || holder.is_dead())
+    };
+    let refuse = |run: u64, holder: &Holder| -> Result<RankClaim> {
+        let dup = RankClaim::duplicate_key(&base, run, ranks.rank);
+        store.set(&dup, value.as_bytes())?;
+        Err(Error::state(format!(
+            "rank {} is already claimed in this store by another live process ({}; store key \
+             {base}/{run}/rank/{}): two jobs use one store without distinct job tags, or one \
+             rank was started twice; their ranks cannot be told apart, so both are refused. Give \
+             each job its own NVFIPC_JOB_TAG (or its own store)",
+            ranks.rank,
+            holder.describe(),
+            ranks.rank,
+        )))
+    };
+    let mut run: u64 = if ranks.rank == 0 {
+        if store.check(&[&current_key])? {
+            parse_run(&store.get(&current_key, timeout)?)
+        } else {
+            0
+        }
+    } else {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let current = store.get(&current_key, remaining).map_err(|e| {
+            e.context(format!(
+                "waiting for rank 0 to open a run of this job (key {current_key})"
+            ))
+        })?;
+        parse_run(&current)
+    };
+    loop {
+        let claim = RankClaim {
+            base: base.clone(),
+            run,
+            rank: ranks.rank,
+        };
+        if ranks.rank == 0 {
+            let held = try_claim(store, &claim.key(), value.as_bytes())?;
+            if held == value.as_bytes() {
+                store.set(&open_key(run), b"1")?;
+                store.set(&current_key, run.to_string().as_bytes())?;
+                return Ok(claim);
+            }
+            let holder = Holder::parse(&held);
+            if !slot_done(run, 0, &holder)? {
+                return refuse(run, &holder);
+            }
+            run += 1;
+            continue;
+        }
+        // Join this run unless the rank 0 that opened it is dead (a run a dead job left half
+        // claimed). A rank 0 that already closed (it may have failed early) still lets its ranks
+        // join; but a live holder of this slot is then the previous job finishing, not a rank
+        // claimed twice.
+        let leader = Holder::parse(&store.get(&format!("{base}/{run}/rank/0"), timeout)?);
+        if !leader.is_dead() {
+            let held = try_claim(store, &claim.key(), value.as_bytes())?;
+            if held == value.as_bytes() {
+                return Ok(claim);
+            }
+            let holder = Holder::parse(&held);
+            let leader_closed = store.check(&[&format!("{base}/{run}/closed/0")])?;
+            if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
+                return refuse(run, &holder);
+            }
+        }
+        let next = open_key(run + 1);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        store.wait(&[&next], remaining).map_err(|e| {
+            e.context(format!(
+                "the last run of this job on the store ({run}) is over or taken; waiting for \
+                 rank 0 to open the next one (key {next})"
+            ))
+        })?;
+        run += 1;
+    }
+}
+
+fn parse_run(value: &[u8]) -> u64 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Writes `value` into `key` unless it holds a value already; returns what it holds then. Atomic:
+/// one COMPARE_SET, or, on stores without it, an ADD on `<key>/n` (the first adder writes).
+fn try_claim(store: &dyn Store, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+    match store.compare_set(key, b"", value) {
+        Err(e) if e.status == Status::Unsupported => {
+            if store.add(&format!("{key}/n"), 1)? == 1 {
+                store.set(key, value)?;
+                Ok(value.to_vec())
+            } else {
+                // The first adder writes right after its ADD.
+                store.get(key, Duration::from_secs(10))
+            }
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,308 @@
+//! Unit tests of contexts: rank claims, job ids, hosting and closing over in-memory stores.
+
+use super::*;
+use crate::store::memory::MemoryStore;
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn context_is_send_and_sync() {
+    assert_send_sync::<Context>();
+}
+
+fn options(rank: usize, world: usize, store: &Arc<MemoryStore>) -> ContextOptions {
+    ContextOptions {
+        rank,
+        world_size: world,
+        local_rank: rank,
+        local_world_size: world,
+        store: Arc::clone(store) as Arc<dyn Store>,
+    }
+}
+
+#[test]
+fn ranks_agree_on_one_job_id_and_barrier() {
+    let store = Arc::new(MemoryStore::new());
+    let handles: Vec<_> = (0..4)
+        .map(|rank| {
+            let opts = options(rank, 4, &store);
+            std::thread::spawn(move || {
+                let ctx = Context::new(opts).unwrap();
+                assert_eq!(ctx.barrier(None, None).unwrap(), 0);
+                assert_eq!(ctx.barrier(Some(&[1, 2]), None).ok(), {
+                    if [1, 2].contains(&rank) {
+                        Some(0)
+                    } else {
+                        None
+                    }
+                });
+                ctx.job_id.clone()
+            })
+        })
+        .collect();
+    let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(ids[0].len(), 16);
+    assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+    let keys = store.keys();
+    assert!(keys
+        .iter()
+        .any(|k| k.starts_with(&format!("nvfipc/barrier/{}/w4/", ids[0]))));
+    // Every context closed, so the last one freed the job id for the next run.
+    for rank in 0..4 {
+        assert!(keys.contains(&format!("nvfipc/context/default/w4/0/rank/{rank}")));
+        assert!(keys.contains(&format!("nvfipc/context/default/w4/0/closed/{rank}")));
+    }
+    assert!(!keys.iter().any(|k| k.ends_with("/job_id")), "{keys:?}");
+    assert!(keys.contains(&format!("nvfipc/context/{}/all_closed", ids[0])));
+}
+
+#[test]
+fn next_run_on_the_same_store_gets_a_new_job_id() {
+    let store = Arc::new(MemoryStore::new());
+    let first = Context::new(options(0, 1, &store)).unwrap();
+    let first_id = first.job_id.clone();
+    first.close().unwrap();
+    let second = Context::new(options(0, 1, &store)).unwrap();
+    assert_ne!(second.job_id, first_id);
+}
+
+#[test]
+fn invalid_ranks_are_rejected() {
+    let store = Arc::new(MemoryStore::new());
+    let err = Context::new(options(4, 4, &store)).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    let err = Context::new(ContextOptions {
+        local_rank: 2,
+        local_world_size: 2,
+        ..options(0, 4, &store)
+    })
+    .unwrap_err();
+    assert!(err.message.contains("local rank 2"), "{err}");
+}
+
+#[test]
+fn foreign_job_id_value_is_a_protocol_error() {
+    let store = Arc::new(MemoryStore::new());
+    store
+        .set("nvfipc/context/default/w2/0/job_id", b"not an id!")
+        .unwrap();
+    let err = Context::new(options(0, 2, &store)).unwrap_err();
+    assert_eq!(err.status, Status::Protocol);
+}
+
+/// A store without COMPARE_SET, like a host-callback store whose vtable lacks it.
+struct NoCompareSet(MemoryStore);
+
+impl Store for NoCompareSet {
+    fn set(&self, k: &str, v: &[u8]) -> Result<()> {
+        self.0.set(k, v)
+    }
+    fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
+        self.0.get(k, t)
+    }
+    fn add(&self, k: &str, d: i64) -> Result<i64> {
+        self.0.add(k, d)
+    }
+    fn check(&self, k: &[&str]) -> Result<bool> {
+        self.0.check(k)
+    }
+    fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
+        self.0.wait(k, t)
+    }
+    fn delete_key(&self, k: &str) -> Result<bool> {
+        self.0.delete_key(k)
+    }
+    fn num_keys(&self) -> Result<i64> {
+        self.0.num_keys()
+    }
+    fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
+        Err(Error::unsupported("no compare_set"))
+    }
+    fn append(&self, k: &str, v: &[u8]) -> Result<()> {
+        self.0.append(k, v)
+    }
+}
+
+#[test]
+fn stores_without_compare_set_take_rank_0s_id() {
+    let store: Arc<dyn Store> = Arc::new(NoCompareSet(MemoryStore::new()));
+    for _run in 0..2 {
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    let ctx = Context::new(ContextOptions {
+                        rank,
+                        world_size: 3,
+                        local_rank: rank,
+                        local_world_size: 3,
+                        store,
+                    })
+                    .unwrap();
+                    ctx.barrier(None, Some(Duration::from_secs(20))).unwrap();
+                    ctx.job_id.clone()
+                })
+            })
+            .collect();
+        let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+    }
+}
+
+#[test]
+fn a_rank_joins_the_run_of_a_rank_0_that_already_closed() {
+    // Rank 0 failed early and closed before rank 1 came: rank 1 still joins its run (and can
+    // report its own error) instead of waiting for a run that will never open.
+    let store = Arc::new(MemoryStore::new());
+    let a0 = Context::new(options(0, 2, &store)).unwrap();
+    let first = a0.job_id.clone();
+    drop(a0);
+    let mut opts = options(1, 2, &store);
+    opts.store = Arc::new(ShortTimeout(Arc::clone(&store))) as Arc<dyn Store>;
+    let a1 = Context::new(opts).unwrap();
+    assert_eq!(a1.job_id, first);
+}
+
+/// A store whose default timeout is short, so a wrong wait fails the test quickly.
+struct ShortTimeout(Arc<MemoryStore>);
+
+impl Store for ShortTimeout {
+    fn set(&self, k: &str, v: &[u8]) -> Result<()> {
+        self.0.set(k, v)
+    }
+    fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
+        self.0.get(k, t)
+    }
+    fn add(&self, k: &str, d: i64) -> Result<i64> {
+        self.0.add(k, d)
+    }
+    fn check(&self, k: &[&str]) -> Result<bool> {
+        self.0.check(k)
+    }
+    fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
+        self.0.wait(k, t)
+    }
+    fn delete_key(&self, k: &str) -> Result<bool> {
+        self.0.delete_key(k)
+    }
+    fn num_keys(&self) -> Result<i64> {
+        self.0.num_keys()
+    }
+    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+        self.0.compare_set(k, e, d)
+    }
+    fn append(&self, k: &str, v: &[u8]) -> Result<()> {
+        self.0.append(k, v)
+    }
+    fn default_timeout(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}
+
+#[test]
+fn overlapping_runs_in_one_store_get_their_own_ids() {
+    // Rank 0 starts its second context before rank 1 has closed its first one.
+    let store = Arc::new(MemoryStore::new());
+    let a0 = Context::new(options(0, 2, &store)).unwrap();
+    let a1 = Context::new(options(1, 2, &store)).unwrap();
+    let first = a0.job_id.clone();
+    assert_eq!(a1.job_id, first);
+    drop(a0);
+    let b0 = Context::new(options(0, 2, &store)).unwrap();
+    drop(a1);
+    let b1 = Context::new(options(1, 2, &store)).unwrap();
+    assert_eq!(b0.job_id, b1.job_id);
+    assert_ne!(b0.job_id, first);
+}
+
+#[test]
+fn closed_store_reports_invalid_state() {
+    let err = ClosedStore.get("k", Duration::from_secs(1)).unwrap_err();
+    assert_eq!(err.status, Status::InvalidState);
+}
+
+/// This machine's address towards the outside (no packet is sent), if it is not loopback.
+fn non_loopback_addr() -> Option<String> {
+    let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then(|| ip.to_string())
+}
+
+fn master_config(rank: usize, port: u16, addr: &str) -> EnvConfig {
+    EnvConfig::from_lookup(|var| match var {
+        "WORLD_RANK" => Some(rank.to_string()),
+        "WORLD_SIZE" => Some("2".into()),
+        "WORLD_LOCAL_RANK" => Some("0".into()),
+        "WORLD_LOCAL_SIZE" => Some("1".into()),
+        "MASTER_ADDR" => Some(addr.to_string()),
+        "MASTER_PORT" => Some(port.to_string()),
+        _ => None,
+    })
+    .unwrap()
+}
+
+#[test]
+fn the_candidate_whose_bind_fails_connects_to_the_winner() {
+    let Some(addr) = non_loopback_addr() else {
+        println!("SKIPPED: no non-loopback address on this machine");
+        return;
+    };
+    // Two ranks that are both local rank 0 of a node owning the master address.
+    let probe = std::net::TcpListener::bind("[::]:0")
+        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+        .unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let options = EnvOptions {
+        timeout: Some(Duration::from_secs(20)),
+        ..EnvOptions::default()
+    };
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let (config, options) = (master_config(rank, port, &addr), options.clone());
+            std::thread::spawn(move || {
+                let ctx = Context::from_config(&config, &options).unwrap();
+                ctx.barrier(None, None).unwrap();
+                let hosts = ctx.hosted_store_port().is_some();
+                ctx.close().unwrap();
+                hosts
+            })
+        })
+        .collect();
+    let hosts: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(hosts.iter().filter(|&&h| h).count(), 1, "{hosts:?}");
+}
+
+#[test]
+fn a_port_taken_by_another_program_is_named() {
+    let Some(addr) = non_loopback_addr() else {
+        println!("SKIPPED: no non-loopback address on this machine");
+        return;
+    };
+    let squatter = std::net::TcpListener::bind("[::]:0")
+        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+        .unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    // Accepts and closes at once, as a program that is no store would.
+    std::thread::spawn(move || {
+        for conn in squatter.incoming().take(64) {
+            drop(conn);
+        }
+    });
+    let options = EnvOptions {
+        timeout: Some(Duration::from_secs(2)),
+        ..EnvOptions::default()
+    };
+    let err = Context::from_config(&master_config(0, port, &addr), &options).unwrap_err();
+    assert!(err.message.contains("was taken"), "{err}");
+    assert!(err.message.contains("MASTER_PORT"), "{err}");
+}
+
+#[test]
+fn this_host_detection() {
+    assert!(is_this_host("localhost"));
+    assert!(is_this_host("127.0.0.1"));
+    assert!(!is_this_host("192.0.2.1"), "TEST-NET-1 is never local");
+    assert!(!is_this_host("no-such-host.invalid"));
+}
