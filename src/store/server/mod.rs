@@ -9,6 +9,7 @@
 //! saying hello) close only that connection and are counted in [`StoreServer::stats`].
 
 mod buf_pool;
+mod connection;
 mod event_loop;
 mod fast_hash;
 mod listen;
