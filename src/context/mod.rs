@@ -478,8 +478,7 @@ impl std::fmt::Debug for Context {
 
 /// True when `e` is a bind failure because the address is in use.
 fn is_addr_in_use(e: &Error) -> bool {
-    e.message
-        .contains(&std::io::Error::from_raw_os_error(libc::EADDRINUSE).to_string())
+    e.message.contains(&crate::os::net::addr_in_use_message())
 }
 
 /// The key where rank `rank` of job `job_id` publishes its node identity when it joins.

@@ -5,10 +5,14 @@
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
 //! - [`process`]: the host name and whether a pid is alive;
-//! - [`launcher`]: the launcher's variables that place a process on its node.
+//! - [`launcher`]: the launcher's variables that place a process on its node;
+//! - [`listen`]: the store server's listening socket and the open-file limit;
+//! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
 
 pub mod cleanup;
 pub mod launcher;
+pub mod listen;
+pub mod net;
 pub mod process;
 pub mod shm;
 pub mod wait;

@@ -3,8 +3,6 @@
 //! timeout, then torch's `VALIDATE` + `PING` handshake.
 
 use super::*;
-use std::ffi::CString;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::time::SystemTime;
 
 /// First connect retry delay; short because ranks usually start at the same time as the server.
@@ -25,7 +23,7 @@ pub(super) fn open(
     let mut last_error: Option<String> = None;
     let mut attempted = false;
     loop {
-        match resolve(host, port) {
+        match crate::os::net::resolve(host, port) {
             Ok(addrs) => {
                 for addr in addrs {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -89,104 +87,6 @@ fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Resul
     }
     conn.apply_reply_timeout(reply_timeout)?;
     Ok(conn)
-}
-
-/// Resolves like torch: AF_INET6 with `AI_V4MAPPED | AI_ALL` first, then AF_INET.
-pub(super) fn resolve(host: &str, port: u16) -> std::result::Result<Vec<SocketAddr>, String> {
-    let mut addrs = Vec::new();
-    let mut errors = Vec::new();
-    for family in [libc::AF_INET6, libc::AF_INET] {
-        let flags = libc::AI_NUMERICSERV
-            | if family == libc::AF_INET6 {
-                libc::AI_V4MAPPED | libc::AI_ALL
-            } else {
-                0
-            };
-        match getaddrinfo(host, port, family, flags) {
-            Ok(found) => {
-                for a in found {
-                    if !addrs.contains(&a) {
-                        addrs.push(a);
-                    }
-                }
-            }
-            Err(e) => errors.push(e),
-        }
-    }
-    if addrs.is_empty() {
-        return Err(format!(
-            "cannot resolve host {host:?}: {}",
-            errors.join("; ")
-        ));
-    }
-    Ok(addrs)
-}
-
-/// Safe wrapper over `getaddrinfo` for one address family (stream sockets only).
-fn getaddrinfo(
-    host: &str,
-    port: u16,
-    family: libc::c_int,
-    flags: libc::c_int,
-) -> std::result::Result<Vec<SocketAddr>, String> {
-    let c_host = CString::new(host).map_err(|_| format!("host name {host:?} contains NUL"))?;
-    let c_port = CString::new(port.to_string()).expect("digits contain no NUL");
-    // SAFETY: addrinfo is a plain C struct for which all-zero is a valid "no hints" value.
-    let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
-    hints.ai_family = family;
-    hints.ai_socktype = libc::SOCK_STREAM;
-    hints.ai_flags = flags;
-    let mut list: *mut libc::addrinfo = std::ptr::null_mut();
-    // SAFETY: both strings are NUL-terminated and live across the call; `hints` is initialized;
-    // `list` is a valid out-pointer, filled only on success and freed below.
-    let rc = unsafe { libc::getaddrinfo(c_host.as_ptr(), c_port.as_ptr(), &hints, &mut list) };
-    if rc != 0 {
-        // SAFETY: gai_strerror returns a pointer to a static NUL-terminated string.
-        let msg = unsafe { std::ffi::CStr::from_ptr(libc::gai_strerror(rc)) };
-        return Err(msg.to_string_lossy().into_owned());
-    }
-    let mut out = Vec::new();
-    let mut cur = list;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getaddrinfo returned, not yet freed.
-        let ai = unsafe { &*cur };
-        if let Some(addr) = sockaddr_to_std(ai) {
-            out.push(addr);
-        }
-        cur = ai.ai_next;
-    }
-    // SAFETY: `list` came from a successful getaddrinfo and is freed exactly once.
-    unsafe { libc::freeaddrinfo(list) };
-    Ok(out)
-}
-
-fn sockaddr_to_std(ai: &libc::addrinfo) -> Option<SocketAddr> {
-    if ai.ai_addr.is_null() {
-        return None;
-    }
-    let len = ai.ai_addrlen as usize;
-    match ai.ai_family {
-        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
-            // SAFETY: family AF_INET with a long enough buffer means ai_addr is a sockaddr_in;
-            // read_unaligned copes with any alignment.
-            let sa = unsafe { std::ptr::read_unaligned(ai.ai_addr as *const libc::sockaddr_in) };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
-                u16::from_be(sa.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: as above, for AF_INET6 and sockaddr_in6.
-            let sa = unsafe { std::ptr::read_unaligned(ai.ai_addr as *const libc::sockaddr_in6) };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sa.sin6_addr.s6_addr),
-                u16::from_be(sa.sin6_port),
-                sa.sin6_flowinfo,
-                sa.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
 }
 
 /// Exponential backoff with ±50 % jitter, so ranks started together do not retry in lockstep.

@@ -33,7 +33,6 @@ use connect::open;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -225,7 +224,9 @@ impl Conn {
 
     /// Waits up to `timeout` for the reply of a WAIT already sent, cancelling it on timeout.
     fn finish_wait(&mut self, timeout: Duration) -> Step<()> {
-        if self.reader.buffer().is_empty() && !poll_readable(self.stream(), timeout)? {
+        if self.reader.buffer().is_empty()
+            && !crate::os::net::poll_readable(self.stream(), timeout)?
+        {
             self.request(|out| {
                 wire::encode_cancel_wait(out);
                 Ok(())
@@ -260,38 +261,6 @@ impl Conn {
             )));
         }
         Ok(())
-    }
-}
-
-/// `poll(POLLIN)` on the socket for up to `timeout`; true when a reply can be read.
-fn poll_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        // Round up so that a sub-millisecond remainder still waits instead of spinning.
-        let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int;
-        let mut pfd = libc::pollfd {
-            fd: stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the
-        // count passed is 1; the fd belongs to `stream`, which outlives the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc > 0 {
-            // POLLHUP/POLLERR also count: the following read reports what happened.
-            return Ok(true);
-        }
-        if rc == 0 {
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
-            continue;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
     }
 }
 

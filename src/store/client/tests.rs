@@ -1,7 +1,8 @@
 //! Tests of the TCP client against our server, scripted fake servers and captured bytes.
 
-use super::connect::{resolve, Backoff, BACKOFF_INITIAL, BACKOFF_MAX};
+use super::connect::{Backoff, BACKOFF_INITIAL, BACKOFF_MAX};
 use super::*;
+use crate::os::net::resolve;
 use crate::store::server::StoreServer;
 use std::net::TcpListener;
 use std::thread::JoinHandle;

@@ -267,10 +267,7 @@ impl EventLoop {
                         .stats
                         .accept_errors
                         .fetch_add(1, Ordering::Relaxed);
-                    let out_of_resources = matches!(
-                        e.raw_os_error(),
-                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-                    );
+                    let out_of_resources = crate::os::net::is_out_of_descriptors(&e);
                     if out_of_resources {
                         // The pending connection stays in the backlog; try again shortly.
                         self.limit_log(format!(

@@ -12,7 +12,6 @@ mod buf_pool;
 mod connection;
 mod event_loop;
 mod fast_hash;
-mod listen;
 mod state;
 
 use crate::error::{Error, Result};
@@ -183,12 +182,12 @@ impl StoreServer {
     pub fn bind_with(host: &str, port: u16, opts: &ServerOptions) -> Result<StoreServer> {
         crate::logging::init();
         let wanted = opts.max_connections.max(MIN_CONNECTIONS);
-        let soft = listen::raise_fd_limit((wanted + FD_RESERVE) as u64);
+        let soft = crate::os::listen::raise_fd_limit((wanted + FD_RESERVE) as u64);
         let max_connections = usize::try_from(soft)
             .unwrap_or(usize::MAX)
             .saturating_sub(FD_RESERVE)
             .clamp(MIN_CONNECTIONS, wanted);
-        let std_listener = listen::bind_listener(host, port)?;
+        let std_listener = crate::os::listen::bind_listener(host, port)?;
         let addr = std_listener
             .local_addr()
             .map_err(|e| Error::from_io("store server: local_addr", &e))?;

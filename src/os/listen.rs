@@ -12,7 +12,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const LISTEN_BACKLOG: libc::c_int = 16384;
 
 /// Binds and listens. `""` and `"::"` mean every address, IPv6 and IPv4.
-pub(crate) fn bind_listener(host: &str, port: u16) -> Result<TcpListener> {
+pub fn bind_listener(host: &str, port: u16) -> Result<TcpListener> {
     if host.is_empty() || host == "::" {
         let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
         return match listen_on(any6, true) {
@@ -153,7 +153,7 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
 /// the hard limit when that is lower), never beyond `wanted` and never down. Returns the soft
 /// limit now in force; a limit that cannot be raised is not an error: the server then takes
 /// fewer clients at once (see `ServerOptions::max_connections`).
-pub(crate) fn raise_fd_limit(wanted: u64) -> u64 {
+pub fn raise_fd_limit(wanted: u64) -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
