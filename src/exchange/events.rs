@@ -2,7 +2,7 @@
 //! and how long it took, and, while a call waits, which peer it waits for. Everything here is
 //! behind a level check, so a call with the log off pays one atomic load per event site.
 
-use super::protocol::{Item, Stage};
+use super::request::ChannelKey;
 use crate::logging::{self, took};
 use log::Level;
 use std::time::{Duration, Instant};
@@ -35,6 +35,21 @@ pub(super) fn some_keys<S: AsRef<str>>(keys: &[S], limit: usize) -> String {
     out.join(", ")
 }
 
+/// What a peer was awaited for when it closed or exited (for messages).
+#[derive(Clone, Copy)]
+pub(super) enum Stage {
+    Step,
+    Open,
+}
+
+/// One channel a wait is still pending on.
+pub(super) struct PendingWait<'a> {
+    pub peer: usize,
+    pub key: &'a ChannelKey,
+    pub step: u64,
+    pub version: u64,
+}
+
 /// Reports a wait that lasts: first after one second, then each time its length doubles, one
 /// line per pending channel (at most four), so a stuck exchange explains itself in the log
 /// while it hangs, not only when it times out.
@@ -52,7 +67,13 @@ impl StuckReport {
     }
 
     /// Called now and then during a wait (not on its first poll, which usually succeeds).
-    pub fn check(&mut self, rank: usize, items: &[Item], stage: Stage, timeout: Duration) {
+    pub fn check<'a>(
+        &mut self,
+        rank: usize,
+        pending: impl Iterator<Item = PendingWait<'a>>,
+        stage: Stage,
+        timeout: Duration,
+    ) {
         if !enabled(Level::Info) {
             return;
         }
@@ -62,13 +83,13 @@ impl StuckReport {
             return;
         }
         self.next *= 2;
-        let pending: Vec<&Item> = items.iter().filter(|it| it.waiting).collect();
+        let pending: Vec<PendingWait> = pending.collect();
         for it in pending.iter().take(4) {
             let what = match stage {
                 Stage::Step => format!(
                     "to reach step {} (board entry of {})",
                     it.step,
-                    it.ch.key.describe()
+                    it.key.describe()
                 ),
                 Stage::Open => format!("to open version {} of this rank's buffer", it.version),
             };
@@ -78,8 +99,8 @@ impl StuckReport {
                  {what}",
                 waited.as_secs_f64(),
                 timeout,
-                it.ch.peer,
-                it.ch.key,
+                it.peer,
+                it.key,
             );
         }
         if pending.len() > 4 {

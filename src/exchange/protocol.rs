@@ -33,7 +33,7 @@ use super::board::PeerBoard;
 use super::cache::HandleCache;
 use super::channel::{ChannelInfo, Imported, PeerLink};
 use super::deadline::Deadline;
-use super::events;
+use super::events::{self, PendingWait, Stage};
 use super::stats::bump;
 use crate::error::{Error, Result, Status};
 use crate::logging;
@@ -91,13 +91,6 @@ const LIVENESS_EVERY: u32 = 256;
 
 fn liveness_check_due(polls: u32) -> bool {
     polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
-}
-
-/// What a peer was awaited for when it closed or exited (for messages).
-#[derive(Clone, Copy)]
-pub(super) enum Stage {
-    Step,
-    Open,
 }
 
 impl HandleCache {
@@ -292,7 +285,17 @@ impl HandleCache {
             // Checked before the entries: what a peer published before it closed or exited is
             // visible once its `closed` flag or its death is, and then it is no failure.
             let gone = if liveness_check_due(polls) {
-                stuck.check(self.cfg.rank, items, stage, timeout);
+                stuck.check(
+                    self.cfg.rank,
+                    items.iter().filter(|it| it.waiting).map(|it| PendingWait {
+                        peer: it.ch.peer,
+                        key: &it.ch.key,
+                        step: it.step,
+                        version: it.version,
+                    }),
+                    stage,
+                    timeout,
+                );
                 self.gone_peer(items, stage)
             } else {
                 None

@@ -2,12 +2,20 @@
 //! was closed. The event loop (`event_loop.rs`) owns the connections and drives them.
 
 use super::buf_pool::{self, BufPool};
-use super::event_loop::{MIN_READ, OUT_HIGH_WATER, READ_BUDGET, STREAM_CHUNK};
 use super::state::{ConnId, Refusal, StreamedBlob};
 use crate::store::wire::ParseError;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
+
+/// Smallest free space offered to a read; an idle client's input buffer stays this small.
+pub(super) const MIN_READ: usize = 4096;
+/// Bytes one connection may read per turn before the others get theirs.
+pub(super) const READ_BUDGET: usize = 4 << 20;
+/// Unsent reply bytes above which a connection's input is left unprocessed until it drains.
+pub(super) const OUT_HIGH_WATER: usize = 4 << 20;
+/// Bytes of a streamed reply copied into the output buffer at a time.
+pub(super) const STREAM_CHUNK: usize = 256 * 1024;
 
 /// Why a connection was closed.
 pub(super) enum Close {

@@ -35,20 +35,12 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::connection::{reserve_output, Close, Conn};
+use super::connection::{reserve_output, Close, Conn, READ_BUDGET};
 
 pub(super) const LISTENER: Token = Token(0);
 pub(super) const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
 
-/// Smallest free space offered to a read; an idle client's input buffer stays this small.
-pub(super) const MIN_READ: usize = 4096;
-/// Bytes one connection may read per turn before the others get theirs.
-pub(super) const READ_BUDGET: usize = 4 << 20;
-/// Unsent reply bytes above which a connection's input is left unprocessed until it drains.
-pub(super) const OUT_HIGH_WATER: usize = 4 << 20;
-/// Bytes of a streamed reply copied into the output buffer at a time.
-pub(super) const STREAM_CHUNK: usize = 256 * 1024;
 /// How long to stop accepting after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
