@@ -21,17 +21,6 @@ nvfipc_cache_counters Stats(const nvfipc_cache* cache) {
   return s;
 }
 
-nvfipc_request Request(int64_t peer, int32_t direction, const char* tag, const void* ptr,
-                       uint64_t bytes) {
-  nvfipc_request r{};
-  r.peer = peer;
-  r.direction = direction;
-  r.kind = NVFIPC_MEM_DEVICE;
-  r.tag = tag;
-  r.ptr = reinterpret_cast<uint64_t>(ptr);
-  r.bytes = bytes;
-  return r;
-}
 
 // A cache with its own scope, torn down collectively: everyone's streams are drained and every
 // rank is done with its peers' buffers before any cache is freed, and every cache is freed

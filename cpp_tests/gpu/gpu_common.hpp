@@ -77,6 +77,19 @@ inline nvfipc_status Barrier() {
   return nvfipc_barrier(job().ctx, nullptr, 0, job().timeout_ms);
 }
 
+// A request for a device buffer of this rank.
+inline nvfipc_request Request(int64_t peer, int32_t direction, const char* tag, const void* ptr,
+                       uint64_t bytes) {
+  nvfipc_request r{};
+  r.peer = peer;
+  r.direction = direction;
+  r.kind = NVFIPC_MEM_DEVICE;
+  r.tag = tag;
+  r.ptr = reinterpret_cast<uint64_t>(ptr);
+  r.bytes = bytes;
+  return r;
+}
+
 inline int64_t SendPeer() { return (job().rank + 1) % job().world; }
 inline int64_t RecvPeer() { return (job().world + job().rank - 1) % job().world; }
 

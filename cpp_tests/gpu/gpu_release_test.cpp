@@ -34,17 +34,6 @@ namespace {
 // gpu-check sets to 120 s, and far above any sane exchange).
 constexpr auto kWatchdog = std::chrono::seconds(20);
 
-nvfipc_request Request(int64_t peer, int32_t direction, const char* tag, const void* ptr,
-                       uint64_t bytes) {
-  nvfipc_request r{};
-  r.peer = peer;
-  r.direction = direction;
-  r.kind = NVFIPC_MEM_DEVICE;
-  r.tag = tag;
-  r.ptr = reinterpret_cast<uint64_t>(ptr);
-  r.bytes = bytes;
-  return r;
-}
 
 // A cache freed collectively (streams drained, barriers around the free), before the buffers
 // of the test are freed (declare it after them). It keeps no replaced mapping for reuse, so
