@@ -447,7 +447,7 @@ pub fn barrier(
         rank,
     };
     let own_arrival = keys.arrival(gen, rank);
-    let start = Instant::now();
+    let start = logging::clock(logging::BARRIER, log::Level::Info);
     let coordinator = rank == call.coordinator();
     log::debug!(
         target: logging::BARRIER,
@@ -465,14 +465,14 @@ pub fn barrier(
             target: logging::BARRIER,
             "{}: released after {}",
             call.what(),
-            logging::took(start.elapsed())
+            logging::since(start)
         ),
         // The caller gets the error; the log records it only for those who asked for events.
         Err(e) => log::info!(
             target: logging::BARRIER,
             "{}: failed after {}: {}",
             call.what(),
-            logging::took(start.elapsed()),
+            logging::since(start),
             e.message
         ),
     }

@@ -223,8 +223,7 @@ pub fn open(
     let raw = sys::CUipcMemHandle {
         reserved: handle.map(|b| b as std::ffi::c_char),
     };
-    let clock =
-        log::log_enabled!(target: logging::CUDA, log::Level::Info).then(std::time::Instant::now);
+    let clock = logging::clock(logging::CUDA, log::Level::Info);
     let opened = result::ipc_open_mem_handle(raw);
     let who = match pid {
         Some(pid) => format!("rank {peer} (pid {pid})"),

@@ -3,7 +3,7 @@
 //! behind a level check, so a call with the log off pays one atomic load per event site.
 
 use super::request::ChannelKey;
-use crate::logging::{self, took};
+use crate::logging;
 use log::Level;
 use std::time::{Duration, Instant};
 
@@ -12,15 +12,12 @@ pub(super) fn enabled(level: Level) -> bool {
     log::log_enabled!(target: logging::EXCHANGE, level)
 }
 
-/// The clock, read only when a line at `level` will use it.
+/// The clock, read only when an exchange line at `level` will use it.
 pub(super) fn clock(level: Level) -> Option<Instant> {
-    enabled(level).then(Instant::now)
+    logging::clock(logging::EXCHANGE, level)
 }
 
-/// The time since `start` for a line ("?" when the clock was not read).
-pub(super) fn since(start: Option<Instant>) -> String {
-    start.map_or_else(|| "?".to_string(), |t| took(t.elapsed()))
-}
+pub(super) use logging::since;
 
 /// At most `limit` keys, then how many more (keys can be many in a large batch).
 pub(super) fn some_keys<S: AsRef<str>>(keys: &[S], limit: usize) -> String {

@@ -102,6 +102,17 @@ pub fn init() {
     sink::init_once();
 }
 
+/// The clock, read only when a line of `target` at `level` will be written (so a site whose
+/// line is off pays one atomic load, not a clock read).
+pub fn clock(target: &str, level: Level) -> Option<std::time::Instant> {
+    log::log_enabled!(target: target, level).then(std::time::Instant::now)
+}
+
+/// The time since `start` for a line ("?" when the clock was not read).
+pub fn since(start: Option<std::time::Instant>) -> String {
+    start.map_or_else(|| "?".to_string(), |t| took(t.elapsed()))
+}
+
 /// A duration for a log line, in the unit that keeps it short: `33.5us`, `12.3ms`, `2.50s`.
 pub fn took(d: std::time::Duration) -> String {
     let us = d.as_secs_f64() * 1e6;

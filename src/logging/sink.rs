@@ -35,13 +35,17 @@ pub(super) fn init_once() {
     INIT.call_once(|| {
         let host = crate::os::process::host_name();
         let pid = std::process::id();
-        let config = LogConfig::from_lookup(|k| std::env::var(k).ok(), &host, pid);
-        let mut problems = config.problems.clone();
-        let file = config.file.as_ref().and_then(|path| {
+        let LogConfig {
+            level,
+            subsystems,
+            file,
+            mut problems,
+        } = LogConfig::from_lookup(|k| std::env::var(k).ok(), &host, pid);
+        let file = file.and_then(|path| {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(path)
+                .open(&path)
                 .map_err(|e| {
                     problems.push(format!(
                         "{}={path:?} cannot be opened ({e}); logging to stderr",
@@ -51,7 +55,7 @@ pub(super) fn init_once() {
                 .ok()
         });
         let _ = SINK.set(Sink {
-            subsystems: AtomicU32::new(config.subsystems),
+            subsystems: AtomicU32::new(subsystems),
             rank: AtomicI64::new(-1),
             host,
             pid,
@@ -61,7 +65,7 @@ pub(super) fn init_once() {
         // Another logger already installed (the library linked as an rlib into a program with
         // its own): that one receives our lines and its level rules.
         if log::set_logger(&LOGGER).is_ok() {
-            log::set_max_level(config.level);
+            log::set_max_level(level);
         }
         for p in problems {
             log::warn!(target: super::STORE, "{p}");
