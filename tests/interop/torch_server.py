@@ -72,6 +72,9 @@ def main():
                 reply = " ".join(["keys"] + sorted(k.encode().hex() for k in store.list_keys()))
             elif cmd == "queue_push":
                 store.queue_push(rest[0], bytes.fromhex(rest[1]))
+                # QUEUE_PUSH has no reply on the wire: a request that has one, on the same
+                # connection, makes "ok" mean the server has applied the push.
+                store.queue_len(rest[0])
                 reply = "ok"
             else:
                 reply = "error unknown command " + cmd
