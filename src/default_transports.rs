@@ -13,9 +13,9 @@ use crate::host::HostTransport;
 use crate::transport::{MemKind, Transport, Transports};
 use std::sync::Arc;
 
-/// Host transport for `job_id`, and the CUDA transport made on first use.
-pub fn for_job(job_id: &str) -> Result<Transports> {
-    let host: Arc<dyn Transport> = HostTransport::new(job_id)?;
+/// The host transport of `cfg`'s rank and job, and the CUDA transport made on first use.
+pub fn for_cache(cfg: &CacheConfig) -> Result<Transports> {
+    let host: Arc<dyn Transport> = HostTransport::new(cfg.store.clone(), &cfg.job_id, cfg.rank)?;
     let mut set = Transports::of(vec![host])?;
     set.set_on_first_use(
         MemKind::Device,
@@ -29,13 +29,13 @@ pub fn for_job(job_id: &str) -> Result<Transports> {
 
 /// A cache for `cfg` with the library's own transports.
 pub fn cache(cfg: CacheConfig) -> Result<HandleCache> {
-    let transports = for_job(&cfg.job_id)?;
+    let transports = for_cache(&cfg)?;
     HandleCache::new(cfg, transports)
 }
 
 /// A cache for `ctx` with the library's own transports. Also makes the context's job id the one
-/// in the names of host buffers allocated from now on (`host::alloc`), so everything the job
-/// leaves in `/dev/shm` carries its id.
+/// in the names of host buffers allocated from now on (`host::alloc`), as shown in
+/// `/proc/<pid>/fd`.
 pub fn cache_from_context(ctx: &Context) -> Result<HandleCache> {
     crate::host::alloc::set_default_job(ctx.job_id());
     cache(CacheConfig::from_context(ctx))

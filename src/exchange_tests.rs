@@ -144,6 +144,8 @@ fn miss_then_hit_with_no_store_traffic() {
         assert_eq!(s.keys_deleted, 1, "the importer deleted the record it read");
     }
     assert_eq!(t.live_mappings(), 0);
+    // The last transport gone, its fd transport withdraws its record: the store is empty.
+    drop(t);
     assert_eq!(store.num_keys().unwrap(), 0);
 }
 
@@ -491,7 +493,7 @@ impl Transport for DeviceLike {
     }
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
         let mut host = rec.clone();
-        host.handle_type = HandleType::PosixShm;
+        host.handle_type = HandleType::PosixFd;
         self.inner.import(&host, wait)
     }
     fn release(&self, mapping: &Mapping) -> Result<()> {
@@ -519,7 +521,7 @@ fn close_gives_up_after_the_linger_naming_the_peer_and_keeps_device_memory() {
     let mut drops = Vec::new();
     let c: Vec<HandleCache> = (0..3)
         .map(|rank| {
-            let host = HostTransport::new(&job).unwrap();
+            let host = HostTransport::new(store.clone(), &job, rank).unwrap();
             let dropped = Arc::new(AtomicUsize::new(0));
             let device: Arc<dyn Transport> = Arc::new(DeviceLike {
                 inner: host.clone(),
@@ -653,7 +655,12 @@ fn backlogged_caches(job: &str, backlog: &Arc<AtomicBool>) -> Vec<HandleCache> {
     (0..2)
         .map(|rank| {
             let t: Arc<dyn Transport> = Arc::new(Backlogged {
-                inner: HostTransport::new(job).unwrap(),
+                inner: HostTransport::new(
+                    store.clone(),
+                    &format!("{job}{}", std::process::id()),
+                    rank,
+                )
+                .unwrap(),
                 backlog: backlog.clone(),
             });
             let cfg = CacheConfig {

@@ -56,6 +56,12 @@ pub fn record_key(
     format!("nvfipc/{job_id}/{scope}/h/{src}/{dst}/{exporter}/{version}/{tag}#{occurrence}")
 }
 
+/// The store prefix under which the fd transport of a job publishes each rank's responder
+/// (`<prefix>/fdpass/<rank>`, see `crate::fdpass`).
+pub fn fdpass_prefix(job_id: &str) -> String {
+    format!("nvfipc/{job_id}")
+}
+
 /// The store key where `rank`'s cache of a job and scope publishes its node identity.
 pub fn node_key(job_id: &str, scope: &str, rank: usize) -> String {
     format!("nvfipc/{job_id}/{scope}/node/{rank}")

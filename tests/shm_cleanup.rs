@@ -1,6 +1,7 @@
 //! Nothing of a finished, terminated or killed process stays in /dev/shm. Each test re-runs this
-//! test binary as a rank process (the ignored `holder` test) that creates a cache (its board and
-//! semaphore slab) and host buffers it never frees, then ends in the way under test.
+//! test binary as a rank process (the ignored `holder` test) that creates a cache (its board in
+//! /dev/shm, its semaphore slab) and host buffers it never frees, then ends in the way under
+//! test. Host buffers and slabs are anonymous files, so only the board has a name to leave.
 
 use nvfuser_ipc::default_transports;
 use nvfuser_ipc::exchange::CacheConfig;
@@ -88,8 +89,10 @@ fn holder() {
     let buffers: Vec<u64> = (0..3)
         .map(|_| host::alloc_for_job(&job, 1 << 16).unwrap().into_raw())
         .collect();
-    assert!(entries(&job).len() >= 4, "{:?}", entries(&job));
-    println!("holding {} segments", entries(&job).len());
+    // The board is the one name; buffers and the slab have none.
+    let names = entries(&job);
+    assert_eq!(names, vec![format!("nvfipc-{job}-b0")], "{names:?}");
+    println!("holding {} buffers and {} name", buffers.len(), names.len());
     match role.as_str() {
         // Never frees anything and leaves through exit(), as a program that forgets to.
         "exit" => {
@@ -133,9 +136,9 @@ fn a_killed_process_is_cleaned_up_by_the_next_job() {
     let mut child = start("hold", &dead_job, server.port());
     child.kill().unwrap();
     child.wait().unwrap();
-    // SIGKILL runs nothing: its board, slab and buffers are still there ...
+    // SIGKILL runs nothing: its board is still there (its buffers went with the process) ...
     let left = entries(&dead_job);
-    assert!(left.len() >= 4, "{left:?}");
+    assert_eq!(left.len(), 1, "{left:?}");
     // ... until the next job on this node creates its cache.
     let next_job = job("next");
     let mut next = start("exit", &next_job, server.port());

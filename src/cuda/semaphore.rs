@@ -287,7 +287,7 @@ mod tests {
         let err = slab.free_slot(3).unwrap_err();
         assert_eq!(err.status, Status::InvalidState);
         let host = ExportedHandle {
-            handle_type: HandleType::PosixShm,
+            handle_type: HandleType::PosixFd,
             payload: [1; 64],
         };
         assert_eq!(

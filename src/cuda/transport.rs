@@ -213,7 +213,7 @@ mod tests {
         };
         let host = local_host();
         let rec = Record {
-            handle_type: HandleType::PosixShm,
+            handle_type: HandleType::PosixFd,
             flags: 0,
             offset: 0,
             bytes: 16,
@@ -226,7 +226,7 @@ mod tests {
             rank: 1,
             host_name: to_fixed(&host.name).unwrap(),
             payload: to_fixed("/seg").unwrap(),
-            sem_type: HandleType::PosixShm,
+            sem_type: HandleType::PosixFd,
             sem_slot: 0,
             sem_payload: to_fixed("/sem").unwrap(),
         };

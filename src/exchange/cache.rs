@@ -104,7 +104,7 @@ impl HandleCache {
         if cfg.world_size > u32::MAX as usize {
             return Err(Error::invalid("world size does not fit 32 bits"));
         }
-        reclaim_dead_segments(&transports);
+        super::board::reclaim_dead();
         let board = OwnBoard::create(&board_name(&cfg.job_id, &cfg.scope, cfg.rank), cfg.rank)
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &cfg.job_id, &cfg.scope, cfg.rank)?;
@@ -697,17 +697,9 @@ impl HandleCache {
         }
     }
 
-    /// Removes what dead processes of this node left in `/dev/shm`: their boards, and what the
-    /// transports reclaim (host buffers and slabs). Called by every new cache (the next job) and
-    /// every closing one (the survivors).
+    /// Removes what dead processes of this node left in `/dev/shm`: their boards. Called by
+    /// every new cache (the next job) and every closing one (the survivors).
     pub(super) fn reclaim_dead_segments(&self) {
-        reclaim_dead_segments(&self.transports);
-    }
-}
-
-fn reclaim_dead_segments(transports: &Transports) {
-    super::board::reclaim_dead();
-    for t in transports.existing() {
-        t.reclaim_dead();
+        super::board::reclaim_dead();
     }
 }

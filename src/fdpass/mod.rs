@@ -69,7 +69,7 @@ pub fn record_key(prefix: &str, rank: usize) -> String {
 /// An anonymous file of `bytes` bytes (`memfd_create`, close-on-exec), for host buffers passed
 /// by fd.
 pub fn memfd(name: &str, bytes: u64) -> Result<OwnedFd> {
-    let fd = sys::memfd_create(name)
+    let fd = crate::os::memfd::create(name)
         .map_err(|e| Error::from_io(format!("memfd_create({name:?})"), &e))?;
     let file = std::fs::File::from(fd);
     file.set_len(bytes)
@@ -164,6 +164,11 @@ impl FdPass {
         let fresh = Arc::new(FdPass::new(store, prefix, job, rank, config));
         map.insert(key, Arc::downgrade(&fresh));
         fresh
+    }
+
+    /// The job name this transport's sockets carry.
+    pub fn job(&self) -> &str {
+        &self.job
     }
 
     fn who(&self) -> String {

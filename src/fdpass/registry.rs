@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn ids_round_trip_and_revocation_is_told_from_unknown() {
         let reg = Registry::default();
-        let fd = sys::memfd_create("registry-test").unwrap();
+        let fd = crate::os::memfd::create("registry-test").unwrap();
         let id = reg.register(fd).unwrap();
         assert_eq!(id.serial, 1);
         assert_eq!(FdId::decode(&id.encode()), Some(id));

@@ -3,7 +3,6 @@
 //! `memfd_create`, `fstat`, and the unlinking of socket paths at exit. The rest of `fdpass` has
 //! no `libc::` and no `unsafe`; this file is meant to move under the OS module as it is.
 
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -164,19 +163,6 @@ pub fn allow_any_ptracer() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// `memfd_create(name, MFD_CLOEXEC)`: an anonymous file, sized with `File::set_len`.
-pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
-    let name = CString::new(name.replace('\0', "_"))
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name"))?;
-    // SAFETY: `name` is a NUL-terminated string alive for the call; flags by value.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// `(st_dev, st_ino)` of the open file `fd`: tells whether two descriptors name one file.

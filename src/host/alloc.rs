@@ -1,31 +1,43 @@
-//! The host allocator: every buffer is its own POSIX shared-memory segment, registered in a
-//! process-wide table so that a pointer anywhere inside it can be resolved and exported.
+//! The host allocator: every buffer is its own anonymous shared file (`memfd`), registered in a
+//! process-wide table so that a pointer anywhere inside it can be resolved and exported, and
+//! shared with peers by passing its descriptor (`crate::fdpass`).
 //!
-//! Segment names are `/nvfipc-<job>-<pid>n<pid namespace>-<id>`: the job tag keeps concurrent jobs
-//! apart and lets tests check that a job left nothing in `/dev/shm`; the pid lets others reclaim
-//! the segments of a dead process (`os::cleanup`); `<id>` is unique in the process and doubles
-//! as the buffer id of exported records. A segment is unlinked and unmapped when it is freed, and
-//! its name at the latest when the process exits or is terminated.
+//! Buffers have no name in `/dev/shm`: nothing can leak when a process exits, is terminated or
+//! killed, and their size is not bounded by `/dev/shm` (64 MiB in a default Docker container),
+//! only by memory, every page of which is reserved at allocation. The memfd's own name,
+//! `nvfipc-<job>-<id>`, shows in `/proc/<pid>/fd` and `/proc/<pid>/maps` for debugging; `<id>` is
+//! unique in the process and doubles as the buffer id of exported records. Who exported a buffer
+//! learns that it was freed through [`on_free`], so a peer can no longer fetch its descriptor.
 
 use crate::error::{Error, Result};
-use crate::os::shm::ShmSegment;
+use crate::os::memfd::{self, SharedMapping};
 use crate::sync::lock;
 use once_cell::sync::Lazy;
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, Weak};
 
 /// A registered segment as seen by the transport.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct SegmentInfo {
     pub base: u64,
     pub len: u64,
     pub id: u64,
-    pub name: String,
+    /// A descriptor of the buffer's file, for passing to peers.
+    pub fd: OwnedFd,
+}
+
+/// Told when a buffer is freed (see [`on_free`]).
+pub trait FreeListener: Send + Sync {
+    /// Buffer `id` was freed in this process.
+    fn freed(&self, id: u64);
 }
 
 /// Live segments by base address, with their ids.
-static SEGMENTS: Lazy<Mutex<BTreeMap<u64, (ShmSegment, u64)>>> = Lazy::new(Default::default);
+static SEGMENTS: Lazy<Mutex<BTreeMap<u64, (SharedMapping, u64)>>> = Lazy::new(Default::default);
+/// Who wants to know about frees; entries whose owner is gone are dropped on the next free.
+static LISTENERS: Lazy<Mutex<Vec<Weak<dyn FreeListener>>>> = Lazy::new(Default::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static DEFAULT_JOB: Lazy<Mutex<String>> = Lazy::new(|| {
     Mutex::new(job_tag(
@@ -48,7 +60,7 @@ pub fn default_job() -> String {
 
 pub use crate::names::{job_prefix, job_tag};
 
-/// A host buffer in shared memory that peers can map. Freed (unlinked and unmapped) on drop,
+/// A host buffer in shared memory that peers can map. Freed (unmapped and closed) on drop,
 /// unless handed over with [`HostBuffer::into_raw`].
 #[derive(Debug)]
 pub struct HostBuffer {
@@ -142,12 +154,8 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
         return Err(Error::invalid("host allocation of 0 bytes"));
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let name = format!(
-        "/{}{}-{id}",
-        job_prefix(job_id),
-        crate::os::cleanup::pid_field()
-    );
-    let seg = ShmSegment::create(&name, bytes)
+    let name = format!("{}{id}", job_prefix(job_id));
+    let seg = memfd::create_mapped(&name, bytes)
         .map_err(|e| e.context(format!("allocating {bytes} bytes of host shared memory")))?;
     let base = seg.addr();
     lock(&SEGMENTS).insert(base, (seg, id));
@@ -162,14 +170,33 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
 pub fn free(ptr: u64) -> Result<()> {
     let seg = lock(&SEGMENTS).remove(&ptr);
     match seg {
-        Some(seg) => {
+        Some((seg, id)) => {
             drop(seg);
+            tell_listeners(id);
             Ok(())
         }
         None => Err(Error::invalid(format!(
             "host pointer {ptr:#x} is not the start of a live buffer from nvfipc_host_alloc \
              (already freed, or an interior pointer)"
         ))),
+    }
+}
+
+/// Registers `listener` to be told about every buffer freed from now on, for as long as it
+/// lives.
+pub fn on_free(listener: Weak<dyn FreeListener>) {
+    lock(&LISTENERS).push(listener);
+}
+
+fn tell_listeners(id: u64) {
+    // Called without the segment table's lock: a listener may call back into this module.
+    let live: Vec<_> = {
+        let mut listeners = lock(&LISTENERS);
+        listeners.retain(|l| l.strong_count() > 0);
+        listeners.iter().filter_map(Weak::upgrade).collect()
+    };
+    for listener in live {
+        listener.freed(id);
     }
 }
 
@@ -194,20 +221,21 @@ pub fn locate(ptr: u64, bytes: u64) -> Result<(u64, u64, u64)> {
     Ok((base, len, id))
 }
 
-/// Like [`locate`], with the segment's name (for exporting).
+/// Like [`locate`], with a descriptor of the segment's file (for exporting).
 pub fn lookup(ptr: u64, bytes: u64) -> Result<SegmentInfo> {
     let (base, len, id) = locate(ptr, bytes)?;
-    let name = lock(&SEGMENTS)
+    let segments = lock(&SEGMENTS);
+    let (seg, _) = segments
         .get(&base)
         .filter(|(_, seg_id)| *seg_id == id)
-        .map(|(seg, _)| seg.name().to_string())
         .ok_or_else(|| Error::invalid(format!("host buffer {ptr:#x} was freed meanwhile")))?;
-    Ok(SegmentInfo {
-        base,
-        len,
-        id,
-        name,
-    })
+    let fd = seg.fd().as_fd().try_clone_to_owned().map_err(|e| {
+        Error::from_io(
+            format!("duplicating the descriptor of host buffer {ptr:#x}"),
+            &e,
+        )
+    })?;
+    Ok(SegmentInfo { base, len, id, fd })
 }
 
 /// Number of live buffers in this process.
@@ -226,11 +254,13 @@ mod tests {
         assert_eq!(info.base, buf.addr());
         assert_eq!(info.len, 1000);
         assert_eq!(info.id, buf.id());
-        assert!(
-            info.name.starts_with("/nvfipc-unit_alloc-"),
-            "{}",
-            info.name
-        );
+        let link = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&info.fd)
+        ))
+        .unwrap();
+        let link = link.to_string_lossy().into_owned();
+        assert!(link.starts_with("/memfd:nvfipc-unit_alloc-"), "{link}");
         assert!(lookup(buf.addr() + 990, 11)
             .unwrap_err()
             .message
@@ -241,11 +271,26 @@ mod tests {
         assert_eq!(&out, b"abc");
         assert!(buf.write(999, b"ab").is_err());
         let addr = buf.addr();
-        let name = info.name.clone();
         drop(buf);
         let err = lookup(addr, 1).unwrap_err();
         assert!(err.message.contains("already freed"), "{err}");
-        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+    }
+
+    #[test]
+    fn listeners_hear_of_frees_while_they_live() {
+        struct Heard(Mutex<Vec<u64>>);
+        impl FreeListener for Heard {
+            fn freed(&self, id: u64) {
+                lock(&self.0).push(id);
+            }
+        }
+        let heard = std::sync::Arc::new(Heard(Mutex::new(Vec::new())));
+        let weak: Weak<dyn FreeListener> = std::sync::Arc::downgrade(&heard) as _;
+        on_free(weak);
+        let buf = alloc_for_job("unit_alloc", 64).unwrap();
+        let id = buf.id();
+        drop(buf);
+        assert!(lock(&heard.0).contains(&id));
     }
 
     #[test]

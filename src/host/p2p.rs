@@ -41,8 +41,6 @@ fn wait_for(h: &P2pHandles, own: &AtomicU32, target: u32, timeout: Duration) -> 
         None
     });
     if dead {
-        // Its buffers and slab stay mapped here; their names go now.
-        crate::os::cleanup::reclaim_dead();
         return Err(Error::io(format!(
             "{}; stopped waiting for it (own semaphore {:#x} holds {}, waiting for {target})",
             h.peer.describe(),
@@ -205,7 +203,7 @@ mod tests {
 
     #[test]
     fn transfers_in_order_and_tolerates_a_sender_running_ahead() {
-        let slab = HostSlab::new("unit_p2p").unwrap();
+        let slab = HostSlab::new("unit_p2p", crate::host::test_fdpass_pair("unit_p2p").0).unwrap();
         let a = alloc_for_job("unit_p2p", 8).unwrap();
         let b = alloc_for_job("unit_p2p", 8).unwrap();
         let (send, recv) = pair(a.addr(), b.addr(), 8, &slab);
@@ -233,7 +231,7 @@ mod tests {
 
     #[test]
     fn waits_stop_at_once_when_the_peer_has_exited() {
-        let slab = HostSlab::new("unit_p2p").unwrap();
+        let slab = HostSlab::new("unit_p2p", crate::host::test_fdpass_pair("unit_p2p").0).unwrap();
         let a = alloc_for_job("unit_p2p", 8).unwrap();
         let b = alloc_for_job("unit_p2p", 8).unwrap();
         let (mut send, mut recv) = pair(a.addr(), b.addr(), 8, &slab);
@@ -270,7 +268,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_handles() {
-        let slab = HostSlab::new("unit_p2p").unwrap();
+        let slab = HostSlab::new("unit_p2p", crate::host::test_fdpass_pair("unit_p2p").0).unwrap();
         let a = alloc_for_job("unit_p2p", 8).unwrap();
         let b = alloc_for_job("unit_p2p", 8).unwrap();
         let (mut send, recv) = pair(a.addr(), b.addr(), 8, &slab);

@@ -1,53 +1,43 @@
-//! The host semaphore slab: [`SLAB_SLOTS`] 32-bit semaphores in one shared-memory segment per
-//! transport, so a peer maps one segment per rank whatever the number of channels.
+//! The host semaphore slab: [`SLAB_SLOTS`] 32-bit semaphores in one anonymous shared file per
+//! transport, passed to peers by fd, so a peer maps one slab per rank whatever the number of
+//! channels.
 
-use super::alloc::job_prefix;
+use super::handle::{fd_handle, fd_id};
 use crate::error::{Error, Result};
-use crate::os::shm::ShmSegment;
-use crate::transport::record::{from_fixed, to_fixed, HandleType, PAYLOAD_LEN};
+use crate::fdpass::FdPass;
+use crate::os::memfd::{self, SharedMapping};
+use crate::sync::lock;
+use crate::transport::record::PAYLOAD_LEN;
 use crate::transport::{slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS};
+use once_cell::sync::OnceCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-static NEXT_SLAB: AtomicU64 = AtomicU64::new(1);
-
 struct PeerSlab {
-    seg: ShmSegment,
+    mem: SharedMapping,
     refs: usize,
 }
 
-/// A semaphore slab in host shared memory, unlinked when dropped.
+/// A semaphore slab in host shared memory, offered to peers on its first export.
 pub struct HostSlab {
-    seg: ShmSegment,
-    handle: ExportedHandle,
+    mem: SharedMapping,
+    fdpass: Arc<FdPass>,
+    handle: OnceCell<ExportedHandle>,
     free: Mutex<Vec<u32>>,
     peers: Mutex<HashMap<(usize, [u8; PAYLOAD_LEN]), PeerSlab>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl HostSlab {
-    /// Creates this process's slab for `job_id`.
-    pub fn new(job_id: &str) -> Result<HostSlab> {
-        let name = format!(
-            "/{}{}-s{}",
-            job_prefix(job_id),
-            crate::os::cleanup::pid_field(),
-            NEXT_SLAB.fetch_add(1, Ordering::Relaxed)
-        );
-        let seg = ShmSegment::create(&name, SLAB_BYTES)
+    /// Creates this process's slab for `job_tag`, shared through `fdpass`.
+    pub fn new(job_tag: &str, fdpass: Arc<FdPass>) -> Result<HostSlab> {
+        let mem = memfd::create_mapped(&format!("nvfipc-{job_tag}-slab"), SLAB_BYTES)
             .map_err(|e| e.context("creating the host semaphore slab"))?;
-        let handle = ExportedHandle {
-            handle_type: HandleType::PosixShm,
-            payload: to_fixed(&name)?,
-        };
         Ok(HostSlab {
-            seg,
-            handle,
+            mem,
+            fdpass,
+            handle: OnceCell::new(),
             // Pop from the end: slot 0 first.
             free: Mutex::new((0..SLAB_SLOTS).rev().collect()),
             peers: Mutex::new(HashMap::new()),
@@ -89,34 +79,39 @@ impl SemaphoreSlab for HostSlab {
                 "semaphore slot {slot} is out of range (slab has {SLAB_SLOTS})"
             )));
         }
-        Ok(slot_address(self.seg.addr(), slot))
+        Ok(slot_address(self.mem.addr(), slot))
     }
 
     fn export(&self) -> Result<ExportedHandle> {
-        Ok(self.handle)
+        self.handle
+            .get_or_try_init(|| {
+                let id = self
+                    .fdpass
+                    .register_dup(self.mem.fd())
+                    .map_err(|e| e.context("offering the host semaphore slab to peers"))?;
+                Ok(fd_handle(&id))
+            })
+            .copied()
     }
 
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle, _wait: Duration) -> Result<u64> {
-        if handle.handle_type != HandleType::PosixShm {
-            return Err(Error::protocol(format!(
-                "rank {peer} sent a {} semaphore slab for host memory",
-                handle.handle_type.name()
-            )));
-        }
-        let mut peers = lock(&self.peers);
-        if let Some(p) = peers.get_mut(&(peer, handle.payload)) {
+    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
+        let what = format!("the semaphore slab of rank {peer}");
+        let id = fd_id(handle.handle_type, &handle.payload, &what)?;
+        let key = (peer, handle.payload);
+        if let Some(p) = lock(&self.peers).get_mut(&key) {
             p.refs += 1;
-            return Ok(p.seg.addr());
+            return Ok(p.mem.addr());
         }
-        let name = from_fixed(&handle.payload);
-        let seg = ShmSegment::open(&name, SLAB_BYTES)?.ok_or_else(|| {
-            Error::not_found(format!(
-                "semaphore slab {name} of rank {peer} does not exist (its process exited?)"
-            ))
-        })?;
-        let addr = seg.addr();
-        peers.insert((peer, handle.payload), PeerSlab { seg, refs: 1 });
-        Ok(addr)
+        // Fetched without the lock: the peer's answer may take up to `wait`.
+        let fd = self
+            .fdpass
+            .fetch(peer, &id, wait)
+            .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
+        let mem = SharedMapping::map(fd, SLAB_BYTES, &what)?;
+        let mut peers = lock(&self.peers);
+        let p = peers.entry(key).or_insert(PeerSlab { mem, refs: 0 });
+        p.refs += 1;
+        Ok(p.mem.addr())
     }
 
     fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
@@ -124,8 +119,7 @@ impl SemaphoreSlab for HostSlab {
         let key = (peer, handle.payload);
         let Some(p) = peers.get_mut(&key) else {
             return Err(Error::state(format!(
-                "semaphore slab {} of rank {peer} is not mapped (released twice?)",
-                from_fixed(&handle.payload)
+                "the semaphore slab of rank {peer} is not mapped (released twice?)"
             )));
         };
         p.refs -= 1;
@@ -139,20 +133,20 @@ impl SemaphoreSlab for HostSlab {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::test_fdpass_pair as fdpass_pair;
 
     #[test]
     fn slots_are_shared_with_an_importer() {
-        let a = HostSlab::new("unit_slab").unwrap();
-        let b = HostSlab::new("unit_slab").unwrap();
+        let (fa, fb) = fdpass_pair("unit_slab");
+        let a = HostSlab::new("unit_slab", fa).unwrap();
+        let b = HostSlab::new("unit_slab", fb).unwrap();
         let slot = a.allocate_slot().unwrap();
         assert_eq!(slot, 0);
         let handle = a.export().unwrap();
-        let base = b.import_peer(1, &handle, Duration::ZERO).unwrap();
-        assert_eq!(
-            b.import_peer(1, &handle, Duration::ZERO).unwrap(),
-            base,
-            "deduplicated"
-        );
+        assert_eq!(a.export().unwrap(), handle, "registered once");
+        let t = Duration::from_secs(5);
+        let base = b.import_peer(0, &handle, t).unwrap();
+        assert_eq!(b.import_peer(0, &handle, t).unwrap(), base, "deduplicated");
         assert_eq!(b.live_peer_slabs(), 1);
         // SAFETY: `base` maps a's slab; slot 0 is inside it and 4-byte aligned.
         let remote = unsafe { &*(slot_address(base, slot) as *const AtomicU32) };
@@ -160,11 +154,11 @@ mod tests {
         assert_eq!(a.semaphore(slot).unwrap().load(Ordering::Acquire), 5);
         a.free_slot(slot).unwrap();
         assert_eq!(remote.load(Ordering::Acquire), 0, "freed slots are reset");
-        b.release_peer(1, &handle).unwrap();
+        b.release_peer(0, &handle).unwrap();
         assert_eq!(b.live_peer_slabs(), 1);
-        b.release_peer(1, &handle).unwrap();
+        b.release_peer(0, &handle).unwrap();
         assert_eq!(b.live_peer_slabs(), 0);
-        assert!(b.release_peer(1, &handle).is_err());
+        assert!(b.release_peer(0, &handle).is_err());
         assert!(a.local(SLAB_SLOTS).is_err());
     }
 }

@@ -1,61 +1,88 @@
-//! [`Transport`] for host memory: buffers from the shared-memory allocator, exported by segment
-//! name, imported by mapping the peer's segment once per (peer, segment) with a refcount.
+//! [`Transport`] for host memory: buffers from the host allocator, exported by offering their
+//! file descriptor to peers through the fd transport (`crate::fdpass`), imported by fetching that
+//! descriptor and mapping it, once per (peer, buffer) with a refcount.
 
-use super::alloc;
+use super::alloc::{self, FreeListener};
+use super::handle::{fd_handle, fd_id};
 use super::slab::HostSlab;
-use crate::error::{Error, Result};
-use crate::os::shm::ShmSegment;
-use crate::transport::record::{from_fixed, to_fixed, HandleType, Record};
+use crate::error::{Error, Result, Status};
+use crate::fdpass::{FdId, FdPass, FdPassConfig};
+use crate::os::memfd::SharedMapping;
+use crate::store::Store;
+use crate::sync::lock;
+use crate::transport::record::Record;
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 struct Imported {
-    seg: ShmSegment,
+    mem: SharedMapping,
     refs: usize,
 }
 
-/// The host transport. One per cache is typical; each owns its semaphore slab.
+/// The host transport. One per cache is typical; each owns its semaphore slab, and all of a
+/// process's transports of one job and rank share one fd responder.
 pub struct HostTransport {
+    fdpass: Arc<FdPass>,
     slab: HostSlab,
-    /// Mapped peer segments keyed by (peer rank, exporter pid, buffer id).
+    /// Descriptors offered to peers, by buffer id; withdrawn when the buffer is freed.
+    offered: Mutex<HashMap<u64, FdId>>,
+    /// Mapped peer buffers keyed by (peer rank, exporter pid, buffer id).
     imports: Mutex<HashMap<(usize, u32, u64), Imported>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl HostTransport {
-    /// Creates a transport whose slab is named after `job_id`.
-    pub fn new(job_id: &str) -> Result<Arc<HostTransport>> {
-        Ok(Arc::new(HostTransport {
-            slab: HostSlab::new(job_id)?,
+    /// A transport for `rank` of `job_id`, whose descriptors are offered through the fd
+    /// transport's record in `store` (settings from the environment, see `fdpass::config`).
+    pub fn new(store: Arc<dyn Store>, job_id: &str, rank: usize) -> Result<Arc<HostTransport>> {
+        let config = FdPassConfig::from_env()?;
+        Self::with_fdpass(FdPass::for_job(
+            store,
+            &crate::names::fdpass_prefix(job_id),
+            &crate::names::job_tag(job_id),
+            rank,
+            config,
+        ))
+    }
+
+    /// A transport that shares descriptors through `fdpass`.
+    pub fn with_fdpass(fdpass: Arc<FdPass>) -> Result<Arc<HostTransport>> {
+        let slab = HostSlab::new(fdpass.job(), fdpass.clone())?;
+        let transport = Arc::new(HostTransport {
+            fdpass,
+            slab,
+            offered: Mutex::new(HashMap::new()),
             imports: Mutex::new(HashMap::new()),
-        }))
+        });
+        let listener: Weak<dyn FreeListener> = Arc::downgrade(&transport) as _;
+        alloc::on_free(listener);
+        Ok(transport)
     }
 
     /// Number of peer semaphore slabs currently mapped.
     pub fn live_peer_slabs(&self) -> usize {
         self.slab.live_peer_slabs()
     }
+
+    /// Number of local buffers currently offered to peers.
+    pub fn offered_buffers(&self) -> usize {
+        lock(&self.offered).len()
+    }
+}
+
+impl FreeListener for HostTransport {
+    fn freed(&self, id: u64) {
+        // A freed buffer's memory is returned once no peer maps it: stop offering it.
+        if let Some(fd_id) = lock(&self.offered).remove(&id) {
+            self.fdpass.unregister(&fd_id);
+        }
+    }
 }
 
 impl Transport for HostTransport {
     fn kind(&self) -> MemKind {
         MemKind::Host
-    }
-
-    fn reclaim_dead(&self) {
-        let removed = crate::os::cleanup::reclaim_dead();
-        if removed > 0 {
-            log::info!(
-                target: crate::logging::HOST,
-                "removed {removed} shared-memory segment(s) left in /dev/shm by processes that \
-                 no longer exist"
-            );
-        }
     }
 
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
@@ -79,6 +106,10 @@ impl Transport for HostTransport {
     }
 
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
+        let mut offered = lock(&self.offered);
+        if let Some(id) = offered.get(&buf.buffer_id) {
+            return Ok(fd_handle(id));
+        }
         // Re-resolve so a buffer freed since `resolve` is reported instead of exported.
         let seg = alloc::lookup(buf.ptr, buf.bytes)?;
         if seg.base != buf.base || seg.id != buf.buffer_id {
@@ -87,40 +118,49 @@ impl Transport for HostTransport {
                 buf.ptr
             )));
         }
-        Ok(ExportedHandle {
-            handle_type: HandleType::PosixShm,
-            payload: to_fixed(&seg.name)?,
-        })
-    }
-
-    fn import(&self, rec: &Record, _wait: Duration) -> Result<Mapping> {
-        if rec.handle_type != HandleType::PosixShm {
+        let id = self.fdpass.register(seg.fd)?;
+        offered.insert(buf.buffer_id, id);
+        drop(offered);
+        // Freed between the lookup and the insertion: `freed` found nothing to withdraw.
+        if alloc::locate(buf.base, 1).ok().map(|(_, _, live)| live) != Some(buf.buffer_id) {
+            self.freed(buf.buffer_id);
             return Err(Error::invalid(format!(
-                "the host transport cannot open a {} handle from rank {}",
-                rec.handle_type.name(),
-                rec.rank
+                "host buffer {:#x} was freed while it was being exported",
+                buf.ptr
             )));
         }
+        Ok(fd_handle(&id))
+    }
+
+    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
         let peer = rec.rank as usize;
+        let what = format!("host buffer {} of rank {peer}", rec.buffer_id);
+        let id = fd_id(rec.handle_type, &rec.payload, &what)?;
         let key = (peer, rec.pid, rec.buffer_id);
-        let mut imports = lock(&self.imports);
-        let base = match imports.get_mut(&key) {
-            Some(imp) => {
-                imp.refs += 1;
-                imp.seg.addr()
-            }
+        let mapped = lock(&self.imports).get_mut(&key).map(|imp| {
+            imp.refs += 1;
+            imp.mem.addr()
+        });
+        let base = match mapped {
+            Some(base) => base,
             None => {
-                let name = from_fixed(&rec.payload);
-                let seg = ShmSegment::open(&name, rec.alloc_bytes)?.ok_or_else(|| {
-                    Error::not_found(format!(
-                        "host buffer {name} of rank {peer} no longer exists: it was freed \
-                         before this rank opened it; keep buffers alive until both sides have \
-                         exchanged handles"
-                    ))
+                // Fetched without the lock: the peer's answer may take up to `wait`.
+                let fd = self.fdpass.fetch(peer, &id, wait).map_err(|e| {
+                    if e.status == Status::NotFound {
+                        Error::not_found(format!(
+                            "{what} no longer exists: it was freed before this rank opened it; \
+                             keep buffers alive until both sides have exchanged handles ({})",
+                            e.message
+                        ))
+                    } else {
+                        e.context(format!("opening {what}"))
+                    }
                 })?;
-                let base = seg.addr();
-                imports.insert(key, Imported { seg, refs: 1 });
-                base
+                let mem = SharedMapping::map(fd, rec.alloc_bytes, &what)?;
+                let mut imports = lock(&self.imports);
+                let imp = imports.entry(key).or_insert(Imported { mem, refs: 0 });
+                imp.refs += 1;
+                imp.mem.addr()
             }
         };
         Ok(Mapping {
@@ -136,7 +176,7 @@ impl Transport for HostTransport {
         let mut imports = lock(&self.imports);
         let key = imports
             .iter()
-            .find(|(k, imp)| k.0 == m.peer && k.2 == m.buffer_id && imp.seg.addr() == m.base)
+            .find(|(k, imp)| k.0 == m.peer && k.2 == m.buffer_id && imp.mem.addr() == m.base)
             .map(|(k, _)| *k)
             .ok_or_else(|| {
                 Error::state(format!(
@@ -164,6 +204,7 @@ impl Transport for HostTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::test_fdpass_pair;
     use crate::transport::record::local_host;
 
     fn record_for(buf: &LocalBuffer, handle: &ExportedHandle, slab: &ExportedHandle) -> Record {
@@ -178,7 +219,7 @@ mod tests {
             version: 1,
             device_uuid: [0; 16],
             pid: std::process::id(),
-            rank: 3,
+            rank: 0,
             host_name: [0; 32],
             payload: handle.payload,
             sem_type: slab.handle_type,
@@ -187,38 +228,53 @@ mod tests {
         }
     }
 
+    const T: Duration = Duration::from_secs(5);
+
     #[test]
     fn export_import_dedup_release() {
-        let exporter = HostTransport::new("unit_tr").unwrap();
-        let importer = HostTransport::new("unit_tr").unwrap();
+        let (fa, fb) = test_fdpass_pair("unit_tr");
+        let exporter = HostTransport::with_fdpass(fa).unwrap();
+        let importer = HostTransport::with_fdpass(fb).unwrap();
         let buf = alloc::alloc_for_job("unit_tr", 4096).unwrap();
         buf.write(100, b"hello").unwrap();
         let local = exporter.resolve(buf.addr() + 100, 5).unwrap();
         assert_eq!(local.offset(), 100);
         let handle = exporter.export(&local).unwrap();
+        assert_eq!(exporter.export(&local).unwrap(), handle, "offered once");
+        assert_eq!(exporter.offered_buffers(), 1);
         let rec = record_for(&local, &handle, &exporter.semaphores().export().unwrap());
         let rec = Record::decode(&rec.encode()).unwrap();
-        let m1 = importer.import(&rec, Duration::ZERO).unwrap();
-        let m2 = importer.import(&rec, Duration::ZERO).unwrap();
+        let m1 = importer.import(&rec, T).unwrap();
+        let m2 = importer.import(&rec, T).unwrap();
         assert_eq!(m1, m2);
         assert_eq!(importer.live_mappings(), 1);
         let mut got = [0u8; 5];
         // SAFETY: m1.ptr maps 5 readable bytes of the exporter's buffer.
         unsafe { std::ptr::copy_nonoverlapping(m1.ptr as *const u8, got.as_mut_ptr(), 5) };
         assert_eq!(&got, b"hello");
+        // Writes through the mapping reach the exporter's buffer.
+        // SAFETY: m1.ptr maps at least 5 writable bytes.
+        unsafe { std::ptr::copy_nonoverlapping(b"HELLO".as_ptr(), m1.ptr as *mut u8, 5) };
+        let mut back = [0u8; 5];
+        buf.read(100, &mut back).unwrap();
+        assert_eq!(&back, b"HELLO");
         importer.release(&m1).unwrap();
         assert_eq!(importer.live_mappings(), 1);
         importer.release(&m2).unwrap();
         assert_eq!(importer.live_mappings(), 0);
         assert!(importer.release(&m2).is_err());
+        // Freeing withdraws the offer: a late importer is told the buffer is gone.
         drop(buf);
-        let err = importer.import(&rec, Duration::ZERO).unwrap_err();
+        assert_eq!(exporter.offered_buffers(), 0);
+        let err = importer.import(&rec, T).unwrap_err();
+        assert_eq!(err.status, Status::NotFound, "{err}");
         assert!(err.message.contains("no longer exists"), "{err}");
     }
 
     #[test]
     fn resolve_rejects_bad_pointers() {
-        let t = HostTransport::new("unit_tr").unwrap();
+        let (fa, _) = test_fdpass_pair("unit_tr2");
+        let t = HostTransport::with_fdpass(fa).unwrap();
         assert!(t.resolve(0, 4).unwrap_err().message.contains("NULL"));
         let stack = 5u64;
         let err = t.resolve(&stack as *const u64 as u64, 8).unwrap_err();
@@ -229,5 +285,18 @@ mod tests {
         let addr = buf.addr();
         drop(buf);
         assert!(t.resolve(addr, 8).unwrap_err().message.contains("freed"));
+    }
+
+    #[test]
+    fn records_of_other_kinds_are_refused() {
+        let (fa, _) = test_fdpass_pair("unit_tr3");
+        let t = HostTransport::with_fdpass(fa).unwrap();
+        let buf = alloc::alloc_for_job("unit_tr", 64).unwrap();
+        let local = t.resolve(buf.addr(), 8).unwrap();
+        let handle = t.export(&local).unwrap();
+        let mut rec = record_for(&local, &handle, &handle);
+        rec.handle_type = crate::transport::record::HandleType::CudaLegacyIpc;
+        let err = t.import(&rec, T).unwrap_err();
+        assert_eq!(err.status, Status::Protocol, "{err}");
     }
 }

@@ -1,4 +1,5 @@
-//! Nothing of a finished or dead job stays in `/dev/shm`.
+//! Nothing of a finished job stays in `/dev/shm` (where only node-local boards live: host buffers
+//! are anonymous files, see `os::memfd`).
 //!
 //! 1. Every shared-memory name this process creates is registered in a fixed, lock-free table
 //!    until it is unlinked. At normal exit (`atexit`) and on SIGTERM, SIGINT or SIGHUP (only
@@ -6,17 +7,13 @@
 //!    names still registered are unlinked with `unlink(2)`, which is async-signal-safe; the
 //!    signal then takes its default action, so the process still dies of it. Peers that mapped a
 //!    segment keep their mapping: only the name goes.
-//! 2. A process killed with SIGKILL runs nothing, so its names are reclaimed by others:
-//!    [`reclaim_dead`] removes the segments whose names carry the pid of a process that no longer
-//!    exists (`nvfipc-<job>-<pid>n<pid namespace>-...`). Pids are compared only within this pid
-//!    namespace. Caches call it when they are created (the next job) and when they close (the
-//!    survivors), and a transfer wait that finds its peer dead calls it at once.
+//! 2. A process killed with SIGKILL runs nothing, so its boards are reclaimed by others: a board
+//!    records its owner's pid, and `exchange::board::reclaim_dead` removes those whose owner no
+//!    longer exists.
 //!
 //! A table slot holds the full path (`/dev/shm/<name>`) and the pid of the creating process, so a
 //! forked child that exits never unlinks its parent's names.
 
-use super::process::{ns_inode, process_alive};
-use once_cell::sync::Lazy;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Once;
 
@@ -43,7 +40,6 @@ const EMPTY: Slot = Slot {
 
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 static INSTALL: Once = Once::new();
-static PID_NS: Lazy<u64> = Lazy::new(|| ns_inode("pid"));
 
 /// Signals whose default action would leave the names behind.
 const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
@@ -136,62 +132,9 @@ fn install() {
     }
 }
 
-/// The pid field of segment names: `<pid>n<pid namespace inode>`.
-pub fn pid_field() -> String {
-    format!("{}n{}", std::process::id(), *PID_NS)
-}
-
-/// The creator's pid of a segment name `nvfipc-<job>-<pid>n<ns>-<rest>` (no leading `/`), when
-/// it was created in this pid namespace.
-fn creator_here(name: &str) -> Option<u32> {
-    let mut parts = name.split('-');
-    if parts.next()? != "nvfipc" {
-        return None;
-    }
-    let _job = parts.next()?;
-    let (pid, ns) = parts.next()?.split_once('n')?;
-    parts.next()?;
-    let ns: u64 = ns.parse().ok()?;
-    (ns == *PID_NS && ns != 0).then_some(())?;
-    pid.parse().ok()
-}
-
-/// Removes the segments of processes of this pid namespace that no longer exist; returns how
-/// many. Their peers' mappings stay valid.
-pub fn reclaim_dead() -> usize {
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
-        return 0;
-    };
-    let mut removed = 0;
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else {
-            continue;
-        };
-        let dead = creator_here(name).is_some_and(|pid| !process_alive(pid));
-        if dead && std::fs::remove_file(entry.path()).is_ok() {
-            removed += 1;
-        }
-    }
-    removed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_of_this_namespace_are_parsed() {
-        let me = std::process::id();
-        let ns = *PID_NS;
-        assert_eq!(creator_here(&format!("nvfipc-job_1-{me}n{ns}-7")), Some(me));
-        assert_eq!(creator_here(&format!("nvfipc-job-{me}n{ns}-s1")), Some(me));
-        assert_eq!(creator_here(&format!("nvfipc-job-{me}n{}-7", ns + 1)), None);
-        assert_eq!(creator_here("nvfipc-job-b3"), None);
-        assert_eq!(creator_here("nvfipc-job-scope-b3"), None);
-        assert_eq!(creator_here(&format!("other-job-{me}n{ns}-7")), None);
-        assert_eq!(pid_field(), format!("{me}n{ns}"));
-    }
 
     #[test]
     fn registers_and_gives_back() {

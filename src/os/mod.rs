@@ -1,7 +1,8 @@
 //! Operating-system calls behind one door (as mio keeps `sys/`): the layers above use these
 //! helpers and make no `libc` call of their own for them.
 //!
-//! - [`shm`]: POSIX shared-memory segments (`shm_open` + `mmap`);
+//! - [`shm`]: POSIX shared-memory segments (`shm_open` + `mmap`), for node-local boards;
+//! - [`memfd`]: anonymous shared files and their mappings, for host buffers passed by fd;
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
 //! - [`process`]: the host name and whether a pid is alive;
@@ -12,6 +13,7 @@
 pub mod cleanup;
 pub mod launcher;
 pub mod listen;
+pub mod memfd;
 pub mod net;
 pub mod process;
 pub mod shm;

@@ -156,11 +156,6 @@ pub trait Transport: Send + Sync {
         Ok(())
     }
 
-    /// Removes what dead processes of this node left behind of this memory kind (host: their
-    /// segments in `/dev/shm`). A cache calls it when it is created and when it closes. Nothing
-    /// by default.
-    fn reclaim_dead(&self) {}
-
     /// This process's semaphore slab for this memory kind.
     fn semaphores(&self) -> &dyn SemaphoreSlab;
 

@@ -35,7 +35,7 @@ use once_cell::sync::Lazy;
 /// `"NVFI"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NVFI");
 /// Current format version. Decoders accept exactly this version.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 /// Size of an encoded record in bytes.
 pub const RECORD_LEN: usize = 248;
 /// Size of the opaque handle payloads (a `cudaIpcMemHandle_t` is 64 bytes).
@@ -49,8 +49,10 @@ pub const HOST_NAME_LEN: usize = 32;
 pub enum HandleType {
     /// `cudaIpcMemHandle_t` of a legacy `cudaMalloc` allocation; payload = the 64 handle bytes.
     CudaLegacyIpc = 1,
-    /// A POSIX shared-memory segment; payload = its NUL-padded name (e.g. `/nvfipc-...`).
-    PosixShm = 2,
+    /// A file descriptor of a host buffer's anonymous file (or slab), passed by the fd transport
+    /// (`crate::fdpass`); payload = the exporter's encoded `FdId`, zero padded. (Value 2, named
+    /// `/dev/shm` segments, belonged to format version 1.)
+    PosixFd = 3,
 }
 
 impl HandleType {
@@ -58,7 +60,7 @@ impl HandleType {
     pub fn from_u8(value: u8) -> Option<HandleType> {
         match value {
             1 => Some(HandleType::CudaLegacyIpc),
-            2 => Some(HandleType::PosixShm),
+            3 => Some(HandleType::PosixFd),
             _ => None,
         }
     }
@@ -67,7 +69,7 @@ impl HandleType {
     pub fn name(self) -> &'static str {
         match self {
             HandleType::CudaLegacyIpc => "CUDA legacy IPC",
-            HandleType::PosixShm => "POSIX shared memory",
+            HandleType::PosixFd => "POSIX file descriptor",
         }
     }
 }
@@ -341,7 +343,7 @@ mod tests {
     fn sample() -> Record {
         let host = local_host();
         Record {
-            handle_type: HandleType::PosixShm,
+            handle_type: HandleType::PosixFd,
             flags: 0,
             offset: 64,
             bytes: 128,
@@ -354,7 +356,7 @@ mod tests {
             rank: 2,
             host_name: to_fixed(&host.name).unwrap(),
             payload: to_fixed("/nvfipc-job-1-2").unwrap(),
-            sem_type: HandleType::PosixShm,
+            sem_type: HandleType::PosixFd,
             sem_slot: 5,
             sem_payload: to_fixed("/nvfipc-job-sem-2").unwrap(),
         }
@@ -397,7 +399,7 @@ mod tests {
         let good = sample().encode();
         let cases: Vec<(usize, u8, &str)> = vec![
             (0, b'X', "magic"),
-            (4, 2, "version"),
+            (4, 1, "version"),
             (6, 1, "length"),
             (8, 9, "unknown handle type"),
             (9, 0x80, "unknown flag"),

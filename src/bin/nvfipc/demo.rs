@@ -224,8 +224,8 @@ impl RankResult {
 }
 
 /// The transports of one rank, kept alive until every peer has released its mappings.
-fn transports(kind: MemKind, job_id: &str) -> Result<Vec<Arc<dyn Transport>>> {
-    let host: Arc<dyn Transport> = HostTransport::new(job_id)?;
+fn transports(kind: MemKind, ctx: &Context) -> Result<Vec<Arc<dyn Transport>>> {
+    let host: Arc<dyn Transport> = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
     let mut list = vec![host];
     if kind == MemKind::Device {
         let device: Arc<dyn Transport> = CudaTransport::new(None)?;
@@ -239,7 +239,7 @@ fn ring(ctx: &Context, args: &DemoArgs, kind: MemKind) -> Result<()> {
     let next = (rank + 1) % world;
     let prev = (rank + world - 1) % world;
     let device = enter_rank_device(kind, ctx.local_rank)?;
-    let transports = transports(kind, &ctx.job_id)?;
+    let transports = transports(kind, ctx)?;
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.clone())?;
     let mover = Mover::new(kind, args.timeout)?;
     let alloc = || Buffer::alloc(kind, &ctx.job_id, args.bytes);

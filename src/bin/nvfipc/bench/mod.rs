@@ -255,7 +255,8 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
             // The transports outlive every cache and import, and are dropped only after the
             // last barrier: peers may map this rank's semaphore slab until then.
             let device = enter_rank_device(args.kind, ctx.local_rank)?;
-            let host: Arc<dyn Transport> = HostTransport::new(&ctx.job_id)?;
+            let host: Arc<dyn Transport> =
+                HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
             let mut transports = vec![host];
             if args.kind == MemKind::Device {
                 let device: Arc<dyn Transport> = CudaTransport::new(None)?;

@@ -1,0 +1,59 @@
+//! Host handles on the wire: an [`FdId`] of the fd transport in a record's payload.
+
+use crate::error::{Error, Result};
+use crate::fdpass::registry::FD_ID_LEN;
+use crate::fdpass::FdId;
+use crate::transport::record::{HandleType, PAYLOAD_LEN};
+use crate::transport::ExportedHandle;
+
+/// The handle of a descriptor registered with the fd transport as `id`.
+pub fn fd_handle(id: &FdId) -> ExportedHandle {
+    let mut payload = [0u8; PAYLOAD_LEN];
+    payload[..FD_ID_LEN].copy_from_slice(&id.encode());
+    ExportedHandle {
+        handle_type: HandleType::PosixFd,
+        payload,
+    }
+}
+
+/// The [`FdId`] in a host handle's payload; `what` names the handle for the error.
+pub fn fd_id(handle_type: HandleType, payload: &[u8; PAYLOAD_LEN], what: &str) -> Result<FdId> {
+    if handle_type != HandleType::PosixFd {
+        return Err(Error::protocol(format!(
+            "{what} is a {} handle, but host memory travels as POSIX file descriptors",
+            handle_type.name()
+        )));
+    }
+    let (id, rest) = payload.split_at(FD_ID_LEN);
+    FdId::decode(id)
+        .filter(|_| rest.iter().all(|&b| b == 0))
+        .ok_or_else(|| {
+            Error::protocol(format!(
+                "{what} does not hold a valid fd id: all ranks must use the same nvfuser-ipc \
+                 version"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_garbage_is_refused() {
+        let id = FdId {
+            serial: 7,
+            fd: 12,
+            dev: 3,
+            ino: 99,
+        };
+        let h = fd_handle(&id);
+        assert_eq!(fd_id(h.handle_type, &h.payload, "x").unwrap(), id);
+        let mut bad = h.payload;
+        bad[PAYLOAD_LEN - 1] = 1;
+        assert!(fd_id(h.handle_type, &bad, "x").is_err());
+        let err = fd_id(HandleType::CudaLegacyIpc, &h.payload, "rank 2's buffer").unwrap_err();
+        assert!(err.message.contains("rank 2's buffer is a CUDA"), "{err}");
+        assert!(fd_id(h.handle_type, &[0; PAYLOAD_LEN], "x").is_err());
+    }
+}

@@ -1,0 +1,276 @@
+//! Anonymous shared files (`memfd_create`) and their shared mappings: the memory of host buffers
+//! and host semaphore slabs, shared with peers by passing the descriptor (`crate::fdpass`).
+//!
+//! Unlike a named `/dev/shm` segment, a memfd has no name to leak: the kernel frees it when the
+//! last descriptor and mapping are gone, whether the process exits, is terminated or killed. Its
+//! pages are not limited by the size of `/dev/shm` (Docker's default is 64 MiB), only by memory.
+
+use crate::error::{Error, Result};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// `memfd_create(name, MFD_CLOEXEC)`: an empty anonymous file (`name` only shows in
+/// `/proc/<pid>/fd`).
+pub fn create(name: &str) -> io::Result<OwnedFd> {
+    let name = CString::new(name.replace('\0', "_"))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name"))?;
+    // SAFETY: `name` is a NUL-terminated string alive for the call; flags by value.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An anonymous file of `bytes` bytes, every page reserved (so a lack of memory is an error here,
+/// never a SIGBUS at the first write), mapped read-write and shared.
+pub fn create_mapped(name: &str, bytes: u64) -> Result<SharedMapping> {
+    if bytes == 0 {
+        return Err(Error::invalid(format!("shared file {name}: size 0")));
+    }
+    check_memory_for(name, bytes)?;
+    let fd = create(name).map_err(|e| Error::from_io(format!("memfd_create({name:?})"), &e))?;
+    let len = libc::off_t::try_from(bytes)
+        .map_err(|_| Error::invalid(format!("shared file {name}: size {bytes} too large")))?;
+    // SAFETY: `fd` is an open memfd; the range starts at 0 and has a positive length.
+    let rc = unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        return Err(Error::from_io(
+            format!(
+                "reserving {bytes} bytes of memory for the host buffer {name} ({})",
+                memory_headroom().describe()
+            ),
+            &err,
+        ));
+    }
+    SharedMapping::map(fd, bytes, name)
+}
+
+/// A descriptor's file mapped read-write and shared, unmapped on drop. Keeps the descriptor, so
+/// it can be passed on.
+#[derive(Debug)]
+pub struct SharedMapping {
+    fd: OwnedFd,
+    addr: u64,
+    len: u64,
+}
+
+impl SharedMapping {
+    /// Maps the first `len` bytes of `fd`, which must be at least that long (a peer's descriptor:
+    /// a shorter file would SIGBUS at the first access past its end).
+    pub fn map(fd: OwnedFd, len: u64, what: &str) -> Result<SharedMapping> {
+        let size = file_size(fd.as_fd())
+            .map_err(|e| Error::from_io(format!("fstat of the shared file {what}"), &e))?;
+        if size < len || len == 0 {
+            return Err(Error::protocol(format!(
+                "shared file {what} has {size} bytes, expected at least {len} (it was replaced \
+                 or truncated)"
+            )));
+        }
+        let bytes = usize::try_from(len)
+            .map_err(|_| Error::invalid(format!("shared file {what}: size {len} too large")))?;
+        // SAFETY: mapping a fresh region (addr NULL) of an open descriptor; the kernel checks
+        // the rest and the file is at least `bytes` long (checked above).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let err = io::Error::last_os_error();
+            return Err(Error::from_io(format!("mmap({what}, {len} bytes)"), &err));
+        }
+        Ok(SharedMapping {
+            fd,
+            addr: ptr as u64,
+            len,
+        })
+    }
+
+    /// Address of the mapping in this process.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The file's descriptor (for passing to peers).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        // SAFETY: `addr`/`len` describe the mapping made in `map` and not unmapped before; users
+        // hold raw addresses under the documented contract that they stop using them once the
+        // buffer is freed or released.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
+    }
+}
+
+fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open for the call and `st` is a valid out pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
+/// Memory a new anonymous file can take: the kernel's `MemAvailable` and, inside a memory
+/// cgroup (v2) with a limit, what is left below that limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Headroom {
+    pub available: Option<u64>,
+    pub cgroup_left: Option<u64>,
+}
+
+impl Headroom {
+    /// The smaller of the known bounds; `None` when neither is known.
+    pub fn bytes(&self) -> Option<u64> {
+        match (self.available, self.cgroup_left) {
+            (Some(a), Some(c)) => Some(a.min(c)),
+            (a, c) => a.or(c),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(a) = self.available {
+            parts.push(format!("the node has {a} bytes available"));
+        }
+        if let Some(c) = self.cgroup_left {
+            parts.push(format!(
+                "{c} bytes are left below this process's cgroup memory limit"
+            ));
+        }
+        if parts.is_empty() {
+            "available memory unknown".to_string()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// Reads the current [`Headroom`].
+pub fn memory_headroom() -> Headroom {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let cgroup_left = cgroup_v2_dir(&cgroup).and_then(|dir| {
+        let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup{dir}/{f}")).ok();
+        cgroup_left(read("memory.max")?.trim(), read("memory.current")?.trim())
+    });
+    Headroom {
+        available: mem_available(&meminfo),
+        cgroup_left,
+    }
+}
+
+/// Refuses an allocation that cannot fit: reserving it would otherwise wake the OOM killer.
+fn check_memory_for(name: &str, bytes: u64) -> Result<()> {
+    let headroom = memory_headroom();
+    match headroom.bytes() {
+        Some(left) if bytes > left => Err(Error::from_io(
+            format!(
+                "host buffer {name}: {bytes} bytes requested, but {} (free memory or ask for \
+                 less)",
+                headroom.describe()
+            ),
+            &io::Error::from_raw_os_error(libc::ENOMEM),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The cgroup v2 path of this process (`0::<path>` in `/proc/self/cgroup`).
+fn cgroup_v2_dir(proc_self_cgroup: &str) -> Option<&str> {
+    proc_self_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::trim)
+}
+
+/// Bytes left below a cgroup v2 `memory.max` (`max` = no limit).
+fn cgroup_left(max: &str, current: &str) -> Option<u64> {
+    let max: u64 = max.parse().ok()?;
+    let current: u64 = current.parse().ok()?;
+    Some(max.saturating_sub(current))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapping_is_shared_through_its_descriptor() {
+        let a = create_mapped("unit-memfd", 8192).unwrap();
+        let fd = a.fd().try_clone_to_owned().unwrap();
+        let b = SharedMapping::map(fd, 8192, "unit-memfd").unwrap();
+        assert_ne!(a.addr(), b.addr());
+        // SAFETY: both addresses map the same 8192-byte file.
+        unsafe {
+            *((a.addr() + 4096) as *mut u32) = 0xfeed_f00d;
+            assert_eq!(*((b.addr() + 4096) as *const u32), 0xfeed_f00d);
+        }
+        drop(a);
+        // SAFETY: `b` still maps the file, which lives as long as one mapping or descriptor.
+        assert_eq!(unsafe { *((b.addr() + 4096) as *const u32) }, 0xfeed_f00d);
+    }
+
+    #[test]
+    fn short_files_and_impossible_sizes_are_errors() {
+        let short = create_mapped("unit-short", 4096).unwrap();
+        let fd = short.fd().try_clone_to_owned().unwrap();
+        let err = SharedMapping::map(fd, 8192, "unit-short").unwrap_err();
+        assert!(err.message.contains("expected at least 8192"), "{err}");
+        assert!(create_mapped("unit-zero", 0).is_err());
+        let err = create_mapped("unit-huge", 1 << 62).unwrap_err();
+        assert!(err.message.contains("bytes requested"), "{err}");
+    }
+
+    #[test]
+    fn headroom_is_parsed() {
+        let info = "MemTotal:  100 kB\nMemAvailable:    2048 kB\n";
+        assert_eq!(mem_available(info), Some(2 << 20));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(cgroup_v2_dir("0::/user.slice/x\n"), Some("/user.slice/x"));
+        assert_eq!(cgroup_v2_dir("1:memory:/a\n"), None);
+        assert_eq!(cgroup_left("max", "5"), None);
+        assert_eq!(cgroup_left("100", "30"), Some(70));
+        assert_eq!(cgroup_left("10", "30"), Some(0));
+        let h = Headroom {
+            available: Some(10),
+            cgroup_left: Some(4),
+        };
+        assert_eq!(h.bytes(), Some(4));
+        assert!(h.describe().contains("cgroup"));
+        let none = Headroom {
+            available: None,
+            cgroup_left: None,
+        };
+        assert_eq!(none.bytes(), None);
+    }
+}
