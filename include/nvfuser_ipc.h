@@ -651,10 +651,12 @@ enum nvfipc_status nvfipc_cache_stats(const struct nvfipc_cache *cache,
 enum nvfipc_status nvfipc_cache_set_retained_mappings(const struct nvfipc_cache *cache,
                                                       uint32_t per_peer);
 
-// Allocates `bytes` (> 0) of zero-filled host memory in a POSIX shared-memory segment that peers
-// can map through `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the
-// address; free it with `nvfipc_host_free`. Segment names carry the job id from
-// `$NVFIPC_JOB_ID` (or the last cache's context) so a job's segments are easy to find.
+// Allocates `bytes` (> 0) of zero-filled host memory that peers can map through
+// `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the address; free it
+// with `nvfipc_host_free`. The memory is an anonymous shared file (memfd) whose pages are
+// reserved now (more than the node or cgroup has available is an error here, not a SIGBUS
+// later); peers receive its descriptor through the fd transport (`NVFIPC_SOCKET_DIR`,
+// `NVFIPC_FD_RUNGS`), and nothing of it can outlive the processes that use it.
 enum nvfipc_status nvfipc_host_alloc(size_t bytes, void **out_ptr_arg);
 
 // Frees a buffer from `nvfipc_host_alloc` (its start address); NULL is a no-op. Peers that mapped

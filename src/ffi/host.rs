@@ -7,10 +7,12 @@ use crate::error::{Error, Status};
 use crate::host::{self, p2p};
 use std::ffi::c_void;
 
-/// Allocates `bytes` (> 0) of zero-filled host memory in a POSIX shared-memory segment that peers
-/// can map through `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the
-/// address; free it with `nvfipc_host_free`. Segment names carry the job id from
-/// `$NVFIPC_JOB_ID` (or the last cache's context) so a job's segments are easy to find.
+/// Allocates `bytes` (> 0) of zero-filled host memory that peers can map through
+/// `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the address; free it
+/// with `nvfipc_host_free`. The memory is an anonymous shared file (memfd) whose pages are
+/// reserved now (more than the node or cgroup has available is an error here, not a SIGBUS
+/// later); peers receive its descriptor through the fd transport (`NVFIPC_SOCKET_DIR`,
+/// `NVFIPC_FD_RUNGS`), and nothing of it can outlive the processes that use it.
 #[no_mangle]
 pub extern "C" fn nvfipc_host_alloc(bytes: usize, out_ptr_arg: *mut *mut c_void) -> Status {
     ffi_call("nvfipc_host_alloc", || {
