@@ -290,9 +290,16 @@ IpcHandleCache::IpcHandleCache(const ExpressionEvaluator* expr_evaluator)
 IpcHandleCache::~IpcHandleCache() = default;
 
 IpcHandleCache::KeyType IpcHandleCache::getKey(P2PCommunication* comm) const {
-  const auto peer = expr_evaluator_->evaluate(comm->peer()).as<int64_t>();
-  const auto buffer =
-      expr_evaluator_->evaluate(comm->buffer()).as<at::Tensor>();
+  return makeKey(
+      comm,
+      expr_evaluator_->evaluate(comm->peer()).as<int64_t>(),
+      expr_evaluator_->evaluate(comm->buffer()).as<at::Tensor>());
+}
+
+IpcHandleCache::KeyType IpcHandleCache::makeKey(
+    P2PCommunication* comm,
+    int64_t peer,
+    const at::Tensor& buffer) {
   return KeyType{
       peer,
       buffer.data_ptr(),
@@ -331,9 +338,8 @@ void IpcHandleCache::exchangeHandles(
   buffers.reserve(communications.size());
   channels.reserve(communications.size());
   for (P2PCommunication* comm : communications) {
-    KeyType key = getKey(comm);
-    NVF_CHECK(
-        key.peer != my_rank, "send to self not supported: ", comm->toString());
+    const auto peer = expr_evaluator_->evaluate(comm->peer()).as<int64_t>();
+    NVF_CHECK(peer != my_rank, "send to self not supported: ", comm->toString());
     at::Tensor buffer =
         expr_evaluator_->evaluate(comm->buffer()).as<at::Tensor>();
     NVF_CHECK(
@@ -344,9 +350,9 @@ void IpcHandleCache::exchangeHandles(
         buffer.is_cuda(),
         "IpcHandle only supports CUDA tensors: ",
         comm->toString());
-    Channel& ch = channel(comm, my_rank, key.peer);
+    Channel& ch = channel(comm, my_rank, peer);
     nvfipc::Request request;
-    request.peer = key.peer;
+    request.peer = peer;
     request.direction = comm->type() == P2PCommunicationType::SEND
         ? nvfipc::Direction::Send
         : nvfipc::Direction::Recv;
@@ -355,7 +361,7 @@ void IpcHandleCache::exchangeHandles(
     request.ptr = nvfipc::Request::address(buffer.data_ptr());
     request.bytes = static_cast<uint64_t>(sizeInBytes(buffer));
     requests.push_back(std::move(request));
-    keys.push_back(key);
+    keys.push_back(makeKey(comm, peer, buffer));
     buffers.push_back(std::move(buffer));
     channels.push_back(&ch);
   }

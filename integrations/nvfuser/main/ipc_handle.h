@@ -203,6 +203,10 @@ class IpcHandleCache {
   };
 
   KeyType getKey(P2PCommunication* comm) const;
+  static KeyType makeKey(
+      P2PCommunication* comm,
+      int64_t peer,
+      const at::Tensor& buffer);
 
   // The channel of `comm` towards `peer`, named when first seen: the ordered pair of ranks and
   // its position among this cache's channels between that pair, in the order they were first
