@@ -245,6 +245,9 @@ typedef struct nvfipc_cache_counters {
   // Reads of peers' node identities (one `WAIT` + `MULTI_GET` each), made at most once per
   // peer and only when a first exchange found no board of the peer on this node yet.
   uint64_t peer_lookups;
+  // Peer buffers imported without a store fetch: the board said where they lie, inside an
+  // allocation whose record this rank already held (the caching allocator's pattern).
+  uint64_t records_known;
 } nvfipc_cache_counters;
 
 // Receives one log line: its level (`NVFIPC_LOG_WARN` .. `NVFIPC_LOG_TRACE`), its subsystem

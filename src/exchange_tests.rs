@@ -108,6 +108,67 @@ fn step(c: &[HandleCache], r0: &[Request], r1: &[Request]) -> (Result<()>, Resul
     })
 }
 
+/// Buffers carved at new offsets from allocations a peer has seen (the caching allocator's
+/// pattern) are imported from the board's "where it lies" and the record already held: no store
+/// fetch, no new mapping.
+#[test]
+fn buffers_moving_inside_known_allocations_need_no_store_fetch() {
+    let job = "ut_known";
+    let (store, c) = caches(job, 2);
+    let pools: Vec<[HostBuffer; 2]> = (0..2)
+        .map(|rank| {
+            let fill = |n: u8| {
+                let b = alloc_for_job(job, 4096).unwrap();
+                for off in (0..4096).step_by(64) {
+                    b.write(off, &[n + (off / 64) as u8; 64]).unwrap();
+                }
+                b
+            };
+            [fill(rank * 100), fill(rank * 100 + 70)]
+        })
+        .collect();
+    let reqs = |pool: usize, off: u64| {
+        let send = Request::send(1, "x", pools[0][pool].addr() + off, 64, MemKind::Host);
+        let recv = Request::recv(0, "x", pools[1][pool].addr() + off, 64, MemKind::Host);
+        ([send], [recv])
+    };
+    let run = |pool: usize, off: u64| {
+        let (r0, r1) = reqs(pool, off);
+        let (x, y) = step(&c, &r0, &r1);
+        x.unwrap();
+        y.unwrap();
+        let (h0, h1) = (c[0].get(&r0[0]).unwrap(), c[1].get(&r1[0]).unwrap());
+        let expect = |rank: u8| rank * 100 + if pool == 1 { 70 } else { 0 } + (off / 64) as u8;
+        assert_eq!(peer_byte(&h0), expect(1), "rank 0 sees rank 1's buffer");
+        assert_eq!(peer_byte(&h1), expect(0), "rank 1 sees rank 0's buffer");
+    };
+    run(0, 0);
+    let first = c[0].stats();
+    assert_eq!((first.records_received, first.records_known), (1, 0));
+    // Moved inside allocation 0: known.
+    run(0, 128);
+    let moved = c[0].stats();
+    assert_eq!((moved.records_received, moved.records_known), (1, 1));
+    assert_eq!(
+        moved.store_round_trips,
+        first.store_round_trips + 1,
+        "only the record sent, none fetched"
+    );
+    // Into allocation 1, never seen: fetched; back to allocation 0: known again.
+    run(1, 64);
+    run(0, 192);
+    let end = c[0].stats();
+    assert_eq!((end.records_received, end.records_known), (2, 2));
+    let t = c[0].transport(MemKind::Host).unwrap().clone();
+    assert_eq!(t.live_mappings(), 2, "one mapping per peer allocation");
+    for s in &close_all(c) {
+        assert_eq!(s.opens, s.closes);
+        assert_eq!(s.keys_deleted, 4, "read and unread records deleted");
+    }
+    drop(t);
+    assert_eq!(store.num_keys().unwrap(), 0);
+}
+
 #[test]
 fn miss_then_hit_with_no_store_traffic() {
     let (store, c) = caches("ut_hit", 2);

@@ -3,11 +3,13 @@
 //! *version* at each step. Peers read it with plain atomic loads, so two ranks can agree on
 //! whether a channel needs a store exchange without any store traffic.
 //!
-//! Layout (magic `NVFIBRD2`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
-//! `closed`, the owner's pid namespace), then `capacity` entries of 64 bytes in an insert-only open-addressing table keyed by
-//! the channel's 128-bit fingerprint: `{state, fingerprint, step, version[2], opened}`. Only the
-//! owner writes. An entry is published by writing the fingerprint first and `state` last
-//! (Release); a step is published by writing `version[step % 2]` first and `step` last (Release).
+//! Layout (magic `NVFIBRD3`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
+//! `closed`, the owner's pid namespace), then `capacity` entries of 128 bytes in an insert-only
+//! open-addressing table keyed by the channel's 128-bit fingerprint: `{state, fingerprint, step,
+//! version[2], opened, at[2]}`, where `at` is where the buffer of that version lies (allocation
+//! id, offset, bytes: see [`BufferAt`]). Only the owner writes. An entry is published by writing
+//! the fingerprint first and `state` last (Release); a step is published by writing
+//! `version[step % 2]` and `at[step % 2]` first and `step` last (Release).
 //!
 //! Why two version slots suffice: a rank at step `s` waits until its peer's step is `>= s`, so
 //! while one rank reads step `s` its peer is at step `s` or `s + 1` and never overwrites the slot
@@ -25,10 +27,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// Version 2 added `closed` to the header.
-const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD2");
+/// Version 2 added `closed` to the header, version 3 where each version's buffer lies.
+const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD3");
 const HEADER: u64 = 64;
-const ENTRY: u64 = 64;
+const ENTRY: u64 = 128;
 /// Channels one rank can publish (per cache).
 pub const CAPACITY: u32 = 4096;
 const BOARD_BYTES: u64 = HEADER + ENTRY * CAPACITY as u64;
@@ -132,6 +134,19 @@ struct Entry {
     version: [AtomicU64; 2],
     /// The peer's buffer version that the owner has opened on this channel.
     opened: AtomicU64,
+    /// Where the buffer of `version[i]` lies: allocation id, offset, bytes.
+    at: [[AtomicU64; 3]; 2],
+}
+
+/// Where a channel's buffer lies in its exporter's allocation, as the board carries it: enough
+/// for a peer that already holds the allocation's record to import the buffer without fetching
+/// a new record from the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BufferAt {
+    /// The exporter's allocation id (`LocalBuffer::buffer_id`).
+    pub alloc_id: u64,
+    pub offset: u64,
+    pub bytes: u64,
 }
 
 /// Shared view of a mapped board (own or peer's).
@@ -303,10 +318,16 @@ impl OwnBoard {
         )))
     }
 
-    /// Publishes `version` as this rank's buffer version at `step` of the channel at `entry`.
-    pub fn publish(&self, entry: u32, step: u64, version: u64) {
+    /// Publishes `version`, whose buffer lies `at`, as this rank's buffer version at `step` of
+    /// the channel at `entry`.
+    pub fn publish(&self, entry: u32, step: u64, version: u64, at: BufferAt) {
         let e = self.table.entry(entry);
-        e.version[(step & 1) as usize].store(version, Ordering::Release);
+        let slot = (step & 1) as usize;
+        let [alloc_id, offset, bytes] = &e.at[slot];
+        alloc_id.store(at.alloc_id, Ordering::Relaxed);
+        offset.store(at.offset, Ordering::Relaxed);
+        bytes.store(at.bytes, Ordering::Relaxed);
+        e.version[slot].store(version, Ordering::Release);
         e.step.store(step, Ordering::Release);
     }
 
@@ -378,11 +399,22 @@ impl PeerBoard {
         self.table.find(fp)
     }
 
-    /// The peer's (step, version at `step`) once its step has reached `step`.
-    pub fn read(&self, entry: u32, step: u64) -> Option<u64> {
+    /// The peer's version at `step`, and where its buffer lies, once its step has reached
+    /// `step`.
+    pub fn read(&self, entry: u32, step: u64) -> Option<(u64, BufferAt)> {
         let e = self.table.entry(entry);
         let peer_step = e.step.load(Ordering::Acquire);
-        (peer_step >= step).then(|| e.version[(step & 1) as usize].load(Ordering::Acquire))
+        (peer_step >= step).then(|| {
+            let slot = (step & 1) as usize;
+            let [alloc_id, offset, bytes] = &e.at[slot];
+            let version = e.version[slot].load(Ordering::Acquire);
+            let at = BufferAt {
+                alloc_id: alloc_id.load(Ordering::Relaxed),
+                offset: offset.load(Ordering::Relaxed),
+                bytes: bytes.load(Ordering::Relaxed),
+            };
+            (version, at)
+        })
     }
 
     /// The version of this rank's buffer that the peer has opened on the channel at `entry`.
@@ -445,12 +477,17 @@ mod tests {
         assert_eq!(own.insert(fp).unwrap(), e);
         assert_eq!(peer.find(fp), Some(e));
         assert_eq!(peer.read(e, 1), None);
-        own.publish(e, 1, 10);
-        assert_eq!(peer.read(e, 1), Some(10));
-        own.publish(e, 2, 11);
-        // A reader still at step 1 keeps seeing step 1's version.
-        assert_eq!(peer.read(e, 1), Some(10));
-        assert_eq!(peer.read(e, 2), Some(11));
+        let at = |offset| BufferAt {
+            alloc_id: 7,
+            offset,
+            bytes: 64,
+        };
+        own.publish(e, 1, 10, at(0));
+        assert_eq!(peer.read(e, 1), Some((10, at(0))));
+        own.publish(e, 2, 11, at(128));
+        // A reader still at step 1 keeps seeing step 1's version and place.
+        assert_eq!(peer.read(e, 1), Some((10, at(0))));
+        assert_eq!(peer.read(e, 2), Some((11, at(128))));
         assert_eq!(peer.step(e), 2);
         assert_eq!(peer.owner_pid(), std::process::id());
         assert!(peer.owner_alive());

@@ -423,6 +423,7 @@ impl HandleCache {
                 // it back.
                 link: std::mem::take(&mut ch.link),
                 peer_version: 0,
+                peer_at: Default::default(),
                 waiting: false,
                 sent,
                 staged,
@@ -497,7 +498,9 @@ impl HandleCache {
                         continue;
                     }
                 };
+                st.known.learn(it.ch.peer, it.ch.kind, &imp.record);
                 let ch = &mut st.channels[it.channel];
+                ch.peer_record = Some(imp.record);
                 let old = ch.peer_side.replace(PeerSide {
                     mapping: imp.mapping,
                     bytes: imp.bytes,

@@ -3,10 +3,12 @@
 //! the step a timed-out call left suspended.
 
 use super::board::PeerBoard;
+use super::known::KnownAllocations;
 use super::request::ChannelKey;
 use super::retain::Retained;
 use crate::error::Error;
 use crate::transport::epoch::TransferEpochs;
+use crate::transport::record::Record;
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -67,6 +69,8 @@ pub(super) struct Imported {
     pub bytes: u64,
     pub sem_handle: ExportedHandle,
     pub sem_slot: u32,
+    /// The record it was imported from.
+    pub record: Record,
 }
 
 /// What a call that timed out waiting for a peer leaves for the next call on its channel: the
@@ -89,6 +93,9 @@ pub(super) struct Channel {
     /// The peer's version this rank last opened.
     pub peer_opened: u64,
     pub peer_side: Option<PeerSide>,
+    /// The record of the peer's buffer mapped in `peer_side` (its semaphore fields hold for
+    /// every version of the channel).
+    pub peer_record: Option<Record>,
     /// Taken by the call that exchanges the channel, put back when it ends.
     pub link: PeerLink,
     /// Being exchanged by a call.
@@ -110,6 +117,7 @@ impl Channel {
             published: 0,
             peer_opened: 0,
             peer_side: None,
+            peer_record: None,
             link: PeerLink::default(),
             busy: false,
             failed: None,
@@ -152,6 +160,8 @@ pub(super) struct ChannelTable {
     pub peer_slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
     /// Replaced peer mappings kept mapped for reuse (see `retain`).
     pub retained: Retained,
+    /// Records of peer allocations seen, for buffers that move inside them (see `known`).
+    pub known: KnownAllocations,
 }
 
 #[cfg(test)]

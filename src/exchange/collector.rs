@@ -1,39 +1,119 @@
 //! Deletes consumed store records off the hot path: the importer hands the keys it has read to a
 //! background thread, so garbage collection never adds a store round trip to an exchange.
+//!
+//! Keys of records the importer did not need to read (it built the record from one it already
+//! held, see `known`) may not have reached the store yet: the exporter sends without waiting for
+//! the store. Those are deleted once they are there: a delete that finds nothing is tried again
+//! every [`RETRY`], up to [`TRIES`] times, then given up (a leftover key is harmless: keys are
+//! never reused).
 
 use crate::error::{Error, Result};
 use crate::store::Store;
+use crossbeam::channel::RecvTimeoutError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Pause between two deletes of a key that was not there yet.
+const RETRY: Duration = Duration::from_millis(5);
+/// Deletes of such a key before it is given up (about 1 s).
+const TRIES: u32 = 200;
+
+enum Job {
+    /// Keys read from the store: there.
+    Read(Vec<String>),
+    /// Keys not read: there, or soon.
+    Unread(Vec<String>),
+}
 
 /// Deletes consumed records off the hot path.
 pub(crate) struct Collector {
-    queue: Option<crossbeam::channel::Sender<Vec<String>>>,
+    queue: Option<crossbeam::channel::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// The collector thread's state: the store, and keys waiting to be there.
+struct Sweeper {
+    store: Arc<dyn Store>,
+    deleted: Arc<AtomicU64>,
+    /// After a failed delete (store gone) everything is skipped, so that dropping the cache
+    /// never waits on a dead store.
+    healthy: bool,
+    late: Vec<(String, u32)>,
+}
+
+impl Sweeper {
+    /// Deletes `key`; whether it was there.
+    fn delete(&mut self, key: &str) -> bool {
+        if !self.healthy {
+            return true;
+        }
+        match self.store.delete_key(key) {
+            Ok(true) => {
+                self.deleted.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Ok(false) => false,
+            Err(_) => {
+                self.healthy = false;
+                true
+            }
+        }
+    }
+
+    fn run(&mut self, job: Job) {
+        match job {
+            Job::Read(keys) => {
+                for key in &keys {
+                    self.delete(key);
+                }
+            }
+            Job::Unread(keys) => {
+                for key in keys {
+                    if !self.delete(&key) {
+                        self.late.push((key, 1));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tries the late keys again; those still absent after [`TRIES`] are given up.
+    fn retry_late(&mut self) {
+        let late = std::mem::take(&mut self.late);
+        for (key, tries) in late {
+            if !self.delete(&key) && tries < TRIES {
+                self.late.push((key, tries + 1));
+            }
+        }
+    }
 }
 
 impl Collector {
     pub(crate) fn start(store: Arc<dyn Store>, deleted: Arc<AtomicU64>) -> Result<Collector> {
-        let (tx, rx) = crossbeam::channel::unbounded::<Vec<String>>();
+        let (tx, rx) = crossbeam::channel::unbounded::<Job>();
+        let mut sweeper = Sweeper {
+            store,
+            deleted,
+            healthy: true,
+            late: Vec::new(),
+        };
         let thread = std::thread::Builder::new()
             .name("nvfipc-gc".into())
-            .spawn(move || {
-                // After a failed delete (store gone) the rest is skipped, so that dropping the
-                // cache never waits on a dead store; a leftover key is harmless (never reused).
-                let mut healthy = true;
-                for keys in rx {
-                    for key in &keys {
-                        if !healthy {
-                            break;
-                        }
-                        match store.delete_key(key) {
-                            Ok(true) => {
-                                deleted.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Ok(false) => {}
-                            Err(_) => healthy = false,
-                        }
+            .spawn(move || loop {
+                let job = if sweeper.late.is_empty() {
+                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv_timeout(RETRY)
+                };
+                match job {
+                    Ok(job) => sweeper.run(job),
+                    Err(RecvTimeoutError::Timeout) => sweeper.retry_late(),
+                    Err(RecvTimeoutError::Disconnected) => {
+                        // The cache is closing: one last try for what is late.
+                        sweeper.retry_late();
+                        return;
                     }
                 }
             })
@@ -44,9 +124,17 @@ impl Collector {
         })
     }
 
+    /// Deletes keys of records this rank has read.
     pub(crate) fn delete(&self, keys: Vec<String>) {
         if let Some(q) = &self.queue {
-            let _ = q.send(keys);
+            let _ = q.send(Job::Read(keys));
+        }
+    }
+
+    /// Deletes keys of records this rank did not read, once they have reached the store.
+    pub(crate) fn delete_when_written(&self, keys: Vec<String>) {
+        if let Some(q) = &self.queue {
+            let _ = q.send(Job::Unread(keys));
         }
     }
 
@@ -56,5 +144,27 @@ impl Collector {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    #[test]
+    fn unread_keys_are_deleted_once_they_arrive() {
+        let store = Arc::new(MemoryStore::new());
+        let deleted = Arc::new(AtomicU64::new(0));
+        let mut c = Collector::start(store.clone(), deleted.clone()).unwrap();
+        store.set("read", b"1").unwrap();
+        c.delete(vec!["read".into()]);
+        c.delete_when_written(vec!["late".into()]);
+        std::thread::sleep(RETRY * 4);
+        store.set("late", b"1").unwrap();
+        c.finish();
+        assert!(!store.check(&["read"]).unwrap());
+        assert!(!store.check(&["late"]).unwrap(), "deleted once it arrived");
+        assert_eq!(deleted.load(Ordering::Relaxed), 2);
     }
 }

@@ -18,6 +18,7 @@ mod channel;
 mod collector;
 mod deadline;
 mod events;
+mod known;
 pub mod peers;
 mod protocol;
 pub mod request;

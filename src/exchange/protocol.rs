@@ -29,7 +29,7 @@
 //! failure (a peer that closed or died, a bad record, a store error) poisons the channels of its
 //! batch: later calls on them fail with `InvalidState` (create a new cache).
 
-use super::board::PeerBoard;
+use super::board::{BufferAt, PeerBoard};
 use super::cache::HandleCache;
 use super::channel::{ChannelInfo, Imported, PeerLink};
 use super::deadline::Deadline;
@@ -58,6 +58,8 @@ pub(super) struct Item {
     pub peer_opened: u64,
     pub link: PeerLink,
     pub peer_version: u64,
+    /// Where the peer's buffer of `peer_version` lies (from its board).
+    pub peer_at: BufferAt,
     /// Still waited for by the current wait (peer's step, then peer's open).
     pub waiting: bool,
     /// Resuming a suspended step: its records are already in the store.
@@ -129,7 +131,12 @@ impl HandleCache {
             it.sent = true;
         }
         for it in items.iter() {
-            self.board.publish(it.ch.entry, it.step, it.version);
+            let at = BufferAt {
+                alloc_id: it.local.buffer_id,
+                offset: it.local.offset(),
+                bytes: it.local.bytes,
+            };
+            self.board.publish(it.ch.entry, it.step, it.version, at);
         }
         if let Err(e) = self.wait_peers(items, deadline) {
             let staged = items.iter_mut().map(|it| it.staged.take()).collect();
@@ -353,8 +360,9 @@ impl HandleCache {
                 return Ok(false);
             };
             match board.read(entry, it.step) {
-                Some(v) => {
-                    it.peer_version = v;
+                Some((version, at)) => {
+                    it.peer_version = version;
+                    it.peer_at = at;
                     Ok(true)
                 }
                 None => Ok(false),
@@ -512,6 +520,16 @@ impl HandleCache {
         if wanted.is_empty() {
             return Ok(imports);
         }
+        let wanted = match self.import_known(items, &wanted, &mut imports, deadline) {
+            Ok(rest) => rest,
+            Err(e) => {
+                self.release_imports(imports);
+                return Err(e);
+            }
+        };
+        if wanted.is_empty() {
+            return Ok(imports);
+        }
         let keys: Vec<String> = wanted
             .iter()
             .map(|&i| {
@@ -602,6 +620,61 @@ impl HandleCache {
         lock(&self.collector).delete(keys);
     }
 
+    /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
+    /// whose record this rank already holds (see `known`); their records, which the peer sent
+    /// all the same, are deleted by the collector once they arrive. Returns the items left to
+    /// fetch from the store.
+    fn import_known(
+        &self,
+        items: &[Item],
+        wanted: &[usize],
+        imports: &mut [Option<Imported>],
+        deadline: &mut Deadline,
+    ) -> Result<Vec<usize>> {
+        let records: Vec<Option<Record>> = {
+            let st = lock(&self.table);
+            wanted
+                .iter()
+                .map(|&i| {
+                    let it = &items[i];
+                    let channel = st.channels[it.channel].peer_record.as_ref()?;
+                    let pid = it.link.board.as_ref()?.owner_pid();
+                    let at = it.peer_at;
+                    st.known.record_for(
+                        (it.ch.peer, pid, it.ch.kind, at.alloc_id),
+                        at.offset,
+                        at.bytes,
+                        it.peer_version,
+                        channel,
+                    )
+                })
+                .collect()
+        };
+        let mut rest = Vec::new();
+        let mut keys = Vec::new();
+        for (&i, rec) in wanted.iter().zip(records) {
+            let Some(rec) = rec else {
+                rest.push(i);
+                continue;
+            };
+            let it = &items[i];
+            let key = it.ch.key.record_key(
+                &self.cfg.job_id,
+                &self.cfg.scope,
+                it.ch.peer,
+                it.peer_version,
+            );
+            self.refuse_closed_peer(it, &key)?;
+            imports[i] = Some(self.import_record(it, rec, &key, deadline.remaining())?);
+            keys.push(key);
+        }
+        if !keys.is_empty() {
+            bump(&self.counters.records_known, keys.len() as u64);
+            lock(&self.collector).delete_when_written(keys);
+        }
+        Ok(rest)
+    }
+
     fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
         let ctx = || {
             format!(
@@ -620,6 +693,17 @@ impl HandleCache {
                 it.peer_version
             )));
         }
+        self.import_record(it, rec, key, wait)
+    }
+
+    /// Maps the buffer that `rec` (checked: the peer's, at the version wanted) describes.
+    fn import_record(&self, it: &Item, rec: Record, key: &str, wait: Duration) -> Result<Imported> {
+        let ctx = || {
+            format!(
+                "rank {}: record {key:?} of peer rank {} for {}",
+                self.cfg.rank, it.ch.peer, it.ch.key
+            )
+        };
         let is_device = rec.flags & flags::DEVICE != 0;
         if is_device != (it.ch.kind == MemKind::Device) {
             return Err(Error::invalid(format!(
@@ -658,6 +742,7 @@ impl HandleCache {
                 payload: rec.sem_payload,
             },
             sem_slot: rec.sem_slot,
+            record: rec,
         })
     }
 }

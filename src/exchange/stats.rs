@@ -35,6 +35,9 @@ pub struct CacheStats {
     /// Reads of peers' node identities (one `WAIT` + `MULTI_GET` each), made at most once per
     /// peer and only when a first exchange found no board of the peer on this node yet.
     pub peer_lookups: u64,
+    /// Peer buffers imported without a store fetch: the board said where they lie, inside an
+    /// allocation whose record this rank already held (the caching allocator's pattern).
+    pub records_known: u64,
 }
 
 #[derive(Default)]
@@ -52,6 +55,7 @@ pub(crate) struct Counters {
     pub(crate) peers_unclosed: AtomicU64,
     pub(crate) leaked_slabs: AtomicU64,
     pub(crate) peer_lookups: AtomicU64,
+    pub(crate) records_known: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
@@ -76,6 +80,7 @@ impl Counters {
             peers_unclosed: l(&self.peers_unclosed),
             leaked_slabs: l(&self.leaked_slabs),
             peer_lookups: l(&self.peer_lookups),
+            records_known: l(&self.records_known),
         }
     }
 }
