@@ -64,16 +64,28 @@ fn timed_out(what: &str, e: &io::Error) -> Gate {
     }
 }
 
-/// Asks the responder at `route` for `ids` (pipelined on one connection) and returns their
-/// descriptors in order; the first failure ends it with its gate.
+/// Asks the responder at `route` for `ids` (pipelined on one new connection) and returns their
+/// descriptors in order, with the connection when it can serve further requests; the first
+/// failure ends it with its gate.
 pub fn fetch_over_socket(
     route: &Route,
     request: FetchRequest,
     ids: &[FdId],
     deadline: Instant,
     retry_until: Instant,
-) -> Result<Vec<OwnedFd>, Gate> {
+) -> Result<(Vec<OwnedFd>, Option<UnixStream>), Gate> {
     let stream = connect(route, retry_until.min(deadline))?;
+    fetch_on(stream, request, ids, deadline)
+}
+
+/// [`fetch_over_socket`] on a connection made before. The connection comes back only when it is
+/// in step (every reply read, nothing left over), so a later request cannot read a stale reply.
+pub fn fetch_on(
+    stream: UnixStream,
+    request: FetchRequest,
+    ids: &[FdId],
+    deadline: Instant,
+) -> Result<(Vec<OwnedFd>, Option<UnixStream>), Gate> {
     let mut out = Vec::with_capacity(ids.len() * (HEADER_LEN + 24));
     for id in ids {
         out.extend_from_slice(
@@ -158,7 +170,8 @@ pub fn fetch_over_socket(
             Reply::Error { code, message, .. } => return Err(Gate::Refused { code, message }),
         }
     }
-    Ok(fds)
+    let in_step = input.is_empty() && pending_fds.is_empty();
+    Ok((fds, in_step.then_some(stream)))
 }
 
 /// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a responder that closed gives EPIPE, never

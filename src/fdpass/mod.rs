@@ -55,6 +55,7 @@ use responder::{Responder, ResponderStats};
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -117,6 +118,9 @@ pub struct FdPass {
     registry: Arc<Registry>,
     running: Mutex<Option<Running>>,
     peers: Mutex<HashMap<usize, PeerRecord>>,
+    /// One connection per peer responder (by route, whose name carries the responder's nonce),
+    /// kept between fetches; a responder closes it after `idle_timeout` of silence.
+    connections: Mutex<HashMap<String, UnixStream>>,
 }
 
 type InstanceKey = (String, String, usize);
@@ -143,6 +147,7 @@ impl FdPass {
             registry: Arc::new(Registry::default()),
             running: Mutex::new(None),
             peers: Mutex::new(HashMap::new()),
+            connections: Mutex::new(HashMap::new()),
         }
     }
 
@@ -477,10 +482,29 @@ impl FdPass {
         deadline: Instant,
         diag: &mut Diagnosis,
     ) -> Option<std::result::Result<Vec<OwnedFd>, ()>> {
+        let kept = lock(&self.connections).remove(&route.describe());
+        if let Some(stream) = kept {
+            // A connection that fails (the responder closed it when idle, or restarted) is
+            // replaced by a new one below; the responder's own refusal is its answer.
+            match import::fetch_on(stream, request, ids, deadline) {
+                Ok((fds, stream)) => {
+                    self.keep_connection(route, stream);
+                    return Some(Ok(fds));
+                }
+                Err(gate) if import::is_definitive(&gate) => {
+                    diag.add(route.rung(), route.describe(), gate);
+                    return Some(Err(()));
+                }
+                Err(_) => {}
+            }
+        }
         let retry_until = Instant::now() + self.config.connect_retry;
         loop {
             match import::fetch_over_socket(route, request, ids, deadline, retry_until) {
-                Ok(fds) => return Some(Ok(fds)),
+                Ok((fds, stream)) => {
+                    self.keep_connection(route, stream);
+                    return Some(Ok(fds));
+                }
                 // A responder at its connection limit: retry like a connect that failed.
                 Err(Gate::Refused {
                     code: frame::ErrorCode::Busy,
@@ -495,6 +519,21 @@ impl FdPass {
                 }
             }
         }
+    }
+}
+
+impl FdPass {
+    /// Keeps a connection that is in step for the next fetch from the same responder: a
+    /// connect and an accept less per import.
+    fn keep_connection(&self, route: &Route, stream: Option<UnixStream>) {
+        if let Some(stream) = stream {
+            lock(&self.connections).insert(route.describe(), stream);
+        }
+    }
+
+    /// Connections kept to peers' responders (tests and diagnostics).
+    pub fn kept_connections(&self) -> usize {
+        lock(&self.connections).len()
     }
 }
 
@@ -605,5 +644,33 @@ mod tests {
             again.record().is_none(),
             "a new instance once the last one is gone"
         );
+    }
+
+    #[test]
+    fn a_kept_connection_serves_the_next_fetch_and_is_replaced_once_closed() {
+        let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+        let config = FdPassConfig {
+            socket_dir: None,
+            idle_timeout: Duration::from_millis(100),
+            ..FdPassConfig::default()
+        };
+        let a = FdPass::new(store.clone(), "keep", "keep", 0, config.clone());
+        let b = FdPass::new(store, "keep", "keep", 1, config);
+        let id = a.register(memfd("keep", 4096).unwrap()).unwrap();
+        let t = Duration::from_secs(5);
+        b.fetch(0, &id, t).unwrap();
+        assert_eq!(b.kept_connections(), 1);
+        b.fetch(0, &id, t).unwrap();
+        let accepted = |p: &FdPass| p.responder_stats().unwrap().0;
+        assert_eq!(accepted(&a), 1, "the second fetch reused the connection");
+        // The responder closes it when idle: the next fetch connects again.
+        std::thread::sleep(Duration::from_millis(400));
+        b.fetch(0, &id, t).unwrap();
+        assert_eq!(accepted(&a), 2);
+        assert_eq!(b.kept_connections(), 1);
+        // A refusal on a kept connection is still the responder's answer.
+        a.unregister(&id);
+        let err = b.fetch(0, &id, t).unwrap_err();
+        assert_eq!(err.status, crate::error::Status::NotFound, "{err}");
     }
 }
