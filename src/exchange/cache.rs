@@ -582,6 +582,29 @@ impl HandleCache {
         Ok(())
     }
 
+    /// Maps the semaphore slabs of the peers whose buffers `imports` holds (those not mapped
+    /// yet), so that commit finds them.
+    pub(super) fn map_peer_slabs(
+        &self,
+        items: &[Item],
+        imports: &[Option<Imported>],
+        deadline: &mut Deadline,
+    ) -> Result<()> {
+        let mut st = lock(&self.table);
+        for (it, imp) in items.iter().zip(imports) {
+            if let Some(imp) = imp {
+                self.peer_slab(&mut st, it, &imp.sem_handle, deadline)
+                    .map_err(|e| {
+                        e.context(format!(
+                            "rank {}: mapping peer rank {}'s semaphore slab for {}",
+                            self.cfg.rank, it.ch.peer, it.ch.key
+                        ))
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
     /// The base of `it.ch.peer`'s semaphore slab in this process, mapping it on first use.
     fn peer_slab(
         &self,

@@ -159,6 +159,12 @@ impl HandleCache {
                 return Err(RunError::Fatal(e));
             }
         };
+        // Everything of the peer this rank needs is mapped before it says so: a peer that has
+        // seen `opened` may return, and exit, and its memory is passed by its own process.
+        if let Err(e) = self.map_peer_slabs(items, &imports, deadline) {
+            self.release_imports(imports);
+            return Err(RunError::Fatal(e));
+        }
         for (it, imp) in items.iter().zip(&imports) {
             if imp.is_some() {
                 self.board.publish_opened(it.ch.entry, it.peer_version);
