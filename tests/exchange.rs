@@ -7,7 +7,9 @@
 use nvfuser_ipc::default_transports;
 use nvfuser_ipc::error::Status;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, P2pHandles, Request};
+use nvfuser_ipc::fdpass::{FdPass, FdPassConfig};
 use nvfuser_ipc::host::{self, p2p, HostBuffer};
+use nvfuser_ipc::names;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
@@ -565,6 +567,20 @@ fn ring(r: Rank) {
         let want = r.prev() as u8 * 16 + step;
         assert!(got.iter().all(|&b| b == want), "step {step}");
     }
+    // The host buffers crossed processes as file descriptors: this rank's fd responder served
+    // its peers' imports (buffers and semaphore slab), and nothing of them is named in /dev/shm.
+    let fdpass = FdPass::for_job(
+        Arc::new(test_store()),
+        &names::fdpass_prefix(&r.job),
+        &names::job_tag(&r.job),
+        r.rank,
+        FdPassConfig::from_env().unwrap(),
+    );
+    let (_, fds_sent, _, _) = fdpass.responder_stats().expect("the transport's responder");
+    assert!(fds_sent >= 2, "rank {}: {fds_sent} fds sent", r.rank);
+    let names = shm_entries(&r.job);
+    assert!(names.iter().all(|n| names::is_board_name(n)), "{names:?}");
+    drop(fdpass);
     r.finish();
 }
 
