@@ -57,6 +57,17 @@ impl HostSlab {
     }
 }
 
+impl Drop for HostSlab {
+    fn drop(&mut self) {
+        // The fd transport may outlive this slab (other caches of the job share it).
+        if let Some(handle) = self.handle.get() {
+            if let Ok(id) = fd_id(handle.handle_type, &handle.payload, "own slab") {
+                self.fdpass.unregister(&id);
+            }
+        }
+    }
+}
+
 impl SemaphoreSlab for HostSlab {
     fn allocate_slot(&self) -> Result<u32> {
         lock(&self.free).pop().ok_or_else(|| {
@@ -160,5 +171,9 @@ mod tests {
         assert_eq!(b.live_peer_slabs(), 0);
         assert!(b.release_peer(0, &handle).is_err());
         assert!(a.local(SLAB_SLOTS).is_err());
+        let fdpass = a.fdpass.clone();
+        assert_eq!(fdpass.registered(), 1);
+        drop(a);
+        assert_eq!(fdpass.registered(), 0, "withdrawn with the slab");
     }
 }

@@ -71,6 +71,16 @@ impl HostTransport {
     }
 }
 
+impl Drop for HostTransport {
+    fn drop(&mut self) {
+        // The fd transport may outlive this one (other caches of the job share it): what this
+        // one offered goes with it, so a buffer freed later is not kept alive by its offer.
+        for (_, id) in lock(&self.offered).drain() {
+            self.fdpass.unregister(&id);
+        }
+    }
+}
+
 impl FreeListener for HostTransport {
     fn freed(&self, id: u64) {
         // A freed buffer's memory is returned once no peer maps it: stop offering it.
@@ -269,6 +279,18 @@ mod tests {
         let err = importer.import(&rec, T).unwrap_err();
         assert_eq!(err.status, Status::NotFound, "{err}");
         assert!(err.message.contains("no longer exists"), "{err}");
+    }
+
+    #[test]
+    fn a_dropped_transport_withdraws_its_offers() {
+        let (fa, _) = test_fdpass_pair("unit_tr4");
+        let t = HostTransport::with_fdpass(fa.clone()).unwrap();
+        let buf = alloc::alloc_for_job("unit_tr", 64).unwrap();
+        t.export(&t.resolve(buf.addr(), 8).unwrap()).unwrap();
+        t.semaphores().export().unwrap();
+        assert_eq!(fa.registered(), 2, "the buffer and the slab");
+        drop(t);
+        assert_eq!(fa.registered(), 0);
     }
 
     #[test]
