@@ -234,7 +234,7 @@ impl HandleCache {
         match result {
             Ok(imports) => {
                 let opened = imports.iter().filter(|i| i.is_some()).count();
-                let replaced = self.commit(items, imports, &mut deadline)?;
+                let replaced = self.commit(items, imports);
                 bump(&self.counters.exchanges, 1);
                 if clock.is_some() {
                     self.log_done(items, opened, replaced, events::since(clock));
@@ -474,37 +474,23 @@ impl HandleCache {
     /// Step 5: installs the new peer mappings, releasing the ones they replace (a release never
     /// waits for device work; up to a bound of them are kept mapped for reuse instead, see
     /// `retain`). Returns the number of mappings released.
-    fn commit(
-        &self,
-        items: &mut [Item],
-        imports: Vec<Option<Imported>>,
-        deadline: &mut Deadline,
-    ) -> Result<usize> {
+    fn commit(&self, items: &mut [Item], imports: Vec<Option<Imported>>) -> usize {
         let mut st = lock(&self.table);
         let mut hits = 0;
         let mut replaced = 0;
-        let mut slab_errors: Vec<(usize, Error)> = Vec::new();
         // `imports` is empty when nothing was imported.
         let mut imports = imports.into_iter();
         for it in items.iter_mut() {
             let imp = imports.next().flatten();
             let fetched = imp.is_some();
             if let Some(imp) = imp {
-                let sem_base = match self.peer_slab(&mut st, it, &imp.sem_handle, deadline) {
-                    Ok(base) => base,
-                    Err(e) => {
-                        self.release_mapping(it.ch.kind, &imp.mapping);
-                        slab_errors.push((it.channel, e));
-                        continue;
-                    }
-                };
                 st.known.learn(it.ch.peer, it.ch.kind, &imp.record);
                 let ch = &mut st.channels[it.channel];
                 ch.peer_record = Some(imp.record);
                 let old = ch.peer_side.replace(PeerSide {
                     mapping: imp.mapping,
                     bytes: imp.bytes,
-                    semaphore: slot_address(sem_base, imp.sem_slot),
+                    semaphore: imp.semaphore,
                 });
                 ch.peer_opened = it.peer_version;
                 if let Some(old) = old {
@@ -530,17 +516,7 @@ impl HandleCache {
         if misses > 0 {
             bump(&self.counters.misses, misses);
         }
-        let first = slab_errors.first().map(|(_, e)| e.clone());
-        for (channel, e) in slab_errors {
-            st.channels[channel].failed = Some(e);
-        }
-        match first {
-            Some(e) => Err(e.context(format!(
-                "rank {}: mapping a peer's semaphore slab",
-                self.cfg.rank
-            ))),
-            None => Ok(replaced),
-        }
+        replaced
     }
 
     /// Back-pressure on released mappings: the device transport closes them on a releaser thread
@@ -583,23 +559,25 @@ impl HandleCache {
     }
 
     /// Maps the semaphore slabs of the peers whose buffers `imports` holds (those not mapped
-    /// yet), so that commit finds them.
+    /// yet) and gives each import its peer semaphore's address here.
     pub(super) fn map_peer_slabs(
         &self,
         items: &[Item],
-        imports: &[Option<Imported>],
+        imports: &mut [Option<Imported>],
         deadline: &mut Deadline,
     ) -> Result<()> {
         let mut st = lock(&self.table);
-        for (it, imp) in items.iter().zip(imports) {
+        for (it, imp) in items.iter().zip(imports.iter_mut()) {
             if let Some(imp) = imp {
-                self.peer_slab(&mut st, it, &imp.sem_handle, deadline)
+                let base = self
+                    .peer_slab(&mut st, it, &imp.sem_handle, deadline)
                     .map_err(|e| {
                         e.context(format!(
                             "rank {}: mapping peer rank {}'s semaphore slab for {}",
                             self.cfg.rank, it.ch.peer, it.ch.key
                         ))
                     })?;
+                imp.semaphore = slot_address(base, imp.sem_slot);
             }
         }
         Ok(())

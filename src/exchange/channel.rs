@@ -69,6 +69,9 @@ pub(super) struct Imported {
     pub bytes: u64,
     pub sem_handle: ExportedHandle,
     pub sem_slot: u32,
+    /// The peer's semaphore for the channel as mapped here; set by `map_peer_slabs` before the
+    /// peer is told the buffer is opened (0 until then).
+    pub semaphore: u64,
     /// The record it was imported from.
     pub record: Record,
 }

@@ -142,7 +142,7 @@ impl HandleCache {
             let staged = items.iter_mut().map(|it| it.staged.take()).collect();
             return Err(RunError::classify(e, staged));
         }
-        let imports = match self.fetch_records(items, deadline) {
+        let mut imports = match self.fetch_records(items, deadline) {
             Ok(imports) => imports,
             Err(e) if e.status == Status::Timeout => {
                 // Records are sent without waiting for the store's reply, so a peer's step can be
@@ -161,7 +161,7 @@ impl HandleCache {
         };
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
-        if let Err(e) = self.map_peer_slabs(items, &imports, deadline) {
+        if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
             self.release_imports(imports);
             return Err(RunError::Fatal(e));
         }
@@ -748,6 +748,7 @@ impl HandleCache {
                 payload: rec.sem_payload,
             },
             sem_slot: rec.sem_slot,
+            semaphore: 0,
             record: rec,
         })
     }
