@@ -13,6 +13,7 @@ use nvfuser_ipc::fdpass::{
     self, record_key, FdId, FdPass, FdPassConfig, Gate, LocalIdentity, PeerRecord, PtracerState,
     Rung,
 };
+use nvfuser_ipc::os::memfd;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
@@ -521,7 +522,7 @@ impl Rank {
 
 /// A memfd of `bytes` bytes holding `pattern(seed)`.
 fn filled_memfd(seed: usize, bytes: usize) -> File {
-    let file = File::from(fdpass::memfd(&format!("fdtest-{seed}"), bytes as u64).unwrap());
+    let file = File::from(memfd::create_reserved(&format!("fdtest-{seed}"), bytes as u64).unwrap());
     file.write_all_at(&pattern(seed, bytes), 0).unwrap();
     file
 }
@@ -935,7 +936,9 @@ fn scenario_sigpipe(r: &Rank) {
 /// Registers one descriptor and sleeps until killed.
 fn scenario_hold(r: &Rank) {
     let fp = r.env_fdpass();
-    let _id = fp.register(fdpass::memfd("hold", 4096).unwrap()).unwrap();
+    let _id = fp
+        .register(memfd::create_reserved("hold", 4096).unwrap())
+        .unwrap();
     std::thread::sleep(Duration::from_secs(60));
 }
 

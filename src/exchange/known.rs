@@ -47,7 +47,7 @@ impl KnownAllocations {
     /// allocation is not known or the place does not fit in it.
     pub fn record_for(
         &self,
-        key: (usize, u32, MemKind, u64),
+        key: Key,
         offset: u64,
         bytes: u64,
         version: u64,

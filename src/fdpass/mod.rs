@@ -67,17 +67,6 @@ pub fn record_key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/fdpass/{rank}")
 }
 
-/// An anonymous file of `bytes` bytes (`memfd_create`, close-on-exec), for host buffers passed
-/// by fd.
-pub fn memfd(name: &str, bytes: u64) -> Result<OwnedFd> {
-    let fd = crate::os::memfd::create(name)
-        .map_err(|e| Error::from_io(format!("memfd_create({name:?})"), &e))?;
-    let file = std::fs::File::from(fd);
-    file.set_len(bytes)
-        .map_err(|e| Error::from_io(format!("sizing memfd {name:?} to {bytes} bytes"), &e))?;
-    Ok(OwnedFd::from(file))
-}
-
 /// A random nonce from the kernel's generator.
 fn random_nonce() -> Result<u64> {
     let mut b = [0u8; 8];
@@ -625,7 +614,7 @@ mod tests {
         );
 
         // A process may fetch its own descriptors too.
-        let fd = memfd("unit", 12345).unwrap();
+        let fd = crate::os::memfd::create_reserved("unit", 12345).unwrap();
         assert_eq!(
             std::fs::File::from(fd.try_clone().unwrap())
                 .metadata()
@@ -656,7 +645,9 @@ mod tests {
         };
         let a = FdPass::new(store.clone(), "keep", "keep", 0, config.clone());
         let b = FdPass::new(store, "keep", "keep", 1, config);
-        let id = a.register(memfd("keep", 4096).unwrap()).unwrap();
+        let id = a
+            .register(crate::os::memfd::create_reserved("keep", 4096).unwrap())
+            .unwrap();
         let t = Duration::from_secs(5);
         b.fetch(0, &id, t).unwrap();
         assert_eq!(b.kept_connections(), 1);

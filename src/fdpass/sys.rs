@@ -1,6 +1,6 @@
 //! Every OS call of the fd transport that std does not offer, written once with its SAFETY note:
 //! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `pidfd_open`/`pidfd_getfd`, `prctl(PR_SET_PTRACER)`,
-//! `memfd_create`, `fstat`, and the unlinking of socket paths at exit. The rest of `fdpass` has
+//! `fstat`, and the unlinking of socket paths at exit. The rest of `fdpass` has
 //! no `libc::` and no `unsafe`; this file is meant to move under the OS module as it is.
 
 use std::io;

@@ -4,7 +4,7 @@
 
 use super::handle::{fd_handle, fd_id};
 use crate::error::{Error, Result};
-use crate::fdpass::FdPass;
+use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};
 use crate::sync::lock;
 use crate::transport::record::PAYLOAD_LEN;
@@ -24,7 +24,8 @@ struct PeerSlab {
 pub struct HostSlab {
     mem: SharedMapping,
     fdpass: Arc<FdPass>,
-    handle: OnceCell<ExportedHandle>,
+    /// The slab's id with the fd transport, once offered (on the first export).
+    offered: OnceCell<FdId>,
     free: Mutex<Vec<u32>>,
     peers: Mutex<HashMap<(usize, [u8; PAYLOAD_LEN]), PeerSlab>>,
 }
@@ -37,7 +38,7 @@ impl HostSlab {
         Ok(HostSlab {
             mem,
             fdpass,
-            handle: OnceCell::new(),
+            offered: OnceCell::new(),
             // Pop from the end: slot 0 first.
             free: Mutex::new((0..SLAB_SLOTS).rev().collect()),
             peers: Mutex::new(HashMap::new()),
@@ -60,10 +61,8 @@ impl HostSlab {
 impl Drop for HostSlab {
     fn drop(&mut self) {
         // The fd transport may outlive this slab (other caches of the job share it).
-        if let Some(handle) = self.handle.get() {
-            if let Ok(id) = fd_id(handle.handle_type, &handle.payload, "own slab") {
-                self.fdpass.unregister(&id);
-            }
+        if let Some(id) = self.offered.get() {
+            self.fdpass.unregister(id);
         }
     }
 }
@@ -94,15 +93,12 @@ impl SemaphoreSlab for HostSlab {
     }
 
     fn export(&self) -> Result<ExportedHandle> {
-        self.handle
-            .get_or_try_init(|| {
-                let id = self
-                    .fdpass
-                    .register_dup(self.mem.fd())
-                    .map_err(|e| e.context("offering the host semaphore slab to peers"))?;
-                Ok(fd_handle(&id))
-            })
-            .copied()
+        let id = self.offered.get_or_try_init(|| {
+            self.fdpass
+                .register_dup(self.mem.fd())
+                .map_err(|e| e.context("offering the host semaphore slab to peers"))
+        })?;
+        Ok(fd_handle(id))
     }
 
     fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {

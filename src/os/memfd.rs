@@ -27,6 +27,11 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
 /// An anonymous file of `bytes` bytes, every page reserved (so a lack of memory is an error here,
 /// never a SIGBUS at the first write), mapped read-write and shared.
 pub fn create_mapped(name: &str, bytes: u64) -> Result<SharedMapping> {
+    SharedMapping::map(create_reserved(name, bytes)?, bytes, name)
+}
+
+/// An anonymous file of `bytes` bytes, every page reserved, not mapped here.
+pub fn create_reserved(name: &str, bytes: u64) -> Result<OwnedFd> {
     if bytes == 0 {
         return Err(Error::invalid(format!("shared file {name}: size 0")));
     }
@@ -46,7 +51,7 @@ pub fn create_mapped(name: &str, bytes: u64) -> Result<SharedMapping> {
             &err,
         ));
     }
-    SharedMapping::map(fd, bytes, name)
+    Ok(fd)
 }
 
 /// A descriptor's file mapped read-write and shared, unmapped on drop. Keeps the descriptor, so
@@ -62,7 +67,7 @@ impl SharedMapping {
     /// Maps the first `len` bytes of `fd`, which must be at least that long (a peer's descriptor:
     /// a shorter file would SIGBUS at the first access past its end).
     pub fn map(fd: OwnedFd, len: u64, what: &str) -> Result<SharedMapping> {
-        let size = file_size(fd.as_fd())
+        let size = super::mmap::file_size(fd.as_fd())
             .map_err(|e| Error::from_io(format!("fstat of the shared file {what}"), &e))?;
         if size < len || len == 0 {
             return Err(Error::protocol(format!(
@@ -70,29 +75,8 @@ impl SharedMapping {
                  or truncated)"
             )));
         }
-        let bytes = usize::try_from(len)
-            .map_err(|_| Error::invalid(format!("shared file {what}: size {len} too large")))?;
-        // SAFETY: mapping a fresh region (addr NULL) of an open descriptor; the kernel checks
-        // the rest and the file is at least `bytes` long (checked above).
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            let err = io::Error::last_os_error();
-            return Err(Error::from_io(format!("mmap({what}, {len} bytes)"), &err));
-        }
-        Ok(SharedMapping {
-            fd,
-            addr: ptr as u64,
-            len,
-        })
+        let addr = super::mmap::map_shared(fd.as_fd(), len, what)?;
+        Ok(SharedMapping { fd, addr, len })
     }
 
     /// Address of the mapping in this process.
@@ -121,16 +105,6 @@ impl Drop for SharedMapping {
         // buffer is freed or released.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
     }
-}
-
-fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open for the call and `st` is a valid out pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(u64::try_from(st.st_size).unwrap_or(0))
 }
 
 /// Memory a new anonymous file can take: the kernel's `MemAvailable` and, inside a memory

@@ -3,6 +3,7 @@
 //!
 //! - [`shm`]: POSIX shared-memory segments (`shm_open` + `mmap`), for node-local boards;
 //! - [`memfd`]: anonymous shared files and their mappings, for host buffers passed by fd;
+//! - [`mmap`]: the shared mapping of a descriptor's file and its size, for both of those;
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
 //! - [`process`]: the host name and whether a pid is alive;
@@ -14,6 +15,7 @@ pub mod cleanup;
 pub mod launcher;
 pub mod listen;
 pub mod memfd;
+pub mod mmap;
 pub mod net;
 pub mod process;
 pub mod shm;

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
+use std::os::fd::BorrowedFd;
 
 /// One mapped segment. Unmapped on drop; unlinked on drop if this process created it and has not
 /// unlinked it yet.
@@ -159,14 +160,9 @@ impl ShmSegment {
         min_len: u64,
         short_is_absent: bool,
     ) -> Result<Option<(u64, u64)>> {
-        // SAFETY: an all-zero `stat` is a valid value to be overwritten by fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open and `st` is a valid out pointer.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            let err = io::Error::last_os_error();
-            return Err(Error::from_io(format!("fstat({name})"), &err));
-        }
-        let len = u64::try_from(st.st_size).unwrap_or(0);
+        // SAFETY: `fd` is open for the duration of this function (the caller closes it after).
+        let len = super::mmap::file_size(unsafe { BorrowedFd::borrow_raw(fd) })
+            .map_err(|e| Error::from_io(format!("fstat({name})"), &e))?;
         if short_is_absent && (len < min_len || len == 0) {
             return Ok(None);
         }
@@ -217,24 +213,8 @@ pub fn unlink_name(name: &str) {
 }
 
 fn map(fd: libc::c_int, name: &str, len: u64) -> Result<u64> {
-    let size = usize::try_from(len)
-        .map_err(|_| Error::invalid(format!("shm segment {name}: size {len} too large")))?;
-    // SAFETY: mapping a fresh region (addr NULL) of an open descriptor; the kernel checks the rest.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        let err = io::Error::last_os_error();
-        return Err(Error::from_io(format!("mmap({name}, {len} bytes)"), &err));
-    }
-    Ok(ptr as u64)
+    // SAFETY: the callers pass a descriptor they hold open for the call.
+    super::mmap::map_shared(unsafe { BorrowedFd::borrow_raw(fd) }, len, name)
 }
 
 impl Drop for ShmSegment {
