@@ -6,6 +6,7 @@
 //! - [`handle`]: a host handle on the wire (an fd id in a record's payload);
 //! - [`transport`]: the [`Transport`](crate::transport::Transport) for [`MemKind::Host`](crate::transport::MemKind);
 //! - [`slab`]: the per-process semaphore slab in shared memory;
+//! - [`peer_maps`]: peers' buffers and slabs mapped here, refcounted, fetched once;
 //! - [`p2p`]: the get-zcopy primitives (send post, recv post, send wait) on host memory;
 //!
 //! Anonymous files, mappings and bounded waits are OS helpers (`crate::os`).
@@ -13,6 +14,7 @@
 pub mod alloc;
 pub mod handle;
 pub mod p2p;
+pub mod peer_maps;
 pub mod slab;
 pub mod transport;
 

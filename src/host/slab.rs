@@ -3,6 +3,7 @@
 //! channels.
 
 use super::handle::{fd_handle, fd_id};
+use super::peer_maps::PeerMappings;
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};
@@ -10,15 +11,9 @@ use crate::sync::lock;
 use crate::transport::record::PAYLOAD_LEN;
 use crate::transport::{slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS};
 use once_cell::sync::OnceCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-struct PeerSlab {
-    mem: SharedMapping,
-    refs: usize,
-}
 
 /// A semaphore slab in host shared memory, offered to peers on its first export.
 pub struct HostSlab {
@@ -27,7 +22,7 @@ pub struct HostSlab {
     /// The slab's id with the fd transport, once offered (on the first export).
     offered: OnceCell<FdId>,
     free: Mutex<Vec<u32>>,
-    peers: Mutex<HashMap<(usize, [u8; PAYLOAD_LEN]), PeerSlab>>,
+    peers: PeerMappings<(usize, [u8; PAYLOAD_LEN])>,
 }
 
 impl HostSlab {
@@ -41,13 +36,13 @@ impl HostSlab {
             offered: OnceCell::new(),
             // Pop from the end: slot 0 first.
             free: Mutex::new((0..SLAB_SLOTS).rev().collect()),
-            peers: Mutex::new(HashMap::new()),
+            peers: PeerMappings::default(),
         })
     }
 
     /// Number of peer slabs currently mapped.
     pub fn live_peer_slabs(&self) -> usize {
-        lock(&self.peers).len()
+        self.peers.len()
     }
 
     fn semaphore(&self, slot: u32) -> Result<&AtomicU32> {
@@ -104,34 +99,21 @@ impl SemaphoreSlab for HostSlab {
     fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
         let what = format!("the semaphore slab of rank {peer}");
         let id = fd_id(handle.handle_type, &handle.payload, &what)?;
-        let key = (peer, handle.payload);
-        if let Some(p) = lock(&self.peers).get_mut(&key) {
-            p.refs += 1;
-            return Ok(p.mem.addr());
-        }
-        // Fetched without the lock: the peer's answer may take up to `wait`.
-        let fd = self
-            .fdpass
-            .fetch(peer, &id, wait)
-            .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
-        let mem = SharedMapping::map(fd, SLAB_BYTES, &what)?;
-        let mut peers = lock(&self.peers);
-        let p = peers.entry(key).or_insert(PeerSlab { mem, refs: 0 });
-        p.refs += 1;
-        Ok(p.mem.addr())
+        self.peers.acquire((peer, handle.payload), || {
+            let fd = self
+                .fdpass
+                .fetch(peer, &id, wait)
+                .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
+            SharedMapping::map(fd, SLAB_BYTES, &what)
+        })
     }
 
     fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
-        let mut peers = lock(&self.peers);
         let key = (peer, handle.payload);
-        let Some(p) = peers.get_mut(&key) else {
+        if !self.peers.release_matching(|k, _| *k == key) {
             return Err(Error::state(format!(
                 "the semaphore slab of rank {peer} is not mapped (released twice?)"
             )));
-        };
-        p.refs -= 1;
-        if p.refs == 0 {
-            peers.remove(&key);
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 
 use super::alloc::{self, FreeListener};
 use super::handle::{fd_handle, fd_id};
+use super::peer_maps::PeerMappings;
 use super::slab::HostSlab;
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
@@ -16,11 +17,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-struct Imported {
-    mem: SharedMapping,
-    refs: usize,
-}
-
 /// The host transport. One per cache is typical; each owns its semaphore slab, and all of a
 /// process's transports of one job and rank share one fd responder.
 pub struct HostTransport {
@@ -29,7 +25,7 @@ pub struct HostTransport {
     /// Descriptors offered to peers, by buffer id; withdrawn when the buffer is freed.
     offered: Mutex<HashMap<u64, FdId>>,
     /// Mapped peer buffers keyed by (peer rank, exporter pid, buffer id).
-    imports: Mutex<HashMap<(usize, u32, u64), Imported>>,
+    imports: PeerMappings<(usize, u32, u64)>,
 }
 
 impl HostTransport {
@@ -53,7 +49,7 @@ impl HostTransport {
             fdpass,
             slab,
             offered: Mutex::new(HashMap::new()),
-            imports: Mutex::new(HashMap::new()),
+            imports: PeerMappings::default(),
         });
         let listener: Weak<dyn FreeListener> = Arc::downgrade(&transport) as _;
         alloc::on_free(listener);
@@ -146,33 +142,21 @@ impl Transport for HostTransport {
         let peer = rec.rank as usize;
         let what = format!("host buffer {} of rank {peer}", rec.buffer_id);
         let id = fd_id(rec.handle_type, &rec.payload, &what)?;
-        let key = (peer, rec.pid, rec.buffer_id);
-        let mapped = lock(&self.imports).get_mut(&key).map(|imp| {
-            imp.refs += 1;
-            imp.mem.addr()
-        });
-        let base = match mapped {
-            Some(base) => base,
-            None => {
-                // Fetched without the lock: the peer's answer may take up to `wait`.
-                let fd = self.fdpass.fetch(peer, &id, wait).map_err(|e| {
-                    if e.status == Status::NotFound {
-                        Error::not_found(format!(
-                            "{what} no longer exists: it was freed before this rank opened it; \
-                             keep buffers alive until both sides have exchanged handles ({})",
-                            e.message
-                        ))
-                    } else {
-                        e.context(format!("opening {what}"))
-                    }
-                })?;
-                let mem = SharedMapping::map(fd, rec.alloc_bytes, &what)?;
-                let mut imports = lock(&self.imports);
-                let imp = imports.entry(key).or_insert(Imported { mem, refs: 0 });
-                imp.refs += 1;
-                imp.mem.addr()
-            }
-        };
+        let base = self.imports.acquire((peer, rec.pid, rec.buffer_id), || {
+            // The fd travels only from a live buffer: a freed one is "revoked".
+            let fd = self.fdpass.fetch(peer, &id, wait).map_err(|e| {
+                if e.status == Status::NotFound {
+                    Error::not_found(format!(
+                        "{what} no longer exists: it was freed before this rank opened it; keep \
+                         buffers alive until both sides have exchanged handles ({})",
+                        e.message
+                    ))
+                } else {
+                    e.context(format!("opening {what}"))
+                }
+            })?;
+            SharedMapping::map(fd, rec.alloc_bytes, &what)
+        })?;
         Ok(Mapping {
             peer,
             base,
@@ -183,21 +167,14 @@ impl Transport for HostTransport {
     }
 
     fn release(&self, m: &Mapping) -> Result<()> {
-        let mut imports = lock(&self.imports);
-        let key = imports
-            .iter()
-            .find(|(k, imp)| k.0 == m.peer && k.2 == m.buffer_id && imp.mem.addr() == m.base)
-            .map(|(k, _)| *k)
-            .ok_or_else(|| {
-                Error::state(format!(
-                    "mapping {:#x} of rank {} is not open (released twice?)",
-                    m.base, m.peer
-                ))
-            })?;
-        let imp = imports.get_mut(&key).expect("key found above");
-        imp.refs -= 1;
-        if imp.refs == 0 {
-            imports.remove(&key);
+        let released = self
+            .imports
+            .release_matching(|k, addr| k.0 == m.peer && k.2 == m.buffer_id && addr == m.base);
+        if !released {
+            return Err(Error::state(format!(
+                "mapping {:#x} of rank {} is not open (released twice?)",
+                m.base, m.peer
+            )));
         }
         Ok(())
     }
@@ -207,7 +184,7 @@ impl Transport for HostTransport {
     }
 
     fn live_mappings(&self) -> usize {
-        lock(&self.imports).len()
+        self.imports.len()
     }
 }
 
