@@ -189,11 +189,7 @@ impl HandleCache {
                     self.cfg.rank, it.ch.key
                 ))
             })?;
-            let key =
-                it.ch
-                    .key
-                    .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version);
-            pairs.push((key, rec.encode()));
+            pairs.push((self.own_record_key(it), rec.encode()));
         }
         if pairs.is_empty() {
             return Ok(());
@@ -227,6 +223,23 @@ impl HandleCache {
             );
         }
         Ok(())
+    }
+
+    /// The store key of this rank's record of `it` at its version.
+    fn own_record_key(&self, it: &Item) -> String {
+        it.ch
+            .key
+            .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version)
+    }
+
+    /// The store key of the peer's record of `it` at the peer's version.
+    fn peer_record_key(&self, it: &Item) -> String {
+        it.ch.key.record_key(
+            &self.cfg.job_id,
+            &self.cfg.scope,
+            it.ch.peer,
+            it.peer_version,
+        )
     }
 
     fn make_record(&self, it: &Item) -> Result<Record> {
@@ -441,9 +454,7 @@ impl HandleCache {
             it.step,
             it.ch.key.describe(),
             board_name(&self.cfg.job_id, &self.cfg.scope, it.ch.peer),
-            it.ch
-                .key
-                .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version),
+            self.own_record_key(it),
         )))
     }
 
@@ -538,15 +549,7 @@ impl HandleCache {
         }
         let keys: Vec<String> = wanted
             .iter()
-            .map(|&i| {
-                let it = &items[i];
-                it.ch.key.record_key(
-                    &self.cfg.job_id,
-                    &self.cfg.scope,
-                    it.ch.peer,
-                    it.peer_version,
-                )
-            })
+            .map(|&i| self.peer_record_key(&items[i]))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         bump(&self.counters.store_round_trips, 1);
@@ -664,12 +667,7 @@ impl HandleCache {
                 continue;
             };
             let it = &items[i];
-            let key = it.ch.key.record_key(
-                &self.cfg.job_id,
-                &self.cfg.scope,
-                it.ch.peer,
-                it.peer_version,
-            );
+            let key = self.peer_record_key(it);
             self.refuse_closed_peer(it, &key)?;
             imports[i] = Some(self.import_record(it, rec, &key, deadline.remaining())?);
             keys.push(key);
