@@ -8,19 +8,28 @@
 use crate::context::Context;
 use crate::cuda::transport::CudaTransport;
 use crate::error::Result;
+use crate::fdpass::{FdPass, FdPassConfig};
 use crate::exchange::{CacheConfig, HandleCache};
 use crate::host::HostTransport;
 use crate::transport::{MemKind, Transport, Transports};
 use std::sync::Arc;
 
-/// The host transport of `cfg`'s rank and job, and the CUDA transport made on first use.
+/// The host transport of `cfg`'s rank and job, and the CUDA transport made on first use; both
+/// pass fds (host buffers, VMM and pool device buffers) through the job's one fd transport.
 pub fn for_cache(cfg: &CacheConfig) -> Result<Transports> {
-    let host: Arc<dyn Transport> = HostTransport::new(cfg.store.clone(), &cfg.job_id, cfg.rank)?;
+    let fdpass = FdPass::for_job(
+        cfg.store.clone(),
+        &crate::names::fdpass_prefix(&cfg.job_id),
+        &crate::names::job_tag(&cfg.job_id),
+        cfg.rank,
+        FdPassConfig::from_env()?,
+    );
+    let host: Arc<dyn Transport> = HostTransport::with_fdpass(fdpass.clone())?;
     let mut set = Transports::of(vec![host])?;
     set.set_on_first_use(
         MemKind::Device,
-        Box::new(|| {
-            let t: Arc<dyn Transport> = CudaTransport::new(None)?;
+        Box::new(move || {
+            let t: Arc<dyn Transport> = CudaTransport::with_fdpass(None, Some(fdpass.clone()))?;
             Ok(t)
         }),
     );

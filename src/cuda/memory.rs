@@ -2,6 +2,12 @@
 //! unique buffer id, the memory type, the device and whether legacy CUDA IPC can export it.
 //! [`classify`] (pure, unit-tested) turns those attributes into an exportable
 //! [`DeviceAllocation`] or an error that says what the pointer is and what to do.
+//!
+//! The export choice is made here, per buffer: legacy CUDA IPC for `cudaMalloc` memory
+//! ([`DeviceMemoryKind::Legacy`]), the physical allocations' POSIX fds or FABRIC handles for VMM
+//! mappings such as PyTorch's expandable segments ([`DeviceMemoryKind::Vmm`], see `vmm`), the
+//! pool plus per-pointer export data for stream-ordered pools ([`DeviceMemoryKind::Pool`], see
+//! `pool`); anything else is refused with the allocator setting to change.
 
 use super::driver::{self, check};
 use super::result;
@@ -57,7 +63,26 @@ pub struct PointerInfo {
     pub vmm: bool,
 }
 
-/// A device allocation that legacy IPC can export, and the user's range inside it.
+/// How a device allocation is exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceMemoryKind {
+    /// `cudaMalloc`: one legacy IPC handle for the allocation.
+    Legacy,
+    /// A VMM mapping: one shareable handle per physical allocation the buffer spans.
+    Vmm {
+        /// `CU_MEM_HANDLE_TYPE_*` bits the physical allocation at `base` can be exported as.
+        handle_types: u32,
+    },
+    /// A stream-ordered pool allocation.
+    Pool {
+        /// The pool (`CUmemoryPool`) it was allocated from.
+        pool: u64,
+    },
+}
+
+/// An exportable device allocation, and the user's range inside it. For VMM memory `base` and
+/// `size` are the physical allocation that holds `ptr`; the buffer may continue into the next
+/// ones (`vmm::resolve_run` walks them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DeviceAllocation {
     pub ptr: u64,
@@ -66,6 +91,7 @@ pub struct DeviceAllocation {
     pub size: u64,
     pub buffer_id: u64,
     pub device_ordinal: i32,
+    pub kind: DeviceMemoryKind,
 }
 
 impl DeviceAllocation {
@@ -163,7 +189,7 @@ pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
     };
     // Checked first: a VMM mapping may not report a memory type at all.
     if info.vmm && info.mempool == 0 {
-        return Err(vmm_error(at, ptr));
+        return classify_vmm(info, at).map(|a| DeviceAllocation { bytes, ..a });
     }
     match info.memory_type {
         MemoryType::Device => {}
@@ -191,16 +217,17 @@ pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
              allocate the buffer with cudaMalloc"
         )));
     }
-    if !info.legacy_ipc_capable {
-        if info.mempool != 0 {
+    let kind = match (info.legacy_ipc_capable, info.mempool) {
+        (true, _) => DeviceMemoryKind::Legacy,
+        (false, 0) => {
             return Err(Error::unsupported(format!(
-                "allocation at {at:#x} (pointer {ptr:#x}) comes from a stream-ordered memory pool \
-                 (cudaMallocAsync); legacy CUDA IPC cannot export it; allocate with cudaMalloc \
-                 (PyTorch: do not set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)"
-            )));
+                "allocation at {at:#x} (pointer {ptr:#x}) can be exported neither by legacy CUDA \
+                 IPC nor as VMM or pool memory; allocate it with cudaMalloc, cuMemCreate (with a \
+                 POSIX fd handle type) or from an IPC-capable memory pool"
+            )))
         }
-        return Err(vmm_error(at, ptr));
-    }
+        (false, pool) => DeviceMemoryKind::Pool { pool },
+    };
     let (base, size) = (info.range_start, info.range_size);
     if base == 0 || size == 0 || ptr < base {
         return Err(Error::internal(format!(
@@ -223,14 +250,42 @@ pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
         size,
         buffer_id: info.buffer_id,
         device_ordinal: info.device_ordinal,
+        kind,
     })
 }
 
-fn vmm_error(at: u64, ptr: u64) -> Error {
-    Error::unsupported(format!(
-        "allocation at {at:#x} (pointer {ptr:#x}) is VMM/expandable-segments memory; legacy CUDA \
-         IPC cannot export it; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
-    ))
+/// A VMM mapping: exportable when its physical allocation was created with a shareable handle
+/// type. Its range is the physical allocation holding `ptr`; whether the buffer fits in the
+/// following ones is checked by the segment walk.
+fn classify_vmm(info: &PointerInfo, at: u64) -> Result<DeviceAllocation> {
+    let ptr = info.ptr;
+    let handle_types = (info.allowed_handle_types as u32)
+        & (super::result::HANDLE_TYPE_POSIX_FD | super::result::HANDLE_TYPE_FABRIC);
+    if handle_types == 0 {
+        return Err(Error::unsupported(format!(
+            "allocation at {at:#x} (pointer {ptr:#x}) is VMM memory (cuMemCreate/cuMemMap, e.g. \
+             PyTorch's expandable segments) created without a shareable handle type \
+             (allowed handle types {:#x}); create it with requestedHandleTypes = \
+             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (or FABRIC), or set \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False",
+            info.allowed_handle_types
+        )));
+    }
+    if info.range_start == 0 || info.range_size == 0 || ptr < info.range_start {
+        return Err(Error::internal(format!(
+            "CUDA reported an empty address range (base {:#x}, size {}) for VMM pointer {ptr:#x}",
+            info.range_start, info.range_size
+        )));
+    }
+    Ok(DeviceAllocation {
+        ptr,
+        bytes: 0,
+        base: info.range_start,
+        size: info.range_size,
+        buffer_id: info.buffer_id,
+        device_ordinal: info.device_ordinal,
+        kind: DeviceMemoryKind::Vmm { handle_types },
+    })
 }
 
 /// Finds the exportable device allocation that holds `[ptr, ptr + bytes)`.
@@ -266,6 +321,7 @@ mod tests {
     #[test]
     fn legacy_allocation_resolves_with_offset() {
         let alloc = classify(&device(0x7000_0040), 16).unwrap();
+        assert_eq!(alloc.kind, DeviceMemoryKind::Legacy);
         assert_eq!(alloc.base, 0x7000_0000);
         assert_eq!(alloc.offset(), 0x40);
         assert_eq!(alloc.buffer_id, 42);
@@ -287,34 +343,46 @@ mod tests {
     }
 
     #[test]
-    fn vmm_memory_is_unsupported_with_a_remedy() {
-        let mut info = device(0x7000_0000);
+    fn vmm_memory_is_exported_per_physical_allocation() {
+        let mut info = device(0x7000_0040);
         info.legacy_ipc_capable = false;
         info.allowed_handle_types = 1;
+        info.vmm = true;
+        // The buffer may run past the first physical allocation: the segment walk checks that.
+        let alloc = classify(&info, 8 << 20).unwrap();
+        assert_eq!(alloc.kind, DeviceMemoryKind::Vmm { handle_types: 1 });
+        assert_eq!((alloc.base, alloc.size, alloc.bytes), (0x7000_0000, 2 << 20, 8 << 20));
+    }
+
+    #[test]
+    fn vmm_memory_without_a_shareable_handle_type_is_refused_with_a_remedy() {
+        let mut info = device(0x7000_0000);
+        info.legacy_ipc_capable = false;
+        info.allowed_handle_types = 0;
         info.vmm = true;
         let err = classify(&info, 4).unwrap_err();
         assert_eq!(err.status, Status::Unsupported);
         assert!(
-            err.message.contains(
-                "allocation at 0x70000000 (pointer 0x70000000) is VMM/expandable-segments memory"
-            ),
-            "{err}"
-        );
-        assert!(
             err.message
-                .contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"),
+                .contains("allocation at 0x70000000 (pointer 0x70000000) is VMM memory"),
             "{err}"
         );
+        assert!(err.message.contains("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"), "{err}");
+        assert!(err.message.contains("expandable_segments:False"), "{err}");
     }
 
     #[test]
-    fn pool_and_managed_memory_are_unsupported() {
+    fn pool_memory_is_exported_through_its_pool_and_managed_memory_is_refused() {
         let mut info = device(0x7000_0000);
         info.legacy_ipc_capable = false;
         info.mempool = 0xdead;
+        let alloc = classify(&info, 4).unwrap();
+        assert_eq!(alloc.kind, DeviceMemoryKind::Pool { pool: 0xdead });
+        let mut info = device(0x7000_0000);
+        info.legacy_ipc_capable = false;
         let err = classify(&info, 4).unwrap_err();
         assert_eq!(err.status, Status::Unsupported);
-        assert!(err.message.contains("memory pool"), "{err}");
+        assert!(err.message.contains("neither by legacy CUDA IPC"), "{err}");
         let mut info = device(0x7000_0000);
         info.is_managed = true;
         assert_eq!(classify(&info, 4).unwrap_err().status, Status::Unsupported);

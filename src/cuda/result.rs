@@ -11,6 +11,7 @@
 
 use cudarc::driver::sys;
 use std::ffi::c_void;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// A driver call's value, or the code it failed with.
 pub type DriverResult<T> = std::result::Result<T, sys::CUresult>;
@@ -231,5 +232,257 @@ pub unsafe fn memcpy_htod(dst: sys::CUdeviceptr, src: &[u8]) -> DriverResult<()>
 pub unsafe fn memcpy_dtoh(dst: &mut [u8], src: sys::CUdeviceptr) -> DriverResult<()> {
     // SAFETY: the caller's guarantee above; `dst` is exclusively borrowed for its whole length.
     let rc = unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) };
+    to_result(rc, ())
+}
+
+// ---- VMM (cuMemCreate'd memory: PyTorch's expandable segments, nvFuser's symmetric memory) ----
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const HANDLE_TYPE_POSIX_FD: u32 = 1;
+/// `CU_MEM_HANDLE_TYPE_FABRIC`.
+pub const HANDLE_TYPE_FABRIC: u32 = 8;
+/// Size of a `CUmemFabricHandle`.
+pub const FABRIC_HANDLE_LEN: usize = 64;
+
+/// `cuMemGetAddressRange` (v2): the mapping that contains `ptr` (for VMM memory, one physical
+/// allocation's mapping).
+pub fn mem_get_address_range(ptr: u64) -> DriverResult<(u64, u64)> {
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: valid out pointers; the driver only looks the address up.
+    let rc = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    to_result(rc, (base, size as u64))
+}
+
+/// A reference to the physical allocation mapped at `ptr` (`cuMemRetainAllocationHandle`),
+/// dropped by [`mem_release`].
+pub fn mem_retain_allocation_handle(ptr: u64) -> DriverResult<sys::CUmemGenericAllocationHandle> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out pointer; the driver only looks the address up.
+    let rc = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut c_void) };
+    to_result(rc, handle)
+}
+
+/// `cuMemRelease`: drops one reference to a physical allocation handle.
+///
+/// # Safety
+/// `handle` holds a reference this caller owns (from a retain, create or import), released once.
+pub unsafe fn mem_release(handle: sys::CUmemGenericAllocationHandle) -> DriverResult<()> {
+    // SAFETY: the caller's guarantee above.
+    let rc = unsafe { sys::cuMemRelease(handle) };
+    to_result(rc, ())
+}
+
+/// The handle types `handle` was created to be exported as (`requestedHandleTypes`, a bitmask
+/// of `CU_MEM_HANDLE_TYPE_*`) and the device it lives on.
+pub fn mem_allocation_handle_types(
+    handle: sys::CUmemGenericAllocationHandle,
+) -> DriverResult<(u32, i32)> {
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value of the C struct (integers, a
+    // null pointer, zero enums).
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer; the driver validates the handle.
+    let rc = unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
+    to_result(rc, (prop.requestedHandleTypes.0, prop.location.id))
+}
+
+/// `cuMemExportToShareableHandle` as a POSIX fd, owned by the caller.
+pub fn mem_export_fd(handle: sys::CUmemGenericAllocationHandle) -> DriverResult<OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: for POSIX fds the out value is an int; the driver validates the handle.
+    let rc = unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            handle,
+            sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+            0,
+        )
+    };
+    to_result(rc, ())?;
+    // SAFETY: on success the driver returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `cuMemExportToShareableHandle` as a FABRIC handle.
+pub fn mem_export_fabric(
+    handle: sys::CUmemGenericAllocationHandle,
+) -> DriverResult<[u8; FABRIC_HANDLE_LEN]> {
+    let mut out = [0u8; FABRIC_HANDLE_LEN];
+    // SAFETY: a CUmemFabricHandle is 64 plain bytes; the driver validates the handle.
+    let rc = unsafe {
+        sys::cuMemExportToShareableHandle(
+            out.as_mut_ptr().cast(),
+            handle,
+            sys::CUmemAllocationHandleType(HANDLE_TYPE_FABRIC),
+            0,
+        )
+    };
+    to_result(rc, out)
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX fd (the fd stays the caller's to close).
+pub fn mem_import_fd(fd: BorrowedFd<'_>) -> DriverResult<sys::CUmemGenericAllocationHandle> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // For POSIX fds the driver takes the descriptor number itself, passed as the pointer value.
+    let os_handle = fd.as_raw_fd() as isize as *mut c_void;
+    // SAFETY: valid out pointer; the descriptor is open for the duration of the call.
+    let rc = unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut handle,
+            os_handle,
+            sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+        )
+    };
+    to_result(rc, handle)
+}
+
+/// `cuMemImportFromShareableHandle` of a FABRIC handle.
+pub fn mem_import_fabric(
+    fabric: &[u8; FABRIC_HANDLE_LEN],
+) -> DriverResult<sys::CUmemGenericAllocationHandle> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    let mut bytes = *fabric;
+    // SAFETY: for FABRIC the driver reads 64 bytes at the pointer.
+    let rc = unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut handle,
+            bytes.as_mut_ptr().cast(),
+            sys::CUmemAllocationHandleType(HANDLE_TYPE_FABRIC),
+        )
+    };
+    to_result(rc, handle)
+}
+
+/// `cuMemAddressReserve`: `size` bytes of virtual address space, nothing mapped yet.
+pub fn mem_address_reserve(size: u64, alignment: u64) -> DriverResult<u64> {
+    let mut base: sys::CUdeviceptr = 0;
+    // SAFETY: valid out pointer; the driver picks the address (hint 0).
+    let rc = unsafe { sys::cuMemAddressReserve(&mut base, size as usize, alignment as usize, 0, 0) };
+    to_result(rc, base)
+}
+
+/// `cuMemAddressFree`.
+///
+/// # Safety
+/// `[base, base + size)` was reserved by [`mem_address_reserve`], nothing is mapped in it any
+/// more, and it is freed once.
+pub unsafe fn mem_address_free(base: u64, size: u64) -> DriverResult<()> {
+    // SAFETY: the caller's guarantees above.
+    let rc = unsafe { sys::cuMemAddressFree(base, size as usize) };
+    to_result(rc, ())
+}
+
+/// `cuMemMap` of a whole physical allocation of `size` bytes at `at`.
+///
+/// # Safety
+/// `[at, at + size)` lies in a reserved range of this process with nothing mapped there.
+pub unsafe fn mem_map(
+    at: u64,
+    size: u64,
+    handle: sys::CUmemGenericAllocationHandle,
+) -> DriverResult<()> {
+    // SAFETY: the caller's guarantee above; the driver validates handle and size.
+    let rc = unsafe { sys::cuMemMap(at, size as usize, 0, handle, 0) };
+    to_result(rc, ())
+}
+
+/// `cuMemUnmap`.
+///
+/// # Safety
+/// `[at, at + size)` is mapped by this process and no queued device work still uses it.
+pub unsafe fn mem_unmap(at: u64, size: u64) -> DriverResult<()> {
+    // SAFETY: the caller's guarantees above.
+    let rc = unsafe { sys::cuMemUnmap(at, size as usize) };
+    to_result(rc, ())
+}
+
+/// `cuMemSetAccess`: read-write access for `device` to the fully mapped `[base, base + size)`.
+pub fn mem_set_access_rw(base: u64, size: u64, device: i32) -> DriverResult<()> {
+    // SAFETY: an all-zero CUmemAccessDesc is a valid value (zero enums, zero id); the fields
+    // that matter are set below.
+    let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+    desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    // SAFETY: one valid descriptor; the driver validates the range.
+    let rc = unsafe { sys::cuMemSetAccess(base, size as usize, &desc, 1) };
+    to_result(rc, ())
+}
+
+// ---- stream-ordered pools (cudaMallocAsync) ----
+
+/// Size of a `CUmemPoolPtrExportData`.
+pub const POOL_PTR_EXPORT_LEN: usize = 64;
+
+/// `cuMemPoolExportToShareableHandle` as a POSIX fd, owned by the caller. Fails unless the pool
+/// was created with POSIX fd handles (the device's default pool never is).
+pub fn mem_pool_export_fd(pool: u64) -> DriverResult<OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: for POSIX fds the out value is an int; the driver validates the pool.
+    let rc = unsafe {
+        sys::cuMemPoolExportToShareableHandle(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            pool as sys::CUmemoryPool,
+            sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+            0,
+        )
+    };
+    to_result(rc, ())?;
+    // SAFETY: on success the driver returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `cuMemPoolExportPointer`: the data a peer needs to import the pool allocation at `ptr`.
+pub fn mem_pool_export_pointer(ptr: u64) -> DriverResult<[u8; POOL_PTR_EXPORT_LEN]> {
+    let mut data = sys::CUmemPoolPtrExportData {
+        reserved: [0; POOL_PTR_EXPORT_LEN],
+    };
+    // SAFETY: valid out pointer; the driver validates the pointer.
+    let rc = unsafe { sys::cuMemPoolExportPointer(&mut data, ptr) };
+    to_result(rc, data.reserved)
+}
+
+/// `cuMemPoolImportFromShareableHandle` of a POSIX fd (the fd stays the caller's to close).
+pub fn mem_pool_import_fd(fd: BorrowedFd<'_>) -> DriverResult<u64> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let os_handle = fd.as_raw_fd() as isize as *mut c_void;
+    // SAFETY: valid out pointer; the descriptor is open for the duration of the call.
+    let rc = unsafe {
+        sys::cuMemPoolImportFromShareableHandle(
+            &mut pool,
+            os_handle,
+            sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+            0,
+        )
+    };
+    to_result(rc, pool as u64)
+}
+
+/// `cuMemPoolImportPointer`: maps a peer's pool allocation into this process.
+pub fn mem_pool_import_pointer(pool: u64, data: &[u8; POOL_PTR_EXPORT_LEN]) -> DriverResult<u64> {
+    let mut ptr: sys::CUdeviceptr = 0;
+    let mut export = sys::CUmemPoolPtrExportData { reserved: *data };
+    // SAFETY: valid out pointer and export data; the driver validates the pool.
+    let rc = unsafe { sys::cuMemPoolImportPointer(&mut ptr, pool as sys::CUmemoryPool, &mut export) };
+    to_result(rc, ptr)
+}
+
+/// `cuMemFree` (v2) of a pointer imported by [`mem_pool_import_pointer`].
+///
+/// # Safety
+/// `ptr` came from [`mem_pool_import_pointer`], is freed once, and no queued work uses it.
+pub unsafe fn mem_free_imported(ptr: u64) -> DriverResult<()> {
+    // SAFETY: the caller's guarantees above.
+    let rc = unsafe { sys::cuMemFree_v2(ptr) };
+    to_result(rc, ())
+}
+
+/// `cuMemPoolDestroy` of an imported pool.
+///
+/// # Safety
+/// `pool` was imported by [`mem_pool_import_fd`], every pointer imported from it was freed,
+/// and it is destroyed once.
+pub unsafe fn mem_pool_destroy(pool: u64) -> DriverResult<()> {
+    // SAFETY: the caller's guarantees above.
+    let rc = unsafe { sys::cuMemPoolDestroy(pool as sys::CUmemoryPool) };
     to_result(rc, ())
 }

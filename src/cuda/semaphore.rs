@@ -200,10 +200,7 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
                 handle
             }
         };
-        Ok(ExportedHandle {
-            handle_type: HandleType::CudaLegacyIpc,
-            payload: handle,
-        })
+        Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, handle))
     }
 
     fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
@@ -286,10 +283,7 @@ mod tests {
         assert!(err.message.contains("out of range"), "{err}");
         let err = slab.free_slot(3).unwrap_err();
         assert_eq!(err.status, Status::InvalidState);
-        let host = ExportedHandle {
-            handle_type: HandleType::PosixFd,
-            payload: [1; 64],
-        };
+        let host = ExportedHandle::plain(HandleType::PosixFd, [1; 64]);
         assert_eq!(
             slab.import_peer(1, &host, Duration::ZERO)
                 .unwrap_err()

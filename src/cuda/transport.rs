@@ -1,19 +1,32 @@
-//! [`Transport`] for device memory: legacy CUDA IPC export/import of `cudaMalloc` allocations
+//! [`Transport`] for device memory, choosing the export per buffer from its pointer attributes
+//! (`memory::classify`): legacy CUDA IPC for `cudaMalloc` allocations ([`ipc`]), the physical
+//! allocations' POSIX fds or FABRIC handles for VMM buffers ([`vmm`] exports, [`vmm_map`]
+//! imports), the pool and per-pointer export data for stream-ordered pool buffers ([`pool`]);
 //! plus the device semaphore slab.
 //!
-//! Imports are refcounted per (peer, exporter buffer id); the driver-level open/close is further
-//! deduplicated process-wide by [`ipc`], so a peer allocation is opened once however many
-//! channels use it, and a new buffer carved from an allocation that is already mapped (PyTorch's
-//! caching allocator) costs no driver call. Releases never wait for device work: the last one of
-//! a mapping hands it to the releaser thread ([`super::release`]). Dropping the transport closes whatever is still imported and then frees the
-//! semaphore slab; the handle cache drops it only after its teardown has waited for its peers to
-//! close (see [`super::semaphore`]).
+//! Imports are refcounted per (peer, exporter buffer id) here, and the driver-level imports are
+//! further deduplicated process-wide by each module (per peer allocation, per VMM segment and
+//! run, per pool and pool allocation), so a peer allocation is opened once however many channels
+//! use it, and a new buffer carved from an allocation that is already mapped (PyTorch's caching
+//! allocator, a tensor inside imported expandable segments) costs no driver call. Releases never
+//! wait for device work: the last one of a mapping hands it to a releaser thread
+//! ([`super::release`]). Dropping the transport releases whatever is still imported, withdraws
+//! its VMM and pool offers, and then frees the semaphore slab; the handle cache drops it only
+//! after its teardown has waited for its peers to close (see [`super::semaphore`]).
+//!
+//! VMM and pool buffers travel as fds through the fd transport (`crate::fdpass`), which the
+//! transport is given by [`CudaTransport::with_fdpass`]; without one only legacy and FABRIC
+//! buffers can be shared.
 
 use super::driver;
 use super::ipc::{self, HandleBytes};
-use super::memory;
+use super::memory::{self, DeviceMemoryKind};
+use super::pool::{self, PoolExports};
 use super::semaphore::DeviceSemaphoreSlab;
+use super::vmm::{self, VmmExports};
+use super::vmm_map;
 use crate::error::{Error, Result};
+use crate::fdpass::FdPass;
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Record};
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
@@ -22,9 +35,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// What an import holds, to be released the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    Legacy { handle: HandleBytes, device: i32 },
+    Vmm(vmm_map::RunKey),
+    Pool(pool::PointerKey),
+}
+
 struct Imported {
-    handle: HandleBytes,
-    device: i32,
+    held: Held,
     base: u64,
     refs: usize,
 }
@@ -32,6 +52,9 @@ struct Imported {
 /// The device transport (see the module docs).
 pub struct CudaTransport {
     device: Option<i32>,
+    fdpass: Option<Arc<FdPass>>,
+    vmm_exports: VmmExports,
+    pool_exports: PoolExports,
     slab: DeviceSemaphoreSlab,
     /// Peer allocations imported through this transport: (peer, exporter buffer id) -> mapping.
     imports: Mutex<HashMap<(usize, u64), Imported>>,
@@ -51,15 +74,70 @@ pub fn cached_device_uuid(ordinal: i32) -> Result<[u8; 16]> {
 
 impl CudaTransport {
     /// A transport working on `device`, or on the device current at each call (`None`, the usual
-    /// case under nvFuser, which selects the device itself). Fails with `CudaUnavailable` when
-    /// there is no usable driver.
+    /// case under nvFuser, which selects the device itself), without an fd transport (legacy
+    /// and FABRIC buffers only). Fails with `CudaUnavailable` when there is no usable driver.
     pub fn new(device: Option<i32>) -> Result<Arc<CudaTransport>> {
+        Self::with_fdpass(device, None)
+    }
+
+    /// [`new`](Self::new), sharing VMM and pool buffers as fds through `fdpass` (the job's fd
+    /// transport, shared with the host transport).
+    pub fn with_fdpass(
+        device: Option<i32>,
+        fdpass: Option<Arc<FdPass>>,
+    ) -> Result<Arc<CudaTransport>> {
         driver::driver()?;
-        Ok(Arc::new(CudaTransport {
+        Ok(Arc::new(Self::unloaded(device, fdpass)))
+    }
+
+    fn unloaded(device: Option<i32>, fdpass: Option<Arc<FdPass>>) -> CudaTransport {
+        CudaTransport {
             device,
+            vmm_exports: VmmExports::new(fdpass.clone()),
+            pool_exports: PoolExports::new(fdpass.clone()),
+            fdpass,
             slab: DeviceSemaphoreSlab::new(device),
             imports: Mutex::new(HashMap::new()),
-        }))
+        }
+    }
+
+    /// Opens `rec` with the module of its handle type.
+    fn open(&self, peer: usize, rec: &Record, wait: Duration) -> Result<(Held, u64)> {
+        let fdpass = self.fdpass.as_deref();
+        match rec.handle_type {
+            HandleType::CudaLegacyIpc => {
+                let opened = ipc::open(peer, Some(rec.pid), &rec.payload, self.device, wait)?;
+                Ok((
+                    Held::Legacy {
+                        handle: rec.payload,
+                        device: opened.device,
+                    },
+                    opened.base,
+                ))
+            }
+            HandleType::CudaVmmFd | HandleType::CudaVmmFabric => {
+                let at = vmm_map::import(peer, rec, fdpass, self.device, wait)?;
+                Ok((Held::Vmm(at.key), at.base))
+            }
+            HandleType::CudaPool => {
+                let at = pool::import(peer, rec, fdpass, self.device, wait)?;
+                Ok((Held::Pool(at.key), at.base))
+            }
+            HandleType::PosixFd => Err(Error::invalid(format!(
+                "record of rank {} holds a {} handle; the device transport only opens device \
+                 memory handles",
+                rec.rank,
+                rec.handle_type.name()
+            ))),
+        }
+    }
+}
+
+fn release_held(peer: usize, held: &Held) -> Result<()> {
+    match held {
+        Held::Legacy { handle, device } => ipc::release(peer, handle, *device),
+        Held::Vmm(key) => vmm_map::release(peer, key),
+        Held::Pool(key) => pool::release(peer, key),
     }
 }
 
@@ -70,66 +148,76 @@ impl Transport for CudaTransport {
 
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
         let alloc = memory::resolve(ptr, bytes)?;
+        let (base, alloc_bytes, buffer_id) = match alloc.kind {
+            DeviceMemoryKind::Vmm { .. } => {
+                let run = vmm::resolve_run(&alloc)?;
+                (run.base(), run.size(), run.id())
+            }
+            DeviceMemoryKind::Legacy | DeviceMemoryKind::Pool { .. } => {
+                (alloc.base, alloc.size, alloc.buffer_id)
+            }
+        };
         Ok(LocalBuffer {
             ptr,
             bytes,
-            base: alloc.base,
-            alloc_bytes: alloc.size,
-            buffer_id: alloc.buffer_id,
+            base,
+            alloc_bytes,
+            buffer_id,
             device_uuid: cached_device_uuid(alloc.device_ordinal)?,
         })
     }
 
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
-        let payload = ipc::export(buf.base, buf.buffer_id)
-            .map_err(|e| e.context(format!("exporting device buffer {:#x}", buf.ptr)))?;
-        Ok(ExportedHandle {
-            handle_type: HandleType::CudaLegacyIpc,
-            payload,
-        })
+        let what = || format!("exporting device buffer {:#x}", buf.ptr);
+        // Only on a miss: the kind (and a VMM buffer's segments) are looked up again.
+        let alloc = memory::resolve(buf.ptr, buf.bytes).map_err(|e| e.context(what()))?;
+        match alloc.kind {
+            DeviceMemoryKind::Legacy => {
+                let payload = ipc::export(buf.base, buf.buffer_id).map_err(|e| e.context(what()))?;
+                Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, payload))
+            }
+            DeviceMemoryKind::Vmm { .. } => {
+                let run = vmm::resolve_run(&alloc).map_err(|e| e.context(what()))?;
+                self.vmm_exports.export(&run).map_err(|e| e.context(what()))
+            }
+            DeviceMemoryKind::Pool { .. } => {
+                self.pool_exports.export(&alloc).map_err(|e| e.context(what()))
+            }
+        }
     }
 
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
-        if rec.handle_type != HandleType::CudaLegacyIpc {
-            return Err(Error::invalid(format!(
-                "record of rank {} holds a {} handle; the device transport only opens CUDA IPC \
-                 handles",
-                rec.rank,
-                rec.handle_type.name()
-            )));
-        }
         let peer = rec.rank as usize;
         let mut imports = lock(&self.imports);
         let key = (peer, rec.buffer_id);
+        let (held, base) = self.open(peer, rec, wait).map_err(|e| {
+            e.context(format!(
+                "importing buffer {} of rank {peer} (pid {}, host {})",
+                rec.buffer_id,
+                rec.pid,
+                rec.host_name()
+            ))
+        })?;
         if let Some(entry) = imports.get(&key) {
-            if entry.handle != rec.payload {
+            if entry.held != held {
+                let _ = release_held(peer, &held);
                 return Err(Error::state(format!(
-                    "rank {peer} (pid {}) re-used buffer id {} with a different IPC handle while \
+                    "rank {peer} (pid {}) re-used buffer id {} with a different handle while \
                      the old mapping is still in use; release the old mapping first",
                     rec.pid, rec.buffer_id
                 )));
             }
         }
-        let opened =
-            ipc::open(peer, Some(rec.pid), &rec.payload, self.device, wait).map_err(|e| {
-                e.context(format!(
-                    "importing buffer {} of rank {peer} (pid {}, host {})",
-                    rec.buffer_id,
-                    rec.pid,
-                    rec.host_name()
-                ))
-            })?;
         let entry = imports.entry(key).or_insert(Imported {
-            handle: rec.payload,
-            device: opened.device,
-            base: opened.base,
+            held,
+            base,
             refs: 0,
         });
         entry.refs += 1;
         Ok(Mapping {
             peer,
-            base: opened.base,
-            ptr: opened.base + rec.offset,
+            base,
+            ptr: base + rec.offset,
             alloc_bytes: rec.alloc_bytes,
             buffer_id: rec.buffer_id,
         })
@@ -150,20 +238,24 @@ impl Transport for CudaTransport {
                 mapping.buffer_id, mapping.peer, mapping.base, entry.base
             )));
         }
-        let (handle, device) = (entry.handle, entry.device);
+        let held = entry.held;
         entry.refs -= 1;
         if entry.refs == 0 {
             imports.remove(&key);
         }
-        ipc::release(mapping.peer, &handle, device)
+        release_held(mapping.peer, &held)
     }
 
     fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
-        ipc::wait_release_room(peer, timeout)
+        ipc::wait_release_room(peer, timeout)?;
+        vmm_map::wait_release_room(peer, timeout)?;
+        pool::wait_release_room(peer, timeout)
     }
 
     fn flush_releases(&self, timeout: Duration) -> Result<()> {
-        ipc::flush_releases(timeout)
+        ipc::flush_releases(timeout)?;
+        vmm_map::flush_releases(timeout)?;
+        pool::flush_releases(timeout)
     }
 
     fn semaphores(&self) -> &dyn SemaphoreSlab {
@@ -177,12 +269,12 @@ impl Transport for CudaTransport {
 
 impl Drop for CudaTransport {
     fn drop(&mut self) {
-        // Release what the owner did not (closed on the releaser thread); the slab frees itself
-        // afterwards (field order).
+        // Release what the owner did not (closed on the releaser threads); the exports withdraw
+        // their offers and the slab frees itself afterwards (field order).
         let imports = self.imports.get_mut().unwrap_or_else(|p| p.into_inner());
         for ((peer, _), entry) in imports.drain() {
             for _ in 0..entry.refs {
-                let _ = ipc::release(peer, &entry.handle, entry.device);
+                let _ = release_held(peer, &entry.held);
             }
         }
     }
@@ -206,11 +298,7 @@ mod tests {
 
     #[test]
     fn host_records_are_refused() {
-        let transport = CudaTransport {
-            device: None,
-            slab: DeviceSemaphoreSlab::new(None),
-            imports: Mutex::new(HashMap::new()),
-        };
+        let transport = CudaTransport::unloaded(None, None);
         let host = local_host();
         let rec = Record {
             handle_type: HandleType::PosixFd,
@@ -229,6 +317,7 @@ mod tests {
             sem_type: HandleType::PosixFd,
             sem_slot: 0,
             sem_payload: to_fixed("/sem").unwrap(),
+            segments: Vec::new(),
         };
         assert_eq!(rec.flags & flags::DEVICE, 0);
         let err = transport.import(&rec, Duration::ZERO).unwrap_err();

@@ -604,7 +604,7 @@ impl HandleCache {
         let base = slab.import_peer(it.ch.peer, handle, deadline.remaining())?;
         bump(&self.counters.opens, 1);
         // A peer that recreated its slab: drop our reference to the old one.
-        if let Some((old, _)) = st.peer_slabs.insert(key, (*handle, base)) {
+        if let Some((old, _)) = st.peer_slabs.insert(key, (handle.clone(), base)) {
             let _ = slab.release_peer(it.ch.peer, &old);
             bump(&self.counters.closes, 1);
         }

@@ -96,6 +96,7 @@ mod tests {
             sem_type: HandleType::PosixFd,
             sem_slot: slot,
             sem_payload: [9; 64],
+            segments: Vec::new(),
         }
     }
 

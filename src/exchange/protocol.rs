@@ -270,6 +270,7 @@ impl HandleCache {
             sem_type: slab.handle_type,
             sem_slot: it.ch.slot,
             sem_payload: slab.payload,
+            segments: handle.segments,
         })
     }
 
@@ -741,10 +742,7 @@ impl HandleCache {
             kind: it.ch.kind,
             mapping,
             bytes: rec.bytes,
-            sem_handle: ExportedHandle {
-                handle_type: rec.sem_type,
-                payload: rec.sem_payload,
-            },
+            sem_handle: ExportedHandle::plain(rec.sem_type, rec.sem_payload),
             sem_slot: rec.sem_slot,
             semaphore: 0,
             record: rec,

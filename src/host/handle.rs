@@ -10,10 +10,7 @@ use crate::transport::ExportedHandle;
 pub fn fd_handle(id: &FdId) -> ExportedHandle {
     let mut payload = [0u8; PAYLOAD_LEN];
     payload[..FD_ID_LEN].copy_from_slice(&id.encode());
-    ExportedHandle {
-        handle_type: HandleType::PosixFd,
-        payload,
-    }
+    ExportedHandle::plain(HandleType::PosixFd, payload)
 }
 
 /// The [`FdId`] in a host handle's payload; `what` names the handle for the error.

@@ -212,6 +212,7 @@ mod tests {
             sem_type: slab.handle_type,
             sem_slot: 0,
             sem_payload: slab.payload,
+            segments: Vec::new(),
         }
     }
 

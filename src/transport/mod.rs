@@ -35,14 +35,16 @@ pub use handles::P2pHandles;
 pub use set::{TransportFactory, Transports};
 
 use crate::error::Result;
-use record::{HandleType, Record, PAYLOAD_LEN};
+use record::{HandleType, Record, Segment, PAYLOAD_LEN};
 use std::time::Duration;
 
 /// Which memory a request's pointer lives in.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemKind {
-    /// CUDA device memory (legacy `cudaMalloc` allocations).
+    /// CUDA device memory: `cudaMalloc` allocations (legacy IPC), VMM mappings such as
+    /// PyTorch's expandable segments (POSIX fd or FABRIC per physical allocation) and buffers of
+    /// IPC-capable stream-ordered pools; the device transport chooses per buffer.
     Device = 0,
     /// Host memory from the shared-memory allocator (`host::alloc`).
     Host = 1,
@@ -96,10 +98,24 @@ impl LocalBuffer {
 }
 
 /// Handle bytes of an exported allocation or slab: what goes into a [`Record`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ExportedHandle {
     pub handle_type: HandleType,
     pub payload: [u8; PAYLOAD_LEN],
+    /// The physical allocations behind the buffer, for handle types that list them (VMM,
+    /// pools); empty otherwise.
+    pub segments: Vec<Segment>,
+}
+
+impl ExportedHandle {
+    /// A handle that is its payload alone (legacy IPC, fds of host memory, slabs).
+    pub fn plain(handle_type: HandleType, payload: [u8; PAYLOAD_LEN]) -> ExportedHandle {
+        ExportedHandle {
+            handle_type,
+            payload,
+            segments: Vec::new(),
+        }
+    }
 }
 
 /// A peer allocation mapped into this process. Returned by [`Transport::import`] and handed back

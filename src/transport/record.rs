@@ -27,7 +27,14 @@
 //! | 88 | host name (NUL padded, for messages) | 32 bytes |
 //! | 120 | handle payload | 64 bytes |
 //! | 184 | semaphore slab payload | 64 bytes |
-//! | 248 | end |
+//! | 248 | segment count *n* | u32 |
+//! | 252 | reserved (0) | u32 |
+//! | 256 | *n* segments of [`SEGMENT_LEN`] bytes: size u64, id u64, handle 64 bytes | |
+//!
+//! Segments describe the physical allocations behind a buffer when one handle is not enough:
+//! a VMM buffer (PyTorch's expandable segments) lists every physical allocation its range
+//! spans, in address order; a stream-ordered pool buffer lists its pool. Other handle types
+//! have none. A record is [`RECORD_LEN`] + *n* x [`SEGMENT_LEN`] bytes, *n* <= [`MAX_SEGMENTS`].
 
 use crate::error::{Error, Result};
 use once_cell::sync::Lazy;
@@ -35,9 +42,13 @@ use once_cell::sync::Lazy;
 /// `"NVFI"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NVFI");
 /// Current format version. Decoders accept exactly this version.
-pub const FORMAT_VERSION: u16 = 2;
-/// Size of an encoded record in bytes.
-pub const RECORD_LEN: usize = 248;
+pub const FORMAT_VERSION: u16 = 3;
+/// Size of the fixed part of an encoded record in bytes (the length its header states).
+pub const RECORD_LEN: usize = 256;
+/// Size of one encoded [`Segment`].
+pub const SEGMENT_LEN: usize = 80;
+/// Most segments one record may list (NCCL's cap on a multi-segment registration too).
+pub const MAX_SEGMENTS: usize = 8192;
 /// Size of the opaque handle payloads (a `cudaIpcMemHandle_t` is 64 bytes).
 pub const PAYLOAD_LEN: usize = 64;
 /// Bytes of host name kept in a record (for error messages only; identity is `host_id`).
@@ -53,6 +64,17 @@ pub enum HandleType {
     /// (`crate::fdpass`); payload = the exporter's encoded `FdId`, zero padded. (Value 2, named
     /// `/dev/shm` segments, belonged to format version 1.)
     PosixFd = 3,
+    /// A VMM buffer (`cuMemCreate` + `cuMemMap`) whose physical allocations are exported as
+    /// POSIX fds and passed by the fd transport; each segment's handle is the exporter's encoded
+    /// `FdId`. The payload is zero.
+    CudaVmmFd = 4,
+    /// A VMM buffer whose physical allocations are exported as FABRIC handles; each segment's
+    /// handle is the 64-byte `CUmemFabricHandle`. The payload is zero.
+    CudaVmmFabric = 5,
+    /// A buffer of a stream-ordered memory pool (`cudaMallocFromPoolAsync` from an IPC-capable
+    /// pool); the payload is the pointer's `CUmemPoolPtrExportData`, the one segment names the
+    /// pool (id = the exporter's pool, handle = the `FdId` of the pool's POSIX fd, size 0).
+    CudaPool = 6,
 }
 
 impl HandleType {
@@ -61,6 +83,9 @@ impl HandleType {
         match value {
             1 => Some(HandleType::CudaLegacyIpc),
             3 => Some(HandleType::PosixFd),
+            4 => Some(HandleType::CudaVmmFd),
+            5 => Some(HandleType::CudaVmmFabric),
+            6 => Some(HandleType::CudaPool),
             _ => None,
         }
     }
@@ -70,8 +95,37 @@ impl HandleType {
         match self {
             HandleType::CudaLegacyIpc => "CUDA legacy IPC",
             HandleType::PosixFd => "POSIX file descriptor",
+            HandleType::CudaVmmFd => "CUDA VMM (POSIX fd)",
+            HandleType::CudaVmmFabric => "CUDA VMM (FABRIC)",
+            HandleType::CudaPool => "CUDA memory pool",
         }
     }
+
+    /// Whether this handle type shares device memory.
+    pub fn is_device(self) -> bool {
+        !matches!(self, HandleType::PosixFd)
+    }
+
+    /// Whether records of this type list segments (and how many they may list).
+    fn segment_counts(self) -> std::ops::RangeInclusive<usize> {
+        match self {
+            HandleType::CudaLegacyIpc | HandleType::PosixFd => 0..=0,
+            HandleType::CudaVmmFd | HandleType::CudaVmmFabric => 1..=MAX_SEGMENTS,
+            HandleType::CudaPool => 1..=1,
+        }
+    }
+}
+
+/// One physical allocation behind a buffer (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Segment {
+    /// Size of the physical allocation (0 for a pool).
+    pub bytes: u64,
+    /// Its identity in the exporter, unique for the exporter's lifetime (CUDA `BUFFER_ID` of a
+    /// VMM mapping, the pool's handle): importers open each (exporter, id) once.
+    pub id: u64,
+    /// Transport-specific handle bytes (see [`HandleType`]).
+    pub handle: [u8; PAYLOAD_LEN],
 }
 
 /// Flag bits of [`Record::flags`]. Unknown bits are rejected on decode.
@@ -113,6 +167,8 @@ pub struct Record {
     pub sem_slot: u32,
     /// Transport-specific handle bytes of the exporter's semaphore slab.
     pub sem_payload: [u8; PAYLOAD_LEN],
+    /// The physical allocations behind the buffer, in address order (see the module docs).
+    pub segments: Vec<Segment>,
 }
 
 /// Identity of this node as far as mapping memory goes: a 64-bit hash of the kernel boot id, the
@@ -172,9 +228,9 @@ impl Record {
         from_fixed(&self.host_name)
     }
 
-    /// Encodes to exactly [`RECORD_LEN`] bytes.
+    /// Encodes to exactly [`RECORD_LEN`] + segments x [`SEGMENT_LEN`] bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(RECORD_LEN);
+        let mut out = Vec::with_capacity(RECORD_LEN + self.segments.len() * SEGMENT_LEN);
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&(RECORD_LEN as u16).to_le_bytes());
@@ -199,7 +255,14 @@ impl Record {
         out.extend_from_slice(&self.host_name);
         out.extend_from_slice(&self.payload);
         out.extend_from_slice(&self.sem_payload);
+        out.extend_from_slice(&(self.segments.len() as u32).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
         debug_assert_eq!(out.len(), RECORD_LEN);
+        for seg in &self.segments {
+            out.extend_from_slice(&seg.bytes.to_le_bytes());
+            out.extend_from_slice(&seg.id.to_le_bytes());
+            out.extend_from_slice(&seg.handle);
+        }
         out
     }
 
@@ -236,13 +299,40 @@ impl Record {
             )));
         }
         let length = usize::from(u16::from_le_bytes([bytes[6], bytes[7]]));
-        if length != RECORD_LEN || bytes.len() != RECORD_LEN {
+        if length != RECORD_LEN || bytes.len() < RECORD_LEN {
             return Err(Error::protocol(format!(
                 "handle record length mismatch: header says {length} bytes, received {}, \
                  expected {RECORD_LEN}",
                 bytes.len()
             )));
         }
+        let count = u32_at(bytes, 248) as usize;
+        if count > MAX_SEGMENTS {
+            return Err(Error::protocol(format!(
+                "handle record lists {count} segments, more than the {MAX_SEGMENTS} allowed"
+            )));
+        }
+        let expected = RECORD_LEN + count * SEGMENT_LEN;
+        if bytes.len() != expected {
+            return Err(Error::protocol(format!(
+                "handle record length mismatch: {count} segment(s) make {expected} bytes, \
+                 received {}",
+                bytes.len()
+            )));
+        }
+        if u32_at(bytes, 252) != 0 {
+            return Err(Error::protocol(
+                "handle record reserved bytes 252..256 are not zero",
+            ));
+        }
+        let segments = bytes[RECORD_LEN..]
+            .chunks_exact(SEGMENT_LEN)
+            .map(|c| Segment {
+                bytes: u64_at(c, 0),
+                id: u64_at(c, 8),
+                handle: c[16..80].try_into().expect("64-byte slice"),
+            })
+            .collect();
         let handle_type = HandleType::from_u8(bytes[8]).ok_or_else(|| {
             Error::protocol(format!(
                 "handle record has unknown handle type {}",
@@ -284,6 +374,7 @@ impl Record {
             host_name: bytes[88..120].try_into().expect("32-byte slice"),
             payload: bytes[120..184].try_into().expect("64-byte slice"),
             sem_payload: bytes[184..248].try_into().expect("64-byte slice"),
+            segments,
         };
         rec.validate(host)?;
         Ok(rec)
@@ -302,13 +393,20 @@ impl Record {
             )));
         }
         let is_device = self.flags & flags::DEVICE != 0;
-        if is_device != (self.handle_type == HandleType::CudaLegacyIpc) {
+        if is_device != self.handle_type.is_device() {
             return Err(Error::protocol(format!(
                 "{who}: handle type {} does not match the device flag ({is_device})",
                 self.handle_type.name()
             )));
         }
-        if self.payload.iter().all(|&b| b == 0) || self.sem_payload.iter().all(|&b| b == 0) {
+        self.validate_segments(&who)?;
+        let payload_needed = !matches!(
+            self.handle_type,
+            HandleType::CudaVmmFd | HandleType::CudaVmmFabric
+        );
+        if (payload_needed && self.payload.iter().all(|&b| b == 0))
+            || self.sem_payload.iter().all(|&b| b == 0)
+        {
             return Err(Error::protocol(format!("{who}: empty handle payload")));
         }
         if self.host_id != host.id {
@@ -322,6 +420,48 @@ impl Record {
                 host.id,
                 self.rank
             )));
+        }
+        Ok(())
+    }
+}
+
+impl Record {
+    /// Segment count for the handle type, non-empty handles, and for VMM sizes that add up to
+    /// the allocation.
+    fn validate_segments(&self, who: &str) -> Result<()> {
+        let n = self.segments.len();
+        if !self.handle_type.segment_counts().contains(&n) {
+            return Err(Error::protocol(format!(
+                "{who}: a {} record cannot list {n} segment(s)",
+                self.handle_type.name()
+            )));
+        }
+        if let Some(i) = self
+            .segments
+            .iter()
+            .position(|s| s.handle.iter().all(|&b| b == 0))
+        {
+            return Err(Error::protocol(format!("{who}: segment {i} has an empty handle")));
+        }
+        if matches!(
+            self.handle_type,
+            HandleType::CudaVmmFd | HandleType::CudaVmmFabric
+        ) {
+            let mut total: u64 = 0;
+            for (i, s) in self.segments.iter().enumerate() {
+                if s.bytes == 0 {
+                    return Err(Error::protocol(format!("{who}: segment {i} has size 0")));
+                }
+                total = total.checked_add(s.bytes).ok_or_else(|| {
+                    Error::protocol(format!("{who}: segment sizes overflow"))
+                })?;
+            }
+            if total != self.alloc_bytes {
+                return Err(Error::protocol(format!(
+                    "{who}: segments add up to {total} bytes, the allocation has {}",
+                    self.alloc_bytes
+                )));
+            }
         }
         Ok(())
     }
@@ -359,7 +499,63 @@ mod tests {
             sem_type: HandleType::PosixFd,
             sem_slot: 5,
             sem_payload: to_fixed("/nvfipc-job-sem-2").unwrap(),
+            segments: Vec::new(),
         }
+    }
+
+    fn vmm_sample() -> Record {
+        let mut rec = sample();
+        rec.handle_type = HandleType::CudaVmmFd;
+        rec.flags = flags::DEVICE;
+        rec.payload = [0; 64];
+        rec.alloc_bytes = 6 << 20;
+        rec.segments = (0..3)
+            .map(|i| Segment {
+                bytes: 2 << 20,
+                id: 100 + i,
+                handle: [i as u8 + 1; 64],
+            })
+            .collect();
+        rec
+    }
+
+    #[test]
+    fn vmm_records_round_trip_with_their_segments() {
+        let rec = vmm_sample();
+        let bytes = rec.encode();
+        assert_eq!(bytes.len(), RECORD_LEN + 3 * SEGMENT_LEN);
+        assert_eq!(Record::decode(&bytes).unwrap(), rec);
+    }
+
+    #[test]
+    fn segment_lists_are_validated() {
+        let good = vmm_sample();
+        let mut short = good.encode();
+        short.truncate(short.len() - 1);
+        assert!(Record::decode(&short).unwrap_err().message.contains("segment(s) make"));
+        let mut huge = good.encode();
+        huge[248..252].copy_from_slice(&(MAX_SEGMENTS as u32 + 1).to_le_bytes());
+        assert!(Record::decode(&huge).unwrap_err().message.contains("more than"));
+        let mut sizes = good.clone();
+        sizes.alloc_bytes += 1;
+        sizes.bytes = 1;
+        assert!(Record::decode(&sizes.encode()).unwrap_err().message.contains("add up"));
+        let mut empty = good.clone();
+        empty.segments[1].handle = [0; 64];
+        assert!(Record::decode(&empty.encode()).unwrap_err().message.contains("empty handle"));
+        let mut none = good.clone();
+        none.segments.clear();
+        assert!(Record::decode(&none.encode()).unwrap_err().message.contains("0 segment"));
+        let mut host = sample();
+        host.segments = good.segments.clone();
+        assert!(Record::decode(&host.encode()).unwrap_err().message.contains("cannot list"));
+        let mut pool = good;
+        pool.handle_type = HandleType::CudaPool;
+        pool.payload = [7; 64];
+        assert!(Record::decode(&pool.encode()).unwrap_err().message.contains("cannot list 3"));
+        pool.segments.truncate(1);
+        pool.segments[0].bytes = 0;
+        assert_eq!(Record::decode(&pool.encode()).unwrap(), pool);
     }
 
     #[test]
@@ -392,6 +588,9 @@ mod tests {
         long.push(0);
         let err = Record::decode(&long).unwrap_err();
         assert!(err.message.contains("length mismatch"), "{err}");
+        let mut reserved = bytes.clone();
+        reserved[253] = 1;
+        assert!(Record::decode(&reserved).unwrap_err().message.contains("reserved"));
     }
 
     #[test]
@@ -402,6 +601,7 @@ mod tests {
             (4, 1, "version"),
             (6, 1, "length"),
             (8, 9, "unknown handle type"),
+            (8, 4, "does not match"),
             (9, 0x80, "unknown flag"),
             (10, 0, "semaphore handle type"),
             (11, 1, "reserved"),

@@ -83,6 +83,7 @@ pub fn make_record(
         sem_type: slab.handle_type,
         sem_slot: slot,
         sem_payload: slab.payload,
+        segments: handle.segments,
     })
 }
 
@@ -108,10 +109,8 @@ impl Importer {
         let rec = Record::decode(bytes)?;
         let mapping = self.transport.import(&rec, self.wait)?;
         if let std::collections::hash_map::Entry::Vacant(slot) = self.slabs.entry(peer) {
-            let handle = nvfuser_ipc::transport::ExportedHandle {
-                handle_type: rec.sem_type,
-                payload: rec.sem_payload,
-            };
+            let handle =
+                nvfuser_ipc::transport::ExportedHandle::plain(rec.sem_type, rec.sem_payload);
             self.transport
                 .semaphores()
                 .import_peer(peer, &handle, self.wait)?;
@@ -128,10 +127,8 @@ impl Importer {
 impl Drop for Importer {
     fn drop(&mut self) {
         for (peer, rec) in self.slabs.drain() {
-            let handle = nvfuser_ipc::transport::ExportedHandle {
-                handle_type: rec.sem_type,
-                payload: rec.sem_payload,
-            };
+            let handle =
+                nvfuser_ipc::transport::ExportedHandle::plain(rec.sem_type, rec.sem_payload);
             // Nothing to report to from drop; a failed release only leaves a mapping behind.
             let _ = self.transport.semaphores().release_peer(peer, &handle);
         }

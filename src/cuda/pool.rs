@@ -1,0 +1,368 @@
+//! Buffers of stream-ordered memory pools (`cudaMallocFromPoolAsync`, `cuMemAllocFromPoolAsync`).
+//!
+//! Exporter: the pool is exported once per transport as a POSIX fd (offered through the fd
+//! transport, `crate::fdpass`), and each allocation's `CUmemPoolPtrExportData` once per
+//! (allocation base, buffer id). Only pools created with POSIX fd handles can be exported; the
+//! device's default pool (what `cudaMallocAsync` and PyTorch's
+//! `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` use) never is, and is refused with that
+//! remedy.
+//!
+//! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this process, each
+//! allocation once per (exporter pid, export data, device) with `cuMemPoolImportPointer`. The
+//! last release of an allocation hands it to a releaser thread that synchronises the context
+//! and frees the imported pointer (the driver unmaps it); a pool is destroyed here when its
+//! last imported allocation is freed.
+
+use super::driver::{self, Context, ContextGuard};
+use super::memory::{DeviceAllocation, DeviceMemoryKind};
+use super::release::{Job, Releaser, Revive};
+use super::result::{self, POOL_PTR_EXPORT_LEN};
+use crate::error::{Error, Result};
+use crate::fdpass::{FdId, FdPass};
+use crate::sync::lock;
+use crate::transport::record::{HandleType, Record, Segment, PAYLOAD_LEN};
+use crate::transport::ExportedHandle;
+use once_cell::sync::Lazy;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+struct PointerExport {
+    buffer_id: u64,
+    data: [u8; POOL_PTR_EXPORT_LEN],
+}
+
+/// The pool exports of one device transport.
+pub struct PoolExports {
+    fdpass: Option<Arc<FdPass>>,
+    pools: Mutex<HashMap<u64, FdId>>,
+    /// By allocation base.
+    pointers: Mutex<HashMap<u64, PointerExport>>,
+}
+
+impl PoolExports {
+    pub fn new(fdpass: Option<Arc<FdPass>>) -> PoolExports {
+        PoolExports {
+            fdpass,
+            pools: Mutex::new(HashMap::new()),
+            pointers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The record handle of the pool allocation `alloc`.
+    pub fn export(&self, alloc: &DeviceAllocation) -> Result<ExportedHandle> {
+        let DeviceMemoryKind::Pool { pool } = alloc.kind else {
+            return Err(Error::internal(format!("pointer {:#x} is not pool memory", alloc.ptr)));
+        };
+        let fdpass = self.fdpass.as_ref().ok_or_else(|| {
+            Error::unsupported(format!(
+                "pool allocation at {:#x} can only be shared through the fd transport, which \
+                 this transport lacks (use a handle cache, which brings one)",
+                alloc.base
+            ))
+        })?;
+        let pool_id = {
+            let mut pools = lock(&self.pools);
+            match pools.get(&pool) {
+                Some(id) => *id,
+                None => {
+                    let fd = result::mem_pool_export_fd(pool).map_err(|rc| {
+                        Error::unsupported(format!(
+                            "allocation at {:#x} (pointer {:#x}) comes from a stream-ordered \
+                             memory pool that is not IPC-capable ({}): the device's default pool \
+                             (cudaMallocAsync) never is; allocate from a pool created with \
+                             cudaMemPoolCreate(handleTypes = cudaMemHandleTypePosixFileDescriptor), \
+                             or with cudaMalloc (PyTorch: do not set \
+                             PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)",
+                            alloc.base,
+                            alloc.ptr,
+                            driver::describe(rc)
+                        ))
+                    })?;
+                    let id = fdpass.register(fd)?;
+                    pools.insert(pool, id);
+                    id
+                }
+            }
+        };
+        let data = {
+            let mut pointers = lock(&self.pointers);
+            match pointers.get(&alloc.base) {
+                Some(e) if e.buffer_id == alloc.buffer_id => e.data,
+                _ => {
+                    let data = result::mem_pool_export_pointer(alloc.base).map_err(|rc| {
+                        driver::error(rc, &format!("cuMemPoolExportPointer({:#x})", alloc.base))
+                    })?;
+                    pointers.insert(
+                        alloc.base,
+                        PointerExport {
+                            buffer_id: alloc.buffer_id,
+                            data,
+                        },
+                    );
+                    data
+                }
+            }
+        };
+        let mut handle = [0u8; PAYLOAD_LEN];
+        handle[..crate::fdpass::registry::FD_ID_LEN].copy_from_slice(&pool_id.encode());
+        Ok(ExportedHandle {
+            handle_type: HandleType::CudaPool,
+            payload: data,
+            segments: vec![Segment {
+                bytes: 0,
+                id: pool,
+                handle,
+            }],
+        })
+    }
+}
+
+impl Drop for PoolExports {
+    fn drop(&mut self) {
+        if let Some(fdpass) = &self.fdpass {
+            let pools = self.pools.get_mut().unwrap_or_else(|p| p.into_inner());
+            for (_, id) in pools.drain() {
+                fdpass.unregister(&id);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct PoolKey {
+    pid: u32,
+    device: i32,
+    pool: u64,
+}
+
+struct ImportedPool {
+    handle: u64,
+    pointers: usize,
+}
+
+/// One imported allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PointerKey {
+    pid: u32,
+    device: i32,
+    data: [u8; POOL_PTR_EXPORT_LEN],
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ImportedPointer {
+    ptr: u64,
+    pool: PoolKey,
+    context: Context,
+}
+
+struct PointerEntry {
+    imported: ImportedPointer,
+    refs: usize,
+}
+
+#[derive(Default)]
+struct Tables {
+    pools: HashMap<PoolKey, ImportedPool>,
+    pointers: HashMap<PointerKey, PointerEntry>,
+}
+
+static TABLES: Lazy<Mutex<Tables>> = Lazy::new(|| Mutex::new(Tables::default()));
+static POINTER_IMPORTS: AtomicU64 = AtomicU64::new(0);
+static POINTER_FREES: AtomicU64 = AtomicU64::new(0);
+
+static RELEASER: Lazy<Arc<Releaser<PointerKey, ImportedPointer>>> = Lazy::new(|| {
+    Releaser::new(
+        "nvfipc-pool-free",
+        |job: &Job<PointerKey, ImportedPointer>| {
+            let _guard = ContextGuard::enter(job.target.context)?;
+            job.target.context.synchronize()
+        },
+        |job: &Job<PointerKey, ImportedPointer>| free_pointer(&job.target),
+    )
+});
+
+/// Pool allocations imported and freed by this process so far.
+pub fn counters() -> (u64, u64) {
+    (
+        POINTER_IMPORTS.load(Ordering::Relaxed),
+        POINTER_FREES.load(Ordering::Relaxed),
+    )
+}
+
+/// An imported allocation: its key (for [`release`]) and where it is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImportedAt {
+    pub key: PointerKey,
+    pub base: u64,
+}
+
+/// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`).
+pub fn import(
+    peer: usize,
+    rec: &Record,
+    fdpass: Option<&FdPass>,
+    device: Option<i32>,
+    wait: Duration,
+) -> Result<ImportedAt> {
+    let (context, _guard) = driver::enter_device(device)?;
+    let device = context.device()?;
+    let who = format!("rank {peer} (pid {})", rec.pid);
+    let seg = rec.segments.first().ok_or_else(|| {
+        Error::protocol(format!("pool record of {who} names no pool"))
+    })?;
+    let key = PointerKey {
+        pid: rec.pid,
+        device,
+        data: rec.payload,
+    };
+    let pool_key = PoolKey {
+        pid: rec.pid,
+        device,
+        pool: seg.id,
+    };
+    let mut tables = lock(&TABLES);
+    loop {
+        if let Some(e) = tables.pointers.get_mut(&key) {
+            e.refs += 1;
+            return Ok(ImportedAt {
+                key,
+                base: e.imported.ptr,
+            });
+        }
+        match RELEASER.revive(&key) {
+            Revive::Queued(imported) => {
+                tables.pointers.insert(key, PointerEntry { imported, refs: 1 });
+                return Ok(ImportedAt {
+                    key,
+                    base: imported.ptr,
+                });
+            }
+            Revive::Closing => {
+                drop(tables);
+                if !RELEASER.wait_not_closing(&key, wait) {
+                    return Err(Error::timeout(format!(
+                        "a pool allocation of {who} is imported again while its previous import \
+                         is still being freed, which did not finish within {wait:?}"
+                    )));
+                }
+                tables = lock(&TABLES);
+            }
+            Revive::Absent => break,
+        }
+    }
+    if !tables.pools.contains_key(&pool_key) {
+        let fdpass = fdpass.ok_or_else(|| {
+            Error::unsupported(format!(
+                "a pool buffer of {who} is shared through the fd transport, which this transport \
+                 lacks"
+            ))
+        })?;
+        let id = FdId::decode(&seg.handle[..crate::fdpass::registry::FD_ID_LEN]).ok_or_else(|| {
+            Error::protocol(format!("the pool record of {who} holds no fd id"))
+        })?;
+        let fd = fdpass
+            .fetch(peer, &id, wait)
+            .map_err(|e| e.context(format!("fetching the memory pool of {who}")))?;
+        let handle = result::mem_pool_import_fd(fd.as_fd()).map_err(|rc| {
+            driver::error(rc, &format!("cuMemPoolImportFromShareableHandle of {who}'s pool"))
+        })?;
+        tables.pools.insert(
+            pool_key,
+            ImportedPool {
+                handle,
+                pointers: 0,
+            },
+        );
+    }
+    let pool = tables.pools.get_mut(&pool_key).expect("inserted above");
+    let ptr = result::mem_pool_import_pointer(pool.handle, &rec.payload).map_err(|rc| {
+        driver::error(
+            rc,
+            &format!(
+                "cuMemPoolImportPointer of {who}'s allocation (freed by the exporter, or not of \
+                 this pool?)"
+            ),
+        )
+    });
+    let ptr = match ptr {
+        Ok(ptr) => ptr,
+        Err(e) => {
+            if pool.pointers == 0 {
+                let pool = tables.pools.remove(&pool_key).expect("present");
+                // SAFETY: imported above or earlier, and no pointer of it is imported.
+                let _ = unsafe { result::mem_pool_destroy(pool.handle) };
+            }
+            return Err(e);
+        }
+    };
+    pool.pointers += 1;
+    POINTER_IMPORTS.fetch_add(1, Ordering::Relaxed);
+    tables.pointers.insert(
+        key,
+        PointerEntry {
+            imported: ImportedPointer {
+                ptr,
+                pool: pool_key,
+                context,
+            },
+            refs: 1,
+        },
+    );
+    Ok(ImportedAt { key, base: ptr })
+}
+
+/// Drops one reference taken by [`import`]; the last one hands the pointer to the releaser.
+pub fn release(peer: usize, key: &PointerKey) -> Result<()> {
+    let mut tables = lock(&TABLES);
+    let e = tables.pointers.get_mut(key).ok_or_else(|| {
+        Error::not_found(format!(
+            "no imported pool allocation of rank {peer} with this key (released twice?)"
+        ))
+    })?;
+    e.refs -= 1;
+    if e.refs > 0 {
+        return Ok(());
+    }
+    let e = tables.pointers.remove(key).expect("present under the lock");
+    RELEASER.submit(*key, peer, e.imported)
+}
+
+fn free_pointer(p: &ImportedPointer) -> Result<()> {
+    let _guard = ContextGuard::enter(p.context)?;
+    // SAFETY: imported by `import`, left the table with its last reference, not taken back,
+    // and the work queued before the release has finished (drain step).
+    let freed = unsafe { result::mem_free_imported(p.ptr) }
+        .map_err(|rc| driver::error(rc, &format!("cuMemFree of imported {:#x}", p.ptr)));
+    POINTER_FREES.fetch_add(1, Ordering::Relaxed);
+    let mut tables = lock(&TABLES);
+    let last = match tables.pools.get_mut(&p.pool) {
+        Some(pool) => {
+            pool.pointers = pool.pointers.saturating_sub(1);
+            pool.pointers == 0
+        }
+        None => false,
+    };
+    if last {
+        let pool = tables.pools.remove(&p.pool).expect("present under the lock");
+        // SAFETY: imported by `import`; its last imported pointer was just freed.
+        let _ = unsafe { result::mem_pool_destroy(pool.handle) };
+    }
+    freed
+}
+
+/// See `Transport::wait_release_room`.
+pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
+    RELEASER.wait_below(peer, super::release::max_pending_per_peer(), timeout)
+}
+
+/// See `Transport::flush_releases`.
+pub fn flush_releases(timeout: Duration) -> Result<()> {
+    RELEASER.flush(timeout).map_err(|left| {
+        Error::timeout(format!(
+            "{left} imported pool allocation(s) still waiting to be freed after {timeout:?}"
+        ))
+    })
+}

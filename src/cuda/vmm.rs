@@ -1,0 +1,423 @@
+//! Exporting VMM buffers (`cuMemCreate` + `cuMemMap`: PyTorch's expandable segments, nvFuser's
+//! symmetric memory): the exporter's half. The importer's half is [`super::vmm_map`].
+//!
+//! A VMM buffer may span several physical allocations ("segments": PyTorch maps 2 MiB or 20 MiB
+//! handles back to back into one reserved range). [`resolve_run`] walks them in address order
+//! with `cuMemGetAddressRange`, starting at the one that holds the pointer, until the buffer's
+//! end is covered; a buffer inside one segment costs no driver call beyond the pointer query.
+//!
+//! [`VmmExports`] exports each segment once: `cuMemRetainAllocationHandle`, then
+//! `cuMemExportToShareableHandle` as a POSIX fd (offered to importers through the fd transport,
+//! `crate::fdpass`) or, for allocations that allow only FABRIC, as a fabric handle; the retained
+//! reference is dropped at once, the exported fd keeps the memory importable. Exports are cached
+//! per (segment base, segment id): a segment unmapped and replaced by a new one at the same
+//! address gets a fresh export, and the old offer is withdrawn, as are offers of segments that
+//! are no longer mapped (checked on every export miss) and all offers when the exports are
+//! dropped. An offer's fd keeps its physical memory alive until it is withdrawn, as a memfd does
+//! for host buffers.
+
+use super::driver;
+use super::memory::{self, DeviceAllocation, DeviceMemoryKind};
+use super::result::{self, FABRIC_HANDLE_LEN, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
+use crate::error::{Error, Result};
+use crate::fdpass::FdPass;
+use crate::logging;
+use crate::sync::lock;
+use crate::transport::record::{fnv1a64, HandleType, Segment, MAX_SEGMENTS, PAYLOAD_LEN};
+use crate::transport::ExportedHandle;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One physical allocation of this process, as mapped here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LocalSegment {
+    pub base: u64,
+    pub size: u64,
+    /// CUDA `BUFFER_ID` of the mapping: unique for the process's lifetime.
+    pub id: u64,
+    /// `CU_MEM_HANDLE_TYPE_*` bits it can be exported as.
+    pub handle_types: u32,
+}
+
+/// The segments that hold a VMM buffer, in address order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub segments: Vec<LocalSegment>,
+}
+
+impl Run {
+    pub fn base(&self) -> u64 {
+        self.segments[0].base
+    }
+
+    pub fn size(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+
+    /// The run's identity: the segment id for one segment (as for any allocation), a hash of
+    /// the ids otherwise.
+    pub fn id(&self) -> u64 {
+        match self.segments.as_slice() {
+            [one] => one.id,
+            many => {
+                let bytes: Vec<u8> = many.iter().flat_map(|s| s.id.to_le_bytes()).collect();
+                fnv1a64(&bytes)
+            }
+        }
+    }
+}
+
+/// Walks the segments of the VMM buffer `alloc` (classified as VMM, its range being the segment
+/// that holds the pointer) until its end.
+pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
+    let DeviceMemoryKind::Vmm { handle_types } = alloc.kind else {
+        return Err(Error::internal(format!(
+            "pointer {:#x} is not VMM memory",
+            alloc.ptr
+        )));
+    };
+    let first = LocalSegment {
+        base: alloc.base,
+        size: alloc.size,
+        id: alloc.buffer_id,
+        handle_types,
+    };
+    walk(alloc.ptr, alloc.bytes, first, |at| {
+        let (base, size) = result::mem_get_address_range(at)
+            .map_err(|rc| driver::error(rc, &format!("cuMemGetAddressRange({at:#x})")))?;
+        let info = memory::query(base)?;
+        let handle_types = match memory::classify(&info, 1)?.kind {
+            DeviceMemoryKind::Vmm { handle_types } => handle_types,
+            other => {
+                return Err(Error::unsupported(format!(
+                    "the buffer continues at {at:#x} into memory that is not VMM ({other:?})"
+                )))
+            }
+        };
+        Ok(LocalSegment {
+            base,
+            size,
+            id: info.buffer_id,
+            handle_types,
+        })
+    })
+}
+
+/// The segment walk itself, over a lookup of "the segment mapped at this address" (pure, so it
+/// is unit-tested without a GPU).
+fn walk(
+    ptr: u64,
+    bytes: u64,
+    first: LocalSegment,
+    mut segment_at: impl FnMut(u64) -> Result<LocalSegment>,
+) -> Result<Run> {
+    let end = ptr.checked_add(bytes).ok_or_else(|| {
+        Error::invalid(format!("range [{ptr:#x}, +{bytes}) overflows the address space"))
+    })?;
+    let mut segments = vec![first];
+    let mut next = first.base + first.size;
+    while next < end {
+        if segments.len() >= MAX_SEGMENTS {
+            return Err(Error::unsupported(format!(
+                "range [{ptr:#x}, +{bytes}) spans more than {MAX_SEGMENTS} physical allocations"
+            )));
+        }
+        let seg = segment_at(next).map_err(|e| {
+            e.context(format!(
+                "range [{ptr:#x}, +{bytes}) runs past its physical allocation at {next:#x}; the \
+                 byte count may be too large"
+            ))
+        })?;
+        if seg.base != next || seg.size == 0 {
+            return Err(Error::invalid(format!(
+                "range [{ptr:#x}, +{bytes}) is not contiguous VMM memory: the mapping after \
+                 {next:#x} starts at {:#x} ({} bytes)",
+                seg.base, seg.size
+            )));
+        }
+        next += seg.size;
+        segments.push(seg);
+    }
+    Ok(Run { segments })
+}
+
+/// How a segment's export is offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Offer {
+    Fd(crate::fdpass::FdId),
+    Fabric([u8; FABRIC_HANDLE_LEN]),
+}
+
+struct Exported {
+    id: u64,
+    size: u64,
+    offer: Offer,
+}
+
+static SEGMENT_EXPORTS: AtomicU64 = AtomicU64::new(0);
+
+/// Segment exports made by this process so far.
+pub fn exports_made() -> u64 {
+    SEGMENT_EXPORTS.load(Ordering::Relaxed)
+}
+
+/// The exports of one device transport (see the module docs).
+pub struct VmmExports {
+    fdpass: Option<Arc<FdPass>>,
+    /// By segment base.
+    table: Mutex<HashMap<u64, Exported>>,
+}
+
+impl VmmExports {
+    /// Exports offered through `fdpass`; without one, only FABRIC exports work.
+    pub fn new(fdpass: Option<Arc<FdPass>>) -> VmmExports {
+        VmmExports {
+            fdpass,
+            table: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The record handle of `run`: every segment exported (once), as POSIX fds when all of them
+    /// allow it, else as FABRIC handles.
+    pub fn export(&self, run: &Run) -> Result<ExportedHandle> {
+        let all = |bit: u32| run.segments.iter().all(|s| s.handle_types & bit != 0);
+        let handle_type = if all(HANDLE_TYPE_POSIX_FD) && self.fdpass.is_some() {
+            HandleType::CudaVmmFd
+        } else if all(HANDLE_TYPE_FABRIC) {
+            HandleType::CudaVmmFabric
+        } else if all(HANDLE_TYPE_POSIX_FD) {
+            return Err(Error::unsupported(format!(
+                "VMM buffer at {:#x} can only be shared as POSIX fds, and this transport has no \
+                 fd transport (use a handle cache, which brings one)",
+                run.base()
+            )));
+        } else {
+            return Err(Error::unsupported(format!(
+                "the physical allocations of the VMM buffer at {:#x} allow different handle \
+                 types ({}); allocate them all with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
+                run.base(),
+                run.segments
+                    .iter()
+                    .map(|s| format!("{:#x}", s.handle_types))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        let mut table = lock(&self.table);
+        let mut missed = false;
+        let mut segments = Vec::with_capacity(run.segments.len());
+        for seg in &run.segments {
+            let hit = table
+                .get(&seg.base)
+                .filter(|e| e.id == seg.id && e.size == seg.size)
+                .map(|e| e.offer)
+                .filter(|o| matches!(
+                    (o, handle_type),
+                    (Offer::Fd(_), HandleType::CudaVmmFd) | (Offer::Fabric(_), HandleType::CudaVmmFabric)
+                ));
+            let offer = match hit {
+                Some(offer) => offer,
+                None => {
+                    if !missed {
+                        missed = true;
+                        self.withdraw_stale(&mut table);
+                    }
+                    let offer = self.export_segment(seg, handle_type)?;
+                    if let Some(old) = table.insert(
+                        seg.base,
+                        Exported {
+                            id: seg.id,
+                            size: seg.size,
+                            offer,
+                        },
+                    ) {
+                        self.withdraw(&old.offer);
+                    }
+                    offer
+                }
+            };
+            let mut handle = [0u8; PAYLOAD_LEN];
+            match offer {
+                Offer::Fd(id) => handle[..crate::fdpass::registry::FD_ID_LEN]
+                    .copy_from_slice(&id.encode()),
+                Offer::Fabric(bytes) => handle.copy_from_slice(&bytes),
+            }
+            segments.push(Segment {
+                bytes: seg.size,
+                id: seg.id,
+                handle,
+            });
+        }
+        Ok(ExportedHandle {
+            handle_type,
+            payload: [0; PAYLOAD_LEN],
+            segments,
+        })
+    }
+
+    fn export_segment(&self, seg: &LocalSegment, handle_type: HandleType) -> Result<Offer> {
+        let clock = logging::clock(logging::CUDA, log::Level::Info);
+        let handle = result::mem_retain_allocation_handle(seg.base).map_err(|rc| {
+            driver::error(rc, &format!("cuMemRetainAllocationHandle({:#x})", seg.base))
+        })?;
+        let exported = if handle_type == HandleType::CudaVmmFd {
+            result::mem_export_fd(handle)
+                .map_err(|rc| {
+                    driver::error(
+                        rc,
+                        &format!("cuMemExportToShareableHandle(POSIX fd) of {:#x}", seg.base),
+                    )
+                })
+                .and_then(|fd| {
+                    let fdpass = self.fdpass.as_ref().expect("checked by export");
+                    fdpass.register(fd).map(Offer::Fd)
+                })
+        } else {
+            result::mem_export_fabric(handle)
+                .map(Offer::Fabric)
+                .map_err(|rc| {
+                    driver::error(
+                        rc,
+                        &format!(
+                            "cuMemExportToShareableHandle(FABRIC) of {:#x}: the allocation allows \
+                             only FABRIC handles, which need IMEX / the fabric manager on this \
+                             node; allocate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
+                            seg.base
+                        ),
+                    )
+                })
+        };
+        // SAFETY: the retain above succeeded, so this drops exactly the reference it took; the
+        // export (fd or fabric handle) holds its own.
+        let _ = unsafe { result::mem_release(handle) };
+        let offer = exported?;
+        SEGMENT_EXPORTS.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = clock {
+            log::info!(
+                target: logging::CUDA,
+                "exported VMM segment {:#x} (+{}, id {}) as {} in {}",
+                seg.base,
+                seg.size,
+                seg.id,
+                handle_type.name(),
+                logging::took(t.elapsed())
+            );
+        }
+        Ok(offer)
+    }
+
+    /// Withdraws the offers of segments that are no longer mapped as they were exported.
+    fn withdraw_stale(&self, table: &mut HashMap<u64, Exported>) {
+        let stale: Vec<u64> = table
+            .iter()
+            .filter(|(base, e)| {
+                memory::query(**base).map_or(true, |info| {
+                    info.buffer_id != e.id || info.range_start != **base || !info.vmm
+                })
+            })
+            .map(|(base, _)| *base)
+            .collect();
+        for base in stale {
+            if let Some(e) = table.remove(&base) {
+                self.withdraw(&e.offer);
+            }
+        }
+    }
+
+    fn withdraw(&self, offer: &Offer) {
+        if let (Offer::Fd(id), Some(fdpass)) = (offer, &self.fdpass) {
+            fdpass.unregister(id);
+        }
+    }
+
+    /// Segments exported and still offered.
+    pub fn len(&self) -> usize {
+        lock(&self.table).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for VmmExports {
+    fn drop(&mut self) {
+        let table = self.table.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, e) in table.drain() {
+            if let (Offer::Fd(id), Some(fdpass)) = (e.offer, &self.fdpass) {
+                fdpass.unregister(&id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    const MIB2: u64 = 2 << 20;
+
+    fn seg(base: u64, id: u64) -> LocalSegment {
+        LocalSegment {
+            base,
+            size: MIB2,
+            id,
+            handle_types: HANDLE_TYPE_POSIX_FD,
+        }
+    }
+
+    #[test]
+    fn a_buffer_inside_one_segment_needs_no_lookup() {
+        let run = walk(0x1000_0040, 64, seg(0x1000_0000, 7), |_| {
+            panic!("no lookup expected")
+        })
+        .unwrap();
+        assert_eq!(run.segments.len(), 1);
+        assert_eq!(run.id(), 7);
+        assert_eq!((run.base(), run.size()), (0x1000_0000, MIB2));
+    }
+
+    #[test]
+    fn a_buffer_spanning_segments_walks_them_in_order() {
+        let mut asked = Vec::new();
+        let run = walk(0x1000_0000 + MIB2 - 8, 2 * MIB2, seg(0x1000_0000, 1), |at| {
+            asked.push(at);
+            Ok(seg(at, 1 + asked.len() as u64))
+        })
+        .unwrap();
+        assert_eq!(asked, vec![0x1000_0000 + MIB2, 0x1000_0000 + 2 * MIB2]);
+        assert_eq!(run.segments.len(), 3);
+        assert_eq!(run.size(), 3 * MIB2);
+        assert_ne!(run.id(), 1, "a run of several segments has an id of its own");
+        let again = walk(0x1000_0000 + MIB2 - 8, 2 * MIB2, seg(0x1000_0000, 1), |at| {
+            Ok(seg(at, 1 + (at - 0x1000_0000) / MIB2))
+        })
+        .unwrap();
+        assert_eq!(again.id(), run.id(), "the same segments give the same id");
+    }
+
+    #[test]
+    fn gaps_and_unmapped_continuations_are_errors() {
+        let err = walk(0x1000_0000, 2 * MIB2, seg(0x1000_0000, 1), |at| {
+            Ok(seg(at + 4096, 2))
+        })
+        .unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("not contiguous"), "{err}");
+        let err = walk(0x1000_0000, 2 * MIB2, seg(0x1000_0000, 1), |_| {
+            Err(Error::invalid("not mapped"))
+        })
+        .unwrap_err();
+        assert!(err.message.contains("runs past its physical allocation"), "{err}");
+        assert!(walk(u64::MAX - 4, 8, seg(0x1000_0000, 1), |at| Ok(seg(at, 2))).is_err());
+    }
+
+    #[test]
+    fn runs_are_capped() {
+        let err = walk(0, u64::MAX / 2, seg(0, 1), |at| Ok(seg(at, at))).unwrap_err();
+        assert_eq!(err.status, Status::Unsupported);
+        assert!(err.message.contains("more than 8192"), "{err}");
+    }
+}

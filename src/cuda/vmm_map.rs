@@ -1,0 +1,460 @@
+//! Importing peers' VMM buffers: the importer's half of [`super::vmm`].
+//!
+//! A record lists the buffer's physical allocations (segments). Importing it:
+//! 1. each segment not imported yet in this process is fetched (all of a record's missing fds in
+//!    one request to the exporter's responder, `crate::fdpass`) and imported with
+//!    `cuMemImportFromShareableHandle`; the fd is closed at once. Segments are imported once per
+//!    (exporter pid, segment id, device), whatever the buffers and caches that use them;
+//! 2. the run of segments is mapped: one VA range of exactly the run's size is reserved, each
+//!    segment mapped back to back (whole allocations: a partial `cuMemMap` is not supported by
+//!    the driver), and access set once for the importing device. Runs are mapped once per
+//!    (exporter pid, device, segment list); a buffer inside a run that is mapped already costs
+//!    no driver call.
+//!
+//! Releases never wait for device work: the last reference of a run is handed to a releaser
+//! thread (`super::release`) that synchronises the mapping's context, then unmaps, frees the
+//! VA range and drops the run's references on its segments; a segment's imported handle is
+//! released when no run maps it any more. A run requested again while it waits is taken back.
+
+use super::driver::{self, Context, ContextGuard};
+use super::release::{Job, Releaser, Revive};
+use super::result;
+use crate::error::{Error, Result};
+use crate::fdpass::{FdId, FdPass};
+use crate::logging;
+use crate::sync::lock;
+use crate::transport::record::{fnv1a64, HandleType, Record, Segment};
+use cudarc::driver::sys;
+use once_cell::sync::Lazy;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One imported physical allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct SegmentKey {
+    pid: u32,
+    device: i32,
+    id: u64,
+}
+
+struct ImportedSegment {
+    handle: sys::CUmemGenericAllocationHandle,
+    size: u64,
+    /// Runs that map it.
+    runs: usize,
+}
+
+/// One mapped run of segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RunKey {
+    pid: u32,
+    device: i32,
+    ids_hash: u64,
+    count: u32,
+}
+
+#[derive(Clone, Debug)]
+struct MappedRun {
+    base: u64,
+    size: u64,
+    context: Context,
+    segments: Vec<(SegmentKey, u64)>,
+}
+
+struct RunEntry {
+    run: MappedRun,
+    refs: usize,
+}
+
+#[derive(Default)]
+struct Tables {
+    segments: HashMap<SegmentKey, ImportedSegment>,
+    runs: HashMap<RunKey, RunEntry>,
+}
+
+static TABLES: Lazy<Mutex<Tables>> = Lazy::new(|| Mutex::new(Tables::default()));
+static SEGMENT_IMPORTS: AtomicU64 = AtomicU64::new(0);
+static SEGMENT_RELEASES: AtomicU64 = AtomicU64::new(0);
+static RUN_MAPS: AtomicU64 = AtomicU64::new(0);
+static RUN_UNMAPS: AtomicU64 = AtomicU64::new(0);
+
+type RunReleaser = Releaser<RunKey, MappedRun>;
+
+static RELEASER: Lazy<Arc<RunReleaser>> = Lazy::new(|| {
+    Releaser::new(
+        "nvfipc-vmm-unmap",
+        |job: &Job<RunKey, MappedRun>| {
+            let _guard = ContextGuard::enter(job.target.context)?;
+            job.target.context.synchronize()
+        },
+        |job: &Job<RunKey, MappedRun>| unmap_run(&job.target),
+    )
+});
+
+/// Counters of VMM imports in this process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmmCounters {
+    /// Segments exported (each once per transport).
+    pub exports: u64,
+    /// Physical allocations imported, and released.
+    pub segment_imports: u64,
+    pub segment_releases: u64,
+    /// Runs mapped, and unmapped.
+    pub maps: u64,
+    pub unmaps: u64,
+    /// Segments imported and runs mapped now.
+    pub live_segments: u64,
+    pub live_runs: u64,
+}
+
+pub fn counters() -> VmmCounters {
+    let t = lock(&TABLES);
+    VmmCounters {
+        exports: super::vmm::exports_made(),
+        segment_imports: SEGMENT_IMPORTS.load(Ordering::Relaxed),
+        segment_releases: SEGMENT_RELEASES.load(Ordering::Relaxed),
+        maps: RUN_MAPS.load(Ordering::Relaxed),
+        unmaps: RUN_UNMAPS.load(Ordering::Relaxed),
+        live_segments: t.segments.len() as u64,
+        live_runs: t.runs.len() as u64,
+    }
+}
+
+/// The key of the run a record describes, mapped on `device`.
+pub fn run_key(rec: &Record, device: i32) -> RunKey {
+    let bytes: Vec<u8> = rec
+        .segments
+        .iter()
+        .flat_map(|s| s.id.to_le_bytes())
+        .collect();
+    RunKey {
+        pid: rec.pid,
+        device,
+        ids_hash: fnv1a64(&bytes),
+        count: rec.segments.len() as u32,
+    }
+}
+
+/// A peer's run as mapped here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappedAt {
+    pub key: RunKey,
+    pub base: u64,
+    pub device: i32,
+}
+
+/// Maps the VMM buffer of `rec` (from rank `peer`) on `device` (the current one when `None`) and
+/// returns where its first segment starts. Fetches missing fds through `fdpass`.
+pub fn import(
+    peer: usize,
+    rec: &Record,
+    fdpass: Option<&FdPass>,
+    device: Option<i32>,
+    wait: Duration,
+) -> Result<MappedAt> {
+    let (context, _guard) = driver::enter_device(device)?;
+    let device = context.device()?;
+    let key = run_key(rec, device);
+    let who = format!("rank {peer} (pid {})", rec.pid);
+    let mut tables = lock(&TABLES);
+    loop {
+        if let Some(entry) = tables.runs.get_mut(&key) {
+            entry.refs += 1;
+            return Ok(MappedAt {
+                key,
+                base: entry.run.base,
+                device,
+            });
+        }
+        // Unmaps are queued under the TABLES lock, so nothing new reaches the releaser for this
+        // key while it is held.
+        match RELEASER.revive(&key) {
+            Revive::Queued(run) => {
+                let base = run.base;
+                tables.runs.insert(key, RunEntry { run, refs: 1 });
+                return Ok(MappedAt { key, base, device });
+            }
+            Revive::Closing => {
+                drop(tables);
+                if !RELEASER.wait_not_closing(&key, wait) {
+                    return Err(Error::timeout(format!(
+                        "a VMM buffer of {who} is mapped again while its previous mapping is \
+                         still being unmapped, which did not finish within {wait:?}"
+                    )));
+                }
+                tables = lock(&TABLES);
+            }
+            Revive::Absent => break,
+        }
+    }
+    // Fetch and import the segments this process has not imported yet. The lock is held across
+    // the fetch so that two caches never import one segment twice; a fetch is one round trip.
+    let seg_key = |s: &Segment| SegmentKey {
+        pid: rec.pid,
+        device,
+        id: s.id,
+    };
+    let missing: Vec<&Segment> = {
+        let mut seen = std::collections::HashSet::new();
+        rec.segments
+            .iter()
+            .filter(|s| !tables.segments.contains_key(&seg_key(s)) && seen.insert(s.id))
+            .collect()
+    };
+    let imported = import_segments(peer, rec, &missing, fdpass, wait, &who)?;
+    for (seg, handle) in missing.iter().zip(imported) {
+        tables.segments.insert(
+            seg_key(seg),
+            ImportedSegment {
+                handle,
+                size: seg.bytes,
+                runs: 0,
+            },
+        );
+    }
+    let segments: Vec<(SegmentKey, u64)> = rec
+        .segments
+        .iter()
+        .map(|s| (seg_key(s), s.bytes))
+        .collect();
+    let handles: Vec<(sys::CUmemGenericAllocationHandle, u64)> = segments
+        .iter()
+        .map(|(k, size)| (tables.segments[k].handle, *size))
+        .collect();
+    let mapped = map_run(&handles, device).map_err(|e| {
+        release_unused_segments(&mut tables);
+        e.context(format!("mapping the VMM buffer of {who}"))
+    })?;
+    for (k, _) in &segments {
+        if let Some(s) = tables.segments.get_mut(k) {
+            s.runs += 1;
+        }
+    }
+    let (base, size) = mapped;
+    tables.runs.insert(
+        key,
+        RunEntry {
+            run: MappedRun {
+                base,
+                size,
+                context,
+                segments,
+            },
+            refs: 1,
+        },
+    );
+    RUN_MAPS.fetch_add(1, Ordering::Relaxed);
+    Ok(MappedAt { key, base, device })
+}
+
+/// Fetches and imports `missing` segments of `rec`; nothing is left imported on failure.
+fn import_segments(
+    peer: usize,
+    rec: &Record,
+    missing: &[&Segment],
+    fdpass: Option<&FdPass>,
+    wait: Duration,
+    who: &str,
+) -> Result<Vec<sys::CUmemGenericAllocationHandle>> {
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    let clock = logging::clock(logging::CUDA, log::Level::Info);
+    let mut handles = Vec::with_capacity(missing.len());
+    let outcome = match rec.handle_type {
+        HandleType::CudaVmmFd => {
+            let fdpass = fdpass.ok_or_else(|| {
+                Error::unsupported(format!(
+                    "a VMM buffer of {who} is shared as POSIX fds, and this transport has no fd \
+                     transport (use a handle cache, which brings one)"
+                ))
+            })?;
+            let ids: Vec<FdId> = missing
+                .iter()
+                .map(|s| {
+                    FdId::decode(&s.handle[..crate::fdpass::registry::FD_ID_LEN]).ok_or_else(
+                        || {
+                            Error::protocol(format!(
+                                "a VMM segment record of {who} holds no fd id"
+                            ))
+                        },
+                    )
+                })
+                .collect::<Result<_>>()?;
+            let fds = fdpass
+                .fetch_many(peer, &ids, wait)
+                .map_err(|e| e.context(format!("fetching the fds of a VMM buffer of {who}")))?;
+            fds.iter().try_for_each(|fd| {
+                let h = result::mem_import_fd(fd.as_fd()).map_err(|rc| {
+                    driver::error(
+                        rc,
+                        &format!("cuMemImportFromShareableHandle(POSIX fd) of a segment of {who}"),
+                    )
+                })?;
+                handles.push(h);
+                Ok(())
+            })
+        }
+        HandleType::CudaVmmFabric => missing.iter().try_for_each(|s| {
+            let h = result::mem_import_fabric(&s.handle).map_err(|rc| {
+                driver::error(
+                    rc,
+                    &format!(
+                        "cuMemImportFromShareableHandle(FABRIC) of a segment of {who} (FABRIC \
+                         needs IMEX / the fabric manager on both sides)"
+                    ),
+                )
+            })?;
+            handles.push(h);
+            Ok(())
+        }),
+        other => Err(Error::invalid(format!(
+            "record of {who} holds a {} handle, not a VMM one",
+            other.name()
+        ))),
+    };
+    if let Err(e) = outcome {
+        for h in handles {
+            // SAFETY: imported above and not mapped or recorded anywhere.
+            let _ = unsafe { result::mem_release(h) };
+        }
+        return Err(e);
+    }
+    SEGMENT_IMPORTS.fetch_add(handles.len() as u64, Ordering::Relaxed);
+    if let Some(t) = clock {
+        log::info!(
+            target: logging::CUDA,
+            "imported {} VMM segment(s) of {who} in {}",
+            handles.len(),
+            logging::took(t.elapsed())
+        );
+    }
+    Ok(handles)
+}
+
+/// Reserves one VA range for `handles` (segment handle, size), maps them back to back and
+/// grants `device` access; undoes everything on failure.
+fn map_run(handles: &[(sys::CUmemGenericAllocationHandle, u64)], device: i32) -> Result<(u64, u64)> {
+    let size: u64 = handles.iter().map(|(_, s)| s).sum();
+    let base = result::mem_address_reserve(size, 0)
+        .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({size})")))?;
+    let mut mapped = 0u64;
+    let mut failure = None;
+    for (handle, seg_size) in handles {
+        // SAFETY: [base + mapped, + seg_size) lies in the range reserved above, where nothing
+        // is mapped yet (segments are mapped in order, back to back).
+        if let Err(rc) = unsafe { result::mem_map(base + mapped, *seg_size, *handle) } {
+            failure = Some(driver::error(
+                rc,
+                &format!("cuMemMap({:#x}, {seg_size})", base + mapped),
+            ));
+            break;
+        }
+        mapped += seg_size;
+    }
+    if failure.is_none() {
+        if let Err(rc) = result::mem_set_access_rw(base, size, device) {
+            failure = Some(driver::error(
+                rc,
+                &format!("cuMemSetAccess({base:#x}, {size}) for device {device}"),
+            ));
+        }
+    }
+    match failure {
+        None => Ok((base, size)),
+        Some(e) => {
+            // SAFETY: [base, base + mapped) was mapped above and nothing has used it yet; the
+            // range was reserved above and is freed once.
+            unsafe {
+                if mapped > 0 {
+                    let _ = result::mem_unmap(base, mapped);
+                }
+                let _ = result::mem_address_free(base, size);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Releases imported segments that no run maps (after a failed map).
+fn release_unused_segments(tables: &mut Tables) {
+    let unused: Vec<SegmentKey> = tables
+        .segments
+        .iter()
+        .filter(|(_, s)| s.runs == 0)
+        .map(|(k, _)| *k)
+        .collect();
+    for k in unused {
+        if let Some(s) = tables.segments.remove(&k) {
+            // SAFETY: the handle was imported by this module and no run maps it.
+            let _ = unsafe { result::mem_release(s.handle) };
+            SEGMENT_RELEASES.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Drops one reference taken by [`import`]; the last one hands the run to the releaser thread.
+pub fn release(peer: usize, key: &RunKey) -> Result<()> {
+    let mut tables = lock(&TABLES);
+    let entry = tables.runs.get_mut(key).ok_or_else(|| {
+        Error::not_found(format!(
+            "no mapped VMM buffer of rank {peer} with this key (released twice?)"
+        ))
+    })?;
+    entry.refs -= 1;
+    if entry.refs > 0 {
+        return Ok(());
+    }
+    let entry = tables.runs.remove(key).expect("present under the lock");
+    RELEASER.submit(*key, peer, entry.run)
+}
+
+/// Unmaps a run on the releaser thread, then drops its references on its segments.
+fn unmap_run(run: &MappedRun) -> Result<()> {
+    let _guard = ContextGuard::enter(run.context)?;
+    // SAFETY: the run left the table when its last reference went away and the releaser runs
+    // this only for a job that was not taken back; the work queued before the release has
+    // finished (the drain step synchronised the context).
+    let unmapped = unsafe { result::mem_unmap(run.base, run.size) }
+        .map_err(|rc| driver::error(rc, &format!("cuMemUnmap({:#x}, {})", run.base, run.size)));
+    if unmapped.is_ok() {
+        // SAFETY: reserved by map_run for this run, now fully unmapped, freed once.
+        let _ = unsafe { result::mem_address_free(run.base, run.size) };
+        RUN_UNMAPS.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut tables = lock(&TABLES);
+    for (k, _) in &run.segments {
+        let drop_it = match tables.segments.get_mut(k) {
+            Some(s) => {
+                s.runs = s.runs.saturating_sub(1);
+                s.runs == 0
+            }
+            None => false,
+        };
+        if drop_it {
+            let s = tables.segments.remove(k).expect("present under the lock");
+            debug_assert!(s.size > 0);
+            // SAFETY: imported by this module; the last run that mapped it is unmapped.
+            let _ = unsafe { result::mem_release(s.handle) };
+            SEGMENT_RELEASES.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    unmapped
+}
+
+/// See `Transport::wait_release_room`.
+pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
+    RELEASER.wait_below(peer, super::release::max_pending_per_peer(), timeout)
+}
+
+/// See `Transport::flush_releases`.
+pub fn flush_releases(timeout: Duration) -> Result<()> {
+    RELEASER.flush(timeout).map_err(|left| {
+        Error::timeout(format!(
+            "{left} VMM mapping(s) still waiting to be unmapped after {timeout:?}"
+        ))
+    })
+}
