@@ -54,13 +54,25 @@
 // barrier waits for every other rank's key in one store request, which names at most this many.
 #define NVFIPC_MAX_WORLD_SIZE 131072
 
+// `nvfipc_cuda_pointer_memory`: a `cudaMalloc` allocation, exported by legacy CUDA IPC.
+#define NVFIPC_DEVICE_MEMORY_LEGACY 0
+
+// `nvfipc_cuda_pointer_memory`: VMM memory (`cuMemCreate` + `cuMemMap`, PyTorch's expandable
+// segments), exported per physical allocation as a POSIX fd (or FABRIC handle).
+#define NVFIPC_DEVICE_MEMORY_VMM 1
+
+// `nvfipc_cuda_pointer_memory`: a stream-ordered pool allocation, exported through its pool.
+#define NVFIPC_DEVICE_MEMORY_POOL 2
+
 // `nvfipc_request.direction`: this rank's buffer is the source (the peer pulls from it).
 #define NVFIPC_DIRECTION_SEND 0
 
 // `nvfipc_request.direction`: this rank's buffer is the destination (it pulls from the peer).
 #define NVFIPC_DIRECTION_RECV 1
 
-// `nvfipc_request.kind`: CUDA device memory (legacy `cudaMalloc` allocations).
+// `nvfipc_request.kind`: CUDA device memory: `cudaMalloc` (legacy IPC), VMM such as PyTorch's
+// expandable segments (POSIX fds, or FABRIC), or an IPC-capable stream-ordered pool; the
+// library picks the export per buffer (see `nvfipc_cuda_pointer_memory`).
 #define NVFIPC_MEM_DEVICE 0
 
 // `nvfipc_request.kind`: host memory from `nvfipc_host_alloc`.
@@ -143,6 +155,24 @@ typedef struct nvfipc_server nvfipc_server;
 // threads need independent blocking waits. `nvfipc_store_free` must not race with calls on the
 // same store from other threads (such races are detected where possible, never relied upon).
 typedef struct nvfipc_store nvfipc_store;
+
+// Counters of VMM and pool imports in this process (`nvfipc_cuda_vmm_counters_get`).
+typedef struct nvfipc_cuda_vmm_counters {
+  // VMM physical allocations this process exported (each once per cache).
+  uint64_t segment_exports;
+  // Peer physical allocations imported (`cuMemImportFromShareableHandle`), and released.
+  uint64_t segment_imports;
+  uint64_t segment_releases;
+  // VA ranges mapped for peer buffers (one per run of segments), and unmapped.
+  uint64_t maps;
+  uint64_t unmaps;
+  // Peer physical allocations imported, and runs mapped, right now.
+  uint64_t live_segments;
+  uint64_t live_maps;
+  // Peer pool allocations imported (`cuMemPoolImportPointer`), and freed.
+  uint64_t pool_imports;
+  uint64_t pool_frees;
+} nvfipc_cuda_vmm_counters;
 
 // Counters of real driver-level IPC opens and closes in this process.
 typedef struct nvfipc_cuda_ipc_counters {
@@ -490,10 +520,21 @@ enum nvfipc_status nvfipc_cuda_check(void);
 
 // Checks that `[ptr, ptr + bytes)` is device memory that legacy CUDA IPC can export.
 // `NVFIPC_STATUS_INVALID_ARGUMENT` for NULL, host, freed or unknown pointers and ranges that
-// overrun their allocation; `NVFIPC_STATUS_UNSUPPORTED` for VMM (expandable segments), pool
-// and managed memory. On success `*out_base` (optional, may be NULL) receives the allocation
-// base.
+// overrun their allocation; `NVFIPC_STATUS_UNSUPPORTED` for memory no export can share
+// (managed memory, VMM memory created without a shareable handle type, pools that are not
+// IPC-capable are refused by the exchange), with the allocator setting to change. On success
+// `*out_base` (optional, may be NULL) receives the allocation base (for VMM memory: the
+// physical allocation that holds `ptr`).
 enum nvfipc_status nvfipc_cuda_check_pointer(const void *ptr, uint64_t bytes, uint64_t *out_base);
+
+// Writes into `*out_memory` how the exchange exports the device buffer `[ptr, ptr + bytes)`
+// (`NVFIPC_DEVICE_MEMORY_*`); fails as `nvfipc_cuda_check_pointer` does, and for a VMM buffer
+// that is not contiguous or spans more than 8192 physical allocations.
+enum nvfipc_status nvfipc_cuda_pointer_memory(const void *ptr, uint64_t bytes, int32_t *out_memory);
+
+// Reads the process-wide VMM and pool counters (after a clean teardown: segment_imports ==
+// segment_releases, maps == unmaps, pool_imports == pool_frees, live_* == 0).
+enum nvfipc_status nvfipc_cuda_vmm_counters_get(struct nvfipc_cuda_vmm_counters *out);
 
 // Reads the process-wide IPC counters (opens == closes, live == 0 and pending_closes == 0 after
 // a clean teardown).

@@ -8,8 +8,8 @@
 use crate::context::Context;
 use crate::cuda::transport::CudaTransport;
 use crate::error::Result;
-use crate::fdpass::{FdPass, FdPassConfig};
 use crate::exchange::{CacheConfig, HandleCache};
+use crate::fdpass::{FdPass, FdPassConfig};
 use crate::host::HostTransport;
 use crate::transport::{MemKind, Transport, Transports};
 use std::sync::Arc;

@@ -22,34 +22,6 @@ nvfipc_cache_counters Stats(const nvfipc_cache* cache) {
 }
 
 
-// A cache with its own scope, torn down collectively: everyone's streams are drained and every
-// rank is done with its peers' buffers before any cache is freed, and every cache is freed
-// before the test frees its buffers.
-class ScopedCache {
- public:
-  explicit ScopedCache(const std::string& scope) {
-    status_ = nvfipc_cache_create_scoped(job().ctx, scope.c_str(), &cache_);
-  }
-  ~ScopedCache() { Free(); }
-  ScopedCache(const ScopedCache&) = delete;
-  ScopedCache& operator=(const ScopedCache&) = delete;
-  nvfipc_status status() const { return status_; }
-  nvfipc_cache* get() const { return cache_; }
-  // Collective teardown; safe to call twice.
-  void Free() {
-    if (!cache_) return;
-    cudaDeviceSynchronize();
-    GPU_EXPECT_OK(Barrier());
-    GPU_EXPECT_OK(nvfipc_cache_free(cache_));
-    cache_ = nullptr;
-    GPU_EXPECT_OK(Barrier());
-  }
-
- private:
-  nvfipc_cache* cache_ = nullptr;
-  nvfipc_status status_ = NVFIPC_STATUS_OK;
-};
-
 TEST(GpuCache, ShareIpcMemHandles) {
   REQUIRE_RANKS(2);
   const std::string test = "GpuCache.ShareIpcMemHandles";

@@ -90,7 +90,7 @@ TEST(GpuPointer, FreedPointerIsInvalidArgument) {
   EXPECT_TRUE(Contains(LastError(), text)) << "message should name " << text << ": " << LastError();
 }
 
-TEST(GpuPointer, VmmMemoryIsUnsupported) {
+TEST(GpuPointer, VmmMemoryIsExportableButNotByLegacyIpc) {
   CUdevice dev = 0;
   DRV_ASSERT(cuDeviceGet(&dev, job().device));
   int vmm = 0;
@@ -116,39 +116,24 @@ TEST(GpuPointer, VmmMemoryIsUnsupported) {
   DRV_ASSERT(cuMemSetAccess(va, size, &access, 1));
 
   void* ptr = reinterpret_cast<void*>(va + 64);
-  nvfipc_status st = nvfipc_cuda_check_pointer(ptr, 16, nullptr);
-  EXPECT_EQ(st, NVFIPC_STATUS_UNSUPPORTED) << Describe(st);
-  EXPECT_TRUE(Contains(LastError(), "VMM/expandable-segments memory")) << LastError();
-  EXPECT_TRUE(Contains(LastError(), "expandable_segments:False")) << LastError();
+  uint64_t base = 0;
+  GPU_EXPECT_OK(nvfipc_cuda_check_pointer(ptr, 16, &base));
+  EXPECT_EQ(base, va);
+  int32_t memory = -1;
+  GPU_EXPECT_OK(nvfipc_cuda_pointer_memory(ptr, 16, &memory));
+  EXPECT_EQ(memory, NVFIPC_DEVICE_MEMORY_VMM);
+  // Past the mapped range: the segment walk finds nothing mapped there.
+  nvfipc_status st = nvfipc_cuda_pointer_memory(ptr, size, &memory);
+  EXPECT_NE(st, NVFIPC_STATUS_OK);
   nvfipc_cuda_ipc_handle ipc{};
   uint64_t offset = 0;
   st = nvfipc_cuda_ipc_export(ptr, 16, &ipc, &offset);
   EXPECT_EQ(st, NVFIPC_STATUS_UNSUPPORTED) << Describe(st);
+  EXPECT_TRUE(Contains(LastError(), "handle cache")) << LastError();
 
   cuMemUnmap(va, size);
   cuMemAddressFree(va, size);
   cuMemRelease(handle);
-}
-
-TEST(GpuPointer, PoolMemoryIsRefusedOrExportable) {
-  // Stream-ordered pool memory cannot go through legacy IPC; if the driver ever reports it as
-  // legacy-capable, the library must then really be able to export it.
-  void* ptr = nullptr;
-  cudaStream_t legacy = nullptr;
-  cudaError_t err = cudaMallocAsync(&ptr, size_t{1} << 16, legacy);
-  if (err != cudaSuccess) GTEST_SKIP() << "cudaMallocAsync unsupported: " << cudaGetErrorString(err);
-  CUDA_ASSERT(cudaStreamSynchronize(legacy));
-  nvfipc_status st = nvfipc_cuda_check_pointer(ptr, 16, nullptr);
-  if (st == NVFIPC_STATUS_OK) {
-    nvfipc_cuda_ipc_handle ipc{};
-    uint64_t offset = 0;
-    GPU_EXPECT_OK(nvfipc_cuda_ipc_export(ptr, 16, &ipc, &offset));
-  } else {
-    EXPECT_EQ(st, NVFIPC_STATUS_UNSUPPORTED) << Describe(st);
-    std::printf("pool memory refused as expected: %s\n", LastError().c_str());
-  }
-  cudaFreeAsync(ptr, legacy);
-  cudaStreamSynchronize(legacy);
 }
 
 TEST(GpuPointer, P2pPrimitivesRejectBadEndpoints) {

@@ -51,6 +51,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemRetainAllocationHandle",
     "cuMemRelease",
     "cuMemGetAddressRange_v2",
+    "cuMemCreate",
+    "cuMemGetAllocationGranularity",
     "cuMemGetAllocationPropertiesFromHandle",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",

@@ -351,7 +351,10 @@ mod tests {
         // The buffer may run past the first physical allocation: the segment walk checks that.
         let alloc = classify(&info, 8 << 20).unwrap();
         assert_eq!(alloc.kind, DeviceMemoryKind::Vmm { handle_types: 1 });
-        assert_eq!((alloc.base, alloc.size, alloc.bytes), (0x7000_0000, 2 << 20, 8 << 20));
+        assert_eq!(
+            (alloc.base, alloc.size, alloc.bytes),
+            (0x7000_0000, 2 << 20, 8 << 20)
+        );
     }
 
     #[test]
@@ -367,7 +370,11 @@ mod tests {
                 .contains("allocation at 0x70000000 (pointer 0x70000000) is VMM memory"),
             "{err}"
         );
-        assert!(err.message.contains("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"), "{err}");
+        assert!(
+            err.message
+                .contains("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+            "{err}"
+        );
         assert!(err.message.contains("expandable_segments:False"), "{err}");
     }
 

@@ -54,7 +54,10 @@ impl PoolExports {
     /// The record handle of the pool allocation `alloc`.
     pub fn export(&self, alloc: &DeviceAllocation) -> Result<ExportedHandle> {
         let DeviceMemoryKind::Pool { pool } = alloc.kind else {
-            return Err(Error::internal(format!("pointer {:#x} is not pool memory", alloc.ptr)));
+            return Err(Error::internal(format!(
+                "pointer {:#x} is not pool memory",
+                alloc.ptr
+            )));
         };
         let fdpass = self.fdpass.as_ref().ok_or_else(|| {
             Error::unsupported(format!(
@@ -210,9 +213,10 @@ pub fn import(
     let (context, _guard) = driver::enter_device(device)?;
     let device = context.device()?;
     let who = format!("rank {peer} (pid {})", rec.pid);
-    let seg = rec.segments.first().ok_or_else(|| {
-        Error::protocol(format!("pool record of {who} names no pool"))
-    })?;
+    let seg = rec
+        .segments
+        .first()
+        .ok_or_else(|| Error::protocol(format!("pool record of {who} names no pool")))?;
     let key = PointerKey {
         pid: rec.pid,
         device,
@@ -234,7 +238,9 @@ pub fn import(
         }
         match RELEASER.revive(&key) {
             Revive::Queued(imported) => {
-                tables.pointers.insert(key, PointerEntry { imported, refs: 1 });
+                tables
+                    .pointers
+                    .insert(key, PointerEntry { imported, refs: 1 });
                 return Ok(ImportedAt {
                     key,
                     base: imported.ptr,
@@ -253,29 +259,28 @@ pub fn import(
             Revive::Absent => break,
         }
     }
-    if !tables.pools.contains_key(&pool_key) {
+    if let std::collections::hash_map::Entry::Vacant(slot) = tables.pools.entry(pool_key) {
         let fdpass = fdpass.ok_or_else(|| {
             Error::unsupported(format!(
                 "a pool buffer of {who} is shared through the fd transport, which this transport \
                  lacks"
             ))
         })?;
-        let id = FdId::decode(&seg.handle[..crate::fdpass::registry::FD_ID_LEN]).ok_or_else(|| {
-            Error::protocol(format!("the pool record of {who} holds no fd id"))
-        })?;
+        let id = FdId::decode(&seg.handle[..crate::fdpass::registry::FD_ID_LEN])
+            .ok_or_else(|| Error::protocol(format!("the pool record of {who} holds no fd id")))?;
         let fd = fdpass
             .fetch(peer, &id, wait)
             .map_err(|e| e.context(format!("fetching the memory pool of {who}")))?;
         let handle = result::mem_pool_import_fd(fd.as_fd()).map_err(|rc| {
-            driver::error(rc, &format!("cuMemPoolImportFromShareableHandle of {who}'s pool"))
+            driver::error(
+                rc,
+                &format!("cuMemPoolImportFromShareableHandle of {who}'s pool"),
+            )
         })?;
-        tables.pools.insert(
-            pool_key,
-            ImportedPool {
-                handle,
-                pointers: 0,
-            },
-        );
+        slot.insert(ImportedPool {
+            handle,
+            pointers: 0,
+        });
     }
     let pool = tables.pools.get_mut(&pool_key).expect("inserted above");
     let ptr = result::mem_pool_import_pointer(pool.handle, &rec.payload).map_err(|rc| {
@@ -346,7 +351,10 @@ fn free_pointer(p: &ImportedPointer) -> Result<()> {
         None => false,
     };
     if last {
-        let pool = tables.pools.remove(&p.pool).expect("present under the lock");
+        let pool = tables
+            .pools
+            .remove(&p.pool)
+            .expect("present under the lock");
         // SAFETY: imported by `import`; its last imported pointer was just freed.
         let _ = unsafe { result::mem_pool_destroy(pool.handle) };
     }

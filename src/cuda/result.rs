@@ -356,7 +356,8 @@ pub fn mem_import_fabric(
 pub fn mem_address_reserve(size: u64, alignment: u64) -> DriverResult<u64> {
     let mut base: sys::CUdeviceptr = 0;
     // SAFETY: valid out pointer; the driver picks the address (hint 0).
-    let rc = unsafe { sys::cuMemAddressReserve(&mut base, size as usize, alignment as usize, 0, 0) };
+    let rc =
+        unsafe { sys::cuMemAddressReserve(&mut base, size as usize, alignment as usize, 0, 0) };
     to_result(rc, base)
 }
 
@@ -462,7 +463,8 @@ pub fn mem_pool_import_pointer(pool: u64, data: &[u8; POOL_PTR_EXPORT_LEN]) -> D
     let mut ptr: sys::CUdeviceptr = 0;
     let mut export = sys::CUmemPoolPtrExportData { reserved: *data };
     // SAFETY: valid out pointer and export data; the driver validates the pool.
-    let rc = unsafe { sys::cuMemPoolImportPointer(&mut ptr, pool as sys::CUmemoryPool, &mut export) };
+    let rc =
+        unsafe { sys::cuMemPoolImportPointer(&mut ptr, pool as sys::CUmemoryPool, &mut export) };
     to_result(rc, ptr)
 }
 
@@ -485,4 +487,43 @@ pub unsafe fn mem_pool_destroy(pool: u64) -> DriverResult<()> {
     // SAFETY: the caller's guarantees above.
     let rc = unsafe { sys::cuMemPoolDestroy(pool as sys::CUmemoryPool) };
     to_result(rc, ())
+}
+
+/// `cuMemCreate` of `size` bytes of device memory on `device`, exportable as a POSIX fd (what
+/// PyTorch's expandable segments create). The caller owns the returned reference.
+pub fn mem_create_posix_fd(
+    size: u64,
+    device: i32,
+) -> DriverResult<sys::CUmemGenericAllocationHandle> {
+    let prop = device_prop(device);
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out pointer and properties; the driver validates size and device.
+    let rc = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
+    to_result(rc, handle)
+}
+
+/// The minimum granularity of [`mem_create_posix_fd`] allocations on `device`.
+pub fn mem_granularity(device: i32) -> DriverResult<u64> {
+    let prop = device_prop(device);
+    let mut granularity = 0usize;
+    // SAFETY: valid out pointer and properties.
+    let rc = unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granularity,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    to_result(rc, granularity as u64)
+}
+
+fn device_prop(device: i32) -> sys::CUmemAllocationProp {
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value; the fields that matter are set
+    // below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD);
+    prop
 }

@@ -173,16 +173,18 @@ impl Transport for CudaTransport {
         let alloc = memory::resolve(buf.ptr, buf.bytes).map_err(|e| e.context(what()))?;
         match alloc.kind {
             DeviceMemoryKind::Legacy => {
-                let payload = ipc::export(buf.base, buf.buffer_id).map_err(|e| e.context(what()))?;
+                let payload =
+                    ipc::export(buf.base, buf.buffer_id).map_err(|e| e.context(what()))?;
                 Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, payload))
             }
             DeviceMemoryKind::Vmm { .. } => {
                 let run = vmm::resolve_run(&alloc).map_err(|e| e.context(what()))?;
                 self.vmm_exports.export(&run).map_err(|e| e.context(what()))
             }
-            DeviceMemoryKind::Pool { .. } => {
-                self.pool_exports.export(&alloc).map_err(|e| e.context(what()))
-            }
+            DeviceMemoryKind::Pool { .. } => self
+                .pool_exports
+                .export(&alloc)
+                .map_err(|e| e.context(what())),
         }
     }
 

@@ -113,7 +113,9 @@ fn walk(
     mut segment_at: impl FnMut(u64) -> Result<LocalSegment>,
 ) -> Result<Run> {
     let end = ptr.checked_add(bytes).ok_or_else(|| {
-        Error::invalid(format!("range [{ptr:#x}, +{bytes}) overflows the address space"))
+        Error::invalid(format!(
+            "range [{ptr:#x}, +{bytes}) overflows the address space"
+        ))
     })?;
     let mut segments = vec![first];
     let mut next = first.base + first.size;
@@ -212,10 +214,13 @@ impl VmmExports {
                 .get(&seg.base)
                 .filter(|e| e.id == seg.id && e.size == seg.size)
                 .map(|e| e.offer)
-                .filter(|o| matches!(
-                    (o, handle_type),
-                    (Offer::Fd(_), HandleType::CudaVmmFd) | (Offer::Fabric(_), HandleType::CudaVmmFabric)
-                ));
+                .filter(|o| {
+                    matches!(
+                        (o, handle_type),
+                        (Offer::Fd(_), HandleType::CudaVmmFd)
+                            | (Offer::Fabric(_), HandleType::CudaVmmFabric)
+                    )
+                });
             let offer = match hit {
                 Some(offer) => offer,
                 None => {
@@ -239,8 +244,9 @@ impl VmmExports {
             };
             let mut handle = [0u8; PAYLOAD_LEN];
             match offer {
-                Offer::Fd(id) => handle[..crate::fdpass::registry::FD_ID_LEN]
-                    .copy_from_slice(&id.encode()),
+                Offer::Fd(id) => {
+                    handle[..crate::fdpass::registry::FD_ID_LEN].copy_from_slice(&id.encode())
+                }
                 Offer::Fabric(bytes) => handle.copy_from_slice(&bytes),
             }
             segments.push(Segment {
@@ -382,18 +388,30 @@ mod tests {
     #[test]
     fn a_buffer_spanning_segments_walks_them_in_order() {
         let mut asked = Vec::new();
-        let run = walk(0x1000_0000 + MIB2 - 8, 2 * MIB2, seg(0x1000_0000, 1), |at| {
-            asked.push(at);
-            Ok(seg(at, 1 + asked.len() as u64))
-        })
+        let run = walk(
+            0x1000_0000 + MIB2 - 8,
+            2 * MIB2,
+            seg(0x1000_0000, 1),
+            |at| {
+                asked.push(at);
+                Ok(seg(at, 1 + asked.len() as u64))
+            },
+        )
         .unwrap();
         assert_eq!(asked, vec![0x1000_0000 + MIB2, 0x1000_0000 + 2 * MIB2]);
         assert_eq!(run.segments.len(), 3);
         assert_eq!(run.size(), 3 * MIB2);
-        assert_ne!(run.id(), 1, "a run of several segments has an id of its own");
-        let again = walk(0x1000_0000 + MIB2 - 8, 2 * MIB2, seg(0x1000_0000, 1), |at| {
-            Ok(seg(at, 1 + (at - 0x1000_0000) / MIB2))
-        })
+        assert_ne!(
+            run.id(),
+            1,
+            "a run of several segments has an id of its own"
+        );
+        let again = walk(
+            0x1000_0000 + MIB2 - 8,
+            2 * MIB2,
+            seg(0x1000_0000, 1),
+            |at| Ok(seg(at, 1 + (at - 0x1000_0000) / MIB2)),
+        )
         .unwrap();
         assert_eq!(again.id(), run.id(), "the same segments give the same id");
     }
@@ -410,7 +428,10 @@ mod tests {
             Err(Error::invalid("not mapped"))
         })
         .unwrap_err();
-        assert!(err.message.contains("runs past its physical allocation"), "{err}");
+        assert!(
+            err.message.contains("runs past its physical allocation"),
+            "{err}"
+        );
         assert!(walk(u64::MAX - 4, 8, seg(0x1000_0000, 1), |at| Ok(seg(at, 2))).is_err());
     }
 

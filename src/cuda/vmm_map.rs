@@ -215,11 +215,8 @@ pub fn import(
             },
         );
     }
-    let segments: Vec<(SegmentKey, u64)> = rec
-        .segments
-        .iter()
-        .map(|s| (seg_key(s), s.bytes))
-        .collect();
+    let segments: Vec<(SegmentKey, u64)> =
+        rec.segments.iter().map(|s| (seg_key(s), s.bytes)).collect();
     let handles: Vec<(sys::CUmemGenericAllocationHandle, u64)> = segments
         .iter()
         .map(|(k, size)| (tables.segments[k].handle, *size))
@@ -275,13 +272,9 @@ fn import_segments(
             let ids: Vec<FdId> = missing
                 .iter()
                 .map(|s| {
-                    FdId::decode(&s.handle[..crate::fdpass::registry::FD_ID_LEN]).ok_or_else(
-                        || {
-                            Error::protocol(format!(
-                                "a VMM segment record of {who} holds no fd id"
-                            ))
-                        },
-                    )
+                    FdId::decode(&s.handle[..crate::fdpass::registry::FD_ID_LEN]).ok_or_else(|| {
+                        Error::protocol(format!("a VMM segment record of {who} holds no fd id"))
+                    })
                 })
                 .collect::<Result<_>>()?;
             let fds = fdpass
@@ -337,7 +330,10 @@ fn import_segments(
 
 /// Reserves one VA range for `handles` (segment handle, size), maps them back to back and
 /// grants `device` access; undoes everything on failure.
-fn map_run(handles: &[(sys::CUmemGenericAllocationHandle, u64)], device: i32) -> Result<(u64, u64)> {
+fn map_run(
+    handles: &[(sys::CUmemGenericAllocationHandle, u64)],
+    device: i32,
+) -> Result<(u64, u64)> {
     let size: u64 = handles.iter().map(|(_, s)| s).sum();
     let base = result::mem_address_reserve(size, 0)
         .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({size})")))?;

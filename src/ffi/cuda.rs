@@ -14,8 +14,9 @@
 use super::args::{out_ptr, ref_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
+use crate::cuda::memory::DeviceMemoryKind;
 use crate::cuda::p2p::{self, Endpoint, Stream};
-use crate::cuda::{driver, ipc, memory};
+use crate::cuda::{driver, ipc, memory, pool, vmm_map};
 use crate::error::{Error, Result, Status};
 use crate::exchange::MemKind;
 use crate::store::DEFAULT_TIMEOUT;
@@ -74,6 +75,34 @@ pub struct nvfipc_cuda_ipc_counters {
     pub close_errors: u64,
 }
 
+/// `nvfipc_cuda_pointer_memory`: a `cudaMalloc` allocation, exported by legacy CUDA IPC.
+pub const NVFIPC_DEVICE_MEMORY_LEGACY: i32 = 0;
+/// `nvfipc_cuda_pointer_memory`: VMM memory (`cuMemCreate` + `cuMemMap`, PyTorch's expandable
+/// segments), exported per physical allocation as a POSIX fd (or FABRIC handle).
+pub const NVFIPC_DEVICE_MEMORY_VMM: i32 = 1;
+/// `nvfipc_cuda_pointer_memory`: a stream-ordered pool allocation, exported through its pool.
+pub const NVFIPC_DEVICE_MEMORY_POOL: i32 = 2;
+
+/// Counters of VMM and pool imports in this process (`nvfipc_cuda_vmm_counters_get`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvfipc_cuda_vmm_counters {
+    /// VMM physical allocations this process exported (each once per cache).
+    pub segment_exports: u64,
+    /// Peer physical allocations imported (`cuMemImportFromShareableHandle`), and released.
+    pub segment_imports: u64,
+    pub segment_releases: u64,
+    /// VA ranges mapped for peer buffers (one per run of segments), and unmapped.
+    pub maps: u64,
+    pub unmaps: u64,
+    /// Peer physical allocations imported, and runs mapped, right now.
+    pub live_segments: u64,
+    pub live_maps: u64,
+    /// Peer pool allocations imported (`cuMemPoolImportPointer`), and freed.
+    pub pool_imports: u64,
+    pub pool_frees: u64,
+}
+
 /// Writes whether the CUDA driver could be loaded and initialised into `*out`. Never fails on a
 /// machine without CUDA: `*out` is then false and `nvfipc_cuda_check` tells why.
 #[no_mangle]
@@ -93,9 +122,11 @@ pub extern "C" fn nvfipc_cuda_check() -> Status {
 
 /// Checks that `[ptr, ptr + bytes)` is device memory that legacy CUDA IPC can export.
 /// `NVFIPC_STATUS_INVALID_ARGUMENT` for NULL, host, freed or unknown pointers and ranges that
-/// overrun their allocation; `NVFIPC_STATUS_UNSUPPORTED` for VMM (expandable segments), pool
-/// and managed memory. On success `*out_base` (optional, may be NULL) receives the allocation
-/// base.
+/// overrun their allocation; `NVFIPC_STATUS_UNSUPPORTED` for memory no export can share
+/// (managed memory, VMM memory created without a shareable handle type, pools that are not
+/// IPC-capable are refused by the exchange), with the allocator setting to change. On success
+/// `*out_base` (optional, may be NULL) receives the allocation base (for VMM memory: the
+/// physical allocation that holds `ptr`).
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_check_pointer(
     ptr: *const c_void,
@@ -107,6 +138,54 @@ pub extern "C" fn nvfipc_cuda_check_pointer(
         if !out_base.is_null() {
             out_ptr(out_base, "out_base")?.write(alloc.base);
         }
+        Ok(())
+    })
+}
+
+/// Writes into `*out_memory` how the exchange exports the device buffer `[ptr, ptr + bytes)`
+/// (`NVFIPC_DEVICE_MEMORY_*`); fails as `nvfipc_cuda_check_pointer` does, and for a VMM buffer
+/// that is not contiguous or spans more than 8192 physical allocations.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_pointer_memory(
+    ptr: *const c_void,
+    bytes: u64,
+    out_memory: *mut i32,
+) -> Status {
+    ffi_call("nvfipc_cuda_pointer_memory", || {
+        let out = out_ptr(out_memory, "out_memory")?;
+        let alloc = memory::resolve(ptr as u64, bytes)?;
+        let kind = match alloc.kind {
+            DeviceMemoryKind::Legacy => NVFIPC_DEVICE_MEMORY_LEGACY,
+            DeviceMemoryKind::Vmm { .. } => {
+                crate::cuda::vmm::resolve_run(&alloc)?;
+                NVFIPC_DEVICE_MEMORY_VMM
+            }
+            DeviceMemoryKind::Pool { .. } => NVFIPC_DEVICE_MEMORY_POOL,
+        };
+        out.write(kind);
+        Ok(())
+    })
+}
+
+/// Reads the process-wide VMM and pool counters (after a clean teardown: segment_imports ==
+/// segment_releases, maps == unmaps, pool_imports == pool_frees, live_* == 0).
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counters) -> Status {
+    ffi_call("nvfipc_cuda_vmm_counters_get", || {
+        let out = out_ptr(out, "out")?;
+        let v = vmm_map::counters();
+        let (pool_imports, pool_frees) = pool::counters();
+        out.write(nvfipc_cuda_vmm_counters {
+            segment_exports: v.exports,
+            segment_imports: v.segment_imports,
+            segment_releases: v.segment_releases,
+            maps: v.maps,
+            unmaps: v.unmaps,
+            live_segments: v.live_segments,
+            live_maps: v.live_runs,
+            pool_imports,
+            pool_frees,
+        });
         Ok(())
     })
 }
@@ -137,7 +216,10 @@ pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counter
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_ipc_flush_releases(timeout_ms: i64) -> Status {
     ffi_call("nvfipc_cuda_ipc_flush_releases", || {
-        ipc::flush_releases(timeout_arg(timeout_ms, DEFAULT_TIMEOUT))
+        let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
+        ipc::flush_releases(timeout)?;
+        vmm_map::flush_releases(timeout)?;
+        pool::flush_releases(timeout)
     })
 }
 
@@ -165,6 +247,13 @@ pub extern "C" fn nvfipc_cuda_ipc_export(
         let out_handle = out_ptr(out_handle, "out_handle")?;
         let out_offset = out_ptr(out_offset, "out_offset")?;
         let alloc = memory::resolve(ptr as u64, bytes)?;
+        if alloc.kind != DeviceMemoryKind::Legacy {
+            return Err(Error::unsupported(format!(
+                "pointer {:#x} is {:?} memory; legacy CUDA IPC exports cudaMalloc memory only: \
+                 exchange VMM and pool buffers through a handle cache",
+                alloc.ptr, alloc.kind
+            )));
+        }
         let bytes = ipc::export_allocation(&alloc)?;
         out_handle.write(nvfipc_cuda_ipc_handle { bytes });
         out_offset.write(alloc.offset());

@@ -15,7 +15,9 @@ use std::sync::Arc;
 pub const NVFIPC_DIRECTION_SEND: i32 = 0;
 /// `nvfipc_request.direction`: this rank's buffer is the destination (it pulls from the peer).
 pub const NVFIPC_DIRECTION_RECV: i32 = 1;
-/// `nvfipc_request.kind`: CUDA device memory (legacy `cudaMalloc` allocations).
+/// `nvfipc_request.kind`: CUDA device memory: `cudaMalloc` (legacy IPC), VMM such as PyTorch's
+/// expandable segments (POSIX fds, or FABRIC), or an IPC-capable stream-ordered pool; the
+/// library picks the export per buffer (see `nvfipc_cuda_pointer_memory`).
 pub const NVFIPC_MEM_DEVICE: i32 = 0;
 /// `nvfipc_request.kind`: host memory from `nvfipc_host_alloc`.
 pub const NVFIPC_MEM_HOST: i32 = 1;

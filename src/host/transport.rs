@@ -43,6 +43,12 @@ impl HostTransport {
     }
 
     /// A transport that shares descriptors through `fdpass`.
+    /// The fd transport this transport offers its buffers through (for the device transport of
+    /// the same job and rank).
+    pub fn fdpass(&self) -> &Arc<FdPass> {
+        &self.fdpass
+    }
+
     pub fn with_fdpass(fdpass: Arc<FdPass>) -> Result<Arc<HostTransport>> {
         let slab = HostSlab::new(fdpass.job(), fdpass.clone())?;
         let transport = Arc::new(HostTransport {

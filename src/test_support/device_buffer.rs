@@ -1,6 +1,8 @@
 //! Owned device memory and streams for programs that drive the exchange themselves (the CLI's
-//! demo and benchmarks, tests): `cuMemAlloc`/`cuMemFree`, blocking host<->device copies, and a
-//! `CUstream` that is synchronised and destroyed on drop.
+//! demo and benchmarks, tests): `cuMemAlloc`/`cuMemFree` buffers or VMM buffers laid out as
+//! PyTorch's expandable segments lay them out (several physical allocations exportable as POSIX
+//! fds, mapped back to back), blocking host<->device copies, and a `CUstream` that is
+//! synchronised and destroyed on drop.
 //!
 //! Every call makes sure a context is current first (the current one, else device 0's primary
 //! context, see [`driver::ensure_context`]); buffers and streams remember their context and use
@@ -13,12 +15,23 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::time::{Duration, Instant};
 
-/// A `cuMemAlloc` allocation, freed on drop.
+/// A device allocation, freed on drop: `cuMemAlloc`'d, or VMM.
 #[derive(Debug)]
 pub struct DeviceBuffer {
     ptr: u64,
     bytes: u64,
     ctx: Context,
+    /// For a VMM buffer: its physical allocations.
+    vmm: Option<VmmParts>,
+}
+
+/// The physical allocations of a VMM buffer, each `segment` bytes, in a reserved range of
+/// `size` bytes.
+#[derive(Debug)]
+struct VmmParts {
+    handles: Vec<sys::CUmemGenericAllocationHandle>,
+    segment: u64,
+    size: u64,
 }
 
 impl DeviceBuffer {
@@ -31,7 +44,52 @@ impl DeviceBuffer {
         // A context is current (ensure_context above).
         let ptr = result::mem_alloc(bytes as usize)
             .map_err(|rc| driver::error(rc, &format!("cuMemAlloc({bytes} bytes)")))?;
-        Ok(DeviceBuffer { ptr, bytes, ctx })
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            ctx,
+            vmm: None,
+        })
+    }
+
+    /// Allocates `bytes` (uninitialised) of VMM memory on the current device as PyTorch's
+    /// expandable segments do: physical allocations of `segment` bytes (rounded up to the
+    /// device's granularity) created with POSIX fd handles and mapped back to back.
+    pub fn alloc_vmm(bytes: u64, segment: u64) -> Result<DeviceBuffer> {
+        if bytes == 0 {
+            return Err(Error::invalid("device allocation of 0 bytes"));
+        }
+        let ctx = driver::ensure_context(None)?;
+        let device = ctx.device()?;
+        let granularity = result::mem_granularity(device)
+            .map_err(|rc| driver::error(rc, "cuMemGetAllocationGranularity"))?;
+        let segment = segment.max(1).div_ceil(granularity) * granularity;
+        let count = bytes.div_ceil(segment);
+        let size = count * segment;
+        let base = result::mem_address_reserve(size, segment)
+            .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({size})")))?;
+        let mut buf = DeviceBuffer {
+            ptr: base,
+            bytes,
+            ctx,
+            vmm: Some(VmmParts {
+                handles: Vec::new(),
+                segment,
+                size,
+            }),
+        };
+        for i in 0..count {
+            let handle = result::mem_create_posix_fd(segment, device)
+                .map_err(|rc| driver::error(rc, &format!("cuMemCreate({segment})")))?;
+            buf.vmm.as_mut().expect("set above").handles.push(handle);
+            // SAFETY: [base + i * segment, + segment) lies in the range reserved above and
+            // nothing is mapped there yet.
+            unsafe { result::mem_map(base + i * segment, segment, handle) }
+                .map_err(|rc| driver::error(rc, "cuMemMap"))?;
+        }
+        result::mem_set_access_rw(base, size, device)
+            .map_err(|rc| driver::error(rc, "cuMemSetAccess"))?;
+        Ok(buf)
     }
 
     /// The device address (what requests carry).
@@ -87,9 +145,27 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if let Ok(_guard) = ContextGuard::enter(self.ctx) {
-            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed exactly once.
-            // A failure cannot be reported from drop; the memory then stays allocated.
-            let _ = unsafe { result::mem_free(self.ptr) };
+            match self.vmm.take() {
+                // SAFETY: `ptr` came from cuMemAlloc in this context and is freed exactly once.
+                // A failure cannot be reported from drop; the memory then stays allocated.
+                None => drop(unsafe { result::mem_free(self.ptr) }),
+                Some(VmmParts {
+                    handles,
+                    segment,
+                    size,
+                }) => {
+                    // SAFETY: the range was reserved by alloc_vmm, each segment mapped there
+                    // once (unmapping a segment that failed to map only fails), released once
+                    // and the range freed once; the owner queues no more work on it.
+                    unsafe {
+                        for (i, handle) in handles.iter().enumerate() {
+                            let _ = result::mem_unmap(self.ptr + i as u64 * segment, segment);
+                            let _ = result::mem_release(*handle);
+                        }
+                        let _ = result::mem_address_free(self.ptr, size);
+                    }
+                }
+            }
         }
     }
 }

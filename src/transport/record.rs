@@ -441,7 +441,9 @@ impl Record {
             .iter()
             .position(|s| s.handle.iter().all(|&b| b == 0))
         {
-            return Err(Error::protocol(format!("{who}: segment {i} has an empty handle")));
+            return Err(Error::protocol(format!(
+                "{who}: segment {i} has an empty handle"
+            )));
         }
         if matches!(
             self.handle_type,
@@ -452,9 +454,9 @@ impl Record {
                 if s.bytes == 0 {
                     return Err(Error::protocol(format!("{who}: segment {i} has size 0")));
                 }
-                total = total.checked_add(s.bytes).ok_or_else(|| {
-                    Error::protocol(format!("{who}: segment sizes overflow"))
-                })?;
+                total = total
+                    .checked_add(s.bytes)
+                    .ok_or_else(|| Error::protocol(format!("{who}: segment sizes overflow")))?;
             }
             if total != self.alloc_bytes {
                 return Err(Error::protocol(format!(
@@ -532,27 +534,48 @@ mod tests {
         let good = vmm_sample();
         let mut short = good.encode();
         short.truncate(short.len() - 1);
-        assert!(Record::decode(&short).unwrap_err().message.contains("segment(s) make"));
+        assert!(Record::decode(&short)
+            .unwrap_err()
+            .message
+            .contains("segment(s) make"));
         let mut huge = good.encode();
         huge[248..252].copy_from_slice(&(MAX_SEGMENTS as u32 + 1).to_le_bytes());
-        assert!(Record::decode(&huge).unwrap_err().message.contains("more than"));
+        assert!(Record::decode(&huge)
+            .unwrap_err()
+            .message
+            .contains("more than"));
         let mut sizes = good.clone();
         sizes.alloc_bytes += 1;
         sizes.bytes = 1;
-        assert!(Record::decode(&sizes.encode()).unwrap_err().message.contains("add up"));
+        assert!(Record::decode(&sizes.encode())
+            .unwrap_err()
+            .message
+            .contains("add up"));
         let mut empty = good.clone();
         empty.segments[1].handle = [0; 64];
-        assert!(Record::decode(&empty.encode()).unwrap_err().message.contains("empty handle"));
+        assert!(Record::decode(&empty.encode())
+            .unwrap_err()
+            .message
+            .contains("empty handle"));
         let mut none = good.clone();
         none.segments.clear();
-        assert!(Record::decode(&none.encode()).unwrap_err().message.contains("0 segment"));
+        assert!(Record::decode(&none.encode())
+            .unwrap_err()
+            .message
+            .contains("0 segment"));
         let mut host = sample();
         host.segments = good.segments.clone();
-        assert!(Record::decode(&host.encode()).unwrap_err().message.contains("cannot list"));
+        assert!(Record::decode(&host.encode())
+            .unwrap_err()
+            .message
+            .contains("cannot list"));
         let mut pool = good;
         pool.handle_type = HandleType::CudaPool;
         pool.payload = [7; 64];
-        assert!(Record::decode(&pool.encode()).unwrap_err().message.contains("cannot list 3"));
+        assert!(Record::decode(&pool.encode())
+            .unwrap_err()
+            .message
+            .contains("cannot list 3"));
         pool.segments.truncate(1);
         pool.segments[0].bytes = 0;
         assert_eq!(Record::decode(&pool.encode()).unwrap(), pool);
@@ -590,7 +613,10 @@ mod tests {
         assert!(err.message.contains("length mismatch"), "{err}");
         let mut reserved = bytes.clone();
         reserved[253] = 1;
-        assert!(Record::decode(&reserved).unwrap_err().message.contains("reserved"));
+        assert!(Record::decode(&reserved)
+            .unwrap_err()
+            .message
+            .contains("reserved"));
     }
 
     #[test]

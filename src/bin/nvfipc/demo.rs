@@ -225,10 +225,11 @@ impl RankResult {
 
 /// The transports of one rank, kept alive until every peer has released its mappings.
 fn transports(kind: MemKind, ctx: &Context) -> Result<Vec<Arc<dyn Transport>>> {
-    let host: Arc<dyn Transport> = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
-    let mut list = vec![host];
+    let host = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
+    let fdpass = host.fdpass().clone();
+    let mut list: Vec<Arc<dyn Transport>> = vec![host];
     if kind == MemKind::Device {
-        let device: Arc<dyn Transport> = CudaTransport::new(None)?;
+        let device: Arc<dyn Transport> = CudaTransport::with_fdpass(None, Some(fdpass))?;
         list.push(device);
     }
     Ok(list)

@@ -69,10 +69,45 @@ pub fn enter_rank_device(kind: MemKind, local_rank: usize) -> Result<Option<Cont
 
 /// The label printed in tables: what the transport really is.
 pub fn kind_label(kind: MemKind) -> &'static str {
-    match kind {
-        MemKind::Device => "device (CUDA IPC)",
-        MemKind::Host => "host (shared memory)",
+    match (kind, device_memory()) {
+        (MemKind::Device, DeviceMemory::Legacy) => "device (CUDA IPC)",
+        (MemKind::Device, DeviceMemory::Vmm) => "device (VMM, POSIX fds, 2 MiB segments)",
+        (MemKind::Host, _) => "host (shared memory)",
     }
+}
+
+/// `--device-memory`: how device buffers are allocated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceMemory {
+    /// `cuMemAlloc` (legacy CUDA IPC).
+    #[default]
+    Legacy,
+    /// VMM as PyTorch's expandable segments: 2 MiB physical allocations exportable as POSIX fds,
+    /// mapped back to back (exchanged as fds per physical allocation).
+    Vmm,
+}
+
+impl DeviceMemory {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceMemory::Legacy => "legacy",
+            DeviceMemory::Vmm => "vmm",
+        }
+    }
+}
+
+/// Size of one physical allocation of a VMM buffer (PyTorch's small expandable segments).
+pub const VMM_SEGMENT: u64 = 2 << 20;
+
+static DEVICE_MEMORY: std::sync::OnceLock<DeviceMemory> = std::sync::OnceLock::new();
+
+/// Chooses how this process allocates device buffers (once, before the first allocation).
+pub fn set_device_memory(choice: DeviceMemory) {
+    let _ = DEVICE_MEMORY.set(choice);
+}
+
+fn device_memory() -> DeviceMemory {
+    DEVICE_MEMORY.get().copied().unwrap_or_default()
 }
 
 /// A buffer that peers can map.
@@ -86,7 +121,11 @@ impl Buffer {
     pub fn alloc(kind: MemKind, job_id: &str, bytes: u64) -> Result<Buffer> {
         match kind {
             MemKind::Host => host::alloc_for_job(job_id, bytes).map(Buffer::Host),
-            MemKind::Device => DeviceBuffer::alloc(bytes).map(Buffer::Device),
+            MemKind::Device => match device_memory() {
+                DeviceMemory::Legacy => DeviceBuffer::alloc(bytes),
+                DeviceMemory::Vmm => DeviceBuffer::alloc_vmm(bytes, VMM_SEGMENT),
+            }
+            .map(Buffer::Device),
         }
     }
 

@@ -268,7 +268,8 @@ pub fn run(
             out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
         }
     }
-    let (opens, rtts) = floor(ctx, &transport, args, kind)?;
+    let (exports, opens, rtts) = floor(ctx, &transport, args, kind)?;
+    out.extend(gather_samples(ctx, "floor.exports", &exports)?);
     out.extend(gather_samples(ctx, "floor.opens", &opens)?);
     out.extend(gather_samples(ctx, "floor.rtt", &rtts)?);
     Ok(out)
@@ -361,14 +362,15 @@ fn seed(
     Ok((samples, opens))
 }
 
-/// The floor of a cold call: opening the two peer records (decode, map the buffer, release the
-/// previous mappings) per step, and the store round trip (ADD) measured on its own.
+/// The floor of a cold call: exporting the two fresh local buffers (`floor.exports`), opening
+/// the two peer records (decode, fetch fds for VMM, import, map the buffer, release the previous
+/// mappings; `floor.opens`) per step, and the store round trip (ADD) measured on its own.
 fn floor(
     ctx: &Context,
     transport: &Arc<dyn Transport>,
     args: &RankArgs,
     kind: MemKind,
-) -> Result<(Vec<u64>, Vec<u64>)> {
+) -> Result<(Vec<u64>, Vec<u64>, Vec<u64>)> {
     let (rank, world) = (ctx.rank, ctx.world_size);
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     let slot = transport.semaphores().allocate_slot()?;
@@ -379,12 +381,26 @@ fn floor(
     };
     let mut mapped = Vec::new();
     let mut opens = Vec::with_capacity(args.steps);
+    let mut exports = Vec::with_capacity(args.steps);
     for step in 0..=args.steps {
         buffers.step(step, true)?;
         let [send, recv] = buffers.requests(rank, world, "floor");
-        for (req, what) in [(&send, "send"), (&recv, "recv")] {
+        let mut records = Vec::new();
+        let start = Instant::now();
+        for req in [&send, &recv] {
             let local = transport.resolve(req.ptr, req.bytes)?;
-            let rec = make_record(&**transport, &local, rank, step as u64 + 1, slot)?;
+            records.push(make_record(
+                &**transport,
+                &local,
+                rank,
+                step as u64 + 1,
+                slot,
+            )?);
+        }
+        if step > 0 {
+            exports.push(nanos(start.elapsed()));
+        }
+        for (rec, what) in records.iter().zip(["send", "recv"]) {
             ctx.store.set(&key(step, rank, what), &rec.encode())?;
         }
         ctx.barrier(None, None)?;
@@ -418,12 +434,13 @@ fn floor(
         rtts.push(nanos(start.elapsed()));
     }
     ctx.barrier(None, None)?;
-    Ok((opens, rtts))
+    Ok((exports, opens, rtts))
 }
 
-/// Floor of one call: median open cost plus two median store round trips.
-pub fn floor_ns(opens: &[u64], rtts: &[u64]) -> Option<u64> {
-    Some(median(opens)? + 2 * median(rtts)?)
+/// Floor of one call: median export cost (when measured) plus median open cost plus two median
+/// store round trips.
+pub fn floor_ns(exports: &[u64], opens: &[u64], rtts: &[u64]) -> Option<u64> {
+    Some(median(exports).unwrap_or(0) + median(opens)? + 2 * median(rtts)?)
 }
 
 #[cfg(test)]
@@ -462,7 +479,8 @@ mod tests {
         assert!(Scenario::Pool.swaps(1, 5));
         assert_eq!(Scenario::Pool.untimed(), POOL_SEGMENTS + 1);
         assert_eq!(Scenario::Cold.untimed(), 1);
-        assert_eq!(floor_ns(&[10, 20, 30], &[5]), Some(30));
-        assert_eq!(floor_ns(&[], &[5]), None);
+        assert_eq!(floor_ns(&[], &[10, 20, 30], &[5]), Some(30));
+        assert_eq!(floor_ns(&[7], &[10, 20, 30], &[5]), Some(37));
+        assert_eq!(floor_ns(&[7], &[], &[5]), None);
     }
 }

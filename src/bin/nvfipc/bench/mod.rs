@@ -15,7 +15,9 @@ mod svg;
 
 use crate::args::{positive, positive_count};
 use crate::launch::{self, JobSpec, StoreHost};
-use crate::memory::{enter_rank_device, kind_label, TransportChoice};
+use crate::memory::{
+    enter_rank_device, kind_label, set_device_memory, DeviceMemory, TransportChoice,
+};
 use crate::stats::{decode_samples, encode_samples};
 use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::cuda::transport::CudaTransport;
@@ -50,7 +52,7 @@ pub enum Part {
 /// error).
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 #[command(
-    override_usage = "nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE]\n               [--svg-dir DIR] [--quick] [--transport auto|device|host]\n               [--no-torch] [--server-threads N] [--busy-poll-us US]"
+    override_usage = "nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE]\n               [--svg-dir DIR] [--quick] [--transport auto|device|host]\n               [--device-memory legacy|vmm] [--no-torch] [--server-threads N] [--busy-poll-us US]"
 )]
 pub struct BenchArgs {
     /// The scenarios to run, comma-separated (default: every one)
@@ -74,6 +76,9 @@ pub struct BenchArgs {
     /// Where the exchange's buffers live, as for demo
     #[arg(long, value_name = "T", value_enum, default_value_t = TransportChoice::Auto)]
     pub transport: TransportChoice,
+    /// How device buffers are allocated: cuMemAlloc, or VMM as PyTorch's expandable segments
+    #[arg(long, value_name = "M", value_enum, default_value_t = DeviceMemory::Legacy)]
+    pub device_memory: DeviceMemory,
     /// Skip PyTorch's servers even when `NVFIPC_PYTHON` is set.
     #[arg(long)]
     pub no_torch: bool,
@@ -166,6 +171,8 @@ pub struct RankArgs {
     pub out: PathBuf,
     #[arg(long = "timeout-ms", default_value = "60000", value_parser = at_least_1ms)]
     pub timeout: Duration,
+    #[arg(long, value_enum, default_value_t = DeviceMemory::Legacy)]
+    pub device_memory: DeviceMemory,
 }
 
 /// Milliseconds, 0 read as 1.
@@ -192,6 +199,8 @@ impl RankArgs {
             self.out.to_string_lossy().into_owned(),
             "--timeout-ms".into(),
             self.timeout.as_millis().to_string(),
+            "--device-memory".into(),
+            self.device_memory.name().into(),
         ]
     }
 }
@@ -249,26 +258,28 @@ pub fn run_rank(args: &RankArgs) -> i32 {
 }
 
 fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
+    set_device_memory(args.device_memory);
     let series = match args.role {
         Role::Barrier => barrier::run(ctx, args)?,
         Role::Exchange => {
             // The transports outlive every cache and import, and are dropped only after the
             // last barrier: peers may map this rank's semaphore slab until then.
             let device = enter_rank_device(args.kind, ctx.local_rank)?;
-            let host: Arc<dyn Transport> =
-                HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
-            let mut transports = vec![host];
+            let host = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
+            let fdpass = host.fdpass().clone();
+            let mut transports: Vec<Arc<dyn Transport>> = vec![host];
             if args.kind == MemKind::Device {
-                let device: Arc<dyn Transport> = CudaTransport::new(None)?;
+                let device: Arc<dyn Transport> = CudaTransport::with_fdpass(None, Some(fdpass))?;
                 transports.push(device);
             }
             let series = exchange::run(ctx, args, args.kind, &transports)?;
             ctx.barrier(None, None)?;
             drop(transports);
             if args.kind == MemKind::Device {
-                // Released peer mappings are closed on the library's releaser thread: let it
-                // finish before this process exits.
+                // Released peer mappings are closed on the library's releaser threads: let
+                // them finish before this process exits.
                 nvfuser_ipc::cuda::ipc::flush_releases(args.timeout)?;
+                nvfuser_ipc::cuda::vmm_map::flush_releases(args.timeout)?;
             }
             drop(device);
             series
@@ -372,6 +383,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
             .transport
             .resolve()
             .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
+        set_device_memory(args.device_memory);
         results.transport = kind_label(kind).to_string();
         for &world in &plan.exchange_worlds {
             eprintln!(
@@ -385,6 +397,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
                 kind,
                 out: PathBuf::new(),
                 timeout: plan.rank_timeout,
+                device_memory: args.device_memory,
             };
             match run_ranks(&exe, world, rank_args, &scratch.0) {
                 Ok(series) => results.exchange.push((world, series)),
@@ -406,6 +419,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
                 kind: MemKind::Host,
                 out: PathBuf::new(),
                 timeout: plan.rank_timeout,
+                device_memory: DeviceMemory::Legacy,
             };
             match run_ranks(&exe, world, rank_args, &scratch.0) {
                 Ok(series) => results.barrier.push((world, series)),
@@ -546,6 +560,7 @@ mod tests {
             kind: MemKind::Device,
             out: PathBuf::from("/tmp/x"),
             timeout: Duration::from_millis(1500),
+            device_memory: DeviceMemory::Vmm,
         };
         let args = a.to_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -72,7 +72,11 @@ impl Results {
     }
 
     fn floor(map: &BTreeMap<String, Vec<u64>>) -> Option<u64> {
-        floor_ns(series(map, "floor.opens"), series(map, "floor.rtt"))
+        floor_ns(
+            series(map, "floor.exports"),
+            series(map, "floor.opens"),
+            series(map, "floor.rtt"),
+        )
     }
 
     /// The target check (DESIGN section 5), on the largest world / client counts measured.
@@ -218,7 +222,9 @@ impl Results {
             for (w, map) in &self.exchange {
                 let _ = writeln!(
                     s,
-                    "floor at W={w}: opening the two peer records {} + 2 x store round trip {}",
+                    "floor at W={w}: exporting the two local buffers {} + opening the two peer \
+                     records {} + 2 x store round trip {}",
+                    fmt_opt_ns(median(series(map, "floor.exports"))),
                     fmt_opt_ns(median(series(map, "floor.opens"))),
                     fmt_opt_ns(median(series(map, "floor.rtt")))
                 );
