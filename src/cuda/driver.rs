@@ -66,6 +66,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemPoolImportFromShareableHandle",
     "cuMemPoolImportPointer",
     "cuMemPoolDestroy",
+    "cuMemPoolSetAccess",
     "cuIpcGetMemHandle",
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",

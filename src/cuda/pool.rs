@@ -277,6 +277,15 @@ pub fn import(
                 &format!("cuMemPoolImportFromShareableHandle of {who}'s pool"),
             )
         })?;
+        // Another device than the pool's needs access granted (its own device has it already,
+        // and a driver may refuse to set it again: that is only logged).
+        if let Err(rc) = result::mem_pool_set_access_rw(handle, device) {
+            log::debug!(
+                target: crate::logging::CUDA,
+                "cuMemPoolSetAccess on {who}'s imported pool for device {device}: {}",
+                driver::describe(rc)
+            );
+        }
         slot.insert(ImportedPool {
             handle,
             pointers: 0,

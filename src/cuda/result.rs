@@ -527,3 +527,15 @@ fn device_prop(device: i32) -> sys::CUmemAllocationProp {
     prop.requestedHandleTypes = sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD);
     prop
 }
+
+/// `cuMemPoolSetAccess`: read-write access for `device` to the memory of `pool`.
+pub fn mem_pool_set_access_rw(pool: u64, device: i32) -> DriverResult<()> {
+    // SAFETY: an all-zero CUmemAccessDesc is a valid value; the fields that matter are set below.
+    let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+    desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    // SAFETY: one valid descriptor; the driver validates the pool.
+    let rc = unsafe { sys::cuMemPoolSetAccess(pool as sys::CUmemoryPool, &desc, 1) };
+    to_result(rc, ())
+}

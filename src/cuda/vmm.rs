@@ -117,6 +117,19 @@ fn walk(
             "range [{ptr:#x}, +{bytes}) overflows the address space"
         ))
     })?;
+    // Importers tell physical allocations apart by their id: one without an id could be
+    // confused with another mapped later at the same address.
+    let identified = |seg: &LocalSegment| {
+        if seg.id == 0 {
+            Err(Error::internal(format!(
+                "CUDA reported no buffer id for the VMM mapping at {:#x}",
+                seg.base
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    identified(&first)?;
     let mut segments = vec![first];
     let mut next = first.base + first.size;
     while next < end {
@@ -138,6 +151,7 @@ fn walk(
                 seg.base, seg.size
             )));
         }
+        identified(&seg)?;
         next += seg.size;
         segments.push(seg);
     }
@@ -437,8 +451,19 @@ mod tests {
 
     #[test]
     fn runs_are_capped() {
-        let err = walk(0, u64::MAX / 2, seg(0, 1), |at| Ok(seg(at, at))).unwrap_err();
+        let err = walk(0, u64::MAX / 2, seg(0, 1), |at| Ok(seg(at, at + 1))).unwrap_err();
         assert_eq!(err.status, Status::Unsupported);
         assert!(err.message.contains("more than 8192"), "{err}");
+    }
+
+    #[test]
+    fn segments_without_an_id_are_refused() {
+        let err = walk(0x1000_0000, 8, seg(0x1000_0000, 0), |_| panic!()).unwrap_err();
+        assert!(err.message.contains("no buffer id"), "{err}");
+        let err = walk(0x1000_0000, 2 * MIB2, seg(0x1000_0000, 1), |at| {
+            Ok(seg(at, 0))
+        })
+        .unwrap_err();
+        assert!(err.message.contains("no buffer id"), "{err}");
     }
 }
