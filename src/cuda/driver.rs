@@ -50,7 +50,6 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuPointerGetAttributes",
     "cuMemRetainAllocationHandle",
     "cuMemRelease",
-    "cuMemGetAddressRange_v2",
     "cuMemCreate",
     "cuMemGetAllocationGranularity",
     "cuMemGetAllocationPropertiesFromHandle",

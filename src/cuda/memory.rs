@@ -58,6 +58,12 @@ pub struct PointerInfo {
     pub allowed_handle_types: u64,
     /// The memory pool of stream-ordered allocations (0 otherwise).
     pub mempool: u64,
+    /// For VMM memory, the mapping of one physical allocation that holds the pointer (the
+    /// `RANGE_*` attributes then give the whole reserved range); 0 when unknown.
+    pub mapping_base: u64,
+    pub mapping_size: u64,
+    /// Process-wide unique id of the physical allocation (0 when unknown).
+    pub block_id: u64,
     /// The address belongs to a VMM mapping (`cuMemCreate` + `cuMemMap`, as PyTorch's
     /// expandable segments use): `cuMemRetainAllocationHandle` succeeds on it.
     pub vmm: bool,
@@ -102,7 +108,7 @@ impl DeviceAllocation {
 
 /// The attributes requested, in order; each is written into its own zeroed 8-byte slot, which
 /// holds every attribute type requested here (bool, unsigned int, int, pointer, size_t, u64).
-const ATTRIBUTES: [sys::CUpointer_attribute; 11] = [
+const ATTRIBUTES: [sys::CUpointer_attribute; 14] = [
     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
@@ -114,9 +120,13 @@ const ATTRIBUTES: [sys::CUpointer_attribute; 11] = [
     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPED,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
 ];
-/// The first attributes, known to every supported driver; the rest are retried without.
-const CORE_ATTRIBUTES: usize = 8;
+/// Prefixes of [`ATTRIBUTES`] retried, in order, with a driver that does not know the newer
+/// ones: without the mapping attributes, then the core set every supported driver knows.
+const FALLBACK_COUNTS: [usize; 2] = [11, 8];
 
 /// Asks the driver about `ptr` in one `cuPointerGetAttributes` call.
 pub fn query(ptr: u64) -> Result<PointerInfo> {
@@ -134,9 +144,12 @@ pub fn query(ptr: u64) -> Result<PointerInfo> {
     // SAFETY: `attrs` and `data` both have `count` entries; every data entry points to a zeroed
     // 8-byte slot, large enough for each requested attribute.
     let mut rc = unsafe { result::pointer_get_attributes(count, &mut attrs, &mut data, ptr) };
-    if rc == Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE) {
-        // An older driver that does not know the newer attributes: ask for the core set only.
-        count = CORE_ATTRIBUTES;
+    for fewer in FALLBACK_COUNTS {
+        if rc != Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE) {
+            break;
+        }
+        // An older driver that does not know the newer attributes: ask for fewer.
+        count = fewer;
         // SAFETY: as above, with the first `count` entries of both arrays.
         rc = unsafe { result::pointer_get_attributes(count, &mut attrs, &mut data, ptr) };
     }
@@ -163,6 +176,9 @@ pub fn query(ptr: u64) -> Result<PointerInfo> {
         range_size: slots[7],
         allowed_handle_types: slots[8],
         mempool: slots[9],
+        mapping_base: slots[11],
+        mapping_size: slots[12],
+        block_id: slots[13],
     })
 }
 
@@ -271,18 +287,28 @@ fn classify_vmm(info: &PointerInfo, at: u64) -> Result<DeviceAllocation> {
             info.allowed_handle_types
         )));
     }
-    if info.range_start == 0 || info.range_size == 0 || ptr < info.range_start {
+    // The physical allocation's mapping, not the reserved range around it.
+    let (base, size) = (info.mapping_base, info.mapping_size);
+    if base == 0 || size == 0 || ptr < base || ptr - base >= size {
         return Err(Error::internal(format!(
-            "CUDA reported an empty address range (base {:#x}, size {}) for VMM pointer {ptr:#x}",
-            info.range_start, info.range_size
+            "CUDA reported no mapping (base {base:#x}, size {size}) for VMM pointer {ptr:#x}; a \
+             driver that knows CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR (CUDA >= 11.7) is needed"
         )));
     }
+    // The physical allocation's identity: its block id, else the mapping's place and buffer.
+    let buffer_id = if info.block_id != 0 {
+        info.block_id
+    } else {
+        crate::transport::record::fnv1a64(
+            &[base.to_le_bytes(), info.buffer_id.to_le_bytes()].concat(),
+        )
+    };
     Ok(DeviceAllocation {
         ptr,
         bytes: 0,
-        base: info.range_start,
-        size: info.range_size,
-        buffer_id: info.buffer_id,
+        base,
+        size,
+        buffer_id,
         device_ordinal: info.device_ordinal,
         kind: DeviceMemoryKind::Vmm { handle_types },
     })
@@ -314,6 +340,9 @@ mod tests {
             range_size: 2 << 20,
             allowed_handle_types: 0,
             mempool: 0,
+            mapping_base: 0,
+            mapping_size: 0,
+            block_id: 0,
             vmm: false,
         }
     }
@@ -344,17 +373,25 @@ mod tests {
 
     #[test]
     fn vmm_memory_is_exported_per_physical_allocation() {
-        let mut info = device(0x7000_0040);
+        let mut info = device(0x7020_0040);
         info.legacy_ipc_capable = false;
         info.allowed_handle_types = 1;
         info.vmm = true;
+        // The reserved range is larger than the physical allocation mapped at the pointer.
+        info.range_size = 1 << 30;
+        info.mapping_base = 0x7020_0000;
+        info.mapping_size = 2 << 20;
+        info.block_id = 77;
         // The buffer may run past the first physical allocation: the segment walk checks that.
         let alloc = classify(&info, 8 << 20).unwrap();
         assert_eq!(alloc.kind, DeviceMemoryKind::Vmm { handle_types: 1 });
         assert_eq!(
             (alloc.base, alloc.size, alloc.bytes),
-            (0x7000_0000, 2 << 20, 8 << 20)
+            (0x7020_0000, 2 << 20, 8 << 20)
         );
+        assert_eq!(alloc.buffer_id, 77);
+        info.mapping_size = 0;
+        assert_eq!(classify(&info, 8).unwrap_err().status, Status::Internal);
     }
 
     #[test]

@@ -244,15 +244,6 @@ pub const HANDLE_TYPE_FABRIC: u32 = 8;
 /// Size of a `CUmemFabricHandle`.
 pub const FABRIC_HANDLE_LEN: usize = 64;
 
-/// `cuMemGetAddressRange` (v2): the mapping that contains `ptr` (for VMM memory, one physical
-/// allocation's mapping).
-pub fn mem_get_address_range(ptr: u64) -> DriverResult<(u64, u64)> {
-    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: valid out pointers; the driver only looks the address up.
-    let rc = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
-    to_result(rc, (base, size as u64))
-}
-
 /// A reference to the physical allocation mapped at `ptr` (`cuMemRetainAllocationHandle`),
 /// dropped by [`mem_release`].
 pub fn mem_retain_allocation_handle(ptr: u64) -> DriverResult<sys::CUmemGenericAllocationHandle> {

@@ -3,8 +3,10 @@
 //!
 //! A VMM buffer may span several physical allocations ("segments": PyTorch maps 2 MiB or 20 MiB
 //! handles back to back into one reserved range). [`resolve_run`] walks them in address order
-//! with `cuMemGetAddressRange`, starting at the one that holds the pointer, until the buffer's
-//! end is covered; a buffer inside one segment costs no driver call beyond the pointer query.
+//! with the pointer attributes `MAPPING_BASE_ADDR`/`MAPPING_SIZE` (the `RANGE_*` attributes give
+//! the whole reserved range), starting at the one that holds the pointer, until the buffer's end
+//! is covered; a buffer inside one segment costs no driver call beyond the pointer query. A
+//! segment's id is its `MEMORY_BLOCK_ID`.
 //!
 //! [`VmmExports`] exports each segment once: `cuMemRetainAllocationHandle`, then
 //! `cuMemExportToShareableHandle` as a POSIX fd (offered to importers through the fd transport,
@@ -84,23 +86,18 @@ pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
         handle_types,
     };
     walk(alloc.ptr, alloc.bytes, first, |at| {
-        let (base, size) = result::mem_get_address_range(at)
-            .map_err(|rc| driver::error(rc, &format!("cuMemGetAddressRange({at:#x})")))?;
-        let info = memory::query(base)?;
-        let handle_types = match memory::classify(&info, 1)?.kind {
-            DeviceMemoryKind::Vmm { handle_types } => handle_types,
-            other => {
-                return Err(Error::unsupported(format!(
-                    "the buffer continues at {at:#x} into memory that is not VMM ({other:?})"
-                )))
-            }
-        };
-        Ok(LocalSegment {
-            base,
-            size,
-            id: info.buffer_id,
-            handle_types,
-        })
+        let next = memory::classify(&memory::query(at)?, 1)?;
+        match next.kind {
+            DeviceMemoryKind::Vmm { handle_types } => Ok(LocalSegment {
+                base: next.base,
+                size: next.size,
+                id: next.buffer_id,
+                handle_types,
+            }),
+            other => Err(Error::unsupported(format!(
+                "the buffer continues at {at:#x} into memory that is not VMM ({other:?})"
+            ))),
+        }
     })
 }
 
@@ -332,9 +329,9 @@ impl VmmExports {
         let stale: Vec<u64> = table
             .iter()
             .filter(|(base, e)| {
-                memory::query(**base).map_or(true, |info| {
-                    info.buffer_id != e.id || info.range_start != **base || !info.vmm
-                })
+                memory::query(**base)
+                    .and_then(|info| memory::classify(&info, 1))
+                    .map_or(true, |now| now.base != **base || now.buffer_id != e.id)
             })
             .map(|(base, _)| *base)
             .collect();
