@@ -372,6 +372,9 @@ fn wait_is_woken_by_another_client_exactly_once() {
     assert_eq!(writer.add(b"/w2", 5), 5);
     assert_eq!(waiter.recv(1), [0]);
     writer.set(b"/w2", b"again");
+    // A SET has no reply: a round trip on the writer's connection shows it was applied before
+    // the waiter's GET below (with several event loops it could otherwise overtake it).
+    writer.ping(7);
     // STOP_WAITING at most once; CANCEL_WAIT afterwards still answers 0x01.
     waiter.send(&Frame::cmd(CANCEL_WAIT).0);
     assert_eq!(waiter.recv(1), [1]);
