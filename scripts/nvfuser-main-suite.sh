@@ -1,0 +1,359 @@
+#!/usr/bin/env bash
+# nvFuser main's own tests (NVIDIA/Fuser 81c4b22fd750d377d69e24928c32233162f6b2bd), stock beside
+# the drop-in of integrations/nvfuser/main/, on one GPU machine without network or cargo. Run from
+# the repository root; resumable: every call continues where the last stopped and returns before
+# its time budget, so a build longer than one command's limit is finished by calling it again
+# (the work directory survives between calls on the same warm machine).
+#
+#   bash scripts/nvfuser-main-suite.sh        # repeat until it prints "nvfuser-main-suite: DONE"
+#
+# Inputs, prepared where cargo and the network are (scripts/nvfuser-main-prepare.sh), in .nvf-main/:
+#   nvfuser-main.tar.xz  nvFuser main with its submodules flatbuffers, googletest, benchmark
+#   llvm19.tar.xz        LLVM 19 headers, libLLVM.so.19.1, libz3.so.4, a CMake config for them
+#   ipc-src.tar.xz       the nvfuser-ipc tree (committed HEAD) whose drop-in is tested
+#   lib/libnvfuser_ipc.so  that tree's library
+# Settings:
+#   WORK      work directory (default build/nvfuser-main-suite)
+#   BUDGET    seconds this call may use (default 570)
+#   JOBS      ninja -j (default 16)
+#   SHARDS    parallel single-rank shards per build (default 6)
+#   TEST_TIMEOUT   seconds for the single-rank runs, all shards of both builds at once (default 300)
+#   MR_TEST_TIMEOUT  seconds for one test with two ranks, both builds at once (default 60)
+#   MR_FILTER, MR_EXCLUDE  gtest patterns of the two-rank tests (defaults: below)
+#
+# Steps (a marker file under $WORK/state records each one done):
+#   unpack      sources, LLVM, nvfuser-ipc; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock;
+#               one include() of nvfuser_ipc.cmake appended to nvFuser's CMakeLists.txt (links the
+#               library; the stock sources do not use it)
+#   patch       the same changes in both builds, none in the two files under test:
+#               - host_ir/evaluator.cpp: HostIrEvaluator's default stream on the local device
+#                 (my_local_device_index_) instead of cuda:<global rank>, which does not exist
+#                 when two ranks share one GPU (rank 1: "Device index value 1 is out of range")
+#               - multidevice/symmetric_tensor.cpp: SymmetricTensor::remoteTensor(rank) labels
+#                 the peer's mapping cuda:<rank> (one GPU per rank); here every rank is on the one
+#                 GPU, so it gets the local tensor's device (else "Specified device cuda:1 does
+#                 not match device of data cuda:0" in every user of remote tensors, both builds)
+#               - tests: MultiDeviceTest.ShareIpcMemHandles and P2PCommunicationTest.CudaComm skip
+#                 unless there are 2 GPUs; the GPU-count half of that check is dropped so that 2
+#                 ranks on one GPU run them (CUDA IPC between processes on one device works)
+#   configure   Ninja, no optimisation (CMAKE_BUILD_TYPE empty), BUILD_TEST=ON, BUILD_PYTHON=OFF,
+#               NVFUSER_DISABLE_CUTLASS=ON, LLVM_DIR = the carried LLVM 19
+#   build-stock, stash-stock  nvFuser's own files; test_multidevice copied to $WORK/bin-stock
+#   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them (ninja rebuilds their
+#               includers and relinks)
+#   build-ours, stash-ours
+#   mr          two ranks on the one GPU, each its own node (LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
+#               rank 0 hosting the TCPStore), the tests that check the number of ranks, not GPUs;
+#               NCCL sees the ranks as two hosts (NCCL_HOSTID differs, sockets over lo), as it
+#               refuses two ranks of one host on one GPU ("Duplicate GPU detected"); one test per
+#               process pair (MR_TEST_TIMEOUT each), so a test that stalls one rank costs only itself
+#   tests       all of test_multidevice with one rank, gtest shards, stock and ours side by side
+#   report      $OUT/nvfuser-main-suite.md and the raw logs
+# Tests that would create a multicast object (cuMulticastCreate) are filtered out everywhere:
+# this workplace keeps NVLink multicast off.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo="$PWD"
+start_s=$(date +%s)
+BUDGET="${BUDGET:-570}"
+IN="${IN:-.nvf-main}"
+WORK="${WORK:-build/nvfuser-main-suite}"
+JOBS="${JOBS:-16}"
+SHARDS="${SHARDS:-6}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
+MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-60}"
+OUT="${OUT:-$WORK/out}"
+mkdir -p "$WORK/state" "$WORK/results" "$OUT"
+WORK="$(cd "$WORK" && pwd)"
+OUT="$(cd "$OUT" && pwd)"
+IN="$(cd "$IN" && pwd)"
+src="$WORK/src"
+bld="$WORK/build"
+res="$WORK/results"
+llvm="$WORK/llvm19"
+ipc="$WORK/ipc"
+log="$OUT/nvfuser-main-suite.log"
+# No multicast objects on this workplace's machines (see the header).
+NO_MCAST='*Multicast*:*multicast*:*Nvls*:*/memcpy_*:*/multimem_*:RSMatmulTest.ReduceScatterReduceBased*'
+MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*CudaIpc*:RSMatmulTest.*:DispatchCombine*:TmaTest.*:LowerCollectiveCudaAndNcclTest.*/batch_memcpy_128KB:LowerCollectiveCudaAndNcclTest.*/batch_memcpy_1MB}"
+# These tests themselves allocate on cuda:<rank>, which does not exist when two ranks share one
+# GPU, in both builds alike: they need one GPU per rank.
+MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView}"
+
+say() { echo "nvfuser-main-suite: $*" | tee -a "$log"; }
+pack() { tar -czf "$OUT/nvfuser-main-suite-logs.tgz" -C "$res" . 2>/dev/null; }
+die() {
+  say "FAILED: $*"
+  pack
+  exit 1
+}
+left() { echo $((BUDGET - ($(date +%s) - start_s))); }
+done_() { [ -f "$WORK/state/$1" ]; }
+mark() { date +%s >"$WORK/state/$1"; }
+need() {
+  if [ "$(left)" -lt "$1" ]; then
+    say "RESUME: $(left) s left in this call, the next step needs about $1 s; run the script again"
+    pack
+    exit 0
+  fi
+}
+
+python="$(command -v python3)"
+torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" ||
+  die "python3 cannot import torch"
+
+# ---- unpack ---------------------------------------------------------------------------------
+for f in nvfuser-main.tar.xz llvm19.tar.xz ipc-src.tar.xz lib/libnvfuser_ipc.so; do
+  [ -f "$IN/$f" ] || die "$IN/$f missing: run scripts/nvfuser-main-prepare.sh where the network is"
+done
+sum="$(cat "$IN"/*.tar.xz "$IN/lib/libnvfuser_ipc.so" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$WORK/state/sources" 2>/dev/null)" != "$sum" ]; then
+  rm -rf "$WORK/state" "$bld" "$WORK"/bin-*
+  mkdir -p "$WORK/state"
+fi
+for step in ${RERUN:-}; do rm -f "$WORK/state/$step"; done
+if [ -n "${ONLY_IF_BUILT:-}" ] && ! done_ stash-ours; then
+  die "ONLY_IF_BUILT: this machine holds no build"
+fi
+if ! done_ unpack; then
+  rm -rf "$src" "$WORK/stock" "$llvm" "$ipc" "$WORK/lib"
+  mkdir -p "$src" "$WORK/stock" "$ipc" "$WORK/lib"
+  tar -xJf "$IN/nvfuser-main.tar.xz" -C "$src" || die "unpacking nvfuser-main.tar.xz"
+  tar -xJf "$IN/llvm19.tar.xz" -C "$WORK" || die "unpacking llvm19.tar.xz"
+  tar -xJf "$IN/ipc-src.tar.xz" -C "$ipc" || die "unpacking ipc-src.tar.xz"
+  cp "$IN/lib/libnvfuser_ipc.so" "$WORK/lib/"
+  cp "$src/csrc/multidevice/ipc_handle.h" "$src/csrc/multidevice/ipc_handle.cpp" "$WORK/stock/"
+  printf '\ninclude("%s/integrations/nvfuser/nvfuser_ipc.cmake")\n' "$ipc" >>"$src/CMakeLists.txt"
+  mark unpack
+  echo "$sum" >"$WORK/state/sources"
+  say "unpacked $(du -sh "$src" | cut -f1) of sources; nvfuser-ipc $(cat "$IN/ipc-commit" 2>/dev/null)"
+fi
+export LD_LIBRARY_PATH="$llvm/lib:$WORK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# ---- patch ----------------------------------------------------------------------------------
+if ! done_ patch; then
+  perl -0pi -e 's/getDefaultCUDAStream\(\s*static_cast<c10::DeviceIndex>\(device_index\)\)/getDefaultCUDAStream(static_cast<c10::DeviceIndex>(my_local_device_index_))/' \
+    "$src/csrc/host_ir/evaluator.cpp"
+  grep -q 'getDefaultCUDAStream(static_cast<c10::DeviceIndex>(my_local_device_index_))});' \
+    "$src/csrc/host_ir/evaluator.cpp" || die "patching host_ir/evaluator.cpp"
+  perl -0pi -e 's/(TEST_F\(MultiDeviceTest, ShareIpcMemHandles\) \{.*?)if \(communicator_->size\(\) < 2 \|\| at::cuda::device_count\(\) < 2\)/$1if (communicator_->size() < 2)/s' \
+    "$src/tests/cpp/test_multidevice_host_ir.cpp"
+  perl -0pi -e 's/(TEST_P\(P2PCommunicationTest, CudaComm\) \{.*?)if \(communicator_->size\(\) < 2 \|\| at::cuda::device_count\(\) < 2\)/$1if (communicator_->size() < 2)/s' \
+    "$src/tests/cpp/test_multidevice_communications.cpp"
+  [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_host_ir.cpp")" = 0 ] ||
+    die "patching test_multidevice_host_ir.cpp"
+  [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_communications.cpp")" = 3 ] ||
+    die "patching test_multidevice_communications.cpp"
+  perl -0pi -e 's/\.device\(at::kCUDA, rank\)\);/.device(local_tensor_.device()));/' \
+    "$src/csrc/multidevice/symmetric_tensor.cpp"
+  grep -q '.device(local_tensor_.device()));' "$src/csrc/multidevice/symmetric_tensor.cpp" ||
+    die "patching multidevice/symmetric_tensor.cpp"
+  mark patch
+  say "patched: evaluator default stream on the local device; remoteTensor on the local tensor's device; ShareIpcMemHandles and CudaComm need 2 ranks, not 2 GPUs"
+fi
+
+# ---- configure ------------------------------------------------------------------------------
+if ! done_ configure; then
+  need 120
+  ldd "$llvm/lib/libLLVM.so.19.1" | grep 'not found' && die "libLLVM.so.19.1 misses libraries here"
+  pybind_dir="$("$python" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null)"
+  link_flags="-Wl,-rpath-link,$llvm/lib -Wl,-rpath,$llvm/lib"
+  timeout "$(left)" cmake -S "$src" -B "$bld" -G Ninja \
+    -DCMAKE_PREFIX_PATH="$torch_dir/share/cmake" \
+    -DPython_EXECUTABLE="$python" ${pybind_dir:+-Dpybind11_DIR="$pybind_dir"} \
+    -DUSE_DISTRIBUTED=ON -DNVFUSER_DISTRIBUTED=ON -DBUILD_TEST=ON -DBUILD_PYTHON=OFF \
+    -DBUILD_NVFUSER_BENCHMARK=OFF -DNVFUSER_DISABLE_CUTLASS=ON \
+    -DNVFUSER_REQUIREMENT_GitSubmodules_OPTIONAL=TRUE \
+    -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+    -DLLVM_DIR="$llvm/lib/cmake/llvm" \
+    -DCMAKE_EXE_LINKER_FLAGS="$link_flags" -DCMAKE_SHARED_LINKER_FLAGS="$link_flags" \
+    -DCMAKE_CXX_FLAGS="-Wno-psabi" \
+    -DNVFUSER_IPC_SOURCE_DIR="$ipc" -DNVFIPC_PREBUILT_LIB_DIR="$WORK/lib" \
+    >"$res/configure.txt" 2>&1 || { tail -40 "$res/configure.txt"; die "configure"; }
+  mark configure
+  say "configured"
+fi
+
+build() { # label
+  local label="$1"
+  done_ "build-$label" && return 0
+  need 60
+  local t0=$(date +%s)
+  timeout $(($(left) - 15)) ninja -C "$bld" -j"$JOBS" -k 0 test_multidevice \
+    >>"$res/build-$label.txt" 2>&1
+  local rc=$?
+  say "build-$label: ninja rc=$rc after $(($(date +%s) - t0)) s ($(grep -o '^\[[0-9]*/[0-9]*\]' "$res/build-$label.txt" | tail -1))"
+  if [ "$rc" -eq 124 ]; then
+    say "RESUME: the build continues in the next call"
+    pack
+    exit 0
+  fi
+  if [ "$rc" -ne 0 ]; then
+    grep -m5 -B2 -A12 'error' "$res/build-$label.txt" | head -80
+    die "build-$label (log: build-$label.txt in nvfuser-main-suite-logs.tgz)"
+  fi
+  say "build-$label: done, $(grep -cE 'warning:' "$res/build-$label.txt") compiler warning lines"
+  mark "build-$label"
+}
+
+stash() { # label
+  done_ "stash-$1" && return 0
+  mkdir -p "$WORK/bin-$1"
+  cp "$(find "$bld" -maxdepth 2 -type f -name test_multidevice | head -1)" "$WORK/bin-$1/" ||
+    die "stash $1"
+  mark "stash-$1"
+}
+
+# Two ranks on the one GPU, one test at a time (a test that fails on one rank only leaves the
+# other waiting in a rendezvous, and every later test of the same process with it), stock and
+# ours at the same time (4 processes per test). Resumable per test.
+multi_rank() {
+  done_ mr && return 0
+  need 60
+  local list="$res/mr-list.txt"
+  if [ ! -s "$list" ]; then
+    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$MR_FILTER-$NO_MCAST:$MR_EXCLUDE" |
+      awk '/^[^ ]/ { suite = $1; next } /^  [^ ]/ { print suite $1 }' >"$list"
+    [ -s "$list" ] || die "no test matches MR_FILTER"
+    say "two ranks, one GPU: $(wc -l <"$list") tests"
+  fi
+  local t0=$(date +%s) n=0 test label r port=29000
+  while IFS= read -r test; do
+    n=$((n + 1))
+    port=$((port + 2))
+    done_ "mr-$n" && continue
+    need $((MR_TEST_TIMEOUT + 15))
+    local pids=() names=()
+    for label in stock ours; do
+      for r in 0 1; do
+        local addr=127.0.0.1 p=$port
+        [ "$r" -eq 0 ] && addr=localhost
+        [ "$label" = ours ] && p=$((port + 1))
+        echo "=== $test" >>"$res/mr-$label-rank$r.txt"
+        env RANK="$r" WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+          NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$p" NVFIPC_TIMEOUT_MS=30000 \
+          NCCL_HOSTID="nvfmain-$label-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+          NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+          timeout -k 5 "$MR_TEST_TIMEOUT" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
+          --gtest_filter="$test" >>"$res/mr-$label-rank$r.txt" 2>&1 &
+        pids+=($!)
+        names+=("$label/rank$r")
+      done
+    done
+    local rcs="" i
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}"
+      rcs="$rcs ${names[$i]}=$?"
+    done
+    echo "$test:$rcs" >>"$res/mr-exit.txt"
+    mark "mr-$n"
+  done <"$list"
+  say "two ranks, one GPU: $n tests, $(($(date +%s) - t0)) s in this call"
+  mark mr
+}
+
+# One rank, all of test_multidevice, stock and ours at the same time: $SHARDS processes each.
+single_rank() {
+  done_ tests && return 0
+  need 90
+  local t=$TEST_TIMEOUT
+  [ "$(left)" -lt $((t + 20)) ] && t=$(($(left) - 20))
+  local t0=$(date +%s) pids=() names=() i label port=29600
+  for label in stock ours; do
+    for ((i = 0; i < SHARDS; i++)); do
+      port=$((port + 1))
+      env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+        NVFUSER_MASTER_PORT="$port" NVFIPC_TIMEOUT_MS=60000 \
+        NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+        GTEST_TOTAL_SHARDS="$SHARDS" GTEST_SHARD_INDEX="$i" \
+        timeout -k 5 "$t" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
+        --gtest_filter="*-$NO_MCAST" >"$res/test-$label-$i.txt" 2>&1 &
+      pids+=($!)
+      names+=("$label/$i")
+    done
+  done
+  local rcs=""
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rcs="$rcs ${names[$i]}=$?"
+  done
+  say "one rank, test_multidevice ($t s limit): exit codes:$rcs after $(($(date +%s) - t0)) s"
+  mark tests
+}
+
+build stock
+stash stock
+if ! done_ swap; then
+  cp "$ipc/integrations/nvfuser/main/ipc_handle.h" "$ipc/integrations/nvfuser/main/ipc_handle.cpp" \
+    "$src/csrc/multidevice/"
+  mark swap
+  say "swapped in the drop-in (integrations/nvfuser/main/ipc_handle.{h,cpp})"
+fi
+build ours
+stash ours
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/gpu.txt" 2>&1
+multi_rank
+single_rank
+
+# ---- report ---------------------------------------------------------------------------------
+"$python" - "$res" >"$OUT/nvfuser-main-suite.md" <<'EOF' || die "report"
+import glob, os, re, sys
+res = sys.argv[1]
+line = re.compile(r'^\[\s*(OK|FAILED|SKIPPED)\s*\] (\S+\.\S+) \((\d+) ms\)')
+run = re.compile(r'^\[ RUN      \] (\S+)')
+def parse(files):
+    out = {}
+    for f in files:
+        started = []
+        for l in open(f, errors='replace'):
+            m = run.match(l)
+            if m:
+                started.append(m.group(1)); continue
+            m = line.match(l)
+            if m:
+                out[m.group(2)] = ({'OK': 'pass', 'FAILED': 'FAIL', 'SKIPPED': 'skip'}[m.group(1)], int(m.group(3)))
+        for t in started:
+            out.setdefault(t, ('died', None))   # started, never finished: crash or timeout
+    return out
+def merge_ranks(per_rank):
+    tests = sorted(set().union(*per_rank))
+    out = {}
+    for t in tests:
+        rs = [p.get(t, ('not run', None)) for p in per_rank]
+        st = [r[0] for r in rs]
+        if all(s == st[0] for s in st): s = st[0]
+        else: s = '/'.join(st)
+        ms = [r[1] for r in rs if r[1] is not None]
+        out[t] = (s, max(ms) if ms else None)
+    return out
+def fmt(r):
+    if r is None: return 'not run'
+    s, ms = r
+    return s if ms is None else f'{s} ({ms} ms)'
+print('# nvFuser main suite: stock vs drop-in\n')
+gpu = open(os.path.join(res, 'gpu.txt')).read().strip() if os.path.exists(os.path.join(res, 'gpu.txt')) else '?'
+print(f'GPU: {gpu}\n')
+print('## Two ranks on one GPU\n')
+print('| test | stock | ours |\n|---|---|---|')
+mr = {l: merge_ranks([parse([f]) for f in sorted(glob.glob(f'{res}/mr-{l}-rank*.txt'))] or [{}]) for l in ('stock', 'ours')}
+listed = []
+if os.path.exists(os.path.join(res, 'mr-list.txt')):
+    listed = [l.strip() for l in open(os.path.join(res, 'mr-list.txt')) if l.strip()]
+for t in sorted(set(mr['stock']) | set(mr['ours']) | set(listed)):
+    print(f'| `{t}` | {fmt(mr["stock"].get(t))} | {fmt(mr["ours"].get(t))} |')
+print('\n## One rank\n')
+sr = {l: parse(sorted(glob.glob(f'{res}/test-{l}-*.txt'))) for l in ('stock', 'ours')}
+for l in ('stock', 'ours'):
+    c = {}
+    for s, _ in sr[l].values(): c[s] = c.get(s, 0) + 1
+    print(f'- {l}: ' + ', '.join(f'{k} {v}' for k, v in sorted(c.items())))
+diff = [t for t in sorted(set(sr['stock']) | set(sr['ours']))
+        if (sr['stock'].get(t, ('not run',))[0] != sr['ours'].get(t, ('not run',))[0])]
+print(f'- tests whose outcome differs: {len(diff)}\n')
+print('| test | stock | ours |\n|---|---|---|')
+for t in sorted(set(sr['stock']) | set(sr['ours'])):
+    print(f'| `{t}` | {fmt(sr["stock"].get(t))} | {fmt(sr["ours"].get(t))} |')
+EOF
+cp "$res/configure.txt" "$OUT/" 2>/dev/null
+pack
+say "DONE: $OUT/nvfuser-main-suite.md"
