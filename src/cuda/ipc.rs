@@ -32,7 +32,7 @@
 
 use super::driver::{self, describe, Context, ContextGuard};
 use super::memory::DeviceAllocation;
-use super::release::{self as releaser, Job, Releaser, Revive};
+use super::release::{Found, Job, Releaser};
 use super::result;
 use crate::error::{Error, Result};
 use crate::logging;
@@ -158,47 +158,38 @@ pub fn open(
         device: context.device()?,
         handle: *handle,
     };
-    let mut imports = lock(&IMPORTS);
-    loop {
-        if let Some(entry) = imports.get_mut(&key) {
-            entry.refs += 1;
-            return Ok(Opened {
-                base: entry.base,
-                device: key.device,
-            });
-        }
-        // Closes are queued under the IMPORTS lock, so while it is held nothing new can reach
-        // the releaser for this key.
-        match RELEASER.revive(&key) {
-            Revive::Queued(mapped) => {
-                imports.insert(
-                    key,
-                    ImportEntry {
-                        base: mapped.base,
-                        context: Some(mapped.context),
-                        refs: 1,
-                    },
-                );
-                return Ok(Opened {
+    let found = RELEASER.find_or_take_back(
+        &IMPORTS,
+        &key,
+        wait,
+        |imports| {
+            imports.get_mut(&key).map(|entry| {
+                entry.refs += 1;
+                entry.base
+            })
+        },
+        |imports, mapped| {
+            imports.insert(
+                key,
+                ImportEntry {
                     base: mapped.base,
-                    device: key.device,
-                });
-            }
-            Revive::Closing => {
-                drop(imports);
-                if !RELEASER.wait_not_closing(&key, wait) {
-                    return Err(Error::timeout(format!(
-                        "an allocation of rank {peer} is opened again while this process is \
-                         still closing its previous mapping, and the close did not finish within \
-                         {wait:?} (a close waits until all work queued on the device context has \
-                         finished)"
-                    )));
-                }
-                imports = lock(&IMPORTS);
-            }
-            Revive::Absent => break,
+                    context: Some(mapped.context),
+                    refs: 1,
+                },
+            );
+            mapped.base
+        },
+        || format!("an allocation of rank {peer}"),
+    )?;
+    let mut imports = match found {
+        Found::Ready(base) => {
+            return Ok(Opened {
+                base,
+                device: key.device,
+            })
         }
-    }
+        Found::Open(imports) => imports,
+    };
     let own_pid = std::process::id();
     if let Some(base) = own_base(handle) {
         imports.insert(
@@ -382,19 +373,13 @@ fn close_mapping(peer: usize, mapped: Mapped) -> Result<()> {
 /// [`max_pending_per_peer`](super::release::max_pending_per_peer) mappings of `peer` wait to be
 /// closed. On timeout they stay queued and the error names the peer and what is being waited for.
 pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    RELEASER.wait_below(peer, releaser::max_pending_per_peer(), timeout)
+    RELEASER.wait_room(peer, timeout)
 }
 
 /// Waits, at most `timeout`, until every close queued before this call has run; on timeout,
 /// returns a `Timeout` saying how many are left (they stay queued and run later).
 pub fn flush_releases(timeout: Duration) -> Result<()> {
-    RELEASER.flush(timeout).map_err(|left| {
-        Error::timeout(format!(
-            "{left} peer mapping(s) were still waiting to be closed after {timeout:?}: a close \
-             waits until all work queued on the device context has finished (is a stream still \
-             waiting for a peer?); they stay mapped until that work finishes or the process exits"
-        ))
-    })
+    RELEASER.flush_within(timeout, "peer mapping(s) were still waiting to be closed")
 }
 
 /// Real driver opens and closes so far, and the mappings open now (process-wide).

@@ -15,7 +15,7 @@
 
 use super::driver::{self, Context, ContextGuard};
 use super::memory::{DeviceAllocation, DeviceMemoryKind};
-use super::release::{Job, Releaser, Revive};
+use super::release::{Found, Job, Releaser};
 use super::result::{self, POOL_PTR_EXPORT_LEN};
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
@@ -227,38 +227,28 @@ pub fn import(
         device,
         pool: seg.id,
     };
-    let mut tables = lock(&TABLES);
-    loop {
-        if let Some(e) = tables.pointers.get_mut(&key) {
-            e.refs += 1;
-            return Ok(ImportedAt {
-                key,
-                base: e.imported.ptr,
-            });
-        }
-        match RELEASER.revive(&key) {
-            Revive::Queued(imported) => {
-                tables
-                    .pointers
-                    .insert(key, PointerEntry { imported, refs: 1 });
-                return Ok(ImportedAt {
-                    key,
-                    base: imported.ptr,
-                });
-            }
-            Revive::Closing => {
-                drop(tables);
-                if !RELEASER.wait_not_closing(&key, wait) {
-                    return Err(Error::timeout(format!(
-                        "a pool allocation of {who} is imported again while its previous import \
-                         is still being freed, which did not finish within {wait:?}"
-                    )));
-                }
-                tables = lock(&TABLES);
-            }
-            Revive::Absent => break,
-        }
-    }
+    let found = RELEASER.find_or_take_back(
+        &TABLES,
+        &key,
+        wait,
+        |tables| {
+            tables.pointers.get_mut(&key).map(|e| {
+                e.refs += 1;
+                e.imported.ptr
+            })
+        },
+        |tables, imported| {
+            tables
+                .pointers
+                .insert(key, PointerEntry { imported, refs: 1 });
+            imported.ptr
+        },
+        || format!("a pool allocation of {who}"),
+    )?;
+    let mut tables = match found {
+        Found::Ready(base) => return Ok(ImportedAt { key, base }),
+        Found::Open(tables) => tables,
+    };
     if let std::collections::hash_map::Entry::Vacant(slot) = tables.pools.entry(pool_key) {
         let fdpass = fdpass.ok_or_else(|| {
             Error::unsupported(format!(
@@ -372,14 +362,13 @@ fn free_pointer(p: &ImportedPointer) -> Result<()> {
 
 /// See `Transport::wait_release_room`.
 pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    RELEASER.wait_below(peer, super::release::max_pending_per_peer(), timeout)
+    RELEASER.wait_room(peer, timeout)
 }
 
 /// See `Transport::flush_releases`.
 pub fn flush_releases(timeout: Duration) -> Result<()> {
-    RELEASER.flush(timeout).map_err(|left| {
-        Error::timeout(format!(
-            "{left} imported pool allocation(s) still waiting to be freed after {timeout:?}"
-        ))
-    })
+    RELEASER.flush_within(
+        timeout,
+        "imported pool allocation(s) were still waiting to be freed",
+    )
 }

@@ -33,7 +33,7 @@ use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Default bound of the mappings of one peer waiting to be closed.
@@ -73,6 +73,14 @@ pub enum Revive<T> {
     Closing,
     /// Not in the releaser.
     Absent,
+}
+
+/// What [`Releaser::find_or_take_back`] found.
+pub enum Found<'a, G, R> {
+    /// A live import, or one taken back from the releaser.
+    Ready(R),
+    /// Neither: open afresh, under the importer's table lock, handed back.
+    Open(MutexGuard<'a, G>),
 }
 
 /// Where the thread is with the job it runs.
@@ -281,6 +289,63 @@ where
         Revive::Queued(taken.1)
     }
 
+    /// The lookup every importer starts with, under its table lock (`table`): `hit` looks for a
+    /// live import of `key`; a mapping still queued for its close (or whose device work is being
+    /// waited for) is taken back, still mapped, and handed to `revived`; one being closed right
+    /// now is waited for, at most `wait`, with the table unlocked (a `Timeout` saying `what` is
+    /// being opened otherwise). The table lock must be the one under which the importer submits
+    /// its releases, so that nothing new reaches the releaser for `key` meanwhile.
+    pub fn find_or_take_back<'a, G, R>(
+        &self,
+        table: &'a Mutex<G>,
+        key: &K,
+        wait: Duration,
+        mut hit: impl FnMut(&mut G) -> Option<R>,
+        revived: impl FnOnce(&mut G, T) -> R,
+        what: impl Fn() -> String,
+    ) -> Result<Found<'a, G, R>> {
+        let mut guard = lock(table);
+        loop {
+            if let Some(found) = hit(&mut guard) {
+                return Ok(Found::Ready(found));
+            }
+            match self.revive(key) {
+                Revive::Queued(target) => return Ok(Found::Ready(revived(&mut guard, target))),
+                Revive::Closing => {
+                    drop(guard);
+                    if !self.wait_not_closing(key, wait) {
+                        return Err(Error::timeout(format!(
+                            "{} is opened again while this process is still closing its \
+                             previous mapping, and the close did not finish within {wait:?} (a \
+                             close waits until all work queued on the device context has \
+                             finished)",
+                            what()
+                        )));
+                    }
+                    guard = lock(table);
+                }
+                Revive::Absent => return Ok(Found::Open(guard)),
+            }
+        }
+    }
+
+    /// [`flush`](Self::flush) as a `Timeout` naming `what` waits (e.g. "VMM mapping(s) ... to
+    /// be unmapped").
+    pub fn flush_within(&self, timeout: Duration, what: &str) -> Result<()> {
+        self.flush(timeout).map_err(|left| {
+            Error::timeout(format!(
+                "{left} {what} after {timeout:?}: a close waits until all work queued on the \
+                 device context has finished (is a stream still waiting for a peer?); they stay \
+                 mapped until that work finishes or the process exits"
+            ))
+        })
+    }
+
+    /// [`wait_below`](Self::wait_below) with the process-wide bound [`max_pending_per_peer`].
+    pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
+        self.wait_below(peer, max_pending_per_peer(), timeout)
+    }
+
     /// Whether the thread is inside the close of mapping `key`.
     fn closing(st: &State<K, T>, key: &K) -> bool {
         st.running
@@ -481,6 +546,46 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn find_or_take_back_hits_revives_or_hands_the_table_back() {
+        let (r, g) = gated();
+        let table: Mutex<HashMap<u32, u64>> = Mutex::new(HashMap::from([(5, 50)]));
+        let find = |key: u32| {
+            r.find_or_take_back(
+                &table,
+                &key,
+                Duration::from_millis(50),
+                |t| t.get(&key).copied(),
+                |t, target| {
+                    t.insert(key, target);
+                    target + 1
+                },
+                || format!("mapping {key}"),
+            )
+            .unwrap()
+        };
+        assert!(matches!(find(5), Found::Ready(50)), "a live entry");
+        // Queued (its drain has not been let through): taken back, handed to `revived`.
+        r.submit(6, 1, 60).unwrap();
+        r.submit(7, 1, 70).unwrap();
+        assert!(
+            matches!(find(7), Found::Ready(71)),
+            "taken back from the queue"
+        );
+        assert_eq!(lock(&table).get(&7), Some(&70));
+        match find(8) {
+            Found::Open(mut t) => {
+                t.insert(8, 80);
+            }
+            Found::Ready(_) => panic!("nothing to find for 8"),
+        }
+        assert_eq!(lock(&table).get(&8), Some(&80));
+        g.drain.send(()).unwrap();
+        r.flush_within(Duration::from_secs(10), "mapping(s) left")
+            .unwrap();
+        assert_eq!(g.done.recv().unwrap(), 6);
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! released when no run maps it any more. A run requested again while it waits is taken back.
 
 use super::driver::{self, Context, ContextGuard};
-use super::release::{Job, Releaser, Revive};
+use super::release::{Found, Job, Releaser};
 use super::result;
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
@@ -159,37 +159,27 @@ pub fn import(
     let device = context.device()?;
     let key = run_key(rec, device);
     let who = format!("rank {peer} (pid {})", rec.pid);
-    let mut tables = lock(&TABLES);
-    loop {
-        if let Some(entry) = tables.runs.get_mut(&key) {
-            entry.refs += 1;
-            return Ok(MappedAt {
-                key,
-                base: entry.run.base,
-                device,
-            });
-        }
-        // Unmaps are queued under the TABLES lock, so nothing new reaches the releaser for this
-        // key while it is held.
-        match RELEASER.revive(&key) {
-            Revive::Queued(run) => {
-                let base = run.base;
-                tables.runs.insert(key, RunEntry { run, refs: 1 });
-                return Ok(MappedAt { key, base, device });
-            }
-            Revive::Closing => {
-                drop(tables);
-                if !RELEASER.wait_not_closing(&key, wait) {
-                    return Err(Error::timeout(format!(
-                        "a VMM buffer of {who} is mapped again while its previous mapping is \
-                         still being unmapped, which did not finish within {wait:?}"
-                    )));
-                }
-                tables = lock(&TABLES);
-            }
-            Revive::Absent => break,
-        }
-    }
+    let found = RELEASER.find_or_take_back(
+        &TABLES,
+        &key,
+        wait,
+        |tables| {
+            tables.runs.get_mut(&key).map(|entry| {
+                entry.refs += 1;
+                entry.run.base
+            })
+        },
+        |tables, run| {
+            let base = run.base;
+            tables.runs.insert(key, RunEntry { run, refs: 1 });
+            base
+        },
+        || format!("a VMM buffer of {who}"),
+    )?;
+    let mut tables = match found {
+        Found::Ready(base) => return Ok(MappedAt { key, base, device }),
+        Found::Open(tables) => tables,
+    };
     // Fetch and import the segments this process has not imported yet. The lock is held across
     // the fetch so that two caches never import one segment twice; a fetch is one round trip.
     let seg_key = |s: &Segment| SegmentKey {
@@ -443,14 +433,10 @@ fn unmap_run(run: &MappedRun) -> Result<()> {
 
 /// See `Transport::wait_release_room`.
 pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    RELEASER.wait_below(peer, super::release::max_pending_per_peer(), timeout)
+    RELEASER.wait_room(peer, timeout)
 }
 
 /// See `Transport::flush_releases`.
 pub fn flush_releases(timeout: Duration) -> Result<()> {
-    RELEASER.flush(timeout).map_err(|left| {
-        Error::timeout(format!(
-            "{left} VMM mapping(s) still waiting to be unmapped after {timeout:?}"
-        ))
-    })
+    RELEASER.flush_within(timeout, "VMM mapping(s) were still waiting to be unmapped")
 }
