@@ -15,7 +15,7 @@
 
 use super::driver::{self, Context, ContextGuard};
 use super::memory::{DeviceAllocation, DeviceMemoryKind};
-use super::release::{Found, Job, Releaser};
+use super::release::{drop_reference, Found, Job, Releaser};
 use super::result::{self, POOL_PTR_EXPORT_LEN};
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
@@ -321,17 +321,16 @@ pub fn import(
 /// Drops one reference taken by [`import`]; the last one hands the pointer to the releaser.
 pub fn release(peer: usize, key: &PointerKey) -> Result<()> {
     let mut tables = lock(&TABLES);
-    let e = tables.pointers.get_mut(key).ok_or_else(|| {
-        Error::not_found(format!(
-            "no imported pool allocation of rank {peer} with this key (released twice?)"
-        ))
-    })?;
-    e.refs -= 1;
-    if e.refs > 0 {
-        return Ok(());
+    let last = drop_reference(
+        &mut tables.pointers,
+        key,
+        |e| &mut e.refs,
+        || format!("a pool allocation of rank {peer}"),
+    )?;
+    match last {
+        Some(e) => RELEASER.submit(*key, peer, e.imported),
+        None => Ok(()),
     }
-    let e = tables.pointers.remove(key).expect("present under the lock");
-    RELEASER.submit(*key, peer, e.imported)
 }
 
 fn free_pointer(p: &ImportedPointer) -> Result<()> {

@@ -75,6 +75,26 @@ pub enum Revive<T> {
     Absent,
 }
 
+/// Drops one reference of `key` in an importer's `table` (`refs` gives an entry's count): the
+/// entry, removed, when that was the last reference (for the caller to submit to its releaser),
+/// `None` while others remain, `NotFound` saying `what` was released when there is no entry.
+pub fn drop_reference<K: Eq + Hash, E>(
+    table: &mut HashMap<K, E>,
+    key: &K,
+    refs: impl Fn(&mut E) -> &mut usize,
+    what: impl FnOnce() -> String,
+) -> Result<Option<E>> {
+    let entry = table
+        .get_mut(key)
+        .ok_or_else(|| Error::not_found(format!("{} is not imported (released twice?)", what())))?;
+    let count = refs(entry);
+    *count = count.saturating_sub(1);
+    if *count > 0 {
+        return Ok(None);
+    }
+    Ok(table.remove(key))
+}
+
 /// What [`Releaser::find_or_take_back`] found.
 pub enum Found<'a, G, R> {
     /// A live import, or one taken back from the releaser.

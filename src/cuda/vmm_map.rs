@@ -17,7 +17,7 @@
 //! released when no run maps it any more. A run requested again while it waits is taken back.
 
 use super::driver::{self, Context, ContextGuard};
-use super::release::{Found, Job, Releaser};
+use super::release::{drop_reference, Found, Job, Releaser};
 use super::result;
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
@@ -385,17 +385,16 @@ fn release_unused_segments(tables: &mut Tables) {
 /// Drops one reference taken by [`import`]; the last one hands the run to the releaser thread.
 pub fn release(peer: usize, key: &RunKey) -> Result<()> {
     let mut tables = lock(&TABLES);
-    let entry = tables.runs.get_mut(key).ok_or_else(|| {
-        Error::not_found(format!(
-            "no mapped VMM buffer of rank {peer} with this key (released twice?)"
-        ))
-    })?;
-    entry.refs -= 1;
-    if entry.refs > 0 {
-        return Ok(());
+    let last = drop_reference(
+        &mut tables.runs,
+        key,
+        |e| &mut e.refs,
+        || format!("a VMM buffer of rank {peer}"),
+    )?;
+    match last {
+        Some(entry) => RELEASER.submit(*key, peer, entry.run),
+        None => Ok(()),
     }
-    let entry = tables.runs.remove(key).expect("present under the lock");
-    RELEASER.submit(*key, peer, entry.run)
 }
 
 /// Unmaps a run on the releaser thread, then drops its references on its segments.
