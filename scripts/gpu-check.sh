@@ -10,7 +10,8 @@
 #
 # Environment: OUT, NVFIPC_PREBUILT_LIB_DIR (default target/release), NVFIPC_GPU_BUILD_DIR
 # (default build/gpu), NVFIPC_GPU_RANKS (default "2 4 8"), NVFIPC_GPU_RUN_TIMEOUT (seconds per
-# mpirun, default 150), NVFIPC_GPU_GTEST_FILTER (optional --gtest_filter).
+# mpirun, default 150), NVFIPC_GPU_GTEST_FILTER (optional --gtest_filter), NVFIPC_GPU_DEVICE_MEMORY
+# (vmm: the suites' device buffers are VMM allocations instead of cudaMalloc ones).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -109,7 +110,7 @@ for np in $ranks_list; do
     mpirun --allow-run-as-root --oversubscribe -np "$np" --tag-output \
       -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
       -x NVFIPC_GPU_JSON_DIR="$json_dir" -x NVFIPC_TIMEOUT_MS=120000 \
-      -x NVFIPC_GPU_TEST_TIMEOUT_MS=60000 \
+      -x NVFIPC_GPU_TEST_TIMEOUT_MS=60000 -x NVFIPC_GPU_DEVICE_MEMORY="${NVFIPC_GPU_DEVICE_MEMORY:-}" \
       -x LD_LIBRARY_PATH="$lib_dir:${LD_LIBRARY_PATH:-}" \
       "$bin" --gtest_color=no "${filter_args[@]}" >"$log" 2>&1
   rc=$?

@@ -21,6 +21,14 @@ if [ -z "${SKIP_GTEST:-}" ]; then
   NVFIPC_GPU_RANKS="${NVFIPC_GPU_RANKS:-2 4}" OUT="$OUT/gtest" bash scripts/gpu-check.sh \
     >"$OUT/gtest.log" 2>&1 || { echo "gpu-vmm-check: GPU suites FAILED (gtest.log)"; fail=1; }
   tail -n 15 "$OUT/gtest.log"
+  # nvFuser's scenarios (ShareIpcMemHandles, CudaComm, the pipelined ring, ...) over VMM buffers:
+  # the cache suites with every device buffer a VMM allocation. Left out: the test that counts
+  # legacy IPC opens, and the bad-pointer test (cudaMalloc specific).
+  NVFIPC_GPU_DEVICE_MEMORY=vmm NVFIPC_GPU_RANKS="${NVFIPC_GPU_RANKS:-2 4}" OUT="$OUT/gtest-vmm" \
+    NVFIPC_GPU_GTEST_FILTER='GpuCache.*:-GpuCache.OpensEqualClosesAfterTeardown:GpuCache.BadPointersGiveStatuses' \
+    bash scripts/gpu-check.sh >"$OUT/gtest-vmm.log" 2>&1 ||
+    { echo "gpu-vmm-check: cache suites over VMM buffers FAILED (gtest-vmm.log)"; fail=1; }
+  grep -E "^-- np=|ALL GPU" "$OUT/gtest-vmm.log"
 fi
 python="$(command -v python3)"
 port=29700

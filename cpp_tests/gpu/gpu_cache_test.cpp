@@ -29,6 +29,9 @@ TEST(GpuCache, ShareIpcMemHandles) {
   DeviceBuffer send(4 * sizeof(int32_t)), recv(4 * sizeof(int32_t));
   ASSERT_NE(send.get(), nullptr);
   ASSERT_NE(recv.get(), nullptr);
+  int32_t memory = -1;
+  GPU_ASSERT_OK(nvfipc_cuda_pointer_memory(send.get(), send.bytes(), &memory));
+  EXPECT_EQ(memory, VmmBuffers() ? NVFIPC_DEVICE_MEMORY_VMM : NVFIPC_DEVICE_MEMORY_LEGACY);
   ScopedCache cache("share");
   GPU_ASSERT_OK(cache.status());
   nvfipc_request batch[2] = {

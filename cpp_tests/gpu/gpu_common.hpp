@@ -129,14 +129,30 @@ inline nvfipc_cuda_ipc_counters Counters() {
   return c;
 }
 
-// A device buffer freed at scope exit.
+// Whether DeviceBuffer allocates VMM memory (NVFIPC_GPU_DEVICE_MEMORY=vmm: one physical
+// allocation exportable as a POSIX fd, as PyTorch's expandable segments make) instead of
+// cudaMalloc, so that the cache suites run over either.
+bool VmmBuffers();
+
+// A device buffer freed at scope exit: cudaMalloc'd, or VMM (see VmmBuffers).
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+    if (VmmBuffers()) {
+      AllocVmm();
+    } else if (cudaMalloc(&ptr_, bytes) != cudaSuccess) {
+      ptr_ = nullptr;
+    }
   }
   ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
+    if (!ptr_) return;
+    if (handle_) {
+      cuMemUnmap(reinterpret_cast<CUdeviceptr>(ptr_), reserved_);
+      cuMemRelease(handle_);
+      cuMemAddressFree(reinterpret_cast<CUdeviceptr>(ptr_), reserved_);
+    } else {
+      cudaFree(ptr_);
+    }
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -145,8 +161,39 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
 
  private:
+  void AllocVmm() {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = job().device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t g = 0;
+    if (cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+      return;
+    reserved_ = (bytes_ + g - 1) / g * g;
+    CUdeviceptr va = 0;
+    if (cuMemAddressReserve(&va, reserved_, g, 0, 0) != CUDA_SUCCESS) return;
+    CUmemAccessDesc access = {};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (cuMemCreate(&handle_, reserved_, &prop, 0) != CUDA_SUCCESS ||
+        cuMemMap(va, reserved_, 0, handle_, 0) != CUDA_SUCCESS ||
+        cuMemSetAccess(va, reserved_, &access, 1) != CUDA_SUCCESS) {
+      if (handle_) {
+        cuMemUnmap(va, reserved_);
+        cuMemRelease(handle_);
+      }
+      handle_ = 0;
+      cuMemAddressFree(va, reserved_);
+      return;
+    }
+    ptr_ = reinterpret_cast<void*>(va);
+  }
+
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  size_t reserved_ = 0;
+  CUmemGenericAllocationHandle handle_ = 0;
 };
 
 // A cache with its own scope, torn down collectively: everyone's streams are drained and every

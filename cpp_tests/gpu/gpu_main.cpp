@@ -19,6 +19,14 @@ Job& job() {
   return j;
 }
 
+bool VmmBuffers() {
+  static const bool vmm = [] {
+    const char* v = std::getenv("NVFIPC_GPU_DEVICE_MEMORY");
+    return v != nullptr && std::string(v) == "vmm";
+  }();
+  return vmm;
+}
+
 nvfipc_status Get(const std::string& key, void* out, size_t len) {
   uint8_t* value = nullptr;
   size_t value_len = 0;
