@@ -855,6 +855,27 @@ inline nvfipc_cuda_ipc_counters cudaIpcCounters() {
   return c;
 }
 
+// VMM and pool import counters of this process (imports == releases after a clean teardown).
+inline nvfipc_cuda_vmm_counters cudaVmmCounters() {
+  nvfipc_cuda_vmm_counters c{};
+  detail::check(nvfipc_cuda_vmm_counters_get(&c), "nvfipc_cuda_vmm_counters_get");
+  return c;
+}
+
+// How the exchange exports the device buffer [ptr, ptr + bytes): cudaMalloc, VMM or pool memory.
+enum class DeviceMemory : int32_t {
+  Legacy = NVFIPC_DEVICE_MEMORY_LEGACY,
+  Vmm = NVFIPC_DEVICE_MEMORY_VMM,
+  Pool = NVFIPC_DEVICE_MEMORY_POOL,
+};
+
+// Throws (with the library's message and remedy) for memory no export can share.
+inline DeviceMemory cudaPointerMemory(const void* ptr, uint64_t bytes) {
+  int32_t kind = -1;
+  detail::check(nvfipc_cuda_pointer_memory(ptr, bytes, &kind), "nvfipc_cuda_pointer_memory");
+  return static_cast<DeviceMemory>(kind);
+}
+
 // Explicit-transfer primitives on a channel's endpoint (transfer = 1, 2, ... per channel).
 inline void cudaSendPost(const P2pHandle& h, uint64_t transfer, void* stream) {
   nvfipc_p2p_endpoint e = h.endpoint();

@@ -127,6 +127,23 @@ TEST(Wrapper, BadArgumentsAreInvalidArgumentErrors) {
   EXPECT_EQ(nvfipc::version(), NVFIPC_VERSION);
 }
 
+TEST(Wrapper, DevicePointerChecksThrowWithTheLibraryMessage) {
+  // NULL is refused before the driver is asked, with or without a GPU.
+  try {
+    nvfipc::cudaPointerMemory(nullptr, 16);
+    FAIL() << "a NULL device pointer must throw";
+  } catch (const nvfipc::InvalidArgumentError& e) {
+    EXPECT_NE(e.message().find("NULL"), std::string::npos) << e.what();
+  }
+  if (!nvfipc::cudaAvailable()) {
+    int on_host = 0;
+    EXPECT_THROW(nvfipc::cudaPointerMemory(&on_host, sizeof on_host), nvfipc::Error);
+  }
+  const nvfipc_cuda_vmm_counters c = nvfipc::cudaVmmCounters();
+  EXPECT_EQ(c.live_segments, 0u);
+  EXPECT_EQ(c.live_maps, 0u);
+}
+
 TEST(Wrapper, HostBufferIsZeroedMovableAndFreedOnce) {
   nvfipc::HostBuffer a(256);
   ASSERT_NE(a.data(), nullptr);
