@@ -172,6 +172,9 @@ typedef struct nvfipc_cuda_vmm_counters {
   // Peer pool allocations imported (`cuMemPoolImportPointer`), and freed.
   uint64_t pool_imports;
   uint64_t pool_frees;
+  // Peer VMM buffers served by the mapping of a larger buffer that holds their physical
+  // allocations (no import, no map).
+  uint64_t inside_mapped;
 } nvfipc_cuda_vmm_counters;
 
 // Counters of real driver-level IPC opens and closes in this process.

@@ -165,7 +165,12 @@ pub fn query(ptr: u64) -> Result<PointerInfo> {
     let legacy_ipc_capable = slots[5] & 0xff != 0;
     Ok(PointerInfo {
         ptr,
-        vmm: !legacy_ipc_capable && is_vmm(ptr),
+        // Shareable VMM memory says so in its attributes; only for the rest is the driver asked
+        // (two more calls), so that the refusal can say what the memory is.
+        vmm: !legacy_ipc_capable
+            && slots[9] == 0
+            && (slots[8] as u32 & (result::HANDLE_TYPE_POSIX_FD | result::HANDLE_TYPE_FABRIC) != 0
+                || is_vmm(ptr)),
         memory_type: MemoryType::from_raw(slots[0] as u32),
         context: slots[1],
         device_ordinal: slots[2] as u32 as i32,

@@ -8,8 +8,8 @@
 //! 2. the run of segments is mapped: one VA range of exactly the run's size is reserved, each
 //!    segment mapped back to back (whole allocations: a partial `cuMemMap` is not supported by
 //!    the driver), and access set once for the importing device. Runs are mapped once per
-//!    (exporter pid, device, segment list); a buffer inside a run that is mapped already costs
-//!    no driver call.
+//!    (exporter pid, device, segment list); a buffer over the same segments, or over segments
+//!    that a mapped run holds back to back, is served by that mapping and costs no driver call.
 //!
 //! Releases never wait for device work: the last reference of a run is handed to a releaser
 //! thread (`super::release`) that synchronises the mapping's context, then unmaps, frees the
@@ -80,6 +80,7 @@ static SEGMENT_IMPORTS: AtomicU64 = AtomicU64::new(0);
 static SEGMENT_RELEASES: AtomicU64 = AtomicU64::new(0);
 static RUN_MAPS: AtomicU64 = AtomicU64::new(0);
 static RUN_UNMAPS: AtomicU64 = AtomicU64::new(0);
+static SUBRUN_HITS: AtomicU64 = AtomicU64::new(0);
 
 type RunReleaser = Releaser<RunKey, MappedRun>;
 
@@ -108,6 +109,8 @@ pub struct VmmCounters {
     /// Segments imported and runs mapped now.
     pub live_segments: u64,
     pub live_runs: u64,
+    /// Buffers served by the mapping of a larger run that holds their segments.
+    pub inside_mapped: u64,
 }
 
 pub fn counters() -> VmmCounters {
@@ -120,6 +123,7 @@ pub fn counters() -> VmmCounters {
         unmaps: RUN_UNMAPS.load(Ordering::Relaxed),
         live_segments: t.segments.len() as u64,
         live_runs: t.runs.len() as u64,
+        inside_mapped: SUBRUN_HITS.load(Ordering::Relaxed),
     }
 }
 
@@ -180,6 +184,18 @@ pub fn import(
         Found::Ready(base) => return Ok(MappedAt { key, base, device }),
         Found::Open(tables) => tables,
     };
+    // A buffer over segments that a mapped run holds back to back (a tensor inside a larger
+    // buffer imported before) is served by that run's mapping: no import, no map.
+    if let Some((outer, at)) = containing_run(&tables, rec, device) {
+        let entry = tables.runs.get_mut(&outer).expect("found under the lock");
+        entry.refs += 1;
+        SUBRUN_HITS.fetch_add(1, Ordering::Relaxed);
+        return Ok(MappedAt {
+            key: outer,
+            base: entry.run.base + at,
+            device,
+        });
+    }
     // Fetch and import the segments this process has not imported yet. The lock is held across
     // the fetch so that two caches never import one segment twice; a fetch is one round trip.
     let seg_key = |s: &Segment| SegmentKey {
@@ -235,6 +251,31 @@ pub fn import(
     );
     RUN_MAPS.fetch_add(1, Ordering::Relaxed);
     Ok(MappedAt { key, base, device })
+}
+
+/// A mapped run of `rec`'s exporter on `device` whose segments contain `rec`'s back to back, and
+/// the offset of `rec`'s first segment in it.
+fn containing_run(tables: &Tables, rec: &Record, device: i32) -> Option<(RunKey, u64)> {
+    let wanted: Vec<u64> = rec.segments.iter().map(|s| s.id).collect();
+    tables.runs.iter().find_map(|(key, entry)| {
+        if key.pid != rec.pid || key.device != device || entry.run.segments.len() < wanted.len() {
+            return None;
+        }
+        let held: Vec<(u64, u64)> = entry.run.segments.iter().map(|(k, s)| (k.id, *s)).collect();
+        offset_within(&held, &wanted).map(|at| (*key, at))
+    })
+}
+
+/// Where the segments `wanted` (ids) lie back to back inside `held` (id, size), as the byte
+/// offset of the first one.
+fn offset_within(held: &[(u64, u64)], wanted: &[u64]) -> Option<u64> {
+    if wanted.is_empty() || held.len() < wanted.len() {
+        return None;
+    }
+    let start = held
+        .windows(wanted.len())
+        .position(|w| w.iter().map(|(id, _)| id).eq(wanted.iter()))?;
+    Some(held[..start].iter().map(|(_, size)| size).sum())
 }
 
 /// Fetches and imports `missing` segments of `rec`; nothing is left imported on failure.
@@ -438,4 +479,25 @@ pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
 /// See `Transport::flush_releases`.
 pub fn flush_releases(timeout: Duration) -> Result<()> {
     RELEASER.flush_within(timeout, "VMM mapping(s) were still waiting to be unmapped")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_inside_a_mapped_run_is_found_at_its_offset() {
+        let held = [(10, 2 << 20), (11, 2 << 20), (12, 20 << 20)];
+        assert_eq!(offset_within(&held, &[10]), Some(0));
+        assert_eq!(offset_within(&held, &[11, 12]), Some(2 << 20));
+        assert_eq!(offset_within(&held, &[12]), Some(4 << 20));
+        assert_eq!(offset_within(&held, &[10, 12]), None, "not back to back");
+        assert_eq!(
+            offset_within(&held, &[12, 13]),
+            None,
+            "runs past the mapping"
+        );
+        assert_eq!(offset_within(&held, &[]), None);
+        assert_eq!(offset_within(&held[..1], &[10, 11]), None);
+    }
 }

@@ -101,6 +101,9 @@ pub struct nvfipc_cuda_vmm_counters {
     /// Peer pool allocations imported (`cuMemPoolImportPointer`), and freed.
     pub pool_imports: u64,
     pub pool_frees: u64,
+    /// Peer VMM buffers served by the mapping of a larger buffer that holds their physical
+    /// allocations (no import, no map).
+    pub inside_mapped: u64,
 }
 
 /// Writes whether the CUDA driver could be loaded and initialised into `*out`. Never fails on a
@@ -185,6 +188,7 @@ pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counter
             live_maps: v.live_runs,
             pool_imports,
             pool_frees,
+            inside_mapped: v.inside_mapped,
         });
         Ok(())
     })
