@@ -225,7 +225,9 @@ TEST(GpuVmm, MixedBatchOfVmmPoolAndLegacyBuffersIsExchangedByteForByte) {
   const nvfipc_cuda_vmm_counters inside = VmmCounters();
   EXPECT_EQ(inside.segment_imports, cold.segment_imports) << "no import for imported segments";
   EXPECT_EQ(inside.maps, cold.maps) << "both are served by mappings made before";
-  EXPECT_EQ(inside.inside_mapped - cold.inside_mapped, peers)
+  // Both channels of "vmm_inner" (the send to the next rank, the receive from the previous one)
+  // import a peer's segment 1, each served by that peer's mapping of segments 0..2.
+  EXPECT_EQ(inside.inside_mapped - cold.inside_mapped, 2u)
       << "segment 1 alone is served by the mapping of segments 0..2";
 
   // Writes through the mapping reach the exporter's memory.
