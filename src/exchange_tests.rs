@@ -10,7 +10,7 @@ use crate::host::alloc::alloc_for_job;
 use crate::host::{HostBuffer, HostTransport};
 use crate::store::Store;
 use crate::transport::record::Record;
-use crate::transport::record::{from_fixed, HandleType};
+use crate::transport::record::{from_fixed, HandleType, Segment};
 use crate::transport::SemaphoreSlab;
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles, Transport};
 use std::sync::atomic::Ordering;
@@ -798,4 +798,143 @@ fn a_cache_whose_releases_do_not_finish_does_not_say_it_closed() {
         assert!(e.message.contains("had not closed their caches"), "{e}");
         assert!(e.message.contains(&format!("rank {peer} (pid")), "{e}");
     }
+}
+
+/// Host memory presented as a VMM device buffer of two physical allocations: its records list
+/// segments (as `cuda::vmm` writes them), and its imports check that every record reaching them,
+/// fetched from the store or built from a known allocation, carries them intact.
+struct SegmentedLike {
+    inner: Arc<HostTransport>,
+    checked: AtomicUsize,
+}
+
+impl SegmentedLike {
+    fn segments(buf_id: u64, alloc_bytes: u64, fd_payload: [u8; 64]) -> Vec<Segment> {
+        let first = alloc_bytes / 2;
+        vec![
+            Segment {
+                bytes: first,
+                id: buf_id * 2,
+                handle: fd_payload,
+            },
+            Segment {
+                bytes: alloc_bytes - first,
+                id: buf_id * 2 + 1,
+                handle: fd_payload,
+            },
+        ]
+    }
+}
+
+impl Transport for SegmentedLike {
+    fn kind(&self) -> MemKind {
+        MemKind::Device
+    }
+    fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
+        self.inner.resolve(ptr, bytes)
+    }
+    fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
+        let host = self.inner.export(buf)?;
+        Ok(ExportedHandle {
+            handle_type: HandleType::CudaVmmFd,
+            payload: [0; 64],
+            segments: Self::segments(buf.buffer_id, buf.alloc_bytes, host.payload),
+        })
+    }
+    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
+        assert_eq!(rec.handle_type, HandleType::CudaVmmFd);
+        let handle = rec.segments.first().expect("segments travel").handle;
+        assert_eq!(
+            rec.segments,
+            Self::segments(rec.buffer_id, rec.alloc_bytes, handle),
+            "the record's segments arrive as exported"
+        );
+        self.checked.fetch_add(1, Ordering::SeqCst);
+        let mut host = rec.clone();
+        host.handle_type = HandleType::PosixFd;
+        host.payload = handle;
+        host.segments.clear();
+        self.inner.import(&host, wait)
+    }
+    fn release(&self, mapping: &Mapping) -> Result<()> {
+        self.inner.release(mapping)
+    }
+    fn semaphores(&self) -> &dyn SemaphoreSlab {
+        self.inner.semaphores()
+    }
+    fn live_mappings(&self) -> usize {
+        self.inner.live_mappings()
+    }
+}
+
+#[test]
+fn segment_lists_survive_the_store_and_known_allocations() {
+    let job = format!("ut_segments{}", std::process::id());
+    let store = Arc::new(MemStore::default());
+    let mut devices = Vec::new();
+    let c: Vec<HandleCache> = (0..2)
+        .map(|rank| {
+            let host = HostTransport::new(store.clone(), &job, rank).unwrap();
+            let device = Arc::new(SegmentedLike {
+                inner: host,
+                checked: AtomicUsize::new(0),
+            });
+            devices.push(device.clone());
+            let cfg = CacheConfig {
+                rank,
+                world_size: 2,
+                store: store.clone(),
+                job_id: job.clone(),
+                scope: String::new(),
+                timeout: Duration::from_secs(10),
+            };
+            HandleCache::with_transports(cfg, vec![device as Arc<dyn Transport>]).unwrap()
+        })
+        .collect();
+    let pools: Vec<HostBuffer> = (0..2u8)
+        .map(|rank| {
+            let b = alloc_for_job(&job, 4096).unwrap();
+            for off in (0..4096).step_by(64) {
+                b.write(off, &[rank * 100 + (off / 64) as u8; 64]).unwrap();
+            }
+            b
+        })
+        .collect();
+    for off in [0u64, 256, 1024] {
+        let r0 = [Request::send(
+            1,
+            "seg",
+            pools[0].addr() + off,
+            64,
+            MemKind::Device,
+        )];
+        let r1 = [Request::recv(
+            0,
+            "seg",
+            pools[1].addr() + off,
+            64,
+            MemKind::Device,
+        )];
+        let (x, y) = step(&c, &r0, &r1);
+        x.unwrap();
+        y.unwrap();
+        assert_eq!(
+            peer_byte(&c[0].get(&r0[0]).unwrap()),
+            100 + (off / 64) as u8
+        );
+        assert_eq!(peer_byte(&c[1].get(&r1[0]).unwrap()), (off / 64) as u8);
+    }
+    let s = c[0].stats();
+    assert_eq!(
+        (s.records_received, s.records_known),
+        (1, 2),
+        "the moves were built from the known allocation's record, segments included"
+    );
+    assert!(devices
+        .iter()
+        .all(|d| d.checked.load(Ordering::SeqCst) >= 3));
+    for s in &close_all(c) {
+        assert_eq!(s.opens, s.closes);
+    }
+    drop(pools);
 }
