@@ -80,23 +80,9 @@ MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.
 # GPU, in both builds alike: they need one GPU per rank.
 MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView}"
 
-say() { echo "nvfuser-main-suite: $*" | tee -a "$log"; }
-pack() { tar -czf "$OUT/nvfuser-main-suite-logs.tgz" -C "$res" . 2>/dev/null; }
-die() {
-  say "FAILED: $*"
-  pack
-  exit 1
-}
-left() { echo $((BUDGET - ($(date +%s) - start_s))); }
-done_() { [ -f "$WORK/state/$1" ]; }
-mark() { date +%s >"$WORK/state/$1"; }
-need() {
-  if [ "$(left)" -lt "$1" ]; then
-    say "RESUME: $(left) s left in this call, the next step needs about $1 s; run the script again"
-    pack
-    exit 0
-  fi
-}
+STEPS_NAME=nvfuser-main-suite
+# shellcheck source=lib/resumable-steps.sh
+. "$repo/scripts/lib/resumable-steps.sh"
 
 python="$(command -v python3)"
 torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" ||

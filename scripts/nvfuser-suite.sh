@@ -56,24 +56,9 @@ res="$WORK/results"
 log="$OUT/nvfuser-suite.log"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-say() { echo "nvfuser-suite: $*" | tee -a "$log"; }
-pack() { tar -czf "$OUT/nvfuser-suite-logs.tgz" -C "$res" . 2>/dev/null; }
-die() {
-  say "FAILED: $*"
-  pack
-  exit 1
-}
-left() { echo $((BUDGET - ($(date +%s) - start_s))); }
-done_() { [ -f "$WORK/state/$1" ]; }
-mark() { date +%s >"$WORK/state/$1"; }
-# Stops this call (successfully) when fewer than $1 seconds are left: call the script again.
-need() {
-  if [ "$(left)" -lt "$1" ]; then
-    say "RESUME: $(left) s left in this call, the next step needs about $1 s; run the script again"
-    pack
-    exit 0
-  fi
-}
+STEPS_NAME=nvfuser-suite
+# shellcheck source=lib/resumable-steps.sh
+. "$repo/scripts/lib/resumable-steps.sh"
 
 python="$(command -v python3)"
 torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')" ||
