@@ -198,11 +198,15 @@ class DeviceBuffer {
 
 // A cache with its own scope, torn down collectively: everyone's streams are drained and every
 // rank is done with its peers' buffers before any cache is freed, and every cache is freed
-// before the test frees its buffers.
+// before the test frees its buffers (declare it after them). `retained` >= 0 sets how many
+// replaced mappings per peer it keeps (0: every replacement releases the old mapping).
 class ScopedCache {
  public:
-  explicit ScopedCache(const std::string& scope) {
+  explicit ScopedCache(const std::string& scope, int64_t retained = -1) {
     status_ = nvfipc_cache_create_scoped(job().ctx, scope.c_str(), &cache_);
+    if (status_ == NVFIPC_STATUS_OK && retained >= 0) {
+      status_ = nvfipc_cache_set_retained_mappings(cache_, static_cast<uint32_t>(retained));
+    }
   }
   ~ScopedCache() { Free(); }
   ScopedCache(const ScopedCache&) = delete;

@@ -35,33 +35,8 @@ namespace {
 constexpr auto kWatchdog = std::chrono::seconds(20);
 
 
-// A cache freed collectively (streams drained, barriers around the free), before the buffers
-// of the test are freed (declare it after them). It keeps no replaced mapping for reuse, so
-// every replacement releases the old mapping and these tests exercise the releaser.
-class ScopedCache {
- public:
-  explicit ScopedCache(const std::string& scope) {
-    status_ = nvfipc_cache_create_scoped(job().ctx, scope.c_str(), &cache_);
-    if (status_ == NVFIPC_STATUS_OK) status_ = nvfipc_cache_set_retained_mappings(cache_, 0);
-  }
-  ~ScopedCache() { Free(); }
-  ScopedCache(const ScopedCache&) = delete;
-  ScopedCache& operator=(const ScopedCache&) = delete;
-  nvfipc_status status() const { return status_; }
-  nvfipc_cache* get() const { return cache_; }
-  void Free() {
-    if (!cache_) return;
-    cudaDeviceSynchronize();
-    GPU_EXPECT_OK(Barrier());
-    GPU_EXPECT_OK(nvfipc_cache_free(cache_));
-    cache_ = nullptr;
-    GPU_EXPECT_OK(Barrier());
-  }
-
- private:
-  nvfipc_cache* cache_ = nullptr;
-  nvfipc_status status_ = NVFIPC_STATUS_OK;
-};
+// These tests' caches keep no replaced mapping for reuse (ScopedCache(scope, 0)), so every
+// replacement releases the old mapping and exercises the releaser.
 
 // A 32-bit flag in mapped pinned host memory: the GPU waits on it, the CPU sets it.
 class HostFlag {
@@ -262,7 +237,7 @@ TEST(GpuRelease, ReplacementDoesNotWaitForGatedWork) {
   CUDA_ASSERT(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   const nvfipc_cuda_ipc_counters before = Counters();
   {
-    ScopedCache cache("release_gated");
+    ScopedCache cache("release_gated", 0);
     GPU_ASSERT_OK(cache.status());
     // However the test leaves this scope, the gated work is released before the cache's
     // collective free synchronises the device.
@@ -384,7 +359,7 @@ TEST(GpuRelease, GoingBackTakesTheMappingBack) {
   cudaStream_t stream = nullptr;
   CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    ScopedCache cache("release_back");
+    ScopedCache cache("release_back", 0);
     GPU_ASSERT_OK(cache.status());
     SetOnExit release_on_exit(flag);
     auto batch = [&](void* send) {
@@ -456,7 +431,7 @@ TEST(GpuRelease, QueuedCopiesDoNotDelayReplacement) {
   cudaStream_t stream = nullptr;
   CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    ScopedCache cache("release_copies");
+    ScopedCache cache("release_copies", 0);
     GPU_ASSERT_OK(cache.status());
     std::vector<nvfipc_request> step1 = {
         Request(SendPeer(), NVFIPC_DIRECTION_SEND, "copies", old_send.get(), kBytes),
@@ -519,7 +494,7 @@ TEST(GpuRelease, ExporterFreesMappedBuffer) {
   Fill(next_send.get(), kCount, me, 9);
   std::vector<std::unique_ptr<DeviceBuffer>> fresh;
   {
-    ScopedCache cache("release_freed");
+    ScopedCache cache("release_freed", 0);
     GPU_ASSERT_OK(cache.status());
     std::vector<nvfipc_request> step1 = {
         Request(right, NVFIPC_DIRECTION_SEND, "freed", exported, kBytes),
