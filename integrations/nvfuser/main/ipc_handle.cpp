@@ -658,6 +658,27 @@ cuuint32_t semaphoreValue(IpcSemaphore value) {
   return static_cast<cuuint32_t>(value);
 }
 
+// One cuStreamBatchMemOp on `stream` holding `make_op(peer)` for every peer of `my_rank`
+// (nothing with a single rank).
+template <typename MakeOp>
+void batchPerPeer(
+    CUstream stream,
+    int64_t world_size,
+    int64_t my_rank,
+    MakeOp make_op) {
+  std::vector<CUstreamBatchMemOpParams> ops;
+  for (int64_t peer = 0; peer < world_size; ++peer) {
+    if (peer != my_rank) {
+      ops.push_back(make_op(peer));
+    }
+  }
+  if (ops.empty()) {
+    return;
+  }
+  NVFUSER_CUDA_SAFE_CALL(cuStreamBatchMemOp(
+      stream, static_cast<unsigned int>(ops.size()), ops.data(), 0));
+}
+
 } // namespace
 
 SymMemForAlltoallv::SymMemForAlltoallv(
@@ -689,53 +710,31 @@ CUdeviceptr SymMemForAlltoallv::doneSemAddr(int64_t rank, int64_t slot) const {
   return sem_ptrs_.at(rank) + (world_size_ + slot) * sizeof(IpcSemaphore);
 }
 
-void SymMemForAlltoallv::batchMemOp(
-    CUstream stream,
-    std::vector<CUstreamBatchMemOpParams>& ops) {
-  if (ops.empty()) {
-    return; // a single rank has no peer
-  }
-  NVFUSER_CUDA_SAFE_CALL(cuStreamBatchMemOp(
-      stream, static_cast<unsigned int>(ops.size()), ops.data(), 0));
-}
-
 void SymMemForAlltoallv::batchSignal(
     CUstream stream,
     cuuint32_t value,
     SemAddr addr) {
-  std::vector<CUstreamBatchMemOpParams> ops;
-  for (int64_t peer = 0; peer < world_size_; ++peer) {
-    if (peer != my_rank_) {
-      ops.push_back(writeOp((this->*addr)(peer, my_rank_), value));
-    }
-  }
-  batchMemOp(stream, ops);
+  batchPerPeer(stream, world_size_, my_rank_, [&](int64_t peer) {
+    return writeOp((this->*addr)(peer, my_rank_), value);
+  });
 }
 
 void SymMemForAlltoallv::batchWait(
     CUstream stream,
     cuuint32_t value,
     SemAddr addr) {
-  std::vector<CUstreamBatchMemOpParams> ops;
-  for (int64_t peer = 0; peer < world_size_; ++peer) {
-    if (peer != my_rank_) {
-      ops.push_back(waitOp((this->*addr)(my_rank_, peer), value));
-    }
-  }
-  batchMemOp(stream, ops);
+  batchPerPeer(stream, world_size_, my_rank_, [&](int64_t peer) {
+    return waitOp((this->*addr)(my_rank_, peer), value);
+  });
 }
 
 void SymMemForAlltoallv::batchReset(
     CUstream stream,
     cuuint32_t value,
     SemAddr addr) {
-  std::vector<CUstreamBatchMemOpParams> ops;
-  for (int64_t peer = 0; peer < world_size_; ++peer) {
-    if (peer != my_rank_) {
-      ops.push_back(writeOp((this->*addr)(my_rank_, peer), value));
-    }
-  }
-  batchMemOp(stream, ops);
+  batchPerPeer(stream, world_size_, my_rank_, [&](int64_t peer) {
+    return writeOp((this->*addr)(my_rank_, peer), value);
+  });
 }
 
 void SymMemForAlltoallv::signalCountsReady(CUstream stream) {

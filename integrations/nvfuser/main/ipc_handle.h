@@ -421,9 +421,6 @@ class SymMemForAlltoallv : public SymmetricMemoryHandle {
   void batchSignal(CUstream stream, cuuint32_t value, SemAddr addr);
   void batchWait(CUstream stream, cuuint32_t value, SemAddr addr);
   void batchReset(CUstream stream, cuuint32_t value, SemAddr addr);
-  void batchMemOp(
-      CUstream stream,
-      std::vector<CUstreamBatchMemOpParams>& ops);
 
   int64_t world_size_ = 0;
   int64_t my_rank_ = 0;
