@@ -23,7 +23,6 @@ use nvfuser_ipc::exchange::board::{fingerprint, PeerBoard};
 use nvfuser_ipc::exchange::request::ChannelKey;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request};
 use nvfuser_ipc::host::alloc::alloc_for_job;
-use nvfuser_ipc::names::board_name;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use std::process::Command;
@@ -117,12 +116,12 @@ fn run_rank(rank: usize, port: u16, job: &str, args: &Args) -> Result<()> {
     }
     let peer_first = args.peer_first && rank == 0;
     let peer_board = if peer_first {
-        let name = board_name(job, "", peer);
+        let name = cache.names().board(peer);
         PeerBoard::try_open(&name, peer)?
             .ok_or_else(|| Error::state(format!("board {name} of rank {peer} is not there")))?
     } else {
         // Unused: only rank 0 with --peer-first waits for its peer outside the call.
-        PeerBoard::try_open(&board_name(job, "", rank), rank)?
+        PeerBoard::try_open(&cache.names().board(rank), rank)?
             .ok_or_else(|| Error::state("own board is not there"))?
     };
     let fps: Vec<u128> = requests

@@ -25,16 +25,156 @@ pub fn job_prefix(job_id: &str) -> String {
     format!("nvfipc-{}-", job_tag(job_id))
 }
 
-/// Shm name of the board of `rank` for a job and scope (`/nvfipc-<job>[-<scope>]-b<rank>`).
-pub fn board_name(job_id: &str, scope: &str, rank: usize) -> String {
-    if scope.is_empty() {
-        format!("/nvfipc-{}-b{rank}", job_tag(job_id))
-    } else {
-        format!("/nvfipc-{}-{}-b{rank}", job_tag(job_id), job_tag(scope))
+/// The names of one cache's shared state: its board of each rank, its node identity keys and its
+/// record keys, for a job, a scope and a *generation*.
+///
+/// The generation counts the caches of that job and scope that this process (as `rank`) has
+/// created: 1 for the first, 2 for the one created after it was freed, and so on. Ranks free and
+/// re-create their caches at agreed points, so the n-th cache of one rank talks to the n-th cache
+/// of its peers, and a new cache never reads a board entry, record or node key that an older
+/// cache of a peer left behind (a peer still on its old cache has no board or node key of the new
+/// generation yet: it is waited for, bounded, and named).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheNames {
+    job_id: String,
+    scope: String,
+    generation: u64,
+}
+
+impl CacheNames {
+    /// The names of generation `generation` (from 1) of a job's caches of `scope`.
+    pub fn new(job_id: &str, scope: &str, generation: u64) -> CacheNames {
+        CacheNames {
+            job_id: job_id.to_string(),
+            scope: scope.to_string(),
+            generation,
+        }
+    }
+
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Shm name of the board of `rank` (`/nvfipc-<job>[-<scope>]-g<generation>-b<rank>`).
+    pub fn board(&self, rank: usize) -> String {
+        let job = job_tag(&self.job_id);
+        let gen = self.generation;
+        if self.scope.is_empty() {
+            format!("/nvfipc-{job}-g{gen}-b{rank}")
+        } else {
+            format!("/nvfipc-{job}-{}-g{gen}-b{rank}", job_tag(&self.scope))
+        }
+    }
+
+    /// Store key of the record that `exporter` published at buffer `version` on the channel
+    /// described by `channel` (`src/dst/tag#occurrence`). Unique per (cache generation, channel,
+    /// exporter, version), so a newer export never overwrites an unread one.
+    pub fn record_key(
+        &self,
+        channel: (usize, usize, &str, u32),
+        exporter: usize,
+        version: u64,
+    ) -> String {
+        let (src, dst, tag, occurrence) = channel;
+        format!(
+            "{}/h/{src}/{dst}/{exporter}/{version}/{tag}#{occurrence}",
+            self.key_prefix()
+        )
+    }
+
+    /// The store key where `rank`'s cache publishes its node identity.
+    pub fn node_key(&self, rank: usize) -> String {
+        format!("{}/node/{rank}", self.key_prefix())
+    }
+
+    /// `nvfipc/<job>/<scope>/g<generation>`.
+    fn key_prefix(&self) -> String {
+        format!("nvfipc/{}/{}/g{}", self.job_id, self.scope, self.generation)
     }
 }
 
-/// Whether a `/dev/shm` entry (no leading slash) is named like a board (see [`board_name`]).
+impl std::fmt::Display for CacheNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cache generation {} of job {:?}, scope {:?}",
+            self.generation, self.job_id, self.scope
+        )
+    }
+}
+
+/// Hands out cache generations: per (job, scope, rank), the number of caches this process has
+/// created, counting only creations that succeeded (a failed one gives its number back, so a
+/// retried creation still pairs with the peers' caches).
+pub mod generations {
+    use crate::sync::lock;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    type Key = (String, String, usize);
+
+    /// Per key: the last generation handed out.
+    static LAST: Mutex<Option<HashMap<Key, u64>>> = Mutex::new(None);
+
+    /// A generation being created: [`Reserved::commit`] keeps it; dropping it uncommitted gives
+    /// it back when no later one was handed out meanwhile.
+    pub struct Reserved {
+        key: Key,
+        generation: u64,
+        committed: bool,
+    }
+
+    impl Reserved {
+        pub fn generation(&self) -> u64 {
+            self.generation
+        }
+
+        pub fn commit(mut self) {
+            self.committed = true;
+        }
+    }
+
+    impl Drop for Reserved {
+        fn drop(&mut self) {
+            if self.committed {
+                return;
+            }
+            let mut last = lock(&LAST);
+            if let Some(g) = last.get_or_insert_with(HashMap::new).get_mut(&self.key) {
+                if *g == self.generation {
+                    *g -= 1;
+                }
+            }
+        }
+    }
+
+    /// The next generation of the caches of `job_id` and `scope` for `rank` in this process.
+    pub fn reserve(job_id: &str, scope: &str, rank: usize) -> Reserved {
+        let key = (job_id.to_string(), scope.to_string(), rank);
+        let mut last = lock(&LAST);
+        let g = last
+            .get_or_insert_with(HashMap::new)
+            .entry(key.clone())
+            .or_insert(0);
+        *g += 1;
+        Reserved {
+            key,
+            generation: *g,
+            committed: false,
+        }
+    }
+}
+
+/// Whether a `/dev/shm` entry (no leading slash) is named like a board (see
+/// [`CacheNames::board`]).
 pub fn is_board_name(entry: &str) -> bool {
     entry.starts_with("nvfipc-")
         && entry
@@ -42,29 +182,10 @@ pub fn is_board_name(entry: &str) -> bool {
             .is_some_and(|(_, r)| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Store key of the record that `exporter` published at buffer `version` on the channel
-/// described by `channel` (`src/dst/tag#occurrence`). Unique per (channel, exporter, version),
-/// so a newer export never overwrites an unread one.
-pub fn record_key(
-    job_id: &str,
-    scope: &str,
-    channel: (usize, usize, &str, u32),
-    exporter: usize,
-    version: u64,
-) -> String {
-    let (src, dst, tag, occurrence) = channel;
-    format!("nvfipc/{job_id}/{scope}/h/{src}/{dst}/{exporter}/{version}/{tag}#{occurrence}")
-}
-
 /// The store prefix under which the fd transport of a job publishes each rank's responder
 /// (`<prefix>/fdpass/<rank>`, see `crate::fdpass`).
 pub fn fdpass_prefix(job_id: &str) -> String {
     format!("nvfipc/{job_id}")
-}
-
-/// The store key where `rank`'s cache of a job and scope publishes its node identity.
-pub fn node_key(job_id: &str, scope: &str, rank: usize) -> String {
-    format!("nvfipc/{job_id}/{scope}/node/{rank}")
 }
 
 #[cfg(test)]
@@ -81,10 +202,43 @@ mod tests {
 
     #[test]
     fn boards_are_told_apart_from_other_segments() {
-        assert!(is_board_name(&board_name("job", "", 3)[1..]));
-        assert!(is_board_name(&board_name("job", "sc", 12)[1..]));
+        assert!(is_board_name(&CacheNames::new("job", "", 1).board(3)[1..]));
+        assert!(is_board_name(
+            &CacheNames::new("job", "sc", 2).board(12)[1..]
+        ));
         assert!(!is_board_name("nvfipc-job-b"));
         assert!(!is_board_name("nvfipc-job-1n2-7"));
         assert!(!is_board_name("other-b3"));
+    }
+
+    #[test]
+    fn generations_name_apart_every_shared_name() {
+        let (a, b) = (
+            CacheNames::new("job", "s", 1),
+            CacheNames::new("job", "s", 2),
+        );
+        assert_ne!(a.board(0), b.board(0));
+        assert_ne!(a.node_key(0), b.node_key(0));
+        let ch = (0, 1, "t", 0);
+        assert_ne!(a.record_key(ch, 0, 1), b.record_key(ch, 0, 1));
+        assert_ne!(a.record_key(ch, 0, 1), a.record_key(ch, 0, 2));
+        assert_ne!(a.record_key(ch, 0, 1), a.record_key(ch, 1, 1));
+    }
+
+    #[test]
+    fn generations_count_per_rank_and_give_back_failed_creations() {
+        let job = "gen-unit";
+        let first = generations::reserve(job, "", 0);
+        assert_eq!(first.generation(), 1);
+        first.commit();
+        // Another rank in the same process (threads as ranks) counts apart.
+        assert_eq!(generations::reserve(job, "", 1).generation(), 1);
+        let failed = generations::reserve(job, "", 0);
+        assert_eq!(failed.generation(), 2);
+        drop(failed);
+        let retried = generations::reserve(job, "", 0);
+        assert_eq!(retried.generation(), 2);
+        retried.commit();
+        assert_eq!(generations::reserve(job, "x", 0).generation(), 1);
     }
 }

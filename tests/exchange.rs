@@ -235,6 +235,15 @@ fn c_abi_between_processes() {
     }
 }
 
+/// Every rank frees its cache and creates a new one of the same scope every few steps (after a
+/// world barrier), with fresh buffers each step on reused tags: a new cache never reads what an
+/// old one left on a board or in the store.
+#[test]
+fn caches_recreated_in_a_loop() {
+    assert_all_ok("recreate", 4);
+    assert_all_ok("recreate", 2);
+}
+
 #[test]
 fn one_cache_from_several_threads() {
     assert_all_ok("threads", 2);
@@ -286,7 +295,7 @@ fn close_returns_promptly_when_the_peer_is_killed() {
     let prefix = host::alloc::job_prefix(&job);
     let (killed, others): (Vec<String>, Vec<String>) =
         shm_entries(&job).into_iter().partition(|n| {
-            n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}b1")
+            n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}g1-b1")
         });
     for name in &killed {
         nvfuser_ipc::os::shm::unlink_name(&format!("/{name}"));
@@ -319,20 +328,9 @@ impl Rank {
     fn from_env() -> Rank {
         let rank = env_usize("NVFIPC_T_RANK");
         let world = env_usize("NVFIPC_T_WORLD");
-        let port = env_usize("NVFIPC_T_PORT") as u16;
         let job = std::env::var("NVFIPC_T_JOB").expect("job id");
-        let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(T))
-            .expect("connect to the store");
         host::alloc::set_default_job(&job);
-        let cache = default_transports::cache(CacheConfig {
-            rank,
-            world_size: world,
-            store: Arc::new(store),
-            job_id: job.clone(),
-            scope: String::new(),
-            timeout: T,
-        })
-        .expect("cache");
+        let cache = new_cache(rank, world, &job);
         Rank {
             rank,
             world,
@@ -358,6 +356,19 @@ impl Rank {
         assert_eq!((stats.peers_unclosed, stats.leaked_slabs), (0, 0));
         assert_eq!(transport.live_mappings(), 0);
     }
+}
+
+/// A cache of the scenario's job (scope "") on a store connection of its own.
+fn new_cache(rank: usize, world: usize, job: &str) -> HandleCache {
+    default_transports::cache(CacheConfig {
+        rank,
+        world_size: world,
+        store: Arc::new(test_store()),
+        job_id: job.to_string(),
+        scope: String::new(),
+        timeout: T,
+    })
+    .expect("cache")
 }
 
 fn filled(len: u64, value: u8) -> HostBuffer {
@@ -441,6 +452,7 @@ fn child() {
         "c_abi" => c_abi(r),
         "linger" => linger(r),
         "killed" => killed(r),
+        "recreate" => recreate(r),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -617,6 +629,60 @@ fn all_to_all(r: Rank) {
     r.cache.exchange_handles(&reqs).unwrap();
     assert_eq!(r.cache.stats().store_round_trips, s.store_round_trips);
     r.finish();
+}
+
+/// A ring over fresh buffers every step (three tags in turn, buffers freed two steps later so
+/// that their addresses come back); every fifth step all ranks pass a world barrier, free their
+/// caches and create new ones. Every transfer must carry its step's data.
+fn recreate(r: Rank) {
+    const STEPS: usize = 31;
+    const LEN: u64 = 4096;
+    let (rank, world, job) = (r.rank, r.world, r.job.clone());
+    let (next, prev) = (r.next(), r.prev());
+    let store = test_store();
+    let barriers = nvfuser_ipc::barrier::BarrierState::new();
+    let mut cache = Some(r.cache);
+    let mut kept: Vec<(HostBuffer, HostBuffer)> = Vec::new();
+    for step in 0..STEPS {
+        if step > 0 && step % 5 == 0 {
+            nvfuser_ipc::barrier::barrier(&store, &barriers, rank, world, None, T).unwrap();
+            let stats = cache.take().unwrap().try_close().expect("close");
+            assert_eq!(stats.opens, stats.closes, "rank {rank} step {step}");
+            kept.clear();
+            cache = Some(new_cache(rank, world, &job));
+        }
+        let c = cache.as_ref().unwrap();
+        let tag = ["a", "b", "c"][step % 3];
+        let value = (step * 8 + rank + 1) as u8;
+        let (send, recv) = (filled(LEN, value), filled(LEN, 0));
+        let reqs = [
+            Request::send(next, tag, send.addr(), LEN, MemKind::Host),
+            Request::recv(prev, tag, recv.addr(), LEN, MemKind::Host),
+        ];
+        jitter(rank, step);
+        c.exchange_handles(&reqs)
+            .unwrap_or_else(|e| panic!("rank {rank} step {step}: {e}"));
+        let hs = c.get(&reqs[0]).unwrap();
+        let hr = c.get(&reqs[1]).unwrap();
+        p2p::send_post(&hs).unwrap();
+        p2p::recv_post(&hr, LEN, T).unwrap();
+        p2p::send_wait(&hs, T).unwrap();
+        let want = (step * 8 + prev + 1) as u8;
+        let mut got = vec![0u8; LEN as usize];
+        recv.read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == want), "rank {rank} step {step}");
+        kept.push((send, recv));
+        if kept.len() > 2 {
+            kept.remove(0);
+        }
+    }
+    Rank {
+        rank,
+        world,
+        job,
+        cache: cache.take().unwrap(),
+    }
+    .finish();
 }
 
 /// Rank 0 changes its buffers every other step, rank 1 never does. Each step moves data both ways

@@ -344,7 +344,7 @@ fn refused_far_request(ctx: &Context, cache: &HandleCache, far: usize, needles: 
     assert!(err.message.contains(&format!("peer rank {far}")), "{err}");
     assert!(took < T / 2, "refused only after {took:?}: {err}");
     // Nothing of the attempt stays in the store.
-    let key = ChannelKey::of(rank, &reqs[0], 0).record_key(&ctx.job_id, "", rank, 1);
+    let key = ChannelKey::of(rank, &reqs[0], 0).record_key(cache.names(), rank, 1);
     assert!(!ctx.store.check(&[&key]).unwrap(), "{key} was left");
     println!("rank {rank}: refused in {} ms: {err}", took.as_millis());
 }

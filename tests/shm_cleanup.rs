@@ -91,7 +91,7 @@ fn holder() {
         .collect();
     // The board is the one name; buffers and the slab have none.
     let names = entries(&job);
-    assert_eq!(names, vec![format!("nvfipc-{job}-b0")], "{names:?}");
+    assert_eq!(names, vec![format!("nvfipc-{job}-g1-b0")], "{names:?}");
     println!("holding {} buffers and {} name", buffers.len(), names.len());
     match role.as_str() {
         // Never frees anything and leaves through exit(), as a program that forgets to.

@@ -20,7 +20,7 @@ use super::settings::Settings;
 use super::stats::{bump, CacheStats, Counters};
 use crate::error::{Error, Result};
 use crate::logging;
-use crate::names::board_name;
+use crate::names::{generations, CacheNames};
 use crate::node::PeerProcess;
 use crate::store::Store;
 use crate::sync::lock;
@@ -73,6 +73,8 @@ thread_local! {
 /// Exchanges and caches P2P handles between the ranks of one job.
 pub struct HandleCache {
     pub(super) cfg: CacheConfig,
+    /// The names of this cache's boards, node keys and record keys (its generation included).
+    pub(super) names: CacheNames,
     /// Handed in by the layer that builds the cache (see `Transports`).
     pub(super) transports: Transports,
     pub(super) board: OwnBoard,
@@ -105,24 +107,26 @@ impl HandleCache {
             return Err(Error::invalid("world size does not fit 32 bits"));
         }
         super::board::reclaim_dead();
-        let board = OwnBoard::create(&board_name(&cfg.job_id, &cfg.scope, cfg.rank), cfg.rank)
+        let generation = generations::reserve(&cfg.job_id, &cfg.scope, cfg.rank);
+        let names = CacheNames::new(&cfg.job_id, &cfg.scope, generation.generation());
+        let board = OwnBoard::create(&names.board(cfg.rank), cfg.rank)
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
-        let peer_nodes = PeerNodes::publish(&*cfg.store, &cfg.job_id, &cfg.scope, cfg.rank)?;
+        let peer_nodes = PeerNodes::publish(&*cfg.store, &names, cfg.rank)?;
         let counters = Counters::default();
         let collector = Collector::start(cfg.store.clone(), counters.keys_deleted.clone())?;
         let settings = Settings::new(cfg.timeout);
         logging::set_rank(cfg.rank as i64);
         log::info!(
             target: logging::EXCHANGE,
-            "rank {}: cache created for job {:?}, scope {:?}, world {}, timeout {:?}",
+            "rank {}: {names} created, world {}, timeout {:?}",
             cfg.rank,
-            cfg.job_id,
-            cfg.scope,
             cfg.world_size,
             cfg.timeout
         );
+        generation.commit();
         Ok(HandleCache {
             cfg,
+            names,
             transports,
             board,
             peer_boards: Mutex::new(HashMap::new()),
@@ -152,6 +156,11 @@ impl HandleCache {
 
     pub fn world_size(&self) -> usize {
         self.cfg.world_size
+    }
+
+    /// The names of this cache's boards and store keys (its job, scope and generation).
+    pub fn names(&self) -> &CacheNames {
+        &self.names
     }
 
     /// The transport of `kind`, if this cache has one.

@@ -1,7 +1,7 @@
 //! Which peers this rank can map, learnt once per peer through the store.
 //!
 //! Each cache publishes its node identity (`crate::node`) under
-//! `nvfipc/<job>/<scope>/node/<rank>` when it is created (a SET, no reply) and deletes it when it
+//! `nvfipc/<job>/<scope>/g<generation>/node/<rank>` when it is created (a SET, no reply) and deletes it when it
 //! closes. When a rank is about to wait for a peer's node-local board that is not there, it reads
 //! the peer's identity (waiting, bounded, until the peer has created its cache) and compares it
 //! with its own: a peer
@@ -17,12 +17,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-pub use crate::names::node_key;
+use crate::names::CacheNames;
 
 /// This rank's view of its peers' nodes.
 pub struct PeerNodes {
-    job_id: String,
-    scope: String,
+    names: CacheNames,
     rank: usize,
     /// Peers found mappable, with whether their pids can be checked from here.
     known: Mutex<HashMap<usize, bool>>,
@@ -30,14 +29,13 @@ pub struct PeerNodes {
 
 impl PeerNodes {
     /// Publishes this rank's identity.
-    pub fn publish(store: &dyn Store, job_id: &str, scope: &str, rank: usize) -> Result<PeerNodes> {
-        let key = node_key(job_id, scope, rank);
+    pub fn publish(store: &dyn Store, names: &CacheNames, rank: usize) -> Result<PeerNodes> {
+        let key = names.node_key(rank);
         store
             .set(&key, NodeIdentity::local().encode().as_bytes())
             .map_err(|e| e.context(format!("rank {rank}: publishing its node identity ({key})")))?;
         Ok(PeerNodes {
-            job_id: job_id.to_string(),
-            scope: scope.to_string(),
+            names: names.clone(),
             rank,
             known: Mutex::new(HashMap::new()),
         })
@@ -58,16 +56,15 @@ impl PeerNodes {
         if unknown.is_empty() {
             return Ok(());
         }
-        let keys: Vec<String> = unknown
-            .iter()
-            .map(|&p| node_key(&self.job_id, &self.scope, p))
-            .collect();
+        let keys: Vec<String> = unknown.iter().map(|&p| self.names.node_key(p)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let values = store.multi_get(&refs, timeout).map_err(|e| {
             e.context(format!(
-                "rank {}: waiting for peer rank(s) {unknown:?} to create their caches (keys \
-                 {keys:?}); do they create a cache for this job?",
-                self.rank
+                "rank {}: waiting for peer rank(s) {unknown:?} to create their caches of {} \
+                 (keys {keys:?}); do they create a cache for this job and scope, and free and \
+                 re-create it as often as this rank (a rank's n-th cache of a scope talks to its \
+                 peers' n-th)?",
+                self.rank, self.names
             ))
         })?;
         let me = NodeIdentity::local();
@@ -97,6 +94,6 @@ impl PeerNodes {
 
     /// Deletes this rank's identity key (at close).
     pub fn unpublish(&self, store: &dyn Store) {
-        let _ = store.delete_key(&node_key(&self.job_id, &self.scope, self.rank));
+        let _ = store.delete_key(&self.names.node_key(self.rank));
     }
 }

@@ -37,7 +37,6 @@ use super::events::{self, PendingWait, Stage};
 use super::stats::bump;
 use crate::error::{Error, Result, Status};
 use crate::logging;
-use crate::names::board_name;
 use crate::os::wait::wait_until;
 use crate::sync::lock;
 use crate::transport::record::{self, flags, local_host, Record};
@@ -227,19 +226,14 @@ impl HandleCache {
 
     /// The store key of this rank's record of `it` at its version.
     fn own_record_key(&self, it: &Item) -> String {
-        it.ch
-            .key
-            .record_key(&self.cfg.job_id, &self.cfg.scope, self.cfg.rank, it.version)
+        it.ch.key.record_key(&self.names, self.cfg.rank, it.version)
     }
 
     /// The store key of the peer's record of `it` at the peer's version.
     fn peer_record_key(&self, it: &Item) -> String {
-        it.ch.key.record_key(
-            &self.cfg.job_id,
-            &self.cfg.scope,
-            it.ch.peer,
-            it.peer_version,
-        )
+        it.ch
+            .key
+            .record_key(&self.names, it.ch.peer, it.peer_version)
     }
 
     fn make_record(&self, it: &Item) -> Result<Record> {
@@ -278,7 +272,7 @@ impl HandleCache {
         if let Some(b) = lock(&self.peer_boards).get(&peer) {
             return Ok(Some(b.clone()));
         }
-        let name = board_name(&self.cfg.job_id, &self.cfg.scope, peer);
+        let name = self.names.board(peer);
         let Some(board) = PeerBoard::try_open(&name, peer)? else {
             return Ok(None);
         };
@@ -396,7 +390,7 @@ impl HandleCache {
             .iter()
             .find(|it| it.waiting)
             .expect("a wait that timed out left an item pending");
-        let name = board_name(&self.cfg.job_id, &self.cfg.scope, it.ch.peer);
+        let name = self.names.board(it.ch.peer);
         let seen = match (self.peer_board(it.ch.peer), it.link.entry) {
             (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
             (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
@@ -454,7 +448,7 @@ impl HandleCache {
             it.ch.key,
             it.step,
             it.ch.key.describe(),
-            board_name(&self.cfg.job_id, &self.cfg.scope, it.ch.peer),
+            self.names.board(it.ch.peer),
             self.own_record_key(it),
         )))
     }

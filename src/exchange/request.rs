@@ -7,6 +7,7 @@
 //! identically whatever the order of their batches.
 
 use super::board::Fingerprinter;
+use crate::names::CacheNames;
 use crate::transport::MemKind;
 use std::fmt;
 
@@ -132,10 +133,10 @@ impl ChannelKey {
     }
 
     /// Store key of the record that `exporter` published at buffer `version` on this channel
-    /// (see [`names::record_key`](crate::names::record_key)).
-    pub fn record_key(&self, job: &str, scope: &str, exporter: usize, version: u64) -> String {
+    /// of the cache named by `names` (see [`CacheNames::record_key`]).
+    pub fn record_key(&self, names: &CacheNames, exporter: usize, version: u64) -> String {
         let channel = (self.src, self.dst, self.tag.as_str(), self.occurrence);
-        crate::names::record_key(job, scope, channel, exporter, version)
+        names.record_key(channel, exporter, version)
     }
 }
 
@@ -231,10 +232,11 @@ mod tests {
             tag: "x/y".into(),
             occurrence: 0,
         };
-        let a = k.record_key("job", "", 0, 1);
-        assert_eq!(a, "nvfipc/job//h/0/1/0/1/x/y#0");
-        assert_ne!(a, k.record_key("job", "", 0, 2));
-        assert_ne!(a, k.record_key("job", "", 1, 1));
+        let names = CacheNames::new("job", "", 1);
+        let a = k.record_key(&names, 0, 1);
+        assert_eq!(a, "nvfipc/job//g1/h/0/1/0/1/x/y#0");
+        assert_ne!(a, k.record_key(&names, 0, 2));
+        assert_ne!(a, k.record_key(&names, 1, 1));
         assert_eq!(k.describe(), "0/1/x/y#0");
         let k2 = ChannelKey {
             tag: "x/y#0".into(),

@@ -140,9 +140,11 @@ fn create(
 }
 
 /// Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
-/// shared memory; the CUDA transport is loaded on the first device request. One cache per job
-/// and rank per process: a second one needs `nvfipc_cache_create_scoped`. Free with
-/// `nvfipc_cache_free`.
+/// shared memory; the CUDA transport is loaded on the first device request. Free with
+/// `nvfipc_cache_free`. Caches may be freed and created again (at points agreed between the
+/// ranks): a rank's n-th cache of a job and scope talks to its peers' n-th (each is a new
+/// *generation* with boards and store keys of its own, so nothing an older cache left behind is
+/// read); for several caches alive at once, use `nvfipc_cache_create_scoped`.
 #[no_mangle]
 pub extern "C" fn nvfipc_cache_create(
     ctx: *const nvfipc_context,
