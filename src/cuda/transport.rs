@@ -4,7 +4,8 @@
 //! imports), the pool and per-pointer export data for stream-ordered pool buffers ([`pool`]);
 //! plus the device semaphore slab.
 //!
-//! Imports are refcounted per (peer, exporter buffer id) here, and the driver-level imports are
+//! Imports are refcounted per (peer, exporter buffer id, base mapped here) here, and the
+//! driver-level imports are
 //! further deduplicated process-wide by each module (per peer allocation, per VMM segment and
 //! run, per pool and pool allocation), so a peer allocation is opened once however many channels
 //! use it, and a new buffer carved from an allocation that is already mapped (PyTorch's caching
@@ -45,9 +46,11 @@ enum Held {
 
 struct Imported {
     held: Held,
-    base: u64,
     refs: usize,
 }
+
+/// (peer, exporter buffer id, base of the mapping here).
+type ImportKey = (usize, u64, u64);
 
 /// The device transport (see the module docs).
 pub struct CudaTransport {
@@ -56,8 +59,12 @@ pub struct CudaTransport {
     vmm_exports: VmmExports,
     pool_exports: PoolExports,
     slab: DeviceSemaphoreSlab,
-    /// Peer allocations imported through this transport: (peer, exporter buffer id) -> mapping.
-    imports: Mutex<HashMap<(usize, u64), Imported>>,
+    /// Peer allocations imported through this transport, by (peer, exporter buffer id, where it
+    /// is mapped here). The place is part of the key because one peer buffer can be served by
+    /// several mappings at once: a VMM buffer over one segment is served by whichever mapped run
+    /// of the peer holds that segment when it is imported (its own run, or any of several
+    /// overlapping larger runs), and each is released to the run that served it.
+    imports: Mutex<HashMap<ImportKey, Imported>>,
 }
 
 static UUIDS: Lazy<Mutex<HashMap<i32, [u8; 16]>>> = Lazy::new(|| Mutex::new(HashMap::new()));
@@ -191,7 +198,6 @@ impl Transport for CudaTransport {
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
         let peer = rec.rank as usize;
         let mut imports = lock(&self.imports);
-        let key = (peer, rec.buffer_id);
         let (held, base) = self.open(peer, rec, wait).map_err(|e| {
             e.context(format!(
                 "importing buffer {} of rank {peer} (pid {}, host {})",
@@ -200,21 +206,19 @@ impl Transport for CudaTransport {
                 rec.host_name()
             ))
         })?;
+        let key = (peer, rec.buffer_id, base);
         if let Some(entry) = imports.get(&key) {
             if entry.held != held {
+                // Two live mappings at one address cannot exist: the driver would have refused.
                 let _ = release_held(peer, &held);
-                return Err(Error::state(format!(
-                    "rank {peer} (pid {}) re-used buffer id {} with a different handle while \
-                     the old mapping is still in use; release the old mapping first",
-                    rec.pid, rec.buffer_id
+                return Err(Error::internal(format!(
+                    "buffer {} of rank {peer} (pid {}) was mapped at {base:#x} by {:?} and now \
+                     by {held:?}",
+                    rec.buffer_id, rec.pid, entry.held
                 )));
             }
         }
-        let entry = imports.entry(key).or_insert(Imported {
-            held,
-            base,
-            refs: 0,
-        });
+        let entry = imports.entry(key).or_insert(Imported { held, refs: 0 });
         entry.refs += 1;
         Ok(Mapping {
             peer,
@@ -227,19 +231,14 @@ impl Transport for CudaTransport {
 
     fn release(&self, mapping: &Mapping) -> Result<()> {
         let mut imports = lock(&self.imports);
-        let key = (mapping.peer, mapping.buffer_id);
+        let key = (mapping.peer, mapping.buffer_id, mapping.base);
         let entry = imports.get_mut(&key).ok_or_else(|| {
             Error::not_found(format!(
-                "buffer {} of rank {} is not imported by this transport (released twice?)",
-                mapping.buffer_id, mapping.peer
+                "buffer {} of rank {} mapped at {:#x} is not imported by this transport \
+                 (released twice?)",
+                mapping.buffer_id, mapping.peer, mapping.base
             ))
         })?;
-        if entry.base != mapping.base {
-            return Err(Error::invalid(format!(
-                "mapping of buffer {} of rank {} has base {:#x}, but it is mapped at {:#x}",
-                mapping.buffer_id, mapping.peer, mapping.base, entry.base
-            )));
-        }
         let held = entry.held;
         entry.refs -= 1;
         if entry.refs == 0 {
@@ -274,7 +273,7 @@ impl Drop for CudaTransport {
         // Release what the owner did not (closed on the releaser threads); the exports withdraw
         // their offers and the slab frees itself afterwards (field order).
         let imports = self.imports.get_mut().unwrap_or_else(|p| p.into_inner());
-        for ((peer, _), entry) in imports.drain() {
+        for ((peer, _, _), entry) in imports.drain() {
             for _ in 0..entry.refs {
                 let _ = release_held(peer, &entry.held);
             }

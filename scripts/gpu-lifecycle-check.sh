@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Allocator lifecycles on the GPU machine (one GPU, several ranks; no cargo there): run from the
+# repository root with the library built elsewhere. Stages, each bounded by `timeout`, logs and one
+# JSON line per rank under $OUT:
+#   probe    tests/gpu/vmm_block_ids.c: does the driver give every new VMM physical allocation a
+#            new MEMORY_BLOCK_ID while one reserved range is remapped (as expandable segments do)?
+#   churn    tests/gpu/torch_lifecycle.py MODE=churn (the fixed churn program) with PyTorch's
+#            expandable segments at each rank count, and with its default allocator at the largest
+#   random   MODE=random for each seed: random lifecycles, caches re-created at agreed steps
+#   before   (when OLD_LIB names an older build) the churn program on it, to show what it fixes
+# Environment: OUT (default ./gpu-out/lifecycle), NVFIPC_LIB (default
+# target/release/libnvfuser_ipc.so), OLD_LIB, RANKS (default "2 4 8"), SEEDS (default "1 2 3"),
+# STEPS (default 200), RANDOM_STEPS (default 120). Non-zero when a stage fails.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/gpu-out/lifecycle}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+lib="$(realpath "${NVFIPC_LIB:-$root/target/release/libnvfuser_ipc.so}")"
+[ -f "$lib" ] || { echo "gpu-lifecycle-check: $lib missing"; exit 1; }
+python="$(command -v python3)"
+RANKS="${RANKS:-2 4 8}"
+largest="$(echo "$RANKS" | tr ' ' '\n' | sort -n | tail -1)"
+summary="$OUT/summary.txt"
+: >"$summary"
+fail=0
+port=29800
+
+# run NAME LIB RANKS ALLOC_CONF VAR=VALUE...: one mpirun of torch_lifecycle.py.
+run() {
+  local name="$1" use_lib="$2" np="$3" alloc="$4"
+  shift 4
+  port=$((port + 1))
+  local start
+  start=$(date +%s)
+  timeout -k 5 240 mpirun -np "$np" --oversubscribe \
+    -x PYTORCH_CUDA_ALLOC_CONF="$alloc" -x NVFIPC_LIB="$use_lib" \
+    -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" -x NVFIPC_TIMEOUT_MS=60000 \
+    $(for kv in "$@"; do printf -- '-x %s ' "$kv"; done) \
+    "$python" tests/gpu/torch_lifecycle.py >"$OUT/$name.jsonl" 2>"$OUT/$name.err"
+  local rc=$?
+  local oks
+  oks=$(grep -c '"ok": true' "$OUT/$name.jsonl")
+  echo "$name: rc=$rc, $oks/$np ranks ok, $(($(date +%s) - start))s" | tee -a "$summary"
+  [ "$rc" -eq 0 ] && [ "$oks" -eq "$np" ]
+}
+
+echo "== probe"
+cuda_inc="$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")/include"
+if gcc -O2 -I"$cuda_inc" tests/gpu/vmm_block_ids.c -lcuda -o "$OUT/vmm_block_ids" >"$OUT/probe-build.log" 2>&1; then
+  timeout 60 "$OUT/vmm_block_ids" >"$OUT/probe.txt" 2>&1
+  echo "probe: rc=$? $(tail -1 "$OUT/probe.txt")" | tee -a "$summary"
+else
+  echo "probe: build FAILED" | tee -a "$summary"
+  fail=1
+fi
+
+if [ -n "${OLD_LIB:-}" ]; then
+  echo "== before (older build, expected to fail)"
+  run before-churn-np4 "$(realpath "$OLD_LIB")" 4 expandable_segments:True MODE=churn STEPS="${STEPS:-200}" || true
+  grep -h '"error"' "$OUT/before-churn-np4.jsonl" | head -2 | cut -c1-600
+fi
+
+echo "== churn"
+for np in $RANKS; do
+  run "churn-np$np-vmm" "$lib" "$np" expandable_segments:True MODE=churn STEPS="${STEPS:-200}" || fail=1
+done
+run "churn-np$largest-default" "$lib" "$largest" "" MODE=churn STEPS="${STEPS:-200}" || fail=1
+
+echo "== random"
+for seed in ${SEEDS:-1 2 3}; do
+  for np in 2 4; do
+    run "random-s$seed-np$np-vmm" "$lib" "$np" expandable_segments:True MODE=random SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
+  done
+  run "random-s$seed-np4-default" "$lib" 4 "" MODE=random SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
+done
+for f in "$OUT"/churn-*.jsonl "$OUT"/random-*.jsonl; do
+  grep -h '"error"' "$f" 2>/dev/null | head -1 | cut -c1-800
+done
+cat "$summary"
+[ "$fail" -eq 0 ] && echo "gpu-lifecycle-check: PASSED" || echo "gpu-lifecycle-check: FAILED"
+exit "$fail"

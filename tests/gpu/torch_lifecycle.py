@@ -1,0 +1,254 @@
+"""Real PyTorch allocator lifecycles through the handle cache, one rank per process (run under
+`mpirun -np N`, all ranks on one GPU): what a training loop does to the cache, drawn at random from
+a seed and checked after every step.
+
+Every step each rank allocates a fresh tensor (PyTorch's allocator as PYTORCH_CUDA_ALLOC_CONF sets
+it: expandable segments or the default), sometimes a view at an offset inside a larger one, fills
+it with a value known to every rank, and exchanges it on a ring under a tag drawn from a few reused
+ones (sometimes twice in one batch, in different orders on the two sides). It then reads the
+previous rank's tensor through the mapping and writes into the next rank's receive buffer through
+its mapping, and checks what it received. Tensors are freed a few steps later (so addresses come
+back), now and then all are dropped and `torch.cuda.empty_cache()` returns the segments to the
+driver, and at agreed steps every rank frees its cache and creates a new one. After the run every
+import was released and every mapping unmapped.
+
+MODE=churn runs the fixed program of the known failure: sizes from {4 KiB, 1 MiB, 3 MiB, 24 MiB,
+70 MiB, 333,333 B}, three tags in turn, the last two steps' tensors kept, every fifth step all
+dropped and `empty_cache()` called. MODE=random draws everything from SEED.
+
+Environment: NVFIPC_LIB, MASTER_ADDR/MASTER_PORT and the launcher's rank variables, MODE
+(churn|random), STEPS (default 200), SEED (default 1), RECREATE (1: caches freed and re-created
+at agreed steps; default 1 in random mode, 0 in churn mode). Prints one JSON line per rank; a
+failure names the seed, the step and the program so far.
+"""
+
+import ctypes as C
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+lib = C.CDLL(os.environ["NVFIPC_LIB"])
+lib.nvfipc_last_error_message.restype = C.c_char_p
+SEND, RECV, DEVICE = 0, 1, 0
+MIB = 1 << 20
+CHURN_SIZES = [4096, MIB, 3 * MIB, 24 * MIB, 70 * MIB, 333_333]
+TIMEOUT_MS = 60000
+
+
+class Request(C.Structure):
+    _fields_ = [("peer", C.c_int64), ("direction", C.c_int32), ("kind", C.c_int32),
+                ("tag", C.c_char_p), ("ptr", C.c_uint64), ("bytes", C.c_uint64)]
+
+
+class Handle(C.Structure):
+    _fields_ = [("local_ptr", C.c_uint64), ("local_bytes", C.c_uint64),
+                ("local_semaphore", C.c_uint64), ("peer_ptr", C.c_uint64),
+                ("peer_bytes", C.c_uint64), ("peer_semaphore", C.c_uint64),
+                ("kind", C.c_int32)]
+
+
+class VmmCounters(C.Structure):
+    _fields_ = [(n, C.c_uint64) for n in (
+        "segment_exports", "segment_imports", "segment_releases", "maps", "unmaps",
+        "live_segments", "live_maps", "pool_imports", "pool_frees")]
+
+
+class Failure(Exception):
+    pass
+
+
+def check(status, what):
+    if status != 0:
+        raise Failure(f"{what}: status {status}: "
+                      f"{lib.nvfipc_last_error_message().decode(errors='replace')}")
+
+
+class PeerView:
+    """A byte tensor over a peer pointer (the CUDA array interface; nothing is copied)."""
+
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+def value(rank, step, slot, what):
+    """The byte a rank writes at a step: distinct per rank, step, request and purpose."""
+    return (rank * 37 + step * 11 + slot * 5 + what * 101 + 1) % 251 + 1
+
+
+def plan(mode, seed, steps, recreate):
+    """The agreed program (equal on every rank): per step the tags of the batch, whether the
+    two sides list it in different orders, how long tensors live, and the lifecycle events."""
+    rng = random.Random(seed)
+    program = []
+    for step in range(steps):
+        if mode == "churn":
+            program.append({"tags": [f"t{step % 3}"], "reverse": False, "keep": 2,
+                            "empty": step > 0 and step % 5 == 0, "recreate": False,
+                            "sizes": [CHURN_SIZES[(step * 7) % len(CHURN_SIZES)]],
+                            "offset": 0})
+            continue
+        n = rng.choice([1, 1, 2, 3])
+        tags = [rng.choice(["a", "b", "c", "d"]) for _ in range(n)]
+        program.append({
+            "tags": tags,
+            "reverse": rng.random() < 0.3,
+            "keep": rng.choice([1, 2, 3, 4]),
+            "empty": rng.random() < 0.12,
+            "recreate": recreate and step > 0 and rng.random() < 0.06,
+            "sizes": [rng.choice([4096, 65536, 333_333, MIB, 3 * MIB, 24 * MIB, 70 * MIB])
+                      for _ in range(n)],
+            # A view this far into a larger tensor (0: the tensor itself).
+            "offset": rng.choice([0, 0, 512, 4096, 3 * MIB + 256]),
+        })
+    return program
+
+
+def counters():
+    c = VmmCounters()
+    check(lib.nvfipc_cuda_vmm_counters_get(C.byref(c)), "vmm counters")
+    return {n: getattr(c, n) for n, _ in VmmCounters._fields_}
+
+
+def main():
+    mode = os.environ.get("MODE", "random")
+    steps = int(os.environ.get("STEPS", "200"))
+    seed = int(os.environ.get("SEED", "1"))
+    recreate = os.environ.get("RECREATE", "1" if mode == "random" else "0") == "1"
+    ctx = C.c_void_p()
+    check(lib.nvfipc_context_from_env(C.byref(ctx)), "context")
+    rank, world = C.c_int64(), C.c_int64()
+    lib.nvfipc_context_rank(ctx, C.byref(rank))
+    lib.nvfipc_context_world_size(ctx, C.byref(world))
+    rank, world = rank.value, world.value
+    torch.cuda.set_device(0)
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    program = plan(mode, seed, steps, recreate)
+    # Sizes differ per rank (asymmetric changes): each rank draws its own from the agreed ones.
+    own = random.Random(seed * 1000 + rank)
+
+    def barrier(what):
+        check(lib.nvfipc_barrier(ctx, None, C.c_size_t(0), C.c_int64(TIMEOUT_MS)), what)
+
+    cache = C.c_void_p()
+    check(lib.nvfipc_cache_create(ctx, C.byref(cache)), "cache")
+    out = {"rank": rank, "world": world, "mode": mode, "seed": seed, "steps": steps,
+           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "caches": 1,
+           "empty_cache": 0, "bytes_checked": 0}
+    live = []  # (step it dies after, tensors)
+    done = 0
+    t0 = time.perf_counter()
+    try:
+        for step, p in enumerate(program):
+            if p["recreate"]:
+                barrier(f"barrier before re-creating the cache at step {step}")
+                check(lib.nvfipc_cache_free(cache), f"cache free at step {step}")
+                cache = C.c_void_p()
+                check(lib.nvfipc_cache_create(ctx, C.byref(cache)), f"cache at step {step}")
+                out["caches"] += 1
+            if p["empty"]:
+                live.clear()
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                out["empty_cache"] += 1
+            # Fresh send and receive tensors for each request of the batch.
+            items = []
+            for slot, (tag, size) in enumerate(zip(p["tags"], p["sizes"])):
+                if mode == "random" and own.random() < 0.5:
+                    size = own.choice([4096, 333_333, MIB, 3 * MIB, 24 * MIB])
+                off = p["offset"]
+                whole = torch.empty(size + off, dtype=torch.uint8, device="cuda")
+                send = whole[off:]
+                send.fill_(value(rank, step, slot, 0))
+                recv = torch.zeros(size, dtype=torch.uint8, device="cuda")
+                items.append((tag, send, recv, whole))
+            torch.cuda.synchronize()
+            tags = [C.c_char_p(t.encode()) for t, *_ in items]
+            reqs = []
+            for slot, (tag, send, recv, _) in enumerate(items):
+                reqs.append(Request(nxt, SEND, DEVICE, tags[slot], send.data_ptr(), send.numel()))
+                reqs.append(Request(prev, RECV, DEVICE, tags[slot], recv.data_ptr(),
+                                    recv.numel()))
+            if p["reverse"] and rank % 2 == 1:
+                # Receives first: another order than the peers', keeping the order among equal
+                # tags (their occurrences pair up in order).
+                reqs.sort(key=lambda r: r.direction != RECV)
+            batch = (Request * len(reqs))(*reqs)
+            check(lib.nvfipc_exchange_handles_timeout(cache, batch, C.c_size_t(len(reqs)),
+                                                      C.c_int64(TIMEOUT_MS)),
+                  f"exchange at step {step}")
+            # Read the previous rank's send tensor through the RECV handle, and write into the
+            # next rank's receive tensor through the SEND handle.
+            by_key = {(r.direction, r.tag, r.ptr): i for i, r in enumerate(batch)}
+            for slot, (tag, send, recv, _) in enumerate(items):
+                hr, hs = Handle(), Handle()
+                r_req = batch[by_key[(RECV, tags[slot].value, recv.data_ptr())]]
+                s_req = batch[by_key[(SEND, tags[slot].value, send.data_ptr())]]
+                check(lib.nvfipc_cache_get(cache, C.byref(r_req), C.byref(hr)), "get recv")
+                check(lib.nvfipc_cache_get(cache, C.byref(s_req), C.byref(hs)), "get send")
+                # The peer's size is its own draw: compare what both have.
+                n = min(hr.peer_bytes, recv.numel())
+                peer = torch.as_tensor(PeerView(hr.peer_ptr, n), device="cuda")
+                want = value(prev, step, slot, 0)
+                bad = int((peer != want).sum())
+                if bad:
+                    raise Failure(f"step {step} tag {tag}: {bad} of {n} bytes read from rank "
+                                  f"{prev} differ from {want}")
+                m = min(hs.peer_bytes, send.numel())
+                torch.as_tensor(PeerView(hs.peer_ptr, m), device="cuda").fill_(
+                    value(rank, step, slot, 1))
+                out["bytes_checked"] += n
+            torch.cuda.synchronize()
+            barrier(f"barrier after the writes of step {step}")
+            for slot, (tag, send, recv, _) in enumerate(items):
+                # The previous rank wrote min(its send size, this recv size) bytes.
+                h = Handle()
+                r_req = batch[by_key[(RECV, tags[slot].value, recv.data_ptr())]]
+                check(lib.nvfipc_cache_get(cache, C.byref(r_req), C.byref(h)), "get recv")
+                n = min(h.peer_bytes, recv.numel())
+                want = value(prev, step, slot, 1)
+                bad = int((recv[:n] != want).sum())
+                if bad:
+                    raise Failure(f"step {step} tag {tag}: {bad} of {n} bytes rank {prev} wrote "
+                                  f"here differ from {want}")
+            # Every peer is done with this step's tensors before any is freed.
+            barrier(f"barrier after the checks of step {step}")
+            live.append((step + p["keep"], items))
+            live = [(until, its) for until, its in live if until > step]
+            done = step + 1
+        barrier("final barrier")
+        live.clear()
+        torch.cuda.synchronize()
+        check(lib.nvfipc_cache_free(cache), "final cache free")
+        cache = None
+        check(lib.nvfipc_cuda_ipc_flush_releases(C.c_int64(TIMEOUT_MS)), "flush")
+        end = counters()
+        ipc = (C.c_uint64 * 5)()
+        lib.nvfipc_cuda_ipc_counters_get(ipc)
+        out["vmm"] = end
+        out["ipc"] = {"opens": ipc[0], "closes": ipc[1], "live": ipc[2]}
+        balanced = (end["segment_imports"] == end["segment_releases"]
+                    and end["maps"] == end["unmaps"] and end["live_segments"] == 0
+                    and end["live_maps"] == 0 and ipc[0] == ipc[1])
+        if not balanced:
+            raise Failure(f"imports not balanced after teardown: vmm {end}, ipc {out['ipc']}")
+        out["ok"] = True
+    except Failure as e:
+        out["ok"] = False
+        out["error"] = str(e)
+        out["program_so_far"] = program[:done + 1][-6:]
+    out["steps_done"] = done
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    print(json.dumps(out), flush=True)
+    if cache:
+        lib.nvfipc_cache_free(cache)
+    lib.nvfipc_context_free(ctx)
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
