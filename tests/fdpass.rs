@@ -1090,8 +1090,8 @@ struct Knock {
     closed: bool,
 }
 
-/// Connects to `addr`, sends `bytes`, and reads until the responder closes (or 5 s pass),
-/// counting every descriptor that arrives (and closing it).
+/// Connects to `addr`, sends `bytes`, and reads until the responder closes or resets the
+/// connection (or 5 s pass), counting every descriptor that arrives (and closing it).
 fn knock(addr: &SocketAddr, bytes: &[u8]) -> std::io::Result<Knock> {
     let mut s = UnixStream::connect_addr(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -1116,7 +1116,9 @@ fn knock(addr: &SocketAddr, bytes: &[u8]) -> std::io::Result<Knock> {
         // SAFETY: as above; the socket is open.
         let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
         if n < 0 {
-            break false;
+            // A socket closed with unread requests in it resets the connection: closed too.
+            let e = std::io::Error::last_os_error();
+            break e.raw_os_error() == Some(libc::ECONNRESET);
         }
         // SAFETY: the kernel filled `control` up to msg_controllen; the CMSG macros walk only
         // headers inside it, and each SCM_RIGHTS header holds fds installed here, closed once.
