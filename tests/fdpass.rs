@@ -1,14 +1,15 @@
 //! The fd transport across real processes: a memfd passed from one process to another and read
 //! through mmap, many ids and concurrent importers, malformed frames, a peer in another network
 //! namespace (path fallback), a denied `pidfd_getfd` rung with its diagnosis, bounded timeouts,
-//! and socket files cleaned up.
+//! socket files cleaned up, and processes outside the trust boundary (another uid; this uid but
+//! not of the job) that find the responder and get nothing.
 //!
 //! Each cross-process test starts a store server in the test process and re-executes this test
 //! binary once per rank, running the ignored `child` test with the scenario in the environment;
 //! every rank gets a socket directory of the test's own, checked empty once the ranks exit.
 
 use nvfuser_ipc::error::Status;
-use nvfuser_ipc::fdpass::frame::{ErrorCode, FetchRequest, Parsed, Reply};
+use nvfuser_ipc::fdpass::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use nvfuser_ipc::fdpass::{
     self, record_key, FdId, FdPass, FdPassConfig, Gate, LocalIdentity, PeerRecord, PtracerState,
     Rung,
@@ -39,10 +40,13 @@ fn job_id(scenario: &str) -> String {
     format!("fd{scenario}{}", std::process::id() % 100_000)
 }
 
+/// A socket directory of the test's own, `0700` (so the sockets go straight into it).
 fn socket_dir(job: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
     let dir = std::env::temp_dir().join(format!("nvfipc-fdtest-{job}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     dir
 }
 
@@ -210,6 +214,28 @@ fn a_denied_pidfd_rung_is_diagnosed_and_sockets_need_no_ptrace() {
     assert!(outs[1].contains("diagnosis checked"), "{}", outs[1]);
 }
 
+/// The attack of a local process that found the responders in `/proc/net/unix`: one of another
+/// uid (65534), which even knows the responder's secret, and one of this uid outside the job
+/// (which does not), each asking the abstract socket, the socket file and `pidfd_getfd` for the
+/// registered descriptor (its serial, and serials 1..64). Neither gets a descriptor; the job's
+/// own fetch works afterwards and the memory is untouched.
+#[test]
+fn processes_outside_the_job_get_nothing_and_the_job_goes_on() {
+    let outs = run("guarded", 2, |_| vec![]);
+    assert!(outs[0].contains("exporter unaffected"), "{}", outs[0]);
+    assert!(outs[1].contains("fetched after strangers"), "{}", outs[1]);
+    if outs[1].contains("SKIPPED") {
+        println!("SKIPPED the other-uid stranger (not root): {}", outs[1]);
+    } else {
+        assert!(outs[1].contains("uid 65534 got nothing"), "{}", outs[1]);
+    }
+    assert!(
+        outs[1].contains("same-uid outsider got nothing"),
+        "{}",
+        outs[1]
+    );
+}
+
 #[test]
 fn a_closed_responder_gives_an_error_not_sigpipe() {
     let outs = run("sigpipe", 1, |_| vec![]);
@@ -299,6 +325,7 @@ fn timeouts_are_bounded() {
     let silent = PeerRecord {
         who: LocalIdentity::current(),
         nonce: 5,
+        secret: Secret(5),
         abstract_name: name,
         path: Err("none".into()),
         ptracer: PtracerState::NotNeeded,
@@ -704,6 +731,7 @@ fn scenario_malformed(r: &Rank) {
             serial: id.serial,
             rank: 1,
             pid: std::process::id(),
+            secret: record.secret,
         };
         // Held open and silent throughout: it must not stall anybody.
         let _silent = raw(&record);
@@ -903,6 +931,7 @@ fn scenario_sigpipe(r: &Rank) {
     let record = PeerRecord {
         who: LocalIdentity::current(),
         nonce: 5,
+        secret: Secret(5),
         abstract_name: name,
         path: Err("none".into()),
         ptracer: PtracerState::NotNeeded,
@@ -933,6 +962,298 @@ fn scenario_sigpipe(r: &Rank) {
     println!("survived: {e}");
 }
 
+const GUARDED: usize = 4096;
+/// Connections the strangers make that the exporter must deny: the other uid's abstract one
+/// (its socket file is out of reach), the outsider's abstract and path ones.
+const DENIED: u64 = 3;
+
+fn scenario_guarded(r: &Rank) {
+    let fp = r.env_fdpass();
+    if r.rank == 0 {
+        let file = filled_memfd(11, GUARDED);
+        let id = fp.register_dup(&file).unwrap();
+        assert_ne!(
+            fp.record().unwrap().ptracer,
+            PtracerState::Any,
+            "no PR_SET_PTRACER_ANY unless asked for"
+        );
+        r.publish("id", &[id]);
+        r.done();
+        let (_, sent, _, malformed) = fp.responder_stats().unwrap();
+        let denied = fp.responder_denied().unwrap();
+        println!("sent={sent} denied={denied} malformed={malformed}");
+        assert_eq!(sent, 1, "only the job's own fetch got a descriptor");
+        let expected = if is_root() { DENIED } else { DENIED - 1 };
+        assert_eq!(denied, expected);
+        assert!(fp.responder_running());
+        let mut now = vec![0u8; GUARDED];
+        file.read_exact_at(&mut now, 0).unwrap();
+        assert_eq!(now, pattern(11, GUARDED), "nobody wrote into it");
+        println!("exporter unaffected");
+        return;
+    }
+    let id = r.ids("id")[0];
+    let record = fp.peer_record(0, Instant::now() + T).unwrap();
+    let target = |with_secret: bool| {
+        let mut env = vec![
+            ("NVFIPC_T_ABSTRACT", record.abstract_name.clone()),
+            (
+                "NVFIPC_T_PATH",
+                record.path.clone().unwrap().display().to_string(),
+            ),
+            ("NVFIPC_T_NONCE", record.nonce.to_string()),
+            ("NVFIPC_T_SERIAL", id.serial.to_string()),
+            ("NVFIPC_T_FD", id.fd.to_string()),
+            ("NVFIPC_T_PID", record.who.pid.to_string()),
+        ];
+        if with_secret {
+            env.push(("NVFIPC_T_SECRET", record.secret.to_hex()));
+        }
+        env
+    };
+    if is_root() {
+        let out = run_stranger(Some(65534), &target(true));
+        assert!(out.contains("got nothing"), "{out}");
+        println!("uid 65534 got nothing:\n{out}");
+    } else {
+        println!("SKIPPED: not root, cannot start a process of another uid");
+    }
+    let out = run_stranger(None, &target(false));
+    assert!(out.contains("got nothing"), "{out}");
+    println!("same-uid outsider got nothing:\n{out}");
+
+    let got = fp.fetch_diagnosed(0, &[id], T).unwrap();
+    assert_eq!(got.rung, Rung::Abstract, "{}", got.fell_back);
+    assert_eq!(read_all(&got.fds[0], GUARDED), pattern(11, GUARDED));
+    println!("fetched after strangers");
+    r.done();
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs the `stranger` role in a new process: as `uid` (and its gid, no supplementary groups)
+/// from a copy of this binary that uid can execute, or as this uid; returns its output.
+fn run_stranger(uid: Option<u32>, env: &[(&str, String)]) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = match uid {
+        Some(uid) => {
+            // The build directory may be closed to other users: run a copy from a directory
+            // they may enter.
+            let dir = std::env::temp_dir().join(format!("nvfipc-stranger-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let copy = dir.join("stranger");
+            std::fs::copy(&exe, &copy).unwrap();
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let mut c = Command::new(copy);
+            // std drops supplementary groups when root changes the uid.
+            c.uid(uid).gid(uid);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.current_dir("/")
+        .args([
+            "--ignored",
+            "--exact",
+            "child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "stranger")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let results = collect(vec![cmd.spawn().expect("spawn the stranger")]);
+    if uid.is_some() {
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("nvfipc-stranger-{}", std::process::id())),
+        );
+    }
+    let (ok, out) = results.into_iter().next().unwrap();
+    assert!(ok, "the stranger failed:\n{out}");
+    out
+}
+
+/// What came back on one connection: the replies and how many descriptors rode with them.
+struct Knock {
+    replies: Vec<Reply>,
+    fds: usize,
+    closed: bool,
+}
+
+/// Connects to `addr`, sends `bytes`, and reads until the responder closes or resets the
+/// connection (or 5 s pass), counting every descriptor that arrives (and closing it).
+fn knock(addr: &SocketAddr, bytes: &[u8]) -> std::io::Result<Knock> {
+    let mut s = UnixStream::connect_addr(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The responder may close before all is written: EPIPE (SIGPIPE is ignored by Rust).
+    let _ = s.write_all(bytes);
+    let mut input = Vec::new();
+    let mut fds = 0;
+    let closed = loop {
+        let mut buf = [0u8; 4096];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut control = [0u64; 64];
+        // SAFETY: an all-zero msghdr is a valid empty header; it is then pointed at `iov`
+        // (covering `buf`) and `control`, both writable and alive across the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: as above; the socket is open.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            // A socket closed with unread requests in it resets the connection: closed too.
+            let e = std::io::Error::last_os_error();
+            break e.raw_os_error() == Some(libc::ECONNRESET);
+        }
+        // SAFETY: the kernel filled `control` up to msg_controllen; the CMSG macros walk only
+        // headers inside it, and each SCM_RIGHTS header holds fds installed here, closed once.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    let data = libc::CMSG_DATA(c).cast::<i32>();
+                    for i in 0..len / 4 {
+                        libc::close(std::ptr::read_unaligned(data.add(i)));
+                        fds += 1;
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if n == 0 {
+            break true;
+        }
+        input.extend_from_slice(&buf[..n as usize]);
+    };
+    let mut replies = Vec::new();
+    while let Ok(Parsed::Frame(reply, used)) = Reply::decode(&input) {
+        input.drain(..used);
+        replies.push(reply);
+    }
+    Ok(Knock {
+        replies,
+        fds,
+        closed,
+    })
+}
+
+/// A process outside the trust boundary: finds the responder in /proc/net/unix as an attacker
+/// would, then asks for the descriptor every way there is. Prints "got nothing" or panics.
+fn stranger() {
+    let var = |k: &str| std::env::var(k).unwrap();
+    let abstract_name = var("NVFIPC_T_ABSTRACT");
+    let path = PathBuf::from(var("NVFIPC_T_PATH"));
+    let nonce: u64 = var("NVFIPC_T_NONCE").parse().unwrap();
+    let serial: u64 = var("NVFIPC_T_SERIAL").parse().unwrap();
+    let fd: i32 = var("NVFIPC_T_FD").parse().unwrap();
+    let pid: u32 = var("NVFIPC_T_PID").parse().unwrap();
+    let secret = std::env::var("NVFIPC_T_SECRET")
+        .ok()
+        .map(|h| Secret::from_hex(&h).unwrap());
+    // SAFETY: getuid/geteuid take no arguments and cannot fail.
+    let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
+    println!("stranger pid {} uid {uid} euid {euid}", std::process::id());
+
+    // The names are public; the secret is not.
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+    assert!(
+        table.contains(&format!("@{abstract_name}")),
+        "the abstract name is listed in /proc/net/unix"
+    );
+    if let Some(secret) = secret {
+        assert!(!table.contains(&secret.to_hex()));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(&secret.to_hex()));
+    }
+
+    // The registered serial and the small ones, with the right nonce and (for the other uid)
+    // even the right secret.
+    let mut requests = Vec::new();
+    for s in std::iter::once(serial).chain(1..=64) {
+        let req = FetchRequest {
+            nonce,
+            serial: s,
+            rank: 0,
+            pid: std::process::id(),
+            secret: secret.unwrap_or(Secret(0)),
+        };
+        requests.extend_from_slice(&req.encode());
+    }
+    let routes = [
+        (
+            "abstract",
+            SocketAddr::from_abstract_name(&abstract_name).unwrap(),
+        ),
+        ("path", SocketAddr::from_pathname(&path).unwrap()),
+    ];
+    for (what, addr) in &routes {
+        match knock(addr, &requests) {
+            Ok(k) => {
+                assert_eq!(k.fds, 0, "{what}: a descriptor reached a stranger");
+                assert!(k.closed, "{what}: the responder closed the connection");
+                assert!(
+                    matches!(
+                        k.replies.as_slice(),
+                        [Reply::Error {
+                            code: ErrorCode::Denied,
+                            ..
+                        }]
+                    ),
+                    "{what}: one denial and nothing else: {:?}",
+                    k.replies
+                );
+                if let Reply::Error { message, .. } = &k.replies[0] {
+                    if let Some(secret) = secret {
+                        assert!(!message.contains(&secret.to_hex()));
+                    }
+                    println!("{what}: denied: {message}");
+                }
+            }
+            Err(e) => {
+                assert!(
+                    *what == "path" && e.kind() == std::io::ErrorKind::PermissionDenied,
+                    "{what}: {e}"
+                );
+                println!("{what}: cannot connect: {e}");
+            }
+        }
+    }
+
+    // pidfd_getfd of the registered descriptor number: the kernel's ptrace rules decide. A
+    // process of another uid without CAP_SYS_PTRACE is refused; root of this uid is not (root
+    // is inside the boundary anyway), so that case is only tried for another uid.
+    if uid != 0 {
+        // SAFETY: pidfd_open takes a pid and flags by value.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if pidfd >= 0 {
+            // SAFETY: pidfd_getfd takes two descriptor numbers and flags by value.
+            let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd as i32, fd, 0) };
+            let err = std::io::Error::last_os_error();
+            assert!(got < 0, "pidfd_getfd gave a stranger the descriptor");
+            println!("pidfd_getfd: {err}");
+            // SAFETY: `pidfd` is a descriptor this process opened and closes once.
+            unsafe { libc::close(pidfd as i32) };
+        }
+    }
+    println!("got nothing");
+}
+
 /// Registers one descriptor and sleeps until killed.
 fn scenario_hold(r: &Rank) {
     let fp = r.env_fdpass();
@@ -948,6 +1269,9 @@ fn child() {
     let Ok(scenario) = std::env::var(ROLE) else {
         return;
     };
+    if scenario == "stranger" {
+        return stranger();
+    }
     let var = |k: &str| std::env::var(k).unwrap();
     let port: u16 = var("NVFIPC_T_PORT").parse().unwrap();
     let r = Rank {
@@ -965,6 +1289,7 @@ fn child() {
         "pidfd_denied" => scenario_pidfd_denied(&r),
         "hold" => scenario_hold(&r),
         "sigpipe" => scenario_sigpipe(&r),
+        "guarded" => scenario_guarded(&r),
         other => panic!("unknown scenario {other}"),
     }
 }

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `NVFIPC_SOCKET_DIR` | directory of the path sockets; `none` for no path socket | `$XDG_RUNTIME_DIR`, else `/tmp` |
 //! | `NVFIPC_FD_RUNGS` | rungs an importer tries, in order, comma-separated | `abstract,path,pidfd` |
-//! | `NVFIPC_FD_PTRACER` | `any`: under Yama `ptrace_scope=1`, let importers attach (`PR_SET_PTRACER_ANY`) so that the pidfd rung can work; `none`: never | `any` |
+//! | `NVFIPC_FD_PTRACER` | `any`: under Yama `ptrace_scope=1`, let any process of this user attach (`PR_SET_PTRACER_ANY`) so that the pidfd rung can work; `none`: never (Yama cannot name a job's pids, so granting is an explicit choice) | `none` |
 
 use super::diagnose::Rung;
 use crate::error::{Error, Result};
@@ -22,7 +22,8 @@ pub struct FdPassConfig {
     /// Rungs the importer tries, in this order ([`Rung::Fabric`] is ignored here: the VMM
     /// transport tries it).
     pub rungs: Vec<Rung>,
-    /// Under Yama `ptrace_scope=1`, call `PR_SET_PTRACER_ANY` when the responder starts.
+    /// Under Yama `ptrace_scope=1`, call `PR_SET_PTRACER_ANY` when the responder starts (off
+    /// by default: it lets every process of this user attach, not only the job's).
     pub allow_ptracer: bool,
     /// How long an importer keeps retrying to connect to one socket (within its own timeout)
     /// before it moves to the next rung.
@@ -38,7 +39,7 @@ impl Default for FdPassConfig {
         FdPassConfig {
             socket_dir: Some(default_socket_dir()),
             rungs: vec![Rung::Abstract, Rung::Path, Rung::Pidfd],
-            allow_ptracer: true,
+            allow_ptracer: false,
             connect_retry: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(30),
             max_connections: 1024,
@@ -94,8 +95,9 @@ impl FdPassConfig {
                 "none" => false,
                 _ => {
                     return Err(Error::invalid(format!(
-                        "{PTRACER_VAR}={v:?}: use `any` (let importers attach under Yama \
-                         ptrace_scope=1) or `none`"
+                        "{PTRACER_VAR}={v:?}: use `none` (the default) or `any` (under Yama \
+                         ptrace_scope=1, let any process of this user attach, for the pidfd \
+                         rung)"
                     )))
                 }
             };
@@ -131,6 +133,12 @@ mod tests {
         assert_eq!(c.socket_dir, Some(PathBuf::from("/shared/sock")));
         assert_eq!(c.rungs, vec![Rung::Pidfd, Rung::Path]);
         assert!(!c.allow_ptracer);
+        assert!(
+            !FdPassConfig::default().allow_ptracer,
+            "no PR_SET_PTRACER_ANY by default"
+        );
+        let c = FdPassConfig::from_lookup(env(&[(PTRACER_VAR, "any")])).unwrap();
+        assert!(c.allow_ptracer);
         let c = FdPassConfig::from_lookup(env(&[(SOCKET_DIR_VAR, "none")])).unwrap();
         assert_eq!(c.socket_dir, None);
         for (k, v, needle) in [

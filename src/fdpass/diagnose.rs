@@ -149,6 +149,7 @@ impl Gate {
                     Status::Protocol
                 }
                 ErrorCode::Busy | ErrorCode::Internal => Status::Io,
+                ErrorCode::Denied => Status::Unsupported,
             },
             Gate::Broken(_) => Status::Protocol,
             Gate::NotTheObject(_) => Status::NotFound,
@@ -232,8 +233,8 @@ impl PtraceFacts {
             Some(1) if exporter_ptracer != "any" && !cap => why.push(format!(
                 "Yama ptrace_scope=1 admits only ancestors unless the exporter calls \
                  PR_SET_PTRACER, and the exporter's record says ptracer={exporter_ptracer}: \
-                 leave NVFIPC_FD_PTRACER unset (or `any`) in the exporter, or use the socket \
-                 rungs"
+                 use the socket rungs, or set NVFIPC_FD_PTRACER=any in the exporter (it lets \
+                 every process of its user attach, not only the job's)"
             )),
             _ => {}
         }

@@ -6,15 +6,19 @@
 //!
 //! | frame | magic | kind | body |
 //! |---|---|---|---|
-//! | request: fetch | `NVFQ` | 1 | `nonce u64, serial u64, rank u32, pid u32` (24 bytes) |
+//! | request: fetch | `NVFQ` | 1 | `nonce u64, serial u64, rank u32, pid u32, secret [16]` (40 bytes) |
 //! | reply: fd | `NVFR` | 1 | `serial u64, st_dev u64, st_ino u64` (24 bytes); the fd rides as `SCM_RIGHTS` on the header's bytes |
 //! | reply: error | `NVFR` | 2 | `code u16, serial u64, len u16, message[len]` (UTF-8, at most 512 bytes) |
 //!
 //! A request with another magic, version or kind, or a body of the wrong size, is answered with
 //! an error frame (serial 0) and its connection is closed: a byte stream cannot be resynchronised.
+//!
+//! `nonce` names the responder (it is public: part of its socket names); `secret` proves the
+//! requester read the responder's record from the job's store (it appears in no name and no
+//! file); see `responder` for the checks.
 
 /// Frame format version; a change of any layout above bumps it.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts; anything longer is refused before it is read.
 pub const MAX_BODY: usize = 1024;
@@ -26,17 +30,51 @@ const REPLY_MAGIC: [u8; 4] = *b"NVFR";
 const KIND_FETCH: u16 = 1;
 const KIND_FD: u16 = 1;
 const KIND_ERROR: u16 = 2;
-const FETCH_BODY: usize = 24;
+const FETCH_BODY: usize = 40;
 const FD_BODY: usize = 24;
 
+/// A responder's 128-bit secret: random per responder, published only in its store record, and
+/// carried by every request. Its `Debug` never shows the value.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Secret(pub u128);
+
+impl Secret {
+    /// Whether `other` is this secret, comparing every bit (no early exit on the first
+    /// difference).
+    pub fn matches(&self, other: &Secret) -> bool {
+        let diff = self.0 ^ other.0;
+        (diff.to_le_bytes().iter().fold(0u8, |acc, b| acc | b)) == 0
+    }
+
+    /// 32 lower-case hex digits (the record's form).
+    pub fn to_hex(&self) -> String {
+        format!("{:032x}", self.0)
+    }
+
+    /// [`to_hex`](Self::to_hex)'s form; `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Secret> {
+        (text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u128::from_str_radix(text, 16).ok().map(Secret))
+            .flatten()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
 /// An importer's request for the object registered under `serial` at the responder whose
-/// published nonce is `nonce`. `rank` and `pid` say who asks (for the responder's messages).
+/// published nonce is `nonce` and whose secret is `secret`. `rank` and `pid` say who asks (for
+/// the responder's messages; the responder trusts the kernel's `SO_PEERCRED`, not these).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FetchRequest {
     pub nonce: u64,
     pub serial: u64,
     pub rank: u32,
     pub pid: u32,
+    pub secret: Secret,
 }
 
 /// Why a responder refused a request.
@@ -56,6 +94,9 @@ pub enum ErrorCode {
     Busy = 6,
     /// The responder failed to send the descriptor.
     Internal = 7,
+    /// The requester is not a process this responder serves: another uid, or a request without
+    /// the responder's secret (not a process of this job). The connection is closed.
+    Denied = 8,
 }
 
 impl ErrorCode {
@@ -68,6 +109,7 @@ impl ErrorCode {
             5 => ErrorCode::UnsupportedVersion,
             6 => ErrorCode::Busy,
             7 => ErrorCode::Internal,
+            8 => ErrorCode::Denied,
             _ => return None,
         })
     }
@@ -81,6 +123,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedVersion => "unsupported version",
             ErrorCode::Busy => "busy",
             ErrorCode::Internal => "internal error",
+            ErrorCode::Denied => "denied",
         }
     }
 }
@@ -184,6 +227,7 @@ impl FetchRequest {
         out.extend_from_slice(&self.serial.to_le_bytes());
         out.extend_from_slice(&self.rank.to_le_bytes());
         out.extend_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(&self.secret.0.to_le_bytes());
         out
     }
 
@@ -215,6 +259,7 @@ impl FetchRequest {
                 serial: u64_at(b, 8),
                 rank: u32_at(b, 16),
                 pid: u32_at(b, 20),
+                secret: Secret(u128::from_le_bytes(b[24..40].try_into().unwrap())),
             },
             total,
         ))
@@ -320,6 +365,7 @@ mod tests {
         serial: 42,
         rank: 3,
         pid: 4242,
+        secret: Secret(0x0f1e_2d3c_4b5a_6978_8796_a5b4_c3d2_e1f0),
     };
 
     #[test]
@@ -395,6 +441,36 @@ mod tests {
     }
 
     #[test]
+    fn secrets_compare_whole_print_nothing_and_ride_in_every_request() {
+        let a = Secret(u128::MAX - 1);
+        assert!(a.matches(&Secret(u128::MAX - 1)));
+        assert!(!a.matches(&Secret(u128::MAX)));
+        assert!(!a.matches(&Secret(0)));
+        assert_eq!(Secret::from_hex(&a.to_hex()), Some(a));
+        assert_eq!(Secret::from_hex("12"), None);
+        assert_eq!(Secret::from_hex(&"g".repeat(32)), None);
+        assert_eq!(Secret::from_hex(&"+1".repeat(16)), None);
+        assert_eq!(format!("{a:?}"), "Secret(..)");
+        assert!(!format!("{REQ:?}").contains("f1e2d3c"), "{REQ:?}");
+        // Another secret is another request.
+        let other = FetchRequest {
+            secret: Secret(1),
+            ..REQ
+        };
+        let Ok(Parsed::Frame(got, _)) = FetchRequest::decode(&other.encode()) else {
+            panic!("no request");
+        };
+        assert!(got.secret.matches(&Secret(1)) && !got.secret.matches(&REQ.secret));
+        // Version 1 requests (no secret) are refused as another version.
+        let mut v1 = REQ.encode();
+        v1[4] = 1;
+        assert_eq!(
+            FetchRequest::decode(&v1).unwrap_err().code,
+            ErrorCode::UnsupportedVersion
+        );
+    }
+
+    #[test]
     fn replies_round_trip() {
         let fd = Reply::Fd {
             serial: 7,
@@ -411,6 +487,7 @@ mod tests {
             ErrorCode::UnsupportedVersion,
             ErrorCode::Busy,
             ErrorCode::Internal,
+            ErrorCode::Denied,
         ] {
             let e = Reply::Error {
                 code,

@@ -10,15 +10,19 @@
 //!    share a kernel and a network namespace; `SCM_RIGHTS`, no ptrace rights needed.
 //! 2. **path**: the same responder on `<NVFIPC_SOCKET_DIR>/nvfipc-<job>-<rank>-<pid>p<pidns>-
 //!    <nonce>.sock`, for peers in another network namespace that see the same directory.
-//! 3. **pidfd**: `pidfd_open` + `pidfd_getfd` (same kernel and pid namespace; ptrace rights,
-//!    which the exporter grants under Yama `ptrace_scope=1` with `PR_SET_PTRACER_ANY` unless
-//!    `NVFIPC_FD_PTRACER=none`).
+//! 3. **pidfd**: `pidfd_open` + `pidfd_getfd` (same kernel and pid namespace; ptrace rights:
+//!    under Yama `ptrace_scope=1` only when the exporter opted in with `NVFIPC_FD_PTRACER=any`,
+//!    since Yama can name one pid or any process, never a job's pids).
 //! 4. **fabric**: not an fd; the VMM transport tries it and adds its outcome to the
 //!    [`Diagnosis`] from [`FdPass::fetch_diagnosed`].
 //!
 //! When every rung fails the error names each rung's gate (other host, network or PID
 //! namespace, socket directory not shared, seccomp/capability/Yama EPERM, ...) and what to
 //! change.
+//!
+//! The responder serves only processes of its uid that present its secret, which travels only
+//! in its store record (see `responder` and PROTOCOL.md section 7, "Trust boundary"); serials
+//! are unguessable; the socket file lives in a directory only its owner can enter.
 //!
 //! The responder starts at the first `register` (or [`FdPass::start`]), once per process, job
 //! and rank ([`FdPass::for_job`] hands out the one instance), and publishes
@@ -47,7 +51,7 @@ pub use registry::FdId;
 use crate::error::{Error, Result};
 use crate::store::Store;
 use crate::sync::lock;
-use frame::FetchRequest;
+use frame::{FetchRequest, Secret};
 use naming::Route;
 use once_cell::sync::Lazy;
 use registry::Registry;
@@ -67,16 +71,21 @@ pub fn record_key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/fdpass/{rank}")
 }
 
-/// A random nonce from the kernel's generator.
-fn random_nonce() -> Result<u64> {
-    let mut b = [0u8; 8];
+/// A random nonce (public: it names the responder) and secret (private: it admits requests)
+/// from the kernel's generator.
+fn random_nonce_and_secret() -> Result<(u64, Secret)> {
+    let mut b = [0u8; 24];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))
         .map_err(|e| Error::from_io("fd transport: reading /dev/urandom for a nonce", &e))?;
-    Ok(u64::from_le_bytes(b).max(1))
+    let nonce = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    let secret = u128::from_le_bytes(b[8..].try_into().expect("16 bytes"));
+    Ok((nonce.max(1), Secret(secret)))
 }
 
-/// Under Yama `ptrace_scope=1`, lets importers attach (for the pidfd rung) when allowed.
+/// Under Yama `ptrace_scope=1`, lets importers attach (for the pidfd rung) when the
+/// configuration opted in (`NVFIPC_FD_PTRACER=any`): Yama's `PR_SET_PTRACER` names one pid or
+/// any process of this user, never the several pids of a job, so the default grants nothing.
 fn set_ptracer(allow: bool) -> PtracerState {
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
         .ok()
@@ -177,18 +186,22 @@ impl FdPass {
             return Ok(r.record.clone());
         }
         let who = self.who();
-        let nonce = random_nonce()?;
+        let (nonce, secret) = random_nonce_and_secret()?;
         let abstract_name = naming::abstract_name(&self.job, self.rank, nonce);
         let path = match &self.config.socket_dir {
             None => Err("no socket directory (NVFIPC_SOCKET_DIR=none)".to_string()),
             Some(dir) => {
-                naming::reclaim_dead_sockets(dir, self.local.pid_ns);
-                naming::socket_path(dir, &self.job, self.rank, &self.local, nonce)
+                let uid = sys::effective_uid();
+                naming::private_socket_dir(dir, uid).and_then(|dir| {
+                    naming::reclaim_dead_sockets(&dir, self.local.pid_ns, uid);
+                    naming::socket_path(&dir, &self.job, self.rank, &self.local, nonce)
+                })
             }
         };
         let (responder, path) = Responder::start(
             self.registry.clone(),
             nonce,
+            secret,
             &abstract_name,
             path,
             &self.config,
@@ -197,6 +210,7 @@ impl FdPass {
         let record = PeerRecord {
             who: self.local.clone(),
             nonce,
+            secret,
             abstract_name,
             path,
             ptracer: set_ptracer(self.config.allow_ptracer),
@@ -259,6 +273,13 @@ impl FdPass {
             s.refused.load(Relaxed),
             s.malformed.load(Relaxed),
         ))
+    }
+
+    /// Connections and requests this process's responder denied (another uid, or no secret).
+    pub fn responder_denied(&self) -> Option<u64> {
+        let running = lock(&self.running);
+        let s: &ResponderStats = running.as_ref()?.responder.stats();
+        Some(s.denied.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Whether the responder thread runs.
@@ -389,6 +410,7 @@ impl FdPass {
             serial: 0,
             rank: u32::try_from(self.rank).unwrap_or(u32::MAX),
             pid: self.local.pid,
+            secret: record.secret,
         };
         // Socket rungs in the configured order.
         let mut socket_order: Vec<Route> = Vec::new();

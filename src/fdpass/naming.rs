@@ -7,21 +7,25 @@
 //!   exists only inside one network namespace;
 //! - a path `<dir>/nvfipc-<job>-<rank>-<pid>p<pidns>-<nonce>.sock` in the socket directory
 //!   (`NVFIPC_SOCKET_DIR`, else `$XDG_RUNTIME_DIR`, else `/tmp`): reachable from any network
-//!   namespace whose processes see the same directory (a shared mount).
+//!   namespace whose processes see the same directory (a shared mount). The file goes into a
+//!   directory only its owner can enter: the socket directory itself when it is one (owned by
+//!   this uid, no group or other permissions, as `$XDG_RUNTIME_DIR` is), else its subdirectory
+//!   `nvfipc-<uid>`, created `0700` (see [`private_socket_dir`]).
 //!
 //! The importer reads the peer's [`PeerRecord`] and tries the abstract name only when both share
 //! a kernel and a network namespace, then the path.
 
 use super::diagnose::{Gate, Rung};
+use super::frame::Secret;
 use crate::node::{process_alive, NodeIdentity};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// `sun_path` holds 108 bytes; a path name needs its NUL, an abstract name its leading NUL.
 pub const MAX_SOCKET_NAME: usize = 107;
 /// Job names longer than this are shortened (prefix + hash) inside socket names.
 const MAX_JOB_IN_NAME: usize = 32;
-const RECORD_TAG: &str = "fdpass1";
+const RECORD_TAG: &str = "fdpass2";
 
 /// What decides which of a peer's sockets and rungs can work from here.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,13 +59,16 @@ impl LocalIdentity {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerRecord {
     pub who: LocalIdentity,
-    /// Random per responder; every request must carry it.
+    /// Random per responder; every request must carry it. Public: part of the socket names.
     pub nonce: u64,
+    /// Random per responder; every request must carry it. Secret: only in this record.
+    pub secret: Secret,
     /// The abstract name without its leading NUL.
     pub abstract_name: String,
     /// The path socket, or why there is none (the directory could not be used).
     pub path: Result<PathBuf, String>,
-    /// Whether the exporter let any process of its user attach (Yama `PR_SET_PTRACER`).
+    /// Whether the exporter let any process of its user attach (Yama `PR_SET_PTRACER`, only
+    /// with `NVFIPC_FD_PTRACER=any`).
     pub ptracer: PtracerState,
 }
 
@@ -70,9 +77,9 @@ pub struct PeerRecord {
 pub enum PtracerState {
     /// No Yama, or `ptrace_scope=0`: nothing to do.
     NotNeeded,
-    /// `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)` done.
+    /// `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)` done (`NVFIPC_FD_PTRACER=any`).
     Any,
-    /// Yama needs it but configuration said no (`NVFIPC_FD_PTRACER=none`).
+    /// Yama needs it and it was not granted (the default: `NVFIPC_FD_PTRACER` is not `any`).
     Refused,
     /// Yama needs it but the call failed.
     Failed,
@@ -118,13 +125,14 @@ impl PeerRecord {
             Err(e) => (String::new(), e.clone()),
         };
         format!(
-            "{RECORD_TAG};pid={};boot={};netns={};pidns={};nonce={:016x};abstract={};path={};\
-             path_error={};ptracer={}",
+            "{RECORD_TAG};pid={};boot={};netns={};pidns={};nonce={:016x};secret={};abstract={};\
+             path={};path_error={};ptracer={}",
             self.who.pid,
             escape(&self.who.boot_id),
             self.who.net_ns,
             self.who.pid_ns,
             self.nonce,
+            self.secret.to_hex(),
             escape(&self.abstract_name),
             escape(&path),
             escape(&path_error),
@@ -139,6 +147,7 @@ impl PeerRecord {
             return None;
         }
         let (mut pid, mut boot, mut net, mut pidns, mut nonce) = (None, None, None, None, None);
+        let mut secret = None;
         let (mut abs, mut path, mut path_error, mut ptracer) = (None, None, None, None);
         for field in fields {
             let (k, v) = field.split_once('=')?;
@@ -148,6 +157,7 @@ impl PeerRecord {
                 "netns" => net = Some(v.parse().ok()?),
                 "pidns" => pidns = Some(v.parse().ok()?),
                 "nonce" => nonce = Some(u64::from_str_radix(v, 16).ok()?),
+                "secret" => secret = Some(Secret::from_hex(v)?),
                 "abstract" => abs = Some(unescape(v)),
                 "path" => path = Some(unescape(v)),
                 "path_error" => path_error = Some(unescape(v)),
@@ -165,6 +175,7 @@ impl PeerRecord {
                 pid_ns: pidns?,
             },
             nonce: nonce?,
+            secret: secret?,
             abstract_name: abs?,
             path: if path.is_empty() {
                 Err(if path_error.is_empty() {
@@ -243,9 +254,97 @@ fn owner_of(file_name: &str) -> Option<(u32, u64)> {
     Some((pid.parse().ok()?, pidns.parse().ok()?))
 }
 
+/// The directory that holds this process's socket file, given the configured socket directory
+/// `dir`: `dir` itself when only `uid` can enter it (owned by `uid`, no group or other
+/// permissions), else `dir/nvfipc-<uid>`, created `0700` (a missing `dir` is created `0700`
+/// and used). A subdirectory that is not a real directory of `uid` (a symlink, a file, a
+/// directory of another user planted in a shared `/tmp`) is refused, never used or removed;
+/// one of `uid` with wider permissions is narrowed to `0700`. `Err` says why there is none,
+/// for the published record.
+pub fn private_socket_dir(dir: &Path, uid: u32) -> Result<PathBuf, String> {
+    let private = |m: &std::fs::Metadata| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0;
+    // The configured directory is followed if it is a symlink: whoever set it chose it.
+    match std::fs::metadata(dir) {
+        Ok(m) if private(&m) => return Ok(dir.to_path_buf()),
+        Ok(m) if !m.is_dir() => {
+            return Err(format!(
+                "the socket directory {} is not a directory: set NVFIPC_SOCKET_DIR to one",
+                dir.display()
+            ))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| {
+                    format!(
+                        "the socket directory {} cannot be created ({e}): set \
+                         NVFIPC_SOCKET_DIR to a writable directory",
+                        dir.display()
+                    )
+                })
+                .and_then(|()| private_socket_dir_checked(dir, uid));
+        }
+        Err(e) => {
+            return Err(format!(
+                "the socket directory {} cannot be used ({e}): set NVFIPC_SOCKET_DIR to a \
+                 directory of this user",
+                dir.display()
+            ))
+        }
+    }
+    let sub = dir.join(format!("nvfipc-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&sub) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(format!(
+                "the socket directory {} cannot be created ({e}): set NVFIPC_SOCKET_DIR to a \
+                 writable directory",
+                sub.display()
+            ))
+        }
+    }
+    private_socket_dir_checked(&sub, uid)
+}
+
+/// `dir` (not followed if a symlink) when it is a directory of `uid`, narrowed to `0700`.
+fn private_socket_dir_checked(dir: &Path, uid: u32) -> Result<PathBuf, String> {
+    let m = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("the socket directory {}: {e}", dir.display()))?;
+    if !m.file_type().is_dir() {
+        return Err(format!(
+            "{} is not a directory (a symlink or a file someone else put there): it is not \
+             used; remove it, or set NVFIPC_SOCKET_DIR to a directory of this user",
+            dir.display()
+        ));
+    }
+    if m.uid() != uid {
+        return Err(format!(
+            "the socket directory {} belongs to uid {}, not to this process's uid {uid}: it is \
+             not used; remove it, or set NVFIPC_SOCKET_DIR to a directory of this user",
+            dir.display(),
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+            format!(
+                "the socket directory {} is open to other users and cannot be made 0700 \
+                 ({e}): set NVFIPC_SOCKET_DIR to a directory of this user",
+                dir.display()
+            )
+        })?;
+    }
+    Ok(dir.to_path_buf())
+}
+
 /// Removes the sockets in `dir` left by processes of this pid namespace that no longer exist
-/// (killed before their exit handler ran). Returns how many were removed.
-pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64) -> usize {
+/// (killed before their exit handler ran): only sockets (not followed if symlinks) whose owner
+/// is `uid`, named as [`socket_path`] names them. Returns how many were removed.
+pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64, uid: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -255,7 +354,12 @@ pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64) -> usize {
         let Some((pid, ns)) = owner_of(&name.to_string_lossy()) else {
             continue;
         };
-        if ns == pid_ns && pid_ns != 0 && !process_alive(pid) {
+        if ns != pid_ns || pid_ns == 0 || process_alive(pid) {
+            continue;
+        }
+        let ours = std::fs::symlink_metadata(entry.path())
+            .is_ok_and(|m| m.file_type().is_socket() && m.uid() == uid);
+        if ours {
             removed += usize::from(std::fs::remove_file(entry.path()).is_ok());
         }
     }
@@ -361,6 +465,7 @@ mod tests {
     fn record(who: LocalIdentity) -> PeerRecord {
         PeerRecord {
             nonce: 0xfeed,
+            secret: Secret(0x1234_5678_9abc_def0_0fed_cba9_8765_4321),
             abstract_name: abstract_name("job;1", 2, 0xfeed),
             path: socket_path(Path::new("/tmp"), "job;1", 2, &who, 0xfeed),
             who,
@@ -377,7 +482,27 @@ mod tests {
         r.who.boot_id = "a;b=c%d".into();
         r.path = Err("cannot create /x;y: Permission denied (os error 13)".into());
         r.ptracer = PtracerState::Refused;
-        assert_eq!(PeerRecord::decode(&r.encode()), Some(r));
+        assert_eq!(PeerRecord::decode(&r.encode()), Some(r.clone()));
+        let text = r.encode();
+        assert!(
+            text.contains("secret=123456789abcdef00fedcba987654321"),
+            "{text}"
+        );
+        assert!(
+            !format!("{r:?}").contains("123456789abcdef"),
+            "Debug hides the secret"
+        );
+        // A record without its secret (an older version's) is not one of this version.
+        let without: String = text
+            .split(';')
+            .filter(|f| !f.starts_with("secret="))
+            .collect::<Vec<_>>()
+            .join(";");
+        assert_eq!(PeerRecord::decode(&without), None);
+        assert_eq!(
+            PeerRecord::decode(&text.replace("fdpass2", "fdpass1")),
+            None
+        );
         assert_eq!(PeerRecord::decode("fdpass2;pid=1"), None);
         assert_eq!(PeerRecord::decode("fdpass1;pid=x"), None);
         assert_eq!(PeerRecord::decode("fdpass1;pid=1"), None);
@@ -462,15 +587,33 @@ mod tests {
         assert_eq!(out[1].2, Gate::NoPath("no directory".into()));
     }
 
-    #[test]
-    fn dead_owners_sockets_are_reclaimed_live_ones_kept() {
-        let dir = std::env::temp_dir().join(format!("nvfipc-naming-{}", std::process::id()));
+    /// A socket file at `path`, left behind as a killed process leaves it.
+    fn leftover_socket(path: &Path) {
+        drop(std::os::unix::net::UnixListener::bind(path).unwrap());
+        assert!(std::fs::symlink_metadata(path)
+            .unwrap()
+            .file_type()
+            .is_socket());
+    }
+
+    fn temp_dir(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("nvfipc-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    const NOBODY: u32 = 65534;
+
+    #[test]
+    fn dead_owners_sockets_are_reclaimed_live_ones_and_others_files_kept() {
+        let dir = temp_dir("naming");
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
         let ns = me().pid_ns;
         let live = LocalIdentity::current();
+        let uid = super::super::sys::effective_uid();
         let dead_id = LocalIdentity {
             pid: dead,
             ..live.clone()
@@ -489,14 +632,106 @@ mod tests {
             1,
         )
         .unwrap();
-        for p in [&dead_path, &live_path, &other_ns] {
-            std::fs::write(p, b"").unwrap();
+        // Named like a dead process's socket, but a regular file, a symlink, or (when this runs
+        // as root, as in CI) another user's socket: none of them is ours to remove.
+        let plain = socket_path(&dir, "j", 3, &dead_id, 1).unwrap();
+        let link = socket_path(&dir, "j", 4, &dead_id, 1).unwrap();
+        let theirs = socket_path(&dir, "j", 5, &dead_id, 1).unwrap();
+        for p in [&dead_path, &live_path, &other_ns, &theirs] {
+            leftover_socket(p);
         }
-        let removed = reclaim_dead_sockets(&dir, live.pid_ns);
+        std::fs::write(&plain, b"").unwrap();
+        std::os::unix::fs::symlink(&dead_path, &link).unwrap();
+        let chowned = uid == 0 && std::os::unix::fs::chown(&theirs, Some(NOBODY), None).is_ok();
+        let removed = reclaim_dead_sockets(&dir, live.pid_ns, uid);
         let other_ns_kept = live.pid_ns != ns;
-        assert_eq!(removed, 1 + usize::from(!other_ns_kept));
+        assert_eq!(
+            removed,
+            1 + usize::from(!other_ns_kept) + usize::from(!chowned)
+        );
         assert!(!dead_path.exists() && live_path.exists());
         assert_eq!(other_ns.exists(), other_ns_kept);
+        assert!(plain.exists(), "a regular file is not a socket");
+        assert!(link.symlink_metadata().is_ok(), "a symlink is not followed");
+        if chowned {
+            assert!(theirs.exists(), "another uid's socket is kept");
+        } else {
+            println!("(not root: the other-uid case is not checked)");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn socket_files_go_where_only_their_owner_can_enter() {
+        let uid = super::super::sys::effective_uid();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+
+        // A private directory (as $XDG_RUNTIME_DIR is) is used as it is.
+        let own = temp_dir("private");
+        set(&own, 0o700);
+        assert_eq!(private_socket_dir(&own, uid).unwrap(), own);
+
+        // A shared one (as /tmp is) gets a subdirectory of this uid, 0700.
+        let shared = temp_dir("shared");
+        set(&shared, 0o1777);
+        let sub = private_socket_dir(&shared, uid).unwrap();
+        assert_eq!(sub, shared.join(format!("nvfipc-{uid}")));
+        assert_eq!(mode(&sub), 0o700);
+        // Found again; narrowed back to 0700 if someone widened it.
+        set(&sub, 0o755);
+        assert_eq!(private_socket_dir(&shared, uid).unwrap(), sub);
+        assert_eq!(mode(&sub), 0o700);
+
+        // A missing directory is created 0700 and used.
+        let missing = own.join("a/b");
+        assert_eq!(private_socket_dir(&missing, uid).unwrap(), missing);
+        assert_eq!(mode(&missing), 0o700);
+
+        // Planted by someone else in the shared directory: a symlink, a file, a directory of
+        // another uid. None is used, none is removed.
+        std::fs::remove_dir(&sub).unwrap();
+        std::os::unix::fs::symlink(&own, &sub).unwrap();
+        let e = private_socket_dir(&shared, uid).unwrap_err();
+        assert!(
+            e.contains("not a directory") && e.contains("NVFIPC_SOCKET_DIR"),
+            "{e}"
+        );
+        assert!(sub.symlink_metadata().unwrap().file_type().is_symlink());
+        std::fs::remove_file(&sub).unwrap();
+        std::fs::write(&sub, b"").unwrap();
+        assert!(private_socket_dir(&shared, uid).is_err());
+        std::fs::remove_file(&sub).unwrap();
+        if uid == 0 {
+            std::fs::create_dir(&sub).unwrap();
+            set(&sub, 0o777);
+            std::os::unix::fs::chown(&sub, Some(NOBODY), Some(NOBODY)).unwrap();
+            let e = private_socket_dir(&shared, uid).unwrap_err();
+            assert!(e.contains("belongs to uid 65534"), "{e}");
+            assert_eq!(mode(&sub), 0o777, "not touched");
+        }
+        // What it refuses becomes the record's path error; the socket name there stays short.
+        let e = private_socket_dir(&own.join("f"), uid);
+        assert!(e.is_ok());
+        std::fs::write(own.join("file"), b"").unwrap();
+        let e = private_socket_dir(&own.join("file"), uid).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+        let long_job = "j".repeat(200);
+        let p = socket_path(
+            &PathBuf::from("/tmp/nvfipc-4294967294"),
+            &long_job,
+            99_999,
+            &LocalIdentity {
+                pid: 4_194_304,
+                pid_ns: u64::from(u32::MAX),
+                ..me()
+            },
+            u64::MAX,
+        );
+        assert!(p.is_ok(), "{p:?}");
+        let _ = std::fs::remove_dir_all(&own);
+        let _ = std::fs::remove_dir_all(&shared);
     }
 }

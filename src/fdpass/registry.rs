@@ -4,7 +4,9 @@ use super::frame::ErrorCode;
 use super::sys;
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
@@ -57,19 +59,63 @@ impl std::fmt::Display for FdId {
     }
 }
 
-#[derive(Default)]
+/// Turns the registry's counter (1, 2, 3, ...) into serials that look random and back: a
+/// 4-round Feistel network over the two 32-bit halves, whose round function is SipHash under
+/// keys drawn at random per registry (std's `RandomState`). A bijection, so each counter has one
+/// serial and a serial tells which counter (if any) it came from, without a table of every
+/// serial ever issued; without the keys, a serial is as hard to guess as a random 64-bit number.
+struct SerialKeys(RandomState);
+
+impl SerialKeys {
+    const ROUNDS: u8 = 4;
+
+    fn round(&self, round: u8, half: u32) -> u32 {
+        self.0.hash_one((round, half)) as u32
+    }
+
+    fn serial_of(&self, counter: u64) -> u64 {
+        let (mut l, mut r) = ((counter >> 32) as u32, counter as u32);
+        for i in 0..Self::ROUNDS {
+            (l, r) = (r, l ^ self.round(i, r));
+        }
+        (u64::from(l) << 32) | u64::from(r)
+    }
+
+    fn counter_of(&self, serial: u64) -> u64 {
+        let (mut l, mut r) = ((serial >> 32) as u32, serial as u32);
+        for i in (0..Self::ROUNDS).rev() {
+            (l, r) = (r ^ self.round(i, l), l);
+        }
+        (u64::from(l) << 32) | u64::from(r)
+    }
+}
+
 struct Table {
-    /// Serials handed out so far are `1..next`.
+    /// Counters handed out so far are `1..next`; serials are their images under `keys`.
     next: u64,
+    keys: SerialKeys,
+    /// Registered descriptors by counter.
     entries: HashMap<u64, Arc<OwnedFd>>,
 }
 
 /// Registered descriptors, shared by the owner (register/unregister) and the responder thread
 /// (lookup). A lookup hands out a reference, so an unregister during a send closes the
-/// descriptor only once the send is done.
-#[derive(Default)]
+/// descriptor only once the send is done. Serials are unguessable (see [`SerialKeys`]): knowing
+/// one, or the order of registration, says nothing of the others.
 pub struct Registry {
     table: Mutex<Table>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            table: Mutex::new(Table {
+                next: 1,
+                keys: SerialKeys(RandomState::new()),
+                entries: HashMap::new(),
+            }),
+        }
+    }
 }
 
 impl Registry {
@@ -83,10 +129,16 @@ impl Registry {
         })?;
         let raw = fd.as_raw_fd();
         let mut t = lock(&self.table);
-        t.next = t.next.max(1);
-        let serial = t.next;
-        t.next += 1;
-        t.entries.insert(serial, Arc::new(fd));
+        // Serial 0 means "none" on the wire: the one counter that maps to it is skipped.
+        let (counter, serial) = loop {
+            let counter = t.next;
+            t.next += 1;
+            let serial = t.keys.serial_of(counter);
+            if serial != 0 {
+                break (counter, serial);
+            }
+        };
+        t.entries.insert(counter, Arc::new(fd));
         Ok(FdId {
             serial,
             fd: raw,
@@ -98,15 +150,24 @@ impl Registry {
     /// Closes the descriptor of `id` (once no send holds it); later requests get "revoked".
     /// False when it was not registered.
     pub fn unregister(&self, id: &FdId) -> bool {
-        lock(&self.table).entries.remove(&id.serial).is_some()
+        let mut t = lock(&self.table);
+        if id.serial == 0 {
+            return false;
+        }
+        let counter = t.keys.counter_of(id.serial);
+        t.entries.remove(&counter).is_some()
     }
 
     /// The descriptor registered as `serial`, or why there is none.
     pub fn lookup(&self, serial: u64) -> std::result::Result<Arc<OwnedFd>, ErrorCode> {
         let t = lock(&self.table);
-        match t.entries.get(&serial) {
+        if serial == 0 {
+            return Err(ErrorCode::UnknownId);
+        }
+        let counter = t.keys.counter_of(serial);
+        match t.entries.get(&counter) {
             Some(fd) => Ok(fd.clone()),
-            None if serial != 0 && serial < t.next => Err(ErrorCode::Revoked),
+            None if counter != 0 && counter < t.next => Err(ErrorCode::Revoked),
             None => Err(ErrorCode::UnknownId),
         }
     }
@@ -129,20 +190,66 @@ mod tests {
         let reg = Registry::default();
         let fd = crate::os::memfd::create("registry-test").unwrap();
         let id = reg.register(fd).unwrap();
-        assert_eq!(id.serial, 1);
+        assert_ne!(id.serial, 0);
         assert_eq!(FdId::decode(&id.encode()), Some(id));
         assert_eq!(FdId::decode(&id.encode()[..31]), None);
         let mut bad = id.encode();
         bad[0] = b'X';
         assert_eq!(FdId::decode(&bad), None);
-        let held = reg.lookup(1).unwrap();
+        let held = reg.lookup(id.serial).unwrap();
         assert!(reg.unregister(&id));
         assert!(!reg.unregister(&id));
-        assert_eq!(reg.lookup(1).unwrap_err(), ErrorCode::Revoked);
-        assert_eq!(reg.lookup(2).unwrap_err(), ErrorCode::UnknownId);
+        assert_eq!(reg.lookup(id.serial).unwrap_err(), ErrorCode::Revoked);
+        assert_eq!(
+            reg.lookup(id.serial.wrapping_add(1)).unwrap_err(),
+            ErrorCode::UnknownId
+        );
         assert_eq!(reg.lookup(0).unwrap_err(), ErrorCode::UnknownId);
         // The descriptor stays open while a lookup holds it.
         assert_eq!(sys::file_identity(held.as_fd()).unwrap(), (id.dev, id.ino));
         assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn serials_are_not_guessable_from_small_numbers_or_from_each_other() {
+        let reg = Registry::default();
+        let ids: Vec<FdId> = (0..64)
+            .map(|i| {
+                reg.register(crate::os::memfd::create(&format!("serial-{i}")).unwrap())
+                    .unwrap()
+            })
+            .collect();
+        // What an outsider tried: the small numbers, and neighbours of a serial it saw.
+        for guess in 0..=1024u64 {
+            assert_eq!(
+                reg.lookup(guess).unwrap_err(),
+                ErrorCode::UnknownId,
+                "{guess}"
+            );
+        }
+        let serials: std::collections::HashSet<u64> = ids.iter().map(|id| id.serial).collect();
+        assert_eq!(serials.len(), ids.len(), "distinct");
+        for pair in ids.windows(2) {
+            let (a, b) = (pair[0].serial, pair[1].serial);
+            assert!(a.abs_diff(b) > 1 << 20, "{a:#x} then {b:#x}");
+        }
+        // Spread over the whole range: the top bits vary.
+        let tops: std::collections::HashSet<u64> = ids.iter().map(|id| id.serial >> 60).collect();
+        assert!(tops.len() > 4, "{tops:?}");
+        // Another registry (another process) gives other serials.
+        let other = Registry::default();
+        let first = other
+            .register(crate::os::memfd::create("serial-other").unwrap())
+            .unwrap();
+        assert_ne!(first.serial, ids[0].serial);
+        assert!(other.lookup(ids[0].serial).is_err());
+        for id in &ids {
+            assert!(reg.lookup(id.serial).is_ok());
+        }
+        // The permutation inverts exactly.
+        let t = lock(&reg.table);
+        for c in [1u64, 2, 3, u64::MAX, 1 << 40] {
+            assert_eq!(t.keys.counter_of(t.keys.serial_of(c)), c);
+        }
     }
 }

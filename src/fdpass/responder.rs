@@ -10,13 +10,24 @@
 //! A connection silent for `idle_timeout` is closed, connections beyond `max_connections` get a
 //! "busy" frame, and a peer that stops reading stops being read (its replies wait).
 //!
+//! **Who is served** (the trust boundary, PROTOCOL.md section 7): a process of this job under
+//! this uid. Every accepted connection's `SO_PEERCRED` is read; a peer whose effective uid is not
+//! this process's (root included, unless this process runs as root) gets a "denied" frame and
+//! the connection is closed before any request is read. Every request must carry the
+//! responder's secret, which only its store record holds (never a socket name, `/proc` or a
+//! file); a request without it gets "denied" and its connection is closed. Both refusals are
+//! logged (rate-limited) and counted; the responder goes on serving everyone else. The checks
+//! are local: an integer compare at accept and a 128-bit compare per request, no store round
+//! trip.
+//!
 //! Dropping the [`Responder`] wakes the loop, joins the thread and removes the socket file.
 
 use super::config::FdPassConfig;
-use super::frame::{ErrorCode, FetchRequest, Parsed, Reply};
+use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
 use super::sys;
 use crate::error::{Error, Result};
+use crate::logging;
 use mio::net::{UnixListener, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::{HashMap, VecDeque};
@@ -38,6 +49,9 @@ const FIRST_CONN: usize = 3;
 const MAX_INPUT: usize = 64 * 1024;
 /// Replies queued per connection before its input stops being read.
 const MAX_QUEUED: usize = 256;
+/// Refusals logged per window; the rest are counted and summed up in the next window's line.
+const LOGGED_REFUSALS: u32 = 5;
+const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
 
 /// What a responder has done so far (for tests and diagnostics).
 #[derive(Default, Debug)]
@@ -46,6 +60,8 @@ pub struct ResponderStats {
     pub fds_sent: AtomicU64,
     pub refused: AtomicU64,
     pub malformed: AtomicU64,
+    /// Connections and requests denied: another uid, or no secret (not of this job).
+    pub denied: AtomicU64,
 }
 
 /// A running responder; stopped and cleaned up on drop.
@@ -64,25 +80,26 @@ fn listen(addr: &SocketAddr) -> io::Result<UnixListener> {
     Ok(UnixListener::from_std(l))
 }
 
-/// Binds the socket file at `path` (its directory created when missing, a leftover file of the
-/// same name replaced); `Err` says why it could not be, for the published record.
-fn listen_path(path: &Path) -> std::result::Result<UnixListener, String> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    if let Err(e) = std::fs::create_dir_all(dir) {
-        return Err(format!(
-            "the socket directory {} cannot be created ({e}): set NVFIPC_SOCKET_DIR to a \
-             writable directory",
-            dir.display()
-        ));
+/// Binds the socket file at `path`, whose directory `naming::private_socket_dir` prepared (a
+/// leftover socket of the same name replaced only when this uid owns it), and makes it `0600`;
+/// `Err` says why it could not be, for the published record.
+fn listen_path(path: &Path, uid: u32) -> std::result::Result<UnixListener, String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.file_type().is_socket() && m.uid() == uid {
+            let _ = std::fs::remove_file(path);
+        }
     }
-    let _ = std::fs::remove_file(path);
     let addr = SocketAddr::from_pathname(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    listen(&addr).map_err(|e| {
+    let listener = listen(&addr).map_err(|e| {
         format!(
             "cannot listen on {} ({e}): set NVFIPC_SOCKET_DIR to a writable directory",
             path.display()
         )
-    })
+    })?;
+    // The directory already keeps others out; the file's own mode says the same.
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    Ok(listener)
 }
 
 impl Responder {
@@ -91,6 +108,7 @@ impl Responder {
     pub fn start(
         registry: Arc<Registry>,
         nonce: u64,
+        secret: Secret,
         abstract_name: &str,
         path: std::result::Result<PathBuf, String>,
         config: &FdPassConfig,
@@ -106,9 +124,10 @@ impl Responder {
                 &e,
             )
         })?;
+        let uid = sys::effective_uid();
         let mut file = None;
         let path = path.and_then(|p| {
-            let l = listen_path(&p)?;
+            let l = listen_path(&p, uid)?;
             sys::remove_at_exit(&p);
             file = Some(l);
             Ok(p)
@@ -132,7 +151,13 @@ impl Responder {
             conns: HashMap::new(),
             next_token: FIRST_CONN,
             registry,
-            nonce,
+            guard: Guard {
+                nonce,
+                secret,
+                uid,
+                who: who.to_string(),
+                log: RefusalLog::default(),
+            },
             idle: config.idle_timeout,
             max_connections: config.max_connections.max(1),
             stop: stop.clone(),
@@ -178,6 +203,8 @@ impl Drop for Responder {
 
 struct Conn {
     stream: UnixStream,
+    /// Who connected, as the kernel says (`SO_PEERCRED`).
+    peer: sys::PeerCred,
     input: Vec<u8>,
     /// Replies not yet fully written: bytes, bytes written, the fd for the first byte.
     output: VecDeque<(Vec<u8>, usize, Option<Arc<OwnedFd>>)>,
@@ -192,7 +219,7 @@ struct Loop {
     conns: HashMap<Token, Conn>,
     next_token: usize,
     registry: Arc<Registry>,
-    nonce: u64,
+    guard: Guard,
     idle: Duration,
     max_connections: usize,
     stop: Arc<AtomicBool>,
@@ -268,6 +295,30 @@ impl Loop {
                 Err(_) => return,
             };
             self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+            let peer = match sys::peer_credentials(stream.as_fd()) {
+                Ok(peer) if peer.uid == self.guard.uid => peer,
+                seen => {
+                    let why = match seen {
+                        Ok(peer) => format!(
+                            "pid {} runs as uid {}; this responder serves only processes of \
+                             its own uid {} (run every rank of a job as one user)",
+                            peer.pid, peer.uid, self.guard.uid
+                        ),
+                        Err(e) => format!("the peer's credentials cannot be read ({e})"),
+                    };
+                    let denied = Reply::Error {
+                        code: ErrorCode::Denied,
+                        serial: 0,
+                        message: why.clone(),
+                    };
+                    let _ = sys::send_with_fd(stream.as_fd(), &denied.encode(), None);
+                    self.stats.denied.fetch_add(1, Ordering::Relaxed);
+                    self.guard
+                        .log
+                        .refused(&self.guard.who, &format!("connection: {why}"));
+                    continue;
+                }
+            };
             if self.conns.len() >= self.max_connections {
                 let busy = Reply::Error {
                     code: ErrorCode::Busy,
@@ -295,6 +346,7 @@ impl Loop {
                 token,
                 Conn {
                     stream,
+                    peer,
                     input: Vec::new(),
                     output: VecDeque::new(),
                     closing: false,
@@ -316,10 +368,55 @@ impl Loop {
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
-        let end = serve(conn, &self.registry, self.nonce, &self.stats);
+        let end = serve(conn, &self.registry, &mut self.guard, &self.stats);
         if end.is_some() {
             self.close(token);
         }
+    }
+}
+
+/// What every request is checked against, and the log of refusals.
+struct Guard {
+    nonce: u64,
+    secret: Secret,
+    uid: u32,
+    /// "rank 0 of job j", for log lines.
+    who: String,
+    log: RefusalLog,
+}
+
+/// Refusals logged as warnings, at most [`LOGGED_REFUSALS`] per [`REFUSAL_WINDOW`], so a process
+/// that knocks in a loop cannot flood the log; the count of those not shown comes with the next
+/// line.
+#[derive(Default)]
+struct RefusalLog {
+    window: Option<Instant>,
+    shown: u32,
+    hidden: u64,
+}
+
+impl RefusalLog {
+    fn refused(&mut self, who: &str, what: &str) {
+        let now = Instant::now();
+        if self
+            .window
+            .map_or(true, |start| now.duration_since(start) >= REFUSAL_WINDOW)
+        {
+            self.window = Some(now);
+            self.shown = 0;
+        }
+        if self.shown >= LOGGED_REFUSALS {
+            self.hidden += 1;
+            return;
+        }
+        self.shown += 1;
+        let hidden = std::mem::take(&mut self.hidden);
+        let more = if hidden > 0 {
+            format!(" ({hidden} earlier refusals not logged)")
+        } else {
+            String::new()
+        };
+        log::warn!(target: logging::HOST, "{who}: fd responder denied a {what}{more}");
     }
 }
 
@@ -349,7 +446,12 @@ fn flush(conn: &mut Conn) -> std::result::Result<bool, End> {
 
 /// Serves one connection as far as it can go now: flush, parse, answer, read more. `Some`:
 /// close it.
-fn serve(conn: &mut Conn, registry: &Registry, nonce: u64, stats: &ResponderStats) -> Option<End> {
+fn serve(
+    conn: &mut Conn,
+    registry: &Registry,
+    guard: &mut Guard,
+    stats: &ResponderStats,
+) -> Option<End> {
     loop {
         match flush(conn) {
             Err(end) => return Some(end),
@@ -363,8 +465,31 @@ fn serve(conn: &mut Conn, registry: &Registry, nonce: u64, stats: &ResponderStat
             match FetchRequest::decode(&conn.input) {
                 Ok(Parsed::Frame(req, used)) => {
                     conn.input.drain(..used);
-                    conn.output.push_back(answer(&req, registry, nonce, stats));
                     answered = true;
+                    // A stale record is told as such (the nonce is public); past it, a request
+                    // without the secret is not from this job: refused, and the connection
+                    // closed, so nobody tries secrets on it.
+                    if req.nonce == guard.nonce && !req.secret.matches(&guard.secret) {
+                        stats.denied.fetch_add(1, Ordering::Relaxed);
+                        let why = format!(
+                            "request for fd id {} from pid {} (uid {}) without this \
+                             responder's secret: not a process of this job, or its record of \
+                             this responder is not the one published",
+                            req.serial, conn.peer.pid, conn.peer.uid
+                        );
+                        guard.log.refused(&guard.who, &why);
+                        let reply = Reply::Error {
+                            code: ErrorCode::Denied,
+                            serial: req.serial,
+                            message: why,
+                        };
+                        conn.output.push_back((reply.encode(), 0, None));
+                        conn.input.clear();
+                        conn.closing = true;
+                        break;
+                    }
+                    conn.output
+                        .push_back(answer(&req, registry, guard.nonce, stats));
                 }
                 Ok(Parsed::Incomplete(_)) => break,
                 Err(e) => {

@@ -1,6 +1,6 @@
 //! Every OS call of the fd transport that std does not offer, written once with its SAFETY note:
 //! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `pidfd_open`/`pidfd_getfd`, `prctl(PR_SET_PTRACER)`,
-//! `fstat`, and the unlinking of socket paths at exit. The rest of `fdpass` has
+//! `fstat`, `geteuid`, `SO_PEERCRED`, and the unlinking of socket paths at exit. The rest of `fdpass` has
 //! no `libc::` and no `unsafe`; this file is meant to move under the OS module as it is.
 
 use std::io;
@@ -147,7 +147,8 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> 
 }
 
 /// `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`: under Yama `ptrace_scope=1`, lets any process
-/// of this user (not only ancestors) attach to this one, which `pidfd_getfd` requires.
+/// of this user (not only ancestors) attach to this one, which `pidfd_getfd` requires. Only on
+/// explicit request (`NVFIPC_FD_PTRACER=any`): Yama names one pid or any, never a job's pids.
 pub fn allow_any_ptracer() -> io::Result<()> {
     // SAFETY: prctl with PR_SET_PTRACER takes its arguments by value and touches no memory.
     let rc = unsafe {
@@ -163,6 +164,59 @@ pub fn allow_any_ptracer() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The effective uid of this process: whom its responder serves and whose socket files it may
+/// reclaim.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+/// Who is at the other end of a connected Unix socket, as the kernel recorded it when the peer
+/// connected (`SO_PEERCRED`): its pid (0 when it is in a pid namespace this one cannot see) and
+/// its effective uid and gid (the overflow id 65534 when unmapped in this user namespace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `getsockopt(SO_PEERCRED)` of the connected Unix socket `sock`.
+pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable `ucred` of `len` bytes that outlives the call; the kernel
+    // writes at most `len` bytes into it and stores the length it wrote in `len`; `sock` is
+    // open for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "SO_PEERCRED returned a short credential record",
+        ));
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(cred.pid).unwrap_or(0),
+        uid: cred.uid,
+        gid: cred.gid,
+    })
 }
 
 /// `(st_dev, st_ino)` of the open file `fd`: tells whether two descriptors name one file.
