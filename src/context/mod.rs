@@ -52,6 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 mod claim;
+mod collision;
 
 /// How long a hosting rank waits, at most, for the other ranks before it stops the store, unless
 /// told otherwise (by default it waits its context's timeout, capped at this).
@@ -391,8 +392,13 @@ impl Context {
     fn announce_close(&self) -> Result<()> {
         let who = format!("rank {} of {}", self.rank, self.world_size);
         let duplicate = self.claim.check_duplicate(&*self.store);
+        // The moment first: a rank that sees this slot closed finds it (see `collision`).
         self.store
-            .set(&self.claim.closed_key(), b"1")
+            .set(
+                &self.claim.last_close_key(),
+                RankClaim::close_moment().as_bytes(),
+            )
+            .and_then(|()| self.store.set(&self.claim.closed_key(), b"1"))
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         let closed = self
             .store

@@ -40,3 +40,67 @@ pub fn process_alive(pid: u32) -> bool {
 pub fn ns_inode(kind: &str) -> u64 {
     std::fs::metadata(format!("/proc/self/ns/{kind}")).map_or(0, |m| m.ino())
 }
+
+/// Time since this kernel booted (`CLOCK_BOOTTIME`, which counts suspended time too), or `None`
+/// where that clock is missing.
+pub fn since_boot() -> Option<std::time::Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    Some(std::time::Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    ))
+}
+
+/// When this process started, as time since boot truncated to a clock tick, and the tick: field
+/// 22 (`starttime`) of `/proc/self/stat`, counted in `sysconf(_SC_CLK_TCK)` ticks on the clock
+/// of [`since_boot`] (Linux 5.5 on; before, the monotonic clock, which equals it on machines
+/// that never suspended). `None` where `/proc` is missing.
+pub fn start_since_boot() -> Option<(std::time::Duration, std::time::Duration)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    start_ticks(&stat).and_then(|ticks| {
+        // SAFETY: sysconf takes no pointers and only reads a system value.
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+        if hz == 0 {
+            return None;
+        }
+        let nanos = u128::from(ticks) * 1_000_000_000 / u128::from(hz);
+        let start = std::time::Duration::from_nanos(u64::try_from(nanos).ok()?);
+        Some((start, std::time::Duration::from_nanos(1_000_000_000 / hz)))
+    })
+}
+
+/// `starttime` of a `/proc/<pid>/stat` line: the 22nd field, counted from the state, which
+/// follows the last `)` (the command name in parentheses may hold spaces and parentheses).
+fn start_ticks(stat: &str) -> Option<u64> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    // Fields 3 (state) on; starttime is field 22.
+    after_name.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_parses_past_odd_command_names() {
+        let line = "4242 (a b) c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    987654 1000 10 18446744073709551615";
+        assert_eq!(start_ticks(line), Some(987654));
+        assert_eq!(start_ticks("4242 (x) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_started_before_now() {
+        let (start, tick) = start_since_boot().unwrap();
+        assert!(tick > std::time::Duration::ZERO);
+        assert!(start <= since_boot().unwrap());
+    }
+}
