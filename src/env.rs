@@ -353,9 +353,10 @@ pub fn timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Op
 /// key; `None` when there is none (the job is untagged).
 pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
     let named = |var: &str| {
-        lookup(var)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty() && !(var == "TORCHELASTIC_RUN_ID" && v == "none"))
+        lookup(var).map(|v| v.trim().to_string()).filter(|v| {
+            let torchrun_default = var == "TORCHELASTIC_RUN_ID" && v == "none";
+            !v.is_empty() && !torchrun_default
+        })
     };
     let raw = JOB_TAG_VARS
         .iter()

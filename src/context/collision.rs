@@ -12,8 +12,9 @@
 //! opens context after context). It marks the run (`<run>/collision`), so that the run's ranks
 //! still open fail at their first barrier or at close.
 //!
-//! Limits: a process start is known to a clock tick (10 ms); on one kernel the comparison is
-//! exact beyond that; across hosts it uses wall clocks and allows [`CLOCK_SKEW`] between them, so
+//! Limits: a process start is known from the library's load (exact when the program links the
+//! library; a program that loads it later looks younger than it is) or else to a clock tick of
+//! `/proc` (10 ms); on one kernel the comparison is exact beyond that; across hosts it uses wall clocks and allows [`CLOCK_SKEW`] between them, so
 //! a collision within that window goes unseen there. A rank that started only after the other
 //! job's run had closed is taken for a later job (it is one, as far as anything it can observe
 //! says). And a process that outlives a run it was not part of and then joins a later run of the
@@ -22,7 +23,7 @@
 
 use crate::error::{Error, Result};
 use crate::node::NodeIdentity;
-use crate::os::process::{since_boot, start_since_boot};
+use crate::os::process::{since_boot, started_by};
 use crate::store::Store;
 use once_cell::sync::Lazy;
 use std::time::{Duration, SystemTime};
@@ -92,38 +93,29 @@ fn wall_now() -> Duration {
         .unwrap_or_default()
 }
 
-/// When this process started: a moment truncated to `tick`.
-struct ProcessStart {
-    start: Moment,
-    tick: Duration,
-}
-
-/// `None` where `/proc` or the boot clock is missing: then nothing is ever found to overlap.
-static PROCESS_START: Lazy<Option<ProcessStart>> = Lazy::new(|| {
-    let (start, tick) = start_since_boot()?;
+/// A moment by which this process had certainly started (see `os::process::started_by`); `None`
+/// where neither `/proc` nor the load time tells: then nothing is ever found to overlap.
+static PROCESS_START: Lazy<Option<Moment>> = Lazy::new(|| {
+    let start = started_by()?;
     let now = since_boot()?;
     let wall = wall_now().checked_sub(now.checked_sub(start)?)?;
-    Some(ProcessStart {
-        start: Moment {
-            boot_id: NodeIdentity::local().boot_id,
-            since_boot: start,
-            wall,
-        },
-        tick,
+    Some(Moment {
+        boot_id: NodeIdentity::local().boot_id,
+        since_boot: start,
+        wall,
     })
 });
 
-/// True when this process certainly started before `moment`: on this kernel, by its boot clock
-/// (the start is truncated to a tick, so a tick is added); on another, by the wall clocks, allowing
-/// [`CLOCK_SKEW`] between them.
+/// True when this process certainly started before `moment`: on this kernel, by its boot clock;
+/// on another, by the wall clocks, allowing [`CLOCK_SKEW`] between them.
 fn started_before(moment: &Moment) -> bool {
     let Some(me) = &*PROCESS_START else {
         return false;
     };
-    if !me.start.boot_id.is_empty() && me.start.boot_id == moment.boot_id {
-        me.start.since_boot + me.tick <= moment.since_boot
+    if !me.boot_id.is_empty() && me.boot_id == moment.boot_id {
+        me.since_boot < moment.since_boot
     } else {
-        me.start.wall + me.tick + CLOCK_SKEW <= moment.wall
+        me.wall + CLOCK_SKEW < moment.wall
     }
 }
 
@@ -244,7 +236,7 @@ mod tests {
             ..Moment::now()
         };
         assert!(started_before(&later));
-        let start = &PROCESS_START.as_ref().unwrap().start;
+        let start = PROCESS_START.as_ref().unwrap();
         assert!(!started_before(start));
         // Another host: wall clocks, with the allowed skew.
         let elsewhere = |wall: Duration| Moment {

@@ -1,6 +1,7 @@
 //! Process-level OS calls: this host's name, namespaces, and whether a pid is alive.
 
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The host name (`gethostname`), or `unknown-host`.
 pub fn host_name() -> String {
@@ -59,22 +60,51 @@ pub fn since_boot() -> Option<std::time::Duration> {
     ))
 }
 
-/// When this process started, as time since boot truncated to a clock tick, and the tick: field
-/// 22 (`starttime`) of `/proc/self/stat`, counted in `sysconf(_SC_CLK_TCK)` ticks on the clock
-/// of [`since_boot`] (Linux 5.5 on; before, the monotonic clock, which equals it on machines
-/// that never suspended). `None` where `/proc` is missing.
-pub fn start_since_boot() -> Option<(std::time::Duration, std::time::Duration)> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    start_ticks(&stat).and_then(|ticks| {
+/// [`since_boot`] in nanoseconds when this library was loaded (0: not recorded), set by the
+/// loader through `.init_array`: at process start when the program links the library, later when
+/// it loads it at run time.
+static LOADED_AT: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn record_load() {
+    if let Some(now) = since_boot() {
+        LOADED_AT.store(
+            u64::try_from(now.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Runs [`record_load`] when the library is loaded. It only reads a clock and stores an atomic,
+/// which needs nothing of the Rust runtime to be set up yet.
+#[used]
+#[link_section = ".init_array"]
+static RECORD_LOAD: extern "C" fn() = record_load;
+
+/// A time since boot (on [`since_boot`]'s clock) by which this process had certainly started:
+/// the earlier of the library's load (exact) and the end of the clock tick in which the process
+/// started (field 22, `starttime`, of `/proc/self/stat`, in `sysconf(_SC_CLK_TCK)` ticks; on the
+/// boot clock from Linux 5.5, before on the monotonic clock, which equals it on machines that
+/// never suspended). `None` when neither is known.
+pub fn started_by() -> Option<std::time::Duration> {
+    let loaded = match LOADED_AT.load(Ordering::Relaxed) {
+        0 => None,
+        ns => Some(std::time::Duration::from_nanos(ns)),
+    };
+    let from_proc = || -> Option<std::time::Duration> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let ticks = start_ticks(&stat)?;
         // SAFETY: sysconf takes no pointers and only reads a system value.
         let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
         if hz == 0 {
             return None;
         }
-        let nanos = u128::from(ticks) * 1_000_000_000 / u128::from(hz);
-        let start = std::time::Duration::from_nanos(u64::try_from(nanos).ok()?);
-        Some((start, std::time::Duration::from_nanos(1_000_000_000 / hz)))
-    })
+        let nanos = (u128::from(ticks) + 1) * 1_000_000_000 / u128::from(hz);
+        Some(std::time::Duration::from_nanos(u64::try_from(nanos).ok()?))
+    };
+    match (loaded, from_proc()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// `starttime` of a `/proc/<pid>/stat` line: the 22nd field, counted from the state, which
@@ -98,9 +128,8 @@ mod tests {
     }
 
     #[test]
-    fn this_process_started_before_now() {
-        let (start, tick) = start_since_boot().unwrap();
-        assert!(tick > std::time::Duration::ZERO);
-        assert!(start <= since_boot().unwrap());
+    fn this_process_started_before_now_and_the_load_was_recorded() {
+        assert_ne!(LOADED_AT.load(Ordering::Relaxed), 0);
+        assert!(started_by().unwrap() <= since_boot().unwrap());
     }
 }
