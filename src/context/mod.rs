@@ -28,6 +28,11 @@
 //!   jobs on one store without distinct tags, or a rank started twice): the newcomer is refused
 //!   and writes `<run>/duplicate/<rank>`, which refuses the holder as well after its first
 //!   barrier or at close;
+//! - `<tag>/w<world>/<run>/open` holds the moment rank 0 opened the run and
+//!   `<run>/last_close` the moment a rank last closed it; an untagged rank that passes over a
+//!   run while its own process was already running when that run was live is a rank of a
+//!   concurrent job: it fails and writes `<run>/collision`, which fails the run's ranks still
+//!   open (see `collision`);
 //! - `<tag>/w<world>/<run>/job_id`: agreed with one COMPARE_SET, the first proposal wins (stores
 //!   without COMPARE_SET: rank 0 sets it and the others read it); the last rank to close deletes
 //!   it;
