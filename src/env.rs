@@ -43,9 +43,23 @@ pub const TIMEOUT_MS_VAR: &str = "NVFIPC_TIMEOUT_MS";
 pub const STORE_THREADS_VAR: &str = "NVFIPC_STORE_THREADS";
 /// Most event-loop threads `NVFIPC_STORE_THREADS` may ask for.
 const MAX_STORE_THREADS: usize = 64;
-/// Variables that name one run of a job, first set wins: ours, torchrun's, PMIx's (Open MPI).
-/// SLURM's job and step ids are used when none of these is set.
-pub const JOB_TAG_VARS: &[&str] = &["NVFIPC_JOB_TAG", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE"];
+/// A name the user gives one run of a job (overrides any launcher's).
+pub const JOB_TAG_VAR: &str = "NVFIPC_JOB_TAG";
+/// The id `nvfipc launch` gives each job it starts (random, one per launch).
+pub const LAUNCH_ID_VAR: &str = "NVFIPC_LAUNCH_ID";
+/// Variables that name one run of a job, first set wins: the user's tag, then the launchers'
+/// ids, innermost launcher first: `nvfipc launch`'s, torchrun's run id (its default `none` names
+/// nothing and is skipped), the PMIx namespace (Open MPI 5, Open MPI 4 with PMIx, `srun
+/// --mpi=pmix`). Then Open MPI's ORTE job ([`ORTE_JOB_VARS`]) and last SLURM's job and step ids.
+pub const JOB_TAG_VARS: &[&str] = &[
+    JOB_TAG_VAR,
+    LAUNCH_ID_VAR,
+    "TORCHELASTIC_RUN_ID",
+    "PMIX_NAMESPACE",
+];
+/// Open MPI 2 to 4 (ORTE) without a PMIx namespace: the URI of the job's mpirun (its address and
+/// port: unique among the mpiruns alive at one time) and the job id under that mpirun.
+pub const ORTE_JOB_VARS: [&str; 2] = ["OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid"];
 
 /// Most ranks a job may have. A world barrier's coordinator waits for every other rank's key
 /// in one WAIT, and a TCPStore request names at most this many keys.
@@ -334,20 +348,36 @@ pub fn timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Op
     }
 }
 
-/// The launcher's name for this run (see [`JOB_TAG_VARS`], then `SLURM_JOB_ID.SLURM_STEP_ID`),
-/// reduced to `[A-Za-z0-9._-]` so that it can be part of a store key; `None` when there is none.
+/// The launcher's name for this run (see [`JOB_TAG_VARS`], then [`ORTE_JOB_VARS`], then
+/// `SLURM_JOB_ID.SLURM_STEP_ID`), reduced to `[A-Za-z0-9._-]` so that it can be part of a store
+/// key; `None` when there is none (the job is untagged).
 pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
-    let raw = first_set(&lookup, JOB_TAG_VARS)
-        .map(|(_, v)| v)
+    let named = |var: &str| {
+        lookup(var).map(|v| v.trim().to_string()).filter(|v| {
+            let torchrun_default = var == "TORCHELASTIC_RUN_ID" && v == "none";
+            !v.is_empty() && !torchrun_default
+        })
+    };
+    let raw = JOB_TAG_VARS
+        .iter()
+        .find_map(|var| named(var))
         .or_else(|| {
-            let job = lookup("SLURM_JOB_ID")?;
-            Some(match lookup("SLURM_STEP_ID") {
+            // The URI may be long and list several addresses: its hash keeps the key short.
+            let uri = named(ORTE_JOB_VARS[0])?;
+            let job = named(ORTE_JOB_VARS[1]).unwrap_or_default();
+            Some(format!(
+                "ompi-{job}-{:016x}",
+                crate::transport::record::fnv1a64(uri.as_bytes())
+            ))
+        })
+        .or_else(|| {
+            let job = named("SLURM_JOB_ID")?;
+            Some(match named("SLURM_STEP_ID") {
                 Some(step) => format!("{job}.{step}"),
                 None => job,
             })
         })?;
     let tag: String = raw
-        .trim()
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || "._-".contains(c) {
@@ -628,6 +658,43 @@ mod tests {
                 ("TORCHELASTIC_RUN_ID", "x")
             ])),
             Some("a_b".into())
+        );
+        // nvfipc launch's id comes before an outer launcher's.
+        assert_eq!(
+            job_tag_from_lookup(env(&[
+                ("NVFIPC_LAUNCH_ID", "5f3a"),
+                ("PMIX_NAMESPACE", "outer"),
+                ("SLURM_JOB_ID", "77")
+            ])),
+            Some("5f3a".into())
+        );
+        // torchrun's default run id names no run.
+        assert_eq!(
+            job_tag_from_lookup(env(&[("TORCHELASTIC_RUN_ID", "none")])),
+            None
+        );
+        assert_eq!(
+            job_tag_from_lookup(env(&[
+                ("TORCHELASTIC_RUN_ID", "none"),
+                ("SLURM_JOB_ID", "9")
+            ])),
+            Some("9".into())
+        );
+        // Open MPI under ORTE: two mpiruns differ by their URI, two jobs of one by the job id.
+        let orte = |uri: &str, job: &str| {
+            job_tag_from_lookup(env(&[
+                ("OMPI_MCA_orte_hnp_uri", uri),
+                ("OMPI_MCA_ess_base_jobid", job),
+            ]))
+            .unwrap()
+        };
+        let a = orte("3181903872.0;tcp://10.0.0.1:45687", "3181903873");
+        assert!(a.starts_with("ompi-3181903873-"), "{a}");
+        assert_ne!(a, orte("3181903872.0;tcp://10.0.0.1:45688", "3181903873"));
+        assert_ne!(a, orte("3181903872.0;tcp://10.0.0.1:45687", "3181903874"));
+        assert_eq!(
+            job_tag_from_lookup(env(&[("PMIX_NAMESPACE", " "), ("NVFIPC_JOB_TAG", "")])),
+            None
         );
     }
 

@@ -1,6 +1,7 @@
 //! Rank claims and the job id: how each rank of a job lands in one run of the store, and how
 //! the ranks of a run agree on a job id (see the keys in the parent module's documentation).
 
+use super::collision::{self, check_passed_over, Moment, SlotHolder};
 use super::*;
 
 /// Agrees on the job id of the run `claim` belongs to; returns the key and the agreed value.
@@ -38,6 +39,8 @@ pub(super) struct RankClaim {
     pub(super) base: String,
     pub(super) run: u64,
     pub(super) rank: usize,
+    /// The job has no tag: a process of a concurrent job may mark this run (see `collision`).
+    pub(super) untagged: bool,
 }
 
 /// A claim's holder, parsed from the claim key's value `<nonce>.<n>;<node identity>`.
@@ -66,15 +69,25 @@ impl Holder {
 
     /// True when the holder is known to be gone: its pid means something here and is dead.
     fn is_dead(&self) -> bool {
+        self.pid_checkable() && !crate::node::process_alive(self.node_pid())
+    }
+
+    /// True when the holder is known to be alive: its pid means something here and is alive.
+    fn is_alive(&self) -> bool {
+        self.pid_checkable() && crate::node::process_alive(self.node_pid())
+    }
+
+    /// A pid means something here only on this kernel and in this pid namespace.
+    fn pid_checkable(&self) -> bool {
         let Some(node) = &self.node else {
             return false;
         };
-        // A pid means something here only on this kernel and in this pid namespace.
         let me = NodeIdentity::local();
-        node.boot_id == me.boot_id
-            && node.pid_ns == me.pid_ns
-            && me.pid_ns != 0
-            && !crate::node::process_alive(node.pid)
+        node.boot_id == me.boot_id && node.pid_ns == me.pid_ns && me.pid_ns != 0
+    }
+
+    fn node_pid(&self) -> u32 {
+        self.node.as_ref().map_or(0, |n| n.pid)
     }
 }
 
@@ -85,13 +98,27 @@ impl RankClaim {
     pub(super) fn closed_key(&self) -> String {
         format!("{}/{}/closed/{}", self.base, self.run, self.rank)
     }
+    /// `<run>/last_close`: when a rank of the run last closed (see `collision`).
+    pub(super) fn last_close_key(&self) -> String {
+        collision::run_key(&self.base, self.run, "last_close")
+    }
+    /// The value of [`last_close_key`](Self::last_close_key): now.
+    pub(super) fn close_moment() -> String {
+        Moment::now().encode()
+    }
     fn duplicate_key(base: &str, run: u64, rank: usize) -> String {
         format!("{base}/{run}/duplicate/{rank}")
     }
 
     /// Fails, naming the other process, when another process tried to claim this rank of this
-    /// run while this one held it.
+    /// run while this one held it, or (untagged jobs) a process of another job found this run
+    /// taken while it was live.
     pub(super) fn check_duplicate(&self, store: &dyn Store) -> Result<()> {
+        if self.untagged {
+            collision::check_marked(store, &self.base, self.run, self.rank, |v| {
+                Holder::parse(v).describe()
+            })?;
+        }
         let key = Self::duplicate_key(&self.base, self.run, self.rank);
         if !store.check(&[&key])? {
             return Ok(());
@@ -118,13 +145,16 @@ impl RankClaim {
 /// it waits (bounded) for the next run then. So all ranks of a job land in one run whatever
 /// their order of arrival, and a run left half-claimed by a dead job is never joined. A slot held
 /// by any other live process means two processes claim one rank: both are refused (the holder
-/// sees the `duplicate` key this writes after its first barrier or at close).
+/// sees the `duplicate` key this writes after its first barrier or at close). An untagged rank
+/// that passes over a run (does not join it) checks that it is not a rank of a concurrent job
+/// (see `collision`).
 pub(super) fn claim_rank(
     store: &dyn Store,
     ranks: &RankInfo,
     tag: &str,
     timeout: Duration,
 ) -> Result<RankClaim> {
+    let untagged = tag == DEFAULT_JOB_TAG;
     let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
     let serial = CLAIMS_MADE.fetch_add(1, Ordering::Relaxed);
     let value = format!(
@@ -173,17 +203,30 @@ pub(super) fn claim_rank(
             base: base.clone(),
             run,
             rank: ranks.rank,
+            untagged,
+        };
+        let passed_over = |holder: SlotHolder<'_>| -> Result<()> {
+            if !untagged {
+                return Ok(());
+            }
+            check_passed_over(store, &base, run, ranks.rank, holder, &value)
         };
         if ranks.rank == 0 {
             let held = try_claim(store, &claim.key(), value.as_bytes())?;
             if held == value.as_bytes() {
-                store.set(&open_key(run), b"1")?;
+                store.set(&open_key(run), Moment::now().encode().as_bytes())?;
                 store.set(&current_key, run.to_string().as_bytes())?;
                 return Ok(claim);
             }
             let holder = Holder::parse(&held);
             if !slot_done(run, 0, &holder)? {
                 return refuse(run, &holder);
+            }
+            if holder.nonce != *PROCESS_NONCE {
+                passed_over(SlotHolder::Other {
+                    describe: &holder.describe(),
+                    live: false,
+                })?;
             }
             run += 1;
             continue;
@@ -203,6 +246,15 @@ pub(super) fn claim_rank(
             if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
                 return refuse(run, &holder);
             }
+            if holder.nonce != *PROCESS_NONCE {
+                let closed = store.check(&[&format!("{base}/{run}/closed/{}", ranks.rank)])?;
+                passed_over(SlotHolder::Other {
+                    describe: &holder.describe(),
+                    live: !closed && holder.is_alive(),
+                })?;
+            }
+        } else {
+            passed_over(SlotHolder::Unknown)?;
         }
         let next = open_key(run + 1);
         let remaining = deadline.saturating_duration_since(Instant::now());

@@ -28,6 +28,11 @@
 //!   jobs on one store without distinct tags, or a rank started twice): the newcomer is refused
 //!   and writes `<run>/duplicate/<rank>`, which refuses the holder as well after its first
 //!   barrier or at close;
+//! - `<tag>/w<world>/<run>/open` holds the moment rank 0 opened the run and
+//!   `<run>/last_close` the moment a rank last closed it; an untagged rank that passes over a
+//!   run while its own process was already running when that run was live is a rank of a
+//!   concurrent job: it fails and writes `<run>/collision`, which fails the run's ranks still
+//!   open (see `collision`);
 //! - `<tag>/w<world>/<run>/job_id`: agreed with one COMPARE_SET, the first proposal wins (stores
 //!   without COMPARE_SET: rank 0 sets it and the others read it); the last rank to close deletes
 //!   it;
@@ -52,6 +57,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 mod claim;
+mod collision;
 
 /// How long a hosting rank waits, at most, for the other ranks before it stops the store, unless
 /// told otherwise (by default it waits its context's timeout, capped at this).
@@ -391,8 +397,13 @@ impl Context {
     fn announce_close(&self) -> Result<()> {
         let who = format!("rank {} of {}", self.rank, self.world_size);
         let duplicate = self.claim.check_duplicate(&*self.store);
+        // The moment first: a rank that sees this slot closed finds it (see `collision`).
         self.store
-            .set(&self.claim.closed_key(), b"1")
+            .set(
+                &self.claim.last_close_key(),
+                RankClaim::close_moment().as_bytes(),
+            )
+            .and_then(|()| self.store.set(&self.claim.closed_key(), b"1"))
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         let closed = self
             .store

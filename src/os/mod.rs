@@ -6,7 +6,8 @@
 //! - [`mmap`]: the shared mapping of a descriptor's file and its size, for both of those;
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
-//! - [`process`]: the host name and whether a pid is alive;
+//! - [`process`]: the host name, whether a pid is alive, the boot clock and when this process
+//!   started;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
 //! - [`listen`]: the store server's listening socket and the open-file limit;
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store.

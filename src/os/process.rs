@@ -1,6 +1,7 @@
 //! Process-level OS calls: this host's name, namespaces, and whether a pid is alive.
 
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The host name (`gethostname`), or `unknown-host`.
 pub fn host_name() -> String {
@@ -39,4 +40,96 @@ pub fn process_alive(pid: u32) -> bool {
 /// one namespace.
 pub fn ns_inode(kind: &str) -> u64 {
     std::fs::metadata(format!("/proc/self/ns/{kind}")).map_or(0, |m| m.ino())
+}
+
+/// Time since this kernel booted (`CLOCK_BOOTTIME`, which counts suspended time too), or `None`
+/// where that clock is missing.
+pub fn since_boot() -> Option<std::time::Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    Some(std::time::Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    ))
+}
+
+/// [`since_boot`] in nanoseconds when this library was loaded (0: not recorded), set by the
+/// loader through `.init_array`: at process start when the program links the library, later when
+/// it loads it at run time.
+static LOADED_AT: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn record_load() {
+    if let Some(now) = since_boot() {
+        LOADED_AT.store(
+            u64::try_from(now.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Runs [`record_load`] when the library is loaded. It only reads a clock and stores an atomic,
+/// which needs nothing of the Rust runtime to be set up yet.
+#[used]
+#[link_section = ".init_array"]
+static RECORD_LOAD: extern "C" fn() = record_load;
+
+/// A time since boot (on [`since_boot`]'s clock) by which this process had certainly started:
+/// the earlier of the library's load (exact) and the end of the clock tick in which the process
+/// started (field 22, `starttime`, of `/proc/self/stat`, in `sysconf(_SC_CLK_TCK)` ticks; on the
+/// boot clock from Linux 5.5, before on the monotonic clock, which equals it on machines that
+/// never suspended). `None` when neither is known.
+pub fn started_by() -> Option<std::time::Duration> {
+    let loaded = match LOADED_AT.load(Ordering::Relaxed) {
+        0 => None,
+        ns => Some(std::time::Duration::from_nanos(ns)),
+    };
+    let from_proc = || -> Option<std::time::Duration> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let ticks = start_ticks(&stat)?;
+        // SAFETY: sysconf takes no pointers and only reads a system value.
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+        if hz == 0 {
+            return None;
+        }
+        let nanos = (u128::from(ticks) + 1) * 1_000_000_000 / u128::from(hz);
+        Some(std::time::Duration::from_nanos(u64::try_from(nanos).ok()?))
+    };
+    match (loaded, from_proc()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `starttime` of a `/proc/<pid>/stat` line: the 22nd field, counted from the state, which
+/// follows the last `)` (the command name in parentheses may hold spaces and parentheses).
+fn start_ticks(stat: &str) -> Option<u64> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    // Fields 3 (state) on; starttime is field 22.
+    after_name.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_parses_past_odd_command_names() {
+        let line = "4242 (a b) c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    987654 1000 10 18446744073709551615";
+        assert_eq!(start_ticks(line), Some(987654));
+        assert_eq!(start_ticks("4242 (x) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_started_before_now_and_the_load_was_recorded() {
+        assert_ne!(LOADED_AT.load(Ordering::Relaxed), 0);
+        assert!(started_by().unwrap() <= since_boot().unwrap());
+    }
 }

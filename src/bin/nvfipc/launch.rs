@@ -34,7 +34,8 @@ const STORE_HOST: &str = "127.0.0.1";
 /// N ranks of CMD on this machine, with a store and torchrun's variables
 ///
 /// Hosts a store on 127.0.0.1 and runs N ranks of CMD; each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-/// NVFIPC_STORE_ADDR, WORLD_RANK, WORLD_LOCAL_RANK and WORLD_LOCAL_SIZE. CMD `nvfipc` runs this
+/// NVFIPC_STORE_ADDR, WORLD_RANK, WORLD_LOCAL_RANK, WORLD_LOCAL_SIZE and NVFIPC_LAUNCH_ID (this
+/// launch's job id). CMD `nvfipc` runs this
 /// nvfipc program. Every output line is prefixed with "[rank R] ". When a rank fails, the others
 /// get SIGTERM, then SIGKILL after the grace period, and nvfipc exits with the failed rank's
 /// status (128 + signal number for a signal).
@@ -145,12 +146,28 @@ fn program(command: &str) -> std::ffi::OsString {
     command.into()
 }
 
+/// This launcher's job id, exported to every rank as `NVFIPC_LAUNCH_ID`: the library names the
+/// job's runs on a store with it, so two launches whose ranks share one store never mix. Random
+/// (the OS-seeded hasher, with the pid and the time mixed in); one per launcher process, which
+/// runs one job.
+static LAUNCH_ID: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.write_u128(now.as_nanos());
+    format!("launch-{:016x}", hasher.finish())
+});
+
 fn spawn_rank(spec: &JobSpec, rank: usize, port: u16) -> io::Result<Child> {
     let mut cmd = Command::new(program(&spec.command[0]));
     let (r, n) = (rank.to_string(), spec.ranks.to_string());
     for var in INHERITED_RANK_VARS {
         cmd.env_remove(var);
     }
+    cmd.env(nvfuser_ipc::env::LAUNCH_ID_VAR, &*LAUNCH_ID);
     if let StoreHost::Launcher { .. } = spec.store {
         cmd.env("NVFIPC_STORE_ADDR", format!("{STORE_HOST}:{port}"));
     }

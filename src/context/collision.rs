@@ -1,0 +1,252 @@
+//! Untagged jobs that share a store: telling a later run of one job from a rank of another job
+//! that started at the same time.
+//!
+//! Without a tag (`NVFIPC_JOB_TAG` or a launcher's job id), the store sees only ranks and their
+//! order of arrival, and a rank that arrives after a whole run has closed looks like the first
+//! rank of the next run. What tells them apart is time: the ranks of a later job start after the
+//! earlier job's processes are gone, while a rank of a concurrent job was already running while
+//! that run was live. So every run records when it was opened (`<run>/open`) and when a rank last
+//! closed it (`<run>/last_close`), and an untagged rank that passes over a run (does not join it)
+//! fails when its own process started before either moment, or when its rank's slot there is held
+//! by a live process that has not closed, unless that holder is its own process (one process that
+//! opens context after context). It marks the run (`<run>/collision`), so that the run's ranks
+//! still open fail at their first barrier or at close.
+//!
+//! Limits: a process start is known from the library's load (exact when the program links the
+//! library; a program that loads it later looks younger than it is) or else to a clock tick of
+//! `/proc` (10 ms); on one kernel the comparison is exact beyond that; across hosts it uses wall clocks and allows [`CLOCK_SKEW`] between them, so
+//! a collision within that window goes unseen there. A rank that started only after the other
+//! job's run had closed is taken for a later job (it is one, as far as anything it can observe
+//! says). And a process that outlives a run it was not part of and then joins a later run of the
+//! same untagged job and world size (a long-lived service, a pool that rotates its workers) is
+//! refused: such jobs need a tag.
+
+use crate::error::{Error, Result};
+use crate::node::NodeIdentity;
+use crate::os::process::{since_boot, started_by};
+use crate::store::Store;
+use once_cell::sync::Lazy;
+use std::time::{Duration, SystemTime};
+
+/// How far apart the wall clocks of two hosts may be for the comparison across hosts to hold.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(2);
+
+/// A moment as the clocks of one host see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Moment {
+    /// The boot id of the kernel whose clock `since_boot` is.
+    boot_id: String,
+    since_boot: Duration,
+    /// Since the Unix epoch.
+    wall: Duration,
+}
+
+impl Moment {
+    pub(super) fn now() -> Moment {
+        Moment {
+            boot_id: NodeIdentity::local().boot_id,
+            since_boot: since_boot().unwrap_or_default(),
+            wall: wall_now(),
+        }
+    }
+
+    /// `t1;boot=<boot id>;up=<ns since boot>;wall=<ns since the epoch>`.
+    pub(super) fn encode(&self) -> String {
+        format!(
+            "t1;boot={};up={};wall={}",
+            self.boot_id,
+            self.since_boot.as_nanos(),
+            self.wall.as_nanos()
+        )
+    }
+
+    /// Parses [`encode`](Self::encode)'s output; `None` for anything else (such as the `1` that
+    /// older versions wrote into `open`).
+    pub(super) fn decode(value: &[u8]) -> Option<Moment> {
+        let text = std::str::from_utf8(value).ok()?;
+        let mut fields = text.split(';');
+        if fields.next()? != "t1" {
+            return None;
+        }
+        let mut moment = Moment {
+            boot_id: String::new(),
+            since_boot: Duration::ZERO,
+            wall: Duration::ZERO,
+        };
+        for field in fields {
+            let (k, v) = field.split_once('=')?;
+            let nanos = || v.parse::<u64>().ok().map(Duration::from_nanos);
+            match k {
+                "boot" => moment.boot_id = v.to_string(),
+                "up" => moment.since_boot = nanos()?,
+                "wall" => moment.wall = nanos()?,
+                _ => {}
+            }
+        }
+        Some(moment)
+    }
+}
+
+fn wall_now() -> Duration {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// A moment by which this process had certainly started (see `os::process::started_by`); `None`
+/// where neither `/proc` nor the load time tells: then nothing is ever found to overlap.
+static PROCESS_START: Lazy<Option<Moment>> = Lazy::new(|| {
+    let start = started_by()?;
+    let now = since_boot()?;
+    let wall = wall_now().checked_sub(now.checked_sub(start)?)?;
+    Some(Moment {
+        boot_id: NodeIdentity::local().boot_id,
+        since_boot: start,
+        wall,
+    })
+});
+
+/// True when this process certainly started before `moment`: on this kernel, by its boot clock;
+/// on another, by the wall clocks, allowing [`CLOCK_SKEW`] between them.
+fn started_before(moment: &Moment) -> bool {
+    let Some(me) = &*PROCESS_START else {
+        return false;
+    };
+    if !me.boot_id.is_empty() && me.boot_id == moment.boot_id {
+        me.since_boot < moment.since_boot
+    } else {
+        me.wall + CLOCK_SKEW < moment.wall
+    }
+}
+
+/// What an untagged rank knows about its slot in a run it passes over.
+pub(super) enum SlotHolder<'a> {
+    /// Not read (the run's rank 0 is dead, so the rank does not try that run).
+    Unknown,
+    /// Another process holds it; `live` when it has not closed and its pid is alive here.
+    Other { describe: &'a str, live: bool },
+}
+
+/// The keys of one run (`<base>/<run>/...`) that this check reads and writes.
+pub(super) fn run_key(base: &str, run: u64, name: &str) -> String {
+    format!("{base}/{run}/{name}")
+}
+
+/// An untagged rank passes over run `run` (it will not be part of it): fails, after marking
+/// the run, when this process was already running while the run was live (see the module
+/// documentation). `me` is this rank's claim value, written into the mark.
+pub(super) fn check_passed_over(
+    store: &dyn Store,
+    base: &str,
+    run: u64,
+    rank: usize,
+    holder: SlotHolder<'_>,
+    me: &str,
+) -> Result<()> {
+    let why = match holder {
+        SlotHolder::Other {
+            describe,
+            live: true,
+        } => Some(format!(
+            "its rank {rank} is held by {describe}, which is alive and has not closed"
+        )),
+        _ => overlap(store, base, run)?,
+    };
+    let Some(why) = why else {
+        return Ok(());
+    };
+    let mark = run_key(base, run, "collision");
+    store.set(&mark, me.as_bytes())?;
+    Err(Error::state(format!(
+        "this process was already running while run {run} of this untagged job on the store was \
+         live ({why}), yet it is not part of that run: two jobs use one store without distinct \
+         job tags, and pairing their ranks by order of arrival would mix them, so the ranks of \
+         both are refused (this mark, {mark}, refuses the ranks of run {run} still open). Give \
+         each job its own NVFIPC_JOB_TAG, start it with a launcher whose job id the library \
+         reads (mpirun, srun, torchrun with --rdzv-id or --standalone, nvfipc launch), or give \
+         it its own store"
+    )))
+}
+
+/// Why this process overlapped run `run`, from the moments the run recorded; `None` if it did
+/// not (or nothing was recorded).
+fn overlap(store: &dyn Store, base: &str, run: u64) -> Result<Option<String>> {
+    for (name, what) in [
+        ("last_close", "a rank of it closed"),
+        ("open", "its rank 0 opened it"),
+    ] {
+        let key = run_key(base, run, name);
+        if !store.check(&[&key])? {
+            continue;
+        }
+        let value = store.get(&key, Duration::from_secs(1))?;
+        if let Some(moment) = Moment::decode(&value) {
+            if started_before(&moment) {
+                return Ok(Some(format!(
+                    "this process started before {what}: key {key}"
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The error for a rank of run `run` that a process of another job marked (see
+/// [`check_passed_over`]); `None` when the run carries no mark.
+pub(super) fn check_marked(
+    store: &dyn Store,
+    base: &str,
+    run: u64,
+    rank: usize,
+    describe: impl Fn(&[u8]) -> String,
+) -> Result<()> {
+    let mark = run_key(base, run, "collision");
+    if !store.check(&[&mark])? {
+        return Ok(());
+    }
+    let other = store.get(&mark, Duration::from_secs(1)).unwrap_or_default();
+    Err(Error::state(format!(
+        "another process ({}) that was already running while this run was live, as rank {rank}'s \
+         job mates were, found this run taken (store key {mark}): two jobs use one store without \
+         distinct job tags, and pairing their ranks by order of arrival would mix them, so the \
+         ranks of both are refused. Give each job its own NVFIPC_JOB_TAG, start it with a \
+         launcher whose job id the library reads (mpirun, srun, torchrun with --rdzv-id or \
+         --standalone, nvfipc launch), or give it its own store",
+        describe(&other)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moments_round_trip_and_old_values_are_ignored() {
+        let now = Moment::now();
+        assert_eq!(Moment::decode(now.encode().as_bytes()), Some(now));
+        assert_eq!(Moment::decode(b"1"), None);
+        assert_eq!(Moment::decode(b"t1;up=x"), None);
+    }
+
+    #[test]
+    fn this_process_started_before_now_but_not_before_its_start() {
+        assert!(PROCESS_START.is_some());
+        let later = Moment {
+            since_boot: Moment::now().since_boot + Duration::from_millis(20),
+            ..Moment::now()
+        };
+        assert!(started_before(&later));
+        let start = PROCESS_START.as_ref().unwrap();
+        assert!(!started_before(start));
+        // Another host: wall clocks, with the allowed skew.
+        let elsewhere = |wall: Duration| Moment {
+            boot_id: "another-boot".into(),
+            since_boot: Duration::ZERO,
+            wall,
+        };
+        assert!(!started_before(&elsewhere(start.wall + CLOCK_SKEW / 2)));
+        assert!(started_before(&elsewhere(
+            start.wall + CLOCK_SKEW + Duration::from_secs(1)
+        )));
+    }
+}
