@@ -8,12 +8,14 @@
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
 //! - [`process`]: the host name and whether a pid is alive;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
+//! - [`logfile`]: the log file, opened without blocking and without following links;
 //! - [`listen`]: the store server's listening socket and the open-file limit;
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
 
 pub mod cleanup;
 pub mod launcher;
 pub mod listen;
+pub mod logfile;
 pub mod memfd;
 pub mod mmap;
 pub mod net;
