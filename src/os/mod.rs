@@ -5,6 +5,7 @@
 //! - [`memfd`]: anonymous shared files and their mappings, for host buffers passed by fd;
 //! - [`mmap`]: the shared mapping of a descriptor's file and its size, for both of those;
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
+//! - [`sigbus`]: a SIGBUS guard for shared mappings another process may truncate (boards);
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
 //! - [`process`]: the host name and whether a pid is alive;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
@@ -21,4 +22,5 @@ pub mod mmap;
 pub mod net;
 pub mod process;
 pub mod shm;
+pub mod sigbus;
 pub mod wait;
