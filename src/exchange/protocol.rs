@@ -343,6 +343,9 @@ impl HandleCache {
             if error.is_none() {
                 error = gone.and_then(|(i, e)| items[i].waiting.then_some(e));
             }
+            if error.is_none() {
+                error = self.boards_intact(items).err();
+            }
             (left == 0 || error.is_some()).then_some(())
         };
         // Peers usually are there already: then the clock is never read.
@@ -457,6 +460,22 @@ impl HandleCache {
             board_name(&self.cfg.job_id, &self.cfg.scope, it.ch.peer),
             self.own_record_key(it),
         )))
+    }
+
+    /// Fails when this rank's board, or the board of a peer still awaited, was truncated or
+    /// shrunk by another process: it reads zeros from then on (see `board`), so a wait on it
+    /// would otherwise last until the timeout, or its peers' would.
+    fn boards_intact(&self, items: &[Item]) -> Result<()> {
+        self.board
+            .check()
+            .and_then(|()| {
+                items
+                    .iter()
+                    .filter(|it| it.waiting)
+                    .filter_map(|it| it.link.board.as_deref())
+                    .try_for_each(PeerBoard::check)
+            })
+            .map_err(|e| e.context(format!("rank {}", self.cfg.rank)))
     }
 
     /// The first pending item whose peer has closed its cache or exited, with an error naming
