@@ -24,7 +24,10 @@ pub struct Refused(pub String);
 /// the module docs.
 pub fn open_append(path: &str) -> Result<File, Refused> {
     let cpath = CString::new(path).map_err(|_| Refused("the path contains a NUL byte".into()))?;
-    let base = libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    // O_NOCTTY: a terminal given as the log never becomes the controlling terminal of a session
+    // leader.
+    let base =
+        libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
     // Two rounds: a file created by someone else between "absent" and our O_EXCL create is
     // opened as an existing file in the second.
     for _ in 0..2 {

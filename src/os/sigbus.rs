@@ -142,18 +142,18 @@ fn install() -> bool {
     INSTALLED.load(Ordering::Acquire)
 }
 
-/// The guarded slot whose range holds `addr`.
-fn find(addr: usize) -> Option<&'static Slot> {
-    SLOTS.iter().find(|s| {
+/// The guarded slot whose range holds `addr`, with that range (start, len) as read consistently.
+fn find(addr: usize) -> Option<(&'static Slot, usize, usize)> {
+    SLOTS.iter().find_map(|s| {
         let before = s.seq.load(Ordering::Acquire);
         if before & 1 == 1 {
-            return false;
+            return None;
         }
         let start = s.start.load(Ordering::Relaxed);
         let len = s.len.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         let stable = s.seq.load(Ordering::Relaxed) == before;
-        stable && len != 0 && addr >= start && addr - start < len
+        (stable && len != 0 && addr >= start && addr - start < len).then_some((s, start, len))
     })
 }
 
@@ -169,11 +169,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // whose si_code is positive (a signal sent by kill or sigqueue has si_code <= 0).
     let fault_addr = (!info.is_null() && unsafe { (*info).si_code } > 0)
         .then(|| unsafe { (*info).si_addr() } as usize);
-    if let Some(slot) = fault_addr.and_then(find) {
-        let (start, len) = (
-            slot.start.load(Ordering::Relaxed),
-            slot.len.load(Ordering::Relaxed),
-        );
+    if let Some((slot, start, len)) = fault_addr.and_then(find) {
         // SAFETY: [start, start+len) is a mapping of this process that its owner guarded and has
         // not released (the faulting access to it is in progress, so it cannot be released:
         // see the module docs); replacing it with private zero pages of the same protection only
