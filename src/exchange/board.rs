@@ -180,19 +180,23 @@ impl Table {
         Table { guard, seg }
     }
 
-    /// Whether the board's file was found truncated or shrunk. Touches the first and the last
-    /// page first, so a shrink the process has not run into yet is found too (to the page: a
-    /// shrink inside the last page, which holds only the end of the last entry, is not).
-    fn truncated(&self) -> bool {
+    /// Whether an access to the board ran into its file truncated or shrunk. With `probe`, the
+    /// first and the last page are touched first, so a shrink that no access has run into yet is
+    /// found too (to the page: a shrink inside the last page, which holds only the end of the
+    /// last entry, is not). Without, one atomic load: what the rank's own reads and writes of
+    /// the board ran into.
+    fn truncated(&self, probe: bool) -> bool {
         debug_assert!(self.seg.len() >= BOARD_BYTES);
-        std::hint::black_box(self.header().magic.load(Ordering::Relaxed));
-        std::hint::black_box(self.entry(CAPACITY - 1).at[1][2].load(Ordering::Relaxed));
+        if probe {
+            std::hint::black_box(self.header().magic.load(Ordering::Relaxed));
+            std::hint::black_box(self.entry(CAPACITY - 1).at[1][2].load(Ordering::Relaxed));
+        }
         self.guard.truncated()
     }
 
     /// The error of a board found truncated; `whose` names it ("rank 3's board", ...).
-    fn check(&self, whose: &str, consequence: &str) -> Result<()> {
-        if !self.truncated() {
+    fn check(&self, probe: bool, whose: &str, consequence: &str) -> Result<()> {
+        if !self.truncated(probe) {
             return Ok(());
         }
         Err(Error::protocol(format!(
@@ -342,9 +346,11 @@ impl OwnBoard {
     }
 
     /// Fails, naming the board, when its file was truncated or shrunk: the peers no longer see
-    /// what this rank publishes. Called at every wait of an exchange.
-    pub fn check(&self) -> Result<()> {
+    /// what this rank publishes. Called at every wait of an exchange, with `probe` now and then
+    /// (see `Table::truncated`).
+    pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
+            probe,
             "this rank's own board",
             "its peers no longer see the steps and versions it publishes",
         )
@@ -461,9 +467,11 @@ impl PeerBoard {
     }
 
     /// Fails, naming the board and its owner, when its file was truncated or shrunk: what it
-    /// shows can no longer be trusted. Called at every wait on it.
-    pub fn check(&self) -> Result<()> {
+    /// shows can no longer be trusted. Called at every wait on it, with `probe` now and then
+    /// (see `Table::truncated`).
+    pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
+            probe,
             &format!(
                 "the board of peer rank {} (pid {})",
                 self.owner.rank, self.owner.pid
@@ -661,18 +669,18 @@ mod tests {
         let e = own.insert(fp).unwrap();
         own.publish(e, 1, 5, BufferAt::default());
         assert!(peer.read(e, 1).is_some());
-        assert!(own.check().is_ok() && peer.check().is_ok());
+        assert!(own.check(true).is_ok() && peer.check(true).is_ok());
         resize(&n, 0);
         // Reads see zeros ("not there yet"), not SIGBUS; the owner's writes are absorbed.
         assert_eq!(peer.read(e, 1), None);
         assert_eq!(peer.find(fp), None);
         own.publish(e, 2, 6, BufferAt::default());
-        let err = peer.check().unwrap_err();
+        let err = peer.check(false).unwrap_err();
         assert_eq!(err.status, crate::error::Status::Protocol);
         for needle in ["peer rank 2", &n, "truncated or shrunk", "create new ones"] {
             assert!(err.message.contains(needle), "{needle}: {err}");
         }
-        let err = own.check().unwrap_err();
+        let err = own.check(false).unwrap_err();
         assert!(err.message.contains("this rank's own board"), "{err}");
         // The owner is still known, from before the truncation.
         assert_eq!(peer.owner_pid(), std::process::id());
@@ -686,10 +694,12 @@ mod tests {
         let own = OwnBoard::create(&n, 0).unwrap();
         let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
         resize(&n, 4096);
-        // Nothing past the first page was read yet: the check touches the last page itself.
-        let err = own.check().unwrap_err();
+        // Nothing past the first page was read yet: only a probe, which touches the last page,
+        // finds it.
+        assert!(own.check(false).is_ok());
+        let err = own.check(true).unwrap_err();
         assert!(err.message.contains("truncated or shrunk"), "{err}");
-        assert!(peer.check().is_err());
+        assert!(peer.check(true).is_err());
     }
 
     #[test]
