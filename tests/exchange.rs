@@ -306,6 +306,43 @@ fn close_returns_promptly_when_the_peer_is_killed() {
     );
 }
 
+#[test]
+fn a_board_truncated_under_its_owner_and_peer_is_a_named_error_for_both() {
+    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    let job = job_id("truncated");
+    let mut ranks = Ranks::spawn("truncated", 2, server.port(), &job);
+    let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
+        .expect("connect to the store");
+    for rank in 0..2 {
+        stamp(&store, &format!("{job}/r{rank}-waiting"));
+    }
+    // Both ranks are in an exchange that waits on the other; a process of the same uid then
+    // truncates rank 0's board, which both map.
+    std::thread::sleep(Duration::from_millis(200));
+    let board = format!("/dev/shm{}", names::board_name(&job, "", 0));
+    let truncated_at = now_ns();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&board)
+        .and_then(|f| f.set_len(0))
+        .unwrap_or_else(|e| panic!("truncating {board}: {e}"));
+    let results = ranks.collect();
+    for (rank, (ok, out)) in results.iter().enumerate() {
+        assert!(ok, "rank {rank} did not survive the truncation:\n{out}");
+        let failed_at = stamp(&store, &format!("{job}/r{rank}-failed"));
+        let after = Duration::from_nanos(failed_at.saturating_sub(truncated_at));
+        assert!(
+            after < Duration::from_secs(2),
+            "rank {rank}: {after:?}\n{out}"
+        );
+        println!("rank {rank} reported the truncation {after:?} after it:\n{out}");
+    }
+    drop(store);
+    server.shutdown();
+    let left = shm_entries(&job);
+    assert!(left.is_empty(), "leaked /dev/shm entries: {left:?}");
+}
+
 // ------------------------------------------------------------------------------------------------
 // Rank side
 // ------------------------------------------------------------------------------------------------
@@ -453,6 +490,7 @@ fn child() {
         "linger" => linger(r),
         "killed" => killed(r),
         "recreate" => recreate(r),
+        "truncated" => truncated(r),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -1192,4 +1230,54 @@ fn killed(r: Rank) {
         std::thread::sleep(T);
         panic!("rank 1 was not killed");
     }
+}
+
+/// Both ranks exchange once, then wait in an exchange the other never matches while the parent
+/// truncates rank 0's board: each must fail with an error naming the truncated board, well
+/// before its timeout, and both close and exit normally.
+fn truncated(r: Rank) {
+    let peer = 1 - r.rank;
+    let send = filled(256, r.rank as u8 + 1);
+    let recv = filled(256, 0);
+    let reqs = [
+        Request::send(peer, "warm", send.addr(), 256, MemKind::Host),
+        Request::recv(peer, "warm", recv.addr(), 256, MemKind::Host),
+    ];
+    r.cache.exchange_handles(&reqs).unwrap();
+    assert_eq!(first_byte(&recv), 0);
+    let store = test_store();
+    let other = filled(64, 9);
+    let lonely = Request::send(
+        peer,
+        format!("only{}", r.rank),
+        other.addr(),
+        64,
+        MemKind::Host,
+    );
+    set_stamp(&store, &format!("{}/r{}-waiting", r.job, r.rank));
+    let start = Instant::now();
+    let err = r
+        .cache
+        .exchange_handles_timeout(&[lonely], Duration::from_secs(15))
+        .unwrap_err();
+    set_stamp(&store, &format!("{}/r{}-failed", r.job, r.rank));
+    println!("the error: {err}");
+    assert_eq!(err.status, Status::Protocol, "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10), "{err}");
+    let board = names::board_name(&r.job, "", 0);
+    for needle in [board.as_str(), "truncated or shrunk", "create new ones"] {
+        assert!(err.message.contains(needle), "{needle:?}: {err}");
+    }
+    let whose = if r.rank == 0 {
+        "this rank's own board"
+    } else {
+        "the board of peer rank 0"
+    };
+    assert!(err.message.contains(whose), "{whose:?}: {err}");
+    // Closing still works; rank 0's `closed` flag is lost with its board, so rank 1 may wait
+    // for it until rank 0 exits, at most the linger.
+    r.cache.set_linger(Duration::from_secs(2));
+    let stats = r.cache.close();
+    assert_eq!(stats.opens, stats.closes, "{stats:?}");
+    println!("rank {} survived", r.rank);
 }

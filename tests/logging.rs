@@ -138,3 +138,124 @@ fn a_stuck_exchange_explains_itself_in_the_log() {
     assert!(has(&log1, &["[rank 1]", "rank 1: cache created"]), "{log1}");
     assert!(!has(&log1, &["exchange of"]), "{log1}");
 }
+
+/// A process whose first library call opens `NVFIPC_DEBUG_FILE`: logs one WARN line through the
+/// library's logger and says so on stdout.
+#[test]
+#[ignore = "run by the tests below as a child process"]
+fn file_child() {
+    if std::env::var(ROLE).is_err() {
+        return;
+    }
+    nvfuser_ipc::logging::init();
+    log::warn!(target: nvfuser_ipc::logging::STORE, "marker line of the child");
+    println!("child finished");
+}
+
+/// Runs `file_child` with `NVFIPC_DEBUG_FILE=file`; kills it and fails when it has not finished
+/// within 20 s (a blocked open). Returns its stdout and stderr.
+fn run_with_log_file(file: &std::path::Path) -> (String, String) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["--ignored", "--exact", "file_child", "--nocapture"])
+        .env(ROLE, "1")
+        .env("NVFIPC_DEBUG", "warn")
+        .env("NVFIPC_DEBUG_FILE", file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let start = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > T {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child hung with NVFIPC_DEBUG_FILE={file:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success() && stdout.contains("child finished"),
+        "child failed ({:?}):\n{stdout}{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
+fn scratch_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nvfipc-logfile-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The warning of a refused file and the child's line, both on stderr.
+fn assert_refused_to_stderr(stderr: &str, why: &str) {
+    assert!(
+        stderr.contains("NVFIPC_DEBUG_FILE=")
+            && stderr.contains("is not used")
+            && stderr.contains(why),
+        "no warning naming {why:?}:\n{stderr}"
+    );
+    assert!(stderr.contains("marker line of the child"), "{stderr}");
+}
+
+#[test]
+fn a_fifo_as_log_file_with_no_reader_does_not_hang_the_process() {
+    let dir = scratch_dir("fifo");
+    let fifo = dir.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let (_, stderr) = run_with_log_file(&fifo);
+    assert_refused_to_stderr(&stderr, "FIFO");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_symbolic_link_as_log_file_is_refused_and_its_target_not_created() {
+    let dir = scratch_dir("link");
+    let target = dir.join("target");
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let (_, stderr) = run_with_log_file(&link);
+    assert_refused_to_stderr(&stderr, "symbolic link");
+    assert!(!target.exists(), "the link's target was created");
+    // An existing target is not written through the link either.
+    std::fs::write(&target, "kept\n").unwrap();
+    let (_, stderr) = run_with_log_file(&link);
+    assert_refused_to_stderr(&stderr, "symbolic link");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_directory_as_log_file_is_refused() {
+    let dir = scratch_dir("dir");
+    let (_, stderr) = run_with_log_file(&dir);
+    assert_refused_to_stderr(&stderr, "directory");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_existing_regular_log_file_is_appended_to() {
+    let dir = scratch_dir("file");
+    let file = dir.join("log");
+    std::fs::write(&file, "earlier line\n").unwrap();
+    let (_, stderr) = run_with_log_file(&file);
+    assert!(!stderr.contains("marker line"), "{stderr}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.starts_with("earlier line\n"), "{text}");
+    assert!(
+        text.contains("NVFIPC WARN store: marker line of the child"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,6 +23,7 @@
 
 use crate::error::{Error, Result};
 use crate::os::shm::ShmSegment;
+use crate::os::sigbus::{self, Guard};
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -150,11 +151,63 @@ pub struct BufferAt {
 }
 
 /// Shared view of a mapped board (own or peer's).
+///
+/// The mapping is guarded against SIGBUS (`os::sigbus`): a process of the same uid can truncate
+/// the board's file under its owner and its peers, and the next access past the new end would
+/// kill them. Guarded, that access reads zeros instead (every check of the protocol treats zeros
+/// as "not there yet") and the truncation is marked; [`Table::check`], called at every wait,
+/// turns the mark into an error. A size check (`fstat`) before each access would instead cost a
+/// syscall per access on the exchange's hot path and still race with the truncation.
 struct Table {
+    /// Declared before `seg`: released before the segment is unmapped.
+    guard: Guard,
     seg: ShmSegment,
 }
 
 impl Table {
+    fn new(seg: ShmSegment) -> Table {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let guard = sigbus::guard(seg.addr(), seg.len());
+        if !guard.is_guarded() && !WARNED.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                target: crate::logging::EXCHANGE,
+                "board {} is mapped without a SIGBUS guard (no SIGBUS handler, or more than {} \
+                 boards mapped; said once): a process truncating it would kill this one",
+                seg.name(),
+                sigbus::MAX_RANGES
+            );
+        }
+        Table { guard, seg }
+    }
+
+    /// Whether an access to the board ran into its file truncated or shrunk. With `probe`, the
+    /// first and the last page are touched first, so a shrink that no access has run into yet is
+    /// found too (to the page: a shrink inside the last page, which holds only the end of the
+    /// last entry, is not). Without, one atomic load: what the rank's own reads and writes of
+    /// the board ran into.
+    fn truncated(&self, probe: bool) -> bool {
+        debug_assert!(self.seg.len() >= BOARD_BYTES);
+        if probe {
+            std::hint::black_box(self.header().magic.load(Ordering::Relaxed));
+            std::hint::black_box(self.entry(CAPACITY - 1).at[1][2].load(Ordering::Relaxed));
+        }
+        self.guard.truncated()
+    }
+
+    /// The error of a board found truncated; `whose` names it ("rank 3's board", ...).
+    fn check(&self, probe: bool, whose: &str, consequence: &str) -> Result<()> {
+        if !self.truncated(probe) {
+            return Ok(());
+        }
+        Err(Error::protocol(format!(
+            "{whose} {} was truncated or shrunk under this process (a process of this uid \
+             resized /dev/shm{}): its contents are lost, so {consequence}. Close the caches on \
+             every rank of the job and create new ones, and find what resizes files in /dev/shm",
+            self.seg.name(),
+            self.seg.name()
+        )))
+    }
+
     fn header(&self) -> &Header {
         // SAFETY: the segment is at least BOARD_BYTES long (checked at create/open), page
         // aligned, and lives as long as `self`; all fields are atomics, so concurrent access
@@ -222,7 +275,7 @@ pub fn reclaim_dead() -> usize {
         let Ok(Some(seg)) = ShmSegment::open_when_sized(&path, HEADER) else {
             continue;
         };
-        let t = Table { seg };
+        let t = Table::new(seg);
         let h = t.header();
         let pid = h.owner_pid.load(Ordering::Acquire);
         let dead = h.magic.load(Ordering::Relaxed) == MAGIC
@@ -252,7 +305,7 @@ impl OwnBoard {
             Err(first) => {
                 let stale = match ShmSegment::open(name, 0) {
                     Ok(Some(existing)) => {
-                        let t = Table { seg: existing };
+                        let t = Table::new(existing);
                         let pid = t.header().owner_pid.load(Ordering::Acquire);
                         if pid == std::process::id() {
                             return Err(Error::state(format!(
@@ -278,7 +331,7 @@ impl OwnBoard {
                 ShmSegment::create(name, BOARD_BYTES)?
             }
         };
-        let table = Table { seg };
+        let table = Table::new(seg);
         let h = table.header();
         h.owner_pid.store(std::process::id(), Ordering::Relaxed);
         h.owner_pid_ns.store(local_pid_ns(), Ordering::Relaxed);
@@ -290,6 +343,17 @@ impl OwnBoard {
             table,
             index: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Fails, naming the board, when its file was truncated or shrunk: the peers no longer see
+    /// what this rank publishes. Called at every wait of an exchange, with `probe` now and then
+    /// (see `Table::truncated`).
+    pub fn check(&self, probe: bool) -> Result<()> {
+        self.table.check(
+            probe,
+            "this rank's own board",
+            "its peers no longer see the steps and versions it publishes",
+        )
     }
 
     /// Returns the entry of `fp`, publishing a new one (step 0) on first use.
@@ -361,6 +425,9 @@ impl OwnBoard {
 /// A peer's board, mapped read-only in spirit (we never write it).
 pub struct PeerBoard {
     table: Table,
+    /// The owner as found when the board was opened (its header is written once, before
+    /// `ready`): still known after the board is truncated.
+    owner: PeerProcess,
 }
 
 impl PeerBoard {
@@ -371,7 +438,7 @@ impl PeerBoard {
         let Some(seg) = ShmSegment::open_when_sized(name, BOARD_BYTES)? else {
             return Ok(None);
         };
-        let table = Table { seg };
+        let table = Table::new(seg);
         let h = table.header();
         if h.ready.load(Ordering::Acquire) != 1 {
             return Ok(None);
@@ -391,7 +458,26 @@ impl PeerBoard {
             // A board left behind by a crashed process; its owner will replace it.
             return Ok(None);
         }
-        Ok(Some(PeerBoard { table }))
+        let owner = PeerProcess {
+            rank,
+            pid: h.owner_pid.load(Ordering::Relaxed),
+            checkable: pid_checkable(h.owner_pid_ns.load(Ordering::Relaxed)),
+        };
+        Ok(Some(PeerBoard { table, owner }))
+    }
+
+    /// Fails, naming the board and its owner, when its file was truncated or shrunk: what it
+    /// shows can no longer be trusted. Called at every wait on it, with `probe` now and then
+    /// (see `Table::truncated`).
+    pub fn check(&self, probe: bool) -> Result<()> {
+        self.table.check(
+            probe,
+            &format!(
+                "the board of peer rank {} (pid {})",
+                self.owner.rank, self.owner.pid
+            ),
+            "the exchanges with that rank cannot continue",
+        )
     }
 
     /// Finds the peer's entry of a channel (None until the peer first uses it).
@@ -443,17 +529,12 @@ impl PeerBoard {
 
     /// The owner as a process whose liveness can be checked where its pid is meaningful.
     pub fn owner(&self) -> PeerProcess {
-        let h = self.table.header();
-        PeerProcess {
-            rank: h.rank.load(Ordering::Relaxed) as usize,
-            pid: h.owner_pid.load(Ordering::Relaxed),
-            checkable: pid_checkable(h.owner_pid_ns.load(Ordering::Relaxed)),
-        }
+        self.owner
     }
 
     /// The owner's pid (for messages).
     pub fn owner_pid(&self) -> u32 {
-        self.table.header().owner_pid.load(Ordering::Relaxed)
+        self.owner.pid
     }
 }
 
@@ -567,6 +648,58 @@ mod tests {
             f.write_decimal(n);
             assert_eq!(f.finish(), fingerprint(&n.to_string()), "{n}");
         }
+    }
+
+    /// Resizes a board's file as another process of the same uid could.
+    fn resize(name: &str, len: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/dev/shm{name}"))
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_truncated_board_reads_zeros_and_is_an_error_for_owner_and_peer() {
+        let n = name("t");
+        let own = OwnBoard::create(&n, 2).unwrap();
+        let peer = PeerBoard::try_open(&n, 2).unwrap().unwrap();
+        let fp = fingerprint("2/0/t/0");
+        let e = own.insert(fp).unwrap();
+        own.publish(e, 1, 5, BufferAt::default());
+        assert!(peer.read(e, 1).is_some());
+        assert!(own.check(true).is_ok() && peer.check(true).is_ok());
+        resize(&n, 0);
+        // Reads see zeros ("not there yet"), not SIGBUS; the owner's writes are absorbed.
+        assert_eq!(peer.read(e, 1), None);
+        assert_eq!(peer.find(fp), None);
+        own.publish(e, 2, 6, BufferAt::default());
+        let err = peer.check(false).unwrap_err();
+        assert_eq!(err.status, crate::error::Status::Protocol);
+        for needle in ["peer rank 2", &n, "truncated or shrunk", "create new ones"] {
+            assert!(err.message.contains(needle), "{needle}: {err}");
+        }
+        let err = own.check(false).unwrap_err();
+        assert!(err.message.contains("this rank's own board"), "{err}");
+        // The owner is still known, from before the truncation.
+        assert_eq!(peer.owner_pid(), std::process::id());
+        assert!(peer.owner_alive());
+        assert!(!peer.closed());
+    }
+
+    #[test]
+    fn a_shrunk_board_is_found_before_its_lost_pages_are_read() {
+        let n = name("s");
+        let own = OwnBoard::create(&n, 0).unwrap();
+        let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+        resize(&n, 4096);
+        // Nothing past the first page was read yet: only a probe, which touches the last page,
+        // finds it.
+        assert!(own.check(false).is_ok());
+        let err = own.check(true).unwrap_err();
+        assert!(err.message.contains("truncated or shrunk"), "{err}");
+        assert!(peer.check(true).is_err());
     }
 
     #[test]

@@ -305,7 +305,8 @@ impl HandleCache {
             polls = polls.wrapping_add(1);
             // Checked before the entries: what a peer published before it closed or exited is
             // visible once its `closed` flag or its death is, and then it is no failure.
-            let gone = if liveness_check_due(polls) {
+            let due = liveness_check_due(polls);
+            let gone = if due {
                 stuck.check(
                     self.cfg.rank,
                     items.iter().filter(|it| it.waiting).map(|it| PendingWait {
@@ -333,6 +334,11 @@ impl HandleCache {
                         break;
                     }
                 }
+            }
+            // A truncated board first: a peer that failed on it may have closed since, and the
+            // truncation is what the user must hear about.
+            if error.is_none() {
+                error = self.boards_intact(items, due).err();
             }
             if error.is_none() {
                 error = gone.and_then(|(i, e)| items[i].waiting.then_some(e));
@@ -451,6 +457,24 @@ impl HandleCache {
             self.names.board(it.ch.peer),
             self.own_record_key(it),
         )))
+    }
+
+    /// Fails when this rank's board, or the board of a peer still awaited, was truncated or
+    /// shrunk by another process: it reads zeros from then on (see `board`), so a wait on it
+    /// would otherwise last until the timeout, or its peers' would. At every poll, what this
+    /// rank's accesses ran into (one atomic load per board); with `probe`, at the pace of the
+    /// liveness checks, a shrink that no access ran into yet.
+    fn boards_intact(&self, items: &[Item], probe: bool) -> Result<()> {
+        self.board
+            .check(probe)
+            .and_then(|()| {
+                items
+                    .iter()
+                    .filter(|it| it.waiting)
+                    .filter_map(|it| it.link.board.as_deref())
+                    .try_for_each(|b| b.check(probe))
+            })
+            .map_err(|e| e.context(format!("rank {}", self.cfg.rank)))
     }
 
     /// The first pending item whose peer has closed its cache or exited, with an error naming

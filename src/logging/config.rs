@@ -11,7 +11,9 @@ pub const LEVEL_VAR: &str = "NVFIPC_DEBUG";
 /// a list to exclude (`^server,cuda`), as `NCCL_DEBUG_SUBSYS` reads.
 pub const SUBSYS_VAR: &str = "NVFIPC_DEBUG_SUBSYS";
 /// File variable: lines go to this file (appended) instead of stderr; `%h` is replaced by the
-/// host name and `%p` by the pid, so each process of a job can have its own file.
+/// host name and `%p` by the pid, so each process of a job can have its own file. Only a regular
+/// file (created 0600 when new) or a terminal is used, never through a symbolic link; anything
+/// else is refused with a warning and the log stays on stderr (see `os::logfile`).
 pub const FILE_VAR: &str = "NVFIPC_DEBUG_FILE";
 
 /// The log's configuration as read from the environment.

@@ -41,15 +41,15 @@ pub(super) fn init_once() {
             file,
             mut problems,
         } = LogConfig::from_lookup(|k| std::env::var(k).ok(), &host, pid);
+        // Never blocks (a FIFO with no reader) and never follows a link planted at a
+        // predictable `%h`/`%p` name: see `os::logfile`. A refused file leaves the log on stderr.
         let file = file.and_then(|path| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(|e| {
+            crate::os::logfile::open_append(&path)
+                .map_err(|refused| {
                     problems.push(format!(
-                        "{}={path:?} cannot be opened ({e}); logging to stderr",
-                        super::config::FILE_VAR
+                        "{}={path:?} is not used: {}; logging to stderr",
+                        super::config::FILE_VAR,
+                        refused.0
                     ))
                 })
                 .ok()

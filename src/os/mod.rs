@@ -5,19 +5,23 @@
 //! - [`memfd`]: anonymous shared files and their mappings, for host buffers passed by fd;
 //! - [`mmap`]: the shared mapping of a descriptor's file and its size, for both of those;
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
+//! - [`sigbus`]: a SIGBUS guard for shared mappings another process may truncate (boards);
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
 //! - [`process`]: the host name, whether a pid is alive, the boot clock and when this process
 //!   started;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
+//! - [`logfile`]: the log file, opened without blocking and without following links;
 //! - [`listen`]: the store server's listening socket and the open-file limit;
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
 
 pub mod cleanup;
 pub mod launcher;
 pub mod listen;
+pub mod logfile;
 pub mod memfd;
 pub mod mmap;
 pub mod net;
 pub mod process;
 pub mod shm;
+pub mod sigbus;
 pub mod wait;

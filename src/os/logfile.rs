@@ -1,0 +1,163 @@
+//! Opening the log file (`NVFIPC_DEBUG_FILE`) for appending, safely for a path in a shared
+//! directory such as `/tmp`, where the `%h`/`%p` names are predictable:
+//!
+//! - never blocking: a FIFO with no reader would otherwise block the open, and with it the
+//!   process's first call into the library (`O_NONBLOCK`, cleared once the file is accepted);
+//! - never following a symbolic link in the last component (`O_NOFOLLOW`), so a link planted in
+//!   `/tmp` cannot make the process create or append to a file elsewhere (as root, anywhere);
+//! - a new file is created with `O_EXCL` (mode 0600), which also refuses a dangling link;
+//! - only a regular file or a terminal is accepted (checked with `fstat` on the opened
+//!   descriptor, so the check and the file written cannot differ).
+//!
+//! Directories above the last component are followed as usual.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Why a log file was refused: the message says what the path is and why it is not used.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+/// Opens `path` for appending (created, mode 0600, when it does not exist) under the rules of
+/// the module docs.
+pub fn open_append(path: &str) -> Result<File, Refused> {
+    let cpath = CString::new(path).map_err(|_| Refused("the path contains a NUL byte".into()))?;
+    // O_NOCTTY: a terminal given as the log never becomes the controlling terminal of a session
+    // leader.
+    let base =
+        libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    // Two rounds: a file created by someone else between "absent" and our O_EXCL create is
+    // opened as an existing file in the second.
+    for _ in 0..2 {
+        match open(&cpath, base) {
+            Ok(fd) => return accept(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(refusal(&e)),
+        }
+        match open(&cpath, base | libc::O_CREAT | libc::O_EXCL) {
+            Ok(fd) => return accept(fd),
+            // A dangling symbolic link is EEXIST too: the first round reports it as a link.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(refusal(&e)),
+        }
+    }
+    Err(Refused(
+        "it appeared and disappeared while being opened (another process is replacing it)".into(),
+    ))
+}
+
+fn open(path: &CString, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is a valid NUL-terminated string; the mode is read only with O_CREAT.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn refusal(e: &io::Error) -> Refused {
+    Refused(match e.raw_os_error() {
+        Some(libc::ELOOP) => "it is a symbolic link (links are not followed)".to_string(),
+        Some(libc::ENXIO) => "it is a FIFO or socket with no reader (not a regular file)".into(),
+        Some(libc::EISDIR) => "it is a directory".to_string(),
+        _ => format!("it cannot be opened ({e})"),
+    })
+}
+
+/// Keeps `fd` if it is a regular file or a terminal, in blocking mode.
+fn accept(fd: OwnedFd) -> Result<File, Refused> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is a valid out pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(Refused(format!(
+            "fstat failed ({})",
+            io::Error::last_os_error()
+        )));
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    // SAFETY: isatty only inspects the open descriptor.
+    let terminal = kind == libc::S_IFCHR && unsafe { libc::isatty(fd.as_raw_fd()) } == 1;
+    if kind != libc::S_IFREG && !terminal {
+        let what = match kind {
+            libc::S_IFIFO => "a FIFO",
+            libc::S_IFSOCK => "a socket",
+            libc::S_IFCHR => "a character device that is not a terminal",
+            libc::S_IFBLK => "a block device",
+            libc::S_IFDIR => "a directory",
+            _ => "not a regular file",
+        };
+        return Err(Refused(format!(
+            "it is {what} (only a regular file or a terminal is used)"
+        )));
+    }
+    // SAFETY: F_GETFL/F_SETFL on an open descriptor; only O_NONBLOCK is changed.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(File::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn dir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("nvfipc-logfile-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn creates_new_files_0600_and_appends_to_existing_ones() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir("a");
+        let p = d.join("new.log");
+        let path = p.to_str().unwrap();
+        open_append(path).unwrap().write_all(b"one\n").unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        open_append(path).unwrap().write_all(b"two\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn refuses_links_directories_and_fifos_without_blocking() {
+        let d = dir("b");
+        let target = d.join("target");
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = open_append(link.to_str().unwrap()).unwrap_err();
+        assert!(err.0.contains("symbolic link"), "{err:?}");
+        assert!(!target.exists(), "the link's target was created");
+        std::fs::write(&target, "x").unwrap();
+        let err = open_append(link.to_str().unwrap()).unwrap_err();
+        assert!(err.0.contains("symbolic link"), "{err:?}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "x");
+        let err = open_append(d.to_str().unwrap()).unwrap_err();
+        assert!(err.0.contains("directory"), "{err:?}");
+        let fifo = CString::new(d.join("fifo").to_str().unwrap()).unwrap();
+        // SAFETY: `fifo` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let err = open_append(fifo.to_str().unwrap()).unwrap_err();
+        assert!(err.0.contains("FIFO"), "{err:?}");
+        let err = open_append("/dev/null").unwrap_err();
+        assert!(err.0.contains("not a terminal"), "{err:?}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

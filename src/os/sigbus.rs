@@ -1,0 +1,368 @@
+//! A process-wide SIGBUS guard for shared mappings that another process may shrink.
+//!
+//! A shared file mapped here (a rank's board in `/dev/shm`) can be truncated by any process of
+//! the same uid; the next access of this process to a page past the new end of the file raises
+//! SIGBUS, whose default action kills the process. A guarded range instead survives it: the
+//! handler replaces the whole range with private zero pages (`mmap(MAP_FIXED | MAP_ANONYMOUS)`,
+//! as Wayland compositors do for clients' shm pools), marks the range truncated, and returns, so
+//! the faulting access is retried on the zero pages. The owner of the range reads the mark at its
+//! next check ([`Guard::truncated`]) and turns it into an error; until then it only sees zeros.
+//!
+//! Why a guard and not a size check (`fstat`) before each access: a check is racy (the file can
+//! shrink between the check and the access, so it never removes the SIGBUS, only narrows the
+//! window), costs a syscall on the hot path of every exchange, and would need the descriptor kept
+//! open. The guard costs nothing until a fault, and the check of the mark is one atomic load.
+//!
+//! Any other SIGBUS (an address outside every guarded range, or a signal sent with `kill`) goes
+//! to the handler that was installed before this one, or, when that was the default action, the
+//! default is restored and the signal raised again, so the process dies of it as it would have.
+//!
+//! The handler is async-signal-safe: it reads a fixed table of atomics (no allocation, no lock),
+//! calls `mmap` (a plain system call) and saves and restores `errno`. The table is a seqlock per
+//! slot, so a slot being registered or released while the handler reads it is skipped rather
+//! than read half-written. A range is released (dropping its [`Guard`]) before it is unmapped,
+//! so the handler never remaps memory that has been handed to someone else; and since the fault
+//! comes from an access to a live range, its owner cannot release it concurrently.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
+
+/// Ranges guarded at once in a process (boards of all caches and peers); past this, a new range
+/// is mapped unguarded ([`Guard::is_guarded`] says so).
+pub const MAX_RANGES: usize = 1024;
+
+struct Slot {
+    /// Taken by a [`Guard`].
+    claimed: AtomicBool,
+    /// Seqlock: odd while `start`/`len` are being written.
+    seq: AtomicU64,
+    start: AtomicUsize,
+    /// 0: no range.
+    len: AtomicUsize,
+    /// Set by the handler once it has replaced the range with zero pages.
+    truncated: AtomicBool,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // only used to initialise the table below
+const EMPTY: Slot = Slot {
+    claimed: AtomicBool::new(false),
+    seq: AtomicU64::new(0),
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    truncated: AtomicBool::new(false),
+};
+
+static SLOTS: [Slot; MAX_RANGES] = [EMPTY; MAX_RANGES];
+static INSTALL: Once = Once::new();
+/// The SIGBUS action found when the guard was installed: where other faults go.
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// A guarded range; released on drop (drop it before unmapping the range).
+#[derive(Debug)]
+pub struct Guard {
+    slot: Option<usize>,
+}
+
+/// Guards `len` bytes at `addr` (a shared mapping of this process) against a shrinking file.
+/// The returned guard is unguarded when the handler could not be installed or every slot is
+/// taken: then a truncation kills the process as before.
+pub fn guard(addr: u64, len: u64) -> Guard {
+    if !install() || len == 0 {
+        return Guard { slot: None };
+    }
+    let slot = SLOTS.iter().position(|s| {
+        s.claimed
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    });
+    if let Some(i) = slot {
+        let s = &SLOTS[i];
+        s.truncated.store(false, Ordering::Relaxed);
+        write_range(s, addr as usize, len as usize);
+    }
+    Guard { slot }
+}
+
+fn write_range(s: &Slot, start: usize, len: usize) {
+    let seq = s.seq.load(Ordering::Relaxed);
+    s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+    fence(Ordering::Release);
+    s.start.store(start, Ordering::Relaxed);
+    s.len.store(len, Ordering::Relaxed);
+    s.seq.store(seq.wrapping_add(2), Ordering::Release);
+}
+
+impl Guard {
+    /// Whether a SIGBUS in the range was absorbed: the file behind it was truncated or shrunk,
+    /// and the range now holds private zero pages.
+    pub fn truncated(&self) -> bool {
+        self.slot
+            .is_some_and(|i| SLOTS[i].truncated.load(Ordering::Acquire))
+    }
+
+    /// Whether the range is guarded at all (see [`guard`]).
+    pub fn is_guarded(&self) -> bool {
+        self.slot.is_some()
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot.take() {
+            let s = &SLOTS[i];
+            write_range(s, 0, 0);
+            s.claimed.store(false, Ordering::Release);
+        }
+    }
+}
+
+fn install() -> bool {
+    INSTALL.call_once(|| {
+        // SAFETY: an all-zero `sigaction` is a valid value to be overwritten.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: reading the current action into a valid out pointer.
+        if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) } != 0 {
+            return;
+        }
+        // Stored before ours is installed, so the handler always finds it.
+        let _ = PREVIOUS.set(old);
+        // SAFETY: as above.
+        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+        new.sa_sigaction = on_sigbus as SigInfoHandler as usize;
+        new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+        // SAFETY: `new.sa_mask` is a valid sigset to initialise; `new` is a complete action whose
+        // handler has the SA_SIGINFO signature.
+        let ok = unsafe {
+            libc::sigemptyset(&mut new.sa_mask);
+            libc::sigaction(libc::SIGBUS, &new, std::ptr::null_mut()) == 0
+        };
+        INSTALLED.store(ok, Ordering::Release);
+    });
+    INSTALLED.load(Ordering::Acquire)
+}
+
+/// The guarded slot whose range holds `addr`, with that range (start, len) as read consistently.
+fn find(addr: usize) -> Option<(&'static Slot, usize, usize)> {
+    SLOTS.iter().find_map(|s| {
+        let before = s.seq.load(Ordering::Acquire);
+        if before & 1 == 1 {
+            return None;
+        }
+        let start = s.start.load(Ordering::Relaxed);
+        let len = s.len.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let stable = s.seq.load(Ordering::Relaxed) == before;
+        (stable && len != 0 && addr >= start && addr - start < len).then_some((s, start, len))
+    })
+}
+
+type SigInfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: __errno_location returns this thread's errno, valid for the thread's life; the
+    // handler restores it so the interrupted code never sees the value mmap left.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: as above.
+    let saved = unsafe { *errno };
+    // SAFETY: the kernel passes a valid siginfo (SA_SIGINFO); si_addr is meaningful for faults,
+    // whose si_code is positive (a signal sent by kill or sigqueue has si_code <= 0).
+    let fault_addr = (!info.is_null() && unsafe { (*info).si_code } > 0)
+        .then(|| unsafe { (*info).si_addr() } as usize);
+    if let Some((slot, start, len)) = fault_addr.and_then(find) {
+        // SAFETY: [start, start+len) is a mapping of this process that its owner guarded and has
+        // not released (the faulting access to it is in progress, so it cannot be released:
+        // see the module docs); replacing it with private zero pages of the same protection only
+        // changes what it reads, never what else is mapped.
+        let remapped = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if remapped != libc::MAP_FAILED {
+            slot.truncated.store(true, Ordering::Release);
+            // SAFETY: restoring the value read above into this thread's errno.
+            unsafe { *errno = saved };
+            return;
+        }
+    }
+    // SAFETY: forwards the arguments the kernel passed, unchanged.
+    unsafe { chain(sig, info, ctx) };
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+}
+
+/// Hands the signal to the action that was installed before ours.
+///
+/// # Safety
+/// Only from the SIGBUS handler, with the kernel's arguments.
+unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let previous = PREVIOUS.get();
+    let handler = previous.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    if handler == libc::SIG_IGN {
+        return;
+    }
+    if handler == libc::SIG_DFL {
+        // SAFETY: a zeroed action is SIG_DFL with an empty mask; restoring it and raising the
+        // signal again (pending until this handler returns, as SIGBUS is blocked in it) ends
+        // the process the way it would have ended without the guard.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+        return;
+    }
+    let siginfo = previous.is_some_and(|p| p.sa_flags & libc::SA_SIGINFO != 0);
+    if siginfo {
+        // SAFETY: the previous action declared SA_SIGINFO, so its handler has this signature.
+        let f: SigInfoHandler = unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: without SA_SIGINFO the previous handler takes the signal number only.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::os::memfd::{create_mapped, SharedMapping};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Command;
+
+    fn shrink(m: &SharedMapping, len: i64) {
+        // SAFETY: the mapping's descriptor is open.
+        assert_eq!(unsafe { libc::ftruncate(m.fd().as_raw_fd(), len) }, 0);
+    }
+
+    fn read(addr: u64) -> u64 {
+        // SAFETY: tests read inside a mapping they hold; a page past the file's end faults.
+        unsafe { std::ptr::read_volatile(addr as *const u64) }
+    }
+
+    #[test]
+    fn a_truncated_guarded_range_reads_zeros_and_is_marked() {
+        let m = create_mapped("sigbus-test", 3 * 4096).unwrap();
+        // SAFETY: the mapping is 3 pages long.
+        unsafe { std::ptr::write_volatile((m.addr() + 4096) as *mut u64, 7) };
+        let g = guard(m.addr(), m.len());
+        assert!(g.is_guarded() && !g.truncated());
+        assert_eq!(read(m.addr() + 4096), 7);
+        shrink(&m, 0);
+        assert_eq!(read(m.addr() + 4096), 0, "zero pages after the fault");
+        assert!(g.truncated());
+        // Writes land in the private pages, and the whole range reads as they were left.
+        // SAFETY: the range is mapped (now private zero pages).
+        unsafe { std::ptr::write_volatile((m.addr() + 2 * 4096) as *mut u64, 9) };
+        assert_eq!(read(m.addr() + 2 * 4096), 9);
+        assert_eq!(read(m.addr()), 0);
+        drop(g);
+    }
+
+    #[test]
+    fn a_file_shrunk_by_part_faults_only_past_its_end_and_marks_the_range() {
+        let m = create_mapped("sigbus-test", 4 * 4096).unwrap();
+        let g = guard(m.addr(), m.len());
+        shrink(&m, 4096);
+        assert_eq!(read(m.addr()), 0, "the first page is still the file's");
+        assert!(!g.truncated());
+        assert_eq!(read(m.addr() + 3 * 4096), 0);
+        assert!(g.truncated());
+    }
+
+    #[test]
+    fn slots_are_reused_and_ranges_do_not_leak_into_each_other() {
+        let a = guard(0x1000_0000, 4096);
+        let b = guard(0x2000_0000, 4096);
+        assert!(find(0x1000_0010).is_some() && find(0x2000_0ff8).is_some());
+        assert!(find(0x1000_1000).is_none(), "one past the end");
+        assert!(find(0x0fff_fff8).is_none(), "before the start");
+        drop(a);
+        assert!(find(0x1000_0010).is_none(), "released");
+        let c = guard(0x1000_0000, 8192);
+        assert!(c.is_guarded() && !c.truncated());
+        assert!(
+            find(0x1000_1000).is_some(),
+            "the new range, not the old one"
+        );
+        drop((b, c));
+    }
+
+    const CHILD: &str = "NVFIPC_SIGBUS_CHILD";
+
+    /// What a child does, by `CHILD`: `unguarded` faults outside every guarded range; `chained`
+    /// does so after installing a handler of its own first (which exits 42); `killed` receives
+    /// SIGBUS from `kill`. Except in `chained`, the action found is the default one (the test
+    /// harness's own handler, Rust's stack-overflow check, is removed first).
+    #[test]
+    #[ignore = "run by the tests below as a child process"]
+    fn child() {
+        let Ok(mode) = std::env::var(CHILD) else {
+            return;
+        };
+        if mode == "chained" {
+            extern "C" fn exit42(_: libc::c_int) {
+                // SAFETY: _exit is async-signal-safe.
+                unsafe { libc::_exit(42) };
+            }
+            // SAFETY: an all-zero action with a plain handler is valid; installed before ours.
+            unsafe {
+                let mut a: libc::sigaction = std::mem::zeroed();
+                a.sa_sigaction = exit42 as extern "C" fn(libc::c_int) as usize;
+                libc::sigaction(libc::SIGBUS, &a, std::ptr::null_mut());
+            }
+        } else {
+            // SAFETY: a zeroed action is SIG_DFL with an empty mask.
+            unsafe {
+                let a: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGBUS, &a, std::ptr::null_mut());
+            }
+        }
+        let guarded = create_mapped("sigbus-guarded", 4096).unwrap();
+        let _g = guard(guarded.addr(), guarded.len());
+        if mode == "killed" {
+            // SAFETY: sending a signal to this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGBUS) };
+        } else {
+            let other = create_mapped("sigbus-unguarded", 4096).unwrap();
+            shrink(&other, 0);
+            read(other.addr());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        println!("child survived");
+    }
+
+    fn run_child(mode: &str) -> std::process::ExitStatus {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "os::sigbus::tests::child",
+                "--nocapture",
+            ])
+            .env(CHILD, mode)
+            .output()
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("child survived"),
+            "{mode}: the child survived a SIGBUS it must not absorb"
+        );
+        out.status
+    }
+
+    #[test]
+    fn other_faults_still_kill_or_reach_the_previous_handler() {
+        assert_eq!(run_child("unguarded").signal(), Some(libc::SIGBUS));
+        assert_eq!(run_child("killed").signal(), Some(libc::SIGBUS));
+        assert_eq!(run_child("chained").code(), Some(42));
+    }
+}
