@@ -44,7 +44,11 @@ run() {
   local oks
   oks=$(grep -c '"ok": true' "$OUT/$name.jsonl")
   echo "$name: rc=$rc, $oks/$np ranks ok, $(($(date +%s) - start))s" | tee -a "$summary"
-  [ "$rc" -eq 0 ] && [ "$oks" -eq "$np" ]
+  if [ "$rc" -ne 0 ] || [ "$oks" -ne "$np" ]; then
+    grep -h '"error"' "$OUT/$name.jsonl" | head -2 | cut -c1-900
+    grep -v '^\s*$' "$OUT/$name.err" | tail -n 8 | cut -c1-400
+    return 1
+  fi
 }
 
 echo "== probe"
@@ -60,13 +64,14 @@ fi
 if [ -n "${OLD_LIB:-}" ]; then
   echo "== before (older build, expected to fail)"
   run before-churn-np4 "$(realpath "$OLD_LIB")" 4 expandable_segments:True MODE=churn STEPS="${STEPS:-200}" || true
-  grep -h '"error"' "$OUT/before-churn-np4.jsonl" | head -2 | cut -c1-600
+  run before-churn-np4-noempty "$(realpath "$OLD_LIB")" 4 expandable_segments:True MODE=churn EMPTY=0 STEPS="${STEPS:-200}" || true
 fi
 
 echo "== churn"
 for np in $RANKS; do
   run "churn-np$np-vmm" "$lib" "$np" expandable_segments:True MODE=churn STEPS="${STEPS:-200}" || fail=1
 done
+run "churn-np4-vmm-noempty" "$lib" 4 expandable_segments:True MODE=churn EMPTY=0 STEPS="${STEPS:-200}" || fail=1
 run "churn-np$largest-default" "$lib" "$largest" "" MODE=churn STEPS="${STEPS:-200}" || fail=1
 
 echo "== random"
@@ -76,9 +81,9 @@ for seed in ${SEEDS:-1 2 3}; do
   done
   run "random-s$seed-np4-default" "$lib" 4 "" MODE=random SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
 done
-for f in "$OUT"/churn-*.jsonl "$OUT"/random-*.jsonl; do
-  grep -h '"error"' "$f" 2>/dev/null | head -1 | cut -c1-800
-done
+echo "== summary"
 cat "$summary"
+# Everything in one file (the device tool returns a bounded number of files).
+tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 [ "$fail" -eq 0 ] && echo "gpu-lifecycle-check: PASSED" || echo "gpu-lifecycle-check: FAILED"
 exit "$fail"

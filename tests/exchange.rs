@@ -319,7 +319,7 @@ fn a_board_truncated_under_its_owner_and_peer_is_a_named_error_for_both() {
     // Both ranks are in an exchange that waits on the other; a process of the same uid then
     // truncates rank 0's board, which both map.
     std::thread::sleep(Duration::from_millis(200));
-    let board = format!("/dev/shm{}", names::board_name(&job, "", 0));
+    let board = format!("/dev/shm{}", names::CacheNames::new(&job, "", 1).board(0));
     let truncated_at = now_ns();
     std::fs::OpenOptions::new()
         .write(true)
@@ -1264,7 +1264,7 @@ fn truncated(r: Rank) {
     println!("the error: {err}");
     assert_eq!(err.status, Status::Protocol, "{err}");
     assert!(start.elapsed() < Duration::from_secs(10), "{err}");
-    let board = names::board_name(&r.job, "", 0);
+    let board = names::CacheNames::new(&r.job, "", 1).board(0);
     for needle in [board.as_str(), "truncated or shrunk", "create new ones"] {
         assert!(err.message.contains(needle), "{needle:?}: {err}");
     }

@@ -12,12 +12,14 @@ back), now and then all are dropped and `torch.cuda.empty_cache()` returns the s
 driver, and at agreed steps every rank frees its cache and creates a new one. After the run every
 import was released and every mapping unmapped.
 
-MODE=churn runs the fixed program of the known failure: sizes from {4 KiB, 1 MiB, 3 MiB, 24 MiB,
-70 MiB, 333,333 B}, three tags in turn, the last two steps' tensors kept, every fifth step all
+MODE=churn runs the program of the known failure: each rank one tensor per step of a size it
+draws from {4 KiB, 1 MiB, 3 MiB, 24 MiB, 70 MiB, 333,333 B}, sent to the next rank and received
+from the previous one under one of three tags in turn (the peer's tensor read through the
+mapping, no writes), the last two steps' tensors kept, and (unless EMPTY=0) every fifth step all
 dropped and `empty_cache()` called. MODE=random draws everything from SEED.
 
 Environment: NVFIPC_LIB, MASTER_ADDR/MASTER_PORT and the launcher's rank variables, MODE
-(churn|random), STEPS (default 200), SEED (default 1), RECREATE (1: caches freed and re-created
+(churn|random), STEPS (default 200), SEED (default 1), EMPTY, RECREATE (1: caches freed and re-created
 at agreed steps; default 1 in random mode, 0 in churn mode). Prints one JSON line per rank; a
 failure names the seed, the step and the program so far.
 """
@@ -80,7 +82,7 @@ def value(rank, step, slot, what):
     return (rank * 37 + step * 11 + slot * 5 + what * 101 + 1) % 251 + 1
 
 
-def plan(mode, seed, steps, recreate):
+def plan(mode, seed, steps, recreate, empty=True):
     """The agreed program (equal on every rank): per step the tags of the batch, whether the
     two sides list it in different orders, how long tensors live, and the lifecycle events."""
     rng = random.Random(seed)
@@ -88,9 +90,8 @@ def plan(mode, seed, steps, recreate):
     for step in range(steps):
         if mode == "churn":
             program.append({"tags": [f"t{step % 3}"], "reverse": False, "keep": 2,
-                            "empty": step > 0 and step % 5 == 0, "recreate": False,
-                            "sizes": [CHURN_SIZES[(step * 7) % len(CHURN_SIZES)]],
-                            "offset": 0})
+                            "empty": empty and step > 0 and step % 5 == 0, "recreate": False,
+                            "sizes": [None], "offset": 0, "same": True})
             continue
         n = rng.choice([1, 1, 2, 3])
         tags = [rng.choice(["a", "b", "c", "d"]) for _ in range(n)]
@@ -127,7 +128,7 @@ def main():
     rank, world = rank.value, world.value
     torch.cuda.set_device(0)
     nxt, prev = (rank + 1) % world, (rank - 1) % world
-    program = plan(mode, seed, steps, recreate)
+    program = plan(mode, seed, steps, recreate, os.environ.get("EMPTY", "1") == "1")
     # Sizes differ per rank (asymmetric changes): each rank draws its own from the agreed ones.
     own = random.Random(seed * 1000 + rank)
 
@@ -158,13 +159,18 @@ def main():
             # Fresh send and receive tensors for each request of the batch.
             items = []
             for slot, (tag, size) in enumerate(zip(p["tags"], p["sizes"])):
-                if mode == "random" and own.random() < 0.5:
+                if size is None:
+                    size = own.choice(CHURN_SIZES)
+                elif own.random() < 0.5:
                     size = own.choice([4096, 333_333, MIB, 3 * MIB, 24 * MIB])
                 off = p["offset"]
                 whole = torch.empty(size + off, dtype=torch.uint8, device="cuda")
                 send = whole[off:]
                 send.fill_(value(rank, step, slot, 0))
-                recv = torch.zeros(size, dtype=torch.uint8, device="cuda")
+                # One tensor both sent and received (read through the mapping only), or a
+                # receive tensor of its own that the previous rank writes into.
+                recv = send if p.get("same") else torch.zeros(size, dtype=torch.uint8,
+                                                              device="cuda")
                 items.append((tag, send, recv, whole))
             torch.cuda.synchronize()
             tags = [C.c_char_p(t.encode()) for t, *_ in items]
@@ -198,13 +204,16 @@ def main():
                 if bad:
                     raise Failure(f"step {step} tag {tag}: {bad} of {n} bytes read from rank "
                                   f"{prev} differ from {want}")
-                m = min(hs.peer_bytes, send.numel())
-                torch.as_tensor(PeerView(hs.peer_ptr, m), device="cuda").fill_(
-                    value(rank, step, slot, 1))
+                if not p.get("same"):
+                    m = min(hs.peer_bytes, send.numel())
+                    torch.as_tensor(PeerView(hs.peer_ptr, m), device="cuda").fill_(
+                        value(rank, step, slot, 1))
                 out["bytes_checked"] += n
             torch.cuda.synchronize()
             barrier(f"barrier after the writes of step {step}")
             for slot, (tag, send, recv, _) in enumerate(items):
+                if p.get("same"):
+                    break
                 # The previous rank wrote min(its send size, this recv size) bytes.
                 h = Handle()
                 r_req = batch[by_key[(RECV, tags[slot].value, recv.data_ptr())]]
