@@ -6,6 +6,8 @@
 #   release     buffer replacement on the device, with its PASS/FAIL summary
 #               (scripts/gpu-release-check.sh without its benchmark: the bench stage has the pool)
 #   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu-cxx-check.sh, NPS)
+#   lifecycle   PyTorch allocator lifecycles, churn and random programs, expandable segments and
+#               the default allocator (scripts/gpu-lifecycle-check.sh)
 #   demo        `nvfipc demo --transport device` with the largest rank count
 #   bench       `nvfipc bench` (exchange on the device; store and barrier on this machine's CPUs)
 # $OUT/campaign.txt gets one line per stage (status, seconds); every log, report and plot is packed
@@ -54,6 +56,7 @@ cat "$OUT/gpus.csv"
 stage gpu-check 200 env OUT="$OUT/gpu-check" NVFIPC_GPU_RANKS="$RANKS" bash scripts/gpu-check.sh
 stage release 300 env OUT="$OUT/release" RELEASE_BENCH=0 bash scripts/gpu-release-check.sh
 stage cxx 150 env OUT="$OUT/cxx" NPS="$RANKS" bash scripts/gpu-cxx-check.sh
+stage lifecycle 420 env OUT="$OUT/lifecycle" RANKS="$RANKS" bash scripts/gpu-lifecycle-check.sh
 stage demo 60 target/release/nvfipc demo --ranks "$largest" --transport device --iters 20
 mkdir -p "$OUT/bench"
 stage bench "${BENCH_TIMEOUT:-300}" env NVFIPC_PYTHON="$(command -v python3)" \
