@@ -4,9 +4,11 @@
 # JSON line per rank under $OUT:
 #   probe    tests/gpu/vmm_block_ids.c: does the driver give every new VMM physical allocation a
 #            new MEMORY_BLOCK_ID while one reserved range is remapped (as expandable segments do)?
-#   churn    tests/gpu/torch_lifecycle.py MODE=churn (the fixed churn program) with PyTorch's
-#            expandable segments at each rank count, and with its default allocator at the largest
-#   random   MODE=random for each seed: random lifecycles, caches re-created at agreed steps
+#   churn    tests/gpu/torch_lifecycle.py MODE=churn (the churn program) with PyTorch's expandable
+#            segments at each rank count, with its default allocator at the largest, and with the
+#            script's own expandable-segments-like VMM allocator (ALLOC=vmm) at 4
+#   random   MODE=random for each seed: random lifecycles, caches re-created at agreed steps, over
+#            expandable segments (np 2, 4), the default allocator and the script's VMM allocator
 #   before   (when OLD_LIB names an older build) the churn program on it, to show what it fixes
 # Environment: OUT (default ./gpu-out/lifecycle), NVFIPC_LIB (default
 # target/release/libnvfuser_ipc.so), OLD_LIB, RANKS (default "2 4 8"), SEEDS (default "1 2 3"),
@@ -73,6 +75,7 @@ for np in $RANKS; do
 done
 run "churn-np4-vmm-noempty" "$lib" 4 expandable_segments:True MODE=churn EMPTY=0 STEPS="${STEPS:-200}" || fail=1
 run "churn-np$largest-default" "$lib" "$largest" "" MODE=churn STEPS="${STEPS:-200}" || fail=1
+run "churn-np4-arena" "$lib" 4 "" MODE=churn ALLOC=vmm STEPS="${STEPS:-200}" || fail=1
 
 echo "== random"
 for seed in ${SEEDS:-1 2 3}; do
@@ -80,6 +83,7 @@ for seed in ${SEEDS:-1 2 3}; do
     run "random-s$seed-np$np-vmm" "$lib" "$np" expandable_segments:True MODE=random SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
   done
   run "random-s$seed-np4-default" "$lib" 4 "" MODE=random SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
+  run "random-s$seed-np4-arena" "$lib" 4 "" MODE=random ALLOC=vmm SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
 done
 echo "== summary"
 cat "$summary"

@@ -18,8 +18,13 @@ from the previous one under one of three tags in turn (the peer's tensor read th
 mapping, no writes), the last two steps' tensors kept, and (unless EMPTY=0) every fifth step all
 dropped and `empty_cache()` called. MODE=random draws everything from SEED.
 
+ALLOC=vmm takes every tensor's memory from an allocator of this script instead of PyTorch's: one
+reserved range, 2 MiB physical chunks created with POSIX-fd handles and mapped as allocations
+need them, unmapped and released by its empty_cache() when no allocation uses them, so that new
+chunks come back at old addresses (what expandable segments do, under the test's control).
+
 Environment: NVFIPC_LIB, MASTER_ADDR/MASTER_PORT and the launcher's rank variables, MODE
-(churn|random), STEPS (default 200), SEED (default 1), EMPTY, RECREATE (1: caches freed and re-created
+(churn|random), ALLOC (torch|vmm), STEPS (default 200), SEED (default 1), EMPTY, RECREATE (1: caches freed and re-created
 at agreed steps; default 1 in random mode, 0 in churn mode). Prints one JSON line per rank; a
 failure names the seed, the step and the program so far.
 """
@@ -61,6 +66,113 @@ class VmmCounters(C.Structure):
 
 class Failure(Exception):
     pass
+
+
+class AllocationProp(C.Structure):
+    _fields_ = [("type", C.c_int), ("requestedHandleTypes", C.c_int), ("loc_type", C.c_int),
+                ("loc_id", C.c_int), ("win32HandleMetaData", C.c_void_p),
+                ("allocFlags", C.c_uint8 * 8)]
+
+
+class AccessDesc(C.Structure):
+    _fields_ = [("loc_type", C.c_int), ("loc_id", C.c_int), ("flags", C.c_int)]
+
+
+PINNED, POSIX_FD, LOCATION_DEVICE, READWRITE = 1, 1, 1, 3
+
+
+class VmmArena:
+    """An expandable-segments-like allocator (see the module docs). First fit over the reserved
+    range, so freed addresses are handed out again."""
+
+    CHUNK = 2 * MIB
+
+    def __init__(self, reserve=16 << 30):
+        self.cu = C.CDLL("libcuda.so.1")
+        base = C.c_uint64()
+        self._check(self.cu.cuMemAddressReserve(C.byref(base), C.c_size_t(reserve),
+                                                C.c_size_t(0), C.c_uint64(0), C.c_uint64(0)),
+                    "cuMemAddressReserve")
+        self.base, self.size = base.value, reserve
+        self.free = [(0, reserve)]
+        self.handles = {}  # chunk index -> physical allocation
+        self.users = {}  # chunk index -> live allocations on it
+        self.chunks_made = 0
+        self.chunks_released = 0
+        self.prop = AllocationProp(PINNED, POSIX_FD, LOCATION_DEVICE, 0, None)
+        self.access = AccessDesc(LOCATION_DEVICE, 0, READWRITE)
+
+    def _check(self, rc, what):
+        if rc != 0:
+            raise Failure(f"{what}: CUresult {rc}")
+
+    def _chunks(self, start, n):
+        return range(start // self.CHUNK, (start + n - 1) // self.CHUNK + 1)
+
+    def alloc(self, n):
+        n = (n + 511) // 512 * 512
+        for i, (s, e) in enumerate(self.free):
+            if e - s >= n:
+                self.free[i:i + 1] = [] if s + n == e else [(s + n, e)]
+                break
+        else:
+            raise Failure(f"arena of {self.size} bytes full")
+        for c in self._chunks(s, n):
+            if c not in self.handles:
+                h = C.c_uint64()
+                self._check(self.cu.cuMemCreate(C.byref(h), C.c_size_t(self.CHUNK),
+                                                C.byref(self.prop), C.c_uint64(0)), "cuMemCreate")
+                at = C.c_uint64(self.base + c * self.CHUNK)
+                self._check(self.cu.cuMemMap(at, C.c_size_t(self.CHUNK), C.c_size_t(0), h,
+                                             C.c_uint64(0)), "cuMemMap")
+                self._check(self.cu.cuMemSetAccess(at, C.c_size_t(self.CHUNK),
+                                                   C.byref(self.access), C.c_size_t(1)),
+                            "cuMemSetAccess")
+                self.handles[c] = h
+                self.chunks_made += 1
+            self.users[c] = self.users.get(c, 0) + 1
+        return ArenaBlock(self, s, n)
+
+    def release(self, s, n):
+        for c in self._chunks(s, n):
+            self.users[c] -= 1
+        self.free.append((s, s + n))
+        self.free.sort()
+        merged = []
+        for a, b in self.free:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        self.free = merged
+
+    def empty_cache(self):
+        torch.cuda.synchronize()
+        for c in [c for c, u in self.users.items() if u == 0]:
+            at = C.c_uint64(self.base + c * self.CHUNK)
+            self._check(self.cu.cuMemUnmap(at, C.c_size_t(self.CHUNK)), "cuMemUnmap")
+            self._check(self.cu.cuMemRelease(self.handles.pop(c)), "cuMemRelease")
+            del self.users[c]
+            self.chunks_released += 1
+
+    def close(self):
+        self.empty_cache()
+        if not self.handles:
+            self.cu.cuMemAddressFree(C.c_uint64(self.base), C.c_size_t(self.size))
+
+
+class ArenaBlock:
+    """An allocation of a VmmArena, freed when the last reference goes."""
+
+    def __init__(self, arena, start, n):
+        self.arena, self.start, self.n = arena, start, n
+        self.ptr = arena.base + start
+
+    def tensor(self, offset, n):
+        return torch.as_tensor(PeerView(self.ptr + offset, n), device="cuda")
+
+    def __del__(self):
+        self.arena.release(self.start, self.n)
 
 
 def check(status, what):
@@ -127,6 +239,8 @@ def main():
     lib.nvfipc_context_world_size(ctx, C.byref(world))
     rank, world = rank.value, world.value
     torch.cuda.set_device(0)
+    torch.cuda.synchronize()  # PyTorch's context is current from here on
+    arena = VmmArena() if os.environ.get("ALLOC", "torch") == "vmm" else None
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     program = plan(mode, seed, steps, recreate, os.environ.get("EMPTY", "1") == "1")
     # Sizes differ per rank (asymmetric changes): each rank draws its own from the agreed ones.
@@ -138,6 +252,7 @@ def main():
     cache = C.c_void_p()
     check(lib.nvfipc_cache_create(ctx, C.byref(cache)), "cache")
     out = {"rank": rank, "world": world, "mode": mode, "seed": seed, "steps": steps,
+           "alloc": "vmm" if arena else "torch",
            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "caches": 1,
            "empty_cache": 0, "bytes_checked": 0}
     live = []  # (step it dies after, tensors)
@@ -155,6 +270,8 @@ def main():
                 live.clear()
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+                if arena:
+                    arena.empty_cache()
                 out["empty_cache"] += 1
             # Fresh send and receive tensors for each request of the batch.
             items = []
@@ -164,13 +281,22 @@ def main():
                 elif own.random() < 0.5:
                     size = own.choice([4096, 333_333, MIB, 3 * MIB, 24 * MIB])
                 off = p["offset"]
-                whole = torch.empty(size + off, dtype=torch.uint8, device="cuda")
-                send = whole[off:]
+                if arena:
+                    whole = (arena.alloc(size + off), arena.alloc(size))
+                    send = whole[0].tensor(off, size)
+                else:
+                    whole = torch.empty(size + off, dtype=torch.uint8, device="cuda")
+                    send = whole[off:]
                 send.fill_(value(rank, step, slot, 0))
                 # One tensor both sent and received (read through the mapping only), or a
                 # receive tensor of its own that the previous rank writes into.
-                recv = send if p.get("same") else torch.zeros(size, dtype=torch.uint8,
-                                                              device="cuda")
+                if p.get("same"):
+                    recv = send
+                elif arena:
+                    recv = whole[1].tensor(0, size)
+                    recv.zero_()
+                else:
+                    recv = torch.zeros(size, dtype=torch.uint8, device="cuda")
                 items.append((tag, send, recv, whole))
             torch.cuda.synchronize()
             tags = [C.c_char_p(t.encode()) for t, *_ in items]
@@ -230,11 +356,16 @@ def main():
             live = [(until, its) for until, its in live if until > step]
             done = step + 1
         barrier("final barrier")
+        items = whole = send = recv = None
         live.clear()
         torch.cuda.synchronize()
         check(lib.nvfipc_cache_free(cache), "final cache free")
         cache = None
         check(lib.nvfipc_cuda_ipc_flush_releases(C.c_int64(TIMEOUT_MS)), "flush")
+        if arena:
+            arena.close()
+            out["arena_chunks"] = {"made": arena.chunks_made,
+                                   "released": arena.chunks_released}
         end = counters()
         ipc = (C.c_uint64 * 5)()
         lib.nvfipc_cuda_ipc_counters_get(ipc)
