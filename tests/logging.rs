@@ -108,7 +108,7 @@ fn a_stuck_exchange_explains_itself_in_the_log() {
     assert!(
         has(
             &log0,
-            &["[rank 0] NVFIPC INFO exchange: rank 0: cache created"]
+            &["[rank 0] NVFIPC INFO exchange: rank 0: cache generation 1 of job"]
         ),
         "{log0}"
     );
@@ -135,7 +135,7 @@ fn a_stuck_exchange_explains_itself_in_the_log() {
         "{log0}"
     );
     // The silent rank's log shows its cache and no exchange.
-    assert!(has(&log1, &["[rank 1]", "rank 1: cache created"]), "{log1}");
+    assert!(has(&log1, &["[rank 1]", "rank 1: cache generation 1 of job"]), "{log1}");
     assert!(!has(&log1, &["exchange of"]), "{log1}");
 }
 
