@@ -9,11 +9,13 @@
 //! - [`process`]: the host name and whether a pid is alive;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
 //! - [`listen`]: the store server's listening socket and the open-file limit;
+//! - [`mem`]: freed heap memory handed back to the system;
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
 
 pub mod cleanup;
 pub mod launcher;
 pub mod listen;
+pub mod mem;
 pub mod memfd;
 pub mod mmap;
 pub mod net;
