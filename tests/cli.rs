@@ -436,3 +436,196 @@ fn launch_of_a_missing_command_exits_127() {
     assert_eq!(run.status.code(), Some(127), "{}", run.stderr);
     assert!(run.stderr.contains("cannot start rank 0"), "{}", run.stderr);
 }
+
+/// Pids of the processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let words: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            if words.iter().any(|w| w == marker) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Fails unless no process whose command line has the word `marker` is left within a second.
+fn assert_none_left(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let left = processes_with(marker);
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            for pid in &left {
+                // SAFETY: kill(2) takes no pointers.
+                unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+            }
+            panic!("ranks left running: {left:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `program args` under a soft and hard RLIMIT_NPROC of `nproc`, in its own process group. As
+/// root (whom the kernel exempts from that limit) it runs as uid and gid 65534.
+fn under_process_limit(program: &str, args: &[&str], nproc: u64) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: the closure runs between fork and exec and calls only setrlimit, geteuid,
+    // setgroups, setgid and setuid (async-signal-safe), on a struct of its own stack.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: nproc,
+                rlim_max: nproc,
+            };
+            if libc::setrlimit(libc::RLIMIT_NPROC, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::geteuid() == 0
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(65534) != 0
+                    || libc::setuid(65534) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// Rank counts the library cannot take, or that this machine cannot start, are usage errors
+/// (status 2 with the reason), found before anything starts.
+#[test]
+fn absurd_rank_counts_are_usage_errors() {
+    for args in [
+        &["launch", "-n", "99999999999", "--", "true"][..],
+        &["launch", "-n", "200000", "--", "true"],
+        &["demo", "--ranks", "131073"],
+        &["demo", "--ranks", "99999999999999999999999"],
+    ] {
+        let done = nvfipc(args, Duration::from_secs(20));
+        assert_eq!(done.status.code(), Some(2), "{args:?}: {}", done.stderr);
+        assert!(
+            done.stderr
+                .contains("must be at most 131072 ranks (NVFIPC_MAX_WORLD_SIZE)"),
+            "{args:?}: {}",
+            done.stderr
+        );
+    }
+    // Within the library's limit, beyond this user's process limit.
+    for args in [
+        &["launch", "-n", "100", "--", "true"][..],
+        &["demo", "--ranks", "100"],
+    ] {
+        let child = under_process_limit(NVFIPC, args, 50).spawn().unwrap();
+        let done = wait_bounded(child, Duration::from_secs(20));
+        assert_eq!(done.status.code(), Some(2), "{args:?}: {}", done.stderr);
+        assert!(
+            done.stderr
+                .contains("100 ranks need about 300 processes and threads")
+                && done.stderr.contains("ulimit -u 50"),
+            "{args:?}: {}",
+            done.stderr
+        );
+    }
+}
+
+/// Under a process limit that runs out part way through the start (other processes of the user
+/// hold most of it), the ranks started so far are stopped and reaped, and launch fails with a
+/// message rather than a panic.
+#[test]
+fn launch_stops_the_started_ranks_when_it_cannot_start_one() {
+    let script = "i=0; while [ $i -lt 45 ]; do sleep 3601 >/dev/null 2>&1 & i=$((i+1)); done; \
+                  exec \"$0\" launch --kill-grace-ms 300 -n 5 -- sleep 3602";
+    let child = under_process_limit("sh", &["-c", script, NVFIPC], 60)
+        .spawn()
+        .unwrap();
+    let group = child.id() as libc::pid_t;
+    let done = wait_bounded(child, Duration::from_secs(30));
+    // SAFETY: kill(2) takes no pointers; the group is the one the child led (its blockers).
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    assert_eq!(done.status.code(), Some(1), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("nvfipc launch: cannot start")
+            && done.stderr.contains("stopping the ranks started so far"),
+        "{}",
+        done.stderr
+    );
+    assert!(!done.stderr.contains("panicked"), "{}", done.stderr);
+    assert_none_left("3602");
+}
+
+/// SIGTERM while the ranks are being started stops the start at once: the launcher stops the
+/// ranks it started and exits 143, instead of starting the rest first.
+#[test]
+fn launch_honours_sigterm_while_starting_ranks() {
+    let child = Command::new(NVFIPC)
+        .args(["launch", "--kill-grace-ms", "2000", "-n", "1000", "--"])
+        .args(["sleep", "3603"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) takes no pointers; the child is not reaped yet.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let done = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(done.status.code(), Some(143), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("while starting rank"),
+        "{}",
+        done.stderr
+    );
+    assert!(
+        done.elapsed < Duration::from_secs(4),
+        "took {:?} after SIGTERM at 300 ms",
+        done.elapsed
+    );
+    assert_none_left("3603");
+}
+
+/// The same for `demo`: SIGTERM during its start ends it promptly, with no rank left.
+#[test]
+fn demo_honours_sigterm_while_starting_ranks() {
+    let child = Command::new(NVFIPC)
+        .args(["demo", "--ranks", "400", "--transport", "host"])
+        .args(["--timeout-ms", "987654"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) takes no pointers; the child is not reaped yet.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let done = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(done.status.code(), Some(143), "{}", done.stderr);
+    assert!(
+        done.elapsed < Duration::from_secs(8),
+        "took {:?} after SIGTERM at 300 ms",
+        done.elapsed
+    );
+    assert_none_left("987654");
+}

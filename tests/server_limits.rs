@@ -27,8 +27,14 @@ struct Server {
 
 impl Server {
     fn start(limits: &str) -> Server {
+        Server::start_with(limits, "")
+    }
+
+    /// [`Server::start`] with more `nvfipc serve` options.
+    fn start_with(limits: &str, options: &str) -> Server {
         let exe = env!("CARGO_BIN_EXE_nvfipc");
-        let script = format!("{limits}; exec \"$0\" serve --host 127.0.0.1 --port 0 --threads 1");
+        let script =
+            format!("{limits}; exec \"$0\" serve --host 127.0.0.1 --port 0 --threads 1 {options}");
         let mut child = Command::new("sh")
             .args(["-c", &script, exe])
             .stdin(Stdio::null())
@@ -428,5 +434,115 @@ fn bad_frames_are_logged_at_warn_and_rate_limited() {
         warned.len() <= 2,
         "20 bad clients within a second logged {} lines: {warned:?}",
         warned.len()
+    );
+}
+
+/// Resident memory once it has stopped changing (the server applies what it was sent).
+fn settled_rss_kib(server: &Server) -> u64 {
+    let mut last = server.rss_kib();
+    for _ in 0..40 {
+        thread::sleep(Duration::from_millis(100));
+        let now = server.rss_kib();
+        if now.abs_diff(last) < 1024 {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// A client that sent `frame` after its handshake and reads nothing.
+fn non_reader(port: u16, frame: &[u8]) -> Client {
+    let mut c = Client::connect(port);
+    c.0.write_all(frame).unwrap();
+    c
+}
+
+/// Stores `count` keys with empty values, 50,000 per MULTI_SET.
+fn store_small_keys(c: &mut Client, prefix: &str, count: u32) {
+    for start in (0..count).step_by(50_000) {
+        let n = (count - start).min(50_000);
+        let mut frame = vec![11u8]; // MULTI_SET
+        frame.extend_from_slice(&u64::from(n).to_le_bytes());
+        for i in start..start + n {
+            blob(&mut frame, format!("{prefix}{i:08}").as_bytes());
+            blob(&mut frame, b"");
+        }
+        c.0.write_all(&frame).unwrap();
+    }
+    assert_eq!(c.ping(1).unwrap(), 1);
+}
+
+/// Reads a LIST reply; returns how many keys it held.
+fn read_list(c: &mut Client) -> i64 {
+    let mut n = [0u8; 8];
+    c.0.read_exact(&mut n).unwrap();
+    let n = i64::from_le_bytes(n);
+    for _ in 0..n {
+        c.read_blob();
+    }
+    n
+}
+
+/// 250,000 small keys, then 100 connections that each send a one-byte LIST and never read, then
+/// 100 more that each add a key before their LIST (so no two see the same keys): the server's
+/// memory stays within the reply budget (`--reply-budget-mib 64`), not 100 times the key list,
+/// others are served meanwhile, and the memory goes back once the clients have gone.
+#[test]
+fn unread_list_replies_stay_within_the_server_budget() {
+    const KEYS: u32 = 250_000;
+    const CLIENTS: usize = 100;
+    let mut server = Server::start_with("true", "--reply-budget-mib 64");
+    let mut writer = Client::connect(server.port);
+    store_small_keys(&mut writer, "/small/", KEYS);
+    let base = settled_rss_kib(&server);
+
+    let mut stalled: Vec<Client> = (0..CLIENTS)
+        .map(|_| non_reader(server.port, &[17u8]))
+        .collect();
+    assert_eq!(writer.ping(2).unwrap(), 2);
+    let same_keys = settled_rss_kib(&server);
+
+    for i in 0..CLIENTS {
+        let mut frame = vec![SET];
+        blob(&mut frame, format!("/fresh/{i}").as_bytes());
+        blob(&mut frame, b"");
+        frame.push(17); // LIST
+        stalled.push(non_reader(server.port, &frame));
+    }
+    // Small requests are served while the budget is spent.
+    assert_eq!(writer.ping(3).unwrap(), 3);
+    writer.set(b"/during", b"v");
+    assert_eq!(writer.get(b"/during"), b"v");
+    let distinct_keys = settled_rss_kib(&server);
+    eprintln!(
+        "server RSS: {base} KiB with {KEYS} keys, {same_keys} KiB with {CLIENTS} unread LISTs, \
+         {distinct_keys} KiB with {CLIENTS} more over distinct key sets"
+    );
+    assert!(server.alive(), "the server died");
+    assert!(
+        same_keys < base + 48 * 1024,
+        "{CLIENTS} unread LISTs of the same keys took the server from {base} KiB to {same_keys}"
+    );
+    assert!(
+        distinct_keys < base + 160 * 1024,
+        "{CLIENTS} more unread LISTs over distinct key sets took the server from {base} KiB to \
+         {distinct_keys} (budget 64 MiB)"
+    );
+
+    // A stalled client that starts reading gets its whole reply.
+    let mut first = stalled.swap_remove(0);
+    assert_eq!(read_list(&mut first), i64::from(KEYS));
+    drop(first);
+    drop(stalled);
+    // Once they have gone, a waiting LIST is served and the memory is given back.
+    let mut lister = Client::connect(server.port);
+    lister.0.write_all(&[17u8]).unwrap();
+    assert_eq!(read_list(&mut lister), i64::from(KEYS) + 1 + CLIENTS as i64);
+    let after = settled_rss_kib(&server);
+    eprintln!("server RSS: {after} KiB once the clients have gone");
+    assert!(
+        after < base + 32 * 1024,
+        "the server holds {after} KiB after the clients left (it held {base} KiB before them)"
     );
 }

@@ -12,12 +12,14 @@
 //! - [`launcher`]: the launcher's variables that place a process on its node;
 //! - [`logfile`]: the log file, opened without blocking and without following links;
 //! - [`listen`]: the store server's listening socket and the open-file limit;
+//! - [`mem`]: freed heap memory handed back to the system;
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
 
 pub mod cleanup;
 pub mod launcher;
 pub mod listen;
 pub mod logfile;
+pub mod mem;
 pub mod memfd;
 pub mod mmap;
 pub mod net;

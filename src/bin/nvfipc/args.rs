@@ -11,8 +11,16 @@ Usage:
 {about-with-newline}
 {all-args}{after-help}";
 
+use nvfuser_ipc::env::MAX_WORLD_SIZE;
+
 /// A count of at least `min`, with a message that names the minimum.
 fn at_least(value: &str, min: u64) -> Result<u64, String> {
+    if !value.is_empty()
+        && value.bytes().all(|b| b.is_ascii_digit())
+        && value.parse::<u64>().is_err()
+    {
+        return Err("is far too large".to_string());
+    }
     let n: u64 = value
         .parse()
         .map_err(|_| format!("{value:?} is not a number"))?;
@@ -32,9 +40,32 @@ pub fn positive_count(value: &str) -> Result<usize, String> {
     Ok(at_least(value, 1)? as usize)
 }
 
-/// A rank count of at least 2 (a ring needs two).
-pub fn two_or_more(value: &str) -> Result<usize, String> {
-    Ok(at_least(value, 2)? as usize)
+/// A number of ranks of at least `min` and at most [`MAX_WORLD_SIZE`] (the library's limit,
+/// `NVFIPC_MAX_WORLD_SIZE`).
+fn ranks_at_least(value: &str, min: u64) -> Result<usize, String> {
+    let n = at_least(value, min).map_err(|e| {
+        if e == "is far too large" {
+            format!("must be at most {MAX_WORLD_SIZE} ranks (NVFIPC_MAX_WORLD_SIZE)")
+        } else {
+            e
+        }
+    })?;
+    if n > MAX_WORLD_SIZE as u64 {
+        return Err(format!(
+            "must be at most {MAX_WORLD_SIZE} ranks (NVFIPC_MAX_WORLD_SIZE)"
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// A number of ranks: 1 to [`MAX_WORLD_SIZE`].
+pub fn world_size(value: &str) -> Result<usize, String> {
+    ranks_at_least(value, 1)
+}
+
+/// A number of ranks of a ring: 2 to [`MAX_WORLD_SIZE`].
+pub fn ring_size(value: &str) -> Result<usize, String> {
+    ranks_at_least(value, 2)
 }
 
 /// A positive number of milliseconds.
@@ -70,7 +101,16 @@ mod tests {
     fn values_name_what_they_must_be() {
         assert_eq!(positive("7"), Ok(7));
         assert_eq!(positive("0").unwrap_err(), "must be at least 1");
-        assert_eq!(two_or_more("x").unwrap_err(), "\"x\" is not a number");
+        assert_eq!(ring_size("x").unwrap_err(), "\"x\" is not a number");
+        assert_eq!(ring_size("1").unwrap_err(), "must be at least 2");
+        assert_eq!(world_size("131072"), Ok(131072));
+        for big in ["131073", "99999999999", "99999999999999999999999"] {
+            assert_eq!(
+                world_size(big).unwrap_err(),
+                "must be at most 131072 ranks (NVFIPC_MAX_WORLD_SIZE)"
+            );
+        }
+        assert!(positive("99999999999999999999999").is_err());
         assert_eq!(millis("0"), Ok(Duration::ZERO));
         assert!(positive_ms("0").is_err());
     }

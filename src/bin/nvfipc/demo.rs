@@ -6,7 +6,7 @@
 //! The parent re-executes this binary as `demo-rank` through the launcher (`launch::run_job`);
 //! rank 0 hosts the store through `Context::from_env`, as under torchrun or mpirun.
 
-use crate::args::{positive, positive_count, positive_ms, two_or_more};
+use crate::args::{positive, positive_count, positive_ms, ring_size};
 use crate::launch::{self, JobSpec, StoreHost};
 use crate::memory::{enter_rank_device, kind_label, Buffer, Mover, TransportChoice};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, nanos};
@@ -36,7 +36,7 @@ const RESULT_FIELDS: usize = 8;
 )]
 pub struct DemoArgs {
     /// Number of ranks
-    #[arg(short = 'n', long, value_name = "N", default_value = "2", value_parser = two_or_more)]
+    #[arg(short = 'n', long, value_name = "N", default_value = "2", value_parser = ring_size)]
     pub ranks: usize,
     /// Iterations
     #[arg(long, value_name = "K", default_value = "10", value_parser = positive_count)]
@@ -104,6 +104,10 @@ pub fn verify(got: &[u8], rank: usize, iter: usize) -> Result<()> {
 
 /// The parent: decides the transport, runs the ranks, reports failure.
 pub fn run(args: &DemoArgs) -> i32 {
+    if let Err(message) = launch::check_capacity(args.ranks) {
+        eprintln!("nvfipc demo: {message}");
+        return launch::USAGE_ERROR;
+    }
     let kind = match args.transport.resolve() {
         Ok(kind) => kind,
         Err(e) => {

@@ -4,7 +4,7 @@
 //! [`run_job`] is the same machinery for other commands (`demo`, `bench`), which may instead let
 //! rank 0 host the store itself (as `torchrun` and `mpirun` jobs do, through `MASTER_PORT`).
 
-use crate::args::{millis, positive_count};
+use crate::args::{millis, world_size};
 use crate::signals::Signals;
 use nvfuser_ipc::store::server::StoreServer;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -30,6 +30,13 @@ const POLL: Duration = Duration::from_millis(10);
 /// can keep its pipes open).
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 const STORE_HOST: &str = "127.0.0.1";
+/// Tasks the launcher starts per rank: the rank's process and one thread for each of its output
+/// pipes.
+const TASKS_PER_RANK: u64 = 3;
+/// Stack of a thread copying a rank's output (it needs little, and thousands may run).
+const READER_STACK: usize = 128 * 1024;
+/// Exit status for a mistake of the caller (what the README promises, as clap's own errors).
+pub const USAGE_ERROR: i32 = 2;
 
 /// N ranks of CMD on this machine, with a store and torchrun's variables
 ///
@@ -43,7 +50,7 @@ const STORE_HOST: &str = "127.0.0.1";
 #[command(override_usage = "nvfipc launch -n N [--port P] [--kill-grace-ms MS] [--] CMD [ARGS...]")]
 pub struct LaunchArgs {
     /// Number of ranks
-    #[arg(short = 'n', long = "nproc", value_name = "N", value_parser = positive_count)]
+    #[arg(short = 'n', long = "nproc", value_name = "N", value_parser = world_size)]
     pub ranks: usize,
     /// Port of the store (0 picks a free one)
     #[arg(long, value_name = "P", default_value_t = 0)]
@@ -120,6 +127,43 @@ fn stderr_sink() -> Box<dyn Write> {
 struct Rank {
     child: Child,
     done: Option<ExitStatus>,
+}
+
+/// Starts a thread copying one of a rank's pipes to ours, each line prefixed; it says on `tx`
+/// when the pipe has closed.
+fn spawn_reader(
+    source: impl Read + Send + 'static,
+    prefix: String,
+    sink: fn() -> Box<dyn Write>,
+    tx: mpsc::Sender<()>,
+) -> io::Result<()> {
+    thread::Builder::new()
+        .name("nvfipc-output".into())
+        .stack_size(READER_STACK)
+        .spawn(move || {
+            prefix_lines(source, &prefix, sink);
+            let _ = tx.send(());
+        })
+        .map(drop)
+}
+
+/// Whether the machine can start `ranks` ranks (each a process and two threads); the message
+/// when it cannot.
+pub fn check_capacity(ranks: usize) -> Result<(), String> {
+    let needed = (ranks as u64).saturating_mul(TASKS_PER_RANK);
+    match nvfuser_ipc::os::process::task_headroom() {
+        Some((room, why)) if needed > room => Err(format!(
+            "{ranks} ranks need about {needed} processes and threads, more than this machine \
+             lets this program start ({room} more: {why}); use fewer ranks"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Whether an error starting a rank means the machine ran out of processes, threads or memory.
+fn out_of_resources(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM))
+        || e.kind() == io::ErrorKind::OutOfMemory
 }
 
 /// Sends `signal` to the process group of every rank that has not been reaped yet (a reaped
@@ -230,6 +274,10 @@ pub fn run_job(spec: &JobSpec) -> i32 {
             return 1;
         }
     };
+    if let Err(message) = check_capacity(spec.ranks) {
+        eprintln!("nvfipc launch: {message}");
+        return USAGE_ERROR;
+    }
     let (server, port) = match spec.store {
         StoreHost::Launcher { port } => match StoreServer::bind(STORE_HOST, port) {
             Ok(server) => {
@@ -256,42 +304,63 @@ pub fn run_job(spec: &JobSpec) -> i32 {
     let mut ranks: Vec<Rank> = Vec::with_capacity(spec.ranks);
     let mut verdict: Option<i32> = None;
     for r in 0..spec.ranks {
-        match spawn_rank(spec, r, port) {
-            Ok(mut child) => {
-                let prefix = format!("[rank {r}] ");
-                if let Some(out) = child.stdout.take() {
-                    let plain = r == 0 && spec.plain_rank0_stdout;
-                    let p = if plain { String::new() } else { prefix.clone() };
-                    let tx = drained_tx.clone();
-                    thread::spawn(move || {
-                        prefix_lines(out, &p, stdout_sink);
-                        let _ = tx.send(());
-                    });
-                    readers += 1;
-                }
-                if let Some(err) = child.stderr.take() {
-                    let (p, tx) = (prefix, drained_tx.clone());
-                    thread::spawn(move || {
-                        prefix_lines(err, &p, stderr_sink);
-                        let _ = tx.send(());
-                    });
-                    readers += 1;
-                }
-                ranks.push(Rank { child, done: None });
-            }
+        // A signal while starting the ranks stops the start: those already running are
+        // stopped below.
+        if let Some(signal) = signals.take() {
+            eprintln!(
+                "nvfipc launch: got signal {signal} while starting rank {r} of {}; stopping the \
+                 ranks started so far",
+                spec.ranks
+            );
+            verdict = Some(128 + signal);
+            break;
+        }
+        let mut child = match spawn_rank(spec, r, port) {
+            Ok(child) => child,
             Err(e) => {
+                let resources = out_of_resources(&e);
                 eprintln!(
-                    "nvfipc launch: cannot start rank {r} ({}): {e}",
-                    spec.command[0]
+                    "nvfipc launch: cannot start rank {r} of {} ({}): {e}{}; stopping the ranks \
+                     started so far",
+                    spec.ranks,
+                    spec.command[0],
+                    if resources {
+                        " (out of processes or memory: see `ulimit -u`)"
+                    } else {
+                        ""
+                    }
                 );
                 // Like a shell: 127 when the command does not exist, 126 when it cannot run.
-                verdict = Some(if e.kind() == io::ErrorKind::NotFound {
-                    127
-                } else {
-                    126
+                verdict = Some(match e.kind() {
+                    _ if resources => 1,
+                    io::ErrorKind::NotFound => 127,
+                    _ => 126,
                 });
                 break;
             }
+        };
+        let prefix = format!("[rank {r}] ");
+        let mut started = Ok(());
+        if let Some(out) = child.stdout.take() {
+            let plain = r == 0 && spec.plain_rank0_stdout;
+            let p = if plain { String::new() } else { prefix.clone() };
+            started = spawn_reader(out, p, stdout_sink, drained_tx.clone());
+            readers += usize::from(started.is_ok());
+        }
+        if let (Ok(()), Some(err)) = (&started, child.stderr.take()) {
+            started = spawn_reader(err, prefix, stderr_sink, drained_tx.clone());
+            readers += usize::from(started.is_ok());
+        }
+        // The rank counts as started either way, so that it is stopped and reaped with the rest.
+        ranks.push(Rank { child, done: None });
+        if let Err(e) = started {
+            eprintln!(
+                "nvfipc launch: cannot start a thread for the output of rank {r} of {}: {e} (out \
+                 of threads or memory: see `ulimit -u`); stopping the ranks started so far",
+                spec.ranks
+            );
+            verdict = Some(1);
+            break;
         }
     }
     drop(drained_tx);

@@ -19,6 +19,7 @@ const TOP_HELP: &str = "\
 {about-with-newline}
 Usage:
   nvfipc serve [--host H] [--port P] [--threads N] [--busy-poll-us US] [--max-connections C]
+               [--reply-budget-mib M]
   nvfipc launch -n N [--port P] [--kill-grace-ms MS] [--] CMD [ARGS...]
   nvfipc demo [--ranks N] [--iters K] [--bytes B] [--transport auto|device|host] [--timeout-ms MS]
   nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE] [--svg-dir DIR] [--quick]

@@ -2,7 +2,9 @@
 
 use crate::signals::Signals;
 use nvfuser_ipc::env::DEFAULT_MASTER_PORT;
-use nvfuser_ipc::store::server::{ServerOptions, StoreServer, DEFAULT_BUSY_POLL};
+use nvfuser_ipc::store::server::{
+    ServerOptions, StoreServer, DEFAULT_BUSY_POLL, DEFAULT_REPLY_BUDGET,
+};
 use std::io::Write;
 use std::time::Duration;
 
@@ -13,10 +15,12 @@ const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 ///
 /// Prints one line "listening on HOST:PORT" when ready and serves until SIGINT or SIGTERM. The
 /// server raises its soft open-file limit only as far as --max-connections needs, and refuses
-/// clients beyond the limit with a line on stderr.
+/// clients beyond the limit with a line on stderr. What replies hold beyond the stored data
+/// (LIST snapshots, streamed MULTI_GET references, unsent output) is bounded by
+/// --reply-budget-mib across all clients: a reply that does not fit waits until others are sent.
 #[derive(clap::Args, Debug, PartialEq, Eq)]
 #[command(
-    override_usage = "nvfipc serve [--host H] [--port P] [--threads N] [--busy-poll-us US]\n               [--max-connections C]"
+    override_usage = "nvfipc serve [--host H] [--port P] [--threads N] [--busy-poll-us US]\n               [--max-connections C] [--reply-budget-mib M]"
 )]
 pub struct ServeArgs {
     /// Address to listen on (:: is every IPv6 and IPv4 address)
@@ -34,6 +38,10 @@ pub struct ServeArgs {
     /// Most clients at once (fewer when the open-file limit is lower)
     #[arg(long, value_name = "C", default_value_t = ServerOptions::default().max_connections)]
     pub max_connections: usize,
+    /// MiB that replies may hold beyond the stored data, across all clients (at least 1)
+    #[arg(long, value_name = "M", default_value_t = (DEFAULT_REPLY_BUDGET >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub reply_budget_mib: u64,
 }
 
 /// Runs the server; returns the exit status.
@@ -50,6 +58,7 @@ pub fn run(args: &ServeArgs) -> i32 {
         busy_poll: Duration::from_micros(args.busy_poll_us),
         threads: args.threads,
         max_connections: args.max_connections,
+        reply_budget: usize::try_from(args.reply_budget_mib << 20).unwrap_or(usize::MAX),
         ..ServerOptions::default()
     };
     let server = match StoreServer::bind_with(&args.host, args.port, &opts) {
@@ -110,6 +119,7 @@ mod tests {
                 busy_poll_us: 50,
                 threads: 0,
                 max_connections: 16384,
+                reply_budget_mib: 256,
             }
         );
         assert_eq!(
@@ -121,6 +131,8 @@ mod tests {
                 "--threads",
                 "3",
                 "--max-connections=100",
+                "--reply-budget-mib",
+                "64",
             ])
             .unwrap(),
             ServeArgs {
@@ -129,6 +141,7 @@ mod tests {
                 busy_poll_us: 0,
                 threads: 3,
                 max_connections: 100,
+                reply_budget_mib: 64,
             }
         );
         assert!(parse::<ServeArgs>(&["--port", "99999"]).is_err());
@@ -138,5 +151,6 @@ mod tests {
             Some(clap::error::ErrorKind::DisplayHelp)
         );
         assert!(parse::<ServeArgs>(&["--busy-poll-us", "-1"]).is_err());
+        assert!(parse::<ServeArgs>(&["--reply-budget-mib", "0"]).is_err());
     }
 }

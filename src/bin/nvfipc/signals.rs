@@ -66,7 +66,7 @@ impl Signals {
     }
 
     /// A signal that already arrived, without waiting.
-    fn take(&self) -> Option<libc::c_int> {
+    pub fn take(&self) -> Option<libc::c_int> {
         match self.last.swap(0, Ordering::SeqCst) {
             0 => None,
             signal => Some(signal as libc::c_int),

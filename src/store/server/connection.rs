@@ -2,11 +2,11 @@
 //! was closed. The event loop (`event_loop.rs`) owns the connections and drives them.
 
 use super::buf_pool::{self, BufPool};
-use super::state::{ConnId, Refusal, StreamedBlob};
+use super::state::{Charge, ConnId, Refusal, ReplyBudget, StreamPart};
 use crate::store::wire::ParseError;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 
 /// Smallest free space offered to a read; an idle client's input buffer stays this small.
 pub(super) const MIN_READ: usize = 4096;
@@ -14,8 +14,18 @@ pub(super) const MIN_READ: usize = 4096;
 pub(super) const READ_BUDGET: usize = 4 << 20;
 /// Unsent reply bytes above which a connection's input is left unprocessed until it drains.
 pub(super) const OUT_HIGH_WATER: usize = 4 << 20;
-/// Bytes of a streamed reply copied into the output buffer at a time.
-pub(super) const STREAM_CHUNK: usize = 256 * 1024;
+/// Unsent reply bytes a connection holds without taking any of the server's reply budget; above
+/// it, its input waits while the budget is spent.
+pub(super) const OUT_ALLOWANCE: usize = 32 * 1024;
+/// Most slices one write of a streamed reply gathers.
+const MAX_SLICES: usize = 256;
+/// Bytes of lengths and small keys or values copied per write of a streamed reply (on the
+/// stack: a streamed reply holds no buffer of its own).
+const GATHER_BYTES: usize = 16 * 1024;
+/// Data at least this long is written from where it is stored rather than copied.
+const DIRECT_MIN: usize = 2048;
+/// Most bytes offered to one write of a streamed reply.
+const WRITE_MAX: usize = 4 << 20;
 
 /// Why a connection was closed.
 pub(super) enum Close {
@@ -41,9 +51,15 @@ pub(super) struct Conn {
     pub(super) outbuf: Vec<u8>,
     /// Bytes of `outbuf` already written.
     pub(super) out_pos: usize,
-    /// The rest of a streamed reply, written after `outbuf`; nothing else of this connection is
-    /// handled until it is empty.
-    pub(super) streaming: VecDeque<StreamedBlob>,
+    /// The rest of a streamed reply, written after `outbuf` straight from the store's values
+    /// and keys; nothing else of this connection is handled until it is empty.
+    pub(super) streaming: VecDeque<StreamPart>,
+    /// The reply budget the streamed reply holds (its references), until it is sent.
+    pub(super) stream_charge: Option<Charge>,
+    /// The reply budget the unsent output above [`OUT_ALLOWANCE`] holds.
+    pub(super) out_charge: Charge,
+    /// Already in the loop's list of connections waiting for reply budget.
+    pub(super) parked: bool,
     pub(super) validated: bool,
     pub(super) eof: bool,
     /// The poller reported the peer's FIN or an error: read until EOF, never stop at a short
@@ -60,33 +76,102 @@ impl Conn {
         self.outbuf.len() - self.out_pos
     }
 
-    /// Whether this connection's input must wait: too much unsent output, or a streamed reply
-    /// still going out.
-    pub(super) fn blocked(&self) -> bool {
-        self.backlog() > OUT_HIGH_WATER || !self.streaming.is_empty()
+    /// Whether this connection's input must wait: too much unsent output (more than its
+    /// allowance while the server's reply budget is spent), or a streamed reply still going out.
+    pub(super) fn blocked(&self, budget: &ReplyBudget) -> bool {
+        let backlog = self.backlog();
+        backlog > OUT_HIGH_WATER
+            || !self.streaming.is_empty()
+            || (backlog > OUT_ALLOWANCE && budget.spent())
     }
 
-    /// Moves up to [`STREAM_CHUNK`] bytes of the streamed reply into the (drained) output buffer.
-    pub(super) fn refill(&mut self) {
-        let mut room = STREAM_CHUNK;
-        while room > 0 {
-            let Some(blob) = self.streaming.front_mut() else {
-                return;
-            };
-            let bytes = blob.data.bytes();
-            let header = (bytes.len() as u64).to_le_bytes();
-            if blob.pos < header.len() {
-                self.outbuf.extend_from_slice(&header[blob.pos..]);
-                room = room.saturating_sub(header.len() - blob.pos);
-                blob.pos = header.len();
+    /// Whether its input waits for reply budget (no write readiness will resume it).
+    pub(super) fn waits_for_budget(&self, budget: &ReplyBudget) -> bool {
+        let backlog = self.backlog();
+        self.streaming.is_empty()
+            && backlog <= OUT_HIGH_WATER
+            && backlog > OUT_ALLOWANCE
+            && budget.spent()
+    }
+
+    /// Charges the unsent output above the allowance to the reply budget.
+    pub(super) fn sync_charge(&mut self) {
+        self.out_charge
+            .set(self.backlog().saturating_sub(OUT_ALLOWANCE));
+    }
+
+    /// One write of the streamed reply: gathers what comes next (lengths and small keys or
+    /// values copied into a stack buffer, larger data as it is stored) and returns how many
+    /// bytes the socket took.
+    fn write_streamed(&mut self) -> io::Result<usize> {
+        #[derive(Clone, Copy)]
+        enum Piece<'a> {
+            Copied(usize, usize),
+            Direct(&'a [u8]),
+        }
+        let mut scratch = [0u8; GATHER_BYTES];
+        let mut pieces = [Piece::Copied(0, 0); MAX_SLICES];
+        let (mut count, mut used, mut total) = (0, 0, 0);
+        'parts: for part in &self.streaming {
+            for (prefix, prefix_len, data, pos) in part.units() {
+                if count + 2 > MAX_SLICES || total >= WRITE_MAX {
+                    break 'parts;
+                }
+                let head = &prefix[pos.min(prefix_len)..prefix_len];
+                let data = &data[pos.saturating_sub(prefix_len)..];
+                let copied = head.len()
+                    + if data.len() < DIRECT_MIN {
+                        data.len()
+                    } else {
+                        0
+                    };
+                if used + copied > GATHER_BYTES {
+                    break 'parts;
+                }
+                let start = used;
+                scratch[used..used + head.len()].copy_from_slice(head);
+                used += head.len();
+                if data.len() < DIRECT_MIN {
+                    scratch[used..used + data.len()].copy_from_slice(data);
+                    used += data.len();
+                }
+                match pieces[..count].last_mut() {
+                    Some(Piece::Copied(_, end)) if *end == start => *end = used,
+                    _ if used > start => {
+                        pieces[count] = Piece::Copied(start, used);
+                        count += 1;
+                    }
+                    _ => {}
+                }
+                if data.len() >= DIRECT_MIN {
+                    pieces[count] = Piece::Direct(data);
+                    count += 1;
+                }
+                total += head.len() + data.len();
             }
-            let data = &bytes[blob.pos - header.len()..];
-            let n = data.len().min(room);
-            self.outbuf.extend_from_slice(&data[..n]);
-            room -= n;
-            blob.pos += n;
-            if n == data.len() {
-                self.streaming.pop_front();
+        }
+        let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+        for (slice, piece) in slices.iter_mut().zip(&pieces[..count]) {
+            *slice = match *piece {
+                Piece::Copied(start, end) => IoSlice::new(&scratch[start..end]),
+                Piece::Direct(data) => IoSlice::new(data),
+            };
+        }
+        if count == 0 {
+            return Ok(0);
+        }
+        self.stream.write_vectored(&slices[..count])
+    }
+
+    /// Marks `n` bytes of the streamed reply written.
+    fn advance_streamed(&mut self, mut n: usize) {
+        while let Some(front) = self.streaming.front_mut() {
+            match front.advance(n) {
+                None => return,
+                Some(rest) => {
+                    self.streaming.pop_front();
+                    n = rest;
+                }
             }
         }
     }
@@ -94,25 +179,39 @@ impl Conn {
     /// Writes as much pending output as the socket takes, continuing with the streamed reply
     /// if there is one; a large drained buffer goes back to the pool.
     pub(super) fn flush(&mut self, pool: &mut BufPool) -> io::Result<()> {
-        loop {
-            while self.out_pos < self.outbuf.len() {
-                match self.stream.write(&self.outbuf[self.out_pos..]) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(n) => self.out_pos += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            self.outbuf.clear();
-            self.out_pos = 0;
-            if self.streaming.is_empty() {
-                break;
-            }
-            self.refill();
+        let result = self.write_out(pool);
+        if self.streaming.is_empty() {
+            self.stream_charge = None;
         }
+        self.sync_charge();
+        result
+    }
+
+    fn write_out(&mut self, pool: &mut BufPool) -> io::Result<()> {
+        while self.out_pos < self.outbuf.len() {
+            match self.stream.write(&self.outbuf[self.out_pos..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.outbuf.clear();
+        self.out_pos = 0;
         if self.outbuf.capacity() >= buf_pool::LARGE {
             pool.give(std::mem::take(&mut self.outbuf));
+        }
+        // A part may be empty (nothing left to write), so advance past those first.
+        self.advance_streamed(0);
+        while !self.streaming.is_empty() {
+            match self.write_streamed() {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.advance_streamed(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

@@ -14,12 +14,18 @@
 //! grow the server's memory or starve the others. A GET or MULTI_GET whose reply would be large
 //! (one MULTI_GET may name an 8 MiB key 131072 times), and the same for LIST and a COMPARE_SET
 //! that returns a large stored value, is not built: the connection keeps
-//! references to the values it names and writes them out a chunk at a time as the peer reads,
-//! handling nothing else of that connection meanwhile. So a connection holds at most about
-//! `OUT_HIGH_WATER + STREAM_CHUNK` bytes of output, plus one reference per key it asked for.
+//! references to the values it names (for LIST, one snapshot of the keys shared by every LIST
+//! of the same keys) and writes them out straight from the store as the peer reads, handling
+//! nothing else of that connection meanwhile.
+//!
+//! What replies hold beyond the stored data (snapshots, references, unsent output above a small
+//! per-connection allowance) is charged to one budget for the whole server. A connection whose
+//! next reply cannot get budget, or whose unsent output is above its allowance while the budget
+//! is spent, is parked: its input waits, and it is tried again once budget has been given back.
+//! Replies that need no budget (every small one) are never held up by it.
 
 use super::buf_pool::{self, BufPool};
-use super::state::{ConnId, StoreState, StreamedBlob};
+use super::state::{ConnId, StoreState, StreamPart};
 use super::{ServerOptions, Shared};
 use crate::logging;
 use crate::store::wire::{self, Command, Parsed, Request};
@@ -43,6 +49,11 @@ const FIRST_CONN: usize = 2;
 
 /// How long to stop accepting after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// How often connections waiting for reply budget look whether some was given back.
+const PARKED_RETRY: Duration = Duration::from_millis(5);
+/// Reply budget given back since the last trim after which freed heap memory is returned to the
+/// system.
+const TRIM_AFTER: usize = 8 << 20;
 
 // Every structure guarded here stays consistent between statements, so `lock` may ignore
 // poisoning.
@@ -93,6 +104,10 @@ pub(super) struct EventLoop {
     dirty: Vec<usize>,
     /// Connections that used up their read budget and must be serviced again.
     again: Vec<usize>,
+    /// Connections waiting for reply budget, and the budget's release count when they were
+    /// last tried.
+    parked: Vec<usize>,
+    parked_at_release: u64,
     /// Unvalidated connections in accept order, with their handshake deadline.
     handshake_deadlines: VecDeque<(Instant, ConnId)>,
     accept_paused_until: Option<Instant>,
@@ -130,6 +145,8 @@ impl EventLoop {
             woken: Vec::new(),
             dirty: Vec::new(),
             again: Vec::new(),
+            parked: Vec::new(),
+            parked_at_release: 0,
             handshake_deadlines: VecDeque::new(),
             accept_paused_until: None,
             last_limit_log: None,
@@ -194,6 +211,11 @@ impl EventLoop {
                     self.service(slot);
                 }
             }
+            self.retry_parked();
+            if self.shared.budget.freed() >= TRIM_AFTER {
+                self.shared.budget.take_freed();
+                crate::os::mem::release_free_heap();
+            }
             self.expire_handshakes();
             if self
                 .accept_paused_until
@@ -215,6 +237,9 @@ impl EventLoop {
         if !self.again.is_empty() {
             return Some(Duration::ZERO);
         }
+        if !self.parked.is_empty() {
+            return Some(PARKED_RETRY);
+        }
         let deadline = [
             self.handshake_deadlines.front().map(|d| d.0),
             self.accept_paused_until,
@@ -223,6 +248,22 @@ impl EventLoop {
         .flatten()
         .min()?;
         Some(deadline.saturating_duration_since(Instant::now()))
+    }
+
+    /// Serves the connections waiting for reply budget again once some was given back, oldest
+    /// first (those still short of it park again, in the same order).
+    fn retry_parked(&mut self) {
+        let releases = self.shared.budget.releases();
+        if self.parked.is_empty() || releases == self.parked_at_release {
+            return;
+        }
+        self.parked_at_release = releases;
+        for slot in std::mem::take(&mut self.parked) {
+            if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+                conn.parked = false;
+                self.service(slot);
+            }
+        }
     }
 
     fn conn(&mut self, slot: usize) -> Option<&mut Conn> {
@@ -368,6 +409,9 @@ impl EventLoop {
             outbuf: Vec::new(),
             out_pos: 0,
             streaming: VecDeque::new(),
+            stream_charge: None,
+            out_charge: self.shared.budget.charge(),
+            parked: false,
             validated: false,
             eof: false,
             peer_closing: false,
@@ -393,8 +437,10 @@ impl EventLoop {
                 self.close(slot, Some(Close::Io));
                 return;
             }
-            if conn.blocked() {
-                // Resumed by the WRITABLE edge once the peer reads.
+            if conn.blocked(&self.shared.budget) {
+                // Resumed by the WRITABLE edge once the peer reads, or (parked) once budget
+                // was given back.
+                self.park_if_waiting(slot);
                 return;
             }
             if let Err(reason) = self.process_input(slot) {
@@ -408,7 +454,10 @@ impl EventLoop {
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 return;
             };
-            if conn.blocked() {
+            if conn.parked {
+                return;
+            }
+            if conn.blocked(&self.shared.budget) {
                 continue;
             }
             if conn.eof {
@@ -455,7 +504,7 @@ impl EventLoop {
             return;
         };
         let flushed = conn.flush(&mut self.pool);
-        let blocked = conn.blocked();
+        let blocked = conn.blocked(&self.shared.budget) || conn.parked;
         match (result, flushed) {
             (Err(reason), _) => self.close(slot, Some(reason)),
             (Ok(()), Err(_)) => self.close(slot, Some(Close::Io)),
@@ -491,6 +540,7 @@ impl EventLoop {
             woken,
             shared,
             pool,
+            parked,
             ..
         } = self;
         let Some(conn) = conns.get_mut(slot).and_then(Option::as_mut) else {
@@ -499,7 +549,8 @@ impl EventLoop {
         let mut pos = conn.in_start;
         let mut handled = 0u64;
         let mut result = Ok(());
-        while !conn.blocked() {
+        let budget = &shared.budget;
+        while !conn.blocked(budget) {
             let avail = &conn.inbuf[pos..conn.in_end];
             if avail.is_empty() || avail.len() < conn.need {
                 break;
@@ -510,6 +561,23 @@ impl EventLoop {
             }
             match wire::parse_frame(avail) {
                 Ok(Parsed::Request(req, used)) => {
+                    let streamed = conn.validated && state.should_stream(&req);
+                    let charge = if streamed {
+                        let cost = state.stream_cost(&req);
+                        match budget.try_take(cost) {
+                            Some(charge) => Some(charge),
+                            None => {
+                                // Left unparsed until budget is given back.
+                                if !conn.parked {
+                                    conn.parked = true;
+                                    parked.push(slot);
+                                }
+                                break;
+                            }
+                        }
+                    } else {
+                        None
+                    };
                     pos += used;
                     conn.need = 0;
                     handled += 1;
@@ -525,8 +593,8 @@ impl EventLoop {
                         conn.validated = true;
                         continue;
                     }
-                    if state.should_stream(&req) {
-                        state.stream_reply(&req, &mut conn.streaming);
+                    if let Some(charge) = charge {
+                        conn.stream_charge = state.stream_reply(&req, &mut conn.streaming, charge);
                         continue;
                     }
                     if !pool.is_empty() {
@@ -552,6 +620,11 @@ impl EventLoop {
         }
         conn.in_start = pos;
         conn.compact_input(pool);
+        conn.sync_charge();
+        if !conn.parked && conn.waits_for_budget(budget) {
+            conn.parked = true;
+            parked.push(slot);
+        }
         if handled > 0 {
             shared.stats.requests.fetch_add(handled, Ordering::Relaxed);
         }
@@ -614,13 +687,24 @@ impl EventLoop {
                         // Owed after the reply being streamed: queued behind it, as raw bytes
                         // (a blob whose length header counts as written).
                         conn.streaming
-                            .push_back(StreamedBlob::raw(vec![wire::WAIT_STOP_WAITING]));
+                            .push_back(StreamPart::raw(&[wire::WAIT_STOP_WAITING]));
                     }
                     self.mark_dirty(slot);
                 }
             }
         }
         self.woken.clear();
+    }
+
+    /// Parks a connection whose input waits for reply budget (nothing else would resume it).
+    fn park_if_waiting(&mut self, slot: usize) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if !conn.parked && conn.waits_for_budget(&self.shared.budget) {
+            conn.parked = true;
+            self.parked.push(slot);
+        }
     }
 
     fn mark_dirty(&mut self, slot: usize) {
@@ -638,14 +722,14 @@ impl EventLoop {
                 continue;
             };
             conn.dirty = false;
-            let was_blocked = conn.blocked();
+            let was_blocked = conn.blocked(&self.shared.budget);
             if conn.flush(&mut self.pool).is_err() {
                 self.close(slot, Some(Close::Io));
                 continue;
             }
             // Input left unprocessed while the output was over the mark: no further readiness
             // event may come for it, so service it on the next turn.
-            if was_blocked && !conn.blocked() && !conn.again {
+            if was_blocked && !conn.blocked(&self.shared.budget) && !conn.again {
                 conn.again = true;
                 self.again.push(slot);
             }

@@ -39,6 +39,13 @@ pub struct ServerOptions {
     /// a client's next request within that window is picked up without the thread wake-up
     /// (several microseconds), at the price of that much CPU after each burst. Zero disables.
     pub busy_poll: Duration,
+    /// Bytes that replies may hold beyond the stored data, across all connections: snapshots
+    /// of the keys for LIST, the references of a streamed MULTI_GET, and unsent output above a
+    /// small allowance per connection. A connection whose reply cannot get budget waits (its
+    /// input is not read) until other replies have been sent or their clients have gone; small
+    /// replies never wait for it. A single reply larger than the whole budget is served when
+    /// nothing else holds any.
+    pub reply_budget: usize,
     /// Event-loop threads; 0 picks [`default_threads`]. The default is one: a server embedded
     /// in a rank's process (the context's, `nvfipc_store_serve`) stays on one thread unless
     /// `NVFIPC_STORE_THREADS` says otherwise; `nvfipc serve` picks [`default_threads`].
@@ -59,6 +66,9 @@ pub const FD_RESERVE: usize = 64;
 /// The fewest clients a server takes at once, however low RLIMIT_NOFILE is.
 pub const MIN_CONNECTIONS: usize = 16;
 
+/// Default of [`ServerOptions::reply_budget`]: 256 MiB.
+pub const DEFAULT_REPLY_BUDGET: usize = 256 << 20;
+
 /// Default of [`ServerOptions::busy_poll`].
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
@@ -68,6 +78,7 @@ impl Default for ServerOptions {
             handshake_timeout: None,
             max_connections: 16384,
             busy_poll: DEFAULT_BUSY_POLL,
+            reply_budget: DEFAULT_REPLY_BUDGET,
             threads: 1,
         }
     }
@@ -95,6 +106,8 @@ pub struct ServerStats {
     pub refused: u64,
     /// Most clients this server holds at once (see [`ServerOptions::max_connections`]).
     pub max_connections: usize,
+    /// Bytes of the reply budget held right now (see [`ServerOptions::reply_budget`]).
+    pub reply_bytes_held: usize,
     /// The most recent of those problems, in words.
     pub last_error: Option<String>,
 }
@@ -122,6 +135,8 @@ struct Shared {
     last_error: Mutex<Option<String>>,
     /// The store, taken by a loop once per batch of requests.
     state: Mutex<state::StoreState>,
+    /// What replies hold beyond the stored data, across every connection.
+    budget: Arc<state::ReplyBudget>,
     /// One per event-loop thread, in thread order.
     shards: Vec<event_loop::Shard>,
 }
@@ -217,6 +232,7 @@ impl StoreServer {
             stats: Counters::default(),
             last_error: Mutex::new(None),
             state: Mutex::new(state::StoreState::default()),
+            budget: state::ReplyBudget::new(opts.reply_budget),
             shards,
         });
         let mut loops = Vec::with_capacity(threads);
@@ -317,6 +333,7 @@ impl StoreServer {
             accept_errors: c.accept_errors.load(Ordering::Relaxed),
             refused: c.refused.load(Ordering::Relaxed),
             max_connections: self.shared.max_connections,
+            reply_bytes_held: self.shared.budget.used(),
             last_error: self.shared.last_error.lock().ok().and_then(|e| e.clone()),
         }
     }

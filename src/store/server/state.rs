@@ -6,10 +6,11 @@ use super::fast_hash::FastMap;
 use crate::store::wire::{self, Request};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
-/// A stored value. Shared so that a large reply can be streamed out of a snapshot of the values
-/// it names (see [`StoreState::stream_reply`]) instead of being copied whole into memory.
+/// A stored value. Shared so that a large reply can be streamed out of the values it names (see
+/// [`StoreState::stream_reply`]) instead of being copied whole into memory.
 pub(crate) type Value = Arc<Vec<u8>>;
 
 /// A stored key. Shared so that a LIST reply can be streamed out of a snapshot of the keys.
@@ -17,37 +18,212 @@ pub(crate) type Key = Arc<[u8]>;
 
 /// Replies to GET, MULTI_GET, COMPARE_SET and LIST at least this long are streamed rather than
 /// built in memory.
-pub(crate) const STREAM_REPLY_MIN: usize = 1 << 20;
+pub(crate) const STREAM_REPLY_MIN: usize = 32 * 1024;
 
-/// Bytes of a streamed reply, shared with the store.
-pub(crate) enum Shared {
-    Value(Value),
-    Key(Key),
+/// The byte budget of replies, shared by every connection of one server: the memory replies
+/// hold beyond what is stored (LIST snapshots, the references of a streamed MULTI_GET, unsent
+/// output above a connection's free allowance). A connection that cannot get budget is not
+/// served until some frees; the values and keys a streamed reply names are the store's own and
+/// are not counted.
+pub(crate) struct ReplyBudget {
+    limit: usize,
+    used: AtomicUsize,
+    /// Bytes released since the last [`ReplyBudget::take_freed`], so a loop can hand memory
+    /// back to the system after large frees.
+    freed: AtomicUsize,
+    /// How many times budget was given back, so waiting connections know when to try again.
+    releases: AtomicU64,
 }
 
-impl Shared {
-    pub fn bytes(&self) -> &[u8] {
-        match self {
-            Shared::Value(v) => v,
-            Shared::Key(k) => k,
+impl ReplyBudget {
+    pub fn new(limit: usize) -> Arc<ReplyBudget> {
+        Arc::new(ReplyBudget {
+            limit,
+            ..ReplyBudget::default()
+        })
+    }
+
+    /// `bytes` of the budget if they fit under the limit, or if nothing else is held (so a
+    /// request larger than the whole budget is served alone rather than never).
+    pub fn try_take(self: &Arc<Self>, bytes: usize) -> Option<Charge> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used == 0 || used.saturating_add(bytes) <= self.limit).then(|| used + bytes)
+            })
+            .ok()?;
+        Some(Charge {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+
+    /// An empty charge that [`Charge::set`] grows whatever the budget holds (memory that is
+    /// already there, such as unsent output).
+    pub fn charge(self: &Arc<Self>) -> Charge {
+        Charge {
+            budget: Arc::clone(self),
+            bytes: 0,
+        }
+    }
+
+    /// Whether the budget is spent.
+    pub fn spent(&self) -> bool {
+        self.used.load(Ordering::Acquire) >= self.limit
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Bytes given back since the last [`ReplyBudget::take_freed`].
+    pub fn freed(&self) -> usize {
+        self.freed.load(Ordering::Acquire)
+    }
+
+    pub fn take_freed(&self) -> usize {
+        self.freed.swap(0, Ordering::AcqRel)
+    }
+
+    /// How many times budget was given back so far.
+    pub fn releases(&self) -> u64 {
+        self.releases.load(Ordering::Acquire)
+    }
+
+    fn release(&self, bytes: usize) {
+        if bytes > 0 {
+            self.used.fetch_sub(bytes, Ordering::AcqRel);
+            self.freed.fetch_add(bytes, Ordering::AcqRel);
+            self.releases.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
 
-/// One blob of a streamed reply: the value (or key) as it was when the request was applied.
-pub(crate) struct StreamedBlob {
-    pub data: Shared,
-    /// Bytes of `8-byte length ‖ data` already written out (start at 8 for raw bytes without
-    /// a length).
-    pub pos: usize,
+impl Default for ReplyBudget {
+    fn default() -> Self {
+        ReplyBudget {
+            limit: usize::MAX,
+            used: AtomicUsize::new(0),
+            freed: AtomicUsize::new(0),
+            releases: AtomicU64::new(0),
+        }
+    }
 }
 
-impl StreamedBlob {
-    /// Raw reply bytes (no length header), queued in order with the blobs.
-    pub fn raw(bytes: Vec<u8>) -> StreamedBlob {
-        StreamedBlob {
-            data: Shared::Value(Arc::new(bytes)),
-            pos: 8,
+/// Bytes held of a [`ReplyBudget`], given back when dropped.
+pub(crate) struct Charge {
+    budget: Arc<ReplyBudget>,
+    bytes: usize,
+}
+
+impl Charge {
+    /// Holds `bytes` from now on, whatever the budget holds.
+    pub fn set(&mut self, bytes: usize) {
+        if bytes > self.bytes {
+            self.budget
+                .used
+                .fetch_add(bytes - self.bytes, Ordering::AcqRel);
+        } else {
+            self.budget.release(self.bytes - bytes);
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+/// Every key of the store at one moment, shared by the LIST replies that asked then (one copy
+/// of the references however many connections list the same keys).
+pub(crate) struct KeySnapshot {
+    keys: Vec<Key>,
+    _charge: Charge,
+}
+
+/// What a streamed reply still has to write, in units: a unit is `prefix ‖ data`, and `pos`
+/// counts its bytes already written.
+pub(crate) enum StreamPart {
+    /// A value (or key) with its 8-byte length, as it was when the request was applied.
+    Blob { data: Value, pos: usize },
+    /// Up to 8 raw bytes (the count of a LIST, a STOP_WAITING owed after the reply).
+    Raw {
+        bytes: [u8; 8],
+        len: usize,
+        pos: usize,
+    },
+    /// The keys of a snapshot from `next` on, each with its length.
+    Keys {
+        list: Arc<KeySnapshot>,
+        next: usize,
+        pos: usize,
+    },
+}
+
+/// One unit of a streamed reply: its prefix (a length, or raw bytes), the prefix's length and
+/// the data after it.
+type Unit<'a> = ([u8; 8], usize, &'a [u8]);
+
+impl StreamPart {
+    /// Raw reply bytes (at most 8), queued in order with the rest.
+    pub fn raw(bytes: &[u8]) -> StreamPart {
+        let mut b = [0u8; 8];
+        b[..bytes.len()].copy_from_slice(bytes);
+        StreamPart::Raw {
+            bytes: b,
+            len: bytes.len(),
+            pos: 0,
+        }
+    }
+
+    /// The units still to write, the first one from its `pos`: (prefix, prefix length, data,
+    /// bytes of the unit already written).
+    pub fn units(&self) -> impl Iterator<Item = ([u8; 8], usize, &[u8], usize)> + '_ {
+        let (one, keys, pos): (Option<Unit<'_>>, &[Key], usize) = match self {
+            StreamPart::Blob { data, pos } => (
+                Some(((data.len() as u64).to_le_bytes(), 8, data.as_slice())),
+                &[],
+                *pos,
+            ),
+            StreamPart::Raw { bytes, len, pos } => (Some((*bytes, *len, &[][..])), &[], *pos),
+            StreamPart::Keys { list, next, pos } => (None, &list.keys[*next..], *pos),
+        };
+        let keys = keys
+            .iter()
+            .map(|k| ((k.len() as u64).to_le_bytes(), 8, &k[..]));
+        one.into_iter()
+            .chain(keys)
+            .enumerate()
+            .map(move |(i, (prefix, plen, data))| {
+                (prefix, plen, data, if i == 0 { pos } else { 0 })
+            })
+    }
+
+    /// Marks `n` more bytes written; returns the bytes of `n` beyond this part (when it ended).
+    pub fn advance(&mut self, mut n: usize) -> Option<usize> {
+        loop {
+            let (unit_len, pos) = match self {
+                StreamPart::Blob { data, pos } => (8 + data.len(), pos),
+                StreamPart::Raw { len, pos, .. } => (*len, pos),
+                StreamPart::Keys { list, next, pos } => match list.keys.get(*next) {
+                    Some(k) => (8 + k.len(), pos),
+                    None => return Some(n),
+                },
+            };
+            let step = n.min(unit_len - *pos);
+            *pos += step;
+            n -= step;
+            if *pos < unit_len {
+                return None;
+            }
+            match self {
+                StreamPart::Keys { next, pos, .. } => {
+                    *next += 1;
+                    *pos = 0;
+                }
+                _ => return Some(n),
+            }
         }
     }
 }
@@ -108,6 +284,9 @@ struct PendingWait {
 #[derive(Default)]
 pub(crate) struct StoreState {
     kv: FastMap<Key, Value>,
+    /// The snapshot of the keys that LIST replies stream from, while one is still being sent
+    /// and no key was added or removed since.
+    keys_snapshot: Weak<KeySnapshot>,
     /// Non-empty queues only (an emptied queue is removed, so presence means "has items").
     queues: FastMap<Vec<u8>, VecDeque<Vec<u8>>>,
     waiters: FastMap<Vec<u8>, Vec<Waiter>>,
@@ -163,12 +342,17 @@ impl StoreState {
             Request::Wait { keys } => self.wait(keys, &mut fx),
             Request::GetNumKeys => wire::put_i64(fx.out, self.kv.len() as i64),
             Request::DeleteKey { key } => {
-                wire::put_i64(fx.out, i64::from(self.kv.remove(key).is_some()))
+                let removed = self.kv.remove(key).is_some();
+                if removed {
+                    self.keys_changed();
+                }
+                wire::put_i64(fx.out, i64::from(removed))
             }
             Request::Append { key, value } => {
                 match self.kv.get_mut(key) {
                     Some(existing) => Arc::make_mut(existing).extend_from_slice(value),
                     None => {
+                        self.keys_changed();
                         self.kv.insert(Key::from(key), Arc::new(value.to_vec()));
                     }
                 }
@@ -252,29 +436,67 @@ impl StoreState {
         }
     }
 
+    /// Budget bytes that streaming `req` takes (see [`ReplyBudget`]): the references of a
+    /// MULTI_GET, and for a LIST a new snapshot of the keys unless the last one is still being
+    /// sent and no key was added or removed since.
+    pub fn stream_cost(&self, req: &Request<'_>) -> usize {
+        match *req {
+            Request::MultiGet { keys } => keys.len() * std::mem::size_of::<StreamPart>(),
+            Request::List if self.keys_snapshot.strong_count() == 0 => {
+                std::mem::size_of::<KeySnapshot>() + self.kv.len() * std::mem::size_of::<Key>()
+            }
+            _ => 0,
+        }
+    }
+
     /// The reply to a request [`StoreState::should_stream`] chose, as the values or keys it
     /// names as they are now (the same atomic snapshot a built reply would hold, at the cost of
-    /// one reference per key). A COMPARE_SET streamed here writes nothing (the stored value
-    /// differs from the expected one), so it needs no wake-ups.
-    pub fn stream_reply(&self, req: &Request<'_>, out: &mut VecDeque<StreamedBlob>) {
-        let value = |key: &[u8]| StreamedBlob {
-            data: Shared::Value(Arc::clone(self.kv.get(key).unwrap_or(&self.empty))),
+    /// one reference per value, and one shared list of references to the keys for every LIST
+    /// of the same keys). `charge` holds [`StoreState::stream_cost`] bytes: a new snapshot
+    /// keeps it; otherwise it is returned, for the connection to hold until the reply is sent.
+    /// A COMPARE_SET streamed here writes nothing (the stored value differs from the expected
+    /// one), so it needs no wake-ups.
+    pub fn stream_reply(
+        &mut self,
+        req: &Request<'_>,
+        out: &mut VecDeque<StreamPart>,
+        charge: Charge,
+    ) -> Option<Charge> {
+        let value = |key: &[u8]| StreamPart::Blob {
+            data: Arc::clone(self.kv.get(key).unwrap_or(&self.empty)),
             pos: 0,
         };
         match *req {
             Request::Get { key } | Request::CompareSet { key, .. } => out.push_back(value(key)),
             Request::MultiGet { keys } => out.extend(keys.iter().map(value)),
             Request::List => {
-                out.push_back(StreamedBlob::raw(
-                    (self.kv.len() as i64).to_le_bytes().to_vec(),
-                ));
-                out.extend(self.kv.keys().map(|key| StreamedBlob {
-                    data: Shared::Key(Arc::clone(key)),
+                let list = match self.keys_snapshot.upgrade() {
+                    Some(list) => list,
+                    None => {
+                        let list = Arc::new(KeySnapshot {
+                            keys: self.kv.keys().cloned().collect(),
+                            _charge: charge,
+                        });
+                        self.keys_snapshot = Arc::downgrade(&list);
+                        out.push_back(StreamPart::raw(&(list.keys.len() as i64).to_le_bytes()));
+                        out.push_back(StreamPart::Keys {
+                            list,
+                            next: 0,
+                            pos: 0,
+                        });
+                        return None;
+                    }
+                };
+                out.push_back(StreamPart::raw(&(list.keys.len() as i64).to_le_bytes()));
+                out.push_back(StreamPart::Keys {
+                    list,
+                    next: 0,
                     pos: 0,
-                }));
+                });
             }
             _ => {}
         }
+        Some(charge)
     }
 
     /// About how many reply bytes `req` will produce (0 for small or no replies), so the caller
@@ -297,6 +519,13 @@ impl StoreState {
                     .map_or(0, Vec::len)
             }
             _ => 0,
+        }
+    }
+
+    /// A key was added or removed: the next LIST needs a new snapshot.
+    fn keys_changed(&mut self) {
+        if self.keys_snapshot.strong_count() > 0 {
+            self.keys_snapshot = Weak::new();
         }
     }
 
@@ -337,6 +566,7 @@ impl StoreState {
                 None => *existing = Arc::new(value.to_vec()),
             },
             None => {
+                self.keys_changed();
                 self.kv.insert(Key::from(key), Arc::new(value.to_vec()));
             }
         }
@@ -359,6 +589,7 @@ impl StoreState {
                 return;
             }
             None if expected.is_empty() => {
+                self.keys_changed();
                 self.kv.insert(Key::from(key), Arc::new(desired.to_vec()));
                 wire::put_blob(fx.out, desired);
             }

@@ -399,3 +399,86 @@ fn validate_and_ping() {
         .unwrap_err();
     assert_eq!(refusal, Refusal::BadMagic(1));
 }
+
+/// Everything a streamed reply writes, unit by unit, advancing by `step` bytes at a time.
+fn drain(parts: &mut VecDeque<StreamPart>, step: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(front) = parts.front_mut() {
+        let mut bytes = Vec::new();
+        for (prefix, prefix_len, data, pos) in front.units() {
+            let mut unit = prefix[..prefix_len].to_vec();
+            unit.extend_from_slice(data);
+            bytes.extend_from_slice(&unit[pos..]);
+        }
+        let n = step.min(bytes.len());
+        out.extend_from_slice(&bytes[..n]);
+        if front.advance(n).is_some() {
+            parts.pop_front();
+        }
+    }
+    out
+}
+
+#[test]
+fn list_snapshots_are_shared_until_the_keys_change_and_charged_to_the_budget() {
+    let budget = ReplyBudget::new(1 << 20);
+    let mut s = StoreState::default();
+    for i in 0..100 {
+        ok(&mut s, A, |o| encode_set(o, &format!("/k{i:03}"), "v"));
+    }
+    let list = |s: &mut StoreState, parts: &mut VecDeque<StreamPart>| {
+        let cost = s.stream_cost(&Request::List);
+        let charge = budget.try_take(cost).expect("budget");
+        s.stream_reply(&Request::List, parts, charge);
+        cost
+    };
+    let (mut first, mut second) = (VecDeque::new(), VecDeque::new());
+    let cost = list(&mut s, &mut first);
+    assert!(cost >= 100 * std::mem::size_of::<Key>());
+    assert_eq!(budget.used(), cost);
+    // The same keys: the same snapshot, nothing more charged.
+    assert_eq!(list(&mut s, &mut second), 0);
+    assert_eq!(budget.used(), cost);
+    let built = ok(&mut s, B, |o| {
+        encode_list(o);
+        Ok(())
+    });
+    assert_eq!(drain(&mut first, 7), built);
+    assert_eq!(drain(&mut second, 1000), built);
+    assert_eq!(
+        budget.used(),
+        0,
+        "the snapshot is given back once both are sent"
+    );
+    // A key added: a new snapshot.
+    let mut third = VecDeque::new();
+    let kept = list(&mut s, &mut third);
+    ok(&mut s, A, |o| encode_set(o, "/new", "v"));
+    assert_eq!(
+        s.stream_cost(&Request::List),
+        kept + std::mem::size_of::<Key>()
+    );
+    drop(third);
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn the_budget_refuses_beyond_its_limit_unless_nothing_is_held() {
+    let budget = ReplyBudget::new(100);
+    let a = budget.try_take(60).unwrap();
+    assert!(budget.try_take(50).is_none());
+    let b = budget.try_take(40).unwrap();
+    assert!(budget.spent());
+    drop((a, b));
+    assert_eq!(budget.used(), 0);
+    // Larger than the whole budget: served alone.
+    let huge = budget.try_take(1000).unwrap();
+    assert!(budget.try_take(1).is_none());
+    drop(huge);
+    let mut out = budget.charge();
+    out.set(150);
+    assert!(budget.spent() && budget.try_take(1).is_none());
+    out.set(10);
+    assert!(budget.try_take(90).is_some());
+    assert!(budget.releases() >= 3 && budget.take_freed() > 0);
+}
