@@ -135,7 +135,10 @@ fn a_stuck_exchange_explains_itself_in_the_log() {
         "{log0}"
     );
     // The silent rank's log shows its cache and no exchange.
-    assert!(has(&log1, &["[rank 1]", "rank 1: cache generation 1 of job"]), "{log1}");
+    assert!(
+        has(&log1, &["[rank 1]", "rank 1: cache generation 1 of job"]),
+        "{log1}"
+    );
     assert!(!has(&log1, &["exchange of"]), "{log1}");
 }
 
