@@ -44,9 +44,9 @@
 #define nvfipc_cuda_send_wait nvfipc_cuda_endpoint_send_wait
 
 /* Version of this header; compare with nvfipc_version() at run time. */
-#define NVFIPC_VERSION "0.3.0"
+#define NVFIPC_VERSION "0.4.0"
 #define NVFIPC_VERSION_MAJOR 0
-#define NVFIPC_VERSION_MINOR 3
+#define NVFIPC_VERSION_MINOR 4
 #define NVFIPC_VERSION_PATCH 0
 
 
@@ -904,7 +904,7 @@ enum nvfipc_status nvfipc_server_num_clients(const struct nvfipc_server *server,
 enum nvfipc_status nvfipc_server_free(struct nvfipc_server *server,
                                       int64_t idle_timeout_ms);
 
-// The version of the loaded library, e.g. "0.3.0"; compare with `NVFIPC_VERSION` from the
+// The version of the loaded library, e.g. "0.4.0"; compare with `NVFIPC_VERSION` from the
 // header. Static: never NULL, never freed. Thread-safe.
 const char *nvfipc_version(void);
 
