@@ -8,7 +8,8 @@
 #            segments at each rank count, with its default allocator at the largest, and with the
 #            script's own expandable-segments-like VMM allocator (ALLOC=vmm) at 4
 #   random   MODE=random for each seed: random lifecycles, caches re-created at agreed steps, over
-#            expandable segments (np 2, 4), the default allocator and the script's VMM allocator
+#            expandable segments (np 2, 4), the default allocator, the script's VMM allocator and
+#            an IPC-capable stream-ordered pool (ALLOC=pool)
 #   before   (when OLD_LIB names an older build) the churn program on it, to show what it fixes
 # Environment: OUT (default ./gpu-out/lifecycle), NVFIPC_LIB (default
 # target/release/libnvfuser_ipc.so), OLD_LIB, RANKS (default "2 4 8"), SEEDS (default "1 2 3"),
@@ -84,6 +85,7 @@ for seed in ${SEEDS:-1 2 3}; do
   done
   run "random-s$seed-np4-default" "$lib" 4 "" MODE=random SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
   run "random-s$seed-np4-arena" "$lib" 4 "" MODE=random ALLOC=vmm SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
+  run "random-s$seed-np4-pool" "$lib" 4 "" MODE=random ALLOC=pool SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
 done
 echo "== summary"
 cat "$summary"

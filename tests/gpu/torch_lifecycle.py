@@ -23,8 +23,13 @@ reserved range, 2 MiB physical chunks created with POSIX-fd handles and mapped a
 need them, unmapped and released by its empty_cache() when no allocation uses them, so that new
 chunks come back at old addresses (what expandable segments do, under the test's control).
 
+ALLOC=pool takes it from a stream-ordered pool created with POSIX-fd handles (IPC-capable). CUDA
+requires importers to free a pool allocation before its exporter does, so this mode frees pool
+memory only right after the cache was freed (its teardown waits until every peer has released
+what it imported), and caches are re-created at random steps; `empty_cache` trims the pool.
+
 Environment: NVFIPC_LIB, MASTER_ADDR/MASTER_PORT and the launcher's rank variables, MODE
-(churn|random), ALLOC (torch|vmm), STEPS (default 200), SEED (default 1), EMPTY, RECREATE (1: caches freed and re-created
+(churn|random), ALLOC (torch|vmm|pool), STEPS (default 200), SEED (default 1), EMPTY, RECREATE (1: caches freed and re-created
 at agreed steps; default 1 in random mode, 0 in churn mode). Prints one JSON line per rank; a
 failure names the seed, the step and the program so far.
 """
@@ -161,12 +166,65 @@ class VmmArena:
             self.cu.cuMemAddressFree(C.c_uint64(self.base), C.c_size_t(self.size))
 
 
+class PoolProps(C.Structure):
+    _fields_ = [("allocType", C.c_int), ("handleTypes", C.c_int), ("loc_type", C.c_int),
+                ("loc_id", C.c_int), ("win32SecurityAttributes", C.c_void_p),
+                ("maxSize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_uint8 * 54)]
+
+
+class PoolArena:
+    """Allocations from an IPC-capable stream-ordered pool; frees wait for `release_freed()`."""
+
+    def __init__(self):
+        self.cu = C.CDLL("libcuda.so.1")
+        self.pool = C.c_void_p()
+        props = PoolProps(PINNED, POSIX_FD, LOCATION_DEVICE, 0, None, 0, 0)
+        rc = self.cu.cuMemPoolCreate(C.byref(self.pool), C.byref(props))
+        if rc != 0:
+            raise Failure(f"cuMemPoolCreate: CUresult {rc}")
+        self.pending = []
+        self.allocated = 0
+        self.freed = 0
+
+    def alloc(self, n):
+        ptr = C.c_uint64()
+        rc = self.cu.cuMemAllocFromPoolAsync(C.byref(ptr), C.c_size_t(n), self.pool,
+                                             C.c_void_p(0))
+        if rc != 0:
+            raise Failure(f"cuMemAllocFromPoolAsync({n}): CUresult {rc}")
+        torch.cuda.synchronize()
+        self.allocated += 1
+        return ArenaBlock(self, ptr.value, n, base=0)
+
+    def release(self, ptr, n):
+        self.pending.append(ptr)
+
+    def release_freed(self):
+        """Frees what was dropped: only once no peer holds an import of it."""
+        for ptr in self.pending:
+            rc = self.cu.cuMemFreeAsync(C.c_uint64(ptr), C.c_void_p(0))
+            if rc != 0:
+                raise Failure(f"cuMemFreeAsync: CUresult {rc}")
+            self.freed += 1
+        self.pending = []
+        torch.cuda.synchronize()
+
+    def empty_cache(self):
+        torch.cuda.synchronize()
+        self.cu.cuMemPoolTrimTo(self.pool, C.c_size_t(0))
+
+    def close(self):
+        self.release_freed()
+        self.empty_cache()
+        self.cu.cuMemPoolDestroy(self.pool)
+
+
 class ArenaBlock:
     """An allocation of a VmmArena, freed when the last reference goes."""
 
-    def __init__(self, arena, start, n):
+    def __init__(self, arena, start, n, base=None):
         self.arena, self.start, self.n = arena, start, n
-        self.ptr = arena.base + start
+        self.ptr = (arena.base if base is None else base) + start
 
     def tensor(self, offset, n):
         return torch.as_tensor(PeerView(self.ptr + offset, n), device="cuda")
@@ -240,7 +298,10 @@ def main():
     rank, world = rank.value, world.value
     torch.cuda.set_device(0)
     torch.cuda.synchronize()  # PyTorch's context is current from here on
-    arena = VmmArena() if os.environ.get("ALLOC", "torch") == "vmm" else None
+    alloc = os.environ.get("ALLOC", "torch")
+    arena = {"vmm": VmmArena, "pool": PoolArena}.get(alloc, lambda: None)()
+    if alloc == "pool":
+        recreate = True
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     program = plan(mode, seed, steps, recreate, os.environ.get("EMPTY", "1") == "1")
     # Sizes differ per rank (asymmetric changes): each rank draws its own from the agreed ones.
@@ -252,7 +313,7 @@ def main():
     cache = C.c_void_p()
     check(lib.nvfipc_cache_create(ctx, C.byref(cache)), "cache")
     out = {"rank": rank, "world": world, "mode": mode, "seed": seed, "steps": steps,
-           "alloc": "vmm" if arena else "torch",
+           "alloc": alloc,
            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "caches": 1,
            "empty_cache": 0, "bytes_checked": 0}
     live = []  # (step it dies after, tensors)
@@ -263,6 +324,8 @@ def main():
             if p["recreate"]:
                 barrier(f"barrier before re-creating the cache at step {step}")
                 check(lib.nvfipc_cache_free(cache), f"cache free at step {step}")
+                if alloc == "pool":
+                    arena.release_freed()
                 cache = C.c_void_p()
                 check(lib.nvfipc_cache_create(ctx, C.byref(cache)), f"cache at step {step}")
                 out["caches"] += 1
@@ -362,10 +425,13 @@ def main():
         check(lib.nvfipc_cache_free(cache), "final cache free")
         cache = None
         check(lib.nvfipc_cuda_ipc_flush_releases(C.c_int64(TIMEOUT_MS)), "flush")
-        if arena:
+        if alloc == "vmm":
             arena.close()
             out["arena_chunks"] = {"made": arena.chunks_made,
                                    "released": arena.chunks_released}
+        elif alloc == "pool":
+            arena.close()
+            out["pool_allocations"] = {"made": arena.allocated, "freed": arena.freed}
         end = counters()
         ipc = (C.c_uint64 * 5)()
         lib.nvfipc_cuda_ipc_counters_get(ipc)
