@@ -28,5 +28,8 @@ bash scripts/cpp-tests.sh build/ci-cpp
 echo "== pkg-config file: installed, then a C program built with it alone"
 bash scripts/pkgconfig-check.sh
 
+echo "== Python wheel: built from target/release, installed in a fresh venv, C++ consumer and Python API"
+bash scripts/wheel-check.sh build/wheel/check
+
 echo "== README's C example, compiled and run as printed"
 bash scripts/readme-check.sh
