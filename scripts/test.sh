@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a machine with no GPU: Rust unit and multi-process tests,
 # interop with real PyTorch (the pinned torch and the newest on the package index), the C/C++
-# GoogleTest suites, and a bounded fuzz run of the store's frame parser. Installs what it needs
-# (Debian packages, two cached Python venvs with torch).
+# GoogleTest suites, the Python wheel and API, and a bounded fuzz run of the store's frame
+# parser. Installs what it needs (Debian packages, two cached Python venvs with torch, one with
+# maturin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,9 @@ bash scripts/cpp-tests.sh build/ci-cpp
 
 echo "== pkg-config file: installed, then a C program built with it alone"
 bash scripts/pkgconfig-check.sh
+
+echo "== Python wheel: built from target/release, installed in a fresh venv, C++ consumer and Python API"
+bash scripts/wheel-check.sh build/wheel/check
 
 echo "== README's C example, compiled and run as printed"
 bash scripts/readme-check.sh

@@ -93,7 +93,7 @@ fn help_and_usage_errors() {
     }
 }
 
-const COMMANDS: [&str; 5] = ["serve", "launch", "demo", "bench", "barrier-test"];
+const COMMANDS: [&str; 6] = ["serve", "launch", "demo", "bench", "barrier-test", "doctor"];
 
 /// Every command prints its own usage for `--help` and `-h` (even with other options before
 /// them), exits 0 and runs nothing.
@@ -154,7 +154,7 @@ fn completions_offer_the_shown_commands() {
             assert!(run.stdout.contains(command), "{shell} lacks {command}");
         }
         assert!(run.stdout.contains("kill-grace-ms"), "{shell}");
-        for hidden in ["demo-rank", "bench-rank"] {
+        for hidden in ["demo-rank", "bench-rank", "doctor-peer"] {
             assert!(!run.stdout.contains(hidden), "{shell} offers {hidden}");
         }
     }

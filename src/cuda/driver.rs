@@ -81,6 +81,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2",
     "cuStreamQuery",
+    "cuDeviceCanAccessPeer",
 ];
 
 /// Oldest driver with the v2 stream memory operations (enabled by default on all platforms).
@@ -413,6 +414,82 @@ pub fn device_uuid(ordinal: i32) -> Result<[u8; 16]> {
         &format!("cuDeviceGetUuid(device {ordinal})"),
     )?;
     Ok(uuid.bytes.map(|b| b as u8))
+}
+
+/// Whether device `ordinal` can access device `peer`'s memory directly (`cuDeviceCanAccessPeer`).
+pub fn can_access_peer(ordinal: i32, peer: i32) -> Result<bool> {
+    let dev = device_handle(ordinal)?;
+    let other = device_handle(peer)?;
+    let mut can = 0;
+    // SAFETY: valid out pointer and device handles.
+    check(
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, other) },
+        &format!("cuDeviceCanAccessPeer(device {ordinal}, device {peer})"),
+    )?;
+    Ok(can != 0)
+}
+
+/// A device attribute given by its number, for attributes newer than the bindings this crate is
+/// built with (e.g. 128, `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`, CUDA 12.3). A
+/// driver older than the attribute answers `CUDA_ERROR_INVALID_VALUE`.
+pub fn device_attribute_code(ordinal: i32, code: i32) -> Result<i32> {
+    let dev = device_handle(ordinal)?;
+    type GetAttribute =
+        unsafe extern "C" fn(*mut std::ffi::c_int, std::ffi::c_int, sys::CUdevice) -> sys::CUresult;
+    // SAFETY: `driver()` succeeded (in device_handle), so culib() finds the loaded library;
+    // cuDeviceGetAttribute is in REQUIRED_SYMBOLS and has this C signature (the attribute is a C
+    // enum, passed as an int).
+    let get = unsafe { sys::culib().get::<GetAttribute>(b"cuDeviceGetAttribute") }
+        .map_err(|e| unavailable(format!("cuDeviceGetAttribute not found: {e}")))?;
+    let mut value = 0;
+    // SAFETY: valid out pointer and device handle; the driver validates the attribute number.
+    check(
+        unsafe { get(&mut value, code, dev) },
+        &format!("cuDeviceGetAttribute({code}, device {ordinal})"),
+    )?;
+    Ok(value)
+}
+
+/// The CUDA runtime library this process can load (`libcudart.so*`, the one PyTorch and nvFuser
+/// link) and its version (`cudaRuntimeGetVersion`), or why none was found. This library itself
+/// needs only the driver.
+pub fn runtime_version() -> std::result::Result<(String, i32), String> {
+    const NAMES: &[&str] = &[
+        "libcudart.so",
+        "libcudart.so.13",
+        "libcudart.so.12",
+        "libcudart.so.11.0",
+    ];
+    for name in NAMES {
+        let cname = std::ffi::CString::new(*name).expect("no NUL in the names");
+        // SAFETY: a valid NUL-terminated name; RTLD_LOCAL keeps its symbols out of the global
+        // scope. The handle is never closed (the runtime stays loaded, as in any CUDA program).
+        let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            continue;
+        }
+        // SAFETY: a valid handle and NUL-terminated symbol name.
+        let sym = unsafe { libc::dlsym(handle, c"cudaRuntimeGetVersion".as_ptr()) };
+        if sym.is_null() {
+            continue;
+        }
+        type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+        // SAFETY: cudaRuntimeGetVersion has this C signature in every CUDA runtime.
+        let get: GetVersion = unsafe { std::mem::transmute::<*mut libc::c_void, GetVersion>(sym) };
+        let mut version = 0;
+        // SAFETY: valid out pointer.
+        let rc = unsafe { get(&mut version) };
+        if rc != 0 {
+            return Err(format!(
+                "{name}: cudaRuntimeGetVersion failed with error {rc}"
+            ));
+        }
+        return Ok((name.to_string(), version));
+    }
+    Err(format!(
+        "no CUDA runtime found ({} not loadable from LD_LIBRARY_PATH or the system paths)",
+        NAMES.join(", ")
+    ))
 }
 
 #[cfg(test)]

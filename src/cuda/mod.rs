@@ -5,7 +5,7 @@
 //! buffers ([`pool`]), the thread that closes replaced
 //! mappings without blocking the exchange on device work ([`release`]), the per-process semaphore slab
 //! ([`semaphore`]), the stream-ordered P2P protocol ([`p2p`]), and the device [`transport`] used by
-//! the exchange. Owned device buffers for programs and tests are outside the library
+//! the exchange, and the probes of `nvfipc doctor` ([`probe`]). Owned device buffers for programs and tests are outside the library
 //! (`test_support::device_buffer`).
 
 pub mod driver;
@@ -13,6 +13,7 @@ pub mod ipc;
 pub mod memory;
 pub mod p2p;
 pub mod pool;
+pub mod probe;
 pub mod release;
 pub mod result;
 pub mod semaphore;

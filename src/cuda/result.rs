@@ -486,7 +486,18 @@ pub fn mem_create_posix_fd(
     size: u64,
     device: i32,
 ) -> DriverResult<sys::CUmemGenericAllocationHandle> {
-    let prop = device_prop(device);
+    mem_create(size, device, HANDLE_TYPE_POSIX_FD)
+}
+
+/// `cuMemCreate` of `size` bytes of device memory on `device`, exportable as `handle_types` (a
+/// bitmask of `HANDLE_TYPE_*`). The caller owns the returned reference.
+pub fn mem_create(
+    size: u64,
+    device: i32,
+    handle_types: u32,
+) -> DriverResult<sys::CUmemGenericAllocationHandle> {
+    let mut prop = device_prop(device);
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType(handle_types);
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: valid out pointer and properties; the driver validates size and device.
     let rc = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };

@@ -149,6 +149,19 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
     Ok(())
 }
 
+/// The soft and hard RLIMIT_NOFILE of this process (`u64::MAX` for unlimited).
+pub fn fd_limits() -> Option<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    Some((lim.rlim_cur, lim.rlim_max))
+}
+
 /// Raises the soft RLIMIT_NOFILE to `wanted` when it is lower and the hard limit allows it (to
 /// the hard limit when that is lower), never beyond `wanted` and never down. Returns the soft
 /// limit now in force; a limit that cannot be raised is not an error: the server then takes

@@ -37,6 +37,18 @@ pub fn shm_space() -> String {
     )
 }
 
+/// Free and total bytes of the file system at `/dev/shm`, when it can be read.
+pub fn shm_free_and_total() -> Option<(u64, u64)> {
+    // SAFETY: an all-zero `statvfs` is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is a valid NUL-terminated string and `st` a valid out pointer.
+    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let unit = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * unit, st.f_blocks as u64 * unit))
+}
+
 /// Longest shm name accepted (it must fit a record payload with its NUL).
 pub const MAX_NAME_LEN: usize = 63;
 

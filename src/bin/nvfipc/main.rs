@@ -5,6 +5,7 @@ mod args;
 mod barrier_test;
 mod bench;
 mod demo;
+mod doctor;
 mod launch;
 mod memory;
 mod serve;
@@ -24,6 +25,7 @@ Usage:
   nvfipc demo [--ranks N] [--iters K] [--bytes B] [--transport auto|device|host] [--timeout-ms MS]
   nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE] [--svg-dir DIR] [--quick]
                [--transport auto|device|host] [--no-torch] [--server-threads N] [--busy-poll-us US]
+  nvfipc doctor [--json] [--local] [--timeout-ms MS]
   nvfipc barrier-test --rounds R [--subset-seed S] [--timeout-ms MS] [--absent-rank A]
   nvfipc completions bash|elvish|fish|powershell|zsh
   nvfipc help [COMMAND] | --help | -h | --version
@@ -35,6 +37,7 @@ Examples:
   nvfipc launch -n 4 -- nvfipc barrier-test --rounds 10
   nvfipc demo --ranks 4
   nvfipc bench --quick
+  nvfipc doctor
 ";
 
 /// nvfipc: store server, local launcher, demo and benchmarks of nvfuser-ipc (nvfipc COMMAND --help
@@ -73,6 +76,10 @@ enum Command {
     #[command(hide = true, override_usage = "nvfipc bench-rank ...")]
     BenchRank(bench::RankArgs),
     BarrierTest(barrier_test::BarrierTestArgs),
+    Doctor(doctor::DoctorArgs),
+    /// The second process of `doctor`'s descriptor-passing probe; not for direct use.
+    #[command(hide = true, override_usage = "nvfipc doctor-peer ...")]
+    DoctorPeer(doctor::PeerArgs),
     /// Print a completion script for SHELL (e.g. `nvfipc completions bash >
     /// ~/.local/share/bash-completion/completions/nvfipc`).
     #[command(override_usage = "nvfipc completions bash|elvish|fish|powershell|zsh")]
@@ -99,7 +106,8 @@ fn main() {
             cli.command.ok_or_else(|| {
                 command_line().error(
                     clap::error::ErrorKind::MissingSubcommand,
-                    "missing command (serve, launch, demo, bench, barrier-test, completions or help)",
+                    "missing command (serve, launch, demo, bench, barrier-test, doctor, completions or \
+                     help)",
                 )
             })
         });
@@ -124,6 +132,8 @@ fn main() {
         Command::Bench(a) => bench::run(&a.normalized()),
         Command::BenchRank(a) => bench::run_rank(&a),
         Command::BarrierTest(a) => barrier_test::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
+        Command::DoctorPeer(a) => doctor::peer::run_peer(&a),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut shown(), "nvfipc", &mut std::io::stdout());
             0

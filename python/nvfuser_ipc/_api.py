@@ -1,0 +1,676 @@
+"""The Python API over the C ABI (``include/nvfuser_ipc.h``), through ctypes.
+
+Every call that fails raises :class:`NvfipcError` with the library's status and message. The
+library is loaded on first use from :func:`nvfuser_ipc.library_path`. Calls into the library
+release the GIL (ctypes.CDLL), so other Python threads run while an exchange or barrier waits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    byref,
+    c_bool,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from ._paths import library_path
+
+SEND = 0
+"""``NVFIPC_DIRECTION_SEND``: this rank's buffer, read by the peer."""
+RECV = 1
+"""``NVFIPC_DIRECTION_RECV``: the peer's buffer, mapped here."""
+MEM_DEVICE = 0
+MEM_HOST = 1
+LOG_OFF, LOG_WARN, LOG_INFO, LOG_DEBUG, LOG_TRACE = range(5)
+
+_STATUS_TIMEOUT = 2
+
+
+class NvfipcError(RuntimeError):
+    """A failed library call: ``status`` (the ``nvfipc_status`` value), ``status_name`` and the
+    library's message (what failed, for which rank, peer, key or timeout, and what to do)."""
+
+    def __init__(self, call: str, status: int, status_name: str, message: str) -> None:
+        super().__init__(f"{status_name}: {message}" if message else f"{call}: {status_name}")
+        self.call = call
+        self.status = status
+        self.status_name = status_name
+        self.message = message
+
+
+class NvfipcTimeout(NvfipcError):
+    """``NVFIPC_STATUS_TIMEOUT``: a peer did not arrive in time (the message names it)."""
+
+
+# ---- C structures (the header's, field for field) ----
+
+
+class _Request(Structure):
+    _fields_ = [
+        ("peer", c_int64),
+        ("direction", c_int32),
+        ("kind", c_int32),
+        ("tag", c_char_p),
+        ("ptr", c_uint64),
+        ("bytes", c_uint64),
+    ]
+
+
+class _P2pHandle(Structure):
+    _fields_ = [
+        ("local_ptr", c_uint64),
+        ("local_bytes", c_uint64),
+        ("local_semaphore", c_uint64),
+        ("peer_ptr", c_uint64),
+        ("peer_bytes", c_uint64),
+        ("peer_semaphore", c_uint64),
+        ("kind", c_int32),
+    ]
+
+
+_CACHE_COUNTERS = [
+    "exchanges", "hits", "misses", "store_round_trips", "records_sent", "record_bytes_sent",
+    "records_received", "opens", "closes", "keys_deleted", "peers_unclosed", "leaked_slabs",
+    "peer_lookups", "records_known",
+]
+_VMM_COUNTERS = [
+    "segment_exports", "segment_imports", "segment_releases", "maps", "unmaps", "live_segments",
+    "live_maps", "pool_imports", "pool_frees", "inside_mapped",
+]
+_IPC_COUNTERS = ["opens", "closes", "live", "pending_closes", "close_errors"]
+
+
+def _counters(names: List[str]) -> type:
+    return type("_Counters", (Structure,), {"_fields_": [(n, c_uint64) for n in names]})
+
+
+_CacheCounters = _counters(_CACHE_COUNTERS)
+_VmmCounters = _counters(_VMM_COUNTERS)
+_IpcCounters = _counters(_IPC_COUNTERS)
+
+_LogFn = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
+
+_KEY = POINTER(ctypes.c_char)
+_OUT_BYTES = POINTER(POINTER(c_uint8))
+_SetFn = CFUNCTYPE(c_int, c_void_p, _KEY, c_size_t, POINTER(c_uint8), c_size_t)
+_GetFn = CFUNCTYPE(c_int, c_void_p, _KEY, c_size_t, c_int64, _OUT_BYTES, POINTER(c_size_t))
+_AddFn = CFUNCTYPE(c_int, c_void_p, _KEY, c_size_t, c_int64, POINTER(c_int64))
+_CheckFn = CFUNCTYPE(c_int, c_void_p, POINTER(_KEY), POINTER(c_size_t), c_size_t, POINTER(c_bool))
+_DeleteFn = CFUNCTYPE(c_int, c_void_p, _KEY, c_size_t, POINTER(c_bool))
+_WaitFn = CFUNCTYPE(c_int, c_void_p, POINTER(_KEY), POINTER(c_size_t), c_size_t, c_int64)
+_CompareSetFn = CFUNCTYPE(c_int, c_void_p, _KEY, c_size_t, POINTER(c_uint8), c_size_t,
+                          POINTER(c_uint8), c_size_t, _OUT_BYTES, POINTER(c_size_t))
+_NumKeysFn = CFUNCTYPE(c_int, c_void_p, POINTER(c_int64))
+_ErrorFn = CFUNCTYPE(c_void_p, c_void_p)
+
+
+class _StoreCallbacks(Structure):
+    _fields_ = [
+        ("ctx", c_void_p),
+        ("set", _SetFn),
+        ("get", _GetFn),
+        ("add", _AddFn),
+        ("check", _CheckFn),
+        ("delete_key", _DeleteFn),
+        ("wait", _WaitFn),
+        ("compare_set", _CompareSetFn),
+        ("append", c_void_p),
+        ("num_keys", _NumKeysFn),
+        ("multi_set", c_void_p),
+        ("multi_get", c_void_p),
+        ("free_value", c_void_p),
+        ("error_message", _ErrorFn),
+    ]
+
+
+# ---- loading ----
+
+_lib_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+
+
+def _load() -> ctypes.CDLL:
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        lib = ctypes.CDLL(library_path())
+        st = c_int
+        sigs: Dict[str, tuple] = {
+            "nvfipc_last_error_message": ([], c_char_p),
+            "nvfipc_status_name": ([c_int32], c_char_p),
+            "nvfipc_version": ([], c_char_p),
+            "nvfipc_context_from_env": ([POINTER(c_void_p)], st),
+            "nvfipc_context_create": ([c_int64, c_int64, c_int64, c_int64, c_void_p,
+                                       POINTER(c_void_p)], st),
+            "nvfipc_context_connect": ([c_int64, c_int64, c_char_p, c_uint16, c_bool, c_int64,
+                                        POINTER(c_void_p)], st),
+            "nvfipc_context_rank": ([c_void_p, POINTER(c_int64)], st),
+            "nvfipc_context_world_size": ([c_void_p, POINTER(c_int64)], st),
+            "nvfipc_context_local_rank": ([c_void_p, POINTER(c_int64)], st),
+            "nvfipc_context_local_world_size": ([c_void_p, POINTER(c_int64)], st),
+            "nvfipc_context_job_id": ([c_void_p, POINTER(c_char_p)], st),
+            "nvfipc_context_free": ([c_void_p], st),
+            "nvfipc_barrier": ([c_void_p, POINTER(c_int64), c_size_t, c_int64], st),
+            "nvfipc_store_from_callbacks": ([POINTER(_StoreCallbacks), POINTER(c_void_p)], st),
+            "nvfipc_store_free": ([c_void_p], st),
+            "nvfipc_cache_create": ([c_void_p, POINTER(c_void_p)], st),
+            "nvfipc_cache_create_scoped": ([c_void_p, c_char_p, POINTER(c_void_p)], st),
+            "nvfipc_cache_free": ([c_void_p], st),
+            "nvfipc_exchange_handles_timeout": ([c_void_p, POINTER(_Request), c_size_t,
+                                                 c_int64], st),
+            "nvfipc_cache_get": ([c_void_p, POINTER(_Request), POINTER(_P2pHandle)], st),
+            "nvfipc_cache_stats": ([c_void_p, POINTER(_CacheCounters)], st),
+            "nvfipc_host_alloc": ([c_size_t, POINTER(c_void_p)], st),
+            "nvfipc_host_free": ([c_void_p], st),
+            "nvfipc_host_p2p_send_post": ([c_void_p, POINTER(_Request)], st),
+            "nvfipc_host_p2p_recv_post": ([c_void_p, POINTER(_Request), c_uint64, c_int64], st),
+            "nvfipc_host_p2p_send_wait": ([c_void_p, POINTER(_Request), c_int64], st),
+            "nvfipc_cuda_p2p_send_post": ([c_void_p, POINTER(_Request), c_void_p], st),
+            "nvfipc_cuda_p2p_recv_post": ([c_void_p, POINTER(_Request), c_uint64, c_void_p], st),
+            "nvfipc_cuda_p2p_send_wait": ([c_void_p, POINTER(_Request), c_void_p], st),
+            "nvfipc_cuda_available": ([POINTER(c_bool)], st),
+            "nvfipc_cuda_vmm_counters_get": ([POINTER(_VmmCounters)], st),
+            "nvfipc_cuda_ipc_counters_get": ([POINTER(_IpcCounters)], st),
+            "nvfipc_log_set_level": ([c_int32], st),
+            "nvfipc_log_get_level": ([POINTER(c_int32)], st),
+            "nvfipc_log_set_callback": ([_LogFn, c_void_p], st),
+        }
+        for name, (args, res) in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = res
+        _lib = lib
+        return lib
+
+
+def _check(status: int, call: str) -> None:
+    if status == 0:
+        return
+    lib = _load()
+    name = (lib.nvfipc_status_name(status) or b"?").decode()
+    message = (lib.nvfipc_last_error_message() or b"").decode(errors="replace")
+    cls = NvfipcTimeout if status == _STATUS_TIMEOUT else NvfipcError
+    raise cls(call, status, name, message)
+
+
+def _call(name: str, *args: Any) -> None:
+    _check(getattr(_load(), name)(*args), name)
+
+
+def version() -> str:
+    """The C library's version."""
+    return _load().nvfipc_version().decode()
+
+
+def _ms(timeout: Optional[Union[float, timedelta]]) -> int:
+    """Seconds (or a timedelta) to the C API's milliseconds; None: the default (-1)."""
+    if timeout is None:
+        return -1
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    return max(0, int(timeout * 1000))
+
+
+# ---- the log hook ----
+
+_log_hook: Optional[Any] = None  # keeps the C callback alive
+
+
+def set_log_level(level: int) -> None:
+    """Sets the most verbose level logged (``LOG_OFF`` .. ``LOG_TRACE``), overriding
+    ``NVFIPC_DEBUG``."""
+    _call("nvfipc_log_set_level", level)
+
+
+def set_log_callback(callback: Optional[Callable[[int, str, str], None]]) -> None:
+    """Sends every log line to ``callback(level, subsystem, line)`` instead of stderr (None
+    restores stderr). The callback runs on the library's threads too; exceptions it raises are
+    printed and dropped."""
+    global _log_hook
+    if callback is None:
+        _call("nvfipc_log_set_callback", ctypes.cast(None, _LogFn), None)
+        _log_hook = None
+        return
+
+    def hook(level: int, subsystem: bytes, line: bytes, _user: Any) -> None:
+        try:
+            callback(level, subsystem.decode(errors="replace"), line.decode(errors="replace"))
+        except Exception as e:  # never unwind into the library
+            print(f"nvfuser_ipc log callback raised {e!r}")
+
+    c_hook = _LogFn(hook)
+    _call("nvfipc_log_set_callback", c_hook, None)
+    _log_hook = c_hook
+
+
+# ---- stores ----
+
+_libc = ctypes.CDLL(None)
+_libc.malloc.argtypes = [c_size_t]
+_libc.malloc.restype = c_void_p
+
+
+class _TorchStoreBridge:
+    """The ``nvfipc_store_callbacks`` of a ``torch.distributed.Store`` (TCPStore, FileStore,
+    PrefixStore, ...): the library's keys and values go through the torch store."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.error = threading.local()
+        self.callbacks = _StoreCallbacks(
+            None,
+            _SetFn(self._set), _GetFn(self._get), _AddFn(self._add), _CheckFn(self._check),
+            _DeleteFn(self._delete), _WaitFn(self._wait), _CompareSetFn(self._compare_set),
+            None, _NumKeysFn(self._num_keys), None, None, None, _ErrorFn(self._error_message),
+        )
+
+    # Every callback returns 0, 2 (timeout) or 1 (failure, described by error_message).
+    def _guard(self, fn: Callable[[], None]) -> int:
+        try:
+            fn()
+            return 0
+        except Exception as e:
+            text = f"{type(e).__name__}: {e}"
+            self.error.message = ctypes.create_string_buffer(text.encode(errors="replace"))
+            return _STATUS_TIMEOUT if "timeout" in text.lower() or "timed out" in text else 1
+
+    def _error_message(self, _ctx: Any) -> Optional[int]:
+        buf = getattr(self.error, "message", None)
+        return ctypes.addressof(buf) if buf is not None else None
+
+    @staticmethod
+    def _key(key: Any, n: int) -> str:
+        return ctypes.string_at(key, n).decode()
+
+    @staticmethod
+    def _out(value: bytes, out_value: Any, out_len: Any) -> None:
+        if value:
+            ptr = _libc.malloc(len(value))
+            if not ptr:
+                raise MemoryError("malloc")
+            ctypes.memmove(ptr, value, len(value))
+            out_value[0] = ctypes.cast(ptr, POINTER(c_uint8))
+        else:
+            out_value[0] = ctypes.cast(None, POINTER(c_uint8))
+        out_len[0] = len(value)
+
+    def _keys(self, keys: Any, lens: Any, n: int) -> List[str]:
+        return [self._key(keys[i], lens[i]) for i in range(n)]
+
+    def _set(self, _c: Any, key: Any, klen: int, value: Any, vlen: int) -> int:
+        return self._guard(lambda: self.store.set(self._key(key, klen),
+                                                  ctypes.string_at(value, vlen)))
+
+    def _get(self, _c: Any, key: Any, klen: int, timeout_ms: int, out: Any, out_len: Any) -> int:
+        def run() -> None:
+            k = self._key(key, klen)
+            if timeout_ms == 0:
+                if not self.store.check([k]):
+                    raise TimeoutError(f"key {k!r} is not set")
+            else:
+                self.store.wait([k], timedelta(milliseconds=max(timeout_ms, 1)))
+            self._out(bytes(self.store.get(k)), out, out_len)
+        return self._guard(run)
+
+    def _add(self, _c: Any, key: Any, klen: int, delta: int, out: Any) -> int:
+        def run() -> None:
+            out[0] = int(self.store.add(self._key(key, klen), delta))
+        return self._guard(run)
+
+    def _check(self, _c: Any, keys: Any, lens: Any, n: int, out: Any) -> int:
+        def run() -> None:
+            out[0] = bool(self.store.check(self._keys(keys, lens, n)))
+        return self._guard(run)
+
+    def _delete(self, _c: Any, key: Any, klen: int, out: Any) -> int:
+        def run() -> None:
+            out[0] = bool(self.store.delete_key(self._key(key, klen)))
+        return self._guard(run)
+
+    def _wait(self, _c: Any, keys: Any, lens: Any, n: int, timeout_ms: int) -> int:
+        def run() -> None:
+            ks = self._keys(keys, lens, n)
+            if timeout_ms == 0:
+                if not self.store.check(ks):
+                    raise TimeoutError(f"keys {ks!r} are not all set")
+            else:
+                self.store.wait(ks, timedelta(milliseconds=max(timeout_ms, 1)))
+        return self._guard(run)
+
+    def _compare_set(self, _c: Any, key: Any, klen: int, exp: Any, elen: int, des: Any,
+                     dlen: int, out: Any, out_len: Any) -> int:
+        def run() -> None:
+            value = self.store.compare_set(self._key(key, klen), ctypes.string_at(exp, elen),
+                                           ctypes.string_at(des, dlen))
+            self._out(bytes(value), out, out_len)
+        return self._guard(run)
+
+    def _num_keys(self, _c: Any, out: Any) -> int:
+        def run() -> None:
+            out[0] = int(self.store.num_keys())
+        return self._guard(run)
+
+
+# ---- context ----
+
+
+class Context:
+    """Who this process is in the job (rank, world size, local rank) and the store the ranks
+    share. Make one with :meth:`from_env` (mpirun, torchrun, srun, ``nvfipc launch``),
+    :meth:`from_torch_store` (a ``torch.distributed`` store) or :meth:`connect`; close it with
+    :meth:`close` or a ``with`` block."""
+
+    def __init__(self, handle: int, keep: Any = None) -> None:
+        self._handle: Optional[int] = handle
+        self._keep = keep  # the torch store bridge, alive as long as the context
+
+    @classmethod
+    def from_env(cls) -> "Context":
+        """The context of the launcher's environment (see the README's Environment table)."""
+        out = c_void_p()
+        _call("nvfipc_context_from_env", byref(out))
+        return cls(out.value)
+
+    @classmethod
+    def connect(cls, rank: int, world_size: int, host: str, port: int, host_store: bool = False,
+                timeout: Optional[float] = None) -> "Context":
+        """The context of ``rank`` of ``world_size`` (one node) over the TCPStore at
+        ``host:port``; ``host_store`` starts the store server in this process (port 0: any)."""
+        out = c_void_p()
+        _call("nvfipc_context_connect", rank, world_size, host.encode(), port, host_store,
+              _ms(timeout), byref(out))
+        return cls(out.value)
+
+    @classmethod
+    def from_torch_store(cls, store: Any, rank: int, world_size: int,
+                         local_rank: Optional[int] = None,
+                         local_world_size: Optional[int] = None) -> "Context":
+        """The context of ``rank`` of ``world_size`` over a ``torch.distributed.Store`` (e.g.
+        ``torch.distributed.distributed_c10d._get_default_store()``, or a ``TCPStore``). The
+        local rank and size default to the rank and world size (one node)."""
+        bridge = _TorchStoreBridge(store)
+        st = c_void_p()
+        _call("nvfipc_store_from_callbacks", byref(bridge.callbacks), byref(st))
+        out = c_void_p()
+        try:
+            _call("nvfipc_context_create", rank, world_size,
+                  rank if local_rank is None else local_rank,
+                  world_size if local_world_size is None else local_world_size,
+                  st, byref(out))
+        finally:
+            _call("nvfipc_store_free", st)
+        return cls(out.value, keep=bridge)
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise NvfipcError("Context", 4, "NVFIPC_STATUS_INVALID_STATE", "the context is closed")
+        return self._handle
+
+    def _int(self, name: str) -> int:
+        v = c_int64()
+        _call(name, self._h(), byref(v))
+        return v.value
+
+    @property
+    def rank(self) -> int:
+        return self._int("nvfipc_context_rank")
+
+    @property
+    def world_size(self) -> int:
+        return self._int("nvfipc_context_world_size")
+
+    @property
+    def local_rank(self) -> int:
+        return self._int("nvfipc_context_local_rank")
+
+    @property
+    def local_world_size(self) -> int:
+        return self._int("nvfipc_context_local_world_size")
+
+    @property
+    def job_id(self) -> str:
+        v = c_char_p()
+        _call("nvfipc_context_job_id", self._h(), byref(v))
+        return (v.value or b"").decode()
+
+    def barrier(self, ranks: Optional[Sequence[int]] = None,
+                timeout: Optional[float] = None) -> None:
+        """Waits until every rank of ``ranks`` (default: the world) has entered the same
+        barrier; ``timeout`` in seconds (default: the context's)."""
+        members = list(ranks or [])
+        arr = (c_int64 * len(members))(*members) if members else None
+        _call("nvfipc_barrier", self._h(), arr, len(members), _ms(timeout))
+
+    def close(self) -> None:
+        """Closes the context (the rank hosting the store waits, bounded, for the others)."""
+        if self._handle is not None:
+            h, self._handle = self._handle, None
+            _call("nvfipc_context_free", h)
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+# ---- buffers ----
+
+
+class HostBuffer:
+    """Host memory that peers can map (``nvfipc_host_alloc``: an anonymous shared file passed
+    by descriptor), zero-filled; ``view()`` is a writable memoryview of it."""
+
+    def __init__(self, nbytes: int) -> None:
+        ptr = c_void_p()
+        _call("nvfipc_host_alloc", nbytes, byref(ptr))
+        self.ptr: int = ptr.value or 0
+        self.nbytes = nbytes
+
+    def view(self) -> memoryview:
+        return memoryview((ctypes.c_ubyte * self.nbytes).from_address(self.ptr)).cast("B")
+
+    def free(self) -> None:
+        if self.ptr:
+            p, self.ptr = self.ptr, 0
+            _call("nvfipc_host_free", c_void_p(p))
+
+
+class _CudaArray:
+    """A device range as ``__cuda_array_interface__`` (bytes), for torch.as_tensor."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+            "strides": None,
+        }
+
+
+Buffer = Union[HostBuffer, Any]
+"""A :class:`HostBuffer`, or a contiguous CUDA ``torch.Tensor``."""
+
+
+@dataclass
+class Request:
+    """One communication of a batch: with ``peer``, ``SEND`` (this rank's buffer, which the
+    peer maps) or ``RECV`` (the peer's buffer, mapped here); ``tag`` is equal on both sides."""
+
+    peer: int
+    direction: int
+    tag: str
+    buffer: Buffer
+
+    def _c(self) -> _Request:
+        if isinstance(self.buffer, HostBuffer):
+            kind, ptr, nbytes = MEM_HOST, self.buffer.ptr, self.buffer.nbytes
+        else:
+            t = self.buffer
+            if not t.is_cuda or not t.is_contiguous():
+                raise ValueError("a tensor request needs a contiguous CUDA tensor")
+            kind, ptr, nbytes = MEM_DEVICE, t.data_ptr(), t.numel() * t.element_size()
+        return _Request(self.peer, self.direction, kind, self.tag.encode(), ptr, nbytes)
+
+
+@dataclass
+class Mapped:
+    """What an exchange gives for one request: the peer's buffer as mapped here (a torch tensor
+    shaped as the local one for device requests, a memoryview for host requests), its address
+    and size, and the raw handles."""
+
+    request: Request
+    peer_ptr: int
+    peer_bytes: int
+    local_semaphore: int
+    peer_semaphore: int
+    peer: Any
+
+
+class Cache:
+    """The handle cache of a context: exchanges of request batches, cached, so that an exchange
+    of unchanged buffers costs no store traffic. Close with :meth:`close` (waits, bounded, for
+    the peers to close theirs) or a ``with`` block."""
+
+    def __init__(self, ctx: Context, scope: Optional[str] = None) -> None:
+        out = c_void_p()
+        if scope is None:
+            _call("nvfipc_cache_create", ctx._h(), byref(out))
+        else:
+            _call("nvfipc_cache_create_scoped", ctx._h(), scope.encode(), byref(out))
+        self._handle: Optional[int] = out.value
+        self._ctx = ctx
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise NvfipcError("Cache", 4, "NVFIPC_STATUS_INVALID_STATE", "the cache is closed")
+        return self._handle
+
+    def exchange(self, requests: Sequence[Request],
+                 timeout: Optional[float] = None) -> List[Mapped]:
+        """Exchanges the batch with every peer it names (each makes the matching call) and
+        returns, per request, the peer's buffer mapped here. ``timeout`` in seconds (default:
+        the context's); on :class:`NvfipcTimeout` the same call can be retried."""
+        reqs = [r._c() for r in requests]
+        arr = (_Request * len(reqs))(*reqs)
+        _call("nvfipc_exchange_handles_timeout", self._h(), arr, len(reqs), _ms(timeout))
+        out = []
+        for req, c in zip(requests, arr):
+            h = _P2pHandle()
+            _call("nvfipc_cache_get", self._h(), byref(c), byref(h))
+            out.append(Mapped(req, h.peer_ptr, h.peer_bytes, h.local_semaphore,
+                              h.peer_semaphore, self._peer_view(req, h)))
+        return out
+
+    @staticmethod
+    def _peer_view(req: Request, h: _P2pHandle) -> Any:
+        if h.kind == MEM_HOST:
+            if not h.peer_ptr:
+                return None
+            return memoryview((ctypes.c_ubyte * h.peer_bytes).from_address(h.peer_ptr)).cast("B")
+        import torch  # device requests come with torch tensors
+
+        local = req.buffer
+        raw = torch.as_tensor(_CudaArray(h.peer_ptr, h.peer_bytes), device=local.device)
+        if h.peer_bytes == local.numel() * local.element_size():
+            return raw.view(local.dtype).view(local.shape)
+        return raw
+
+    # Host transfers (RECV pulls the peer's bytes into the local buffer).
+    def host_send_post(self, request: Request) -> None:
+        """Tells the receiver that the send buffer holds the next transfer's data."""
+        _call("nvfipc_host_p2p_send_post", self._h(), byref(request._c()))
+
+    def host_recv_post(self, request: Request, nbytes: Optional[int] = None,
+                       timeout: Optional[float] = None) -> None:
+        """Waits for the sender's post, copies its buffer into the local one, signals it."""
+        c = request._c()
+        _call("nvfipc_host_p2p_recv_post", self._h(), byref(c),
+              c.bytes if nbytes is None else nbytes, _ms(timeout))
+
+    def host_send_wait(self, request: Request, timeout: Optional[float] = None) -> None:
+        """Waits until the receiver has copied the last posted transfer."""
+        _call("nvfipc_host_p2p_send_wait", self._h(), byref(request._c()), _ms(timeout))
+
+    # Device transfers, enqueued on a CUDA stream (default: torch's current stream).
+    def cuda_send_post(self, request: Request, stream: Optional[Any] = None) -> None:
+        _call("nvfipc_cuda_p2p_send_post", self._h(), byref(request._c()), _stream(stream))
+
+    def cuda_recv_post(self, request: Request, nbytes: Optional[int] = None,
+                       stream: Optional[Any] = None) -> None:
+        c = request._c()
+        _call("nvfipc_cuda_p2p_recv_post", self._h(), byref(c),
+              c.bytes if nbytes is None else nbytes, _stream(stream))
+
+    def cuda_send_wait(self, request: Request, stream: Optional[Any] = None) -> None:
+        _call("nvfipc_cuda_p2p_send_wait", self._h(), byref(request._c()), _stream(stream))
+
+    def counters(self) -> Dict[str, int]:
+        """The cache's counters (exchanges, hits, misses, store round trips, opens, ...)."""
+        c = _CacheCounters()
+        _call("nvfipc_cache_stats", self._h(), byref(c))
+        return {n: getattr(c, n) for n in _CACHE_COUNTERS}
+
+    def close(self) -> None:
+        if self._handle is not None:
+            h, self._handle = self._handle, None
+            _call("nvfipc_cache_free", h)
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _stream(stream: Optional[Any]) -> Optional[int]:
+    if stream is None:
+        import torch
+
+        stream = torch.cuda.current_stream()
+    return getattr(stream, "cuda_stream", stream)
+
+
+def cuda_available() -> bool:
+    """Whether the CUDA driver could be loaded and initialised in this process."""
+    v = c_bool()
+    _call("nvfipc_cuda_available", byref(v))
+    return bool(v.value)
+
+
+def vmm_counters() -> Dict[str, int]:
+    """The process's VMM counters (exports, imports, maps; imports == releases after a clean
+    teardown)."""
+    c = _VmmCounters()
+    _call("nvfipc_cuda_vmm_counters_get", byref(c))
+    return {n: getattr(c, n) for n in _VMM_COUNTERS}
+
+
+def ipc_counters() -> Dict[str, int]:
+    """The process's legacy CUDA IPC counters (opens, closes, live, ...)."""
+    c = _IpcCounters()
+    _call("nvfipc_cuda_ipc_counters_get", byref(c))
+    return {n: getattr(c, n) for n in _IPC_COUNTERS}

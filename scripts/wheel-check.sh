@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds the wheel from target/release (scripts/wheel.sh), installs it into a fresh venv with
+# no cargo and no source tree on its paths, and checks what it carries:
+# - `python -m nvfuser_ipc --cmake-prefix` + find_package(nvfuser_ipc): cpp_tests/package_consumer
+#   built and run; integrations/nvfuser/nvfuser_ipc.cmake included by a stand-in of nvFuser's
+#   targets; pkg-config finds nvfuser-ipc.pc;
+# - the `nvfipc` script (`nvfipc doctor --local --json` parses);
+# - the Python API across processes with host buffers (tests/python/host_exchange.py under
+#   `nvfipc launch -n 3`) and the host-callback store bridge (tests/python/store_bridge.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src="$PWD"
+work="${1:-build/wheel/check}"
+rm -rf "$work"
+mkdir -p "$work"
+work="$(cd "$work" && pwd)"
+
+wheel="$(bash scripts/wheel.sh build/wheel/dist)"
+python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install -q --no-index "$wheel"
+py="$work/venv/bin/python"
+cd "$work"   # nothing of the source tree on sys.path
+
+prefix="$("$py" -m nvfuser_ipc --cmake-prefix)"
+case "$prefix" in "$work/venv/"*) ;; *) echo "cmake prefix $prefix is not in the venv" >&2; exit 1 ;; esac
+echo "== find_package(nvfuser_ipc) from the wheel ($prefix)"
+cmake -S "$src/cpp_tests/package_consumer" -B consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build consumer >/dev/null
+./consumer/consumer
+
+echo "== integrations/nvfuser/nvfuser_ipc.cmake from the wheel"
+mkdir -p fake_nvfuser
+cat > fake_nvfuser/CMakeLists.txt <<CMAKE
+cmake_minimum_required(VERSION 3.18)
+project(fake_nvfuser LANGUAGES CXX)
+file(WRITE \${CMAKE_BINARY_DIR}/ipc_handle.cpp
+     "#include <nvfuser_ipc.hpp>\nconst char* v() { return nvfipc_version(); }\n")
+add_library(codegen_internal OBJECT \${CMAKE_BINARY_DIR}/ipc_handle.cpp)
+set_target_properties(codegen_internal PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_STANDARD 17)
+add_library(nvfuser_codegen SHARED \$<TARGET_OBJECTS:codegen_internal>)
+include("$src/integrations/nvfuser/nvfuser_ipc.cmake")
+CMAKE
+cmake -S fake_nvfuser -B fake_nvfuser/build -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build fake_nvfuser/build >/dev/null
+echo "nvFuser's targets link nvfuser_ipc::nvfuser_ipc from the wheel"
+
+echo "== pkg-config from the wheel"
+PKG_CONFIG_PATH="$("$py" -m nvfuser_ipc --pkgconfig)" pkg-config --modversion nvfuser-ipc
+
+echo "== the nvfipc script"
+"$work/venv/bin/nvfipc" --version
+"$work/venv/bin/nvfipc" doctor --local --json >doctor.json || true
+"$py" -c 'import json; r = json.load(open("doctor.json")); print("nvfipc doctor:", r["summary"])'
+
+echo "== Python API: host buffers across 3 processes, and the store bridge"
+"$work/venv/bin/nvfipc" launch -n 3 -- "$py" "$src/tests/python/host_exchange.py" env
+"$py" "$src/tests/python/store_bridge.py"
