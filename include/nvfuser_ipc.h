@@ -904,6 +904,34 @@ enum nvfipc_status nvfipc_server_num_clients(const struct nvfipc_server *server,
 enum nvfipc_status nvfipc_server_free(struct nvfipc_server *server,
                                       int64_t idle_timeout_ms);
 
+// Maps every other member's buffer of a symmetric allocation named `tag` (equal on every
+// member, NUL-terminated): `ptr`/`bytes` of memory kind `kind` (`NVFIPC_MEM_DEVICE`: any device
+// memory the exchange accepts, `cudaMalloc`, VMM or an IPC pool; `NVFIPC_MEM_HOST`) is this
+// rank's buffer, `ranks[0..n_ranks]` the members (this rank among them; the whole world when
+// `n_ranks` is 0, `ranks` may then be NULL). On success `out_ptrs[i]` and `out_bytes[i]` (may
+// be NULL) hold the i-th member's buffer in increasing rank order as mapped here (this rank's
+// own pointer for itself) and its size; `n_out` must be at least the number of members.
+//
+// No barrier: each rank publishes its record and waits only for the records and opens of the
+// peers it maps (one exchange in which each pair of members talks over one channel, tag
+// `symm:<tag>`), so members may call in any order and ranks outside the group take no part.
+// Imports are deduplicated and released like any exchange's (when the buffer is replaced, or
+// the cache freed); a second rendezvous of the same buffers costs no store traffic. The mapped
+// pointers stay valid until the next rendezvous of `tag` with other buffers, or
+// `nvfipc_cache_free`. `timeout_ms` < 0: the cache's timeout; on timeout the message names the
+// peer that did not come.
+enum nvfipc_status nvfipc_symmetric_rendezvous(const struct nvfipc_cache *cache,
+                                               const char *tag,
+                                               int32_t kind,
+                                               uint64_t ptr,
+                                               uint64_t bytes,
+                                               const int64_t *ranks,
+                                               size_t n_ranks,
+                                               int64_t timeout_ms,
+                                               uint64_t *out_ptrs,
+                                               uint64_t *out_bytes,
+                                               size_t n_out);
+
 // The version of the loaded library, e.g. "0.4.0"; compare with `NVFIPC_VERSION` from the
 // header. Static: never NULL, never freed. Thread-safe.
 const char *nvfipc_version(void);

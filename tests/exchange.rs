@@ -244,6 +244,14 @@ fn caches_recreated_in_a_loop() {
     assert_all_ok("recreate", 2);
 }
 
+/// Symmetric memory through the C ABI at 4 ranks: every rank maps every other's buffer with no
+/// barrier, a second rendezvous costs no store traffic, a pair of ranks rendezvous while the
+/// others do not take part, and bad arguments are refused.
+#[test]
+fn symmetric_rendezvous_without_barriers() {
+    assert_all_ok("symmetric", 4);
+}
+
 #[test]
 fn one_cache_from_several_threads() {
     assert_all_ok("threads", 2);
@@ -490,6 +498,7 @@ fn child() {
         "linger" => linger(r),
         "killed" => killed(r),
         "recreate" => recreate(r),
+        "symmetric" => symmetric(r),
         "truncated" => truncated(r),
         other => panic!("unknown scenario {other}"),
     }
@@ -1049,6 +1058,123 @@ fn device(r: Rank) {
 
 /// The same exchange through the C ABI: context, cache, host buffers, requests, stats, the host
 /// primitives and argument errors.
+fn symmetric(r: Rank) {
+    use nvfuser_ipc::ffi::context::{nvfipc_context, nvfipc_context_connect, nvfipc_context_free};
+    use nvfuser_ipc::ffi::exchange::*;
+    use nvfuser_ipc::ffi::host::*;
+    use nvfuser_ipc::ffi::symmetric::nvfipc_symmetric_rendezvous;
+    use std::ffi::{c_void, CString};
+    use std::ptr::{null, null_mut};
+    const BYTES: u64 = 8192;
+    let (rank, world) = (r.rank, r.world);
+    drop(r.cache); // built through the C ABI here
+    let port = env_usize("NVFIPC_T_PORT") as u16;
+    let host = CString::new("127.0.0.1").unwrap();
+    let mut ctx: *mut nvfipc_context = null_mut();
+    let st = nvfipc_context_connect(
+        rank as i64,
+        world as i64,
+        host.as_ptr(),
+        port,
+        false,
+        20_000,
+        &mut ctx,
+    );
+    assert_eq!(st, Status::Ok);
+    let mut cache: *mut nvfipc_cache = null_mut();
+    assert_eq!(nvfipc_cache_create(ctx, &mut cache), Status::Ok);
+    let mut buf: *mut c_void = null_mut();
+    assert_eq!(nvfipc_host_alloc(BYTES as usize, &mut buf), Status::Ok);
+    // SAFETY: `buf` is a live BYTES-byte buffer from nvfipc_host_alloc.
+    unsafe { std::ptr::write_bytes(buf as *mut u8, rank as u8 + 1, BYTES as usize) };
+    let tag = CString::new("weights").unwrap();
+    let mut ptrs = vec![0u64; world];
+    let mut sizes = vec![0u64; world];
+    let rendezvous = |tag: &CString, ranks: &[i64], ptrs: &mut [u64], sizes: *mut u64| {
+        nvfipc_symmetric_rendezvous(
+            cache,
+            tag.as_ptr(),
+            NVFIPC_MEM_HOST,
+            buf as u64,
+            BYTES,
+            if ranks.is_empty() {
+                null()
+            } else {
+                ranks.as_ptr()
+            },
+            ranks.len(),
+            -1,
+            ptrs.as_mut_ptr(),
+            sizes,
+            ptrs.len(),
+        )
+    };
+    let check_peers = |ptrs: &[u64], members: &[usize]| {
+        for (i, &m) in members.iter().enumerate() {
+            // SAFETY: the rendezvous mapped member m's live BYTES-byte buffer at ptrs[i] (this
+            // rank's own buffer for itself).
+            let got = unsafe { std::slice::from_raw_parts(ptrs[i] as *const u8, BYTES as usize) };
+            assert!(
+                got.iter().all(|&b| b == m as u8 + 1),
+                "rank {rank}: member {m}"
+            );
+        }
+    };
+    assert_eq!(
+        rendezvous(&tag, &[], &mut ptrs, sizes.as_mut_ptr()),
+        Status::Ok
+    );
+    assert_eq!(ptrs[rank], buf as u64);
+    assert!(sizes.iter().all(|&b| b == BYTES), "{sizes:?}");
+    check_peers(&ptrs, &(0..world).collect::<Vec<_>>());
+    let mut before = nvfuser_ipc::exchange::CacheStats::default();
+    assert_eq!(nvfipc_cache_stats(cache, &mut before), Status::Ok);
+    // Again: a cache hit, same pointers, no store traffic.
+    let mut again = vec![0u64; world];
+    assert_eq!(rendezvous(&tag, &[], &mut again, null_mut()), Status::Ok);
+    assert_eq!(again, ptrs);
+    let mut after = nvfuser_ipc::exchange::CacheStats::default();
+    assert_eq!(nvfipc_cache_stats(cache, &mut after), Status::Ok);
+    assert_eq!(after.store_round_trips, before.store_round_trips);
+    assert_eq!(after.opens, before.opens);
+    // A pair of the world: ranks 1 and 3 never call, nobody waits for them.
+    if rank == 0 || rank == 2 {
+        let pair = CString::new("pair").unwrap();
+        let mut two = [0u64; 2];
+        assert_eq!(rendezvous(&pair, &[2, 0], &mut two, null_mut()), Status::Ok);
+        check_peers(&two, &[0, 2]);
+    }
+    // Bad arguments: refused, nothing changed.
+    let mut short = [0u64; 1];
+    assert_eq!(
+        rendezvous(&tag, &[], &mut short, null_mut()),
+        Status::InvalidArgument
+    );
+    let others: Vec<i64> = (0..world as i64).filter(|&m| m != rank as i64).collect();
+    assert_eq!(
+        rendezvous(&tag, &others, &mut ptrs, null_mut()),
+        Status::InvalidArgument
+    );
+    let empty = CString::new("").unwrap();
+    assert_eq!(
+        rendezvous(&empty, &[], &mut ptrs, null_mut()),
+        Status::InvalidArgument
+    );
+    // Every rank is done with the others' buffers before any frees its cache.
+    assert_eq!(
+        world_barrier(ctx),
+        Status::Ok,
+        "rank {rank}: barrier before teardown"
+    );
+    assert_eq!(nvfipc_cache_free(cache), Status::Ok);
+    assert_eq!(nvfipc_host_free(buf), Status::Ok);
+    assert_eq!(nvfipc_context_free(ctx), Status::Ok);
+}
+
+fn world_barrier(ctx: *const nvfuser_ipc::ffi::context::nvfipc_context) -> Status {
+    nvfuser_ipc::ffi::barrier::nvfipc_barrier(ctx, std::ptr::null(), 0, -1)
+}
+
 fn c_abi(r: Rank) {
     use nvfuser_ipc::ffi::context::{
         nvfipc_context, nvfipc_context_connect, nvfipc_context_free, nvfipc_context_job_id,

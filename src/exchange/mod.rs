@@ -10,7 +10,9 @@
 //!   call's timeout and when it runs out);
 //! - `teardown`: closing a cache without freeing what a peer may still map;
 //! - [`retain`]: replaced peer mappings a cache keeps mapped for buffers carved again from them;
-//! - [`stats`]: the cache's counters.
+//! - [`stats`]: the cache's counters;
+//! - [`symmetric`]: symmetric memory (every member of a group maps every other's buffer) as one
+//!   exchange, with no group-wide synchronisation.
 
 pub mod board;
 pub mod cache;
@@ -25,6 +27,7 @@ pub mod request;
 pub mod retain;
 mod settings;
 pub mod stats;
+pub mod symmetric;
 mod teardown;
 
 pub use crate::transport::record::{HandleType, Record};

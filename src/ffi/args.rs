@@ -59,6 +59,47 @@ pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
+/// An output array of `len` items at `ptr` (NULL only when `len` is 0), checked before any work
+/// is done; written with [`OutSlice::write`] on success only.
+pub(crate) struct OutSlice<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> OutSlice<T> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Stores `values` (at most `len`) at the start of the caller's array.
+    pub(crate) fn write(self, values: impl IntoIterator<Item = T>) {
+        for (i, v) in values.into_iter().take(self.len).enumerate() {
+            // SAFETY: `i < len`; the array is non-NULL, aligned and of a representable size
+            // (checked in `out_slice_arg`), and the C contract says it is writable for `len`
+            // items. `write` does not drop the (possibly uninitialised) old value.
+            unsafe { self.ptr.add(i).write(v) }
+        }
+    }
+}
+
+/// Checks an output array argument of `len` items.
+pub(crate) fn out_slice_arg<T>(ptr: *mut T, len: usize, name: &str) -> Result<OutSlice<T>> {
+    if len > 0 {
+        check_not_null(ptr, name)?;
+        if !ptr.is_aligned() {
+            return Err(Error::invalid(format!(
+                "argument `{name}` ({ptr:p}) is not aligned for its element type"
+            )));
+        }
+        if len.saturating_mul(std::mem::size_of::<T>()) > isize::MAX as usize {
+            return Err(Error::invalid(format!(
+                "argument `{name}`: length {len} is too large"
+            )));
+        }
+    }
+    Ok(OutSlice { ptr, len })
+}
+
 /// Borrows one `T` at `ptr` (an input struct such as a vtable).
 pub(crate) fn ref_arg<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
     Ok(&slice_arg(ptr, 1, name)?[0])

@@ -8,7 +8,11 @@ use crate::error::{Error, Result, Status};
 use std::time::Duration;
 
 /// Converts the C rank list; `None` (the world) when it is empty.
-fn members_arg(ranks: *const i64, n_ranks: usize, world_size: usize) -> Result<Option<Vec<usize>>> {
+pub(crate) fn members_arg(
+    ranks: *const i64,
+    n_ranks: usize,
+    world_size: usize,
+) -> Result<Option<Vec<usize>>> {
     if n_ranks == 0 {
         return Ok(None);
     }

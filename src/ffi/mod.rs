@@ -31,4 +31,5 @@ mod registry_bench;
 pub mod store;
 pub mod store_callbacks;
 pub mod store_create;
+pub mod symmetric;
 pub mod version;
