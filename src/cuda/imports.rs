@@ -380,6 +380,8 @@ mod tests {
     #[derive(Default)]
     struct Fake {
         opens: AtomicU64,
+        /// Bases opened and not closed yet.
+        open_now: Mutex<std::collections::HashSet<u64>>,
         closes: Mutex<Vec<u64>>,
         gated: AtomicBool,
         gate: Mutex<Option<mpsc::Receiver<()>>>,
@@ -408,6 +410,7 @@ mod tests {
             Ok(())
         }
         fn close(&self, _peer: usize, mapped: &(u64, bool)) -> Result<()> {
+            lock(&self.open_now).remove(&mapped.0);
             lock(&self.closes).push(mapped.0);
             Ok(())
         }
@@ -664,8 +667,13 @@ mod tests {
                                 || "shared".into(),
                                 |_| {
                                     let n = t.kind().opens.fetch_add(1, Ordering::SeqCst);
-                                    // Every open maps at a fresh base.
-                                    Ok(Opened::Mapped((0x1000 * (n + 1), true)))
+                                    // Every open maps at a fresh base, and never while the key
+                                    // is still mapped (the driver would refuse a second map).
+                                    let base = 0x1000 * (n + 1);
+                                    let mut open_now = lock(&t.kind().open_now);
+                                    assert!(open_now.is_empty(), "opened while {open_now:?} is");
+                                    open_now.insert(base);
+                                    Ok(Opened::Mapped((base, true)))
                                 },
                             )
                             .unwrap();
