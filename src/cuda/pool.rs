@@ -8,14 +8,15 @@
 //! remedy.
 //!
 //! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this process, each
-//! allocation once per (exporter pid, export data, device) with `cuMemPoolImportPointer`. The
+//! allocation once per (exporter pid, export data, device) with `cuMemPoolImportPointer`
+//! (allocations in the import table, [`super::imports`]; pools in this kind's sub-table). The
 //! last release of an allocation hands it to a releaser thread that synchronises the context
 //! and frees the imported pointer (the driver unmaps it); a pool is destroyed here when its
 //! last imported allocation is freed.
 
 use super::driver::{self, Context, ContextGuard};
+use super::imports::{Import, ImportKind, ImportTable, Opened};
 use super::memory::{DeviceAllocation, DeviceMemoryKind};
-use super::release::{drop_reference, Found, Job, Releaser};
 use super::result::{self, POOL_PTR_EXPORT_LEN};
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
@@ -148,44 +149,59 @@ struct ImportedPool {
 
 /// One imported allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PointerKey {
+pub(crate) struct PointerKey {
     pid: u32,
     device: i32,
     data: [u8; POOL_PTR_EXPORT_LEN],
 }
 
 #[derive(Clone, Copy, Debug)]
-struct ImportedPointer {
+pub(crate) struct ImportedPointer {
     ptr: u64,
     pool: PoolKey,
     context: Context,
 }
 
-struct PointerEntry {
-    imported: ImportedPointer,
-    refs: usize,
-}
-
+/// The peer pools imported here (the pool kind's state in the import table).
 #[derive(Default)]
-struct Tables {
-    pools: HashMap<PoolKey, ImportedPool>,
-    pointers: HashMap<PointerKey, PointerEntry>,
+pub(crate) struct Pools(HashMap<PoolKey, ImportedPool>);
+
+/// Pool allocations in the import table ([`super::imports`]): opened with
+/// `cuMemPoolImportPointer` (importing the pool first when needed), closed by freeing the
+/// imported pointer; a pool is destroyed here when its last imported allocation is freed.
+pub(crate) struct Pool;
+
+impl ImportKind for Pool {
+    type Key = PointerKey;
+    type Mapped = ImportedPointer;
+    type Side = Pools;
+    const THREAD: &'static str = "nvfipc-pool-free";
+    const PENDING: &'static str = "imported pool allocation(s) were still waiting to be freed";
+
+    fn base(&self, p: &ImportedPointer) -> u64 {
+        p.ptr
+    }
+
+    fn drain(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {
+        let _guard = ContextGuard::enter(p.context)?;
+        p.context.synchronize()
+    }
+
+    fn close(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {
+        free_pointer(p)
+    }
+
+    fn closed(&self, pools: &mut Pools, p: &ImportedPointer) {
+        release_pool(pools, p);
+    }
 }
 
-static TABLES: Lazy<Mutex<Tables>> = Lazy::new(|| Mutex::new(Tables::default()));
+/// A reference on an imported pool allocation (dropping it releases it).
+pub(crate) type PoolImport = Import<Pool>;
+
+static TABLE: Lazy<ImportTable<Pool>> = Lazy::new(|| ImportTable::new(Pool));
 static POINTER_IMPORTS: AtomicU64 = AtomicU64::new(0);
 static POINTER_FREES: AtomicU64 = AtomicU64::new(0);
-
-static RELEASER: Lazy<Arc<Releaser<PointerKey, ImportedPointer>>> = Lazy::new(|| {
-    Releaser::new(
-        "nvfipc-pool-free",
-        |job: &Job<PointerKey, ImportedPointer>| {
-            let _guard = ContextGuard::enter(job.target.context)?;
-            job.target.context.synchronize()
-        },
-        |job: &Job<PointerKey, ImportedPointer>| free_pointer(&job.target),
-    )
-});
 
 /// Pool allocations imported and freed by this process so far.
 pub fn counters() -> (u64, u64) {
@@ -195,21 +211,15 @@ pub fn counters() -> (u64, u64) {
     )
 }
 
-/// An imported allocation: its key (for [`release`]) and where it is mapped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ImportedAt {
-    pub key: PointerKey,
-    pub base: u64,
-}
-
-/// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`).
-pub fn import(
+/// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`); the
+/// guard says where it is mapped and releases it when dropped.
+pub(crate) fn import(
     peer: usize,
     rec: &Record,
     fdpass: Option<&FdPass>,
     device: Option<i32>,
     wait: Duration,
-) -> Result<ImportedAt> {
+) -> Result<PoolImport> {
     let (context, _guard) = driver::enter_device(device)?;
     let device = context.device()?;
     let who = format!("rank {peer} (pid {})", rec.pid);
@@ -227,29 +237,39 @@ pub fn import(
         device,
         pool: seg.id,
     };
-    let found = RELEASER.find_or_take_back(
-        &TABLES,
-        &key,
+    TABLE.acquire(
+        key,
+        peer,
         wait,
+        || format!("a pool allocation of {who}"),
         |tables| {
-            tables.pointers.get_mut(&key).map(|e| {
-                e.refs += 1;
-                e.imported.ptr
+            let pools = &mut tables.side.0;
+            open_pointer(pools, peer, rec, seg, pool_key, fdpass, wait, &who).map(|ptr| {
+                Opened::Mapped(ImportedPointer {
+                    ptr,
+                    pool: pool_key,
+                    context,
+                })
             })
         },
-        |tables, imported| {
-            tables
-                .pointers
-                .insert(key, PointerEntry { imported, refs: 1 });
-            imported.ptr
-        },
-        || format!("a pool allocation of {who}"),
-    )?;
-    let mut tables = match found {
-        Found::Ready(base) => return Ok(ImportedAt { key, base }),
-        Found::Open(tables) => tables,
-    };
-    if let std::collections::hash_map::Entry::Vacant(slot) = tables.pools.entry(pool_key) {
+    )
+}
+
+/// Imports the allocation of `rec` (not imported yet), importing its pool first when needed,
+/// with the importing context current.
+#[allow(clippy::too_many_arguments)]
+fn open_pointer(
+    pools: &mut HashMap<PoolKey, ImportedPool>,
+    peer: usize,
+    rec: &Record,
+    seg: &Segment,
+    pool_key: PoolKey,
+    fdpass: Option<&FdPass>,
+    wait: Duration,
+    who: &str,
+) -> Result<u64> {
+    let device = pool_key.device;
+    if let std::collections::hash_map::Entry::Vacant(slot) = pools.entry(pool_key) {
         let fdpass = fdpass.ok_or_else(|| {
             Error::unsupported(format!(
                 "a pool buffer of {who} is shared through the fd transport, which this transport \
@@ -281,7 +301,7 @@ pub fn import(
             pointers: 0,
         });
     }
-    let pool = tables.pools.get_mut(&pool_key).expect("inserted above");
+    let pool = pools.get_mut(&pool_key).expect("inserted above");
     let ptr = result::mem_pool_import_pointer(pool.handle, &rec.payload).map_err(|rc| {
         driver::error(
             rc,
@@ -295,7 +315,7 @@ pub fn import(
         Ok(ptr) => ptr,
         Err(e) => {
             if pool.pointers == 0 {
-                let pool = tables.pools.remove(&pool_key).expect("present");
+                let pool = pools.remove(&pool_key).expect("present");
                 // SAFETY: imported above or earlier, and no pointer of it is imported.
                 let _ = unsafe { result::mem_pool_destroy(pool.handle) };
             }
@@ -304,44 +324,24 @@ pub fn import(
     };
     pool.pointers += 1;
     POINTER_IMPORTS.fetch_add(1, Ordering::Relaxed);
-    tables.pointers.insert(
-        key,
-        PointerEntry {
-            imported: ImportedPointer {
-                ptr,
-                pool: pool_key,
-                context,
-            },
-            refs: 1,
-        },
-    );
-    Ok(ImportedAt { key, base: ptr })
+    Ok(ptr)
 }
 
-/// Drops one reference taken by [`import`]; the last one hands the pointer to the releaser.
-pub fn release(peer: usize, key: &PointerKey) -> Result<()> {
-    let mut tables = lock(&TABLES);
-    let last = drop_reference(
-        &mut tables.pointers,
-        key,
-        |e| &mut e.refs,
-        || format!("a pool allocation of rank {peer}"),
-    )?;
-    match last {
-        Some(e) => RELEASER.submit(*key, peer, e.imported),
-        None => Ok(()),
-    }
-}
-
+/// Frees an imported pointer on the releaser thread (its pool is released by [`release_pool`]
+/// afterwards, under the table's lock).
 fn free_pointer(p: &ImportedPointer) -> Result<()> {
     let _guard = ContextGuard::enter(p.context)?;
-    // SAFETY: imported by `import`, left the table with its last reference, not taken back,
-    // and the work queued before the release has finished (drain step).
+    // SAFETY: imported by `import`, left the import table with its last reference, not taken
+    // back, and the work queued before the release has finished (drain step).
     let freed = unsafe { result::mem_free_imported(p.ptr) }
         .map_err(|rc| driver::error(rc, &format!("cuMemFree of imported {:#x}", p.ptr)));
     POINTER_FREES.fetch_add(1, Ordering::Relaxed);
-    let mut tables = lock(&TABLES);
-    let last = match tables.pools.get_mut(&p.pool) {
+    freed
+}
+
+/// Drops a freed pointer's reference on its pool, destroying the pool with its last pointer.
+fn release_pool(pools: &mut Pools, p: &ImportedPointer) {
+    let last = match pools.0.get_mut(&p.pool) {
         Some(pool) => {
             pool.pointers = pool.pointers.saturating_sub(1);
             pool.pointers == 0
@@ -349,25 +349,19 @@ fn free_pointer(p: &ImportedPointer) -> Result<()> {
         None => false,
     };
     if last {
-        let pool = tables
-            .pools
-            .remove(&p.pool)
-            .expect("present under the lock");
-        // SAFETY: imported by `import`; its last imported pointer was just freed.
+        let pool = pools.0.remove(&p.pool).expect("present under the lock");
+        // SAFETY: imported by `import`; its last imported pointer was just freed, and it is
+        // destroyed once (it leaves the sub-table here).
         let _ = unsafe { result::mem_pool_destroy(pool.handle) };
     }
-    freed
 }
 
 /// See `Transport::wait_release_room`.
-pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    RELEASER.wait_room(peer, timeout)
+pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
+    TABLE.wait_room(peer, timeout)
 }
 
 /// See `Transport::flush_releases`.
-pub fn flush_releases(timeout: Duration) -> Result<()> {
-    RELEASER.flush_within(
-        timeout,
-        "imported pool allocation(s) were still waiting to be freed",
-    )
+pub(crate) fn flush_releases(timeout: Duration) -> Result<()> {
+    TABLE.flush(timeout)
 }

@@ -6,8 +6,9 @@
 //! and deadlocked it when queued work waited (`cuStreamWaitValue32`) on a flag that is set only
 //! after the exchange returns (in nvFuser: a peer's semaphore in a pipelined loop).
 //!
-//! So the last reference of a mapping is not closed where it is dropped: [`ipc`](super::ipc)
-//! hands the mapping to one process-wide releaser thread, which makes the mapping's context
+//! So the last reference of a mapping is not closed where it is dropped: the import table
+//! ([`super::imports`]) hands the mapping to the releaser thread of its kind (legacy IPC, VMM,
+//! pool; one per process each), which makes the mapping's context
 //! current, runs `cuCtxSynchronize` (all work queued in that context before this point has
 //! finished, which includes every use of the mapping enqueued before it was replaced) and then
 //! `cuIpcCloseMemHandle`. The caller never waits for device work, and nothing is unmapped while
@@ -20,7 +21,8 @@
 //!   that queues one more waits for the releaser, bounded by its timeout, and then fails with a
 //!   `Timeout` naming the peer and the mapping being closed (see [`Releaser::wait_below`]);
 //! * a mapping that is opened again while it waits (a peer going back to a buffer it used
-//!   before) is taken back, still mapped ([`Releaser::revive`]), whether it is queued or the
+//!   before) is taken back, still mapped ([`Releaser::revive`], through
+//!   [`Releaser::find_or_take_back`]), whether it is queued or the
 //!   thread is waiting for the device work before its close (the thread then skips the close);
 //!   only one inside `cuIpcCloseMemHandle` right now is waited for, bounded, and opened afresh;
 //! * freeing a handle cache waits, bounded by its linger, until every close queued so far has
@@ -47,6 +49,7 @@ pub fn max_pending_per_peer() -> usize {
 }
 
 /// Sets the bound of [`max_pending_per_peer`] (process-wide; at least 1).
+#[cfg(test)]
 pub fn set_max_pending_per_peer(limit: usize) {
     MAX_PENDING_PER_PEER.store(limit.max(1), Ordering::Relaxed);
 }
@@ -73,26 +76,6 @@ pub enum Revive<T> {
     Closing,
     /// Not in the releaser.
     Absent,
-}
-
-/// Drops one reference of `key` in an importer's `table` (`refs` gives an entry's count): the
-/// entry, removed, when that was the last reference (for the caller to submit to its releaser),
-/// `None` while others remain, `NotFound` saying `what` was released when there is no entry.
-pub fn drop_reference<K: Eq + Hash, E>(
-    table: &mut HashMap<K, E>,
-    key: &K,
-    refs: impl Fn(&mut E) -> &mut usize,
-    what: impl FnOnce() -> String,
-) -> Result<Option<E>> {
-    let entry = table
-        .get_mut(key)
-        .ok_or_else(|| Error::not_found(format!("{} is not imported (released twice?)", what())))?;
-    let count = refs(entry);
-    *count = count.saturating_sub(1);
-    if *count > 0 {
-        return Ok(None);
-    }
-    Ok(table.remove(key))
 }
 
 /// What [`Releaser::find_or_take_back`] found.
@@ -394,6 +377,7 @@ where
     }
 
     /// Closes of `peer`'s mappings queued or running now.
+    #[cfg(test)]
     pub fn pending_for(&self, peer: usize) -> usize {
         lock(&self.state).per_peer.get(&peer).copied().unwrap_or(0)
     }
@@ -490,11 +474,6 @@ where
     /// The job the thread runs, unless it was taken back.
     fn pending_running(st: &State<K, T>) -> Option<&Job<K, T>> {
         st.running.as_ref().filter(|r| !r.revived).map(|r| &r.job)
-    }
-
-    /// Whether the thread is running a job right now.
-    pub fn busy(&self) -> bool {
-        lock(&self.state).running.is_some()
     }
 }
 

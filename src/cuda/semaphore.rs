@@ -9,7 +9,7 @@
 //! every peer it exchanged with to close its cache (or exit), and never when that wait times out.
 
 use super::driver::{self, Context, ContextGuard};
-use super::ipc::{self, HandleBytes};
+use super::ipc::{self, HandleBytes, IpcImport};
 use super::memory;
 use super::result;
 use crate::error::{Error, Result};
@@ -53,8 +53,8 @@ impl Allocation {
 struct State {
     alloc: Option<Allocation>,
     in_use: Vec<bool>,
-    /// Peer slabs this slab's owner has imported: (peer, handle) -> references.
-    peers: HashMap<(usize, HandleBytes), usize>,
+    /// Peer slabs this slab's owner has imported: (peer, handle) -> one reference per import.
+    peers: HashMap<(usize, HandleBytes), Vec<IpcImport>>,
 }
 
 /// A device semaphore slab (see the module docs).
@@ -212,26 +212,33 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
         }
         let mut state = self.lock();
         let device = Self::allocated(&mut state, self.device)?.device;
-        let opened = ipc::open(peer, None, &handle.payload, Some(device), wait)
+        let opened = ipc::import(peer, None, &handle.payload, Some(device), wait)
             .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
-        *state.peers.entry((peer, handle.payload)).or_insert(0) += 1;
-        Ok(opened.base)
+        let base = opened.base();
+        state
+            .peers
+            .entry((peer, handle.payload))
+            .or_default()
+            .push(opened);
+        Ok(base)
     }
 
     fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
         let mut state = self.lock();
         let key = (peer, handle.payload);
-        let refs = state.peers.get_mut(&key).ok_or_else(|| {
-            Error::not_found(format!(
-                "the semaphore slab of rank {peer} is not imported (released twice?)"
-            ))
-        })?;
-        *refs -= 1;
-        if *refs == 0 {
+        let opened = state
+            .peers
+            .get_mut(&key)
+            .and_then(Vec::pop)
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "the semaphore slab of rank {peer} is not imported (released twice?)"
+                ))
+            })?;
+        if state.peers.get(&key).is_some_and(Vec::is_empty) {
             state.peers.remove(&key);
         }
-        let device = Self::allocated(&mut state, self.device)?.device;
-        ipc::release(peer, &handle.payload, device)
+        opened.release()
     }
 }
 
@@ -241,11 +248,11 @@ impl Drop for DeviceSemaphoreSlab {
         let Some(alloc) = state.alloc.take() else {
             return;
         };
-        // Peer slabs still imported through this slab are closed first (their references are
-        // ours), then our own slab is freed after a synchronize.
-        for ((peer, handle), refs) in state.peers.drain() {
-            for _ in 0..refs {
-                let _ = ipc::release(peer, &handle, alloc.device);
+        // Peer slabs still imported through this slab are released first (their references
+        // are ours; the releaser closes them), then our own slab is freed after a synchronize.
+        for (_, imports) in state.peers.drain() {
+            for opened in imports {
+                let _ = opened.release();
             }
         }
         release(&alloc);

@@ -1,26 +1,27 @@
 //! [`Transport`] for device memory, choosing the export per buffer from its pointer attributes
 //! (`memory::classify`): legacy CUDA IPC for `cudaMalloc` allocations ([`ipc`]), the physical
-//! allocations' POSIX fds or FABRIC handles for VMM buffers ([`vmm`] exports, [`vmm_map`]
-//! imports), the pool and per-pointer export data for stream-ordered pool buffers ([`pool`]);
+//! allocations' POSIX fds or FABRIC handles for VMM buffers ([`vmm`] exports, `vmm_map`
+//! imports), the pool and per-pointer export data for stream-ordered pool buffers (`pool`);
 //! plus the device semaphore slab.
 //!
-//! Imports are refcounted per (peer, exporter buffer id, base mapped here) here, and the
-//! driver-level imports are
-//! further deduplicated process-wide by each module (per peer allocation, per VMM segment and
-//! run, per pool and pool allocation), so a peer allocation is opened once however many channels
-//! use it, and a new buffer carved from an allocation that is already mapped (PyTorch's caching
-//! allocator, a tensor inside imported expandable segments) costs no driver call. Releases never
-//! wait for device work: the last one of a mapping hands it to a releaser thread
-//! ([`super::release`]). Dropping the transport releases whatever is still imported, withdraws
-//! its VMM and pool offers, and then frees the semaphore slab; the handle cache drops it only
-//! after its teardown has waited for its peers to close (see [`super::semaphore`]).
+//! This transport keeps its imports per (peer, exporter buffer id, base mapped here), each entry
+//! holding one guard of the process-wide import table (`super::imports`) per import not yet
+//! released. The table deduplicates driver-level imports by the peer allocation's identity (a
+//! legacy handle, a VMM run, a pool allocation; VMM segments and pools in their modules'
+//! sub-tables), so a peer allocation is opened once however many channels and caches use it, and
+//! a new buffer carved from an allocation that is already mapped (PyTorch's caching allocator, a
+//! tensor inside imported expandable segments) costs no driver call. Releases never wait for
+//! device work: the last guard of a mapping hands it to a releaser thread (`super::release`).
+//! Dropping the transport releases whatever is still imported, withdraws its VMM and pool offers,
+//! and then frees the semaphore slab; the handle cache drops it only after its teardown has
+//! waited for its peers to close (see [`super::semaphore`]).
 //!
 //! VMM and pool buffers travel as fds through the fd transport (`crate::fdpass`), which the
 //! transport is given by [`CudaTransport::with_fdpass`]; without one only legacy and FABRIC
 //! buffers can be shared.
 
 use super::driver;
-use super::ipc::{self, HandleBytes};
+use super::ipc;
 use super::memory::{self, DeviceMemoryKind};
 use super::pool::{self, PoolExports};
 use super::semaphore::DeviceSemaphoreSlab;
@@ -36,17 +37,48 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What an import holds, to be released the same way.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One reference on a peer allocation in the import table of its kind (dropping it releases
+/// it).
+#[derive(Debug)]
 enum Held {
-    Legacy { handle: HandleBytes, device: i32 },
-    Vmm(vmm_map::RunKey),
-    Pool(pool::PointerKey),
+    Legacy(ipc::IpcImport),
+    Vmm(vmm_map::VmmImport),
+    Pool(pool::PoolImport),
 }
 
+impl Held {
+    fn base(&self) -> u64 {
+        match self {
+            Held::Legacy(i) => i.base(),
+            Held::Vmm(i) => i.base(),
+            Held::Pool(i) => i.base(),
+        }
+    }
+
+    /// Whether both hold the same import (the same peer allocation mapped here).
+    fn same_import(&self, other: &Held) -> bool {
+        match (self, other) {
+            (Held::Legacy(a), Held::Legacy(b)) => a.key() == b.key(),
+            (Held::Vmm(a), Held::Vmm(b)) => a.key() == b.key(),
+            (Held::Pool(a), Held::Pool(b)) => a.key() == b.key(),
+            _ => false,
+        }
+    }
+
+    /// Releases the reference, reporting an error.
+    fn release(self) -> Result<()> {
+        match self {
+            Held::Legacy(i) => i.release(),
+            Held::Vmm(i) => i.release(),
+            Held::Pool(i) => i.release(),
+        }
+    }
+}
+
+/// The references this transport holds on one mapping (one per import not yet released; all
+/// on the same import).
 struct Imported {
-    held: Held,
-    refs: usize,
+    held: Vec<Held>,
 }
 
 /// (peer, exporter buffer id, base of the mapping here).
@@ -109,26 +141,17 @@ impl CudaTransport {
     }
 
     /// Opens `rec` with the module of its handle type.
-    fn open(&self, peer: usize, rec: &Record, wait: Duration) -> Result<(Held, u64)> {
+    fn open(&self, peer: usize, rec: &Record, wait: Duration) -> Result<Held> {
         let fdpass = self.fdpass.as_deref();
         match rec.handle_type {
             HandleType::CudaLegacyIpc => {
-                let opened = ipc::open(peer, Some(rec.pid), &rec.payload, self.device, wait)?;
-                Ok((
-                    Held::Legacy {
-                        handle: rec.payload,
-                        device: opened.device,
-                    },
-                    opened.base,
-                ))
+                ipc::import(peer, Some(rec.pid), &rec.payload, self.device, wait).map(Held::Legacy)
             }
             HandleType::CudaVmmFd | HandleType::CudaVmmFabric => {
-                let at = vmm_map::import(peer, rec, fdpass, self.device, wait)?;
-                Ok((Held::Vmm(at.key), at.base))
+                vmm_map::import(peer, rec, fdpass, self.device, wait).map(Held::Vmm)
             }
             HandleType::CudaPool => {
-                let at = pool::import(peer, rec, fdpass, self.device, wait)?;
-                Ok((Held::Pool(at.key), at.base))
+                pool::import(peer, rec, fdpass, self.device, wait).map(Held::Pool)
             }
             HandleType::PosixFd => Err(Error::invalid(format!(
                 "record of rank {} holds a {} handle; the device transport only opens device \
@@ -137,14 +160,6 @@ impl CudaTransport {
                 rec.handle_type.name()
             ))),
         }
-    }
-}
-
-fn release_held(peer: usize, held: &Held) -> Result<()> {
-    match held {
-        Held::Legacy { handle, device } => ipc::release(peer, handle, *device),
-        Held::Vmm(key) => vmm_map::release(peer, key),
-        Held::Pool(key) => pool::release(peer, key),
     }
 }
 
@@ -198,7 +213,7 @@ impl Transport for CudaTransport {
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
         let peer = rec.rank as usize;
         let mut imports = lock(&self.imports);
-        let (held, base) = self.open(peer, rec, wait).map_err(|e| {
+        let held = self.open(peer, rec, wait).map_err(|e| {
             e.context(format!(
                 "importing buffer {} of rank {peer} (pid {}, host {})",
                 rec.buffer_id,
@@ -206,20 +221,25 @@ impl Transport for CudaTransport {
                 rec.host_name()
             ))
         })?;
+        let base = held.base();
         let key = (peer, rec.buffer_id, base);
-        if let Some(entry) = imports.get(&key) {
-            if entry.held != held {
+        if let Some(first) = imports.get(&key).and_then(|entry| entry.held.first()) {
+            if !first.same_import(&held) {
                 // Two live mappings at one address cannot exist: the driver would have refused.
-                let _ = release_held(peer, &held);
-                return Err(Error::internal(format!(
-                    "buffer {} of rank {peer} (pid {}) was mapped at {base:#x} by {:?} and now \
-                     by {held:?}",
-                    rec.buffer_id, rec.pid, entry.held
-                )));
+                let err = Error::internal(format!(
+                    "buffer {} of rank {peer} (pid {}) was mapped at {base:#x} by {first:?} and \
+                     now by {held:?}",
+                    rec.buffer_id, rec.pid
+                ));
+                let _ = held.release();
+                return Err(err);
             }
         }
-        let entry = imports.entry(key).or_insert(Imported { held, refs: 0 });
-        entry.refs += 1;
+        imports
+            .entry(key)
+            .or_insert_with(|| Imported { held: Vec::new() })
+            .held
+            .push(held);
         Ok(Mapping {
             peer,
             base,
@@ -232,31 +252,26 @@ impl Transport for CudaTransport {
     fn release(&self, mapping: &Mapping) -> Result<()> {
         let mut imports = lock(&self.imports);
         let key = (mapping.peer, mapping.buffer_id, mapping.base);
-        let entry = imports.get_mut(&key).ok_or_else(|| {
+        let held = imports.get_mut(&key).and_then(|entry| entry.held.pop());
+        let held = held.ok_or_else(|| {
             Error::not_found(format!(
                 "buffer {} of rank {} mapped at {:#x} is not imported by this transport \
                  (released twice?)",
                 mapping.buffer_id, mapping.peer, mapping.base
             ))
         })?;
-        let held = entry.held;
-        entry.refs -= 1;
-        if entry.refs == 0 {
+        if imports.get(&key).is_some_and(|entry| entry.held.is_empty()) {
             imports.remove(&key);
         }
-        release_held(mapping.peer, &held)
+        held.release()
     }
 
     fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
-        ipc::wait_release_room(peer, timeout)?;
-        vmm_map::wait_release_room(peer, timeout)?;
-        pool::wait_release_room(peer, timeout)
+        super::wait_release_room(peer, timeout)
     }
 
     fn flush_releases(&self, timeout: Duration) -> Result<()> {
-        ipc::flush_releases(timeout)?;
-        vmm_map::flush_releases(timeout)?;
-        pool::flush_releases(timeout)
+        super::flush_releases(timeout)
     }
 
     fn semaphores(&self) -> &dyn SemaphoreSlab {
@@ -273,9 +288,9 @@ impl Drop for CudaTransport {
         // Release what the owner did not (closed on the releaser threads); the exports withdraw
         // their offers and the slab frees itself afterwards (field order).
         let imports = self.imports.get_mut().unwrap_or_else(|p| p.into_inner());
-        for ((peer, _, _), entry) in imports.drain() {
-            for _ in 0..entry.refs {
-                let _ = release_held(peer, &entry.held);
+        for (_, entry) in imports.drain() {
+            for held in entry.held {
+                let _ = held.release();
             }
         }
     }

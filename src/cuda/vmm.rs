@@ -1,5 +1,5 @@
 //! Exporting VMM buffers (`cuMemCreate` + `cuMemMap`: PyTorch's expandable segments, nvFuser's
-//! symmetric memory): the exporter's half. The importer's half is [`super::vmm_map`].
+//! symmetric memory): the exporter's half. The importer's half is `super::vmm_map`.
 //!
 //! A VMM buffer may span several physical allocations ("segments": PyTorch maps 2 MiB or 20 MiB
 //! handles back to back into one reserved range). [`resolve_run`] walks them in address order

@@ -11,25 +11,25 @@
 //!    (exporter pid, device, segment list); a buffer over the same segments, or over segments
 //!    that a mapped run holds back to back, is served by that mapping and costs no driver call.
 //!
-//! Releases never wait for device work: the last reference of a run is handed to a releaser
-//! thread (`super::release`) that synchronises the mapping's context, then unmaps, frees the
-//! VA range and drops the run's references on its segments; a segment's imported handle is
-//! released when no run maps it any more. A run requested again while it waits is taken back.
+//! Runs live in the import table ([`super::imports`], keyed by [`RunKey`]), segments in this
+//! kind's sub-table under the same lock. Releases never wait for device work: the last reference
+//! of a run is handed to a releaser thread (`super::release`) that synchronises the mapping's
+//! context, then unmaps, frees the VA range and drops the run's references on its segments; a
+//! segment's imported handle is released when no run maps it any more. A run requested again
+//! while it waits is taken back.
 
 use super::driver::{self, Context, ContextGuard};
-use super::release::{drop_reference, Found, Job, Releaser};
+use super::imports::{Import, ImportKind, ImportTable, Opened, Tables};
 use super::result;
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
 use crate::logging;
-use crate::sync::lock;
 use crate::transport::record::{fnv1a64, HandleType, Record, Segment};
 use cudarc::driver::sys;
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// One imported physical allocation.
@@ -49,7 +49,7 @@ struct ImportedSegment {
 
 /// One mapped run of segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RunKey {
+pub(crate) struct RunKey {
     pid: u32,
     device: i32,
     ids_hash: u64,
@@ -57,43 +57,56 @@ pub struct RunKey {
 }
 
 #[derive(Clone, Debug)]
-struct MappedRun {
+pub(crate) struct MappedRun {
     base: u64,
     size: u64,
     context: Context,
     segments: Vec<(SegmentKey, u64)>,
 }
 
-struct RunEntry {
-    run: MappedRun,
-    refs: usize,
-}
-
+/// The peer physical allocations imported here (the VMM kind's state in the import table).
 #[derive(Default)]
-struct Tables {
-    segments: HashMap<SegmentKey, ImportedSegment>,
-    runs: HashMap<RunKey, RunEntry>,
+pub(crate) struct Segments(HashMap<SegmentKey, ImportedSegment>);
+
+/// VMM runs in the import table ([`super::imports`]): a run is opened by importing its missing
+/// segments and mapping them back to back, closed by unmapping it; its segments are released
+/// when no run maps them any more.
+pub(crate) struct Vmm;
+
+impl ImportKind for Vmm {
+    type Key = RunKey;
+    type Mapped = MappedRun;
+    type Side = Segments;
+    const THREAD: &'static str = "nvfipc-vmm-unmap";
+    const PENDING: &'static str = "VMM mapping(s) were still waiting to be unmapped";
+
+    fn base(&self, run: &MappedRun) -> u64 {
+        run.base
+    }
+
+    fn drain(&self, _peer: usize, run: &MappedRun) -> Result<()> {
+        let _guard = ContextGuard::enter(run.context)?;
+        run.context.synchronize()
+    }
+
+    fn close(&self, _peer: usize, run: &MappedRun) -> Result<()> {
+        unmap_run(run)
+    }
+
+    fn closed(&self, segments: &mut Segments, run: &MappedRun) {
+        release_run_segments(segments, run);
+    }
 }
 
-static TABLES: Lazy<Mutex<Tables>> = Lazy::new(|| Mutex::new(Tables::default()));
+/// A reference on a mapped peer run (dropping it releases it).
+pub(crate) type VmmImport = Import<Vmm>;
+
+static TABLE: Lazy<ImportTable<Vmm>> = Lazy::new(|| ImportTable::new(Vmm));
 static SEGMENT_IMPORTS: AtomicU64 = AtomicU64::new(0);
 static SEGMENT_RELEASES: AtomicU64 = AtomicU64::new(0);
 static RUN_MAPS: AtomicU64 = AtomicU64::new(0);
 static RUN_UNMAPS: AtomicU64 = AtomicU64::new(0);
 static SUBRUN_HITS: AtomicU64 = AtomicU64::new(0);
-
-type RunReleaser = Releaser<RunKey, MappedRun>;
-
-static RELEASER: Lazy<Arc<RunReleaser>> = Lazy::new(|| {
-    Releaser::new(
-        "nvfipc-vmm-unmap",
-        |job: &Job<RunKey, MappedRun>| {
-            let _guard = ContextGuard::enter(job.target.context)?;
-            job.target.context.synchronize()
-        },
-        |job: &Job<RunKey, MappedRun>| unmap_run(&job.target),
-    )
-});
 
 /// Counters of VMM imports in this process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,21 +127,20 @@ pub struct VmmCounters {
 }
 
 pub fn counters() -> VmmCounters {
-    let t = lock(&TABLES);
-    VmmCounters {
+    TABLE.inspect(|t, _| VmmCounters {
         exports: super::vmm::exports_made(),
         segment_imports: SEGMENT_IMPORTS.load(Ordering::Relaxed),
         segment_releases: SEGMENT_RELEASES.load(Ordering::Relaxed),
         maps: RUN_MAPS.load(Ordering::Relaxed),
         unmaps: RUN_UNMAPS.load(Ordering::Relaxed),
-        live_segments: t.segments.len() as u64,
-        live_runs: t.runs.len() as u64,
+        live_segments: t.side.0.len() as u64,
+        live_runs: t.len() as u64,
         inside_mapped: SUBRUN_HITS.load(Ordering::Relaxed),
-    }
+    })
 }
 
 /// The key of the run a record describes, mapped on `device`.
-pub fn run_key(rec: &Record, device: i32) -> RunKey {
+pub(crate) fn run_key(rec: &Record, device: i32) -> RunKey {
     let bytes: Vec<u8> = rec
         .segments
         .iter()
@@ -142,59 +154,46 @@ pub fn run_key(rec: &Record, device: i32) -> RunKey {
     }
 }
 
-/// A peer's run as mapped here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MappedAt {
-    pub key: RunKey,
-    pub base: u64,
-    pub device: i32,
-}
-
-/// Maps the VMM buffer of `rec` (from rank `peer`) on `device` (the current one when `None`) and
-/// returns where its first segment starts. Fetches missing fds through `fdpass`.
-pub fn import(
+/// Maps the VMM buffer of `rec` (from rank `peer`) on `device` (the current one when `None`);
+/// the guard says where its first segment starts and releases it when dropped. Fetches missing
+/// fds through `fdpass`.
+pub(crate) fn import(
     peer: usize,
     rec: &Record,
     fdpass: Option<&FdPass>,
     device: Option<i32>,
     wait: Duration,
-) -> Result<MappedAt> {
+) -> Result<VmmImport> {
     let (context, _guard) = driver::enter_device(device)?;
     let device = context.device()?;
     let key = run_key(rec, device);
     let who = format!("rank {peer} (pid {})", rec.pid);
-    let found = RELEASER.find_or_take_back(
-        &TABLES,
-        &key,
+    TABLE.acquire(
+        key,
+        peer,
         wait,
-        |tables| {
-            tables.runs.get_mut(&key).map(|entry| {
-                entry.refs += 1;
-                entry.run.base
-            })
-        },
-        |tables, run| {
-            let base = run.base;
-            tables.runs.insert(key, RunEntry { run, refs: 1 });
-            base
-        },
         || format!("a VMM buffer of {who}"),
-    )?;
-    let mut tables = match found {
-        Found::Ready(base) => return Ok(MappedAt { key, base, device }),
-        Found::Open(tables) => tables,
-    };
+        |tables| open_run(tables, peer, rec, fdpass, context, device, wait, &who),
+    )
+}
+
+/// Opens the run of `rec` (not mapped yet) on `device`, with `context` current.
+#[allow(clippy::too_many_arguments)]
+fn open_run(
+    tables: &mut Tables<Vmm>,
+    peer: usize,
+    rec: &Record,
+    fdpass: Option<&FdPass>,
+    context: Context,
+    device: i32,
+    wait: Duration,
+    who: &str,
+) -> Result<Opened<RunKey, MappedRun>> {
     // A buffer over segments that a mapped run holds back to back (a tensor inside a larger
     // buffer imported before) is served by that run's mapping: no import, no map.
-    if let Some((outer, at)) = containing_run(&tables, rec, device) {
-        let entry = tables.runs.get_mut(&outer).expect("found under the lock");
-        entry.refs += 1;
+    if let Some((outer, offset)) = containing_run(tables, rec, device) {
         SUBRUN_HITS.fetch_add(1, Ordering::Relaxed);
-        return Ok(MappedAt {
-            key: outer,
-            base: entry.run.base + at,
-            device,
-        });
+        return Ok(Opened::Within { key: outer, offset });
     }
     // Fetch and import the segments this process has not imported yet. The lock is held across
     // the fetch so that two caches never import one segment twice; a fetch is one round trip.
@@ -203,16 +202,17 @@ pub fn import(
         device,
         id: s.id,
     };
+    let segs = &mut tables.side.0;
     let missing: Vec<&Segment> = {
         let mut seen = std::collections::HashSet::new();
         rec.segments
             .iter()
-            .filter(|s| !tables.segments.contains_key(&seg_key(s)) && seen.insert(s.id))
+            .filter(|s| !segs.contains_key(&seg_key(s)) && seen.insert(s.id))
             .collect()
     };
-    let imported = import_segments(peer, rec, &missing, fdpass, wait, &who)?;
+    let imported = import_segments(peer, rec, &missing, fdpass, wait, who)?;
     for (seg, handle) in missing.iter().zip(imported) {
-        tables.segments.insert(
+        segs.insert(
             seg_key(seg),
             ImportedSegment {
                 handle,
@@ -225,43 +225,35 @@ pub fn import(
         rec.segments.iter().map(|s| (seg_key(s), s.bytes)).collect();
     let handles: Vec<(sys::CUmemGenericAllocationHandle, u64)> = segments
         .iter()
-        .map(|(k, size)| (tables.segments[k].handle, *size))
+        .map(|(k, size)| (segs[k].handle, *size))
         .collect();
-    let mapped = map_run(&handles, device).map_err(|e| {
-        release_unused_segments(&mut tables);
+    let (base, size) = map_run(&handles, device).map_err(|e| {
+        release_unused_segments(segs);
         e.context(format!("mapping the VMM buffer of {who}"))
     })?;
     for (k, _) in &segments {
-        if let Some(s) = tables.segments.get_mut(k) {
+        if let Some(s) = segs.get_mut(k) {
             s.runs += 1;
         }
     }
-    let (base, size) = mapped;
-    tables.runs.insert(
-        key,
-        RunEntry {
-            run: MappedRun {
-                base,
-                size,
-                context,
-                segments,
-            },
-            refs: 1,
-        },
-    );
     RUN_MAPS.fetch_add(1, Ordering::Relaxed);
-    Ok(MappedAt { key, base, device })
+    Ok(Opened::Mapped(MappedRun {
+        base,
+        size,
+        context,
+        segments,
+    }))
 }
 
 /// A mapped run of `rec`'s exporter on `device` whose segments contain `rec`'s back to back, and
 /// the offset of `rec`'s first segment in it.
-fn containing_run(tables: &Tables, rec: &Record, device: i32) -> Option<(RunKey, u64)> {
+fn containing_run(tables: &Tables<Vmm>, rec: &Record, device: i32) -> Option<(RunKey, u64)> {
     let wanted: Vec<u64> = rec.segments.iter().map(|s| s.id).collect();
-    tables.runs.iter().find_map(|(key, entry)| {
-        if key.pid != rec.pid || key.device != device || entry.run.segments.len() < wanted.len() {
+    tables.entries().find_map(|(key, run)| {
+        if key.pid != rec.pid || key.device != device || run.segments.len() < wanted.len() {
             return None;
         }
-        let held: Vec<(u64, u64)> = entry.run.segments.iter().map(|(k, s)| (k.id, *s)).collect();
+        let held: Vec<(u64, u64)> = run.segments.iter().map(|(k, s)| (k.id, *s)).collect();
         offset_within(&held, &wanted).map(|at| (*key, at))
     })
 }
@@ -407,15 +399,14 @@ fn map_run(
 }
 
 /// Releases imported segments that no run maps (after a failed map).
-fn release_unused_segments(tables: &mut Tables) {
-    let unused: Vec<SegmentKey> = tables
-        .segments
+fn release_unused_segments(segments: &mut HashMap<SegmentKey, ImportedSegment>) {
+    let unused: Vec<SegmentKey> = segments
         .iter()
         .filter(|(_, s)| s.runs == 0)
         .map(|(k, _)| *k)
         .collect();
     for k in unused {
-        if let Some(s) = tables.segments.remove(&k) {
+        if let Some(s) = segments.remove(&k) {
             // SAFETY: the handle was imported by this module and no run maps it.
             let _ = unsafe { result::mem_release(s.handle) };
             SEGMENT_RELEASES.fetch_add(1, Ordering::Relaxed);
@@ -423,37 +414,25 @@ fn release_unused_segments(tables: &mut Tables) {
     }
 }
 
-/// Drops one reference taken by [`import`]; the last one hands the run to the releaser thread.
-pub fn release(peer: usize, key: &RunKey) -> Result<()> {
-    let mut tables = lock(&TABLES);
-    let last = drop_reference(
-        &mut tables.runs,
-        key,
-        |e| &mut e.refs,
-        || format!("a VMM buffer of rank {peer}"),
-    )?;
-    match last {
-        Some(entry) => RELEASER.submit(*key, peer, entry.run),
-        None => Ok(()),
-    }
-}
-
-/// Unmaps a run on the releaser thread, then drops its references on its segments.
+/// Unmaps a run on the releaser thread (its segments are released by
+/// [`release_run_segments`] afterwards, under the table's lock).
 fn unmap_run(run: &MappedRun) -> Result<()> {
     let _guard = ContextGuard::enter(run.context)?;
-    // SAFETY: the run left the table when its last reference went away and the releaser runs
-    // this only for a job that was not taken back; the work queued before the release has
+    // SAFETY: the run left the import table when its last reference went away and the releaser
+    // runs this only for a job that was not taken back; the work queued before the release has
     // finished (the drain step synchronised the context).
-    let unmapped = unsafe { result::mem_unmap(run.base, run.size) }
-        .map_err(|rc| driver::error(rc, &format!("cuMemUnmap({:#x}, {})", run.base, run.size)));
-    if unmapped.is_ok() {
-        // SAFETY: reserved by map_run for this run, now fully unmapped, freed once.
-        let _ = unsafe { result::mem_address_free(run.base, run.size) };
-        RUN_UNMAPS.fetch_add(1, Ordering::Relaxed);
-    }
-    let mut tables = lock(&TABLES);
+    unsafe { result::mem_unmap(run.base, run.size) }
+        .map_err(|rc| driver::error(rc, &format!("cuMemUnmap({:#x}, {})", run.base, run.size)))?;
+    // SAFETY: reserved by map_run for this run, now fully unmapped, freed once.
+    let _ = unsafe { result::mem_address_free(run.base, run.size) };
+    RUN_UNMAPS.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Drops an unmapped run's references on its segments, releasing those no run maps any more.
+fn release_run_segments(segments: &mut Segments, run: &MappedRun) {
     for (k, _) in &run.segments {
-        let drop_it = match tables.segments.get_mut(k) {
+        let drop_it = match segments.0.get_mut(k) {
             Some(s) => {
                 s.runs = s.runs.saturating_sub(1);
                 s.runs == 0
@@ -461,24 +440,25 @@ fn unmap_run(run: &MappedRun) -> Result<()> {
             None => false,
         };
         if drop_it {
-            let s = tables.segments.remove(k).expect("present under the lock");
+            let s = segments.0.remove(k).expect("present under the lock");
             debug_assert!(s.size > 0);
-            // SAFETY: imported by this module; the last run that mapped it is unmapped.
+            // SAFETY: imported by this module and released once (it leaves the sub-table here);
+            // the last run that mapped it is unmapped. Should that unmap have failed, releasing
+            // is still allowed: the driver frees the memory once its last mapping is gone.
             let _ = unsafe { result::mem_release(s.handle) };
             SEGMENT_RELEASES.fetch_add(1, Ordering::Relaxed);
         }
     }
-    unmapped
 }
 
 /// See `Transport::wait_release_room`.
-pub fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    RELEASER.wait_room(peer, timeout)
+pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
+    TABLE.wait_room(peer, timeout)
 }
 
 /// See `Transport::flush_releases`.
-pub fn flush_releases(timeout: Duration) -> Result<()> {
-    RELEASER.flush_within(timeout, "VMM mapping(s) were still waiting to be unmapped")
+pub(crate) fn flush_releases(timeout: Duration) -> Result<()> {
+    TABLE.flush(timeout)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use super::boundary::ffi_call;
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
 use crate::cuda::memory::DeviceMemoryKind;
 use crate::cuda::p2p::{self, Endpoint, Stream};
-use crate::cuda::{driver, ipc, memory, pool, vmm_map};
+use crate::cuda::{self, driver, ipc, memory};
 use crate::error::{Error, Result, Status};
 use crate::exchange::MemKind;
 use crate::store::DEFAULT_TIMEOUT;
@@ -156,13 +156,9 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 ) -> Status {
     ffi_call("nvfipc_cuda_pointer_memory", || {
         let out = out_ptr(out_memory, "out_memory")?;
-        let alloc = memory::resolve(ptr as u64, bytes)?;
-        let kind = match alloc.kind {
+        let kind = match cuda::export_kind(ptr as u64, bytes)? {
             DeviceMemoryKind::Legacy => NVFIPC_DEVICE_MEMORY_LEGACY,
-            DeviceMemoryKind::Vmm { .. } => {
-                crate::cuda::vmm::resolve_run(&alloc)?;
-                NVFIPC_DEVICE_MEMORY_VMM
-            }
+            DeviceMemoryKind::Vmm { .. } => NVFIPC_DEVICE_MEMORY_VMM,
             DeviceMemoryKind::Pool { .. } => NVFIPC_DEVICE_MEMORY_POOL,
         };
         out.write(kind);
@@ -176,18 +172,17 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counters) -> Status {
     ffi_call("nvfipc_cuda_vmm_counters_get", || {
         let out = out_ptr(out, "out")?;
-        let v = vmm_map::counters();
-        let (pool_imports, pool_frees) = pool::counters();
+        let v = cuda::vmm_counters();
         out.write(nvfipc_cuda_vmm_counters {
-            segment_exports: v.exports,
+            segment_exports: v.segment_exports,
             segment_imports: v.segment_imports,
             segment_releases: v.segment_releases,
             maps: v.maps,
             unmaps: v.unmaps,
             live_segments: v.live_segments,
-            live_maps: v.live_runs,
-            pool_imports,
-            pool_frees,
+            live_maps: v.live_maps,
+            pool_imports: v.pool_imports,
+            pool_frees: v.pool_frees,
             inside_mapped: v.inside_mapped,
         });
         Ok(())
@@ -220,10 +215,7 @@ pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counter
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_ipc_flush_releases(timeout_ms: i64) -> Status {
     ffi_call("nvfipc_cuda_ipc_flush_releases", || {
-        let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
-        ipc::flush_releases(timeout)?;
-        vmm_map::flush_releases(timeout)?;
-        pool::flush_releases(timeout)
+        cuda::flush_releases(timeout_arg(timeout_ms, DEFAULT_TIMEOUT))
     })
 }
 

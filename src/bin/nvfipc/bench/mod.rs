@@ -278,8 +278,7 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
             if args.kind == MemKind::Device {
                 // Released peer mappings are closed on the library's releaser threads: let
                 // them finish before this process exits.
-                nvfuser_ipc::cuda::ipc::flush_releases(args.timeout)?;
-                nvfuser_ipc::cuda::vmm_map::flush_releases(args.timeout)?;
+                nvfuser_ipc::cuda::flush_releases(args.timeout)?;
             }
             drop(device);
             series
