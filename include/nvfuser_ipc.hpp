@@ -19,6 +19,7 @@
 //   cache.sendWait(batch[0], stream);
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -694,6 +695,7 @@ class HandleCache {
       handle_.reset();
       keepalive_ = std::move(o.keepalive_);
       handle_ = std::move(o.handle_);
+      world_ = o.world_;
     }
     return *this;
   }
@@ -704,7 +706,7 @@ class HandleCache {
   // The cache of `ctx`'s rank; `scope` (equal on all ranks) separates several caches of one job
   // in one process.
   explicit HandleCache(const Context& ctx, const std::string& scope = "")
-      : keepalive_(ctx.keepalive()) {
+      : keepalive_(ctx.keepalive()), world_(ctx.worldSize()) {
     nvfipc_cache* raw = nullptr;
     if (scope.empty()) {
       detail::check(nvfipc_cache_create(ctx.raw(), &raw), "nvfipc_cache_create");
@@ -732,6 +734,41 @@ class HandleCache {
     nvfipc_p2p_handle h{};
     detail::check(nvfipc_cache_get(raw(), &c, &h), "nvfipc_cache_get");
     return P2pHandle(h);
+  }
+
+  // One member's buffer of a symmetric allocation, as mapped in this process.
+  struct SymmetricPeer {
+    int64_t rank;
+    void* ptr;
+    uint64_t bytes;
+  };
+
+  // Maps every other member's buffer of the symmetric allocation `tag` (equal on every member):
+  // `ptr`/`bytes` of `kind` is this rank's; `ranks` the members (empty: the world). Returns one
+  // entry per member in increasing rank order (this rank's own pointer for itself). No barrier:
+  // each rank waits only for the peers it maps; a second rendezvous of the same buffers is free.
+  std::vector<SymmetricPeer> symmetricRendezvous(const std::string& tag, MemKind kind,
+                                                 const void* ptr, uint64_t bytes,
+                                                 const std::vector<int64_t>& ranks = {},
+                                                 Milliseconds timeout = kDefaultTimeout) const {
+    std::vector<int64_t> members = ranks;
+    if (members.empty()) {
+      for (int64_t r = 0; r < world_; ++r) members.push_back(r);
+    }
+    std::sort(members.begin(), members.end());
+    std::vector<uint64_t> ptrs(members.size()), sizes(members.size());
+    detail::check(
+        nvfipc_symmetric_rendezvous(raw(), tag.c_str(), static_cast<int32_t>(kind),
+                                    reinterpret_cast<uint64_t>(ptr), bytes,
+                                    ranks.empty() ? nullptr : ranks.data(), ranks.size(),
+                                    timeout.count(), ptrs.data(), sizes.data(), ptrs.size()),
+        "nvfipc_symmetric_rendezvous");
+    std::vector<SymmetricPeer> out;
+    out.reserve(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      out.push_back({members[i], reinterpret_cast<void*>(ptrs[i]), sizes[i]});
+    }
+    return out;
   }
 
   CacheStats stats() const {
@@ -790,6 +827,7 @@ class HandleCache {
  private:
   std::shared_ptr<void> keepalive_;  // destroyed after handle_
   detail::Owned<nvfipc_cache, nvfipc_cache_free> handle_;
+  int64_t world_ = 0;
 };
 
 // nvFuser's name for the cache.

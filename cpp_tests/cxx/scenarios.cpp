@@ -204,9 +204,36 @@ void RunRingAllgather(const nvfipc::Context& ctx, Memory& mem, const std::string
   Expect(s.exchanges == kRepetitions, rank, "exchanges = " + std::to_string(s.exchanges));
 }
 
+void RunSymmetric(const nvfipc::Context& ctx, Memory& mem, const std::string& scope) {
+  constexpr size_t kNumel = 256;
+  constexpr size_t kBytes = kNumel * sizeof(int32_t);
+  const int64_t rank = ctx.rank();
+  const int64_t world = ctx.worldSize();
+  std::shared_ptr<void> buf = mem.alloc(kBytes);
+  std::vector<int32_t> mine(kNumel);
+  for (size_t j = 0; j < kNumel; ++j) mine[j] = static_cast<int32_t>(1000 * rank + j);
+  mem.upload(buf.get(), mine.data(), kBytes);
+  HandleCache cache(ctx, scope);
+  // No barrier before or inside: each rank waits only for the peers it maps.
+  const auto peers = cache.symmetricRendezvous("table", mem.kind(), buf.get(), kBytes);
+  Expect(static_cast<int64_t>(peers.size()) == world, rank, "one entry per rank");
+  for (int64_t r = 0; r < world; ++r) {
+    Expect(peers[r].rank == r && peers[r].bytes == kBytes, rank, "entry " + std::to_string(r));
+    std::vector<int32_t> got(kNumel), want(kNumel);
+    mem.download(got.data(), peers[r].ptr, kBytes);
+    for (size_t j = 0; j < kNumel; ++j) want[j] = static_cast<int32_t>(1000 * r + j);
+    ExpectValues(got, want, rank, "rank " + std::to_string(r) + "'s buffer");
+  }
+  const uint64_t trips = cache.stats().store_round_trips;
+  const auto again = cache.symmetricRendezvous("table", mem.kind(), buf.get(), kBytes);
+  Expect(again[world - 1].ptr == peers[world - 1].ptr, rank, "a second rendezvous maps again");
+  Expect(cache.stats().store_round_trips == trips, rank, "a second rendezvous used the store");
+  ctx.barrier();  // nobody frees its buffer while a peer may still read it
+}
+
 const std::vector<std::string>& ScenarioNames() {
   static const std::vector<std::string> names = {"ShareIpcMemHandles", "CudaComm",
-                                                 "RingAllgather"};
+                                                 "RingAllgather", "Symmetric"};
   return names;
 }
 
@@ -215,6 +242,7 @@ void RunScenario(const std::string& name, const nvfipc::Context& ctx, Memory& me
   if (name == "ShareIpcMemHandles") return RunShareIpcMemHandles(ctx, mem, scope);
   if (name == "CudaComm") return RunCudaComm(ctx, mem, scope);
   if (name == "RingAllgather") return RunRingAllgather(ctx, mem, scope);
+  if (name == "Symmetric") return RunSymmetric(ctx, mem, scope);
   throw std::invalid_argument("unknown scenario '" + name + "'");
 }
 

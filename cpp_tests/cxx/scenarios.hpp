@@ -8,6 +8,8 @@
 //   arange(8) + 10i + 100*recv_peer.
 // * RingAllgather: a pipelined ring allgather (world-1 steps, each chunk in slices that are
 //   forwarded as soon as they arrive), 5 repetitions; every rank ends with every chunk.
+// * Symmetric: every rank maps every other rank's buffer with one symmetric rendezvous (no
+//   barrier), checks each, and a second rendezvous costs no store round trip.
 //
 // Each throws ScenarioFailure naming rank, repetition and element on a wrong value; library
 // errors arrive as nvfipc::Error.
@@ -32,6 +34,7 @@ struct ScenarioFailure : std::runtime_error {
 void RunShareIpcMemHandles(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
 void RunCudaComm(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
 void RunRingAllgather(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
+void RunSymmetric(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
 
 // The scenario names above without "Run", and a dispatcher.
 const std::vector<std::string>& ScenarioNames();
