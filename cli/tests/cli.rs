@@ -209,7 +209,7 @@ fn help_examples_run_as_printed() {
 /// Every option any command's help names is in the README's CLI section.
 #[test]
 fn readme_cli_section_lists_every_option() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md");
     let section = readme
         .split("## CLI")
