@@ -115,24 +115,6 @@ fn start_ticks(stat: &str) -> Option<u64> {
     after_name.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn start_time_parses_past_odd_command_names() {
-        let line = "4242 (a b) c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
-                    987654 1000 10 18446744073709551615";
-        assert_eq!(start_ticks(line), Some(987654));
-        assert_eq!(start_ticks("4242 (x) S 1"), None);
-    }
-
-    #[test]
-    fn this_process_started_before_now_and_the_load_was_recorded() {
-        assert_ne!(LOADED_AT.load(Ordering::Relaxed), 0);
-        assert!(started_by().unwrap() <= since_boot().unwrap());
-    }
-}
 /// How many more tasks (processes and threads) this process can start, as far as the system
 /// says, and the limit that bounds it: the soft RLIMIT_NPROC of this user (not for root, whom the
 /// kernel exempts; the user's tasks that already run are not counted), and the tasks left under
@@ -210,4 +192,23 @@ fn cgroup_pids_headroom() -> Option<(u64, String)> {
         max.saturating_sub(current),
         format!("the cgroup's pids.max = {max} with {current} tasks in it"),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_parses_past_odd_command_names() {
+        let line = "4242 (a b) c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    987654 1000 10 18446744073709551615";
+        assert_eq!(start_ticks(line), Some(987654));
+        assert_eq!(start_ticks("4242 (x) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_started_before_now_and_the_load_was_recorded() {
+        assert_ne!(LOADED_AT.load(Ordering::Relaxed), 0);
+        assert!(started_by().unwrap() <= since_boot().unwrap());
+    }
 }
