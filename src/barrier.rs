@@ -20,6 +20,7 @@
 
 use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
+use crate::fnv::Fnv1a;
 use crate::logging;
 use crate::store::Store;
 use std::collections::HashMap;
@@ -121,14 +122,11 @@ impl MemberSet {
 
 /// 64-bit FNV-1a over the ranks as little-endian u64: stable across processes and builds.
 fn fnv1a_ranks(ranks: &[usize]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut hash = Fnv1a::new();
     for &r in ranks {
-        for byte in (r as u64).to_le_bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        hash.write(&(r as u64).to_le_bytes());
     }
-    hash
+    hash.finish()
 }
 
 /// Formats ranks for messages: `[0,1,2,3]`, or ranges such as `[0-31,33,35-63]` for long lists.

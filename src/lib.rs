@@ -1,8 +1,9 @@
 //! nvfuser-ipc: CUDA IPC handle exchange for nvFuser, with a C ABI.
 //!
 //! Layers, bottom up (see README.md and docs/ARCHITECTURE.md); each uses only layers below it:
-//! - [`error`], [`os`] (shm, waits, processes, launcher variables) and [`names`] (every shm name
-//!   and store key of a job), [`logging`] (the log `NVFIPC_DEBUG` turns on);
+//! - [`error`], `fnv` (the one stable hash), [`os`] (shm, waits, processes, launcher variables)
+//!   and [`names`] (every shm name and store key of a job), [`logging`] (the log `NVFIPC_DEBUG`
+//!   turns on);
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);
 //! - [`transport`]: the contract between the exchange and the memory transports;
@@ -25,6 +26,7 @@ pub mod exchange;
 mod exchange_tests;
 pub mod fdpass;
 pub mod ffi;
+mod fnv;
 pub mod host;
 pub mod logging;
 pub mod names;

@@ -22,6 +22,7 @@
 //! importer that saw `closed == 0` right before importing is sure to be waited for by the owner.
 
 use crate::error::{Error, Result};
+use crate::fnv::Fnv1a;
 use crate::os::shm::ShmSegment;
 use crate::os::sigbus::{self, Guard};
 use std::collections::HashMap;
@@ -43,8 +44,6 @@ pub fn fingerprint(description: &str) -> u128 {
     f.finish()
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// The byte hashed before the description in the high half of a fingerprint.
 const FINGERPRINT_SALT: u8 = 0x5a;
 
@@ -52,15 +51,17 @@ const FINGERPRINT_SALT: u8 = 0x5a;
 /// from its parts without formatting the description into a new string.
 #[derive(Clone, Copy)]
 pub struct Fingerprinter {
-    lo: u64,
-    hi: u64,
+    lo: Fnv1a,
+    hi: Fnv1a,
 }
 
 impl Fingerprinter {
     pub fn new() -> Fingerprinter {
+        let mut hi = Fnv1a::new();
+        hi.write_byte(FINGERPRINT_SALT);
         Fingerprinter {
-            lo: FNV_OFFSET,
-            hi: (FNV_OFFSET ^ u64::from(FINGERPRINT_SALT)).wrapping_mul(FNV_PRIME),
+            lo: Fnv1a::new(),
+            hi,
         }
     }
 
@@ -73,8 +74,8 @@ impl Fingerprinter {
 
     #[inline]
     fn write_byte(&mut self, b: u8) {
-        self.lo = (self.lo ^ u64::from(b)).wrapping_mul(FNV_PRIME);
-        self.hi = (self.hi ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+        self.lo.write_byte(b);
+        self.hi.write_byte(b);
     }
 
     /// Appends the decimal digits of `n` (as `format!("{n}")` writes them).
@@ -98,7 +99,7 @@ impl Fingerprinter {
     }
 
     pub fn finish(self) -> u128 {
-        (u128::from(self.hi) << 64) | u128::from(self.lo)
+        (u128::from(self.hi.finish()) << 64) | u128::from(self.lo.finish())
     }
 }
 
@@ -631,7 +632,7 @@ mod tests {
 
     #[test]
     fn fingerprints_match_the_two_fnv1a_hashes_and_stream_in_pieces() {
-        use crate::transport::record::fnv1a64;
+        use crate::fnv::fnv1a64;
         let d = "12/3/x/y#7";
         let salted = [&[FINGERPRINT_SALT][..], d.as_bytes()].concat();
         let expected = (u128::from(fnv1a64(&salted)) << 64) | u128::from(fnv1a64(d.as_bytes()));

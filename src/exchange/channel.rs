@@ -1,11 +1,10 @@
 //! The channel table of a cache: per channel (see [`request`](super::request)), what is fixed at
-//! its creation, its step and version, this rank's buffer, the peer's buffer mapped here, and
-//! the step a timed-out call left suspended.
+//! its creation, this rank's buffer and the peer's buffer mapped here, and its progress (step,
+//! version, what was published and opened, the step a timed-out call left suspended), which
+//! the batch exchanging the channel takes out and puts back.
 
 use super::board::PeerBoard;
-use super::known::KnownAllocations;
 use super::request::ChannelKey;
-use super::retain::Retained;
 use crate::error::Error;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;
@@ -37,7 +36,7 @@ pub(super) struct PeerLink {
 
 /// The buffer identity whose change bumps a channel's version.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) struct Identity {
+struct Identity {
     base: u64,
     buffer_id: u64,
     offset: u64,
@@ -45,7 +44,7 @@ pub(super) struct Identity {
 }
 
 impl Identity {
-    pub(super) fn of(local: &LocalBuffer) -> Identity {
+    fn of(local: &LocalBuffer) -> Identity {
         Identity {
             base: local.base,
             buffer_id: local.buffer_id,
@@ -85,48 +84,52 @@ pub(super) struct Resume {
     pub staged: Option<Imported>,
 }
 
-pub(super) struct Channel {
-    pub info: Arc<ChannelInfo>,
+/// A channel's progress through its steps. The batch that exchanges the channel moves it out of
+/// the table and back when it ends; meanwhile the table has none (the channel is busy). Kept
+/// small (what only misses and suspended steps need is boxed), so a warm call moves little.
+#[derive(Default)]
+pub(super) struct Progress {
     pub step: u64,
     pub version: u64,
-    pub identity: Option<Identity>,
-    pub local: Option<LocalBuffer>,
     /// The version whose records this rank last sent.
     pub published: u64,
     /// The peer's version this rank last opened.
     pub peer_opened: u64,
-    pub peer_side: Option<PeerSide>,
-    /// The record of the peer's buffer mapped in `peer_side` (its semaphore fields hold for
-    /// every version of the channel).
-    pub peer_record: Option<Record>,
-    /// Taken by the call that exchanges the channel, put back when it ends.
+    /// The record of the peer's buffer mapped in the channel's `peer_side` (its semaphore fields
+    /// hold for every version of the channel).
+    pub peer_record: Option<Box<Record>>,
     pub link: PeerLink,
-    /// Being exchanged by a call.
-    pub busy: bool,
-    pub failed: Option<Error>,
     /// Set when a call timed out waiting for the peer: the step it left unfinished.
-    pub resume: Option<Resume>,
+    pub resume: Option<Box<Resume>>,
+}
+
+pub(super) struct Channel {
+    pub info: Arc<ChannelInfo>,
+    /// This rank's buffer as last given to `exchange_handles`: its [`Identity`] decides the
+    /// version; with `peer_side`, what `get` hands out.
+    pub local: Option<LocalBuffer>,
+    pub peer_side: Option<PeerSide>,
     pub epochs: Arc<TransferEpochs>,
+    pub failed: Option<Error>,
+    /// Out while a batch exchanges the channel (and for good once one failed on it).
+    pub progress: Option<Progress>,
 }
 
 impl Channel {
     pub(super) fn new(info: ChannelInfo) -> Channel {
         Channel {
             info: Arc::new(info),
-            step: 0,
-            version: 0,
-            identity: None,
             local: None,
-            published: 0,
-            peer_opened: 0,
             peer_side: None,
-            peer_record: None,
-            link: PeerLink::default(),
-            busy: false,
-            failed: None,
-            resume: None,
             epochs: Arc::new(TransferEpochs::default()),
+            failed: None,
+            progress: Some(Progress::default()),
         }
+    }
+
+    /// Whether `local` has the identity of this channel's buffer.
+    pub(super) fn holds(&self, local: &LocalBuffer) -> bool {
+        self.local.map(|l| Identity::of(&l)) == Some(Identity::of(local))
     }
 }
 
@@ -153,18 +156,12 @@ impl Hasher for FingerprintHasher {
 
 pub(super) type ByFingerprint = HashMap<u128, usize, BuildHasherDefault<FingerprintHasher>>;
 
-/// Everything a cache holds per channel and per peer, under one lock.
+/// A cache's channels, under one lock (what it holds per peer is in the context).
 #[derive(Default)]
 pub(super) struct ChannelTable {
     pub channels: Vec<Channel>,
     /// Channel index by fingerprint (the channel's key is compared too).
     pub by_fp: ByFingerprint,
-    /// Peer semaphore slabs mapped by this cache, per (peer, kind).
-    pub peer_slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
-    /// Replaced peer mappings kept mapped for reuse (see `retain`).
-    pub retained: Retained,
-    /// Records of peer allocations seen, for buffers that move inside them (see `known`).
-    pub known: KnownAllocations,
 }
 
 #[cfg(test)]

@@ -4,20 +4,24 @@
 //! - [`request`]: requests, the channels they name, and their board fingerprints;
 //! - [`board`]: the node-local shared-memory board of per-channel steps and versions;
 //! - [`peers`]: which peers share this node, learnt once per peer through the store;
-//! - [`cache`]: [`HandleCache`], its channel table (`channel`), settings (`settings`), and the
-//!   parts of a call that hold the table's lock;
-//! - `protocol`: the exchange protocol of one call, with its one wait routine (`deadline`: the
-//!   call's timeout and when it runs out);
+//! - [`cache`]: [`HandleCache`], owner of the channel table (`channel`) and of the context
+//!   (`context`: store, names, transports, boards, settings, counters) it hands the rest;
+//! - `batch`: one call, whose items hold their channels' progress from `begin` until it commits,
+//!   suspends or fails;
+//! - `protocol`: the exchange protocol a batch runs over the context, with its one wait routine
+//!   (`deadline`: the call's timeout and when it runs out);
 //! - `teardown`: closing a cache without freeing what a peer may still map;
 //! - [`retain`]: replaced peer mappings a cache keeps mapped for buffers carved again from them;
 //! - [`stats`]: the cache's counters;
 //! - [`symmetric`]: symmetric memory (every member of a group maps every other's buffer) as one
 //!   exchange, with no group-wide synchronisation.
 
+mod batch;
 pub mod board;
 pub mod cache;
 mod channel;
 mod collector;
+mod context;
 mod deadline;
 mod events;
 mod known;

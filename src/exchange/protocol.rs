@@ -1,4 +1,5 @@
-//! The exchange protocol of one call, steps 2 to 4 (step 1 and the commit are the cache's).
+//! The exchange protocol of one call, steps 2 to 4, run on a batch's items over the cache's
+//! context (step 1 and the commit are the batch's, see `batch`).
 //!
 //! Per channel (see [`request`](super::request)) every rank keeps a buffer *version* (bumped when
 //! the resolved identity of its buffer changes) and a *step* (how many `exchange_handles` calls
@@ -29,9 +30,9 @@
 //! failure (a peer that closed or died, a bad record, a store error) poisons the channels of its
 //! batch: later calls on them fail with `InvalidState` (create a new cache).
 
-use super::board::{BufferAt, PeerBoard};
-use super::cache::HandleCache;
-use super::channel::{ChannelInfo, Imported, PeerLink};
+use super::board::BufferAt;
+use super::channel::{ChannelInfo, Imported, Progress};
+use super::context::{Context, PeerHoldings};
 use super::deadline::Deadline;
 use super::events::{self, PendingWait, Stage};
 use super::stats::bump;
@@ -40,22 +41,22 @@ use crate::logging;
 use crate::os::wait::wait_until;
 use crate::sync::lock;
 use crate::transport::record::{self, flags, local_host, Record};
-use crate::transport::{ExportedHandle, LocalBuffer, MemKind};
+use crate::transport::{slot_address, ExportedHandle, LocalBuffer, MemKind};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Work of one request in one call. What the channel is comes through one `Arc`; its peer link
-/// is moved in and back; the rest is this call's own.
+/// Work of one request in one call. What the channel is comes through one `Arc`; its progress
+/// is moved out of the table and back; the rest is this call's own.
 pub(super) struct Item {
+    /// The channel's index in the table.
     pub channel: usize,
     pub ch: Arc<ChannelInfo>,
-    pub step: u64,
-    pub version: u64,
+    /// This call's buffer.
     pub local: LocalBuffer,
+    /// The channel's progress, this call's until the batch ends.
+    pub progress: Progress,
     /// This call sends new records (the channel's version changed since it last published).
     pub publish: bool,
-    pub peer_opened: u64,
-    pub link: PeerLink,
     pub peer_version: u64,
     /// Where the peer's buffer of `peer_version` lies (from its board).
     pub peer_at: BufferAt,
@@ -94,9 +95,22 @@ fn liveness_check_due(polls: u32) -> bool {
     polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
 }
 
-impl HandleCache {
-    /// Steps 2-4, without the state lock. Returns the new peer mappings by item index.
-    pub(super) fn run(
+/// Steps 2-4, without the channel table's lock. Returns the new peer mappings by item index.
+pub(super) fn run(
+    cx: &Context,
+    items: &mut [Item],
+    deadline: &mut Deadline,
+) -> std::result::Result<Vec<Option<Imported>>, RunError> {
+    Call { cx }.run(items, deadline)
+}
+
+/// One call's protocol over the cache's context.
+struct Call<'a> {
+    cx: &'a Context,
+}
+
+impl Call<'_> {
+    fn run(
         &self,
         items: &mut [Item],
         deadline: &mut Deadline,
@@ -107,19 +121,23 @@ impl HandleCache {
         // is still refused when its records are imported); so the lookup, one store round trip,
         // happens only for a peer whose board is not there yet.
         let mut unknown: Vec<usize> = Vec::new();
-        for it in items.iter_mut().filter(|it| it.link.board.is_none()) {
-            if self.peer_nodes.known(it.ch.peer) {
+        for it in items
+            .iter_mut()
+            .filter(|it| it.progress.link.board.is_none())
+        {
+            if self.cx.peer_nodes.known(it.ch.peer) {
                 continue;
             }
-            match self.peer_board(it.ch.peer) {
-                Ok(Some(board)) => it.link.board = Some(board),
+            match self.cx.peer_board(it.ch.peer) {
+                Ok(Some(board)) => it.progress.link.board = Some(board),
                 _ => unknown.push(it.ch.peer),
             }
         }
         if !unknown.is_empty() {
-            bump(&self.counters.peer_lookups, 1);
-            self.peer_nodes
-                .check(&*self.cfg.store, &unknown, deadline.remaining())
+            bump(&self.cx.counters.peer_lookups, 1);
+            self.cx
+                .peer_nodes
+                .check(&*self.cx.store, &unknown, deadline.remaining())
                 .map_err(|e| RunError::classify(e, Vec::new()))?;
         }
         // Records go out before the step is visible on the board: a peer that sees the step
@@ -135,7 +153,9 @@ impl HandleCache {
                 offset: it.local.offset(),
                 bytes: it.local.bytes,
             };
-            self.board.publish(it.ch.entry, it.step, it.version, at);
+            self.cx
+                .board
+                .publish(it.ch.entry, it.progress.step, it.progress.version, at);
         }
         if let Err(e) = self.wait_peers(items, deadline) {
             let staged = items.iter_mut().map(|it| it.staged.take()).collect();
@@ -152,7 +172,7 @@ impl HandleCache {
             Err(e) => {
                 for it in items.iter_mut() {
                     if let Some(imp) = it.staged.take() {
-                        self.release_mapping(imp.kind, &imp.mapping);
+                        self.cx.release_mapping(imp.kind, &imp.mapping);
                     }
                 }
                 return Err(RunError::Fatal(e));
@@ -161,19 +181,19 @@ impl HandleCache {
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
         if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
-            self.release_imports(imports);
+            self.cx.release_imports(imports);
             return Err(RunError::Fatal(e));
         }
         for (it, imp) in items.iter().zip(&imports) {
             if imp.is_some() {
-                self.board.publish_opened(it.ch.entry, it.peer_version);
+                self.cx.board.publish_opened(it.ch.entry, it.peer_version);
             }
         }
         if let Err(e) = self.wait_opened(items, deadline) {
             if e.status == Status::Timeout {
                 return Err(RunError::NotReady(e, imports));
             }
-            self.release_imports(imports);
+            self.cx.release_imports(imports);
             return Err(RunError::Fatal(e));
         }
         Ok(imports)
@@ -185,7 +205,7 @@ impl HandleCache {
             let rec = self.make_record(it).map_err(|e| {
                 e.context(format!(
                     "rank {}: exporting the buffer of {}",
-                    self.cfg.rank, it.ch.key
+                    self.cx.rank, it.ch.key
                 ))
             })?;
             pairs.push((self.own_record_key(it), rec.encode()));
@@ -197,25 +217,25 @@ impl HandleCache {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
-        bump(&self.counters.store_round_trips, 1);
+        bump(&self.cx.counters.store_round_trips, 1);
         let clock = events::clock(log::Level::Info);
-        self.cfg.store.multi_set(&refs).map_err(|e| {
+        self.cx.store.multi_set(&refs).map_err(|e| {
             e.context(format!(
                 "rank {}: publishing {} record(s) (first key {})",
-                self.cfg.rank,
+                self.cx.rank,
                 pairs.len(),
                 pairs[0].0
             ))
         })?;
-        bump(&self.counters.records_sent, pairs.len() as u64);
+        bump(&self.cx.counters.records_sent, pairs.len() as u64);
         let bytes: usize = pairs.iter().map(|(_, v)| v.len()).sum();
-        bump(&self.counters.record_bytes_sent, bytes as u64);
+        bump(&self.cx.counters.record_bytes_sent, bytes as u64);
         if clock.is_some() {
             let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
             log::info!(
                 target: logging::EXCHANGE,
                 "rank {}: sent {} record(s) ({bytes} bytes) to the store in {}: {}",
-                self.cfg.rank,
+                self.cx.rank,
                 pairs.len(),
                 events::since(clock),
                 events::some_keys(&keys, 4)
@@ -226,20 +246,20 @@ impl HandleCache {
 
     /// The store key of this rank's record of `it` at its version.
     fn own_record_key(&self, it: &Item) -> String {
-        it.ch.key.record_key(&self.names, self.cfg.rank, it.version)
+        it.ch
+            .key
+            .record_key(&self.cx.names, self.cx.rank, it.progress.version)
     }
 
     /// The store key of the peer's record of `it` at the peer's version.
     fn peer_record_key(&self, it: &Item) -> String {
         it.ch
             .key
-            .record_key(&self.names, it.ch.peer, it.peer_version)
+            .record_key(&self.cx.names, it.ch.peer, it.peer_version)
     }
 
     fn make_record(&self, it: &Item) -> Result<Record> {
-        let t = self
-            .transport(it.ch.kind)
-            .expect("channel kinds have transports");
+        let t = self.cx.channel_transport(it.ch.kind);
         let handle = t.export(&it.local)?;
         let slab = t.semaphores().export()?;
         let host = local_host();
@@ -255,10 +275,10 @@ impl HandleCache {
             alloc_bytes: it.local.alloc_bytes,
             buffer_id: it.local.buffer_id,
             host_id: host.id,
-            version: it.version,
+            version: it.progress.version,
             device_uuid: it.local.device_uuid,
             pid: std::process::id(),
-            rank: self.cfg.rank as u32,
+            rank: self.cx.rank as u32,
             host_name: record::to_fixed(&host.name).unwrap_or([0; record::HOST_NAME_LEN]),
             payload: handle.payload,
             sem_type: slab.handle_type,
@@ -268,17 +288,54 @@ impl HandleCache {
         })
     }
 
-    pub(super) fn peer_board(&self, peer: usize) -> Result<Option<Arc<PeerBoard>>> {
-        if let Some(b) = lock(&self.peer_boards).get(&peer) {
-            return Ok(Some(b.clone()));
+    /// Maps the semaphore slabs of the peers whose buffers `imports` holds (those not mapped
+    /// yet) and gives each import its peer semaphore's address here.
+    fn map_peer_slabs(
+        &self,
+        items: &[Item],
+        imports: &mut [Option<Imported>],
+        deadline: &mut Deadline,
+    ) -> Result<()> {
+        let mut held = lock(&self.cx.holdings);
+        for (it, imp) in items.iter().zip(imports.iter_mut()) {
+            if let Some(imp) = imp {
+                let base = self
+                    .peer_slab(&mut held, it, &imp.sem_handle, deadline)
+                    .map_err(|e| {
+                        e.context(format!(
+                            "rank {}: mapping peer rank {}'s semaphore slab for {}",
+                            self.cx.rank, it.ch.peer, it.ch.key
+                        ))
+                    })?;
+                imp.semaphore = slot_address(base, imp.sem_slot);
+            }
         }
-        let name = self.names.board(peer);
-        let Some(board) = PeerBoard::try_open(&name, peer)? else {
-            return Ok(None);
-        };
-        let board = Arc::new(board);
-        lock(&self.peer_boards).insert(peer, board.clone());
-        Ok(Some(board))
+        Ok(())
+    }
+
+    /// The base of `it.ch.peer`'s semaphore slab in this process, mapping it on first use.
+    fn peer_slab(
+        &self,
+        held: &mut PeerHoldings,
+        it: &Item,
+        handle: &ExportedHandle,
+        deadline: &mut Deadline,
+    ) -> Result<u64> {
+        let key = (it.ch.peer, it.ch.kind);
+        if let Some((h, base)) = held.slabs.get(&key) {
+            if h == handle {
+                return Ok(*base);
+            }
+        }
+        let slab = self.cx.channel_transport(it.ch.kind).semaphores();
+        let base = slab.import_peer(it.ch.peer, handle, deadline.remaining())?;
+        bump(&self.cx.counters.opens, 1);
+        // A peer that recreated its slab: drop our reference to the old one.
+        if let Some((old, _)) = held.slabs.insert(key, (handle.clone(), base)) {
+            let _ = slab.release_peer(it.ch.peer, &old);
+            bump(&self.cx.counters.closes, 1);
+        }
+        Ok(base)
     }
 
     /// Waits, within `deadline`, until `ready` holds for every item marked `waiting`, clearing
@@ -308,12 +365,12 @@ impl HandleCache {
             let due = liveness_check_due(polls);
             let gone = if due {
                 stuck.check(
-                    self.cfg.rank,
+                    self.cx.rank,
                     items.iter().filter(|it| it.waiting).map(|it| PendingWait {
                         peer: it.ch.peer,
                         key: &it.ch.key,
-                        step: it.step,
-                        version: it.version,
+                        step: it.progress.step,
+                        version: it.progress.version,
                     }),
                     stage,
                     timeout,
@@ -363,23 +420,24 @@ impl HandleCache {
         for it in items.iter_mut() {
             it.waiting = true;
         }
-        let rank = self.cfg.rank;
-        let all_there = self.wait_items(items, Stage::Step, deadline, |cache, it| {
-            if it.link.board.is_none() {
-                it.link.board = cache
+        let rank = self.cx.rank;
+        let all_there = self.wait_items(items, Stage::Step, deadline, |call, it| {
+            if it.progress.link.board.is_none() {
+                it.progress.link.board = call
+                    .cx
                     .peer_board(it.ch.peer)
                     .map_err(|e| e.context(format!("rank {rank}")))?;
             }
-            let Some(board) = &it.link.board else {
+            let Some(board) = &it.progress.link.board else {
                 return Ok(false);
             };
-            if it.link.entry.is_none() {
-                it.link.entry = board.find(it.ch.fp);
+            if it.progress.link.entry.is_none() {
+                it.progress.link.entry = board.find(it.ch.fp);
             }
-            let Some(entry) = it.link.entry else {
+            let Some(entry) = it.progress.link.entry else {
                 return Ok(false);
             };
-            match board.read(entry, it.step) {
+            match board.read(entry, it.progress.step) {
                 Some((version, at)) => {
                     it.peer_version = version;
                     it.peer_at = at;
@@ -396,8 +454,8 @@ impl HandleCache {
             .iter()
             .find(|it| it.waiting)
             .expect("a wait that timed out left an item pending");
-        let name = self.names.board(it.ch.peer);
-        let seen = match (self.peer_board(it.ch.peer), it.link.entry) {
+        let name = self.cx.names.board(it.ch.peer);
+        let seen = match (self.cx.peer_board(it.ch.peer), it.progress.link.entry) {
             (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
             (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
             _ => "its board does not exist yet (has it created its cache?)".to_string(),
@@ -406,14 +464,14 @@ impl HandleCache {
             "rank {} timed out after {:?} waiting for peer rank {} on {} at step {}: board \
              entry {} of {} not at step {} ({seen}); {} other channel(s) also pending. Does \
              rank {} call exchange_handles with the matching request?",
-            self.cfg.rank,
+            self.cx.rank,
             deadline.timeout(),
             it.ch.peer,
             it.ch.key,
-            it.step,
+            it.progress.step,
             it.ch.key.describe(),
             name,
-            it.step,
+            it.progress.step,
             pending - 1,
             it.ch.peer,
         )))
@@ -427,8 +485,8 @@ impl HandleCache {
             it.waiting = it.publish;
         }
         let all_opened = self.wait_items(items, Stage::Open, deadline, |_, it| {
-            Ok(match (&it.link.board, it.link.entry) {
-                (Some(b), Some(e)) => b.opened(e) >= it.version,
+            Ok(match (&it.progress.link.board, it.progress.link.entry) {
+                (Some(b), Some(e)) => b.opened(e) >= it.progress.version,
                 _ => false,
             })
         })?;
@@ -439,7 +497,7 @@ impl HandleCache {
             .iter()
             .find(|it| it.waiting)
             .expect("a wait that timed out left an item pending");
-        let opened = match (&it.link.board, it.link.entry) {
+        let opened = match (&it.progress.link.board, it.progress.link.entry) {
             (Some(b), Some(e)) => b.opened(e),
             _ => 0,
         };
@@ -447,14 +505,14 @@ impl HandleCache {
             "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this \
              rank's buffer on {} at step {} (board entry {} of {} shows version {opened} \
              opened; key {:?}); did the peer fail in exchange_handles?",
-            self.cfg.rank,
+            self.cx.rank,
             deadline.timeout(),
             it.ch.peer,
-            it.version,
+            it.progress.version,
             it.ch.key,
-            it.step,
+            it.progress.step,
             it.ch.key.describe(),
-            self.names.board(it.ch.peer),
+            self.cx.names.board(it.ch.peer),
             self.own_record_key(it),
         )))
     }
@@ -465,16 +523,17 @@ impl HandleCache {
     /// rank's accesses ran into (one atomic load per board); with `probe`, at the pace of the
     /// liveness checks, a shrink that no access ran into yet.
     fn boards_intact(&self, items: &[Item], probe: bool) -> Result<()> {
-        self.board
+        self.cx
+            .board
             .check(probe)
             .and_then(|()| {
                 items
                     .iter()
                     .filter(|it| it.waiting)
-                    .filter_map(|it| it.link.board.as_deref())
+                    .filter_map(|it| it.progress.link.board.as_deref())
                     .try_for_each(|b| b.check(probe))
             })
-            .map_err(|e| e.context(format!("rank {}", self.cfg.rank)))
+            .map_err(|e| e.context(format!("rank {}", self.cx.rank)))
     }
 
     /// The first pending item whose peer has closed its cache or exited, with an error naming
@@ -484,16 +543,16 @@ impl HandleCache {
             if !it.waiting {
                 return None;
             }
-            let board = it.link.board.as_ref()?;
+            let board = it.progress.link.board.as_ref()?;
             let closed = board.closed();
             if !closed && board.owner_alive() {
                 return None;
             }
             let waited_for = match stage {
-                Stage::Step => format!("reaching step {} on {}", it.step, it.ch.key),
+                Stage::Step => format!("reaching step {} on {}", it.progress.step, it.ch.key),
                 Stage::Open => format!(
                     "opening version {} of this rank's buffer on {} at step {}",
-                    it.version, it.ch.key, it.step
+                    it.progress.version, it.ch.key, it.progress.step
                 ),
             };
             let (who, pid) = (it.ch.peer, board.owner_pid());
@@ -501,12 +560,12 @@ impl HandleCache {
                 Error::state(format!(
                     "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
                      a closed cache takes no part in exchanges (create new caches on both ranks)",
-                    self.cfg.rank
+                    self.cx.rank
                 ))
             } else {
                 Error::io(format!(
                     "rank {}: peer rank {who} (pid {pid}) exited before {waited_for}",
-                    self.cfg.rank
+                    self.cx.rank
                 ))
             };
             Some((i, err))
@@ -516,12 +575,12 @@ impl HandleCache {
     /// Refuses to import a record of a peer that has closed its cache: it may free that memory
     /// as soon as the ranks it waits for have closed.
     fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
-        match &it.link.board {
+        match &it.progress.link.board {
             Some(b) if b.closed() => Err(Error::state(format!(
                 "rank {}: peer rank {} (pid {}) closed its cache before this rank opened its \
                  record {key:?} for {}; a closed cache takes no part in exchanges (create new \
                  caches on both ranks)",
-                self.cfg.rank,
+                self.cx.rank,
                 it.ch.peer,
                 b.owner_pid(),
                 it.ch.key
@@ -539,7 +598,7 @@ impl HandleCache {
     ) -> Result<Vec<Option<Imported>>> {
         if items
             .iter()
-            .all(|it| it.peer_version == it.peer_opened && it.staged.is_none())
+            .all(|it| it.peer_version == it.progress.peer_opened && it.staged.is_none())
         {
             return Ok(Vec::new());
         }
@@ -551,7 +610,9 @@ impl HandleCache {
             }
         }
         let wanted: Vec<usize> = (0..items.len())
-            .filter(|&i| items[i].peer_version != items[i].peer_opened && imports[i].is_none())
+            .filter(|&i| {
+                items[i].peer_version != items[i].progress.peer_opened && imports[i].is_none()
+            })
             .collect();
         if wanted.is_empty() {
             return Ok(imports);
@@ -559,7 +620,7 @@ impl HandleCache {
         let wanted = match self.import_known(items, &wanted, &mut imports, deadline) {
             Ok(rest) => rest,
             Err(e) => {
-                self.release_imports(imports);
+                self.cx.release_imports(imports);
                 return Err(e);
             }
         };
@@ -571,15 +632,15 @@ impl HandleCache {
             .map(|&i| self.peer_record_key(&items[i]))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        bump(&self.counters.store_round_trips, 1);
+        bump(&self.cx.counters.store_round_trips, 1);
         let remaining = deadline.remaining();
         let clock = events::clock(log::Level::Info);
-        let fetched = self.cfg.store.multi_get(&key_refs, remaining);
+        let fetched = self.cx.store.multi_get(&key_refs, remaining);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,
                 "rank {}: fetching {} record(s) from the store took {} ({}): {}",
-                self.cfg.rank,
+                self.cx.rank,
                 keys.len(),
                 events::since(clock),
                 match &fetched {
@@ -606,12 +667,12 @@ impl HandleCache {
                 format!(
                     "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
                      first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
-                    self.cfg.rank,
+                    self.cx.rank,
                     keys.len(),
                     deadline.timeout(),
                     it.ch.peer,
                     it.ch.key,
-                    it.step,
+                    it.progress.step,
                     it.peer_version,
                     keys[0],
                     e.message
@@ -621,7 +682,7 @@ impl HandleCache {
         if values.len() != keys.len() {
             return Err(Error::protocol(format!(
                 "rank {}: the store returned {} values for {} keys",
-                self.cfg.rank,
+                self.cx.rank,
                 values.len(),
                 keys.len()
             )));
@@ -635,17 +696,17 @@ impl HandleCache {
             match imported {
                 Ok(imp) => imports[i] = Some(imp),
                 Err(e) => {
-                    self.release_imports(imports);
+                    self.cx.release_imports(imports);
                     return Err(e);
                 }
             }
         }
-        bump(&self.counters.records_received, wanted.len() as u64);
+        bump(&self.cx.counters.records_received, wanted.len() as u64);
         Ok(imports)
     }
 
     fn collector_delete(&self, keys: Vec<String>) {
-        lock(&self.collector).delete(keys);
+        lock(&self.cx.collector).delete(keys);
     }
 
     /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
@@ -660,15 +721,15 @@ impl HandleCache {
         deadline: &mut Deadline,
     ) -> Result<Vec<usize>> {
         let records: Vec<Option<Record>> = {
-            let st = lock(&self.table);
+            let held = lock(&self.cx.holdings);
             wanted
                 .iter()
                 .map(|&i| {
                     let it = &items[i];
-                    let channel = st.channels[it.channel].peer_record.as_ref()?;
-                    let pid = it.link.board.as_ref()?.owner_pid();
+                    let channel = it.progress.peer_record.as_deref()?;
+                    let pid = it.progress.link.board.as_ref()?.owner_pid();
                     let at = it.peer_at;
-                    st.known.record_for(
+                    held.known.record_for(
                         (it.ch.peer, pid, it.ch.kind, at.alloc_id),
                         at.offset,
                         at.bytes,
@@ -692,8 +753,8 @@ impl HandleCache {
             keys.push(key);
         }
         if !keys.is_empty() {
-            bump(&self.counters.records_known, keys.len() as u64);
-            lock(&self.collector).delete_when_written(keys);
+            bump(&self.cx.counters.records_known, keys.len() as u64);
+            lock(&self.cx.collector).delete_when_written(keys);
         }
         Ok(rest)
     }
@@ -702,7 +763,7 @@ impl HandleCache {
         let ctx = || {
             format!(
                 "rank {}: record {key:?} of peer rank {} for {}",
-                self.cfg.rank, it.ch.peer, it.ch.key
+                self.cx.rank, it.ch.peer, it.ch.key
             )
         };
         let rec = Record::decode(value).map_err(|e| e.context(ctx()))?;
@@ -724,7 +785,7 @@ impl HandleCache {
         let ctx = || {
             format!(
                 "rank {}: record {key:?} of peer rank {} for {}",
-                self.cfg.rank, it.ch.peer, it.ch.key
+                self.cx.rank, it.ch.peer, it.ch.key
             )
         };
         let is_device = rec.flags & flags::DEVICE != 0;
@@ -737,17 +798,15 @@ impl HandleCache {
                 it.ch.kind.name()
             )));
         }
-        let t = self
-            .transport(it.ch.kind)
-            .expect("channel kinds have transports");
+        let t = self.cx.channel_transport(it.ch.kind);
         let clock = events::clock(log::Level::Info);
         let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
-        bump(&self.counters.opens, 1);
+        bump(&self.cx.counters.opens, 1);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,
                 "rank {}: opened peer rank {}'s {} buffer for {} (version {}, {} bytes) in {}",
-                self.cfg.rank,
+                self.cx.rank,
                 it.ch.peer,
                 it.ch.kind.name(),
                 it.ch.key,

@@ -208,10 +208,7 @@ pub fn job_in_name(job: &str) -> String {
         return clean;
     }
     // FNV-1a of the original job: stable across processes and builds.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in job.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = crate::fnv::fnv1a64(job.as_bytes());
     format!("{}~{:08x}", &clean[..clean.len().min(16)], h as u32)
 }
 

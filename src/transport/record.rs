@@ -37,6 +37,7 @@
 //! have none. A record is [`RECORD_LEN`] + *n* x [`SEGMENT_LEN`] bytes, *n* <= [`MAX_SEGMENTS`].
 
 use crate::error::{Error, Result};
+use crate::fnv::fnv1a64;
 use once_cell::sync::Lazy;
 
 /// `"NVFI"` read as a little-endian u32.
@@ -192,16 +193,6 @@ static LOCAL_HOST: Lazy<HostIdentity> = Lazy::new(|| {
 /// This machine's identity (computed once per process).
 pub fn local_host() -> &'static HostIdentity {
     &LOCAL_HOST
-}
-
-/// 64-bit FNV-1a: small, stable across builds, good enough to tell hosts and channels apart.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 /// Copies `text` into a NUL-padded fixed array, truncating at `N - 1` bytes so it stays
