@@ -41,8 +41,10 @@ for bin in nvfipc_cxx_tests nvfipc_cxx_c10d_tests; do
       -x NVFIPC_GPU_TEST_TIMEOUT_MS=15000 \
       "build/gpu-cxx/$bin" --gtest_filter='*DeviceScenarios*' --gtest_color=no >"$log" 2>&1
     rc=$?
-    passed=$(grep -c '\[  PASSED  \] 3 tests' "$log")
-    echo "== $bin np=$np rc=$rc: $passed of $np ranks passed 3 tests"
+    # Every rank must pass every device scenario (ShareIpcMemHandles, CudaComm, RingAllgather,
+    # Symmetric) and fail none.
+    passed=$(grep -c '\[  PASSED  \] 4 tests' "$log")
+    echo "== $bin np=$np rc=$rc: $passed of $np ranks passed 4 tests"
     if [ "$rc" -ne 0 ] || [ "$passed" -ne "$np" ]; then
       failures=$((failures + 1)); grep -E "FAILED|rank [0-9]+:" "$log" | head -10
     fi
