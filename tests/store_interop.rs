@@ -2,7 +2,7 @@
 //! torch's client against our embedded server, our client against torch's servers (libuv and
 //! classic), and a 2-rank gloo job whose rendezvous runs through our server.
 //!
-//! Python comes from `NVFIPC_PYTHON` (a python with torch, e.g. `$(bash scripts/python-env.sh)`).
+//! Python comes from `NVFIPC_PYTHON` (a python with torch, e.g. `$(bash scripts/lib/python-env.sh)`).
 //! Without it the tests print "skipped: ..." and pass, unless `NVFIPC_REQUIRE_TORCH=1`, in which
 //! case a missing python or torch fails them. Every subprocess is bounded and killed on failure.
 
@@ -30,7 +30,7 @@ fn python(test: &str) -> Option<PathBuf> {
     let checked = CHECKED.get_or_init(|| {
         let Some(py) = std::env::var_os("NVFIPC_PYTHON").filter(|p| !p.is_empty()) else {
             return Err(
-                "NVFIPC_PYTHON is not set (use NVFIPC_PYTHON=$(bash scripts/python-env.sh))"
+                "NVFIPC_PYTHON is not set (use NVFIPC_PYTHON=$(bash scripts/lib/python-env.sh))"
                     .to_owned(),
             );
         };

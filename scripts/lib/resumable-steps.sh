@@ -1,5 +1,5 @@
-# Step bookkeeping shared by the resumable GPU-machine suites (scripts/nvfuser-suite.sh,
-# scripts/nvfuser-main-suite.sh): each call runs within $BUDGET seconds from $start_s, a marker
+# Step bookkeeping shared by the resumable GPU-machine suites (scripts/nvfuser/suite.sh,
+# scripts/nvfuser/main-suite.sh): each call runs within $BUDGET seconds from $start_s, a marker
 # file under $WORK/state records each step done, and a call that runs short of time stops
 # successfully with RESUME so that the next call continues. Source it after setting STEPS_NAME
 # (message prefix and log archive name), BUDGET, start_s, WORK, OUT, res (the raw logs) and log.

@@ -7,7 +7,7 @@
       done
     done
 
-(`bash scripts/gpu-python-check.sh` runs exactly that.) Ranks share the visible GPUs
+(`bash scripts/gpu/python-check.sh` runs exactly that.) Ranks share the visible GPUs
 (local rank % device count). Each rank sends a tensor to rank+1 and receives rank-1's, three
 iterations with new values in the same tensors: the exchange returns the peer's tensor mapped here
 (shaped and typed as the local one), which reads the sender's values; a device transfer

@@ -1,6 +1,6 @@
 """Real PyTorch tensors through the handle cache, one rank per process (run under `mpirun -np N`,
 all ranks on the visible GPUs): every rank allocates tensors with PyTorch's allocator as
-configured by PYTORCH_CUDA_ALLOC_CONF (set per run by scripts/gpu-vmm-check.sh), exchanges them
+configured by PYTORCH_CUDA_ALLOC_CONF (set per run by scripts/gpu/vmm-check.sh), exchanges them
 on a ring through the library's C API (ctypes), and checks byte for byte that the previous
 rank's tensors read back through the mappings. Tensors include ones larger than one expandable
 segment (20 MiB), small ones carved from imported segments, and a cudaMalloc'd buffer in the same

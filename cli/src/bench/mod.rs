@@ -471,7 +471,7 @@ fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Re
             .store_notes
             .push("torch rows skipped (--no-torch)".into()),
         (false, None) => results.store_notes.push(format!(
-            "torch rows skipped: {} is not set (NVFIPC_PYTHON=$(bash scripts/python-env.sh) \
+            "torch rows skipped: {} is not set (NVFIPC_PYTHON=$(bash scripts/lib/python-env.sh) \
              gives a Python with torch)",
             store_load::PYTHON_VAR
         )),

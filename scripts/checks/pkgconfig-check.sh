@@ -5,7 +5,7 @@
 # nvfuser-ipc` and runs it as two ranks under `nvfipc launch`.
 # Needs target/release/libnvfuser_ipc.so and target/release/nvfipc (cargo build --release).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 for f in target/release/libnvfuser_ipc.so target/release/nvfipc; do
   [ -f "$f" ] || { echo "pkgconfig-check: $f missing: run cargo build --release" >&2; exit 1; }

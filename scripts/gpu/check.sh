@@ -2,7 +2,7 @@
 # GPU check, run ON the GPU machine from the repository root, with the library already built
 # elsewhere (no cargo needed here):
 #   cargo build --release --lib            # on the build machine
-#   bash scripts/gpu-check.sh              # on the GPU machine, target/release/libnvfuser_ipc.so present
+#   bash scripts/gpu/check.sh              # on the GPU machine, target/release/libnvfuser_ipc.so present
 # Builds the GPU GoogleTest suites (cpp_tests/gpu) against the prebuilt library, runs them under
 # `mpirun -np 2`, `-np 4` and `-np 8` (all ranks share the visible GPUs: local_rank % count), each
 # bounded by `timeout`, and writes logs, per-rank JSON results, timings and a summary to $OUT
@@ -14,7 +14,7 @@
 # (vmm: the suites' device buffers are VMM allocations instead of cudaMalloc ones).
 set -euo pipefail
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/gpu-out}"
 mkdir -p "$OUT"
@@ -53,7 +53,7 @@ for tool in cmake mpirun timeout; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
 [ -f "$lib_dir/libnvfuser_ipc.so" ] ||
-  die "$lib_dir/libnvfuser_ipc.so not found: build it with 'cargo build --release --lib' and carry target/release"
+  die "$lib_dir/libnvfuser_ipc.so not found: build it with 'cargo build --release --lib' where cargo is and copy target/release here"
 [ -f "$root/include/nvfuser_ipc.h" ] || die "include/nvfuser_ipc.h missing"
 
 # ---- configure and build ---------------------------------------------------------------------

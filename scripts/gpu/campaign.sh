@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One device session's whole campaign, run ON the GPU machine from the repository root with the
+# Every GPU check and benchmark in one bounded command, run ON a GPU machine from the repository root with the
 # library and the CLI prebuilt (target/release/libnvfuser_ipc.so and target/release/nvfipc; no
 # cargo there). Stages, each bounded by `timeout` and logged under $OUT/<stage>.log:
-#   gpu-check   the C API GPU suites under mpirun (scripts/gpu-check.sh, NVFIPC_GPU_RANKS)
+#   gpu-check   the C API GPU suites under mpirun (scripts/gpu/check.sh, NVFIPC_GPU_RANKS)
 #   release     buffer replacement on the device, with its PASS/FAIL summary
-#               (scripts/gpu-release-check.sh without its benchmark: the bench stage has the pool)
-#   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu-cxx-check.sh, NPS)
+#               (scripts/gpu/release-check.sh without its benchmark: the bench stage has the pool)
+#   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu/cxx-check.sh, NPS)
 #   lifecycle   PyTorch allocator lifecycles, churn and random programs, expandable segments and
-#               the default allocator (scripts/gpu-lifecycle-check.sh)
+#               the default allocator (scripts/gpu/lifecycle-check.sh)
 #   demo        `nvfipc demo --transport device` with the largest rank count
 #   bench       `nvfipc bench` (exchange on the device; store and barrier on this machine's CPUs)
 # $OUT/campaign.txt gets one line per stage (status, seconds); every log, report and plot is packed
@@ -17,7 +17,7 @@
 #   OUT (default ./gpu-out), RANKS (default "2 4 8"), BENCH_SCENARIOS (default
 #   exchange,store,barrier), BENCH_TIMEOUT (seconds, default 300)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -53,10 +53,10 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >"$OU
 nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
 cat "$OUT/gpus.csv"
 
-stage gpu-check 200 env OUT="$OUT/gpu-check" NVFIPC_GPU_RANKS="$RANKS" bash scripts/gpu-check.sh
-stage release 300 env OUT="$OUT/release" RELEASE_BENCH=0 bash scripts/gpu-release-check.sh
-stage cxx 150 env OUT="$OUT/cxx" NPS="$RANKS" bash scripts/gpu-cxx-check.sh
-stage lifecycle 420 env OUT="$OUT/lifecycle" RANKS="$RANKS" bash scripts/gpu-lifecycle-check.sh
+stage gpu-check 200 env OUT="$OUT/gpu-check" NVFIPC_GPU_RANKS="$RANKS" bash scripts/gpu/check.sh
+stage release 300 env OUT="$OUT/release" RELEASE_BENCH=0 bash scripts/gpu/release-check.sh
+stage cxx 150 env OUT="$OUT/cxx" NPS="$RANKS" bash scripts/gpu/cxx-check.sh
+stage lifecycle 420 env OUT="$OUT/lifecycle" RANKS="$RANKS" bash scripts/gpu/lifecycle-check.sh
 stage demo 60 target/release/nvfipc demo --ranks "$largest" --transport device --iters 20
 mkdir -p "$OUT/bench"
 stage bench "${BENCH_TIMEOUT:-300}" env NVFIPC_PYTHON="$(command -v python3)" \
@@ -68,5 +68,5 @@ echo "== campaign: $failures failed stage(s)" | tee -a "$summary"
 tar czf "$FINAL/campaign.tgz" -C "$FINAL" campaign
 cp "$summary" "$OUT/bench.log" "$FINAL/" 2>/dev/null
 cp "$OUT"/bench/*.svg "$OUT"/bench/bench.json "$FINAL/" 2>/dev/null
-rm -rf "$OUT" # packed above; what comes back from a device run is limited to a few files
+rm -rf "$OUT" # packed above into one archive
 [ "$failures" -eq 0 ]

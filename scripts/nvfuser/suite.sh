@@ -4,9 +4,9 @@
 # and returns before its time budget, so a build longer than one command's limit is finished by
 # calling it again (the work directory survives between calls on the same machine).
 #
-#   bash scripts/nvfuser-suite.sh            # repeat until it prints "nvfuser-suite: DONE"
+#   bash scripts/nvfuser/suite.sh            # repeat until it prints "nvfuser-suite: DONE"
 #
-# Inputs, prepared where cargo and the network are (scripts/nvfuser-prepare.sh):
+# Inputs, prepared where cargo and the network are (scripts/nvfuser/prepare.sh):
 #   NVF_TAR   nvFuser at 3fe1c32124ea83f90253496cecbe5becf46c9df0 with its submodules flatbuffers,
 #             googletest and benchmark, as a .tar.xz (default .nvf/nvfuser-seed.tar.xz)
 #   NVF_LIB   a directory holding libnvfuser_ipc.so (default .nvf/lib)
@@ -35,7 +35,7 @@
 #   tests      test_multidevice with one rank, stock and ours side by side
 #   report     $OUT/nvfuser-suite.md (one row per test: stock, ours) and the raw logs
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo="$PWD"
 start_s=$(date +%s)
 BUDGET="${BUDGET:-570}"
@@ -57,7 +57,7 @@ log="$OUT/nvfuser-suite.log"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 STEPS_NAME=nvfuser-suite
-# shellcheck source=lib/resumable-steps.sh
+# shellcheck source=../lib/resumable-steps.sh
 . "$repo/scripts/lib/resumable-steps.sh"
 
 python="$(command -v python3)"
@@ -65,7 +65,7 @@ torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file_
   die "python3 cannot import torch"
 
 # ---- unpack ---------------------------------------------------------------------------------
-[ -f "$NVF_TAR" ] || die "$NVF_TAR missing: run scripts/nvfuser-prepare.sh where the network is"
+[ -f "$NVF_TAR" ] || die "$NVF_TAR missing: run scripts/nvfuser/prepare.sh where the network is"
 tar_sum="$(sha256sum "$NVF_TAR" | cut -d' ' -f1)"
 if [ "$(cat "$WORK/state/sources" 2>/dev/null)" != "$tar_sum" ]; then
   rm -rf "$WORK/state" "$bld" # other sources: start over
@@ -245,7 +245,7 @@ driver stock 2
 single_rank_tests
 
 # ---- report ---------------------------------------------------------------------------------
-"$python" "$repo/scripts/nvfuser-suite-report.py" "$res" "$DRIVER_RANKS" >"$OUT/nvfuser-suite.md" ||
+"$python" "$repo/scripts/nvfuser/suite-report.py" "$res" "$DRIVER_RANKS" >"$OUT/nvfuser-suite.md" ||
   die "report"
 cp "$res"/configure.txt "$OUT/" 2>/dev/null
 pack

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Prepares, where cargo and the network are, what scripts/nvfuser-main-suite.sh needs on a GPU
+# Prepares, where cargo and the network are, what scripts/nvfuser/main-suite.sh needs on a GPU
 # machine that has neither, for nvFuser main (NVIDIA/Fuser 81c4b22fd750d377d69e24928c32233162f6b2bd).
-# Everything goes to .nvf-main/ (ignored through .git/info/exclude); name it in the device
-# command's carry list. Must stay under the device tool's 64 MiB (working tree included).
+# Everything goes to .nvf-main/ (ignored through .git/info/exclude), kept compressed and small
+# (tens of MiB), to be copied to the GPU machine beside the repository.
 #
-# Usage: scripts/nvfuser-main-prepare.sh NVFUSER_CHECKOUT [LLVM_ROOT]
+# Usage: scripts/nvfuser/main-prepare.sh NVFUSER_CHECKOUT [LLVM_ROOT]
 #   NVFUSER_CHECKOUT  NVIDIA/Fuser at 81c4b22fd with third_party/{flatbuffers,googletest,benchmark}
 #                     filled in (cutlass is not needed: the suite configures NVFUSER_DISABLE_CUTLASS)
 #   LLVM_ROOT         a directory holding Debian's llvm-19-dev, libllvm19 and libz3-4 extracted
@@ -28,7 +28,7 @@
 #   ipc-commit            that commit
 #   lib/libnvfuser_ipc.so IPC_TREE's release library, debug info stripped
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo="$PWD"
 die() { echo "nvfuser-main-prepare: FAILED: $*" >&2; exit 1; }
 [ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 NVFUSER_CHECKOUT [LLVM_ROOT]"
@@ -75,7 +75,7 @@ ln -s libLLVM.so.19.1 "$L/lib/libLLVM.so"
 llvm_version="$(sed -n 's/^#define LLVM_VERSION_STRING "\([0-9.]*\).*/\1/p' "$L/include/llvm/Config/llvm-config.h")"
 [ -n "$llvm_version" ] || die "no LLVM_VERSION_STRING in llvm/Config/llvm-config.h"
 cat >"$L/lib/cmake/llvm/LLVMConfig.cmake" <<EOF
-# Written by nvfuser-ipc's scripts/nvfuser-main-prepare.sh: LLVM $llvm_version (Debian's headers
+# Written by nvfuser-ipc's scripts/nvfuser/main-prepare.sh: LLVM $llvm_version (Debian's headers
 # and shared libLLVM) for nvFuser's cmake/deps/handle_llvm.cmake. Every component maps to the one
 # shared library, so nothing links LLVM's static archives.
 get_filename_component(_nvf_llvm_root "\${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)

@@ -15,7 +15,7 @@
 # target/release/libnvfuser_ipc.so), OLD_LIB, RANKS (default "2 4 8"), SEEDS (default "1 2 3"),
 # STEPS (default 200), RANDOM_STEPS (default 120). Non-zero when a stage fails.
 set -uo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/gpu-out/lifecycle}"
 mkdir -p "$OUT"
@@ -89,7 +89,7 @@ for seed in ${SEEDS:-1 2 3}; do
 done
 echo "== summary"
 cat "$summary"
-# Everything in one file (the device tool returns a bounded number of files).
+# Everything in one archive, easy to copy back from the GPU machine.
 tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 [ "$fail" -eq 0 ] && echo "gpu-lifecycle-check: PASSED" || echo "gpu-lifecycle-check: FAILED"
 exit "$fail"

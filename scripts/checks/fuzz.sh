@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the TCPStore frame-parser fuzz target for a bounded time.
-# Usage: scripts/fuzz.sh [seconds]   (default 30)
+# Usage: scripts/checks/fuzz.sh [seconds]   (default 30)
 # cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP=1 unlocks them on the stable toolchain.
 set -euo pipefail
 
@@ -10,7 +10,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
     exit 2
 fi
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz.sh: installing cargo-fuzz" >&2

@@ -7,7 +7,7 @@
 # Environment: OUT (default ./gpu-out/symmetric), NVFIPC_LIB (default
 # target/release/libnvfuser_ipc.so), RANKS (default "2 4 8"), MIB (tensor size, default 64).
 set -uo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/gpu-out/symmetric}"
 mkdir -p "$OUT"

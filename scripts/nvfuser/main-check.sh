@@ -21,7 +21,7 @@
 # callers' objects need is checked to be defined by our object. Any file missing, not compiled
 # or skipped fails the check (non-zero, FAILED); it says PASSED only when every file compiled.
 #
-# Usage: scripts/nvfuser-main-check.sh [NVFUSER_CHECKOUT [OUT_DIR]]
+# Usage: scripts/nvfuser/main-check.sh [NVFUSER_CHECKOUT [OUT_DIR]]
 #   NVFUSER_CHECKOUT  an NVIDIA/Fuser source tree at 81c4b22fd (default: $NVFUSER_MAIN); csrc/,
 #                     lib/dynamic_type/, python/, tests/cpp/, benchmarks/cpp/ and the googletest
 #                     submodule (third_party/googletest) are read. Nothing is written to it.
@@ -32,9 +32,9 @@
 # runtime/<name>.cu with nvFuser's tools/stringify_file.py into <build>/include; the script runs the
 # same tool the same way into OUT_DIR/generated. Nothing else generated is read by these files.
 #
-# Environment: PYTHON (python with torch; default: scripts/python-env.sh's venv), CUDA_HOME or
+# Environment: PYTHON (python with torch; default: scripts/lib/python-env.sh's venv), CUDA_HOME or
 # CUDA_INCLUDE_DIR (CUDA 13 headers; default: nvcc's, /usr/local/cuda, or the nvidia/cu13/include
-# of torch's pip wheels, completed by scripts/cuda-headers.sh), LLVM_INCLUDE_DIR (LLVM >= 18
+# of torch's pip wheels, completed by scripts/nvfuser/cuda-headers.sh), LLVM_INCLUDE_DIR (LLVM >= 18
 # headers for host_ir/jit.cpp; default: `llvm-config --includedir` when it is >= 18), CXX
 # (default g++), EXTRA_INCLUDE_DIRS (':'-separated system include dirs).
 set -euo pipefail
@@ -47,7 +47,7 @@ die() {
 }
 say() { echo "nvfuser-main-check: $*"; }
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 src_arg="${1:-${NVFUSER_MAIN:-}}"
 [ -n "$src_arg" ] || die "usage: $0 NVFUSER_CHECKOUT [OUT_DIR] (or set NVFUSER_MAIN)"
 fuser="$(cd "$src_arg" && pwd)" || die "no such directory: $src_arg"
@@ -55,7 +55,7 @@ out="${2:-${OUT:-$(mktemp -d)}}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cxx="${CXX:-g++}"
-python="${PYTHON:-$(bash "$root/scripts/python-env.sh")}"
+python="${PYTHON:-$(bash "$root/scripts/lib/python-env.sh")}"
 dropin="$root/integrations/nvfuser/main"
 
 [ -f "$fuser/csrc/multidevice/ipc_handle.h" ] ||
@@ -144,10 +144,10 @@ done
 IFS=':' read -r -a extra_incs <<<"${EXTRA_INCLUDE_DIRS:-}"
 for d in "${extra_incs[@]}"; do [ -n "$d" ] && incs+=(-isystem "$d"); done
 # torch's CUDA wheels have no crt/, CCCL or cuda_profiler_api.h, which nvFuser's sources include:
-# take them from NVIDIA's header wheels of the same version (cached; see scripts/cuda-headers.sh).
+# take them from NVIDIA's header wheels of the same version (cached; see scripts/nvfuser/cuda-headers.sh).
 if [ ! -f "$cuda_inc/crt/host_config.h" ]; then
-  more_inc="$(bash "$root/scripts/cuda-headers.sh" "$python")" ||
-    die "CUDA headers at $cuda_inc lack crt/host_config.h and scripts/cuda-headers.sh could not fetch them"
+  more_inc="$(bash "$root/scripts/nvfuser/cuda-headers.sh" "$python")" ||
+    die "CUDA headers at $cuda_inc lack crt/host_config.h and scripts/nvfuser/cuda-headers.sh could not fetch them"
   say "CUDA header wheels (crt, CCCL, profiler API): $more_inc"
   incs+=(-isystem "$more_inc")
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Summarises scripts/nvfuser-suite.sh's logs as the Markdown table of docs/nvfuser-suite.md.
+"""Summarises scripts/nvfuser/suite.sh's logs as the Markdown table of docs/nvfuser-suite.md.
 
-Usage: nvfuser-suite-report.py RESULTS_DIR "2 4 8"
+Usage: scripts/nvfuser/suite-report.py RESULTS_DIR "2 4 8"
 
 Rows: the tests of test_multidevice run with one rank (a suite whose tests have the same results
 stock and ours is one row `Suite.* (N tests)` with the count of each result, except the suites

@@ -4,9 +4,9 @@
 # when a seed checkout of nvFuser is present, the drop-in compile check. Runs ON the GPU machine from
 # the repository root with target/release/libnvfuser_ipc.so prebuilt (no cargo there).
 #   NPS (default "2 4 8"), RUN_TIMEOUT (seconds per mpirun, default 45), OUT (default ./gpu-out),
-#   NVFUSER_SEED (checkout for scripts/nvfuser-dropin-check.sh, default build/nvfuser-seed)
+#   NVFUSER_SEED (checkout for scripts/nvfuser/dropin-check.sh, default build/nvfuser-seed)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -14,7 +14,7 @@ TORCH="$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))' 2>/
 failures=0
 seed="${NVFUSER_SEED:-build/nvfuser-seed}"
 if [ -d "$seed" ]; then
-  if timeout 200 bash scripts/nvfuser-dropin-check.sh "$seed" "$OUT/dropin" >"$OUT/dropin.log" 2>&1; then
+  if timeout 200 bash scripts/nvfuser/dropin-check.sh "$seed" "$OUT/dropin" >"$OUT/dropin.log" 2>&1; then
     echo "== drop-in check passed"
   else
     echo "== drop-in check FAILED (log: $OUT/dropin.log)"; failures=$((failures + 1))

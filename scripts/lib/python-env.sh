@@ -2,7 +2,7 @@
 # Creates (when missing) a cached Python virtual environment with PyTorch for the TCPStore
 # interop tests, and prints the path of its python on stdout (everything else goes to stderr):
 #
-#   NVFIPC_PYTHON=$(bash scripts/python-env.sh) NVFIPC_REQUIRE_TORCH=1 cargo test --test store_interop
+#   NVFIPC_PYTHON=$(bash scripts/lib/python-env.sh) NVFIPC_REQUIRE_TORCH=1 cargo test --test store_interop
 #
 # Location: ${NVFIPC_VENV:-$HOME/.cache/nvfuser-ipc/venv}. Idempotent: when the venv already
 # imports torch.distributed.TCPStore it only prints the path (a few seconds for the import).

@@ -5,7 +5,7 @@
 # ring.c and the program it builds are removed afterwards. Fails when either block is missing,
 # when a command fails, or when the program reports a failure.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 block() { # the fenced block after marker $1
     awk -v marker="<!-- readme-check: $1 -->" '

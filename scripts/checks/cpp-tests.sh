@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Configures, builds and runs the C/C++ test suites (CMake + GoogleTest) of the C API.
-# Usage: scripts/cpp-tests.sh [build-dir]   (default: build/cpp)
+# Usage: scripts/checks/cpp-tests.sh [build-dir]   (default: build/cpp)
 # Environment: NVFIPC_CARGO_PROFILE (default release), NVFIPC_PREBUILT_LIB_DIR (skip cargo),
 # CTEST_PARALLEL_LEVEL (default 2), extra configure arguments in NVFIPC_CMAKE_ARGS.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 build_dir="${1:-$root/build/cpp}"
 
 configure_args=(-S "$root" -B "$build_dir" -DNVFIPC_BUILD_TESTS=ON

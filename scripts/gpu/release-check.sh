@@ -2,7 +2,7 @@
 # Buffer replacement and the caching-allocator pattern on a real GPU, in one bounded command. Run
 # ON the GPU machine from the repository root with the library and the CLI prebuilt elsewhere
 # (target/release/libnvfuser_ipc.so and target/release/nvfipc; no cargo there):
-#   1. gpu      the GPU GoogleTest binary (scripts/gpu-check.sh) under `mpirun -np 2`, both ranks on
+#   1. gpu      the GPU GoogleTest binary (scripts/gpu/check.sh) under `mpirun -np 2`, both ranks on
 #               one GPU: every suite, GpuRelease.* among them (a replacement exchange returns while
 #               work queued before it waits on a flag set only afterwards; the old mapping still
 #               delivers the old data, the next step the new; driver calls and an exchange are not
@@ -17,7 +17,7 @@
 #   OUT, RELEASE_RANKS (default 2), RELEASE_BENCH (default 1), GPU_TIMEOUT (seconds, default
 #   240), BENCH_TIMEOUT (seconds, default 240), NVFIPC_GPU_GTEST_FILTER (optional)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out/release}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -31,14 +31,14 @@ say "== nvfuser-ipc release check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1 |
   sed 's/^/   gpu: /' | tee -a "$summary"
 for f in target/release/libnvfuser_ipc.so target/release/nvfipc; do
-  [ -f "$f" ] || { say "FAIL: $f missing (cargo build --release on the build machine, carry target/release)"; exit 1; }
+  [ -f "$f" ] || { say "FAIL: $f missing (cargo build --release where cargo is, then copy target/release here)"; exit 1; }
 done
 
 # ---- 1. GPU suites, 2 ranks on one GPU -------------------------------------------------------
 start=$(date +%s)
 timeout --kill-after=20 "${GPU_TIMEOUT:-240}" env OUT="$OUT/gpu" \
   NVFIPC_GPU_RANKS="${RELEASE_RANKS:-2}" NVFIPC_GPU_RUN_TIMEOUT=$(( ${GPU_TIMEOUT:-240} - 60 )) \
-  bash scripts/gpu-check.sh >"$OUT/gpu.log" 2>&1
+  bash scripts/gpu/check.sh >"$OUT/gpu.log" 2>&1
 rc=$?
 took=$(($(date +%s) - start))
 logs=$(ls "$OUT"/gpu/np*.log 2>/dev/null)

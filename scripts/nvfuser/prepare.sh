@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Prepares, where cargo and the network are, what scripts/nvfuser-suite.sh needs on a GPU machine
+# Prepares, where cargo and the network are, what scripts/nvfuser/suite.sh needs on a GPU machine
 # that has neither: nvFuser's sources with the submodules its build adds unconditionally, packed,
-# and a stripped libnvfuser_ipc.so. Both go to .nvf/ (ignored by git; name it in the device
-# command's carry list).
+# and a stripped libnvfuser_ipc.so. Both go to .nvf/ (ignored by git), to be copied to the GPU
+# machine beside the repository.
 #
-# Usage: scripts/nvfuser-prepare.sh NVFUSER_CHECKOUT
+# Usage: scripts/nvfuser/prepare.sh NVFUSER_CHECKOUT
 #   NVFUSER_CHECKOUT  NVIDIA/Fuser at 3fe1c32124ea83f90253496cecbe5becf46c9df0 with
 #                     third_party/{flatbuffers,googletest,benchmark} filled in (e.g.
 #                     `git clone --recursive`, or `git archive` of each submodule commit)
@@ -12,7 +12,7 @@
 # nvFuser's own build compiles flatc from third_party/flatbuffers and generates
 # csrc/serde/fusion_cache_generated.h itself, so no generated file is packed.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 die() { echo "nvfuser-prepare: FAILED: $*" >&2; exit 1; }
 [ $# -eq 1 ] || die "usage: $0 NVFUSER_CHECKOUT"
 fuser="$(cd "$1" && pwd)" || die "no such directory: $1"

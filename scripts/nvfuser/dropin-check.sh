@@ -11,7 +11,7 @@
 # headers nvFuser's own driver_api.h needs integrations/nvfuser/seed-compat/cuda13_pfn.h, which
 # is force-included. Any file that does not compile fails the check. Nothing is stubbed.
 #
-# Usage: scripts/nvfuser-dropin-check.sh NVFUSER_CHECKOUT [OUT_DIR]
+# Usage: scripts/nvfuser/dropin-check.sh NVFUSER_CHECKOUT [OUT_DIR]
 #   NVFUSER_CHECKOUT  an NVIDIA/Fuser source tree at 3fe1c32124ea83f90253496cecbe5becf46c9df0 (csrc/,
 #                     lib/dynamic_type/, python/, tests/cpp/, third_party/flatbuffers/include and
 #                     third_party/googletest are read)
@@ -34,7 +34,7 @@ die() {
 say() { echo "nvfuser-dropin-check: $*"; }
 
 [ $# -ge 1 ] || die "usage: $0 NVFUSER_CHECKOUT [OUT_DIR]"
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 fuser="$(cd "$1" && pwd)" || die "no such directory: $1"
 out="${2:-${OUT:-$(mktemp -d)}}"
 mkdir -p "$out"
@@ -113,10 +113,10 @@ if [ -n "$cupti_inc" ]; then incs+=(-isystem "$cupti_inc"); fi
 IFS=':' read -r -a extra_incs <<<"${EXTRA_INCLUDE_DIRS:-}"
 for d in "${extra_incs[@]}"; do [ -n "$d" ] && incs+=(-isystem "$d"); done
 # torch's CUDA wheels have no crt/, CCCL or cuda_profiler_api.h, which nvFuser's sources include:
-# take them from NVIDIA's header wheels of the same version (cached; see scripts/cuda-headers.sh).
+# take them from NVIDIA's header wheels of the same version (cached; see scripts/nvfuser/cuda-headers.sh).
 if [ ! -f "$cuda_inc/crt/host_config.h" ]; then
-  more_inc="$(bash "$root/scripts/cuda-headers.sh" "$python")" ||
-    die "CUDA headers at $cuda_inc lack crt/host_config.h and scripts/cuda-headers.sh could not fetch them"
+  more_inc="$(bash "$root/scripts/nvfuser/cuda-headers.sh" "$python")" ||
+    die "CUDA headers at $cuda_inc lack crt/host_config.h and scripts/nvfuser/cuda-headers.sh could not fetch them"
   say "CUDA header wheels (crt, CCCL, profiler API): $more_inc"
   incs+=(-isystem "$more_inc")
 fi

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Prints a directory of the CUDA headers that torch's pip wheels leave out but nvFuser's sources
 # include (crt/host_config.h, CCCL's <nv/target>, cuda_profiler_api.h), for compiling nvFuser files
-# on a machine without a CUDA toolkit (scripts/nvfuser-dropin-check.sh). They come from NVIDIA's
+# on a machine without a CUDA toolkit (scripts/nvfuser/dropin-check.sh). They come from NVIDIA's
 # header wheels at the version of the installed nvidia-cuda-runtime wheel, unpacked once into
 # ${NVFIPC_CUDA_HEADERS:-$HOME/.cache/nvfuser-ipc/cuda-headers-<version>}.
 #
-# Usage: scripts/cuda-headers.sh PYTHON     (the python whose environment holds torch's wheels)
+# Usage: scripts/nvfuser/cuda-headers.sh PYTHON     (the python whose environment holds torch's wheels)
 set -euo pipefail
 python="${1:?usage: $0 PYTHON}"
 version="$("$python" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime"))' 2>/dev/null ||

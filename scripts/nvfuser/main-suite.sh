@@ -5,9 +5,9 @@
 # its time budget, so a build longer than one command's limit is finished by calling it again
 # (the work directory survives between calls on the same warm machine).
 #
-#   bash scripts/nvfuser-main-suite.sh        # repeat until it prints "nvfuser-main-suite: DONE"
+#   bash scripts/nvfuser/main-suite.sh        # repeat until it prints "nvfuser-main-suite: DONE"
 #
-# Inputs, prepared where cargo and the network are (scripts/nvfuser-main-prepare.sh), in .nvf-main/:
+# Inputs, prepared where cargo and the network are (scripts/nvfuser/main-prepare.sh), in .nvf-main/:
 #   nvfuser-main.tar.xz  nvFuser main with its submodules flatbuffers, googletest, benchmark
 #   llvm19.tar.xz        LLVM 19 headers, libLLVM.so.19.1, libz3.so.4, a CMake config for them
 #   ipc-src.tar.xz       the nvfuser-ipc tree (committed HEAD) whose drop-in is tested
@@ -52,7 +52,7 @@
 # Tests that would create a multicast object (cuMulticastCreate) are filtered out everywhere:
 # this workplace keeps NVLink multicast off.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo="$PWD"
 start_s=$(date +%s)
 BUDGET="${BUDGET:-570}"
@@ -81,7 +81,7 @@ MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.
 MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView}"
 
 STEPS_NAME=nvfuser-main-suite
-# shellcheck source=lib/resumable-steps.sh
+# shellcheck source=../lib/resumable-steps.sh
 . "$repo/scripts/lib/resumable-steps.sh"
 
 python="$(command -v python3)"
@@ -90,7 +90,7 @@ torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file_
 
 # ---- unpack ---------------------------------------------------------------------------------
 for f in nvfuser-main.tar.xz llvm19.tar.xz ipc-src.tar.xz lib/libnvfuser_ipc.so; do
-  [ -f "$IN/$f" ] || die "$IN/$f missing: run scripts/nvfuser-main-prepare.sh where the network is"
+  [ -f "$IN/$f" ] || die "$IN/$f missing: run scripts/nvfuser/main-prepare.sh where the network is"
 done
 sum="$(cat "$IN"/*.tar.xz "$IN/lib/libnvfuser_ipc.so" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$WORK/state/sources" 2>/dev/null)" != "$sum" ]; then

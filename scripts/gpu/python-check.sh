@@ -4,7 +4,7 @@
 # uses the prebuilt target/release/libnvfuser_ipc.so (NVFIPC_LIBRARY overrides it) and the
 # package from python/ (no wheel needed). Ends with a PASS/FAIL summary; exits 1 on a failure.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 export NVFIPC_LIBRARY="${NVFIPC_LIBRARY:-$PWD/target/release/libnvfuser_ipc.so}"
 py="${NVFIPC_PYTHON:-python3}"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Creates (when missing) a second cached Python virtual environment with the newest torch the
 # package index serves, for running the TCPStore interop tests against the newest torch clients
-# and servers as well as the pinned one (scripts/python-env.sh). Prints the path of its python on
+# and servers as well as the pinned one (scripts/lib/python-env.sh). Prints the path of its python on
 # stdout (everything else goes to stderr):
 #
-#   NVFIPC_PYTHON=$(bash scripts/python-env-newest.sh) cargo test --test store_interop
+#   NVFIPC_PYTHON=$(bash scripts/lib/python-env-newest.sh) cargo test --test store_interop
 #
 # Location: ${NVFIPC_VENV_NEWEST:-$HOME/.cache/nvfuser-ipc/venv-newest}. NVFIPC_TORCH_NEWEST
 # pins a version (e.g. 2.15.0); without it the newest release on the index is used, and a venv

@@ -8,7 +8,7 @@
 # - the Python API across processes with host buffers (tests/python/host_exchange.py under
 #   `nvfipc launch -n 3`) and the host-callback store bridge (tests/python/store_bridge.py).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 src="$PWD"
 work="${1:-build/wheel/check}"
 rm -rf "$work"
