@@ -2,8 +2,8 @@
 //! rung tried, which gate failed and what to change.
 
 use super::frame::ErrorCode;
-use super::sys::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
 use crate::error::{Error, Status};
+use crate::os::fd_passing::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
 use std::fmt;
 use std::io;
 

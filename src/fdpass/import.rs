@@ -6,7 +6,7 @@ use super::diagnose::{pidfd_gate_of, Gate};
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, HEADER_LEN, MAX_BODY};
 use super::naming::Route;
 use super::registry::FdId;
-use super::sys;
+use crate::os::fd_passing as sys;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;

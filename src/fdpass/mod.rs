@@ -41,7 +41,6 @@ mod import;
 pub mod naming;
 pub mod registry;
 pub mod responder;
-mod sys;
 
 pub use config::FdPassConfig;
 pub use diagnose::{Diagnosis, Gate, Rung};
@@ -49,6 +48,7 @@ pub use naming::{LocalIdentity, PeerRecord, PtracerState};
 pub use registry::FdId;
 
 use crate::error::{Error, Result};
+use crate::os::fd_passing as sys;
 use crate::store::Store;
 use crate::sync::lock;
 use frame::{FetchRequest, Secret};

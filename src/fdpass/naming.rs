@@ -610,7 +610,7 @@ mod tests {
         child.wait().unwrap();
         let ns = me().pid_ns;
         let live = LocalIdentity::current();
-        let uid = super::super::sys::effective_uid();
+        let uid = crate::os::fd_passing::effective_uid();
         let dead_id = LocalIdentity {
             pid: dead,
             ..live.clone()
@@ -660,7 +660,7 @@ mod tests {
 
     #[test]
     fn socket_files_go_where_only_their_owner_can_enter() {
-        let uid = super::super::sys::effective_uid();
+        let uid = crate::os::fd_passing::effective_uid();
         let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
         let set = |p: &Path, m: u32| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()

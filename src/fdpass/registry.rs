@@ -1,8 +1,8 @@
 //! The table of descriptors a process offers to its importers, and the id that names one.
 
 use super::frame::ErrorCode;
-use super::sys;
 use crate::error::{Error, Result};
+use crate::os::fd_passing as sys;
 use crate::sync::lock;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;

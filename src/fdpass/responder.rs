@@ -25,9 +25,9 @@
 use super::config::FdPassConfig;
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
-use super::sys;
 use crate::error::{Error, Result};
 use crate::logging;
+use crate::os::fd_passing as sys;
 use mio::net::{UnixListener, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::{HashMap, VecDeque};

@@ -4,6 +4,8 @@
 //! - [`shm`]: POSIX shared-memory segments (`shm_open` + `mmap`), for node-local boards;
 //! - [`memfd`]: anonymous shared files and their mappings, for host buffers passed by fd;
 //! - [`mmap`]: the shared mapping of a descriptor's file and its size, for both of those;
+//! - [`fd_passing`]: descriptors between processes (`SCM_RIGHTS`, pidfds, `PR_SET_PTRACER`,
+//!   `SO_PEERCRED`), for the fd transport;
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
 //! - [`sigbus`]: a SIGBUS guard for shared mappings another process may truncate (boards);
 //! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
@@ -16,6 +18,7 @@
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
 
 pub mod cleanup;
+pub mod fd_passing;
 pub mod launcher;
 pub mod listen;
 pub mod logfile;

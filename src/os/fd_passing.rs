@@ -1,7 +1,7 @@
 //! Every OS call of the fd transport that std does not offer, written once with its SAFETY note:
 //! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `pidfd_open`/`pidfd_getfd`, `prctl(PR_SET_PTRACER)`,
-//! `fstat`, `geteuid`, `SO_PEERCRED`, and the unlinking of socket paths at exit. The rest of `fdpass` has
-//! no `libc::` and no `unsafe`; this file is meant to move under the OS module as it is.
+//! `fstat`, `geteuid`, `SO_PEERCRED`, and the unlinking of socket paths at exit. `crate::fdpass`
+//! has no `libc::` and no `unsafe` of its own.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
