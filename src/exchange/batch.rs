@@ -8,6 +8,7 @@ use super::channel::{Channel, ChannelInfo, ChannelTable, Imported, PeerSide, Res
 use super::context::Context;
 use super::deadline::Deadline;
 use super::events;
+use super::phases::{Lap, Phase};
 use super::protocol::{self, Item, RunError};
 use super::request::{fingerprint_of, occurrence, ChannelKey, Request};
 use super::stats::bump;
@@ -182,11 +183,20 @@ impl<'a> Batch<'a> {
     }
 
     /// Steps 2-5: runs the protocol on the batch's channels and ends the batch.
-    pub(super) fn exchange(self, deadline: &mut Deadline) -> Result<()> {
+    pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Option<Lap<'_>>) -> Result<()> {
         // A cached call is logged at TRACE, one that moved records (or failed) at INFO.
         let clock = events::clock(log::Level::Info);
-        match protocol::run(self.cx, &mut self.items[..], deadline) {
-            Ok(imports) => self.commit(imports, clock, deadline),
+        match protocol::run(self.cx, &mut self.items[..], deadline, &mut lap) {
+            Ok(imports) => {
+                let done = self.commit(imports, clock, deadline);
+                if let Some(mut lap) = lap {
+                    lap.mark(Phase::Commit);
+                    if done.is_ok() {
+                        lap.finish();
+                    }
+                }
+                done
+            }
             Err(RunError::NotReady(err, imports)) => {
                 self.suspend(imports, clock, &err);
                 Err(err)

@@ -15,6 +15,7 @@ use super::collector::Collector;
 use super::context::Context;
 use super::deadline::Deadline;
 use super::peers::PeerNodes;
+use super::phases::{self, Phase, PhaseTimes};
 use super::protocol::Item;
 use super::request::{fingerprint_of, Request};
 use super::settings::Settings;
@@ -230,16 +231,35 @@ impl HandleCache {
         scratch: &mut Scratch,
     ) -> Result<()> {
         let mut deadline = Deadline::new(timeout);
+        let mut lap = self.cx.counters.phases.start();
         batch::resolve_all(&self.cx, requests, &mut scratch.resolved)?;
-        Batch::begin(
+        phases::mark(&mut lap, Phase::Resolve);
+        let batch = Batch::begin(
             &self.cx,
             &self.table,
             requests,
             &scratch.resolved,
             &mut scratch.channels,
             &mut scratch.items,
-        )?
-        .exchange(&mut deadline)
+        )?;
+        phases::mark(&mut lap, Phase::Claim);
+        batch.exchange(&mut deadline, lap)
+    }
+
+    /// Turns the per-phase timing of exchanges on or off (off by default; on, each call reads the
+    /// clock at every phase boundary). See [`phase_times`](Self::phase_times).
+    pub fn set_phase_timing(&self, on: bool) {
+        self.cx.counters.phases.set_enabled(on);
+    }
+
+    /// Time per phase over the calls timed since the last reset (see
+    /// [`phases::Phase`](super::phases::Phase)); `reset` starts over.
+    pub fn phase_times(&self, reset: bool) -> PhaseTimes {
+        let t = self.cx.counters.phases.snapshot();
+        if reset {
+            self.cx.counters.phases.reset();
+        }
+        t
     }
 
     /// The handles of the channel of `req` (as last exchanged): the request must match the

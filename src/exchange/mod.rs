@@ -12,7 +12,7 @@
 //!   (`deadline`: the call's timeout and when it runs out);
 //! - `teardown`: closing a cache without freeing what a peer may still map;
 //! - [`retain`]: replaced peer mappings a cache keeps mapped for buffers carved again from them;
-//! - [`stats`]: the cache's counters;
+//! - [`stats`]: the cache's counters, and [`phases`]: where a call's time goes, when asked for;
 //! - [`symmetric`]: symmetric memory (every member of a group maps every other's buffer) as one
 //!   exchange, with no group-wide synchronisation.
 
@@ -26,6 +26,7 @@ mod deadline;
 mod events;
 mod known;
 pub mod peers;
+pub mod phases;
 mod protocol;
 pub mod request;
 pub mod retain;

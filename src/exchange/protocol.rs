@@ -35,6 +35,7 @@ use super::channel::{ChannelInfo, Imported, Progress};
 use super::context::{Context, PeerHoldings};
 use super::deadline::Deadline;
 use super::events::{self, PendingWait, Stage};
+use super::phases::{self, Lap, Phase};
 use super::stats::bump;
 use crate::error::{Error, Result, Status};
 use crate::logging;
@@ -100,8 +101,9 @@ pub(super) fn run(
     cx: &Context,
     items: &mut [Item],
     deadline: &mut Deadline,
+    lap: &mut Option<Lap<'_>>,
 ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
-    Call { cx }.run(items, deadline)
+    Call { cx }.run(items, deadline, lap)
 }
 
 /// One call's protocol over the cache's context.
@@ -114,6 +116,7 @@ impl Call<'_> {
         &self,
         items: &mut [Item],
         deadline: &mut Deadline,
+        lap: &mut Option<Lap<'_>>,
     ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
         // A channel that has not found its peer's board yet may have a peer that can never
         // have one here (another host or container): refuse it before anything is published.
@@ -140,6 +143,7 @@ impl Call<'_> {
                 .check(&*self.cx.store, &unknown, deadline.remaining())
                 .map_err(|e| RunError::classify(e, Vec::new()))?;
         }
+        phases::mark(lap, Phase::Lookup);
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits
         // on this rank's progress (which matters when several threads share one store client).
@@ -147,6 +151,7 @@ impl Call<'_> {
         for it in items.iter_mut() {
             it.sent = true;
         }
+        phases::mark(lap, Phase::Records);
         for it in items.iter() {
             let at = BufferAt {
                 alloc_id: it.local.buffer_id,
@@ -157,11 +162,13 @@ impl Call<'_> {
                 .board
                 .publish(it.ch.entry, it.progress.step, it.progress.version, at);
         }
+        phases::mark(lap, Phase::Publish);
         if let Err(e) = self.wait_peers(items, deadline) {
             let staged = items.iter_mut().map(|it| it.staged.take()).collect();
             return Err(RunError::classify(e, staged));
         }
-        let mut imports = match self.fetch_records(items, deadline) {
+        phases::mark(lap, Phase::WaitPeers);
+        let mut imports = match self.fetch_records(items, deadline, lap) {
             Ok(imports) => imports,
             Err(e) if e.status == Status::Timeout => {
                 // Records are sent without waiting for the store's reply, so a peer's step can be
@@ -178,6 +185,7 @@ impl Call<'_> {
                 return Err(RunError::Fatal(e));
             }
         };
+        phases::mark(lap, Phase::Import);
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
         if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
@@ -189,6 +197,7 @@ impl Call<'_> {
                 self.cx.board.publish_opened(it.ch.entry, it.peer_version);
             }
         }
+        phases::mark(lap, Phase::Slabs);
         if let Err(e) = self.wait_opened(items, deadline) {
             if e.status == Status::Timeout {
                 return Err(RunError::NotReady(e, imports));
@@ -196,6 +205,7 @@ impl Call<'_> {
             self.cx.release_imports(imports);
             return Err(RunError::Fatal(e));
         }
+        phases::mark(lap, Phase::WaitOpened);
         Ok(imports)
     }
 
@@ -595,6 +605,7 @@ impl Call<'_> {
         &self,
         items: &mut [Item],
         deadline: &mut Deadline,
+        lap: &mut Option<Lap<'_>>,
     ) -> Result<Vec<Option<Imported>>> {
         if items
             .iter()
@@ -624,6 +635,7 @@ impl Call<'_> {
                 return Err(e);
             }
         };
+        phases::mark(lap, Phase::ImportKnown);
         if wanted.is_empty() {
             return Ok(imports);
         }
@@ -636,6 +648,7 @@ impl Call<'_> {
         let remaining = deadline.remaining();
         let clock = events::clock(log::Level::Info);
         let fetched = self.cx.store.multi_get(&key_refs, remaining);
+        phases::mark(lap, Phase::Fetch);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,

@@ -56,6 +56,8 @@ pub(crate) struct Counters {
     pub(crate) leaked_slabs: AtomicU64,
     pub(crate) peer_lookups: AtomicU64,
     pub(crate) records_known: AtomicU64,
+    /// Time per phase of a call, when asked for.
+    pub(crate) phases: super::phases::PhaseClock,
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {

@@ -19,6 +19,7 @@ use super::{gather_samples, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
 use nvfuser_ipc::context::Context;
+use nvfuser_ipc::exchange::phases::PHASES;
 use nvfuser_ipc::exchange::retain::DEFAULT_RETAINED_PER_PEER;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request, Transport};
 use nvfuser_ipc::Result;
@@ -251,13 +252,35 @@ pub fn run(
     let mut out = Vec::new();
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
     for scenario in SCENARIOS {
+        // The pool scenario also says where its time goes, phase by phase (mean per call and
+        // rank), and how many store round trips its timed calls made.
+        cache.set_phase_timing(scenario == Scenario::Pool);
+        let trips = cache.stats().store_round_trips;
         let (samples, opens) = ours(ctx, &cache, args, kind, scenario)?;
         let name = format!("ours.{}", scenario.name());
         out.extend(gather_samples(ctx, &name, &samples)?);
         if scenario == Scenario::Pool && kind == MemKind::Device {
             out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
         }
+        if scenario == Scenario::Pool {
+            let t = cache.phase_times(true);
+            for phase in PHASES {
+                let mean = t.of(phase) / t.calls.max(1);
+                out.extend(gather_samples(
+                    ctx,
+                    &format!("{name}.phase.{}", phase.name()),
+                    &[mean],
+                )?);
+            }
+            let trips = cache.stats().store_round_trips - trips;
+            out.extend(gather_samples(
+                ctx,
+                &format!("{name}.store_round_trips"),
+                &[trips],
+            )?);
+        }
     }
+    cache.set_phase_timing(false);
     ctx.barrier(None, None)?;
     cache.close();
     for scenario in SCENARIOS {

@@ -241,6 +241,27 @@ impl Results {
                     );
                 }
             }
+            for (w, map) in &self.exchange {
+                let phases: Vec<String> = nvfuser_ipc::exchange::phases::PHASES
+                    .iter()
+                    .filter_map(|p| {
+                        let v = median(series(map, &format!("ours.pool.phase.{}", p.name())))?;
+                        (v > 0).then(|| format!("{} {}", p.name(), fmt_ns(v)))
+                    })
+                    .collect();
+                if !phases.is_empty() {
+                    let trips = series(map, "ours.pool.store_round_trips")
+                        .iter()
+                        .sum::<u64>();
+                    let _ = writeln!(
+                        s,
+                        "pool at W={w}, where a call's time goes (median over ranks of the mean \
+                         per call): {}; store round trips during the timed calls, all ranks: \
+                         {trips}",
+                        phases.join(", ")
+                    );
+                }
+            }
             s.push_str(
                 "ours: this library's cache; seed: upstream protocol (SET, store barrier, \
                  CHECK+GET+DELETE, store barrier) told which comms miss; asym: even ranks swap \
