@@ -245,8 +245,9 @@ impl Results {
                 let phases: Vec<String> = nvfuser_ipc::exchange::phases::PHASES
                     .iter()
                     .filter_map(|p| {
-                        let v = median(series(map, &format!("ours.pool.phase.{}", p.name())))?;
-                        (v > 0).then(|| format!("{} {}", p.name(), fmt_ns(v)))
+                        let v = series(map, &format!("ours.pool.phase.{}", p.name()));
+                        let (mid, max) = (median(v)?, v.iter().copied().max()?);
+                        (max > 0).then(|| format!("{} {} ({})", p.name(), fmt_ns(mid), fmt_ns(max)))
                     })
                     .collect();
                 if !phases.is_empty() {
@@ -255,9 +256,9 @@ impl Results {
                         .sum::<u64>();
                     let _ = writeln!(
                         s,
-                        "pool at W={w}, where a call's time goes (median over ranks of the mean \
-                         per call): {}; store round trips during the timed calls, all ranks: \
-                         {trips}",
+                        "pool at W={w}, where a call's time goes (mean per call, median over \
+                         ranks and the slowest rank in brackets): {}; store round trips during \
+                         the timed calls, all ranks: {trips}",
                         phases.join(", ")
                     );
                 }
