@@ -1,7 +1,10 @@
 //! Rank side of the exchange benchmark: a ring (send to rank+1, receive from rank-1: two comms
 //! per call) through our cache and through the seed protocol, in three scenarios, and the floor.
 //!
-//! - cold: every rank swaps both buffers before every call (every call misses);
+//! - cold: every rank swaps both buffers before every call (every call misses); small buffers
+//!   (the run's size), which the driver may carve from allocations mapped before;
+//! - cold_large: the same with buffers of at least [`LARGE_BYTES`], each a fresh allocation the
+//!   driver does not sub-allocate, so every call opens what it maps;
 //! - warm: the buffers never change (every call after the first hits);
 //! - asym: even ranks swap their buffers every other call, odd ranks never (one side misses);
 //! - pool: nvFuser's real pattern under PyTorch's caching allocator: fresh buffers every call,
@@ -30,13 +33,15 @@ use std::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {
     Cold,
+    ColdLarge,
     Warm,
     Asym,
     Pool,
 }
 
-pub const SCENARIOS: [Scenario; 4] = [
+pub const SCENARIOS: [Scenario; 5] = [
     Scenario::Cold,
+    Scenario::ColdLarge,
     Scenario::Warm,
     Scenario::Asym,
     Scenario::Pool,
@@ -46,6 +51,10 @@ pub const SCENARIOS: [Scenario; 4] = [
 /// allocations per step per peer at W = 2).
 pub const RETIRE_AFTER: usize = DEFAULT_RETAINED_PER_PEER / 2 + 2;
 
+/// Buffer size of the cold_large scenario (and of its floor): large enough that `cudaMalloc`
+/// gives each buffer an allocation of its own.
+pub const LARGE_BYTES: u64 = 8 << 20;
+
 /// Segments (large allocations) per rank in the pool scenario.
 pub const POOL_SEGMENTS: usize = 3;
 
@@ -53,6 +62,7 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Cold => "cold",
+            Scenario::ColdLarge => "cold_large",
             Scenario::Warm => "warm",
             Scenario::Asym => "asym",
             Scenario::Pool => "pool",
@@ -71,7 +81,7 @@ impl Scenario {
     /// Whether `rank` swaps its buffers before call `step` (step 0 always allocates).
     pub fn swaps(self, rank: usize, step: usize) -> bool {
         match self {
-            Scenario::Cold => true,
+            Scenario::Cold | Scenario::ColdLarge => true,
             Scenario::Warm => step == 0,
             Scenario::Asym => step == 0 || (rank % 2 == 0 && step % 2 == 1),
             Scenario::Pool => true,
@@ -144,6 +154,9 @@ impl Buffers {
     fn new(scenario: Scenario, kind: MemKind, job_id: &str, bytes: u64) -> Result<Buffers> {
         Ok(match scenario {
             Scenario::Pool => Buffers::Pool(PoolBuffers::new(kind, job_id, bytes)?),
+            Scenario::ColdLarge => {
+                Buffers::Ring(RingBuffers::new(kind, job_id, bytes.max(LARGE_BYTES)))
+            }
             _ => Buffers::Ring(RingBuffers::new(kind, job_id, bytes)),
         })
     }
@@ -295,6 +308,15 @@ pub fn run(
     out.extend(gather_samples(ctx, "floor.exports", &exports)?);
     out.extend(gather_samples(ctx, "floor.opens", &opens)?);
     out.extend(gather_samples(ctx, "floor.rtt", &rtts)?);
+    // The floor of cold_large: the same fresh opens, of buffers of its size.
+    let large = RankArgs {
+        bytes: args.bytes.max(LARGE_BYTES),
+        ..args.clone()
+    };
+    let (exports, opens, rtts) = floor(ctx, &transport, &large, kind)?;
+    out.extend(gather_samples(ctx, "floor_large.exports", &exports)?);
+    out.extend(gather_samples(ctx, "floor_large.opens", &opens)?);
+    out.extend(gather_samples(ctx, "floor_large.rtt", &rtts)?);
     Ok(out)
 }
 
