@@ -1,4 +1,4 @@
-//! `nvfipc bench`: the measurements of DESIGN section 5 in one run.
+//! `nvfipc bench`: the measurements of docs/BENCHMARKS.md in one run.
 //!
 //! The parent runs each multi-process scenario as a job of this binary (`bench-rank`, started
 //! through `launch::run_job`, rank 0 hosting the store); rank 0 gathers every rank's samples
