@@ -105,7 +105,13 @@ impl HandleCache {
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &names, cfg.rank)?;
         let counters = Counters::default();
-        let collector = Collector::start(cfg.store.clone(), counters.keys_deleted.clone())?;
+        // The collector's deletes get a connection of their own where the store can open one, so
+        // that its round trips never hold back an exchange's requests on the shared one.
+        let sweeper_store = cfg
+            .store
+            .separate_connection()
+            .unwrap_or_else(|| cfg.store.clone());
+        let collector = Collector::start(sweeper_store, counters.keys_deleted.clone())?;
         let settings = Settings::new(cfg.timeout);
         logging::set_rank(cfg.rank as i64);
         log::info!(

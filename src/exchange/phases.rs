@@ -14,7 +14,9 @@ pub enum Phase {
     Claim,
     /// Peers' node identities read from the store (a first exchange with a peer only).
     Lookup,
-    /// Records built and sent (`MULTI_SET`), when a buffer changed.
+    /// Records built (the buffers exported), when a buffer changed.
+    Export,
+    /// Records sent (`MULTI_SET`).
     Records,
     /// `(step, version, where)` written on this rank's board.
     Publish,
@@ -35,10 +37,11 @@ pub enum Phase {
 }
 
 /// Every phase, in order.
-pub const PHASES: [Phase; 12] = [
+pub const PHASES: [Phase; 13] = [
     Phase::Resolve,
     Phase::Claim,
     Phase::Lookup,
+    Phase::Export,
     Phase::Records,
     Phase::Publish,
     Phase::WaitPeers,
@@ -56,6 +59,7 @@ impl Phase {
             Phase::Resolve => "resolve",
             Phase::Claim => "claim",
             Phase::Lookup => "lookup",
+            Phase::Export => "export",
             Phase::Records => "records",
             Phase::Publish => "publish",
             Phase::WaitPeers => "wait_peers",
@@ -176,7 +180,7 @@ mod tests {
         assert_eq!(clock.snapshot(), PhaseTimes::default());
         assert_eq!(
             PHASES.iter().map(|p| *p as usize).collect::<Vec<_>>(),
-            (0..12).collect::<Vec<_>>()
+            (0..13).collect::<Vec<_>>()
         );
     }
 }

@@ -147,7 +147,7 @@ impl Call<'_> {
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits
         // on this rank's progress (which matters when several threads share one store client).
-        self.send_records(items).map_err(RunError::Fatal)?;
+        self.send_records(items, lap).map_err(RunError::Fatal)?;
         for it in items.iter_mut() {
             it.sent = true;
         }
@@ -209,7 +209,7 @@ impl Call<'_> {
         Ok(imports)
     }
 
-    fn send_records(&self, items: &[Item]) -> Result<()> {
+    fn send_records(&self, items: &[Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
         for it in items.iter().filter(|it| it.publish && !it.sent) {
             let rec = self.make_record(it).map_err(|e| {
@@ -220,6 +220,7 @@ impl Call<'_> {
             })?;
             pairs.push((self.own_record_key(it), rec.encode()));
         }
+        phases::mark(lap, Phase::Export);
         if pairs.is_empty() {
             return Ok(());
         }

@@ -82,4 +82,11 @@ pub trait Store: Send + Sync {
     fn default_timeout(&self) -> Duration {
         DEFAULT_TIMEOUT
     }
+
+    /// A second connection to the same store, for a background user whose round trips must not
+    /// hold this one's requests back (the exchange's key collector); `None` when the store
+    /// cannot open one (then the caller shares this one).
+    fn separate_connection(&self) -> Option<std::sync::Arc<dyn Store>> {
+        None
+    }
 }

@@ -323,6 +323,23 @@ impl TcpStore {
         Ok(store)
     }
 
+    /// Another client of the same store with a connection of its own (connect, VALIDATE, PING;
+    /// no `ADD "init/"`: it is not a new worker), with this one's timeouts.
+    pub fn duplicate(&self) -> Result<TcpStore> {
+        Ok(TcpStore {
+            host: self.host.clone(),
+            port: self.port,
+            connect_timeout: self.connect_timeout,
+            timeout_ns: AtomicU64::new(duration_ns(self.timeout())),
+            conn: Mutex::new(open(
+                &self.host,
+                self.port,
+                self.connect_timeout,
+                self.timeout(),
+            )?),
+        })
+    }
+
     /// Replaces the connection with a new one (connect, VALIDATE, PING; no `ADD "init/"`),
     /// e.g. after an error left the old one unusable.
     pub fn reconnect(&self) -> Result<()> {
@@ -635,5 +652,10 @@ impl Store for TcpStore {
 
     fn default_timeout(&self) -> Duration {
         self.timeout()
+    }
+
+    fn separate_connection(&self) -> Option<std::sync::Arc<dyn Store>> {
+        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(self.duplicate().ok()?);
+        Some(store)
     }
 }
