@@ -398,3 +398,40 @@ fn against_the_embedded_server() {
     assert_eq!(err.status, Status::Io, "{err}");
     s.reconnect().unwrap_err();
 }
+
+/// The connection a background user gets: its own (the server counts two clients), usable
+/// while the first is busy, with the first's timeouts.
+#[test]
+fn separate_connection_is_another_client_that_is_not_a_new_worker() {
+    let server = StoreServer::bind("127.0.0.1", 0).unwrap();
+    let o = ConnectOptions {
+        wait_for_workers: Some(1),
+        ..opts(5000)
+    };
+    let first = TcpStore::connect("127.0.0.1", server.port(), &o).unwrap();
+    let second = first
+        .separate_connection()
+        .expect("a TCP store opens another");
+    let t = Duration::from_secs(5);
+    let start = std::time::Instant::now();
+    while server.connected_clients() < 2 {
+        assert!(
+            start.elapsed() < t,
+            "{} clients",
+            server.connected_clients()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(second.default_timeout(), first.default_timeout());
+    // The first connection is blocked in a WAIT; the second still serves at once.
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| first.get("later", t));
+        std::thread::sleep(Duration::from_millis(50));
+        second.set("now", b"1").unwrap();
+        assert_eq!(second.get("now", t).unwrap(), b"1");
+        second.set("later", b"2").unwrap();
+        assert_eq!(waiter.join().unwrap().unwrap(), b"2");
+    });
+    drop(second);
+    server.shutdown();
+}
