@@ -38,10 +38,11 @@ pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'
     })
 }
 
-/// Borrows `len` items at `ptr`; NULL is accepted only when `len` is 0.
-pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+/// Checks an array argument of `len` items at `ptr` (input or output) for what Rust needs of
+/// it: non-NULL, aligned and of a representable size; anything goes when `len` is 0.
+fn check_array<T>(ptr: *const T, len: usize, name: &str) -> Result<()> {
     if len == 0 {
-        return Ok(&[]);
+        return Ok(());
     }
     check_not_null(ptr, name)?;
     if !ptr.is_aligned() {
@@ -53,6 +54,15 @@ pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<
         return Err(Error::invalid(format!(
             "argument `{name}`: length {len} is too large"
         )));
+    }
+    Ok(())
+}
+
+/// Borrows `len` items at `ptr`; NULL is accepted only when `len` is 0.
+pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+    check_array(ptr, len, name)?;
+    if len == 0 {
+        return Ok(&[]);
     }
     // SAFETY: non-NULL, aligned and of a representable size (checked above); the C contract says
     // `ptr` points to `len` initialised items that stay valid and unmodified during the call.
@@ -84,19 +94,7 @@ impl<T> OutSlice<T> {
 
 /// Checks an output array argument of `len` items.
 pub(crate) fn out_slice_arg<T>(ptr: *mut T, len: usize, name: &str) -> Result<OutSlice<T>> {
-    if len > 0 {
-        check_not_null(ptr, name)?;
-        if !ptr.is_aligned() {
-            return Err(Error::invalid(format!(
-                "argument `{name}` ({ptr:p}) is not aligned for its element type"
-            )));
-        }
-        if len.saturating_mul(std::mem::size_of::<T>()) > isize::MAX as usize {
-            return Err(Error::invalid(format!(
-                "argument `{name}`: length {len} is too large"
-            )));
-        }
-    }
+    check_array(ptr.cast_const(), len, name)?;
     Ok(OutSlice { ptr, len })
 }
 
