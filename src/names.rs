@@ -51,18 +51,6 @@ impl CacheNames {
         }
     }
 
-    pub fn job_id(&self) -> &str {
-        &self.job_id
-    }
-
-    pub fn scope(&self) -> &str {
-        &self.scope
-    }
-
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
     /// Shm name of the board of `rank` (`/nvfipc-<job>[-<scope>]-g<generation>-b<rank>`).
     pub fn board(&self, rank: usize) -> String {
         let job = job_tag(&self.job_id);

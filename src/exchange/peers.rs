@@ -19,10 +19,8 @@ use std::time::Duration;
 
 use crate::names::CacheNames;
 
-/// This rank's view of its peers' nodes.
+/// This rank's view of its peers' nodes (the cache's names and rank are the caller's).
 pub struct PeerNodes {
-    names: CacheNames,
-    rank: usize,
     /// Peers found mappable, with whether their pids can be checked from here.
     known: Mutex<HashMap<usize, bool>>,
 }
@@ -35,8 +33,6 @@ impl PeerNodes {
             .set(&key, NodeIdentity::local().encode().as_bytes())
             .map_err(|e| e.context(format!("rank {rank}: publishing its node identity ({key})")))?;
         Ok(PeerNodes {
-            names: names.clone(),
-            rank,
             known: Mutex::new(HashMap::new()),
         })
     }
@@ -49,14 +45,21 @@ impl PeerNodes {
     /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory; reads
     /// the identities of those not known yet in one `WAIT` + `MULTI_GET`, waiting at most
     /// `timeout` for the peers to publish them (they do when they create their caches).
-    pub fn check(&self, store: &dyn Store, peers: &[usize], timeout: Duration) -> Result<()> {
+    pub fn check(
+        &self,
+        store: &dyn Store,
+        names: &CacheNames,
+        rank: usize,
+        peers: &[usize],
+        timeout: Duration,
+    ) -> Result<()> {
         let mut unknown: Vec<usize> = peers.iter().copied().filter(|&p| !self.known(p)).collect();
         unknown.sort_unstable();
         unknown.dedup();
         if unknown.is_empty() {
             return Ok(());
         }
-        let keys: Vec<String> = unknown.iter().map(|&p| self.names.node_key(p)).collect();
+        let keys: Vec<String> = unknown.iter().map(|&p| names.node_key(p)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let values = store.multi_get(&refs, timeout).map_err(|e| {
             e.context(format!(
@@ -64,7 +67,7 @@ impl PeerNodes {
                  (keys {keys:?}); do they create a cache for this job and scope, and free and \
                  re-create it as often as this rank (a rank's n-th cache of a scope talks to its \
                  peers' n-th)?",
-                self.rank, self.names
+                rank, names
             ))
         })?;
         let me = NodeIdentity::local();
@@ -73,7 +76,7 @@ impl PeerNodes {
                 Error::protocol(format!(
                     "rank {}: store key {key} does not hold a node identity; all ranks must use \
                      the same nvfuser-ipc version",
-                    self.rank
+                    rank
                 ))
             })?;
             match me.reach(&node) {
@@ -84,7 +87,7 @@ impl PeerNodes {
                     return Err(Error::unsupported(format!(
                         "rank {}: peer rank {peer} (pid {}) {why}. Exchange handles only \
                          between ranks of one node",
-                        self.rank, node.pid
+                        rank, node.pid
                     )))
                 }
             }
@@ -93,7 +96,7 @@ impl PeerNodes {
     }
 
     /// Deletes this rank's identity key (at close).
-    pub fn unpublish(&self, store: &dyn Store) {
-        let _ = store.delete_key(&self.names.node_key(self.rank));
+    pub fn unpublish(&self, store: &dyn Store, names: &CacheNames, rank: usize) {
+        let _ = store.delete_key(&names.node_key(rank));
     }
 }

@@ -140,7 +140,13 @@ impl Call<'_> {
             bump(&self.cx.counters.peer_lookups, 1);
             self.cx
                 .peer_nodes
-                .check(&*self.cx.store, &unknown, deadline.remaining())
+                .check(
+                    &*self.cx.store,
+                    &self.cx.names,
+                    self.cx.rank,
+                    &unknown,
+                    deadline.remaining(),
+                )
                 .map_err(|e| RunError::classify(e, Vec::new()))?;
         }
         phases::mark(lap, Phase::Lookup);

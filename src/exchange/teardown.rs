@@ -51,7 +51,7 @@ impl Teardown<'_> {
     fn run(&self, table: &Mutex<ChannelTable>) -> Result<()> {
         let cx = self.cx;
         lock(&cx.collector).finish();
-        cx.peer_nodes.unpublish(&*cx.store);
+        cx.peer_nodes.unpublish(&*cx.store, &cx.names, cx.rank);
         // Release first, so that peers closing at the same time never wait on each other.
         let peers = self.release_everything(table);
         let linger = cx.settings.linger();
