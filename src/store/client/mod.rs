@@ -302,13 +302,7 @@ impl TcpStore {
         }
         crate::logging::init();
         let started = std::time::Instant::now();
-        let store = TcpStore {
-            host: host.to_owned(),
-            port,
-            connect_timeout: opts.connect_timeout,
-            timeout_ns: AtomicU64::new(duration_ns(opts.timeout)),
-            conn: Mutex::new(open(host, port, opts.connect_timeout, opts.timeout)?),
-        };
+        let store = TcpStore::open_client(host, port, opts.connect_timeout, opts.timeout)?;
         if opts.wait_for_workers.is_some() {
             store.call("ADD", &[], |c| {
                 c.request(|out| wire::encode_add(out, INIT_KEY, 1))?;
@@ -326,17 +320,22 @@ impl TcpStore {
     /// Another client of the same store with a connection of its own (connect, VALIDATE, PING;
     /// no `ADD "init/"`: it is not a new worker), with this one's timeouts.
     pub fn duplicate(&self) -> Result<TcpStore> {
+        TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout())
+    }
+
+    /// A client over a new connection (connect, VALIDATE, PING), announcing nothing.
+    fn open_client(
+        host: &str,
+        port: u16,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<TcpStore> {
         Ok(TcpStore {
-            host: self.host.clone(),
-            port: self.port,
-            connect_timeout: self.connect_timeout,
-            timeout_ns: AtomicU64::new(duration_ns(self.timeout())),
-            conn: Mutex::new(open(
-                &self.host,
-                self.port,
-                self.connect_timeout,
-                self.timeout(),
-            )?),
+            host: host.to_owned(),
+            port,
+            connect_timeout,
+            timeout_ns: AtomicU64::new(duration_ns(timeout)),
+            conn: Mutex::new(open(host, port, connect_timeout, timeout)?),
         })
     }
 
