@@ -193,6 +193,47 @@ fn check_once_exchanges_that_find_the_peer_not_ready_can_be_retried() {
 }
 
 #[test]
+fn buffers_carved_from_known_allocations_go_through_the_board_alone() {
+    assert_all_ok("pool", 2);
+}
+
+/// Rank 1 is killed (SIGKILL) while rank 0 is blocked waiting for its next step: rank 0's call
+/// fails with an error naming rank 1 and its exit, well within its timeout.
+#[test]
+fn a_peer_killed_while_the_waiter_blocks_is_named_before_the_timeout() {
+    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    let job = job_id("killed_wait");
+    let mut ranks = Ranks::spawn("killed_wait", 2, server.port(), &job);
+    let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
+        .expect("connect to the store");
+    store
+        .get(&format!("{job}/r0-waiting"), T)
+        .expect("rank 0 starts waiting");
+    // Long enough for rank 0 to pass its spins and block on rank 1's board.
+    std::thread::sleep(Duration::from_millis(300));
+    let victim = &mut ranks.children[1];
+    let victim_pid = victim.id();
+    victim.kill().expect("SIGKILL rank 1");
+    victim.wait().expect("reap rank 1");
+    let results = ranks.collect();
+    assert!(results[0].0, "rank 0 failed:\n{}", results[0].1);
+    drop(store);
+    server.shutdown();
+    let prefix = host::alloc::job_prefix(&job);
+    let (killed, others): (Vec<String>, Vec<String>) =
+        shm_entries(&job).into_iter().partition(|n| {
+            n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}g1-b1")
+        });
+    for name in &killed {
+        nvfuser_ipc::os::shm::unlink_name(&format!("/{name}"));
+    }
+    assert!(
+        others.is_empty(),
+        "rank 0 leaked /dev/shm entries: {others:?}"
+    );
+}
+
+#[test]
 fn peer_exit_is_reported_before_the_timeout() {
     assert_all_ok("peer_exit", 2);
 }
@@ -500,6 +541,8 @@ fn child() {
         "recreate" => recreate(r),
         "symmetric" => symmetric(r),
         "truncated" => truncated(r),
+        "pool" => pool(r),
+        "killed_wait" => killed_wait(r),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -1406,4 +1449,162 @@ fn truncated(r: Rank) {
     let stats = r.cache.close();
     assert_eq!(stats.opens, stats.closes, "{stats:?}");
     println!("rank {} survived", r.rank);
+}
+
+/// Where a pool step puts this rank's buffer: (segment, offset), 256-byte aligned, never the
+/// place of the step before in the same segment.
+fn pool_place(step: usize) -> (usize, u64) {
+    (step % 3, ((step * 7) % 16) as u64 * 256)
+}
+
+/// Fills `len` bytes at `offset` of `seg` with what `rank` writes at `step`.
+fn pool_fill(seg: &HostBuffer, offset: u64, len: usize, rank: usize, step: usize) -> Vec<u8> {
+    let bytes: Vec<u8> = (0..len)
+        .map(|i| (rank * 101 + step * 13 + i) as u8)
+        .collect();
+    seg.write(offset, &bytes).unwrap();
+    bytes
+}
+
+/// One pool call: this rank sends from and receives into fresh buffers at `(seg, offset)`,
+/// then reads what the peer wrote for this step through its mapping.
+fn pool_step(r: &Rank, tag: &str, segs: &[HostBuffer], seg: usize, offset: u64, step: usize) {
+    const LEN: usize = 256;
+    let peer = 1 - r.rank;
+    // Sends from the first half of the segment, receives into the second.
+    let half = segs[seg].len() / 2;
+    pool_fill(&segs[seg], offset, LEN, r.rank, step);
+    pool_fill(&segs[seg], half + offset, LEN, r.rank + 10, step);
+    let reqs = [
+        Request::send(
+            peer,
+            tag,
+            segs[seg].addr() + offset,
+            LEN as u64,
+            MemKind::Host,
+        ),
+        Request::recv(
+            peer,
+            tag,
+            segs[seg].addr() + half + offset,
+            LEN as u64,
+            MemKind::Host,
+        ),
+    ];
+    r.cache.exchange_handles(&reqs).unwrap();
+    // The send channel maps the peer's receive buffer, and the other way round.
+    let want_recv: Vec<u8> = (0..LEN)
+        .map(|i| ((peer + 10) * 101 + step * 13 + i) as u8)
+        .collect();
+    let want_send: Vec<u8> = (0..LEN)
+        .map(|i| (peer * 101 + step * 13 + i) as u8)
+        .collect();
+    let got_send = peer_bytes(&r.cache.get(&reqs[0]).unwrap(), LEN);
+    let got_recv = peer_bytes(&r.cache.get(&reqs[1]).unwrap(), LEN);
+    assert_eq!(
+        got_send, want_recv,
+        "rank {} step {step}: peer's receive buffer",
+        r.rank
+    );
+    assert_eq!(
+        got_recv, want_send,
+        "rank {} step {step}: peer's send buffer",
+        r.rank
+    );
+}
+
+/// The caching-allocator pattern: every call's buffers are new but carved from allocations the
+/// peer imported before, so after the first call per allocation no call makes a store round
+/// trip, and every call moves the right bytes. Then, with no replaced mapping kept, an
+/// allocation the peer released goes through the store again, still right.
+fn pool(r: Rank) {
+    let store = test_store();
+    // Both ranks past this point (on a store connection of the test's own).
+    let sync = |what: &str| {
+        set_stamp(&store, &format!("{}/pool-{what}-{}", r.job, r.rank));
+        stamp(&store, &format!("{}/pool-{what}-{}", r.job, 1 - r.rank));
+    };
+    let segs: Vec<HostBuffer> = (0..3).map(|_| filled(16 * 1024, 0)).collect();
+    for step in 0..3 {
+        pool_step(&r, "pool", &segs, step, 0, step);
+    }
+    // Every rank has imported every segment of its peer: nothing goes through the store now.
+    sync("warm");
+    let before = r.cache.stats();
+    for step in 3..30 {
+        let (seg, offset) = pool_place(step);
+        pool_step(&r, "pool", &segs, seg, offset, step);
+    }
+    let after = r.cache.stats();
+    assert_eq!(
+        after.store_round_trips, before.store_round_trips,
+        "rank {}: {before:?} -> {after:?}",
+        r.rank
+    );
+    assert!(
+        after.records_known >= before.records_known + 2 * 27,
+        "{after:?}"
+    );
+    assert_eq!(after.exchanges, before.exchanges + 27);
+
+    // No replaced mapping kept: a released allocation is no longer "known" to the peer.
+    r.cache.set_retained_per_peer(0);
+    let fresh: Vec<HostBuffer> = (0..2).map(|_| filled(16 * 1024, 0)).collect();
+    let trips = |r: &Rank| r.cache.stats().store_round_trips;
+    // The barriers let each importer finish its call (and its releases) before the next one.
+    let t0 = trips(&r);
+    pool_step(&r, "released", &fresh, 0, 0, 100);
+    sync("r0");
+    let t1 = trips(&r);
+    assert!(t1 > t0, "a new allocation goes through the store");
+    pool_step(&r, "released", &fresh, 0, 512, 101);
+    sync("r1");
+    let t2 = trips(&r);
+    assert_eq!(t2, t1, "the same allocation, still mapped: board only");
+    pool_step(&r, "released", &fresh, 1, 0, 102);
+    sync("r2");
+    // The importer released its mapping of fresh[0] (nothing kept).
+    let t3 = trips(&r);
+    pool_step(&r, "released", &fresh, 0, 1024, 103);
+    sync("r3");
+    let t4 = trips(&r);
+    assert!(
+        t4 > t3,
+        "rank {}: a released allocation goes through the store again",
+        r.rank
+    );
+    drop(store);
+    r.finish();
+}
+
+/// Rank 0 exchanges once, then waits for a step rank 1 never takes; the parent kills rank 1
+/// while rank 0 is blocked.
+fn killed_wait(r: Rank) {
+    let peer = 1 - r.rank;
+    let send = filled(256, r.rank as u8 + 1);
+    let recv = filled(256, 0);
+    let reqs = [
+        Request::send(peer, "kw", send.addr(), 256, MemKind::Host),
+        Request::recv(peer, "kw", recv.addr(), 256, MemKind::Host),
+    ];
+    r.cache.exchange_handles(&reqs).unwrap();
+    if r.rank == 1 {
+        // Killed by the parent within a second.
+        std::thread::sleep(T);
+        panic!("rank 1 was not killed");
+    }
+    let store = test_store();
+    set_stamp(&store, &format!("{}/r0-waiting", r.job));
+    let timeout = Duration::from_secs(20);
+    let start = Instant::now();
+    let err = r
+        .cache
+        .exchange_handles_timeout(&reqs, timeout)
+        .unwrap_err();
+    assert!(start.elapsed() < timeout, "{err}");
+    assert_ne!(err.status, Status::Timeout, "{err}");
+    assert!(err.message.contains("peer rank 1"), "{err}");
+    assert!(err.message.contains("exited"), "{err}");
+    let stats = r.cache.try_close().expect("rank 0's close");
+    assert_eq!(stats.opens, stats.closes, "{stats:?}");
 }

@@ -15,7 +15,7 @@ use super::stats::bump;
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::sync::lock;
-use crate::transport::LocalBuffer;
+use crate::transport::{LocalBuffer, Mapping, MemKind};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -149,21 +149,22 @@ impl<'a> Batch<'a> {
             let changed = !ch.holds(&local);
             ch.local = Some(local);
             let mut progress = ch.progress.take().expect("checked in pass 1");
-            let (publish, sent, staged) = match progress.resume.take() {
+            let (publish, sent, known_to_peer, staged) = match progress.resume.take() {
                 Some(r) => {
                     let Resume {
                         publish,
                         sent,
+                        known_to_peer,
                         staged,
                     } = *r;
-                    (publish, sent, staged)
+                    (publish, sent, known_to_peer, staged)
                 }
                 None => {
                     if changed {
                         progress.version += 1;
                     }
                     progress.step += 1;
-                    (progress.version != progress.published, false, None)
+                    (progress.version != progress.published, false, false, None)
                 }
             };
             items.push(Item {
@@ -176,6 +177,7 @@ impl<'a> Batch<'a> {
                 peer_at: Default::default(),
                 waiting: false,
                 sent,
+                known_to_peer,
                 staged,
             });
         }
@@ -226,6 +228,7 @@ impl<'a> Batch<'a> {
         };
         let mut hits = 0;
         let mut replaced = 0;
+        let mut released: Vec<(MemKind, Mapping)> = Vec::new();
         {
             let mut st = lock(self.table);
             // `imports` is empty when nothing was imported.
@@ -249,6 +252,7 @@ impl<'a> Batch<'a> {
                         for m in held.retained.retire(it.ch.kind, old.mapping, limit) {
                             cx.release_mapping(it.ch.kind, &m);
                             replaced += 1;
+                            released.push((it.ch.kind, m));
                         }
                     }
                 }
@@ -259,6 +263,9 @@ impl<'a> Batch<'a> {
                 if !it.publish && !fetched {
                     hits += 1;
                 }
+            }
+            if !released.is_empty() {
+                forget_released(cx, &st, &released);
             }
         }
         bump(&cx.counters.hits, hits);
@@ -337,6 +344,7 @@ impl<'a> Batch<'a> {
                 progress.resume = Some(Box::new(Resume {
                     publish: it.publish,
                     sent: it.sent,
+                    known_to_peer: it.known_to_peer,
                     staged: imports.next().flatten(),
                 }));
                 st.channels[it.channel].progress = Some(progress);
@@ -370,6 +378,29 @@ impl<'a> Batch<'a> {
             events::since(clock),
             err.message
         );
+    }
+}
+
+/// Takes the allocations whose last mapping here was just released off the board lists of the
+/// channels of their peer (see `held`): the peer sends records of them through the store again.
+fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mapping)]) {
+    let held = lock(&cx.holdings);
+    for (kind, m) in released {
+        let same = |o: &Mapping| o.peer == m.peer && o.buffer_id == m.buffer_id;
+        let still_mapped = held.retained.holds(*kind, m)
+            || st.channels.iter().any(|c| {
+                c.info.kind == *kind && c.peer_side.as_ref().is_some_and(|p| same(&p.mapping))
+            });
+        if still_mapped {
+            continue;
+        }
+        for c in st
+            .channels
+            .iter()
+            .filter(|c| c.info.peer == m.peer && c.info.kind == *kind)
+        {
+            cx.board.forget_known(c.info.entry, m.buffer_id);
+        }
     }
 }
 

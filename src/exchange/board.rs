@@ -3,13 +3,22 @@
 //! *version* at each step. Peers read it with plain atomic loads, so two ranks can agree on
 //! whether a channel needs a store exchange without any store traffic.
 //!
-//! Layout (magic `NVFIBRD3`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
-//! `closed`, the owner's pid namespace), then `capacity` entries of 128 bytes in an insert-only
-//! open-addressing table keyed by the channel's 128-bit fingerprint: `{state, fingerprint, step,
-//! version[2], opened, at[2]}`, where `at` is where the buffer of that version lies (allocation
-//! id, offset, bytes: see [`BufferAt`]). Only the owner writes. An entry is published by writing
-//! the fingerprint first and `state` last (Release); a step is published by writing
-//! `version[step % 2]` and `at[step % 2]` first and `step` last (Release).
+//! Layout (magic `NVFIBRD4`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
+//! `closed`, the owner's pid namespace, `sleepers`, `wake`), then `capacity` entries of 256 bytes
+//! in an insert-only open-addressing table keyed by the channel's 128-bit fingerprint: `{state,
+//! fingerprint, step, version[2], opened, at[2], known[8]}`, where `at` is where the buffer of
+//! that version lies (allocation id, offset, bytes, flags: see [`BufferAt`]) and `known` the
+//! peer's allocations whose records the owner holds for the channel (see `held`). Only the owner
+//! writes. An entry is published by writing the fingerprint first and `state` last (Release); a
+//! step is published by writing `version[step % 2]` and `at[step % 2]` first and `step` last
+//! (Release).
+//!
+//! Waking: a peer that finds nothing new after its spins blocks on the owner's `wake` word (a
+//! futex): it counts itself in `sleepers`, reads `wake`, checks again, and sleeps while `wake`
+//! is unchanged. Every publish (step, opened, closed) is followed by a sequentially consistent
+//! fence and a load of `sleepers`; only when someone sleeps does the owner bump `wake` and make
+//! the `FUTEX_WAKE` call, so a publish nobody waits for costs no syscall. The fences on both
+//! sides make sure that either the sleeper sees the publish or the owner sees the sleeper.
 //!
 //! Why two version slots suffice: a rank at step `s` waits until its peer's step is `>= s`, so
 //! while one rank reads step `s` its peer is at step `s` or `s + 1` and never overwrites the slot
@@ -28,11 +37,19 @@ use crate::os::sigbus::{self, Guard};
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
-/// Version 2 added `closed` to the header, version 3 where each version's buffer lies.
-const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD3");
+/// Version 2 added `closed` to the header, version 3 where each version's buffer lies, version 4
+/// the wake word, the step flags and the allocations each entry's owner holds records of.
+const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD4");
 const HEADER: u64 = 64;
-const ENTRY: u64 = 128;
+const ENTRY: u64 = 256;
+/// Peer allocations one entry can say its owner holds records of (the pool pattern cycles
+/// through a few segments per peer; as many as a cache keeps mapped by default).
+pub const KNOWN_PER_CHANNEL: usize = 8;
+/// `at[i][3]` flag: the exporter sent no record of this version; the importer builds it from
+/// the allocation's record it holds for the channel (its `known` list said so).
+const AT_KNOWN_TO_PEER: u64 = 1;
 /// Channels one rank can publish (per cache).
 pub const CAPACITY: u32 = 4096;
 const BOARD_BYTES: u64 = HEADER + ENTRY * CAPACITY as u64;
@@ -121,6 +138,10 @@ struct Header {
     _reserved: u32,
     /// Inode of the owner's pid namespace: its pid is checked only from the same namespace.
     owner_pid_ns: AtomicU64,
+    /// Peers blocked (or about to block) on `wake`.
+    sleepers: AtomicU32,
+    /// Bumped, and futex-woken, by a publish while `sleepers` is not zero.
+    wake: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER as usize);
@@ -136,8 +157,10 @@ struct Entry {
     version: [AtomicU64; 2],
     /// The peer's buffer version that the owner has opened on this channel.
     opened: AtomicU64,
-    /// Where the buffer of `version[i]` lies: allocation id, offset, bytes.
-    at: [[AtomicU64; 3]; 2],
+    /// Where the buffer of `version[i]` lies: allocation id, offset, bytes, flags.
+    at: [[AtomicU64; 4]; 2],
+    /// Allocation ids of the peer whose records the owner holds for this channel (0: none).
+    known: [AtomicU64; KNOWN_PER_CHANNEL],
 }
 
 /// Where a channel's buffer lies in its exporter's allocation, as the board carries it: enough
@@ -149,6 +172,9 @@ pub struct BufferAt {
     pub alloc_id: u64,
     pub offset: u64,
     pub bytes: u64,
+    /// The exporter sent no record to the store: the importer holds the allocation's record
+    /// for this channel (it said so on its board).
+    pub known_to_peer: bool,
 }
 
 /// Shared view of a mapped board (own or peer's).
@@ -190,7 +216,9 @@ impl Table {
         debug_assert!(self.seg.len() >= BOARD_BYTES);
         if probe {
             std::hint::black_box(self.header().magic.load(Ordering::Relaxed));
-            std::hint::black_box(self.entry(CAPACITY - 1).at[1][2].load(Ordering::Relaxed));
+            std::hint::black_box(
+                self.entry(CAPACITY - 1).known[KNOWN_PER_CHANNEL - 1].load(Ordering::Relaxed),
+            );
         }
         self.guard.truncated()
     }
@@ -388,12 +416,19 @@ impl OwnBoard {
     pub fn publish(&self, entry: u32, step: u64, version: u64, at: BufferAt) {
         let e = self.table.entry(entry);
         let slot = (step & 1) as usize;
-        let [alloc_id, offset, bytes] = &e.at[slot];
+        let [alloc_id, offset, bytes, flags] = &e.at[slot];
         alloc_id.store(at.alloc_id, Ordering::Relaxed);
         offset.store(at.offset, Ordering::Relaxed);
         bytes.store(at.bytes, Ordering::Relaxed);
+        let f = if at.known_to_peer {
+            AT_KNOWN_TO_PEER
+        } else {
+            0
+        };
+        flags.store(f, Ordering::Relaxed);
         e.version[slot].store(version, Ordering::Release);
         e.step.store(step, Ordering::Release);
+        self.wake_sleepers();
     }
 
     /// Publishes that this rank has opened the peer's buffer `version` on the channel at `entry`.
@@ -402,6 +437,49 @@ impl OwnBoard {
             .entry(entry)
             .opened
             .store(version, Ordering::Release);
+        self.wake_sleepers();
+    }
+
+    /// Wakes the peers blocked on this board, if any (see module docs): one fence and one load
+    /// when none is.
+    fn wake_sleepers(&self) {
+        fence(Ordering::SeqCst);
+        let h = self.table.header();
+        if h.sleepers.load(Ordering::Relaxed) != 0 {
+            h.wake.fetch_add(1, Ordering::SeqCst);
+            crate::os::futex::wake_all(&h.wake);
+        }
+    }
+
+    /// Says which of the peer's allocations this rank holds records of for the channel at
+    /// `entry` (at most [`KNOWN_PER_CHANNEL`]; the rest of the list is cleared).
+    pub fn set_known(&self, entry: u32, alloc_ids: &[u64]) {
+        let e = self.table.entry(entry);
+        for (i, word) in e.known.iter().enumerate() {
+            word.store(alloc_ids.get(i).copied().unwrap_or(0), Ordering::Release);
+        }
+    }
+
+    /// Takes `alloc_id` off the list of the channel at `entry` (its mapping was released): the
+    /// peer sends records of it through the store again.
+    pub fn forget_known(&self, entry: u32, alloc_id: u64) {
+        if alloc_id == 0 {
+            return;
+        }
+        for word in &self.table.entry(entry).known {
+            let _ = word.compare_exchange(alloc_id, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+
+    /// The allocations listed for the channel at `entry` (see [`set_known`](Self::set_known)).
+    pub fn known(&self, entry: u32) -> Vec<u64> {
+        self.table
+            .entry(entry)
+            .known
+            .iter()
+            .map(|w| w.load(Ordering::Acquire))
+            .filter(|&id| id != 0)
+            .collect()
     }
 
     /// Reads back this rank's step of `entry` (tests and diagnostics).
@@ -415,6 +493,7 @@ impl OwnBoard {
         self.table.header().closed.store(1, Ordering::SeqCst);
         // Orders the store before the loads of the peers' boards that follow (see module docs).
         fence(Ordering::SeqCst);
+        self.wake_sleepers();
     }
 
     /// Whether [`mark_closed`](Self::mark_closed) was called.
@@ -493,15 +572,43 @@ impl PeerBoard {
         let peer_step = e.step.load(Ordering::Acquire);
         (peer_step >= step).then(|| {
             let slot = (step & 1) as usize;
-            let [alloc_id, offset, bytes] = &e.at[slot];
+            let [alloc_id, offset, bytes, flags] = &e.at[slot];
             let version = e.version[slot].load(Ordering::Acquire);
             let at = BufferAt {
                 alloc_id: alloc_id.load(Ordering::Relaxed),
                 offset: offset.load(Ordering::Relaxed),
                 bytes: bytes.load(Ordering::Relaxed),
+                known_to_peer: flags.load(Ordering::Relaxed) & AT_KNOWN_TO_PEER != 0,
             };
             (version, at)
         })
+    }
+
+    /// Whether the owner says it holds the record of this rank's allocation `alloc_id` for the
+    /// channel at `entry` (then a buffer in it needs no record in the store).
+    pub fn knows(&self, entry: u32, alloc_id: u64) -> bool {
+        alloc_id != 0
+            && self
+                .table
+                .entry(entry)
+                .known
+                .iter()
+                .any(|w| w.load(Ordering::Acquire) == alloc_id)
+    }
+
+    /// Blocks, at most `max`, until the owner publishes something, unless `still_waiting`
+    /// (called once this rank counts as a sleeper) says the wait is over already. Returns at
+    /// any publish of the owner (or spuriously): the caller checks again.
+    pub fn block(&self, max: Duration, still_waiting: impl FnOnce() -> bool) {
+        let h = self.table.header();
+        h.sleepers.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the owner's fence after a publish (see module docs).
+        fence(Ordering::SeqCst);
+        let seen = h.wake.load(Ordering::SeqCst);
+        if still_waiting() {
+            crate::os::futex::wait(&h.wake, seen, max);
+        }
+        h.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// The version of this rank's buffer that the peer has opened on the channel at `entry`.
@@ -563,6 +670,7 @@ mod tests {
             alloc_id: 7,
             offset,
             bytes: 64,
+            known_to_peer: offset > 0,
         };
         own.publish(e, 1, 10, at(0));
         assert_eq!(peer.read(e, 1), Some((10, at(0))));
@@ -576,6 +684,60 @@ mod tests {
         assert_eq!(peer.opened(e), 0);
         own.publish_opened(e, 4);
         assert_eq!(peer.opened(e), 4);
+    }
+
+    #[test]
+    fn a_peer_blocked_on_the_board_wakes_at_the_owners_publish() {
+        let n = name("w");
+        let own = OwnBoard::create(&n, 1).unwrap();
+        let e = own.insert(fingerprint("1/0/w/0")).unwrap();
+        // No sleeper: a publish makes no wake.
+        own.publish(e, 1, 1, BufferAt::default());
+        assert_eq!(own.table.header().wake.load(Ordering::Relaxed), 0);
+        let waiter = {
+            let n = n.clone();
+            std::thread::spawn(move || {
+                let peer = PeerBoard::try_open(&n, 1).unwrap().unwrap();
+                let start = std::time::Instant::now();
+                let mut blocks = 0;
+                while peer.read(e, 2).is_none() {
+                    blocks += 1;
+                    peer.block(Duration::from_secs(60), || peer.read(e, 2).is_none());
+                }
+                (start.elapsed(), blocks)
+            })
+        };
+        // Publish once the waiter sleeps.
+        while own.table.header().sleepers.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        own.publish(e, 2, 2, BufferAt::default());
+        let (took, blocks) = waiter.join().unwrap();
+        assert!(
+            took < Duration::from_secs(30),
+            "woken, not timed out: {took:?}"
+        );
+        assert!(blocks >= 1);
+        assert!(own.table.header().wake.load(Ordering::Relaxed) >= 1);
+        assert_eq!(own.table.header().sleepers.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn known_lists_say_which_peer_allocations_the_owner_holds() {
+        let n = name("k");
+        let own = OwnBoard::create(&n, 0).unwrap();
+        let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+        let e = own.insert(fingerprint("0/1/k/0")).unwrap();
+        assert!(!peer.knows(e, 5) && !peer.knows(e, 0));
+        own.set_known(e, &[5, 6]);
+        assert!(peer.knows(e, 5) && peer.knows(e, 6));
+        assert_eq!(own.known(e), vec![5, 6]);
+        own.forget_known(e, 5);
+        assert!(!peer.knows(e, 5) && peer.knows(e, 6));
+        own.set_known(e, &[7]);
+        assert_eq!(own.known(e), vec![7]);
+        assert!(!peer.knows(e, 6));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! the batch exchanging the channel takes out and puts back.
 
 use super::board::PeerBoard;
+use super::held::HeldRecords;
 use super::request::ChannelKey;
 use crate::error::Error;
 use crate::transport::epoch::TransferEpochs;
@@ -81,6 +82,8 @@ pub(super) struct Imported {
 pub(super) struct Resume {
     pub publish: bool,
     pub sent: bool,
+    /// Its step went through the board alone (no record in the store).
+    pub known_to_peer: bool,
     pub staged: Option<Imported>,
 }
 
@@ -98,6 +101,8 @@ pub(super) struct Progress {
     /// The record of the peer's buffer mapped in the channel's `peer_side` (its semaphore fields
     /// hold for every version of the channel).
     pub peer_record: Option<Box<Record>>,
+    /// Records of the peer's allocations held for the channel, listed on the board (see `held`).
+    pub held: HeldRecords,
     pub link: PeerLink,
     /// Set when a call timed out waiting for the peer: the step it left unfinished.
     pub resume: Option<Box<Resume>>,

@@ -53,32 +53,44 @@ impl KnownAllocations {
         version: u64,
         channel: &Record,
     ) -> Option<Record> {
-        let known = self.records.get(&key)?;
-        let fits = bytes > 0
-            && offset
-                .checked_add(bytes)
-                .is_some_and(|e| e <= known.alloc_bytes);
-        if !fits || channel.pid != known.pid || channel.rank != known.rank {
-            return None;
-        }
-        Some(Record {
-            offset,
-            bytes,
-            version,
-            sem_type: channel.sem_type,
-            sem_slot: channel.sem_slot,
-            sem_payload: channel.sem_payload,
-            ..known.clone()
-        })
+        record_at(self.records.get(&key)?, offset, bytes, version, channel)
     }
 }
 
+/// The record of version `version` of a buffer at `[offset, offset + bytes)` of the allocation
+/// that `known` describes, with the semaphore of the channel's own last record `channel`. `None`
+/// when the place does not fit in the allocation or `channel` is of another process or rank.
+pub(super) fn record_at(
+    known: &Record,
+    offset: u64,
+    bytes: u64,
+    version: u64,
+    channel: &Record,
+) -> Option<Record> {
+    let fits = bytes > 0
+        && offset
+            .checked_add(bytes)
+            .is_some_and(|e| e <= known.alloc_bytes);
+    if !fits || channel.pid != known.pid || channel.rank != known.rank {
+        return None;
+    }
+    Some(Record {
+        offset,
+        bytes,
+        version,
+        sem_type: channel.sem_type,
+        sem_slot: channel.sem_slot,
+        sem_payload: channel.sem_payload,
+        ..known.clone()
+    })
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::transport::record::{local_host, HandleType};
 
-    fn rec(buffer_id: u64, slot: u32) -> Record {
+    pub(in crate::exchange) fn rec(buffer_id: u64, slot: u32) -> Record {
         Record {
             handle_type: HandleType::PosixFd,
             flags: 0,

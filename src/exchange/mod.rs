@@ -11,6 +11,8 @@
 //! - `protocol`: the exchange protocol a batch runs over the context, with its one wait routine
 //!   (`deadline`: the call's timeout and when it runs out);
 //! - `teardown`: closing a cache without freeing what a peer may still map;
+//! - `known` and `held`: records of peer allocations kept, so that a buffer carved from one
+//!   needs no store fetch (`known`) or no store at all (`held`, listed on the board);
 //! - [`retain`]: replaced peer mappings a cache keeps mapped for buffers carved again from them;
 //! - [`stats`]: the cache's counters, and [`phases`]: where a call's time goes, when asked for;
 //! - [`symmetric`]: symmetric memory (every member of a group maps every other's buffer) as one
@@ -24,6 +26,7 @@ mod collector;
 mod context;
 mod deadline;
 mod events;
+mod held;
 mod known;
 pub mod peers;
 pub mod phases;

@@ -8,11 +8,15 @@
 //! 1. resolves every request to its allocation and bumps step (and version, on change);
 //! 2. when its version changed since it last published, sends its new records with one
 //!    `multi_set` (fire-and-forget; the key contains the version, so it can never overwrite an
-//!    unread one), then publishes `(step, version)` on its node-local [board](super::board);
+//!    unread one), then publishes `(step, version)` on its node-local [board](super::board); a
+//!    new buffer carved from an allocation whose record the peer holds for the channel (its
+//!    board says so, see [`held`](super::held)) sends no record: the board's step carries where
+//!    the buffer lies, and that it went without the store;
 //! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
 //!    version for that step: both ranks now agree on what changed, without a barrier;
 //! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
-//!    it has opened, imports them, publishes the versions it opened on the board, and waits until
+//!    it has opened (a step that went without the store: from the allocation's held record),
+//!    imports them, publishes the versions it opened on the board, and waits until
 //!    the peer has opened every buffer this rank published (so when the call returns both sides
 //!    hold each other's current buffers; then the replaced mappings are released: a release
 //!    never waits for device work, the device transport closes them on its releaser thread once
@@ -23,7 +27,9 @@
 //! A hit on both sides costs a few shared-memory loads and no store operation, and neither
 //! allocates nor makes a syscall (per-call buffers are reused per thread; channels are found by
 //! their board fingerprint; the clock is read only when a peer is not there yet). A miss costs at
-//! most one `multi_set` and one `multi_get`. A call that times out because a peer is not there
+//! most one `multi_set` and one `multi_get`, and none when the buffers lie in allocations the peers
+//! hold records of. A wait spins, then blocks on the peer's board until the peer publishes (see
+//! `os::wait::blocking_pace` for how long it spins). A call that times out because a peer is not there
 //! yet (it has not reached the same step, or has not opened this rank's new buffer) leaves its
 //! channels suspended in that step, so a zero timeout checks once: calling again with the same
 //! batch (same buffers) resumes the step where it stopped, and the peer never notices. Any other
@@ -39,7 +45,7 @@ use super::phases::{self, Lap, Phase};
 use super::stats::bump;
 use crate::error::{Error, Result, Status};
 use crate::logging;
-use crate::os::wait::wait_until;
+use crate::os::wait::{blocking_pace, wait_blocking};
 use crate::sync::lock;
 use crate::transport::record::{self, flags, local_host, Record};
 use crate::transport::{slot_address, ExportedHandle, LocalBuffer, MemKind};
@@ -65,6 +71,8 @@ pub(super) struct Item {
     pub waiting: bool,
     /// Resuming a suspended step: its records are already in the store.
     pub sent: bool,
+    /// This step sends no record: the peer holds the record of the buffer's allocation.
+    pub known_to_peer: bool,
     /// Resuming a suspended step: the peer's buffer, already opened then.
     pub staged: Option<Imported>,
 }
@@ -87,10 +95,14 @@ impl RunError {
 }
 
 /// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
-/// syscall): past the spin phase of `wait_until`, so a peer a few microseconds late costs none.
+/// syscall), so a peer a few microseconds late costs none; once the wait blocks, every check
+/// after a block makes one (a block lasts until the peer publishes, or `BLOCK_SLICE`).
 const FIRST_LIVENESS_POLL: u32 = 2048;
-/// Polls between two liveness checks after that (about 100 ms once sleeping).
+/// Polls between two liveness checks while spinning past that.
 const LIVENESS_EVERY: u32 = 256;
+
+/// How long a wait sleeps between two looks for a peer board that does not exist yet.
+const NO_BOARD_SLEEP: Duration = Duration::from_millis(1);
 
 fn liveness_check_due(polls: u32) -> bool {
     polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
@@ -163,6 +175,7 @@ impl Call<'_> {
                 alloc_id: it.local.buffer_id,
                 offset: it.local.offset(),
                 bytes: it.local.bytes,
+                known_to_peer: it.publish && it.known_to_peer,
             };
             self.cx
                 .board
@@ -198,8 +211,12 @@ impl Call<'_> {
             self.cx.release_imports(imports);
             return Err(RunError::Fatal(e));
         }
-        for (it, imp) in items.iter().zip(&imports) {
-            if imp.is_some() {
+        for (it, imp) in items.iter_mut().zip(&imports) {
+            if let Some(imp) = imp {
+                // The list changes before `opened` says the step is done (see `held`).
+                let listed = self.cx.board.known(it.ch.entry);
+                let ids = it.progress.held.imported(&listed, &imp.record);
+                self.cx.board.set_known(it.ch.entry, &ids);
                 self.cx.board.publish_opened(it.ch.entry, it.peer_version);
             }
         }
@@ -215,9 +232,17 @@ impl Call<'_> {
         Ok(imports)
     }
 
-    fn send_records(&self, items: &[Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
+    fn send_records(&self, items: &mut [Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
-        for it in items.iter().filter(|it| it.publish && !it.sent) {
+        for it in items.iter_mut().filter(|it| it.publish && !it.sent) {
+            // Read before this step is published, so exact (see `held`).
+            it.known_to_peer = match (&it.progress.link.board, it.progress.link.entry) {
+                (Some(b), Some(e)) => b.knows(e, it.local.buffer_id),
+                _ => false,
+            };
+            if it.known_to_peer {
+                continue;
+            }
             let rec = self.make_record(it).map_err(|e| {
                 e.context(format!(
                     "rank {}: exporting the buffer of {}",
@@ -375,11 +400,11 @@ impl Call<'_> {
         let mut polls: u32 = 0;
         let mut stuck = events::StuckReport::new();
         let timeout = deadline.timeout();
-        let mut poll = || {
+        let mut poll = |after_block: bool, items: &mut [Item]| {
             polls = polls.wrapping_add(1);
             // Checked before the entries: what a peer published before it closed or exited is
             // visible once its `closed` flag or its death is, and then it is no failure.
-            let due = liveness_check_due(polls);
+            let due = after_block || liveness_check_due(polls);
             let gone = if due {
                 stuck.check(
                     self.cx.rank,
@@ -420,9 +445,32 @@ impl Call<'_> {
             (left == 0 || error.is_some()).then_some(())
         };
         // Peers usually are there already: then the clock is never read.
-        let done = match poll() {
+        let done = match poll(false, items) {
             Some(()) => Some(()),
-            None => wait_until(deadline.remaining(), &mut poll),
+            None => {
+                let pace = blocking_pace(lock(&self.cx.peer_boards).len() + 1);
+                wait_blocking(pace, deadline.remaining(), |block| {
+                    let Some(max) = block else {
+                        return poll(false, items);
+                    };
+                    // Blocks on the board of the first peer still awaited, until it publishes;
+                    // the others are checked when it wakes this rank.
+                    let board = items
+                        .iter()
+                        .find(|it| it.waiting)
+                        .and_then(|it| it.progress.link.board.clone());
+                    let mut done = None;
+                    match board {
+                        Some(b) => b.block(max, || {
+                            done = poll(false, items);
+                            done.is_none()
+                        }),
+                        // Its board is not there yet: nothing to block on.
+                        None => std::thread::sleep(max.min(NO_BOARD_SLEEP)),
+                    }
+                    done.or_else(|| poll(true, items))
+                })
+            }
         };
         if let Some(e) = error {
             return Err(e);
@@ -747,6 +795,16 @@ impl Call<'_> {
                 .map(|&i| {
                     let it = &items[i];
                     let channel = it.progress.peer_record.as_deref()?;
+                    if it.peer_at.known_to_peer {
+                        let at = it.peer_at;
+                        return it.progress.held.record_for(
+                            at.alloc_id,
+                            at.offset,
+                            at.bytes,
+                            it.peer_version,
+                            channel,
+                        );
+                    }
                     let pid = it.progress.link.board.as_ref()?.owner_pid();
                     let at = it.peer_at;
                     held.known.record_for(
@@ -761,22 +819,47 @@ impl Call<'_> {
         };
         let mut rest = Vec::new();
         let mut keys = Vec::new();
+        let mut board_only = 0;
         for (&i, rec) in wanted.iter().zip(records) {
+            let it = &items[i];
+            let key = self.peer_record_key(it);
             let Some(rec) = rec else {
+                if it.peer_at.known_to_peer {
+                    return Err(self.not_held(it, &key));
+                }
                 rest.push(i);
                 continue;
             };
-            let it = &items[i];
-            let key = self.peer_record_key(it);
             self.refuse_closed_peer(it, &key)?;
             imports[i] = Some(self.import_record(it, rec, &key, deadline.remaining())?);
-            keys.push(key);
+            if it.peer_at.known_to_peer {
+                // Never written to the store: nothing to delete.
+                board_only += 1;
+            } else {
+                keys.push(key);
+            }
         }
+        bump(&self.cx.counters.records_known, board_only);
         if !keys.is_empty() {
             bump(&self.cx.counters.records_known, keys.len() as u64);
             lock(&self.cx.collector).delete_when_written(keys);
         }
         Ok(rest)
+    }
+
+    /// The error of a step the peer sent through the board alone, for an allocation whose record
+    /// this rank does not hold for the channel: the two sides disagree on what it holds.
+    fn not_held(&self, it: &Item, key: &str) -> Error {
+        Error::protocol(format!(
+            "rank {}: peer rank {} published version {} of its buffer on {} (allocation {},              offset {}, {} bytes) without a record, as one this rank holds, but this rank holds              no record of that allocation for the channel (no key {key:?} in the store either);              all ranks must use the same nvfuser-ipc version: create new caches on both ranks",
+            self.cx.rank,
+            it.ch.peer,
+            it.peer_version,
+            it.ch.key,
+            it.peer_at.alloc_id,
+            it.peer_at.offset,
+            it.peer_at.bytes,
+        ))
     }
 
     fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {

@@ -48,6 +48,13 @@ impl Retained {
         list.drain(..excess).collect()
     }
 
+    /// Whether a mapping of `m`'s allocation is kept.
+    pub fn holds(&self, kind: MemKind, m: &Mapping) -> bool {
+        self.kept
+            .get(&(m.peer, kind))
+            .is_some_and(|list| list.iter().any(|k| same_allocation(k, m)))
+    }
+
     /// Everything kept, to release (the cache's teardown).
     pub fn drain(&mut self) -> Vec<(MemKind, Mapping)> {
         self.kept
@@ -90,6 +97,9 @@ mod tests {
         assert_eq!(r.len(), 2);
         // A third allocation evicts the least recently replaced one (2: 1 was refreshed).
         assert_eq!(r.retire(MemKind::Device, m(1, 3, 0), 2), vec![m(1, 2, 0)]);
+        assert!(r.holds(MemKind::Device, &m(1, 1, 128)));
+        assert!(!r.holds(MemKind::Device, &m(1, 2, 0)));
+        assert!(!r.holds(MemKind::Host, &m(1, 3, 0)));
         // Peers and kinds have bounds of their own.
         assert!(r.retire(MemKind::Device, m(2, 1, 0), 2).is_empty());
         assert!(r.retire(MemKind::Host, m(1, 1, 0), 2).is_empty());

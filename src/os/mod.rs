@@ -8,7 +8,9 @@
 //!   `SO_PEERCRED`), for the fd transport;
 //! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
 //! - [`sigbus`]: a SIGBUS guard for shared mappings another process may truncate (boards);
-//! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep);
+//! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep or block);
+//! - [`futex`]: blocking on a word of a shared mapping until its writer wakes the waiters;
+//! - [`cpu`]: usable cores and runnable threads, which decide how long a wait spins;
 //! - [`process`]: the host name, whether a pid is alive, the boot clock and when this process
 //!   started;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
@@ -18,7 +20,9 @@
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
 
 pub mod cleanup;
+pub mod cpu;
 pub mod fd_passing;
+pub mod futex;
 pub mod launcher;
 pub mod listen;
 pub mod logfile;

@@ -2,6 +2,12 @@
 //! few hundred nanoseconds behind), then yield, then sleep with a growing interval capped at
 //! [`MAX_SLEEP`], always bounded by a deadline. No wake-up call is needed from the writer. Slower
 //! waits (a peer closing) use the same routine at the [`SLEEPING`] pace.
+//!
+//! Where the writer wakes its waiters (the exchange's boards, see `os::futex`), [`wait_blocking`]
+//! blocks after the spins instead of sleeping, and [`blocking_pace`] chooses how long it spins:
+//! long while every runnable thread has a core (a wake-up costs far more than a peer a few
+//! microseconds late), hardly at all when the node is oversubscribed (a spinning waiter then
+//! takes the core its peer needs to get there).
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +39,82 @@ pub const SLEEPING: Pace = Pace {
     first_sleep: Duration::from_micros(50),
     max_sleep: Duration::from_millis(5),
 };
+
+/// How a blocking wait polls: `spins`, then `yields`, then blocks at most `slice` at a time
+/// (between two slices the caller's check runs again, e.g. whether the peer still lives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockingPace {
+    pub spins: u32,
+    pub yields: u32,
+    pub slice: Duration,
+}
+
+/// Longest block of a [`wait_blocking`] between two checks, when no wake comes: bounds how late
+/// a peer that died without waking anyone is noticed.
+pub const BLOCK_SLICE: Duration = Duration::from_millis(20);
+
+/// Every waiter has a core: spin for a peer tens of microseconds late, yield a little, block.
+pub const SPIN_THEN_BLOCK: BlockingPace = BlockingPace {
+    spins: 20_000,
+    yields: 100,
+    slice: BLOCK_SLICE,
+};
+
+/// More runnable threads than cores: give the core away almost at once.
+pub const BLOCK_SOON: BlockingPace = BlockingPace {
+    spins: 50,
+    yields: 2,
+    slice: BLOCK_SLICE,
+};
+
+/// The pace of a wait on a peer where `local_ranks` ranks share the node (see
+/// `os::cpu::oversubscribed`, which also counts the other runnable threads of the node).
+pub fn blocking_pace(local_ranks: usize) -> BlockingPace {
+    if crate::os::cpu::oversubscribed(local_ranks) {
+        BLOCK_SOON
+    } else {
+        SPIN_THEN_BLOCK
+    }
+}
+
+/// Calls `attempt(None)` (check now) until it returns `Some` or `timeout` has passed (then
+/// `None`), spinning then yielding as `pace` says; after that calls `attempt(Some(slice))`,
+/// which may block up to `slice` (until its writer wakes it) before it checks. With a zero
+/// timeout `attempt(None)` is called exactly once.
+pub fn wait_blocking<T>(
+    pace: BlockingPace,
+    timeout: Duration,
+    mut attempt: impl FnMut(Option<Duration>) -> Option<T>,
+) -> Option<T> {
+    if let Some(v) = attempt(None) {
+        return Some(v);
+    }
+    if timeout.is_zero() {
+        return None;
+    }
+    for _ in 0..pace.spins {
+        std::hint::spin_loop();
+        if let Some(v) = attempt(None) {
+            return Some(v);
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    for _ in 0..pace.yields {
+        std::thread::yield_now();
+        if let Some(v) = attempt(None) {
+            return Some(v);
+        }
+    }
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return attempt(None);
+        }
+        if let Some(v) = attempt(Some(pace.slice.min(deadline - now))) {
+            return Some(v);
+        }
+    }
+}
 
 /// Calls `ready` until it returns `Some` or `timeout` has passed (then `None`), at the
 /// [`SHARED_MEMORY`] pace. With a zero timeout `ready` is checked exactly once.
@@ -113,6 +195,51 @@ mod tests {
         let took = start.elapsed();
         assert!(took >= Duration::from_millis(30), "{took:?}");
         assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn a_blocking_wait_blocks_after_its_spins_and_ends_at_its_timeout() {
+        let pace = BlockingPace {
+            spins: 10,
+            yields: 1,
+            slice: Duration::from_millis(5),
+        };
+        let (mut checks, mut blocks) = (0, 0);
+        let start = Instant::now();
+        let got = wait_blocking(pace, Duration::from_millis(30), |block| {
+            match block {
+                Some(d) => {
+                    assert!(d <= pace.slice);
+                    blocks += 1;
+                    std::thread::sleep(d);
+                }
+                None => checks += 1,
+            }
+            None::<()>
+        });
+        assert_eq!(got, None);
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        assert!(
+            checks >= 12,
+            "first check, spins, yields and the last check: {checks}"
+        );
+        assert!(blocks >= 2, "{blocks}");
+        let mut calls = 0;
+        assert_eq!(
+            wait_blocking(pace, Duration::ZERO, |_| {
+                calls += 1;
+                None::<()>
+            }),
+            None
+        );
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn the_pace_spins_less_when_ranks_outnumber_cores() {
+        let cores = crate::os::cpu::usable_cores();
+        assert_eq!(blocking_pace(cores + 1), BLOCK_SOON);
+        assert!(BLOCK_SOON.spins < SPIN_THEN_BLOCK.spins);
     }
 
     #[test]
