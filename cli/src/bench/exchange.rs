@@ -268,8 +268,7 @@ pub fn run(
         // The pool scenario also says where its time goes, phase by phase (mean per call and
         // rank), and how many store round trips its timed calls made.
         cache.set_phase_timing(scenario == Scenario::Pool);
-        let trips = cache.stats().store_round_trips;
-        let (samples, opens) = ours(ctx, &cache, args, kind, scenario)?;
+        let (samples, opens, trips) = ours(ctx, &cache, args, kind, scenario)?;
         let name = format!("ours.{}", scenario.name());
         out.extend(gather_samples(ctx, &name, &samples)?);
         if scenario == Scenario::Pool && kind == MemKind::Device {
@@ -285,7 +284,6 @@ pub fn run(
                     &[mean],
                 )?);
             }
-            let trips = cache.stats().store_round_trips - trips;
             out.extend(gather_samples(
                 ctx,
                 &format!("{name}.store_round_trips"),
@@ -327,18 +325,20 @@ fn ours(
     args: &RankArgs,
     kind: MemKind,
     scenario: Scenario,
-) -> Result<(Vec<u64>, u64)> {
+) -> Result<(Vec<u64>, u64, u64)> {
     let tag = format!("bench-{}", scenario.name());
     let mut buffers = Buffers::new(scenario, kind, &ctx.job_id, args.bytes)?;
     let mut samples = Vec::with_capacity(args.steps);
     let untimed = scenario.untimed();
     let mut opens = 0;
+    let mut trips = 0;
     ctx.barrier(None, None)?;
     for step in 0..untimed + args.steps {
         buffers.step(step, scenario.swaps(ctx.rank, step))?;
         let requests = buffers.requests(ctx.rank, ctx.world_size, &tag);
         if step == untimed {
             opens = driver_opens(kind);
+            trips = cache.stats().store_round_trips;
         }
         let start = Instant::now();
         cache.exchange_handles(&requests)?;
@@ -347,9 +347,10 @@ fn ours(
         }
     }
     let opens = driver_opens(kind) - opens;
+    let trips = cache.stats().store_round_trips - trips;
     // Nobody frees a buffer a peer may still map from its last call.
     ctx.barrier(None, None)?;
-    Ok((samples, opens))
+    Ok((samples, opens, trips))
 }
 
 /// One scenario through the seed protocol: the timed samples and the driver opens they made.
