@@ -40,9 +40,25 @@ impl HeldRecords {
     /// still lists (`listed`: releases may have taken some off), puts `rec`'s allocation first
     /// and bounds the list. Returns the allocation ids to list on the board now.
     pub fn imported(&mut self, listed: &[u64], rec: &Record) -> Vec<u64> {
+        let held = self
+            .records
+            .iter()
+            .position(|r| r.buffer_id == rec.buffer_id);
+        match held {
+            // The pool pattern: an allocation held already moves first, with no clone unless
+            // its pieces differ (VMM runs mapped for another range).
+            Some(i) => {
+                self.records[..=i].rotate_right(1);
+                if self.records[0].segments != rec.segments {
+                    self.records[0] = rec.clone();
+                }
+            }
+            None => self.records.insert(0, rec.clone()),
+        }
+        // Keeps this import and the others still listed (the rest were released).
+        let mut first = true;
         self.records
-            .retain(|r| r.buffer_id != rec.buffer_id && listed.contains(&r.buffer_id));
-        self.records.insert(0, rec.clone());
+            .retain(|r| std::mem::take(&mut first) || listed.contains(&r.buffer_id));
         self.records.truncate(KNOWN_PER_CHANNEL);
         self.records.iter().map(|r| r.buffer_id).collect()
     }
