@@ -18,8 +18,12 @@
 #   JOBS      ninja -j (default 16)
 #   SHARDS    parallel single-rank shards per build (default 6)
 #   TEST_TIMEOUT   seconds for the single-rank runs, all shards of both builds at once (default 300)
-#   MR_TEST_TIMEOUT  seconds for one test with two ranks, both builds at once (default 60)
-#   MR_FILTER, MR_EXCLUDE  gtest patterns of the two-rank tests (defaults: below)
+#   SR_EXCLUDE     gtest patterns left out of the single-rank run (default: below)
+#   MR_TEST_TIMEOUT  seconds for one test at one world size, both builds at once (default 90)
+#   MR_WORLDS      world sizes of the multi-rank tests (default "2 4"; a test that needs exactly
+#                  two ranks skips at four in both builds)
+#   MR_PROCS       test processes at once in the multi-rank run (default 16)
+#   MR_FILTER, MR_EXCLUDE  gtest patterns of the multi-rank tests (defaults: below)
 #
 # Steps (a marker file under $WORK/state records each one done):
 #   unpack      sources, LLVM, nvfuser-ipc; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock;
@@ -39,14 +43,18 @@
 #   configure   Ninja, no optimisation (CMAKE_BUILD_TYPE empty), BUILD_TEST=ON, BUILD_PYTHON=OFF,
 #               NVFUSER_DISABLE_CUTLASS=ON, LLVM_DIR = the carried LLVM 19
 #   build-stock, stash-stock  nvFuser's own files; test_multidevice copied to $WORK/bin-stock
-#   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them (ninja rebuilds their
-#               includers and relinks)
+#   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them, and
+#               integrations/nvfuser/main/symmetric_overlay.py applied to
+#               multidevice/symmetric_tensor.cpp (SymmetricTensor's remote handles and contiguous
+#               view through nvfuser-ipc's symmetric rendezvous; ninja rebuilds the includers and
+#               relinks)
 #   build-ours, stash-ours
-#   mr          two ranks on the one GPU, each its own node (LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
-#               rank 0 hosting the TCPStore), the tests that check the number of ranks, not GPUs;
-#               NCCL sees the ranks as two hosts (NCCL_HOSTID differs, sockets over lo), as it
-#               refuses two ranks of one host on one GPU ("Duplicate GPU detected"); one test per
-#               process pair (MR_TEST_TIMEOUT each), so a test that stalls one rank costs only itself
+#   mr          W ranks on the one GPU (W in MR_WORLDS), each its own node (LOCAL_RANK=0,
+#               LOCAL_WORLD_SIZE=1, rank 0 hosting the TCPStore), the tests that check the number
+#               of ranks, not GPUs; NCCL sees the ranks as W hosts (NCCL_HOSTID differs, sockets
+#               over lo), as it refuses two ranks of one host on one GPU ("Duplicate GPU
+#               detected"); every test in processes of its own (MR_TEST_TIMEOUT each), so a test
+#               that stalls one rank costs only itself; several tests at once (MR_PROCS)
 #   tests       all of test_multidevice with one rank, gtest shards, stock and ours side by side
 #   report      $OUT/nvfuser-main-suite.md and the raw logs
 # Tests that would create a multicast object (cuMulticastCreate) are filtered out everywhere:
@@ -61,7 +69,11 @@ WORK="${WORK:-build/nvfuser-main-suite}"
 JOBS="${JOBS:-16}"
 SHARDS="${SHARDS:-6}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
-MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-60}"
+MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-90}"
+MR_WORLDS="${MR_WORLDS:-2 4}"
+MR_PROCS="${MR_PROCS:-16}"
+# The one-rank run leaves out what never reaches IPC or symmetric memory and takes minutes.
+SR_EXCLUDE="${SR_EXCLUDE:-DistributedTransformerTest.*}"
 OUT="${OUT:-$WORK/out}"
 mkdir -p "$WORK/state" "$WORK/results" "$OUT"
 WORK="$(cd "$WORK" && pwd)"
@@ -75,10 +87,13 @@ ipc="$WORK/ipc"
 log="$OUT/nvfuser-main-suite.log"
 # No multicast objects on this workplace's machines (see the header).
 NO_MCAST='*Multicast*:*multicast*:*Nvls*:*/memcpy_*:*/multimem_*:RSMatmulTest.ReduceScatterReduceBased*'
-MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*CudaIpc*:RSMatmulTest.*:DispatchCombine*:TmaTest.*:LowerCollectiveCudaAndNcclTest.*/batch_memcpy_128KB:LowerCollectiveCudaAndNcclTest.*/batch_memcpy_1MB}"
+MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.*:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:MultiDeviceStreamParallelTypeTest.AllgatherInterStreamSyncNoWrap:RingAllgatherOverlapTest.*:RSMatmulTest.ReduceScatterP2p*:DispatchCombine*:TmaTest.*:LowerCollectiveCudaAndNcclTest.*batch_memcpy*}"
 # These tests themselves allocate on cuda:<rank>, which does not exist when two ranks share one
 # GPU, in both builds alike: they need one GPU per rank.
 MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView}"
+# Above two ranks, the batched-memcpy collectives run at two sizes only (128 KB and 1 MB), not
+# all twelve: the device time of one session is bounded.
+MR_WIDE_EXCLUDE="${MR_WIDE_EXCLUDE:-*batch_memcpy_256KB:*batch_memcpy_512KB:*batch_memcpy_2MB:*batch_memcpy_4MB:*batch_memcpy_8MB:*batch_memcpy_16MB:*batch_memcpy_32MB:*batch_memcpy_64MB:*batch_memcpy_128MB:*batch_memcpy_256MB}"
 
 STEPS_NAME=nvfuser-main-suite
 # shellcheck source=../lib/resumable-steps.sh
@@ -190,51 +205,79 @@ stash() { # label
   mark "stash-$1"
 }
 
-# Two ranks on the one GPU, one test at a time (a test that fails on one rank only leaves the
-# other waiting in a rendezvous, and every later test of the same process with it), stock and
-# ours at the same time (4 processes per test). Resumable per test.
+# Several ranks on the one GPU: every test of the list in processes of its own, at each world
+# size of MR_WORLDS, stock and ours side by side (2 x W processes per test); a test that fails
+# on one rank only leaves the others waiting in a rendezvous, so the limit (MR_TEST_TIMEOUT)
+# costs that test alone. Tests run concurrently up to MR_PROCS processes. Resumable per test.
+mr_test() { # world n test port
+  local world="$1" n="$2" test="$3" port="$4" label r pids=() names=()
+  local dir="$res/mr/w$world"
+  for label in stock ours; do
+    for ((r = 0; r < world; r++)); do
+      local addr=127.0.0.1 p=$port
+      [ "$r" -eq 0 ] && addr=localhost
+      [ "$label" = ours ] && p=$((port + 1))
+      env RANK="$r" WORLD_SIZE="$world" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+        NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$p" NVFIPC_TIMEOUT_MS=30000 \
+        NCCL_HOSTID="nvfmain-$label-w$world-$n-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+        NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+        timeout -k 5 "$MR_TEST_TIMEOUT" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
+        --gtest_filter="$test" >"$dir/$n-$label-rank$r.txt" 2>&1 &
+      pids+=($!)
+      names+=("$label/rank$r")
+    done
+  done
+  local rcs="" i
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rcs="$rcs ${names[$i]}=$?"
+  done
+  echo "$test w$world:$rcs" >>"$res/mr-exit.txt"
+  mark "mr-w$world-$n"
+}
+
 multi_rank() {
   done_ mr && return 0
   need 60
-  local list="$res/mr-list.txt"
-  if [ ! -s "$list" ]; then
-    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$MR_FILTER-$NO_MCAST:$MR_EXCLUDE" |
+  local world list
+  for world in $MR_WORLDS; do
+    list="$res/mr-list-w$world.txt"
+    [ -s "$list" ] && continue
+    local exclude="$MR_EXCLUDE"
+    [ "$world" -gt 2 ] && exclude="$exclude:$MR_WIDE_EXCLUDE"
+    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$MR_FILTER-$NO_MCAST:$exclude" |
       awk '/^[^ ]/ { suite = $1; next } /^  [^ ]/ { print suite $1 }' >"$list"
     [ -s "$list" ] || die "no test matches MR_FILTER"
-    say "two ranks, one GPU: $(wc -l <"$list") tests"
-  fi
-  local t0=$(date +%s) n=0 test label r port=29000
-  while IFS= read -r test; do
-    n=$((n + 1))
-    port=$((port + 2))
-    done_ "mr-$n" && continue
-    need $((MR_TEST_TIMEOUT + 15))
-    local pids=() names=()
-    for label in stock ours; do
-      for r in 0 1; do
-        local addr=127.0.0.1 p=$port
-        [ "$r" -eq 0 ] && addr=localhost
-        [ "$label" = ours ] && p=$((port + 1))
-        echo "=== $test" >>"$res/mr-$label-rank$r.txt"
-        env RANK="$r" WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-          NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$p" NVFIPC_TIMEOUT_MS=30000 \
-          NCCL_HOSTID="nvfmain-$label-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-          NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-          timeout -k 5 "$MR_TEST_TIMEOUT" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
-          --gtest_filter="$test" >>"$res/mr-$label-rank$r.txt" 2>&1 &
-        pids+=($!)
-        names+=("$label/rank$r")
+    say "$world ranks, one GPU: $(wc -l <"$list") tests"
+  done
+  local t0=$(date +%s) n test port=29000 running=0
+  declare -A procs=()
+  for world in $MR_WORLDS; do
+    mkdir -p "$res/mr/w$world"
+    list="$res/mr-list-w$world.txt"
+    n=0
+    while IFS= read -r test; do
+      n=$((n + 1))
+      port=$((port + 2))
+      done_ "mr-w$world-$n" && continue
+      # Wait for room: no more than MR_PROCS test processes at once.
+      while [ $((running + 2 * world)) -gt "$MR_PROCS" ] && [ "$running" -gt 0 ]; do
+        local pid
+        wait -n -p pid
+        running=$((running - ${procs[$pid]}))
+        unset "procs[$pid]"
       done
-    done
-    local rcs="" i
-    for i in "${!pids[@]}"; do
-      wait "${pids[$i]}"
-      rcs="$rcs ${names[$i]}=$?"
-    done
-    echo "$test:$rcs" >>"$res/mr-exit.txt"
-    mark "mr-$n"
-  done <"$list"
-  say "two ranks, one GPU: $n tests, $(($(date +%s) - t0)) s in this call"
+      if [ "$(left)" -lt $((MR_TEST_TIMEOUT + 15)) ]; then
+        wait # the tests under way finish (and are marked) before this call stops
+        need $((MR_TEST_TIMEOUT + 15))
+      fi
+      mr_test "$world" "$n" "$test" "$port" </dev/null &
+      procs[$!]=$((2 * world))
+      running=$((running + 2 * world))
+    done <"$list"
+  done
+  wait
+  say "several ranks, one GPU: W = $MR_WORLDS, $(($(date +%s) - t0)) s in this call"
   mark mr
 }
 
@@ -253,7 +296,7 @@ single_rank() {
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
         GTEST_TOTAL_SHARDS="$SHARDS" GTEST_SHARD_INDEX="$i" \
         timeout -k 5 "$t" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
-        --gtest_filter="*-$NO_MCAST" >"$res/test-$label-$i.txt" 2>&1 &
+        --gtest_filter="*-$NO_MCAST:$SR_EXCLUDE" >"$res/test-$label-$i.txt" 2>&1 &
       pids+=($!)
       names+=("$label/$i")
     done
@@ -272,8 +315,10 @@ stash stock
 if ! done_ swap; then
   cp "$ipc/integrations/nvfuser/main/ipc_handle.h" "$ipc/integrations/nvfuser/main/ipc_handle.cpp" \
     "$src/csrc/multidevice/"
+  "$python" "$ipc/integrations/nvfuser/main/symmetric_overlay.py" "$src" >>"$log" 2>&1 ||
+    die "symmetric_overlay.py"
   mark swap
-  say "swapped in the drop-in (integrations/nvfuser/main/ipc_handle.{h,cpp})"
+  say "swapped in the drop-in (integrations/nvfuser/main/ipc_handle.{h,cpp}) and the SymmetricTensor overlay"
 fi
 build ours
 stash ours
@@ -319,14 +364,20 @@ def fmt(r):
 print('# nvFuser main suite: stock vs drop-in\n')
 gpu = open(os.path.join(res, 'gpu.txt')).read().strip() if os.path.exists(os.path.join(res, 'gpu.txt')) else '?'
 print(f'GPU: {gpu}\n')
-print('## Two ranks on one GPU\n')
-print('| test | stock | ours |\n|---|---|---|')
-mr = {l: merge_ranks([parse([f]) for f in sorted(glob.glob(f'{res}/mr-{l}-rank*.txt'))] or [{}]) for l in ('stock', 'ours')}
-listed = []
-if os.path.exists(os.path.join(res, 'mr-list.txt')):
-    listed = [l.strip() for l in open(os.path.join(res, 'mr-list.txt')) if l.strip()]
-for t in sorted(set(mr['stock']) | set(mr['ours']) | set(listed)):
-    print(f'| `{t}` | {fmt(mr["stock"].get(t))} | {fmt(mr["ours"].get(t))} |')
+print('## Several ranks on one GPU\n')
+print('Each rank its own node (`LOCAL_RANK=0`, `NCCL_HOSTID` per rank), every test in processes of')
+print('its own; a row is the outcome on every rank (`a/b` when the ranks differ).\n')
+print('| test | ranks | GPUs | stock | ours |\n|---|---|---|---|---|')
+for wdir in sorted(glob.glob(f'{res}/mr/w*'), key=lambda d: int(d.rsplit('w', 1)[1])):
+    world = int(wdir.rsplit('w', 1)[1])
+    mr = {}
+    for l in ('stock', 'ours'):
+        per_rank = [parse(sorted(glob.glob(f'{wdir}/*-{l}-rank{r}.txt'))) for r in range(world)]
+        mr[l] = merge_ranks(per_rank)
+    lf = os.path.join(res, f'mr-list-w{world}.txt')
+    listed = [l.strip() for l in open(lf) if l.strip()] if os.path.exists(lf) else []
+    for t in sorted(set(mr['stock']) | set(mr['ours']) | set(listed)):
+        print(f'| `{t}` | {world} | 1 | {fmt(mr["stock"].get(t))} | {fmt(mr["ours"].get(t))} |')
 print('\n## One rank\n')
 sr = {l: parse(sorted(glob.glob(f'{res}/test-{l}-*.txt'))) for l in ('stock', 'ours')}
 for l in ('stock', 'ours'):
