@@ -24,7 +24,8 @@
 # Steps (a marker file under $WORK/state records each one done):
 #   unpack      sources, LLVM, nvfuser-ipc; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock;
 #               one include() of nvfuser_ipc.cmake appended to nvFuser's CMakeLists.txt (links the
-#               library; the stock sources do not use it)
+#               library; the stock sources do not use it), then one of main_driver.cmake
+#               (nvfipc_main_driver, integrations/nvfuser/main/driver/)
 #   patch       the same changes in both builds, none in the two files under test:
 #               - host_ir/evaluator.cpp: HostIrEvaluator's default stream on the local device
 #                 (my_local_device_index_) instead of cuda:<global rank>, which does not exist
@@ -38,7 +39,8 @@
 #                 ranks on one GPU run them (CUDA IPC between processes on one device works)
 #   configure   Ninja, no optimisation (CMAKE_BUILD_TYPE empty), BUILD_TEST=ON, BUILD_PYTHON=OFF,
 #               NVFUSER_DISABLE_CUTLASS=ON, LLVM_DIR = the carried LLVM 19
-#   build-stock, stash-stock  nvFuser's own files; test_multidevice copied to $WORK/bin-stock
+#   build-stock, stash-stock  nvFuser's own files; test_multidevice and nvfipc_main_driver copied
+#               to $WORK/bin-stock
 #   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them (ninja rebuilds their
 #               includers and relinks)
 #   build-ours, stash-ours
@@ -49,6 +51,8 @@
 #               process pair (MR_TEST_TIMEOUT each), so a test that stalls one rank costs only itself
 #   tests       all of test_multidevice with one rank, gtest shards, stock and ours side by side
 #   report      $OUT/nvfuser-main-suite.md and the raw logs
+# Not a step: run_driver LABEL WORLD runs nvfipc_main_driver of one build with WORLD ranks
+# (see the function).
 # Tests that would create a multicast object (cuMulticastCreate) are filtered out everywhere:
 # this workplace keeps NVLink multicast off.
 set -uo pipefail
@@ -110,6 +114,8 @@ if ! done_ unpack; then
   cp "$IN/lib/libnvfuser_ipc.so" "$WORK/lib/"
   cp "$src/csrc/multidevice/ipc_handle.h" "$src/csrc/multidevice/ipc_handle.cpp" "$WORK/stock/"
   printf '\ninclude("%s/integrations/nvfuser/nvfuser_ipc.cmake")\n' "$ipc" >>"$src/CMakeLists.txt"
+  # nvfipc_main_driver (run_driver below), after the tests like nvFuser's own test binaries.
+  printf 'include("%s/integrations/nvfuser/main/driver/main_driver.cmake")\n' "$ipc" >>"$src/CMakeLists.txt"
   mark unpack
   echo "$sum" >"$WORK/state/sources"
   say "unpacked $(du -sh "$src" | cut -f1) of sources; nvfuser-ipc $(cat "$IN/ipc-commit" 2>/dev/null)"
@@ -165,7 +171,7 @@ build() { # label
   done_ "build-$label" && return 0
   need 60
   local t0=$(date +%s)
-  timeout $(($(left) - 15)) ninja -C "$bld" -j"$JOBS" -k 0 test_multidevice \
+  timeout $(($(left) - 15)) ninja -C "$bld" -j"$JOBS" -k 0 test_multidevice nvfipc_main_driver \
     >>"$res/build-$label.txt" 2>&1
   local rc=$?
   say "build-$label: ninja rc=$rc after $(($(date +%s) - t0)) s ($(grep -o '^\[[0-9]*/[0-9]*\]' "$res/build-$label.txt" | tail -1))"
@@ -187,6 +193,8 @@ stash() { # label
   mkdir -p "$WORK/bin-$1"
   cp "$(find "$bld" -maxdepth 2 -type f -name test_multidevice | head -1)" "$WORK/bin-$1/" ||
     die "stash $1"
+  cp "$(find "$bld" -maxdepth 2 -type f -name nvfipc_main_driver | head -1)" "$WORK/bin-$1/" ||
+    die "stash $1: nvfipc_main_driver"
   mark "stash-$1"
 }
 
@@ -265,6 +273,42 @@ single_rank() {
   done
   say "one rank, test_multidevice ($t s limit): exit codes:$rcs after $(($(date +%s) - t0)) s"
   mark tests
+}
+
+# ---- run_driver LABEL WORLD [ARGS...] (not a step: call it by hand once stash-LABEL is done) ---
+# WORLD ranks of bin-LABEL/nvfipc_main_driver (stock|ours) on the one GPU, each its own node with
+# rank 0 hosting the TCPStore, as in multi_rank; NCCL sees the ranks as hosts of their own because
+# nvFuser's stock exchangeHandles and SymmetricTensor::setupRemoteHandles call the world's NCCL
+# barrier. A store port of its own per run; DRIVER_TIMEOUT seconds (default 300). Log:
+# $OUT/driver-LABEL-wWORLD.log (rank 0 first, with the RESULT lines); non-zero if a rank failed.
+run_driver() {
+  local label="$1" world="$2"
+  shift 2
+  [ -x "$WORK/bin-$label/nvfipc_main_driver" ] || die "run_driver: no $WORK/bin-$label/nvfipc_main_driver"
+  local runs=$(($(cat "$res/driver-runs" 2>/dev/null || echo 0) + 1))
+  echo "$runs" >"$res/driver-runs"
+  local port=$((29800 + runs)) r pids=() rc=0 addr
+  local logf="$OUT/driver-$label-w$world.log"
+  for ((r = 0; r < world; r++)); do
+    addr=127.0.0.1
+    [ "$r" -eq 0 ] && addr=localhost
+    env RANK="$r" WORLD_SIZE="$world" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+      NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$port" NVFIPC_TIMEOUT_MS=30000 \
+      NCCL_HOSTID="nvfmain-driver-$label-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+      NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+      timeout -k 5 "${DRIVER_TIMEOUT:-300}" "$WORK/bin-$label/nvfipc_main_driver" "$@" \
+      >"$res/driver-$label-w$world-rank$r.txt" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do
+    wait "${pids[$r]}" || rc=1
+  done
+  for ((r = 0; r < world; r++)); do
+    echo "=== rank $r"
+    cat "$res/driver-$label-w$world-rank$r.txt"
+  done >"$logf"
+  grep '^RESULT' "$logf" | while IFS= read -r l; do say "driver $label: $l"; done
+  return "$rc"
 }
 
 build stock
