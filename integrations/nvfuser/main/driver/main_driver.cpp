@@ -176,14 +176,16 @@ double microsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }
 
-// A barrier over the Communicator's TCPStore (no NCCL), reusable: each wait has its own keys.
+// A barrier over the Communicator's TCPStore (no NCCL), reusable: each wait has its own keys,
+// counted per name, so that a rank that skipped a barrier of a failed scenario still meets the
+// others at the next scenario's.
 class StoreBarrier {
  public:
   StoreBarrier(c10d::TCPStore* store, int64_t world) : store_(store), world_(world) {}
 
   void wait(const std::string& name) {
     const std::string base =
-        "nvfipc_main_driver/barrier/" + name + "/" + std::to_string(generation_++);
+        "nvfipc_main_driver/barrier/" + name + "/" + std::to_string(generations_[name]++);
     if (store_->add(base + "/arrived", 1) == world_) {
       store_->set(base + "/released", std::vector<uint8_t>{1});
     }
@@ -193,7 +195,7 @@ class StoreBarrier {
  private:
   c10d::TCPStore* store_;
   int64_t world_;
-  int64_t generation_ = 0;
+  std::unordered_map<std::string, int64_t> generations_;
 };
 
 struct World {
@@ -309,7 +311,7 @@ std::vector<double> timeLoop(
 }
 
 // (a) and (b): a ring of one step, the same buffers or two alternating sets.
-Timing shareMemHandles(const World& w, const DriverOptions& o, int64_t buffer_sets) {
+Timing shareMemHandles(World& w, const DriverOptions& o, int64_t buffer_sets) {
   const auto options = optionsOf(w, at::kFloat);
   std::vector<at::Tensor> sends;
   std::vector<at::Tensor> recvs;
@@ -346,6 +348,8 @@ Timing shareMemHandles(const World& w, const DriverOptions& o, int64_t buffer_se
           });
         });
   }
+  // The exchange-only loop starts together on every rank, after the last transfer.
+  w.barrier.wait("share_mem_handles_exchange_only");
   {
     RingProgram program = makeRing(w, 1, /*transfers=*/false);
     std::vector<Inputs> inputs;
@@ -375,7 +379,7 @@ float ringValue(int64_t it, int64_t rank) {
   return static_cast<float>(1000 * it + rank + 1);
 }
 
-Timing ringAllgather(const World& w, const DriverOptions& o) {
+Timing ringAllgather(World& w, const DriverOptions& o) {
   const int64_t chunk = o.chunk_elems;
   at::Tensor buffer = at::empty({w.size * chunk}, optionsOf(w, at::kFloat));
   Timing t;
@@ -405,6 +409,7 @@ Timing ringAllgather(const World& w, const DriverOptions& o) {
           }
         });
   }
+  w.barrier.wait("ring_allgather_exchange_only");
   {
     RingProgram program = makeRing(w, w.size - 1, /*transfers=*/false);
     t.exchange_us =
