@@ -28,7 +28,8 @@
 //                                  the drop-in keeps one buffer per channel (a miss every
 //                                  iteration); stock keeps every buffer it has seen, so only its
 //                                  first two (warm-up) iterations miss
-//   symmetric_setup                per call: SymmetricTensor::allocate, SymmetricTensor(t),
+//   symmetric_setup                --sym-calls timed calls after one untimed; per call:
+//                                  SymmetricTensor::allocate, SymmetricTensor(t),
 //                                  setupRemoteHandles(fresh tag), setupContiguousView(tag) (no
 //                                  multicast needed); each rank writes 1000 call + rank and reads
 //                                  every peer's value through remotePointersTensor() and through
