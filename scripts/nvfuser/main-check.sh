@@ -17,6 +17,9 @@
 #            test_multidevice_{alltoallv,communications,dispatch_combine,host_ir,host_ir_overlap,ipc,
 #            lower_communication,lower_communication_cuda,stream_parallel_type,symmetric_tensor,tma,
 #            tutorial}.cpp
+#   driver   integrations/nvfuser/main/driver/main_driver.cpp (nvfipc_main_driver, test flags)
+#            against the drop-in's header, and again against nvFuser's own header (no overlay;
+#            that compile must read csrc/multidevice/ipc_handle.h): the suite builds it in both
 # Then every IpcHandle* / P2pIpcHandle / IpcHandleCache / SymMem* / SymmetricMemory* symbol the
 # callers' objects need is checked to be defined by our object. Any file missing, not compiled
 # or skipped fails the check (non-zero, FAILED); it says PASSED only when every file compiled.
@@ -218,6 +221,28 @@ for test in test_host_irs test_host_ir_evaluator test_host_ir_integration test_h
   compile "$test" "$fuser/tests/cpp/$test.cpp" "${test_flags[@]}"
   callers+=("$test")
 done
+
+# nvfipc_main_driver, built by scripts/nvfuser/main-suite.sh with the stock files and with the
+# drop-in: against both headers.
+driver_src="$dropin/driver/main_driver.cpp"
+compile main_driver "$driver_src" "${test_flags[@]}"
+callers+=(main_driver)
+stock_common=()
+for flag in "${common[@]}"; do [ "$flag" = "-I$overlay" ] || stock_common+=("$flag"); done
+say "compiling ${driver_src#"$root"/} against nvFuser's own ipc_handle.h"
+start=$SECONDS
+if ! "$cxx" "${stock_common[@]}" "${test_flags[@]}" -MD -MF "$out/main_driver_stock.d" -c "$driver_src" \
+    -o "$out/main_driver_stock.o" >"$out/main_driver_stock.log" 2>&1; then
+  head -n 40 "$out/main_driver_stock.log" >&2
+  say "  FAILED: main_driver_stock (full log: $out/main_driver_stock.log)"
+  failed+=(main_driver_stock)
+elif ! grep -q "$fuser/csrc/multidevice/ipc_handle.h" "$out/main_driver_stock.d"; then
+  say "  FAILED: main_driver_stock did not read nvFuser's csrc/multidevice/ipc_handle.h"
+  failed+=(main_driver_stock)
+else
+  say "  ok in $((SECONDS - start)) s (includes nvFuser's own ipc_handle.h)"
+  compiled+=(main_driver_stock)
+fi
 
 [ "${#failed[@]}" -eq 0 ] || die "${#failed[@]} file(s) did not compile: ${failed[*]} (compiled: ${compiled[*]})"
 

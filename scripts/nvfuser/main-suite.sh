@@ -28,7 +28,8 @@
 # Steps (a marker file under $WORK/state records each one done):
 #   unpack      sources, LLVM, nvfuser-ipc; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock;
 #               one include() of nvfuser_ipc.cmake appended to nvFuser's CMakeLists.txt (links the
-#               library; the stock sources do not use it)
+#               library; the stock sources do not use it), then one of main_driver.cmake
+#               (nvfipc_main_driver, integrations/nvfuser/main/driver/)
 #   patch       the same changes in both builds, none in the two files under test:
 #               - host_ir/evaluator.cpp: HostIrEvaluator's default stream on the local device
 #                 (my_local_device_index_) instead of cuda:<global rank>, which does not exist
@@ -42,7 +43,8 @@
 #                 ranks on one GPU run them (CUDA IPC between processes on one device works)
 #   configure   Ninja, no optimisation (CMAKE_BUILD_TYPE empty), BUILD_TEST=ON, BUILD_PYTHON=OFF,
 #               NVFUSER_DISABLE_CUTLASS=ON, LLVM_DIR = the carried LLVM 19
-#   build-stock, stash-stock  nvFuser's own files; test_multidevice copied to $WORK/bin-stock
+#   build-stock, stash-stock  nvFuser's own files; test_multidevice and nvfipc_main_driver copied
+#               to $WORK/bin-stock
 #   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them, and
 #               integrations/nvfuser/main/symmetric_overlay.py applied to
 #               multidevice/symmetric_tensor.cpp (SymmetricTensor's remote handles and contiguous
@@ -57,6 +59,8 @@
 #               that stalls one rank costs only itself; several tests at once (MR_PROCS)
 #   tests       all of test_multidevice with one rank, gtest shards, stock and ours side by side
 #   report      $OUT/nvfuser-main-suite.md and the raw logs
+# Not a step: run_driver LABEL WORLD runs nvfipc_main_driver of one build with WORLD ranks
+# (see the function).
 # Tests that would create a multicast object (cuMulticastCreate) are filtered out everywhere:
 # this workplace keeps NVLink multicast off.
 set -uo pipefail
@@ -74,6 +78,8 @@ MR_WORLDS="${MR_WORLDS:-2 4}"
 MR_PROCS="${MR_PROCS:-16}"
 # The one-rank run leaves out what never reaches IPC or symmetric memory and takes minutes.
 SR_EXCLUDE="${SR_EXCLUDE:-DistributedTransformerTest.*}"
+SINGLE_RANK="${SINGLE_RANK:-1}"
+DRIVER_WORLDS="${DRIVER_WORLDS:-2 4}"
 OUT="${OUT:-$WORK/out}"
 mkdir -p "$WORK/state" "$WORK/results" "$OUT"
 WORK="$(cd "$WORK" && pwd)"
@@ -125,6 +131,8 @@ if ! done_ unpack; then
   cp "$IN/lib/libnvfuser_ipc.so" "$WORK/lib/"
   cp "$src/csrc/multidevice/ipc_handle.h" "$src/csrc/multidevice/ipc_handle.cpp" "$WORK/stock/"
   printf '\ninclude("%s/integrations/nvfuser/nvfuser_ipc.cmake")\n' "$ipc" >>"$src/CMakeLists.txt"
+  # nvfipc_main_driver (run_driver below), after the tests like nvFuser's own test binaries.
+  printf 'include("%s/integrations/nvfuser/main/driver/main_driver.cmake")\n' "$ipc" >>"$src/CMakeLists.txt"
   mark unpack
   echo "$sum" >"$WORK/state/sources"
   say "unpacked $(du -sh "$src" | cut -f1) of sources; nvfuser-ipc $(cat "$IN/ipc-commit" 2>/dev/null)"
@@ -180,7 +188,7 @@ build() { # label
   done_ "build-$label" && return 0
   need 60
   local t0=$(date +%s)
-  timeout $(($(left) - 15)) ninja -C "$bld" -j"$JOBS" -k 0 test_multidevice \
+  timeout $(($(left) - 15)) ninja -C "$bld" -j"$JOBS" -k 0 test_multidevice nvfipc_main_driver \
     >>"$res/build-$label.txt" 2>&1
   local rc=$?
   say "build-$label: ninja rc=$rc after $(($(date +%s) - t0)) s ($(grep -o '^\[[0-9]*/[0-9]*\]' "$res/build-$label.txt" | tail -1))"
@@ -202,6 +210,8 @@ stash() { # label
   mkdir -p "$WORK/bin-$1"
   cp "$(find "$bld" -maxdepth 2 -type f -name test_multidevice | head -1)" "$WORK/bin-$1/" ||
     die "stash $1"
+  cp "$(find "$bld" -maxdepth 2 -type f -name nvfipc_main_driver | head -1)" "$WORK/bin-$1/" ||
+    die "stash $1: nvfipc_main_driver"
   mark "stash-$1"
 }
 
@@ -310,6 +320,42 @@ single_rank() {
   mark tests
 }
 
+# ---- run_driver LABEL WORLD [ARGS...] (not a step: call it by hand once stash-LABEL is done) ---
+# WORLD ranks of bin-LABEL/nvfipc_main_driver (stock|ours) on the one GPU, each its own node with
+# rank 0 hosting the TCPStore, as in multi_rank; NCCL sees the ranks as hosts of their own because
+# nvFuser's stock exchangeHandles and SymmetricTensor::setupRemoteHandles call the world's NCCL
+# barrier. A store port of its own per run; DRIVER_TIMEOUT seconds (default 300). Log:
+# $OUT/driver-LABEL-wWORLD.log (rank 0 first, with the RESULT lines); non-zero if a rank failed.
+run_driver() {
+  local label="$1" world="$2"
+  shift 2
+  [ -x "$WORK/bin-$label/nvfipc_main_driver" ] || die "run_driver: no $WORK/bin-$label/nvfipc_main_driver"
+  local runs=$(($(cat "$res/driver-runs" 2>/dev/null || echo 0) + 1))
+  echo "$runs" >"$res/driver-runs"
+  local port=$((29800 + runs)) r pids=() rc=0 addr
+  local logf="$OUT/driver-$label-w$world.log"
+  for ((r = 0; r < world; r++)); do
+    addr=127.0.0.1
+    [ "$r" -eq 0 ] && addr=localhost
+    env RANK="$r" WORLD_SIZE="$world" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+      NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$port" NVFIPC_TIMEOUT_MS=30000 \
+      NCCL_HOSTID="nvfmain-driver-$label-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+      NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+      timeout -k 5 "${DRIVER_TIMEOUT:-300}" "$WORK/bin-$label/nvfipc_main_driver" "$@" \
+      >"$res/driver-$label-w$world-rank$r.txt" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do
+    wait "${pids[$r]}" || rc=1
+  done
+  for ((r = 0; r < world; r++)); do
+    echo "=== rank $r"
+    cat "$res/driver-$label-w$world-rank$r.txt"
+  done >"$logf"
+  grep '^RESULT' "$logf" | while IFS= read -r l; do say "driver $label: $l"; done
+  return "$rc"
+}
+
 build stock
 stash stock
 if ! done_ swap; then
@@ -323,11 +369,20 @@ fi
 build ours
 stash ours
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/gpu.txt" 2>&1
+# The host-IR loops timed on a quiet machine, before the test runs: stock and ours in turn.
+for world in $DRIVER_WORLDS; do
+  for label in stock ours; do
+    done_ "driver-$label-w$world" && continue
+    need $((${DRIVER_TIMEOUT:-300} / 2))
+    run_driver "$label" "$world" || say "driver $label at W=$world: a rank failed (see driver-$label-w$world.log)"
+    mark "driver-$label-w$world"
+  done
+done
 multi_rank
-single_rank
+[ "$SINGLE_RANK" = 1 ] && single_rank
 
 # ---- report ---------------------------------------------------------------------------------
-"$python" - "$res" >"$OUT/nvfuser-main-suite.md" <<'EOF' || die "report"
+OUT="$OUT" "$python" - "$res" >"$OUT/nvfuser-main-suite.md" <<'EOF' || die "report"
 import glob, os, re, sys
 res = sys.argv[1]
 line = re.compile(r'^\[\s*(OK|FAILED|SKIPPED)\s*\] (\S+\.\S+) \((\d+) ms\)')
@@ -378,6 +433,19 @@ for wdir in sorted(glob.glob(f'{res}/mr/w*'), key=lambda d: int(d.rsplit('w', 1)
     listed = [l.strip() for l in open(lf) if l.strip()] if os.path.exists(lf) else []
     for t in sorted(set(mr['stock']) | set(mr['ours']) | set(listed)):
         print(f'| `{t}` | {world} | 1 | {fmt(mr["stock"].get(t))} | {fmt(mr["ours"].get(t))} |')
+drivers = sorted(glob.glob(os.path.join(os.environ.get('OUT', '.'), 'driver-*.log')))
+if drivers:
+    print('\n## Host-IR loops timed inside nvFuser (nvfipc_main_driver)\n')
+    print('| scenario | ranks | build | status | median per iteration | p90 | exchange part (median) |')
+    print('|---|---|---|---|---|---|---|')
+    for f in drivers:
+        label = os.path.basename(f)[len('driver-'):].split('-w')[0]
+        for l in open(f, errors='replace'):
+            if not l.startswith('RESULT '): continue
+            kv = dict(x.split('=', 1) for x in l.split()[1:] if '=' in x)
+            ex = kv.get('exchange_median_us')
+            print(f"| {kv.get('scenario')} | {kv.get('world')} | {label} | {kv.get('status')} | "
+                  f"{kv.get('median_us')} us | {kv.get('p90_us')} us | {ex + ' us' if ex else ''} |")
 print('\n## One rank\n')
 sr = {l: parse(sorted(glob.glob(f'{res}/test-{l}-*.txt'))) for l in ('stock', 'ours')}
 for l in ('stock', 'ours'):
