@@ -172,6 +172,11 @@ failed=()
 compile() { # name source flags...
   local name="$1" src="$2"
   shift 2
+  # MAIN_CHECK_ONLY="name ...": compile only these (a quick check; the symbol check then covers
+  # only them).
+  if [ -n "${MAIN_CHECK_ONLY:-}" ] && [[ " $MAIN_CHECK_ONLY " != *" $name "* ]]; then
+    return 0
+  fi
   [ -f "$src" ] || die "$src missing: the checkout needs csrc/, tests/cpp/ and benchmarks/cpp/ of nvFuser"
   say "compiling ${src#"$fuser"/}"
   local start=$SECONDS
@@ -210,6 +215,15 @@ for entry in \
 done
 compile jit "$fuser/csrc/host_ir/jit.cpp" "${codegen_flags[@]}" "${llvm_flags[@]}"
 callers+=(jit)
+# SymmetricTensor with the overlay (integrations/nvfuser/main/symmetric_overlay.py) applied to a
+# copy of its source: it calls the drop-in's nvfipc_symmetric functions.
+mkdir -p "$out/overlaid/csrc/multidevice"
+cp "$fuser/csrc/multidevice/symmetric_tensor.cpp" "$out/overlaid/csrc/multidevice/"
+python3 "$dropin/symmetric_overlay.py" "$out/overlaid" >/dev/null ||
+  die "symmetric_overlay.py does not apply to $fuser/csrc/multidevice/symmetric_tensor.cpp"
+compile symmetric_tensor_overlaid "$out/overlaid/csrc/multidevice/symmetric_tensor.cpp" \
+  "${codegen_flags[@]}" -I"$fuser/csrc"
+callers+=(symmetric_tensor_overlaid)
 compile p2p_communication_bench "$fuser/benchmarks/cpp/p2p_communication.cpp" "${bench_flags[@]}"
 callers+=(p2p_communication_bench)
 for test in test_host_irs test_host_ir_evaluator test_host_ir_integration test_host_ir_stream_lowering \
@@ -248,10 +262,11 @@ fi
 
 # ---- symbols: what the callers need from ipc_handle.o, it defines --------------------------------
 defined="$(nm -C --defined-only "$out/ipc_handle.o" | grep -E ' [TWVu] ' | sed 's/^[0-9a-f]* [TWVu] //' | sort -u)"
-ours_re='nvfuser::(IpcHandle|P2pIpcHandle|IpcHandleCache|SymmetricMemoryHandle|SymmetricMemoryHandleCache|SymMemFor[A-Za-z]*|SymmetricMemoryFor[A-Za-z]*)(::|$)'
+ours_re='nvfuser::(IpcHandle|P2pIpcHandle|IpcHandleCache|SymmetricMemoryHandle|SymmetricMemoryHandleCache|SymMemFor[A-Za-z]*|SymmetricMemoryFor[A-Za-z]*|nvfipc_symmetric)(::|$)'
 missing=0
 used=0
 for obj in "${callers[@]}"; do
+  [ -n "${MAIN_CHECK_ONLY:-}" ] && [ ! -f "$out/$obj.o" ] && continue
   while IFS= read -r sym; do
     [ -z "$sym" ] && continue
     used=$((used + 1))
@@ -267,4 +282,5 @@ done
 [ "$missing" -eq 0 ] || die "$missing symbol(s) used by nvFuser are not defined by the drop-in"
 [ "$used" -gt 0 ] || die "no caller needs a symbol of the drop-in: the overlay did not take effect"
 say "nvfipc symbols ipc_handle.o imports from libnvfuser_ipc: $(nm --undefined-only "$out/ipc_handle.o" | grep -c ' nvfipc_')"
+[ -n "${MAIN_CHECK_ONLY:-}" ] && say "only $MAIN_CHECK_ONLY were compiled (MAIN_CHECK_ONLY)"
 say "PASSED: the drop-in compiles against nvFuser $FUSER_COMMIT at $fuser with -Wall -Werror, and every caller (${callers[*]}) compiles against its header and links to it ($used symbol uses)"
