@@ -3,9 +3,7 @@
 
 use super::args::out_ptr;
 use super::boundary::ffi_call;
-use super::exchange::{
-    cache_arg, nvfipc_cache, nvfipc_p2p_handle, nvfipc_request, single_request,
-};
+use super::exchange::{cache_arg, nvfipc_cache, nvfipc_p2p_handle, nvfipc_request, single_request};
 use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use crate::error::{Result, Status};
 use crate::exchange::OpenChannel;
@@ -99,10 +97,17 @@ mod tests {
             nvfipc_channel_handles(std::ptr::null(), &mut h),
             Status::InvalidArgument
         );
-        assert!(last_error_message().contains("`ch`"), "{}", last_error_message());
+        assert!(
+            last_error_message().contains("`ch`"),
+            "{}",
+            last_error_message()
+        );
         let mut word = 0u64;
         let foreign = &mut word as *mut u64 as *mut nvfipc_channel;
-        assert_eq!(nvfipc_channel_handles(foreign, &mut h), Status::InvalidState);
+        assert_eq!(
+            nvfipc_channel_handles(foreign, &mut h),
+            Status::InvalidState
+        );
         assert!(last_error_message().contains("not a live nvfipc_channel"));
         assert_eq!(nvfipc_channel_free(foreign), Status::InvalidState);
     }
