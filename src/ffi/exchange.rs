@@ -39,6 +39,16 @@ impl Handle for nvfipc_cache {
     const C_NAME: &'static str = "nvfipc_cache";
 }
 
+impl nvfipc_cache {
+    /// Hands a cache made in Rust to C code, as `nvfipc_cache_create` would have made it; free
+    /// it with `nvfipc_cache_free`.
+    pub fn into_raw(cache: HandleCache) -> *mut nvfipc_cache {
+        into_handle(nvfipc_cache {
+            cache: Arc::new(cache),
+        })
+    }
+}
+
 /// One point-to-point communication of a batch.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -152,9 +162,7 @@ fn create(
         cfg.scope = scope.to_string();
         crate::default_transports::cache(cfg)?
     };
-    out.write(into_handle(nvfipc_cache {
-        cache: Arc::new(cache),
-    }));
+    out.write(nvfipc_cache::into_raw(cache));
     Ok(())
 }
 
