@@ -681,6 +681,63 @@ class P2pHandle {
 
 using CacheStats = nvfipc_cache_counters;
 
+// ---- Channel ----------------------------------------------------------------------------------
+
+// One exchanged channel opened for its transfers (HandleCache::channel): a post does no lookup.
+// Stale once a later exchange replaces the channel's buffers, an exchange of it fails, or its
+// cache is freed: every call then throws InvalidStateError and touches nothing; open it again
+// after the exchange. Does not keep the cache alive. Move-only; freed by its destructor.
+class Channel {
+ public:
+  Channel() noexcept = default;
+  Channel(Channel&&) noexcept = default;
+  Channel& operator=(Channel&&) noexcept = default;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  // Takes ownership of a channel from nvfipc_channel_open.
+  explicit Channel(nvfipc_channel* raw) noexcept : handle_(raw) {}
+
+  // Device P2P (nvFuser's get_zcopy), enqueued on `stream` (a CUstream / cudaStream_t).
+  void sendPost(void* stream) const {
+    detail::check(nvfipc_cuda_channel_send_post(raw(), stream), "nvfipc_cuda_channel_send_post");
+  }
+  void recvPost(uint64_t bytes, void* stream) const {
+    detail::check(nvfipc_cuda_channel_recv_post(raw(), bytes, stream),
+                  "nvfipc_cuda_channel_recv_post");
+  }
+  void sendWait(void* stream) const {
+    detail::check(nvfipc_cuda_channel_send_wait(raw(), stream), "nvfipc_cuda_channel_send_wait");
+  }
+
+  // Host P2P over shared memory, run by the calling thread; recv and wait block (bounded by
+  // `timeout`; kDefaultTimeout: the cache's).
+  void hostSendPost() const {
+    detail::check(nvfipc_host_channel_send_post(raw()), "nvfipc_host_channel_send_post");
+  }
+  void hostRecvPost(uint64_t bytes, Milliseconds timeout = kDefaultTimeout) const {
+    detail::check(nvfipc_host_channel_recv_post(raw(), bytes, timeout.count()),
+                  "nvfipc_host_channel_recv_post");
+  }
+  void hostSendWait(Milliseconds timeout = kDefaultTimeout) const {
+    detail::check(nvfipc_host_channel_send_wait(raw(), timeout.count()),
+                  "nvfipc_host_channel_send_wait");
+  }
+
+  // The channel's handles, as HandleCache::get gives them (InvalidStateError once stale).
+  P2pHandle handles() const {
+    nvfipc_p2p_handle h{};
+    detail::check(nvfipc_channel_handles(raw(), &h), "nvfipc_channel_handles");
+    return P2pHandle(h);
+  }
+
+  void close() { detail::check(handle_.close(), "nvfipc_channel_free"); }
+  nvfipc_channel* raw() const { return detail::live(handle_.get(), "nvfipc::Channel"); }
+  explicit operator bool() const noexcept { return handle_.get() != nullptr; }
+
+ private:
+  detail::Owned<nvfipc_channel, nvfipc_channel_free> handle_;
+};
+
 // ---- HandleCache ------------------------------------------------------------------------------
 
 // Exchanges and caches P2P handles (nvFuser's IpcHandleCache). Thread-safe; concurrent
@@ -734,6 +791,15 @@ class HandleCache {
     nvfipc_p2p_handle h{};
     detail::check(nvfipc_cache_get(raw(), &c, &h), "nvfipc_cache_get");
     return P2pHandle(h);
+  }
+
+  // The channel of an exchanged request, opened for its transfers (see Channel); NotFoundError
+  // when it was not exchanged.
+  Channel channel(const Request& request) const {
+    nvfipc_request c = request.toC();
+    nvfipc_channel* raw_channel = nullptr;
+    detail::check(nvfipc_channel_open(raw(), &c, &raw_channel), "nvfipc_channel_open");
+    return Channel(raw_channel);
   }
 
   // One member's buffer of a symmetric allocation, as mapped in this process.

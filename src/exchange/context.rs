@@ -44,7 +44,8 @@ pub(super) struct Context {
     pub holdings: Mutex<PeerHoldings>,
     pub counters: Counters,
     pub collector: Mutex<Collector>,
-    pub settings: Settings,
+    /// Shared with the channels opened from the cache (their default transfer timeout).
+    pub settings: Arc<Settings>,
 }
 
 impl Context {

@@ -10,6 +10,7 @@
 //!   suspends or fails;
 //! - `protocol`: the exchange protocol a batch runs over the context, with its one wait routine
 //!   (`deadline`: the call's timeout and when it runs out);
+//! - [`open_channel`]: a channel opened once for its transfers, stale once its buffers change;
 //! - `teardown`: closing a cache without freeing what a peer may still map;
 //! - [`retain`]: replaced peer mappings a cache keeps mapped for buffers carved again from them;
 //! - [`stats`]: the cache's counters, and [`phases`]: where a call's time goes, when asked for;
@@ -25,6 +26,7 @@ mod context;
 mod deadline;
 mod events;
 mod known;
+pub mod open_channel;
 pub mod peers;
 pub mod phases;
 mod protocol;
@@ -38,5 +40,6 @@ mod teardown;
 pub use crate::transport::record::{HandleType, Record};
 pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};
 pub use cache::{CacheConfig, HandleCache};
+pub use open_channel::OpenChannel;
 pub use request::{ChannelKey, Direction, Request};
 pub use stats::CacheStats;

@@ -8,6 +8,7 @@
 
 mod barrier;
 mod exchange;
+mod post;
 mod report;
 mod seed;
 mod store_load;
@@ -37,6 +38,7 @@ pub enum Part {
     Exchange,
     Store,
     Barrier,
+    Post,
 }
 
 /// The benchmarks of docs/BENCHMARKS.md
@@ -45,14 +47,15 @@ pub enum Part {
 /// protocol and the floor (opens + two store round trips) for 2, 4 and 8 ranks; our store server
 /// against PyTorch's TCPStore (libuv and classic, hosted by the Python in $NVFIPC_PYTHON; skipped
 /// with a note without it or with --no-torch) for 1 to 256 clients; barrier latency for up to 64
-/// processes against a torch-style store barrier.
+/// processes against a torch-style store barrier; the cost of one transfer post on an opened
+/// channel and through the cache and request, between 2 ranks.
 ///
 /// Prints tables and the ratios to the targets; writes JSON to FILE and one SVG plot per scenario
 /// to DIR. Exits non-zero when a scenario could not run (a missed target is reported, not an
 /// error).
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 #[command(
-    override_usage = "nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE]\n               [--svg-dir DIR] [--quick] [--transport auto|device|host]\n               [--device-memory legacy|vmm] [--no-torch] [--server-threads N] [--busy-poll-us US]"
+    override_usage = "nvfipc bench [--scenario exchange|store|barrier|post[,...]] [--json FILE]\n               [--svg-dir DIR] [--quick] [--transport auto|device|host]\n               [--device-memory legacy|vmm] [--no-torch] [--server-threads N] [--busy-poll-us US]"
 )]
 pub struct BenchArgs {
     /// The scenarios to run, comma-separated (default: every one)
@@ -61,7 +64,7 @@ pub struct BenchArgs {
         value_name = "S",
         value_enum,
         value_delimiter = ',',
-        default_value = "exchange,store,barrier"
+        default_value = "exchange,store,barrier,post"
     )]
     pub parts: Vec<Part>,
     /// Write the results as JSON to FILE
@@ -108,6 +111,8 @@ pub struct Plan {
     pub store_rounds: usize,
     pub barrier_worlds: Vec<usize>,
     pub barrier_steps: usize,
+    /// Timed posts of the post scenario (half per call).
+    pub post_steps: usize,
     pub rank_timeout: Duration,
 }
 
@@ -123,6 +128,7 @@ impl Plan {
                 store_rounds: 1,
                 barrier_worlds: vec![2, 4],
                 barrier_steps: 10,
+                post_steps: 4_000,
                 rank_timeout: Duration::from_secs(30),
             }
         } else {
@@ -135,6 +141,7 @@ impl Plan {
                 store_rounds: 3,
                 barrier_worlds: vec![2, 4, 8, 16, 32, 64],
                 barrier_steps: 100,
+                post_steps: 100_000,
                 rank_timeout: Duration::from_secs(120),
             }
         }
@@ -146,6 +153,17 @@ impl Plan {
 pub enum Role {
     Exchange,
     Barrier,
+    Post,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Exchange => "exchange",
+            Role::Barrier => "barrier",
+            Role::Post => "post",
+        }
+    }
 }
 
 /// `--transport` of a rank: the transport its parent already decided.
@@ -184,11 +202,7 @@ impl RankArgs {
     fn to_args(&self) -> Vec<String> {
         vec![
             "--role".into(),
-            match self.role {
-                Role::Exchange => "exchange",
-                Role::Barrier => "barrier",
-            }
-            .into(),
+            self.role.name().into(),
             "--steps".into(),
             self.steps.to_string(),
             "--bytes".into(),
@@ -261,6 +275,16 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
     set_device_memory(args.device_memory);
     let series = match args.role {
         Role::Barrier => barrier::run(ctx, args)?,
+        Role::Post => {
+            let device = enter_rank_device(args.kind, ctx.local_rank)?;
+            let series = post::run(ctx, args)?;
+            ctx.barrier(None, None)?;
+            if args.kind == MemKind::Device {
+                nvfuser_ipc::cuda::flush_releases(args.timeout)?;
+            }
+            drop(device);
+            series
+        }
         Role::Exchange => {
             // The transports outlive every cache and import, and are dropped only after the
             // last barrier: peers may map this rank's semaphore slab until then.
@@ -302,13 +326,7 @@ fn run_ranks(
     mut rank_args: RankArgs,
     scratch: &Path,
 ) -> Result<BTreeMap<String, Vec<u64>>> {
-    rank_args.out = scratch.join(format!(
-        "{}-{world}.txt",
-        match rank_args.role {
-            Role::Exchange => "exchange",
-            Role::Barrier => "barrier",
-        }
-    ));
+    rank_args.out = scratch.join(format!("{}-{world}.txt", rank_args.role.name()));
     let _ = std::fs::remove_file(&rank_args.out);
     let mut command = vec![exe.to_string(), "bench-rank".to_string()];
     command.extend(rank_args.to_args());
@@ -426,6 +444,28 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
             }
         }
     }
+    if args.parts.contains(&Part::Post) {
+        let kind = args
+            .transport
+            .resolve()
+            .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
+        set_device_memory(args.device_memory);
+        eprintln!("nvfipc bench: one post, 2 ranks, {}", kind_label(kind));
+        let rank_args = RankArgs {
+            role: Role::Post,
+            steps: plan.post_steps,
+            bytes: 64,
+            kind,
+            out: PathBuf::new(),
+            timeout: plan.rank_timeout,
+            device_memory: args.device_memory,
+        };
+        results.post_transport = kind_label(kind).to_string();
+        match run_ranks(&exe, 2, rank_args, &scratch.0) {
+            Ok(series) => results.post = Some(series),
+            Err(e) => results.fail(format!("post, 2 ranks: {e}")),
+        }
+    }
     print!("{}", results.text());
     if let Some(path) = &args.json {
         write_file(path, &results.json_text())?;
@@ -540,7 +580,9 @@ mod tests {
         assert_eq!(a.parts, vec![Part::Exchange, Part::Barrier]);
         assert_eq!(a.json, Some(PathBuf::from("x.json")));
         assert!(a.quick && !a.no_torch);
-        assert_eq!(parse::<BenchArgs>(&[]).unwrap().parts.len(), 3);
+        assert_eq!(parse::<BenchArgs>(&[]).unwrap().parts.len(), 4);
+        let a = parse::<BenchArgs>(&["--scenario", "post"]).unwrap();
+        assert_eq!(a.parts, vec![Part::Post]);
         let a = parse::<BenchArgs>(&["--server-threads=2", "--busy-poll-us", "0"]).unwrap();
         assert_eq!(
             (a.server.threads, a.server.busy_poll_us),

@@ -26,8 +26,23 @@ pub struct Results {
     pub store_notes: Vec<String>,
     /// Per world size: `barrier.ours` and `barrier.torch_style`.
     pub barrier: Vec<(usize, BTreeMap<String, Vec<u64>>)>,
+    /// Rank 0's `post.channel` and `post.request` samples, and the transport they used.
+    pub post: Option<BTreeMap<String, Vec<u64>>>,
+    pub post_transport: String,
     pub failures: Vec<String>,
 }
+
+/// Goal of one post on an opened channel (median, host-side).
+const POST_GOAL_NS: u64 = 1_000;
+
+/// The rows of the post table: (label, series).
+const POST_ROWS: [(&str, &str); 2] = [
+    (
+        "opened channel (nvfipc_*_channel_send_post)",
+        "post.channel",
+    ),
+    ("cache + request (nvfipc_*_p2p_send_post)", "post.request"),
+];
 
 /// One line of the target check.
 pub struct Target {
@@ -62,6 +77,8 @@ impl Results {
             store: Vec::new(),
             store_notes: Vec::new(),
             barrier: Vec::new(),
+            post: None,
+            post_transport: String::new(),
             failures: Vec::new(),
         }
     }
@@ -192,6 +209,19 @@ impl Results {
                 ratio: r,
                 limit: 0.5,
                 met: r.map(|r| r <= 0.5),
+            });
+        }
+        if let Some(map) = &self.post {
+            let p50 = median(series(map, "post.channel"));
+            out.push(Target {
+                name: format!(
+                    "one post on an opened channel, {}, median (<= 1 us)",
+                    self.post_transport
+                ),
+                measured: fmt_opt_ns(p50),
+                ratio: p50.map(|p| p as f64 / POST_GOAL_NS as f64),
+                limit: 1.0,
+                met: p50.map(|p| p <= POST_GOAL_NS),
             });
         }
         out
@@ -362,6 +392,34 @@ impl Results {
             }
             s.push_str(&format_table(&rows));
         }
+        if let Some(map) = &self.post {
+            let _ = writeln!(
+                s,
+                "\n== One transfer post, host-side time of the call, {}, 2 ranks ==",
+                self.post_transport
+            );
+            let mut rows = vec![vec![
+                "call".to_string(),
+                "samples".into(),
+                "p50".into(),
+                "p99".into(),
+            ]];
+            for (label, name) in POST_ROWS {
+                let v = series(map, name);
+                rows.push(vec![
+                    label.to_string(),
+                    v.len().to_string(),
+                    fmt_opt_ns(quantile(v, 0.5)),
+                    fmt_opt_ns(quantile(v, 0.99)),
+                ]);
+            }
+            s.push_str(&format_table(&rows));
+            s.push_str(
+                "each call timed alone on the sender (the clock read included); every transfer \
+                 is completed untimed; host: a semaphore write, device: the write enqueued on a \
+                 stream\n",
+            );
+        }
         let targets = self.targets();
         if !targets.is_empty() {
             let _ = writeln!(
@@ -451,6 +509,21 @@ impl Results {
                 })
             })
             .collect();
+        let post = self.post.as_ref().map(|map| {
+            let of = |name: &str| {
+                let v = series(map, name);
+                json!({
+                    "samples": v.len(),
+                    "median_ns": quantile(v, 0.5),
+                    "p99_ns": quantile(v, 0.99),
+                })
+            };
+            json!({
+                "transport": self.post_transport,
+                "channel": of("post.channel"),
+                "request": of("post.request"),
+            })
+        });
         let targets: Vec<Value> = self
             .targets()
             .into_iter()
@@ -475,6 +548,7 @@ impl Results {
             "store": store,
             "store_notes": self.store_notes,
             "barrier": barrier,
+            "post": post,
             "targets": targets,
             "failures": self.failures,
         })
@@ -646,6 +720,16 @@ mod tests {
             .text()
             .contains("pool at W=8: IPC opens during the timed calls, all ranks: ours 0, seed 1"));
         assert!(r.json_text().contains("\"floor_ns\": 70"));
+        r.post = Some(map(&[
+            ("post.channel", &[400, 900]),
+            ("post.request", &[2500]),
+        ]));
+        r.post_transport = "host".into();
+        let post = r.targets().pop().unwrap();
+        assert!(post.name.contains("opened channel"), "{}", post.name);
+        assert_eq!(post.met, Some(true)); // median of 400 and 900 <= 1 us
+        assert!(r.text().contains("cache + request"));
+        assert!(r.json_text().contains("\"p99_ns\": 2500"));
         assert_eq!(r.charts().len(), 2);
     }
 }
