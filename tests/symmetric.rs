@@ -27,8 +27,10 @@ const T: Duration = Duration::from_secs(20);
 /// Starts `world` ranks of `scenario` and asserts that every one succeeds.
 fn assert_all_ok(scenario: &str, world: usize) {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    // Tests run in parallel threads of one process: the world size tells apart the runs of one
+    // scenario.
     let job = format!(
-        "s{}{}",
+        "s{}{world}x{}",
         scenario
             .chars()
             .filter(char::is_ascii_alphanumeric)
