@@ -24,7 +24,8 @@ pub(crate) enum Member {
     },
     Peer {
         rank: usize,
-        record: Record,
+        /// Boxed: a record is large, and views are made rarely.
+        record: Box<Record>,
         mapping: Mapping,
     },
 }
@@ -96,7 +97,7 @@ pub(crate) fn members(
             };
             Ok(Member::Peer {
                 rank,
-                record: (**record).clone(),
+                record: record.clone(),
                 mapping: side.mapping,
             })
         })
