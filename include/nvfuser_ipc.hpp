@@ -837,6 +837,38 @@ class HandleCache {
     return out;
   }
 
+  // A contiguous view of a symmetric allocation: member i's buffer (i-th in increasing rank
+  // order) at `base + i * stride`.
+  struct SymmetricView {
+    void* base;
+    uint64_t stride;
+    void* member(size_t i) const {
+      return static_cast<char*>(base) + static_cast<uint64_t>(i) * stride;
+    }
+  };
+
+  // Maps every member's buffer of the last rendezvous of `tag` again, in increasing rank order
+  // (this rank's own included), into one reserved address range. Every member's buffer must
+  // have the same size and offset within its allocation granule (InvalidArgumentError names
+  // those that differ); device buffers must be VMM allocations (UnsupportedError for cudaMalloc
+  // or pool memory). The view belongs to the cache: asking again returns it at no cost; it is
+  // unmapped by a rendezvous of `tag` with other buffers, symmetricRelease(tag) or the cache's end.
+  SymmetricView symmetricContiguousView(const std::string& tag) const {
+    uint64_t base = 0, stride = 0;
+    detail::check(nvfipc_symmetric_contiguous_view(raw(), tag.c_str(), &base, &stride),
+                  "nvfipc_symmetric_contiguous_view");
+    return {reinterpret_cast<void*>(base), stride};
+  }
+
+  // Drops, in this process, what the rendezvous of `tag` mapped (the peers' buffers and the
+  // view); local and cheap: no store traffic, no waiting for peers. The pointers are invalid
+  // afterwards; a later rendezvous of `tag` works whatever order the members released in.
+  // Throws like every call (InvalidArgumentError when `tag` is not rendezvoused): a destructor
+  // calls it inside try/catch, or calls nvfipc_symmetric_release, which never throws.
+  void symmetricRelease(const std::string& tag) const {
+    detail::check(nvfipc_symmetric_release(raw(), tag.c_str()), "nvfipc_symmetric_release");
+  }
+
   CacheStats stats() const {
     CacheStats s{};
     detail::check(nvfipc_cache_stats(raw(), &s), "nvfipc_cache_stats");

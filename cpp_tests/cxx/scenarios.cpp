@@ -316,7 +316,43 @@ void RunSymmetric(const nvfipc::Context& ctx, Memory& mem, const std::string& sc
   const auto again = cache.symmetricRendezvous("table", mem.kind(), buf.get(), kBytes);
   Expect(again[world - 1].ptr == peers[world - 1].ptr, rank, "a second rendezvous maps again");
   Expect(cache.stats().store_round_trips == trips, rank, "a second rendezvous used the store");
+  // The contiguous view: member r's buffer at base + r * stride (device memory: VMM only).
+  try {
+    const auto view = cache.symmetricContiguousView("table");
+    for (int64_t r = 0; r < world; ++r) {
+      std::vector<int32_t> got(kNumel), want(kNumel);
+      mem.download(got.data(), view.member(static_cast<size_t>(r)), kBytes);
+      for (size_t j = 0; j < kNumel; ++j) want[j] = static_cast<int32_t>(1000 * r + j);
+      ExpectValues(got, want, rank, "rank " + std::to_string(r) + "'s buffer in the view");
+    }
+    Expect(cache.symmetricContiguousView("table").base == view.base, rank, "asked again, the view moved");
+  } catch (const nvfipc::UnsupportedError& e) {
+    Expect(mem.kind() == nvfipc::MemKind::Device &&
+               e.message().find("VMM allocation is needed") != std::string::npos,
+           rank, std::string("the view was refused: ") + e.what());
+  }
+  ctx.barrier();  // every rank is done reading before any releases
+  // Released, then the same buffers again: re-imported from the records kept, no store traffic.
+  cache.symmetricRelease("table");
+  const uint64_t released_trips = cache.stats().store_round_trips;
+  const auto back = cache.symmetricRendezvous("table", mem.kind(), buf.get(), kBytes);
+  for (int64_t r = 0; r < world; ++r) {
+    std::vector<int32_t> got(kNumel), want(kNumel);
+    mem.download(got.data(), back[r].ptr, kBytes);
+    for (size_t j = 0; j < kNumel; ++j) want[j] = static_cast<int32_t>(1000 * r + j);
+    ExpectValues(got, want, rank, "rank " + std::to_string(r) + "'s buffer after a release");
+  }
+  Expect(cache.stats().store_round_trips == released_trips, rank,
+         "a rendezvous after a release used the store");
   ctx.barrier();  // nobody frees its buffer while a peer may still read it
+  cache.symmetricRelease("table");
+  bool refused = false;
+  try {
+    cache.symmetricRelease("table");
+  } catch (const nvfipc::InvalidArgumentError&) {
+    refused = true;
+  }
+  Expect(refused, rank, "a second release was accepted");
 }
 
 const std::vector<std::string>& ScenarioNames() {

@@ -12,7 +12,9 @@
 // * RingAllgather: a pipelined ring allgather (world-1 steps, each chunk in slices that are
 //   forwarded as soon as they arrive), 5 repetitions; every rank ends with every chunk.
 // * Symmetric: every rank maps every other rank's buffer with one symmetric rendezvous (no
-//   barrier), checks each, and a second rendezvous costs no store round trip.
+//   barrier), checks each, and a second rendezvous costs no store round trip; reads every
+//   buffer through the contiguous view (device memory that is not VMM: refused as unsupported);
+//   releases and rendezvouses again with no store round trip; a second release is refused.
 //
 // Each throws ScenarioFailure naming rank, repetition and element on a wrong value; library
 // errors arrive as nvfipc::Error.

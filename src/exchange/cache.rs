@@ -75,8 +75,10 @@ thread_local! {
 
 /// Exchanges and caches P2P handles between the ranks of one job.
 pub struct HandleCache {
-    cx: Context,
-    table: Mutex<ChannelTable>,
+    pub(super) cx: Context,
+    pub(super) table: Mutex<ChannelTable>,
+    /// What each symmetric rendezvous left (members, contiguous view), by tag.
+    pub(super) symmetric: Mutex<super::symmetric::SymmetricTable>,
     /// Set by the first teardown (close, then drop, run it twice).
     torn_down: bool,
 }
@@ -139,6 +141,7 @@ impl HandleCache {
                 settings,
             },
             table: Mutex::new(ChannelTable::default()),
+            symmetric: Mutex::default(),
             torn_down: false,
         })
     }
@@ -402,6 +405,8 @@ impl HandleCache {
         for ch in &lock(&self.table).channels {
             ch.validity.close();
         }
+        // Views first: they map peers' memory that the teardown lets go of.
+        lock(&self.symmetric).clear();
         teardown::teardown(&self.cx, &self.table)
     }
 

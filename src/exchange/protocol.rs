@@ -740,7 +740,8 @@ impl Call<'_> {
         imports: &mut [Option<Imported>],
         deadline: &mut Deadline,
     ) -> Result<Vec<usize>> {
-        let records: Vec<Option<Record>> = {
+        // (record, whether it is the channel's own kept record).
+        let records: Vec<Option<(Record, bool)>> = {
             let held = lock(&self.cx.holdings);
             wanted
                 .iter()
@@ -748,21 +749,28 @@ impl Call<'_> {
                     let it = &items[i];
                     let channel = it.progress.peer_record.as_deref()?;
                     let pid = it.progress.link.board.as_ref()?.owner_pid();
+                    // The version this channel last imported, whose mapping was released since
+                    // (`symmetric_release`): its record was read and deleted already.
+                    if channel.version == it.peer_version && channel.pid == pid {
+                        return Some((channel.clone(), true));
+                    }
                     let at = it.peer_at;
-                    held.known.record_for(
-                        (it.ch.peer, pid, it.ch.kind, at.alloc_id),
-                        at.offset,
-                        at.bytes,
-                        it.peer_version,
-                        channel,
-                    )
+                    held.known
+                        .record_for(
+                            (it.ch.peer, pid, it.ch.kind, at.alloc_id),
+                            at.offset,
+                            at.bytes,
+                            it.peer_version,
+                            channel,
+                        )
+                        .map(|rec| (rec, false))
                 })
                 .collect()
         };
         let mut rest = Vec::new();
         let mut keys = Vec::new();
         for (&i, rec) in wanted.iter().zip(records) {
-            let Some(rec) = rec else {
+            let Some((rec, kept)) = rec else {
                 rest.push(i);
                 continue;
             };
@@ -770,7 +778,9 @@ impl Call<'_> {
             let key = self.peer_record_key(it);
             self.refuse_closed_peer(it, &key)?;
             imports[i] = Some(self.import_record(it, rec, &key, deadline.remaining())?);
-            keys.push(key);
+            if !kept {
+                keys.push(key);
+            }
         }
         if !keys.is_empty() {
             bump(&self.cx.counters.records_known, keys.len() as u64);

@@ -920,7 +920,7 @@ at::Tensor nvfipc_symmetric::contiguousView(
     // The library owns the mapping (released with the SymmetricTensor), so the tensor frees
     // nothing. The rank dimension stands in for the local tensor's size-1 sharded dimension.
     return at::from_blob(
-               reinterpret_cast<void*>(view.base), // NOLINT(performance-no-int-to-ptr)
+               view.base,
                sizes,
                strides,
                [](void*) {},
