@@ -113,7 +113,10 @@ fn run(store_kind: &str) {
         "tcp" => "the store's server has closed the connection",
         _ => "rank 0 (pid",
     };
-    for skipped in ["without store traffic (consumed", "closes without store traffic"] {
+    for skipped in [
+        "without store traffic (consumed",
+        "closes without store traffic",
+    ] {
         assert!(
             stderr
                 .lines()
@@ -274,7 +277,11 @@ unsafe extern "C" fn cb_set(
 ) -> c_int {
     // SAFETY: the library passes `value_len` valid bytes, alive during the call.
     let value = unsafe { std::slice::from_raw_parts(value, value_len) };
-    report("set", host(ctx).tcp.set(key_of(key, key_len), value), |()| {})
+    report(
+        "set",
+        host(ctx).tcp.set(key_of(key, key_len), value),
+        |()| {},
+    )
 }
 
 unsafe extern "C" fn cb_get(
@@ -413,7 +420,10 @@ fn rank_process() {
     while cache.stats().keys_deleted < 2 && start.elapsed() < LIMIT {
         std::thread::sleep(Duration::from_millis(5));
     }
-    println!("keys deleted before closing: {}", cache.stats().keys_deleted);
+    println!(
+        "keys deleted before closing: {}",
+        cache.stats().keys_deleted
+    );
     store.set("quiet/rank1-done", b"1").unwrap();
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();

@@ -248,8 +248,14 @@ mod tests {
         }
         open.send(()).unwrap();
         closing.join().unwrap();
-        assert!(!store.check(&["under-way"]).unwrap(), "the delete under way ends");
-        assert!(store.check(&["queued", "late"]).unwrap(), "nothing more is deleted");
+        assert!(
+            !store.check(&["under-way"]).unwrap(),
+            "the delete under way ends"
+        );
+        assert!(
+            store.check(&["queued", "late"]).unwrap(),
+            "nothing more is deleted"
+        );
         assert_eq!(deleted.load(Ordering::Relaxed), 1);
     }
 }
