@@ -15,6 +15,7 @@
 //! node of one each on one machine still see each other's boards.
 
 use crate::names::job_tag;
+use crate::store::Liveness;
 use crate::sync::lock;
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
@@ -75,6 +76,27 @@ pub fn all_left(job_id: &str, me: usize) -> Option<Vec<String>> {
     peers.iter().map(|(_, p)| p.left()).collect()
 }
 
+/// Why a closing rank of `job_id` must make no store request that only its peers would need
+/// (or none at all), if it must: the store's server has closed the connection, so every request
+/// would fail; or the store cannot tell whether it is still there and every other rank has left,
+/// so the store may have left with them (nvFuser's rank 0 hosts its `c10d::TCPStore`) and nobody
+/// would read what this rank wrote. A store that can tell it is there is used as before: its
+/// requests do not fail, and they keep a store that outlives the job clean.
+pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
+    match store {
+        Liveness::Alive => None,
+        Liveness::Gone => Some("the store's server has closed the connection".to_string()),
+        Liveness::Unknown => {
+            let left = all_left(job_id, me)?;
+            Some(format!(
+                "the store cannot tell whether it is still there and every other rank has left \
+                 ({})",
+                left.join(", ")
+            ))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +132,22 @@ mod tests {
         // A world of one has no peer that could be seen leaving.
         note_world("departures-unit-test-alone", 1);
         assert_eq!(all_left("departures-unit-test-alone", 0), None);
+    }
+
+    #[test]
+    fn a_store_that_is_there_is_used_one_that_is_gone_never() {
+        let job = "departures-unit-test-quiet";
+        note_world(job, 2);
+        let peer = Arc::new(Flag(AtomicBool::new(false), "rank 1 left"));
+        note_peer(job, 1, peer.clone());
+        assert_eq!(quiet_reason(Liveness::Unknown, job, 0), None);
+        assert!(quiet_reason(Liveness::Gone, job, 0)
+            .unwrap()
+            .contains("closed the connection"));
+        peer.0.store(true, Ordering::SeqCst);
+        assert!(quiet_reason(Liveness::Unknown, job, 0)
+            .unwrap()
+            .contains("rank 1 left"));
+        assert_eq!(quiet_reason(Liveness::Alive, job, 0), None);
     }
 }

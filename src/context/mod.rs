@@ -47,7 +47,7 @@ use crate::logging;
 use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
-use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
+use crate::store::{Store, DEFAULT_TIMEOUT};
 use claim::{agree_on_job_id, claim_rank, RankClaim};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -441,18 +441,7 @@ impl Context {
         if self.lock_server().is_some() {
             return None;
         }
-        match self.store.liveness() {
-            Liveness::Alive => None,
-            Liveness::Gone => Some("the store's server has closed the connection".to_string()),
-            Liveness::Unknown => {
-                let left = crate::departures::all_left(&self.job_id, self.rank)?;
-                Some(format!(
-                    "the store cannot tell whether it is still there and every other rank has \
-                     left ({})",
-                    left.join(", ")
-                ))
-            }
-        }
+        crate::departures::quiet_reason(self.store.liveness(), &self.job_id, self.rank)
     }
 
     /// Fails when another process claimed this rank of this run after this one did (two jobs

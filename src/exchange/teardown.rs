@@ -13,10 +13,10 @@
 //! and its records are not imported.
 //!
 //! The teardown's only store traffic is cleanup for peers still open: the collector's last
-//! deletes of consumed record keys and the delete of this rank's node key. It is skipped when
-//! every other rank of the job has left (see `crate::departures`) or the store's server has
-//! closed the connection, so a rank that closes after its peers (after the store's host) sends
-//! nothing that could fail.
+//! deletes of consumed record keys and the delete of this rank's node key. It is skipped when the
+//! store's server has closed the connection, or the store cannot tell whether it is there and
+//! every other rank of the job has left (see `crate::departures`), so a rank that closes after its
+//! peers (after the store's host) sends nothing that could fail.
 
 use super::channel::ChannelTable;
 use super::context::Context;
@@ -25,7 +25,6 @@ use crate::departures;
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::os::wait::{wait_paced, SLEEPING};
-use crate::store::Liveness;
 use crate::sync::lock;
 use crate::transport::MemKind;
 use std::collections::BTreeMap;
@@ -136,17 +135,12 @@ impl Teardown<'_> {
         )))
     }
 
-    /// Why the teardown's store cleanup (deleting consumed record keys and this rank's node key)
-    /// must be skipped, if it must: only peers still open read those keys, so once every peer
-    /// of the job has left there is nobody to clean up for, and when the store's server has
-    /// closed the connection every request would fail.
+    /// Why the teardown's store cleanup (deleting consumed record keys and this rank's node key,
+    /// which only peers still open read) must be skipped, if it must (see
+    /// `departures::quiet_reason`).
     fn quiet_reason(&self) -> Option<String> {
         let cx = self.cx;
-        if cx.store.liveness() == Liveness::Gone {
-            return Some("the store's server has closed the connection".to_string());
-        }
-        let left = departures::all_left(cx.names.job_id(), cx.rank)?;
-        Some(format!("every other rank has left ({})", left.join(", ")))
+        departures::quiet_reason(cx.store.liveness(), cx.names.job_id(), cx.rank)
     }
 
     /// Waits, at most `linger`, until every transport has unmapped what it released.

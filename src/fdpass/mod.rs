@@ -583,14 +583,9 @@ impl FetchFailure {
 
 impl FdPass {
     /// Why withdrawing this process's record at drop must be skipped, if it must: only peers
-    /// read it, so once every other rank of the job has left (see `crate::departures`) nobody
-    /// would, and once the store's server has closed the connection the request would fail.
+    /// read it (see `departures::quiet_reason`).
     fn nobody_reads_the_record(&self) -> Option<String> {
-        if self.store.liveness() == crate::store::Liveness::Gone {
-            return Some("the store's server has closed the connection".to_string());
-        }
-        let left = crate::departures::all_left(&self.job, self.rank)?;
-        Some(format!("every other rank has left ({})", left.join(", ")))
+        crate::departures::quiet_reason(self.store.liveness(), &self.job, self.rank)
     }
 }
 
