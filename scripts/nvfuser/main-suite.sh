@@ -20,10 +20,10 @@
 #   TEST_TIMEOUT   seconds for the single-rank runs, all shards of both builds at once (default 300)
 #   SR_EXCLUDE     gtest patterns left out of the single-rank run (default: below)
 #   MR_TEST_TIMEOUT  seconds for one test at one world size, both builds at once (default 90)
-#   MR_WORLDS      world sizes of the multi-rank tests (default "2 4"; a test that needs exactly
-#                  two ranks skips at four in both builds)
-#   MR_PROCS       test processes at once in the multi-rank run (default 16)
-#   MR_FILTER, MR_EXCLUDE  gtest patterns of the multi-rank tests (defaults: below)
+#   MR_WORLDS      world sizes of the multi-rank tests (default "2 4")
+#   MR_PROCS       test processes at once in the multi-rank run (default 24)
+#   MR_FILTER, MR_EXCLUDE  gtest patterns of the multi-rank tests (defaults: below);
+#   MR_WIDE_FILTER the tests run above two ranks (default: below)
 #
 # Steps (a marker file under $WORK/state records each one done):
 #   unpack      sources, LLVM, nvfuser-ipc; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock;
@@ -75,7 +75,7 @@ SHARDS="${SHARDS:-6}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
 MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-90}"
 MR_WORLDS="${MR_WORLDS:-2 4}"
-MR_PROCS="${MR_PROCS:-16}"
+MR_PROCS="${MR_PROCS:-24}"
 # The one-rank run leaves out what never reaches IPC or symmetric memory and takes minutes.
 SR_EXCLUDE="${SR_EXCLUDE:-DistributedTransformerTest.*}"
 SINGLE_RANK="${SINGLE_RANK:-1}"
@@ -97,9 +97,10 @@ MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.
 # These tests themselves allocate on cuda:<rank>, which does not exist when two ranks share one
 # GPU, in both builds alike: they need one GPU per rank.
 MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView}"
-# Above two ranks, the batched-memcpy collectives run at two sizes only (128 KB and 1 MB), not
-# all twelve: the device time of one session is bounded.
-MR_WIDE_EXCLUDE="${MR_WIDE_EXCLUDE:-*batch_memcpy_256KB:*batch_memcpy_512KB:*batch_memcpy_2MB:*batch_memcpy_4MB:*batch_memcpy_8MB:*batch_memcpy_16MB:*batch_memcpy_32MB:*batch_memcpy_64MB:*batch_memcpy_128MB:*batch_memcpy_256MB}"
+# Above two ranks, the tests of MR_WIDE_FILTER only (those that may use more than two ranks and
+# reach IPC or symmetric memory; the batched-memcpy collectives at one size): the device time of
+# one session is bounded.
+MR_WIDE_FILTER="${MR_WIDE_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*CudaIpc*:DispatchCombine*:LowerCollectiveCudaAndNcclTest.*batch_memcpy_128KB}"
 
 STEPS_NAME=nvfuser-main-suite
 # shellcheck source=../lib/resumable-steps.sh
@@ -253,9 +254,9 @@ multi_rank() {
   for world in $MR_WORLDS; do
     list="$res/mr-list-w$world.txt"
     [ -s "$list" ] && continue
-    local exclude="$MR_EXCLUDE"
-    [ "$world" -gt 2 ] && exclude="$exclude:$MR_WIDE_EXCLUDE"
-    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$MR_FILTER-$NO_MCAST:$exclude" |
+    local filter="$MR_FILTER"
+    [ "$world" -gt 2 ] && filter="$MR_WIDE_FILTER"
+    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$filter-$NO_MCAST:$MR_EXCLUDE" |
       awk '/^[^ ]/ { suite = $1; next } /^  [^ ]/ { print suite $1 }' >"$list"
     [ -s "$list" ] || die "no test matches MR_FILTER"
     say "$world ranks, one GPU: $(wc -l <"$list") tests"
