@@ -4,8 +4,9 @@
 //! One untimed round first: its rendezvous is each rank's first contact with every peer (boards
 //! found, semaphore slabs mapped, fd responders connected), reported on its own. Then per round:
 //! a fresh buffer holding a pattern of this rank, one barrier of the bench (start-up skew is not
-//! counted), the timed first rendezvous of a fresh tag (every peer's buffer is new), the timed
-//! second one of the same buffers (a cache hit), and a check that every peer's mapping holds
+//! counted), the timed first rendezvous of a fresh tag (every peer's buffer is new) and the CPU
+//! time the process used meanwhile, another barrier, the timed second one of the same buffers (a
+//! cache hit), and a check that every peer's mapping holds
 //! that peer's pattern. Every buffer stays allocated until all ranks are done: peers keep their
 //! mappings of it for as long as the cache lives.
 
@@ -72,10 +73,26 @@ fn check_peers(kind: MemKind, rank: usize, round: usize, peers: &[PeerBuffer]) -
     Ok(())
 }
 
+/// CPU time this process (every thread: the fd responder serving peers included) has used, in
+/// nanoseconds.
+fn process_cpu_ns() -> u64 {
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, exclusively borrowed `rusage` that the call fills in.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    ns(usage.ru_utime) + ns(usage.ru_stime)
+}
+
 /// What one rank measured over the timed rounds.
 #[derive(Default)]
 struct Timings {
     first: Vec<u64>,
+    /// CPU time of the process during the first rendezvous: wall time that grows faster than
+    /// this is time spent waiting for peers (or for a core).
+    first_cpu: Vec<u64>,
     hit: Vec<u64>,
     /// Per round, nanoseconds of each phase of the first rendezvous (indexed like `PHASES`).
     phases: Vec<[u64; PHASES.len()]>,
@@ -100,10 +117,14 @@ pub fn run(
         buffers.push(buf);
         ctx.barrier(None, None)?;
         cache.phase_times(true);
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), process_cpu_ns());
         let peers = cache.symmetric_rendezvous(&tag, addr, args.bytes, kind, None, args.timeout)?;
         let first = nanos(start.elapsed());
+        let first_cpu = process_cpu_ns().saturating_sub(cpu);
         let phases = cache.phase_times(true).nanos;
+        // The hit is timed from a common start too: otherwise it measures how late the slowest
+        // peer finished its first rendezvous.
+        ctx.barrier(None, None)?;
         let start = Instant::now();
         let again = cache.symmetric_rendezvous(&tag, addr, args.bytes, kind, None, args.timeout)?;
         let hit = nanos(start.elapsed());
@@ -119,12 +140,18 @@ pub fn run(
             continue;
         }
         t.first.push(first);
+        t.first_cpu.push(first_cpu);
         t.hit.push(hit);
         t.phases.push(phases);
     }
     cache.set_phase_timing(false);
     let per_rank = |v: &[u64]| [median(v).unwrap_or(0)];
     let mut out = gather_samples(ctx, "symm.first", &per_rank(&t.first))?;
+    out.extend(gather_samples(
+        ctx,
+        "symm.first_cpu",
+        &per_rank(&t.first_cpu),
+    )?);
     out.extend(gather_samples(ctx, "symm.hit", &per_rank(&t.hit))?);
     out.extend(gather_samples(ctx, "symm.first_contact", &[first_contact])?);
     for (i, phase) in PHASES.iter().enumerate() {

@@ -34,6 +34,9 @@ pub struct Row {
     pub per_peer: Option<u64>,
     /// Second rendezvous of the same buffers (a cache hit), median over ranks.
     pub hit: Option<u64>,
+    /// CPU time of a rank's process during its first rendezvous, over the peers mapped,
+    /// median over ranks.
+    pub cpu_per_peer: Option<u64>,
     /// The very first rendezvous of a rank with its peers (untimed round), median over ranks.
     pub first_contact: Option<u64>,
 }
@@ -41,11 +44,13 @@ pub struct Row {
 impl Row {
     pub fn of(world: usize, map: &Samples) -> Row {
         let first = median(series(map, "symm.first"));
+        let peers = world.max(2) as u64 - 1;
         Row {
             world,
             first,
             slowest: series(map, "symm.first").iter().copied().max(),
-            per_peer: first.map(|f| f / (world.max(2) as u64 - 1)),
+            per_peer: first.map(|f| f / peers),
+            cpu_per_peer: median(series(map, "symm.first_cpu")).map(|c| c / peers),
             hit: median(series(map, "symm.hit")),
             first_contact: median(series(map, "symm.first_contact")),
         }
@@ -76,6 +81,7 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
         "first p50".into(),
         "slowest rank".into(),
         "per peer".into(),
+        "CPU per peer".into(),
         "cache hit p50".into(),
         "first contact p50".into(),
     ]];
@@ -86,6 +92,7 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
             fmt_opt_ns(r.first),
             fmt_opt_ns(r.slowest),
             fmt_opt_ns(r.per_peer),
+            fmt_opt_ns(r.cpu_per_peer),
             fmt_opt_ns(r.hit),
             fmt_opt_ns(r.first_contact),
         ]);
@@ -107,8 +114,10 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
     }
     s.push_str(
         "first: a fresh buffer and tag on every rank, after a barrier of the bench (no start-up \
-         skew); per peer: first / (W - 1); cache hit: the same buffers again; first contact: \
-         the untimed first round (peer boards, semaphore slabs, fd connections)\n",
+         skew); per peer: first / (W - 1); CPU per peer: CPU time of the rank's process (all its \
+         threads) during the first rendezvous / (W - 1); cache hit: the same buffers again, \
+         after another barrier; first contact: the untimed first round (peer boards, semaphore \
+         slabs, fd connections)\n",
     );
     s
 }
@@ -129,6 +138,7 @@ pub fn symmetric_json(results: &[(usize, Samples)]) -> Vec<Value> {
                 "first_median_ns": r.first,
                 "first_slowest_ns": r.slowest,
                 "per_peer_ns": r.per_peer,
+                "cpu_per_peer_ns": r.cpu_per_peer,
                 "hit_median_ns": r.hit,
                 "first_contact_median_ns": r.first_contact,
                 "first_phases": phases,
@@ -158,6 +168,7 @@ pub fn symmetric_chart(results: &[(usize, Samples)], transport: &str) -> String 
             line("first rendezvous", |r| r.first, false, 0),
             line("slowest rank", |r| r.slowest, true, 0),
             line("per peer (first / (W-1))", |r| r.per_peer, false, 1),
+            line("CPU per peer", |r| r.cpu_per_peer, true, 1),
             line("cache hit", |r| r.hit, false, 2),
         ],
     }
@@ -230,6 +241,7 @@ mod tests {
                 map(&[
                     ("symm.first", &[700, 1400, 900]),
                     ("symm.hit", &[9]),
+                    ("symm.first_cpu", &[70, 140, 210]),
                     ("symm.first_contact", &[5000]),
                 ]),
             ),
@@ -239,6 +251,7 @@ mod tests {
         assert_eq!(r.first, Some(900));
         assert_eq!(r.slowest, Some(1400));
         assert_eq!(r.per_peer, Some(900 / 7));
+        assert_eq!(r.cpu_per_peer, Some(20));
         assert_eq!(phases(&results[0].1), vec![("fetch", 40, 50)]);
         let text = symmetric_text(&results, "host", 3);
         assert!(text.contains("fetch 40 ns (50 ns)"), "{text}");
