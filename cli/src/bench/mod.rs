@@ -665,6 +665,14 @@ mod tests {
             (Some(2), Some(0))
         );
         assert!(parse::<BenchArgs>(&["--scenario", "gpu"]).is_err());
+        let a = parse::<BenchArgs>(&["--scenario=symmetric", "--ranks", "16,32"]).unwrap();
+        assert_eq!(
+            (a.parts, a.ranks),
+            (vec![Part::Symmetric], Some(vec![16, 32]))
+        );
+        assert_eq!(parse::<BenchArgs>(&[]).unwrap().ranks, None);
+        assert!(parse::<BenchArgs>(&["--ranks", "1,4"]).is_err());
+        assert!(parse::<BenchArgs>(&["--ranks", "4,x"]).is_err());
         assert!(parse::<BenchArgs>(&["--quick=1"]).is_err());
     }
 

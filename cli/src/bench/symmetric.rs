@@ -94,8 +94,10 @@ struct Timings {
     /// this is time spent waiting for peers (or for a core).
     first_cpu: Vec<u64>,
     hit: Vec<u64>,
-    /// Per round, nanoseconds of each phase of the first rendezvous (indexed like `PHASES`).
+    /// Per round, nanoseconds of each phase of the first rendezvous and of the cache hit
+    /// (indexed like `PHASES`).
     phases: Vec<[u64; PHASES.len()]>,
+    hit_phases: Vec<[u64; PHASES.len()]>,
 }
 
 /// Runs the untimed round and `args.steps` timed rounds; rank 0 gets everyone's medians.
@@ -109,6 +111,7 @@ pub fn run(
     cache.set_phase_timing(true);
     let mut buffers = Vec::with_capacity(args.steps + 1);
     let mut first_contact = 0;
+    let mut contact_phases = [0; PHASES.len()];
     let mut t = Timings::default();
     for round in 0..=args.steps {
         let buf = Buffer::alloc(kind, &ctx.job_id, args.bytes)?;
@@ -128,6 +131,7 @@ pub fn run(
         let start = Instant::now();
         let again = cache.symmetric_rendezvous(&tag, addr, args.bytes, kind, None, args.timeout)?;
         let hit = nanos(start.elapsed());
+        let hit_phases = cache.phase_times(true).nanos;
         if again != peers {
             return Err(Error::state(format!(
                 "rank {}: round {round}: the second rendezvous mapped other buffers",
@@ -137,12 +141,14 @@ pub fn run(
         check_peers(kind, ctx.rank, round, &peers)?;
         if round == 0 {
             first_contact = first;
+            contact_phases = phases;
             continue;
         }
         t.first.push(first);
         t.first_cpu.push(first_cpu);
         t.hit.push(hit);
         t.phases.push(phases);
+        t.hit_phases.push(hit_phases);
     }
     cache.set_phase_timing(false);
     let per_rank = |v: &[u64]| [median(v).unwrap_or(0)];
@@ -155,11 +161,18 @@ pub fn run(
     out.extend(gather_samples(ctx, "symm.hit", &per_rank(&t.hit))?);
     out.extend(gather_samples(ctx, "symm.first_contact", &[first_contact])?);
     for (i, phase) in PHASES.iter().enumerate() {
-        let of_phase: Vec<u64> = t.phases.iter().map(|p| p[i]).collect();
+        for (which, rounds) in [("phase", &t.phases), ("hit_phase", &t.hit_phases)] {
+            let of_phase: Vec<u64> = rounds.iter().map(|p| p[i]).collect();
+            out.extend(gather_samples(
+                ctx,
+                &format!("symm.{which}.{}", phase.name()),
+                &per_rank(&of_phase),
+            )?);
+        }
         out.extend(gather_samples(
             ctx,
-            &format!("symm.phase.{}", phase.name()),
-            &per_rank(&of_phase),
+            &format!("symm.contact_phase.{}", phase.name()),
+            &[contact_phases[i]],
         )?);
     }
     // Nobody frees a buffer before every peer has closed its mappings of it.

@@ -57,12 +57,14 @@ impl Row {
     }
 }
 
-/// Each phase of the first rendezvous that took any time: (name, median over ranks, slowest).
-fn phases(map: &Samples) -> Vec<(&'static str, u64, u64)> {
+/// Each phase of a rendezvous that took any time: (name, median over ranks, slowest). `which`:
+/// `phase` for the timed first rendezvous, `hit_phase` for the cache hit, `contact_phase` for the
+/// first contact.
+fn phases(map: &Samples, which: &str) -> Vec<(&'static str, u64, u64)> {
     PHASES
         .iter()
         .filter_map(|p| {
-            let v = series(map, &format!("symm.phase.{}", p.name()));
+            let v = series(map, &format!("symm.{which}.{}", p.name()));
             let (mid, max) = (median(v)?, v.iter().copied().max()?);
             (max > 0).then_some((p.name(), mid, max))
         })
@@ -98,18 +100,24 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
         ]);
     }
     s.push_str(&format_table(&rows));
-    for (w, map) in results {
-        let parts: Vec<String> = phases(map)
-            .iter()
-            .map(|(name, mid, max)| format!("{name} {} ({})", fmt_ns(*mid), fmt_ns(*max)))
-            .collect();
-        if !parts.is_empty() {
-            let _ = writeln!(
-                s,
-                "symmetric at W={w}, where the first rendezvous goes (median over ranks, the \
-                 slowest rank in brackets): {}",
-                parts.join(", ")
-            );
+    for (which, what) in [
+        ("phase", "the first rendezvous"),
+        ("hit_phase", "the cache hit"),
+        ("contact_phase", "the first contact"),
+    ] {
+        for (w, map) in results {
+            let parts: Vec<String> = phases(map, which)
+                .iter()
+                .map(|(name, mid, max)| format!("{name} {} ({})", fmt_ns(*mid), fmt_ns(*max)))
+                .collect();
+            if !parts.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "symmetric at W={w}, where {what} goes (median over ranks, the slowest rank \
+                     in brackets): {}",
+                    parts.join(", ")
+                );
+            }
         }
     }
     s.push_str(
@@ -127,12 +135,14 @@ pub fn symmetric_json(results: &[(usize, Samples)]) -> Vec<Value> {
         .iter()
         .map(|(w, map)| {
             let r = Row::of(*w, map);
-            let phases: Map<String, Value> = phases(map)
-                .into_iter()
-                .map(|(name, mid, max)| {
-                    (name.to_string(), json!({"median_ns": mid, "max_ns": max}))
-                })
-                .collect();
+            let phases = |which| -> Map<String, Value> {
+                phases(map, which)
+                    .into_iter()
+                    .map(|(name, mid, max)| {
+                        (name.to_string(), json!({"median_ns": mid, "max_ns": max}))
+                    })
+                    .collect()
+            };
             json!({
                 "world": w,
                 "first_median_ns": r.first,
@@ -141,7 +151,9 @@ pub fn symmetric_json(results: &[(usize, Samples)]) -> Vec<Value> {
                 "cpu_per_peer_ns": r.cpu_per_peer,
                 "hit_median_ns": r.hit,
                 "first_contact_median_ns": r.first_contact,
-                "first_phases": phases,
+                "first_phases": phases("phase"),
+                "hit_phases": phases("hit_phase"),
+                "first_contact_phases": phases("contact_phase"),
             })
         })
         .collect()
@@ -252,7 +264,7 @@ mod tests {
         assert_eq!(r.slowest, Some(1400));
         assert_eq!(r.per_peer, Some(900 / 7));
         assert_eq!(r.cpu_per_peer, Some(20));
-        assert_eq!(phases(&results[0].1), vec![("fetch", 40, 50)]);
+        assert_eq!(phases(&results[0].1, "phase"), vec![("fetch", 40, 50)]);
         let text = symmetric_text(&results, "host", 3);
         assert!(text.contains("fetch 40 ns (50 ns)"), "{text}");
         let rows = symmetric_json(&results);
