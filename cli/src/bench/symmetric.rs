@@ -175,9 +175,13 @@ pub fn run(
             &[contact_phases[i]],
         )?);
     }
-    // Nobody frees a buffer before every peer has closed its mappings of it.
+    // Nobody frees a buffer before every peer has closed its mappings of it (device mappings
+    // are closed on the library's releaser threads: wait for them).
     ctx.barrier(None, None)?;
     cache.close();
+    if kind == MemKind::Device {
+        nvfuser_ipc::cuda::flush_releases(args.timeout)?;
+    }
     ctx.barrier(None, None)?;
     drop(buffers);
     Ok(out)
