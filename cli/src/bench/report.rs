@@ -3,6 +3,7 @@
 use super::exchange::floor_ns;
 use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
+use super::symmetric_report::{symmetric_chart, symmetric_json, symmetric_target, symmetric_text};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -29,6 +30,10 @@ pub struct Results {
     /// Rank 0's `post.channel` and `post.request` samples, and the transport they used.
     pub post: Option<BTreeMap<String, Vec<u64>>>,
     pub post_transport: String,
+    /// Per group size: one sample per rank of `symm.first`, `symm.hit`, `symm.phase.<p>`, ...
+    pub symmetric: Vec<(usize, BTreeMap<String, Vec<u64>>)>,
+    pub symmetric_transport: String,
+    pub symmetric_rounds: usize,
     pub failures: Vec<String>,
 }
 
@@ -79,6 +84,9 @@ impl Results {
             barrier: Vec::new(),
             post: None,
             post_transport: String::new(),
+            symmetric: Vec::new(),
+            symmetric_transport: String::new(),
+            symmetric_rounds: 0,
             failures: Vec::new(),
         }
     }
@@ -224,6 +232,7 @@ impl Results {
                 met: p50.map(|p| p <= POST_GOAL_NS),
             });
         }
+        out.extend(symmetric_target(&self.symmetric));
         out
     }
 
@@ -420,6 +429,13 @@ impl Results {
                  stream\n",
             );
         }
+        if !self.symmetric.is_empty() {
+            s.push_str(&symmetric_text(
+                &self.symmetric,
+                &self.symmetric_transport,
+                self.symmetric_rounds,
+            ));
+        }
         let targets = self.targets();
         if !targets.is_empty() {
             let _ = writeln!(
@@ -549,6 +565,9 @@ impl Results {
             "store_notes": self.store_notes,
             "barrier": barrier,
             "post": post,
+            "symmetric_transport": self.symmetric_transport,
+            "symmetric_rounds": self.symmetric_rounds,
+            "symmetric": symmetric_json(&self.symmetric),
             "targets": targets,
             "failures": self.failures,
         })
@@ -661,6 +680,12 @@ impl Results {
                     ],
                 }
                 .render(),
+            ));
+        }
+        if !self.symmetric.is_empty() {
+            out.push((
+                "symmetric".to_string(),
+                symmetric_chart(&self.symmetric, &self.symmetric_transport),
             ));
         }
         out
