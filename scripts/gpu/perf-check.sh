@@ -9,6 +9,8 @@
 #   exchange-vmm  the same exchange over VMM buffers laid out like PyTorch's expandable segments
 #   scale         warm and pool at W = 16 and 32 processes on the one GPU
 #   symmetric     the symmetric rendezvous against group size, VMM and cudaMalloc buffers
+#   torch-symm    PyTorch's own symmetric-memory rendezvous at W = 2, 4, 8 (the baseline:
+#                 tests/gpu/torch_symm_mem_baseline.py; one JSON line per rank)
 #
 # Results under $OUT/<run>.{txt,json} and plots under $OUT/<run>/; everything is also packed into
 # $OUT/perf.tgz. Environment: OUT (default ./gpu-out/perf), PERF_RUNS (the runs to do, default
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out/perf}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-RUNS="${PERF_RUNS:-exchange exchange-vmm scale symmetric symmetric-vmm}"
+RUNS="${PERF_RUNS:-exchange exchange-vmm scale symmetric symmetric-vmm torch-symm}"
 scale="${PERF_TIMEOUT_SCALE:-1}"
 nvfipc="$PWD/target/release/nvfipc"
 [ -x "$nvfipc" ] || { echo "perf-check: $nvfipc missing (build it where cargo is)" >&2; exit 1; }
@@ -46,6 +48,19 @@ bench exchange-vmm 200 --transport device --device-memory vmm --scenario exchang
 bench scale 240 --transport device --scenario exchange --ranks 16,32
 bench symmetric 120 --transport device --scenario symmetric
 bench symmetric-vmm 120 --transport device --device-memory vmm --scenario symmetric
+
+if [[ " $RUNS " == *" torch-symm "* ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  port=29970
+  for np in 2 4 8; do
+    port=$((port + 1))
+    timeout -k 5 90 mpirun -np "$np" --oversubscribe -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
+      -x MIB="${MIB:-64}" python3 tests/gpu/torch_symm_mem_baseline.py \
+      >"$OUT/torch-symm-np$np.jsonl" 2>"$OUT/torch-symm-np$np.err"
+    echo "torch-symm np$np: rc=$? $(grep -c '"ok": true' "$OUT/torch-symm-np$np.jsonl")/$np ranks ok" |
+      tee -a "$OUT/perf.txt"
+  done
+fi
 
 tar -czf "$OUT/perf.tgz" -C "$OUT" --exclude=perf.tgz .
 echo "perf-check: $failures run(s) failed"
