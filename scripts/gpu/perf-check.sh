@@ -9,6 +9,8 @@
 #   exchange-vmm  the same exchange over VMM buffers laid out like PyTorch's expandable segments
 #   scale         warm and pool at W = 16 and 32 processes on the one GPU
 #   symmetric     the symmetric rendezvous against group size, VMM and cudaMalloc buffers
+#   torch-ours    ours over PyTorch tensors (scripts/gpu/symmetric-check.sh: the same 64 MiB
+#                 tensors, both allocators, with its checks of views and releases)
 #   torch-symm    PyTorch's own symmetric-memory rendezvous at W = 2, 4, 8 (the baseline:
 #                 tests/gpu/torch_symm_mem_baseline.py; one JSON line per rank)
 #
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out/perf}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-RUNS="${PERF_RUNS:-exchange exchange-vmm scale symmetric symmetric-vmm torch-symm}"
+RUNS="${PERF_RUNS:-exchange exchange-vmm scale symmetric-vmm torch-symm torch-ours}"
 scale="${PERF_TIMEOUT_SCALE:-1}"
 nvfipc="$PWD/target/release/nvfipc"
 [ -x "$nvfipc" ] || { echo "perf-check: $nvfipc missing (build it where cargo is)" >&2; exit 1; }
@@ -49,6 +51,12 @@ bench scale 240 --transport device --scenario exchange --ranks 16,32
 bench symmetric 120 --transport device --scenario symmetric
 bench symmetric-vmm 120 --transport device --device-memory vmm --scenario symmetric
 
+if [[ " $RUNS " == *" torch-ours "* ]]; then
+  start=$(date +%s)
+  OUT="$OUT/torch-ours" timeout -k 5 240 bash scripts/gpu/symmetric-check.sh >"$OUT/torch-ours.txt" 2>&1
+  echo "torch-ours: rc=$? in $(($(date +%s) - start)) s" | tee -a "$OUT/perf.txt"
+  tail -n 12 "$OUT/torch-ours.txt"
+fi
 if [[ " $RUNS " == *" torch-symm "* ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   port=29970
