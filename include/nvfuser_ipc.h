@@ -130,6 +130,17 @@ typedef enum nvfipc_status {
 // `NVFIPC_STATUS_INVALID_STATE`). `nvfipc_cache_free` must not race with other calls on it.
 typedef struct nvfipc_cache nvfipc_cache;
 
+// One exchanged channel, opened for its transfers (`nvfipc_channel_open`). Holds what a
+// transfer needs, so a post does no lookup. Becomes stale (every use fails with
+// `NVFIPC_STATUS_INVALID_STATE`, touching no buffer) when a later exchange replaces the
+// channel's buffers, when an exchange of it fails, and when its cache is freed; open it again
+// after the exchange. An exchange that changes nothing keeps it current.
+//
+// Thread safety: as for the cache's P2P calls, one thread per side of a channel at a time, and
+// no transfer on a channel while an exchange that includes it (or `nvfipc_cache_free`) runs.
+// `nvfipc_channel_free` must not race with other calls on the same channel.
+typedef struct nvfipc_channel nvfipc_channel;
+
 // One rank's view of the job: rank, world size, local rank and size, the store every rank
 // shares, a job id, and barriers (`nvfipc_barrier`).
 //
@@ -155,6 +166,40 @@ typedef struct nvfipc_server nvfipc_server;
 // threads need independent blocking waits. `nvfipc_store_free` must not race with calls on the
 // same store from other threads (such races are detected where possible, never relied upon).
 typedef struct nvfipc_store nvfipc_store;
+
+// One point-to-point communication of a batch.
+typedef struct nvfipc_request {
+  // The other rank (`0..world_size`, not this rank).
+  int64_t peer;
+  // `NVFIPC_DIRECTION_SEND` or `NVFIPC_DIRECTION_RECV`.
+  int32_t direction;
+  // `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
+  int32_t kind;
+  // NUL-terminated name of the communication, equal on both ranks (nvFuser: its name).
+  const char *tag;
+  // Address of the local buffer (a device pointer, or a pointer into an `nvfipc_host_alloc`
+  // buffer).
+  uint64_t ptr;
+  // Size of the local buffer in bytes (> 0).
+  uint64_t bytes;
+} nvfipc_request;
+
+// Handles of one channel, as nvFuser's `P2pIpcHandle`. Valid until the next
+// `nvfipc_exchange_handles` that changes the channel's buffers, or until the cache is freed.
+typedef struct nvfipc_p2p_handle {
+  // The local buffer and its size.
+  uint64_t local_ptr;
+  uint64_t local_bytes;
+  // This rank's 32-bit semaphore of the channel (written by the peer).
+  uint64_t local_semaphore;
+  // The peer's buffer mapped into this process, and its size.
+  uint64_t peer_ptr;
+  uint64_t peer_bytes;
+  // The peer's 32-bit semaphore of the channel, mapped into this process.
+  uint64_t peer_semaphore;
+  // `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
+  int32_t kind;
+} nvfipc_p2p_handle;
 
 // Counters of VMM and pool imports in this process (`nvfipc_cuda_vmm_counters_get`).
 typedef struct nvfipc_cuda_vmm_counters {
@@ -213,40 +258,6 @@ typedef struct nvfipc_p2p_endpoint {
   // The peer's semaphore for the channel, mapped into this process.
   uint64_t peer_semaphore;
 } nvfipc_p2p_endpoint;
-
-// One point-to-point communication of a batch.
-typedef struct nvfipc_request {
-  // The other rank (`0..world_size`, not this rank).
-  int64_t peer;
-  // `NVFIPC_DIRECTION_SEND` or `NVFIPC_DIRECTION_RECV`.
-  int32_t direction;
-  // `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
-  int32_t kind;
-  // NUL-terminated name of the communication, equal on both ranks (nvFuser: its name).
-  const char *tag;
-  // Address of the local buffer (a device pointer, or a pointer into an `nvfipc_host_alloc`
-  // buffer).
-  uint64_t ptr;
-  // Size of the local buffer in bytes (> 0).
-  uint64_t bytes;
-} nvfipc_request;
-
-// Handles of one channel, as nvFuser's `P2pIpcHandle`. Valid until the next
-// `nvfipc_exchange_handles` that changes the channel's buffers, or until the cache is freed.
-typedef struct nvfipc_p2p_handle {
-  // The local buffer and its size.
-  uint64_t local_ptr;
-  uint64_t local_bytes;
-  // This rank's 32-bit semaphore of the channel (written by the peer).
-  uint64_t local_semaphore;
-  // The peer's buffer mapped into this process, and its size.
-  uint64_t peer_ptr;
-  uint64_t peer_bytes;
-  // The peer's 32-bit semaphore of the channel, mapped into this process.
-  uint64_t peer_semaphore;
-  // `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
-  int32_t kind;
-} nvfipc_p2p_handle;
 
 // Counters of a cache, cumulative since creation.
 typedef struct nvfipc_cache_counters {
@@ -434,6 +445,23 @@ void nvfipc_last_error_clear(void);
 // value that is not an `nvfipc_status`. Never NULL; never freed.
 const char *nvfipc_status_name(int32_t status);
 
+// Opens the channel of `req` (found as `nvfipc_cache_get` finds it: same peer, direction,
+// tag, pointer and size as in the last exchange that included it) into `*out`; free it with
+// `nvfipc_channel_free`. `NVFIPC_STATUS_NOT_FOUND` when it was not exchanged. The channel does
+// not keep the cache alive.
+enum nvfipc_status nvfipc_channel_open(const struct nvfipc_cache *cache,
+                                       const struct nvfipc_request *req,
+                                       struct nvfipc_channel **out);
+
+// Frees a channel from `nvfipc_channel_open`; NULL is a no-op. May be called before or after
+// its cache is freed; a freed channel is an error (`NVFIPC_STATUS_INVALID_STATE`).
+enum nvfipc_status nvfipc_channel_free(struct nvfipc_channel *ch);
+
+// Writes the channel's handles into `*out`, as `nvfipc_cache_get` gives them, while the channel
+// is current (`NVFIPC_STATUS_INVALID_STATE` once it is stale).
+enum nvfipc_status nvfipc_channel_handles(const struct nvfipc_channel *ch,
+                                          struct nvfipc_p2p_handle *out);
+
 // Creates the context of rank `rank` of `world_size` (`local_rank` of `local_world_size` on
 // this node) over `store`. The store is shared, not consumed: the context keeps its own
 // reference, so the caller may free `store` at any time (the connection stays open until both
@@ -509,7 +537,9 @@ enum nvfipc_status nvfipc_context_store(const struct nvfipc_context *ctx,
 // closed or disconnected, so that nobody loses the store mid-operation, and reports
 // `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
 // `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
-// open (see `nvfipc_context_create`). NULL is a no-op; a second free gives
+// open (see `nvfipc_context_create`). A rank that closes after the store's server hung up, or
+// (over a store through callbacks) after every other rank of the job has left, makes no store
+// request: it announces nothing, which nobody would read. NULL is a no-op; a second free gives
 // `NVFIPC_STATUS_INVALID_STATE`.
 enum nvfipc_status nvfipc_context_free(struct nvfipc_context *ctx);
 
@@ -614,6 +644,23 @@ enum nvfipc_status nvfipc_cuda_p2p_recv_post(const struct nvfipc_cache *cache,
 enum nvfipc_status nvfipc_cuda_p2p_send_wait(const struct nvfipc_cache *cache,
                                              const struct nvfipc_request *req,
                                              void *stream);
+
+// `nvfipc_cuda_p2p_send_post` on an opened channel (no lookup): enqueues on `stream` the
+// signal that the send buffer holds the next transfer. `NVFIPC_STATUS_INVALID_STATE`,
+// enqueueing nothing, when the channel is stale (see `nvfipc_channel`).
+enum nvfipc_status nvfipc_cuda_channel_send_post(const struct nvfipc_channel *ch, void *stream);
+
+// `nvfipc_cuda_p2p_recv_post` on an opened channel (no lookup): enqueues on `stream` the wait
+// for the sender, the copy of `bytes` bytes and the "consumed" signal.
+// `NVFIPC_STATUS_INVALID_STATE`, enqueueing nothing, when the channel is stale.
+enum nvfipc_status nvfipc_cuda_channel_recv_post(const struct nvfipc_channel *ch,
+                                                 uint64_t bytes,
+                                                 void *stream);
+
+// `nvfipc_cuda_p2p_send_wait` on an opened channel (no lookup): enqueues on `stream` a wait
+// until the receiver has consumed the last transfer posted on it.
+// `NVFIPC_STATUS_INVALID_STATE` when the channel is stale or nothing was posted.
+enum nvfipc_status nvfipc_cuda_channel_send_wait(const struct nvfipc_channel *ch, void *stream);
 
 // Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
 // shared memory; the CUDA transport is loaded on the first device request. Free with
@@ -733,6 +780,22 @@ enum nvfipc_status nvfipc_host_p2p_recv_post(const struct nvfipc_cache *cache,
 enum nvfipc_status nvfipc_host_p2p_send_wait(const struct nvfipc_cache *cache,
                                              const struct nvfipc_request *req,
                                              int64_t timeout_ms);
+
+// `nvfipc_host_p2p_send_post` on an opened channel (no lookup). `NVFIPC_STATUS_INVALID_STATE`,
+// changing nothing, when the channel is stale (see `nvfipc_channel`).
+enum nvfipc_status nvfipc_host_channel_send_post(const struct nvfipc_channel *ch);
+
+// `nvfipc_host_p2p_recv_post` on an opened channel (no lookup); `timeout_ms` < 0: the timeout
+// of the cache it was opened from. `NVFIPC_STATUS_INVALID_STATE`, touching no buffer, when the
+// channel is stale.
+enum nvfipc_status nvfipc_host_channel_recv_post(const struct nvfipc_channel *ch,
+                                                 uint64_t bytes,
+                                                 int64_t timeout_ms);
+
+// `nvfipc_host_p2p_send_wait` on an opened channel (no lookup); `timeout_ms` as in
+// `nvfipc_host_channel_recv_post`.
+enum nvfipc_status nvfipc_host_channel_send_wait(const struct nvfipc_channel *ch,
+                                                 int64_t timeout_ms);
 
 // Sets the most verbose level written (`NVFIPC_LOG_OFF` .. `NVFIPC_LOG_TRACE`), overriding
 // `NVFIPC_DEBUG`, for the whole process. Thread-safe.
@@ -917,8 +980,8 @@ enum nvfipc_status nvfipc_server_free(struct nvfipc_server *server,
 // `symm:<tag>`), so members may call in any order and ranks outside the group take no part.
 // Imports are deduplicated and released like any exchange's (when the buffer is replaced, or
 // the cache freed); a second rendezvous of the same buffers costs no store traffic. The mapped
-// pointers stay valid until the next rendezvous of `tag` with other buffers, or
-// `nvfipc_cache_free`. `timeout_ms` < 0: the cache's timeout; on timeout the message names the
+// pointers stay valid until the next rendezvous of `tag` with other buffers,
+// `nvfipc_symmetric_release` of `tag`, or `nvfipc_cache_free`. `timeout_ms` < 0: the cache's timeout; on timeout the message names the
 // peer that did not come.
 enum nvfipc_status nvfipc_symmetric_rendezvous(const struct nvfipc_cache *cache,
                                                const char *tag,
@@ -931,6 +994,41 @@ enum nvfipc_status nvfipc_symmetric_rendezvous(const struct nvfipc_cache *cache,
                                                uint64_t *out_ptrs,
                                                uint64_t *out_bytes,
                                                size_t n_out);
+
+// Maps every member's buffer of the last rendezvous of `tag` (same cache) again, in increasing
+// rank order (this rank's own included), into ONE reserved virtual address range: member i's
+// buffer is at `*out_base + i * *out_stride`. Local: no store traffic, no waiting for peers.
+//
+// Every member's buffer must have the same size and the same offset within its allocation
+// granule (`NVFIPC_STATUS_INVALID_ARGUMENT` names the members that differ). Device buffers must
+// be VMM allocations (`cuMemCreate` + `cuMemMap`, incl. PyTorch's expandable segments): the
+// range is reserved with `cuMemAddressReserve`, `stride` = the span of the physical
+// allocation(s) holding a buffer (its size plus its offset within its first allocation, in
+// whole allocation granules), this rank's allocations mapped through
+// `cuMemRetainAllocationHandle` and the peers' through the handles their import holds (nothing
+// is imported again), read-write for this device; `cudaMalloc` or stream-ordered pool memory
+// cannot be mapped again: `NVFIPC_STATUS_UNSUPPORTED`. Host buffers (`nvfipc_host_alloc`) are
+// mapped at page granularity (`stride` = the buffer's size plus its offset in its page, in
+// whole pages).
+//
+// The view is owned by the cache: a second call returns the same view at no cost; it is
+// unmapped by the next rendezvous of `tag` with other buffers, `nvfipc_symmetric_release` or
+// `nvfipc_cache_free`. `NVFIPC_STATUS_INVALID_ARGUMENT` when `tag` was not rendezvoused.
+enum nvfipc_status nvfipc_symmetric_contiguous_view(const struct nvfipc_cache *cache,
+                                                    const char *tag,
+                                                    uint64_t *out_base,
+                                                    uint64_t *out_stride);
+
+// Drops, in this process, what the rendezvous of `tag` mapped: the peers' buffers (each import
+// released once: a mapping that another channel shares stays) and the contiguous view. Local
+// only: no store traffic, no waiting for peers; cheap, and it never aborts, so it may be called
+// from a destructor. Afterwards the pointers of the rendezvous and of the view are invalid
+// (finish the device work that uses them first); a later rendezvous of `tag`, with the same
+// buffers or others, works whatever the order in which the members released and came back.
+// `NVFIPC_STATUS_INVALID_ARGUMENT` when `tag` was not rendezvoused (or is released already);
+// `NVFIPC_STATUS_INVALID_STATE` while a rendezvous of `tag` runs on another thread or is
+// suspended after a timeout.
+enum nvfipc_status nvfipc_symmetric_release(const struct nvfipc_cache *cache, const char *tag);
 
 // The version of the loaded library, e.g. "0.4.0"; compare with `NVFIPC_VERSION` from the
 // header. Static: never NULL, never freed. Thread-safe.

@@ -681,6 +681,63 @@ class P2pHandle {
 
 using CacheStats = nvfipc_cache_counters;
 
+// ---- Channel ----------------------------------------------------------------------------------
+
+// One exchanged channel opened for its transfers (HandleCache::channel): a post does no lookup.
+// Stale once a later exchange replaces the channel's buffers, an exchange of it fails, or its
+// cache is freed: every call then throws InvalidStateError and touches nothing; open it again
+// after the exchange. Does not keep the cache alive. Move-only; freed by its destructor.
+class Channel {
+ public:
+  Channel() noexcept = default;
+  Channel(Channel&&) noexcept = default;
+  Channel& operator=(Channel&&) noexcept = default;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  // Takes ownership of a channel from nvfipc_channel_open.
+  explicit Channel(nvfipc_channel* raw) noexcept : handle_(raw) {}
+
+  // Device P2P (nvFuser's get_zcopy), enqueued on `stream` (a CUstream / cudaStream_t).
+  void sendPost(void* stream) const {
+    detail::check(nvfipc_cuda_channel_send_post(raw(), stream), "nvfipc_cuda_channel_send_post");
+  }
+  void recvPost(uint64_t bytes, void* stream) const {
+    detail::check(nvfipc_cuda_channel_recv_post(raw(), bytes, stream),
+                  "nvfipc_cuda_channel_recv_post");
+  }
+  void sendWait(void* stream) const {
+    detail::check(nvfipc_cuda_channel_send_wait(raw(), stream), "nvfipc_cuda_channel_send_wait");
+  }
+
+  // Host P2P over shared memory, run by the calling thread; recv and wait block (bounded by
+  // `timeout`; kDefaultTimeout: the cache's).
+  void hostSendPost() const {
+    detail::check(nvfipc_host_channel_send_post(raw()), "nvfipc_host_channel_send_post");
+  }
+  void hostRecvPost(uint64_t bytes, Milliseconds timeout = kDefaultTimeout) const {
+    detail::check(nvfipc_host_channel_recv_post(raw(), bytes, timeout.count()),
+                  "nvfipc_host_channel_recv_post");
+  }
+  void hostSendWait(Milliseconds timeout = kDefaultTimeout) const {
+    detail::check(nvfipc_host_channel_send_wait(raw(), timeout.count()),
+                  "nvfipc_host_channel_send_wait");
+  }
+
+  // The channel's handles, as HandleCache::get gives them (InvalidStateError once stale).
+  P2pHandle handles() const {
+    nvfipc_p2p_handle h{};
+    detail::check(nvfipc_channel_handles(raw(), &h), "nvfipc_channel_handles");
+    return P2pHandle(h);
+  }
+
+  void close() { detail::check(handle_.close(), "nvfipc_channel_free"); }
+  nvfipc_channel* raw() const { return detail::live(handle_.get(), "nvfipc::Channel"); }
+  explicit operator bool() const noexcept { return handle_.get() != nullptr; }
+
+ private:
+  detail::Owned<nvfipc_channel, nvfipc_channel_free> handle_;
+};
+
 // ---- HandleCache ------------------------------------------------------------------------------
 
 // Exchanges and caches P2P handles (nvFuser's IpcHandleCache). Thread-safe; concurrent
@@ -736,6 +793,15 @@ class HandleCache {
     return P2pHandle(h);
   }
 
+  // The channel of an exchanged request, opened for its transfers (see Channel); NotFoundError
+  // when it was not exchanged.
+  Channel channel(const Request& request) const {
+    nvfipc_request c = request.toC();
+    nvfipc_channel* raw_channel = nullptr;
+    detail::check(nvfipc_channel_open(raw(), &c, &raw_channel), "nvfipc_channel_open");
+    return Channel(raw_channel);
+  }
+
   // One member's buffer of a symmetric allocation, as mapped in this process.
   struct SymmetricPeer {
     int64_t rank;
@@ -769,6 +835,38 @@ class HandleCache {
       out.push_back({members[i], reinterpret_cast<void*>(ptrs[i]), sizes[i]});
     }
     return out;
+  }
+
+  // A contiguous view of a symmetric allocation: member i's buffer (i-th in increasing rank
+  // order) at `base + i * stride`.
+  struct SymmetricView {
+    void* base;
+    uint64_t stride;
+    void* member(size_t i) const {
+      return static_cast<char*>(base) + static_cast<uint64_t>(i) * stride;
+    }
+  };
+
+  // Maps every member's buffer of the last rendezvous of `tag` again, in increasing rank order
+  // (this rank's own included), into one reserved address range. Every member's buffer must
+  // have the same size and offset within its allocation granule (InvalidArgumentError names
+  // those that differ); device buffers must be VMM allocations (UnsupportedError for cudaMalloc
+  // or pool memory). The view belongs to the cache: asking again returns it at no cost; it is
+  // unmapped by a rendezvous of `tag` with other buffers, symmetricRelease(tag) or the cache's end.
+  SymmetricView symmetricContiguousView(const std::string& tag) const {
+    uint64_t base = 0, stride = 0;
+    detail::check(nvfipc_symmetric_contiguous_view(raw(), tag.c_str(), &base, &stride),
+                  "nvfipc_symmetric_contiguous_view");
+    return {reinterpret_cast<void*>(base), stride};
+  }
+
+  // Drops, in this process, what the rendezvous of `tag` mapped (the peers' buffers and the
+  // view); local and cheap: no store traffic, no waiting for peers. The pointers are invalid
+  // afterwards; a later rendezvous of `tag` works whatever order the members released in.
+  // Throws like every call (InvalidArgumentError when `tag` is not rendezvoused): a destructor
+  // calls it inside try/catch, or calls nvfipc_symmetric_release, which never throws.
+  void symmetricRelease(const std::string& tag) const {
+    detail::check(nvfipc_symmetric_release(raw(), tag.c_str()), "nvfipc_symmetric_release");
   }
 
   CacheStats stats() const {

@@ -939,3 +939,44 @@ fn segment_lists_survive_the_store_and_known_allocations() {
     }
     drop(pools);
 }
+
+/// An opened channel stays current through exchanges that change nothing, goes stale on both
+/// sides when one side replaces its buffer (the sender's own handles and the receiver's mapping
+/// of it), and for good when the cache is closed.
+#[test]
+fn opened_channels_go_stale_exactly_when_their_buffers_change() {
+    let (c, _bufs, reqs) = exchanged_pair("ut_open");
+    let send = c[0].open_channel(&reqs[0]).unwrap();
+    let recv = c[1].open_channel(&reqs[1]).unwrap();
+    assert_eq!(peer_byte(recv.handles().unwrap()), 1);
+    assert!(send.is_send() && !recv.is_send());
+    let (x, y) = step(&c, &reqs[..1], &reqs[1..]);
+    x.unwrap();
+    y.unwrap();
+    assert!(
+        send.is_current() && recv.is_current(),
+        "a hit changes nothing"
+    );
+    let other = buf("ut_open", 7);
+    let moved = Request::send(1, "x", other.addr(), 64, MemKind::Host);
+    let (x, y) = step(&c, std::slice::from_ref(&moved), &reqs[1..]);
+    x.unwrap();
+    y.unwrap();
+    for stale in [&send, &recv] {
+        let err = stale.handles().unwrap_err();
+        assert_eq!(err.status, Status::InvalidState, "{err}");
+        assert!(err.message.contains("re-open the channel"), "{err}");
+    }
+    assert!(
+        c[0].open_channel(&reqs[0]).is_err(),
+        "the old buffer is gone"
+    );
+    let reopened = c[1].open_channel(&reqs[1]).unwrap();
+    assert_eq!(peer_byte(reopened.handles().unwrap()), 7);
+    let sender = c[0].open_channel(&moved).unwrap();
+    close_all(c);
+    for closed in [&reopened, &sender] {
+        let err = closed.handles().unwrap_err();
+        assert!(err.message.contains("was freed"), "{err}");
+    }
+}

@@ -19,6 +19,7 @@ pub mod barrier;
 pub mod context;
 pub mod cuda;
 pub mod default_transports;
+pub mod departures;
 pub mod env;
 pub mod error;
 pub mod exchange;

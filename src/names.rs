@@ -51,6 +51,11 @@ impl CacheNames {
         }
     }
 
+    /// The job these names belong to.
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
     /// Shm name of the board of `rank` (`/nvfipc-<job>[-<scope>]-g<generation>-b<rank>`).
     pub fn board(&self, rank: usize) -> String {
         let job = job_tag(&self.job_id);

@@ -273,3 +273,62 @@ fn bench_quick_smoke() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The symmetric scenario runs the group sizes of `--ranks`, checks every peer's data, and writes
+/// its table, phase lines, JSON rows and plot.
+#[test]
+fn bench_symmetric_smoke() {
+    let dir = std::env::temp_dir().join(format!("nvfipc-bench-symm-{}", std::process::id()));
+    let json = dir.join("bench.json");
+    let run = nvfipc(
+        &[
+            "bench",
+            "--quick",
+            "--scenario",
+            "symmetric",
+            "--transport",
+            "host",
+            "--ranks",
+            "2,3",
+            "--json",
+            json.to_str().unwrap(),
+            "--svg-dir",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        run.status.success(),
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        run.status,
+        run.stdout,
+        run.stderr
+    );
+    let out = &run.stdout;
+    for needle in [
+        "== Symmetric rendezvous, host (shared memory)",
+        "symmetric at W=3, where the first rendezvous goes",
+        "symmetric at W=3, where the cache hit goes",
+        "symmetric rendezvous at W=3: per-peer cost vs W=2",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+    assert!(!out.contains("== Ring exchange"), "{out}");
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| matches!(l.split_whitespace().next(), Some("2" | "3")))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    let text = std::fs::read_to_string(&json).unwrap();
+    for key in [
+        "\"symmetric\"",
+        "\"per_peer_ns\"",
+        "\"first_phases\"",
+        "\"world\": 3",
+    ] {
+        assert!(text.contains(key), "missing {key} in {text}");
+    }
+    let svg = std::fs::read_to_string(dir.join("symmetric.svg")).unwrap();
+    assert!(svg.contains("<polyline"), "{svg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -33,6 +33,29 @@ void SendWait(const HandleCache& cache, const Request& send, Memory& mem) {
   }
 }
 
+// The same on an opened channel.
+void SendPost(const nvfipc::Channel& ch, Memory& mem) {
+  if (mem.kind() == nvfipc::MemKind::Host) {
+    ch.hostSendPost();
+  } else {
+    ch.sendPost(mem.stream());
+  }
+}
+void RecvPost(const nvfipc::Channel& ch, uint64_t bytes, Memory& mem) {
+  if (mem.kind() == nvfipc::MemKind::Host) {
+    ch.hostRecvPost(bytes);
+  } else {
+    ch.recvPost(bytes, mem.stream());
+  }
+}
+void SendWait(const nvfipc::Channel& ch, Memory& mem) {
+  if (mem.kind() == nvfipc::MemKind::Host) {
+    ch.hostSendWait();
+  } else {
+    ch.sendWait(mem.stream());
+  }
+}
+
 template <typename T>
 void ExpectValues(const std::vector<T>& got, const std::vector<T>& want, int64_t rank,
                   const std::string& where) {
@@ -139,6 +162,71 @@ void RunCudaComm(const nvfipc::Context& ctx, Memory& mem, const std::string& sco
   Expect(s.misses <= 2, rank, "misses = " + std::to_string(s.misses) + " (buffers never change)");
 }
 
+void RunChannelComm(const nvfipc::Context& ctx, Memory& mem, const std::string& scope) {
+  constexpr int kRepetitions = 16;
+  constexpr int kSwapAt = 8;
+  constexpr size_t kNumel = 8;
+  constexpr size_t kBytes = kNumel * sizeof(float);
+  const int64_t rank = ctx.rank();
+  const int64_t world = ctx.worldSize();
+  const int64_t send_peer = (rank + 1) % world;
+  const int64_t recv_peer = (world + rank - 1) % world;
+  const auto kind = mem.kind();
+
+  std::shared_ptr<void> sends[2] = {mem.alloc(kBytes), mem.alloc(kBytes)};
+  std::shared_ptr<void> recv = mem.alloc(kBytes);
+  const Request recv_req = Request::recv(recv_peer, "channel", recv.get(), kBytes, kind);
+  HandleCache cache(ctx, scope);
+  nvfipc::Channel send_ch, recv_ch;
+
+  for (int i = 0; i < kRepetitions; ++i) {
+    void* send = sends[i < kSwapAt ? 0 : 1].get();
+    const Request send_req = Request::send(send_peer, "channel", send, kBytes, kind);
+    std::vector<float> values(kNumel);
+    for (size_t j = 0; j < kNumel; ++j) values[j] = static_cast<float>(j + 10 * i + 100 * rank);
+    mem.upload(send, values.data(), kBytes);
+
+    cache.exchangeHandles({send_req, recv_req});
+    if (i == kSwapAt) {
+      // Every rank replaced its send buffer: its own send channel and its receive channel (the
+      // peer's buffer) are stale, and say so without touching anything.
+      bool send_stale = false, recv_stale = false;
+      try {
+        SendPost(send_ch, mem);
+      } catch (const nvfipc::InvalidStateError&) {
+        send_stale = true;
+      }
+      try {
+        RecvPost(recv_ch, kBytes, mem);
+      } catch (const nvfipc::InvalidStateError&) {
+        recv_stale = true;
+      }
+      Expect(send_stale && recv_stale, rank, "channels of replaced buffers are stale");
+    }
+    if (i == 0 || i == kSwapAt) {
+      send_ch = cache.channel(send_req);
+      recv_ch = cache.channel(recv_req);
+      Expect(recv_ch.handles().local().ptr() == recv.get(), rank, "the channel's handles");
+    }
+    SendPost(send_ch, mem);
+    RecvPost(recv_ch, kBytes, mem);
+    SendWait(send_ch, mem);
+
+    std::vector<float> got(kNumel), want(kNumel);
+    mem.download(got.data(), recv.get(), kBytes);
+    for (size_t j = 0; j < kNumel; ++j) want[j] = static_cast<float>(j + 10 * i + 100 * recv_peer);
+    ExpectValues(got, want, rank, "repetition " + std::to_string(i));
+  }
+  cache.close();
+  bool closed_stale = false;
+  try {
+    SendPost(send_ch, mem);
+  } catch (const nvfipc::InvalidStateError&) {
+    closed_stale = true;
+  }
+  Expect(closed_stale, rank, "a channel of a freed cache is stale");
+}
+
 void RunRingAllgather(const nvfipc::Context& ctx, Memory& mem, const std::string& scope) {
   constexpr int kRepetitions = 5;
   constexpr int64_t kChunk = 64;  // int32 elements per rank
@@ -228,12 +316,48 @@ void RunSymmetric(const nvfipc::Context& ctx, Memory& mem, const std::string& sc
   const auto again = cache.symmetricRendezvous("table", mem.kind(), buf.get(), kBytes);
   Expect(again[world - 1].ptr == peers[world - 1].ptr, rank, "a second rendezvous maps again");
   Expect(cache.stats().store_round_trips == trips, rank, "a second rendezvous used the store");
+  // The contiguous view: member r's buffer at base + r * stride (device memory: VMM only).
+  try {
+    const auto view = cache.symmetricContiguousView("table");
+    for (int64_t r = 0; r < world; ++r) {
+      std::vector<int32_t> got(kNumel), want(kNumel);
+      mem.download(got.data(), view.member(static_cast<size_t>(r)), kBytes);
+      for (size_t j = 0; j < kNumel; ++j) want[j] = static_cast<int32_t>(1000 * r + j);
+      ExpectValues(got, want, rank, "rank " + std::to_string(r) + "'s buffer in the view");
+    }
+    Expect(cache.symmetricContiguousView("table").base == view.base, rank, "asked again, the view moved");
+  } catch (const nvfipc::UnsupportedError& e) {
+    Expect(mem.kind() == nvfipc::MemKind::Device &&
+               e.message().find("VMM allocation is needed") != std::string::npos,
+           rank, std::string("the view was refused: ") + e.what());
+  }
+  ctx.barrier();  // every rank is done reading before any releases
+  // Released, then the same buffers again: re-imported from the records kept, no store traffic.
+  cache.symmetricRelease("table");
+  const uint64_t released_trips = cache.stats().store_round_trips;
+  const auto back = cache.symmetricRendezvous("table", mem.kind(), buf.get(), kBytes);
+  for (int64_t r = 0; r < world; ++r) {
+    std::vector<int32_t> got(kNumel), want(kNumel);
+    mem.download(got.data(), back[r].ptr, kBytes);
+    for (size_t j = 0; j < kNumel; ++j) want[j] = static_cast<int32_t>(1000 * r + j);
+    ExpectValues(got, want, rank, "rank " + std::to_string(r) + "'s buffer after a release");
+  }
+  Expect(cache.stats().store_round_trips == released_trips, rank,
+         "a rendezvous after a release used the store");
   ctx.barrier();  // nobody frees its buffer while a peer may still read it
+  cache.symmetricRelease("table");
+  bool refused = false;
+  try {
+    cache.symmetricRelease("table");
+  } catch (const nvfipc::InvalidArgumentError&) {
+    refused = true;
+  }
+  Expect(refused, rank, "a second release was accepted");
 }
 
 const std::vector<std::string>& ScenarioNames() {
   static const std::vector<std::string> names = {"ShareIpcMemHandles", "CudaComm",
-                                                 "RingAllgather", "Symmetric"};
+                                                 "ChannelComm", "RingAllgather", "Symmetric"};
   return names;
 }
 
@@ -241,6 +365,7 @@ void RunScenario(const std::string& name, const nvfipc::Context& ctx, Memory& me
                  const std::string& scope) {
   if (name == "ShareIpcMemHandles") return RunShareIpcMemHandles(ctx, mem, scope);
   if (name == "CudaComm") return RunCudaComm(ctx, mem, scope);
+  if (name == "ChannelComm") return RunChannelComm(ctx, mem, scope);
   if (name == "RingAllgather") return RunRingAllgather(ctx, mem, scope);
   if (name == "Symmetric") return RunSymmetric(ctx, mem, scope);
   throw std::invalid_argument("unknown scenario '" + name + "'");

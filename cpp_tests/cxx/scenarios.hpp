@@ -6,10 +6,15 @@
 // * CudaComm (P2PCommunicationTest.CudaComm): float x8, 32 repetitions of send post, receive
 //   post (32 bytes) and send wait over the semaphore protocol; expects
 //   arange(8) + 10i + 100*recv_peer.
+// * ChannelComm: CudaComm's transfers on channels opened once (HandleCache::channel), 16
+//   repetitions; at the 8th every rank replaces its send buffer: the old channels throw
+//   InvalidStateError, re-opened ones carry on; after the cache is closed they throw again.
 // * RingAllgather: a pipelined ring allgather (world-1 steps, each chunk in slices that are
 //   forwarded as soon as they arrive), 5 repetitions; every rank ends with every chunk.
 // * Symmetric: every rank maps every other rank's buffer with one symmetric rendezvous (no
-//   barrier), checks each, and a second rendezvous costs no store round trip.
+//   barrier), checks each, and a second rendezvous costs no store round trip; reads every
+//   buffer through the contiguous view (device memory that is not VMM: refused as unsupported);
+//   releases and rendezvouses again with no store round trip; a second release is refused.
 //
 // Each throws ScenarioFailure naming rank, repetition and element on a wrong value; library
 // errors arrive as nvfipc::Error.
@@ -33,6 +38,7 @@ struct ScenarioFailure : std::runtime_error {
 // distinct per scenario run in one process).
 void RunShareIpcMemHandles(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
 void RunCudaComm(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
+void RunChannelComm(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
 void RunRingAllgather(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
 void RunSymmetric(const nvfipc::Context& ctx, Memory& mem, const std::string& scope);
 

@@ -20,6 +20,8 @@ std::vector<uint8_t> Bytes(const std::string& s) { return std::vector<uint8_t>(s
 static_assert(!std::is_copy_constructible_v<nvfipc::Store>);
 static_assert(!std::is_copy_constructible_v<nvfipc::Context>);
 static_assert(!std::is_copy_constructible_v<nvfipc::HandleCache>);
+static_assert(!std::is_copy_constructible_v<nvfipc::Channel>);
+static_assert(std::is_nothrow_move_assignable_v<nvfipc::Channel>);
 static_assert(!std::is_copy_constructible_v<nvfipc::HostBuffer>);
 static_assert(!std::is_copy_constructible_v<nvfipc::Server>);
 static_assert(std::is_nothrow_move_constructible_v<nvfipc::Store>);
@@ -189,6 +191,11 @@ TEST(Wrapper, OneRankContextAndCacheMisuse) {
   EXPECT_THROW(cache.get(nvfipc::Request::recv(0, "t", buf.data(), 64, nvfipc::MemKind::Host)),
                nvfipc::Error);
   cache.exchangeHandles({});  // an empty batch is a no-op
+  EXPECT_THROW(cache.channel(nvfipc::Request::recv(0, "t", buf.data(), 64, nvfipc::MemKind::Host)),
+               nvfipc::InvalidArgumentError);
+  nvfipc::Channel none;
+  EXPECT_FALSE(none);
+  EXPECT_THROW(none.hostSendPost(), nvfipc::InvalidStateError);
   const nvfipc::CacheStats s = cache.stats();
   EXPECT_EQ(s.opens, 0u);
   cache.close();

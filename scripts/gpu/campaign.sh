@@ -8,14 +8,17 @@
 #   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu/cxx-check.sh, NPS)
 #   lifecycle   PyTorch allocator lifecycles, churn and random programs, expandable segments and
 #               the default allocator (scripts/gpu/lifecycle-check.sh)
+#   symmetric   the symmetric rendezvous over PyTorch tensors, VMM and cudaMalloc
+#               (scripts/gpu/symmetric-check.sh)
 #   demo        `nvfipc demo --transport device` with the largest rank count
 #   bench       `nvfipc bench` (exchange on the device; store and barrier on this machine's CPUs)
 # $OUT/campaign.txt gets one line per stage (status, seconds); every log, report and plot is packed
 # into $OUT/campaign.tgz, and the benchmark's tables, JSON and plots are also copied to $OUT
 # itself. Exits non-zero when a stage fails.
 #
-#   OUT (default ./gpu-out), RANKS (default "2 4 8"), BENCH_SCENARIOS (default
-#   exchange,store,barrier), BENCH_TIMEOUT (seconds, default 300)
+#   OUT (default ./gpu-out), RANKS (default "2 4 8"), STAGES (the stages to run, default all of
+#   the above), BENCH_SCENARIOS (default exchange,store,barrier), BENCH_TIMEOUT (seconds,
+#   default 300)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out}"
@@ -31,9 +34,12 @@ summary="$OUT/campaign.txt"
 : >"$summary"
 failures=0
 
+STAGES="${STAGES:-gpu-check release cxx lifecycle symmetric demo bench}"
+
 stage() {
   local name="$1" limit="$2"
   shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
   local start rc
   start=$(date +%s)
   echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
@@ -57,6 +63,7 @@ stage gpu-check 200 env OUT="$OUT/gpu-check" NVFIPC_GPU_RANKS="$RANKS" bash scri
 stage release 300 env OUT="$OUT/release" RELEASE_BENCH=0 bash scripts/gpu/release-check.sh
 stage cxx 150 env OUT="$OUT/cxx" NPS="$RANKS" bash scripts/gpu/cxx-check.sh
 stage lifecycle 420 env OUT="$OUT/lifecycle" RANKS="$RANKS" bash scripts/gpu/lifecycle-check.sh
+stage symmetric 300 env OUT="$OUT/symmetric" RANKS="$RANKS" bash scripts/gpu/symmetric-check.sh
 stage demo 60 target/release/nvfipc demo --ranks "$largest" --transport device --iters 20
 mkdir -p "$OUT/bench"
 stage bench "${BENCH_TIMEOUT:-300}" env NVFIPC_PYTHON="$(command -v python3)" \

@@ -2,8 +2,11 @@
 # Symmetric memory on the GPU machine (one GPU, several ranks; no cargo there), run from the
 # repository root with the library built elsewhere: tests/gpu/torch_symmetric.py under mpirun at
 # each rank count, with PyTorch's expandable segments (VMM) and its default allocator
-# (cudaMalloc). One JSON line per rank under $OUT, and a table of the rendezvous cost (median
-# over ranks of the first rendezvous, of a second one, and of a fresh tensor) per run.
+# (cudaMalloc). Each run also checks the contiguous view (read through it with expandable
+# segments, refused as unsupported with cudaMalloc) and release + rendezvous again in a loop
+# without growth of the live VMM mappings. One JSON line per rank under $OUT, and a table of the
+# rendezvous cost (median over ranks of the first rendezvous, of a second one, and of a fresh
+# tensor) per run.
 # Environment: OUT (default ./gpu-out/symmetric), NVFIPC_LIB (default
 # target/release/libnvfuser_ipc.so), RANKS (default "2 4 8"), MIB (tensor size, default 64).
 set -uo pipefail
@@ -33,7 +36,11 @@ rows = [json.loads(l) for l in open(path) if l.startswith("{")]
 ok = rc == 0 and len(rows) == np and all(r["ok"] for r in rows)
 med = lambda k: statistics.median(r[k] for r in rows) if rows else float("nan")
 print(f"{name}: {'ok' if ok else 'FAILED'} rc={rc} ranks={len(rows)}/{np} first {med('first_us'):.0f} us, "
-      f"again {med('again_us_median'):.1f} us, fresh {med('fresh_us'):.0f} us")
+      f"again {med('again_us_median'):.1f} us, fresh {med('fresh_us'):.0f} us, "
+      f"view stride {rows[0].get('view_stride', 'refused') if rows else '-'}")
+for r in rows:
+    if not r["ok"]:
+        print(f"  rank {r['rank']}: {r['mismatches']}")
 sys.exit(0 if ok else 1)
 PY
     [ "$rc" -eq 0 ] || tail -n 5 "$OUT/$name.err"

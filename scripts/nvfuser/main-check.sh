@@ -17,6 +17,9 @@
 #            test_multidevice_{alltoallv,communications,dispatch_combine,host_ir,host_ir_overlap,ipc,
 #            lower_communication,lower_communication_cuda,stream_parallel_type,symmetric_tensor,tma,
 #            tutorial}.cpp
+#   driver   integrations/nvfuser/main/driver/main_driver.cpp (nvfipc_main_driver, test flags)
+#            against the drop-in's header, and again against nvFuser's own header (no overlay;
+#            that compile must read csrc/multidevice/ipc_handle.h): the suite builds it in both
 # Then every IpcHandle* / P2pIpcHandle / IpcHandleCache / SymMem* / SymmetricMemory* symbol the
 # callers' objects need is checked to be defined by our object. Any file missing, not compiled
 # or skipped fails the check (non-zero, FAILED); it says PASSED only when every file compiled.
@@ -169,6 +172,11 @@ failed=()
 compile() { # name source flags...
   local name="$1" src="$2"
   shift 2
+  # MAIN_CHECK_ONLY="name ...": compile only these (a quick check; the symbol check then covers
+  # only them).
+  if [ -n "${MAIN_CHECK_ONLY:-}" ] && [[ " $MAIN_CHECK_ONLY " != *" $name "* ]]; then
+    return 0
+  fi
   [ -f "$src" ] || die "$src missing: the checkout needs csrc/, tests/cpp/ and benchmarks/cpp/ of nvFuser"
   say "compiling ${src#"$fuser"/}"
   local start=$SECONDS
@@ -207,6 +215,15 @@ for entry in \
 done
 compile jit "$fuser/csrc/host_ir/jit.cpp" "${codegen_flags[@]}" "${llvm_flags[@]}"
 callers+=(jit)
+# SymmetricTensor with the overlay (integrations/nvfuser/main/symmetric_overlay.py) applied to a
+# copy of its source: it calls the drop-in's nvfipc_symmetric functions.
+mkdir -p "$out/overlaid/csrc/multidevice"
+cp "$fuser/csrc/multidevice/symmetric_tensor.cpp" "$out/overlaid/csrc/multidevice/"
+python3 "$dropin/symmetric_overlay.py" "$out/overlaid" >/dev/null ||
+  die "symmetric_overlay.py does not apply to $fuser/csrc/multidevice/symmetric_tensor.cpp"
+compile symmetric_tensor_overlaid "$out/overlaid/csrc/multidevice/symmetric_tensor.cpp" \
+  "${codegen_flags[@]}" -I"$fuser/csrc"
+callers+=(symmetric_tensor_overlaid)
 compile p2p_communication_bench "$fuser/benchmarks/cpp/p2p_communication.cpp" "${bench_flags[@]}"
 callers+=(p2p_communication_bench)
 for test in test_host_irs test_host_ir_evaluator test_host_ir_integration test_host_ir_stream_lowering \
@@ -219,14 +236,37 @@ for test in test_host_irs test_host_ir_evaluator test_host_ir_integration test_h
   callers+=("$test")
 done
 
+# nvfipc_main_driver, built by scripts/nvfuser/main-suite.sh with the stock files and with the
+# drop-in: against both headers.
+driver_src="$dropin/driver/main_driver.cpp"
+compile main_driver "$driver_src" "${test_flags[@]}"
+callers+=(main_driver)
+stock_common=()
+for flag in "${common[@]}"; do [ "$flag" = "-I$overlay" ] || stock_common+=("$flag"); done
+say "compiling ${driver_src#"$root"/} against nvFuser's own ipc_handle.h"
+start=$SECONDS
+if ! "$cxx" "${stock_common[@]}" "${test_flags[@]}" -MD -MF "$out/main_driver_stock.d" -c "$driver_src" \
+    -o "$out/main_driver_stock.o" >"$out/main_driver_stock.log" 2>&1; then
+  head -n 40 "$out/main_driver_stock.log" >&2
+  say "  FAILED: main_driver_stock (full log: $out/main_driver_stock.log)"
+  failed+=(main_driver_stock)
+elif ! grep -q "$fuser/csrc/multidevice/ipc_handle.h" "$out/main_driver_stock.d"; then
+  say "  FAILED: main_driver_stock did not read nvFuser's csrc/multidevice/ipc_handle.h"
+  failed+=(main_driver_stock)
+else
+  say "  ok in $((SECONDS - start)) s (includes nvFuser's own ipc_handle.h)"
+  compiled+=(main_driver_stock)
+fi
+
 [ "${#failed[@]}" -eq 0 ] || die "${#failed[@]} file(s) did not compile: ${failed[*]} (compiled: ${compiled[*]})"
 
 # ---- symbols: what the callers need from ipc_handle.o, it defines --------------------------------
 defined="$(nm -C --defined-only "$out/ipc_handle.o" | grep -E ' [TWVu] ' | sed 's/^[0-9a-f]* [TWVu] //' | sort -u)"
-ours_re='nvfuser::(IpcHandle|P2pIpcHandle|IpcHandleCache|SymmetricMemoryHandle|SymmetricMemoryHandleCache|SymMemFor[A-Za-z]*|SymmetricMemoryFor[A-Za-z]*)(::|$)'
+ours_re='nvfuser::(IpcHandle|P2pIpcHandle|IpcHandleCache|SymmetricMemoryHandle|SymmetricMemoryHandleCache|SymMemFor[A-Za-z]*|SymmetricMemoryFor[A-Za-z]*|nvfipc_symmetric)(::|$)'
 missing=0
 used=0
 for obj in "${callers[@]}"; do
+  [ -n "${MAIN_CHECK_ONLY:-}" ] && [ ! -f "$out/$obj.o" ] && continue
   while IFS= read -r sym; do
     [ -z "$sym" ] && continue
     used=$((used + 1))
@@ -242,4 +282,5 @@ done
 [ "$missing" -eq 0 ] || die "$missing symbol(s) used by nvFuser are not defined by the drop-in"
 [ "$used" -gt 0 ] || die "no caller needs a symbol of the drop-in: the overlay did not take effect"
 say "nvfipc symbols ipc_handle.o imports from libnvfuser_ipc: $(nm --undefined-only "$out/ipc_handle.o" | grep -c ' nvfipc_')"
+[ -n "${MAIN_CHECK_ONLY:-}" ] && say "only $MAIN_CHECK_ONLY were compiled (MAIN_CHECK_ONLY)"
 say "PASSED: the drop-in compiles against nvFuser $FUSER_COMMIT at $fuser with -Wall -Werror, and every caller (${callers[*]}) compiles against its header and links to it ($used symbol uses)"

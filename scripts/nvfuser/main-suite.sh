@@ -18,13 +18,18 @@
 #   JOBS      ninja -j (default 16)
 #   SHARDS    parallel single-rank shards per build (default 6)
 #   TEST_TIMEOUT   seconds for the single-rank runs, all shards of both builds at once (default 300)
-#   MR_TEST_TIMEOUT  seconds for one test with two ranks, both builds at once (default 60)
-#   MR_FILTER, MR_EXCLUDE  gtest patterns of the two-rank tests (defaults: below)
+#   SR_EXCLUDE     gtest patterns left out of the single-rank run (default: below)
+#   MR_TEST_TIMEOUT  seconds for one test at one world size, both builds at once (default 90)
+#   MR_WORLDS      world sizes of the multi-rank tests (default "2 4")
+#   MR_PROCS       test processes at once in the multi-rank run (default 24)
+#   MR_FILTER, MR_EXCLUDE  gtest patterns of the multi-rank tests (defaults: below);
+#   MR_WIDE_FILTER the tests run above two ranks (default: below)
 #
 # Steps (a marker file under $WORK/state records each one done):
 #   unpack      sources, LLVM, nvfuser-ipc; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock;
 #               one include() of nvfuser_ipc.cmake appended to nvFuser's CMakeLists.txt (links the
-#               library; the stock sources do not use it)
+#               library; the stock sources do not use it), then one of main_driver.cmake
+#               (nvfipc_main_driver, integrations/nvfuser/main/driver/)
 #   patch       the same changes in both builds, none in the two files under test:
 #               - host_ir/evaluator.cpp: HostIrEvaluator's default stream on the local device
 #                 (my_local_device_index_) instead of cuda:<global rank>, which does not exist
@@ -38,17 +43,24 @@
 #                 ranks on one GPU run them (CUDA IPC between processes on one device works)
 #   configure   Ninja, no optimisation (CMAKE_BUILD_TYPE empty), BUILD_TEST=ON, BUILD_PYTHON=OFF,
 #               NVFUSER_DISABLE_CUTLASS=ON, LLVM_DIR = the carried LLVM 19
-#   build-stock, stash-stock  nvFuser's own files; test_multidevice copied to $WORK/bin-stock
-#   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them (ninja rebuilds their
-#               includers and relinks)
+#   build-stock, stash-stock  nvFuser's own files; test_multidevice and nvfipc_main_driver copied
+#               to $WORK/bin-stock
+#   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them, and
+#               integrations/nvfuser/main/symmetric_overlay.py applied to
+#               multidevice/symmetric_tensor.cpp (SymmetricTensor's remote handles and contiguous
+#               view through nvfuser-ipc's symmetric rendezvous; ninja rebuilds the includers and
+#               relinks)
 #   build-ours, stash-ours
-#   mr          two ranks on the one GPU, each its own node (LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
-#               rank 0 hosting the TCPStore), the tests that check the number of ranks, not GPUs;
-#               NCCL sees the ranks as two hosts (NCCL_HOSTID differs, sockets over lo), as it
-#               refuses two ranks of one host on one GPU ("Duplicate GPU detected"); one test per
-#               process pair (MR_TEST_TIMEOUT each), so a test that stalls one rank costs only itself
+#   mr          W ranks on the one GPU (W in MR_WORLDS), each its own node (LOCAL_RANK=0,
+#               LOCAL_WORLD_SIZE=1, rank 0 hosting the TCPStore), the tests that check the number
+#               of ranks, not GPUs; NCCL sees the ranks as W hosts (NCCL_HOSTID differs, sockets
+#               over lo), as it refuses two ranks of one host on one GPU ("Duplicate GPU
+#               detected"); every test in processes of its own (MR_TEST_TIMEOUT each), so a test
+#               that stalls one rank costs only itself; several tests at once (MR_PROCS)
 #   tests       all of test_multidevice with one rank, gtest shards, stock and ours side by side
 #   report      $OUT/nvfuser-main-suite.md and the raw logs
+# Not a step: run_driver LABEL WORLD runs nvfipc_main_driver of one build with WORLD ranks
+# (see the function).
 # Tests that would create a multicast object (cuMulticastCreate) are filtered out everywhere:
 # this workplace keeps NVLink multicast off.
 set -uo pipefail
@@ -61,7 +73,13 @@ WORK="${WORK:-build/nvfuser-main-suite}"
 JOBS="${JOBS:-16}"
 SHARDS="${SHARDS:-6}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
-MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-60}"
+MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-90}"
+MR_WORLDS="${MR_WORLDS:-2 4}"
+MR_PROCS="${MR_PROCS:-24}"
+# The one-rank run leaves out what never reaches IPC or symmetric memory and takes minutes.
+SR_EXCLUDE="${SR_EXCLUDE:-DistributedTransformerTest.*}"
+SINGLE_RANK="${SINGLE_RANK:-1}"
+DRIVER_WORLDS="${DRIVER_WORLDS:-2 4}"
 OUT="${OUT:-$WORK/out}"
 mkdir -p "$WORK/state" "$WORK/results" "$OUT"
 WORK="$(cd "$WORK" && pwd)"
@@ -75,10 +93,14 @@ ipc="$WORK/ipc"
 log="$OUT/nvfuser-main-suite.log"
 # No multicast objects on this workplace's machines (see the header).
 NO_MCAST='*Multicast*:*multicast*:*Nvls*:*/memcpy_*:*/multimem_*:RSMatmulTest.ReduceScatterReduceBased*'
-MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*CudaIpc*:RSMatmulTest.*:DispatchCombine*:TmaTest.*:LowerCollectiveCudaAndNcclTest.*/batch_memcpy_128KB:LowerCollectiveCudaAndNcclTest.*/batch_memcpy_1MB}"
+MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.*:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:MultiDeviceStreamParallelTypeTest.AllgatherInterStreamSyncNoWrap:RingAllgatherOverlapTest.*:RSMatmulTest.ReduceScatterP2p*:DispatchCombine*:TmaTest.*:LowerCollectiveCudaAndNcclTest.*batch_memcpy*}"
 # These tests themselves allocate on cuda:<rank>, which does not exist when two ranks share one
 # GPU, in both builds alike: they need one GPU per rank.
 MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView}"
+# Above two ranks, the tests of MR_WIDE_FILTER only (those that may use more than two ranks and
+# reach IPC or symmetric memory; the batched-memcpy collectives at one size): the device time of
+# one session is bounded.
+MR_WIDE_FILTER="${MR_WIDE_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*CudaIpc*:DispatchCombine*:LowerCollectiveCudaAndNcclTest.*batch_memcpy_128KB}"
 
 STEPS_NAME=nvfuser-main-suite
 # shellcheck source=../lib/resumable-steps.sh
@@ -110,6 +132,8 @@ if ! done_ unpack; then
   cp "$IN/lib/libnvfuser_ipc.so" "$WORK/lib/"
   cp "$src/csrc/multidevice/ipc_handle.h" "$src/csrc/multidevice/ipc_handle.cpp" "$WORK/stock/"
   printf '\ninclude("%s/integrations/nvfuser/nvfuser_ipc.cmake")\n' "$ipc" >>"$src/CMakeLists.txt"
+  # nvfipc_main_driver (run_driver below), after the tests like nvFuser's own test binaries.
+  printf 'include("%s/integrations/nvfuser/main/driver/main_driver.cmake")\n' "$ipc" >>"$src/CMakeLists.txt"
   mark unpack
   echo "$sum" >"$WORK/state/sources"
   say "unpacked $(du -sh "$src" | cut -f1) of sources; nvfuser-ipc $(cat "$IN/ipc-commit" 2>/dev/null)"
@@ -165,7 +189,7 @@ build() { # label
   done_ "build-$label" && return 0
   need 60
   local t0=$(date +%s)
-  timeout $(($(left) - 15)) ninja -C "$bld" -j"$JOBS" -k 0 test_multidevice \
+  timeout $(($(left) - 15)) ninja -C "$bld" -j"$JOBS" -k 0 test_multidevice nvfipc_main_driver \
     >>"$res/build-$label.txt" 2>&1
   local rc=$?
   say "build-$label: ninja rc=$rc after $(($(date +%s) - t0)) s ($(grep -o '^\[[0-9]*/[0-9]*\]' "$res/build-$label.txt" | tail -1))"
@@ -187,54 +211,84 @@ stash() { # label
   mkdir -p "$WORK/bin-$1"
   cp "$(find "$bld" -maxdepth 2 -type f -name test_multidevice | head -1)" "$WORK/bin-$1/" ||
     die "stash $1"
+  cp "$(find "$bld" -maxdepth 2 -type f -name nvfipc_main_driver | head -1)" "$WORK/bin-$1/" ||
+    die "stash $1: nvfipc_main_driver"
   mark "stash-$1"
 }
 
-# Two ranks on the one GPU, one test at a time (a test that fails on one rank only leaves the
-# other waiting in a rendezvous, and every later test of the same process with it), stock and
-# ours at the same time (4 processes per test). Resumable per test.
+# Several ranks on the one GPU: every test of the list in processes of its own, at each world
+# size of MR_WORLDS, stock and ours side by side (2 x W processes per test); a test that fails
+# on one rank only leaves the others waiting in a rendezvous, so the limit (MR_TEST_TIMEOUT)
+# costs that test alone. Tests run concurrently up to MR_PROCS processes. Resumable per test.
+mr_test() { # world n test port
+  local world="$1" n="$2" test="$3" port="$4" label r pids=() names=()
+  local dir="$res/mr/w$world"
+  for label in stock ours; do
+    for ((r = 0; r < world; r++)); do
+      local addr=127.0.0.1 p=$port
+      [ "$r" -eq 0 ] && addr=localhost
+      [ "$label" = ours ] && p=$((port + 1))
+      env RANK="$r" WORLD_SIZE="$world" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+        NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$p" NVFIPC_TIMEOUT_MS=30000 \
+        NCCL_HOSTID="nvfmain-$label-w$world-$n-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+        NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+        timeout -k 5 "$MR_TEST_TIMEOUT" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
+        --gtest_filter="$test" >"$dir/$n-$label-rank$r.txt" 2>&1 &
+      pids+=($!)
+      names+=("$label/rank$r")
+    done
+  done
+  local rcs="" i
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rcs="$rcs ${names[$i]}=$?"
+  done
+  echo "$test w$world:$rcs" >>"$res/mr-exit.txt"
+  mark "mr-w$world-$n"
+}
+
 multi_rank() {
   done_ mr && return 0
   need 60
-  local list="$res/mr-list.txt"
-  if [ ! -s "$list" ]; then
-    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$MR_FILTER-$NO_MCAST:$MR_EXCLUDE" |
+  local world list
+  for world in $MR_WORLDS; do
+    list="$res/mr-list-w$world.txt"
+    [ -s "$list" ] && continue
+    local filter="$MR_FILTER"
+    [ "$world" -gt 2 ] && filter="$MR_WIDE_FILTER"
+    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$filter-$NO_MCAST:$MR_EXCLUDE" |
       awk '/^[^ ]/ { suite = $1; next } /^  [^ ]/ { print suite $1 }' >"$list"
     [ -s "$list" ] || die "no test matches MR_FILTER"
-    say "two ranks, one GPU: $(wc -l <"$list") tests"
-  fi
-  local t0=$(date +%s) n=0 test label r port=29000
-  while IFS= read -r test; do
-    n=$((n + 1))
-    port=$((port + 2))
-    done_ "mr-$n" && continue
-    need $((MR_TEST_TIMEOUT + 15))
-    local pids=() names=()
-    for label in stock ours; do
-      for r in 0 1; do
-        local addr=127.0.0.1 p=$port
-        [ "$r" -eq 0 ] && addr=localhost
-        [ "$label" = ours ] && p=$((port + 1))
-        echo "=== $test" >>"$res/mr-$label-rank$r.txt"
-        env RANK="$r" WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-          NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$p" NVFIPC_TIMEOUT_MS=30000 \
-          NCCL_HOSTID="nvfmain-$label-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-          NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-          timeout -k 5 "$MR_TEST_TIMEOUT" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
-          --gtest_filter="$test" >>"$res/mr-$label-rank$r.txt" 2>&1 &
-        pids+=($!)
-        names+=("$label/rank$r")
+    say "$world ranks, one GPU: $(wc -l <"$list") tests"
+  done
+  local t0=$(date +%s) n test port=29000 running=0
+  declare -A procs=()
+  for world in $MR_WORLDS; do
+    mkdir -p "$res/mr/w$world"
+    list="$res/mr-list-w$world.txt"
+    n=0
+    while IFS= read -r test; do
+      n=$((n + 1))
+      port=$((port + 2))
+      done_ "mr-w$world-$n" && continue
+      # Wait for room: no more than MR_PROCS test processes at once.
+      while [ $((running + 2 * world)) -gt "$MR_PROCS" ] && [ "$running" -gt 0 ]; do
+        local pid
+        wait -n -p pid
+        running=$((running - ${procs[$pid]}))
+        unset "procs[$pid]"
       done
-    done
-    local rcs="" i
-    for i in "${!pids[@]}"; do
-      wait "${pids[$i]}"
-      rcs="$rcs ${names[$i]}=$?"
-    done
-    echo "$test:$rcs" >>"$res/mr-exit.txt"
-    mark "mr-$n"
-  done <"$list"
-  say "two ranks, one GPU: $n tests, $(($(date +%s) - t0)) s in this call"
+      if [ "$(left)" -lt $((MR_TEST_TIMEOUT + 15)) ]; then
+        wait # the tests under way finish (and are marked) before this call stops
+        need $((MR_TEST_TIMEOUT + 15))
+      fi
+      mr_test "$world" "$n" "$test" "$port" </dev/null &
+      procs[$!]=$((2 * world))
+      running=$((running + 2 * world))
+    done <"$list"
+  done
+  wait
+  say "several ranks, one GPU: W = $MR_WORLDS, $(($(date +%s) - t0)) s in this call"
   mark mr
 }
 
@@ -253,7 +307,7 @@ single_rank() {
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
         GTEST_TOTAL_SHARDS="$SHARDS" GTEST_SHARD_INDEX="$i" \
         timeout -k 5 "$t" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
-        --gtest_filter="*-$NO_MCAST" >"$res/test-$label-$i.txt" 2>&1 &
+        --gtest_filter="*-$NO_MCAST:$SR_EXCLUDE" >"$res/test-$label-$i.txt" 2>&1 &
       pids+=($!)
       names+=("$label/$i")
     done
@@ -267,22 +321,69 @@ single_rank() {
   mark tests
 }
 
+# ---- run_driver LABEL WORLD [ARGS...] (not a step: call it by hand once stash-LABEL is done) ---
+# WORLD ranks of bin-LABEL/nvfipc_main_driver (stock|ours) on the one GPU, each its own node with
+# rank 0 hosting the TCPStore, as in multi_rank; NCCL sees the ranks as hosts of their own because
+# nvFuser's stock exchangeHandles and SymmetricTensor::setupRemoteHandles call the world's NCCL
+# barrier. A store port of its own per run; DRIVER_TIMEOUT seconds (default 300). Log:
+# $OUT/driver-LABEL-wWORLD.log (rank 0 first, with the RESULT lines); non-zero if a rank failed.
+run_driver() {
+  local label="$1" world="$2"
+  shift 2
+  [ -x "$WORK/bin-$label/nvfipc_main_driver" ] || die "run_driver: no $WORK/bin-$label/nvfipc_main_driver"
+  local runs=$(($(cat "$res/driver-runs" 2>/dev/null || echo 0) + 1))
+  echo "$runs" >"$res/driver-runs"
+  local port=$((29800 + runs)) r pids=() rc=0 addr
+  local logf="$OUT/driver-$label-w$world.log"
+  for ((r = 0; r < world; r++)); do
+    addr=127.0.0.1
+    [ "$r" -eq 0 ] && addr=localhost
+    env RANK="$r" WORLD_SIZE="$world" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+      NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$port" NVFIPC_TIMEOUT_MS=30000 \
+      NCCL_HOSTID="nvfmain-driver-$label-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+      NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+      timeout -k 5 "${DRIVER_TIMEOUT:-300}" "$WORK/bin-$label/nvfipc_main_driver" "$@" \
+      >"$res/driver-$label-w$world-rank$r.txt" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do
+    wait "${pids[$r]}" || rc=1
+  done
+  for ((r = 0; r < world; r++)); do
+    echo "=== rank $r"
+    cat "$res/driver-$label-w$world-rank$r.txt"
+  done >"$logf"
+  grep '^RESULT' "$logf" | while IFS= read -r l; do say "driver $label: $l"; done
+  return "$rc"
+}
+
 build stock
 stash stock
 if ! done_ swap; then
   cp "$ipc/integrations/nvfuser/main/ipc_handle.h" "$ipc/integrations/nvfuser/main/ipc_handle.cpp" \
     "$src/csrc/multidevice/"
+  "$python" "$ipc/integrations/nvfuser/main/symmetric_overlay.py" "$src" >>"$log" 2>&1 ||
+    die "symmetric_overlay.py"
   mark swap
-  say "swapped in the drop-in (integrations/nvfuser/main/ipc_handle.{h,cpp})"
+  say "swapped in the drop-in (integrations/nvfuser/main/ipc_handle.{h,cpp}) and the SymmetricTensor overlay"
 fi
 build ours
 stash ours
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/gpu.txt" 2>&1
+# The host-IR loops timed on a quiet machine, before the test runs: stock and ours in turn.
+for world in $DRIVER_WORLDS; do
+  for label in stock ours; do
+    done_ "driver-$label-w$world" && continue
+    need $((${DRIVER_TIMEOUT:-300} / 2))
+    run_driver "$label" "$world" || say "driver $label at W=$world: a rank failed (see driver-$label-w$world.log)"
+    mark "driver-$label-w$world"
+  done
+done
 multi_rank
-single_rank
+[ "$SINGLE_RANK" = 1 ] && single_rank
 
 # ---- report ---------------------------------------------------------------------------------
-"$python" - "$res" >"$OUT/nvfuser-main-suite.md" <<'EOF' || die "report"
+OUT="$OUT" "$python" - "$res" >"$OUT/nvfuser-main-suite.md" <<'EOF' || die "report"
 import glob, os, re, sys
 res = sys.argv[1]
 line = re.compile(r'^\[\s*(OK|FAILED|SKIPPED)\s*\] (\S+\.\S+) \((\d+) ms\)')
@@ -319,14 +420,33 @@ def fmt(r):
 print('# nvFuser main suite: stock vs drop-in\n')
 gpu = open(os.path.join(res, 'gpu.txt')).read().strip() if os.path.exists(os.path.join(res, 'gpu.txt')) else '?'
 print(f'GPU: {gpu}\n')
-print('## Two ranks on one GPU\n')
-print('| test | stock | ours |\n|---|---|---|')
-mr = {l: merge_ranks([parse([f]) for f in sorted(glob.glob(f'{res}/mr-{l}-rank*.txt'))] or [{}]) for l in ('stock', 'ours')}
-listed = []
-if os.path.exists(os.path.join(res, 'mr-list.txt')):
-    listed = [l.strip() for l in open(os.path.join(res, 'mr-list.txt')) if l.strip()]
-for t in sorted(set(mr['stock']) | set(mr['ours']) | set(listed)):
-    print(f'| `{t}` | {fmt(mr["stock"].get(t))} | {fmt(mr["ours"].get(t))} |')
+print('## Several ranks on one GPU\n')
+print('Each rank its own node (`LOCAL_RANK=0`, `NCCL_HOSTID` per rank), every test in processes of')
+print('its own; a row is the outcome on every rank (`a/b` when the ranks differ).\n')
+print('| test | ranks | GPUs | stock | ours |\n|---|---|---|---|---|')
+for wdir in sorted(glob.glob(f'{res}/mr/w*'), key=lambda d: int(d.rsplit('w', 1)[1])):
+    world = int(wdir.rsplit('w', 1)[1])
+    mr = {}
+    for l in ('stock', 'ours'):
+        per_rank = [parse(sorted(glob.glob(f'{wdir}/*-{l}-rank{r}.txt'))) for r in range(world)]
+        mr[l] = merge_ranks(per_rank)
+    lf = os.path.join(res, f'mr-list-w{world}.txt')
+    listed = [l.strip() for l in open(lf) if l.strip()] if os.path.exists(lf) else []
+    for t in sorted(set(mr['stock']) | set(mr['ours']) | set(listed)):
+        print(f'| `{t}` | {world} | 1 | {fmt(mr["stock"].get(t))} | {fmt(mr["ours"].get(t))} |')
+drivers = sorted(glob.glob(os.path.join(os.environ.get('OUT', '.'), 'driver-*.log')))
+if drivers:
+    print('\n## Host-IR loops timed inside nvFuser (nvfipc_main_driver)\n')
+    print('| scenario | ranks | build | status | median per iteration | p90 | exchange part (median) |')
+    print('|---|---|---|---|---|---|---|')
+    for f in drivers:
+        label = os.path.basename(f)[len('driver-'):].split('-w')[0]
+        for l in open(f, errors='replace'):
+            if not l.startswith('RESULT '): continue
+            kv = dict(x.split('=', 1) for x in l.split()[1:] if '=' in x)
+            ex = kv.get('exchange_median_us')
+            print(f"| {kv.get('scenario')} | {kv.get('world')} | {label} | {kv.get('status')} | "
+                  f"{kv.get('median_us')} us | {kv.get('p90_us')} us | {ex + ' us' if ex else ''} |")
 print('\n## One rank\n')
 sr = {l: parse(sorted(glob.glob(f'{res}/test-{l}-*.txt'))) for l in ('stock', 'ours')}
 for l in ('stock', 'ours'):

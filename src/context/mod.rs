@@ -275,6 +275,7 @@ impl Context {
                 NodeIdentity::local().encode().as_bytes(),
             )
             .map_err(|e| e.context(format!("{who}: announcing this rank")))?;
+        crate::departures::note_world(&job_id, ranks.world_size);
         log::info!(
             target: logging::STORE,
             "context: {who} (local {} of {}), tag {tag:?}, run {}, job id {job_id}, {} store, \
@@ -394,8 +395,18 @@ impl Context {
     }
 
     /// Counts this rank as closed; the last one marks the job finished and frees the job id key.
+    /// Skipped (see [`quiet_close`](Self::quiet_close)) when the store may be gone and nobody
+    /// would read it.
     fn announce_close(&self) -> Result<()> {
         let who = format!("rank {} of {}", self.rank, self.world_size);
+        if let Some(why) = self.quiet_close() {
+            log::debug!(
+                target: logging::STORE,
+                "context: {who} closes without store traffic (no close announcement, claim \
+                 release or duplicate check): {why}"
+            );
+            return Ok(());
+        }
         let duplicate = self.claim.check_duplicate(&*self.store);
         // The moment first: a rank that sees this slot closed finds it (see `collision`).
         self.store
@@ -414,6 +425,23 @@ impl Context {
             self.store.delete_key(&self.job_key)?;
         }
         duplicate.map_err(|e| e.context(who))
+    }
+
+    /// Why closing must not talk to the store, if it must not. A hosting rank always talks to
+    /// its own server. Otherwise: when the store's server has closed the connection, every
+    /// request would fail; and when the store cannot tell whether it is still there (a host's
+    /// store through callbacks) and every other rank of the job has left (see
+    /// `crate::departures`: their caches' boards say closed, or their processes have exited),
+    /// the store may have left with them (nvFuser's rank 0 hosts its `c10d::TCPStore`), a
+    /// request to it would fail and print, and nobody is left to read what this rank would
+    /// write. Then the claim is not released either: a later run on a store that outlived the
+    /// job finds this rank's slot held by a process that has exited (where its pid can be
+    /// checked) and passes over it.
+    fn quiet_close(&self) -> Option<String> {
+        if self.lock_server().is_some() {
+            return None;
+        }
+        crate::departures::quiet_reason(self.store.liveness(), &self.job_id, self.rank)
     }
 
     /// Fails when another process claimed this rank of this run after this one did (two jobs

@@ -5,7 +5,8 @@
 //! (`pool`), the one import table that refcounts every kind's peer mappings and hands the last
 //! reference to a releaser (`imports`), the thread that closes released mappings without blocking
 //! the exchange on device work (`release`), the per-process semaphore slab ([`semaphore`]), the
-//! stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by the exchange, and the
+//! stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by the exchange, the
+//! contiguous views of symmetric VMM buffers ([`view`]), and the
 //! probes of `nvfipc doctor` ([`probe`]). Owned
 //! device buffers for programs and tests are outside the library (`test_support::device_buffer`).
 //!
@@ -25,6 +26,7 @@ pub(crate) mod release;
 pub mod result;
 pub mod semaphore;
 pub mod transport;
+pub mod view;
 pub mod vmm;
 pub(crate) mod vmm_map;
 

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::fdpass::FdPass;
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Record};
+use crate::transport::view::{ContiguousView, ViewMember};
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
@@ -280,6 +281,13 @@ impl Transport for CudaTransport {
 
     fn live_mappings(&self) -> usize {
         lock(&self.imports).len()
+    }
+
+    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<Box<dyn ContiguousView>> {
+        Ok(Box::new(super::view::DeviceView::map(
+            members,
+            self.device,
+        )?))
     }
 }
 

@@ -452,6 +452,23 @@ fn release_run_segments(segments: &mut Segments, run: &MappedRun) {
     }
 }
 
+/// Runs `f` with a lookup of the physical allocations imported here, by (exporter pid, importing
+/// device, segment id), under the import table's lock: a handle it returns stays valid until `f`
+/// returns (a contiguous view maps peers' segments again with it, without importing them twice).
+pub(crate) fn with_imported_segments<R>(
+    f: impl FnOnce(&dyn Fn(u32, i32, u64) -> Option<sys::CUmemGenericAllocationHandle>) -> R,
+) -> R {
+    TABLE.inspect(|t, _| {
+        let lookup = |pid: u32, device: i32, id: u64| {
+            t.side
+                .0
+                .get(&SegmentKey { pid, device, id })
+                .map(|s| s.handle)
+        };
+        f(&lookup)
+    })
+}
+
 /// See `Transport::wait_release_room`.
 pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
     TABLE.wait_room(peer, timeout)

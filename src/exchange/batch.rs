@@ -147,6 +147,9 @@ impl<'a> Batch<'a> {
         for (&idx, &local) in indices.iter().zip(resolved) {
             let ch = &mut st.channels[idx];
             let changed = !ch.holds(&local);
+            if changed {
+                ch.validity.bump();
+            }
             ch.local = Some(local);
             let mut progress = ch.progress.take().expect("checked in pass 1");
             let (publish, sent, known_to_peer, staged) = match progress.resume.take() {
@@ -238,6 +241,8 @@ impl<'a> Batch<'a> {
                 let fetched = imp.is_some();
                 let ch = &mut st.channels[it.channel];
                 if let Some(imp) = imp {
+                    // Before the replaced mapping is released below.
+                    ch.validity.bump();
                     let mut held = lock(&cx.holdings);
                     held.known.learn(it.ch.peer, it.ch.kind, &imp.record);
                     it.progress.peer_record = Some(Box::new(imp.record));
@@ -367,6 +372,7 @@ impl<'a> Batch<'a> {
         {
             let mut st = lock(self.table);
             for it in self.items.iter() {
+                st.channels[it.channel].validity.fail();
                 st.channels[it.channel].failed = Some(err.clone());
             }
         }

@@ -646,6 +646,19 @@ impl PeerBoard {
     }
 }
 
+impl crate::departures::Presence for PeerBoard {
+    fn left(&self) -> Option<String> {
+        let (rank, pid) = (self.owner.rank, self.owner.pid);
+        if self.closed() {
+            Some(format!("rank {rank} (pid {pid}) closed its cache"))
+        } else if !self.owner_alive() {
+            Some(format!("rank {rank} (pid {pid}) has exited"))
+        } else {
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,10 +10,11 @@
 
 use super::batch::{self, Batch};
 use super::board::OwnBoard;
-use super::channel::ChannelTable;
+use super::channel::{Channel, ChannelTable};
 use super::collector::Collector;
 use super::context::Context;
 use super::deadline::Deadline;
+use super::open_channel::OpenChannel;
 use super::peers::PeerNodes;
 use super::phases::{self, Phase, PhaseTimes};
 use super::protocol::Item;
@@ -74,8 +75,10 @@ thread_local! {
 
 /// Exchanges and caches P2P handles between the ranks of one job.
 pub struct HandleCache {
-    cx: Context,
-    table: Mutex<ChannelTable>,
+    pub(super) cx: Context,
+    pub(super) table: Mutex<ChannelTable>,
+    /// What each symmetric rendezvous left (members, contiguous view), by tag.
+    pub(super) symmetric: Mutex<super::symmetric::SymmetricTable>,
     /// Set by the first teardown (close, then drop, run it twice).
     torn_down: bool,
 }
@@ -99,6 +102,7 @@ impl HandleCache {
             return Err(Error::invalid("world size does not fit 32 bits"));
         }
         super::board::reclaim_dead();
+        crate::departures::note_world(&cfg.job_id, cfg.world_size);
         let generation = generations::reserve(&cfg.job_id, &cfg.scope, cfg.rank);
         let names = CacheNames::new(&cfg.job_id, &cfg.scope, generation.generation());
         let board = OwnBoard::create(&names.board(cfg.rank), cfg.rank)
@@ -112,7 +116,7 @@ impl HandleCache {
             .separate_connection()
             .unwrap_or_else(|| cfg.store.clone());
         let collector = Collector::start(sweeper_store, counters.keys_deleted.clone())?;
-        let settings = Settings::new(cfg.timeout);
+        let settings = Arc::new(Settings::new(cfg.timeout));
         logging::set_rank(cfg.rank as i64);
         log::info!(
             target: logging::EXCHANGE,
@@ -138,6 +142,7 @@ impl HandleCache {
                 settings,
             },
             table: Mutex::new(ChannelTable::default()),
+            symmetric: Mutex::default(),
             torn_down: false,
         })
     }
@@ -271,13 +276,37 @@ impl HandleCache {
     /// The handles of the channel of `req` (as last exchanged): the request must match the
     /// pointer and size given to the last `exchange_handles` that included it.
     pub fn get(&self, req: &Request) -> Result<P2pHandles> {
+        let st = lock(&self.table);
+        let ch = self.find(&st, req)?;
+        self.handles_of(ch)
+    }
+
+    /// The channel of `req`, found as [`get`](Self::get) finds it, opened for transfers: its
+    /// handles stay usable without another lookup until an exchange changes the channel's
+    /// buffers or the cache is torn down (then every use is an `InvalidState` error; open it
+    /// again after the exchange). See [`open_channel`](super::open_channel).
+    pub fn open_channel(&self, req: &Request) -> Result<OpenChannel> {
+        let st = lock(&self.table);
+        let ch = self.find(&st, req)?;
+        let handles = self.handles_of(ch)?;
+        // Under the table lock, as every change of the generation.
+        Ok(OpenChannel::new(
+            handles,
+            ch.info.clone(),
+            ch.validity.clone(),
+            self.cx.rank,
+            self.cx.settings.clone(),
+        ))
+    }
+
+    /// The channel of `req` in `st`, exchanged with the request's buffer and not failed.
+    fn find<'t>(&self, st: &'t ChannelTable, req: &Request) -> Result<&'t Channel> {
         if req.peer >= self.cx.world_size || req.peer == self.cx.rank {
             return Err(Error::invalid(format!(
                 "rank {}: get({req}): peer {} is not another rank of this world of {}",
                 self.cx.rank, req.peer, self.cx.world_size
             )));
         }
-        let st = lock(&self.table);
         let mut occ: u32 = 0;
         let mut any = false;
         while let Some(&i) = st.by_fp.get(&fingerprint_of(self.cx.rank, req, occ)) {
@@ -296,34 +325,10 @@ impl HandleCache {
                         self.cx.rank, ch.info.key, err.message
                     )));
                 }
-                let (Some(local), Some(peer)) = (&ch.local, &ch.peer_side) else {
+                if ch.local.is_none() || ch.peer_side.is_none() {
                     break;
-                };
-                let t = self
-                    .transport(ch.info.kind)
-                    .expect("channel kinds have transports");
-                return Ok(P2pHandles {
-                    kind: ch.info.kind,
-                    local_ptr: local.ptr,
-                    local_bytes: local.bytes,
-                    local_semaphore: t.semaphores().local(ch.info.slot)?,
-                    peer_ptr: peer.mapping.ptr,
-                    peer_bytes: peer.bytes,
-                    peer_semaphore: peer.semaphore,
-                    epochs: ch.epochs.clone(),
-                    peer: ch
-                        .progress
-                        .as_ref()
-                        .and_then(|p| p.link.board.as_ref())
-                        .map_or(
-                            PeerProcess {
-                                rank: ch.info.peer,
-                                pid: 0,
-                                checkable: false,
-                            },
-                            |b| b.owner(),
-                        ),
-                });
+                }
+                return Ok(ch);
             }
             occ = occ.wrapping_add(1);
         }
@@ -336,6 +341,38 @@ impl HandleCache {
                 ""
             }
         )))
+    }
+
+    /// The handles of a channel that [`find`](Self::find) returned.
+    fn handles_of(&self, ch: &Channel) -> Result<P2pHandles> {
+        let (Some(local), Some(peer)) = (&ch.local, &ch.peer_side) else {
+            return Err(Error::internal("find returns exchanged channels only"));
+        };
+        let t = self
+            .transport(ch.info.kind)
+            .expect("channel kinds have transports");
+        Ok(P2pHandles {
+            kind: ch.info.kind,
+            local_ptr: local.ptr,
+            local_bytes: local.bytes,
+            local_semaphore: t.semaphores().local(ch.info.slot)?,
+            peer_ptr: peer.mapping.ptr,
+            peer_bytes: peer.bytes,
+            peer_semaphore: peer.semaphore,
+            epochs: ch.epochs.clone(),
+            peer: ch
+                .progress
+                .as_ref()
+                .and_then(|p| p.link.board.as_ref())
+                .map_or(
+                    PeerProcess {
+                        rank: ch.info.peer,
+                        pid: 0,
+                        checkable: false,
+                    },
+                    |b| b.owner(),
+                ),
+        })
     }
 
     /// Tears the cache down (see `exchange::teardown`) and returns the final counters. Never
@@ -365,6 +402,12 @@ impl HandleCache {
             return Ok(());
         }
         self.torn_down = true;
+        // Opened channels go stale before anything they point to is released.
+        for ch in &lock(&self.table).channels {
+            ch.validity.close();
+        }
+        // Views first: they map peers' memory that the teardown lets go of.
+        lock(&self.symmetric).clear();
         teardown::teardown(&self.cx, &self.table)
     }
 

@@ -5,6 +5,7 @@
 
 use super::board::PeerBoard;
 use super::held::HeldRecords;
+use super::open_channel::Validity;
 use super::request::ChannelKey;
 use crate::error::Error;
 use crate::transport::epoch::TransferEpochs;
@@ -115,6 +116,9 @@ pub(super) struct Channel {
     pub local: Option<LocalBuffer>,
     pub peer_side: Option<PeerSide>,
     pub epochs: Arc<TransferEpochs>,
+    /// The generation of the handles `local` and `peer_side` give (see `open_channel`): moved on
+    /// whenever either changes, before a replaced mapping is released.
+    pub validity: Arc<Validity>,
     pub failed: Option<Error>,
     /// Out while a batch exchanges the channel (and for good once one failed on it).
     pub progress: Option<Progress>,
@@ -127,6 +131,7 @@ impl Channel {
             local: None,
             peer_side: None,
             epochs: Arc::new(TransferEpochs::default()),
+            validity: Arc::new(Validity::default()),
             failed: None,
             progress: Some(Progress::default()),
         }

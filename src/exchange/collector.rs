@@ -10,7 +10,7 @@
 use crate::error::{Error, Result};
 use crate::store::Store;
 use crossbeam::channel::RecvTimeoutError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -31,6 +31,8 @@ enum Job {
 pub(crate) struct Collector {
     queue: Option<crossbeam::channel::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    /// Set by [`abandon`](Collector::abandon): the thread deletes nothing more.
+    abandoned: Arc<AtomicBool>,
 }
 
 /// The collector thread's state: the store, and keys waiting to be there.
@@ -40,13 +42,15 @@ struct Sweeper {
     /// After a failed delete (store gone) everything is skipped, so that dropping the cache
     /// never waits on a dead store.
     healthy: bool,
+    /// The cache is closing after its peers (or its store) left: nothing more is deleted.
+    abandoned: Arc<AtomicBool>,
     late: Vec<(String, u32)>,
 }
 
 impl Sweeper {
     /// Deletes `key`; whether it was there.
     fn delete(&mut self, key: &str) -> bool {
-        if !self.healthy {
+        if !self.healthy || self.abandoned.load(Ordering::Acquire) {
             return true;
         }
         match self.store.delete_key(key) {
@@ -93,10 +97,12 @@ impl Sweeper {
 impl Collector {
     pub(crate) fn start(store: Arc<dyn Store>, deleted: Arc<AtomicU64>) -> Result<Collector> {
         let (tx, rx) = crossbeam::channel::unbounded::<Job>();
+        let abandoned = Arc::new(AtomicBool::new(false));
         let mut sweeper = Sweeper {
             store,
             deleted,
             healthy: true,
+            abandoned: abandoned.clone(),
             late: Vec::new(),
         };
         let thread = std::thread::Builder::new()
@@ -121,6 +127,7 @@ impl Collector {
         Ok(Collector {
             queue: Some(tx),
             thread: Some(thread),
+            abandoned,
         })
     }
 
@@ -136,6 +143,14 @@ impl Collector {
         if let Some(q) = &self.queue {
             let _ = q.send(Job::Unread(keys));
         }
+    }
+
+    /// Stops without deleting what is still queued or late (no store request from now on,
+    /// except one already under way): for a cache whose peers, who alone would read those keys,
+    /// have left, or whose store has gone.
+    pub(crate) fn abandon(&mut self) {
+        self.abandoned.store(true, Ordering::Release);
+        self.finish();
     }
 
     /// Deletes everything queued so far, then stops.
@@ -166,5 +181,81 @@ mod tests {
         assert!(!store.check(&["read"]).unwrap());
         assert!(!store.check(&["late"]).unwrap(), "deleted once it arrived");
         assert_eq!(deleted.load(Ordering::Relaxed), 2);
+    }
+
+    /// A memory store whose deletes wait until the test lets them go.
+    struct Gated {
+        inner: MemoryStore,
+        entered: crossbeam::channel::Sender<()>,
+        gate: crossbeam::channel::Receiver<()>,
+    }
+
+    impl Store for Gated {
+        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.inner.set(key, value)
+        }
+        fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+            self.inner.get(key, timeout)
+        }
+        fn add(&self, key: &str, delta: i64) -> Result<i64> {
+            self.inner.add(key, delta)
+        }
+        fn check(&self, keys: &[&str]) -> Result<bool> {
+            self.inner.check(keys)
+        }
+        fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+            self.inner.wait(keys, timeout)
+        }
+        fn delete_key(&self, key: &str) -> Result<bool> {
+            let _ = self.entered.send(());
+            let _ = self.gate.recv();
+            self.inner.delete_key(key)
+        }
+        fn num_keys(&self) -> Result<i64> {
+            self.inner.num_keys()
+        }
+        fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+            self.inner.compare_set(key, expected, desired)
+        }
+        fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.inner.append(key, value)
+        }
+    }
+
+    #[test]
+    fn an_abandoned_collector_deletes_nothing_more() {
+        let (open, gate) = crossbeam::channel::unbounded();
+        let (entered, entering) = crossbeam::channel::unbounded();
+        let store = Arc::new(Gated {
+            inner: MemoryStore::new(),
+            entered,
+            gate,
+        });
+        for key in ["under-way", "queued", "late"] {
+            store.set(key, b"1").unwrap();
+        }
+        let deleted = Arc::new(AtomicU64::new(0));
+        let mut c = Collector::start(store.clone(), deleted.clone()).unwrap();
+        // The first delete is under way (held at the gate) while the others wait behind it.
+        c.delete(vec!["under-way".into()]);
+        c.delete(vec!["queued".into()]);
+        c.delete_when_written(vec!["late".into()]);
+        entering.recv().unwrap();
+        let abandoned = c.abandoned.clone();
+        let closing = std::thread::spawn(move || c.abandon());
+        while !abandoned.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        open.send(()).unwrap();
+        closing.join().unwrap();
+        assert!(
+            !store.check(&["under-way"]).unwrap(),
+            "the delete under way ends"
+        );
+        assert!(
+            store.check(&["queued", "late"]).unwrap(),
+            "nothing more is deleted"
+        );
+        assert_eq!(deleted.load(Ordering::Relaxed), 1);
     }
 }

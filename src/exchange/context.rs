@@ -44,7 +44,8 @@ pub(super) struct Context {
     pub holdings: Mutex<PeerHoldings>,
     pub counters: Counters,
     pub collector: Mutex<Collector>,
-    pub settings: Settings,
+    /// Shared with the channels opened from the cache (their default transfer timeout).
+    pub settings: Arc<Settings>,
 }
 
 impl Context {
@@ -69,6 +70,8 @@ impl Context {
         };
         let board = Arc::new(board);
         lock(&self.peer_boards).insert(peer, board.clone());
+        // So that whoever closes after this peer can see it has left (see `departures`).
+        crate::departures::note_peer(self.names.job_id(), peer, board.clone());
         Ok(Some(board))
     }
 

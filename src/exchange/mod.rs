@@ -10,6 +10,7 @@
 //!   suspends or fails;
 //! - `protocol`: the exchange protocol a batch runs over the context, with its one wait routine
 //!   (`deadline`: the call's timeout and when it runs out);
+//! - [`open_channel`]: a channel opened once for its transfers, stale once its buffers change;
 //! - `teardown`: closing a cache without freeing what a peer may still map;
 //! - `known` and `held`: records of peer allocations kept, so that a buffer carved from one
 //!   needs no store fetch (`known`) or no store at all (`held`, listed on the board);
@@ -28,6 +29,7 @@ mod deadline;
 mod events;
 mod held;
 mod known;
+pub mod open_channel;
 pub mod peers;
 pub mod phases;
 mod protocol;
@@ -41,5 +43,6 @@ mod teardown;
 pub use crate::transport::record::{HandleType, Record};
 pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};
 pub use cache::{CacheConfig, HandleCache};
+pub use open_channel::OpenChannel;
 pub use request::{ChannelKey, Direction, Request};
 pub use stats::CacheStats;

@@ -788,7 +788,8 @@ impl Call<'_> {
         imports: &mut [Option<Imported>],
         deadline: &mut Deadline,
     ) -> Result<Vec<usize>> {
-        let records: Vec<Option<Record>> = {
+        // (record, whether it is the channel's own kept record).
+        let records: Vec<Option<(Record, bool)>> = {
             let held = lock(&self.cx.holdings);
             wanted
                 .iter()
@@ -796,24 +797,30 @@ impl Call<'_> {
                     let it = &items[i];
                     let channel = it.progress.peer_record.as_deref()?;
                     if it.peer_at.known_to_peer {
+                        // Never written to the store: no key to delete either.
                         let at = it.peer_at;
-                        return it.progress.held.record_for(
-                            at.alloc_id,
+                        return it
+                            .progress
+                            .held
+                            .record_for(at.alloc_id, at.offset, at.bytes, it.peer_version, channel)
+                            .map(|rec| (rec, true));
+                    }
+                    let pid = it.progress.link.board.as_ref()?.owner_pid();
+                    // The version this channel last imported, whose mapping was released since
+                    // (`symmetric_release`): its record was read and deleted already.
+                    if channel.version == it.peer_version && channel.pid == pid {
+                        return Some((channel.clone(), true));
+                    }
+                    let at = it.peer_at;
+                    held.known
+                        .record_for(
+                            (it.ch.peer, pid, it.ch.kind, at.alloc_id),
                             at.offset,
                             at.bytes,
                             it.peer_version,
                             channel,
-                        );
-                    }
-                    let pid = it.progress.link.board.as_ref()?.owner_pid();
-                    let at = it.peer_at;
-                    held.known.record_for(
-                        (it.ch.peer, pid, it.ch.kind, at.alloc_id),
-                        at.offset,
-                        at.bytes,
-                        it.peer_version,
-                        channel,
-                    )
+                        )
+                        .map(|rec| (rec, false))
                 })
                 .collect()
         };
@@ -823,7 +830,7 @@ impl Call<'_> {
         for (&i, rec) in wanted.iter().zip(records) {
             let it = &items[i];
             let key = self.peer_record_key(it);
-            let Some(rec) = rec else {
+            let Some((rec, kept)) = rec else {
                 if it.peer_at.known_to_peer {
                     return Err(self.not_held(it, &key));
                 }
@@ -833,9 +840,8 @@ impl Call<'_> {
             self.refuse_closed_peer(it, &key)?;
             imports[i] = Some(self.import_record(it, rec, &key, deadline.remaining())?);
             if it.peer_at.known_to_peer {
-                // Never written to the store: nothing to delete.
                 board_only += 1;
-            } else {
+            } else if !kept {
                 keys.push(key);
             }
         }
@@ -851,7 +857,10 @@ impl Call<'_> {
     /// this rank does not hold for the channel: the two sides disagree on what it holds.
     fn not_held(&self, it: &Item, key: &str) -> Error {
         Error::protocol(format!(
-            "rank {}: peer rank {} published version {} of its buffer on {} (allocation {},              offset {}, {} bytes) without a record, as one this rank holds, but this rank holds              no record of that allocation for the channel (no key {key:?} in the store either);              all ranks must use the same nvfuser-ipc version: create new caches on both ranks",
+            "rank {}: peer rank {} published version {} of its buffer on {} (allocation {}, \
+             offset {}, {} bytes) without a record, as one this rank holds, but this rank holds \
+             no record of that allocation for the channel (no key {key:?} in the store either); \
+             all ranks must use the same nvfuser-ipc version: create new caches on both ranks",
             self.cx.rank,
             it.ch.peer,
             it.peer_version,

@@ -8,12 +8,27 @@
 //! Being an ordinary exchange, it inherits everything the cache does: imports deduplicated and
 //! refcounted per peer allocation, released when the buffer is replaced or the cache freed, and a
 //! second rendezvous of the same buffers is a cache hit (no store traffic, no driver call).
+//!
+//! After a rendezvous, the cache remembers it by tag (`state`), so that
+//! - a *contiguous view* maps every member's buffer again, in rank order, into one reserved
+//!   range (`transport::view`; the transport maps, from the buffers the exchange imported);
+//! - a *release* drops, in this process only, the view and the peers' mappings of the tag's
+//!   channels (`channels`), with no store traffic and no waiting for peers: the channels keep
+//!   their protocol state, so a later rendezvous of the tag works whatever the order in which
+//!   the members released and came back, re-importing the peers' buffers.
+
+mod channels;
+mod state;
 
 use super::cache::HandleCache;
 use super::request::Request;
 use crate::barrier::MemberSet;
 use crate::error::{Error, Result};
+use crate::sync::lock;
+use crate::transport::view::ViewMember;
 use crate::transport::MemKind;
+pub(crate) use state::SymmetricTable;
+use state::{HeldView, Rendezvous};
 use std::time::Duration;
 
 /// Prefix of the tags a rendezvous uses, so they never meet an application's own channels.
@@ -82,6 +97,17 @@ impl HandleCache {
         self.exchange_handles_timeout(&reqs, timeout)
             .map_err(|e| e.context(format!("symmetric rendezvous {tag:?}")))?;
         let mut out = Vec::with_capacity(group.len());
+        let members = group.ranks().to_vec();
+        lock(&self.symmetric).record(
+            tag,
+            Rendezvous {
+                kind,
+                ptr,
+                bytes,
+                members,
+                view: None,
+            },
+        );
         let mut peers = reqs.iter();
         for &member in group.ranks() {
             if member == rank {
@@ -98,6 +124,91 @@ impl HandleCache {
         }
         Ok(out)
     }
+
+    /// Maps every member's buffer of the last rendezvous of `tag` again, in increasing rank
+    /// order, into one reserved range: member i's buffer is at `base + i * stride` (returned as
+    /// `(base, stride)`). The view is the cache's: asking again returns the same one, until a
+    /// rendezvous of `tag` with other buffers, [`symmetric_release`](Self::symmetric_release) or
+    /// the cache's end. Every member's buffer must have the same size and the same offset in its
+    /// allocation granule (`InvalidArgument` names those that differ); device buffers must be VMM
+    /// allocations (`Unsupported` otherwise).
+    pub fn symmetric_contiguous_view(&self, tag: &str) -> Result<(u64, u64)> {
+        let what = || format!("rank {}: contiguous view of {tag:?}", self.rank());
+        let mut table = lock(&self.symmetric);
+        let r = table
+            .get_mut(tag)
+            .ok_or_else(|| not_rendezvoused(self.rank(), tag))?;
+        let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
+        let reqs = requests(self.rank(), &group, tag, r.ptr, r.bytes, r.kind);
+        let t = self.cx.transports.get_or_make(r.kind)?;
+        // Resolved again: a buffer freed since the rendezvous is refused, not mapped.
+        let own = t.resolve(r.ptr, r.bytes).map_err(|e| e.context(what()))?;
+        let members = channels::members(&self.cx, &self.table, &r.members, &reqs, own, tag)
+            .map_err(|e| e.context(what()))?;
+        let ids: Vec<_> = members.iter().map(channels::Member::id).collect();
+        if let Some(held) = &r.view {
+            if held.ids == ids {
+                return Ok((held.view.base(), held.view.stride()));
+            }
+        }
+        // The buffers changed since the view was made: it goes before the new one is made.
+        r.view = None;
+        let parts: Vec<ViewMember<'_>> = members
+            .iter()
+            .map(|m| match m {
+                channels::Member::Own { rank, buffer } => ViewMember::Own {
+                    rank: *rank,
+                    buffer: *buffer,
+                },
+                channels::Member::Peer {
+                    rank,
+                    record,
+                    mapping,
+                } => ViewMember::Peer {
+                    rank: *rank,
+                    record,
+                    mapping: *mapping,
+                },
+            })
+            .collect();
+        let view = t.contiguous_view(&parts).map_err(|e| e.context(what()))?;
+        let out = (view.base(), view.stride());
+        r.view = Some(HeldView { ids, view });
+        Ok(out)
+    }
+
+    /// Drops, in this process, what the rendezvous of `tag` mapped: its contiguous view and the
+    /// peers' buffers (each import released once; a mapping another channel shares stays). Local
+    /// only: no store traffic, no waiting for peers. The pointers of the rendezvous and the view
+    /// are invalid afterwards; a later rendezvous of `tag`, with the same buffers or others,
+    /// works whatever the order in which the members released and came back.
+    /// `InvalidArgument` when `tag` was not rendezvoused (or is released already).
+    pub fn symmetric_release(&self, tag: &str) -> Result<()> {
+        let mut table = lock(&self.symmetric);
+        let r = table
+            .get(tag)
+            .ok_or_else(|| not_rendezvoused(self.rank(), tag))?;
+        let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
+        let reqs = requests(self.rank(), &group, tag, r.ptr, r.bytes, r.kind);
+        // The view goes first: it maps the memory of the imports released next.
+        let view = table.get_mut(tag).and_then(|r| r.view.take());
+        drop(view);
+        channels::release_peers(&self.cx, &self.table, &reqs, tag)
+            .map_err(|e| e.context(format!("releasing symmetric allocation {tag:?}")))?;
+        table.remove(tag);
+        Ok(())
+    }
+
+    /// Number of contiguous views this cache holds.
+    pub fn symmetric_views(&self) -> usize {
+        lock(&self.symmetric).views()
+    }
+}
+
+fn not_rendezvoused(rank: usize, tag: &str) -> Error {
+    Error::invalid(format!(
+        "rank {rank}: symmetric allocation {tag:?} was not rendezvoused in this cache (or was          released since); call nvfipc_symmetric_rendezvous with this tag first"
+    ))
 }
 
 #[cfg(test)]

@@ -11,11 +11,19 @@
 //! alive (its slab is leaked rather than freed under a peer's mapping) and the peers that did not
 //! close are reported. A closed peer is also refused by the exchange: waiting on it fails at once,
 //! and its records are not imported.
+//!
+//! The teardown's only store traffic is cleanup for peers still open: the collector's last
+//! deletes of consumed record keys and the delete of this rank's node key. It is skipped when the
+//! store's server has closed the connection, or the store cannot tell whether it is there and
+//! every other rank of the job has left (see `crate::departures`), so a rank that closes after its
+//! peers (after the store's host) sends nothing that could fail.
 
 use super::channel::ChannelTable;
 use super::context::Context;
 use super::stats::bump;
+use crate::departures;
 use crate::error::{Error, Result};
+use crate::logging;
 use crate::os::wait::{wait_paced, SLEEPING};
 use crate::sync::lock;
 use crate::transport::MemKind;
@@ -50,8 +58,23 @@ struct Teardown<'a> {
 impl Teardown<'_> {
     fn run(&self, table: &Mutex<ChannelTable>) -> Result<()> {
         let cx = self.cx;
-        lock(&cx.collector).finish();
-        cx.peer_nodes.unpublish(&*cx.store, &cx.names, cx.rank);
+        match self.quiet_reason() {
+            None => {
+                lock(&cx.collector).finish();
+                cx.peer_nodes.unpublish(&*cx.store, &cx.names, cx.rank);
+            }
+            Some(why) => {
+                lock(&cx.collector).abandon();
+                log::debug!(
+                    target: logging::EXCHANGE,
+                    "rank {}: closing {} without store traffic (consumed record keys and the \
+                     node key {} are left in the store): {why}",
+                    cx.rank,
+                    cx.names,
+                    cx.names.node_key(cx.rank)
+                );
+            }
+        }
         // Release first, so that peers closing at the same time never wait on each other.
         let peers = self.release_everything(table);
         let linger = cx.settings.linger();
@@ -110,6 +133,14 @@ impl Teardown<'_> {
                 "keep the buffers exported to them alive until they exit"
             }
         )))
+    }
+
+    /// Why the teardown's store cleanup (deleting consumed record keys and this rank's node key,
+    /// which only peers still open read) must be skipped, if it must (see
+    /// `departures::quiet_reason`).
+    fn quiet_reason(&self) -> Option<String> {
+        let cx = self.cx;
+        departures::quiet_reason(cx.store.liveness(), cx.names.job_id(), cx.rank)
     }
 
     /// Waits, at most `linger`, until every transport has unmapped what it released.

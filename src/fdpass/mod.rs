@@ -581,6 +581,14 @@ impl FetchFailure {
     }
 }
 
+impl FdPass {
+    /// Why withdrawing this process's record at drop must be skipped, if it must: only peers
+    /// read it (see `departures::quiet_reason`).
+    fn nobody_reads_the_record(&self) -> Option<String> {
+        crate::departures::quiet_reason(self.store.liveness(), &self.job, self.rank)
+    }
+}
+
 impl Drop for FdPass {
     fn drop(&mut self) {
         let running = lock(&self.running).take();
@@ -589,6 +597,14 @@ impl Drop for FdPass {
             // still ours (best effort: the store may be gone already).
             drop(r.responder);
             let key = record_key(&self.prefix, self.rank);
+            if let Some(why) = self.nobody_reads_the_record() {
+                log::debug!(
+                    target: crate::logging::HOST,
+                    "{}: leaving the fd transport's record {key} in the store: {why}",
+                    self.who()
+                );
+                return;
+            }
             let ours = r.record.encode().into_bytes();
             if self.store.check(&[&key]).unwrap_or(false)
                 && self.store.get(&key, Duration::from_millis(100)).ok() == Some(ours)

@@ -13,6 +13,7 @@
 
 use super::args::{out_ptr, ref_arg, timeout_arg};
 use super::boundary::ffi_call;
+use super::channel::{channel_arg, nvfipc_channel};
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
 use crate::cuda::memory::DeviceMemoryKind;
 use crate::cuda::p2p::{self, Endpoint, Stream};
@@ -410,6 +411,49 @@ pub extern "C" fn nvfipc_cuda_p2p_send_wait(
     })
 }
 
+/// `nvfipc_cuda_p2p_send_post` on an opened channel (no lookup): enqueues on `stream` the
+/// signal that the send buffer holds the next transfer. `NVFIPC_STATUS_INVALID_STATE`,
+/// enqueueing nothing, when the channel is stale (see `nvfipc_channel`).
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_channel_send_post(
+    ch: *const nvfipc_channel,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_cuda_channel_send_post", || {
+        let ch = channel_arg(ch)?;
+        p2p::channel_send_post(ch.handles()?, Stream(stream as usize)).map(|_| ())
+    })
+}
+
+/// `nvfipc_cuda_p2p_recv_post` on an opened channel (no lookup): enqueues on `stream` the wait
+/// for the sender, the copy of `bytes` bytes and the "consumed" signal.
+/// `NVFIPC_STATUS_INVALID_STATE`, enqueueing nothing, when the channel is stale.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_channel_recv_post(
+    ch: *const nvfipc_channel,
+    bytes: u64,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_cuda_channel_recv_post", || {
+        let ch = channel_arg(ch)?;
+        p2p::channel_recv_post(ch.handles()?, bytes, Stream(stream as usize)).map(|_| ())
+    })
+}
+
+/// `nvfipc_cuda_p2p_send_wait` on an opened channel (no lookup): enqueues on `stream` a wait
+/// until the receiver has consumed the last transfer posted on it.
+/// `NVFIPC_STATUS_INVALID_STATE` when the channel is stale or nothing was posted.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_channel_send_wait(
+    ch: *const nvfipc_channel,
+    stream: *mut c_void,
+) -> Status {
+    ffi_call("nvfipc_cuda_channel_send_wait", || {
+        let ch = channel_arg(ch)?;
+        p2p::channel_send_wait(ch.handles()?, Stream(stream as usize)).map(|_| ())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,6 +482,18 @@ mod tests {
         );
         assert_eq!(
             nvfipc_cuda_p2p_send_wait(std::ptr::null(), std::ptr::null(), null),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_cuda_channel_send_post(std::ptr::null(), null),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_cuda_channel_recv_post(std::ptr::null(), 8, null),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_cuda_channel_send_wait(std::ptr::null(), null),
             Status::InvalidArgument
         );
     }

@@ -6,7 +6,9 @@ use super::context::context_arg;
 use super::context::nvfipc_context;
 use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use crate::error::{Error, Result, Status};
-use crate::exchange::{CacheConfig, CacheStats, Direction, HandleCache, MemKind, Request};
+use crate::exchange::{
+    CacheConfig, CacheStats, Direction, HandleCache, MemKind, P2pHandles, Request,
+};
 use std::ffi::c_char;
 use std::fmt::Display;
 use std::sync::Arc;
@@ -35,6 +37,16 @@ pub struct nvfipc_cache {
 
 impl Handle for nvfipc_cache {
     const C_NAME: &'static str = "nvfipc_cache";
+}
+
+impl nvfipc_cache {
+    /// Hands a cache made in Rust to C code, as `nvfipc_cache_create` would have made it; free
+    /// it with `nvfipc_cache_free`.
+    pub fn into_raw(cache: HandleCache) -> *mut nvfipc_cache {
+        into_handle(nvfipc_cache {
+            cache: Arc::new(cache),
+        })
+    }
 }
 
 /// One point-to-point communication of a batch.
@@ -75,6 +87,23 @@ pub struct nvfipc_p2p_handle {
     pub peer_semaphore: u64,
     /// `NVFIPC_MEM_DEVICE` or `NVFIPC_MEM_HOST`.
     pub kind: i32,
+}
+
+impl From<&P2pHandles> for nvfipc_p2p_handle {
+    fn from(h: &P2pHandles) -> nvfipc_p2p_handle {
+        nvfipc_p2p_handle {
+            local_ptr: h.local_ptr,
+            local_bytes: h.local_bytes,
+            local_semaphore: h.local_semaphore,
+            peer_ptr: h.peer_ptr,
+            peer_bytes: h.peer_bytes,
+            peer_semaphore: h.peer_semaphore,
+            kind: match h.kind {
+                MemKind::Device => NVFIPC_MEM_DEVICE,
+                MemKind::Host => NVFIPC_MEM_HOST,
+            },
+        }
+    }
 }
 
 pub(crate) fn cache_arg(cache: *const nvfipc_cache) -> Result<Arc<HandleCache>> {
@@ -133,9 +162,7 @@ fn create(
         cfg.scope = scope.to_string();
         crate::default_transports::cache(cfg)?
     };
-    out.write(into_handle(nvfipc_cache {
-        cache: Arc::new(cache),
-    }));
+    out.write(nvfipc_cache::into_raw(cache));
     Ok(())
 }
 
@@ -272,19 +299,7 @@ pub extern "C" fn nvfipc_cache_get(
         let out = out_ptr(out, "out")?;
         let cache = cache_arg(cache)?;
         let req = single_request(&cache, req)?;
-        let h = cache.get(&req)?;
-        out.write(nvfipc_p2p_handle {
-            local_ptr: h.local_ptr,
-            local_bytes: h.local_bytes,
-            local_semaphore: h.local_semaphore,
-            peer_ptr: h.peer_ptr,
-            peer_bytes: h.peer_bytes,
-            peer_semaphore: h.peer_semaphore,
-            kind: match h.kind {
-                MemKind::Device => NVFIPC_MEM_DEVICE,
-                MemKind::Host => NVFIPC_MEM_HOST,
-            },
-        });
+        out.write(nvfipc_p2p_handle::from(&cache.get(&req)?));
         Ok(())
     })
 }

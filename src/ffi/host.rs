@@ -2,6 +2,7 @@
 
 use super::args::{out_ptr, timeout_arg};
 use super::boundary::ffi_call;
+use super::channel::{channel_arg, nvfipc_channel};
 use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
 use crate::error::{Error, Status};
 use crate::host::{self, p2p};
@@ -96,6 +97,45 @@ pub extern "C" fn nvfipc_host_p2p_send_wait(
     })
 }
 
+/// `nvfipc_host_p2p_send_post` on an opened channel (no lookup). `NVFIPC_STATUS_INVALID_STATE`,
+/// changing nothing, when the channel is stale (see `nvfipc_channel`).
+#[no_mangle]
+pub extern "C" fn nvfipc_host_channel_send_post(ch: *const nvfipc_channel) -> Status {
+    ffi_call("nvfipc_host_channel_send_post", || {
+        p2p::send_post(channel_arg(ch)?.handles()?).map(|_| ())
+    })
+}
+
+/// `nvfipc_host_p2p_recv_post` on an opened channel (no lookup); `timeout_ms` < 0: the timeout
+/// of the cache it was opened from. `NVFIPC_STATUS_INVALID_STATE`, touching no buffer, when the
+/// channel is stale.
+#[no_mangle]
+pub extern "C" fn nvfipc_host_channel_recv_post(
+    ch: *const nvfipc_channel,
+    bytes: u64,
+    timeout_ms: i64,
+) -> Status {
+    ffi_call("nvfipc_host_channel_recv_post", || {
+        let ch = channel_arg(ch)?;
+        let timeout = timeout_arg(timeout_ms, ch.timeout());
+        p2p::recv_post(ch.handles()?, bytes, timeout).map(|_| ())
+    })
+}
+
+/// `nvfipc_host_p2p_send_wait` on an opened channel (no lookup); `timeout_ms` as in
+/// `nvfipc_host_channel_recv_post`.
+#[no_mangle]
+pub extern "C" fn nvfipc_host_channel_send_wait(
+    ch: *const nvfipc_channel,
+    timeout_ms: i64,
+) -> Status {
+    ffi_call("nvfipc_host_channel_send_wait", || {
+        let ch = channel_arg(ch)?;
+        let timeout = timeout_arg(timeout_ms, ch.timeout());
+        p2p::send_wait(ch.handles()?, timeout).map(|_| ())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +155,18 @@ mod tests {
         assert_eq!(nvfipc_host_free(std::ptr::null_mut()), Status::Ok);
         assert_eq!(
             nvfipc_host_p2p_send_post(std::ptr::null(), std::ptr::null()),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_host_channel_send_post(std::ptr::null()),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_host_channel_recv_post(std::ptr::null(), 8, 0),
+            Status::InvalidArgument
+        );
+        assert_eq!(
+            nvfipc_host_channel_send_wait(std::ptr::null(), 0),
             Status::InvalidArgument
         );
     }

@@ -18,6 +18,7 @@
 pub(crate) mod args;
 pub mod barrier;
 pub mod boundary;
+pub mod channel;
 pub mod context;
 pub mod cuda;
 pub mod exchange;

@@ -1,7 +1,7 @@
 //! C ABI of symmetric memory: every member of a group maps every other member's buffer, through
 //! a cache, with no group-wide synchronisation.
 
-use super::args::{c_str_arg, out_slice_arg, timeout_arg};
+use super::args::{c_str_arg, out_ptr, out_slice_arg, timeout_arg};
 use super::barrier::members_arg;
 use super::boundary::ffi_call;
 use super::exchange::{cache_arg, kind_arg, nvfipc_cache};
@@ -21,8 +21,8 @@ use std::ffi::c_char;
 /// `symm:<tag>`), so members may call in any order and ranks outside the group take no part.
 /// Imports are deduplicated and released like any exchange's (when the buffer is replaced, or
 /// the cache freed); a second rendezvous of the same buffers costs no store traffic. The mapped
-/// pointers stay valid until the next rendezvous of `tag` with other buffers, or
-/// `nvfipc_cache_free`. `timeout_ms` < 0: the cache's timeout; on timeout the message names the
+/// pointers stay valid until the next rendezvous of `tag` with other buffers,
+/// `nvfipc_symmetric_release` of `tag`, or `nvfipc_cache_free`. `timeout_ms` < 0: the cache's timeout; on timeout the message names the
 /// peer that did not come.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
@@ -65,5 +65,64 @@ pub extern "C" fn nvfipc_symmetric_rendezvous(
             out.write(peers.iter().map(|p| p.bytes));
         }
         Ok(())
+    })
+}
+
+/// Maps every member's buffer of the last rendezvous of `tag` (same cache) again, in increasing
+/// rank order (this rank's own included), into ONE reserved virtual address range: member i's
+/// buffer is at `*out_base + i * *out_stride`. Local: no store traffic, no waiting for peers.
+///
+/// Every member's buffer must have the same size and the same offset within its allocation
+/// granule (`NVFIPC_STATUS_INVALID_ARGUMENT` names the members that differ). Device buffers must
+/// be VMM allocations (`cuMemCreate` + `cuMemMap`, incl. PyTorch's expandable segments): the
+/// range is reserved with `cuMemAddressReserve`, `stride` = the span of the physical
+/// allocation(s) holding a buffer (its size plus its offset within its first allocation, in
+/// whole allocation granules), this rank's allocations mapped through
+/// `cuMemRetainAllocationHandle` and the peers' through the handles their import holds (nothing
+/// is imported again), read-write for this device; `cudaMalloc` or stream-ordered pool memory
+/// cannot be mapped again: `NVFIPC_STATUS_UNSUPPORTED`. Host buffers (`nvfipc_host_alloc`) are
+/// mapped at page granularity (`stride` = the buffer's size plus its offset in its page, in
+/// whole pages).
+///
+/// The view is owned by the cache: a second call returns the same view at no cost; it is
+/// unmapped by the next rendezvous of `tag` with other buffers, `nvfipc_symmetric_release` or
+/// `nvfipc_cache_free`. `NVFIPC_STATUS_INVALID_ARGUMENT` when `tag` was not rendezvoused.
+#[no_mangle]
+pub extern "C" fn nvfipc_symmetric_contiguous_view(
+    cache: *const nvfipc_cache,
+    tag: *const c_char,
+    out_base: *mut u64,
+    out_stride: *mut u64,
+) -> crate::error::Status {
+    ffi_call("nvfipc_symmetric_contiguous_view", || {
+        let cache = cache_arg(cache)?;
+        let tag = c_str_arg(tag, "tag")?;
+        let out_base = out_ptr(out_base, "out_base")?;
+        let out_stride = out_ptr(out_stride, "out_stride")?;
+        let (base, stride) = cache.symmetric_contiguous_view(tag)?;
+        out_base.write(base);
+        out_stride.write(stride);
+        Ok(())
+    })
+}
+
+/// Drops, in this process, what the rendezvous of `tag` mapped: the peers' buffers (each import
+/// released once: a mapping that another channel shares stays) and the contiguous view. Local
+/// only: no store traffic, no waiting for peers; cheap, and it never aborts, so it may be called
+/// from a destructor. Afterwards the pointers of the rendezvous and of the view are invalid
+/// (finish the device work that uses them first); a later rendezvous of `tag`, with the same
+/// buffers or others, works whatever the order in which the members released and came back.
+/// `NVFIPC_STATUS_INVALID_ARGUMENT` when `tag` was not rendezvoused (or is released already);
+/// `NVFIPC_STATUS_INVALID_STATE` while a rendezvous of `tag` runs on another thread or is
+/// suspended after a timeout.
+#[no_mangle]
+pub extern "C" fn nvfipc_symmetric_release(
+    cache: *const nvfipc_cache,
+    tag: *const c_char,
+) -> crate::error::Status {
+    ffi_call("nvfipc_symmetric_release", || {
+        let cache = cache_arg(cache)?;
+        let tag = c_str_arg(tag, "tag")?;
+        cache.symmetric_release(tag)
     })
 }

@@ -62,6 +62,14 @@ impl<K: Eq + Hash + Copy> PeerMappings<K> {
         true
     }
 
+    /// A descriptor of the file mapped for `key` (a duplicate, so the file can be mapped again
+    /// elsewhere); `None` when it is not mapped.
+    pub fn fd_of(&self, key: &K) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        lock(&self.held)
+            .get(key)
+            .map(|h| h.mem.fd().try_clone_to_owned())
+    }
+
     /// Number of mappings held (each counted once, whatever its references).
     pub fn len(&self) -> usize {
         lock(&self.held).len()

@@ -6,12 +6,14 @@ use super::alloc::{self, FreeListener};
 use super::handle::{fd_handle, fd_id};
 use super::peer_maps::PeerMappings;
 use super::slab::HostSlab;
+use super::view::{HostMember, HostView};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
 use crate::os::memfd::SharedMapping;
 use crate::store::Store;
 use crate::sync::lock;
 use crate::transport::record::Record;
+use crate::transport::view::{ContiguousView, ViewMember};
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -191,6 +193,49 @@ impl Transport for HostTransport {
 
     fn live_mappings(&self) -> usize {
         self.imports.len()
+    }
+
+    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<Box<dyn ContiguousView>> {
+        let members: Vec<HostMember> = members
+            .iter()
+            .map(|m| self.view_member(m))
+            .collect::<Result<_>>()?;
+        Ok(Box::new(HostView::map(&members)?))
+    }
+}
+
+impl HostTransport {
+    /// The file and place of one member's buffer: this rank's from the allocator, a peer's from
+    /// the mapping this transport imported (never fetched again).
+    fn view_member(&self, member: &ViewMember<'_>) -> Result<HostMember> {
+        match *member {
+            ViewMember::Own { rank, buffer } => {
+                let seg = alloc::lookup(buffer.ptr, buffer.bytes)?;
+                Ok(HostMember {
+                    rank,
+                    fd: seg.fd,
+                    offset: buffer.ptr - seg.base,
+                    bytes: buffer.bytes,
+                })
+            }
+            ViewMember::Peer { rank, record, .. } => {
+                let key = (rank, record.pid, record.buffer_id);
+                let what = || format!("host buffer {} of rank {rank}", record.buffer_id);
+                let fd = self
+                    .imports
+                    .fd_of(&key)
+                    .ok_or_else(|| {
+                        Error::state(format!("{} is not mapped here (was it released?)", what()))
+                    })?
+                    .map_err(|e| Error::from_io(format!("duplicating the fd of {}", what()), &e))?;
+                Ok(HostMember {
+                    rank,
+                    fd,
+                    offset: record.offset,
+                    bytes: record.bytes,
+                })
+            }
+        }
     }
 }
 

@@ -17,7 +17,8 @@
 //! - [`logfile`]: the log file, opened without blocking and without following links;
 //! - [`listen`]: the store server's listening socket and the open-file limit;
 //! - [`mem`]: freed heap memory handed back to the system;
-//! - [`net`]: name resolution, socket readiness and socket errno checks of the store.
+//! - [`net`]: name resolution, socket readiness and socket errno checks of the store;
+//! - [`vrange`]: reserved address ranges with files mapped at fixed places (host views).
 
 pub mod cleanup;
 pub mod cpu;
@@ -33,4 +34,5 @@ pub mod net;
 pub mod process;
 pub mod shm;
 pub mod sigbus;
+pub mod vrange;
 pub mod wait;

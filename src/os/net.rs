@@ -137,6 +137,40 @@ pub fn poll_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> 
     }
 }
 
+/// True when the other end has closed `stream` (or it failed): a non-blocking look that sends
+/// nothing and consumes nothing, so a store client can tell its server is gone without a request
+/// that would fail.
+pub fn peer_hung_up(stream: &TcpStream) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the count
+    // passed is 1; the fd belongs to `stream`, which outlives the call. Timeout 0: never blocks.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if rc <= 0 {
+        // Nothing to read and no hang-up (or poll itself failed: nothing is known).
+        return false;
+    }
+    if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0 {
+        return true;
+    }
+    let mut byte = 0u8;
+    // SAFETY: `byte` is one writable byte that lives across the call; MSG_PEEK leaves the data in
+    // the socket and MSG_DONTWAIT keeps the call from blocking.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    // 0: end of stream; < 0 other than "would block": the connection failed.
+    n == 0 || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
+}
+
 /// True when `e` is a bind failure because the address is in use.
 pub fn is_addr_in_use(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EADDRINUSE)

@@ -3,7 +3,7 @@
 //! network. Compiled for tests only.
 
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::store::{Liveness, Store};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -26,6 +26,11 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn liveness(&self) -> Liveness {
+        // In this process: there as long as it is.
+        Liveness::Alive
+    }
+
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.map
             .lock()

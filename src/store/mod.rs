@@ -17,6 +17,18 @@ use std::time::Duration;
 /// PyTorch's default store timeout (`Store::kDefaultTimeout`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// What a store can tell about its server without sending a request (see [`Store::liveness`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Reachable as far as can be seen: the server is in this process, or the connection to it
+    /// is open and the server has not closed it.
+    Alive,
+    /// The server closed the connection or the connection failed: every request would fail.
+    Gone,
+    /// The store cannot tell without a request (a store implemented by the host, for example).
+    Unknown,
+}
+
 /// A key-value store with the semantics of `c10d::Store`.
 ///
 /// Implementations are shared between threads; each call is atomic with respect to the others
@@ -81,6 +93,13 @@ pub trait Store: Send + Sync {
     /// The timeout used when a caller does not give one.
     fn default_timeout(&self) -> Duration {
         DEFAULT_TIMEOUT
+    }
+
+    /// Whether the store can still be reached, as far as can be seen without a request: used at
+    /// teardown, where a request to a server that has gone would fail (and a host's store may
+    /// print warnings when it does).
+    fn liveness(&self) -> Liveness {
+        Liveness::Unknown
     }
 
     /// A second connection to the same store, for a background user whose round trips must not

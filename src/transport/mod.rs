@@ -6,6 +6,7 @@
 //! - [`epoch`]: epoch-valued semaphores shared by the host and device P2P primitives;
 //! - [`handles`]: [`P2pHandles`], what the exchange hands the P2P primitives of one channel;
 //! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
+//! - [`view`]: contiguous views of a symmetric allocation (the layout and its checks);
 //! - this module: [`Transport`], [`SemaphoreSlab`] and the types they exchange.
 //!
 //! The exchange never touches memory itself: it asks a [`Transport`] to
@@ -30,11 +31,12 @@ pub mod epoch;
 pub mod handles;
 pub mod record;
 pub mod set;
+pub mod view;
 
 pub use handles::P2pHandles;
 pub use set::{TransportFactory, Transports};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use record::{HandleType, Record, Segment, PAYLOAD_LEN};
 use std::time::Duration;
 
@@ -177,6 +179,20 @@ pub trait Transport: Send + Sync {
 
     /// Number of peer allocations currently mapped (each counted once, whatever its refcount).
     fn live_mappings(&self) -> usize;
+
+    /// Maps `members` (this rank's own buffer and peers' buffers imported by this transport, in
+    /// the view's order) again, back to back in one reserved range (see [`view`]). The imports
+    /// must stay held while this runs; the view holds the memory on its own afterwards.
+    /// `Unsupported` by default.
+    fn contiguous_view(
+        &self,
+        _members: &[view::ViewMember<'_>],
+    ) -> Result<Box<dyn view::ContiguousView>> {
+        Err(Error::unsupported(format!(
+            "contiguous views of {} memory are not supported by this transport",
+            self.kind().name()
+        )))
+    }
 }
 
 /// A per-process block of [`SLAB_SLOTS`] zero-initialised 32-bit semaphores, shared with peers

@@ -4,7 +4,13 @@ allocator as PYTORCH_CUDA_ALLOC_CONF sets it (expandable segments: VMM; default:
 fills it with its rank, and maps every other rank's tensor with one rendezvous over the world,
 with no barrier. Checks every peer's bytes through the mappings, times the first rendezvous
 (records published, peers imported) and a second one (a cache hit), and a rendezvous of a fresh
-tensor carved from the same segments. Prints one JSON line per rank.
+tensor carved from the same segments. Then the contiguous view of the first tensor
+(`nvfipc_symmetric_contiguous_view`): with expandable segments, every rank writes a new value
+through its own tensor and reads every member's through the view (copied to the host); with
+cudaMalloc, the view must be refused as unsupported, saying a VMM allocation is needed. Last,
+release and rendezvous again in a loop (`nvfipc_symmetric_release`), with the same tensor and
+with fresh ones, checking the bytes each time and that the library's live VMM mappings
+(`nvfipc_cuda_vmm_counters_get`) do not grow. Prints one JSON line per rank.
 
 Environment: NVFIPC_LIB, MASTER_ADDR/MASTER_PORT and the launcher's rank variables, MIB (tensor
 size, default 64).
@@ -21,6 +27,20 @@ import torch
 lib = C.CDLL(os.environ["NVFIPC_LIB"])
 lib.nvfipc_last_error_message.restype = C.c_char_p
 DEVICE = 0
+STATUS_UNSUPPORTED = 8
+ROUNDS = 6
+
+
+class VmmCounters(C.Structure):
+    _fields_ = [(name, C.c_uint64) for name in (
+        "segment_exports", "segment_imports", "segment_releases", "maps", "unmaps",
+        "live_segments", "live_maps", "pool_imports", "pool_frees", "inside_mapped")]
+
+
+def live_vmm():
+    c = VmmCounters()
+    check(lib.nvfipc_cuda_vmm_counters_get(C.byref(c)), "vmm counters")
+    return {"live_maps": c.live_maps, "live_segments": c.live_segments}
 
 
 class PeerView:
@@ -83,7 +103,71 @@ def main():
     check(lib.nvfipc_barrier(ctx, None, C.c_size_t(0), C.c_int64(60000)), "barrier")
     out["fresh_us"] = rendezvous(b"activations", u)
     bad.update({f"fresh-{k}": v for k, v in verify(lambda r: r + 101).items()})
-    lib.nvfipc_barrier(ctx, None, C.c_size_t(0), C.c_int64(60000))
+    barrier = lambda: check(lib.nvfipc_barrier(ctx, None, C.c_size_t(0), C.c_int64(60000)),
+                            "barrier")
+    barrier()
+
+    vmm = "expandable_segments:True" in out["alloc_conf"]
+    base, stride = C.c_uint64(), C.c_uint64()
+
+    def view(tag, value_of, label, to_host=False):
+        """The view of `tag`: every member's bytes read through it (copied to the host, or
+        compared on the device)."""
+        check(lib.nvfipc_symmetric_contiguous_view(cache, tag, C.byref(base), C.byref(stride)),
+              f"contiguous view {tag}")
+        for r in range(world):
+            member = torch.as_tensor(PeerView(base.value + r * stride.value, n), device="cuda")
+            wrong = int(((member.cpu() if to_host else member) != value_of(r)).sum())
+            if wrong:
+                bad[f"{label}-view-{r}"] = wrong
+
+    if vmm:
+        t.fill_(rank + 51)
+        torch.cuda.synchronize()
+        barrier()
+        view(b"weights", lambda r: r + 51, "weights", to_host=True)
+        first = (base.value, stride.value)
+        check(lib.nvfipc_symmetric_contiguous_view(cache, b"weights", C.byref(base),
+                                                   C.byref(stride)), "view again")
+        if (base.value, stride.value) != first:
+            bad["view-again-differs"] = 1
+        out["view_stride"] = stride.value
+        barrier()
+    else:
+        st = lib.nvfipc_symmetric_contiguous_view(cache, b"weights", C.byref(base),
+                                                  C.byref(stride))
+        message = lib.nvfipc_last_error_message().decode(errors="replace")
+        out["view_refused"] = message
+        if st != STATUS_UNSUPPORTED or "VMM allocation is needed" not in message:
+            bad["cudaMalloc-view-not-refused"] = st
+
+    # Release and rendezvous again: the same tensor, then fresh ones (all ranks allocate alike).
+    check(lib.nvfipc_symmetric_release(cache, b"weights"), "release")
+    released = live_vmm()
+    out["live_after_release"] = released
+    keep = []
+    for i in range(ROUNDS):
+        cur = t if i % 2 == 0 else torch.empty((n,), dtype=torch.uint8, device="cuda")
+        keep.append(cur)
+        value = (rank * 7 + i * 13) % 251
+        cur.fill_(value)
+        torch.cuda.synchronize()
+        barrier()
+        rendezvous(b"weights", cur)
+        bad.update({f"round{i}-{k}": v
+                    for k, v in verify(lambda r: (r * 7 + i * 13) % 251).items()})
+        if vmm:
+            view(b"weights", lambda r: (r * 7 + i * 13) % 251, f"round{i}")
+        barrier()
+        check(lib.nvfipc_symmetric_release(cache, b"weights"), f"release {i}")
+        now = live_vmm()
+        if now["live_maps"] > released["live_maps"] or \
+                now["live_segments"] > released["live_segments"]:
+            bad[f"round{i}-vmm-growth"] = now
+    st = lib.nvfipc_symmetric_release(cache, b"weights")
+    if st == 0:
+        bad["second-release-accepted"] = 1
+    barrier()
     check(lib.nvfipc_cache_free(cache), "cache free")
     out["mismatches"] = bad
     out["ok"] = not bad

@@ -8,10 +8,13 @@
 
 mod barrier;
 mod exchange;
+mod post;
 mod report;
 mod seed;
 mod store_load;
 mod svg;
+mod symmetric;
+mod symmetric_report;
 
 use crate::args::{positive, positive_count};
 use crate::launch::{self, JobSpec, StoreHost};
@@ -37,6 +40,8 @@ pub enum Part {
     Exchange,
     Store,
     Barrier,
+    Post,
+    Symmetric,
 }
 
 /// The benchmarks of docs/BENCHMARKS.md
@@ -45,23 +50,26 @@ pub enum Part {
 /// protocol and the floor (opens + two store round trips) for 2, 4 and 8 ranks; our store server
 /// against PyTorch's TCPStore (libuv and classic, hosted by the Python in $NVFIPC_PYTHON; skipped
 /// with a note without it or with --no-torch) for 1 to 256 clients; barrier latency for up to 64
-/// processes against a torch-style store barrier.
+/// processes against a torch-style store barrier; the cost of one transfer post on an opened
+/// channel and through the cache and request, between 2 ranks; on request (`--scenario
+/// symmetric`), the symmetric rendezvous (every rank maps every other rank's buffer) for groups
+/// of 2 to 64 ranks.
 ///
 /// Prints tables and the ratios to the targets; writes JSON to FILE and one SVG plot per scenario
 /// to DIR. Exits non-zero when a scenario could not run (a missed target is reported, not an
 /// error).
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 #[command(
-    override_usage = "nvfipc bench [--scenario exchange|store|barrier[,...]] [--json FILE]\n               [--svg-dir DIR] [--quick] [--transport auto|device|host]\n               [--device-memory legacy|vmm] [--no-torch] [--server-threads N] [--busy-poll-us US]"
+    override_usage = "nvfipc bench [--scenario exchange|store|barrier|post|symmetric[,...]]\n               [--json FILE] [--svg-dir DIR] [--quick] [--transport auto|device|host]\n               [--device-memory legacy|vmm] [--no-torch] [--server-threads N] [--busy-poll-us US]\n               [--ranks LIST]"
 )]
 pub struct BenchArgs {
-    /// The scenarios to run, comma-separated (default: every one)
+    /// The scenarios to run, comma-separated (default: all but symmetric)
     #[arg(
         long = "scenario",
         value_name = "S",
         value_enum,
         value_delimiter = ',',
-        default_value = "exchange,store,barrier"
+        default_value = "exchange,store,barrier,post"
     )]
     pub parts: Vec<Part>,
     /// Write the results as JSON to FILE
@@ -85,6 +93,17 @@ pub struct BenchArgs {
     /// Non-default settings of our server in the store scenario.
     #[command(flatten)]
     pub server: store_load::OurServer,
+    /// World sizes of the exchange and symmetric scenarios, comma-separated (default: theirs)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = at_least_2_ranks)]
+    pub ranks: Option<Vec<usize>>,
+}
+
+/// A world size of `--ranks`: at least two ranks.
+fn at_least_2_ranks(value: &str) -> Result<usize, String> {
+    match positive_count(value)? {
+        1 => Err("a group needs at least 2 ranks".into()),
+        n => Ok(n),
+    }
 }
 
 impl BenchArgs {
@@ -108,6 +127,13 @@ pub struct Plan {
     pub store_rounds: usize,
     pub barrier_worlds: Vec<usize>,
     pub barrier_steps: usize,
+    /// Timed posts of the post scenario (half per call).
+    pub post_steps: usize,
+    /// Group sizes of the symmetric scenario with host and with device memory.
+    pub symmetric_worlds_host: Vec<usize>,
+    pub symmetric_worlds_device: Vec<usize>,
+    /// Timed rendezvous rounds per rank (each of a fresh buffer and tag).
+    pub symmetric_rounds: usize,
     pub rank_timeout: Duration,
 }
 
@@ -123,6 +149,10 @@ impl Plan {
                 store_rounds: 1,
                 barrier_worlds: vec![2, 4],
                 barrier_steps: 10,
+                post_steps: 4_000,
+                symmetric_worlds_host: vec![2, 4],
+                symmetric_worlds_device: vec![2, 4],
+                symmetric_rounds: 3,
                 rank_timeout: Duration::from_secs(30),
             }
         } else {
@@ -135,6 +165,10 @@ impl Plan {
                 store_rounds: 3,
                 barrier_worlds: vec![2, 4, 8, 16, 32, 64],
                 barrier_steps: 100,
+                post_steps: 100_000,
+                symmetric_worlds_host: vec![2, 4, 8, 16, 32, 64],
+                symmetric_worlds_device: vec![2, 4, 8],
+                symmetric_rounds: 10,
                 rank_timeout: Duration::from_secs(120),
             }
         }
@@ -146,6 +180,19 @@ impl Plan {
 pub enum Role {
     Exchange,
     Barrier,
+    Post,
+    Symmetric,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Exchange => "exchange",
+            Role::Barrier => "barrier",
+            Role::Post => "post",
+            Role::Symmetric => "symmetric",
+        }
+    }
 }
 
 /// `--transport` of a rank: the transport its parent already decided.
@@ -184,11 +231,7 @@ impl RankArgs {
     fn to_args(&self) -> Vec<String> {
         vec![
             "--role".into(),
-            match self.role {
-                Role::Exchange => "exchange",
-                Role::Barrier => "barrier",
-            }
-            .into(),
+            self.role.name().into(),
             "--steps".into(),
             self.steps.to_string(),
             "--bytes".into(),
@@ -261,7 +304,17 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
     set_device_memory(args.device_memory);
     let series = match args.role {
         Role::Barrier => barrier::run(ctx, args)?,
-        Role::Exchange => {
+        Role::Post => {
+            let device = enter_rank_device(args.kind, ctx.local_rank)?;
+            let series = post::run(ctx, args)?;
+            ctx.barrier(None, None)?;
+            if args.kind == MemKind::Device {
+                nvfuser_ipc::cuda::flush_releases(args.timeout)?;
+            }
+            drop(device);
+            series
+        }
+        Role::Exchange | Role::Symmetric => {
             // The transports outlive every cache and import, and are dropped only after the
             // last barrier: peers may map this rank's semaphore slab until then.
             let device = enter_rank_device(args.kind, ctx.local_rank)?;
@@ -272,7 +325,10 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
                 let device: Arc<dyn Transport> = CudaTransport::with_fdpass(None, Some(fdpass))?;
                 transports.push(device);
             }
-            let series = exchange::run(ctx, args, args.kind, &transports)?;
+            let series = match args.role {
+                Role::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
+                _ => exchange::run(ctx, args, args.kind, &transports)?,
+            };
             ctx.barrier(None, None)?;
             drop(transports);
             if args.kind == MemKind::Device {
@@ -302,13 +358,7 @@ fn run_ranks(
     mut rank_args: RankArgs,
     scratch: &Path,
 ) -> Result<BTreeMap<String, Vec<u64>>> {
-    rank_args.out = scratch.join(format!(
-        "{}-{world}.txt",
-        match rank_args.role {
-            Role::Exchange => "exchange",
-            Role::Barrier => "barrier",
-        }
-    ));
+    rank_args.out = scratch.join(format!("{}-{world}.txt", rank_args.role.name()));
     let _ = std::fs::remove_file(&rank_args.out);
     let mut command = vec![exe.to_string(), "bench-rank".to_string()];
     command.extend(rank_args.to_args());
@@ -384,7 +434,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
             .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
         set_device_memory(args.device_memory);
         results.transport = kind_label(kind).to_string();
-        for &world in &plan.exchange_worlds {
+        for &world in args.ranks.as_ref().unwrap_or(&plan.exchange_worlds) {
             eprintln!(
                 "nvfipc bench: ring exchange, {world} ranks, {}",
                 kind_label(kind)
@@ -426,6 +476,31 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
             }
         }
     }
+    if args.parts.contains(&Part::Post) {
+        let kind = args
+            .transport
+            .resolve()
+            .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
+        set_device_memory(args.device_memory);
+        eprintln!("nvfipc bench: one post, 2 ranks, {}", kind_label(kind));
+        let rank_args = RankArgs {
+            role: Role::Post,
+            steps: plan.post_steps,
+            bytes: 64,
+            kind,
+            out: PathBuf::new(),
+            timeout: plan.rank_timeout,
+            device_memory: args.device_memory,
+        };
+        results.post_transport = kind_label(kind).to_string();
+        match run_ranks(&exe, 2, rank_args, &scratch.0) {
+            Ok(series) => results.post = Some(series),
+            Err(e) => results.fail(format!("post, 2 ranks: {e}")),
+        }
+    }
+    if args.parts.contains(&Part::Symmetric) {
+        symmetric_part(args, &plan, &exe, &scratch.0, &mut results)?;
+    }
     print!("{}", results.text());
     if let Some(path) = &args.json {
         write_file(path, &results.json_text())?;
@@ -450,6 +525,47 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
     }
     std::fs::write(path, text)
         .map_err(|e| Error::from_io(format!("writing {}", path.display()), &e))
+}
+
+/// The symmetric rendezvous at each group size of the transport chosen.
+fn symmetric_part(
+    args: &BenchArgs,
+    plan: &Plan,
+    exe: &str,
+    scratch: &Path,
+    results: &mut report::Results,
+) -> Result<()> {
+    let kind = args
+        .transport
+        .resolve()
+        .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
+    set_device_memory(args.device_memory);
+    results.symmetric_transport = kind_label(kind).to_string();
+    results.symmetric_rounds = plan.symmetric_rounds;
+    let default = match kind {
+        MemKind::Host => &plan.symmetric_worlds_host,
+        MemKind::Device => &plan.symmetric_worlds_device,
+    };
+    for &world in args.ranks.as_ref().unwrap_or(default) {
+        eprintln!(
+            "nvfipc bench: symmetric rendezvous, {world} ranks, {}",
+            kind_label(kind)
+        );
+        let rank_args = RankArgs {
+            role: Role::Symmetric,
+            steps: plan.symmetric_rounds,
+            bytes: plan.bytes,
+            kind,
+            out: PathBuf::new(),
+            timeout: plan.rank_timeout,
+            device_memory: args.device_memory,
+        };
+        match run_ranks(exe, world, rank_args, scratch) {
+            Ok(series) => results.symmetric.push((world, series)),
+            Err(e) => results.fail(format!("symmetric, {world} ranks: {e}")),
+        }
+    }
+    Ok(())
 }
 
 fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Results) {
@@ -540,13 +656,23 @@ mod tests {
         assert_eq!(a.parts, vec![Part::Exchange, Part::Barrier]);
         assert_eq!(a.json, Some(PathBuf::from("x.json")));
         assert!(a.quick && !a.no_torch);
-        assert_eq!(parse::<BenchArgs>(&[]).unwrap().parts.len(), 3);
+        assert_eq!(parse::<BenchArgs>(&[]).unwrap().parts.len(), 4);
+        let a = parse::<BenchArgs>(&["--scenario", "post"]).unwrap();
+        assert_eq!(a.parts, vec![Part::Post]);
         let a = parse::<BenchArgs>(&["--server-threads=2", "--busy-poll-us", "0"]).unwrap();
         assert_eq!(
             (a.server.threads, a.server.busy_poll_us),
             (Some(2), Some(0))
         );
         assert!(parse::<BenchArgs>(&["--scenario", "gpu"]).is_err());
+        let a = parse::<BenchArgs>(&["--scenario=symmetric", "--ranks", "16,32"]).unwrap();
+        assert_eq!(
+            (a.parts, a.ranks),
+            (vec![Part::Symmetric], Some(vec![16, 32]))
+        );
+        assert_eq!(parse::<BenchArgs>(&[]).unwrap().ranks, None);
+        assert!(parse::<BenchArgs>(&["--ranks", "1,4"]).is_err());
+        assert!(parse::<BenchArgs>(&["--ranks", "4,x"]).is_err());
         assert!(parse::<BenchArgs>(&["--quick=1"]).is_err());
     }
 

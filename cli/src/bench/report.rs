@@ -3,6 +3,7 @@
 use super::exchange::floor_ns;
 use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
+use super::symmetric_report::{symmetric_chart, symmetric_json, symmetric_target, symmetric_text};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -26,8 +27,27 @@ pub struct Results {
     pub store_notes: Vec<String>,
     /// Per world size: `barrier.ours` and `barrier.torch_style`.
     pub barrier: Vec<(usize, BTreeMap<String, Vec<u64>>)>,
+    /// Rank 0's `post.channel` and `post.request` samples, and the transport they used.
+    pub post: Option<BTreeMap<String, Vec<u64>>>,
+    pub post_transport: String,
+    /// Per group size: one sample per rank of `symm.first`, `symm.hit`, `symm.phase.<p>`, ...
+    pub symmetric: Vec<(usize, BTreeMap<String, Vec<u64>>)>,
+    pub symmetric_transport: String,
+    pub symmetric_rounds: usize,
     pub failures: Vec<String>,
 }
+
+/// Goal of one post on an opened channel (median, host-side).
+const POST_GOAL_NS: u64 = 1_000;
+
+/// The rows of the post table: (label, series).
+const POST_ROWS: [(&str, &str); 2] = [
+    (
+        "opened channel (nvfipc_*_channel_send_post)",
+        "post.channel",
+    ),
+    ("cache + request (nvfipc_*_p2p_send_post)", "post.request"),
+];
 
 /// One line of the target check.
 pub struct Target {
@@ -62,6 +82,11 @@ impl Results {
             store: Vec::new(),
             store_notes: Vec::new(),
             barrier: Vec::new(),
+            post: None,
+            post_transport: String::new(),
+            symmetric: Vec::new(),
+            symmetric_transport: String::new(),
+            symmetric_rounds: 0,
             failures: Vec::new(),
         }
     }
@@ -217,6 +242,20 @@ impl Results {
                 met: r.map(|r| r <= 0.5),
             });
         }
+        if let Some(map) = &self.post {
+            let p50 = median(series(map, "post.channel"));
+            out.push(Target {
+                name: format!(
+                    "one post on an opened channel, {}, median (<= 1 us)",
+                    self.post_transport
+                ),
+                measured: fmt_opt_ns(p50),
+                ratio: p50.map(|p| p as f64 / POST_GOAL_NS as f64),
+                limit: 1.0,
+                met: p50.map(|p| p <= POST_GOAL_NS),
+            });
+        }
+        out.extend(symmetric_target(&self.symmetric));
         out
     }
 
@@ -385,6 +424,41 @@ impl Results {
             }
             s.push_str(&format_table(&rows));
         }
+        if let Some(map) = &self.post {
+            let _ = writeln!(
+                s,
+                "\n== One transfer post, host-side time of the call, {}, 2 ranks ==",
+                self.post_transport
+            );
+            let mut rows = vec![vec![
+                "call".to_string(),
+                "samples".into(),
+                "p50".into(),
+                "p99".into(),
+            ]];
+            for (label, name) in POST_ROWS {
+                let v = series(map, name);
+                rows.push(vec![
+                    label.to_string(),
+                    v.len().to_string(),
+                    fmt_opt_ns(quantile(v, 0.5)),
+                    fmt_opt_ns(quantile(v, 0.99)),
+                ]);
+            }
+            s.push_str(&format_table(&rows));
+            s.push_str(
+                "each call timed alone on the sender (the clock read included); every transfer \
+                 is completed untimed; host: a semaphore write, device: the write enqueued on a \
+                 stream\n",
+            );
+        }
+        if !self.symmetric.is_empty() {
+            s.push_str(&symmetric_text(
+                &self.symmetric,
+                &self.symmetric_transport,
+                self.symmetric_rounds,
+            ));
+        }
         let targets = self.targets();
         if !targets.is_empty() {
             let _ = writeln!(
@@ -474,6 +548,21 @@ impl Results {
                 })
             })
             .collect();
+        let post = self.post.as_ref().map(|map| {
+            let of = |name: &str| {
+                let v = series(map, name);
+                json!({
+                    "samples": v.len(),
+                    "median_ns": quantile(v, 0.5),
+                    "p99_ns": quantile(v, 0.99),
+                })
+            };
+            json!({
+                "transport": self.post_transport,
+                "channel": of("post.channel"),
+                "request": of("post.request"),
+            })
+        });
         let targets: Vec<Value> = self
             .targets()
             .into_iter()
@@ -498,6 +587,10 @@ impl Results {
             "store": store,
             "store_notes": self.store_notes,
             "barrier": barrier,
+            "post": post,
+            "symmetric_transport": self.symmetric_transport,
+            "symmetric_rounds": self.symmetric_rounds,
+            "symmetric": symmetric_json(&self.symmetric),
             "targets": targets,
             "failures": self.failures,
         })
@@ -612,6 +705,12 @@ impl Results {
                 .render(),
             ));
         }
+        if !self.symmetric.is_empty() {
+            out.push((
+                "symmetric".to_string(),
+                symmetric_chart(&self.symmetric, &self.symmetric_transport),
+            ));
+        }
         out
     }
 }
@@ -689,6 +788,16 @@ mod tests {
             .text()
             .contains("pool at W=8: IPC opens during the timed calls, all ranks: ours 0, seed 1"));
         assert!(r.json_text().contains("\"floor_ns\": 70"));
+        r.post = Some(map(&[
+            ("post.channel", &[400, 900]),
+            ("post.request", &[2500]),
+        ]));
+        r.post_transport = "host".into();
+        let post = r.targets().pop().unwrap();
+        assert!(post.name.contains("opened channel"), "{}", post.name);
+        assert_eq!(post.met, Some(true)); // median of 400 and 900 <= 1 us
+        assert!(r.text().contains("cache + request"));
+        assert!(r.json_text().contains("\"p99_ns\": 2500"));
         assert_eq!(r.charts().len(), 2);
     }
 }

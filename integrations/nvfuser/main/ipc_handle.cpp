@@ -25,6 +25,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace nvfuser {
@@ -841,6 +842,116 @@ std::unique_ptr<SymmetricMemoryHandle> SymmetricMemoryHandleCache::create(
     default:
       NVF_THROW(
           "no symmetric-memory handle for communication type ", comm->type());
+  }
+}
+
+// ---- SymmetricTensor's remote handles through nvfuser-ipc ---------------------------------------
+
+namespace {
+
+// The nvfuser-ipc tags of the SymmetricTensors set up through the library. Callers hold
+// processStateMutex().
+struct SymmetricSetups {
+  // By owner (the SymmetricTensor): its tag in the library.
+  std::unordered_map<const void*, std::string> tags;
+  // By nvFuser tag: how many set-ups have used it in this process.
+  std::unordered_map<std::string, uint64_t> uses;
+};
+
+SymmetricSetups& symmetricSetups() {
+  static auto* setups = new SymmetricSetups();
+  return *setups;
+}
+
+} // namespace
+
+std::vector<CUdeviceptr> nvfipc_symmetric::setupRemoteHandles(
+    const void* owner,
+    const at::Tensor& local,
+    const std::string& tag) {
+  return translated("SymmetricTensor::setupRemoteHandles", [&] {
+    std::lock_guard<std::mutex> lock(processStateMutex());
+    ProcessState& state = processState();
+    SymmetricSetups& setups = symmetricSetups();
+    NVF_ERROR(
+        setups.tags.count(owner) == 0,
+        "SymmetricTensor set up twice through nvfuser-ipc (tag \"",
+        tag,
+        "\")");
+    // Set-ups are collective: every rank sets up the same tensors in the same order, so the n-th
+    // set-up of `tag` names the same allocation on every rank. Numbering them gives each live
+    // tensor a tag of its own in the library (nvFuser reuses tags, e.g. the default "").
+    const std::string library_tag =
+        "nvfuser/" + tag + "#" + std::to_string(setups.uses[tag]++);
+    const auto bytes = static_cast<uint64_t>(local.numel()) *
+        static_cast<uint64_t>(local.element_size());
+    const auto members = state.cache.symmetricRendezvous(
+        library_tag, nvfipc::MemKind::Device, local.data_ptr(), bytes);
+    setups.tags.emplace(owner, library_tag);
+    std::vector<CUdeviceptr> addresses(members.size(), 0);
+    for (const auto& member : members) {
+      addresses.at(static_cast<size_t>(member.rank)) =
+          reinterpret_cast<CUdeviceptr>(member.ptr);
+    }
+    return addresses;
+  });
+}
+
+at::Tensor nvfipc_symmetric::contiguousView(
+    const void* owner,
+    const at::Tensor& local) {
+  return translated("SymmetricTensor::setupContiguousView", [&] {
+    std::lock_guard<std::mutex> lock(processStateMutex());
+    const auto found = symmetricSetups().tags.find(owner);
+    NVF_CHECK(
+        found != symmetricSetups().tags.end(),
+        "setupContiguousView needs setupRemoteHandles first");
+    const auto view = processState().cache.symmetricContiguousView(found->second);
+    const auto element = static_cast<uint64_t>(local.element_size());
+    NVF_ERROR(
+        view.stride % element == 0,
+        "contiguous view: a rank's stride of ",
+        view.stride,
+        " bytes is not a whole number of elements");
+    std::vector<int64_t> sizes{Communicator::getInstance().size()};
+    sizes.insert(sizes.end(), local.sizes().begin(), local.sizes().end());
+    std::vector<int64_t> strides{static_cast<int64_t>(view.stride / element)};
+    strides.insert(strides.end(), local.strides().begin(), local.strides().end());
+    // The library owns the mapping (released with the SymmetricTensor), so the tensor frees
+    // nothing. The rank dimension stands in for the local tensor's size-1 sharded dimension.
+    return at::from_blob(
+               view.base,
+               sizes,
+               strides,
+               [](void*) {},
+               at::TensorOptions()
+                   .dtype(local.scalar_type())
+                   .device(local.device()))
+        .squeeze(1);
+  });
+}
+
+void nvfipc_symmetric::release(const void* owner) noexcept {
+  std::lock_guard<std::mutex> lock(processStateMutex());
+  SymmetricSetups& setups = symmetricSetups();
+  const auto found = setups.tags.find(owner);
+  if (found == setups.tags.end()) {
+    return;
+  }
+  const std::string library_tag = std::move(found->second);
+  setups.tags.erase(found);
+  ProcessState* state = processStateSlot();
+  if (state == nullptr) {
+    return; // released at exit: freeing the cache unmapped everything
+  }
+  try {
+    state->cache.symmetricRelease(library_tag);
+  } catch (const std::exception& e) {
+    std::fprintf(
+        stderr,
+        "nvfuser-ipc: releasing symmetric tensor %s: %s\n",
+        library_tag.c_str(),
+        e.what());
   }
 }
 

@@ -481,4 +481,31 @@ class SymmetricMemoryHandleCache {
       handles_;
 };
 
+// ---- SymmetricTensor's remote handles through nvfuser-ipc ---------------------------------------
+//
+// With the overlay applied to multidevice/symmetric_tensor.cpp (integrations/nvfuser/main/
+// symmetric_overlay.py), SymmetricTensor::setupRemoteHandles, setupContiguousView and the
+// destructor's unmapping call these instead of nvFuser's Unix sockets and world barriers: one
+// nvfuser-ipc symmetric rendezvous per set-up, in which each rank waits only for the peers it
+// maps. Multicast (setupMulticast) stays nvFuser's own. `owner` is the SymmetricTensor.
+namespace nvfipc_symmetric {
+
+// Maps every other rank's copy of `local` (VMM memory from SymmetricTensor::allocate) set up
+// under `tag`; returns every rank's address in this process, in rank order (this rank's own
+// data pointer for itself).
+std::vector<CUdeviceptr> setupRemoteHandles(
+    const void* owner,
+    const at::Tensor& local,
+    const std::string& tag);
+
+// One tensor over a virtual range that holds every rank's copy in rank order ([world, ...local's
+// sizes without its size-1 dimension 0]); the mapping belongs to `owner`'s set-up and is released
+// with it.
+at::Tensor contiguousView(const void* owner, const at::Tensor& local);
+
+// Unmaps what `owner`'s set-up mapped here (peers' copies, the contiguous view). Never throws.
+void release(const void* owner) noexcept;
+
+} // namespace nvfipc_symmetric
+
 } // namespace nvfuser

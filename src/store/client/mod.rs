@@ -28,7 +28,7 @@ mod tests;
 
 use crate::error::{Error, Result, Status};
 use crate::store::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
-use crate::store::{Store, DEFAULT_TIMEOUT};
+use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use connect::open;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
@@ -651,6 +651,18 @@ impl Store for TcpStore {
 
     fn default_timeout(&self) -> Duration {
         self.timeout()
+    }
+
+    fn liveness(&self) -> Liveness {
+        // A connection busy with another thread's request (a WAIT) is not looked at.
+        let Ok(conn) = self.conn.try_lock() else {
+            return Liveness::Unknown;
+        };
+        if conn.broken.is_some() || crate::os::net::peer_hung_up(conn.stream()) {
+            Liveness::Gone
+        } else {
+            Liveness::Alive
+        }
     }
 
     fn separate_connection(&self) -> Option<std::sync::Arc<dyn Store>> {

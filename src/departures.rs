@@ -1,0 +1,153 @@
+//! Which ranks of this process's jobs have left, as far as this process can see without asking
+//! the store.
+//!
+//! A rank that closes after its peers must not talk to the store for them: nobody reads what it
+//! would write, and when the store was hosted by one of them (nvFuser's rank 0 hosts a
+//! `c10d::TCPStore`) every request fails, and a host's store may print warnings as it does. What
+//! this process can see of a peer without the store is its node-local board (see
+//! `exchange::board`): the exchange registers each peer board it opens here, and a peer whose
+//! board says closed, or whose process has exited, has left. Peers on other nodes (or in another
+//! pid namespace and IPC namespace) have no board here: they are never known to have left, so a
+//! rank with such peers keeps doing its teardown's store traffic.
+//!
+//! Whether boards are visible is decided by the peers' node identities (same kernel, IPC
+//! namespace and `/dev/shm`), never by local ranks: two ranks launched as local rank 0 of a
+//! node of one each on one machine still see each other's boards.
+
+use crate::names::job_tag;
+use crate::store::Liveness;
+use crate::sync::lock;
+use once_cell::sync::Lazy;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A peer whose departure can be seen from here (its board, for the exchange).
+pub trait Presence: Send + Sync {
+    /// Why the peer has left (for example "rank 1 (pid 42) has exited"), or `None` while it may
+    /// still be there.
+    fn left(&self) -> Option<String>;
+}
+
+/// What this process has seen of one job's ranks.
+#[derive(Default)]
+struct Job {
+    world_size: usize,
+    /// The latest presence registered per rank (a newer cache's board replaces an older one's).
+    peers: HashMap<usize, Arc<dyn Presence>>,
+}
+
+/// Per job tag (see `names::job_tag`), so that the fd transport, which knows only the tag,
+/// finds the same entry as the exchange and the context, which know the job id.
+static JOBS: Lazy<Mutex<HashMap<String, Job>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Records that `job_id` has `world_size` ranks.
+pub fn note_world(job_id: &str, world_size: usize) {
+    // Each update is one assignment or insert: a panic elsewhere leaves the map consistent.
+    lock(&JOBS).entry(job_tag(job_id)).or_default().world_size = world_size;
+}
+
+/// Registers how to see whether `rank` of `job_id` has left (replacing what was registered).
+pub fn note_peer(job_id: &str, rank: usize, presence: Arc<dyn Presence>) {
+    lock(&JOBS)
+        .entry(job_tag(job_id))
+        .or_default()
+        .peers
+        .insert(rank, presence);
+}
+
+/// Why every rank of `job_id` other than `me` has left, one reason per rank; `None` when one of
+/// them may still be there (or cannot be seen from here, or the job's size is not known, or it
+/// has no other rank).
+pub fn all_left(job_id: &str, me: usize) -> Option<Vec<String>> {
+    let peers: Vec<(usize, Arc<dyn Presence>)> = {
+        let jobs = lock(&JOBS);
+        let job = jobs.get(&job_tag(job_id))?;
+        // A world of one has no peer that could be seen leaving.
+        if job.world_size <= 1 {
+            return None;
+        }
+        let mut peers = Vec::with_capacity(job.world_size.saturating_sub(1));
+        for rank in (0..job.world_size).filter(|&r| r != me) {
+            peers.push((rank, job.peers.get(&rank)?.clone()));
+        }
+        peers
+    };
+    // Asked outside the lock: a presence looks at shared memory and at processes.
+    peers.iter().map(|(_, p)| p.left()).collect()
+}
+
+/// Why a closing rank of `job_id` must make no store request that only its peers would need
+/// (or none at all), if it must: the store's server has closed the connection, so every request
+/// would fail; or the store cannot tell whether it is still there and every other rank has left,
+/// so the store may have left with them (nvFuser's rank 0 hosts its `c10d::TCPStore`) and nobody
+/// would read what this rank wrote. A store that can tell it is there is used as before: its
+/// requests do not fail, and they keep a store that outlives the job clean.
+pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
+    match store {
+        Liveness::Alive => None,
+        Liveness::Gone => Some("the store's server has closed the connection".to_string()),
+        Liveness::Unknown => {
+            let left = all_left(job_id, me)?;
+            Some(format!(
+                "the store cannot tell whether it is still there and every other rank has left \
+                 ({})",
+                left.join(", ")
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Flag(AtomicBool, &'static str);
+
+    impl Presence for Flag {
+        fn left(&self) -> Option<String> {
+            self.0.load(Ordering::SeqCst).then(|| self.1.to_string())
+        }
+    }
+
+    #[test]
+    fn every_other_rank_must_be_seen_leaving() {
+        let job = "departures-unit-test-job";
+        assert_eq!(all_left(job, 0), None, "unknown job");
+        note_world(job, 3);
+        let one = Arc::new(Flag(AtomicBool::new(true), "rank 1 left"));
+        note_peer(job, 1, one.clone());
+        assert_eq!(all_left(job, 0), None, "rank 2 was never seen");
+        let two = Arc::new(Flag(AtomicBool::new(false), "rank 2 left"));
+        note_peer(job, 2, two.clone());
+        assert_eq!(all_left(job, 0), None, "rank 2 is still there");
+        two.0.store(true, Ordering::SeqCst);
+        assert_eq!(
+            all_left(job, 0),
+            Some(vec!["rank 1 left".to_string(), "rank 2 left".to_string()])
+        );
+        // A newer presence of a rank replaces the older one.
+        note_peer(job, 1, Arc::new(Flag(AtomicBool::new(false), "")));
+        assert_eq!(all_left(job, 0), None);
+        // A world of one has no peer that could be seen leaving.
+        note_world("departures-unit-test-alone", 1);
+        assert_eq!(all_left("departures-unit-test-alone", 0), None);
+    }
+
+    #[test]
+    fn a_store_that_is_there_is_used_one_that_is_gone_never() {
+        let job = "departures-unit-test-quiet";
+        note_world(job, 2);
+        let peer = Arc::new(Flag(AtomicBool::new(false), "rank 1 left"));
+        note_peer(job, 1, peer.clone());
+        assert_eq!(quiet_reason(Liveness::Unknown, job, 0), None);
+        assert!(quiet_reason(Liveness::Gone, job, 0)
+            .unwrap()
+            .contains("closed the connection"));
+        peer.0.store(true, Ordering::SeqCst);
+        assert!(quiet_reason(Liveness::Unknown, job, 0)
+            .unwrap()
+            .contains("rank 1 left"));
+        assert_eq!(quiet_reason(Liveness::Alive, job, 0), None);
+    }
+}

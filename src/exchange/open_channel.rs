@@ -1,0 +1,233 @@
+//! A channel opened once for its transfers ([`OpenChannel`], `HandleCache::open_channel`), so
+//! that a post costs no request conversion, table lock or fingerprint: the handle keeps the
+//! channel's resolved handles and the channel's [`Validity`] as of the open.
+//!
+//! Invalidation: every change of what the handles point to (this rank's buffer replaced at the
+//! start of an exchange, the peer's mapping replaced at its commit), a failed exchange and the
+//! cache's teardown move the channel's generation on *before* the old mappings are released. A
+//! post first compares the generation it was opened at with the current one (one atomic load)
+//! and touches nothing when they differ. As for the handles of `HandleCache::get`, posts on a
+//! channel must not run while an exchange of that channel or the cache's teardown runs.
+
+use super::channel::ChannelInfo;
+use super::settings::Settings;
+use crate::error::{Error, Result};
+use crate::transport::{MemKind, P2pHandles};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Generation of a channel whose cache was torn down.
+const CLOSED: u64 = u64::MAX;
+/// Generation of a channel whose last exchange failed.
+const FAILED: u64 = u64::MAX - 1;
+
+/// The generation of one channel's handles, shared by the channel and every handle opened on it.
+/// Changed only under the cache's table lock; read without any lock.
+#[derive(Debug, Default)]
+pub(super) struct Validity {
+    generation: AtomicU64,
+}
+
+impl Validity {
+    fn current(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The channel's handles changed: handles opened before are stale.
+    pub(super) fn bump(&self) {
+        // Never reaches FAILED: one bump per exchange that changes a buffer.
+        let _ = self
+            .generation
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
+                (g < FAILED - 1).then_some(g + 1)
+            });
+    }
+
+    /// The channel failed in an exchange (its handles are unknown from here on).
+    pub(super) fn fail(&self) {
+        let _ = self
+            .generation
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
+                (g != CLOSED).then_some(FAILED)
+            });
+    }
+
+    /// The cache is being torn down: no handle of the channel is usable again.
+    pub(super) fn close(&self) {
+        self.generation.store(CLOSED, Ordering::Release);
+    }
+}
+
+/// One channel's handles, usable for transfers until the channel's buffers change (see the
+/// module docs). Does not keep the cache alive: after the cache is freed every use is an
+/// `InvalidState` error.
+pub struct OpenChannel {
+    handles: P2pHandles,
+    info: Arc<ChannelInfo>,
+    validity: Arc<Validity>,
+    opened_at: u64,
+    rank: usize,
+    settings: Arc<Settings>,
+}
+
+impl OpenChannel {
+    /// Reads the channel's generation now: call with the table lock held, with the handles
+    /// resolved under the same lock.
+    pub(super) fn new(
+        handles: P2pHandles,
+        info: Arc<ChannelInfo>,
+        validity: Arc<Validity>,
+        rank: usize,
+        settings: Arc<Settings>,
+    ) -> OpenChannel {
+        let opened_at = validity.current();
+        OpenChannel {
+            handles,
+            info,
+            validity,
+            opened_at,
+            rank,
+            settings,
+        }
+    }
+
+    /// The handles, while the channel still holds the buffers it held at the open; otherwise an
+    /// `InvalidState` error naming the channel and what to do.
+    #[inline]
+    pub fn handles(&self) -> Result<&P2pHandles> {
+        let now = self.validity.current();
+        if now == self.opened_at {
+            Ok(&self.handles)
+        } else {
+            Err(self.stale(now))
+        }
+    }
+
+    /// Whether [`handles`](Self::handles) would succeed now.
+    pub fn is_current(&self) -> bool {
+        self.validity.current() == self.opened_at
+    }
+
+    #[cold]
+    fn stale(&self, now: u64) -> Error {
+        let what = match now {
+            CLOSED => "the cache it was opened from was freed (or closed); create a cache, \
+                       exchange and open the channel again"
+                .to_string(),
+            FAILED => "the channel failed in a later exchange and is unusable; create a new \
+                       cache"
+                .to_string(),
+            _ => format!(
+                "a later exchange replaced the channel's buffers (generation {} -> {now}); \
+                 re-open the channel after the exchange",
+                self.opened_at
+            ),
+        };
+        Error::state(format!(
+            "rank {}: {} (peer {}, {} memory): {what}",
+            self.rank,
+            self.info.key,
+            self.info.peer,
+            self.info.kind.name()
+        ))
+    }
+
+    /// The other rank of the channel.
+    pub fn peer(&self) -> usize {
+        self.info.peer
+    }
+
+    pub fn kind(&self) -> MemKind {
+        self.info.kind
+    }
+
+    pub fn tag(&self) -> &str {
+        &self.info.key.tag
+    }
+
+    /// Whether this rank sends on the channel (its buffer is the source).
+    pub fn is_send(&self) -> bool {
+        self.info.key.src == self.rank
+    }
+
+    /// The timeout of the cache the channel was opened from, as set now (host transfers use it
+    /// when given none).
+    pub fn timeout(&self) -> Duration {
+        self.settings.timeout()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::request::ChannelKey;
+    use crate::node::PeerProcess;
+
+    fn channel(validity: &Arc<Validity>) -> OpenChannel {
+        let info = ChannelInfo {
+            key: ChannelKey {
+                src: 0,
+                dst: 1,
+                tag: "t".into(),
+                occurrence: 0,
+            },
+            peer: 1,
+            kind: MemKind::Host,
+            slot: 0,
+            entry: 0,
+            fp: 0,
+        };
+        let handles = P2pHandles {
+            kind: MemKind::Host,
+            local_ptr: 0x1000,
+            local_bytes: 8,
+            local_semaphore: 0x2000,
+            peer_ptr: 0x3000,
+            peer_bytes: 8,
+            peer_semaphore: 0x4000,
+            epochs: Default::default(),
+            peer: PeerProcess {
+                rank: 1,
+                pid: 0,
+                checkable: false,
+            },
+        };
+        let settings = Arc::new(Settings::new(Duration::from_secs(3)));
+        OpenChannel::new(handles, Arc::new(info), validity.clone(), 0, settings)
+    }
+
+    #[test]
+    fn a_bump_makes_earlier_handles_stale_and_later_ones_current() {
+        let v = Arc::new(Validity::default());
+        let old = channel(&v);
+        assert_eq!(old.handles().unwrap().peer_ptr, 0x3000);
+        assert!(old.is_send() && old.peer() == 1 && old.tag() == "t");
+        assert_eq!(old.timeout(), Duration::from_secs(3));
+        v.bump();
+        let err = old.handles().unwrap_err();
+        assert_eq!(err.status, crate::error::Status::InvalidState);
+        assert!(
+            err.message.contains("peer 1") && err.message.contains("tag \"t\""),
+            "{err}"
+        );
+        assert!(err.message.contains("re-open the channel"), "{err}");
+        let new = channel(&v);
+        assert!(new.is_current() && !old.is_current());
+    }
+
+    #[test]
+    fn failure_and_close_are_final_and_say_so() {
+        let v = Arc::new(Validity::default());
+        let ch = channel(&v);
+        v.fail();
+        assert!(ch.handles().unwrap_err().message.contains("failed"));
+        v.bump();
+        assert_eq!(v.current(), FAILED, "a failed channel stays failed");
+        v.close();
+        v.fail();
+        v.bump();
+        assert_eq!(v.current(), CLOSED, "a closed channel stays closed");
+        assert!(ch.handles().unwrap_err().message.contains("was freed"));
+    }
+}

@@ -1,0 +1,438 @@
+//! A rank that closes after its peers have left (with them the store's host) makes no store
+//! request, prints nothing and returns OK at once: rank 0 hosts the store, exchanges with rank 1
+//! and exits; then rank 1 frees its cache and its context. Over the library's own TCP client,
+//! and over a host store through callbacks whose calls print to stderr when they fail, as
+//! `c10d::TCPStore` does. Both ranks are processes (this test binary started again).
+
+use nvfuser_ipc::context::{Context, ContextOptions};
+use nvfuser_ipc::default_transports;
+use nvfuser_ipc::exchange::{MemKind, Request};
+use nvfuser_ipc::ffi::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
+use nvfuser_ipc::host;
+use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
+use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::store::{Liveness, Store};
+use nvfuser_ipc::{Result, Status};
+use std::ffi::{c_char, c_int, c_void};
+use std::io::{BufRead, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const ROLE_VAR: &str = "NVFIPC_QUIET_TEST_ROLE";
+const PORT_VAR: &str = "NVFIPC_QUIET_TEST_PORT";
+/// Far longer than the harness waits for a rank: a rank that waited on a timeout is killed.
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the harness lets a rank run.
+const LIMIT: Duration = Duration::from_secs(40);
+const AFTER: &str = "store calls after rank 0 left: ";
+
+// ------------------------------------------------------------------------------------------------
+// The harness
+// ------------------------------------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(role: &str, port: u16, debug: bool) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "rank_process",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE_VAR, role)
+    .env(PORT_VAR, port.to_string())
+    .env_remove("NVFIPC_DEBUG_FILE")
+    .env_remove("NVFIPC_DEBUG_SUBSYS")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    if debug {
+        cmd.env("NVFIPC_DEBUG", "DEBUG");
+    } else {
+        cmd.env_remove("NVFIPC_DEBUG");
+    }
+    cmd.spawn().expect("spawn a rank process")
+}
+
+/// Waits for `child`, killing it past [`LIMIT`].
+fn finish(mut child: Child) -> Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() && start.elapsed() < LIMIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Rank 0 exits after the exchange; once it is gone (and reaped), rank 1 closes.
+fn run(store_kind: &str) {
+    let port = free_port();
+    let rank0 = spawn(&format!("{store_kind}:0"), port, false);
+    let mut rank1 = spawn(&format!("{store_kind}:1"), port, true);
+    let out0 = finish(rank0);
+    assert!(out0.status.success(), "rank 0:\n{}", text(&out0));
+    // Rank 0 is reaped: its pid names no process any more. Now rank 1 may close.
+    let mut stdin = rank1.stdin.take().unwrap();
+    let _ = writeln!(stdin, "rank 0 has left");
+    drop(stdin);
+    let out1 = finish(rank1);
+    let all = text(&out1);
+    assert!(out1.status.success(), "rank 1:\n{all}");
+    let stdout = String::from_utf8_lossy(&out1.stdout);
+    assert!(stdout.contains(&format!("{AFTER}0\n")), "rank 1:\n{all}");
+    assert!(stdout.contains("closed: Ok"), "rank 1:\n{all}");
+    let stderr = String::from_utf8_lossy(&out1.stderr);
+    for line in stderr.lines() {
+        for bad in [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"] {
+            assert!(!line.contains(bad), "rank 1 printed {bad:?}:\n{all}");
+        }
+    }
+    // The cache and the context say (at debug level) what they skipped and why: the TCP client
+    // sees its server hang up; a store through callbacks cannot, and the peers' boards tell.
+    let why = match store_kind {
+        "tcp" => "the store's server has closed the connection",
+        _ => "rank 0 (pid",
+    };
+    for skipped in [
+        "without store traffic (consumed",
+        "closes without store traffic",
+    ] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains(" NVFIPC DEBUG ") && l.contains(skipped) && l.contains(why)),
+            "rank 1 did not log skipping ({skipped}, {why}):\n{all}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_closing_after_the_store_host_left_is_quiet_over_the_tcp_client() {
+    run("tcp");
+}
+
+#[test]
+fn a_rank_closing_after_the_store_host_left_is_quiet_over_a_callback_store() {
+    run("callbacks");
+}
+
+// ------------------------------------------------------------------------------------------------
+// The rank processes
+// ------------------------------------------------------------------------------------------------
+
+/// Counts the requests made through it once armed (the collector's own connection included).
+struct Counting {
+    inner: Arc<dyn Store>,
+    armed: Arc<AtomicBool>,
+    calls: Arc<AtomicU64>,
+}
+
+impl Counting {
+    fn count(&self) {
+        if self.armed.load(Ordering::SeqCst) {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Store for Counting {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.count();
+        self.inner.set(key, value)
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.count();
+        self.inner.get(key, timeout)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.count();
+        self.inner.add(key, delta)
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.count();
+        self.inner.check(keys)
+    }
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.count();
+        self.inner.wait(keys, timeout)
+    }
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        self.count();
+        self.inner.delete_key(key)
+    }
+    fn num_keys(&self) -> Result<i64> {
+        self.count();
+        self.inner.num_keys()
+    }
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        self.count();
+        self.inner.compare_set(key, expected, desired)
+    }
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.count();
+        self.inner.append(key, value)
+    }
+    fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
+        self.count();
+        self.inner.multi_set(pairs)
+    }
+    fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        self.count();
+        self.inner.multi_get(keys, timeout)
+    }
+    fn default_timeout(&self) -> Duration {
+        self.inner.default_timeout()
+    }
+    fn liveness(&self) -> Liveness {
+        self.inner.liveness()
+    }
+    fn separate_connection(&self) -> Option<Arc<dyn Store>> {
+        let inner = self.inner.separate_connection()?;
+        Some(Arc::new(Counting {
+            inner,
+            armed: self.armed.clone(),
+            calls: self.calls.clone(),
+        }))
+    }
+}
+
+// ---- a host store through callbacks that prints when a call fails, as c10d does ---------------
+
+/// The callbacks' context: a TCP client of the store.
+struct Host {
+    tcp: TcpStore,
+}
+
+fn host<'a>(ctx: *mut c_void) -> &'a Host {
+    // SAFETY: `ctx` is the `Host` leaked by `callback_store`, alive for the whole process.
+    unsafe { &*(ctx as *const Host) }
+}
+
+/// The key the library passed (`len` bytes, not NUL-terminated).
+fn key_of<'a>(key: *const c_char, len: usize) -> &'a str {
+    // SAFETY: the library passes `len` valid bytes of a UTF-8 key, alive during the call.
+    let bytes = unsafe { std::slice::from_raw_parts(key.cast::<u8>(), len) };
+    std::str::from_utf8(bytes).unwrap()
+}
+
+fn keys_of<'a>(keys: *const *const c_char, lens: *const usize, n: usize) -> Vec<&'a str> {
+    // SAFETY: the library passes `n` key pointers and lengths, alive during the call.
+    let (keys, lens) = unsafe {
+        (
+            std::slice::from_raw_parts(keys, n),
+            std::slice::from_raw_parts(lens, n),
+        )
+    };
+    keys.iter().zip(lens).map(|(&k, &l)| key_of(k, l)).collect()
+}
+
+/// Prints a failure as c10d does (with the text the test looks for), and returns its code.
+fn report<T>(op: &str, r: Result<T>, ok: impl FnOnce(T)) -> c_int {
+    match r {
+        Ok(v) => {
+            ok(v);
+            0
+        }
+        Err(e) => {
+            eprintln!("[c10d] WARNING {op} failed: {e}. Did the remote server shutdown or crash?");
+            if e.status == Status::Timeout {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}
+
+fn ms(timeout_ms: i64) -> Duration {
+    Duration::from_millis(timeout_ms.max(0) as u64)
+}
+
+unsafe extern "C" fn cb_set(
+    ctx: *mut c_void,
+    key: *const c_char,
+    key_len: usize,
+    value: *const u8,
+    value_len: usize,
+) -> c_int {
+    // SAFETY: the library passes `value_len` valid bytes, alive during the call.
+    let value = unsafe { std::slice::from_raw_parts(value, value_len) };
+    report(
+        "set",
+        host(ctx).tcp.set(key_of(key, key_len), value),
+        |()| {},
+    )
+}
+
+unsafe extern "C" fn cb_get(
+    ctx: *mut c_void,
+    key: *const c_char,
+    key_len: usize,
+    timeout_ms: i64,
+    out_value: *mut *mut u8,
+    out_len: *mut usize,
+) -> c_int {
+    let got = host(ctx).tcp.get(key_of(key, key_len), ms(timeout_ms));
+    report("get", got, |v| {
+        // SAFETY: malloc'd for the library, which frees it with `free`; the outputs are valid.
+        unsafe {
+            let p = libc::malloc(v.len().max(1)).cast::<u8>();
+            std::ptr::copy_nonoverlapping(v.as_ptr(), p, v.len());
+            *out_value = p;
+            *out_len = v.len();
+        }
+    })
+}
+
+unsafe extern "C" fn cb_add(
+    ctx: *mut c_void,
+    key: *const c_char,
+    key_len: usize,
+    delta: i64,
+    out_value: *mut i64,
+) -> c_int {
+    let r = host(ctx).tcp.add(key_of(key, key_len), delta);
+    // SAFETY: the output pointer is valid during the call.
+    report("add", r, |v| unsafe { *out_value = v })
+}
+
+unsafe extern "C" fn cb_check(
+    ctx: *mut c_void,
+    keys: *const *const c_char,
+    key_lens: *const usize,
+    n: usize,
+    out_ready: *mut bool,
+) -> c_int {
+    let r = host(ctx).tcp.check(&keys_of(keys, key_lens, n));
+    // SAFETY: the output pointer is valid during the call.
+    report("check", r, |v| unsafe { *out_ready = v })
+}
+
+unsafe extern "C" fn cb_delete(
+    ctx: *mut c_void,
+    key: *const c_char,
+    key_len: usize,
+    out_deleted: *mut bool,
+) -> c_int {
+    let r = host(ctx).tcp.delete_key(key_of(key, key_len));
+    // SAFETY: the output pointer is valid during the call.
+    report("deleteKey", r, |v| unsafe { *out_deleted = v })
+}
+
+unsafe extern "C" fn cb_wait(
+    ctx: *mut c_void,
+    keys: *const *const c_char,
+    key_lens: *const usize,
+    n: usize,
+    timeout_ms: i64,
+) -> c_int {
+    let keys = keys_of(keys, key_lens, n);
+    report("wait", host(ctx).tcp.wait(&keys, ms(timeout_ms)), |()| {})
+}
+
+fn callback_store(tcp: TcpStore) -> CallbackStore {
+    let ctx = Box::into_raw(Box::new(Host { tcp })).cast::<c_void>();
+    CallbackStore::new(nvfipc_store_callbacks {
+        ctx,
+        set: Some(cb_set),
+        get: Some(cb_get),
+        add: Some(cb_add),
+        check: Some(cb_check),
+        delete_key: Some(cb_delete),
+        wait: Some(cb_wait),
+        compare_set: None,
+        append: None,
+        num_keys: None,
+        multi_set: None,
+        multi_get: None,
+        free_value: None,
+        error_message: None,
+    })
+    .expect("callback store")
+    .with_default_timeout(TIMEOUT)
+}
+
+/// One rank of the tests above; only does something when a test started it.
+#[test]
+#[ignore = "a rank process, started by the tests of this file"]
+fn rank_process() {
+    let role = std::env::var(ROLE_VAR).expect("started without a role");
+    let port: u16 = std::env::var(PORT_VAR).unwrap().parse().unwrap();
+    let (kind, rank) = role.split_once(':').unwrap();
+    let rank: usize = rank.parse().unwrap();
+    let _server = (rank == 0).then(|| StoreServer::bind("127.0.0.1", port).expect("host"));
+    let tcp = TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(TIMEOUT))
+        .expect("connect to the store");
+    let inner: Arc<dyn Store> = match kind {
+        "tcp" => Arc::new(tcp),
+        _ => Arc::new(callback_store(tcp)),
+    };
+    let armed = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let store: Arc<dyn Store> = Arc::new(Counting {
+        inner,
+        armed: armed.clone(),
+        calls: calls.clone(),
+    });
+    let ctx = Context::new(ContextOptions {
+        rank,
+        world_size: 2,
+        local_rank: 0,
+        local_world_size: 1,
+        store: store.clone(),
+    })
+    .expect("context");
+    let cache = default_transports::cache_from_context(&ctx).expect("cache");
+    cache.set_timeout(TIMEOUT);
+    let buffer = host::alloc(4096).expect("host buffer");
+    let peer = 1 - rank;
+    let req = Request::send(peer, "quiet", buffer.addr(), 4096, MemKind::Host);
+    let back = Request::recv(peer, "quiet", buffer.addr(), 4096, MemKind::Host);
+    cache.exchange_handles(&[req, back]).expect("exchange");
+    if rank == 0 {
+        // Wait until rank 1 has done every store call of its exchange, then leave at once,
+        // without closing anything: the store goes with this process.
+        store.get("quiet/rank1-done", TIMEOUT).expect("rank 1 done");
+        std::process::exit(0);
+    }
+    // The collector deletes the record keys this rank read in the background: let it finish.
+    let start = std::time::Instant::now();
+    while cache.stats().keys_deleted < 2 && start.elapsed() < LIMIT {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "keys deleted before closing: {}",
+        cache.stats().keys_deleted
+    );
+    store.set("quiet/rank1-done", b"1").unwrap();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    armed.store(true, Ordering::SeqCst);
+    let cache_closed = cache.try_close().map(|_| ());
+    let ctx_closed = ctx.close();
+    println!("cache closed: {cache_closed:?}, context closed: {ctx_closed:?}");
+    assert!(cache_closed.is_ok() && ctx_closed.is_ok());
+    println!("closed: Ok");
+    drop(store);
+    println!("{AFTER}{}", calls.load(Ordering::SeqCst));
+}
