@@ -4,8 +4,8 @@
 # `nvfipc bench` runs, each bounded by `timeout`, one after the other on a quiet machine.
 #
 #   exchange      ring exchange (cold, cold_large, warm, asym, pool with its phases and store
-#                 round trips) at W = 2, 4, 8 over cudaMalloc buffers, and the host-side cost of
-#                 one post (channel handle and cache + request)
+#                 round trips) at W = 2, 4, 8 over cudaMalloc buffers
+#   post          the host-side cost of one post (channel handle and cache + request)
 #   exchange-vmm  the same exchange over VMM buffers laid out like PyTorch's expandable segments
 #   scale         warm and pool at W = 16 and 32 processes on the one GPU
 #   symmetric     the symmetric rendezvous against group size, VMM and cudaMalloc buffers
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out/perf}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-RUNS="${PERF_RUNS:-exchange exchange-vmm scale symmetric-vmm torch-symm torch-ours}"
+RUNS="${PERF_RUNS:-exchange post exchange-vmm scale symmetric-vmm torch-symm torch-ours}"
 scale="${PERF_TIMEOUT_SCALE:-1}"
 nvfipc="$PWD/target/release/nvfipc"
 [ -x "$nvfipc" ] || { echo "perf-check: $nvfipc missing (build it where cargo is)" >&2; exit 1; }
@@ -45,7 +45,8 @@ bench() { # name limit args...
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT/gpu.txt" 2>&1
-bench exchange 240 --transport device --scenario exchange,post
+bench exchange 200 --transport device --scenario exchange
+bench post 60 --transport device --scenario post
 bench exchange-vmm 200 --transport device --device-memory vmm --scenario exchange
 bench scale 240 --transport device --scenario exchange --ranks 16,32
 bench symmetric 120 --transport device --scenario symmetric
