@@ -269,6 +269,37 @@ IpcHandle::~IpcHandle() {
 
 // ---- IpcHandleCache ------------------------------------------------------------------------------
 
+namespace {
+
+// How many library channels (each with its own semaphore) a communication's channel rotates
+// through, one per exchange. cuda_p2p.cpp's protocols write kIdle/kInProgress into the semaphore
+// of the handles of the last exchange and may post the next transfer on another stream before the
+// previous one has reset it (RingAllgatherOverlapTest posts a get on one stream per step and
+// skips sendWait): with one semaphore per channel, a receive could see the previous transfer's
+// kInProgress and copy before the data is there. nvFuser's own IpcHandleCache gives every buffer
+// a semaphore of its own; rotating gives consecutive exchanges different ones. Both ranks count
+// the channel's exchanges alike, so they pick the same slot. NVFUSER_IPC_SEMAPHORE_SLOTS (1 to
+// 64, default 4; 1: one semaphore per channel).
+uint64_t semaphoreSlots() {
+  static const uint64_t slots = [] {
+    const char* env = std::getenv("NVFUSER_IPC_SEMAPHORE_SLOTS");
+    if (env == nullptr || *env == '\0') {
+      return uint64_t{4};
+    }
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(env, &end, 10);
+    NVF_CHECK(
+        end != nullptr && *end == '\0' && value >= 1 && value <= 64,
+        "NVFUSER_IPC_SEMAPHORE_SLOTS must be a number from 1 to 64, got \"",
+        env,
+        "\"");
+    return static_cast<uint64_t>(value);
+  }();
+  return slots;
+}
+
+} // namespace
+
 std::size_t IpcHandleCache::KeyType::Hash::operator()(
     const KeyType& key) const {
   std::size_t h = std::hash<const void*>()(key.data_ptr);
@@ -358,7 +389,7 @@ void IpcHandleCache::exchangeHandles(
         ? nvfipc::Direction::Send
         : nvfipc::Direction::Recv;
     request.kind = nvfipc::MemKind::Device;
-    request.tag = ch.tag;
+    request.tag = ch.tag + "/s" + std::to_string(ch.exchanges++ % semaphoreSlots());
     request.ptr = nvfipc::Request::address(buffer.data_ptr());
     request.bytes = static_cast<uint64_t>(sizeInBytes(buffer));
     requests.push_back(std::move(request));
