@@ -44,9 +44,9 @@
 #define nvfipc_cuda_send_wait nvfipc_cuda_endpoint_send_wait
 
 /* Version of this header; compare with nvfipc_version() at run time. */
-#define NVFIPC_VERSION "0.4.0"
+#define NVFIPC_VERSION "0.5.0"
 #define NVFIPC_VERSION_MAJOR 0
-#define NVFIPC_VERSION_MINOR 4
+#define NVFIPC_VERSION_MINOR 5
 #define NVFIPC_VERSION_PATCH 0
 
 

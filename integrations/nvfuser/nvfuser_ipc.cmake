@@ -17,7 +17,7 @@ if(NOT TARGET nvfuser_ipc::nvfuser_ipc)
     set(NVFIPC_BUILD_TESTS OFF CACHE BOOL "" FORCE)
     add_subdirectory("${NVFUSER_IPC_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/nvfuser_ipc" EXCLUDE_FROM_ALL)
   else()
-    find_package(nvfuser_ipc 0.4 REQUIRED)
+    find_package(nvfuser_ipc 0.5 REQUIRED)
   endif()
 endif()
 
