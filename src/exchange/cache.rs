@@ -78,7 +78,7 @@ pub struct HandleCache {
     pub(super) cx: Context,
     pub(super) table: Mutex<ChannelTable>,
     /// What each symmetric rendezvous left (members, contiguous view), by tag.
-    pub(super) symmetric: Mutex<super::symmetric::SymmetricTable>,
+    pub(super) symmetric: Mutex<super::symmetric::state::SymmetricTable>,
     /// Set by the first teardown (close, then drop, run it twice).
     torn_down: bool,
 }

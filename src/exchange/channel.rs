@@ -5,8 +5,8 @@
 
 use super::board::PeerBoard;
 use super::held::HeldRecords;
-use super::open_channel::Validity;
 use super::request::ChannelKey;
+use super::validity::Validity;
 use crate::error::Error;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;

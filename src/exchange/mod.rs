@@ -39,6 +39,7 @@ mod settings;
 pub mod stats;
 pub mod symmetric;
 mod teardown;
+mod validity;
 
 pub use crate::transport::record::{HandleType, Record};
 pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};

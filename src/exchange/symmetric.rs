@@ -18,7 +18,7 @@
 //!   the members released and came back, re-importing the peers' buffers.
 
 mod channels;
-mod state;
+pub(super) mod state;
 
 use super::cache::HandleCache;
 use super::request::Request;
@@ -27,7 +27,6 @@ use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::view::ViewMember;
 use crate::transport::MemKind;
-pub(crate) use state::SymmetricTable;
 use state::{HeldView, Rendezvous};
 use std::time::Duration;
 

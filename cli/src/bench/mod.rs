@@ -15,6 +15,7 @@ mod store_load;
 mod svg;
 mod symmetric;
 mod symmetric_report;
+mod target;
 
 use crate::args::{positive, positive_count};
 use crate::launch::{self, JobSpec, StoreHost};

@@ -4,6 +4,7 @@ use super::exchange::floor_ns;
 use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
 use super::symmetric_report::{symmetric_chart, symmetric_json, symmetric_target, symmetric_text};
+use super::target::Target;
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -48,16 +49,6 @@ const POST_ROWS: [(&str, &str); 2] = [
     ),
     ("cache + request (nvfipc_*_p2p_send_post)", "post.request"),
 ];
-
-/// One line of the target check.
-pub struct Target {
-    pub name: String,
-    pub measured: String,
-    pub ratio: Option<f64>,
-    pub limit: f64,
-    /// `None` when there was nothing to compare.
-    pub met: Option<bool>,
-}
 
 fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
     map.get(name).map_or(&[], Vec::as_slice)

@@ -1,8 +1,8 @@
 //! The symmetric scenario's part of the report: its table, phase breakdown, JSON rows, plot and
 //! target line. Every series holds one sample per rank (that rank's median over its rounds).
 
-use super::report::Target;
 use super::svg::{Chart, Series as Line};
+use super::target::Target;
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median};
 use nvfuser_ipc::exchange::phases::PHASES;
 use serde_json::{json, Map, Value};
