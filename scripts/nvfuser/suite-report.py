@@ -6,7 +6,9 @@ Usage: scripts/nvfuser/suite-report.py RESULTS_DIR "2 4 8"
 Rows: the tests of test_multidevice run with one rank (a suite whose tests have the same results
 stock and ours is one row `Suite.* (N tests)` with the count of each result, except the suites
 that reach IpcHandleCache or the kCuda backend, which get a row per test), then every scenario of
-the host-IR driver per process count. Results: pass, fail, skip, n/a (not reached or not run).
+the host-IR driver per process count, then the tests run with several ranks on the one GPU
+(scripts/lib/multi-rank-tests.sh; a row per test and world size, its result on every rank, or
+`a/b/...` when the ranks differ). Results: pass, fail, skip, n/a (not reached or not run).
 """
 import collections
 import glob
@@ -110,6 +112,21 @@ def main():
         else:
             for t, (s, o) in zip(tests, pairs):
                 print(f"| `{t}` | 1 | 1 | {s} | {o} |")
+
+    for wdir in sorted(glob.glob(os.path.join(res, "mr", "w*")), key=lambda d: int(d.rsplit("w", 1)[1])):
+        world = int(wdir.rsplit("w", 1)[1])
+        listed = os.path.join(res, f"mr-list-w{world}.txt")
+        tests = [l.strip() for l in open(listed) if l.strip()] if os.path.exists(listed) else []
+        for n, test in enumerate(tests, 1):
+            cells = []
+            for label in ("stock", "ours"):
+                per_rank = [gtest_results([f]).get(test, "n/a")
+                            for f in sorted(glob.glob(os.path.join(wdir, f"{n}-{label}-rank*.txt")))]
+                cells.append(per_rank[0] if per_rank and len(set(per_rank)) == 1
+                             else "/".join(per_rank) or "n/a")
+            if cells[0] == "pass" and cells[1] != "pass":
+                regressions.append(f"{test} (W={world})")
+            print(f"| `{test}` | {world} | 1 | {cells[0]} | {cells[1]} |")
 
     timing_rows = []
     for w in ranks:

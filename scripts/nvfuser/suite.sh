@@ -16,6 +16,9 @@
 #   SHARDS    parallel single-rank shards per build of test_multidevice (default 6)
 #   TEST_TIMEOUT  seconds for the single-rank runs, all shards of both builds at once (default 300)
 #   DRIVER_RANKS  process counts for the host-IR driver (default "2 4 8")
+#   MR_WORLDS, MR_FILTER, MR_WIDE_FILTER, MR_EXCLUDE, MR_TEST_TIMEOUT, MR_PROCS  the tests run
+#             with several ranks on the one GPU (scripts/lib/multi-rank-tests.sh; defaults below;
+#             MR_WORLDS="" skips them)
 #
 # Steps (a marker file under $WORK/state records each one done):
 #   unpack     sources to $WORK/src; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock; two
@@ -26,12 +29,19 @@
 #              device limits), USE_DISTRIBUTED/NVFUSER_DISTRIBUTED/BUILD_TEST/BUILD_PYTHON on;
 #              on CUDA 13 integrations/nvfuser/seed-compat/cuda13_pfn.h is force-included
 #   patch-executor  one line of csrc/host_ir/executor.cpp (see patch_executor below)
+#   patch-tests  MultiDeviceTest.ShareIpcMemHandles and P2PCommunicationTest.CudaComm skip unless
+#              there are 2 GPUs; the GPU-count half of that check is dropped (in both builds) so
+#              that several ranks on one GPU run them (CUDA IPC between processes on one device
+#              works)
 #   build-stock, stash-stock  nvFuser's own ipc_handle.{h,cpp}; binaries copied to $WORK/bin-stock
 #   swap       integrations/nvfuser/ipc_handle.{h,cpp} copied over them (ninja then rebuilds
 #              only their includers and relinks)
 #   build-ours, stash-ours    the drop-in; binaries copied to $WORK/bin-ours
 #   driver-ours-W  the host-IR driver with W = 2, 4, 8 processes on the GPU
 #   driver-stock-2 the same with nvFuser's own files (its NCCL world barrier refuses a shared GPU)
+#   mr         the tests of MR_FILTER with W ranks on the one GPU (W in MR_WORLDS), each rank a
+#              node of its own with its own NCCL_HOSTID, every test in processes of its own, stock
+#              and ours side by side (scripts/lib/multi-rank-tests.sh)
 #   tests      test_multidevice with one rank, stock and ours side by side
 #   report     $OUT/nvfuser-suite.md (one row per test: stock, ours) and the raw logs
 set -uo pipefail
@@ -45,6 +55,15 @@ WORK="${WORK:-build/nvfuser-suite}"
 SHARDS="${SHARDS:-6}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
 DRIVER_RANKS="${DRIVER_RANKS:-2 4 8}"
+MR_WORLDS="${MR_WORLDS-2 4}"
+MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-90}"
+MR_PROCS="${MR_PROCS:-24}"
+# The tests that reach IpcHandleCache or raw CUDA IPC at this commit (no CUDA-backend ring test
+# exists here yet), and the P2P host-IR tests beside them.
+MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.*:IpcTest.*:StreamOpTest.*:P2PCommHostIrTest.*:MultiDeviceHostIrTest.*:RingAllgatherOverlapTest.*}"
+MR_WIDE_FILTER="${MR_WIDE_FILTER:-$MR_FILTER}"
+MR_EXCLUDE="${MR_EXCLUDE:-}"
+NO_MCAST=""
 OUT="${OUT:-$WORK/out}"
 mkdir -p "$WORK/state" "$WORK/results" "$OUT"
 WORK="$(cd "$WORK" && pwd)"
@@ -227,7 +246,26 @@ patch_executor() {
   say "patched host_ir/executor.cpp: default stream on the local device"
 }
 
+patch_tests() {
+  done_ patch-tests && return 0
+  perl -0pi -e 's/(TEST_F\(MultiDeviceTest, ShareIpcMemHandles\) \{.*?)if \(communicator_->size\(\) < 2 \|\| torch::cuda::device_count\(\) < 2\)/$1if (communicator_->size() < 2)/s' \
+    "$src/tests/cpp/test_multidevice_host_ir.cpp"
+  perl -0pi -e 's/(TEST_F\(P2PCommunicationTest, CudaComm\) \{.*?)if \(communicator_->size\(\) < 2 \|\| torch::cuda::device_count\(\) < 2\)/$1if (communicator_->size() < 2)/s' \
+    "$src/tests/cpp/test_multidevice_communications.cpp"
+  [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_host_ir.cpp")" = 0 ] ||
+    die "patching test_multidevice_host_ir.cpp"
+  [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_communications.cpp")" = 1 ] ||
+    die "patching test_multidevice_communications.cpp"
+  mark patch-tests
+  say "patched: ShareIpcMemHandles and CudaComm need 2 ranks, not 2 GPUs"
+}
+
+rank_env() { echo "WORLD_RANK=$1 WORLD_SIZE=$2 WORLD_LOCAL_RANK=0 WORLD_LOCAL_SIZE=1"; }
+# shellcheck source=../lib/multi-rank-tests.sh
+. "$repo/scripts/lib/multi-rank-tests.sh"
+
 patch_executor
+patch_tests
 build stock
 stash stock
 if ! done_ swap; then
@@ -242,6 +280,7 @@ for w in $DRIVER_RANKS; do driver ours "$w"; done
 # Stock's exchange ends with Communicator::barrier(), a NCCL world barrier, and NCCL refuses
 # two ranks on one GPU: stock runs once, at two processes, to record what it does there.
 driver stock 2
+[ -n "$MR_WORLDS" ] && multi_rank
 single_rank_tests
 
 # ---- report ---------------------------------------------------------------------------------
