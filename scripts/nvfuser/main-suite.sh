@@ -99,7 +99,7 @@ MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.
 MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView}"
 # Above two ranks, the tests of MR_WIDE_FILTER only (those that may use more than two ranks and
 # reach IPC or symmetric memory; the batched-memcpy collectives at one size): the device time of
-# one session is bounded.
+# one run is bounded.
 MR_WIDE_FILTER="${MR_WIDE_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*CudaIpc*:DispatchCombine*:LowerCollectiveCudaAndNcclTest.*batch_memcpy_128KB}"
 
 STEPS_NAME=nvfuser-main-suite
