@@ -10,6 +10,11 @@
 //! pid namespace and IPC namespace) have no board here: they are never known to have left, so a
 //! rank with such peers keeps doing its teardown's store traffic.
 //!
+//! A store that cannot tell whether it is there (a callback store, such as nvFuser's
+//! `c10d::TCPStore` through the C++ adapter) is also left alone once rank 0 has left: rank 0
+//! hosts the store in c10d's and nvFuser's launchers, and a rank that exchanged only with some
+//! peers (a ring) cannot see the others leave.
+//!
 //! Whether boards are visible is decided by the peers' node identities (same kernel, IPC
 //! namespace and `/dev/shm`), never by local ranks: two ranks launched as local rank 0 of a
 //! node of one each on one machine still see each other's boards.
@@ -76,22 +81,51 @@ pub fn all_left(job_id: &str, me: usize) -> Option<Vec<String>> {
     peers.iter().map(|(_, p)| p.left()).collect()
 }
 
+/// The rank that hosts a job's store wherever a rank hosts it: c10d's `env://` rendezvous and
+/// nvFuser's Communicator make rank 0 the store's host, and so do this library's contexts.
+const STORE_HOST_RANK: usize = 0;
+
+/// Why the rank that usually hosts the store (see [`STORE_HOST_RANK`]) has left, when this
+/// process has seen it leave and is not that rank itself.
+fn store_host_left(job_id: &str, me: usize) -> Option<String> {
+    if me == STORE_HOST_RANK {
+        return None;
+    }
+    let host = lock(&JOBS)
+        .get(&job_tag(job_id))?
+        .peers
+        .get(&STORE_HOST_RANK)?
+        .clone();
+    // Asked outside the lock, as in `all_left`.
+    host.left()
+}
+
 /// Why a closing rank of `job_id` must make no store request that only its peers would need
 /// (or none at all), if it must: the store's server has closed the connection, so every request
-/// would fail; or the store cannot tell whether it is still there and every other rank has left,
-/// so the store may have left with them (nvFuser's rank 0 hosts its `c10d::TCPStore`) and nobody
-/// would read what this rank wrote. A store that can tell it is there is used as before: its
-/// requests do not fail, and they keep a store that outlives the job clean.
+/// would fail; or the store cannot tell whether it is still there and either every other rank
+/// has left, so the store may have left with them and nobody would read what this rank wrote, or
+/// rank 0, which hosts the store in c10d's and nvFuser's launchers (nvFuser's rank 0 hosts its
+/// `c10d::TCPStore`), has left: a rank that never exchanged with some peers cannot see them
+/// leave, and without this it would talk to a store that is gone. A store that can tell it is
+/// there is used as before: its requests do not fail, and they keep a store that outlives the job
+/// clean. (Where the store outlives rank 0, e.g. torchrun's agent store, what is skipped is this
+/// rank's clean-up of its own keys in a store that ends with the run.)
 pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
     match store {
         Liveness::Alive => None,
         Liveness::Gone => Some("the store's server has closed the connection".to_string()),
         Liveness::Unknown => {
-            let left = all_left(job_id, me)?;
+            if let Some(left) = all_left(job_id, me) {
+                return Some(format!(
+                    "the store cannot tell whether it is still there and every other rank has \
+                     left ({})",
+                    left.join(", ")
+                ));
+            }
+            let host = store_host_left(job_id, me)?;
             Some(format!(
-                "the store cannot tell whether it is still there and every other rank has left \
-                 ({})",
-                left.join(", ")
+                "the store cannot tell whether it is still there and rank {STORE_HOST_RANK}, \
+                 which hosts a job's store in c10d's and nvFuser's launchers, has left ({host})"
             ))
         }
     }
@@ -149,5 +183,25 @@ mod tests {
             .unwrap()
             .contains("rank 1 left"));
         assert_eq!(quiet_reason(Liveness::Alive, job, 0), None);
+    }
+
+    #[test]
+    fn rank_zero_leaving_is_enough_for_a_store_that_cannot_tell() {
+        let job = "departures-unit-test-host";
+        note_world(job, 4);
+        let zero = Arc::new(Flag(AtomicBool::new(false), "rank 0 left"));
+        note_peer(job, 0, zero.clone());
+        // Rank 1 never saw ranks 2 and 3 (no exchange with them).
+        assert_eq!(quiet_reason(Liveness::Unknown, job, 1), None);
+        zero.0.store(true, Ordering::SeqCst);
+        let why = quiet_reason(Liveness::Unknown, job, 1).expect("rank 0 has left");
+        assert!(
+            why.contains("rank 0 left") && why.contains("rank 0, which hosts"),
+            "{why}"
+        );
+        // Rank 0 itself decides by every other rank, and a store that is there is used.
+        note_peer(job, 1, Arc::new(Flag(AtomicBool::new(false), "")));
+        assert_eq!(quiet_reason(Liveness::Unknown, job, 0), None);
+        assert_eq!(quiet_reason(Liveness::Alive, job, 1), None);
     }
 }

@@ -2,7 +2,9 @@
 //! request, prints nothing and returns OK at once: rank 0 hosts the store, exchanges with rank 1
 //! and exits; then rank 1 frees its cache and its context. Over the library's own TCP client,
 //! and over a host store through callbacks whose calls print to stderr when they fail, as
-//! `c10d::TCPStore` does. Both ranks are processes (this test binary started again).
+//! `c10d::TCPStore` does. Also in a star of three ranks, where ranks 1 and 2 exchange with rank 0
+//! only and so never see each other leave: each closes quietly once rank 0 (the store's host) has
+//! left. Every rank is a process (this test binary started again).
 
 use nvfuser_ipc::context::{Context, ContextOptions};
 use nvfuser_ipc::default_transports;
@@ -23,6 +25,7 @@ use std::time::Duration;
 
 const ROLE_VAR: &str = "NVFIPC_QUIET_TEST_ROLE";
 const PORT_VAR: &str = "NVFIPC_QUIET_TEST_PORT";
+const WORLD_VAR: &str = "NVFIPC_QUIET_TEST_WORLD";
 /// Far longer than the harness waits for a rank: a rank that waited on a timeout is killed.
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the harness lets a rank run.
@@ -41,7 +44,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn spawn(role: &str, port: u16, debug: bool) -> Child {
+fn spawn(role: &str, port: u16, world: usize, debug: bool) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "rank_process",
@@ -52,6 +55,7 @@ fn spawn(role: &str, port: u16, debug: bool) -> Child {
     ])
     .env(ROLE_VAR, role)
     .env(PORT_VAR, port.to_string())
+    .env(WORLD_VAR, world.to_string())
     .env_remove("NVFIPC_DEBUG_FILE")
     .env_remove("NVFIPC_DEBUG_SUBSYS")
     .stdin(Stdio::piped())
@@ -84,27 +88,40 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// Rank 0 exits after the exchange; once it is gone (and reaped), rank 1 closes.
-fn run(store_kind: &str) {
+/// Rank 0 exits after the exchanges; once it is gone (and reaped), ranks 1, 2, ... close one
+/// after the other, each while the later ones are still there.
+fn run(store_kind: &str, world: usize) {
     let port = free_port();
-    let rank0 = spawn(&format!("{store_kind}:0"), port, false);
-    let mut rank1 = spawn(&format!("{store_kind}:1"), port, true);
+    let rank0 = spawn(&format!("{store_kind}:0"), port, world, false);
+    let others: Vec<Child> = (1..world)
+        .map(|r| spawn(&format!("{store_kind}:{r}"), port, world, true))
+        .collect();
     let out0 = finish(rank0);
     assert!(out0.status.success(), "rank 0:\n{}", text(&out0));
-    // Rank 0 is reaped: its pid names no process any more. Now rank 1 may close.
-    let mut stdin = rank1.stdin.take().unwrap();
-    let _ = writeln!(stdin, "rank 0 has left");
-    drop(stdin);
-    let out1 = finish(rank1);
-    let all = text(&out1);
-    assert!(out1.status.success(), "rank 1:\n{all}");
-    let stdout = String::from_utf8_lossy(&out1.stdout);
-    assert!(stdout.contains(&format!("{AFTER}0\n")), "rank 1:\n{all}");
-    assert!(stdout.contains("closed: Ok"), "rank 1:\n{all}");
-    let stderr = String::from_utf8_lossy(&out1.stderr);
+    // Rank 0 is reaped: its pid names no process any more. Now the others may close.
+    for (i, mut rank) in others.into_iter().enumerate() {
+        let mut stdin = rank.stdin.take().unwrap();
+        let _ = writeln!(stdin, "rank 0 has left");
+        drop(stdin);
+        check_quiet(store_kind, i + 1, &finish(rank));
+    }
+}
+
+/// `out` is the output of a rank that closed after rank 0 left: no store request, nothing
+/// printed but debug lines, OK, and debug lines that say what was skipped and why.
+fn check_quiet(store_kind: &str, rank: usize, out: &Output) {
+    let all = text(out);
+    assert!(out.status.success(), "rank {rank}:\n{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("{AFTER}0\n")),
+        "rank {rank}:\n{all}"
+    );
+    assert!(stdout.contains("closed: Ok"), "rank {rank}:\n{all}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
     for line in stderr.lines() {
         for bad in [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"] {
-            assert!(!line.contains(bad), "rank 1 printed {bad:?}:\n{all}");
+            assert!(!line.contains(bad), "rank {rank} printed {bad:?}:\n{all}");
         }
     }
     // The cache and the context say (at debug level) what they skipped and why: the TCP client
@@ -121,19 +138,26 @@ fn run(store_kind: &str) {
             stderr
                 .lines()
                 .any(|l| l.contains(" NVFIPC DEBUG ") && l.contains(skipped) && l.contains(why)),
-            "rank 1 did not log skipping ({skipped}, {why}):\n{all}"
+            "rank {rank} did not log skipping ({skipped}, {why}):\n{all}"
         );
     }
 }
 
 #[test]
 fn a_rank_closing_after_the_store_host_left_is_quiet_over_the_tcp_client() {
-    run("tcp");
+    run("tcp", 2);
 }
 
 #[test]
 fn a_rank_closing_after_the_store_host_left_is_quiet_over_a_callback_store() {
-    run("callbacks");
+    run("callbacks", 2);
+}
+
+/// Ranks 1 and 2 exchange with rank 0 only: rank 1 closes while rank 2 is still there and has
+/// never been seen by it, so only rank 0's departure can tell it that the store went with rank 0.
+#[test]
+fn ranks_of_a_star_closing_after_the_store_host_left_are_quiet_over_a_callback_store() {
+    run("callbacks", 3);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -394,9 +418,10 @@ fn rank_process() {
         armed: armed.clone(),
         calls: calls.clone(),
     });
+    let world: usize = std::env::var(WORLD_VAR).unwrap().parse().unwrap();
     let ctx = Context::new(ContextOptions {
         rank,
-        world_size: 2,
+        world_size: world,
         local_rank: 0,
         local_world_size: 1,
         store: store.clone(),
@@ -405,14 +430,30 @@ fn rank_process() {
     let cache = default_transports::cache_from_context(&ctx).expect("cache");
     cache.set_timeout(TIMEOUT);
     let buffer = host::alloc(4096).expect("host buffer");
-    let peer = 1 - rank;
-    let req = Request::send(peer, "quiet", buffer.addr(), 4096, MemKind::Host);
-    let back = Request::recv(peer, "quiet", buffer.addr(), 4096, MemKind::Host);
-    cache.exchange_handles(&[req, back]).expect("exchange");
+    // A star: rank 0 exchanges with every other rank, the others with rank 0 only.
+    let peers: Vec<usize> = if rank == 0 {
+        (1..world).collect()
+    } else {
+        vec![0]
+    };
+    let reqs: Vec<Request> = peers
+        .iter()
+        .flat_map(|&peer| {
+            [
+                Request::send(peer, "quiet", buffer.addr(), 4096, MemKind::Host),
+                Request::recv(peer, "quiet", buffer.addr(), 4096, MemKind::Host),
+            ]
+        })
+        .collect();
+    cache.exchange_handles(&reqs).expect("exchange");
     if rank == 0 {
-        // Wait until rank 1 has done every store call of its exchange, then leave at once,
-        // without closing anything: the store goes with this process.
-        store.get("quiet/rank1-done", TIMEOUT).expect("rank 1 done");
+        // Wait until the others have done every store call of their exchange, then leave at
+        // once, without closing anything: the store goes with this process.
+        for peer in 1..world {
+            store
+                .get(&format!("quiet/rank{peer}-done"), TIMEOUT)
+                .expect("rank done");
+        }
         std::process::exit(0);
     }
     // The collector deletes the record keys this rank read in the background: let it finish.
@@ -424,7 +465,7 @@ fn rank_process() {
         "keys deleted before closing: {}",
         cache.stats().keys_deleted
     );
-    store.set("quiet/rank1-done", b"1").unwrap();
+    store.set(&format!("quiet/rank{rank}-done"), b"1").unwrap();
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();
     armed.store(true, Ordering::SeqCst);
