@@ -68,6 +68,10 @@ if [[ " $RUNS " == *" torch-symm "* ]]; then
       >"$OUT/torch-symm-np$np.jsonl" 2>"$OUT/torch-symm-np$np.err"
     echo "torch-symm np$np: rc=$? $(grep -c '"ok": true' "$OUT/torch-symm-np$np.jsonl")/$np ranks ok" |
       tee -a "$OUT/perf.txt"
+    # Why a rank had no result, in the summary itself (the per-rank files may not come back).
+    grep -ho '"error": "[^"]*"' "$OUT/torch-symm-np$np.jsonl" | sort | uniq -c | head -3 |
+      tee -a "$OUT/perf.txt"
+    grep -v '^\s*$' "$OUT/torch-symm-np$np.err" | tail -n 3 | tee -a "$OUT/perf.txt"
   done
 fi
 
