@@ -16,7 +16,8 @@
 #
 # Results under $OUT/<run>.{txt,json} and plots under $OUT/<run>/; everything is also packed into
 # $OUT/perf.tgz. Environment: OUT (default ./gpu-out/perf), PERF_RUNS (the runs to do, default
-# all of the above), PERF_TIMEOUT_SCALE (multiplies every limit, default 1).
+# all of the above), PERF_TIMEOUT_SCALE (multiplies every limit, default 1), PERF_PACKED_ONLY=1
+# (leave only perf.tgz and perf.txt under $OUT, for a transport that returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out/perf}"
@@ -76,5 +77,8 @@ if [[ " $RUNS " == *" torch-symm "* ]]; then
 fi
 
 tar -czf "$OUT/perf.tgz" -C "$OUT" --exclude=perf.tgz .
+if [ "${PERF_PACKED_ONLY:-0}" = 1 ]; then
+  find "$OUT" -mindepth 1 -maxdepth 1 ! -name perf.tgz ! -name perf.txt -exec rm -rf {} +
+fi
 echo "perf-check: $failures run(s) failed"
 [ "$failures" -eq 0 ]
