@@ -15,10 +15,11 @@ use nvfuser_ipc::ffi::exchange::*;
 use nvfuser_ipc::ffi::host::*;
 use nvfuser_ipc::store::server::StoreServer;
 use std::ffi::{c_void, CStr, CString};
-use std::io::Read;
-use std::process::{Command, Stdio};
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::{env_usize, Ranks};
 
 const ROLE: &str = "NVFIPC_CHANNEL_CHILD";
 const BYTES: u64 = 4096;
@@ -26,43 +27,11 @@ const BYTES: u64 = 4096;
 #[test]
 fn opened_channels_between_processes() {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut children: Vec<_> = (0..2)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(["--ignored", "--exact", "child", "--nocapture"])
-                .env(ROLE, "1")
-                .env("NVFIPC_T_RANK", rank.to_string())
-                .env("NVFIPC_T_PORT", server.port().to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn rank")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let results = Ranks::spawn(ROLE, "1", 2, server.port(), "").collect(Duration::from_secs(60));
     let mut failures = Vec::new();
-    for (rank, child) in children.iter_mut().enumerate() {
-        let status = loop {
-            match child.try_wait().expect("try_wait") {
-                Some(status) => break Some(status),
-                None if Instant::now() > deadline => break None,
-                None => std::thread::sleep(Duration::from_millis(10)),
-            }
-        };
-        if status.is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let mut out = String::new();
-        if let Some(mut o) = child.stdout.take() {
-            let _ = o.read_to_string(&mut out);
-        }
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut out);
-        }
-        if !status.is_some_and(|s| s.success()) || !out.contains("rank done") {
-            failures.push(format!("--- rank {rank} ({status:?}):\n{out}"));
+    for (rank, (ok, out)) in results.iter().enumerate() {
+        if !ok || !out.contains("rank done") {
+            failures.push(format!("--- rank {rank} (exited ok: {ok}):\n{out}"));
         }
     }
     server.shutdown();
@@ -79,13 +48,6 @@ fn last_error() -> String {
 /// Asserts `status` is OK, showing the library's message otherwise.
 fn ok(status: Status, what: &str) {
     assert_eq!(status, Status::Ok, "{what}: {}", last_error());
-}
-
-fn env_usize(name: &str) -> usize {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} unset"))
-        .parse()
-        .unwrap_or_else(|_| panic!("{name} not a number"))
 }
 
 /// A host buffer of `BYTES`, freed on drop.

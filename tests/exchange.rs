@@ -13,13 +13,16 @@ use nvfuser_ipc::names;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod common;
+use common::{env_usize, Ranks};
+
 const ROLE: &str = "NVFIPC_EXCHANGE_CHILD";
 const T: Duration = Duration::from_secs(20);
+/// How long a scenario's ranks may run in all.
+const RANK_LIMIT: Duration = Duration::from_secs(50);
 
 // ------------------------------------------------------------------------------------------------
 // Parent side
@@ -47,92 +50,11 @@ fn shm_entries(job: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The rank processes of one scenario; whatever is still running when this is dropped (a failed
-/// assertion in the parent) is killed and reaped.
-struct Ranks {
-    children: Vec<Child>,
-}
-
-impl Ranks {
-    fn spawn(scenario: &str, world: usize, port: u16, job: &str) -> Ranks {
-        let exe = std::env::current_exe().expect("test binary path");
-        let children = (0..world)
-            .map(|rank| {
-                Command::new(&exe)
-                    .args([
-                        "--ignored",
-                        "--exact",
-                        "child",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
-                    .env(ROLE, scenario)
-                    .env("NVFIPC_T_RANK", rank.to_string())
-                    .env("NVFIPC_T_WORLD", world.to_string())
-                    .env("NVFIPC_T_PORT", port.to_string())
-                    .env("NVFIPC_T_JOB", job)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("spawn rank")
-            })
-            .collect();
-        Ranks { children }
-    }
-
-    /// Waits (bounded) for every rank; returns each rank's (exit success, stdout+stderr).
-    fn collect(&mut self) -> Vec<(bool, String)> {
-        let deadline = Instant::now() + Duration::from_secs(50);
-        let mut status = vec![None; self.children.len()];
-        while status.iter().any(Option::is_none) && Instant::now() < deadline {
-            for (i, c) in self.children.iter_mut().enumerate() {
-                if status[i].is_none() {
-                    status[i] = c.try_wait().expect("try_wait");
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.children
-            .iter_mut()
-            .zip(&status)
-            .map(|(c, s)| {
-                let ok = match s {
-                    Some(s) => s.success(),
-                    None => {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        false
-                    }
-                };
-                let mut out = String::new();
-                if let Some(mut o) = c.stdout.take() {
-                    let _ = o.read_to_string(&mut out);
-                }
-                if let Some(mut e) = c.stderr.take() {
-                    let _ = e.read_to_string(&mut out);
-                }
-                (ok, out)
-            })
-            .collect()
-    }
-}
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            if let Ok(None) = c.try_wait() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-}
-
 /// Runs `scenario` on `world` processes; returns each rank's (exit success, stdout+stderr).
 fn run_ranks(scenario: &str, world: usize) -> Vec<(bool, String)> {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
     let job = job_id(scenario);
-    let results = Ranks::spawn(scenario, world, server.port(), &job).collect();
+    let results = Ranks::spawn(ROLE, scenario, world, server.port(), &job).collect(RANK_LIMIT);
     server.shutdown();
     let left = shm_entries(&job);
     assert!(
@@ -203,7 +125,7 @@ fn buffers_carved_from_known_allocations_go_through_the_board_alone() {
 fn a_peer_killed_while_the_waiter_blocks_is_named_before_the_timeout() {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
     let job = job_id("killed_wait");
-    let mut ranks = Ranks::spawn("killed_wait", 2, server.port(), &job);
+    let mut ranks = Ranks::spawn(ROLE, "killed_wait", 2, server.port(), &job);
     let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
         .expect("connect to the store");
     store
@@ -215,7 +137,7 @@ fn a_peer_killed_while_the_waiter_blocks_is_named_before_the_timeout() {
     let victim_pid = victim.id();
     victim.kill().expect("SIGKILL rank 1");
     victim.wait().expect("reap rank 1");
-    let results = ranks.collect();
+    let results = ranks.collect(RANK_LIMIT);
     assert!(results[0].0, "rank 0 failed:\n{}", results[0].1);
     drop(store);
     server.shutdown();
@@ -311,7 +233,7 @@ fn close_waits_for_the_peer_that_still_maps_this_rank() {
 fn close_returns_promptly_when_the_peer_is_killed() {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
     let job = job_id("killed");
-    let mut ranks = Ranks::spawn("killed", 2, server.port(), &job);
+    let mut ranks = Ranks::spawn(ROLE, "killed", 2, server.port(), &job);
     let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
         .expect("connect to the store");
     store
@@ -325,7 +247,7 @@ fn close_returns_promptly_when_the_peer_is_killed() {
     let victim_pid = victim.id();
     victim.kill().expect("SIGKILL rank 1");
     victim.wait().expect("reap rank 1");
-    let results = ranks.collect();
+    let results = ranks.collect(RANK_LIMIT);
     assert!(results[0].0, "rank 0 failed:\n{}", results[0].1);
     let closed_at = stamp(&store, &format!("{job}/r0-closed"));
     assert!(
@@ -359,7 +281,7 @@ fn close_returns_promptly_when_the_peer_is_killed() {
 fn a_board_truncated_under_its_owner_and_peer_is_a_named_error_for_both() {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
     let job = job_id("truncated");
-    let mut ranks = Ranks::spawn("truncated", 2, server.port(), &job);
+    let mut ranks = Ranks::spawn(ROLE, "truncated", 2, server.port(), &job);
     let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
         .expect("connect to the store");
     for rank in 0..2 {
@@ -375,7 +297,7 @@ fn a_board_truncated_under_its_owner_and_peer_is_a_named_error_for_both() {
         .open(&board)
         .and_then(|f| f.set_len(0))
         .unwrap_or_else(|e| panic!("truncating {board}: {e}"));
-    let results = ranks.collect();
+    let results = ranks.collect(RANK_LIMIT);
     for (rank, (ok, out)) in results.iter().enumerate() {
         assert!(ok, "rank {rank} did not survive the truncation:\n{out}");
         let failed_at = stamp(&store, &format!("{job}/r{rank}-failed"));
@@ -401,13 +323,6 @@ struct Rank {
     world: usize,
     job: String,
     cache: HandleCache,
-}
-
-fn env_usize(name: &str) -> usize {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} unset"))
-        .parse()
-        .unwrap_or_else(|_| panic!("{name} not a number"))
 }
 
 impl Rank {

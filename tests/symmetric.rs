@@ -12,10 +12,11 @@ use nvfuser_ipc::host::{self, HostBuffer};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::{env_usize, Ranks};
 
 const ROLE: &str = "NVFIPC_SYMMETRIC_CHILD";
 const T: Duration = Duration::from_secs(20);
@@ -38,49 +39,13 @@ fn assert_all_ok(scenario: &str, world: usize) {
             .collect::<String>(),
         std::process::id() % 100_000
     );
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut children: Vec<Child> = (0..world)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(["--ignored", "--exact", "child", "--nocapture"])
-                .env(ROLE, scenario)
-                .env("NVFIPC_T_RANK", rank.to_string())
-                .env("NVFIPC_T_WORLD", world.to_string())
-                .env("NVFIPC_T_PORT", server.port().to_string())
-                .env("NVFIPC_T_JOB", &job)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn rank")
-        })
+    let failed: Vec<String> = Ranks::spawn(ROLE, scenario, world, server.port(), &job)
+        .collect(Duration::from_secs(60))
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (ok, _))| !ok)
+        .map(|(rank, (_, out))| format!("--- rank {rank}:\n{out}"))
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut status = vec![None; world];
-    while status.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (i, c) in children.iter_mut().enumerate() {
-            if status[i].is_none() {
-                status[i] = c.try_wait().expect("try_wait");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let mut failed = Vec::new();
-    for (rank, (c, s)) in children.iter_mut().zip(&status).enumerate() {
-        if s.is_none() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if !s.is_some_and(|s| s.success()) {
-            let mut out = String::new();
-            if let Some(mut o) = c.stdout.take() {
-                let _ = o.read_to_string(&mut out);
-            }
-            if let Some(mut e) = c.stderr.take() {
-                let _ = e.read_to_string(&mut out);
-            }
-            failed.push(format!("--- rank {rank}:\n{out}"));
-        }
-    }
     server.shutdown();
     assert!(
         failed.is_empty(),
@@ -130,13 +95,6 @@ struct Rank {
     job: String,
     store: TcpStore,
     cache: HandleCache,
-}
-
-fn env_usize(name: &str) -> usize {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} unset"))
-        .parse()
-        .unwrap_or_else(|_| panic!("{name} not a number"))
 }
 
 fn connect() -> TcpStore {

@@ -1,0 +1,100 @@
+//! What the multi-process tests share: this test binary started again as the ranks of a
+//! scenario (each runs the binary's ignored `child` test), and the environment they read.
+//!
+//! A rank reads `NVFIPC_T_RANK`, `NVFIPC_T_WORLD`, `NVFIPC_T_PORT` (the store server's port) and
+//! `NVFIPC_T_JOB`; the scenario comes in the variable the test file names.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The number in the environment variable `name` (a rank's setting; panics when unset).
+pub fn env_usize(name: &str) -> usize {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} unset"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} not a number"))
+}
+
+/// The rank processes of one scenario; whatever is still running when this is dropped (a failed
+/// assertion in the parent) is killed and reaped.
+pub struct Ranks {
+    pub children: Vec<Child>,
+}
+
+impl Ranks {
+    /// Starts `world` ranks of `scenario` (passed in `role_var`) against the store at `port`.
+    pub fn spawn(role_var: &str, scenario: &str, world: usize, port: u16, job: &str) -> Ranks {
+        let exe = std::env::current_exe().expect("test binary path");
+        let children = (0..world)
+            .map(|rank| {
+                Command::new(&exe)
+                    .args([
+                        "--ignored",
+                        "--exact",
+                        "child",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env(role_var, scenario)
+                    .env("NVFIPC_T_RANK", rank.to_string())
+                    .env("NVFIPC_T_WORLD", world.to_string())
+                    .env("NVFIPC_T_PORT", port.to_string())
+                    .env("NVFIPC_T_JOB", job)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn rank")
+            })
+            .collect();
+        Ranks { children }
+    }
+
+    /// Waits, at most `limit` in all, for every rank (a rank still running then is killed);
+    /// returns each rank's (exit success, stdout+stderr).
+    pub fn collect(&mut self, limit: Duration) -> Vec<(bool, String)> {
+        let deadline = Instant::now() + limit;
+        let mut status = vec![None; self.children.len()];
+        while status.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (i, c) in self.children.iter_mut().enumerate() {
+                if status[i].is_none() {
+                    status[i] = c.try_wait().expect("try_wait");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.children
+            .iter_mut()
+            .zip(&status)
+            .map(|(c, s)| {
+                let ok = match s {
+                    Some(s) => s.success(),
+                    None => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        false
+                    }
+                };
+                let mut out = String::new();
+                if let Some(mut o) = c.stdout.take() {
+                    let _ = o.read_to_string(&mut out);
+                }
+                if let Some(mut e) = c.stderr.take() {
+                    let _ = e.read_to_string(&mut out);
+                }
+                (ok, out)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
