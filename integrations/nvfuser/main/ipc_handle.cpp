@@ -352,7 +352,10 @@ IpcHandleCache::Channel& IpcHandleCache::channel(
     const int64_t dst = send ? peer : my_rank;
     const std::string pair =
         "P2PComm_dst=" + std::to_string(dst) + "_src=" + std::to_string(src);
-    it->second.tag = pair + "_" + std::to_string(pair_counts_[pair]++);
+    const std::string tag = pair + "_" + std::to_string(pair_counts_[pair]++);
+    for (uint64_t slot = 0; slot < semaphoreSlots(); ++slot) {
+      it->second.slot_tags.push_back(tag + "/s" + std::to_string(slot));
+    }
   }
   return it->second;
 }
@@ -389,7 +392,7 @@ void IpcHandleCache::exchangeHandles(
         ? nvfipc::Direction::Send
         : nvfipc::Direction::Recv;
     request.kind = nvfipc::MemKind::Device;
-    request.tag = ch.tag + "/s" + std::to_string(ch.exchanges++ % semaphoreSlots());
+    request.tag = ch.slot_tags[ch.exchanges++ % ch.slot_tags.size()];
     request.ptr = nvfipc::Request::address(buffer.data_ptr());
     request.bytes = static_cast<uint64_t>(sizeInBytes(buffer));
     requests.push_back(std::move(request));

@@ -196,9 +196,9 @@ class IpcHandleCache {
   using ChannelId = std::pair<P2PCommunication*, int64_t>;
 
   struct Channel {
-    // nvfuser-ipc's tag, equal on both ranks of the channel; exchange n of the channel uses the
-    // library channel `tag/s<n mod slots>` (see semaphoreSlots in ipc_handle.cpp).
-    std::string tag;
+    // nvfuser-ipc's tags of the channel's slots, equal on both ranks: exchange n of the channel
+    // uses slot n mod slots (see semaphoreSlots in ipc_handle.cpp).
+    std::vector<std::string> slot_tags;
     // Exchanges of this channel so far (equal on both ranks: every exchange pairs one call on each).
     uint64_t exchanges = 0;
     // The key it was last exchanged with, to drop the entry of a replaced buffer.
