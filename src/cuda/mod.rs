@@ -1,7 +1,8 @@
 //! Everything that touches the CUDA driver: loading it, its errors, contexts and devices
 //! ([`driver`]), the raw memory, IPC and stream calls made once each ([`result`]), inspecting
 //! device pointers ([`memory`]), legacy IPC export/import ([`ipc`]), VMM buffers exported per
-//! physical allocation ([`vmm`]) and mapped back to back (`vmm_map`), stream-ordered pool buffers
+//! physical allocation ([`vmm`]), widened for exchanges to aligned windows (`vmm_runs`) and mapped
+//! back to back (`vmm_map`), stream-ordered pool buffers
 //! (`pool`), the one import table that refcounts every kind's peer mappings and hands the last
 //! reference to a releaser (`imports`), the thread that closes released mappings without blocking
 //! the exchange on device work (`release`), the per-process semaphore slab ([`semaphore`]), the
@@ -29,6 +30,7 @@ pub mod transport;
 pub mod view;
 pub mod vmm;
 pub(crate) mod vmm_map;
+pub(crate) mod vmm_runs;
 
 use crate::error::Result;
 use memory::DeviceMemoryKind;

@@ -22,11 +22,12 @@
 
 use super::driver;
 use super::ipc;
-use super::memory::{self, DeviceMemoryKind};
+use super::memory::{self, DeviceAllocation, DeviceMemoryKind, PointerInfo};
 use super::pool::{self, PoolExports};
 use super::semaphore::DeviceSemaphoreSlab;
-use super::vmm::{self, VmmExports};
+use super::vmm::{self, LocalSegment, Run, VmmExports};
 use super::vmm_map;
+use super::vmm_runs::{self, WideRuns};
 use crate::error::{Error, Result};
 use crate::fdpass::FdPass;
 use crate::sync::lock;
@@ -90,6 +91,8 @@ pub struct CudaTransport {
     device: Option<i32>,
     fdpass: Option<Arc<FdPass>>,
     vmm_exports: VmmExports,
+    /// VMM runs widened for exchanges (see `vmm_runs`).
+    wide_runs: WideRuns,
     pool_exports: PoolExports,
     slab: DeviceSemaphoreSlab,
     /// Peer allocations imported through this transport, by (peer, exporter buffer id, where it
@@ -98,6 +101,60 @@ pub struct CudaTransport {
     /// of the peer holds that segment when it is imported (its own run, or any of several
     /// overlapping larger runs), and each is released to the run that served it.
     imports: Mutex<HashMap<ImportKey, Imported>>,
+}
+
+/// A buffer of the legacy or pool allocation `alloc`.
+fn local_buffer_of_allocation(alloc: &DeviceAllocation) -> Result<LocalBuffer> {
+    Ok(LocalBuffer {
+        ptr: alloc.ptr,
+        bytes: alloc.bytes,
+        base: alloc.base,
+        alloc_bytes: alloc.size,
+        buffer_id: alloc.buffer_id,
+        device_uuid: cached_device_uuid(alloc.device_ordinal)?,
+    })
+}
+
+/// A buffer of the VMM allocation `alloc`, exported as `run`.
+fn local_buffer(alloc: &DeviceAllocation, run: &Run) -> Result<LocalBuffer> {
+    Ok(LocalBuffer {
+        ptr: alloc.ptr,
+        bytes: alloc.bytes,
+        base: run.base(),
+        alloc_bytes: run.size(),
+        buffer_id: run.id(),
+        device_uuid: cached_device_uuid(alloc.device_ordinal)?,
+    })
+}
+
+/// `exact`, the run of the VMM buffer `alloc` (whose pointer `info` describes), widened within
+/// its reserved range (see `vmm_runs`).
+fn widened(exact: Run, info: &PointerInfo, alloc: &DeviceAllocation) -> Run {
+    let range = match info.range_start.checked_add(info.range_size) {
+        Some(end) if info.range_size > 0 && info.range_start <= exact.base() => {
+            (info.range_start, end)
+        }
+        // A driver that does not report the reserved range: no widening.
+        _ => (exact.base(), exact.base() + exact.size()),
+    };
+    let handle_types = exact.segments[0].handle_types;
+    vmm_runs::widen(exact, alloc.ptr, alloc.bytes, range, |at| {
+        vmm_segment_at(at, handle_types)
+    })
+}
+
+/// The VMM segment mapped at `at`, if it can be exported as `handle_types`.
+fn vmm_segment_at(at: u64, handle_types: u32) -> Option<LocalSegment> {
+    let alloc = memory::classify(&memory::query(at).ok()?, 1).ok()?;
+    match alloc.kind {
+        DeviceMemoryKind::Vmm { handle_types: h } if h == handle_types => Some(LocalSegment {
+            base: alloc.base,
+            size: alloc.size,
+            id: alloc.buffer_id,
+            handle_types: h,
+        }),
+        _ => None,
+    }
 }
 
 static UUIDS: Lazy<Mutex<HashMap<i32, [u8; 16]>>> = Lazy::new(|| Mutex::new(HashMap::new()));
@@ -134,11 +191,41 @@ impl CudaTransport {
         CudaTransport {
             device,
             vmm_exports: VmmExports::new(fdpass.clone()),
+            wide_runs: WideRuns::default(),
             pool_exports: PoolExports::new(fdpass.clone()),
             fdpass,
             slab: DeviceSemaphoreSlab::new(device),
             imports: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The VMM run `buf` was resolved to: a widened run remembered (checked by `refresh` before
+    /// an export), else the buffer's exact run (symmetric rendezvous), else its run widened again
+    /// (one no longer remembered); an error if none is the one `buf` names.
+    fn run_of(&self, buf: &LocalBuffer, alloc: &DeviceAllocation) -> Result<Run> {
+        if let Some(run) = self.wide_runs.get(buf.base, buf.buffer_id) {
+            return Ok((*run).clone());
+        }
+        let exact = vmm::resolve_run(alloc)?;
+        let names = |run: &Run| (run.base(), run.id()) == (buf.base, buf.buffer_id);
+        if names(&exact) {
+            return Ok(exact);
+        }
+        let run = widened(exact, &memory::query(buf.ptr)?, alloc);
+        if names(&run) {
+            return Ok(self.wide_runs.remember(run).as_ref().clone());
+        }
+        Err(Error::invalid(format!(
+            "the VMM allocations around buffer {:#x} (+{}) changed while it was being exchanged \
+             (resolved to {} bytes at {:#x}, now {} bytes at {:#x}); memory must stay mapped \
+             during an exchange: call again",
+            buf.ptr,
+            buf.bytes,
+            buf.alloc_bytes,
+            buf.base,
+            run.size(),
+            run.base()
+        )))
     }
 
     /// Opens `rec` with the module of its handle type.
@@ -171,23 +258,45 @@ impl Transport for CudaTransport {
 
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
         let alloc = memory::resolve(ptr, bytes)?;
-        let (base, alloc_bytes, buffer_id) = match alloc.kind {
-            DeviceMemoryKind::Vmm { .. } => {
-                let run = vmm::resolve_run(&alloc)?;
-                (run.base(), run.size(), run.id())
-            }
+        match alloc.kind {
+            DeviceMemoryKind::Vmm { .. } => local_buffer(&alloc, &vmm::resolve_run(&alloc)?),
             DeviceMemoryKind::Legacy | DeviceMemoryKind::Pool { .. } => {
-                (alloc.base, alloc.size, alloc.buffer_id)
+                local_buffer_of_allocation(&alloc)
             }
+        }
+    }
+
+    fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
+        if ptr == 0 {
+            return self.resolve(ptr, bytes);
+        }
+        let info = memory::query(ptr)?;
+        let alloc = memory::classify(&info, bytes)?;
+        let DeviceMemoryKind::Vmm { .. } = alloc.kind else {
+            return local_buffer_of_allocation(&alloc);
         };
-        Ok(LocalBuffer {
-            ptr,
-            bytes,
-            base,
-            alloc_bytes,
-            buffer_id,
-            device_uuid: cached_device_uuid(alloc.device_ordinal)?,
-        })
+        let exact = vmm::resolve_run(&alloc)?;
+        let run = match self.wide_runs.covering(&exact) {
+            Some(run) => run,
+            None => self.wide_runs.remember(widened(exact, &info, &alloc)),
+        };
+        local_buffer(&alloc, &run)
+    }
+
+    fn refresh(&self, buf: &LocalBuffer) -> Result<LocalBuffer> {
+        let Some(run) = self.wide_runs.get(buf.base, buf.buffer_id) else {
+            return Ok(*buf);
+        };
+        let handle_types = run.segments[0].handle_types;
+        if run
+            .segments
+            .iter()
+            .all(|s| vmm_segment_at(s.base, handle_types).as_ref() == Some(s))
+        {
+            return Ok(*buf);
+        }
+        self.wide_runs.forget(buf.base, buf.buffer_id);
+        self.resolve_shared(buf.ptr, buf.bytes)
     }
 
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
@@ -201,7 +310,7 @@ impl Transport for CudaTransport {
                 Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, payload))
             }
             DeviceMemoryKind::Vmm { .. } => {
-                let run = vmm::resolve_run(&alloc).map_err(|e| e.context(what()))?;
+                let run = self.run_of(buf, &alloc).map_err(|e| e.context(what()))?;
                 self.vmm_exports.export(&run).map_err(|e| e.context(what()))
             }
             DeviceMemoryKind::Pool { .. } => self

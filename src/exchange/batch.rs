@@ -34,21 +34,32 @@ impl Drop for Batch<'_> {
     }
 }
 
+/// How an exchange resolves its buffers to the allocations it exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Resolution {
+    /// The allocation the transport shares for buffers carved nearby (a widened VMM run), so
+    /// that a peer maps it once for all of them: point-to-point exchanges.
+    Shared,
+    /// The buffer's own allocation: symmetric rendezvous, whose views map what records name.
+    Exact,
+}
+
 /// Checks every request and resolves its buffer into `out`; nothing is changed on failure.
 pub(super) fn resolve_all(
     cx: &Context,
     requests: &[Request],
+    resolution: Resolution,
     out: &mut Vec<LocalBuffer>,
 ) -> Result<()> {
     for (i, r) in requests.iter().enumerate() {
-        let local = resolve(cx, r)
+        let local = resolve(cx, r, resolution)
             .map_err(|e| e.context(format!("rank {}: request {i} ({r})", cx.rank)))?;
         out.push(local);
     }
     Ok(())
 }
 
-fn resolve(cx: &Context, r: &Request) -> Result<LocalBuffer> {
+fn resolve(cx: &Context, r: &Request, resolution: Resolution) -> Result<LocalBuffer> {
     if r.peer >= cx.world_size {
         return Err(Error::invalid(format!(
             "peer {} is not a rank of this world of {}",
@@ -66,7 +77,11 @@ fn resolve(cx: &Context, r: &Request) -> Result<LocalBuffer> {
     if r.bytes == 0 {
         return Err(Error::invalid("byte count is 0"));
     }
-    cx.transports.get_or_make(r.kind)?.resolve(r.ptr, r.bytes)
+    let t = cx.transports.get_or_make(r.kind)?;
+    match resolution {
+        Resolution::Shared => t.resolve_shared(r.ptr, r.bytes),
+        Resolution::Exact => t.resolve(r.ptr, r.bytes),
+    }
 }
 
 impl<'a> Batch<'a> {

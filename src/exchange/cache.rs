@@ -8,7 +8,7 @@
 //! that includes a channel already being exchanged by another thread fails with `InvalidState`.
 //! `get` and `stats` may run at any time.
 
-use super::batch::{self, Batch};
+use super::batch::{self, Batch, Resolution};
 use super::board::OwnBoard;
 use super::channel::{Channel, ChannelTable};
 use super::collector::Collector;
@@ -223,8 +223,19 @@ impl HandleCache {
 
     /// [`exchange_handles`](Self::exchange_handles) with an explicit bound on its waits.
     pub fn exchange_handles_timeout(&self, requests: &[Request], timeout: Duration) -> Result<()> {
+        self.exchange_resolved_as(requests, timeout, Resolution::Shared)
+    }
+
+    /// An exchange whose buffers resolve as `resolution` says (symmetric rendezvous: exactly,
+    /// since their contiguous views map what the records name).
+    pub(super) fn exchange_resolved_as(
+        &self,
+        requests: &[Request],
+        timeout: Duration,
+        resolution: Resolution,
+    ) -> Result<()> {
         let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
-        let result = self.exchange_with(requests, timeout, &mut scratch);
+        let result = self.exchange_with(requests, timeout, resolution, &mut scratch);
         if scratch.items.capacity() <= SCRATCH_KEEP {
             scratch.resolved.clear();
             scratch.channels.clear();
@@ -239,11 +250,12 @@ impl HandleCache {
         &self,
         requests: &[Request],
         timeout: Duration,
+        resolution: Resolution,
         scratch: &mut Scratch,
     ) -> Result<()> {
         let mut deadline = Deadline::new(timeout);
         let mut lap = self.cx.counters.phases.start();
-        batch::resolve_all(&self.cx, requests, &mut scratch.resolved)?;
+        batch::resolve_all(&self.cx, requests, resolution, &mut scratch.resolved)?;
         phases::mark(&mut lap, Phase::Resolve);
         let batch = Batch::begin(
             &self.cx,

@@ -236,10 +236,30 @@ impl Call<'_> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
         for it in items.iter_mut().filter(|it| it.publish && !it.sent) {
             // Read before this step is published, so exact (see `held`).
-            it.known_to_peer = match (&it.progress.link.board, it.progress.link.entry) {
-                (Some(b), Some(e)) => b.knows(e, it.local.buffer_id),
+            let knows = |it: &Item, id: u64| match (&it.progress.link.board, it.progress.link.entry)
+            {
+                (Some(b), Some(e)) => b.knows(e, id),
                 _ => false,
             };
+            it.known_to_peer = knows(it, it.local.buffer_id);
+            if !it.known_to_peer {
+                // Exported only as mapped now (a widened VMM run may have lost a neighbour
+                // since it was remembered; see `cuda::vmm_runs`).
+                let fresh = self
+                    .cx
+                    .channel_transport(it.ch.kind)
+                    .refresh(&it.local)
+                    .map_err(|e| {
+                        e.context(format!(
+                            "rank {}: resolving the buffer of {} again",
+                            self.cx.rank, it.ch.key
+                        ))
+                    })?;
+                if fresh != it.local {
+                    it.local = fresh;
+                    it.known_to_peer = knows(it, fresh.buffer_id);
+                }
+            }
             if it.known_to_peer {
                 continue;
             }

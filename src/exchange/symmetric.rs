@@ -20,6 +20,7 @@
 mod channels;
 pub(super) mod state;
 
+use super::batch::Resolution;
 use super::cache::HandleCache;
 use super::request::Request;
 use crate::barrier::MemberSet;
@@ -93,7 +94,7 @@ impl HandleCache {
             ));
         }
         let reqs = requests(rank, &group, tag, ptr, bytes, kind);
-        self.exchange_handles_timeout(&reqs, timeout)
+        self.exchange_resolved_as(&reqs, timeout, Resolution::Exact)
             .map_err(|e| e.context(format!("symmetric rendezvous {tag:?}")))?;
         let mut out = Vec::with_capacity(group.len());
         let members = group.ranks().to_vec();

@@ -147,6 +147,21 @@ pub trait Transport: Send + Sync {
     /// kind, freed/unknown, or when the range does not fit inside one allocation.
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer>;
 
+    /// [`resolve`](Transport::resolve) for a point-to-point exchange, which may name a larger
+    /// exportable allocation around the buffer than its own (device memory: the widened VMM run
+    /// of `crate::cuda::vmm_runs`), so that buffers carved nearby share one allocation that the
+    /// peer maps once. Costs no more than `resolve` on a cached call.
+    fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
+        self.resolve(ptr, bytes)
+    }
+
+    /// Called before `buf` (from [`resolve_shared`](Transport::resolve_shared)) is exported to a
+    /// peer that does not hold its allocation: `buf` itself while every part of its allocation
+    /// is still mapped as when it was resolved, else the buffer resolved again.
+    fn refresh(&self, buf: &LocalBuffer) -> Result<LocalBuffer> {
+        Ok(*buf)
+    }
+
     /// Exports the allocation of `buf`. Cached per (base, buffer_id): exporting the same
     /// allocation again returns the same handle without new driver or OS calls.
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle>;

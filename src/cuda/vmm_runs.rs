@@ -1,0 +1,273 @@
+//! Widened runs of exchanged VMM buffers, so that the caching-allocator pattern over PyTorch's
+//! expandable segments costs no store round trip.
+//!
+//! A buffer carved from expandable segments lies in one or several 2 MiB (or 20 MiB) physical
+//! allocations; its exact run (`vmm::resolve_run`) changes from tensor to tensor: [s1], then
+//! [s1, s2] for a tensor that crosses a segment boundary, then [s2]. Each new run is a new
+//! allocation to the peer, which needs a record through the store. Exchanged buffers are
+//! therefore resolved to a *widened* run instead: every segment mapped contiguously with the
+//! buffer's own inside the aligned windows of [`WINDOW_BYTES`] that the buffer overlaps, and
+//! inside its reserved range. Buffers of one window then share one run, which the peer holds
+//! after the first exchange, so later ones go through the board alone (`exchange::held`).
+//!
+//! [`WideRuns`] remembers the runs it widened, so that a cached call costs no more driver calls
+//! than the exact resolution (the pointer query and the walk over the buffer's own segments):
+//! a remembered run serves a buffer when it holds every segment of the buffer's exact run, at
+//! the same place and with the same id. Its other segments may have been unmapped since (the
+//! allocator shrank); serving such a run to a peer that holds it already is still right, since
+//! the buffer's bytes lie in segments just checked, and the peer's mapping holds its own
+//! references. Before a run is exported (a peer that does not hold it), [`WideRuns::validate`]
+//! checks every segment and widens again when one changed.
+
+use super::vmm::{LocalSegment, Run};
+use crate::sync::lock;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+/// Span of the aligned address windows a run is widened to: 16 segments of 2 MiB, or two of
+/// PyTorch's 20 MiB large-pool segments.
+pub const WINDOW_BYTES: u64 = 32 << 20;
+
+/// Most segments a widened run holds, whatever the segments' size.
+pub const MAX_WIDE_SEGMENTS: usize = 64;
+
+/// Runs remembered per transport, most recently used first.
+const REMEMBERED: usize = 64;
+
+/// Widens `run`, the exact run of `[ptr, ptr + bytes)`, to the segments mapped contiguously with
+/// it that overlap the aligned [`WINDOW_BYTES`] windows the buffer overlaps, without leaving
+/// `[range_lo, range_hi)` (the reserved range). `segment_at(addr)` is the exportable segment
+/// mapped at `addr` with the run's handle types, or `None` (unmapped, or of another kind), which
+/// ends the widening on that side. Pure: unit-tested without a GPU.
+pub fn widen(
+    run: Run,
+    ptr: u64,
+    bytes: u64,
+    (range_lo, range_hi): (u64, u64),
+    mut segment_at: impl FnMut(u64) -> Option<LocalSegment>,
+) -> Run {
+    let window_lo = (ptr / WINDOW_BYTES * WINDOW_BYTES).max(range_lo);
+    let window_hi = ptr
+        .saturating_add(bytes)
+        .div_ceil(WINDOW_BYTES)
+        .saturating_mul(WINDOW_BYTES)
+        .min(range_hi);
+    let handle_types = run.segments[0].handle_types;
+    let usable = |s: &LocalSegment| s.id != 0 && s.size > 0 && s.handle_types == handle_types;
+    let mut segments: VecDeque<LocalSegment> = run.segments.into();
+    // Backwards: a segment ending where the run starts, while the run starts inside the window.
+    while segments.len() < MAX_WIDE_SEGMENTS {
+        let first = segments[0];
+        if first.base <= window_lo || first.base == 0 {
+            break;
+        }
+        match segment_at(first.base - 1) {
+            Some(s) if usable(&s) && s.base.checked_add(s.size) == Some(first.base) => {
+                segments.push_front(s)
+            }
+            _ => break,
+        }
+    }
+    // Forwards: a segment starting where the run ends, while the run ends inside the window.
+    while segments.len() < MAX_WIDE_SEGMENTS {
+        let last = segments[segments.len() - 1];
+        let end = last.base.saturating_add(last.size);
+        if end >= window_hi {
+            break;
+        }
+        match segment_at(end) {
+            Some(s) if usable(&s) && s.base == end => segments.push_back(s),
+            _ => break,
+        }
+    }
+    Run {
+        segments: segments.into(),
+    }
+}
+
+/// The runs one transport widened (see the module docs).
+#[derive(Default)]
+pub struct WideRuns {
+    runs: Mutex<VecDeque<Arc<Run>>>,
+}
+
+impl WideRuns {
+    /// A remembered run that holds every segment of `exact` at the same place with the same id.
+    pub fn covering(&self, exact: &Run) -> Option<Arc<Run>> {
+        let mut runs = lock(&self.runs);
+        let i = runs.iter().position(|r| holds(r, exact))?;
+        let run = runs.remove(i).expect("found above");
+        runs.push_front(run.clone());
+        Some(run)
+    }
+
+    /// The remembered run with this base and id.
+    pub fn get(&self, base: u64, id: u64) -> Option<Arc<Run>> {
+        lock(&self.runs)
+            .iter()
+            .find(|r| r.base() == base && r.id() == id)
+            .cloned()
+    }
+
+    /// Remembers `run` first, forgetting the runs it overlaps (what they held changed, or it
+    /// holds them) and the least recently used beyond the bound.
+    pub fn remember(&self, run: Run) -> Arc<Run> {
+        let run = Arc::new(run);
+        let (lo, hi) = (run.base(), run.base() + run.size());
+        let mut runs = lock(&self.runs);
+        runs.retain(|r| r.base() + r.size() <= lo || r.base() >= hi);
+        runs.push_front(run.clone());
+        runs.truncate(REMEMBERED);
+        run
+    }
+
+    /// Forgets the run with this base and id.
+    pub fn forget(&self, base: u64, id: u64) {
+        lock(&self.runs).retain(|r| !(r.base() == base && r.id() == id));
+    }
+}
+
+/// Whether `wide` holds every segment of `exact` (same base, size and id).
+fn holds(wide: &Run, exact: &Run) -> bool {
+    let Some(first) = exact.segments.first() else {
+        return false;
+    };
+    let Some(at) = wide.segments.iter().position(|s| s.base == first.base) else {
+        return false;
+    };
+    wide.segments[at..].len() >= exact.segments.len()
+        && wide.segments[at..]
+            .iter()
+            .zip(&exact.segments)
+            .all(|(w, e)| w == e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::result::HANDLE_TYPE_POSIX_FD;
+    use std::collections::BTreeMap;
+
+    const MIB2: u64 = 2 << 20;
+
+    fn seg(base: u64, id: u64) -> LocalSegment {
+        LocalSegment {
+            base,
+            size: MIB2,
+            id,
+            handle_types: HANDLE_TYPE_POSIX_FD,
+        }
+    }
+
+    /// A reserved range at `lo` with 2 MiB segments mapped at the given indices (id = 100 +
+    /// index), and the lookup `widen` takes.
+    struct Space {
+        mapped: BTreeMap<u64, LocalSegment>,
+    }
+
+    impl Space {
+        fn new(lo: u64, indices: impl IntoIterator<Item = u64>) -> Space {
+            let mapped = indices
+                .into_iter()
+                .map(|i| (lo + i * MIB2, seg(lo + i * MIB2, 100 + i)))
+                .collect();
+            Space { mapped }
+        }
+
+        fn at(&self, addr: u64) -> Option<LocalSegment> {
+            let (_, s) = self.mapped.range(..=addr).next_back()?;
+            (addr < s.base + s.size).then_some(*s)
+        }
+
+        /// The exact run of `[ptr, ptr + bytes)`, widened.
+        fn wide(&self, ptr: u64, bytes: u64, range: (u64, u64)) -> Run {
+            let mut exact = vec![self.at(ptr).unwrap()];
+            while exact.last().unwrap().base + MIB2 < ptr + bytes {
+                exact.push(self.at(exact.last().unwrap().base + MIB2).unwrap());
+            }
+            widen(Run { segments: exact }, ptr, bytes, range, |a| self.at(a))
+        }
+    }
+
+    const LO: u64 = 0x7f00_0000_0000; // 32 MiB aligned
+
+    #[test]
+    fn buffers_of_one_window_share_one_run() {
+        let space = Space::new(LO, 0..40);
+        let range = (LO, LO + 40 * MIB2);
+        let a = space.wide(LO + 3 * MIB2 + 256, 1 << 20, range);
+        let b = space.wide(LO + 5 * MIB2 - 4096, 1 << 20, range); // crosses a segment boundary
+        let c = space.wide(LO + 15 * MIB2, MIB2, range);
+        assert_eq!(a.segments.len(), 16);
+        assert_eq!((a.base(), a.size()), (LO, 32 << 20));
+        assert_eq!(a.id(), b.id());
+        assert_eq!(a.id(), c.id());
+        // The next window is a run of its own; a buffer across both gets both.
+        let d = space.wide(LO + 17 * MIB2, 64, range);
+        assert_eq!(d.base(), LO + 16 * MIB2);
+        let e = space.wide(LO + 16 * MIB2 - 64, 128, range);
+        assert_eq!((e.base(), e.segments.len()), (LO, 32));
+    }
+
+    #[test]
+    fn widening_stops_at_holes_the_reserved_range_and_other_kinds() {
+        // Segments 0..4 and 6..10 mapped: a hole at 4..6.
+        let space = Space::new(LO, (0..4).chain(6..10));
+        let range = (LO, LO + 10 * MIB2);
+        let left = space.wide(LO + MIB2, 64, range);
+        assert_eq!((left.base(), left.segments.len()), (LO, 4));
+        let right = space.wide(LO + 7 * MIB2, 64, range);
+        assert_eq!((right.base(), right.segments.len()), (LO + 6 * MIB2, 4));
+        // The reserved range ends the walk even where the next range's segments abut.
+        let narrow = space.wide(LO + 7 * MIB2, 64, (LO + 7 * MIB2, LO + 8 * MIB2));
+        assert_eq!(narrow.segments.len(), 1);
+        // A segment with other handle types is not joined.
+        let mut other = Space::new(LO, 0..3);
+        other.mapped.get_mut(&LO).unwrap().handle_types = 0x8;
+        let run = other.wide(LO + MIB2, 64, (LO, LO + 3 * MIB2));
+        assert_eq!((run.base(), run.segments.len()), (LO + MIB2, 2));
+    }
+
+    #[test]
+    fn widened_runs_are_bounded() {
+        let space = Space::new(LO, 0..200);
+        let run = space.wide(LO, 150 * MIB2, (LO, LO + 200 * MIB2));
+        assert_eq!(
+            run.segments.len(),
+            150,
+            "the buffer's own segments are never cut"
+        );
+        let small = space.wide(LO + 100 * MIB2, 64, (LO, LO + 200 * MIB2));
+        assert!(small.segments.len() <= MAX_WIDE_SEGMENTS);
+    }
+
+    #[test]
+    fn remembered_runs_serve_buffers_whose_segments_they_hold() {
+        let space = Space::new(LO, 0..16);
+        let range = (LO, LO + 16 * MIB2);
+        let runs = WideRuns::default();
+        let wide = runs.remember(space.wide(LO + MIB2, 64, range));
+        let exact = |ptr, bytes| {
+            let mut s = vec![space.at(ptr).unwrap()];
+            while s.last().unwrap().base + MIB2 < ptr + bytes {
+                s.push(space.at(s.last().unwrap().base + MIB2).unwrap());
+            }
+            Run { segments: s }
+        };
+        let got = runs.covering(&exact(LO + 7 * MIB2 - 8, 16)).unwrap();
+        assert_eq!(got.id(), wide.id());
+        assert!(runs.get(wide.base(), wide.id()).is_some());
+        // A segment replaced by a new allocation at the same place is not served.
+        let mut moved = exact(LO + 3 * MIB2, 64);
+        moved.segments[0].id = 999;
+        assert!(runs.covering(&moved).is_none());
+        // Remembering a run over the same place forgets the old one.
+        let mut changed = space.wide(LO + MIB2, 64, range);
+        changed.segments[5].id = 555;
+        let new = runs.remember(changed);
+        assert!(runs.get(wide.base(), wide.id()).is_none());
+        assert_eq!(runs.get(new.base(), new.id()).unwrap().id(), new.id());
+        runs.forget(new.base(), new.id());
+        assert!(runs.covering(&exact(LO, 64)).is_none());
+    }
+}
