@@ -14,15 +14,15 @@
 # after rank and tag only, so two stock tests with symmetric memory at once can collide
 # ("Address already in use"); MR_PROCS=$((2 * W)) runs one test at a time.
 # Results: $res/mr-list-wW.txt (the tests), $res/mr/wW/<n>-<build>-rank<r>.txt (each rank's
-# output), $res/mr-exit.txt (exit codes per test).
+# output), $res/mr-exit.txt (exit codes per test); the same under mr-alone for MR_ALONE.
 
 # Several ranks on the one GPU: every test of the list in processes of its own, at each world
 # size of MR_WORLDS, stock and ours side by side (2 x W processes per test); a test that fails
 # on one rank only leaves the others waiting in a rendezvous, so the limit (MR_TEST_TIMEOUT)
 # costs that test alone. Tests run concurrently up to MR_PROCS processes. Resumable per test.
-mr_test() { # world n test port
-  local world="$1" n="$2" test="$3" port="$4" label r pids=() names=()
-  local dir="$res/mr/w$world"
+mr_test() { # world n test port [kind]  (kind: mr, or mr-alone for multi_rank_alone)
+  local world="$1" n="$2" test="$3" port="$4" kind="${5:-mr}" label r pids=() names=()
+  local dir="$res/$kind/w$world"
   for label in stock ours; do
     for ((r = 0; r < world; r++)); do
       local addr=127.0.0.1 p=$port
@@ -44,8 +44,28 @@ mr_test() { # world n test port
     wait "${pids[$i]}"
     rcs="$rcs ${names[$i]}=$?"
   done
-  echo "$test w$world:$rcs" >>"$res/mr-exit.txt"
-  mark "mr-w$world-$n"
+  echo "$test w$world:$rcs" >>"$res/$kind-exit.txt"
+  mark "$kind-w$world-$n"
+}
+
+# The tests of MR_ALONE ("W:test" words), each alone on the machine (no other test process at
+# the same time), after multi_rank: for outcomes that concurrent tests may have changed (stock's
+# socket names collide between concurrent jobs). Results under $res/mr-alone/wW/.
+multi_rank_alone() {
+  done_ mr-alone && return 0
+  local item world test n=0 port=28000
+  for item in ${MR_ALONE:-}; do
+    world="${item%%:*}"
+    test="${item#*:}"
+    n=$((n + 1))
+    port=$((port + 2))
+    done_ "mr-alone-w$world-$n" && continue
+    need $((MR_TEST_TIMEOUT + 15))
+    mkdir -p "$res/mr-alone/w$world"
+    echo "$test" >>"$res/mr-alone-list-w$world.txt"
+    mr_test "$world" "$n" "$test" "$port" mr-alone </dev/null
+  done
+  mark mr-alone
 }
 
 multi_rank() {

@@ -18,12 +18,15 @@
 #   JOBS      ninja -j (default 16)
 #   SHARDS    parallel single-rank shards per build (default 6)
 #   TEST_TIMEOUT   seconds for the single-rank runs, all shards of both builds at once (default 300)
+#   SR_FILTER      gtest patterns of the single-rank run (default: every test)
 #   SR_EXCLUDE     gtest patterns left out of the single-rank run (default: below)
 #   MR_TEST_TIMEOUT  seconds for one test at one world size, both builds at once (default 90)
 #   MR_WORLDS      world sizes of the multi-rank tests (default "2 4")
 #   MR_PROCS       test processes at once in the multi-rank run (default 24)
 #   MR_FILTER, MR_EXCLUDE  gtest patterns of the multi-rank tests (defaults: below);
 #   MR_WIDE_FILTER the tests run above two ranks (default: below)
+#   MR_ALONE       "W:test" words: tests run again afterwards one at a time, W ranks each
+#                  (outcomes that concurrent tests may change), reported in a table of their own
 #
 # Steps (a marker file under $WORK/state records each one done):
 #   unpack      sources, LLVM, nvfuser-ipc; nvFuser's own ipc_handle.{h,cpp} kept in $WORK/stock;
@@ -78,6 +81,7 @@ MR_WORLDS="${MR_WORLDS:-2 4}"
 MR_PROCS="${MR_PROCS:-24}"
 # The one-rank run leaves out what never reaches IPC or symmetric memory and takes minutes.
 SR_EXCLUDE="${SR_EXCLUDE:-DistributedTransformerTest.*}"
+SR_FILTER="${SR_FILTER:-*}"
 SINGLE_RANK="${SINGLE_RANK:-1}"
 DRIVER_WORLDS="${DRIVER_WORLDS:-2 4}"
 OUT="${OUT:-$WORK/out}"
@@ -235,7 +239,7 @@ single_rank() {
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
         GTEST_TOTAL_SHARDS="$SHARDS" GTEST_SHARD_INDEX="$i" \
         timeout -k 5 "$t" "$WORK/bin-$label/test_multidevice" --gtest_color=no \
-        --gtest_filter="*-$NO_MCAST:$SR_EXCLUDE" >"$res/test-$label-$i.txt" 2>&1 &
+        --gtest_filter="$SR_FILTER-$NO_MCAST:$SR_EXCLUDE" >"$res/test-$label-$i.txt" 2>&1 &
       pids+=($!)
       names+=("$label/$i")
     done
@@ -308,6 +312,7 @@ for world in $DRIVER_WORLDS; do
   done
 done
 multi_rank
+multi_rank_alone
 [ "$SINGLE_RANK" = 1 ] && single_rank
 
 # ---- report ---------------------------------------------------------------------------------
@@ -362,6 +367,17 @@ for wdir in sorted(glob.glob(f'{res}/mr/w*'), key=lambda d: int(d.rsplit('w', 1)
     listed = [l.strip() for l in open(lf) if l.strip()] if os.path.exists(lf) else []
     for t in sorted(set(mr['stock']) | set(mr['ours']) | set(listed)):
         print(f'| `{t}` | {world} | 1 | {fmt(mr["stock"].get(t))} | {fmt(mr["ours"].get(t))} |')
+alone = sorted(glob.glob(f'{res}/mr-alone/w*'), key=lambda d: int(d.rsplit('w', 1)[1]))
+if alone:
+    print('\n## Run again alone (no other test on the machine)\n')
+    print('| test | ranks | GPUs | stock | ours |\n|---|---|---|---|---|')
+    for wdir in alone:
+        world = int(wdir.rsplit('w', 1)[1])
+        got = {}
+        for l in ('stock', 'ours'):
+            got[l] = merge_ranks([parse(sorted(glob.glob(f'{wdir}/*-{l}-rank{r}.txt'))) for r in range(world)])
+        for t in sorted(set(got['stock']) | set(got['ours'])):
+            print(f'| `{t}` | {world} | 1 | {fmt(got["stock"].get(t))} | {fmt(got["ours"].get(t))} |')
 drivers = sorted(glob.glob(os.path.join(os.environ.get('OUT', '.'), 'driver-*.log')))
 if drivers:
     print('\n## Host-IR loops timed inside nvFuser (nvfipc_main_driver)\n')
