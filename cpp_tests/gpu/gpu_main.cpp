@@ -84,6 +84,35 @@ int64_t EnvInt(const std::vector<const char*>& names, int64_t fallback) {
   return fallback;
 }
 
+bool ChildMode() {
+  const char* v = std::getenv("NVFIPC_GPU_CHILD");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// The output of a child job's rank: its failures and one line per test, prefixed with the
+// child's rank, and none of GoogleTest's "[  PASSED  ]"/"[  FAILED  ]" lines, which
+// scripts/gpu/check.sh counts in the parent job's log as the parent's ranks' results.
+class ChildPrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit ChildPrinter(int64_t rank) : rank_(static_cast<long long>(rank)) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::printf("child rank %lld: %s:%d: failure\n%s\n", rank_,
+                r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::fflush(stdout);
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    const ::testing::TestResult* res = info.result();
+    const char* outcome = res->Skipped() ? "skipped" : res->Passed() ? "passed" : "failed";
+    std::printf("child rank %lld: %s.%s %s in %lld ms\n", rank_, info.test_suite_name(),
+                info.name(), outcome, static_cast<long long>(res->elapsed_time()));
+    std::fflush(stdout);
+  }
+
+ private:
+  long long rank_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,6 +121,7 @@ int main(int argc, char** argv) {
   job().world = EnvInt({"OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"}, 1);
   job().local_rank = EnvInt({"OMPI_COMM_WORLD_LOCAL_RANK", "WORLD_LOCAL_RANK", "LOCAL_RANK"}, 0);
   job().timeout_ms = EnvInt({"NVFIPC_GPU_TEST_TIMEOUT_MS"}, 60000);
+  const bool child = ChildMode();
 
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
@@ -119,7 +149,7 @@ int main(int argc, char** argv) {
                  static_cast<long long>(job().rank), nvfipc_gpu::Describe(st).c_str());
     return 2;
   }
-  std::printf("rank %lld of %lld (local %lld) on device %d of %d\n",
+  std::printf("%srank %lld of %lld (local %lld) on device %d of %d\n", child ? "child " : "",
               static_cast<long long>(job().rank), static_cast<long long>(job().world),
               static_cast<long long>(job().local_rank), job().device, count);
 
@@ -132,10 +162,16 @@ int main(int argc, char** argv) {
   }
   int n_args = static_cast<int>(args.size());
   ::testing::InitGoogleTest(&n_args, args.data());
+  if (child) {
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new ChildPrinter(job().rank));
+  }
   int result = RUN_ALL_TESTS();
 
-  // Everyone finishes the suites before the store host may leave.
-  st = nvfipc_gpu::Barrier();
+  // Everyone finishes the suites before the store host may leave. A child job's test ends
+  // with a barrier of its survivors instead (the store host waits for them when it closes).
+  st = child ? NVFIPC_STATUS_OK : nvfipc_gpu::Barrier();
   if (st != NVFIPC_STATUS_OK) {
     std::fprintf(stderr, "rank %lld: final barrier -> %s\n", static_cast<long long>(job().rank),
                  nvfipc_gpu::Describe(st).c_str());
