@@ -334,6 +334,29 @@ pub fn embedded_server_options() -> Result<ServerOptions> {
     })
 }
 
+/// Span in MiB of the aligned windows an exchanged VMM buffer's run is widened to
+/// (`crate::cuda::vmm_runs`); 0 exports each buffer's exact run.
+pub const VMM_WINDOW_MIB_VAR: &str = "NVFIPC_VMM_WINDOW_MIB";
+/// The window when `NVFIPC_VMM_WINDOW_MIB` is unset.
+pub const DEFAULT_VMM_WINDOW_MIB: u64 = 32;
+/// Largest window `NVFIPC_VMM_WINDOW_MIB` may ask for.
+pub const MAX_VMM_WINDOW_MIB: u64 = 4096;
+
+/// `NVFIPC_VMM_WINDOW_MIB` (see [`VMM_WINDOW_MIB_VAR`]) in bytes; 0 turns widening off.
+pub fn vmm_window_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<u64> {
+    let Some(value) = lookup(VMM_WINDOW_MIB_VAR) else {
+        return Ok(DEFAULT_VMM_WINDOW_MIB << 20);
+    };
+    match value.trim().parse::<u64>() {
+        Ok(mib) if mib <= MAX_VMM_WINDOW_MIB => Ok(mib << 20),
+        _ => Err(Error::invalid(format!(
+            "{VMM_WINDOW_MIB_VAR}={value:?} is not a window: expected 0 (each VMM buffer \
+             exported as the allocations it spans) to {MAX_VMM_WINDOW_MIB} MiB (default \
+             {DEFAULT_VMM_WINDOW_MIB})"
+        ))),
+    }
+}
+
 /// `NVFIPC_TIMEOUT_MS` as a duration (at least 1 ms), or `None` when unset.
 pub fn timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
     let Some(value) = lookup(TIMEOUT_MS_VAR) else {
@@ -400,7 +423,7 @@ pub fn is_loopback_name(host: &str) -> bool {
             .unwrap_or(false)
 }
 
-fn process_env(name: &str) -> Option<String> {
+pub(crate) fn process_env(name: &str) -> Option<String> {
     // A value that is not valid UTF-8 is passed on lossily so that it is reported, not ignored.
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
@@ -446,6 +469,25 @@ mod tests {
         ("MASTER_ADDR", "node0"),
         ("MASTER_PORT", "29500"),
     ];
+
+    #[test]
+    fn vmm_window_is_mib_or_off_and_bad_values_are_named() {
+        assert_eq!(vmm_window_from_lookup(env(&[])).unwrap(), 32 << 20);
+        let got = vmm_window_from_lookup(env(&[("NVFIPC_VMM_WINDOW_MIB", " 64 ")])).unwrap();
+        assert_eq!(got, 64 << 20);
+        assert_eq!(
+            vmm_window_from_lookup(env(&[("NVFIPC_VMM_WINDOW_MIB", "0")])).unwrap(),
+            0
+        );
+        for bad in ["-1", "32MiB", "", "4097"] {
+            let err = vmm_window_from_lookup(env(&[("NVFIPC_VMM_WINDOW_MIB", bad)])).unwrap_err();
+            assert!(
+                err.message
+                    .starts_with(&format!("NVFIPC_VMM_WINDOW_MIB={bad:?} is not a window")),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn store_threads_variable() {

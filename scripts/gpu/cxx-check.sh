@@ -41,11 +41,13 @@ for bin in nvfipc_cxx_tests nvfipc_cxx_c10d_tests; do
       -x NVFIPC_GPU_TEST_TIMEOUT_MS=15000 \
       "build/gpu-cxx/$bin" --gtest_filter='*DeviceScenarios*' --gtest_color=no >"$log" 2>&1
     rc=$?
-    # Every rank must pass every device scenario (ShareIpcMemHandles, CudaComm, RingAllgather,
-    # Symmetric) and fail none.
-    passed=$(grep -c '\[  PASSED  \] 4 tests' "$log")
-    echo "== $bin np=$np rc=$rc: $passed of $np ranks passed 4 tests"
-    if [ "$rc" -ne 0 ] || [ "$passed" -ne "$np" ]; then
+    # Every rank must pass every device scenario (ShareIpcMemHandles, CudaComm, ChannelComm,
+    # RingAllgather, Symmetric) and fail none.
+    # Each rank's GoogleTest summary: "[  PASSED  ] N tests." with no "[  FAILED  ]" line.
+    passed=$(grep -cE '\[  PASSED  \] [0-9]+ tests?\.' "$log")
+    tests=$(grep -oE '\[  PASSED  \] [0-9]+ tests?' "$log" | head -1 | grep -oE '[0-9]+')
+    echo "== $bin np=$np rc=$rc: $passed of $np ranks passed ${tests:-0} tests"
+    if [ "$rc" -ne 0 ] || [ "$passed" -ne "$np" ] || grep -q '\[  FAILED  \]' "$log"; then
       failures=$((failures + 1)); grep -E "FAILED|rank [0-9]+:" "$log" | head -10
     fi
     grep -h "NVFIPC_TIMING" "$log" | sed 's/^.*NVFIPC_TIMING //' | grep "rank=0 "

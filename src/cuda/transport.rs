@@ -93,6 +93,8 @@ pub struct CudaTransport {
     vmm_exports: VmmExports,
     /// VMM runs widened for exchanges (see `vmm_runs`).
     wide_runs: WideRuns,
+    /// The window of `NVFIPC_VMM_WINDOW_MIB` in bytes; 0: exchanges export exact VMM runs.
+    window: u64,
     pool_exports: PoolExports,
     slab: DeviceSemaphoreSlab,
     /// Peer allocations imported through this transport, by (peer, exporter buffer id, where it
@@ -129,7 +131,7 @@ fn local_buffer(alloc: &DeviceAllocation, run: &Run) -> Result<LocalBuffer> {
 
 /// `exact`, the run of the VMM buffer `alloc` (whose pointer `info` describes), widened within
 /// its reserved range (see `vmm_runs`).
-fn widened(exact: Run, info: &PointerInfo, alloc: &DeviceAllocation) -> Run {
+fn widened(exact: Run, info: &PointerInfo, alloc: &DeviceAllocation, window: u64) -> Run {
     let range = match info.range_start.checked_add(info.range_size) {
         Some(end) if info.range_size > 0 && info.range_start <= exact.base() => {
             (info.range_start, end)
@@ -138,7 +140,7 @@ fn widened(exact: Run, info: &PointerInfo, alloc: &DeviceAllocation) -> Run {
         _ => (exact.base(), exact.base() + exact.size()),
     };
     let handle_types = exact.segments[0].handle_types;
-    vmm_runs::widen(exact, alloc.ptr, alloc.bytes, range, |at| {
+    vmm_runs::widen(exact, alloc.ptr, alloc.bytes, window, range, |at| {
         vmm_segment_at(at, handle_types)
     })
 }
@@ -184,19 +186,25 @@ impl CudaTransport {
         fdpass: Option<Arc<FdPass>>,
     ) -> Result<Arc<CudaTransport>> {
         driver::driver()?;
-        Ok(Arc::new(Self::unloaded(device, fdpass)))
+        let window = crate::env::vmm_window_from_lookup(crate::env::process_env)?;
+        Ok(Arc::new(Self::unloaded(device, fdpass, window)))
     }
 
-    fn unloaded(device: Option<i32>, fdpass: Option<Arc<FdPass>>) -> CudaTransport {
+    fn unloaded(device: Option<i32>, fdpass: Option<Arc<FdPass>>, window: u64) -> CudaTransport {
         CudaTransport {
             device,
             vmm_exports: VmmExports::new(fdpass.clone()),
             wide_runs: WideRuns::default(),
+            window,
             pool_exports: PoolExports::new(fdpass.clone()),
             fdpass,
             slab: DeviceSemaphoreSlab::new(device),
             imports: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn widens(&self) -> bool {
+        self.window > 0
     }
 
     /// The VMM run `buf` was resolved to: a widened run remembered (checked by `refresh` before
@@ -211,7 +219,7 @@ impl CudaTransport {
         if names(&exact) {
             return Ok(exact);
         }
-        let run = widened(exact, &memory::query(buf.ptr)?, alloc);
+        let run = widened(exact, &memory::query(buf.ptr)?, alloc, self.window);
         if names(&run) {
             return Ok(self.wide_runs.remember(run).as_ref().clone());
         }
@@ -267,7 +275,7 @@ impl Transport for CudaTransport {
     }
 
     fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
-        if ptr == 0 {
+        if ptr == 0 || !self.widens() {
             return self.resolve(ptr, bytes);
         }
         let info = memory::query(ptr)?;
@@ -276,27 +284,32 @@ impl Transport for CudaTransport {
             return local_buffer_of_allocation(&alloc);
         };
         let exact = vmm::resolve_run(&alloc)?;
-        let run = match self.wide_runs.covering(&exact) {
-            Some(run) => run,
-            None => self.wide_runs.remember(widened(exact, &info, &alloc)),
-        };
+        let run = self
+            .wide_runs
+            .resolve(exact, |exact| widened(exact, &info, &alloc, self.window));
         local_buffer(&alloc, &run)
     }
 
     fn refresh(&self, buf: &LocalBuffer) -> Result<LocalBuffer> {
-        let Some(run) = self.wide_runs.get(buf.base, buf.buffer_id) else {
-            return Ok(*buf);
-        };
-        let handle_types = run.segments[0].handle_types;
-        if run
-            .segments
-            .iter()
-            .all(|s| vmm_segment_at(s.base, handle_types).as_ref() == Some(s))
-        {
+        if !self.widens() {
             return Ok(*buf);
         }
-        self.wide_runs.forget(buf.base, buf.buffer_id);
-        self.resolve_shared(buf.ptr, buf.bytes)
+        let info = memory::query(buf.ptr)?;
+        let alloc = memory::classify(&info, buf.bytes)?;
+        let DeviceMemoryKind::Vmm { .. } = alloc.kind else {
+            return Ok(*buf);
+        };
+        let fresh = self.wide_runs.refresh(
+            buf.base,
+            buf.buffer_id,
+            |s| vmm_segment_at(s.base, s.handle_types).as_ref() == Some(s),
+            || vmm::resolve_run(&alloc),
+            |exact| widened(exact, &info, &alloc, self.window),
+        )?;
+        match fresh {
+            None => Ok(*buf),
+            Some(run) => local_buffer(&alloc, &run),
+        }
     }
 
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
@@ -431,7 +444,7 @@ mod tests {
 
     #[test]
     fn host_records_are_refused() {
-        let transport = CudaTransport::unloaded(None, None);
+        let transport = CudaTransport::unloaded(None, None, 0);
         let host = local_host();
         let rec = Record {
             handle_type: HandleType::PosixFd,

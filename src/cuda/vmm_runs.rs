@@ -6,12 +6,13 @@
 //! [s1, s2] for a tensor that crosses a segment boundary, then [s2]. Each new run is a new
 //! allocation to the peer, which needs a record through the store. Exchanged buffers are
 //! therefore resolved to a *widened* run instead: every segment mapped contiguously with the
-//! buffer's own inside the aligned windows of [`WINDOW_BYTES`] that the buffer overlaps, and
-//! inside its reserved range. Buffers of one window then share one run, which the peer holds
+//! buffer's own inside the aligned windows (32 MiB unless `NVFIPC_VMM_WINDOW_MIB` says otherwise;
+//! 0 turns widening off) that the buffer overlaps, and inside its reserved range. Buffers of one window then share one run, which the peer holds
 //! after the first exchange, so later ones go through the board alone (`exchange::held`).
 //!
-//! [`WideRuns`] remembers the runs it widened, so that a cached call costs no more driver calls
-//! than the exact resolution (the pointer query and the walk over the buffer's own segments):
+//! [`WideRuns`] remembers the runs it widened (a bounded, most-recently-used list; runs of buffers
+//! over other windows may overlap), so that a cached call costs no more driver calls than the
+//! exact resolution (the pointer query and the walk over the buffer's own segments):
 //! a remembered run serves a buffer when it holds every segment of the buffer's exact run, at
 //! the same place and with the same id. Its other segments may have been unmapped since (the
 //! allocator shrank); serving such a run to a peer that holds it already is still right, since
@@ -24,10 +25,6 @@ use crate::sync::lock;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-/// Span of the aligned address windows a run is widened to: 16 segments of 2 MiB, or two of
-/// PyTorch's 20 MiB large-pool segments.
-pub const WINDOW_BYTES: u64 = 32 << 20;
-
 /// Most segments a widened run holds, whatever the segments' size.
 pub const MAX_WIDE_SEGMENTS: usize = 64;
 
@@ -35,7 +32,8 @@ pub const MAX_WIDE_SEGMENTS: usize = 64;
 const REMEMBERED: usize = 64;
 
 /// Widens `run`, the exact run of `[ptr, ptr + bytes)`, to the segments mapped contiguously with
-/// it that overlap the aligned [`WINDOW_BYTES`] windows the buffer overlaps, without leaving
+/// it that overlap the aligned windows of `window` bytes (> 0; 32 MiB by default: 16 segments of
+/// 2 MiB, or two of PyTorch's 20 MiB large-pool segments) the buffer overlaps, without leaving
 /// `[range_lo, range_hi)` (the reserved range). `segment_at(addr)` is the exportable segment
 /// mapped at `addr` with the run's handle types, or `None` (unmapped, or of another kind), which
 /// ends the widening on that side. Pure: unit-tested without a GPU.
@@ -43,14 +41,16 @@ pub fn widen(
     run: Run,
     ptr: u64,
     bytes: u64,
+    window: u64,
     (range_lo, range_hi): (u64, u64),
     mut segment_at: impl FnMut(u64) -> Option<LocalSegment>,
 ) -> Run {
-    let window_lo = (ptr / WINDOW_BYTES * WINDOW_BYTES).max(range_lo);
+    let window = window.max(1);
+    let window_lo = (ptr / window * window).max(range_lo);
     let window_hi = ptr
         .saturating_add(bytes)
-        .div_ceil(WINDOW_BYTES)
-        .saturating_mul(WINDOW_BYTES)
+        .div_ceil(window)
+        .saturating_mul(window)
         .min(range_hi);
     let handle_types = run.segments[0].handle_types;
     let usable = |s: &LocalSegment| s.id != 0 && s.size > 0 && s.handle_types == handle_types;
@@ -109,13 +109,13 @@ impl WideRuns {
             .cloned()
     }
 
-    /// Remembers `run` first, forgetting the runs it overlaps (what they held changed, or it
-    /// holds them) and the least recently used beyond the bound.
+    /// Remembers `run` first, forgetting the least recently used beyond the bound. Runs may
+    /// overlap: buffers that span other windows widen to other runs over the same segments, and
+    /// each buffer of a call must find its own run again when it is exported.
     pub fn remember(&self, run: Run) -> Arc<Run> {
         let run = Arc::new(run);
-        let (lo, hi) = (run.base(), run.base() + run.size());
         let mut runs = lock(&self.runs);
-        runs.retain(|r| r.base() + r.size() <= lo || r.base() >= hi);
+        runs.retain(|r| !(r.base() == run.base() && r.id() == run.id()));
         runs.push_front(run.clone());
         runs.truncate(REMEMBERED);
         run
@@ -124,6 +124,44 @@ impl WideRuns {
     /// Forgets the run with this base and id.
     pub fn forget(&self, base: u64, id: u64) {
         lock(&self.runs).retain(|r| !(r.base() == base && r.id() == id));
+    }
+
+    /// The run an exchange resolves a buffer to, given `exact`, the segments the buffer spans
+    /// (just walked): a remembered run that holds them, else `widen(exact)`, remembered.
+    pub fn resolve(&self, exact: Run, widen: impl FnOnce(Run) -> Run) -> Arc<Run> {
+        match self.covering(&exact) {
+            Some(run) => run,
+            None => self.remember(widen(exact)),
+        }
+    }
+
+    /// Before the run named (`base`, `id`) is exported for a buffer: `None` while it stands as
+    /// resolved (remembered and every segment still `current`, or the buffer's `exact` run
+    /// itself), else the run to export instead, widened afresh from the buffer's exact run and
+    /// remembered (so the export finds it).
+    pub fn refresh(
+        &self,
+        base: u64,
+        id: u64,
+        current: impl Fn(&LocalSegment) -> bool,
+        exact: impl FnOnce() -> crate::error::Result<Run>,
+        widen: impl FnOnce(Run) -> Run,
+    ) -> crate::error::Result<Option<Arc<Run>>> {
+        if let Some(run) = self.get(base, id) {
+            if run.segments.iter().all(current) {
+                return Ok(None);
+            }
+            // A neighbour was unmapped or replaced since: exported only as mapped now.
+            self.forget(base, id);
+        } else {
+            let exact = exact()?;
+            if (exact.base(), exact.id()) == (base, id) {
+                return Ok(None);
+            }
+            // Resolved to a widened run that has been forgotten since.
+            return Ok(Some(self.remember(widen(exact))));
+        }
+        Ok(Some(self.remember(widen(exact()?))))
     }
 }
 
@@ -185,11 +223,14 @@ mod tests {
             while exact.last().unwrap().base + MIB2 < ptr + bytes {
                 exact.push(self.at(exact.last().unwrap().base + MIB2).unwrap());
             }
-            widen(Run { segments: exact }, ptr, bytes, range, |a| self.at(a))
+            widen(Run { segments: exact }, ptr, bytes, WINDOW, range, |a| {
+                self.at(a)
+            })
         }
     }
 
     const LO: u64 = 0x7f00_0000_0000; // 32 MiB aligned
+    const WINDOW: u64 = 32 << 20;
 
     #[test]
     fn buffers_of_one_window_share_one_run() {
@@ -261,13 +302,138 @@ mod tests {
         let mut moved = exact(LO + 3 * MIB2, 64);
         moved.segments[0].id = 999;
         assert!(runs.covering(&moved).is_none());
-        // Remembering a run over the same place forgets the old one.
-        let mut changed = space.wide(LO + MIB2, 64, range);
-        changed.segments[5].id = 555;
-        let new = runs.remember(changed);
-        assert!(runs.get(wide.base(), wide.id()).is_none());
-        assert_eq!(runs.get(new.base(), new.id()).unwrap().id(), new.id());
-        runs.forget(new.base(), new.id());
+        // Overlapping runs (buffers over other windows) are all kept: each buffer of one call
+        // finds the run it was resolved to when it is exported.
+        let mut other = space.wide(LO + MIB2, 64, range);
+        other.segments.truncate(8);
+        let other = runs.remember(other);
+        assert!(runs.get(wide.base(), wide.id()).is_some());
+        assert!(runs.get(other.base(), other.id()).is_some());
+        // The most recently used run that holds the segments serves.
+        assert_eq!(runs.covering(&exact(LO, 64)).unwrap().id(), other.id());
+        runs.forget(other.base(), other.id());
+        assert_eq!(runs.covering(&exact(LO, 64)).unwrap().id(), wide.id());
+        runs.forget(wide.base(), wide.id());
         assert!(runs.covering(&exact(LO, 64)).is_none());
+        // Bounded: the least recently used go.
+        for i in 0..(REMEMBERED as u64 + 8) {
+            runs.remember(Run {
+                segments: vec![seg(LO + (100 + i) * MIB2, 1000 + i)],
+            });
+        }
+        assert_eq!(lock(&runs.runs).len(), REMEMBERED);
+        assert!(runs.get(LO + 100 * MIB2, 1000).is_none());
+    }
+
+    /// xorshift64*: a reproducible stream per seed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Random legal programs against a model of an allocator over one reserved range (2 MiB
+    /// segments mapped, unmapped and replaced by new physical allocations at the same place, as
+    /// expandable segments do) and of what a peer holds per channel: whatever the churn, a
+    /// buffer resolves to a run that holds its segments as mapped now; a run it is exported as
+    /// has every segment mapped now and is found again by the export; a run a peer holds serves
+    /// the buffer's bytes from the segments mapped now.
+    #[test]
+    fn random_churn_keeps_runs_exportable_and_right() {
+        const SLOTS: u64 = 48;
+        for seed in 1..=300u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let mut space = Space::new(LO, 0..SLOTS);
+            let mut next_id = 1000;
+            let range = (LO, LO + SLOTS * MIB2);
+            let runs = WideRuns::default();
+            let mut held: [VecDeque<u64>; 2] = Default::default();
+            for step in 0..300 {
+                let what = rng.below(10);
+                let slot = rng.below(SLOTS);
+                let at = LO + slot * MIB2;
+                if what < 3 {
+                    // Unmap, or map a new physical allocation (a new id) at a free or used slot.
+                    if what == 0 {
+                        space.mapped.remove(&at);
+                    } else {
+                        next_id += 1;
+                        space.mapped.insert(at, seg(at, next_id));
+                    }
+                    continue;
+                }
+                // An exchange of up to three buffers over mapped memory: every buffer resolved
+                // first (as a call resolves its batch), then each sent as the peer needs.
+                let mut batch = Vec::new();
+                for _ in 0..1 + rng.below(3) {
+                    let ptr = at + rng.below(MIB2 / 256) * 256;
+                    let bytes = 1 + rng.below(3 * MIB2);
+                    let mut exact = Vec::new();
+                    let mut next = ptr;
+                    while next < ptr + bytes {
+                        match space.at(next) {
+                            Some(s) => {
+                                exact.push(s);
+                                next = s.base + s.size;
+                            }
+                            None => break,
+                        }
+                    }
+                    if next < ptr + bytes {
+                        continue; // not all mapped: no such buffer
+                    }
+                    let exact = Run { segments: exact };
+                    let widen = |e: Run| widen(e, ptr, bytes, WINDOW, range, |a| space.at(a));
+                    let run = runs.resolve(exact.clone(), widen);
+                    batch.push((ptr, bytes, exact, run));
+                }
+                for (b, (ptr, bytes, exact, run)) in batch.into_iter().enumerate() {
+                    let ctx = format!("seed {seed} step {step} buffer {b}");
+                    assert!(
+                        holds(&run, &exact),
+                        "{ctx}: resolved run lacks its segments"
+                    );
+                    let channel = &mut held[b % 2];
+                    let exported = if channel.contains(&run.id()) {
+                        run
+                    } else {
+                        let current = |s: &LocalSegment| space.at(s.base) == Some(*s);
+                        let widen = |e: Run| widen(e, ptr, bytes, WINDOW, range, |a| space.at(a));
+                        let fresh = runs
+                            .refresh(run.base(), run.id(), current, || Ok(exact.clone()), widen)
+                            .unwrap();
+                        let exported = fresh.unwrap_or(run);
+                        assert!(
+                            runs.get(exported.base(), exported.id()).is_some()
+                                || (exported.base(), exported.id()) == (exact.base(), exact.id()),
+                            "{ctx}: the export would not find its run"
+                        );
+                        assert!(
+                            exported.segments.iter().all(current),
+                            "{ctx}: exporting a segment no longer mapped"
+                        );
+                        channel.retain(|&id| id != exported.id());
+                        channel.push_front(exported.id());
+                        channel.truncate(8);
+                        exported
+                    };
+                    assert!(holds(&exported, &exact), "{ctx}: bytes from other segments");
+                    let end = exported.base() + exported.size();
+                    assert!(
+                        exported.base() <= ptr && ptr + bytes <= end,
+                        "{ctx}: outside"
+                    );
+                }
+            }
+        }
     }
 }
