@@ -85,6 +85,24 @@ fn through_the_c_abi() {
     assert_all_ok("c_abi", 2);
 }
 
+/// A member that dies (SIGKILL) mid-rendezvous, after its own call timed out: the others get a
+/// named error within their timeout instead of waiting for it, and close their caches cleanly.
+#[test]
+fn a_member_that_dies_is_named_within_the_timeout() {
+    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    let job = format!("sdies3x{}", std::process::id() % 100_000);
+    let got = Ranks::spawn(ROLE, "dies", 3, server.port(), &job).collect(Duration::from_secs(60));
+    server.shutdown();
+    let report: String = got
+        .iter()
+        .enumerate()
+        .map(|(rank, (ok, out))| format!("--- rank {rank} (ok: {ok}):\n{out}\n"))
+        .collect();
+    assert!(got[0].0 && got[1].0, "survivors failed:\n{report}");
+    assert!(!got[2].0, "rank 2 should have died:\n{report}");
+    assert!(got[2].1.contains(DYING), "rank 2 died elsewhere:\n{report}");
+}
+
 // ------------------------------------------------------------------------------------------------
 // Rank side
 // ------------------------------------------------------------------------------------------------
@@ -188,6 +206,7 @@ fn child() {
         "subsets" => subsets(r),
         "mismatch" => mismatch(r),
         "c_abi" => c_abi(r),
+        "dies" => dies(r),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -342,6 +361,45 @@ fn subsets(r: Rank) {
     assert_eq!(r.live_mappings(), 0);
     let all = r.world();
     r.finish(&all);
+}
+
+/// What rank 2 of `dies` prints just before it kills itself.
+const DYING: &str = "rank 2: timed out as expected, now dying";
+
+fn dies(r: Rank) {
+    let buf = host::alloc(4096).unwrap();
+    let members = [0, 1, 2];
+    if r.rank == 2 {
+        // Publishes its record, times out (the others come later), then dies for real.
+        let err = r
+            .cache
+            .symmetric_rendezvous(
+                "dies",
+                buf.addr(),
+                64,
+                MemKind::Host,
+                Some(&members),
+                Duration::from_millis(300),
+            )
+            .unwrap_err();
+        assert_eq!(err.status, Status::Timeout, "{err}");
+        println!("{DYING}");
+        // SAFETY: kill(2) on this process; nothing runs after it.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!("SIGKILL");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let limit = Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    let err = r
+        .cache
+        .symmetric_rendezvous("dies", buf.addr(), 64, MemKind::Host, Some(&members), limit)
+        .unwrap_err();
+    let took = started.elapsed();
+    println!("rank {}: {:?} after {took:?}: {}", r.rank, err.status, err.message);
+    assert!(took < limit + Duration::from_secs(2), "took {took:?}");
+    assert!(err.message.contains("rank 2"), "{err}");
+    r.finish(&[0, 1]);
 }
 
 fn mismatch(r: Rank) {
