@@ -396,7 +396,10 @@ fn dies(r: Rank) {
         .symmetric_rendezvous("dies", buf.addr(), 64, MemKind::Host, Some(&members), limit)
         .unwrap_err();
     let took = started.elapsed();
-    println!("rank {}: {:?} after {took:?}: {}", r.rank, err.status, err.message);
+    println!(
+        "rank {}: {:?} after {took:?}: {}",
+        r.rank, err.status, err.message
+    );
     assert!(took < limit + Duration::from_secs(2), "took {took:?}");
     assert!(err.message.contains("rank 2"), "{err}");
     r.finish(&[0, 1]);

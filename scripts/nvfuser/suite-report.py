@@ -136,7 +136,8 @@ def main():
         ou_cells = scenario_cells(ours_ran, ours_d)
         for s in SCENARIOS:
             print(f"| `nvfipc_hostir_driver` {s} | {w} | 1 | {st_cells[s]} | {ou_cells[s]} |")
-        timing_rows += [(s, w, us) for s, us in ours_t.items()]
+        _, _, stock_t = driver_results(res, "stock", w)
+        timing_rows += [(s, w, stock_t.get(s), us) for s, us in ours_t.items()]
 
     print()
     print("Single-rank totals: stock " +
@@ -146,10 +147,12 @@ def main():
     print("Tests stock passes and ours does not: " + (", ".join(regressions) or "none") + ".")
     if timing_rows:
         print()
-        print("| driver scenario (ours) | processes | us per iteration (rank 0) |")
-        print("|---|---|---|")
-        for s, w, us in timing_rows:
-            print(f"| {s} | {w} | {us:.1f} |")
+        print("| driver scenario | processes | stock: us per iteration (rank 0) | ours | ours / stock |")
+        print("|---|---|---|---|---|")
+        for s, w, st, us in timing_rows:
+            st_cell = f"{st:.1f}" if st is not None else "n/a"
+            ratio = f"{us / st:.2f}x" if st else "n/a"
+            print(f"| {s} | {w} | {st_cell} | {us:.1f} | {ratio} |")
     return 0
 
 

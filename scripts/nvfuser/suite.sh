@@ -37,8 +37,8 @@
 #   swap       integrations/nvfuser/ipc_handle.{h,cpp} copied over them (ninja then rebuilds
 #              only their includers and relinks)
 #   build-ours, stash-ours    the drop-in; binaries copied to $WORK/bin-ours
-#   driver-ours-W  the host-IR driver with W = 2, 4, 8 processes on the GPU
-#   driver-stock-2 the same with nvFuser's own files (its NCCL world barrier refuses a shared GPU)
+#   driver-stock-W, driver-ours-W  the host-IR driver with W = 2, 4, 8 processes on the GPU, each
+#              its own host to NCCL (NCCL_HOSTID), so stock's NCCL world barrier runs too
 #   mr         the tests of MR_FILTER with W ranks on the one GPU (W in MR_WORLDS), each rank a
 #              node of its own with its own NCCL_HOSTID, every test in processes of its own, stock
 #              and ours side by side (scripts/lib/multi-rank-tests.sh)
@@ -201,8 +201,12 @@ driver() { # label W
   for ((r = 0; r < w; r++)); do
     local addr=127.0.0.1
     [ "$r" -eq 0 ] && addr=localhost
+    # Each rank a host of its own to NCCL (stock's exchange ends with a NCCL world barrier,
+    # and NCCL refuses two ranks of one host on one GPU).
     env WORLD_RANK="$r" WORLD_SIZE="$w" WORLD_LOCAL_RANK=0 WORLD_LOCAL_SIZE=1 \
       NVFUSER_MASTER_ADDR="$addr" NVFUSER_MASTER_PORT="$port" NVFIPC_TIMEOUT_MS=30000 \
+      NCCL_HOSTID="nvfseed-driver-$label-w$w-rank$r" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+      NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 \
       timeout -k 5 90 "$WORK/bin-$label/nvfipc_hostir_driver" --iters 50 \
       >"$res/driver-$label-$w-rank$r.txt" 2>&1 &
     pids+=($!)
@@ -276,10 +280,12 @@ if ! done_ swap; then
 fi
 build ours
 stash ours
-for w in $DRIVER_RANKS; do driver ours "$w"; done
-# Stock's exchange ends with Communicator::barrier(), a NCCL world barrier, and NCCL refuses
-# two ranks on one GPU: stock runs once, at two processes, to record what it does there.
-driver stock 2
+# Stock and ours in turn at each process count (stock's NCCL barrier works with a NCCL_HOSTID
+# per rank, see driver).
+for w in $DRIVER_RANKS; do
+  driver stock "$w"
+  driver ours "$w"
+done
 [ -n "$MR_WORLDS" ] && multi_rank
 single_rank_tests
 
