@@ -193,6 +193,12 @@ TEST(CallbackStore, OperationsGoThroughTheHostCallbacks) {
   NVFIPC_EXPECT_ERROR(nvfipc_store_num_keys(store, &num_keys), NVFIPC_STATUS_UNSUPPORTED,
                       "num_keys");
   NVFIPC_EXPECT_ERROR(nvfipc_store_ping(store, nullptr), NVFIPC_STATUS_UNSUPPORTED, "TCP");
+  // Where its server listens: taken for a callback store, with the address checked.
+  NVFIPC_EXPECT_OK(nvfipc_store_set_server_address(store, "localhost", 29500));
+  NVFIPC_EXPECT_ERROR(nvfipc_store_set_server_address(store, nullptr, 29500),
+                      NVFIPC_STATUS_INVALID_ARGUMENT, "host");
+  NVFIPC_EXPECT_ERROR(nvfipc_store_set_server_address(store, "localhost", 0),
+                      NVFIPC_STATUS_INVALID_ARGUMENT, "port");
   NVFIPC_EXPECT_OK(nvfipc_store_free(store));
 }
 

@@ -126,6 +126,9 @@ TEST_F(MisuseTest, TimeoutsZeroAndNegative) {
   NVFIPC_EXPECT_ERROR(nvfipc_store_set_timeout(store_, -5), NVFIPC_STATUS_INVALID_ARGUMENT,
                       "timeout_ms");
   NVFIPC_EXPECT_OK(nvfipc_store_set_timeout(store_, 1000));
+  // A TCP store knows its server: no address to give it.
+  NVFIPC_EXPECT_ERROR(nvfipc_store_set_server_address(store_, "localhost", 29500),
+                      NVFIPC_STATUS_UNSUPPORTED, "host callbacks");
   int64_t ms = 0;
   NVFIPC_ASSERT_OK(nvfipc_store_default_timeout_ms(store_, &ms));
   EXPECT_EQ(ms, 1000);

@@ -537,9 +537,11 @@ enum nvfipc_status nvfipc_context_store(const struct nvfipc_context *ctx,
 // closed or disconnected, so that nobody loses the store mid-operation, and reports
 // `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
 // `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
-// open (see `nvfipc_context_create`). A rank that closes after the store's server hung up, or
-// (over a store through callbacks) after every other rank of the job has left, makes no store
-// request: it announces nothing, which nobody would read. NULL is a no-op; a second free gives
+// open (see `nvfipc_context_create`). A rank that closes after the store's server hung up (over
+// a store through callbacks: stopped listening on this machine, see
+// `nvfipc_store_set_server_address`), or, over a store through callbacks that cannot tell,
+// after every other rank of the job or rank 0 has left, makes no store request: it announces
+// nothing, which nobody would read. NULL is a no-op; a second free gives
 // `NVFIPC_STATUS_INVALID_STATE`.
 enum nvfipc_status nvfipc_context_free(struct nvfipc_context *ctx);
 
@@ -931,6 +933,17 @@ enum nvfipc_status nvfipc_store_connect(const char *host,
 // On success `*out_store` receives a new store; free it with `nvfipc_store_free`.
 enum nvfipc_status nvfipc_store_from_callbacks(const struct nvfipc_store_callbacks *callbacks,
                                                struct nvfipc_store **out_store);
+
+// Tells a store over host callbacks where its server listens: `host` (NUL-terminated) and
+// `port` are what the host's own client connects to (for nvFuser's `c10d::TCPStore`:
+// `getHost()` and `getPort()`; `nvfipc::c10d::storeFrom` passes them). A rank that closes then
+// sees, without a request, whether a server on this machine is still listening: once it is not,
+// the rank makes no store request (none would succeed, and the host's client may print a
+// warning for each). A host on another machine changes nothing. Other stores give
+// `NVFIPC_STATUS_UNSUPPORTED`.
+enum nvfipc_status nvfipc_store_set_server_address(const struct nvfipc_store *store,
+                                                   const char *host,
+                                                   uint16_t port);
 
 // Changes the default timeout of a TCP store (used by waiting operations given
 // `timeout_ms < 0`, and by reply reads). `timeout_ms` must be positive. Other stores give

@@ -283,6 +283,14 @@ class Store {
     return Store(raw, std::move(keepalive));
   }
 
+  // For a store over host callbacks: where its server listens (what the host's own client
+  // connects to), so that a rank closing after the server has gone makes no request to it
+  // (nvfipc_store_set_server_address). UnsupportedError for other stores.
+  void setServerAddress(const std::string& host, uint16_t port) const {
+    detail::check(nvfipc_store_set_server_address(raw(), host.c_str(), port),
+                  "nvfipc_store_set_server_address");
+  }
+
   // Adopts a C store handle (ownership moves to the returned object).
   static Store adopt(nvfipc_store* raw, std::shared_ptr<void> keepalive = nullptr) noexcept {
     return Store(raw, std::move(keepalive));

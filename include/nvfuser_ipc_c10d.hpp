@@ -19,6 +19,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -288,11 +289,18 @@ class C10dStoreCallbacks {
 };
 
 // An nvfipc::Store over `store`. The returned Store (and every Context/HandleCache made from
-// it) keeps the adapter, and so the c10d store, alive.
+// it) keeps the adapter, and so the c10d store, alive. For a c10d::TCPStore the library is told
+// where its server listens, so that a rank closing after the server's rank has left (nvFuser's
+// rank 0 hosts its Communicator's TCPStore) makes no request that c10d would fail and warn about.
 inline ::nvfipc::Store storeFrom(c10::intrusive_ptr<::c10d::Store> store) {
+  const auto* tcp = dynamic_cast<const ::c10d::TCPStore*>(store.get());
+  std::string host = tcp != nullptr ? tcp->getHost() : std::string();
+  const uint16_t port = tcp != nullptr ? tcp->getPort() : 0;
   auto adapter = std::make_shared<C10dStoreCallbacks>(std::move(store));
   nvfipc_store_callbacks cb = adapter->vtable();
-  return ::nvfipc::Store::fromCallbacks(cb, std::move(adapter));
+  ::nvfipc::Store s = ::nvfipc::Store::fromCallbacks(cb, std::move(adapter));
+  if (!host.empty() && port != 0) s.setServerAddress(host, port);
+  return s;
 }
 
 }  // namespace c10d

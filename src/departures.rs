@@ -10,8 +10,10 @@
 //! pid namespace and IPC namespace) have no board here: they are never known to have left, so a
 //! rank with such peers keeps doing its teardown's store traffic.
 //!
-//! A store that cannot tell whether it is there (a callback store, such as nvFuser's
-//! `c10d::TCPStore` through the C++ adapter) is also left alone once rank 0 has left: rank 0
+//! A store over host callbacks can tell when the host said where its server listens
+//! (`nvfipc_store_set_server_address`, which the C++ c10d adapter calls for a `c10d::TCPStore`):
+//! a server of this machine that no longer listens is gone. One that cannot tell (no address, or
+//! a server on another machine) is also left alone once rank 0 has left: rank 0
 //! hosts the store in c10d's and nvFuser's launchers, and a rank that exchanged only with some
 //! peers (a ring) cannot see the others leave.
 //!
@@ -113,7 +115,11 @@ fn store_host_left(job_id: &str, me: usize) -> Option<String> {
 pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
     match store {
         Liveness::Alive => None,
-        Liveness::Gone => Some("the store's server has closed the connection".to_string()),
+        Liveness::Gone => Some(
+            "the store's server has gone (it closed the connection, or no longer listens on \
+             this machine)"
+                .to_string(),
+        ),
         Liveness::Unknown => {
             if let Some(left) = all_left(job_id, me) {
                 return Some(format!(

@@ -98,11 +98,17 @@ fn run(store_kind: &str, world: usize) {
         .collect();
     let out0 = finish(rank0);
     assert!(out0.status.success(), "rank 0:\n{}", text(&out0));
-    // Rank 0 is reaped: its pid names no process any more. Now the others may close.
-    for (i, mut rank) in others.into_iter().enumerate() {
-        let mut stdin = rank.stdin.take().unwrap();
-        let _ = writeln!(stdin, "rank 0 has left");
-        drop(stdin);
+    // Rank 0 is reaped: its pid names no process any more. Now the others may close, all at
+    // once (a rank's cache waits for the peers it exchanged with to close theirs).
+    let others: Vec<Child> = others
+        .into_iter()
+        .map(|mut rank| {
+            let mut stdin = rank.stdin.take().unwrap();
+            let _ = writeln!(stdin, "rank 0 has left");
+            rank
+        })
+        .collect();
+    for (i, rank) in others.into_iter().enumerate() {
         check_quiet(store_kind, i + 1, &finish(rank));
     }
 }
@@ -127,7 +133,8 @@ fn check_quiet(store_kind: &str, rank: usize, out: &Output) {
     // The cache and the context say (at debug level) what they skipped and why: the TCP client
     // sees its server hang up; a store through callbacks cannot, and the peers' boards tell.
     let why = match store_kind {
-        "tcp" => "the store's server has closed the connection",
+        "tcp" => "the store's server has gone (it closed the connection",
+        "addressed" => "no longer listens on this machine",
         _ => "rank 0 (pid",
     };
     for skipped in [
@@ -158,6 +165,14 @@ fn a_rank_closing_after_the_store_host_left_is_quiet_over_a_callback_store() {
 #[test]
 fn ranks_of_a_star_closing_after_the_store_host_left_are_quiet_over_a_callback_store() {
     run("callbacks", 3);
+}
+
+/// A chain 0 - 1 - 2 - 3 over a callback store told where its server listens (as the c10d
+/// adapter tells it for a `c10d::TCPStore`): ranks 2 and 3 never exchange with rank 0, so no
+/// board tells them that it left; the server no longer listening does.
+#[test]
+fn ranks_that_never_saw_the_store_host_are_quiet_over_an_addressed_callback_store() {
+    run("addressed", 4);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -409,6 +424,11 @@ fn rank_process() {
         .expect("connect to the store");
     let inner: Arc<dyn Store> = match kind {
         "tcp" => Arc::new(tcp),
+        "addressed" => {
+            let store = callback_store(tcp);
+            store.set_server_address("127.0.0.1", port);
+            Arc::new(store)
+        }
         _ => Arc::new(callback_store(tcp)),
     };
     let armed = Arc::new(AtomicBool::new(false));
@@ -430,8 +450,14 @@ fn rank_process() {
     let cache = default_transports::cache_from_context(&ctx).expect("cache");
     cache.set_timeout(TIMEOUT);
     let buffer = host::alloc(4096).expect("host buffer");
-    // A star: rank 0 exchanges with every other rank, the others with rank 0 only.
-    let peers: Vec<usize> = if rank == 0 {
+    // A star: rank 0 exchanges with every other rank, the others with rank 0 only; or a chain
+    // (`addressed`): each rank with its neighbours.
+    let peers: Vec<usize> = if kind == "addressed" {
+        [rank.checked_sub(1), (rank + 1 < world).then_some(rank + 1)]
+            .into_iter()
+            .flatten()
+            .collect()
+    } else if rank == 0 {
         (1..world).collect()
     } else {
         vec![0]

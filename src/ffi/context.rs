@@ -253,6 +253,7 @@ pub extern "C" fn nvfipc_context_store(
         out.write(into_handle(nvfipc_store {
             store: ctx.store().clone(),
             tcp: None,
+            callback: None,
         }));
         Ok(())
     })
@@ -263,9 +264,11 @@ pub extern "C" fn nvfipc_context_store(
 /// closed or disconnected, so that nobody loses the store mid-operation, and reports
 /// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
 /// `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
-/// open (see `nvfipc_context_create`). A rank that closes after the store's server hung up, or
-/// (over a store through callbacks) after every other rank of the job has left, makes no store
-/// request: it announces nothing, which nobody would read. NULL is a no-op; a second free gives
+/// open (see `nvfipc_context_create`). A rank that closes after the store's server hung up (over
+/// a store through callbacks: stopped listening on this machine, see
+/// `nvfipc_store_set_server_address`), or, over a store through callbacks that cannot tell,
+/// after every other rank of the job or rank 0 has left, makes no store request: it announces
+/// nothing, which nobody would read. NULL is a no-op; a second free gives
 /// `NVFIPC_STATUS_INVALID_STATE`.
 #[no_mangle]
 pub extern "C" fn nvfipc_context_free(ctx: *mut nvfipc_context) -> Status {

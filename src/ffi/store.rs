@@ -7,6 +7,7 @@ use super::args::{
 };
 use super::boundary::ffi_call;
 use super::registry::{free_buffer, handle_ref, into_buffer, take_handle, Handle};
+use super::store_callbacks::CallbackStore;
 use crate::error::{Error, Result, Status};
 use crate::store::client::TcpStore;
 use crate::store::Store;
@@ -28,6 +29,8 @@ pub struct nvfipc_store {
     pub(crate) store: Arc<dyn Store>,
     /// The same store when it is a TCP client, for the operations only TCP stores have.
     pub(crate) tcp: Option<Arc<TcpStore>>,
+    /// The same store when it calls host callbacks, for the operations only those have.
+    pub(crate) callback: Option<Arc<CallbackStore>>,
 }
 
 impl Handle for nvfipc_store {
@@ -411,6 +414,7 @@ pub(crate) mod tests {
         into_handle(nvfipc_store {
             store: Arc::new(MemoryStore::new()),
             tcp: None,
+            callback: None,
         })
     }
 

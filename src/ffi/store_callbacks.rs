@@ -7,9 +7,11 @@
 //! prefix, not NUL-terminated). Values are byte strings that may contain NUL bytes.
 
 use crate::error::{Error, Result, Status};
-use crate::store::{Store, DEFAULT_TIMEOUT};
+use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
+use crate::sync::lock;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Host-provided store operations (a C vtable).
@@ -174,6 +176,17 @@ pub struct nvfipc_store_callbacks {
 pub struct CallbackStore {
     cb: nvfipc_store_callbacks,
     timeout: Duration,
+    /// Where the host's client finds the store's server, when the host said
+    /// (`nvfipc_store_set_server_address`): what [`Store::liveness`] looks at.
+    server: Mutex<Option<ServerAddress>>,
+}
+
+/// The address of a callback store's server, as the host's client connects to it.
+#[derive(Clone, Debug)]
+struct ServerAddress {
+    port: u16,
+    /// The host names this machine: whether the server listens can be seen here.
+    on_this_machine: bool,
 }
 
 // SAFETY: the vtable is plain data (a context pointer and C function pointers). The host
@@ -277,7 +290,19 @@ impl CallbackStore {
         Ok(CallbackStore {
             cb: callbacks,
             timeout: DEFAULT_TIMEOUT,
+            server: Mutex::new(None),
         })
+    }
+
+    /// Records where the store's server listens (`host`, `port`: what the host's own client
+    /// connects to), so that [`Store::liveness`] can tell, without a request, whether a server on
+    /// this machine is still there. A host on another machine leaves it unknown.
+    pub fn set_server_address(&self, host: &str, port: u16) {
+        let on_this_machine = crate::os::listening::is_this_machine(host);
+        *lock(&self.server) = Some(ServerAddress {
+            port,
+            on_this_machine,
+        });
     }
 
     /// Sets the timeout reported by [`Store::default_timeout`] (default 300 s).
@@ -334,6 +359,20 @@ impl CallbackStore {
 }
 
 impl Store for CallbackStore {
+    fn liveness(&self) -> Liveness {
+        let Some(server) = lock(&self.server).clone() else {
+            return Liveness::Unknown;
+        };
+        if !server.on_this_machine {
+            return Liveness::Unknown;
+        }
+        match crate::os::listening::listening_on(server.port) {
+            Some(true) => Liveness::Alive,
+            Some(false) => Liveness::Gone,
+            None => Liveness::Unknown,
+        }
+    }
+
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.call_set(Self::required(self.cb.set, "set")?, "set", key, value)
     }

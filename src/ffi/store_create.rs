@@ -10,7 +10,7 @@ use crate::env;
 use crate::error::{Error, Result, Status};
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
-use crate::store::{Store, DEFAULT_TIMEOUT};
+use crate::store::DEFAULT_TIMEOUT;
 use std::ffi::c_char;
 use std::sync::Arc;
 
@@ -40,6 +40,7 @@ fn connect(host: &str, port: u16, timeout_ms: i64, wait_for_workers: i64) -> Res
     Ok(nvfipc_store {
         store: tcp.clone(),
         tcp: Some(tcp),
+        callback: None,
     })
 }
 
@@ -84,9 +85,47 @@ pub extern "C" fn nvfipc_store_from_callbacks(
     ffi_call("nvfipc_store_from_callbacks", || {
         let callbacks = *ref_arg(callbacks, "callbacks")?;
         let out = out_ptr(out_store, "out_store")?;
-        let store: Arc<dyn Store> = Arc::new(CallbackStore::new(callbacks)?);
-        out.write(into_handle(nvfipc_store { store, tcp: None }));
+        let callback = Arc::new(CallbackStore::new(callbacks)?);
+        out.write(into_handle(nvfipc_store {
+            store: callback.clone(),
+            tcp: None,
+            callback: Some(callback),
+        }));
         Ok(())
+    })
+}
+
+/// Tells a store over host callbacks where its server listens: `host` (NUL-terminated) and
+/// `port` are what the host's own client connects to (for nvFuser's `c10d::TCPStore`:
+/// `getHost()` and `getPort()`; `nvfipc::c10d::storeFrom` passes them). A rank that closes then
+/// sees, without a request, whether a server on this machine is still listening: once it is not,
+/// the rank makes no store request (none would succeed, and the host's client may print a
+/// warning for each). A host on another machine changes nothing. Other stores give
+/// `NVFIPC_STATUS_UNSUPPORTED`.
+#[no_mangle]
+pub extern "C" fn nvfipc_store_set_server_address(
+    store: *const nvfipc_store,
+    host: *const c_char,
+    port: u16,
+) -> Status {
+    ffi_call("nvfipc_store_set_server_address", || {
+        let store = handle_ref(store, "store")?;
+        let host = c_str_arg(host, "host")?;
+        if host.is_empty() || port == 0 {
+            return Err(Error::invalid(format!(
+                "server address {host:?}:{port}: a host name and a port in 1..=65535 are needed"
+            )));
+        }
+        match &store.callback {
+            Some(callback) => {
+                callback.set_server_address(host, port);
+                Ok(())
+            }
+            None => Err(Error::unsupported(
+                "only stores over host callbacks (nvfipc_store_from_callbacks) take a server \
+                 address; the library's own stores know theirs",
+            )),
+        }
     })
 }
 

@@ -16,6 +16,7 @@
 //! - [`launcher`]: the launcher's variables that place a process on its node;
 //! - [`logfile`]: the log file, opened without blocking and without following links;
 //! - [`listen`]: the store server's listening socket and the open-file limit;
+//! - [`listening`]: whether a server of this machine still listens on a port (a host's store);
 //! - [`mem`]: freed heap memory handed back to the system;
 //! - [`net`]: name resolution, socket readiness and socket errno checks of the store;
 //! - [`vrange`]: reserved address ranges with files mapped at fixed places (host views).
@@ -26,6 +27,7 @@ pub mod fd_passing;
 pub mod futex;
 pub mod launcher;
 pub mod listen;
+pub mod listening;
 pub mod logfile;
 pub mod mem;
 pub mod memfd;

@@ -497,3 +497,23 @@ fn concurrent_use_from_many_threads() {
     }
     assert_eq!(store.get("counter", Duration::ZERO).unwrap(), b"400");
 }
+
+#[test]
+fn liveness_follows_a_server_of_this_machine_and_is_unknown_elsewhere() {
+    let host = Arc::new(Host::default());
+    let store = CallbackStore::new(required_only(&host)).unwrap();
+    assert_eq!(store.liveness(), Liveness::Unknown, "no address given");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    store.set_server_address("localhost", port);
+    assert_eq!(store.liveness(), Liveness::Alive);
+    drop(listener);
+    assert_eq!(
+        store.liveness(),
+        Liveness::Gone,
+        "nothing listens on {port} any more"
+    );
+    // A server on another machine cannot be seen from here.
+    store.set_server_address("192.0.2.1", port);
+    assert_eq!(store.liveness(), Liveness::Unknown);
+}
