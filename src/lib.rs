@@ -35,6 +35,8 @@ pub mod node;
 pub mod os;
 pub mod store;
 mod sync;
+#[cfg(test)]
+mod test_rng;
 #[doc(hidden)]
 pub mod test_support;
 pub mod transport;

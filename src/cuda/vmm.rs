@@ -371,13 +371,14 @@ impl Drop for VmmExports {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::error::Status;
 
-    const MIB2: u64 = 2 << 20;
+    pub(crate) const MIB2: u64 = 2 << 20;
 
-    fn seg(base: u64, id: u64) -> LocalSegment {
+    /// A 2 MiB segment exportable as a POSIX fd.
+    pub(crate) fn seg(base: u64, id: u64) -> LocalSegment {
         LocalSegment {
             base,
             size: MIB2,

@@ -183,19 +183,9 @@ fn holds(wide: &Run, exact: &Run) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::result::HANDLE_TYPE_POSIX_FD;
+    use crate::cuda::vmm::tests::{seg, MIB2};
+    use crate::test_rng::Rng;
     use std::collections::BTreeMap;
-
-    const MIB2: u64 = 2 << 20;
-
-    fn seg(base: u64, id: u64) -> LocalSegment {
-        LocalSegment {
-            base,
-            size: MIB2,
-            id,
-            handle_types: HANDLE_TYPE_POSIX_FD,
-        }
-    }
 
     /// A reserved range at `lo` with 2 MiB segments mapped at the given indices (id = 100 +
     /// index), and the lookup `widen` takes.
@@ -325,22 +315,6 @@ mod tests {
         assert!(runs.get(LO + 100 * MIB2, 1000).is_none());
     }
 
-    /// xorshift64*: a reproducible stream per seed.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     /// Random legal programs against a model of an allocator over one reserved range (2 MiB
     /// segments mapped, unmapped and replaced by new physical allocations at the same place, as
     /// expandable segments do) and of what a peer holds per channel: whatever the churn, a
@@ -358,8 +332,8 @@ mod tests {
             let runs = WideRuns::default();
             let mut held: [VecDeque<u64>; 2] = Default::default();
             for step in 0..300 {
-                let what = rng.below(10);
-                let slot = rng.below(SLOTS);
+                let what = rng.below(10) as u64;
+                let slot = rng.below(SLOTS as usize) as u64;
                 let at = LO + slot * MIB2;
                 if what < 3 {
                     // Unmap, or map a new physical allocation (a new id) at a free or used slot.
@@ -375,8 +349,8 @@ mod tests {
                 // first (as a call resolves its batch), then each sent as the peer needs.
                 let mut batch = Vec::new();
                 for _ in 0..1 + rng.below(3) {
-                    let ptr = at + rng.below(MIB2 / 256) * 256;
-                    let bytes = 1 + rng.below(3 * MIB2);
+                    let ptr = at + rng.below((MIB2 / 256) as usize) as u64 * 256;
+                    let bytes = 1 + rng.below((3 * MIB2) as usize) as u64;
                     let mut exact = Vec::new();
                     let mut next = ptr;
                     while next < ptr + bytes {

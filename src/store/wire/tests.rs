@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::error::Result;
+use crate::test_rng::Rng;
 
 /// Hex with `..` meaning "followed by six zero bytes", as written in the reference capture.
 fn hex(s: &str) -> Vec<u8> {
@@ -439,21 +440,6 @@ fn blocking_readers_match_the_slice_decoders() {
     truncated.extend_from_slice(b"abc");
     let err = read_blob(&mut io::Cursor::new(truncated)).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
-}
-
-/// xorshift64*: a tiny deterministic generator for the randomized parser check.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 /// The requests (re-encoded) in `stream` and the error that ended parsing, parsing the whole
