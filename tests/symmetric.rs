@@ -85,10 +85,11 @@ fn through_the_c_abi() {
     assert_all_ok("c_abi", 2);
 }
 
-/// A member that dies (SIGKILL) mid-rendezvous, after its own call timed out: the others get a
-/// named error within their timeout instead of waiting for it, and close their caches cleanly.
+/// A member that dies (SIGKILL) mid-rendezvous, after its own call timed out: the others get an
+/// error naming it as soon as they see its process gone (not at their timeout), and close their
+/// caches cleanly.
 #[test]
-fn a_member_that_dies_is_named_within_the_timeout() {
+fn a_member_that_dies_is_named_at_once() {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
     let job = format!("sdies3x{}", std::process::id() % 100_000);
     let got = Ranks::spawn(ROLE, "dies", 3, server.port(), &job).collect(Duration::from_secs(60));
@@ -400,8 +401,12 @@ fn dies(r: Rank) {
         "rank {}: {:?} after {took:?}: {}",
         r.rank, err.status, err.message
     );
-    assert!(took < limit + Duration::from_secs(2), "took {took:?}");
-    assert!(err.message.contains("rank 2"), "{err}");
+    // Its death is seen (its pid, as its cache published it), not waited out.
+    assert!(took < limit / 2, "took {took:?}: {err}");
+    assert!(
+        err.message.contains("rank 2") && err.message.contains("exited"),
+        "{err}"
+    );
     r.finish(&[0, 1]);
 }
 

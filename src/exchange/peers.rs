@@ -21,8 +21,8 @@ use crate::names::CacheNames;
 
 /// This rank's view of its peers' nodes (the cache's names and rank are the caller's).
 pub struct PeerNodes {
-    /// Peers found mappable, with whether their pids can be checked from here.
-    known: Mutex<HashMap<usize, bool>>,
+    /// Peers found mappable: their pid, when it can be checked from here.
+    known: Mutex<HashMap<usize, Option<u32>>>,
 }
 
 impl PeerNodes {
@@ -40,6 +40,14 @@ impl PeerNodes {
     /// True when `peer` was already found mappable (a map lookup; no store traffic).
     pub fn known(&self, peer: usize) -> bool {
         lock(&self.known).contains_key(&peer)
+    }
+
+    /// The pid of `peer`'s process, as its cache published it, when that process has exited and
+    /// its pid can be checked from here; `None` otherwise (alive, not looked up, or elsewhere).
+    /// For a peer whose board this rank never opened (it died before), the only trace left.
+    pub fn exited(&self, peer: usize) -> Option<u32> {
+        let pid = (*lock(&self.known).get(&peer)?)?;
+        (!crate::os::process::process_alive(pid)).then_some(pid)
     }
 
     /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory; reads
@@ -81,7 +89,7 @@ impl PeerNodes {
             })?;
             match me.reach(&node) {
                 Reach::Mappable { pids } => {
-                    lock(&self.known).insert(*peer, pids);
+                    lock(&self.known).insert(*peer, pids.then_some(node.pid));
                 }
                 Reach::Unmappable(why) => {
                     return Err(Error::unsupported(format!(

@@ -628,19 +628,34 @@ impl Call<'_> {
             if !it.waiting {
                 return None;
             }
-            let board = it.progress.link.board.as_ref()?;
-            let closed = board.closed();
-            if !closed && board.owner_alive() {
-                return None;
-            }
-            let waited_for = match stage {
+            let waited_for = || match stage {
                 Stage::Step => format!("reaching step {} on {}", it.progress.step, it.ch.key),
                 Stage::Open => format!(
                     "opening version {} of this rank's buffer on {} at step {}",
                     it.progress.version, it.ch.key, it.progress.step
                 ),
             };
-            let (who, pid) = (it.ch.peer, board.owner_pid());
+            let who = it.ch.peer;
+            let Some(board) = it.progress.link.board.as_ref() else {
+                // Its board was never seen here (it may have died before this rank looked, and
+                // its board gone with it): its process, as its cache published it.
+                let pid = self.cx.peer_nodes.exited(who)?;
+                return Some((
+                    i,
+                    Error::io(format!(
+                        "rank {}: peer rank {who} (pid {pid}) exited before {}; its cache had \
+                         been created, its board is gone",
+                        self.cx.rank,
+                        waited_for()
+                    )),
+                ));
+            };
+            let closed = board.closed();
+            if !closed && board.owner_alive() {
+                return None;
+            }
+            let waited_for = waited_for();
+            let pid = board.owner_pid();
             let err = if closed {
                 Error::state(format!(
                     "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
