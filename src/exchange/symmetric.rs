@@ -207,7 +207,8 @@ impl HandleCache {
 
 fn not_rendezvoused(rank: usize, tag: &str) -> Error {
     Error::invalid(format!(
-        "rank {rank}: symmetric allocation {tag:?} was not rendezvoused in this cache (or was          released since); call nvfipc_symmetric_rendezvous with this tag first"
+        "rank {rank}: symmetric allocation {tag:?} was not rendezvoused in this cache (or was \
+         released since); call nvfipc_symmetric_rendezvous with this tag first"
     ))
 }
 

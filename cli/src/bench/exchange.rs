@@ -315,6 +315,9 @@ pub fn run(
     out.extend(gather_samples(ctx, "floor_large.exports", &exports)?);
     out.extend(gather_samples(ctx, "floor_large.opens", &opens)?);
     out.extend(gather_samples(ctx, "floor_large.rtt", &rtts)?);
+    // The floor of the pool scenario: its two signal rounds alone (no store, no CUDA).
+    let signals = super::board_floor::run(ctx, args)?;
+    out.extend(gather_samples(ctx, "floor.pool", &signals)?);
     Ok(out)
 }
 

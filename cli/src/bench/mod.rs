@@ -7,6 +7,7 @@
 //! writes the JSON and the SVG plots ([`report`]).
 
 mod barrier;
+mod board_floor;
 mod exchange;
 mod post;
 mod report;

@@ -313,6 +313,21 @@ impl Results {
                 }
             }
             for (w, map) in &self.exchange {
+                if let Some(floor) = median(series(map, "floor.pool")) {
+                    let pool = median(series(map, "ours.pool"));
+                    let _ = writeln!(
+                        s,
+                        "floor of pool at W={w}: two signal rounds with both ring neighbours through \
+                         shared memory alone (no store, no CUDA) {}; the pool call is {}",
+                        fmt_ns(floor),
+                        pool.map_or("-".to_string(), |p| format!(
+                            "{:.1}x it",
+                            p as f64 / floor.max(1) as f64
+                        ))
+                    );
+                }
+            }
+            for (w, map) in &self.exchange {
                 let total = |n: &str| series(map, n).iter().sum::<u64>();
                 if map.contains_key("ours.pool.opens") {
                     let _ = writeln!(
