@@ -28,7 +28,7 @@
 #   concurrent stock jobs broke run again alone; the one-rank run over the tests that reach IPC
 #   or symmetric memory; the seed: at most 16 test processes, 75 s per test).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 R="${ROUND_DIR:-/root/nvfipc-round}"
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$R/out" "$OUT"
@@ -66,9 +66,9 @@ suite_state() {
   if [ -z "$suite_script" ]; then
     echo none
   elif grep -q "$suite_name: DONE" "$suite_log" 2>/dev/null; then
-    echo done
+    echo "done"
   elif grep -q "$suite_name: FAILED" "$suite_log" 2>/dev/null; then
-    echo failed
+    echo "failed"
   # By name: setsid forks when its caller leads a process group, so no pid is kept.
   elif pgrep -f "scripts/nvfuser/$suite_script" >/dev/null; then
     echo running

@@ -170,6 +170,11 @@ fn holds(wide: &Run, exact: &Run) -> bool {
     let Some(first) = exact.segments.first() else {
         return false;
     };
+    // The address ranges first: most remembered runs are elsewhere.
+    let end = |r: &Run| r.base() + r.size();
+    if first.base < wide.base() || end(exact) > end(wide) {
+        return false;
+    }
     let Some(at) = wide.segments.iter().position(|s| s.base == first.base) else {
         return false;
     };
