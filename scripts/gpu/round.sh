@@ -16,7 +16,8 @@
 #   ROUND_DIR     state and results on the GPU machine, outside the tree the device tool replaces
 #                 at each call (default /root/nvfipc-round)
 #   ROUND_WAIT    seconds `wait` waits at most (default 560)
-#   PERF_RUNS     the benchmarks of `start` (scripts/gpu/perf-check.sh; default below)
+#   PERF_RUNS     the benchmarks of `start` (scripts/gpu/perf-check.sh; default below: all but
+#                 PyTorch's symmetric memory, which refuses ranks that share a GPU)
 #   STAGES        the checks of `start` (scripts/gpu/campaign.sh; default below)
 #   ROUND_PERF=0, ROUND_CHECKS=0  leave the benchmarks or the checks out of `start`
 #   NVF_SUITE     the nvFuser suite: main (scripts/nvfuser/main-suite.sh, the default), seed
@@ -81,7 +82,7 @@ start() {
   [ -x target/release/nvfipc ] || { echo "round: target/release/nvfipc missing" >&2; exit 1; }
   # 1. Benchmarks first, while nothing else runs.
   if [ "${ROUND_PERF:-1}" = 1 ]; then
-    OUT="$R/out/perf" PERF_RUNS="${PERF_RUNS:-exchange exchange-vmm post scale symmetric-vmm torch-symm}" \
+    OUT="$R/out/perf" PERF_RUNS="${PERF_RUNS:-exchange exchange-vmm post scale symmetric-vmm}" \
       bash scripts/gpu/perf-check.sh >"$R/out/perf.log" 2>&1
     echo "== perf: rc=$?"
     cat "$R/out/perf/perf.txt" 2>/dev/null
