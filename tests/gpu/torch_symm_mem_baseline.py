@@ -1,7 +1,9 @@
 """PyTorch's own symmetric-memory rendezvous, timed the way tests/gpu/torch_symmetric.py times
 ours: the baseline of the rendezvous curve in docs/BENCHMARKS.md.
 
-Run under mpirun on one GPU (every rank on device 0), e.g.
+Run under mpirun, each rank on device `local rank % device count` (PyTorch's symmetric memory
+refuses ranks that share a GPU: "detected allocations from overlapping devices from different
+ranks", so it needs as many GPUs as ranks), e.g.
     mpirun -np 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29971 python3 torch_symm_mem_baseline.py
 
 Each rank joins a gloo process group over torch's TCPStore, then for ROUNDS rounds: allocates a
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+LOCAL_RANK = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("LOCAL_RANK", str(RANK))))
 WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
 MIB = int(os.environ.get("MIB", "64"))
 ROUNDS = int(os.environ.get("ROUNDS", "6"))
@@ -28,7 +31,9 @@ ROUNDS = int(os.environ.get("ROUNDS", "6"))
 
 def main() -> dict:
     out = {"rank": RANK, "world": WORLD, "ok": False, "mib": MIB}
-    torch.cuda.set_device(0)
+    device = LOCAL_RANK % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    out["device"] = device
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
@@ -45,7 +50,7 @@ def main() -> dict:
         times = []
         keep = []  # PyTorch caches rendezvous per allocation: keep them alive, fresh each round
         for _ in range(ROUNDS):
-            t = symm_mem.empty(MIB * (1 << 20) // 4, dtype=torch.int32, device="cuda:0")
+            t = symm_mem.empty(MIB * (1 << 20) // 4, dtype=torch.int32, device=f"cuda:{device}")
             t.fill_(RANK)
             torch.cuda.synchronize()
             dist.barrier()
