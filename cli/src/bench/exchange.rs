@@ -342,6 +342,8 @@ fn ours(
         if step == untimed {
             opens = driver_opens(kind);
             trips = cache.stats().store_round_trips;
+            // The phases of the timed calls only: the untimed ones open every segment.
+            cache.phase_times(true);
         }
         let start = Instant::now();
         cache.exchange_handles(&requests)?;
