@@ -7,11 +7,13 @@ use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
 use nvfuser_ipc::Status;
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{free_port, rerun_args};
 
 const ROLE_VAR: &str = "NVFIPC_CONTEXT_TEST_ROLE";
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -39,32 +41,18 @@ const CLEARED: &[&str] = &[
     "NVFIPC_STORE_THREADS",
 ];
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts this test binary as rank `rank` of `world`, running [`rank_process`] in `role`.
 fn spawn_rank(role: &str, rank: usize, world: usize, extra: &[(&str, String)]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "rank_process",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ROLE_VAR, role)
-    .env("WORLD_RANK", rank.to_string())
-    .env("WORLD_SIZE", world.to_string())
-    .env("WORLD_LOCAL_RANK", rank.to_string())
-    .env("WORLD_LOCAL_SIZE", world.to_string())
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(rerun_args("rank_process"))
+        .env(ROLE_VAR, role)
+        .env("WORLD_RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("WORLD_LOCAL_RANK", rank.to_string())
+        .env("WORLD_LOCAL_SIZE", world.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for var in CLEARED {
         cmd.env_remove(var);
     }

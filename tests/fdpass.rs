@@ -29,6 +29,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{rerun_args, Ranks};
+
 const ROLE: &str = "NVFIPC_FDPASS_CHILD";
 const T: Duration = Duration::from_secs(20);
 
@@ -79,54 +82,18 @@ fn spawn(
         }
         None => Command::new(&exe),
     };
-    cmd.args([
-        "--ignored",
-        "--exact",
-        "child",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ROLE, scenario)
-    .env("NVFIPC_T_RANK", rank.to_string())
-    .env("NVFIPC_T_WORLD", world.to_string())
-    .env("NVFIPC_T_PORT", port.to_string())
-    .env("NVFIPC_T_JOB", job)
-    .env("NVFIPC_SOCKET_DIR", dir)
-    .env_remove("NVFIPC_FD_RUNGS")
-    .env_remove("NVFIPC_FD_PTRACER")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(rerun_args("child"))
+        .env(ROLE, scenario)
+        .env("NVFIPC_T_RANK", rank.to_string())
+        .env("NVFIPC_T_WORLD", world.to_string())
+        .env("NVFIPC_T_PORT", port.to_string())
+        .env("NVFIPC_T_JOB", job)
+        .env("NVFIPC_SOCKET_DIR", dir)
+        .env_remove("NVFIPC_FD_RUNGS")
+        .env_remove("NVFIPC_FD_PTRACER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     cmd.spawn().expect("spawn rank")
-}
-
-/// Waits (bounded) for every rank; returns each rank's (exit success, stdout+stderr).
-fn collect(children: Vec<Child>) -> Vec<(bool, String)> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    children
-        .into_iter()
-        .map(|mut c| {
-            let mut status = None;
-            while Instant::now() < deadline {
-                status = c.try_wait().expect("try_wait");
-                if status.is_some() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if status.is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            let mut out = String::new();
-            if let Some(mut o) = c.stdout.take() {
-                let _ = o.read_to_string(&mut out);
-            }
-            if let Some(mut e) = c.stderr.take() {
-                let _ = e.read_to_string(&mut out);
-            }
-            (status.is_some_and(|s| s.success()), out)
-        })
-        .collect()
 }
 
 /// Runs `scenario` over `world` ranks (rank r wrapped in `wrappers(r)`), asserts that every
@@ -138,7 +105,7 @@ fn run(scenario: &str, world: usize, wrappers: impl Fn(usize) -> Vec<&'static st
     let children = (0..world)
         .map(|r| spawn(scenario, r, world, server.port(), &job, &dir, &wrappers(r)))
         .collect();
-    let results = collect(children);
+    let results = Ranks { children }.collect(Duration::from_secs(60));
     for (rank, (_, out)) in results.iter().enumerate() {
         println!("--- {scenario} rank {rank}:\n{out}");
     }
@@ -1072,7 +1039,10 @@ fn run_stranger(uid: Option<u32>, env: &[(&str, String)]) -> String {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let results = collect(vec![cmd.spawn().expect("spawn the stranger")]);
+    let results = Ranks {
+        children: vec![cmd.spawn().expect("spawn the stranger")],
+    }
+    .collect(Duration::from_secs(60));
     if uid.is_some() {
         let _ = std::fs::remove_dir_all(
             std::env::temp_dir().join(format!("nvfipc-stranger-{}", std::process::id())),

@@ -17,11 +17,13 @@ use nvfuser_ipc::store::{Liveness, Store};
 use nvfuser_ipc::{Result, Status};
 use std::ffi::{c_char, c_int, c_void};
 use std::io::{BufRead, Write};
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
+use common::{free_port, rerun_args};
 
 const ROLE_VAR: &str = "NVFIPC_QUIET_TEST_ROLE";
 const PORT_VAR: &str = "NVFIPC_QUIET_TEST_PORT";
@@ -36,31 +38,17 @@ const AFTER: &str = "store calls after rank 0 left: ";
 // The harness
 // ------------------------------------------------------------------------------------------------
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn spawn(role: &str, port: u16, world: usize, debug: bool) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "rank_process",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ROLE_VAR, role)
-    .env(PORT_VAR, port.to_string())
-    .env(WORLD_VAR, world.to_string())
-    .env_remove("NVFIPC_DEBUG_FILE")
-    .env_remove("NVFIPC_DEBUG_SUBSYS")
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(rerun_args("rank_process"))
+        .env(ROLE_VAR, role)
+        .env(PORT_VAR, port.to_string())
+        .env(WORLD_VAR, world.to_string())
+        .env_remove("NVFIPC_DEBUG_FILE")
+        .env_remove("NVFIPC_DEBUG_SUBSYS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if debug {
         cmd.env("NVFIPC_DEBUG", "DEBUG");
     } else {

@@ -4,9 +4,34 @@
 //! A rank reads `NVFIPC_T_RANK`, `NVFIPC_T_WORLD`, `NVFIPC_T_PORT` (the store server's port) and
 //! `NVFIPC_T_JOB`; the scenario comes in the variable the test file names.
 
+// Each test file uses part of it.
+#![allow(dead_code)]
+
 use std::io::Read;
+use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The arguments that make this test binary run its ignored test `test` alone (a rank's side of
+/// a multi-process test), printing as it goes.
+pub fn rerun_args(test: &str) -> [&str; 5] {
+    [
+        "--ignored",
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads=1",
+    ]
+}
+
+/// A TCP port of the loopback interface that is free right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
 
 /// The number in the environment variable `name` (a rank's setting; panics when unset).
 pub fn env_usize(name: &str) -> usize {
@@ -29,13 +54,7 @@ impl Ranks {
         let children = (0..world)
             .map(|rank| {
                 Command::new(&exe)
-                    .args([
-                        "--ignored",
-                        "--exact",
-                        "child",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
+                    .args(rerun_args("child"))
                     .env(role_var, scenario)
                     .env("NVFIPC_T_RANK", rank.to_string())
                     .env("NVFIPC_T_WORLD", world.to_string())
