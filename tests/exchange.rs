@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
-use common::{env_usize, Ranks};
+use common::{env_usize, jitter, Ranks};
 
 const ROLE: &str = "NVFIPC_EXCHANGE_CHILD";
 const T: Duration = Duration::from_secs(20);
@@ -425,12 +425,6 @@ fn peer_bytes(h: &P2pHandles, n: usize) -> Vec<u8> {
     out
 }
 
-/// A pseudo-random sleep of 0-2 ms (deterministic per rank and step).
-fn jitter(rank: usize, step: usize) {
-    let us = ((rank * 7919 + step * 104_729) % 2000) as u64;
-    std::thread::sleep(Duration::from_micros(us));
-}
-
 #[test]
 #[ignore = "a rank process started by the tests above"]
 fn child() {
@@ -469,7 +463,7 @@ fn seed_race(r: Rank) {
     let recv_buf = filled(256, 0);
     let mut keep = Vec::new();
     for step in 0..STEPS {
-        jitter(r.rank, step);
+        jitter(r.rank, step, 2000);
         if r.rank == 0 {
             let b = filled(256, step as u8 + 1);
             let req = Request::send(1, "seed", b.addr(), 256, MemKind::Host);
@@ -664,7 +658,7 @@ fn recreate(r: Rank) {
             Request::send(next, tag, send.addr(), LEN, MemKind::Host),
             Request::recv(prev, tag, recv.addr(), LEN, MemKind::Host),
         ];
-        jitter(rank, step);
+        jitter(rank, step, 2000);
         c.exchange_handles(&reqs)
             .unwrap_or_else(|e| panic!("rank {rank} step {step}: {e}"));
         let hs = c.get(&reqs[0]).unwrap();
@@ -714,7 +708,7 @@ fn asymmetric(r: Rank) {
             Request::recv(peer, "fwd", recv.addr(), 512, MemKind::Host),
         ];
         let before = r.cache.stats();
-        jitter(r.rank, step);
+        jitter(r.rank, step, 2000);
         r.cache.exchange_handles(&reqs).unwrap();
         let trips = r.cache.stats().store_round_trips - before.store_round_trips;
         let expected = match step {

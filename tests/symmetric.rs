@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
-use common::{env_usize, Ranks};
+use common::{env_usize, jitter, Ranks};
 
 const ROLE: &str = "NVFIPC_SYMMETRIC_CHILD";
 const T: Duration = Duration::from_secs(20);
@@ -188,13 +188,6 @@ impl Rank {
     }
 }
 
-/// A pseudo-random sleep of 0-3 ms, different per rank and step, so ranks arrive in varying
-/// orders.
-fn jitter(rank: usize, step: usize) {
-    let us = ((rank * 7919 + step * 104_729) % 3000) as u64;
-    std::thread::sleep(Duration::from_micros(us));
-}
-
 #[test]
 #[ignore = "a rank process started by the tests above"]
 fn child() {
@@ -256,7 +249,7 @@ fn cycle(
     step: usize,
 ) {
     let ptr = buf.addr() + offset;
-    jitter(r.rank, step);
+    jitter(r.rank, step, 3000);
     let peers = r
         .cache
         .symmetric_rendezvous(tag, ptr, bytes, MemKind::Host, Some(members), T)
@@ -289,7 +282,7 @@ fn cycle(
         assert_eq!(last, mark, "rank {}: the previous member's write", r.rank);
     }
     r.barrier(&format!("{tag}/{step}/checked"), members);
-    jitter(r.rank, step + 17);
+    jitter(r.rank, step + 17, 3000);
     r.cache.symmetric_release(tag).unwrap();
     assert_eq!(r.cache.symmetric_views(), 0);
 }

@@ -24,6 +24,13 @@ pub fn rerun_args(test: &str) -> [&str; 5] {
     ]
 }
 
+/// Sleeps a pseudo-random time below `max_us` microseconds, the same for a rank and step in every
+/// run, so that ranks reach a step in varying orders.
+pub fn jitter(rank: usize, step: usize, max_us: usize) {
+    let us = ((rank * 7919 + step * 104_729) % max_us) as u64;
+    std::thread::sleep(Duration::from_micros(us));
+}
+
 /// A TCP port of the loopback interface that is free right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
