@@ -299,7 +299,18 @@ struct Outcome {
 /// Runs the program of `seed` (its first `steps` steps) on `world` processes.
 fn run(seed: u64, world: usize, steps: usize, fault: Fault) -> Outcome {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
-    let job = format!("lc{}x{seed}", std::process::id() % 100_000);
+    // Unique among the runs this process makes at once: the tests of every world size and the
+    // fault test run in parallel, over the same seeds when NVFIPC_LIFECYCLE_SEEDS names them
+    // (their boards in /dev/shm are named after the job).
+    let fault_tag = match fault {
+        Fault::None => "",
+        Fault::Kill { .. } => "k",
+        Fault::Stop { .. } => "s",
+    };
+    let job = format!(
+        "lc{}x{seed}w{world}{fault_tag}",
+        std::process::id() % 100_000
+    );
     let exe = std::env::current_exe().expect("test binary path");
     let fault_env = match fault {
         Fault::None => String::new(),
