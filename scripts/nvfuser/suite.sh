@@ -32,7 +32,7 @@
 #   patch-tests  MultiDeviceTest.ShareIpcMemHandles and P2PCommunicationTest.CudaComm skip unless
 #              there are 2 GPUs; the GPU-count half of that check is dropped (in both builds) so
 #              that several ranks on one GPU run them (CUDA IPC between processes on one device
-#              works)
+#              works); IpcTest.* select device <global rank>, patched to the local rank
 #   build-stock, stash-stock  nvFuser's own ipc_handle.{h,cpp}; binaries copied to $WORK/bin-stock
 #   swap       integrations/nvfuser/ipc_handle.{h,cpp} copied over them (ninja then rebuilds
 #              only their includers and relinks)
@@ -256,12 +256,18 @@ patch_tests() {
     "$src/tests/cpp/test_multidevice_host_ir.cpp"
   perl -0pi -e 's/(TEST_F\(P2PCommunicationTest, CudaComm\) \{.*?)if \(communicator_->size\(\) < 2 \|\| torch::cuda::device_count\(\) < 2\)/$1if (communicator_->size() < 2)/s' \
     "$src/tests/cpp/test_multidevice_communications.cpp"
+  # IpcTest selects device <global rank> (cudaSetDevice(rank)): "invalid device ordinal" with
+  # several ranks on one GPU; the local device, as every other test takes it, runs them there.
+  perl -pi -e 's/cudaSetDevice\(rank\)/cudaSetDevice(communicator_->local_rank())/' \
+    "$src/tests/cpp/test_multidevice_ipc.cpp"
+  [ "$(grep -c 'cudaSetDevice(rank)' "$src/tests/cpp/test_multidevice_ipc.cpp")" = 0 ] ||
+    die "patching test_multidevice_ipc.cpp"
   [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_host_ir.cpp")" = 0 ] ||
     die "patching test_multidevice_host_ir.cpp"
   [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_communications.cpp")" = 1 ] ||
     die "patching test_multidevice_communications.cpp"
   mark patch-tests
-  say "patched: ShareIpcMemHandles and CudaComm need 2 ranks, not 2 GPUs"
+  say "patched: ShareIpcMemHandles and CudaComm need 2 ranks, not 2 GPUs; IpcTest on the local device"
 }
 
 rank_env() { echo "WORLD_RANK=$1 WORLD_SIZE=$2 WORLD_LOCAL_RANK=0 WORLD_LOCAL_SIZE=1"; }
