@@ -4,7 +4,8 @@
 # each rank count, with PyTorch's expandable segments (VMM) and its default allocator
 # (cudaMalloc). Each run also checks the contiguous view (read through it with expandable
 # segments, refused as unsupported with cudaMalloc) and release + rendezvous again in a loop
-# without growth of the live VMM mappings. One JSON line per rank under $OUT, and a table of the
+# without growth of the live VMM mappings. One JSON file per rank under $OUT/<run>/ (mpirun may
+# merge the ranks' stdout lines), and a table of the
 # rendezvous cost (median over ranks of the first rendezvous, of a second one, and of a fresh
 # tensor) per run.
 # Environment: OUT (default ./gpu-out/symmetric), NVFIPC_LIB (default
@@ -25,14 +26,16 @@ for conf in "expandable_segments:True=vmm" "=legacy"; do
   for np in ${RANKS:-2 4 8}; do
     port=$((port + 1))
     name="symmetric-np$np-$label"
+    rm -rf "${OUT:?}/$name" && mkdir -p "$OUT/$name"
     timeout -k 5 180 mpirun -np "$np" --oversubscribe -x PYTORCH_CUDA_ALLOC_CONF="$alloc" \
       -x NVFIPC_LIB="$lib" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" -x MIB="${MIB:-64}" \
-      python3 tests/gpu/torch_symmetric.py >"$OUT/$name.jsonl" 2>"$OUT/$name.err"
+      -x RESULT_DIR="$OUT/$name" \
+      python3 tests/gpu/torch_symmetric.py >"$OUT/$name.out" 2>"$OUT/$name.err"
     rc=$?
-    python3 - "$OUT/$name.jsonl" "$name" "$np" "$rc" <<'PY' || fail=1
-import json, statistics, sys
+    python3 - "$OUT/$name" "$name" "$np" "$rc" <<'PY' || fail=1
+import glob, json, os, statistics, sys
 path, name, np, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-rows = [json.loads(l) for l in open(path) if l.startswith("{")]
+rows = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(path, "rank*.json")))]
 ok = rc == 0 and len(rows) == np and all(r["ok"] for r in rows)
 med = lambda k: statistics.median(r[k] for r in rows) if rows else float("nan")
 print(f"{name}: {'ok' if ok else 'FAILED'} rc={rc} ranks={len(rows)}/{np} first {med('first_us'):.0f} us, "

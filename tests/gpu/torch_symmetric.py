@@ -10,10 +10,10 @@ through its own tensor and reads every member's through the view (copied to the 
 cudaMalloc, the view must be refused as unsupported, saying a VMM allocation is needed. Last,
 release and rendezvous again in a loop (`nvfipc_symmetric_release`), with the same tensor and
 with fresh ones, checking the bytes each time and that the library's live VMM mappings
-(`nvfipc_cuda_vmm_counters_get`) do not grow. Prints one JSON line per rank.
+(`nvfipc_cuda_vmm_counters_get`) do not grow. Prints one JSON line per rank, or writes it to RESULT_DIR/rank<r>.json.
 
 Environment: NVFIPC_LIB, MASTER_ADDR/MASTER_PORT and the launcher's rank variables, MIB (tensor
-size, default 64).
+size, default 64), RESULT_DIR.
 """
 
 import ctypes as C
@@ -180,7 +180,14 @@ def main():
     out["ok"] = not bad
     lib.nvfipc_barrier(ctx, None, C.c_size_t(0), C.c_int64(60000))
     lib.nvfipc_context_free(ctx)
-    print(json.dumps(out), flush=True)
+    line = json.dumps(out)
+    # One file per rank where asked: the launcher may merge the ranks' stdout lines.
+    result_dir = os.environ.get("RESULT_DIR")
+    if result_dir:
+        with open(os.path.join(result_dir, f"rank{out['rank']}.json"), "w") as f:
+            f.write(line + "\n")
+    else:
+        print(line, flush=True)
     return 0 if out["ok"] else 1
 
 
