@@ -535,7 +535,9 @@ enum nvfipc_status nvfipc_context_store(const struct nvfipc_context *ctx,
 // Closes and frees the context. This rank announces that it is done; a rank that hosts the
 // store first waits (bounded by the context's timeout, at most 30 s) until the other ranks have
 // closed or disconnected, so that nobody loses the store mid-operation, and reports
-// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
+// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case); so does a rank
+// whose process runs the server of a store through callbacks (c10d's rank 0, told where its
+// server listens by `nvfipc_store_set_server_address`), which goes when this process exits. It gives
 // `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
 // open (see `nvfipc_context_create`). A rank that closes after the store's server hung up (over
 // a store through callbacks: stopped listening on this machine, see
@@ -939,8 +941,10 @@ enum nvfipc_status nvfipc_store_from_callbacks(const struct nvfipc_store_callbac
 // `getHost()` and `getPort()`; `nvfipc::c10d::storeFrom` passes them). A rank that closes then
 // sees, without a request, whether a server on this machine is still listening: once it is not,
 // the rank makes no store request (none would succeed, and the host's client may print a
-// warning for each). A host on another machine changes nothing. Other stores give
-// `NVFIPC_STATUS_UNSUPPORTED`.
+// warning for each). The rank whose process runs the server (c10d's rank 0) keeps it, when it
+// frees its context, until the other ranks have closed theirs or disconnected (bounded by the
+// context's host linger), so that their last requests are not cut off by its exit. A host on
+// another machine changes nothing. Other stores give `NVFIPC_STATUS_UNSUPPORTED`.
 enum nvfipc_status nvfipc_store_set_server_address(const struct nvfipc_store *store,
                                                    const char *host,
                                                    uint16_t port);

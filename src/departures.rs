@@ -114,7 +114,7 @@ fn store_host_left(job_id: &str, me: usize) -> Option<String> {
 /// rank's clean-up of its own keys in a store that ends with the run.)
 pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
     match store {
-        Liveness::Alive => None,
+        Liveness::Alive | Liveness::ServedHere { .. } => None,
         Liveness::Gone => Some(
             "the store's server has gone (it closed the connection, or no longer listens on \
              this machine)"

@@ -5,6 +5,10 @@
 //! `c10d::TCPStore` does. Also in a star of three ranks, where ranks 1 and 2 exchange with rank 0
 //! only and so never see each other leave: each closes quietly once rank 0 (the store's host) has
 //! left. Every rank is a process (this test binary started again).
+//!
+//! And the other way round: a rank 0 whose process runs the store's server (as nvFuser's rank 0
+//! runs its `c10d::TCPStore`) and closes first keeps its process, and so the server, until the
+//! others have closed: their last requests are not cut off by its exit.
 
 use nvfuser_ipc::context::{Context, ContextOptions};
 use nvfuser_ipc::default_transports;
@@ -161,6 +165,69 @@ fn ranks_of_a_star_closing_after_the_store_host_left_are_quiet_over_a_callback_s
 #[test]
 fn ranks_that_never_saw_the_store_host_are_quiet_over_an_addressed_callback_store() {
     run("addressed", 4);
+}
+
+/// A chain 0 - 1 - 2 over a callback store whose server runs in rank 0's process. Rank 0 closes
+/// its cache and its context first, then would exit; the others close their caches, and only
+/// later their contexts. Rank 0 must still be there when they do (it waits for them), and their
+/// closing requests must all succeed.
+#[test]
+fn the_rank_serving_the_store_stays_until_the_others_have_closed() {
+    let world = 3;
+    let port = free_port();
+    let mut rank0 = spawn("serving:0", port, world, false);
+    let mut others: Vec<Child> = (1..world)
+        .map(|r| spawn(&format!("serving:{r}"), port, world, false))
+        .collect();
+    let tell = |rank: &mut Child, what: &str| {
+        let stdin = rank.stdin.as_mut().unwrap();
+        writeln!(stdin, "{what}").unwrap();
+        stdin.flush().unwrap();
+    };
+    for rank in &mut others {
+        tell(rank, "close your cache");
+    }
+    // Rank 0's cache is closed once rank 1's is; its context waits for the others' contexts.
+    std::thread::sleep(Duration::from_millis(1500));
+    let early = rank0.try_wait().unwrap();
+    for rank in &mut others {
+        tell(rank, "close your context");
+    }
+    let outs: Vec<Output> = others.into_iter().map(finish).collect();
+    let out0 = finish(rank0);
+    assert!(
+        early.is_none(),
+        "rank 0 exited ({early:?}) before the others closed their contexts:\n{}",
+        text(&out0)
+    );
+    assert!(out0.status.success(), "rank 0:\n{}", text(&out0));
+    assert!(
+        String::from_utf8_lossy(&out0.stdout).contains("context closed: Ok(())"),
+        "rank 0:\n{}",
+        text(&out0)
+    );
+    for (i, out) in outs.iter().enumerate() {
+        let all = text(out);
+        assert!(out.status.success(), "rank {}:\n{all}", i + 1);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("closed: Ok"), "rank {}:\n{all}", i + 1);
+        // They talked to the store as they closed (it was there), and nothing failed.
+        let calls: u64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(AFTER))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        assert!(calls > 0, "rank {} made no store request:\n{all}", i + 1);
+        for line in String::from_utf8_lossy(&out.stderr).lines() {
+            for bad in [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"] {
+                assert!(
+                    !line.contains(bad),
+                    "rank {} printed {bad:?}:\n{all}",
+                    i + 1
+                );
+            }
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -412,7 +479,7 @@ fn rank_process() {
         .expect("connect to the store");
     let inner: Arc<dyn Store> = match kind {
         "tcp" => Arc::new(tcp),
-        "addressed" => {
+        "addressed" | "serving" => {
             let store = callback_store(tcp);
             store.set_server_address("127.0.0.1", port);
             Arc::new(store)
@@ -440,7 +507,7 @@ fn rank_process() {
     let buffer = host::alloc(4096).expect("host buffer");
     // A star: rank 0 exchanges with every other rank, the others with rank 0 only; or a chain
     // (`addressed`): each rank with its neighbours.
-    let peers: Vec<usize> = if kind == "addressed" {
+    let peers: Vec<usize> = if kind == "addressed" || kind == "serving" {
         [rank.checked_sub(1), (rank + 1 < world).then_some(rank + 1)]
             .into_iter()
             .flatten()
@@ -461,13 +528,20 @@ fn rank_process() {
         .collect();
     cache.exchange_handles(&reqs).expect("exchange");
     if rank == 0 {
-        // Wait until the others have done every store call of their exchange, then leave at
-        // once, without closing anything: the store goes with this process.
+        // Wait until the others have done every store call of their exchange.
         for peer in 1..world {
             store
                 .get(&format!("quiet/rank{peer}-done"), TIMEOUT)
                 .expect("rank done");
         }
+        if kind == "serving" {
+            // Close everything, then leave at once: the server goes with this process.
+            let cache_closed = cache.try_close().map(|_| ());
+            let ctx_closed = ctx.close();
+            println!("cache closed: {cache_closed:?}, context closed: {ctx_closed:?}");
+            std::io::stdout().flush().unwrap();
+        }
+        // Without closing anything otherwise: the store goes with this process.
         std::process::exit(0);
     }
     // The collector deletes the record keys this rank read in the background: let it finish.
@@ -484,6 +558,10 @@ fn rank_process() {
     std::io::stdin().lock().read_line(&mut line).unwrap();
     armed.store(true, Ordering::SeqCst);
     let cache_closed = cache.try_close().map(|_| ());
+    if kind == "serving" {
+        // The context later, once rank 0 is closing its own.
+        std::io::stdin().lock().read_line(&mut line).unwrap();
+    }
     let ctx_closed = ctx.close();
     println!("cache closed: {cache_closed:?}, context closed: {ctx_closed:?}");
     assert!(cache_closed.is_ok() && ctx_closed.is_ok());

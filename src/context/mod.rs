@@ -47,7 +47,7 @@ use crate::logging;
 use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
-use crate::store::{Store, DEFAULT_TIMEOUT};
+use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use claim::{agree_on_job_id, claim_rank, RankClaim};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -67,6 +67,10 @@ const KEY_PREFIX: &str = "nvfipc/context";
 const DEFAULT_JOB_TAG: &str = "default";
 /// Poll interval of the hosting rank while it waits for the others to finish.
 const LINGER_POLL: Duration = Duration::from_millis(10);
+/// How long a rank serving a host's store still waits, once every rank has closed, for the
+/// others to hang up before its process may take the server away (see
+/// `Context::keep_serving_until_others_close`).
+const SERVED_REPLY_GRACE: Duration = Duration::from_millis(100);
 
 /// Whether a rank hosts the store it connects to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -384,7 +388,7 @@ impl Context {
         let announced = self.announce_close();
         let server = self.lock_server().take();
         let Some(server) = server else {
-            return announced;
+            return announced.and(self.keep_serving_until_others_close());
         };
         let deadline = Instant::now() + self.host_linger;
         let waited = self.wait_for_others(&server, deadline);
@@ -421,8 +425,10 @@ impl Context {
             .add(&format!("{KEY_PREFIX}/{}/closed", self.job_id), 1)
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         if closed == self.world_size as i64 {
-            self.store.set(&all_closed_key(&self.job_id), b"1")?;
+            // The job's last request: a rank serving the store waits for it (see
+            // `keep_serving_until_others_close`).
             self.store.delete_key(&self.job_key)?;
+            self.store.set(&all_closed_key(&self.job_id), b"1")?;
         }
         duplicate.map_err(|e| e.context(who))
     }
@@ -442,6 +448,49 @@ impl Context {
             return None;
         }
         crate::departures::quiet_reason(self.store.liveness(), &self.job_id, self.rank)
+    }
+
+    /// A host's store whose server runs in this process (nvFuser's rank 0 creates its
+    /// `c10d::TCPStore` as the server; the host said where it listens) goes when this process
+    /// exits, which may be right after this close, in the middle of another rank's last
+    /// requests: they would fail, and c10d's client prints when they do. So this rank keeps the
+    /// process (and the server) until every rank has announced its close (the job's last
+    /// request), or no other process is connected to the server any more, or the host linger
+    /// has run out.
+    fn keep_serving_until_others_close(&self) -> Result<()> {
+        if !matches!(self.store.liveness(), Liveness::ServedHere { .. }) {
+            return Ok(());
+        }
+        let all_closed = all_closed_key(&self.job_id);
+        let deadline = Instant::now() + self.host_linger;
+        loop {
+            let others = match self.store.liveness() {
+                Liveness::ServedHere { other_clients } => other_clients,
+                _ => return Ok(()), // the host stopped its server: nothing left to keep
+            };
+            if others == 0 {
+                return Ok(());
+            }
+            if self.store.check(&[&all_closed]).unwrap_or(true) {
+                // The server may not have written the reply to that last request yet: give
+                // the others a moment to hang up (they usually exit right after closing).
+                let grace = Instant::now() + SERVED_REPLY_GRACE;
+                while Instant::now() < grace.min(deadline)
+                    && matches!(self.store.liveness(), Liveness::ServedHere { other_clients } if other_clients > 0)
+                {
+                    std::thread::sleep(LINGER_POLL);
+                }
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::timeout(format!(
+                    "rank {} serves the store (its server runs in this process) and stopped                      waiting after {} ms for the other ranks to close their contexts ({others}                      connections of other processes still open): their last store requests may                      fail once this process exits. Close every rank's context, or raise the                      host linger",
+                    self.rank,
+                    self.host_linger.as_millis(),
+                )));
+            }
+            std::thread::sleep(LINGER_POLL);
+        }
     }
 
     /// Fails when another process claimed this rank of this run after this one did (two jobs
@@ -490,7 +539,8 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        let hosting = self.lock_server().is_some();
+        let hosting = self.lock_server().is_some()
+            || matches!(self.store.liveness(), Liveness::ServedHere { .. });
         if let Err(e) = self.finish() {
             // Only the store host's problems matter here: other ranks' stores may legitimately
             // be gone already at exit.

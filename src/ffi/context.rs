@@ -262,7 +262,9 @@ pub extern "C" fn nvfipc_context_store(
 /// Closes and frees the context. This rank announces that it is done; a rank that hosts the
 /// store first waits (bounded by the context's timeout, at most 30 s) until the other ranks have
 /// closed or disconnected, so that nobody loses the store mid-operation, and reports
-/// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case). It gives
+/// `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case); so does a rank
+/// whose process runs the server of a store through callbacks (c10d's rank 0, told where its
+/// server listens by `nvfipc_store_set_server_address`), which goes when this process exits. It gives
 /// `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
 /// open (see `nvfipc_context_create`). A rank that closes after the store's server hung up (over
 /// a store through callbacks: stopped listening on this machine, see

@@ -366,10 +366,15 @@ impl Store for CallbackStore {
         if !server.on_this_machine {
             return Liveness::Unknown;
         }
-        match crate::os::listening::listening_on(server.port) {
-            Some(true) => Liveness::Alive,
-            Some(false) => Liveness::Gone,
-            None => Liveness::Unknown,
+        match crate::os::listening::server_view(server.port) {
+            Some(view) if view.served_here => Liveness::ServedHere {
+                other_clients: view.other_clients,
+            },
+            _ => match crate::os::listening::listening_on(server.port) {
+                Some(true) => Liveness::Alive,
+                Some(false) => Liveness::Gone,
+                None => Liveness::Unknown,
+            },
         }
     }
 

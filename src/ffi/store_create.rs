@@ -100,8 +100,10 @@ pub extern "C" fn nvfipc_store_from_callbacks(
 /// `getHost()` and `getPort()`; `nvfipc::c10d::storeFrom` passes them). A rank that closes then
 /// sees, without a request, whether a server on this machine is still listening: once it is not,
 /// the rank makes no store request (none would succeed, and the host's client may print a
-/// warning for each). A host on another machine changes nothing. Other stores give
-/// `NVFIPC_STATUS_UNSUPPORTED`.
+/// warning for each). The rank whose process runs the server (c10d's rank 0) keeps it, when it
+/// frees its context, until the other ranks have closed theirs or disconnected (bounded by the
+/// context's host linger), so that their last requests are not cut off by its exit. A host on
+/// another machine changes nothing. Other stores give `NVFIPC_STATUS_UNSUPPORTED`.
 #[no_mangle]
 pub extern "C" fn nvfipc_store_set_server_address(
     store: *const nvfipc_store,

@@ -27,6 +27,11 @@ pub enum Liveness {
     Gone,
     /// The store cannot tell without a request (a store implemented by the host, for example).
     Unknown,
+    /// The server runs in this process although this library did not start it (a host's store
+    /// created as the server, as nvFuser's rank 0 creates its `c10d::TCPStore`), and
+    /// `other_clients` connections of other processes are still open to it: it is reachable,
+    /// and it goes when this process exits.
+    ServedHere { other_clients: usize },
 }
 
 /// A key-value store with the semantics of `c10d::Store`.

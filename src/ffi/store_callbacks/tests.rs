@@ -506,7 +506,13 @@ fn liveness_follows_a_server_of_this_machine_and_is_unknown_elsewhere() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     store.set_server_address("localhost", port);
-    assert_eq!(store.liveness(), Liveness::Alive);
+    // The server runs in this process (a server of another process is `Alive`: see
+    // tests/quiet_exit.rs); a client of this process is not another's.
+    assert_eq!(store.liveness(), Liveness::ServedHere { other_clients: 0 });
+    let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (accepted, _) = listener.accept().unwrap();
+    assert_eq!(store.liveness(), Liveness::ServedHere { other_clients: 0 });
+    drop((client, accepted));
     drop(listener);
     assert_eq!(
         store.liveness(),
