@@ -32,7 +32,9 @@
 #   patch-tests  MultiDeviceTest.ShareIpcMemHandles and P2PCommunicationTest.CudaComm skip unless
 #              there are 2 GPUs; the GPU-count half of that check is dropped (in both builds) so
 #              that several ranks on one GPU run them (CUDA IPC between processes on one device
-#              works); IpcTest.* select device <global rank>, patched to the local rank
+#              works); IpcTest.* select device <global rank>, patched to the local rank, and
+#              free their exported buffer before the peer may have opened it, patched with a
+#              barrier before their clean-up
 #   build-stock, stash-stock  nvFuser's own ipc_handle.{h,cpp}; binaries copied to $WORK/bin-stock
 #   swap       integrations/nvfuser/ipc_handle.{h,cpp} copied over them (ninja then rebuilds
 #              only their includers and relinks)
@@ -260,14 +262,22 @@ patch_tests() {
   # several ranks on one GPU; the local device, as every other test takes it, runs them there.
   perl -pi -e 's/cudaSetDevice\(rank\)/cudaSetDevice(communicator_->local_rank())/' \
     "$src/tests/cpp/test_multidevice_ipc.cpp"
-  [ "$(grep -c 'cudaSetDevice(rank)' "$src/tests/cpp/test_multidevice_ipc.cpp")" = 0 ] ||
+  # They also free their exported buffer right after reading the peer's, with no barrier between
+  # a peer's cudaIpcOpenMemHandle and that cudaFree (the fixture's barrier comes after): a rank
+  # that is quicker than its peer frees the memory the peer is about to open ("invalid
+  # argument"), in either build and at random (raw CUDA IPC, no ipc_handle.cpp involved). A
+  # barrier before their clean-up closes that race.
+  perl -0pi -e 's|(  // Clean up\n)(  NVFUSER_CUDA_RT_SAFE_CALL\(cudaIpcCloseMemHandle)|$1  communicator_->barrier();\n$2|g' \
+    "$src/tests/cpp/test_multidevice_ipc.cpp"
+  [ "$(grep -c 'cudaSetDevice(rank)' "$src/tests/cpp/test_multidevice_ipc.cpp")" = 0 ] &&
+    [ "$(grep -c 'communicator_->barrier();' "$src/tests/cpp/test_multidevice_ipc.cpp")" = 6 ] ||
     die "patching test_multidevice_ipc.cpp"
   [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_host_ir.cpp")" = 0 ] ||
     die "patching test_multidevice_host_ir.cpp"
   [ "$(grep -c 'device_count() < 2' "$src/tests/cpp/test_multidevice_communications.cpp")" = 1 ] ||
     die "patching test_multidevice_communications.cpp"
   mark patch-tests
-  say "patched: ShareIpcMemHandles and CudaComm need 2 ranks, not 2 GPUs; IpcTest on the local device"
+  say "patched: ShareIpcMemHandles and CudaComm need 2 ranks, not 2 GPUs; IpcTest on the local device, a barrier before its clean-up"
 }
 
 rank_env() { echo "WORLD_RANK=$1 WORLD_SIZE=$2 WORLD_LOCAL_RANK=0 WORLD_LOCAL_SIZE=1"; }
