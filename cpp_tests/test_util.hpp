@@ -85,6 +85,10 @@ int MaybeRunWorker();
 // Asserts that every worker succeeded.
 void ExpectAllOk(const std::vector<WorkerExit>& exits);
 
+// A loopback TCP port that was free a moment ago (for a server a worker binds, such as rank 0's
+// c10d::TCPStore); 0 when none could be found.
+uint16_t FreeLoopbackPort();
+
 // A store server on an ephemeral loopback port for the duration of a test.
 class ScopedServer {
  public:

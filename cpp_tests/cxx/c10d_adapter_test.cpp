@@ -1,14 +1,20 @@
 // The c10d adapter: every store operation of nvfipc::Store over a real c10d::TCPStore, timeouts
-// and exceptions mapped to statuses at the callback boundary, and the lifetime of the adapter.
+// and exceptions mapped to statuses at the callback boundary, the lifetime of the adapter, and a
+// rank 0 whose process runs the TCPStore's server keeping it until the other ranks have closed.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "../test_util.hpp"
 #include "nvfuser_ipc_c10d.hpp"
 
 namespace {
@@ -148,6 +154,47 @@ TEST(C10dAdapter, AdapterLivesAsLongAsItsUsers) {
   EXPECT_EQ(tcp.use_count(), base);
   EXPECT_THROW(nvfipc::c10d::storeFrom(c10::intrusive_ptr<::c10d::Store>()),
                nvfipc::InvalidArgumentError);
+}
+
+// One rank of TheRankServingTheStoreStaysUntilTheOthersClose, nvFuser's way: rank 0 runs the
+// c10d::TCPStore's server in its process, closes its context first and leaves at once; the others
+// close theirs a moment later. Rank 0 must still be there then (its close waits for theirs), and
+// their closing requests must reach the server (a failure would throw from close()).
+NVFIPC_WORKER(C10dServingRank) {
+  try {
+    ::c10d::TCPStoreOptions opts;
+    opts.port = env.store_port;
+    opts.isServer = env.rank == 0;
+    opts.timeout = std::chrono::seconds(20);
+    auto tcp = c10::make_intrusive<::c10d::TCPStore>("127.0.0.1", opts);
+    nvfipc::Context ctx = nvfipc::Context::create(env.rank, env.world_size,
+                                                  nvfipc::c10d::storeFrom(tcp));
+    ctx.barrier(Milliseconds(20000));
+    if (env.rank == 0) {
+      tcp->set("serving/pid", Bytes(std::to_string(::getpid())));
+      ctx.close();
+      return 0;  // the server goes with this process
+    }
+    const std::vector<uint8_t> pid_bytes = tcp->get("serving/pid");
+    const pid_t rank0 = std::stoi(std::string(pid_bytes.begin(), pid_bytes.end()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (::kill(rank0, 0) != 0) {
+      std::fprintf(stderr, "rank %lld: rank 0 (pid %d) left before this rank closed\n",
+                   static_cast<long long>(env.rank), static_cast<int>(rank0));
+      return 3;
+    }
+    ctx.close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(env.rank), e.what());
+    return 1;
+  }
+  return 0;
+}
+
+TEST(C10dAdapter, TheRankServingTheStoreStaysUntilTheOthersClose) {
+  const uint16_t port = nvfipc_test::FreeLoopbackPort();
+  ASSERT_NE(port, 0);
+  nvfipc_test::ExpectAllOk(nvfipc_test::RunWorkers("C10dServingRank", 3, port, 60.0));
 }
 
 }  // namespace

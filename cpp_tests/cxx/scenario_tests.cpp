@@ -11,9 +11,6 @@
 // store at MASTER_ADDR:MASTER_PORT (nvfipc_cxx_tests) or a c10d::TCPStore at MASTER_PORT+1
 // (nvfipc_cxx_c10d_tests).
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -46,24 +43,6 @@ int64_t EnvInt(std::initializer_list<const char*> names, int64_t fallback) {
     if (v != nullptr && *v != '\0') return std::strtoll(v, nullptr, 10);
   }
   return fallback;
-}
-
-// A port that was free a moment ago (for the c10d server, which rank 0 binds).
-uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // One rank of a HostScenarios test.
@@ -108,7 +87,7 @@ TEST_P(HostScenarios, Run) {
     ASSERT_NE(server.get(), nullptr);
     nvfipc_test::ExpectAllOk(nvfipc_test::RunWorkers("CxxScenario", np, server.port(), 120.0));
   } else {
-    const uint16_t port = FreePort();
+    const uint16_t port = nvfipc_test::FreeLoopbackPort();
     ASSERT_NE(port, 0);
     nvfipc_test::ExpectAllOk(nvfipc_test::RunWorkers("CxxScenario", np, port, 120.0));
   }
