@@ -28,7 +28,7 @@ from ctypes import (
 )
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._paths import library_path
 
@@ -171,6 +171,7 @@ def _load() -> ctypes.CDLL:
             "nvfipc_barrier": ([c_void_p, POINTER(c_int64), c_size_t, c_int64], st),
             "nvfipc_store_from_callbacks": ([POINTER(_StoreCallbacks), POINTER(c_void_p)], st),
             "nvfipc_store_free": ([c_void_p], st),
+            "nvfipc_store_set_server_address": ([c_void_p, c_char_p, c_uint16], st),
             "nvfipc_cache_create": ([c_void_p, POINTER(c_void_p)], st),
             "nvfipc_cache_create_scoped": ([c_void_p, c_char_p, POINTER(c_void_p)], st),
             "nvfipc_cache_free": ([c_void_p], st),
@@ -266,6 +267,21 @@ def set_log_callback(callback: Optional[Callable[[int, str, str], None]]) -> Non
 _libc = ctypes.CDLL(None)
 _libc.malloc.argtypes = [c_size_t]
 _libc.malloc.restype = c_void_p
+
+
+def _tcp_server_address(store: Any) -> Optional[Tuple[str, int]]:
+    """Where the ``TCPStore`` under ``store`` (through ``PrefixStore``s) listens, as its client
+    connects to it, or None for other stores. With it the library sees, without a request,
+    whether the server is still there when a rank closes, and the rank whose process runs it
+    keeps it until the others have closed (``nvfipc_store_set_server_address``)."""
+    for _ in range(16):  # a chain of PrefixStores, never a cycle
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        if isinstance(host, str) and host and isinstance(port, int) and 0 < port < 65536:
+            return host, port
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
 
 
 class _TorchStoreBridge:
@@ -411,6 +427,9 @@ class Context:
         _call("nvfipc_store_from_callbacks", byref(bridge.callbacks), byref(st))
         out = c_void_p()
         try:
+            address = _tcp_server_address(store)
+            if address is not None:
+                _call("nvfipc_store_set_server_address", st, address[0].encode(), address[1])
             _call("nvfipc_context_create", rank, world_size,
                   rank if local_rank is None else local_rank,
                   world_size if local_world_size is None else local_world_size,

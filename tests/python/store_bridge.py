@@ -1,7 +1,9 @@
 """The host-callback store bridge of Context.from_torch_store, without torch: a thread-safe
 in-process store with torch.distributed.Store's methods backs a world of one (context, barrier,
-cache, counters), and a store that raises gives NvfipcError with the store's own message."""
+cache, counters), a store that raises gives NvfipcError with the store's own message, and a
+TCPStore's address (through PrefixStores) reaches the library."""
 
+import socket
 import sys
 import threading
 import time
@@ -70,7 +72,41 @@ class BrokenStore(DictStore):
         raise OSError("the disk holding the store is full")
 
 
+class AddressedStore(DictStore):
+    """A store whose server listens at host:port, as torch's TCPStore says."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__()
+        self.host, self.port = host, port
+
+
+class PrefixOf:
+    """torch's PrefixStore: the store it wraps is ``underlying_store``."""
+
+    def __init__(self, inner: object) -> None:
+        self.underlying_store = inner
+
+
+def check_server_address() -> None:
+    find = nv._api._tcp_server_address
+    assert find(PrefixOf(PrefixOf(AddressedStore("127.0.0.1", 29500)))) == ("127.0.0.1", 29500)
+    assert find(DictStore()) is None
+    assert find(AddressedStore("127.0.0.1", 0)) is None
+    # A server of this process: the context serves the store, and closes at once with no other
+    # process connected.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    store = AddressedStore("127.0.0.1", listener.getsockname()[1])
+    start = time.monotonic()
+    with nv.Context.from_torch_store(store, 0, 1) as ctx:
+        ctx.barrier(timeout=10)
+    assert time.monotonic() - start < 5, "closing waited for clients that do not exist"
+    listener.close()
+
+
 def main() -> int:
+    check_server_address()
     store = DictStore()
     with nv.Context.from_torch_store(store, 0, 1) as ctx:
         assert (ctx.rank, ctx.world_size, ctx.local_rank) == (0, 1, 0)
