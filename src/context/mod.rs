@@ -484,7 +484,11 @@ impl Context {
             }
             if Instant::now() >= deadline {
                 return Err(Error::timeout(format!(
-                    "rank {} serves the store (its server runs in this process) and stopped                      waiting after {} ms for the other ranks to close their contexts ({others}                      connections of other processes still open): their last store requests may                      fail once this process exits. Close every rank's context, or raise the                      host linger",
+                    "rank {} serves the store (its server runs in this process) and stopped \
+                     waiting after {} ms for the other ranks to close their contexts ({others} \
+                     connections of other processes still open): their last store requests may \
+                     fail once this process exits. Close every rank's context, or raise the \
+                     host linger",
                     self.rank,
                     self.host_linger.as_millis(),
                 )));

@@ -306,3 +306,103 @@ fn this_host_detection() {
     assert!(!is_this_host("192.0.2.1"), "TEST-NET-1 is never local");
     assert!(!is_this_host("no-such-host.invalid"));
 }
+
+/// Rank 0's view of a host store whose server runs in its process: `others` connections of
+/// other processes are open to it.
+struct ServedHere {
+    inner: Arc<MemoryStore>,
+    others: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Store for ServedHere {
+    fn set(&self, k: &str, v: &[u8]) -> Result<()> {
+        self.inner.set(k, v)
+    }
+    fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
+        self.inner.get(k, t)
+    }
+    fn add(&self, k: &str, d: i64) -> Result<i64> {
+        self.inner.add(k, d)
+    }
+    fn check(&self, k: &[&str]) -> Result<bool> {
+        self.inner.check(k)
+    }
+    fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
+        self.inner.wait(k, t)
+    }
+    fn delete_key(&self, k: &str) -> Result<bool> {
+        self.inner.delete_key(k)
+    }
+    fn num_keys(&self) -> Result<i64> {
+        self.inner.num_keys()
+    }
+    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+        self.inner.compare_set(k, e, d)
+    }
+    fn append(&self, k: &str, v: &[u8]) -> Result<()> {
+        self.inner.append(k, v)
+    }
+    fn liveness(&self) -> Liveness {
+        Liveness::ServedHere {
+            other_clients: self.others.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// Rank 0 over a store it serves (`others` other clients), and rank 1 over the same keys.
+fn served_pair(others: usize) -> (Context, Context, Arc<std::sync::atomic::AtomicUsize>) {
+    let store = Arc::new(MemoryStore::new());
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(others));
+    let mut opts0 = options(0, 2, &store);
+    opts0.store = Arc::new(ServedHere {
+        inner: Arc::clone(&store),
+        others: Arc::clone(&count),
+    });
+    let mut rank0 = Context::new(opts0).unwrap();
+    rank0.set_host_linger(Duration::from_secs(20));
+    let rank1 = Context::new(options(1, 2, &store)).unwrap();
+    (rank0, rank1, count)
+}
+
+#[test]
+fn a_rank_serving_the_store_closes_after_the_others() {
+    let (rank0, rank1, _others) = served_pair(1);
+    let closing = std::thread::spawn(move || {
+        let start = Instant::now();
+        rank0.close().map(|()| start.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!closing.is_finished(), "rank 0 left before rank 1 closed");
+    rank1.close().unwrap();
+    let waited = closing.join().unwrap().unwrap();
+    assert!(waited >= Duration::from_millis(200), "{waited:?}");
+}
+
+#[test]
+fn a_rank_serving_the_store_stops_waiting_once_nobody_is_connected() {
+    let (rank0, _rank1, others) = served_pair(2);
+    let closing = std::thread::spawn(move || rank0.close());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!closing.is_finished());
+    // Rank 1's process went without closing its context (killed, say): its connection closed.
+    others.store(0, Ordering::SeqCst);
+    closing.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_rank_serving_the_store_waits_no_longer_than_its_host_linger() {
+    let (mut rank0, _rank1, _others) = served_pair(1);
+    rank0.set_host_linger(Duration::from_millis(150));
+    let start = Instant::now();
+    let err = rank0.close().unwrap_err();
+    assert_eq!(err.status, Status::Timeout);
+    assert!(
+        err.message.contains("serves the store") && err.message.contains("1 connections"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
