@@ -265,16 +265,17 @@ pub fn run(
     let mut out = Vec::new();
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
     for scenario in SCENARIOS {
-        // The pool scenario also says where its time goes, phase by phase (mean per call and
-        // rank), and how many store round trips its timed calls made.
-        cache.set_phase_timing(scenario == Scenario::Pool);
+        // The pool and cold_large scenarios also say where their time goes, phase by phase
+        // (mean per call and rank), and how many store round trips their timed calls made.
+        let phased = matches!(scenario, Scenario::Pool | Scenario::ColdLarge);
+        cache.set_phase_timing(phased);
         let (samples, opens, trips) = ours(ctx, &cache, args, kind, scenario)?;
         let name = format!("ours.{}", scenario.name());
         out.extend(gather_samples(ctx, &name, &samples)?);
         if scenario == Scenario::Pool && kind == MemKind::Device {
             out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
         }
-        if scenario == Scenario::Pool {
+        if phased {
             let t = cache.phase_times(true);
             for phase in PHASES {
                 let mean = t.of(phase) / t.calls.max(1);

@@ -339,26 +339,29 @@ impl Results {
                     );
                 }
             }
-            for (w, map) in &self.exchange {
-                let phases: Vec<String> = nvfuser_ipc::exchange::phases::PHASES
-                    .iter()
-                    .filter_map(|p| {
-                        let v = series(map, &format!("ours.pool.phase.{}", p.name()));
-                        let (mid, max) = (median(v)?, v.iter().copied().max()?);
-                        (max > 0).then(|| format!("{} {} ({})", p.name(), fmt_ns(mid), fmt_ns(max)))
-                    })
-                    .collect();
-                if !phases.is_empty() {
-                    let trips = series(map, "ours.pool.store_round_trips")
+            for scenario in ["pool", "cold_large"] {
+                for (w, map) in &self.exchange {
+                    let phases: Vec<String> = nvfuser_ipc::exchange::phases::PHASES
                         .iter()
-                        .sum::<u64>();
-                    let _ = writeln!(
-                        s,
-                        "pool at W={w}, where a call's time goes (mean per call, median over \
-                         ranks and the slowest rank in brackets): {}; store round trips during \
-                         the timed calls, all ranks: {trips}",
-                        phases.join(", ")
-                    );
+                        .filter_map(|p| {
+                            let v = series(map, &format!("ours.{scenario}.phase.{}", p.name()));
+                            let (mid, max) = (median(v)?, v.iter().copied().max()?);
+                            (max > 0)
+                                .then(|| format!("{} {} ({})", p.name(), fmt_ns(mid), fmt_ns(max)))
+                        })
+                        .collect();
+                    if !phases.is_empty() {
+                        let trips = series(map, &format!("ours.{scenario}.store_round_trips"))
+                            .iter()
+                            .sum::<u64>();
+                        let _ = writeln!(
+                            s,
+                            "{scenario} at W={w}, where a call's time goes (mean per call, median \
+                             over ranks and the slowest rank in brackets): {}; store round trips \
+                             during the timed calls, all ranks: {trips}",
+                            phases.join(", ")
+                        );
+                    }
                 }
             }
             s.push_str(
@@ -748,6 +751,37 @@ mod tests {
         assert_eq!(pool_limit(8, 16).0, 0.05);
         assert_eq!(pool_limit(8, 2).0, 0.25);
         assert!(pool_limit(8, 2).1.contains("8 ranks on 2 cores"));
+    }
+
+    #[test]
+    fn the_phases_of_pool_and_cold_large_are_reported_where_measured() {
+        let mut r = Results::new(false);
+        r.exchange.push((
+            4,
+            map(&[
+                ("ours.pool", &[20]),
+                ("ours.pool.phase.wait_peers", &[2_000, 3_000, 9_000]),
+                ("ours.pool.store_round_trips", &[0, 0, 0]),
+                ("ours.cold_large", &[900]),
+                ("ours.cold_large.phase.import", &[500_000, 700_000]),
+                ("ours.cold_large.store_round_trips", &[2, 2]),
+            ]),
+        ));
+        let text = r.text();
+        assert!(
+            text.contains("pool at W=4, where a call's time goes")
+                && text.contains("wait_peers 3.0 us (9.0 us)")
+                && text.contains("all ranks: 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cold_large at W=4, where a call's time goes")
+                && text.contains("all ranks: 4"),
+            "{text}"
+        );
+        // A scenario without phases has no such line.
+        r.exchange[0].1.retain(|k, _| !k.starts_with("ours.cold_large."));
+        assert!(!r.text().contains("cold_large at W=4, where"));
     }
 
     #[test]
