@@ -370,11 +370,9 @@ impl Store for CallbackStore {
             Some(view) if view.served_here => Liveness::ServedHere {
                 other_clients: view.other_clients,
             },
-            _ => match crate::os::listening::listening_on(server.port) {
-                Some(true) => Liveness::Alive,
-                Some(false) => Liveness::Gone,
-                None => Liveness::Unknown,
-            },
+            Some(view) if view.listening => Liveness::Alive,
+            Some(_) => Liveness::Gone,
+            None => Liveness::Unknown,
         }
     }
 

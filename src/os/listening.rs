@@ -13,33 +13,11 @@ const TCP_LISTEN: &str = "0A";
 const TCP_ESTABLISHED: &str = "01";
 const TABLES: [&str; 2] = ["/proc/net/tcp", "/proc/net/tcp6"];
 
-/// Whether some socket of this network namespace listens on TCP `port` (any address); `None`
-/// when the tables cannot be read (no `/proc`).
-pub fn listening_on(port: u16) -> Option<bool> {
-    let mut readable = false;
-    for table in TABLES {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        readable = true;
-        if table_listens_on(&text, port) {
-            return Some(true);
-        }
-    }
-    readable.then_some(false)
-}
-
-/// Whether a table in the format of `/proc/net/tcp` has a listening socket on `port`.
-fn table_listens_on(text: &str, port: u16) -> bool {
-    text.lines()
-        .skip(1)
-        .filter_map(Row::parse)
-        .any(|r| r.state == TCP_LISTEN && r.local_port == port)
-}
-
 /// A TCP server on this machine, as this process sees it in the kernel's tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerView {
+    /// Some socket (of any process) listens on the port.
+    pub listening: bool,
     /// A socket of this process listens on the port.
     pub served_here: bool,
     /// Connections accepted on the port whose client end is not a socket of this process:
@@ -90,6 +68,9 @@ impl Row {
 /// port (one table may show the client over IPv4 and the server's end over IPv6).
 fn view_of(rows: &[Row], port: u16, own: &std::collections::HashSet<u64>) -> ServerView {
     let ours = |r: &&Row| own.contains(&r.inode);
+    let listening = rows
+        .iter()
+        .any(|r| r.state == TCP_LISTEN && r.local_port == port);
     let served_here = rows
         .iter()
         .filter(ours)
@@ -107,6 +88,7 @@ fn view_of(rows: &[Row], port: u16, own: &std::collections::HashSet<u64>) -> Ser
         .filter(|r| !own_client_ports.contains(&r.remote_port))
         .count();
     ServerView {
+        listening,
         served_here,
         other_clients,
     }
@@ -151,11 +133,11 @@ mod tests {
     fn a_listener_is_seen_until_it_closes() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        assert_eq!(listening_on(port), Some(true));
+        assert!(server_view(port).unwrap().listening);
         // A connection to it is not a listener: only the LISTEN row counts.
         let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         drop(listener);
-        assert_eq!(listening_on(port), Some(false));
+        assert!(!server_view(port).unwrap().listening);
         drop(client);
     }
 
@@ -164,13 +146,20 @@ mod tests {
         let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
             0: 00000000:7531 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n   \
             1: 0100007F:7532 0100007F:A2C4 01 00000000:00000000 00:00000000 00000000     0        0 2\n";
-        assert!(table_listens_on(table, 0x7531));
+        let rows: Vec<Row> = table.lines().skip(1).filter_map(Row::parse).collect();
+        let nobody = std::collections::HashSet::new();
+        assert!(view_of(&rows, 0x7531, &nobody).listening);
         assert!(
-            !table_listens_on(table, 0x7532),
+            !view_of(&rows, 0x7532, &nobody).listening,
             "established, not listening"
         );
-        assert!(!table_listens_on(table, 80));
-        assert!(!table_listens_on("header only\n", 0x7531));
+        assert!(!view_of(&rows, 80, &nobody).listening);
+        assert!("header only\n"
+            .lines()
+            .skip(1)
+            .filter_map(Row::parse)
+            .next()
+            .is_none());
     }
 
     #[test]
@@ -181,6 +170,7 @@ mod tests {
         assert_eq!(
             view,
             ServerView {
+                listening: true,
                 served_here: true,
                 other_clients: 0
             }
@@ -193,7 +183,8 @@ mod tests {
         let elsewhere = TcpListener::bind("127.0.0.1:0").unwrap();
         let other_port = elsewhere.local_addr().unwrap().port();
         drop(elsewhere);
-        assert!(!server_view(other_port).unwrap().served_here);
+        let gone = server_view(other_port).unwrap();
+        assert!(!gone.listening && !gone.served_here);
         drop((own, accepted));
     }
 
@@ -218,11 +209,13 @@ mod tests {
         assert_eq!(
             view_of(&rows, 7000, &own),
             ServerView {
+                listening: true,
                 served_here: true,
                 other_clients: 1
             }
         );
-        assert!(!view_of(&rows, 7000, &[9].into_iter().collect()).served_here);
+        let elsewhere = view_of(&rows, 7000, &[9].into_iter().collect());
+        assert!(elsewhere.listening && !elsewhere.served_here);
         let parsed = Row::parse(
             "   3: 0100007F:1B58 0100007F:9C41 01 00000000:00000000 00:00000000 00000000     0        0 12345 1 0000000000000000 20 4 30 10 -1",
         );

@@ -780,7 +780,9 @@ mod tests {
             "{text}"
         );
         // A scenario without phases has no such line.
-        r.exchange[0].1.retain(|k, _| !k.starts_with("ours.cold_large."));
+        r.exchange[0]
+            .1
+            .retain(|k, _| !k.starts_with("ours.cold_large."));
         assert!(!r.text().contains("cold_large at W=4, where"));
     }
 
