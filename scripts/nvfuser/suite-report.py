@@ -140,10 +140,13 @@ def main():
         timing_rows += [(s, w, stock_t.get(s), us) for s, us in ours_t.items()]
 
     print()
-    print("Single-rank totals: stock " +
-          ", ".join(f"{k[1]} {v}" for k, v in sorted(totals.items()) if k[0] == "stock") +
-          "; ours " +
-          ", ".join(f"{k[1]} {v}" for k, v in sorted(totals.items()) if k[0] == "ours") + ".")
+    if totals:
+        print("Single-rank totals: stock " +
+              ", ".join(f"{k[1]} {v}" for k, v in sorted(totals.items()) if k[0] == "stock") +
+              "; ours " +
+              ", ".join(f"{k[1]} {v}" for k, v in sorted(totals.items()) if k[0] == "ours") + ".")
+    else:
+        print("Single-rank run: not in this run (SINGLE_RANK=0).")
     print("Tests stock passes and ours does not: " + (", ".join(regressions) or "none") + ".")
     if timing_rows:
         print()

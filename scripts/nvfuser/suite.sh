@@ -15,7 +15,8 @@
 #   BUDGET    seconds this call may use (default 570)
 #   SHARDS    parallel single-rank shards per build of test_multidevice (default 6)
 #   TEST_TIMEOUT  seconds for the single-rank runs, all shards of both builds at once (default 300)
-#   DRIVER_RANKS  process counts for the host-IR driver (default "2 4 8")
+#   DRIVER_RANKS  process counts for the host-IR driver (default "2 4 8"; "" skips it)
+#   SINGLE_RANK   1 (default): also every test of test_multidevice with one rank; 0 skips that
 #   MR_WORLDS, MR_FILTER, MR_WIDE_FILTER, MR_EXCLUDE, MR_TEST_TIMEOUT, MR_PROCS  the tests run
 #             with several ranks on the one GPU (scripts/lib/multi-rank-tests.sh; defaults below;
 #             MR_WORLDS="" skips them)
@@ -303,7 +304,7 @@ for w in $DRIVER_RANKS; do
   driver ours "$w"
 done
 [ -n "$MR_WORLDS" ] && multi_rank
-single_rank_tests
+[ "${SINGLE_RANK:-1}" = 1 ] && single_rank_tests
 
 # ---- report ---------------------------------------------------------------------------------
 "$python" "$repo/scripts/nvfuser/suite-report.py" "$res" "$DRIVER_RANKS" >"$OUT/nvfuser-suite.md" ||
