@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::store::memory::MemoryStore;
+use std::sync::atomic::AtomicUsize;
 
 fn assert_send_sync<T: Send + Sync>() {}
 
@@ -90,42 +91,82 @@ fn foreign_job_id_value_is_a_protocol_error() {
     assert_eq!(err.status, Status::Protocol);
 }
 
-/// A store without COMPARE_SET, like a host-callback store whose vtable lacks it.
-struct NoCompareSet(MemoryStore);
+/// A memory store with one behaviour changed, as another kind of store has it.
+struct Altered {
+    inner: Arc<MemoryStore>,
+    change: Change,
+}
 
-impl Store for NoCompareSet {
+enum Change {
+    /// No COMPARE_SET, like a host-callback store whose vtable lacks it.
+    NoCompareSet,
+    /// A short default timeout, so a wrong wait fails the test quickly.
+    ShortTimeout,
+    /// Rank 0's view of a host store whose server runs in its process: so many connections of
+    /// other processes are open to it.
+    ServedHere(Arc<AtomicUsize>),
+}
+
+impl Altered {
+    fn over(inner: &Arc<MemoryStore>, change: Change) -> Arc<dyn Store> {
+        Arc::new(Altered {
+            inner: Arc::clone(inner),
+            change,
+        })
+    }
+}
+
+impl Store for Altered {
     fn set(&self, k: &str, v: &[u8]) -> Result<()> {
-        self.0.set(k, v)
+        self.inner.set(k, v)
     }
     fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
-        self.0.get(k, t)
+        self.inner.get(k, t)
     }
     fn add(&self, k: &str, d: i64) -> Result<i64> {
-        self.0.add(k, d)
+        self.inner.add(k, d)
     }
     fn check(&self, k: &[&str]) -> Result<bool> {
-        self.0.check(k)
+        self.inner.check(k)
     }
     fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
-        self.0.wait(k, t)
+        self.inner.wait(k, t)
     }
     fn delete_key(&self, k: &str) -> Result<bool> {
-        self.0.delete_key(k)
+        self.inner.delete_key(k)
     }
     fn num_keys(&self) -> Result<i64> {
-        self.0.num_keys()
+        self.inner.num_keys()
     }
-    fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
-        Err(Error::unsupported("no compare_set"))
+    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+        match self.change {
+            Change::NoCompareSet => Err(Error::unsupported("no compare_set")),
+            _ => self.inner.compare_set(k, e, d),
+        }
     }
     fn append(&self, k: &str, v: &[u8]) -> Result<()> {
-        self.0.append(k, v)
+        self.inner.append(k, v)
+    }
+    fn default_timeout(&self) -> Duration {
+        match self.change {
+            Change::ShortTimeout => Duration::from_secs(2),
+            _ => self.inner.default_timeout(),
+        }
+    }
+    fn liveness(&self) -> Liveness {
+        match &self.change {
+            Change::ServedHere(others) => Liveness::ServedHere {
+                other_clients: others.load(Ordering::SeqCst),
+            },
+            // As a store that cannot tell (a host's, through callbacks).
+            _ => Liveness::Unknown,
+        }
     }
 }
 
 #[test]
 fn stores_without_compare_set_take_rank_0s_id() {
-    let store: Arc<dyn Store> = Arc::new(NoCompareSet(MemoryStore::new()));
+    let store = Altered::over(&Arc::new(MemoryStore::new()), Change::NoCompareSet);
     for _run in 0..2 {
         let handles: Vec<_> = (0..3)
             .map(|rank| {
@@ -158,45 +199,9 @@ fn a_rank_joins_the_run_of_a_rank_0_that_already_closed() {
     let first = a0.job_id.clone();
     drop(a0);
     let mut opts = options(1, 2, &store);
-    opts.store = Arc::new(ShortTimeout(Arc::clone(&store))) as Arc<dyn Store>;
+    opts.store = Altered::over(&store, Change::ShortTimeout);
     let a1 = Context::new(opts).unwrap();
     assert_eq!(a1.job_id, first);
-}
-
-/// A store whose default timeout is short, so a wrong wait fails the test quickly.
-struct ShortTimeout(Arc<MemoryStore>);
-
-impl Store for ShortTimeout {
-    fn set(&self, k: &str, v: &[u8]) -> Result<()> {
-        self.0.set(k, v)
-    }
-    fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
-        self.0.get(k, t)
-    }
-    fn add(&self, k: &str, d: i64) -> Result<i64> {
-        self.0.add(k, d)
-    }
-    fn check(&self, k: &[&str]) -> Result<bool> {
-        self.0.check(k)
-    }
-    fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
-        self.0.wait(k, t)
-    }
-    fn delete_key(&self, k: &str) -> Result<bool> {
-        self.0.delete_key(k)
-    }
-    fn num_keys(&self) -> Result<i64> {
-        self.0.num_keys()
-    }
-    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
-        self.0.compare_set(k, e, d)
-    }
-    fn append(&self, k: &str, v: &[u8]) -> Result<()> {
-        self.0.append(k, v)
-    }
-    fn default_timeout(&self) -> Duration {
-        Duration::from_secs(2)
-    }
 }
 
 #[test]
@@ -307,57 +312,12 @@ fn this_host_detection() {
     assert!(!is_this_host("no-such-host.invalid"));
 }
 
-/// Rank 0's view of a host store whose server runs in its process: `others` connections of
-/// other processes are open to it.
-struct ServedHere {
-    inner: Arc<MemoryStore>,
-    others: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Store for ServedHere {
-    fn set(&self, k: &str, v: &[u8]) -> Result<()> {
-        self.inner.set(k, v)
-    }
-    fn get(&self, k: &str, t: Duration) -> Result<Vec<u8>> {
-        self.inner.get(k, t)
-    }
-    fn add(&self, k: &str, d: i64) -> Result<i64> {
-        self.inner.add(k, d)
-    }
-    fn check(&self, k: &[&str]) -> Result<bool> {
-        self.inner.check(k)
-    }
-    fn wait(&self, k: &[&str], t: Duration) -> Result<()> {
-        self.inner.wait(k, t)
-    }
-    fn delete_key(&self, k: &str) -> Result<bool> {
-        self.inner.delete_key(k)
-    }
-    fn num_keys(&self) -> Result<i64> {
-        self.inner.num_keys()
-    }
-    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
-        self.inner.compare_set(k, e, d)
-    }
-    fn append(&self, k: &str, v: &[u8]) -> Result<()> {
-        self.inner.append(k, v)
-    }
-    fn liveness(&self) -> Liveness {
-        Liveness::ServedHere {
-            other_clients: self.others.load(Ordering::SeqCst),
-        }
-    }
-}
-
 /// Rank 0 over a store it serves (`others` other clients), and rank 1 over the same keys.
-fn served_pair(others: usize) -> (Context, Context, Arc<std::sync::atomic::AtomicUsize>) {
+fn served_pair(others: usize) -> (Context, Context, Arc<AtomicUsize>) {
     let store = Arc::new(MemoryStore::new());
-    let count = Arc::new(std::sync::atomic::AtomicUsize::new(others));
+    let count = Arc::new(AtomicUsize::new(others));
     let mut opts0 = options(0, 2, &store);
-    opts0.store = Arc::new(ServedHere {
-        inner: Arc::clone(&store),
-        others: Arc::clone(&count),
-    });
+    opts0.store = Altered::over(&store, Change::ServedHere(Arc::clone(&count)));
     let mut rank0 = Context::new(opts0).unwrap();
     rank0.set_host_linger(Duration::from_secs(20));
     let rank1 = Context::new(options(1, 2, &store)).unwrap();
