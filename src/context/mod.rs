@@ -458,15 +458,13 @@ impl Context {
     /// request), or no other process is connected to the server any more, or the host linger
     /// has run out.
     fn keep_serving_until_others_close(&self) -> Result<()> {
-        if !matches!(self.store.liveness(), Liveness::ServedHere { .. }) {
-            return Ok(());
-        }
         let all_closed = all_closed_key(&self.job_id);
         let deadline = Instant::now() + self.host_linger;
         loop {
             let others = match self.store.liveness() {
                 Liveness::ServedHere { other_clients } => other_clients,
-                _ => return Ok(()), // the host stopped its server: nothing left to keep
+                // Served elsewhere, or (on a later look) the host stopped its server.
+                _ => return Ok(()),
             };
             if others == 0 {
                 return Ok(());
