@@ -48,20 +48,27 @@ inline std::string Describe(nvfipc_status st) {
     EXPECT_EQ(st_, NVFIPC_STATUS_OK) << #expr << " -> " << ::nvfipc_gpu::Describe(st_);   \
   } while (0)
 
-#define CUDA_ASSERT(expr)                                                                \
+// CUDA runtime and driver calls checked with ASSERT_EQ, or with EXPECT_EQ where ASSERT cannot
+// return (destructors); a failure names the call and the error.
+#define GPU_CUDA_CHECK_(CHECK_EQ_, expr)                                                 \
   do {                                                                                   \
     cudaError_t err_ = (expr);                                                           \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << " -> " << cudaGetErrorName(err_) << ": "     \
+    CHECK_EQ_(err_, cudaSuccess) << #expr << " -> " << cudaGetErrorName(err_) << ": "    \
                                  << cudaGetErrorString(err_);                            \
   } while (0)
 
-#define DRV_ASSERT(expr)                                                                  \
+#define GPU_DRV_CHECK_(CHECK_EQ_, expr)                                                  \
   do {                                                                                   \
     CUresult res_ = (expr);                                                              \
     const char* name_ = nullptr;                                                         \
     cuGetErrorName(res_, &name_);                                                        \
-    ASSERT_EQ(res_, CUDA_SUCCESS) << #expr << " -> " << (name_ ? name_ : "?");           \
+    CHECK_EQ_(res_, CUDA_SUCCESS) << #expr << " -> " << (name_ ? name_ : "?");           \
   } while (0)
+
+#define CUDA_ASSERT(expr) GPU_CUDA_CHECK_(ASSERT_EQ, expr)
+#define CUDA_EXPECT(expr) GPU_CUDA_CHECK_(EXPECT_EQ, expr)
+#define DRV_ASSERT(expr) GPU_DRV_CHECK_(ASSERT_EQ, expr)
+#define DRV_EXPECT(expr) GPU_DRV_CHECK_(EXPECT_EQ, expr)
 
 // Skips the test (on every rank alike) unless the job has at least `n` ranks.
 #define REQUIRE_RANKS(n)                                                                 \

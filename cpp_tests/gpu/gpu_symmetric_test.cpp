@@ -29,21 +29,6 @@ extern char** environ;
 namespace nvfipc_gpu {
 namespace {
 
-// Checks in destructors, where ASSERT cannot return.
-#define CUDA_EXPECT(expr)                                                                \
-  do {                                                                                   \
-    cudaError_t err_ = (expr);                                                           \
-    EXPECT_EQ(err_, cudaSuccess) << #expr << " -> " << cudaGetErrorName(err_);            \
-  } while (0)
-
-#define DRV_EXPECT(expr)                                                                  \
-  do {                                                                                   \
-    CUresult res_ = (expr);                                                              \
-    const char* name_ = nullptr;                                                         \
-    cuGetErrorName(res_, &name_);                                                        \
-    EXPECT_EQ(res_, CUDA_SUCCESS) << #expr << " -> " << (name_ ? name_ : "?");           \
-  } while (0)
-
 // Written into out_ptrs/out_bytes beyond the members: a rendezvous must leave them alone.
 constexpr uint64_t kUntouched = 0xdeadbeefcafef00dull;
 // The environment variable that marks a process of the dying-member child job.
