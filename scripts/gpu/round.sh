@@ -92,9 +92,11 @@ start() {
   if [ "$(suite_state)" = absent ]; then
     rm -rf "$R/tree" && mkdir -p "$R/tree"
     tar -cf - --exclude=./build --exclude=./target --exclude=./gpu-out . | tar -xf - -C "$R/tree"
-    (cd "$R/tree" && setsid nohup env BUDGET=100000 WORK="$R/nvf-$NVF_SUITE-work" \
-      OUT="$R/out/nvf-$NVF_SUITE" bash "scripts/nvfuser/$suite_script" >"$suite_log" 2>&1 \
-      </dev/null &)
+    # Every descriptor of the launching subshell goes to the log as well: a caller that reads
+    # this call's output to its end (`round.sh start | tail`) must not wait for the suite.
+    (cd "$R/tree" && exec setsid nohup env BUDGET=100000 WORK="$R/nvf-$NVF_SUITE-work" \
+      OUT="$R/out/nvf-$NVF_SUITE" bash "scripts/nvfuser/$suite_script") >"$suite_log" 2>&1 \
+      </dev/null &
     sleep 2
     echo "== nvFuser $NVF_SUITE suite: $(suite_state)"
   fi

@@ -74,12 +74,17 @@ multi_rank() {
   local world list
   for world in $MR_WORLDS; do
     list="$res/mr-list-w$world.txt"
-    [ -s "$list" ] && continue
     local filter="$MR_FILTER"
     [ "$world" -gt 2 ] && filter="$MR_WIDE_FILTER"
-    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$filter-${NO_MCAST:+$NO_MCAST:}$MR_EXCLUDE" |
+    filter="$filter-${NO_MCAST:+$NO_MCAST:}$MR_EXCLUDE"
+    # A list made with another filter is made again, and its tests' markers (by position in
+    # the list) are forgotten.
+    [ -s "$list" ] && [ "$(cat "$list.filter" 2>/dev/null)" = "$filter" ] && continue
+    rm -f "$WORK/state/mr-w$world-"*
+    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$filter" |
       awk '/^[^ ]/ { suite = $1; next } /^  [^ ]/ { print suite $1 }' >"$list"
     [ -s "$list" ] || die "no test matches MR_FILTER"
+    echo "$filter" >"$list.filter"
     say "$world ranks, one GPU: $(wc -l <"$list") tests"
   done
   local t0=$(date +%s) n test port=29000 running=0

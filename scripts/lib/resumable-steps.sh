@@ -14,6 +14,14 @@ die() {
 left() { echo $((BUDGET - ($(date +%s) - start_s))); }
 done_() { [ -f "$WORK/state/$1" ]; }
 mark() { date +%s >"$WORK/state/$1"; }
+# Forgets that these steps were done, with their parts per world and test (markers named
+# <step>-w<W>... or <step>-<W>), so that e.g. "mr" runs every several-rank test again.
+forget_steps() {
+  local step
+  for step in "$@"; do
+    rm -f "$WORK/state/$step" "$WORK/state/$step"-w[0-9]* "$WORK/state/$step"-[0-9]*
+  done
+}
 # Stops this call (successfully) when fewer than $1 seconds are left: call the script again.
 need() {
   if [ "$(left)" -lt "$1" ]; then

@@ -123,7 +123,8 @@ if [ "$(cat "$WORK/state/sources" 2>/dev/null)" != "$sum" ]; then
   rm -rf "$WORK/state" "$bld" "$WORK"/bin-*
   mkdir -p "$WORK/state"
 fi
-for step in ${RERUN:-}; do rm -f "$WORK/state/$step"; done
+# shellcheck disable=SC2086 # RERUN is a list of step names
+forget_steps ${RERUN:-}
 if [ -n "${ONLY_IF_BUILT:-}" ] && ! done_ stash-ours; then
   die "ONLY_IF_BUILT: this machine holds no build"
 fi

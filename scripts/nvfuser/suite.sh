@@ -57,7 +57,7 @@ NVF_LIB="${NVF_LIB:-.nvf/lib}"
 WORK="${WORK:-build/nvfuser-suite}"
 SHARDS="${SHARDS:-6}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
-DRIVER_RANKS="${DRIVER_RANKS:-2 4 8}"
+DRIVER_RANKS="${DRIVER_RANKS-2 4 8}"
 MR_WORLDS="${MR_WORLDS-2 4}"
 MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-90}"
 MR_PROCS="${MR_PROCS:-24}"
@@ -93,8 +93,10 @@ if [ "$(cat "$WORK/state/sources" 2>/dev/null)" != "$tar_sum" ]; then
   rm -rf "$WORK/state" "$bld" # other sources: start over
   mkdir -p "$WORK/state"
 fi
-# RERUN="step ...": forget that these steps were done (e.g. "build-ours stash-ours driver-ours-2").
-for step in ${RERUN:-}; do rm -f "$WORK/state/$step"; done
+# RERUN="step ...": forget that these steps were done, with their parts (e.g. "build-ours
+# stash-ours driver-ours"; "mr" runs every several-rank test again).
+# shellcheck disable=SC2086 # RERUN is a list of step names
+forget_steps ${RERUN:-}
 # ONLY_IF_BUILT=1: do nothing on a machine that does not hold the builds (a fresh one).
 if [ -n "${ONLY_IF_BUILT:-}" ] && ! done_ stash-ours; then
   die "ONLY_IF_BUILT: this machine holds no build"
