@@ -61,7 +61,8 @@
 #               detected"); every test in processes of its own (MR_TEST_TIMEOUT each), so a test
 #               that stalls one rank costs only itself; several tests at once (MR_PROCS)
 #   tests       all of test_multidevice with one rank, gtest shards, stock and ours side by side
-#   report      $OUT/nvfuser-main-suite.md and the raw logs
+#   report      $OUT/nvfuser-main-suite.md (with the processes that printed store or library
+#               warnings: scripts/nvfuser/exit_noise.py) and the raw logs
 # Not a step: run_driver LABEL WORLD runs nvfipc_main_driver of one build with WORLD ranks
 # (see the function).
 # Tests that would create a multicast object (cuMulticastCreate) are filtered out everywhere:
@@ -405,6 +406,7 @@ print('| test | stock | ours |\n|---|---|---|')
 for t in sorted(set(sr['stock']) | set(sr['ours'])):
     print(f'| `{t}` | {fmt(sr["stock"].get(t))} | {fmt(sr["ours"].get(t))} |')
 EOF
+"$python" "$repo/scripts/nvfuser/exit_noise.py" "$res" >>"$OUT/nvfuser-main-suite.md" || die "exit report"
 cp "$res/configure.txt" "$OUT/" 2>/dev/null
 pack
 say "DONE: $OUT/nvfuser-main-suite.md"

@@ -46,7 +46,8 @@
 #              node of its own with its own NCCL_HOSTID, every test in processes of its own, stock
 #              and ours side by side (scripts/lib/multi-rank-tests.sh)
 #   tests      test_multidevice with one rank, stock and ours side by side
-#   report     $OUT/nvfuser-suite.md (one row per test: stock, ours) and the raw logs
+#   report     $OUT/nvfuser-suite.md (one row per test: stock, ours; which processes printed
+#              store or library warnings, scripts/nvfuser/exit_noise.py) and the raw logs
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo="$PWD"
@@ -311,6 +312,7 @@ done
 # ---- report ---------------------------------------------------------------------------------
 "$python" "$repo/scripts/nvfuser/suite-report.py" "$res" "$DRIVER_RANKS" >"$OUT/nvfuser-suite.md" ||
   die "report"
+"$python" "$repo/scripts/nvfuser/exit_noise.py" "$res" >>"$OUT/nvfuser-suite.md" || die "exit report"
 cp "$res"/configure.txt "$OUT/" 2>/dev/null
 pack
 say "DONE: $OUT/nvfuser-suite.md"
