@@ -2,8 +2,8 @@
 
     nvfipc launch -n 3 -- python tests/python/host_exchange.py [env|torch]
 
-env: the context from the launcher's environment; torch: over a torch.distributed.TCPStore
-(through the library's host-callback store). Each rank sends 1 MiB to rank+1 and receives
+env: the context from the launcher's environment; torch: over a torch.distributed.TCPStore that
+rank 0 hosts (through the library's host-callback store). Each rank sends 1 MiB to rank+1 and receives
 rank-1's: the peer's buffer mapped here holds its bytes, a host transfer copies them, a second
 exchange of the same buffers is a cache hit, the log hook receives lines, and a bad request
 raises NvfipcError carrying the library's message. Exits non-zero on any failure.
@@ -26,8 +26,16 @@ def main() -> int:
         import torch.distributed as dist
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1,
-                              world, is_master=rank == 0)
+        addr = os.environ["MASTER_ADDR"]
+        # Rank 0 hosts a TCPStore of torch's own on a port the kernel picks, and tells the others
+        # through the launcher's store (which speaks the same protocol): no port guessed.
+        launcher = dist.TCPStore(addr, int(os.environ["MASTER_PORT"]), world, is_master=False)
+        if rank == 0:
+            store = dist.TCPStore(addr, 0, world, is_master=True, wait_for_workers=False)
+            launcher.set("host_exchange/torch_port", str(store.port))
+        else:
+            port = int(launcher.get("host_exchange/torch_port"))
+            store = dist.TCPStore(addr, port, world, is_master=False)
         ctx = nv.Context.from_torch_store(store, rank, world)
     else:
         ctx = nv.Context.from_env()
