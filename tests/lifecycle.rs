@@ -32,6 +32,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{seeds_from_env, Rng};
+
 const ROLE: &str = "NVFIPC_LIFECYCLE_CHILD";
 /// Seeds whose programs once failed (kept as regression tests); none so far beyond the two
 /// lifecycle bugs that `tests/exchange.rs` keeps as scenarios.
@@ -40,37 +43,6 @@ const REGRESSION_SEEDS: &[u64] = &[];
 // ------------------------------------------------------------------------------------------------
 // The program
 // ------------------------------------------------------------------------------------------------
-
-/// splitmix64: small, fast, and the same everywhere.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<T: Copy>(&mut self, of: &[T]) -> T {
-        of[self.below(of.len() as u64) as usize]
-    }
-}
 
 /// One communication of a step: `src` sends to `dst` under `tag`.
 #[derive(Clone, Debug)]
@@ -446,18 +418,10 @@ fn check_seed(seed: u64, world: usize, steps: usize) {
 }
 
 fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
-    let Ok(spec) = std::env::var("NVFIPC_LIFECYCLE_SEEDS") else {
-        return default.chain(REGRESSION_SEEDS.iter().copied()).collect();
-    };
-    spec.split(',')
-        .flat_map(|part| match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u64, u64) = (a.trim().parse().unwrap(), b.trim().parse().unwrap());
-                (a..=b).collect::<Vec<_>>()
-            }
-            None => vec![part.trim().parse().unwrap()],
-        })
-        .collect()
+    seeds_from_env(
+        "NVFIPC_LIFECYCLE_SEEDS",
+        default.chain(REGRESSION_SEEDS.iter().copied()).collect(),
+    )
 }
 
 fn steps(default: usize) -> usize {

@@ -9,6 +9,10 @@
 //! And the other way round: a rank 0 whose process runs the store's server (as nvFuser's rank 0
 //! runs its `c10d::TCPStore`) and closes first keeps its process, and so the server, until the
 //! others have closed: their last requests are not cut off by its exit.
+//!
+//! And random teardowns in that layout: seeded world sizes, topologies, delays and ways of
+//! leaving (closing or dropping the cache and the context), every one quiet
+//! (`NVFIPC_QUIET_SEEDS`, e.g. `1-200`, widens the run).
 
 use nvfuser_ipc::context::{Context, ContextOptions};
 use nvfuser_ipc::default_transports;
@@ -27,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
-use common::{free_port, rerun_args};
+use common::{free_port, rerun_args, seeds_from_env, Rng};
 
 const ROLE_VAR: &str = "NVFIPC_QUIET_TEST_ROLE";
 const PORT_VAR: &str = "NVFIPC_QUIET_TEST_PORT";
@@ -118,7 +122,7 @@ fn check_quiet(store_kind: &str, rank: usize, out: &Output) {
     assert!(stdout.contains("closed: Ok"), "rank {rank}:\n{all}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     for line in stderr.lines() {
-        for bad in [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"] {
+        for bad in NOISE {
             assert!(!line.contains(bad), "rank {rank} printed {bad:?}:\n{all}");
         }
     }
@@ -219,12 +223,61 @@ fn the_rank_serving_the_store_stays_until_the_others_have_closed() {
             .unwrap_or(0);
         assert!(calls > 0, "rank {} made no store request:\n{all}", i + 1);
         for line in String::from_utf8_lossy(&out.stderr).lines() {
-            for bad in [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"] {
+            for bad in NOISE {
                 assert!(
                     !line.contains(bad),
                     "rank {} printed {bad:?}:\n{all}",
                     i + 1
                 );
+            }
+        }
+    }
+}
+
+/// The lines that must not appear in a rank's stderr when it leaves normally.
+const NOISE: [&str; 4] = [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"];
+
+/// Teardowns as nvFuser's test processes end them, drawn at random: rank 0's process runs the
+/// store's server (a callback store told its address, as the c10d adapter tells it), the ranks
+/// exchange over a chain, a star or a ring, wait until everyone has, and then each closes (or
+/// drops) its cache and then its context after delays of its own, and exits at once: rank 0
+/// first, last or between. Every rank must exit 0, close Ok and print nothing but debug lines.
+#[test]
+fn random_teardowns_are_quiet() {
+    for seed in seeds_from_env("NVFIPC_QUIET_SEEDS", (1..=6).collect()) {
+        check_teardown(seed);
+    }
+}
+
+fn check_teardown(seed: u64) {
+    let mut rng = Rng::new(seed);
+    let world = 2 + rng.below(3) as usize;
+    let topology = rng.pick(&["chain", "star", "ring"]);
+    let port = free_port();
+    let roles: Vec<String> = (0..world)
+        .map(|r| {
+            let (cache_ms, ctx_ms, by_drop) = (rng.below(300), rng.below(300), rng.chance(30));
+            format!("random:{r}:{topology}:{cache_ms}:{ctx_ms}:{by_drop}")
+        })
+        .collect();
+    let ranks: Vec<Child> = roles
+        .iter()
+        .map(|role| spawn(role, port, world, false))
+        .collect();
+    let outs: Vec<Output> = ranks.into_iter().map(finish).collect();
+    for (rank, out) in outs.iter().enumerate() {
+        let all = text(out);
+        let context = format!(
+            "seed {seed} (re-run: NVFIPC_QUIET_SEEDS={seed}), roles {roles:?}, rank {rank}"
+        );
+        assert!(out.status.success(), "{context}:\n{all}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("left: Ok"),
+            "{context}:\n{all}"
+        );
+        for line in String::from_utf8_lossy(&out.stderr).lines() {
+            for bad in NOISE {
+                assert!(!line.contains(bad), "{context} printed {bad:?}:\n{all}");
             }
         }
     }
@@ -472,14 +525,15 @@ fn callback_store(tcp: TcpStore) -> CallbackStore {
 fn rank_process() {
     let role = std::env::var(ROLE_VAR).expect("started without a role");
     let port: u16 = std::env::var(PORT_VAR).unwrap().parse().unwrap();
-    let (kind, rank) = role.split_once(':').unwrap();
-    let rank: usize = rank.parse().unwrap();
+    // kind:rank[:plan...]
+    let parts: Vec<&str> = role.split(':').collect();
+    let (kind, rank): (&str, usize) = (parts[0], parts[1].parse().unwrap());
     let _server = (rank == 0).then(|| StoreServer::bind("127.0.0.1", port).expect("host"));
     let tcp = TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(TIMEOUT))
         .expect("connect to the store");
     let inner: Arc<dyn Store> = match kind {
         "tcp" => Arc::new(tcp),
-        "addressed" | "serving" => {
+        "addressed" | "serving" | "random" => {
             let store = callback_store(tcp);
             store.set_server_address("127.0.0.1", port);
             Arc::new(store)
@@ -507,16 +561,12 @@ fn rank_process() {
     let buffer = host::alloc(4096).expect("host buffer");
     // A star: rank 0 exchanges with every other rank, the others with rank 0 only; or a chain
     // (`addressed`): each rank with its neighbours.
-    let peers: Vec<usize> = if kind == "addressed" || kind == "serving" {
-        [rank.checked_sub(1), (rank + 1 < world).then_some(rank + 1)]
-            .into_iter()
-            .flatten()
-            .collect()
-    } else if rank == 0 {
-        (1..world).collect()
-    } else {
-        vec![0]
+    let topology = match kind {
+        "addressed" | "serving" => "chain",
+        "random" => parts[2],
+        _ => "star",
     };
+    let peers = peers_of(topology, rank, world);
     let reqs: Vec<Request> = peers
         .iter()
         .flat_map(|&peer| {
@@ -527,6 +577,9 @@ fn rank_process() {
         })
         .collect();
     cache.exchange_handles(&reqs).expect("exchange");
+    if kind == "random" {
+        return leave_after_delays(rank, world, &parts[3..], &*store, ctx, cache);
+    }
     if rank == 0 {
         // Wait until the others have done every store call of their exchange.
         for peer in 1..world {
@@ -568,4 +621,60 @@ fn rank_process() {
     println!("closed: Ok");
     drop(store);
     println!("{AFTER}{}", calls.load(Ordering::SeqCst));
+}
+
+/// The peers of `rank` in a chain, a star (around rank 0) or a ring of `world` ranks.
+fn peers_of(topology: &str, rank: usize, world: usize) -> Vec<usize> {
+    let mut peers: Vec<usize> = match topology {
+        "chain" => [rank.checked_sub(1), (rank + 1 < world).then_some(rank + 1)]
+            .into_iter()
+            .flatten()
+            .collect(),
+        "ring" => vec![(rank + world - 1) % world, (rank + 1) % world],
+        _ if rank == 0 => (1..world).collect(),
+        _ => vec![0],
+    };
+    peers.sort_unstable();
+    peers.dedup();
+    peers.retain(|&p| p != rank);
+    peers
+}
+
+/// A rank of `random_teardowns_are_quiet` after its exchange: waits until every rank has
+/// exchanged, then leaves as `plan` says (`cache_ms:ctx_ms:by_drop`) and exits at once, with
+/// the store's server when it is rank 0.
+fn leave_after_delays(
+    rank: usize,
+    world: usize,
+    plan: &[&str],
+    store: &dyn Store,
+    ctx: Context,
+    cache: nvfuser_ipc::exchange::HandleCache,
+) {
+    let ms = |i: usize| Duration::from_millis(plan[i].parse().unwrap());
+    let by_drop: bool = plan[2].parse().unwrap();
+    store.set(&format!("quiet/rank{rank}-done"), b"1").unwrap();
+    for peer in 0..world {
+        store
+            .get(&format!("quiet/rank{peer}-done"), TIMEOUT)
+            .expect("rank done");
+    }
+    std::thread::sleep(ms(0));
+    if by_drop {
+        // As a C++ destructor frees them: nothing to report but what the library logs.
+        drop(cache);
+        std::thread::sleep(ms(1));
+        drop(ctx);
+        println!("left: Ok (dropped)");
+    } else {
+        let cache_closed = cache.try_close().map(|_| ());
+        std::thread::sleep(ms(1));
+        let ctx_closed = ctx.close();
+        println!("cache closed: {cache_closed:?}, context closed: {ctx_closed:?}");
+        if cache_closed.is_ok() && ctx_closed.is_ok() {
+            println!("left: Ok");
+        }
+    }
+    std::io::stdout().flush().unwrap();
+    std::process::exit(0);
 }

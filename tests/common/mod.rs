@@ -31,6 +31,54 @@ pub fn jitter(rank: usize, step: usize, max_us: usize) {
     std::thread::sleep(Duration::from_micros(us));
 }
 
+/// splitmix64: small, fast, and the same everywhere (the random programs of the tests).
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn pick<T: Copy>(&mut self, of: &[T]) -> T {
+        of[self.below(of.len() as u64) as usize]
+    }
+}
+
+/// The seeds named in the environment variable `var` (`1-40`, `7,9`, or both: `1-3,9`), else
+/// `default`.
+pub fn seeds_from_env(var: &str, default: Vec<u64>) -> Vec<u64> {
+    let Ok(spec) = std::env::var(var) else {
+        return default;
+    };
+    spec.split(',')
+        .flat_map(|part| match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u64, u64) = (a.trim().parse().unwrap(), b.trim().parse().unwrap());
+                (a..=b).collect::<Vec<_>>()
+            }
+            None => vec![part.trim().parse().unwrap()],
+        })
+        .collect()
+}
+
 /// A TCP port of the loopback interface that is free right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
