@@ -239,8 +239,7 @@ fn close_returns_promptly_when_the_peer_is_killed() {
     store
         .get(&format!("{job}/r0-closing"), T)
         .expect("rank 0 starts closing");
-    // Let rank 0 wait for the live rank 1 a while, then kill rank 1 and reap it (a zombie's pid
-    // still exists).
+    // Let rank 0 wait for the live rank 1 a while, then kill rank 1 and reap it.
     std::thread::sleep(Duration::from_millis(300));
     let killed_at = now_ns();
     let victim = &mut ranks.children[1];

@@ -495,8 +495,8 @@ class ChildJob {
   ~ChildJob() { KillAndReap(); }
   std::vector<Child>& children() { return children_; }
 
-  // Reaps every child as soon as it ends (a dead child's peers see it as alive until it is
-  // reaped), until all have ended or `bound_ms` passed; false on overrun.
+  // Reaps every child as soon as it ends (no zombie outlives the test), until all have ended or
+  // `bound_ms` passed; false on overrun.
   bool Wait(int64_t bound_ms) {
     Stopwatch waited;
     for (;;) {

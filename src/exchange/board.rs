@@ -629,8 +629,8 @@ impl PeerBoard {
         self.table.header().closed.load(Ordering::SeqCst) != 0
     }
 
-    /// Whether the owning process still exists (a killed process counts as existing until it is
-    /// reaped by its parent).
+    /// Whether the owning process still exists (one that has exited but is not reaped yet, a
+    /// zombie, does not: see `process_alive`).
     pub fn owner_alive(&self) -> bool {
         !self.owner().is_dead()
     }

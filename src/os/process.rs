@@ -23,7 +23,10 @@ pub fn thread_id() -> i64 {
 }
 
 /// Is `pid` a live process of this pid namespace (or one we may not signal, which also means it
-/// exists)? A zombie counts as alive until its parent reaps it.
+/// exists)? A zombie (exited, its parent has not reaped it yet) is not: it already released its
+/// memory, descriptors and device contexts, so for every question asked here (may it still map
+/// our memory, hold a board, answer for a rank) it has gone. A launcher that reaps its ranks in
+/// order would otherwise keep an exited rank "alive" until the ranks before it exit.
 pub fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
@@ -33,7 +36,29 @@ pub fn process_alive(pid: u32) -> bool {
     }
     // SAFETY: signal 0 only checks for existence and permission; it sends nothing.
     let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    exists && !is_zombie(pid)
+}
+
+/// Whether `/proc/<pid>/stat` shows `pid` exited (`Z`, zombie, or `X`, dead). False when it
+/// cannot tell: no `/proc`, or a `/proc` of another pid namespace (its `self` is not this
+/// process), where the pid would name another process.
+fn is_zombie(pid: libc::pid_t) -> bool {
+    static PROC_IS_OURS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ours = *PROC_IS_OURS.get_or_init(|| {
+        std::fs::read_link("/proc/self")
+            .is_ok_and(|p| p.to_str() == Some(std::process::id().to_string().as_str()))
+    });
+    ours && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| state_of(&stat))
+        .is_some_and(|state| state == 'Z' || state == 'X')
+}
+
+/// The state letter of a `/proc/<pid>/stat` line: the field after the last `)`.
+fn state_of(stat: &str) -> Option<char> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().next()?.chars().next()
 }
 
 /// Inode of `/proc/self/ns/<kind>` (`ipc`, `pid`, ...), 0 when unknown: equal for processes of
@@ -204,6 +229,32 @@ mod tests {
                     987654 1000 10 18446744073709551615";
         assert_eq!(start_ticks(line), Some(987654));
         assert_eq!(start_ticks("4242 (x) S 1"), None);
+    }
+
+    #[test]
+    fn state_parses_past_odd_command_names() {
+        assert_eq!(state_of("4242 (a b) c)) Z 1 4242"), Some('Z'));
+        assert_eq!(state_of("7 (sleep) S 1"), Some('S'));
+        assert_eq!(state_of("7 (sleep"), None);
+    }
+
+    /// A child that has exited but is not reaped yet is a zombie: not alive. Reaped, its pid
+    /// names nothing.
+    #[test]
+    fn an_exited_child_is_not_alive_before_it_is_reaped() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let start = std::time::Instant::now();
+        while process_alive(pid) && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!process_alive(pid), "pid {pid} still alive after it exited");
+        // Not reaped yet: the pid still exists (as a zombie) until `wait`.
+        // SAFETY: signal 0 only checks for existence.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, 0) }, 0);
+        child.wait().unwrap();
+        assert!(!process_alive(pid));
+        assert!(process_alive(std::process::id()));
     }
 
     #[test]
