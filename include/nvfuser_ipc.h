@@ -537,13 +537,16 @@ enum nvfipc_status nvfipc_context_store(const struct nvfipc_context *ctx,
 // closed or disconnected, so that nobody loses the store mid-operation, and reports
 // `NVFIPC_STATUS_TIMEOUT` if they did not (the context is freed in every case); so does a rank
 // whose process runs the server of a store through callbacks (c10d's rank 0, told where its
-// server listens by `nvfipc_store_set_server_address`), which goes when this process exits. It gives
-// `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while it was
-// open (see `nvfipc_context_create`). A rank that closes after the store's server hung up (over
-// a store through callbacks: stopped listening on this machine, see
+// server listens by `nvfipc_store_set_server_address`), which goes when this process exits. It
+// gives `NVFIPC_STATUS_INVALID_STATE` when another process claimed this rank of this job while
+// it was open (see `nvfipc_context_create`). A rank that closes after the store's server hung
+// up (over a store through callbacks: stopped listening on this machine, see
 // `nvfipc_store_set_server_address`), or, over a store through callbacks that cannot tell,
 // after every other rank of the job or rank 0 has left, makes no store request: it announces
-// nothing, which nobody would read. NULL is a no-op; a second free gives
+// nothing, which nobody would read. Without the server's address a rank sees another leave only
+// through a cache that exchanged with it on this machine: one that never exchanged with rank 0
+// cannot tell that rank 0 (and a server in its process) has gone, so give the address wherever
+// a rank's process runs the server. NULL is a no-op; a second free gives
 // `NVFIPC_STATUS_INVALID_STATE`.
 enum nvfipc_status nvfipc_context_free(struct nvfipc_context *ctx);
 

@@ -237,17 +237,32 @@ fn the_rank_serving_the_store_stays_until_the_others_have_closed() {
 /// The lines that must not appear in a rank's stderr when it leaves normally.
 const NOISE: [&str; 4] = [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"];
 
+/// The delays a rank of `random_teardowns_are_quiet` waits before freeing its cache, and its
+/// context (ms).
+const DELAYS_MS: [u64; 8] = [0, 0, 1, 2, 5, 20, 100, 250];
+
 /// How a rank of `random_teardowns_are_quiet` leaves: closing its cache and context, dropping
 /// them (as a C++ destructor frees them), or exiting without either (a process that ends on an
 /// error or `os._exit`; its peers see it exit).
 const LEAVE: [&str; 3] = ["close", "drop", "exit"];
 
+/// The stores of `random_teardowns_are_quiet`, both served by rank 0's process: through
+/// callbacks told where the server listens (nvFuser over the c10d adapter), or the library's own
+/// TCP client. A store through callbacks that cannot tell is left out: there a rank that never
+/// exchanged with rank 0 cannot see it leave (`nvfipc_context_free` says so; the other tests of
+/// this file cover what such a store promises).
+const STORES: [&str; 2] = ["addressed", "tcp"];
+
 /// Teardowns as nvFuser's test processes end them, drawn at random: rank 0's process runs the
-/// store's server (a callback store told its address, as the c10d adapter tells it), the ranks
-/// exchange over a chain, a star or a ring, wait until everyone has, and then each leaves in one
-/// of the [`LEAVE`] ways after delays of its own, and exits at once: rank 0 first, last or
-/// between. The harness reaps the ranks in order, so an exited rank may stay a zombie a while.
-/// Every rank must exit 0, close Ok and print nothing but debug lines.
+/// store's server (one of [`STORES`]), the ranks exchange over a chain, a star or a ring, wait
+/// until everyone has, and then each leaves in one of the [`LEAVE`] ways after delays of its own,
+/// and exits at once: rank 0 first, last or between. The harness reaps the ranks in order, so an
+/// exited rank may stay a zombie a while. Every rank must exit 0, close Ok and print nothing but
+/// debug lines.
+///
+/// The first six seeds run by default hold both failures found so far: seed 1 failed (4 runs of
+/// 4) before the serving rank waited for the others' close, seeds 2 and 5 before an exited rank
+/// that is not reaped yet (a zombie) counted as exited.
 #[test]
 fn random_teardowns_are_quiet() {
     for seed in seeds_from_env("NVFIPC_QUIET_SEEDS", (1..=6).collect()) {
@@ -259,14 +274,16 @@ fn check_teardown(seed: u64) {
     let mut rng = Rng::new(seed);
     let world = 2 + rng.below(3) as usize;
     let topology = rng.pick(&["chain", "star", "ring"]);
+    let flavour = rng.pick(&STORES);
     let port = free_port();
     let roles: Vec<String> = (0..world)
         .map(|r| {
-            let (cache_ms, ctx_ms) = (rng.below(300), rng.below(300));
+            // Mostly near-simultaneous (the races of a job's end), sometimes far apart.
+            let (cache_ms, ctx_ms) = (rng.pick(&DELAYS_MS), rng.pick(&DELAYS_MS));
             // Rank 0 takes the store's server with it: it always frees what it has.
             let ways: &[&str] = if r == 0 { &["close", "drop"] } else { &LEAVE };
             let how = rng.pick(ways);
-            format!("random:{r}:{topology}:{cache_ms}:{ctx_ms}:{how}")
+            format!("random:{r}:{flavour}:{topology}:{cache_ms}:{ctx_ms}:{how}")
         })
         .collect();
     let ranks: Vec<Child> = roles
@@ -540,9 +557,11 @@ fn rank_process() {
     let _server = (rank == 0).then(|| StoreServer::bind("127.0.0.1", port).expect("host"));
     let tcp = TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(TIMEOUT))
         .expect("connect to the store");
-    let inner: Arc<dyn Store> = match kind {
+    // A random teardown draws its store as well.
+    let flavour = if kind == "random" { parts[2] } else { kind };
+    let inner: Arc<dyn Store> = match flavour {
         "tcp" => Arc::new(tcp),
-        "addressed" | "serving" | "random" => {
+        "addressed" | "serving" => {
             let store = callback_store(tcp);
             store.set_server_address("127.0.0.1", port);
             Arc::new(store)
@@ -572,7 +591,7 @@ fn rank_process() {
     // (`addressed`): each rank with its neighbours.
     let topology = match kind {
         "addressed" | "serving" => "chain",
-        "random" => parts[2],
+        "random" => parts[3],
         _ => "star",
     };
     let peers = peers_of(topology, rank, world);
@@ -587,7 +606,7 @@ fn rank_process() {
         .collect();
     cache.exchange_handles(&reqs).expect("exchange");
     if kind == "random" {
-        return leave_after_delays(rank, world, &parts[3..], &*store, ctx, cache);
+        return leave_after_delays(rank, world, &parts[4..], &*store, ctx, cache);
     }
     if rank == 0 {
         // Wait until the others have done every store call of their exchange.
