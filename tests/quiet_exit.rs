@@ -84,6 +84,18 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// The lines that must not appear in a rank's stderr when it leaves normally.
+const NOISE: [&str; 4] = [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"];
+
+/// Asserts that `out` (of the rank `who` names) printed none of [`NOISE`].
+fn assert_quiet(who: &str, out: &Output) {
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        for bad in NOISE {
+            assert!(!line.contains(bad), "{who} printed {bad:?}:\n{}", text(out));
+        }
+    }
+}
+
 /// Rank 0 exits after the exchanges; once it is gone (and reaped), ranks 1, 2, ... close one
 /// after the other, each while the later ones are still there.
 fn run(store_kind: &str, world: usize) {
@@ -120,12 +132,8 @@ fn check_quiet(store_kind: &str, rank: usize, out: &Output) {
         "rank {rank}:\n{all}"
     );
     assert!(stdout.contains("closed: Ok"), "rank {rank}:\n{all}");
+    assert_quiet(&format!("rank {rank}"), out);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for line in stderr.lines() {
-        for bad in NOISE {
-            assert!(!line.contains(bad), "rank {rank} printed {bad:?}:\n{all}");
-        }
-    }
     // The cache and the context say (at debug level) what they skipped and why: the TCP client
     // sees its server hang up; a store through callbacks cannot, and the peers' boards tell.
     let why = match store_kind {
@@ -222,20 +230,9 @@ fn the_rank_serving_the_store_stays_until_the_others_have_closed() {
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0);
         assert!(calls > 0, "rank {} made no store request:\n{all}", i + 1);
-        for line in String::from_utf8_lossy(&out.stderr).lines() {
-            for bad in NOISE {
-                assert!(
-                    !line.contains(bad),
-                    "rank {} printed {bad:?}:\n{all}",
-                    i + 1
-                );
-            }
-        }
+        assert_quiet(&format!("rank {}", i + 1), out);
     }
 }
-
-/// The lines that must not appear in a rank's stderr when it leaves normally.
-const NOISE: [&str; 4] = [" NVFIPC WARN ", " NVFIPC ERROR ", "[c10d]", "panicked"];
 
 /// The delays a rank of `random_teardowns_are_quiet` waits before freeing its cache, and its
 /// context (ms).
@@ -301,11 +298,7 @@ fn check_teardown(seed: u64) {
             String::from_utf8_lossy(&out.stdout).contains("left: Ok"),
             "{context}:\n{all}"
         );
-        for line in String::from_utf8_lossy(&out.stderr).lines() {
-            for bad in NOISE {
-                assert!(!line.contains(bad), "{context} printed {bad:?}:\n{all}");
-            }
-        }
+        assert_quiet(&context, out);
     }
 }
 

@@ -541,12 +541,13 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        let hosting = self.lock_server().is_some()
-            || matches!(self.store.liveness(), Liveness::ServedHere { .. });
+        // `finish` takes the server this rank hosts: look before.
+        let hosts_server = self.lock_server().is_some();
         if let Err(e) = self.finish() {
             // Only the store host's problems matter here: other ranks' stores may legitimately
-            // be gone already at exit.
-            if hosting {
+            // be gone already at exit. (Whether this process serves a host's store is read
+            // from the socket tables only then: its server outlives `finish`.)
+            if hosts_server || matches!(self.store.liveness(), Liveness::ServedHere { .. }) {
                 log::warn!(target: logging::STORE, "closing the context: {e}");
             }
         }

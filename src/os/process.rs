@@ -55,10 +55,16 @@ fn is_zombie(pid: libc::pid_t) -> bool {
         .is_some_and(|state| state == 'Z' || state == 'X')
 }
 
-/// The state letter of a `/proc/<pid>/stat` line: the field after the last `)`.
+/// The state letter of a `/proc/<pid>/stat` line (field 3).
 fn state_of(stat: &str) -> Option<char> {
+    stat_fields(stat)?.next()?.chars().next()
+}
+
+/// The fields of a `/proc/<pid>/stat` line from the state (field 3) on: they follow the last
+/// `)`, since the command name in parentheses may hold spaces and parentheses.
+fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
     let (_, after_name) = stat.rsplit_once(')')?;
-    after_name.split_whitespace().next()?.chars().next()
+    Some(after_name.split_whitespace())
 }
 
 /// Inode of `/proc/self/ns/<kind>` (`ipc`, `pid`, ...), 0 when unknown: equal for processes of
@@ -132,12 +138,9 @@ pub fn started_by() -> Option<std::time::Duration> {
     }
 }
 
-/// `starttime` of a `/proc/<pid>/stat` line: the 22nd field, counted from the state, which
-/// follows the last `)` (the command name in parentheses may hold spaces and parentheses).
+/// `starttime` of a `/proc/<pid>/stat` line: field 22.
 fn start_ticks(stat: &str) -> Option<u64> {
-    let (_, after_name) = stat.rsplit_once(')')?;
-    // Fields 3 (state) on; starttime is field 22.
-    after_name.split_whitespace().nth(22 - 3)?.parse().ok()
+    stat_fields(stat)?.nth(22 - 3)?.parse().ok()
 }
 
 /// How many more tasks (processes and threads) this process can start, as far as the system
