@@ -1,0 +1,222 @@
+use super::*;
+
+fn name(tag: &str) -> String {
+    format!("/nvfipc-unitboard-{}-{tag}", std::process::id())
+}
+
+#[test]
+fn publish_and_read_across_mappings() {
+    let n = name("a");
+    let own = OwnBoard::create(&n, 3).unwrap();
+    let peer = PeerBoard::try_open(&n, 3).unwrap().unwrap();
+    assert!(PeerBoard::try_open(&n, 2).unwrap().is_none(), "wrong rank");
+    let fp = fingerprint("0/1/tag/0");
+    assert_eq!(peer.find(fp), None);
+    let e = own.insert(fp).unwrap();
+    assert_eq!(own.insert(fp).unwrap(), e);
+    assert_eq!(peer.find(fp), Some(e));
+    assert_eq!(peer.read(e, 1), None);
+    let at = |offset| BufferAt {
+        alloc_id: 7,
+        offset,
+        bytes: 64,
+        known_to_peer: offset > 0,
+    };
+    own.publish(e, 1, 10, at(0));
+    assert_eq!(peer.read(e, 1), Some((10, at(0))));
+    own.publish(e, 2, 11, at(128));
+    // A reader still at step 1 keeps seeing step 1's version and place.
+    assert_eq!(peer.read(e, 1), Some((10, at(0))));
+    assert_eq!(peer.read(e, 2), Some((11, at(128))));
+    assert_eq!(peer.step(e), 2);
+    assert_eq!(peer.owner_pid(), std::process::id());
+    assert!(peer.owner_alive());
+    assert_eq!(peer.opened(e), 0);
+    own.publish_opened(e, 4);
+    assert_eq!(peer.opened(e), 4);
+}
+
+#[test]
+fn a_peer_blocked_on_the_board_wakes_at_the_owners_publish() {
+    let n = name("w");
+    let own = OwnBoard::create(&n, 1).unwrap();
+    let e = own.insert(fingerprint("1/0/w/0")).unwrap();
+    // No sleeper: a publish makes no wake.
+    own.publish(e, 1, 1, BufferAt::default());
+    assert_eq!(own.table.header().wake.load(Ordering::Relaxed), 0);
+    let waiter = {
+        let n = n.clone();
+        std::thread::spawn(move || {
+            let peer = PeerBoard::try_open(&n, 1).unwrap().unwrap();
+            let start = std::time::Instant::now();
+            let mut blocks = 0;
+            while peer.read(e, 2).is_none() {
+                blocks += 1;
+                peer.block(Duration::from_secs(60), || peer.read(e, 2).is_none());
+            }
+            (start.elapsed(), blocks)
+        })
+    };
+    // Publish once the waiter sleeps.
+    while own.table.header().sleepers.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    own.publish(e, 2, 2, BufferAt::default());
+    let (took, blocks) = waiter.join().unwrap();
+    assert!(
+        took < Duration::from_secs(30),
+        "woken, not timed out: {took:?}"
+    );
+    assert!(blocks >= 1);
+    assert!(own.table.header().wake.load(Ordering::Relaxed) >= 1);
+    assert_eq!(own.table.header().sleepers.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn known_lists_say_which_peer_allocations_the_owner_holds() {
+    let n = name("k");
+    let own = OwnBoard::create(&n, 0).unwrap();
+    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    let e = own.insert(fingerprint("0/1/k/0")).unwrap();
+    assert!(!peer.knows(e, 5) && !peer.knows(e, 0));
+    own.set_known(e, &[5, 6]);
+    assert!(peer.knows(e, 5) && peer.knows(e, 6));
+    assert_eq!(own.known(e), vec![5, 6]);
+    own.forget_known(e, 5);
+    assert!(!peer.knows(e, 5) && peer.knows(e, 6));
+    own.set_known(e, &[7]);
+    assert_eq!(own.known(e), vec![7]);
+    assert!(!peer.knows(e, 6));
+}
+
+#[test]
+fn closed_is_seen_by_peers_and_survives_the_unlink() {
+    let n = name("d");
+    let own = OwnBoard::create(&n, 1).unwrap();
+    let peer = PeerBoard::try_open(&n, 1).unwrap().unwrap();
+    assert!(!peer.closed());
+    assert!(!own.is_closed());
+    own.mark_closed();
+    assert!(own.is_closed());
+    assert!(peer.closed());
+    drop(own);
+    // A peer that mapped the board keeps reading it after the owner unlinked it.
+    assert!(peer.closed());
+    assert!(PeerBoard::try_open(&n, 1).unwrap().is_none());
+}
+
+#[test]
+fn a_board_of_another_layout_is_refused() {
+    let n = name("e");
+    let own = OwnBoard::create(&n, 0).unwrap();
+    own.table
+        .header()
+        .magic
+        .store(u64::from_le_bytes(*b"NVFIBRD1"), Ordering::Relaxed);
+    let err = PeerBoard::try_open(&n, 0).err().unwrap();
+    assert!(err.message.contains("unknown layout"), "{err}");
+}
+
+#[test]
+fn colliding_fingerprints_probe() {
+    let n = name("b");
+    let own = OwnBoard::create(&n, 0).unwrap();
+    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    let a = 5u128 | (1u128 << 64);
+    let b = 5u128 | (2u128 << 64); // same start slot, different fingerprint
+    let ea = own.insert(a).unwrap();
+    let eb = own.insert(b).unwrap();
+    assert_ne!(ea, eb);
+    assert_eq!(peer.find(a), Some(ea));
+    assert_eq!(peer.find(b), Some(eb));
+}
+
+#[test]
+fn second_owner_in_one_process_is_refused_and_drop_unlinks() {
+    let n = name("c");
+    let own = OwnBoard::create(&n, 0).unwrap();
+    let err = OwnBoard::create(&n, 0).err().unwrap();
+    assert!(err.message.contains("own scope"), "{err}");
+    drop(own);
+    assert!(PeerBoard::try_open(&n, 0).unwrap().is_none());
+}
+
+#[test]
+fn fingerprints_match_the_two_fnv1a_hashes_and_stream_in_pieces() {
+    use crate::fnv::fnv1a64;
+    let d = "12/3/x/y#7";
+    let salted = [&[FINGERPRINT_SALT][..], d.as_bytes()].concat();
+    let expected = (u128::from(fnv1a64(&salted)) << 64) | u128::from(fnv1a64(d.as_bytes()));
+    assert_eq!(fingerprint(d), expected);
+    let mut f = Fingerprinter::new();
+    f.write_decimal(12);
+    f.write(b"/");
+    f.write_decimal(3);
+    f.write(b"/x/y#");
+    f.write_decimal(7);
+    assert_eq!(f.finish(), expected);
+    for n in [0u64, 9, 10, 99, 100, 4096, u64::MAX] {
+        let mut f = Fingerprinter::new();
+        f.write_decimal(n);
+        assert_eq!(f.finish(), fingerprint(&n.to_string()), "{n}");
+    }
+}
+
+/// Resizes a board's file as another process of the same uid could.
+fn resize(name: &str, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm{name}"))
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+#[test]
+fn a_truncated_board_reads_zeros_and_is_an_error_for_owner_and_peer() {
+    let n = name("t");
+    let own = OwnBoard::create(&n, 2).unwrap();
+    let peer = PeerBoard::try_open(&n, 2).unwrap().unwrap();
+    let fp = fingerprint("2/0/t/0");
+    let e = own.insert(fp).unwrap();
+    own.publish(e, 1, 5, BufferAt::default());
+    assert!(peer.read(e, 1).is_some());
+    assert!(own.check(true).is_ok() && peer.check(true).is_ok());
+    resize(&n, 0);
+    // Reads see zeros ("not there yet"), not SIGBUS; the owner's writes are absorbed.
+    assert_eq!(peer.read(e, 1), None);
+    assert_eq!(peer.find(fp), None);
+    own.publish(e, 2, 6, BufferAt::default());
+    let err = peer.check(false).unwrap_err();
+    assert_eq!(err.status, crate::error::Status::Protocol);
+    for needle in ["peer rank 2", &n, "truncated or shrunk", "create new ones"] {
+        assert!(err.message.contains(needle), "{needle}: {err}");
+    }
+    let err = own.check(false).unwrap_err();
+    assert!(err.message.contains("this rank's own board"), "{err}");
+    // The owner is still known, from before the truncation.
+    assert_eq!(peer.owner_pid(), std::process::id());
+    assert!(peer.owner_alive());
+    assert!(!peer.closed());
+}
+
+#[test]
+fn a_shrunk_board_is_found_before_its_lost_pages_are_read() {
+    let n = name("s");
+    let own = OwnBoard::create(&n, 0).unwrap();
+    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    resize(&n, 4096);
+    // Nothing past the first page was read yet: only a probe, which touches the last page,
+    // finds it.
+    assert!(own.check(false).is_ok());
+    let err = own.check(true).unwrap_err();
+    assert!(err.message.contains("truncated or shrunk"), "{err}");
+    assert!(peer.check(true).is_err());
+}
+
+#[test]
+fn fingerprints_differ() {
+    assert_ne!(fingerprint("0/1/a/0"), fingerprint("1/0/a/0"));
+    assert_ne!(fingerprint("0/1/a/0"), fingerprint("0/1/a/1"));
+}

@@ -1,0 +1,59 @@
+use super::*;
+use crate::error::Status;
+
+#[test]
+fn string_arguments_are_checked() {
+    let err = c_str_arg(std::ptr::null(), "key").unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("`key` is NULL"));
+    let bad = [b'a', 0xff, 0];
+    let err = c_str_arg(bad.as_ptr().cast(), "key").unwrap_err();
+    assert!(err.message.contains("not valid UTF-8"), "{}", err.message);
+    assert_eq!(c_str_arg(c"hello".as_ptr(), "key").unwrap(), "hello");
+    let arr = [c"a".as_ptr(), std::ptr::null()];
+    let err = c_str_array_arg(arr.as_ptr(), 2, "keys").unwrap_err();
+    assert!(err.message.contains("`keys[1]` is NULL"), "{}", err.message);
+    assert_eq!(c_str_array_arg(arr.as_ptr(), 1, "keys").unwrap(), ["a"]);
+    assert!(c_str_array_arg(std::ptr::null(), 0, "keys")
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn spans_accept_null_only_when_empty() {
+    assert!(bytes_arg(std::ptr::null(), 0, "v").unwrap().is_empty());
+    let err = bytes_arg(std::ptr::null(), 3, "v").unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert_eq!(bytes_arg(b"xyz".as_ptr(), 2, "v").unwrap(), b"xy");
+}
+
+#[test]
+fn out_pointers_are_checked_and_written() {
+    assert!(out_ptr::<i64>(std::ptr::null_mut(), "out").is_err());
+    assert!(optional_out_ptr::<i64>(std::ptr::null_mut(), "out")
+        .unwrap()
+        .is_none());
+    let mut v = 0i64;
+    out_ptr(&mut v, "out").unwrap().write(42);
+    assert_eq!(v, 42);
+}
+
+#[test]
+fn timeouts_and_ranks_convert() {
+    let d = Duration::from_secs(9);
+    assert_eq!(timeout_arg(-1, d), d);
+    assert_eq!(timeout_arg(0, d), Duration::ZERO);
+    assert_eq!(timeout_arg(250, d), Duration::from_millis(250));
+    assert_eq!(rank_arg(3, 4, "rank").unwrap(), 3);
+    for bad in [-1, 4, i64::MAX] {
+        let err = rank_arg(bad, 4, "rank").unwrap_err();
+        assert!(
+            err.message.contains(&format!("`rank` = {bad}")),
+            "{}",
+            err.message
+        );
+    }
+    assert_eq!(positive_arg(2, "n").unwrap(), 2);
+    assert!(positive_arg(0, "n").is_err());
+    assert!(positive_arg(-5, "n").is_err());
+}

@@ -1,0 +1,95 @@
+use super::*;
+use crate::ffi::boundary::last_error_message;
+
+#[test]
+fn cache_primitives_check_their_arguments() {
+    let tag = c"t";
+    let req = nvfipc_request {
+        peer: 1,
+        direction: crate::ffi::exchange::NVFIPC_DIRECTION_SEND,
+        kind: crate::ffi::exchange::NVFIPC_MEM_DEVICE,
+        tag: tag.as_ptr(),
+        ptr: 0x1000,
+        bytes: 8,
+    };
+    let null = std::ptr::null_mut();
+    assert_eq!(
+        nvfipc_cuda_p2p_send_post(std::ptr::null(), &req, null),
+        Status::InvalidArgument
+    );
+    assert!(last_error_message().contains("cache"));
+    assert_eq!(
+        nvfipc_cuda_p2p_recv_post(std::ptr::null(), &req, 8, null),
+        Status::InvalidArgument
+    );
+    assert_eq!(
+        nvfipc_cuda_p2p_send_wait(std::ptr::null(), std::ptr::null(), null),
+        Status::InvalidArgument
+    );
+    assert_eq!(
+        nvfipc_cuda_channel_send_post(std::ptr::null(), null),
+        Status::InvalidArgument
+    );
+    assert_eq!(
+        nvfipc_cuda_channel_recv_post(std::ptr::null(), 8, null),
+        Status::InvalidArgument
+    );
+    assert_eq!(
+        nvfipc_cuda_channel_send_wait(std::ptr::null(), null),
+        Status::InvalidArgument
+    );
+}
+
+#[test]
+fn available_never_fails() {
+    let mut out = true;
+    assert_eq!(nvfipc_cuda_available(&mut out), Status::Ok);
+    assert_eq!(out, driver::is_available());
+    assert_eq!(
+        nvfipc_cuda_available(std::ptr::null_mut()),
+        Status::InvalidArgument
+    );
+}
+
+#[test]
+fn check_reports_why_cuda_is_missing() {
+    let status = nvfipc_cuda_check();
+    if driver::is_available() {
+        assert_eq!(status, Status::Ok);
+    } else {
+        assert_eq!(status, Status::CudaUnavailable);
+        assert!(last_error_message().contains("libcuda.so.1"));
+    }
+}
+
+#[test]
+fn bad_arguments_give_statuses() {
+    assert_eq!(
+        nvfipc_cuda_check_pointer(std::ptr::null(), 4, std::ptr::null_mut()),
+        Status::InvalidArgument
+    );
+    assert_eq!(
+        nvfipc_cuda_endpoint_send_post(std::ptr::null(), 1, std::ptr::null_mut()),
+        Status::InvalidArgument
+    );
+    let ep = nvfipc_p2p_endpoint {
+        local_ptr: 0x1000,
+        local_bytes: 16,
+        local_semaphore: 0x2000,
+        peer_ptr: 0x3000,
+        peer_bytes: 16,
+        peer_semaphore: 0x4000,
+    };
+    assert_eq!(
+        nvfipc_cuda_endpoint_recv_post(&ep, 1, 32, std::ptr::null_mut()),
+        Status::InvalidArgument
+    );
+    assert!(last_error_message().contains("does not fit"));
+    assert_eq!(
+        nvfipc_cuda_endpoint_send_wait(&ep, 0, std::ptr::null_mut()),
+        Status::InvalidArgument
+    );
+    let mut counters = nvfipc_cuda_ipc_counters::default();
+    assert_eq!(nvfipc_cuda_ipc_counters_get(&mut counters), Status::Ok);
+    assert_eq!(counters.opens, counters.closes + counters.live);
+}

@@ -1,0 +1,115 @@
+use super::*;
+use crate::host::test_fdpass_pair;
+use crate::transport::record::local_host;
+
+fn record_for(buf: &LocalBuffer, handle: &ExportedHandle, slab: &ExportedHandle) -> Record {
+    Record {
+        handle_type: handle.handle_type,
+        flags: 0,
+        offset: buf.offset(),
+        bytes: buf.bytes,
+        alloc_bytes: buf.alloc_bytes,
+        buffer_id: buf.buffer_id,
+        host_id: local_host().id,
+        version: 1,
+        device_uuid: [0; 16],
+        pid: std::process::id(),
+        rank: 0,
+        host_name: [0; 32],
+        payload: handle.payload,
+        sem_type: slab.handle_type,
+        sem_slot: 0,
+        sem_payload: slab.payload,
+        segments: Vec::new(),
+    }
+}
+
+const T: Duration = Duration::from_secs(5);
+
+#[test]
+fn export_import_dedup_release() {
+    let (fa, fb) = test_fdpass_pair("unit_tr");
+    let exporter = HostTransport::with_fdpass(fa).unwrap();
+    let importer = HostTransport::with_fdpass(fb).unwrap();
+    let buf = alloc::alloc_for_job("unit_tr", 4096).unwrap();
+    buf.write(100, b"hello").unwrap();
+    let local = exporter.resolve(buf.addr() + 100, 5).unwrap();
+    assert_eq!(local.offset(), 100);
+    let handle = exporter.export(&local).unwrap();
+    assert_eq!(exporter.export(&local).unwrap(), handle, "offered once");
+    assert_eq!(exporter.offered_buffers(), 1);
+    let rec = record_for(&local, &handle, &exporter.semaphores().export().unwrap());
+    let rec = Record::decode(&rec.encode()).unwrap();
+    let m1 = importer.import(&rec, T).unwrap();
+    let m2 = importer.import(&rec, T).unwrap();
+    assert_eq!(m1, m2);
+    assert_eq!(importer.live_mappings(), 1);
+    let mut got = [0u8; 5];
+    // SAFETY: m1.ptr maps 5 readable bytes of the exporter's buffer.
+    unsafe { std::ptr::copy_nonoverlapping(m1.ptr as *const u8, got.as_mut_ptr(), 5) };
+    assert_eq!(&got, b"hello");
+    // Writes through the mapping reach the exporter's buffer.
+    // SAFETY: m1.ptr maps at least 5 writable bytes.
+    unsafe { std::ptr::copy_nonoverlapping(b"HELLO".as_ptr(), m1.ptr as *mut u8, 5) };
+    let mut back = [0u8; 5];
+    buf.read(100, &mut back).unwrap();
+    assert_eq!(&back, b"HELLO");
+    importer.release(&m1).unwrap();
+    assert_eq!(importer.live_mappings(), 1);
+    importer.release(&m2).unwrap();
+    assert_eq!(importer.live_mappings(), 0);
+    assert!(importer.release(&m2).is_err());
+    // Freeing withdraws the offer: a late importer is told the buffer is gone.
+    drop(buf);
+    assert_eq!(exporter.offered_buffers(), 0);
+    let err = importer.import(&rec, T).unwrap_err();
+    assert_eq!(err.status, Status::NotFound, "{err}");
+    assert!(err.message.contains("no longer exists"), "{err}");
+}
+
+#[test]
+fn a_dropped_transport_withdraws_its_offers() {
+    let (fa, _) = test_fdpass_pair("unit_tr4");
+    let t = HostTransport::with_fdpass(fa.clone()).unwrap();
+    let buf = alloc::alloc_for_job("unit_tr", 64).unwrap();
+    t.export(&t.resolve(buf.addr(), 8).unwrap()).unwrap();
+    t.semaphores().export().unwrap();
+    assert_eq!(fa.registered(), 2, "the buffer and the slab");
+    drop(t);
+    // Another test's free may hold a strong reference to this transport for a moment (the
+    // allocator upgrades its listeners while it tells them): the offers go with the last one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while fa.registered() != 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(fa.registered(), 0);
+}
+
+#[test]
+fn resolve_rejects_bad_pointers() {
+    let (fa, _) = test_fdpass_pair("unit_tr2");
+    let t = HostTransport::with_fdpass(fa).unwrap();
+    assert!(t.resolve(0, 4).unwrap_err().message.contains("NULL"));
+    let stack = 5u64;
+    let err = t.resolve(&stack as *const u64 as u64, 8).unwrap_err();
+    assert!(err.message.contains("not a shared-memory buffer"), "{err}");
+    let buf = alloc::alloc_for_job("unit_tr", 64).unwrap();
+    assert!(t.resolve(buf.addr(), 0).is_err());
+    assert!(t.resolve(buf.addr(), 65).is_err());
+    let addr = buf.addr();
+    drop(buf);
+    assert!(t.resolve(addr, 8).unwrap_err().message.contains("freed"));
+}
+
+#[test]
+fn records_of_other_kinds_are_refused() {
+    let (fa, _) = test_fdpass_pair("unit_tr3");
+    let t = HostTransport::with_fdpass(fa).unwrap();
+    let buf = alloc::alloc_for_job("unit_tr", 64).unwrap();
+    let local = t.resolve(buf.addr(), 8).unwrap();
+    let handle = t.export(&local).unwrap();
+    let mut rec = record_for(&local, &handle, &handle);
+    rec.handle_type = crate::transport::record::HandleType::CudaLegacyIpc;
+    let err = t.import(&rec, T).unwrap_err();
+    assert_eq!(err.status, Status::Protocol, "{err}");
+}
