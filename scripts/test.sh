@@ -3,34 +3,90 @@
 # interop with real PyTorch (the pinned torch and the newest on the package index), the C/C++
 # GoogleTest suites, the Python wheel and API, and a bounded fuzz run of the store's frame
 # parser. Installs what it needs (Debian packages, two cached Python venvs with torch, one with
-# maturin).
+# maturin). Each step prints `[k/N] name`, then its duration; a table of every step ends the run.
+# Long, noisy output (the fuzzer's) goes to a log file under build/test-logs whose path is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/lib/deps.sh
+logs="$PWD/build/test-logs"
+mkdir -p "$logs"
 
-NVFIPC_PYTHON="$(bash scripts/lib/python-env.sh)"
-export NVFIPC_PYTHON NVFIPC_REQUIRE_TORCH=1
+steps=(
+    "dependencies (apt packages, Python venvs)"
+    "fuzz the store frame parser"
+    "cargo test (release)"
+    "store server suite with three event loops"
+    "PyTorch interop with the newest torch"
+    "C/C++ suites (CMake + GoogleTest)"
+    "pkg-config file and a C program built with it"
+    "Python wheel, C++ consumer and Python API"
+    "README's C example as printed"
+)
+total=${#steps[@]}
+names=()
+times=()
+results=()
+k=0
+suite_start=$SECONDS
 
-echo "== fuzz the store frame parser (bounded, first: its output is long)"
-bash scripts/checks/fuzz.sh "${NVFIPC_FUZZ_SECONDS:-60}"
+summary() {
+    local rc=$?
+    echo
+    echo "== summary ($((SECONDS - suite_start)) s in all)"
+    printf '%-4s %-48s %8s  %s\n' "step" "name" "seconds" "result"
+    local i
+    for i in "${!names[@]}"; do
+        printf '%-4s %-48s %8s  %s\n' "$((i + 1))/$total" "${names[$i]}" "${times[$i]}" "${results[$i]}"
+    done
+    if [ "$rc" -ne 0 ]; then
+        echo "FAILED at step $k/$total (${steps[$((k - 1))]}); see its output above"
+    fi
+}
+trap summary EXIT
 
-echo "== cargo test (release profile for realistic multi-process timing)"
-cargo test --release --all-targets
-echo "== store server suite again, with three event loops"
-NVFIPC_TEST_STORE_THREADS=3 cargo test --release --test store_server
-echo "== PyTorch interop again, with the newest torch on the package index"
-NVFIPC_PYTHON="$(bash scripts/lib/python-env-newest.sh)" cargo test --release --test store_interop
+# step FUNCTION: runs the next step of `steps`, timing it.
+step() {
+    k=$((k + 1))
+    local name="${steps[$((k - 1))]}" start=$SECONDS
+    names+=("$name")
+    times+=("-")
+    results+=("failed")
+    echo
+    echo "[$k/$total] $name"
+    "$@"
+    times[$((k - 1))]=$((SECONDS - start))
+    results[$((k - 1))]="ok"
+    echo "[$k/$total] $name: ok in $((SECONDS - start)) s"
+}
 
-echo "== C/C++ suites (CMake + GoogleTest)"
-bash scripts/checks/cpp-tests.sh build/ci-cpp
+dependencies() {
+    bash scripts/lib/deps.sh
+    NVFIPC_PYTHON="$(bash scripts/lib/python-env.sh)"
+    export NVFIPC_PYTHON NVFIPC_REQUIRE_TORCH=1
+}
 
+fuzz() {
+    local log="$logs/fuzz.log"
+    echo "fuzzer output: $log"
+    if ! bash scripts/checks/fuzz.sh "${NVFIPC_FUZZ_SECONDS:-60}" >"$log" 2>&1; then
+        tail -40 "$log"
+        echo "the fuzz run failed; its whole output is in $log" >&2
+        return 1
+    fi
+    # libFuzzer's last status line: runs, coverage, corpus.
+    grep -E '^#[0-9]+' "$log" | tail -1 || true
+}
 
-echo "== pkg-config file: installed, then a C program built with it alone"
-bash scripts/checks/pkgconfig-check.sh
+interop_newest() {
+    NVFIPC_PYTHON="$(bash scripts/lib/python-env-newest.sh)" cargo test --release --test store_interop
+}
 
-echo "== Python wheel: built from target/release, installed in a fresh venv, C++ consumer and Python API"
-bash scripts/checks/wheel-check.sh build/wheel/check
-
-echo "== README's C example, compiled and run as printed"
-bash scripts/checks/readme-check.sh
+step dependencies
+step fuzz
+step cargo test --release --all-targets
+step env NVFIPC_TEST_STORE_THREADS=3 cargo test --release --test store_server
+step interop_newest
+step bash scripts/checks/cpp-tests.sh build/ci-cpp
+step bash scripts/checks/pkgconfig-check.sh
+step bash scripts/checks/wheel-check.sh build/wheel/check
+step bash scripts/checks/readme-check.sh
