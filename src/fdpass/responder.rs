@@ -69,7 +69,8 @@ pub struct Responder {
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
     thread: Option<JoinHandle<()>>,
-    path: Option<PathBuf>,
+    /// The socket file and its slot in the exit-time cleanup table (see `os::cleanup`).
+    path: Option<(PathBuf, Option<usize>)>,
     stats: Arc<ResponderStats>,
 }
 
@@ -128,10 +129,11 @@ impl Responder {
         let mut file = None;
         let path = path.and_then(|p| {
             let l = listen_path(&p, uid)?;
-            sys::remove_at_exit(&p);
             file = Some(l);
             Ok(p)
         });
+        let cleanup =
+            (path.as_ref().ok()).map(|p| (p.clone(), crate::os::cleanup::register_path(p)));
         let poll = Poll::new().map_err(|e| Error::from_io(format!("{who}: epoll"), &e))?;
         let reg = poll.registry();
         reg.register(&mut abs, ABSTRACT, Interest::READABLE)
@@ -171,7 +173,7 @@ impl Responder {
             stop,
             waker,
             thread: Some(thread),
-            path: path.as_ref().ok().cloned(),
+            path: cleanup,
             stats,
         };
         Ok((responder, path))
@@ -194,9 +196,11 @@ impl Drop for Responder {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let Some(p) = &self.path {
+        if let Some((p, slot)) = self.path.take() {
             let _ = std::fs::remove_file(p);
-            sys::forget_at_exit(p);
+            if let Some(slot) = slot {
+                crate::os::cleanup::unregister(slot);
+            }
         }
     }
 }

@@ -23,18 +23,10 @@ pub struct ShmSegment {
 
 /// "/dev/shm has F of T bytes free", for messages.
 pub fn shm_space() -> String {
-    // SAFETY: an all-zero `statvfs` is a valid value to be overwritten.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: the path is a valid NUL-terminated string and `st` a valid out pointer.
-    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut st) } != 0 {
-        return "/dev/shm's free space is unknown".to_string();
+    match shm_free_and_total() {
+        Some((free, total)) => format!("/dev/shm has {free} of {total} bytes free"),
+        None => "/dev/shm's free space is unknown".to_string(),
     }
-    let unit = st.f_frsize as u64;
-    format!(
-        "/dev/shm has {} of {} bytes free",
-        st.f_bavail as u64 * unit,
-        st.f_blocks as u64 * unit
-    )
 }
 
 /// Free and total bytes of the file system at `/dev/shm`, when it can be read.

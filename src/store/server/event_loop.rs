@@ -214,7 +214,7 @@ impl EventLoop {
             self.retry_parked();
             if self.shared.budget.freed() >= TRIM_AFTER {
                 self.shared.budget.take_freed();
-                crate::os::mem::release_free_heap();
+                crate::os::mmap::release_free_heap();
             }
             self.expire_handshakes();
             if self
@@ -316,33 +316,17 @@ impl EventLoop {
         }
     }
 
-    /// Records a problem with the connection limit and prints it on stderr, at most once a
-    /// second (a client retrying in a loop must not flood the log).
+    /// A problem with the connection limit: a WARN line at most once a second (a client
+    /// retrying in a loop must not flood the log), and the server's last error.
     fn limit_log(&mut self, message: String) {
-        let now = Instant::now();
-        let due = match self.last_limit_log {
-            Some(t) => now.duration_since(t) >= Duration::from_secs(1),
-            None => true,
-        };
-        if due {
-            self.last_limit_log = Some(now);
-            log::warn!(target: logging::SERVER, "{message}");
-        }
+        warn_at_most_every_second(&mut self.last_limit_log, &message);
         self.shared.record_error(message);
     }
 
-    /// A connection closed for a protocol problem: a WARN line, at most one a second (a broken
-    /// or hostile client in a loop must not flood the log), and the server's last error.
+    /// A connection closed for a protocol problem: as [`Self::limit_log`], for broken or
+    /// hostile clients.
     fn bad_client(&mut self, message: String) {
-        let now = Instant::now();
-        let due = match self.last_bad_client_log {
-            Some(t) => now.duration_since(t) >= Duration::from_secs(1),
-            None => true,
-        };
-        if due {
-            self.last_bad_client_log = Some(now);
-            log::warn!(target: logging::SERVER, "{message}");
-        }
+        warn_at_most_every_second(&mut self.last_bad_client_log, &message);
         self.shared.record_error(message);
     }
 
@@ -764,16 +748,17 @@ impl EventLoop {
         self.free_slots.push(slot);
         self.shared.connected.fetch_sub(1, Ordering::AcqRel);
         let stats = &self.shared.stats;
+        let counter = match &reason {
+            None => return,
+            Some(Close::PeerClosed) => &stats.closed_by_peer,
+            Some(Close::Io) => &stats.closed_io,
+            Some(Close::Handshake | Close::HandshakeTimeout) => &stats.closed_handshake,
+            Some(Close::Malformed(_) | Close::Refused(_)) => &stats.closed_malformed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         match reason {
-            None => {}
-            Some(Close::PeerClosed) => {
-                stats.closed_by_peer.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Close::Io) => {
-                stats.closed_io.fetch_add(1, Ordering::Relaxed);
-            }
+            None | Some(Close::PeerClosed | Close::Io) => {}
             Some(Close::Handshake) => {
-                stats.closed_handshake.fetch_add(1, Ordering::Relaxed);
                 self.bad_client(
                     "store server: a client's first message was not the TCPStore VALIDATE \
                      handshake (not a c10d client?); connection closed"
@@ -781,7 +766,6 @@ impl EventLoop {
                 );
             }
             Some(Close::HandshakeTimeout) => {
-                stats.closed_handshake.fetch_add(1, Ordering::Relaxed);
                 self.bad_client(
                     "store server: a client sent no complete handshake in time; connection \
                      closed"
@@ -789,13 +773,19 @@ impl EventLoop {
                 );
             }
             Some(Close::Malformed(e)) => {
-                stats.closed_malformed.fetch_add(1, Ordering::Relaxed);
-                self.bad_client(format!("store server: {e}; connection closed"));
+                self.bad_client(format!("store server: {e}; connection closed"))
             }
             Some(Close::Refused(r)) => {
-                stats.closed_malformed.fetch_add(1, Ordering::Relaxed);
-                self.bad_client(format!("store server: {r}; connection closed"));
+                self.bad_client(format!("store server: {r}; connection closed"))
             }
         }
+    }
+}
+
+fn warn_at_most_every_second(last: &mut Option<Instant>, message: &str) {
+    let now = Instant::now();
+    if !last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+        *last = Some(now);
+        log::warn!(target: logging::SERVER, "{message}");
     }
 }

@@ -197,12 +197,12 @@ impl StoreServer {
     pub fn bind_with(host: &str, port: u16, opts: &ServerOptions) -> Result<StoreServer> {
         crate::logging::init();
         let wanted = opts.max_connections.max(MIN_CONNECTIONS);
-        let soft = crate::os::listen::raise_fd_limit((wanted + FD_RESERVE) as u64);
+        let soft = crate::os::net::raise_fd_limit((wanted + FD_RESERVE) as u64);
         let max_connections = usize::try_from(soft)
             .unwrap_or(usize::MAX)
             .saturating_sub(FD_RESERVE)
             .clamp(MIN_CONNECTIONS, wanted);
-        let std_listener = crate::os::listen::bind_listener(host, port)?;
+        let std_listener = crate::os::net::bind_listener(host, port)?;
         let addr = std_listener
             .local_addr()
             .map_err(|e| Error::from_io("store server: local_addr", &e))?;

@@ -7,19 +7,14 @@
 //! requests. The limits are those of torch's default (libuv) server, which closes the connection
 //! when a request exceeds them.
 //!
-//! One file per job, all re-exported here (`wire::parse_frame`, `wire::encode_set`, ...):
-//! - this file: the limits and reply codes, [`Command`] and [`ParseError`];
-//! - `request.rs`: a parsed [`Request`] (zero-copy key and pair lists) and the [`ReplyShape`] of
-//!   each command;
-//! - `parser.rs`: [`parse_request`] / [`parse_frame`], the incremental, zero-copy request parser
-//!   the server runs and the fuzz target drives;
-//! - `encode.rs`: `encode_*` request encoders (limit-checked) and the `put_*` raw field encoders
-//!   the server writes replies with;
-//! - `reply.rs`: `read_*`, the blocking reply readers of the client;
-//! - `decode.rs` (tests only): `decode_*`, reply decoders over byte slices that check the
-//!   server's replies byte by byte.
+//! Files: this one (limits, reply codes, [`Command`], [`ParseError`]); `request.rs` (a parsed,
+//! zero-copy [`Request`]); `parser.rs` (the incremental parser the server runs and the fuzz
+//! target drives); `encode.rs` (limit-checked `encode_*` requests, `put_*` fields for replies);
+//! `reply.rs` (the client's blocking `read_*` reply readers). Tests decode replies from slices
+//! with `tests/decode.rs`.
 
 #[cfg(test)]
+#[path = "tests/decode.rs"]
 mod decode;
 mod encode;
 mod parser;
