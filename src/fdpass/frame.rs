@@ -77,55 +77,50 @@ pub struct FetchRequest {
     pub secret: Secret,
 }
 
-/// Why a responder refused a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorCode {
-    /// No object was ever registered under this serial.
-    UnknownId = 1,
-    /// The object was registered and has been unregistered since.
-    Revoked = 2,
-    /// The request did not parse (magic, kind, size).
-    Malformed = 3,
-    /// The request names another responder's nonce (a stale record, or another job).
-    WrongNonce = 4,
-    /// The request's frame version is not one this responder speaks.
-    UnsupportedVersion = 5,
-    /// The responder has too many connections open.
-    Busy = 6,
-    /// The responder failed to send the descriptor.
-    Internal = 7,
-    /// The requester is not a process this responder serves: another uid, or a request without
-    /// the responder's secret (not a process of this job). The connection is closed.
-    Denied = 8,
+/// Declares [`ErrorCode`] with its wire value and name.
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $code:ident = $value:literal $name:literal,)*) => {
+        /// Why a responder refused a request.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum ErrorCode {
+            $($(#[$doc])* $code = $value,)*
+        }
+
+        impl ErrorCode {
+            fn from_u16(v: u16) -> Option<ErrorCode> {
+                match v {
+                    $($value => Some(ErrorCode::$code),)*
+                    _ => None,
+                }
+            }
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$code => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl ErrorCode {
-    fn from_u16(v: u16) -> Option<ErrorCode> {
-        Some(match v {
-            1 => ErrorCode::UnknownId,
-            2 => ErrorCode::Revoked,
-            3 => ErrorCode::Malformed,
-            4 => ErrorCode::WrongNonce,
-            5 => ErrorCode::UnsupportedVersion,
-            6 => ErrorCode::Busy,
-            7 => ErrorCode::Internal,
-            8 => ErrorCode::Denied,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ErrorCode::UnknownId => "unknown id",
-            ErrorCode::Revoked => "revoked",
-            ErrorCode::Malformed => "malformed request",
-            ErrorCode::WrongNonce => "wrong nonce",
-            ErrorCode::UnsupportedVersion => "unsupported version",
-            ErrorCode::Busy => "busy",
-            ErrorCode::Internal => "internal error",
-            ErrorCode::Denied => "denied",
-        }
-    }
+error_codes! {
+    /// No object was ever registered under this serial.
+    UnknownId = 1 "unknown id",
+    /// The object was registered and has been unregistered since.
+    Revoked = 2 "revoked",
+    /// The request did not parse (magic, kind, size).
+    Malformed = 3 "malformed request",
+    /// The request names another responder's nonce (a stale record, or another job).
+    WrongNonce = 4 "wrong nonce",
+    /// The request's frame version is not one this responder speaks.
+    UnsupportedVersion = 5 "unsupported version",
+    /// The responder has too many connections open.
+    Busy = 6 "busy",
+    /// The responder failed to send the descriptor.
+    Internal = 7 "internal error",
+    /// The requester is not a process this responder serves: another uid, or a request without
+    /// the responder's secret (not a process of this job). The connection is closed.
+    Denied = 8 "denied",
 }
 
 /// A responder's answer.

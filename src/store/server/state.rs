@@ -508,18 +508,6 @@ impl StoreState {
         }
     }
 
-    /// Number of KV entries (what GETNUMKEYS reports).
-    #[cfg(test)]
-    pub fn num_keys(&self) -> usize {
-        self.kv.len()
-    }
-
-    /// Connections with at least one unsatisfied WAIT.
-    #[cfg(test)]
-    pub fn waiting_connections(&self) -> usize {
-        self.waits.values().filter(|p| !p.is_empty()).count()
-    }
-
     fn present(&self, key: &[u8]) -> bool {
         self.kv.contains_key(key) || self.queues.contains_key(key)
     }
