@@ -1,26 +1,19 @@
 //! Client for PyTorch's TCPStore wire protocol, behaving on the wire like torch 2.11's C++
 //! client (`c10d::TCPStore`), so it works against torch's servers (libuv and classic) and ours.
 //!
-//! - Connect: `getaddrinfo` (AF_INET6 with v4-mapped addresses, then AF_INET), a non-blocking
-//!   connect per address, retried with jittered exponential backoff on ECONNREFUSED, ECONNRESET
-//!   and ETIMEDOUT until `connect_timeout`; then `VALIDATE` and `PING` (nonce = pid, echo checked);
-//!   then `ADD "init/" 1` when [`ConnectOptions::wait_for_workers`] is set.
+//! - Connect (`connect.rs`): `getaddrinfo` (v4-mapped IPv6, then IPv4), a non-blocking connect
+//!   per address retried with jittered backoff until `connect_timeout`, `VALIDATE` + `PING`
+//!   (nonce = pid), then `ADD "init/" 1` when [`ConnectOptions::wait_for_workers`] is set.
 //! - User keys get torch's `/` prefix on the wire (`"init/"` does not).
-//! - `get`, `wait`, `multi_get` and a blocking `queue_pop` send `WAIT` first and wait for its reply
-//!   with `poll`; on timeout they send `CANCEL_WAIT` and report a [`Status::Timeout`] with torch's
-//!   text (`wait timeout after 1000ms, keys: /nokey`).
-//! - Unlike torch, which blocks forever in `recv` when a server stops answering, every reply read
-//!   here is bounded by the store timeout (at least [`MIN_REPLY_TIMEOUT`]).
-//! - Requests over the limits of torch's default server (a wire key, `/` included, over
-//!   8192 bytes, a value over 8 MiB, more than 131072 keys) are refused with
+//! - `get`, `wait`, `multi_get` and a blocking `queue_pop` send `WAIT` and `poll` for its reply;
+//!   on timeout they send `CANCEL_WAIT` and fail with torch's text (`wait timeout after 1000ms,
+//!   keys: /nokey`). Unlike torch, every reply read is bounded by the store timeout (at least
+//!   [`MIN_REPLY_TIMEOUT`]).
+//! - Requests over the limits of torch's default server are refused with
 //!   [`Status::InvalidArgument`] before anything is sent; the connection stays usable.
-//! - One connection behind a mutex, one request in flight, each request written with one
-//!   syscall from a reused buffer. After an I/O or protocol error the connection is marked broken
-//!   and later calls fail at once (the stream may be out of step); call [`TcpStore::reconnect`] or
-//!   create a new store.
-//!
-//! Connection set-up (resolution, retries, handshake) is in `connect.rs`; the requests and their
-//! replies are here.
+//! - One connection behind a mutex, one request in flight, written with one syscall from a
+//!   reused buffer. After an I/O or protocol error the connection is broken and later calls
+//!   fail at once; call [`TcpStore::reconnect`] or create a new store.
 
 mod connect;
 #[cfg(test)]
@@ -66,11 +59,7 @@ pub struct ConnectOptions {
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        ConnectOptions {
-            timeout: DEFAULT_TIMEOUT,
-            connect_timeout: DEFAULT_TIMEOUT,
-            wait_for_workers: None,
-        }
+        ConnectOptions::with_timeout(DEFAULT_TIMEOUT)
     }
 }
 
@@ -189,14 +178,14 @@ impl Conn {
         Ok(())
     }
 
-    /// Encodes one request into the reused buffer (nothing is sent when encoding fails).
-    fn encode(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
+    /// Encodes one request into the reused buffer (nothing is sent when encoding fails), writes
+    /// it (one syscall unless the kernel takes it partially) and starts its reply's deadline.
+    fn request(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
         self.out.clear();
-        encode(&mut self.out).map_err(Fail::Invalid)
+        encode(&mut self.out).map_err(Fail::Invalid)?;
+        self.send()
     }
 
-    /// Writes the encoded request (one syscall unless the kernel takes it partially) and starts
-    /// the deadline of its reply afresh.
     fn send(&mut self) -> Step<()> {
         let result = self.stream().write_all(&self.out);
         if self.out.capacity() > KEEP_OUT_CAPACITY {
@@ -204,11 +193,6 @@ impl Conn {
         }
         self.reader.get_mut().deadline = None;
         result.map_err(Fail::Io)
-    }
-
-    fn request(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
-        self.encode(encode)?;
-        self.send()
     }
 
     /// Sends `WAIT keys` and waits up to `timeout` for its reply; on timeout cancels the wait
@@ -250,14 +234,10 @@ impl Conn {
             }
             return Err(Fail::WaitTimeout(timeout));
         }
-        self.expect_byte("WAIT", WAIT_STOP_WAITING)
-    }
-
-    fn expect_byte(&mut self, what: &str, expected: u8) -> Step<()> {
         let got = wire::read_u8(&mut self.reader)?;
-        if got != expected {
+        if got != WAIT_STOP_WAITING {
             return Err(Fail::Protocol(format!(
-                "{what} reply was byte {got:#04x}, expected {expected:#04x}"
+                "WAIT reply was byte {got:#04x}, expected {WAIT_STOP_WAITING:#04x}"
             )));
         }
         Ok(())

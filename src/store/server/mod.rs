@@ -159,22 +159,20 @@ impl Shared {
     }
 }
 
-/// Stops the other loops when one loop's thread ends, however it ends (a loop that failed
-/// takes the server down rather than leave its connections unserved).
-struct StopOnExit(Arc<Shared>);
-
-impl Drop for StopOnExit {
-    fn drop(&mut self) {
-        self.0.stop_all();
-    }
+/// Runs when a loop's thread ends, however it ends: stops the other loops (a loop that failed
+/// takes the server down rather than leave its connections unserved), then, for the first loop
+/// (which owns the listener: the server runs as long as it does), marks the server stopped.
+struct LoopExit {
+    shared: Arc<Shared>,
+    first: bool,
 }
 
-/// Marks the server stopped when the first loop's thread ends, however it ends.
-struct RunningGuard(Arc<Shared>);
-
-impl Drop for RunningGuard {
+impl Drop for LoopExit {
     fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
+        self.shared.stop_all();
+        if self.first {
+            self.shared.running.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -261,14 +259,14 @@ impl StoreServer {
         let mut handles = Vec::with_capacity(threads);
         for event_loop in loops {
             let index = event_loop.index();
-            // The first loop owns the listener: the server runs as long as it does.
-            let guard = (index == 0).then(|| RunningGuard(shared.clone()));
-            let stopper = StopOnExit(shared.clone());
+            let exit = LoopExit {
+                shared: shared.clone(),
+                first: index == 0,
+            };
             let spawned = std::thread::Builder::new()
                 .name(format!("nvfipc-store-{}-{index}", addr.port()))
                 .spawn(move || {
-                    let _guard = guard;
-                    let _stopper = stopper;
+                    let _exit = exit;
                     event_loop.run();
                 });
             match spawned {
