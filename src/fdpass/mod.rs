@@ -520,11 +520,6 @@ impl FdPass {
             lock(&self.connections).insert(route.describe(), stream);
         }
     }
-
-    /// Connections kept to peers' responders (tests and diagnostics).
-    pub fn kept_connections(&self) -> usize {
-        lock(&self.connections).len()
-    }
 }
 
 /// What [`FdPass::fetch_diagnosed`] delivered.

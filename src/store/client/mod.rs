@@ -339,17 +339,6 @@ impl TcpStore {
         self.port
     }
 
-    /// The address the connection actually reached (after name resolution).
-    pub fn peer_addr(&self) -> Result<SocketAddr> {
-        let conn = self.lock();
-        conn.stream().peer_addr().map_err(|e| {
-            Error::from_io(
-                format!("store {}:{}: peer address", self.host, self.port),
-                &e,
-            )
-        })
-    }
-
     /// The store timeout.
     pub fn timeout(&self) -> Duration {
         Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))

@@ -7,6 +7,19 @@ use crate::store::server::StoreServer;
 use std::net::TcpListener;
 use std::thread::JoinHandle;
 
+impl TcpStore {
+    /// The address the connection actually reached (after name resolution).
+    fn peer_addr(&self) -> Result<SocketAddr> {
+        let conn = self.lock();
+        conn.stream().peer_addr().map_err(|e| {
+            Error::from_io(
+                format!("store {}:{}: peer address", self.host, self.port),
+                &e,
+            )
+        })
+    }
+}
+
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().collect();
     (0..s.len())
