@@ -510,9 +510,7 @@ impl FdPass {
             }
         }
     }
-}
 
-impl FdPass {
     /// Keeps a connection that is in step for the next fetch from the same responder: a
     /// connect and an accept less per import.
     fn keep_connection(&self, route: &Route, stream: Option<UnixStream>) {
@@ -551,14 +549,6 @@ impl FetchFailure {
     }
 }
 
-impl FdPass {
-    /// Why withdrawing this process's record at drop must be skipped, if it must: only peers
-    /// read it (see `departures::quiet_reason`).
-    fn nobody_reads_the_record(&self) -> Option<String> {
-        crate::departures::quiet_reason(self.store.liveness(), &self.job, self.rank)
-    }
-}
-
 impl Drop for FdPass {
     fn drop(&mut self) {
         let running = lock(&self.running).take();
@@ -567,7 +557,10 @@ impl Drop for FdPass {
             // still ours (best effort: the store may be gone already).
             drop(r.responder);
             let key = record_key(&self.prefix, self.rank);
-            if let Some(why) = self.nobody_reads_the_record() {
+            // Only peers read the record (see `departures::quiet_reason`).
+            if let Some(why) =
+                crate::departures::quiet_reason(self.store.liveness(), &self.job, self.rank)
+            {
                 log::debug!(
                     target: crate::logging::HOST,
                     "{}: leaving the fd transport's record {key} in the store: {why}",

@@ -450,10 +450,7 @@ impl EventLoop {
                 return;
             }
             if budget == 0 {
-                if !conn.again {
-                    conn.again = true;
-                    self.again.push(slot);
-                }
+                enlist(&mut conn.again, &mut self.again, slot);
                 self.mark_dirty(slot);
                 return;
             }
@@ -494,10 +491,7 @@ impl EventLoop {
             (Ok(()), Err(_)) => self.close(slot, Some(Close::Io)),
             // Input left over the high-water mark with room to write again: keep going.
             (Ok(()), Ok(())) if !blocked && conn.in_end - conn.in_start >= conn.need.max(1) => {
-                if !conn.again {
-                    conn.again = true;
-                    self.again.push(slot);
-                }
+                enlist(&mut conn.again, &mut self.again, slot)
             }
             (Ok(()), Ok(())) => {}
         }
@@ -552,10 +546,7 @@ impl EventLoop {
                             Some(charge) => Some(charge),
                             None => {
                                 // Left unparsed until budget is given back.
-                                if !conn.parked {
-                                    conn.parked = true;
-                                    parked.push(slot);
-                                }
+                                enlist(&mut conn.parked, parked, slot);
                                 break;
                             }
                         }
@@ -605,9 +596,8 @@ impl EventLoop {
         conn.in_start = pos;
         conn.compact_input(pool);
         conn.sync_charge();
-        if !conn.parked && conn.waits_for_budget(budget) {
-            conn.parked = true;
-            parked.push(slot);
+        if conn.waits_for_budget(budget) {
+            enlist(&mut conn.parked, parked, slot);
         }
         if handled > 0 {
             shared.stats.requests.fetch_add(handled, Ordering::Relaxed);
@@ -685,18 +675,14 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        if !conn.parked && conn.waits_for_budget(&self.shared.budget) {
-            conn.parked = true;
-            self.parked.push(slot);
+        if conn.waits_for_budget(&self.shared.budget) {
+            enlist(&mut conn.parked, &mut self.parked, slot);
         }
     }
 
     fn mark_dirty(&mut self, slot: usize) {
-        if let Some(conn) = self.conn(slot) {
-            if !conn.dirty {
-                conn.dirty = true;
-                self.dirty.push(slot);
-            }
+        if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+            enlist(&mut conn.dirty, &mut self.dirty, slot);
         }
     }
 
@@ -713,9 +699,8 @@ impl EventLoop {
             }
             // Input left unprocessed while the output was over the mark: no further readiness
             // event may come for it, so service it on the next turn.
-            if was_blocked && !conn.blocked(&self.shared.budget) && !conn.again {
-                conn.again = true;
-                self.again.push(slot);
+            if was_blocked && !conn.blocked(&self.shared.budget) {
+                enlist(&mut conn.again, &mut self.again, slot);
             }
         }
     }
@@ -787,5 +772,12 @@ fn warn_at_most_every_second(last: &mut Option<Instant>, message: &str) {
     if !last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
         *last = Some(now);
         log::warn!(target: logging::SERVER, "{message}");
+    }
+}
+
+/// Puts `slot` on `list` unless `on_list` says it is there already.
+fn enlist(on_list: &mut bool, list: &mut Vec<usize>, slot: usize) {
+    if !std::mem::replace(on_list, true) {
+        list.push(slot);
     }
 }

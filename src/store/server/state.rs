@@ -39,7 +39,9 @@ impl ReplyBudget {
     pub fn new(limit: usize) -> Arc<ReplyBudget> {
         Arc::new(ReplyBudget {
             limit,
-            ..ReplyBudget::default()
+            used: AtomicUsize::new(0),
+            freed: AtomicUsize::new(0),
+            releases: AtomicU64::new(0),
         })
     }
 
@@ -94,17 +96,6 @@ impl ReplyBudget {
             self.used.fetch_sub(bytes, Ordering::AcqRel);
             self.freed.fetch_add(bytes, Ordering::AcqRel);
             self.releases.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl Default for ReplyBudget {
-    fn default() -> Self {
-        ReplyBudget {
-            limit: usize::MAX,
-            used: AtomicUsize::new(0),
-            freed: AtomicUsize::new(0),
-            releases: AtomicU64::new(0),
         }
     }
 }
@@ -364,7 +355,7 @@ impl StoreState {
                 }
             }
             Request::MultiSet { pairs } => {
-                for (key, value) in pairs {
+                for (key, value) in pairs.iter() {
                     self.set(key, value);
                     self.notify_all(key, &mut fx);
                 }

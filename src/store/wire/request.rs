@@ -77,36 +77,12 @@ impl<'a> PairList<'a> {
         self.count == 0
     }
     /// The (key, value) pairs, in wire order.
-    pub fn iter(&self) -> PairIter<'a> {
-        PairIter {
-            blobs: BlobIter {
-                remaining: self.count.saturating_mul(2),
-                raw: self.raw,
-            },
-        }
-    }
-}
-
-impl<'a> IntoIterator for PairList<'a> {
-    type Item = (&'a [u8], &'a [u8]);
-    type IntoIter = PairIter<'a>;
-    fn into_iter(self) -> PairIter<'a> {
-        self.iter()
-    }
-}
-
-/// Iterator over the pairs of a [`PairList`].
-#[derive(Clone, Debug)]
-pub struct PairIter<'a> {
-    blobs: BlobIter<'a>,
-}
-
-impl<'a> Iterator for PairIter<'a> {
-    type Item = (&'a [u8], &'a [u8]);
-    fn next(&mut self) -> Option<Self::Item> {
-        let key = self.blobs.next()?;
-        let value = self.blobs.next()?;
-        Some((key, value))
+    pub fn iter(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        let mut blobs = BlobIter {
+            remaining: self.count.saturating_mul(2),
+            raw: self.raw,
+        };
+        std::iter::from_fn(move || Some((blobs.next()?, blobs.next()?)))
     }
 }
 
