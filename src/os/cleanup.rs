@@ -1,18 +1,14 @@
-//! Nothing of a finished job stays in `/dev/shm` (where only node-local boards live: host buffers
-//! are anonymous files, see `os::memfd`) or in the socket directory of the fd transport.
+//! Nothing of a finished job stays in `/dev/shm` (only node-local boards live there; host buffers
+//! are anonymous files, see `os::memfd`) or in the fd transport's socket directory.
 //!
-//! 1. Every shared-memory name and socket file this process creates is registered in a fixed,
-//!    lock-free table until it is unlinked. At normal exit (`atexit`) and on SIGTERM, SIGINT or SIGHUP (only
-//!    where the signal's disposition was the default: a host's own handlers are left alone) the
-//!    names still registered are unlinked with `unlink(2)`, which is async-signal-safe; the
-//!    signal then takes its default action, so the process still dies of it. Peers that mapped a
-//!    segment keep their mapping: only the name goes.
-//! 2. A process killed with SIGKILL runs nothing, so its boards and sockets are reclaimed by
-//!    others: a board records its owner's pid (`exchange::board::reclaim_dead`), a socket file
-//!    names it (`fdpass::naming::reclaim_dead_sockets`).
-//!
-//! A table slot holds the full path and the pid of the creating process, so a forked child that
-//! exits never unlinks its parent's files.
+//! Every shm name and socket file this process creates is registered in a fixed, lock-free table
+//! until it is unlinked. At normal exit (`atexit`) and on SIGTERM, SIGINT or SIGHUP (only where
+//! the disposition was the default: a host's own handlers are left alone) the registered paths
+//! are unlinked with the async-signal-safe `unlink(2)`; the signal then takes its default action.
+//! Peers that mapped a segment keep their mapping. A slot holds the creating pid too, so a forked
+//! child never unlinks its parent's files. A process killed with SIGKILL runs nothing: others
+//! reclaim its boards (`exchange::board::reclaim_dead`) and sockets
+//! (`fdpass::naming::reclaim_dead_sockets`) by the pid they record.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;

@@ -9,9 +9,8 @@
 //!   `SO_PEERCRED`), for the fd transport;
 //! - [`cleanup`]: shm names and socket files removed at exit and on termination;
 //! - [`sigbus`]: a SIGBUS guard for shared mappings another process may truncate (boards);
-//! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep or block);
-//! - [`futex`]: blocking on a word of a shared mapping until its writer wakes the waiters;
-//! - [`cpu`]: usable cores and runnable threads, which decide how long a wait spins;
+//! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep, or block on a
+//!   futex), paced by the usable cores and the node's runnable threads;
 //! - [`process`]: the host name, whether a pid is alive, the boot clock and when this process
 //!   started;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
@@ -20,9 +19,7 @@
 //!   readiness, and whether a server of this machine still listens (a host's store);
 
 pub mod cleanup;
-pub mod cpu;
 pub mod fd_passing;
-pub mod futex;
 pub mod launcher;
 pub mod logfile;
 pub mod memfd;

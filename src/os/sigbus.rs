@@ -1,28 +1,24 @@
 //! A process-wide SIGBUS guard for shared mappings that another process may shrink.
 //!
 //! A shared file mapped here (a rank's board in `/dev/shm`) can be truncated by any process of
-//! the same uid; the next access of this process to a page past the new end of the file raises
-//! SIGBUS, whose default action kills the process. A guarded range instead survives it: the
-//! handler replaces the whole range with private zero pages (`mmap(MAP_FIXED | MAP_ANONYMOUS)`,
-//! as Wayland compositors do for clients' shm pools), marks the range truncated, and returns, so
-//! the faulting access is retried on the zero pages. The owner of the range reads the mark at its
-//! next check ([`Guard::truncated`]) and turns it into an error; until then it only sees zeros.
+//! the same uid; the next access past the new end raises SIGBUS, which kills by default. In a
+//! guarded range the handler instead replaces the whole range with private zero pages
+//! (`mmap(MAP_FIXED | MAP_ANONYMOUS)`, as Wayland compositors do for clients' shm pools), marks
+//! it truncated and returns, so the access is retried on the zero pages; the range's owner turns
+//! the mark into an error at its next check ([`Guard::truncated`]).
 //!
-//! Why a guard and not a size check (`fstat`) before each access: a check is racy (the file can
-//! shrink between the check and the access, so it never removes the SIGBUS, only narrows the
-//! window), costs a syscall on the hot path of every exchange, and would need the descriptor kept
-//! open. The guard costs nothing until a fault, and the check of the mark is one atomic load.
+//! Why not a size check (`fstat`) before each access: it is racy (the file can shrink right
+//! after), costs a syscall per exchange and needs the descriptor kept open; the guard costs
+//! nothing until a fault, and checking the mark is one atomic load.
 //!
-//! Any other SIGBUS (an address outside every guarded range, or a signal sent with `kill`) goes
-//! to the handler that was installed before this one, or, when that was the default action, the
-//! default is restored and the signal raised again, so the process dies of it as it would have.
+//! Any other SIGBUS (outside every guarded range, or sent with `kill`) goes to the previous
+//! handler, or, when that was the default, the default is restored and the signal raised again.
 //!
-//! The handler is async-signal-safe: it reads a fixed table of atomics (no allocation, no lock),
-//! calls `mmap` (a plain system call) and saves and restores `errno`. The table is a seqlock per
-//! slot, so a slot being registered or released while the handler reads it is skipped rather
-//! than read half-written. A range is released (dropping its [`Guard`]) before it is unmapped,
-//! so the handler never remaps memory that has been handed to someone else; and since the fault
-//! comes from an access to a live range, its owner cannot release it concurrently.
+//! The handler is async-signal-safe: a fixed table of atomics (no allocation, no lock), `mmap`,
+//! and `errno` saved and restored. Each slot is a seqlock, so a slot being written while the
+//! handler reads it is skipped. A range is released (its [`Guard`] dropped) before it is
+//! unmapped, and a fault comes from an access to a live range, so its owner cannot release it
+//! concurrently.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
