@@ -4,25 +4,21 @@
 //! Requests are applied under the store's mutex, one batch per connection turn. A WAIT that a
 //! write completes may belong to a connection of another loop: its STOP_WAITING byte goes into
 //! that loop's mailbox while the writer still holds the store, and every loop empties its
-//! mailbox under the store before applying anything. So the byte always precedes any later
-//! reply to that connection (a CANCEL_WAIT answered `00 01`, never `01` then `00`).
+//! mailbox under the store before applying anything, so the byte always precedes any later reply
+//! to that connection (a CANCEL_WAIT answered `00 01`, never `01` then `00`).
 //!
-//! Each connection has an input buffer (partial and pipelined requests) and an output buffer
-//! (replies not yet accepted by the kernel). Every complete request in the input is handled per
-//! readable event and the replies go out in one write. A connection whose peer stops reading
-//! stops being read once its unsent output passes a high-water mark, so one slow client cannot
-//! grow the server's memory or starve the others. A GET or MULTI_GET whose reply would be large
-//! (one MULTI_GET may name an 8 MiB key 131072 times), and the same for LIST and a COMPARE_SET
-//! that returns a large stored value, is not built: the connection keeps
-//! references to the values it names (for LIST, one snapshot of the keys shared by every LIST
-//! of the same keys) and writes them out straight from the store as the peer reads, handling
-//! nothing else of that connection meanwhile.
+//! Each connection buffers partial and pipelined input and unsent replies; every complete request
+//! is handled per readable event and the replies go out in one write. A peer that stops reading
+//! stops being read once its unsent output passes a high-water mark. A large reply of stored data
+//! (GET, MULTI_GET, LIST, a COMPARE_SET returning the stored value) is not built: the connection
+//! keeps references to the values (for LIST, one snapshot of the keys shared by every LIST of the
+//! same keys) and writes them straight from the store as the peer reads, handling nothing else
+//! of that connection meanwhile.
 //!
 //! What replies hold beyond the stored data (snapshots, references, unsent output above a small
 //! per-connection allowance) is charged to one budget for the whole server. A connection whose
 //! next reply cannot get budget, or whose unsent output is above its allowance while the budget
-//! is spent, is parked: its input waits, and it is tried again once budget has been given back.
-//! Replies that need no budget (every small one) are never held up by it.
+//! is spent, is parked until budget is given back; small replies never wait for it.
 
 use super::buf_pool::{self, BufPool};
 use super::state::{ConnId, StoreState, StreamPart};

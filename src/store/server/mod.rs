@@ -4,9 +4,9 @@
 //! (`event_loop`) over its share of the connections; the first also accepts and hands new
 //! connections out in turn. The store (`state`) sits behind one mutex, taken once per batch of
 //! requests, so the socket work (which dominates) runs in parallel while every request still
-//! applies atomically and in order. The server never prints; failures reach the caller
-//! through `Result`s, and per-connection problems (a peer sending garbage, disconnecting, never
-//! saying hello) close only that connection and are counted in [`StoreServer::stats`].
+//! applies atomically and in order. Per-connection problems (a peer sending garbage,
+//! disconnecting, never saying hello) close only that connection and are counted in
+//! [`StoreServer::stats`] (and logged, at most once a second).
 
 mod buf_pool;
 mod connection;
