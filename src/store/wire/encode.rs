@@ -86,7 +86,11 @@ fn check_len(command: Command, field: &str, len: usize, limit: usize) -> Result<
     Ok(())
 }
 
-fn put_key<K: WireBytes + ?Sized>(out: &mut Vec<u8>, command: Command, key: &K) -> Result<()> {
+pub(super) fn put_key<K: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    command: Command,
+    key: &K,
+) -> Result<()> {
     check_len(command, "key", key.wire_len(), MAX_KEY_LEN)?;
     put_u64(out, key.wire_len() as u64);
     key.write_bytes(out);
@@ -106,7 +110,7 @@ fn put_value<V: WireBytes + ?Sized>(
 }
 
 /// Runs `body` after the command byte; on error restores `out` to its previous length.
-fn framed(
+pub(super) fn framed(
     out: &mut Vec<u8>,
     command: Command,
     body: impl FnOnce(&mut Vec<u8>) -> Result<()>,
@@ -324,18 +328,4 @@ pub fn encode_queue_len<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Re
 /// `LIST`; reply: i64 count and that many keys (wire form).
 pub fn encode_list(out: &mut Vec<u8>) {
     out.push(Command::List.byte());
-}
-
-/// `BARRIER key world_size`; reply: one byte, STOP_WAITING once `world_size` arrivals at `key`
-/// were counted (a torch >= 2.15 server, or ours).
-pub fn encode_barrier<K: WireBytes + ?Sized>(
-    out: &mut Vec<u8>,
-    key: &K,
-    world_size: i64,
-) -> Result<()> {
-    framed(out, Command::Barrier, |out| {
-        put_key(out, Command::Barrier, key)?;
-        put_i64(out, world_size);
-        Ok(())
-    })
 }

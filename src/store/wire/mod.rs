@@ -11,24 +11,24 @@
 //! zero-copy [`Request`]); `parser.rs` (the incremental parser the server runs and the fuzz
 //! target drives); `encode.rs` (limit-checked `encode_*` requests, `put_*` fields for replies);
 //! `reply.rs` (the client's blocking `read_*` reply readers). Tests decode replies from slices
-//! with `tests/decode.rs`.
+//! with `tests/support.rs`.
 
-#[cfg(test)]
-#[path = "tests/decode.rs"]
-mod decode;
 mod encode;
 mod parser;
 mod reply;
 mod request;
 #[cfg(test)]
+#[path = "tests/support.rs"]
+mod support;
+#[cfg(test)]
 mod tests;
 
-#[cfg(test)]
-pub(crate) use decode::*;
 pub use encode::*;
 pub use parser::*;
 pub use reply::*;
 pub use request::*;
+#[cfg(test)]
+pub(crate) use support::*;
 
 use crate::error::Error;
 use std::fmt;
