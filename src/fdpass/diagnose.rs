@@ -315,23 +315,14 @@ impl Diagnosis {
     /// The error: the most telling status among the rungs actually tried (a refusal by the
     /// peer, then a timeout, then the first), and one line per rung.
     pub fn into_error(self) -> Error {
-        let tried: Vec<&Gate> = self
-            .rungs
-            .iter()
-            .map(|(_, _, g)| g)
-            .filter(|g| **g != Gate::Disabled)
+        let tried: Vec<Status> = (self.rungs.iter())
+            .filter(|(_, _, g)| *g != Gate::Disabled)
+            .map(|(_, _, g)| g.status())
             .collect();
-        let status = tried
-            .iter()
-            .map(|g| g.status())
-            .find(|s| *s == Status::NotFound)
-            .or_else(|| {
-                tried
-                    .iter()
-                    .map(|g| g.status())
-                    .find(|s| *s == Status::Timeout)
-            })
-            .or_else(|| tried.first().map(|g| g.status()))
+        let status = [Status::NotFound, Status::Timeout]
+            .into_iter()
+            .find(|s| tried.contains(s))
+            .or(tried.first().copied())
             .unwrap_or(Status::Unsupported);
         Error::new(status, self.to_string())
     }
