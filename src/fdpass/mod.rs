@@ -490,7 +490,9 @@ impl FdPass {
         }
         let retry_until = Instant::now() + self.config.connect_retry;
         loop {
-            match fetch_over_socket(route, request, ids, deadline, retry_until) {
+            let fetched = connect(route, retry_until.min(deadline))
+                .and_then(|stream| fetch_on(stream, request, ids, deadline));
+            match fetched {
                 Ok((fds, stream)) => {
                     self.keep_connection(route, stream);
                     return Some(Ok(fds));
@@ -632,22 +634,9 @@ fn timed_out(what: &str, e: &io::Error) -> Gate {
     }
 }
 
-/// Asks the responder at `route` for `ids` (pipelined on one new connection) and returns their
-/// descriptors in order, with the connection when it can serve further requests; the first
-/// failure ends it with its gate.
-fn fetch_over_socket(
-    route: &Route,
-    request: FetchRequest,
-    ids: &[FdId],
-    deadline: Instant,
-    retry_until: Instant,
-) -> Result<(Vec<OwnedFd>, Option<UnixStream>), Gate> {
-    let stream = connect(route, retry_until.min(deadline))?;
-    fetch_on(stream, request, ids, deadline)
-}
-
-/// [`fetch_over_socket`] on a connection made before. The connection comes back only when it is
-/// in step (every reply read, nothing left over), so a later request cannot read a stale reply.
+/// Asks the responder on `stream` for `ids` (pipelined) and returns their descriptors in order,
+/// with the connection when it is in step for further requests (every reply read, nothing left
+/// over, so a later request cannot read a stale reply); the first failure ends it with its gate.
 fn fetch_on(
     stream: UnixStream,
     request: FetchRequest,
