@@ -20,7 +20,6 @@
 //! next reply cannot get budget, or whose unsent output is above its allowance while the budget
 //! is spent, is parked until budget is given back; small replies never wait for it.
 
-use super::buf_pool::{self, BufPool};
 use super::state::{ConnId, StoreState, StreamPart};
 use super::{ServerOptions, Shared};
 use crate::logging;
@@ -37,7 +36,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::connection::{reserve_output, Close, Conn, READ_BUDGET};
+use super::connection::{reserve_output, BufPool, Close, Conn, LARGE, READ_BUDGET};
 
 pub(super) const LISTENER: Token = Token(0);
 pub(super) const WAKER: Token = Token(1);
@@ -570,7 +569,7 @@ impl EventLoop {
                     }
                     if !pool.is_empty() {
                         let reply_len = state.reply_len_hint(&req);
-                        if reply_len >= buf_pool::LARGE {
+                        if reply_len >= LARGE {
                             reserve_output(&mut conn.outbuf, &mut conn.out_pos, pool, reply_len);
                         }
                     }

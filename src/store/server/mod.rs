@@ -8,7 +8,6 @@
 //! disconnecting, never saying hello) close only that connection and are counted in
 //! [`StoreServer::stats`] (and logged, at most once a second).
 
-mod buf_pool;
 mod connection;
 mod event_loop;
 mod fast_hash;
