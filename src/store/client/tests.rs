@@ -1,6 +1,5 @@
 //! Tests of the TCP client against our server, scripted fake servers and captured bytes.
 
-use super::connect::{Backoff, BACKOFF_INITIAL, BACKOFF_MAX};
 use super::*;
 use crate::os::net::resolve;
 use crate::store::server::StoreServer;
