@@ -447,7 +447,7 @@ impl OwnBoard {
         let h = self.table.header();
         if h.sleepers.load(Ordering::Relaxed) != 0 {
             h.wake.fetch_add(1, Ordering::SeqCst);
-            crate::os::futex::wake_all(&h.wake);
+            crate::os::wait::futex_wake_all(&h.wake);
         }
     }
 
@@ -606,7 +606,7 @@ impl PeerBoard {
         fence(Ordering::SeqCst);
         let seen = h.wake.load(Ordering::SeqCst);
         if still_waiting() {
-            crate::os::futex::wait(&h.wake, seen, max);
+            crate::os::wait::futex_wait(&h.wake, seen, max);
         }
         h.sleepers.fetch_sub(1, Ordering::SeqCst);
     }

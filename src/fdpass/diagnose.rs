@@ -21,33 +21,35 @@ pub enum Rung {
     Fabric,
 }
 
+/// Each rung with its name (in `NVFIPC_FD_RUNGS`) and its title (in messages).
+const RUNGS: [(Rung, &str, &str); 4] = [
+    (Rung::Abstract, "abstract", "abstract socket"),
+    (Rung::Path, "path", "socket path"),
+    (Rung::Pidfd, "pidfd", "pidfd_getfd"),
+    (Rung::Fabric, "fabric", "FABRIC handle"),
+];
+
 impl Rung {
+    fn entry(self) -> &'static (Rung, &'static str, &'static str) {
+        RUNGS
+            .iter()
+            .find(|(r, ..)| *r == self)
+            .expect("every rung is listed")
+    }
+
     pub fn name(self) -> &'static str {
-        match self {
-            Rung::Abstract => "abstract",
-            Rung::Path => "path",
-            Rung::Pidfd => "pidfd",
-            Rung::Fabric => "fabric",
-        }
+        self.entry().1
     }
 
     pub fn parse(s: &str) -> Option<Rung> {
-        Some(match s.trim() {
-            "abstract" => Rung::Abstract,
-            "path" => Rung::Path,
-            "pidfd" => Rung::Pidfd,
-            "fabric" => Rung::Fabric,
-            _ => return None,
-        })
+        RUNGS
+            .iter()
+            .find(|(_, name, _)| *name == s.trim())
+            .map(|(r, ..)| *r)
     }
 
     fn title(self) -> &'static str {
-        match self {
-            Rung::Abstract => "abstract socket",
-            Rung::Path => "socket path",
-            Rung::Pidfd => "pidfd_getfd",
-            Rung::Fabric => "FABRIC handle",
-        }
+        self.entry().2
     }
 }
 
@@ -313,23 +315,14 @@ impl Diagnosis {
     /// The error: the most telling status among the rungs actually tried (a refusal by the
     /// peer, then a timeout, then the first), and one line per rung.
     pub fn into_error(self) -> Error {
-        let tried: Vec<&Gate> = self
-            .rungs
-            .iter()
-            .map(|(_, _, g)| g)
-            .filter(|g| **g != Gate::Disabled)
+        let tried: Vec<Status> = (self.rungs.iter())
+            .filter(|(_, _, g)| *g != Gate::Disabled)
+            .map(|(_, _, g)| g.status())
             .collect();
-        let status = tried
-            .iter()
-            .map(|g| g.status())
-            .find(|s| *s == Status::NotFound)
-            .or_else(|| {
-                tried
-                    .iter()
-                    .map(|g| g.status())
-                    .find(|s| *s == Status::Timeout)
-            })
-            .or_else(|| tried.first().map(|g| g.status()))
+        let status = [Status::NotFound, Status::Timeout]
+            .into_iter()
+            .find(|s| tried.contains(s))
+            .or(tried.first().copied())
             .unwrap_or(Status::Unsupported);
         Error::new(status, self.to_string())
     }

@@ -77,55 +77,50 @@ pub struct FetchRequest {
     pub secret: Secret,
 }
 
-/// Why a responder refused a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorCode {
-    /// No object was ever registered under this serial.
-    UnknownId = 1,
-    /// The object was registered and has been unregistered since.
-    Revoked = 2,
-    /// The request did not parse (magic, kind, size).
-    Malformed = 3,
-    /// The request names another responder's nonce (a stale record, or another job).
-    WrongNonce = 4,
-    /// The request's frame version is not one this responder speaks.
-    UnsupportedVersion = 5,
-    /// The responder has too many connections open.
-    Busy = 6,
-    /// The responder failed to send the descriptor.
-    Internal = 7,
-    /// The requester is not a process this responder serves: another uid, or a request without
-    /// the responder's secret (not a process of this job). The connection is closed.
-    Denied = 8,
+/// Declares [`ErrorCode`] with its wire value and name.
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $code:ident = $value:literal $name:literal,)*) => {
+        /// Why a responder refused a request.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum ErrorCode {
+            $($(#[$doc])* $code = $value,)*
+        }
+
+        impl ErrorCode {
+            fn from_u16(v: u16) -> Option<ErrorCode> {
+                match v {
+                    $($value => Some(ErrorCode::$code),)*
+                    _ => None,
+                }
+            }
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$code => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl ErrorCode {
-    fn from_u16(v: u16) -> Option<ErrorCode> {
-        Some(match v {
-            1 => ErrorCode::UnknownId,
-            2 => ErrorCode::Revoked,
-            3 => ErrorCode::Malformed,
-            4 => ErrorCode::WrongNonce,
-            5 => ErrorCode::UnsupportedVersion,
-            6 => ErrorCode::Busy,
-            7 => ErrorCode::Internal,
-            8 => ErrorCode::Denied,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ErrorCode::UnknownId => "unknown id",
-            ErrorCode::Revoked => "revoked",
-            ErrorCode::Malformed => "malformed request",
-            ErrorCode::WrongNonce => "wrong nonce",
-            ErrorCode::UnsupportedVersion => "unsupported version",
-            ErrorCode::Busy => "busy",
-            ErrorCode::Internal => "internal error",
-            ErrorCode::Denied => "denied",
-        }
-    }
+error_codes! {
+    /// No object was ever registered under this serial.
+    UnknownId = 1 "unknown id",
+    /// The object was registered and has been unregistered since.
+    Revoked = 2 "revoked",
+    /// The request did not parse (magic, kind, size).
+    Malformed = 3 "malformed request",
+    /// The request names another responder's nonce (a stale record, or another job).
+    WrongNonce = 4 "wrong nonce",
+    /// The request's frame version is not one this responder speaks.
+    UnsupportedVersion = 5 "unsupported version",
+    /// The responder has too many connections open.
+    Busy = 6 "busy",
+    /// The responder failed to send the descriptor.
+    Internal = 7 "internal error",
+    /// The requester is not a process this responder serves: another uid, or a request without
+    /// the responder's secret (not a process of this job). The connection is closed.
+    Denied = 8 "denied",
 }
 
 /// A responder's answer.
@@ -182,20 +177,21 @@ fn bad(code: ErrorCode, message: impl Into<String>) -> FrameError {
     }
 }
 
+fn malformed(message: impl Into<String>) -> FrameError {
+    bad(ErrorCode::Malformed, message)
+}
+
 /// Checks the header of `bytes` against `magic`; returns (kind, body length) or why not.
 /// `Ok(None)`: fewer than [`HEADER_LEN`] bytes so far.
 fn parse_header(bytes: &[u8], magic: [u8; 4]) -> Result<Option<(u16, usize)>, FrameError> {
     // A wrong magic is told as soon as its bytes are there, before a whole header arrives.
     let seen = bytes.len().min(4);
     if bytes[..seen] != magic[..seen] {
-        return Err(bad(
-            ErrorCode::Malformed,
-            format!(
-                "frame magic {:02x?} is not {:?}: not an nvfuser-ipc fd transport peer",
-                &bytes[..seen],
-                String::from_utf8_lossy(&magic)
-            ),
-        ));
+        return Err(malformed(format!(
+            "frame magic {:02x?} is not {:?}: not an nvfuser-ipc fd transport peer",
+            &bytes[..seen],
+            String::from_utf8_lossy(&magic)
+        )));
     }
     if bytes.len() < HEADER_LEN {
         return Ok(None);
@@ -212,10 +208,9 @@ fn parse_header(bytes: &[u8], magic: [u8; 4]) -> Result<Option<(u16, usize)>, Fr
     }
     let body_len = u32_at(bytes, 8) as usize;
     if body_len > MAX_BODY {
-        return Err(bad(
-            ErrorCode::Malformed,
-            format!("frame body of {body_len} bytes exceeds the limit of {MAX_BODY}"),
-        ));
+        return Err(malformed(format!(
+            "frame body of {body_len} bytes exceeds the limit of {MAX_BODY}"
+        )));
     }
     Ok(Some((u16_at(bytes, 6), body_len)))
 }
@@ -237,16 +232,14 @@ impl FetchRequest {
             return Ok(Parsed::Incomplete(HEADER_LEN));
         };
         if kind != KIND_FETCH {
-            return Err(bad(
-                ErrorCode::Malformed,
-                format!("request kind {kind} is not fetch ({KIND_FETCH})"),
-            ));
+            return Err(malformed(format!(
+                "request kind {kind} is not fetch ({KIND_FETCH})"
+            )));
         }
         if body_len != FETCH_BODY {
-            return Err(bad(
-                ErrorCode::Malformed,
-                format!("fetch request body of {body_len} bytes, expected {FETCH_BODY}"),
-            ));
+            return Err(malformed(format!(
+                "fetch request body of {body_len} bytes, expected {FETCH_BODY}"
+            )));
         }
         let total = HEADER_LEN + body_len;
         if bytes.len() < total {
@@ -304,25 +297,18 @@ impl Reply {
         let total = HEADER_LEN + body_len;
         match kind {
             KIND_FD if body_len != FD_BODY => {
-                return Err(bad(
-                    ErrorCode::Malformed,
-                    format!("fd reply body of {body_len} bytes, expected {FD_BODY}"),
-                ))
+                return Err(malformed(format!(
+                    "fd reply body of {body_len} bytes, expected {FD_BODY}"
+                )))
             }
             KIND_ERROR if !(12..=12 + MAX_MESSAGE).contains(&body_len) => {
-                return Err(bad(
-                    ErrorCode::Malformed,
-                    format!("error reply body of {body_len} bytes"),
-                ))
+                return Err(malformed(format!("error reply body of {body_len} bytes")))
             }
             KIND_FD | KIND_ERROR => {}
             other => {
-                return Err(bad(
-                    ErrorCode::Malformed,
-                    format!(
-                        "reply kind {other} is neither fd ({KIND_FD}) nor error ({KIND_ERROR})"
-                    ),
-                ))
+                return Err(malformed(format!(
+                    "reply kind {other} is neither fd ({KIND_FD}) nor error ({KIND_ERROR})"
+                )))
             }
         }
         if bytes.len() < total {
@@ -338,13 +324,12 @@ impl Reply {
         } else {
             let raw = u16_at(b, 0);
             let code = ErrorCode::from_u16(raw)
-                .ok_or_else(|| bad(ErrorCode::Malformed, format!("unknown error code {raw}")))?;
+                .ok_or_else(|| malformed(format!("unknown error code {raw}")))?;
             let len = u16_at(b, 10) as usize;
             if 12 + len != body_len {
-                return Err(bad(
-                    ErrorCode::Malformed,
-                    format!("error message of {len} bytes in a body of {body_len}"),
-                ));
+                return Err(malformed(format!(
+                    "error message of {len} bytes in a body of {body_len}"
+                )));
             }
             Reply::Error {
                 code,

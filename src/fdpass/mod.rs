@@ -30,14 +30,14 @@
 //! finds the responder ready, so there is no readiness barrier. Dropping the last handle stops
 //! the thread, removes the socket file and deletes the record.
 //!
-//! Layout: `sys` (every libc call), `frame` (wire frames), `naming` (names, records, route
-//! choice), `registry` (the id table), `responder` (the serving thread), `import` (the
-//! importer's rungs), `diagnose` (gates and the final error), `config` (environment).
+//! Layout: this file (the transport and the importer's rungs), `os::fd_passing` (every libc
+//! call), `frame` (wire frames), `naming` (names, records, route choice), `registry` (the id
+//! table), `responder` (the serving thread), `diagnose` (gates and the final error), `config`
+//! (environment).
 
 pub mod config;
 pub mod diagnose;
 pub mod frame;
-mod import;
 pub mod naming;
 pub mod registry;
 pub mod responder;
@@ -51,15 +51,17 @@ use crate::error::{Error, Result};
 use crate::os::fd_passing as sys;
 use crate::store::Store;
 use crate::sync::lock;
-use frame::{FetchRequest, Secret};
+use diagnose::pidfd_gate_of;
+use frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret, HEADER_LEN, MAX_BODY};
 use naming::Route;
 use once_cell::sync::Lazy;
 use registry::Registry;
 use responder::{Responder, ResponderStats};
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -122,6 +124,7 @@ pub struct FdPass {
 }
 
 type InstanceKey = (String, String, usize);
+// process-wide: one fd responder per process, job and rank, shared by every cache of the job.
 static INSTANCES: Lazy<Mutex<HashMap<InstanceKey, Weak<FdPass>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
 
@@ -349,7 +352,7 @@ impl FdPass {
             [one] => one.to_string(),
             many => format!("{} fd ids ({} first)", many.len(), many[0]),
         };
-        let mut diag = Diagnosis::new(format!(
+        let diag = Diagnosis::new(format!(
             "{}: fetching {what} of peer rank {peer} (pid {})",
             self.who(),
             record.who.pid
@@ -361,48 +364,37 @@ impl FdPass {
                 fell_back: diag,
             });
         }
-        match self.climb(&record, ids, deadline, &mut diag) {
-            Some((fds, rung)) => Ok(Fetched {
-                fds,
-                rung,
-                fell_back: diag,
-            }),
-            None => {
-                // The record may be stale (the peer restarted its transport): read it again,
-                // and when it changed, climb once more with the new one.
-                lock(&self.peers).remove(&peer);
-                let fresh = self
-                    .store
-                    .check(&[&record_key(&self.prefix, peer)])
-                    .unwrap_or(false)
-                    .then(|| self.peer_record(peer, deadline.max(Instant::now())).ok())
-                    .flatten();
-                match fresh {
-                    Some(new) if new.nonce != record.nonce && Instant::now() < deadline => {
-                        let mut again =
-                            Diagnosis::new(format!("{} (after its record changed)", diag.what));
-                        match self.climb(&new, ids, deadline, &mut again) {
-                            Some((fds, rung)) => Ok(Fetched {
-                                fds,
-                                rung,
-                                fell_back: again,
-                            }),
-                            None => Err(FetchFailure::Rungs(again)),
-                        }
-                    }
-                    _ => Err(FetchFailure::Rungs(diag)),
-                }
+        let diag = match self.climb(&record, ids, deadline, diag) {
+            Ok(fetched) => return Ok(fetched),
+            Err(diag) => diag,
+        };
+        // The record may be stale (the peer restarted its transport): read it again, and when it
+        // changed, climb once more with the new one.
+        lock(&self.peers).remove(&peer);
+        let fresh = self
+            .store
+            .check(&[&record_key(&self.prefix, peer)])
+            .unwrap_or(false)
+            .then(|| self.peer_record(peer, deadline.max(Instant::now())).ok())
+            .flatten();
+        match fresh {
+            Some(new) if new.nonce != record.nonce && Instant::now() < deadline => {
+                let again = Diagnosis::new(format!("{} (after its record changed)", diag.what));
+                self.climb(&new, ids, deadline, again)
+                    .map_err(FetchFailure::Rungs)
             }
+            _ => Err(FetchFailure::Rungs(diag)),
         }
     }
 
+    /// Tries the configured rungs in order (each once), after recording those ruled out.
     fn climb(
         &self,
         record: &PeerRecord,
         ids: &[FdId],
         deadline: Instant,
-        diag: &mut Diagnosis,
-    ) -> Option<(Vec<OwnedFd>, Rung)> {
+        mut diag: Diagnosis,
+    ) -> std::result::Result<Fetched, Diagnosis> {
         let rungs = &self.config.rungs;
         let (routes, ruled_out) = naming::socket_routes(&self.local, record, rungs);
         let request = FetchRequest {
@@ -412,67 +404,33 @@ impl FdPass {
             pid: self.local.pid,
             secret: record.secret,
         };
-        // Socket rungs in the configured order.
-        let mut socket_order: Vec<Route> = Vec::new();
-        for rung in rungs {
-            socket_order.extend(routes.iter().filter(|r| r.rung() == *rung).cloned());
-        }
         for (rung, target, gate) in ruled_out {
             diag.add(rung, target, gate);
         }
-        let pidfd_pos = rungs.iter().position(|r| *r == Rung::Pidfd);
-        let socket_first = |r: &Route| {
-            let pos = rungs.iter().position(|x| *x == r.rung());
-            match pidfd_pos {
-                None => true,
-                Some(p) => pos < Some(p),
-            }
-        };
-        let (before, after): (Vec<Route>, Vec<Route>) =
-            socket_order.into_iter().partition(socket_first);
-        for route in &before {
-            match self.try_route(route, request, ids, deadline, diag) {
-                Some(Ok(fds)) => return Some((fds, route.rung())),
-                Some(Err(())) => return None,
-                None => {}
-            }
-        }
-        if pidfd_pos.is_some() {
-            let target = ids.first().map_or(String::new(), |id| {
-                format!("pid {} fd {}", record.who.pid, id.fd)
-            });
-            if let Some(gate) = naming::pidfd_gate(&self.local, record) {
-                diag.add(Rung::Pidfd, target, gate);
+        for &rung in rungs {
+            let fds = if rung == Rung::Pidfd {
+                self.try_pidfd(record, ids, &mut diag)
             } else {
-                let mut fds = Vec::with_capacity(ids.len());
-                let mut failed = false;
-                for id in ids {
-                    match import::fetch_with_pidfd(record.who.pid, id, record_ptracer(record)) {
-                        Ok(fd) => fds.push(fd),
-                        Err(gate) => {
-                            diag.add(
-                                Rung::Pidfd,
-                                format!("pid {} fd {}", record.who.pid, id.fd),
-                                gate,
-                            );
-                            failed = true;
-                            break;
-                        }
+                let mut fds = None;
+                for route in routes.iter().filter(|r| r.rung() == rung) {
+                    match self.try_route(route, request, ids, deadline, &mut diag) {
+                        Some(Ok(got)) => fds = Some(got),
+                        Some(Err(())) => return Err(diag),
+                        None => continue,
                     }
+                    break;
                 }
-                if !failed {
-                    return Some((fds, Rung::Pidfd));
-                }
+                fds
+            };
+            if let Some(fds) = fds {
+                return Ok(Fetched {
+                    fds,
+                    rung,
+                    fell_back: diag,
+                });
             }
         }
-        for route in &after {
-            match self.try_route(route, request, ids, deadline, diag) {
-                Some(Ok(fds)) => return Some((fds, route.rung())),
-                Some(Err(())) => return None,
-                None => {}
-            }
-        }
-        if pidfd_pos.is_none() {
+        if !rungs.contains(&Rung::Pidfd) {
             // Every fd rung appears in the error, enabled or not.
             diag.add(
                 Rung::Pidfd,
@@ -480,7 +438,28 @@ impl FdPass {
                 Gate::Disabled,
             );
         }
-        None
+        Err(diag)
+    }
+
+    /// The pidfd rung: every id with `pidfd_getfd`, unless a gate rules it out.
+    fn try_pidfd(
+        &self,
+        record: &PeerRecord,
+        ids: &[FdId],
+        diag: &mut Diagnosis,
+    ) -> Option<Vec<OwnedFd>> {
+        let pid = record.who.pid;
+        if let Some(gate) = naming::pidfd_gate(&self.local, record) {
+            diag.add(Rung::Pidfd, format!("pid {pid} fd {}", ids[0].fd), gate);
+            return None;
+        }
+        ids.iter()
+            .map(|id| {
+                fetch_with_pidfd(pid, id, record.ptracer.as_str())
+                    .map_err(|gate| diag.add(Rung::Pidfd, format!("pid {pid} fd {}", id.fd), gate))
+            })
+            .collect::<std::result::Result<Vec<_>, ()>>()
+            .ok()
     }
 
     /// One socket route: `Some(Ok)` delivered, `Some(Err)` a definitive refusal (recorded),
@@ -497,12 +476,12 @@ impl FdPass {
         if let Some(stream) = kept {
             // A connection that fails (the responder closed it when idle, or restarted) is
             // replaced by a new one below; the responder's own refusal is its answer.
-            match import::fetch_on(stream, request, ids, deadline) {
+            match fetch_on(stream, request, ids, deadline) {
                 Ok((fds, stream)) => {
                     self.keep_connection(route, stream);
                     return Some(Ok(fds));
                 }
-                Err(gate) if import::is_definitive(&gate) => {
+                Err(gate) if is_definitive(&gate) => {
                     diag.add(route.rung(), route.describe(), gate);
                     return Some(Err(()));
                 }
@@ -511,7 +490,9 @@ impl FdPass {
         }
         let retry_until = Instant::now() + self.config.connect_retry;
         loop {
-            match import::fetch_over_socket(route, request, ids, deadline, retry_until) {
+            let fetched = connect(route, retry_until.min(deadline))
+                .and_then(|stream| fetch_on(stream, request, ids, deadline));
+            match fetched {
                 Ok((fds, stream)) => {
                     self.keep_connection(route, stream);
                     return Some(Ok(fds));
@@ -524,16 +505,14 @@ impl FdPass {
                     std::thread::sleep(BUSY_PAUSE);
                 }
                 Err(gate) => {
-                    let definitive = import::is_definitive(&gate);
+                    let definitive = is_definitive(&gate);
                     diag.add(route.rung(), route.describe(), gate);
                     return definitive.then_some(Err(()));
                 }
             }
         }
     }
-}
 
-impl FdPass {
     /// Keeps a connection that is in step for the next fetch from the same responder: a
     /// connect and an accept less per import.
     fn keep_connection(&self, route: &Route, stream: Option<UnixStream>) {
@@ -541,15 +520,6 @@ impl FdPass {
             lock(&self.connections).insert(route.describe(), stream);
         }
     }
-
-    /// Connections kept to peers' responders (tests and diagnostics).
-    pub fn kept_connections(&self) -> usize {
-        lock(&self.connections).len()
-    }
-}
-
-fn record_ptracer(record: &PeerRecord) -> &'static str {
-    record.ptracer.as_str()
 }
 
 /// What [`FdPass::fetch_diagnosed`] delivered.
@@ -581,14 +551,6 @@ impl FetchFailure {
     }
 }
 
-impl FdPass {
-    /// Why withdrawing this process's record at drop must be skipped, if it must: only peers
-    /// read it (see `departures::quiet_reason`).
-    fn nobody_reads_the_record(&self) -> Option<String> {
-        crate::departures::quiet_reason(self.store.liveness(), &self.job, self.rank)
-    }
-}
-
 impl Drop for FdPass {
     fn drop(&mut self) {
         let running = lock(&self.running).take();
@@ -597,7 +559,10 @@ impl Drop for FdPass {
             // still ours (best effort: the store may be gone already).
             drop(r.responder);
             let key = record_key(&self.prefix, self.rank);
-            if let Some(why) = self.nobody_reads_the_record() {
+            // Only peers read the record (see `departures::quiet_reason`).
+            if let Some(why) =
+                crate::departures::quiet_reason(self.store.liveness(), &self.job, self.rank)
+            {
                 log::debug!(
                     target: crate::logging::HOST,
                     "{}: leaving the fd transport's record {key} in the store: {why}",
@@ -613,6 +578,213 @@ impl Drop for FdPass {
             }
         }
     }
+}
+
+// The importer's side: one request over one socket route, and the `pidfd_getfd` rung. Every step
+// is bounded by the caller's deadline; each failure becomes the [`Gate`] that closed the rung.
+
+/// Pause between connection attempts to a socket that is not (yet) there.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+fn remaining(deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then_some(left)
+}
+
+fn connect_gate(route: &Route, e: &io::Error) -> Gate {
+    match (route, e.kind()) {
+        (Route::Path(_), io::ErrorKind::NotFound) => Gate::PathAbsent,
+        (Route::Path(_), io::ErrorKind::PermissionDenied) => Gate::PathDenied(e.to_string()),
+        _ => Gate::Unreachable(e.to_string()),
+    }
+}
+
+/// Connects to `route`, retrying until `retry_until` (a responder that is not listening yet, or
+/// whose backlog is full); non-blocking, so no attempt outlasts the deadline.
+fn connect(route: &Route, retry_until: Instant) -> Result<UnixStream, Gate> {
+    let addr = match route {
+        Route::Abstract(name) => SocketAddr::from_abstract_name(name.as_bytes()),
+        Route::Path(p) => SocketAddr::from_pathname(p),
+    }
+    .map_err(|e| Gate::Other(format!("not a socket address: {e}")))?;
+    loop {
+        match mio::net::UnixStream::connect_addr(&addr) {
+            Ok(s) => {
+                let s = UnixStream::from(s);
+                s.set_nonblocking(false)
+                    .map_err(|e| Gate::Other(e.to_string()))?;
+                return Ok(s);
+            }
+            Err(e) => {
+                if Instant::now() + RETRY_PAUSE >= retry_until {
+                    return Err(connect_gate(route, &e));
+                }
+                std::thread::sleep(RETRY_PAUSE);
+            }
+        }
+    }
+}
+
+fn timed_out(what: &str, e: &io::Error) -> Gate {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            Gate::TimedOut(format!("no reply to the request while {what}"))
+        }
+        _ => Gate::Broken(format!("{what}: {e}")),
+    }
+}
+
+/// Asks the responder on `stream` for `ids` (pipelined) and returns their descriptors in order,
+/// with the connection when it is in step for further requests (every reply read, nothing left
+/// over, so a later request cannot read a stale reply); the first failure ends it with its gate.
+fn fetch_on(
+    stream: UnixStream,
+    request: FetchRequest,
+    ids: &[FdId],
+    deadline: Instant,
+) -> Result<(Vec<OwnedFd>, Option<UnixStream>), Gate> {
+    let mut out = Vec::with_capacity(ids.len() * (HEADER_LEN + 24));
+    for id in ids {
+        out.extend_from_slice(
+            &FetchRequest {
+                serial: id.serial,
+                ..request
+            }
+            .encode(),
+        );
+    }
+    let left = remaining(deadline).ok_or_else(|| Gate::TimedOut("before sending".into()))?;
+    stream
+        .set_write_timeout(Some(left))
+        .map_err(|e| Gate::Other(e.to_string()))?;
+    if let Err(e) = send_all(&stream, &out) {
+        // A responder that refused the connection ("busy") wrote why before closing it.
+        return Err(
+            refusal_waiting(&stream).unwrap_or_else(|| timed_out("sending the request", &e))
+        );
+    }
+    let mut fds = Vec::with_capacity(ids.len());
+    let mut input: Vec<u8> = Vec::new();
+    let mut pending_fds: Vec<OwnedFd> = Vec::new();
+    for id in ids {
+        let reply = loop {
+            match Reply::decode(&input) {
+                Ok(Parsed::Frame(reply, used)) => {
+                    input.drain(..used);
+                    break reply;
+                }
+                Ok(Parsed::Incomplete(_)) => {}
+                Err(e) => {
+                    return Err(Gate::Broken(format!(
+                        "the reply does not parse ({}): not an nvfuser-ipc responder of this \
+                         version",
+                        e.message
+                    )))
+                }
+            }
+            let left = remaining(deadline)
+                .ok_or_else(|| Gate::TimedOut("waiting for the reply".into()))?;
+            stream
+                .set_read_timeout(Some(left))
+                .map_err(|e| Gate::Other(e.to_string()))?;
+            let mut buf = [0u8; HEADER_LEN + MAX_BODY];
+            match sys::recv_with_fd(stream.as_fd(), &mut buf) {
+                Ok((0, _)) => {
+                    return Err(Gate::Broken(
+                        "the responder closed the connection without replying".into(),
+                    ))
+                }
+                Ok((n, fd)) => {
+                    input.extend_from_slice(&buf[..n]);
+                    pending_fds.extend(fd);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(timed_out("waiting for the reply", &e)),
+            }
+        };
+        match reply {
+            Reply::Fd { serial, dev, ino } => {
+                if serial != id.serial {
+                    return Err(Gate::Broken(format!(
+                        "asked for fd id {}, the reply is for {serial}",
+                        id.serial
+                    )));
+                }
+                if pending_fds.is_empty() {
+                    return Err(Gate::Broken(
+                        "an fd reply came without a descriptor attached".into(),
+                    ));
+                }
+                let fd = pending_fds.remove(0);
+                if (dev, ino) != (id.dev, id.ino) {
+                    return Err(Gate::NotTheObject(format!(
+                        "the responder sent file {dev}:{ino} for fd id {}, registered as {}:{}",
+                        id.serial, id.dev, id.ino
+                    )));
+                }
+                fds.push(fd);
+            }
+            Reply::Error { code, message, .. } => return Err(Gate::Refused { code, message }),
+        }
+    }
+    let in_step = input.is_empty() && pending_fds.is_empty();
+    Ok((fds, in_step.then_some(stream)))
+}
+
+/// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a responder that closed gives EPIPE, never
+/// a SIGPIPE that would kill a host process whose SIGPIPE disposition is the default.
+fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match sys::send_with_fd(stream.as_fd(), bytes, None) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The error frame already received on `stream`, if any (without waiting).
+fn refusal_waiting(stream: &UnixStream) -> Option<Gate> {
+    stream.set_nonblocking(true).ok()?;
+    let mut buf = [0u8; HEADER_LEN + MAX_BODY];
+    let (n, _) = sys::recv_with_fd(stream.as_fd(), &mut buf).ok()?;
+    match Reply::decode(&buf[..n]) {
+        Ok(Parsed::Frame(Reply::Error { code, message, .. }, _)) => {
+            Some(Gate::Refused { code, message })
+        }
+        _ => None,
+    }
+}
+
+/// Whether a gate from a socket rung is the exporter's own answer about the object (unknown or
+/// revoked): then no other rung can do better.
+fn is_definitive(gate: &Gate) -> bool {
+    matches!(
+        gate,
+        Gate::Refused {
+            code: ErrorCode::UnknownId | ErrorCode::Revoked,
+            ..
+        }
+    )
+}
+
+/// Takes descriptor `id.fd` of process `pid` with `pidfd_getfd`, and checks it is the same file
+/// that was registered (a number reused after an unregister is refused).
+fn fetch_with_pidfd(pid: u32, id: &FdId, exporter_ptracer: &str) -> Result<OwnedFd, Gate> {
+    let pidfd = sys::pidfd_open(pid).map_err(|e| pidfd_gate_of(&e, exporter_ptracer, pid))?;
+    let fd = sys::pidfd_getfd(pidfd.as_fd(), id.fd)
+        .map_err(|e| pidfd_gate_of(&e, exporter_ptracer, pid))?;
+    let got = sys::file_identity(fd.as_fd()).map_err(|e| Gate::Other(format!("fstat: {e}")))?;
+    if got != (id.dev, id.ino) {
+        return Err(Gate::NotTheObject(format!(
+            "descriptor {} of pid {pid} is now file {}:{}, not the registered {}:{}: the \
+             object was unregistered",
+            id.fd, got.0, got.1, id.dev, id.ino
+        )));
+    }
+    Ok(fd)
 }
 
 #[cfg(test)]

@@ -1,24 +1,20 @@
-//! The responder: one thread per process and job that is always ready to hand out registered
+//! The responder: one thread per process and job, always ready to hand out registered
 //! descriptors, so no importer waits for a barrier.
 //!
 //! It listens on an abstract name and, when the socket directory is usable, on a socket file
-//! (see `naming`), and runs one mio poll loop over both listeners and its connections: readable
-//! -> parse the requests that arrived -> queue the replies -> write what the kernel takes. A
-//! connection may pipeline any number of requests. An fd reply carries the descriptor as
-//! `SCM_RIGHTS` on its first byte. A request that does not parse is answered with an error frame
-//! and its connection closed once that is written; the responder goes on serving the others.
-//! A connection silent for `idle_timeout` is closed, connections beyond `max_connections` get a
-//! "busy" frame, and a peer that stops reading stops being read (its replies wait).
+//! (see `naming`), in one mio loop over both listeners and its connections: readable -> parse
+//! -> queue the replies -> write what the kernel takes. Requests may be pipelined; an fd reply
+//! carries the descriptor as `SCM_RIGHTS` on its first byte. A request that does not parse gets
+//! an error frame and its connection is closed once that is written. A connection silent for
+//! `idle_timeout` is closed, connections beyond `max_connections` get a "busy" frame, and a peer
+//! that stops reading stops being read.
 //!
-//! **Who is served** (the trust boundary, PROTOCOL.md section 7): a process of this job under
-//! this uid. Every accepted connection's `SO_PEERCRED` is read; a peer whose effective uid is not
-//! this process's (root included, unless this process runs as root) gets a "denied" frame and
-//! the connection is closed before any request is read. Every request must carry the
-//! responder's secret, which only its store record holds (never a socket name, `/proc` or a
-//! file); a request without it gets "denied" and its connection is closed. Both refusals are
-//! logged (rate-limited) and counted; the responder goes on serving everyone else. The checks
-//! are local: an integer compare at accept and a 128-bit compare per request, no store round
-//! trip.
+//! **Who is served** (PROTOCOL.md section 7): a process of this job under this uid. A peer whose
+//! `SO_PEERCRED` uid is not this process's (root included, unless this process is root) gets a
+//! "denied" frame and is closed before any request is read. Every request must carry the
+//! responder's secret, which only its store record holds (never a name, `/proc` or a file); a
+//! request without it is "denied" and its connection closed. Refusals are logged (rate-limited)
+//! and counted; the checks are local (no store round trip).
 //!
 //! Dropping the [`Responder`] wakes the loop, joins the thread and removes the socket file.
 
@@ -69,7 +65,8 @@ pub struct Responder {
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
     thread: Option<JoinHandle<()>>,
-    path: Option<PathBuf>,
+    /// The socket file and its slot in the exit-time cleanup table (see `os::cleanup`).
+    path: Option<(PathBuf, Option<usize>)>,
     stats: Arc<ResponderStats>,
 }
 
@@ -128,10 +125,11 @@ impl Responder {
         let mut file = None;
         let path = path.and_then(|p| {
             let l = listen_path(&p, uid)?;
-            sys::remove_at_exit(&p);
             file = Some(l);
             Ok(p)
         });
+        let cleanup =
+            (path.as_ref().ok()).map(|p| (p.clone(), crate::os::cleanup::register_path(p)));
         let poll = Poll::new().map_err(|e| Error::from_io(format!("{who}: epoll"), &e))?;
         let reg = poll.registry();
         reg.register(&mut abs, ABSTRACT, Interest::READABLE)
@@ -171,7 +169,7 @@ impl Responder {
             stop,
             waker,
             thread: Some(thread),
-            path: path.as_ref().ok().cloned(),
+            path: cleanup,
             stats,
         };
         Ok((responder, path))
@@ -194,9 +192,11 @@ impl Drop for Responder {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let Some(p) = &self.path {
+        if let Some((p, slot)) = self.path.take() {
             let _ = std::fs::remove_file(p);
-            sys::forget_at_exit(p);
+            if let Some(slot) = slot {
+                crate::os::cleanup::unregister(slot);
+            }
         }
     }
 }
@@ -224,12 +224,6 @@ struct Loop {
     max_connections: usize,
     stop: Arc<AtomicBool>,
     stats: Arc<ResponderStats>,
-}
-
-/// Why a connection ends.
-enum End {
-    Done,
-    Broken,
 }
 
 impl Loop {
@@ -306,12 +300,8 @@ impl Loop {
                         ),
                         Err(e) => format!("the peer's credentials cannot be read ({e})"),
                     };
-                    let denied = Reply::Error {
-                        code: ErrorCode::Denied,
-                        serial: 0,
-                        message: why.clone(),
-                    };
-                    let _ = sys::send_with_fd(stream.as_fd(), &denied.encode(), None);
+                    let denied = error_frame(ErrorCode::Denied, 0, why.clone());
+                    let _ = sys::send_with_fd(stream.as_fd(), &denied, None);
                     self.stats.denied.fetch_add(1, Ordering::Relaxed);
                     self.guard
                         .log
@@ -320,15 +310,15 @@ impl Loop {
                 }
             };
             if self.conns.len() >= self.max_connections {
-                let busy = Reply::Error {
-                    code: ErrorCode::Busy,
-                    serial: 0,
-                    message: format!(
+                let busy = error_frame(
+                    ErrorCode::Busy,
+                    0,
+                    format!(
                         "the responder serves {} connections already: retry",
                         self.conns.len()
                     ),
-                };
-                let _ = sys::send_with_fd(stream.as_fd(), &busy.encode(), None);
+                );
+                let _ = sys::send_with_fd(stream.as_fd(), &busy, None);
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -368,8 +358,7 @@ impl Loop {
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
-        let end = serve(conn, &self.registry, &mut self.guard, &self.stats);
-        if end.is_some() {
+        if serve(conn, &self.registry, &mut self.guard, &self.stats) {
             self.close(token);
         }
     }
@@ -420,8 +409,9 @@ impl RefusalLog {
     }
 }
 
-/// Writes what the kernel takes; true when everything queued is written.
-fn flush(conn: &mut Conn) -> std::result::Result<bool, End> {
+/// Writes what the kernel takes; true when everything queued is written, `Err` when the
+/// connection broke.
+fn flush(conn: &mut Conn) -> std::result::Result<bool, ()> {
     while let Some((bytes, done, fd)) = conn.output.front_mut() {
         let fd_now = if *done == 0 {
             fd.as_ref().map(|f| f.as_fd())
@@ -438,25 +428,20 @@ fn flush(conn: &mut Conn) -> std::result::Result<bool, End> {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Err(End::Broken),
+            Err(_) => return Err(()),
         }
     }
     Ok(true)
 }
 
-/// Serves one connection as far as it can go now: flush, parse, answer, read more. `Some`:
-/// close it.
-fn serve(
-    conn: &mut Conn,
-    registry: &Registry,
-    guard: &mut Guard,
-    stats: &ResponderStats,
-) -> Option<End> {
+/// Serves one connection as far as it can go now: flush, parse, answer, read more. True: close
+/// it.
+fn serve(conn: &mut Conn, registry: &Registry, guard: &mut Guard, stats: &ResponderStats) -> bool {
     loop {
         match flush(conn) {
-            Err(end) => return Some(end),
-            Ok(false) => return None,
-            Ok(true) if conn.closing => return Some(End::Done),
+            Err(()) => return true,
+            Ok(false) => return false,
+            Ok(true) if conn.closing => return true,
             Ok(true) => {}
         }
         // Answer every complete request in the input.
@@ -478,12 +463,8 @@ fn serve(
                             req.serial, conn.peer.pid, conn.peer.uid
                         );
                         guard.log.refused(&guard.who, &why);
-                        let reply = Reply::Error {
-                            code: ErrorCode::Denied,
-                            serial: req.serial,
-                            message: why,
-                        };
-                        conn.output.push_back((reply.encode(), 0, None));
+                        let reply = error_frame(ErrorCode::Denied, req.serial, why);
+                        conn.output.push_back((reply, 0, None));
                         conn.input.clear();
                         conn.closing = true;
                         break;
@@ -494,12 +475,8 @@ fn serve(
                 Ok(Parsed::Incomplete(_)) => break,
                 Err(e) => {
                     stats.malformed.fetch_add(1, Ordering::Relaxed);
-                    let reply = Reply::Error {
-                        code: e.code,
-                        serial: 0,
-                        message: e.message,
-                    };
-                    conn.output.push_back((reply.encode(), 0, None));
+                    let reply = error_frame(e.code, 0, e.message);
+                    conn.output.push_back((reply, 0, None));
                     conn.input.clear();
                     conn.closing = true;
                     answered = true;
@@ -511,24 +488,24 @@ fn serve(
             continue;
         }
         if conn.output.len() >= MAX_QUEUED {
-            return None;
+            return false;
         }
         // Read what arrived.
         let mut buf = [0u8; 4096];
         match conn.stream.read(&mut buf) {
-            Ok(0) => return Some(End::Done),
+            Ok(0) => return true,
             Ok(n) => {
                 conn.last_active = Instant::now();
                 if conn.input.len() + n > MAX_INPUT {
                     // Cannot happen with whole requests being answered as they come; a peer
                     // that sends this much without completing one is not speaking the protocol.
-                    return Some(End::Broken);
+                    return true;
                 }
                 conn.input.extend_from_slice(&buf[..n]);
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Some(End::Broken),
+            Err(_) => return true,
         }
     }
 }
@@ -542,12 +519,7 @@ fn answer(
 ) -> (Vec<u8>, usize, Option<Arc<OwnedFd>>) {
     let refuse = |code: ErrorCode, message: String| {
         stats.refused.fetch_add(1, Ordering::Relaxed);
-        let reply = Reply::Error {
-            code,
-            serial: req.serial,
-            message,
-        };
-        (reply.encode(), 0, None)
+        (error_frame(code, req.serial, message), 0, None)
     };
     if req.nonce != nonce {
         return refuse(
@@ -590,4 +562,14 @@ fn answer(
             },
         ),
     }
+}
+
+/// The bytes of an error reply.
+fn error_frame(code: ErrorCode, serial: u64, message: String) -> Vec<u8> {
+    Reply::Error {
+        code,
+        serial,
+        message,
+    }
+    .encode()
 }

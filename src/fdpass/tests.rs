@@ -2,6 +2,13 @@ use super::*;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
 
+impl FdPass {
+    /// Connections kept to peers' responders.
+    fn kept_connections(&self) -> usize {
+        lock(&self.connections).len()
+    }
+}
+
 #[test]
 fn one_instance_per_process_job_and_rank_started_once_withdrawn_on_drop() {
     let server = StoreServer::bind("127.0.0.1", 0).unwrap();

@@ -298,7 +298,7 @@ impl CallbackStore {
     /// connects to), so that [`Store::liveness`] can tell, without a request, whether a server on
     /// this machine is still there. A host on another machine leaves it unknown.
     pub fn set_server_address(&self, host: &str, port: u16) {
-        let on_this_machine = crate::os::listening::is_this_machine(host);
+        let on_this_machine = crate::os::net::is_this_machine(host);
         *lock(&self.server) = Some(ServerAddress {
             port,
             on_this_machine,
@@ -366,7 +366,7 @@ impl Store for CallbackStore {
         if !server.on_this_machine {
             return Liveness::Unknown;
         }
-        match crate::os::listening::server_view(server.port) {
+        match crate::os::net::server_view(server.port) {
             Some(view) if view.served_here => Liveness::ServedHere {
                 other_clients: view.other_clients,
             },

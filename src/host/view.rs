@@ -4,7 +4,7 @@
 //! their page.
 
 use crate::error::{Error, Result};
-use crate::os::vrange::{page_size, ReservedRange};
+use crate::os::mmap::{page_size, ReservedRange};
 use crate::transport::view::{plan, ContiguousView, Extent, Layout};
 use std::os::fd::{AsFd, OwnedFd};
 

@@ -1,26 +1,24 @@
-//! Nothing of a finished job stays in `/dev/shm` (where only node-local boards live: host buffers
-//! are anonymous files, see `os::memfd`).
+//! Nothing of a finished job stays in `/dev/shm` (only node-local boards live there; host buffers
+//! are anonymous files, see `os::memfd`) or in the fd transport's socket directory.
 //!
-//! 1. Every shared-memory name this process creates is registered in a fixed, lock-free table
-//!    until it is unlinked. At normal exit (`atexit`) and on SIGTERM, SIGINT or SIGHUP (only
-//!    where the signal's disposition was the default: a host's own handlers are left alone) the
-//!    names still registered are unlinked with `unlink(2)`, which is async-signal-safe; the
-//!    signal then takes its default action, so the process still dies of it. Peers that mapped a
-//!    segment keep their mapping: only the name goes.
-//! 2. A process killed with SIGKILL runs nothing, so its boards are reclaimed by others: a board
-//!    records its owner's pid, and `exchange::board::reclaim_dead` removes those whose owner no
-//!    longer exists.
-//!
-//! A table slot holds the full path (`/dev/shm/<name>`) and the pid of the creating process, so a
-//! forked child that exits never unlinks its parent's names.
+//! Every shm name and socket file this process creates is registered in a fixed, lock-free table
+//! until it is unlinked. At normal exit (`atexit`) and on SIGTERM, SIGINT or SIGHUP (only where
+//! the disposition was the default: a host's own handlers are left alone) the registered paths
+//! are unlinked with the async-signal-safe `unlink(2)`; the signal then takes its default action.
+//! Peers that mapped a segment keep their mapping. A slot holds the creating pid too, so a forked
+//! child never unlinks its parent's files. A process killed with SIGKILL runs nothing: others
+//! reclaim its boards (`exchange::board::reclaim_dead`) and sockets
+//! (`fdpass::naming::reclaim_dead_sockets`) by the pid they record.
 
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Once;
 
-/// Names registered at once; beyond that, names are still reclaimed after death by others.
+/// Paths registered at once; beyond that, they are still reclaimed after death by others.
 const SLOTS: usize = 2048;
-/// `/dev/shm` + a name of at most 63 bytes + NUL.
-const PATH_LEN: usize = 80;
+/// A socket path (at most 107 bytes, `sun_path`) or `/dev/shm` + a name of 63 bytes, + NUL.
+const PATH_LEN: usize = 112;
 const FREE: u32 = 0;
 const BUSY: u32 = 1;
 const USED: u32 = 2;
@@ -38,8 +36,17 @@ const EMPTY: Slot = Slot {
     path: [const { AtomicU8::new(0) }; PATH_LEN],
 };
 
-static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
-static INSTALL: Once = Once::new();
+/// The table, and the installation of its exit and signal handlers.
+struct AtExit {
+    install: Once,
+    slots: [Slot; SLOTS],
+}
+
+// process-wide: the signal handler reads the table, lock-free; the handlers are the process's.
+static AT_EXIT: AtExit = AtExit {
+    install: Once::new(),
+    slots: [EMPTY; SLOTS],
+};
 
 /// Signals whose default action would leave the names behind.
 const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
@@ -47,12 +54,17 @@ const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 /// Registers the shm `name` (with its leading `/`) for removal at exit or on a fatal signal.
 /// Returns the slot to give back to [`unregister`] once the name is unlinked.
 pub fn register(name: &str) -> Option<usize> {
-    INSTALL.call_once(install);
-    let path = format!("/dev/shm{name}");
+    register_path(Path::new(&format!("/dev/shm{name}")))
+}
+
+/// Registers the file at `path` (a socket) like [`register`].
+pub fn register_path(path: &Path) -> Option<usize> {
+    AT_EXIT.install.call_once(install);
+    let path = path.as_os_str().as_bytes();
     if path.len() >= PATH_LEN {
         return None;
     }
-    for (i, slot) in TABLE.iter().enumerate() {
+    for (i, slot) in AT_EXIT.slots.iter().enumerate() {
         if slot
             .state
             .compare_exchange(FREE, BUSY, Ordering::Acquire, Ordering::Relaxed)
@@ -61,7 +73,7 @@ pub fn register(name: &str) -> Option<usize> {
             continue;
         }
         for (j, cell) in slot.path.iter().enumerate() {
-            cell.store(*path.as_bytes().get(j).unwrap_or(&0), Ordering::Relaxed);
+            cell.store(*path.get(j).unwrap_or(&0), Ordering::Relaxed);
         }
         slot.pid.store(std::process::id(), Ordering::Relaxed);
         slot.state.store(USED, Ordering::Release);
@@ -72,7 +84,7 @@ pub fn register(name: &str) -> Option<usize> {
 
 /// Gives a slot back once its name was unlinked.
 pub fn unregister(slot: usize) {
-    if let Some(s) = TABLE.get(slot) {
+    if let Some(s) = AT_EXIT.slots.get(slot) {
         s.state.store(FREE, Ordering::Release);
     }
 }
@@ -82,7 +94,7 @@ pub fn unregister(slot: usize) {
 fn unlink_registered() {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u32;
-    for slot in &TABLE {
+    for slot in &AT_EXIT.slots {
         if slot.state.load(Ordering::Acquire) != USED || slot.pid.load(Ordering::Relaxed) != me {
             continue;
         }

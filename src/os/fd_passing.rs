@@ -1,12 +1,10 @@
 //! Every OS call of the fd transport that std does not offer, written once with its SAFETY note:
 //! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `pidfd_open`/`pidfd_getfd`, `prctl(PR_SET_PTRACER)`,
-//! `fstat`, `geteuid`, `SO_PEERCRED`, and the unlinking of socket paths at exit. `crate::fdpass`
-//! has no `libc::` and no `unsafe` of its own.
+//! `fstat`, `geteuid` and `SO_PEERCRED` (socket files are unlinked at exit by `os::cleanup`).
+//! `crate::fdpass` has no `libc::` and no `unsafe` of its own.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, Once};
 
 /// The errno values the rest of `fdpass` tells apart.
 pub use libc::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
@@ -221,50 +219,6 @@ pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
 
 /// `(st_dev, st_ino)` of the open file `fd`: tells whether two descriptors name one file.
 pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is writable for sizeof(stat); `fd` is open for the call.
-    let rc = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let st = super::mmap::fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
-}
-
-/// Socket paths this process created and still owns, unlinked by an `atexit` handler (a
-/// process that is killed leaves them; the next process to bind in the directory reclaims the
-/// dead ones, see `naming::reclaim_dead_sockets`).
-static AT_EXIT: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
-static INSTALL: Once = Once::new();
-
-extern "C" fn unlink_at_exit() {
-    // try_lock: never block at exit (a thread may have died holding the lock).
-    if let Ok(paths) = AT_EXIT.try_lock() {
-        let me = std::process::id();
-        for (pid, path) in paths.iter() {
-            // A forked child that exits does not remove its parent's sockets.
-            if *pid == me {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-    }
-}
-
-/// Registers `path` for removal at normal process exit.
-pub fn remove_at_exit(path: &Path) {
-    INSTALL.call_once(|| {
-        // SAFETY: `unlink_at_exit` is an `extern "C" fn()` that does not unwind (it only locks
-        // without blocking and removes files, ignoring errors).
-        unsafe { libc::atexit(unlink_at_exit) };
-    });
-    if let Ok(mut paths) = AT_EXIT.lock() {
-        paths.push((std::process::id(), path.to_path_buf()));
-    }
-}
-
-/// Forgets `path` (it was removed already).
-pub fn forget_at_exit(path: &Path) {
-    if let Ok(mut paths) = AT_EXIT.lock() {
-        paths.retain(|(_, p)| p != path);
-    }
 }

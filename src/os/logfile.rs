@@ -14,7 +14,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 /// Why a log file was refused: the message says what the path is and why it is not used.
 #[derive(Debug)]
@@ -75,15 +75,7 @@ fn refusal(e: &io::Error) -> Refused {
 
 /// Keeps `fd` if it is a regular file or a terminal, in blocking mode.
 fn accept(fd: OwnedFd) -> Result<File, Refused> {
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` is a valid out pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(Refused(format!(
-            "fstat failed ({})",
-            io::Error::last_os_error()
-        )));
-    }
+    let st = super::mmap::fstat(fd.as_fd()).map_err(|e| Refused(format!("fstat failed ({e})")))?;
     let kind = st.st_mode & libc::S_IFMT;
     // SAFETY: isatty only inspects the open descriptor.
     let terminal = kind == libc::S_IFCHR && unsafe { libc::isatty(fd.as_raw_fd()) } == 1;

@@ -3,38 +3,29 @@
 //!
 //! - [`shm`]: POSIX shared-memory segments (`shm_open` + `mmap`), for node-local boards;
 //! - [`memfd`]: anonymous shared files and their mappings, for host buffers passed by fd;
-//! - [`mmap`]: the shared mapping of a descriptor's file and its size, for both of those;
+//! - [`mmap`]: the shared mapping of a descriptor's file, reserved ranges with files mapped at
+//!   fixed places (host views), and freed heap memory handed back to the system;
 //! - [`fd_passing`]: descriptors between processes (`SCM_RIGHTS`, pidfds, `PR_SET_PTRACER`,
 //!   `SO_PEERCRED`), for the fd transport;
-//! - [`cleanup`]: shm names removed at exit and on termination, and reclaimed from dead processes;
+//! - [`cleanup`]: shm names and socket files removed at exit and on termination;
 //! - [`sigbus`]: a SIGBUS guard for shared mappings another process may truncate (boards);
-//! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep or block);
-//! - [`futex`]: blocking on a word of a shared mapping until its writer wakes the waiters;
-//! - [`cpu`]: usable cores and runnable threads, which decide how long a wait spins;
+//! - [`wait`]: bounded waiting on values in shared memory (spin, yield, sleep, or block on a
+//!   futex), paced by the usable cores and the node's runnable threads;
 //! - [`process`]: the host name, whether a pid is alive, the boot clock and when this process
 //!   started;
 //! - [`launcher`]: the launcher's variables that place a process on its node;
 //! - [`logfile`]: the log file, opened without blocking and without following links;
-//! - [`listen`]: the store server's listening socket and the open-file limit;
-//! - [`listening`]: whether a server of this machine still listens on a port (a host's store);
-//! - [`mem`]: freed heap memory handed back to the system;
-//! - [`net`]: name resolution, socket readiness and socket errno checks of the store;
-//! - [`vrange`]: reserved address ranges with files mapped at fixed places (host views).
+//! - [`net`]: the store's TCP sockets: resolution, the listener and its open-file limit,
+//!   readiness, and whether a server of this machine still listens (a host's store);
 
 pub mod cleanup;
-pub mod cpu;
 pub mod fd_passing;
-pub mod futex;
 pub mod launcher;
-pub mod listen;
-pub mod listening;
 pub mod logfile;
-pub mod mem;
 pub mod memfd;
 pub mod mmap;
 pub mod net;
 pub mod process;
 pub mod shm;
 pub mod sigbus;
-pub mod vrange;
 pub mod wait;

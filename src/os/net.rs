@@ -1,10 +1,21 @@
-//! Name resolution and socket readiness for the store client, made like torch's client:
-//! `getaddrinfo` per address family, `poll` on one socket.
+//! The store's TCP sockets, made like torch's: name resolution (`getaddrinfo` per address
+//! family), the server's listening socket (SO_REUSEADDR, dual-stack `[::]` with IPV6_V6ONLY=0,
+//! falling back to 0.0.0.0 without IPv6, a large backlog, close-on-exec) and its open-file limit,
+//! `poll` on one socket, errno checks, and what the kernel's socket tables (`/proc/net/tcp`,
+//! `/proc/net/tcp6`) tell about a server of this machine without connecting to it: whether it
+//! still listens (a closing rank makes no request to a host's server that has gone) and whether
+//! it runs in this process with other processes still connected (a rank whose process hosts a
+//! host's store keeps it up until the others are done with it).
 
+use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpStream};
-use std::os::fd::AsRawFd;
+use std::mem;
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, TcpStream,
+    ToSocketAddrs, UdpSocket,
+};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Resolves like torch: AF_INET6 with `AI_V4MAPPED | AI_ALL` first, then AF_INET.
@@ -190,3 +201,300 @@ pub fn is_out_of_descriptors(e: &io::Error) -> bool {
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
 }
+
+/// Requested listen backlog; the kernel clamps it to `net.core.somaxconn`.
+const LISTEN_BACKLOG: libc::c_int = 16384;
+
+/// Binds and listens. `""` and `"::"` mean every address, IPv6 and IPv4.
+pub fn bind_listener(host: &str, port: u16) -> Result<TcpListener> {
+    if host.is_empty() || host == "::" {
+        let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+        return match listen_on(any6, true) {
+            Ok(listener) => Ok(listener),
+            Err(e) if ipv6_unavailable(&e) => {
+                let any4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+                listen_on(any4, false).map_err(|e| {
+                    Error::from_io(
+                        format!("store server: cannot listen on 0.0.0.0:{port} (IPv6 unavailable)"),
+                        &e,
+                    )
+                })
+            }
+            Err(e) => Err(Error::from_io(
+                format!("store server: cannot listen on [::]:{port}; is the port in use?"),
+                &e,
+            )),
+        };
+    }
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::from_io(format!("store server: cannot resolve host {host:?}"), &e))?
+        .collect();
+    let mut last_error = None;
+    for addr in &addrs {
+        match listen_on(*addr, addr.ip().is_unspecified()) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last_error = Some((addr, e)),
+        }
+    }
+    Err(match last_error {
+        Some((addr, e)) => Error::from_io(
+            format!("store server: cannot listen on {addr} (host {host:?}); is the port in use?"),
+            &e,
+        ),
+        None => Error::invalid(format!(
+            "store server: host {host:?} resolved to no address"
+        )),
+    })
+}
+
+fn ipv6_unavailable(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT | libc::EADDRNOTAVAIL)
+    )
+}
+
+fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
+    let domain = if addr.is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    // SAFETY: socket(2) takes no pointers; the result is checked before use.
+    let raw = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    set_int_option(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    if addr.is_ipv6() && dual_stack {
+        set_int_option(&fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
+    }
+    bind_fd(&fd, &addr)?;
+    // SAFETY: listen(2) on a descriptor we own; no pointers.
+    if unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(TcpListener::from(fd))
+}
+
+fn set_int_option(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `value`, a live c_int, for the whole call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
+    let rc = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_in is plain old data for which all-zero bytes are valid.
+            let mut sa: libc::sockaddr_in = unsafe { mem::zeroed() };
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_port = a.port().to_be();
+            sa.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+            // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in.
+            unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&sa as *const libc::sockaddr_in).cast(),
+                    mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_in6 is plain old data for which all-zero bytes are valid.
+            let mut sa: libc::sockaddr_in6 = unsafe { mem::zeroed() };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = a.port().to_be();
+            sa.sin6_addr.s6_addr = a.ip().octets();
+            sa.sin6_flowinfo = a.flowinfo();
+            sa.sin6_scope_id = a.scope_id();
+            // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in6.
+            unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&sa as *const libc::sockaddr_in6).cast(),
+                    mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The soft and hard RLIMIT_NOFILE of this process (`u64::MAX` for unlimited).
+pub fn fd_limits() -> Option<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    Some((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Raises the soft RLIMIT_NOFILE to `wanted` when it is lower and the hard limit allows it (to
+/// the hard limit when that is lower), never beyond `wanted` and never down. Returns the soft
+/// limit now in force; a limit that cannot be raised is not an error: the server then takes
+/// fewer clients at once (see `ServerOptions::max_connections`).
+pub fn raise_fd_limit(wanted: u64) -> u64 {
+    let Some((soft, hard)) = fd_limits() else {
+        return wanted;
+    };
+    let target = wanted.min(hard);
+    if soft >= wanted || target <= soft {
+        return soft;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: target,
+        rlim_max: hard,
+    };
+    // SAFETY: setrlimit reads the struct we pass.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        return target;
+    }
+    soft
+}
+
+/// `LISTEN` in the `st` column of the kernel's TCP tables.
+const TCP_LISTEN: &str = "0A";
+/// `ESTABLISHED` in the `st` column.
+const TCP_ESTABLISHED: &str = "01";
+const TABLES: [&str; 2] = ["/proc/net/tcp", "/proc/net/tcp6"];
+
+/// A TCP server on this machine, as this process sees it in the kernel's tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerView {
+    /// Some socket (of any process) listens on the port.
+    pub listening: bool,
+    /// A socket of this process listens on the port.
+    pub served_here: bool,
+    /// Connections accepted on the port whose client end is not a socket of this process:
+    /// other processes (here or elsewhere) still connected to the server.
+    pub other_clients: usize,
+}
+
+/// How this process sees the TCP server on `port` (see [`ServerView`]); `None` when the tables
+/// or this process's descriptors cannot be read.
+pub fn server_view(port: u16) -> Option<ServerView> {
+    let own = own_socket_inodes()?;
+    let mut rows = Vec::new();
+    let mut readable = false;
+    for table in TABLES {
+        if let Ok(text) = std::fs::read_to_string(table) {
+            readable = true;
+            rows.extend(text.lines().skip(1).filter_map(Row::parse));
+        }
+    }
+    readable.then(|| view_of(&rows, port, &own))
+}
+
+/// One socket of a kernel TCP table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Row {
+    local_port: u16,
+    remote_port: u16,
+    state: String,
+    inode: u64,
+}
+
+impl Row {
+    /// Parses `sl local_address rem_address st ... uid timeout inode`.
+    fn parse(line: &str) -> Option<Row> {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let port = |addr: &str| u16::from_str_radix(addr.rsplit(':').next()?, 16).ok();
+        Some(Row {
+            local_port: port(cols.get(1)?)?,
+            remote_port: port(cols.get(2)?)?,
+            state: cols.get(3)?.to_string(),
+            inode: cols.get(9)?.parse().ok()?,
+        })
+    }
+}
+
+/// The server on `port` as seen from the process owning the socket inodes `own`. A client of
+/// this process is told apart by its ephemeral port, which the accepted end names as its remote
+/// port (one table may show the client over IPv4 and the server's end over IPv6).
+fn view_of(rows: &[Row], port: u16, own: &std::collections::HashSet<u64>) -> ServerView {
+    let ours = |r: &&Row| own.contains(&r.inode);
+    let listening = rows
+        .iter()
+        .any(|r| r.state == TCP_LISTEN && r.local_port == port);
+    let served_here = rows
+        .iter()
+        .filter(ours)
+        .any(|r| r.state == TCP_LISTEN && r.local_port == port);
+    let own_client_ports: std::collections::HashSet<u16> = rows
+        .iter()
+        .filter(ours)
+        .filter(|r| r.state == TCP_ESTABLISHED && r.remote_port == port)
+        .map(|r| r.local_port)
+        .collect();
+    let other_clients = rows
+        .iter()
+        .filter(ours)
+        .filter(|r| r.state == TCP_ESTABLISHED && r.local_port == port)
+        .filter(|r| !own_client_ports.contains(&r.remote_port))
+        .count();
+    ServerView {
+        listening,
+        served_here,
+        other_clients,
+    }
+}
+
+/// The inodes of this process's sockets (`/proc/self/fd/N -> socket:[inode]`).
+fn own_socket_inodes() -> Option<std::collections::HashSet<u64>> {
+    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
+    Some(
+        dir.flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter_map(|target| {
+                let t = target.to_str()?;
+                t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+            })
+            .collect(),
+    )
+}
+
+/// Whether `host` names this machine: a loopback name or address, or an address (or a name that
+/// resolves to one) that a socket here can bind to.
+pub fn is_this_machine(host: &str) -> bool {
+    let bindable = |ip: IpAddr| ip.is_loopback() || UdpSocket::bind((ip, 0)).is_ok();
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    if let Ok(ip) = host.trim_matches(['[', ']']).parse::<IpAddr>() {
+        return bindable(ip);
+    }
+    match (host, 0u16).to_socket_addrs() {
+        Ok(mut addrs) => addrs.any(|a| bindable(a.ip())),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -44,15 +44,13 @@ pub fn process_alive(pid: u32) -> bool {
 /// cannot tell: no `/proc`, or a `/proc` of another pid namespace (its `self` is not this
 /// process), where the pid would name another process.
 fn is_zombie(pid: libc::pid_t) -> bool {
-    static PROC_IS_OURS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let ours = *PROC_IS_OURS.get_or_init(|| {
-        std::fs::read_link("/proc/self")
-            .is_ok_and(|p| p.to_str() == Some(std::process::id().to_string().as_str()))
-    });
-    ours && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let exited = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| state_of(&stat))
-        .is_some_and(|state| state == 'Z' || state == 'X')
+        .is_some_and(|state| state == 'Z' || state == 'X');
+    exited
+        && std::fs::read_link("/proc/self")
+            .is_ok_and(|p| p.to_str() == Some(std::process::id().to_string().as_str()))
 }
 
 /// The state letter of a `/proc/<pid>/stat` line (field 3).
@@ -94,6 +92,7 @@ pub fn since_boot() -> Option<std::time::Duration> {
 /// [`since_boot`] in nanoseconds when this library was loaded (0: not recorded), set by the
 /// loader through `.init_array`: at process start when the program links the library, later when
 /// it loads it at run time.
+// process-wide: written by the load-time constructor below, before any object exists.
 static LOADED_AT: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn record_load() {
@@ -107,6 +106,7 @@ extern "C" fn record_load() {
 
 /// Runs [`record_load`] when the library is loaded. It only reads a clock and stores an atomic,
 /// which needs nothing of the Rust runtime to be set up yet.
+// process-wide: a load-time constructor is the loader's, run once per process.
 #[used]
 #[link_section = ".init_array"]
 static RECORD_LOAD: extern "C" fn() = record_load;

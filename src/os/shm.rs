@@ -7,7 +7,7 @@
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// One mapped segment. Unmapped on drop; unlinked on drop if this process created it and has not
 /// unlinked it yet.
@@ -23,18 +23,10 @@ pub struct ShmSegment {
 
 /// "/dev/shm has F of T bytes free", for messages.
 pub fn shm_space() -> String {
-    // SAFETY: an all-zero `statvfs` is a valid value to be overwritten.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: the path is a valid NUL-terminated string and `st` a valid out pointer.
-    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut st) } != 0 {
-        return "/dev/shm's free space is unknown".to_string();
+    match shm_free_and_total() {
+        Some((free, total)) => format!("/dev/shm has {free} of {total} bytes free"),
+        None => "/dev/shm's free space is unknown".to_string(),
     }
-    let unit = st.f_frsize as u64;
-    format!(
-        "/dev/shm has {} of {} bytes free",
-        st.f_bavail as u64 * unit,
-        st.f_blocks as u64 * unit
-    )
 }
 
 /// Free and total bytes of the file system at `/dev/shm`, when it can be read.
@@ -81,10 +73,10 @@ impl ShmSegment {
             let err = io::Error::last_os_error();
             return Err(Error::from_io(format!("shm_open({name}, create)"), &err));
         }
-        let result = Self::truncate_and_map(fd, name, len);
-        // SAFETY: `fd` is an open descriptor we own; the mapping (if any) keeps its own reference.
-        unsafe { libc::close(fd) };
-        match result {
+        // SAFETY: shm_open returned a fresh descriptor that nothing else owns; it is closed on
+        // return (a mapping keeps its own reference).
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        match Self::truncate_and_map(fd.as_fd(), name, len) {
             Ok(addr) => Ok(ShmSegment {
                 name: name.to_string(),
                 addr,
@@ -100,11 +92,11 @@ impl ShmSegment {
         }
     }
 
-    fn truncate_and_map(fd: libc::c_int, name: &str, len: u64) -> Result<u64> {
+    fn truncate_and_map(fd: BorrowedFd<'_>, name: &str, len: u64) -> Result<u64> {
         let off_len = libc::off_t::try_from(len)
             .map_err(|_| Error::invalid(format!("shm segment {name}: size {len} too large")))?;
         // SAFETY: `fd` is an open shm descriptor.
-        if unsafe { libc::ftruncate(fd, off_len) } != 0 {
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), off_len) } != 0 {
             let err = io::Error::last_os_error();
             return Err(Error::from_io(
                 format!("ftruncate({name}, {len}) (is /dev/shm full?)"),
@@ -114,7 +106,7 @@ impl ShmSegment {
         // ftruncate is sparse: on a full tmpfs the first write past its capacity would kill the
         // process with SIGBUS. Reserve every page now so a lack of space is an error here.
         // SAFETY: `fd` is an open shm descriptor; the range is within the size just set.
-        let rc = unsafe { libc::posix_fallocate(fd, 0, off_len) };
+        let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, off_len) };
         if rc != 0 {
             let err = io::Error::from_raw_os_error(rc);
             return Err(Error::from_io(
@@ -126,7 +118,7 @@ impl ShmSegment {
                 &err,
             ));
         }
-        map(fd, name, len)
+        super::mmap::map_shared(fd, len, name)
     }
 
     /// Opens and maps an existing segment, whose size must be at least `min_len` bytes.
@@ -152,39 +144,26 @@ impl ShmSegment {
             }
             return Err(Error::from_io(format!("shm_open({name})"), &err));
         }
-        let result = Self::stat_and_map(fd, name, min_len, short_is_absent);
-        // SAFETY: `fd` is an open descriptor we own.
-        unsafe { libc::close(fd) };
-        result.map(|mapped| {
-            mapped.map(|(addr, len)| ShmSegment {
-                name: name.to_string(),
-                addr,
-                len,
-                owns_name: false,
-                cleanup_slot: None,
-            })
-        })
-    }
-
-    fn stat_and_map(
-        fd: libc::c_int,
-        name: &str,
-        min_len: u64,
-        short_is_absent: bool,
-    ) -> Result<Option<(u64, u64)>> {
-        // SAFETY: `fd` is open for the duration of this function (the caller closes it after).
-        let len = super::mmap::file_size(unsafe { BorrowedFd::borrow_raw(fd) })
+        // SAFETY: as in `create`.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let len = super::mmap::file_size(fd.as_fd())
             .map_err(|e| Error::from_io(format!("fstat({name})"), &e))?;
-        if short_is_absent && (len < min_len || len == 0) {
-            return Ok(None);
-        }
         if len < min_len || len == 0 {
+            if short_is_absent {
+                return Ok(None);
+            }
             return Err(Error::protocol(format!(
                 "shared-memory segment {name} has {len} bytes, expected at least {min_len}: it \
                  was replaced or truncated (stale segment of another job?)"
             )));
         }
-        Ok(Some((map(fd, name, len)?, len)))
+        Ok(Some(ShmSegment {
+            name: name.to_string(),
+            addr: super::mmap::map_shared(fd.as_fd(), len, name)?,
+            len,
+            owns_name: false,
+            cleanup_slot: None,
+        }))
     }
 
     pub fn name(&self) -> &str {
@@ -222,11 +201,6 @@ pub fn unlink_name(name: &str) {
         // SAFETY: `cname` is a valid NUL-terminated string.
         unsafe { libc::shm_unlink(cname.as_ptr()) };
     }
-}
-
-fn map(fd: libc::c_int, name: &str, len: u64) -> Result<u64> {
-    // SAFETY: the callers pass a descriptor they hold open for the call.
-    super::mmap::map_shared(unsafe { BorrowedFd::borrow_raw(fd) }, len, name)
 }
 
 impl Drop for ShmSegment {

@@ -1,31 +1,27 @@
 //! A process-wide SIGBUS guard for shared mappings that another process may shrink.
 //!
 //! A shared file mapped here (a rank's board in `/dev/shm`) can be truncated by any process of
-//! the same uid; the next access of this process to a page past the new end of the file raises
-//! SIGBUS, whose default action kills the process. A guarded range instead survives it: the
-//! handler replaces the whole range with private zero pages (`mmap(MAP_FIXED | MAP_ANONYMOUS)`,
-//! as Wayland compositors do for clients' shm pools), marks the range truncated, and returns, so
-//! the faulting access is retried on the zero pages. The owner of the range reads the mark at its
-//! next check ([`Guard::truncated`]) and turns it into an error; until then it only sees zeros.
+//! the same uid; the next access past the new end raises SIGBUS, which kills by default. In a
+//! guarded range the handler instead replaces the whole range with private zero pages
+//! (`mmap(MAP_FIXED | MAP_ANONYMOUS)`, as Wayland compositors do for clients' shm pools), marks
+//! it truncated and returns, so the access is retried on the zero pages; the range's owner turns
+//! the mark into an error at its next check ([`Guard::truncated`]).
 //!
-//! Why a guard and not a size check (`fstat`) before each access: a check is racy (the file can
-//! shrink between the check and the access, so it never removes the SIGBUS, only narrows the
-//! window), costs a syscall on the hot path of every exchange, and would need the descriptor kept
-//! open. The guard costs nothing until a fault, and the check of the mark is one atomic load.
+//! Why not a size check (`fstat`) before each access: it is racy (the file can shrink right
+//! after), costs a syscall per exchange and needs the descriptor kept open; the guard costs
+//! nothing until a fault, and checking the mark is one atomic load.
 //!
-//! Any other SIGBUS (an address outside every guarded range, or a signal sent with `kill`) goes
-//! to the handler that was installed before this one, or, when that was the default action, the
-//! default is restored and the signal raised again, so the process dies of it as it would have.
+//! Any other SIGBUS (outside every guarded range, or sent with `kill`) goes to the previous
+//! handler, or, when that was the default, the default is restored and the signal raised again.
 //!
-//! The handler is async-signal-safe: it reads a fixed table of atomics (no allocation, no lock),
-//! calls `mmap` (a plain system call) and saves and restores `errno`. The table is a seqlock per
-//! slot, so a slot being registered or released while the handler reads it is skipped rather
-//! than read half-written. A range is released (dropping its [`Guard`]) before it is unmapped,
-//! so the handler never remaps memory that has been handed to someone else; and since the fault
-//! comes from an access to a live range, its owner cannot release it concurrently.
+//! The handler is async-signal-safe: a fixed table of atomics (no allocation, no lock), `mmap`,
+//! and `errno` saved and restored. Each slot is a seqlock, so a slot being written while the
+//! handler reads it is skipped. A range is released (its [`Guard`] dropped) before it is
+//! unmapped, and a fault comes from an access to a live range, so its owner cannot release it
+//! concurrently.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 
 /// Ranges guarded at once in a process (boards of all caches and peers); past this, a new range
 /// is mapped unguarded ([`Guard::is_guarded`] says so).
@@ -52,11 +48,22 @@ const EMPTY: Slot = Slot {
     truncated: AtomicBool::new(false),
 };
 
-static SLOTS: [Slot; MAX_RANGES] = [EMPTY; MAX_RANGES];
-static INSTALL: Once = Once::new();
-/// The SIGBUS action found when the guard was installed: where other faults go.
-static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
-static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// The handler's table and what installing it found.
+struct Handler {
+    slots: [Slot; MAX_RANGES],
+    /// Whether the handler was installed (set once, on the first guard).
+    installed: OnceLock<bool>,
+    /// The SIGBUS action found when the guard was installed: where other faults go. Set before
+    /// ours is installed, so the handler always finds it.
+    previous: OnceLock<libc::sigaction>,
+}
+
+// process-wide: a signal handler's lock-free slot table and the disposition it replaced.
+static HANDLER: Handler = Handler {
+    slots: [EMPTY; MAX_RANGES],
+    installed: OnceLock::new(),
+    previous: OnceLock::new(),
+};
 
 /// A guarded range; released on drop (drop it before unmapping the range).
 #[derive(Debug)]
@@ -71,13 +78,13 @@ pub fn guard(addr: u64, len: u64) -> Guard {
     if !install() || len == 0 {
         return Guard { slot: None };
     }
-    let slot = SLOTS.iter().position(|s| {
+    let slot = HANDLER.slots.iter().position(|s| {
         s.claimed
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     });
     if let Some(i) = slot {
-        let s = &SLOTS[i];
+        let s = &HANDLER.slots[i];
         s.truncated.store(false, Ordering::Relaxed);
         write_range(s, addr as usize, len as usize);
     }
@@ -98,7 +105,7 @@ impl Guard {
     /// and the range now holds private zero pages.
     pub fn truncated(&self) -> bool {
         self.slot
-            .is_some_and(|i| SLOTS[i].truncated.load(Ordering::Acquire))
+            .is_some_and(|i| HANDLER.slots[i].truncated.load(Ordering::Acquire))
     }
 
     /// Whether the range is guarded at all (see [`guard`]).
@@ -110,7 +117,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(i) = self.slot.take() {
-            let s = &SLOTS[i];
+            let s = &HANDLER.slots[i];
             write_range(s, 0, 0);
             s.claimed.store(false, Ordering::Release);
         }
@@ -118,33 +125,30 @@ impl Drop for Guard {
 }
 
 fn install() -> bool {
-    INSTALL.call_once(|| {
+    *HANDLER.installed.get_or_init(|| {
         // SAFETY: an all-zero `sigaction` is a valid value to be overwritten.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: reading the current action into a valid out pointer.
         if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) } != 0 {
-            return;
+            return false;
         }
-        // Stored before ours is installed, so the handler always finds it.
-        let _ = PREVIOUS.set(old);
+        let _ = HANDLER.previous.set(old);
         // SAFETY: as above.
         let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
         new.sa_sigaction = on_sigbus as SigInfoHandler as usize;
         new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
         // SAFETY: `new.sa_mask` is a valid sigset to initialise; `new` is a complete action whose
         // handler has the SA_SIGINFO signature.
-        let ok = unsafe {
+        unsafe {
             libc::sigemptyset(&mut new.sa_mask);
             libc::sigaction(libc::SIGBUS, &new, std::ptr::null_mut()) == 0
-        };
-        INSTALLED.store(ok, Ordering::Release);
-    });
-    INSTALLED.load(Ordering::Acquire)
+        }
+    })
 }
 
 /// The guarded slot whose range holds `addr`, with that range (start, len) as read consistently.
 fn find(addr: usize) -> Option<(&'static Slot, usize, usize)> {
-    SLOTS.iter().find_map(|s| {
+    HANDLER.slots.iter().find_map(|s| {
         let before = s.seq.load(Ordering::Acquire);
         if before & 1 == 1 {
             return None;
@@ -202,7 +206,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// # Safety
 /// Only from the SIGBUS handler, with the kernel's arguments.
 unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let previous = PREVIOUS.get();
+    let previous = HANDLER.previous.get();
     let handler = previous.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
     if handler == libc::SIG_IGN {
         return;

@@ -3,12 +3,16 @@
 //! [`MAX_SLEEP`], always bounded by a deadline. No wake-up call is needed from the writer. Slower
 //! waits (a peer closing) use the same routine at the [`SLEEPING`] pace.
 //!
-//! Where the writer wakes its waiters (the exchange's boards, see `os::futex`), [`wait_blocking`]
-//! blocks after the spins instead of sleeping, and [`blocking_pace`] chooses how long it spins:
-//! long while every runnable thread has a core (a wake-up costs far more than a peer a few
-//! microseconds late), hardly at all when the node is oversubscribed (a spinning waiter then
-//! takes the core its peer needs to get there).
+//! Where the writer wakes its waiters (the exchange's boards: [`futex_wait`] and
+//! [`futex_wake_all`] on a word of a shared mapping, the shared kind, not
+//! `FUTEX_PRIVATE_FLAG`), [`wait_blocking`] blocks after the spins instead of sleeping, and
+//! [`blocking_pace`] chooses how long it spins: long while every runnable thread has a core of
+//! its own ([`usable_cores`]; a wake-up costs far more than a peer a few microseconds late),
+//! hardly at all when the node is [`oversubscribed`] (a spinning waiter then takes the core its
+//! peer needs to get there).
 
+use once_cell::sync::Lazy;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How a wait polls: spins, then yields, then sleeps growing from `first_sleep` to `max_sleep`.
@@ -72,9 +76,9 @@ pub const BLOCK_SOON: BlockingPace = BlockingPace {
 };
 
 /// The pace of a wait on a peer where `local_ranks` ranks share the node (see
-/// `os::cpu::oversubscribed`, which also counts the other runnable threads of the node).
+/// [`oversubscribed`], which also counts the other runnable threads of the node).
 pub fn blocking_pace(local_ranks: usize) -> BlockingPace {
-    if crate::os::cpu::oversubscribed(local_ranks) {
+    if oversubscribed(local_ranks) {
         BLOCK_SOON
     } else {
         SPIN_THEN_BLOCK
@@ -165,6 +169,117 @@ pub fn wait_paced<T>(
         if let Some(v) = ready() {
             return Some(v);
         }
+    }
+}
+
+/// What [`usable_cores`] and [`oversubscribed`] read once and cache.
+struct Cpu {
+    /// Cores in this process's affinity mask, at least 1.
+    cores: usize,
+    start: Instant,
+    /// Bit 63: the last answer of [`oversubscribed`]; the rest: when it was read (ns since
+    /// `start`, +1 so 0 = never).
+    last: AtomicU64,
+}
+
+// process-wide: the cores of this process and the node's load, shared by every waiter.
+static CPU: Lazy<Cpu> = Lazy::new(|| {
+    // SAFETY: `set` is a plain bit set the kernel fills; its size is passed with it.
+    let affinity = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then(|| (libc::CPU_COUNT(&set) as usize).max(1))
+    };
+    Cpu {
+        cores: affinity
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        start: Instant::now(),
+        last: AtomicU64::new(0),
+    }
+});
+
+/// Cores in this process's affinity mask (`sched_getaffinity`), at least 1.
+pub fn usable_cores() -> usize {
+    CPU.cores
+}
+
+/// Threads runnable on the node right now (the fourth field of `/proc/loadavg`, `R/T`), or
+/// `None` where it cannot be read.
+pub fn runnable_threads() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    parse_runnable(&text)
+}
+
+fn parse_runnable(loadavg: &str) -> Option<usize> {
+    loadavg
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// How long a reading of [`runnable_threads`] is reused (reading it costs a few microseconds).
+const REFRESH_NS: u64 = 50_000_000;
+
+/// Whether more threads are runnable than this process has cores, read at most every 50 ms.
+/// `local_ranks` is a lower bound of the runnable threads (ranks sharing the node).
+pub fn oversubscribed(local_ranks: usize) -> bool {
+    let cores = CPU.cores;
+    if local_ranks > cores {
+        return true;
+    }
+    let now = CPU.start.elapsed().as_nanos() as u64 + 1;
+    let last = CPU.last.load(Ordering::Relaxed);
+    let at = last & !(1 << 63);
+    if at != 0 && now.saturating_sub(at) < REFRESH_NS {
+        return last >> 63 != 0;
+    }
+    // The caller is one of the runnable threads counted, so "more than cores" means others
+    // want every core too.
+    let over = runnable_threads().is_some_and(|r| r > cores);
+    CPU.last
+        .store(now | (u64::from(over) << 63), Ordering::Relaxed);
+    over
+}
+
+/// Blocks while `word` holds `expected`, at most `max` (spurious returns are allowed: callers
+/// check their condition again).
+pub fn futex_wait(word: &AtomicU32, expected: u32, max: Duration) {
+    let ts = libc::timespec {
+        tv_sec: max.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: max.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned 32-bit word that outlives the call; the kernel only
+    // reads it. FUTEX_WAIT takes a relative timeout; the other arguments are unused.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Wakes every waiter blocked on `word` (in any process mapping it).
+pub fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: `word` is a valid, aligned 32-bit word; FUTEX_WAKE does not access memory
+    // beyond looking the word's address up.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod client;
 #[cfg(test)]
+#[path = "tests/memory.rs"]
 pub(crate) mod memory;
 pub mod server;
 pub mod wire;

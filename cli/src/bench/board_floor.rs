@@ -10,7 +10,7 @@ use super::RankArgs;
 use crate::stats::nanos;
 use nvfuser_ipc::context::Context;
 use nvfuser_ipc::os::shm::ShmSegment;
-use nvfuser_ipc::os::{futex, wait};
+use nvfuser_ipc::os::wait;
 use nvfuser_ipc::{Error, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -56,7 +56,7 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<u64>> {
         for _ in 0..ROUNDS_PER_CALL {
             value += 1;
             word(&own).store(value, Ordering::Release);
-            futex::wake_all(word(&own));
+            wait::futex_wake_all(word(&own));
             for n in &neighbours {
                 await_value(word(n), value, pace, timeout).ok_or_else(|| {
                     Error::timeout(format!(
@@ -89,7 +89,7 @@ fn await_value(
             return Some(());
         }
         if let Some(max) = block {
-            futex::wait(w, now, max);
+            wait::futex_wait(w, now, max);
         }
         None
     })

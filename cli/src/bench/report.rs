@@ -155,7 +155,7 @@ impl Results {
                 cold,
                 1.0,
             ));
-            let cores = nvfuser_ipc::os::cpu::usable_cores();
+            let cores = nvfuser_ipc::os::wait::usable_cores();
             let (limit, whose) = pool_limit(*w, cores);
             out.push(check(
                 format!("pool at W={w} vs seed baseline (segments mapped before; {whose})"),

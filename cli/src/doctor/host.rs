@@ -4,7 +4,7 @@
 use super::{Check, Verdict};
 use nvfuser_ipc::fdpass::diagnose::PtraceFacts;
 use nvfuser_ipc::node::NodeIdentity;
-use nvfuser_ipc::os::listen::fd_limits;
+use nvfuser_ipc::os::net::fd_limits;
 use nvfuser_ipc::os::process::ns_inode;
 use nvfuser_ipc::os::shm::{shm_free_and_total, ShmSegment};
 

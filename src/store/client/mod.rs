@@ -1,41 +1,29 @@
 //! Client for PyTorch's TCPStore wire protocol, behaving on the wire like torch 2.11's C++
 //! client (`c10d::TCPStore`), so it works against torch's servers (libuv and classic) and ours.
 //!
-//! - Connect: `getaddrinfo` (AF_INET6 with v4-mapped addresses, then AF_INET), a non-blocking
-//!   connect per address, retried with jittered exponential backoff on ECONNREFUSED, ECONNRESET
-//!   and ETIMEDOUT until `connect_timeout`; then `VALIDATE` and `PING` (nonce = pid, echo checked);
-//!   then `ADD "init/" 1` when [`ConnectOptions::wait_for_workers`] is set.
+//! - Connect: `getaddrinfo` (v4-mapped IPv6, then IPv4), a non-blocking connect
+//!   per address retried with jittered backoff until `connect_timeout`, `VALIDATE` + `PING`
+//!   (nonce = pid), then `ADD "init/" 1` when [`ConnectOptions::wait_for_workers`] is set.
 //! - User keys get torch's `/` prefix on the wire (`"init/"` does not).
-//! - `get`, `wait`, `multi_get` and a blocking `queue_pop` send `WAIT` first and wait for its reply
-//!   with `poll`; on timeout they send `CANCEL_WAIT` and report a [`Status::Timeout`] with torch's
-//!   text (`wait timeout after 1000ms, keys: /nokey`).
-//! - Unlike torch, which blocks forever in `recv` when a server stops answering, every reply read
-//!   here is bounded by the store timeout (at least [`MIN_REPLY_TIMEOUT`]).
-//! - Requests over the limits of torch's default server (a wire key, `/` included, over
-//!   8192 bytes, a value over 8 MiB, more than 131072 keys) are refused with
+//! - `get`, `wait`, `multi_get` and a blocking `queue_pop` send `WAIT` and `poll` for its reply;
+//!   on timeout they send `CANCEL_WAIT` and fail with torch's text (`wait timeout after 1000ms,
+//!   keys: /nokey`). Unlike torch, every reply read is bounded by the store timeout (at least
+//!   [`MIN_REPLY_TIMEOUT`]).
+//! - Requests over the limits of torch's default server are refused with
 //!   [`Status::InvalidArgument`] before anything is sent; the connection stays usable.
-//! - One connection behind a mutex, one request in flight, each request written with one
-//!   syscall from a reused buffer. After an I/O or protocol error the connection is marked broken
-//!   and later calls fail at once (the stream may be out of step); call [`TcpStore::reconnect`] or
-//!   create a new store.
-//!
-//! Connection set-up (resolution, retries, handshake) is in `connect.rs`; the requests and their
-//! replies are here.
-
-mod connect;
-#[cfg(test)]
-mod tests;
+//! - One connection behind a mutex, one request in flight, written with one syscall from a
+//!   reused buffer. After an I/O or protocol error the connection is broken and later calls
+//!   fail at once; call [`TcpStore::reconnect`] or create a new store.
 
 use crate::error::{Error, Result, Status};
 use crate::store::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
-use connect::open;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The key every torch store with a world size increments once after connecting (no `/`).
 pub const INIT_KEY: &str = "init/";
@@ -66,11 +54,7 @@ pub struct ConnectOptions {
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        ConnectOptions {
-            timeout: DEFAULT_TIMEOUT,
-            connect_timeout: DEFAULT_TIMEOUT,
-            wait_for_workers: None,
-        }
+        ConnectOptions::with_timeout(DEFAULT_TIMEOUT)
     }
 }
 
@@ -189,14 +173,14 @@ impl Conn {
         Ok(())
     }
 
-    /// Encodes one request into the reused buffer (nothing is sent when encoding fails).
-    fn encode(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
+    /// Encodes one request into the reused buffer (nothing is sent when encoding fails), writes
+    /// it (one syscall unless the kernel takes it partially) and starts its reply's deadline.
+    fn request(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
         self.out.clear();
-        encode(&mut self.out).map_err(Fail::Invalid)
+        encode(&mut self.out).map_err(Fail::Invalid)?;
+        self.send()
     }
 
-    /// Writes the encoded request (one syscall unless the kernel takes it partially) and starts
-    /// the deadline of its reply afresh.
     fn send(&mut self) -> Step<()> {
         let result = self.stream().write_all(&self.out);
         if self.out.capacity() > KEEP_OUT_CAPACITY {
@@ -204,11 +188,6 @@ impl Conn {
         }
         self.reader.get_mut().deadline = None;
         result.map_err(Fail::Io)
-    }
-
-    fn request(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
-        self.encode(encode)?;
-        self.send()
     }
 
     /// Sends `WAIT keys` and waits up to `timeout` for its reply; on timeout cancels the wait
@@ -250,14 +229,10 @@ impl Conn {
             }
             return Err(Fail::WaitTimeout(timeout));
         }
-        self.expect_byte("WAIT", WAIT_STOP_WAITING)
-    }
-
-    fn expect_byte(&mut self, what: &str, expected: u8) -> Step<()> {
         let got = wire::read_u8(&mut self.reader)?;
-        if got != expected {
+        if got != WAIT_STOP_WAITING {
             return Err(Fail::Protocol(format!(
-                "{what} reply was byte {got:#04x}, expected {expected:#04x}"
+                "WAIT reply was byte {got:#04x}, expected {WAIT_STOP_WAITING:#04x}"
             )));
         }
         Ok(())
@@ -357,17 +332,6 @@ impl TcpStore {
     /// The port this store was connected with.
     pub fn port(&self) -> u16 {
         self.port
-    }
-
-    /// The address the connection actually reached (after name resolution).
-    pub fn peer_addr(&self) -> Result<SocketAddr> {
-        let conn = self.lock();
-        conn.stream().peer_addr().map_err(|e| {
-            Error::from_io(
-                format!("store {}:{}: peer address", self.host, self.port),
-                &e,
-            )
-        })
     }
 
     /// The store timeout.
@@ -670,3 +634,120 @@ impl Store for TcpStore {
         Some(store)
     }
 }
+
+// Connection set-up: name resolution (`getaddrinfo`, v4-mapped IPv6 then IPv4), one
+// non-blocking connect per address retried with jittered exponential backoff until the connect
+// timeout, then torch's `VALIDATE` + `PING` handshake.
+
+/// First connect retry delay; short because ranks usually start at the same time as the server.
+const BACKOFF_INITIAL: Duration = Duration::from_millis(10);
+const BACKOFF_FACTOR: f64 = 1.5;
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Connects with retries until `connect_timeout`, then VALIDATE + PING.
+fn open(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> Result<Conn> {
+    let start = Instant::now();
+    let deadline = start + connect_timeout;
+    let mut backoff = Backoff::new();
+    let mut last_error: Option<String> = None;
+    let mut attempted = false;
+    loop {
+        match crate::os::net::resolve(host, port) {
+            Ok(addrs) => {
+                for addr in addrs {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    // Even a zero connect timeout gets one try per address.
+                    if left.is_zero() && attempted {
+                        break;
+                    }
+                    attempted = true;
+                    match try_connect(addr, left.max(Duration::from_millis(1)), timeout) {
+                        Ok(conn) => return Ok(conn),
+                        Err(e) => last_error = Some(format!("{addr}: {e}")),
+                    }
+                }
+            }
+            // Name resolution can fail while a cluster's DNS catches up: retry it too.
+            Err(e) => last_error = Some(e),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::timeout(format!(
+                "The client socket has timed out after {}ms while trying to connect to \
+                 ({host}, {port}); last error: {}. Check that the store server is running \
+                 and reachable, or raise the connect timeout",
+                start.elapsed().as_millis(),
+                last_error.as_deref().unwrap_or("none"),
+            )));
+        }
+        std::thread::sleep(backoff.next_delay().min(left));
+    }
+}
+
+/// One connection attempt to one address, including the handshake. std creates the socket with
+/// `SOCK_CLOEXEC` and connects it non-blocking with `poll(POLLOUT)`, then makes it blocking
+/// again, as torch does.
+fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Result<Conn> {
+    let stream = TcpStream::connect_timeout(&addr, left)?;
+    stream.set_nodelay(true)?;
+    // The handshake reply is bounded by what is left of the connect deadline too.
+    let reply_timeout = timeout.max(MIN_REPLY_TIMEOUT);
+    let mut conn = Conn::new(
+        stream,
+        reply_timeout.min(left.max(Duration::from_millis(1))),
+    )?;
+    let nonce = std::process::id();
+    conn.out.clear();
+    wire::encode_validate(&mut conn.out);
+    wire::encode_ping(&mut conn.out, nonce);
+    match conn.send() {
+        Ok(()) => {}
+        Err(Fail::Io(e)) => return Err(e),
+        Err(_) => return Err(io::Error::other("handshake could not be sent")),
+    }
+    let echoed = wire::read_u32(&mut conn.reader)?;
+    if echoed != nonce {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {echoed}"
+            ),
+        ));
+    }
+    conn.apply_reply_timeout(reply_timeout)?;
+    Ok(conn)
+}
+
+/// Exponential backoff with ±50 % jitter, so ranks started together do not retry in lockstep.
+struct Backoff {
+    next: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Backoff {
+            next: BACKOFF_INITIAL,
+            // Any non-zero seed works for xorshift; mix in the pid so ranks differ.
+            rng: (nanos ^ (u64::from(std::process::id()) << 32)) | 1,
+        }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+        let delay = self.next.mul_f64(0.5 + unit);
+        self.next = self.next.mul_f64(BACKOFF_FACTOR).min(BACKOFF_MAX);
+        delay
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,11 +1,23 @@
 //! Tests of the TCP client against our server, scripted fake servers and captured bytes.
 
-use super::connect::{Backoff, BACKOFF_INITIAL, BACKOFF_MAX};
 use super::*;
 use crate::os::net::resolve;
 use crate::store::server::StoreServer;
 use std::net::TcpListener;
 use std::thread::JoinHandle;
+
+impl TcpStore {
+    /// The address the connection actually reached (after name resolution).
+    fn peer_addr(&self) -> Result<SocketAddr> {
+        let conn = self.lock();
+        conn.stream().peer_addr().map_err(|e| {
+            Error::from_io(
+                format!("store {}:{}: peer address", self.host, self.port),
+                &e,
+            )
+        })
+    }
+}
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().collect();

@@ -1,7 +1,7 @@
 //! One client connection of the store server: its socket, buffers, streamed replies and why it
-//! was closed. The event loop (`event_loop.rs`) owns the connections and drives them.
+//! was closed, and the pool of large buffers. The event loop (`event_loop.rs`) owns the
+//! connections and drives them.
 
-use super::buf_pool::{self, BufPool};
 use super::state::{Charge, ConnId, Refusal, ReplyBudget, StreamPart};
 use crate::store::wire::ParseError;
 use mio::net::TcpStream;
@@ -199,7 +199,7 @@ impl Conn {
         }
         self.outbuf.clear();
         self.out_pos = 0;
-        if self.outbuf.capacity() >= buf_pool::LARGE {
+        if self.outbuf.capacity() >= LARGE {
             pool.give(std::mem::take(&mut self.outbuf));
         }
         // A part may be empty (nothing left to write), so advance past those first.
@@ -230,7 +230,7 @@ impl Conn {
             // At least double, so a burst of small requests grows the buffer geometrically.
             let grow = want.max(self.inbuf.len()).min(READ_BUDGET);
             let target = pending + grow;
-            match pool.take(target).filter(|_| target >= buf_pool::LARGE) {
+            match pool.take(target).filter(|_| target >= LARGE) {
                 Some(mut bigger) => {
                     if bigger.len() < target {
                         bigger.resize(target, 0);
@@ -255,7 +255,7 @@ impl Conn {
         if self.in_start == self.in_end {
             self.in_start = 0;
             self.in_end = 0;
-            if self.inbuf.len() >= buf_pool::LARGE {
+            if self.inbuf.len() >= LARGE {
                 pool.give(std::mem::take(&mut self.inbuf));
             }
         } else if self.in_start > 0 {
@@ -263,6 +263,50 @@ impl Conn {
             self.in_end -= self.in_start;
             self.in_start = 0;
         }
+    }
+}
+
+/// Buffers at least this large are pooled instead of kept by an idle connection: connections
+/// keep small buffers while idle, so a thousand clients cost little memory, and a large request
+/// (up to 8 MiB) reuses a pooled buffer whose pages are already mapped instead of a fresh
+/// allocation, page faults and zero-filling.
+pub(super) const LARGE: usize = 256 * 1024;
+/// Total capacity the pool holds at most; buffers beyond it are freed.
+const POOL_BYTES: usize = 64 << 20;
+
+/// A small, bounded pool of large buffers shared by the connections of one loop.
+#[derive(Default)]
+pub(super) struct BufPool {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl BufPool {
+    pub fn is_empty(&self) -> bool {
+        self.bufs.is_empty()
+    }
+
+    /// Keeps `buf` (its length and initialized bytes included) if the pool has room.
+    pub fn give(&mut self, buf: Vec<u8>) {
+        let cap = buf.capacity();
+        if cap >= LARGE && self.bytes + cap <= POOL_BYTES {
+            self.bytes += cap;
+            self.bufs.push(buf);
+        }
+    }
+
+    /// The smallest pooled buffer with at least `min_capacity`, if any.
+    pub fn take(&mut self, min_capacity: usize) -> Option<Vec<u8>> {
+        let best = self
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= min_capacity)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i)?;
+        let buf = self.bufs.swap_remove(best);
+        self.bytes -= buf.capacity();
+        Some(buf)
     }
 }
 
@@ -285,3 +329,6 @@ pub(super) fn reserve_output(
         *out_pos = 0;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,27 +4,22 @@
 //! Requests are applied under the store's mutex, one batch per connection turn. A WAIT that a
 //! write completes may belong to a connection of another loop: its STOP_WAITING byte goes into
 //! that loop's mailbox while the writer still holds the store, and every loop empties its
-//! mailbox under the store before applying anything. So the byte always precedes any later
-//! reply to that connection (a CANCEL_WAIT answered `00 01`, never `01` then `00`).
+//! mailbox under the store before applying anything, so the byte always precedes any later reply
+//! to that connection (a CANCEL_WAIT answered `00 01`, never `01` then `00`).
 //!
-//! Each connection has an input buffer (partial and pipelined requests) and an output buffer
-//! (replies not yet accepted by the kernel). Every complete request in the input is handled per
-//! readable event and the replies go out in one write. A connection whose peer stops reading
-//! stops being read once its unsent output passes a high-water mark, so one slow client cannot
-//! grow the server's memory or starve the others. A GET or MULTI_GET whose reply would be large
-//! (one MULTI_GET may name an 8 MiB key 131072 times), and the same for LIST and a COMPARE_SET
-//! that returns a large stored value, is not built: the connection keeps
-//! references to the values it names (for LIST, one snapshot of the keys shared by every LIST
-//! of the same keys) and writes them out straight from the store as the peer reads, handling
-//! nothing else of that connection meanwhile.
+//! Each connection buffers partial and pipelined input and unsent replies; every complete request
+//! is handled per readable event and the replies go out in one write. A peer that stops reading
+//! stops being read once its unsent output passes a high-water mark. A large reply of stored data
+//! (GET, MULTI_GET, LIST, a COMPARE_SET returning the stored value) is not built: the connection
+//! keeps references to the values (for LIST, one snapshot of the keys shared by every LIST of the
+//! same keys) and writes them straight from the store as the peer reads, handling nothing else
+//! of that connection meanwhile.
 //!
 //! What replies hold beyond the stored data (snapshots, references, unsent output above a small
 //! per-connection allowance) is charged to one budget for the whole server. A connection whose
 //! next reply cannot get budget, or whose unsent output is above its allowance while the budget
-//! is spent, is parked: its input waits, and it is tried again once budget has been given back.
-//! Replies that need no budget (every small one) are never held up by it.
+//! is spent, is parked until budget is given back; small replies never wait for it.
 
-use super::buf_pool::{self, BufPool};
 use super::state::{ConnId, StoreState, StreamPart};
 use super::{ServerOptions, Shared};
 use crate::logging;
@@ -41,7 +36,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::connection::{reserve_output, Close, Conn, READ_BUDGET};
+use super::connection::{reserve_output, BufPool, Close, Conn, LARGE, READ_BUDGET};
 
 pub(super) const LISTENER: Token = Token(0);
 pub(super) const WAKER: Token = Token(1);
@@ -214,7 +209,7 @@ impl EventLoop {
             self.retry_parked();
             if self.shared.budget.freed() >= TRIM_AFTER {
                 self.shared.budget.take_freed();
-                crate::os::mem::release_free_heap();
+                crate::os::mmap::release_free_heap();
             }
             self.expire_handshakes();
             if self
@@ -316,33 +311,17 @@ impl EventLoop {
         }
     }
 
-    /// Records a problem with the connection limit and prints it on stderr, at most once a
-    /// second (a client retrying in a loop must not flood the log).
+    /// A problem with the connection limit: a WARN line at most once a second (a client
+    /// retrying in a loop must not flood the log), and the server's last error.
     fn limit_log(&mut self, message: String) {
-        let now = Instant::now();
-        let due = match self.last_limit_log {
-            Some(t) => now.duration_since(t) >= Duration::from_secs(1),
-            None => true,
-        };
-        if due {
-            self.last_limit_log = Some(now);
-            log::warn!(target: logging::SERVER, "{message}");
-        }
+        warn_at_most_every_second(&mut self.last_limit_log, &message);
         self.shared.record_error(message);
     }
 
-    /// A connection closed for a protocol problem: a WARN line, at most one a second (a broken
-    /// or hostile client in a loop must not flood the log), and the server's last error.
+    /// A connection closed for a protocol problem: as [`Self::limit_log`], for broken or
+    /// hostile clients.
     fn bad_client(&mut self, message: String) {
-        let now = Instant::now();
-        let due = match self.last_bad_client_log {
-            Some(t) => now.duration_since(t) >= Duration::from_secs(1),
-            None => true,
-        };
-        if due {
-            self.last_bad_client_log = Some(now);
-            log::warn!(target: logging::SERVER, "{message}");
-        }
+        warn_at_most_every_second(&mut self.last_bad_client_log, &message);
         self.shared.record_error(message);
     }
 
@@ -466,10 +445,7 @@ impl EventLoop {
                 return;
             }
             if budget == 0 {
-                if !conn.again {
-                    conn.again = true;
-                    self.again.push(slot);
-                }
+                enlist(&mut conn.again, &mut self.again, slot);
                 self.mark_dirty(slot);
                 return;
             }
@@ -510,10 +486,7 @@ impl EventLoop {
             (Ok(()), Err(_)) => self.close(slot, Some(Close::Io)),
             // Input left over the high-water mark with room to write again: keep going.
             (Ok(()), Ok(())) if !blocked && conn.in_end - conn.in_start >= conn.need.max(1) => {
-                if !conn.again {
-                    conn.again = true;
-                    self.again.push(slot);
-                }
+                enlist(&mut conn.again, &mut self.again, slot)
             }
             (Ok(()), Ok(())) => {}
         }
@@ -568,10 +541,7 @@ impl EventLoop {
                             Some(charge) => Some(charge),
                             None => {
                                 // Left unparsed until budget is given back.
-                                if !conn.parked {
-                                    conn.parked = true;
-                                    parked.push(slot);
-                                }
+                                enlist(&mut conn.parked, parked, slot);
                                 break;
                             }
                         }
@@ -599,7 +569,7 @@ impl EventLoop {
                     }
                     if !pool.is_empty() {
                         let reply_len = state.reply_len_hint(&req);
-                        if reply_len >= buf_pool::LARGE {
+                        if reply_len >= LARGE {
                             reserve_output(&mut conn.outbuf, &mut conn.out_pos, pool, reply_len);
                         }
                     }
@@ -621,9 +591,8 @@ impl EventLoop {
         conn.in_start = pos;
         conn.compact_input(pool);
         conn.sync_charge();
-        if !conn.parked && conn.waits_for_budget(budget) {
-            conn.parked = true;
-            parked.push(slot);
+        if conn.waits_for_budget(budget) {
+            enlist(&mut conn.parked, parked, slot);
         }
         if handled > 0 {
             shared.stats.requests.fetch_add(handled, Ordering::Relaxed);
@@ -701,18 +670,14 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        if !conn.parked && conn.waits_for_budget(&self.shared.budget) {
-            conn.parked = true;
-            self.parked.push(slot);
+        if conn.waits_for_budget(&self.shared.budget) {
+            enlist(&mut conn.parked, &mut self.parked, slot);
         }
     }
 
     fn mark_dirty(&mut self, slot: usize) {
-        if let Some(conn) = self.conn(slot) {
-            if !conn.dirty {
-                conn.dirty = true;
-                self.dirty.push(slot);
-            }
+        if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+            enlist(&mut conn.dirty, &mut self.dirty, slot);
         }
     }
 
@@ -729,9 +694,8 @@ impl EventLoop {
             }
             // Input left unprocessed while the output was over the mark: no further readiness
             // event may come for it, so service it on the next turn.
-            if was_blocked && !conn.blocked(&self.shared.budget) && !conn.again {
-                conn.again = true;
-                self.again.push(slot);
+            if was_blocked && !conn.blocked(&self.shared.budget) {
+                enlist(&mut conn.again, &mut self.again, slot);
             }
         }
     }
@@ -764,16 +728,17 @@ impl EventLoop {
         self.free_slots.push(slot);
         self.shared.connected.fetch_sub(1, Ordering::AcqRel);
         let stats = &self.shared.stats;
+        let counter = match &reason {
+            None => return,
+            Some(Close::PeerClosed) => &stats.closed_by_peer,
+            Some(Close::Io) => &stats.closed_io,
+            Some(Close::Handshake | Close::HandshakeTimeout) => &stats.closed_handshake,
+            Some(Close::Malformed(_) | Close::Refused(_)) => &stats.closed_malformed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         match reason {
-            None => {}
-            Some(Close::PeerClosed) => {
-                stats.closed_by_peer.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Close::Io) => {
-                stats.closed_io.fetch_add(1, Ordering::Relaxed);
-            }
+            None | Some(Close::PeerClosed | Close::Io) => {}
             Some(Close::Handshake) => {
-                stats.closed_handshake.fetch_add(1, Ordering::Relaxed);
                 self.bad_client(
                     "store server: a client's first message was not the TCPStore VALIDATE \
                      handshake (not a c10d client?); connection closed"
@@ -781,7 +746,6 @@ impl EventLoop {
                 );
             }
             Some(Close::HandshakeTimeout) => {
-                stats.closed_handshake.fetch_add(1, Ordering::Relaxed);
                 self.bad_client(
                     "store server: a client sent no complete handshake in time; connection \
                      closed"
@@ -789,13 +753,26 @@ impl EventLoop {
                 );
             }
             Some(Close::Malformed(e)) => {
-                stats.closed_malformed.fetch_add(1, Ordering::Relaxed);
-                self.bad_client(format!("store server: {e}; connection closed"));
+                self.bad_client(format!("store server: {e}; connection closed"))
             }
             Some(Close::Refused(r)) => {
-                stats.closed_malformed.fetch_add(1, Ordering::Relaxed);
-                self.bad_client(format!("store server: {r}; connection closed"));
+                self.bad_client(format!("store server: {r}; connection closed"))
             }
         }
+    }
+}
+
+fn warn_at_most_every_second(last: &mut Option<Instant>, message: &str) {
+    let now = Instant::now();
+    if !last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+        *last = Some(now);
+        log::warn!(target: logging::SERVER, "{message}");
+    }
+}
+
+/// Puts `slot` on `list` unless `on_list` says it is there already.
+fn enlist(on_list: &mut bool, list: &mut Vec<usize>, slot: usize) {
+    if !std::mem::replace(on_list, true) {
+        list.push(slot);
     }
 }

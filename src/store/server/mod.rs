@@ -4,11 +4,10 @@
 //! (`event_loop`) over its share of the connections; the first also accepts and hands new
 //! connections out in turn. The store (`state`) sits behind one mutex, taken once per batch of
 //! requests, so the socket work (which dominates) runs in parallel while every request still
-//! applies atomically and in order. The server never prints; failures reach the caller
-//! through `Result`s, and per-connection problems (a peer sending garbage, disconnecting, never
-//! saying hello) close only that connection and are counted in [`StoreServer::stats`].
+//! applies atomically and in order. Per-connection problems (a peer sending garbage,
+//! disconnecting, never saying hello) close only that connection and are counted in
+//! [`StoreServer::stats`] (and logged, at most once a second).
 
-mod buf_pool;
 mod connection;
 mod event_loop;
 mod fast_hash;
@@ -159,22 +158,20 @@ impl Shared {
     }
 }
 
-/// Stops the other loops when one loop's thread ends, however it ends (a loop that failed
-/// takes the server down rather than leave its connections unserved).
-struct StopOnExit(Arc<Shared>);
-
-impl Drop for StopOnExit {
-    fn drop(&mut self) {
-        self.0.stop_all();
-    }
+/// Runs when a loop's thread ends, however it ends: stops the other loops (a loop that failed
+/// takes the server down rather than leave its connections unserved), then, for the first loop
+/// (which owns the listener: the server runs as long as it does), marks the server stopped.
+struct LoopExit {
+    shared: Arc<Shared>,
+    first: bool,
 }
 
-/// Marks the server stopped when the first loop's thread ends, however it ends.
-struct RunningGuard(Arc<Shared>);
-
-impl Drop for RunningGuard {
+impl Drop for LoopExit {
     fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
+        self.shared.stop_all();
+        if self.first {
+            self.shared.running.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -197,12 +194,12 @@ impl StoreServer {
     pub fn bind_with(host: &str, port: u16, opts: &ServerOptions) -> Result<StoreServer> {
         crate::logging::init();
         let wanted = opts.max_connections.max(MIN_CONNECTIONS);
-        let soft = crate::os::listen::raise_fd_limit((wanted + FD_RESERVE) as u64);
+        let soft = crate::os::net::raise_fd_limit((wanted + FD_RESERVE) as u64);
         let max_connections = usize::try_from(soft)
             .unwrap_or(usize::MAX)
             .saturating_sub(FD_RESERVE)
             .clamp(MIN_CONNECTIONS, wanted);
-        let std_listener = crate::os::listen::bind_listener(host, port)?;
+        let std_listener = crate::os::net::bind_listener(host, port)?;
         let addr = std_listener
             .local_addr()
             .map_err(|e| Error::from_io("store server: local_addr", &e))?;
@@ -261,14 +258,14 @@ impl StoreServer {
         let mut handles = Vec::with_capacity(threads);
         for event_loop in loops {
             let index = event_loop.index();
-            // The first loop owns the listener: the server runs as long as it does.
-            let guard = (index == 0).then(|| RunningGuard(shared.clone()));
-            let stopper = StopOnExit(shared.clone());
+            let exit = LoopExit {
+                shared: shared.clone(),
+                first: index == 0,
+            };
             let spawned = std::thread::Builder::new()
                 .name(format!("nvfipc-store-{}-{index}", addr.port()))
                 .spawn(move || {
-                    let _guard = guard;
-                    let _stopper = stopper;
+                    let _exit = exit;
                     event_loop.run();
                 });
             match spawned {

@@ -39,7 +39,9 @@ impl ReplyBudget {
     pub fn new(limit: usize) -> Arc<ReplyBudget> {
         Arc::new(ReplyBudget {
             limit,
-            ..ReplyBudget::default()
+            used: AtomicUsize::new(0),
+            freed: AtomicUsize::new(0),
+            releases: AtomicU64::new(0),
         })
     }
 
@@ -94,17 +96,6 @@ impl ReplyBudget {
             self.used.fetch_sub(bytes, Ordering::AcqRel);
             self.freed.fetch_add(bytes, Ordering::AcqRel);
             self.releases.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl Default for ReplyBudget {
-    fn default() -> Self {
-        ReplyBudget {
-            limit: usize::MAX,
-            used: AtomicUsize::new(0),
-            freed: AtomicUsize::new(0),
-            releases: AtomicU64::new(0),
         }
     }
 }
@@ -364,13 +355,13 @@ impl StoreState {
                 }
             }
             Request::MultiSet { pairs } => {
-                for (key, value) in pairs {
+                for (key, value) in pairs.iter() {
                     self.set(key, value);
                     self.notify_all(key, &mut fx);
                 }
             }
             Request::CancelWait => {
-                self.drop_waits(conn);
+                self.drop_connection(conn);
                 wire::put_u8(fx.out, wire::WAIT_CANCELED);
             }
             Request::QueuePush { key, value } => {
@@ -413,25 +404,9 @@ impl StoreState {
                 .get(key)
                 .is_some_and(|v| v.as_slice() != expected && v.len() >= STREAM_REPLY_MIN),
             Request::List => {
-                let mut total = 8;
-                for key in self.kv.keys() {
-                    total += 8 + key.len();
-                    if total >= STREAM_REPLY_MIN {
-                        return true;
-                    }
-                }
-                false
+                reaches_stream_min(std::iter::once(8).chain(self.kv.keys().map(|k| 8 + k.len())))
             }
-            Request::MultiGet { keys } => {
-                let mut total = 0;
-                for key in keys.iter() {
-                    total += value_len(key);
-                    if total >= STREAM_REPLY_MIN {
-                        return true;
-                    }
-                }
-                false
-            }
+            Request::MultiGet { keys } => reaches_stream_min(keys.iter().map(value_len)),
             _ => false,
         }
     }
@@ -470,21 +445,15 @@ impl StoreState {
             Request::Get { key } | Request::CompareSet { key, .. } => out.push_back(value(key)),
             Request::MultiGet { keys } => out.extend(keys.iter().map(value)),
             Request::List => {
-                let list = match self.keys_snapshot.upgrade() {
-                    Some(list) => list,
+                let (list, kept) = match self.keys_snapshot.upgrade() {
+                    Some(list) => (list, Some(charge)),
                     None => {
                         let list = Arc::new(KeySnapshot {
                             keys: self.kv.keys().cloned().collect(),
                             _charge: charge,
                         });
                         self.keys_snapshot = Arc::downgrade(&list);
-                        out.push_back(StreamPart::raw(&(list.keys.len() as i64).to_le_bytes()));
-                        out.push_back(StreamPart::Keys {
-                            list,
-                            next: 0,
-                            pos: 0,
-                        });
-                        return None;
+                        (list, None)
                     }
                 };
                 out.push_back(StreamPart::raw(&(list.keys.len() as i64).to_le_bytes()));
@@ -493,6 +462,7 @@ impl StoreState {
                     next: 0,
                     pos: 0,
                 });
+                return kept;
             }
             _ => {}
         }
@@ -529,23 +499,6 @@ impl StoreState {
         }
     }
 
-    /// Forgets every WAIT registration of a connection that went away.
-    pub fn drop_connection(&mut self, conn: ConnId) {
-        self.drop_waits(conn);
-    }
-
-    /// Number of KV entries (what GETNUMKEYS reports).
-    #[cfg(test)]
-    pub fn num_keys(&self) -> usize {
-        self.kv.len()
-    }
-
-    /// Connections with at least one unsatisfied WAIT.
-    #[cfg(test)]
-    pub fn waiting_connections(&self) -> usize {
-        self.waits.values().filter(|p| !p.is_empty()).count()
-    }
-
     fn present(&self, key: &[u8]) -> bool {
         self.kv.contains_key(key) || self.queues.contains_key(key)
     }
@@ -558,13 +511,7 @@ impl StoreState {
     /// holds it.
     fn set(&mut self, key: &[u8], value: &[u8]) {
         match self.kv.get_mut(key) {
-            Some(existing) => match Arc::get_mut(existing) {
-                Some(unshared) => {
-                    unshared.clear();
-                    unshared.extend_from_slice(value);
-                }
-                None => *existing = Arc::new(value.to_vec()),
-            },
+            Some(existing) => overwrite(existing, value),
             None => {
                 self.keys_changed();
                 self.kv.insert(Key::from(key), Arc::new(value.to_vec()));
@@ -575,13 +522,7 @@ impl StoreState {
     fn compare_set(&mut self, key: &[u8], expected: &[u8], desired: &[u8], fx: &mut Effects) {
         match self.kv.get_mut(key) {
             Some(current) if current.as_slice() == expected => {
-                match Arc::get_mut(current) {
-                    Some(unshared) => {
-                        unshared.clear();
-                        unshared.extend_from_slice(desired);
-                    }
-                    None => *current = Arc::new(desired.to_vec()),
-                }
+                overwrite(current, desired);
                 wire::put_blob(fx.out, desired);
             }
             Some(current) => {
@@ -625,15 +566,17 @@ impl StoreState {
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
             return;
         }
-        let id = self.next_wait_id;
-        self.next_wait_id += 1;
-        let waiter = Waiter {
-            conn: fx.conn,
-            wait_id: id,
-        };
         let mut registered = Vec::with_capacity(missing);
         registered.extend(keys.iter().filter(|k| !self.present(k)).map(<[u8]>::to_vec));
-        for key in &registered {
+        self.register_wait(fx.conn, registered);
+    }
+
+    /// Registers a WAIT of `conn` on `keys` (each missing), answered once all are written.
+    fn register_wait(&mut self, conn: ConnId, keys: Vec<Vec<u8>>) {
+        let id = self.next_wait_id;
+        self.next_wait_id += 1;
+        let waiter = Waiter { conn, wait_id: id };
+        for key in &keys {
             match self.waiters.get_mut(key.as_slice()) {
                 Some(list) => list.push(waiter),
                 None => {
@@ -641,10 +584,10 @@ impl StoreState {
                 }
             }
         }
-        self.waits.entry(fx.conn).or_default().push(PendingWait {
+        self.waits.entry(conn).or_default().push(PendingWait {
             id,
-            missing,
-            keys: registered,
+            missing: keys.len(),
+            keys,
         });
     }
 
@@ -652,37 +595,13 @@ impl StoreState {
     /// reaches `world_size` releases every earlier one (as a write to `key` does) and is answered
     /// at once; an earlier one waits, as a WAIT on `key` would, until then or CANCEL_WAIT.
     fn barrier(&mut self, key: &[u8], world_size: i64, fx: &mut Effects) -> Result<(), Refusal> {
-        let count = match self.kv.get(key) {
-            Some(text) => parse_stoll(text)
-                .ok_or_else(|| Refusal::AddNotANumber { key: key.to_vec() })?
-                .wrapping_add(1),
-            None => 1,
-        };
-        let mut digits = [0u8; I64_DECIMAL_MAX];
-        let text = format_i64(count, &mut digits);
-        self.set(key, text);
+        let count = self.add(key, 1)?;
         if count >= world_size {
             self.notify_all(key, fx);
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
             return Ok(());
         }
-        let id = self.next_wait_id;
-        self.next_wait_id += 1;
-        let waiter = Waiter {
-            conn: fx.conn,
-            wait_id: id,
-        };
-        match self.waiters.get_mut(key) {
-            Some(list) => list.push(waiter),
-            None => {
-                self.waiters.insert(key.to_vec(), vec![waiter]);
-            }
-        }
-        self.waits.entry(fx.conn).or_default().push(PendingWait {
-            id,
-            missing: 1,
-            keys: vec![key.to_vec()],
-        });
+        self.register_wait(fx.conn, vec![key.to_vec()]);
         Ok(())
     }
 
@@ -746,7 +665,8 @@ impl StoreState {
         }
     }
 
-    fn drop_waits(&mut self, conn: ConnId) {
+    /// Forgets every WAIT registration of `conn` (CANCEL_WAIT, or the connection went away).
+    pub fn drop_connection(&mut self, conn: ConnId) {
         let Some(pending) = self.waits.remove(&conn) else {
             return;
         };
@@ -774,6 +694,26 @@ impl StoreState {
         }
         wire::put_i64(out, len_before as i64);
         wire::put_blob(out, &item);
+    }
+}
+
+/// Whether the lengths add up to [`STREAM_REPLY_MIN`] (stops adding once they do).
+fn reaches_stream_min(mut lens: impl Iterator<Item = usize>) -> bool {
+    let mut total = 0;
+    lens.any(|len| {
+        total += len;
+        total >= STREAM_REPLY_MIN
+    })
+}
+
+/// Replaces a stored value, reusing its allocation unless a streamed reply still holds it.
+fn overwrite(stored: &mut Value, bytes: &[u8]) {
+    match Arc::get_mut(stored) {
+        Some(unshared) => {
+            unshared.clear();
+            unshared.extend_from_slice(bytes);
+        }
+        None => *stored = Arc::new(bytes.to_vec()),
     }
 }
 

@@ -34,57 +34,12 @@ pub trait WireBytes {
     fn write_bytes(&self, out: &mut Vec<u8>);
 }
 
-impl WireBytes for [u8] {
+impl<T: AsRef<[u8]> + ?Sized> WireBytes for T {
     fn wire_len(&self) -> usize {
-        self.len()
+        self.as_ref().len()
     }
     fn write_bytes(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self);
-    }
-}
-
-impl WireBytes for str {
-    fn wire_len(&self) -> usize {
-        self.len()
-    }
-    fn write_bytes(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.as_bytes());
-    }
-}
-
-impl WireBytes for Vec<u8> {
-    fn wire_len(&self) -> usize {
-        self.len()
-    }
-    fn write_bytes(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self);
-    }
-}
-
-impl WireBytes for String {
-    fn wire_len(&self) -> usize {
-        self.len()
-    }
-    fn write_bytes(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.as_bytes());
-    }
-}
-
-impl<const N: usize> WireBytes for [u8; N] {
-    fn wire_len(&self) -> usize {
-        N
-    }
-    fn write_bytes(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self);
-    }
-}
-
-impl<T: WireBytes + ?Sized> WireBytes for &T {
-    fn wire_len(&self) -> usize {
-        (**self).wire_len()
-    }
-    fn write_bytes(&self, out: &mut Vec<u8>) {
-        (**self).write_bytes(out)
+        out.extend_from_slice(self.as_ref());
     }
 }
 
@@ -131,7 +86,11 @@ fn check_len(command: Command, field: &str, len: usize, limit: usize) -> Result<
     Ok(())
 }
 
-fn put_key<K: WireBytes + ?Sized>(out: &mut Vec<u8>, command: Command, key: &K) -> Result<()> {
+pub(super) fn put_key<K: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    command: Command,
+    key: &K,
+) -> Result<()> {
     check_len(command, "key", key.wire_len(), MAX_KEY_LEN)?;
     put_u64(out, key.wire_len() as u64);
     key.write_bytes(out);
@@ -151,7 +110,7 @@ fn put_value<V: WireBytes + ?Sized>(
 }
 
 /// Runs `body` after the command byte; on error restores `out` to its previous length.
-fn framed(
+pub(super) fn framed(
     out: &mut Vec<u8>,
     command: Command,
     body: impl FnOnce(&mut Vec<u8>) -> Result<()>,
@@ -165,26 +124,39 @@ fn framed(
     result
 }
 
-fn put_key_list<I, K>(out: &mut Vec<u8>, command: Command, keys: I) -> Result<()>
-where
-    I: IntoIterator<Item = K>,
-    K: WireBytes,
-{
+/// `u64 count ‖ items`, each written by `put`, with the count checked against the limit.
+fn put_counted<T>(
+    out: &mut Vec<u8>,
+    command: Command,
+    what: &str,
+    items: impl IntoIterator<Item = T>,
+    mut put: impl FnMut(&mut Vec<u8>, T) -> Result<()>,
+) -> Result<()> {
     let count_at = out.len();
     put_u64(out, 0);
     let mut count = 0usize;
-    for key in keys {
-        put_key(out, command, &key)?;
+    for item in items {
+        put(out, item)?;
         count += 1;
     }
     if count > MAX_KEY_COUNT {
         return Err(Error::invalid(format!(
-            "TCPStore {command} names {count} keys, over the server limit of {MAX_KEY_COUNT}; \
+            "TCPStore {command} names {count} {what}, over the server limit of {MAX_KEY_COUNT}; \
              split the request"
         )));
     }
     out[count_at..count_at + 8].copy_from_slice(&(count as u64).to_le_bytes());
     Ok(())
+}
+
+fn put_key_list<K: WireBytes>(
+    out: &mut Vec<u8>,
+    command: Command,
+    keys: impl IntoIterator<Item = K>,
+) -> Result<()> {
+    put_counted(out, command, "keys", keys, |out, key| {
+        put_key(out, command, &key)
+    })
 }
 
 /// `VALIDATE` with [`VALIDATE_MAGIC`]; must be the first request on a connection. No reply.
@@ -309,22 +281,16 @@ where
     V: WireBytes,
 {
     framed(out, Command::MultiSet, |out| {
-        let count_at = out.len();
-        put_u64(out, 0);
-        let mut count = 0usize;
-        for (key, value) in pairs {
-            put_key(out, Command::MultiSet, &key)?;
-            put_value(out, Command::MultiSet, "value", &value)?;
-            count += 1;
-        }
-        if count > MAX_KEY_COUNT {
-            return Err(Error::invalid(format!(
-                "TCPStore MULTI_SET has {count} pairs, over the server limit of {MAX_KEY_COUNT}; \
-                 split the request"
-            )));
-        }
-        out[count_at..count_at + 8].copy_from_slice(&(count as u64).to_le_bytes());
-        Ok(())
+        put_counted(
+            out,
+            Command::MultiSet,
+            "pairs",
+            pairs,
+            |out, (key, value)| {
+                put_key(out, Command::MultiSet, &key)?;
+                put_value(out, Command::MultiSet, "value", &value)
+            },
+        )
     })
 }
 
@@ -362,18 +328,4 @@ pub fn encode_queue_len<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Re
 /// `LIST`; reply: i64 count and that many keys (wire form).
 pub fn encode_list(out: &mut Vec<u8>) {
     out.push(Command::List.byte());
-}
-
-/// `BARRIER key world_size`; reply: one byte, STOP_WAITING once `world_size` arrivals at `key`
-/// were counted (a torch >= 2.15 server, or ours).
-pub fn encode_barrier<K: WireBytes + ?Sized>(
-    out: &mut Vec<u8>,
-    key: &K,
-    world_size: i64,
-) -> Result<()> {
-    framed(out, Command::Barrier, |out| {
-        put_key(out, Command::Barrier, key)?;
-        put_i64(out, world_size);
-        Ok(())
-    })
 }

@@ -7,33 +7,28 @@
 //! requests. The limits are those of torch's default (libuv) server, which closes the connection
 //! when a request exceeds them.
 //!
-//! One file per job, all re-exported here (`wire::parse_frame`, `wire::encode_set`, ...):
-//! - this file: the limits and reply codes, [`Command`] and [`ParseError`];
-//! - `request.rs`: a parsed [`Request`] (zero-copy key and pair lists) and the [`ReplyShape`] of
-//!   each command;
-//! - `parser.rs`: [`parse_request`] / [`parse_frame`], the incremental, zero-copy request parser
-//!   the server runs and the fuzz target drives;
-//! - `encode.rs`: `encode_*` request encoders (limit-checked) and the `put_*` raw field encoders
-//!   the server writes replies with;
-//! - `reply.rs`: `read_*`, the blocking reply readers of the client;
-//! - `decode.rs` (tests only): `decode_*`, reply decoders over byte slices that check the
-//!   server's replies byte by byte.
+//! Files: this one (limits, reply codes, [`Command`], [`ParseError`]); `request.rs` (a parsed,
+//! zero-copy [`Request`]); `parser.rs` (the incremental parser the server runs and the fuzz
+//! target drives); `encode.rs` (limit-checked `encode_*` requests, `put_*` fields for replies);
+//! `reply.rs` (the client's blocking `read_*` reply readers). Tests decode replies from slices
+//! with `tests/support.rs`.
 
-#[cfg(test)]
-mod decode;
 mod encode;
 mod parser;
 mod reply;
 mod request;
 #[cfg(test)]
+#[path = "tests/support.rs"]
+mod support;
+#[cfg(test)]
 mod tests;
 
-#[cfg(test)]
-pub(crate) use decode::*;
 pub use encode::*;
 pub use parser::*;
 pub use reply::*;
 pub use request::*;
+#[cfg(test)]
+pub(crate) use support::*;
 
 use crate::error::Error;
 use std::fmt;
@@ -60,55 +55,53 @@ pub const WAIT_STOP_WAITING: u8 = 0x00;
 /// CANCEL_WAIT reply.
 pub const WAIT_CANCELED: u8 = 0x01;
 
-/// Command bytes (`c10d::detail::QueryType`), current numbering.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Command {
-    Validate = 0,
-    Set = 1,
-    CompareSet = 2,
-    Get = 3,
-    Add = 4,
-    Check = 5,
-    Wait = 6,
-    GetNumKeys = 7,
-    DeleteKey = 8,
-    Append = 9,
-    MultiGet = 10,
-    MultiSet = 11,
-    CancelWait = 12,
-    Ping = 13,
-    QueuePush = 14,
-    QueuePop = 15,
-    QueueLen = 16,
-    List = 17,
-    Barrier = 18,
+/// Declares [`Command`] with its wire byte and torch's upper-case name.
+macro_rules! commands {
+    ($($command:ident = $byte:literal $name:literal,)*) => {
+        /// Command bytes (`c10d::detail::QueryType`), current numbering.
+        #[repr(u8)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Command {
+            $($command = $byte,)*
+        }
+
+        impl Command {
+            /// Every command, in byte order.
+            pub const ALL: [Command; 19] = [$(Command::$command,)*];
+
+            /// The upper-case name torch uses.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Command::$command => $name,)*
+                }
+            }
+        }
+    };
+}
+
+commands! {
+    Validate = 0 "VALIDATE",
+    Set = 1 "SET",
+    CompareSet = 2 "COMPARE_SET",
+    Get = 3 "GET",
+    Add = 4 "ADD",
+    Check = 5 "CHECK",
+    Wait = 6 "WAIT",
+    GetNumKeys = 7 "GETNUMKEYS",
+    DeleteKey = 8 "DELETE_KEY",
+    Append = 9 "APPEND",
+    MultiGet = 10 "MULTI_GET",
+    MultiSet = 11 "MULTI_SET",
+    CancelWait = 12 "CANCEL_WAIT",
+    Ping = 13 "PING",
+    QueuePush = 14 "QUEUE_PUSH",
+    QueuePop = 15 "QUEUE_POP",
+    QueueLen = 16 "QUEUE_LEN",
+    List = 17 "LIST",
+    Barrier = 18 "BARRIER",
 }
 
 impl Command {
-    /// Every command, in byte order.
-    pub const ALL: [Command; 19] = [
-        Command::Validate,
-        Command::Set,
-        Command::CompareSet,
-        Command::Get,
-        Command::Add,
-        Command::Check,
-        Command::Wait,
-        Command::GetNumKeys,
-        Command::DeleteKey,
-        Command::Append,
-        Command::MultiGet,
-        Command::MultiSet,
-        Command::CancelWait,
-        Command::Ping,
-        Command::QueuePush,
-        Command::QueuePop,
-        Command::QueueLen,
-        Command::List,
-        Command::Barrier,
-    ];
-
     /// The command for a wire byte, or `None` for an unknown byte (19 and above).
     pub fn from_byte(byte: u8) -> Option<Command> {
         Command::ALL.get(usize::from(byte)).copied()
@@ -117,31 +110,6 @@ impl Command {
     /// The wire byte.
     pub fn byte(self) -> u8 {
         self as u8
-    }
-
-    /// The upper-case name torch uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            Command::Validate => "VALIDATE",
-            Command::Set => "SET",
-            Command::CompareSet => "COMPARE_SET",
-            Command::Get => "GET",
-            Command::Add => "ADD",
-            Command::Check => "CHECK",
-            Command::Wait => "WAIT",
-            Command::GetNumKeys => "GETNUMKEYS",
-            Command::DeleteKey => "DELETE_KEY",
-            Command::Append => "APPEND",
-            Command::MultiGet => "MULTI_GET",
-            Command::MultiSet => "MULTI_SET",
-            Command::CancelWait => "CANCEL_WAIT",
-            Command::Ping => "PING",
-            Command::QueuePush => "QUEUE_PUSH",
-            Command::QueuePop => "QUEUE_POP",
-            Command::QueueLen => "QUEUE_LEN",
-            Command::List => "LIST",
-            Command::Barrier => "BARRIER",
-        }
     }
 }
 

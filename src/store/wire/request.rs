@@ -1,5 +1,4 @@
-//! A parsed request: the [`Request`] enum over borrowed bytes, its key and pair lists, and the
-//! [`ReplyShape`] each command answers with.
+//! A parsed request: the [`Request`] enum over borrowed bytes and its key and pair lists.
 
 use super::*;
 
@@ -78,36 +77,12 @@ impl<'a> PairList<'a> {
         self.count == 0
     }
     /// The (key, value) pairs, in wire order.
-    pub fn iter(&self) -> PairIter<'a> {
-        PairIter {
-            blobs: BlobIter {
-                remaining: self.count.saturating_mul(2),
-                raw: self.raw,
-            },
-        }
-    }
-}
-
-impl<'a> IntoIterator for PairList<'a> {
-    type Item = (&'a [u8], &'a [u8]);
-    type IntoIter = PairIter<'a>;
-    fn into_iter(self) -> PairIter<'a> {
-        self.iter()
-    }
-}
-
-/// Iterator over the pairs of a [`PairList`].
-#[derive(Clone, Debug)]
-pub struct PairIter<'a> {
-    blobs: BlobIter<'a>,
-}
-
-impl<'a> Iterator for PairIter<'a> {
-    type Item = (&'a [u8], &'a [u8]);
-    fn next(&mut self) -> Option<Self::Item> {
-        let key = self.blobs.next()?;
-        let value = self.blobs.next()?;
-        Some((key, value))
+    pub fn iter(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        let mut blobs = BlobIter {
+            remaining: self.count.saturating_mul(2),
+            raw: self.raw,
+        };
+        std::iter::from_fn(move || Some((blobs.next()?, blobs.next()?)))
     }
 }
 
@@ -245,60 +220,6 @@ impl<'a> Request<'a> {
                 out.extend_from_slice(pairs.raw);
             }
             Request::GetNumKeys | Request::CancelWait | Request::List => {}
-        }
-    }
-
-    /// The shape of the server's reply to this request.
-    pub fn reply_shape(&self) -> ReplyShape {
-        match self {
-            Request::MultiGet { keys } => ReplyShape::Blobs(keys.len()),
-            other => other.command().reply_shape(),
-        }
-    }
-}
-
-/// What a server sends back for a command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplyShape {
-    /// No reply at all (VALIDATE, SET, APPEND, MULTI_SET, QUEUE_PUSH).
-    Nothing,
-    /// One byte (CHECK, WAIT, CANCEL_WAIT, BARRIER).
-    Byte,
-    /// The ping nonce.
-    U32,
-    /// One i64 (ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN).
-    I64,
-    /// One blob (GET, COMPARE_SET).
-    Blob,
-    /// This many blobs (MULTI_GET).
-    Blobs(usize),
-    /// `i64 len_before` and, when positive, one blob (QUEUE_POP).
-    QueuePop,
-    /// `i64 count` and that many blobs (LIST).
-    KeyList,
-}
-
-impl Command {
-    /// The reply shape; MULTI_GET's count comes from its request (see [`Request::reply_shape`]),
-    /// so here it is `Blobs(0)`.
-    pub fn reply_shape(self) -> ReplyShape {
-        match self {
-            Command::Validate
-            | Command::Set
-            | Command::Append
-            | Command::MultiSet
-            | Command::QueuePush => ReplyShape::Nothing,
-            Command::Check | Command::Wait | Command::CancelWait | Command::Barrier => {
-                ReplyShape::Byte
-            }
-            Command::Ping => ReplyShape::U32,
-            Command::Add | Command::GetNumKeys | Command::DeleteKey | Command::QueueLen => {
-                ReplyShape::I64
-            }
-            Command::Get | Command::CompareSet => ReplyShape::Blob,
-            Command::MultiGet => ReplyShape::Blobs(0),
-            Command::QueuePop => ReplyShape::QueuePop,
-            Command::List => ReplyShape::KeyList,
         }
     }
 }

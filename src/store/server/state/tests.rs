@@ -3,6 +3,18 @@
 use super::*;
 use crate::store::wire::*;
 
+impl StoreState {
+    /// Number of KV entries (what GETNUMKEYS reports).
+    fn num_keys(&self) -> usize {
+        self.kv.len()
+    }
+
+    /// Connections with at least one unsatisfied WAIT.
+    fn waiting_connections(&self) -> usize {
+        self.waits.values().filter(|p| !p.is_empty()).count()
+    }
+}
+
 const A: ConnId = ConnId {
     shard: 0,
     slot: 0,

@@ -1,8 +1,9 @@
-//! Reply decoders over byte slices, used by the tests to check the server's replies byte by
-//! byte (the client reads replies from its socket with `reply.rs`). `Ok(None)` means "need more
-//! bytes".
+//! Test helpers: reply decoders over byte slices, which check the server's replies byte by byte
+//! (the client reads replies from its socket with `reply.rs`; `Ok(None)` means "need more
+//! bytes"), and the BARRIER encoder (the client never sends BARRIER).
 
 use super::*;
+use crate::error::Result;
 
 type Decoded<'a, T> = std::result::Result<Option<(T, usize)>, ParseError>;
 
@@ -98,4 +99,18 @@ pub fn decode_list(buf: &[u8]) -> Decoded<'_, Vec<&[u8]>> {
         }
     }
     Ok(Some((keys, pos)))
+}
+
+/// `BARRIER key world_size`; reply: one byte, STOP_WAITING once `world_size` arrivals at `key`
+/// were counted (a torch >= 2.15 server, or ours).
+pub fn encode_barrier<K: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    key: &K,
+    world_size: i64,
+) -> Result<()> {
+    framed(out, Command::Barrier, |out| {
+        put_key(out, Command::Barrier, key)?;
+        put_i64(out, world_size);
+        Ok(())
+    })
 }
