@@ -20,7 +20,7 @@
 
 use crate::env::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
-use crate::fnv::Fnv1a;
+use crate::hash::Fnv1a;
 use crate::logging;
 use crate::store::Store;
 use std::collections::HashMap;

@@ -390,7 +390,7 @@ pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<St
             let job = named(ORTE_JOB_VARS[1]).unwrap_or_default();
             Some(format!(
                 "ompi-{job}-{:016x}",
-                crate::fnv::fnv1a64(uri.as_bytes())
+                crate::hash::fnv1a64(uri.as_bytes())
             ))
         })
         .or_else(|| {

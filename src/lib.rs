@@ -1,7 +1,7 @@
 //! nvfuser-ipc: CUDA IPC handle exchange for nvFuser, with a C ABI.
 //!
 //! Layers, bottom up (see README.md and docs/ARCHITECTURE.md); each uses only layers below it:
-//! - [`error`], `fnv` (the one stable hash), [`os`] (shm, waits, processes, launcher variables)
+//! - [`error`], `hash` (the stable FNV-1a and the store's map hasher), [`os`] (shm, waits, processes, launcher variables)
 //!   and [`names`] (every shm name and store key of a job), [`logging`] (the log `NVFIPC_DEBUG`
 //!   turns on);
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
@@ -27,7 +27,7 @@ pub mod exchange;
 mod exchange_tests;
 pub mod fdpass;
 pub mod ffi;
-mod fnv;
+mod hash;
 pub mod host;
 pub mod logging;
 pub mod names;

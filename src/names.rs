@@ -2,7 +2,7 @@
 //! the `/dev/shm` names of boards and segments, and the store keys of records and node
 //! identities. Both the transports (segment names) and the exchange (boards, keys) use them.
 
-use crate::fnv::fnv1a64;
+use crate::hash::fnv1a64;
 
 /// Turns a job id into the short, name-safe tag used in shm names (at most 16 characters of
 /// `[A-Za-z0-9_]`, or a hash when the id has other characters or is longer).

@@ -208,7 +208,7 @@ pub fn job_in_name(job: &str) -> String {
         return clean;
     }
     // FNV-1a of the original job: stable across processes and builds.
-    let h = crate::fnv::fnv1a64(job.as_bytes());
+    let h = crate::hash::fnv1a64(job.as_bytes());
     format!("{}~{:08x}", &clean[..clean.len().min(16)], h as u32)
 }
 

@@ -11,8 +11,7 @@
 mod buf_pool;
 mod connection;
 mod event_loop;
-mod fast_hash;
-mod state;
+pub(crate) mod state;
 
 use crate::error::{Error, Result};
 use mio::{Poll, Waker};
