@@ -18,7 +18,7 @@
 //! exactly who is missing, and a missing member found waiting in the next generation is reported
 //! as such (the members called different numbers of barriers over the set).
 
-use crate::env::MAX_WORLD_SIZE;
+use crate::config::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use crate::hash::Fnv1a;
 use crate::logging;

@@ -1,8 +1,9 @@
 //! nvfuser-ipc: CUDA IPC handle exchange for nvFuser, with a C ABI.
 //!
 //! Layers, bottom up (see README.md and docs/ARCHITECTURE.md); each uses only layers below it:
-//! - [`error`], `hash` (the stable FNV-1a and the store's map hasher), [`os`] (shm, waits, processes, launcher variables)
-//!   and [`names`] (every shm name and store key of a job), [`logging`] (the log `NVFIPC_DEBUG`
+//! - [`config`]: every environment variable the library reads (docs/CONFIGURATION.md);
+//! - [`error`], `hash` (the stable FNV-1a and the store's map hasher), [`os`] (shm, waits,
+//!   processes, launcher variables) and [`names`] (every shm name and store key of a job), [`logging`] (the log `NVFIPC_DEBUG`
 //!   turns on);
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);
@@ -10,17 +11,17 @@
 //! - [`fdpass`]: passing file descriptors between processes without ptrace rights (for
 //!   fd-based transports);
 //! - [`cuda`] and [`host`]: the device and host transports, implementing that contract;
-//! - [`barrier`], [`env`](mod@env) and [`context`]: barriers, who we are and which store we use;
+//! - [`barrier`] and [`context`]: barriers, who we are and which store we use;
 //! - [`exchange`]: epoch-keyed handle exchange and the handle cache, over the contract only;
 //! - [`default_transports`]: hands a cache the library's own transports;
 //! - [`ffi`]: the thin C ABI over all of the above.
 
 pub mod barrier;
+pub mod config;
 pub mod context;
 pub mod cuda;
 pub mod default_transports;
 pub mod departures;
-pub mod env;
 pub mod error;
 pub mod exchange;
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! stops the server once no client is left.
 //!
 //! Keys (all under `nvfipc/context/`). A job is identified by its tag (`NVFIPC_JOB_TAG` or the
-//! launcher's job id, see `env::JOB_TAG_VARS`; `default` otherwise) and world size, and a store
+//! launcher's job id, see `config::JOB_TAG_VARS`; `default` otherwise) and world size, and a store
 //! that outlives one run (several contexts in one process, or `nvfipc serve` serving one job
 //! after another) numbers the runs of each:
 //! - `<tag>/w<world>/<run>/rank/<rank>`: the claim of a rank in a run, made atomically with
@@ -41,7 +41,7 @@
 //! - `<job>/closed` (a counter) and `<job>/all_closed`: the close protocol above.
 
 use crate::barrier::{self, BarrierState};
-use crate::env::{self, EnvConfig, RankInfo, StoreSource};
+use crate::config::{self, EnvConfig, RankInfo, StoreSource};
 use crate::error::{Error, Result, Status};
 use crate::logging;
 use crate::node::NodeIdentity;
@@ -100,7 +100,7 @@ pub struct EnvOptions {
     /// How long a hosting rank waits for the others when it closes; `None` (the default): the
     /// context's timeout, at most [`DEFAULT_HOST_LINGER`].
     pub host_linger: Option<Duration>,
-    /// Name of this run; `None`: from the launcher's environment (see `env::JOB_TAG_VARS`).
+    /// Name of this run; `None`: from the launcher's environment (see `config::JOB_TAG_VARS`).
     pub job_tag: Option<String>,
 }
 
@@ -161,7 +161,7 @@ impl Context {
         Self::open(ranks, host, port, hosting, timeout, DEFAULT_JOB_TAG)
     }
 
-    /// Builds the context from the launcher's environment (see [`crate::env`]). Without
+    /// Builds the context from the launcher's environment (see [`crate::config`]). Without
     /// `NVFIPC_STORE_ADDR`, local rank 0 on the master host hosts the store on the master port.
     pub fn from_env(options: &EnvOptions) -> Result<Context> {
         let config = EnvConfig::from_env()?;
@@ -211,14 +211,14 @@ impl Context {
         // own) tries to listen on the master port; the one whose bind succeeds hosts, the others
         // find the port taken and connect like every other rank.
         let server = if hosting != Hosting::Connect {
-            match StoreServer::bind_with("", port, &env::embedded_server_options()?) {
+            match StoreServer::bind_with("", port, &config::embedded_server_options()?) {
                 Ok(server) => Some(server),
                 Err(e) if hosting == Hosting::Candidate && port != 0 && is_addr_in_use(&e) => None,
                 Err(e) => {
                     return Err(e.context(format!(
                         "{who}: hosting the store on port {port} (pick a free port with \
                          NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
-                        env::STORE_ADDR_VAR
+                        config::STORE_ADDR_VAR
                     )))
                 }
             }
@@ -598,7 +598,7 @@ fn propose_job_id(rank: usize) -> String {
 /// True when `host` names this machine: a loopback name, or an address that resolves to one
 /// of this machine's interfaces (binding to it succeeds only then).
 pub fn is_this_host(host: &str) -> bool {
-    if env::is_loopback_name(host) {
+    if config::is_loopback_name(host) {
         return true;
     }
     let Ok(addrs) = (host, 0u16).to_socket_addrs() else {

@@ -32,9 +32,8 @@
 //!
 //! Layout: `sys` (every libc call), `frame` (wire frames), `naming` (names, records, route
 //! choice), `registry` (the id table), `responder` (the serving thread), `import` (the
-//! importer's rungs), `diagnose` (gates and the final error), `config` (environment).
+//! importer's rungs), `diagnose` (gates and the final error); settings in `crate::config`.
 
-pub mod config;
 pub mod diagnose;
 pub mod frame;
 mod import;
@@ -42,7 +41,7 @@ pub mod naming;
 pub mod registry;
 pub mod responder;
 
-pub use config::FdPassConfig;
+pub use crate::config::FdPassConfig;
 pub use diagnose::{Diagnosis, Gate, Rung};
 pub use naming::{LocalIdentity, PeerRecord, PtracerState};
 pub use registry::FdId;

@@ -22,9 +22,9 @@
 //!
 //! Dropping the [`Responder`] wakes the loop, joins the thread and removes the socket file.
 
-use super::config::FdPassConfig;
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
+use crate::config::FdPassConfig;
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::os::fd_passing as sys;
