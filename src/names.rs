@@ -1,8 +1,15 @@
 //! Every name the library gives a job's shared state, made here and nowhere else: the job tag,
-//! the `/dev/shm` names of boards and segments, and the store keys of records and node
-//! identities. Both the transports (segment names) and the exchange (boards, keys) use them.
+//! the `/dev/shm` names of boards and segments, the store keys of records, node identities and
+//! fd responders, and the fd responders' socket names. The transports (segments, sockets) and
+//! the exchange (boards, keys) use them.
 
 use crate::hash::fnv1a64;
+use std::path::{Path, PathBuf};
+
+/// `sun_path` holds 108 bytes; a path name needs its NUL, an abstract name its leading NUL.
+pub const MAX_SOCKET_NAME: usize = 107;
+/// Job names longer than this are shortened (prefix + hash) inside socket names.
+const MAX_JOB_IN_NAME: usize = 32;
 
 /// Turns a job id into the short, name-safe tag used in shm names (at most 16 characters of
 /// `[A-Za-z0-9_]`, or a hash when the id has other characters or is longer).
@@ -23,6 +30,16 @@ pub fn job_tag(job_id: &str) -> String {
 /// (e.g. `nvfipc-job1-`; `/dev/shm` entries have no leading slash).
 pub fn job_prefix(job_id: &str) -> String {
     format!("nvfipc-{}-", job_tag(job_id))
+}
+
+/// The name of host buffer `id` of `job_id` (a memfd's name: shown in `/proc/<pid>/fd`).
+pub fn host_segment(job_id: &str, id: u64) -> String {
+    format!("{}{id}", job_prefix(job_id))
+}
+
+/// The name of a process's host semaphore slab for the job of tag `job_tag` (a memfd's name).
+pub fn host_slab(job_tag: &str) -> String {
+    format!("nvfipc-{job_tag}-slab")
 }
 
 /// The names of one cache's shared state: its board of each rank, its node identity keys and its
@@ -176,9 +193,73 @@ pub fn is_board_name(entry: &str) -> bool {
 }
 
 /// The store prefix under which the fd transport of a job publishes each rank's responder
-/// (`<prefix>/fdpass/<rank>`, see `crate::fdpass`).
+/// (see [`fdpass_record_key`]).
 pub fn fdpass_prefix(job_id: &str) -> String {
     format!("nvfipc/{job_id}")
+}
+
+/// The store key of `rank`'s fd responder record under `prefix`.
+pub fn fdpass_record_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/fdpass/{rank}")
+}
+
+/// The job as it appears in socket names: `[A-Za-z0-9_.-]` kept, others `_`; long ones cut to a
+/// prefix plus a hash of the whole.
+pub fn job_in_name(job: &str) -> String {
+    let clean: String = job
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.len() <= MAX_JOB_IN_NAME && !clean.is_empty() {
+        return clean;
+    }
+    // FNV-1a of the original job: stable across processes and builds.
+    let h = fnv1a64(job.as_bytes());
+    format!("{}~{:08x}", &clean[..clean.len().min(16)], h as u32)
+}
+
+/// The abstract socket name (without its leading NUL) of `rank`'s responder in `job`.
+pub fn abstract_name(job: &str, rank: usize, nonce: u64) -> String {
+    format!("nvfipc-{}-{rank}-{nonce:016x}", job_in_name(job))
+}
+
+/// The path of `rank`'s socket in `dir` for the process `pid` of pid namespace `pid_ns`, or why
+/// it cannot be one (too long for `sun_path`).
+pub fn socket_path(
+    dir: &Path,
+    job: &str,
+    rank: usize,
+    (pid, pid_ns): (u32, u64),
+    nonce: u64,
+) -> Result<PathBuf, String> {
+    let path = dir.join(format!(
+        "nvfipc-{}-{rank}-{pid}p{pid_ns}-{nonce:016x}.sock",
+        job_in_name(job)
+    ));
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_NAME {
+        return Err(format!(
+            "the socket path {} is {len} bytes, more than a Unix socket address holds \
+             ({MAX_SOCKET_NAME}): set NVFIPC_SOCKET_DIR to a shorter directory",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
+/// The pid and pid namespace in a socket file name made by [`socket_path`].
+pub fn socket_owner(file_name: &str) -> Option<(u32, u64)> {
+    let stem = file_name.strip_prefix("nvfipc-")?.strip_suffix(".sock")?;
+    let mut parts = stem.rsplitn(3, '-');
+    let _nonce = parts.next()?;
+    let (pid, pidns) = parts.next()?.split_once('p')?;
+    Some((pid.parse().ok()?, pidns.parse().ok()?))
 }
 
 #[cfg(test)]

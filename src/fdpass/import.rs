@@ -4,7 +4,7 @@
 
 use super::diagnose::{pidfd_gate_of, Gate};
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, HEADER_LEN, MAX_BODY};
-use super::naming::Route;
+use super::peer::Route;
 use super::registry::FdId;
 use crate::os::fd_passing as sys;
 use std::io;

@@ -2,7 +2,7 @@
 //! descriptors, so no importer waits for a barrier.
 //!
 //! It listens on an abstract name and, when the socket directory is usable, on a socket file
-//! (see `naming`), and runs one mio poll loop over both listeners and its connections: readable
+//! (see `peer`), and runs one mio poll loop over both listeners and its connections: readable
 //! -> parse the requests that arrived -> queue the replies -> write what the kernel takes. A
 //! connection may pipeline any number of requests. An fd reply carries the descriptor as
 //! `SCM_RIGHTS` on its first byte. A request that does not parse is answered with an error frame
@@ -80,7 +80,7 @@ fn listen(addr: &SocketAddr) -> io::Result<UnixListener> {
     Ok(UnixListener::from_std(l))
 }
 
-/// Binds the socket file at `path`, whose directory `naming::private_socket_dir` prepared (a
+/// Binds the socket file at `path`, whose directory `peer::private_socket_dir` prepared (a
 /// leftover socket of the same name replaced only when this uid owns it), and makes it `0600`;
 /// `Err` says why it could not be, for the published record.
 fn listen_path(path: &Path, uid: u32) -> std::result::Result<UnixListener, String> {

@@ -151,7 +151,7 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
         return Err(Error::invalid("host allocation of 0 bytes"));
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let name = format!("{}{id}", job_prefix(job_id));
+    let name = crate::names::host_segment(job_id, id);
     let seg = memfd::create_mapped(&name, bytes)
         .map_err(|e| e.context(format!("allocating {bytes} bytes of host shared memory")))?;
     let base = seg.addr();

@@ -233,7 +233,7 @@ pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
 
 /// Socket paths this process created and still owns, unlinked by an `atexit` handler (a
 /// process that is killed leaves them; the next process to bind in the directory reclaims the
-/// dead ones, see `naming::reclaim_dead_sockets`).
+/// dead ones, see `fdpass::peer::reclaim_dead_sockets`).
 static AT_EXIT: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
 

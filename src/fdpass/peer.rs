@@ -21,10 +21,6 @@ use crate::node::{process_alive, NodeIdentity};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// `sun_path` holds 108 bytes; a path name needs its NUL, an abstract name its leading NUL.
-pub const MAX_SOCKET_NAME: usize = 107;
-/// Job names longer than this are shortened (prefix + hash) inside socket names.
-const MAX_JOB_IN_NAME: usize = 32;
 const RECORD_TAG: &str = "fdpass2";
 
 /// What decides which of a peer's sockets and rungs can work from here.
@@ -191,66 +187,6 @@ impl PeerRecord {
     }
 }
 
-/// The job as it appears in socket names: `[A-Za-z0-9_.-]` kept, others `_`; long ones cut to a
-/// prefix plus a hash of the whole.
-pub fn job_in_name(job: &str) -> String {
-    let clean: String = job
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if clean.len() <= MAX_JOB_IN_NAME && !clean.is_empty() {
-        return clean;
-    }
-    // FNV-1a of the original job: stable across processes and builds.
-    let h = crate::hash::fnv1a64(job.as_bytes());
-    format!("{}~{:08x}", &clean[..clean.len().min(16)], h as u32)
-}
-
-/// The abstract socket name (without its leading NUL) of `rank`'s responder in `job`.
-pub fn abstract_name(job: &str, rank: usize, nonce: u64) -> String {
-    format!("nvfipc-{}-{rank}-{nonce:016x}", job_in_name(job))
-}
-
-/// The path of `rank`'s socket in `dir`, or why it cannot be one (too long for `sun_path`).
-pub fn socket_path(
-    dir: &Path,
-    job: &str,
-    rank: usize,
-    who: &LocalIdentity,
-    nonce: u64,
-) -> Result<PathBuf, String> {
-    let path = dir.join(format!(
-        "nvfipc-{}-{rank}-{}p{}-{nonce:016x}.sock",
-        job_in_name(job),
-        who.pid,
-        who.pid_ns
-    ));
-    let len = path.as_os_str().len();
-    if len > MAX_SOCKET_NAME {
-        return Err(format!(
-            "the socket path {} is {len} bytes, more than a Unix socket address holds \
-             ({MAX_SOCKET_NAME}): set NVFIPC_SOCKET_DIR to a shorter directory",
-            path.display()
-        ));
-    }
-    Ok(path)
-}
-
-/// The pid and pid namespace in a socket file name made by [`socket_path`].
-fn owner_of(file_name: &str) -> Option<(u32, u64)> {
-    let stem = file_name.strip_prefix("nvfipc-")?.strip_suffix(".sock")?;
-    let mut parts = stem.rsplitn(3, '-');
-    let _nonce = parts.next()?;
-    let (pid, pidns) = parts.next()?.split_once('p')?;
-    Some((pid.parse().ok()?, pidns.parse().ok()?))
-}
-
 /// The directory that holds this process's socket file, given the configured socket directory
 /// `dir`: `dir` itself when only `uid` can enter it (owned by `uid`, no group or other
 /// permissions), else `dir/nvfipc-<uid>`, created `0700` (a missing `dir` is created `0700`
@@ -348,7 +284,7 @@ pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64, uid: u32) -> usize {
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some((pid, ns)) = owner_of(&name.to_string_lossy()) else {
+        let Some((pid, ns)) = crate::names::socket_owner(&name.to_string_lossy()) else {
             continue;
         };
         if ns != pid_ns || pid_ns == 0 || process_alive(pid) {
