@@ -131,7 +131,7 @@ pub mod generations {
 
     type Key = (String, String, usize);
 
-    /// Per key: the last generation handed out.
+    // process-wide: generations count the caches this process created, whoever created them.
     static LAST: Mutex<Option<HashMap<Key, u64>>> = Mutex::new(None);
 
     /// A generation being created: [`Reserved::commit`] keeps it; dropping it uncommitted gives

@@ -46,6 +46,7 @@ fn boot_id() -> String {
         .unwrap_or_default()
 }
 
+// process-wide: where this process runs, read from /proc once.
 static LOCAL: Lazy<NodeIdentity> = Lazy::new(|| {
     let shm = std::fs::metadata("/dev/shm").ok();
     NodeIdentity {

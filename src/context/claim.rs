@@ -28,11 +28,24 @@ pub(super) fn agree_on_job_id(
     Ok((key, agreed))
 }
 
-/// A per-process random nonce: claims of one process are told from another's by it.
-static PROCESS_NONCE: once_cell::sync::Lazy<String> =
-    once_cell::sync::Lazy::new(|| propose_job_id(usize::MAX));
-/// Contexts created by this process, numbering its claims.
-static CLAIMS_MADE: AtomicU64 = AtomicU64::new(0);
+/// This process as its claims name it.
+pub(super) struct Claimant {
+    /// Random: claims of one process are told from another's by it.
+    nonce: String,
+    /// A moment by which this process had certainly started (see `collision`).
+    pub(super) started: Option<Moment>,
+    /// Contexts created by this process, numbering its claims.
+    claims_made: AtomicU64,
+}
+
+// process-wide: a claim names the process that makes it, whichever of its contexts makes it.
+pub(super) static THIS_PROCESS: once_cell::sync::Lazy<Claimant> =
+    once_cell::sync::Lazy::new(|| Claimant {
+        nonce: propose_job_id(usize::MAX),
+        started: Moment::process_start(),
+        claims_made: AtomicU64::new(0),
+    });
+
 /// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
 #[derive(Debug)]
 pub(super) struct RankClaim {
@@ -156,17 +169,17 @@ pub(super) fn claim_rank(
 ) -> Result<RankClaim> {
     let untagged = tag == DEFAULT_JOB_TAG;
     let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
-    let serial = CLAIMS_MADE.fetch_add(1, Ordering::Relaxed);
+    let serial = THIS_PROCESS.claims_made.fetch_add(1, Ordering::Relaxed);
     let value = format!(
         "{}.{serial};{}",
-        *PROCESS_NONCE,
+        THIS_PROCESS.nonce,
         NodeIdentity::local().encode()
     );
     let current_key = format!("{base}/current");
     let open_key = |run: u64| format!("{base}/{run}/open");
     let deadline = Instant::now() + timeout;
     let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
-        Ok(holder.nonce == *PROCESS_NONCE
+        Ok(holder.nonce == THIS_PROCESS.nonce
             || store.check(&[&format!("{base}/{run}/closed/{rank}")])?
             || holder.is_dead())
     };
@@ -222,7 +235,7 @@ pub(super) fn claim_rank(
             if !slot_done(run, 0, &holder)? {
                 return refuse(run, &holder);
             }
-            if holder.nonce != *PROCESS_NONCE {
+            if holder.nonce != THIS_PROCESS.nonce {
                 passed_over(SlotHolder::Other {
                     describe: &holder.describe(),
                     live: false,
@@ -246,7 +259,7 @@ pub(super) fn claim_rank(
             if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
                 return refuse(run, &holder);
             }
-            if holder.nonce != *PROCESS_NONCE {
+            if holder.nonce != THIS_PROCESS.nonce {
                 let closed = store.check(&[&format!("{base}/{run}/closed/{}", ranks.rank)])?;
                 passed_over(SlotHolder::Other {
                     describe: &holder.describe(),

@@ -25,7 +25,6 @@ use crate::error::{Error, Result};
 use crate::node::NodeIdentity;
 use crate::os::process::{since_boot, started_by};
 use crate::store::Store;
-use once_cell::sync::Lazy;
 use std::time::{Duration, SystemTime};
 
 /// How far apart the wall clocks of two hosts may be for the comparison across hosts to hold.
@@ -48,6 +47,20 @@ impl Moment {
             since_boot: since_boot().unwrap_or_default(),
             wall: wall_now(),
         }
+    }
+
+    /// A moment by which this process had certainly started (see `os::process::started_by`);
+    /// `None` where neither `/proc` nor the load time tells: then nothing is ever found to
+    /// overlap.
+    pub(super) fn process_start() -> Option<Moment> {
+        let start = started_by()?;
+        let now = since_boot()?;
+        let wall = wall_now().checked_sub(now.checked_sub(start)?)?;
+        Some(Moment {
+            boot_id: NodeIdentity::local().boot_id,
+            since_boot: start,
+            wall,
+        })
     }
 
     /// `t1;boot=<boot id>;up=<ns since boot>;wall=<ns since the epoch>`.
@@ -93,23 +106,10 @@ fn wall_now() -> Duration {
         .unwrap_or_default()
 }
 
-/// A moment by which this process had certainly started (see `os::process::started_by`); `None`
-/// where neither `/proc` nor the load time tells: then nothing is ever found to overlap.
-static PROCESS_START: Lazy<Option<Moment>> = Lazy::new(|| {
-    let start = started_by()?;
-    let now = since_boot()?;
-    let wall = wall_now().checked_sub(now.checked_sub(start)?)?;
-    Some(Moment {
-        boot_id: NodeIdentity::local().boot_id,
-        since_boot: start,
-        wall,
-    })
-});
-
 /// True when this process certainly started before `moment`: on this kernel, by its boot clock;
 /// on another, by the wall clocks, allowing [`CLOCK_SKEW`] between them.
 fn started_before(moment: &Moment) -> bool {
-    let Some(me) = &*PROCESS_START else {
+    let Some(me) = &super::claim::THIS_PROCESS.started else {
         return false;
     };
     if !me.boot_id.is_empty() && me.boot_id == moment.boot_id {
