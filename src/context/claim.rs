@@ -1,5 +1,5 @@
 //! Rank claims and the job id: how each rank of a job lands in one run of the store, and how
-//! the ranks of a run agree on a job id (see the keys in the parent module's documentation).
+//! the ranks of a run agree on a job id.
 
 use super::collision::{self, check_passed_over, Moment, SlotHolder};
 use super::*;
@@ -149,18 +149,12 @@ impl RankClaim {
     }
 }
 
-/// Claims this rank's place in a run of `<tag>/w<world>`, atomically (COMPARE_SET of
-/// `<run>/rank/<rank>` with a per-process nonce). Rank 0 opens runs: it takes the first run, from
-/// the last one opened on, whose slot 0 is free, skipping slots held by a context that closed, by
-/// a dead process or by another context of its own process, then marks the run open. Every other
-/// rank joins the last run opened unless its rank 0 is dead or the rank's slot there is held by a
-/// closed or dead process or, once that rank 0 closed, by any other (the previous job finishing);
-/// it waits (bounded) for the next run then. So all ranks of a job land in one run whatever
-/// their order of arrival, and a run left half-claimed by a dead job is never joined. A slot held
-/// by any other live process means two processes claim one rank: both are refused (the holder
-/// sees the `duplicate` key this writes after its first barrier or at close). An untagged rank
-/// that passes over a run (does not join it) checks that it is not a rank of a concurrent job
-/// (see `collision`).
+/// Claims this rank's place in a run of `<tag>/w<world>` atomically (COMPARE_SET of
+/// `<run>/rank/<rank>` with this process's nonce), so that all ranks of a job land in one run
+/// whatever their order of arrival and a run half-claimed by a dead job is never joined (the
+/// rules: docs/PROTOCOL.md section 2). A slot held by another live process means one rank claimed
+/// twice: both are refused (the holder sees the `duplicate` key this writes after its first
+/// barrier or at close). An untagged rank that passes over a run checks `collision`.
 pub(super) fn claim_rank(
     store: &dyn Store,
     ranks: &RankInfo,

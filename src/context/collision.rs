@@ -1,25 +1,12 @@
 //! Untagged jobs that share a store: telling a later run of one job from a rank of another job
-//! that started at the same time.
-//!
-//! Without a tag (`NVFIPC_JOB_TAG` or a launcher's job id), the store sees only ranks and their
-//! order of arrival, and a rank that arrives after a whole run has closed looks like the first
-//! rank of the next run. What tells them apart is time: the ranks of a later job start after the
-//! earlier job's processes are gone, while a rank of a concurrent job was already running while
-//! that run was live. So every run records when it was opened (`<run>/open`) and when a rank last
-//! closed it (`<run>/last_close`), and an untagged rank that passes over a run (does not join it)
-//! fails when its own process started before either moment, or when its rank's slot there is held
-//! by a live process that has not closed, unless that holder is its own process (one process that
-//! opens context after context). It marks the run (`<run>/collision`), so that the run's ranks
-//! still open fail at their first barrier or at close.
-//!
-//! Limits: a process start is known from the library's load (exact when the program links the
-//! library; a program that loads it later looks younger than it is) or else to a clock tick of
-//! `/proc` (10 ms); on one kernel the comparison is exact beyond that; across hosts it uses wall clocks and allows [`CLOCK_SKEW`] between them, so
-//! a collision within that window goes unseen there. A rank that started only after the other
-//! job's run had closed is taken for a later job (it is one, as far as anything it can observe
-//! says). And a process that outlives a run it was not part of and then joins a later run of the
-//! same untagged job and world size (a long-lived service, a pool that rotates its workers) is
-//! refused: such jobs need a tag.
+//! that started at the same time, by time (docs/PROTOCOL.md section 2 says what it can and cannot
+//! tell). Every run records when it was opened (`<run>/open`) and when a rank last closed it
+//! (`<run>/last_close`); an untagged rank that passes over a run (does not join it) fails when
+//! its own process started before either moment, or when its slot there is held by a live
+//! process that has not closed (other than its own), and marks the run (`<run>/collision`) so
+//! that the run's ranks still open fail at their first barrier or at close. A process start is
+//! known from the library's load or `/proc` (10 ms ticks); across hosts wall clocks are compared,
+//! allowing [`CLOCK_SKEW`].
 
 use crate::error::{Error, Result};
 use crate::node::NodeIdentity;
