@@ -22,13 +22,11 @@ use crate::config::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use crate::hash::Fnv1a;
 use crate::logging;
+use crate::names::BarrierKeys;
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Prefix of every key the barrier writes.
-pub const BARRIER_KEY_PREFIX: &str = "nvfipc/barrier";
 
 /// Lists longer than this are printed as ranges (`[0-31,33]`) in messages.
 const FULL_LIST_MAX: usize = 16;
@@ -180,7 +178,7 @@ impl BarrierState {
     /// State whose keys live under `nvfipc/barrier/`.
     pub fn new() -> BarrierState {
         BarrierState {
-            prefix: BARRIER_KEY_PREFIX.to_string(),
+            prefix: BarrierKeys::prefix(None),
             sets: Mutex::new(HashMap::new()),
         }
     }
@@ -189,7 +187,7 @@ impl BarrierState {
     /// independent groups of barriers) can share one store without sharing counters.
     pub fn scoped(scope: &str) -> BarrierState {
         BarrierState {
-            prefix: format!("{BARRIER_KEY_PREFIX}/{scope}"),
+            prefix: BarrierKeys::prefix(Some(scope)),
             sets: Mutex::new(HashMap::new()),
         }
     }
@@ -213,7 +211,7 @@ impl BarrierState {
             Some(slot) => slot,
             None => map.entry(set.id().to_string()).or_insert_with(|| SetSlot {
                 next_generation: 0,
-                keys: Arc::new(BarrierKeys::new(&self.prefix, set)),
+                keys: Arc::new(BarrierKeys::new(&self.prefix, set.id())),
             }),
         };
         let gen = slot.next_generation;
@@ -224,26 +222,6 @@ impl BarrierState {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SetSlot>> {
         // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
         self.sets.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Store keys of one member set.
-#[derive(Debug)]
-struct BarrierKeys {
-    base: String,
-}
-
-impl BarrierKeys {
-    fn new(prefix: &str, set: &MemberSet) -> BarrierKeys {
-        BarrierKeys {
-            base: format!("{prefix}/{}", set.id()),
-        }
-    }
-    fn arrival(&self, gen: u64, rank: usize) -> String {
-        format!("{}/arrived/{gen}/{rank}", self.base)
-    }
-    fn release(&self, gen: u64) -> String {
-        format!("{}/release/{gen}", self.base)
     }
 }
 

@@ -1,7 +1,6 @@
 //! Every name the library gives a job's shared state, made here and nowhere else: the job tag,
-//! the `/dev/shm` names of boards and segments, the store keys of records, node identities and
-//! fd responders, and the fd responders' socket names. The transports (segments, sockets) and
-//! the exchange (boards, keys) use them.
+//! the shm and memfd names of boards, segments and slabs, the store keys of contexts, barriers,
+//! records, node identities and fd responders, and the fd responders' socket names.
 
 use crate::hash::fnv1a64;
 use std::path::{Path, PathBuf};
@@ -118,6 +117,71 @@ impl std::fmt::Display for CacheNames {
             "cache generation {} of job {:?}, scope {:?}",
             self.generation, self.job_id, self.scope
         )
+    }
+}
+
+/// Store keys of contexts, under `nvfipc/context/` (docs/PROTOCOL.md section 2).
+pub mod context {
+    const PREFIX: &str = "nvfipc/context";
+
+    /// `<tag>/w<world>`: the base of the runs of a job of `tag` and `world` ranks.
+    pub fn runs(tag: &str, world: usize) -> String {
+        format!("{PREFIX}/{tag}/w{world}")
+    }
+
+    /// `<runs>/current`: the run rank 0 opened last.
+    pub fn current(runs: &str) -> String {
+        format!("{runs}/current")
+    }
+
+    /// `<runs>/<run>/<name>`: `open`, `last_close`, `collision` or `job_id`.
+    pub fn run(runs: &str, run: u64, name: &str) -> String {
+        format!("{runs}/{run}/{name}")
+    }
+
+    /// `<runs>/<run>/<name>/<rank>`: `rank` (the claim), `closed` or `duplicate`.
+    pub fn slot(runs: &str, run: u64, name: &str, rank: usize) -> String {
+        format!("{runs}/{run}/{name}/{rank}")
+    }
+
+    /// `<job>/<name>`: `closed` (a counter) or `all_closed`.
+    pub fn job(job_id: &str, name: &str) -> String {
+        format!("{PREFIX}/{job_id}/{name}")
+    }
+
+    /// `<job>/joined/<rank>`: the rank's node identity.
+    pub fn joined(job_id: &str, rank: usize) -> String {
+        format!("{PREFIX}/{job_id}/joined/{rank}")
+    }
+}
+
+/// Store keys of one barrier member set: `nvfipc/barrier[/<scope>]/<set>/...`.
+#[derive(Debug)]
+pub(crate) struct BarrierKeys {
+    base: String,
+}
+
+impl BarrierKeys {
+    /// The prefix of a barrier state's keys: `nvfipc/barrier`, or `nvfipc/barrier/<scope>`.
+    pub(crate) fn prefix(scope: Option<&str>) -> String {
+        match scope {
+            Some(scope) => format!("nvfipc/barrier/{scope}"),
+            None => "nvfipc/barrier".to_string(),
+        }
+    }
+
+    pub(crate) fn new(prefix: &str, set_id: &str) -> BarrierKeys {
+        BarrierKeys {
+            base: format!("{prefix}/{set_id}"),
+        }
+    }
+
+    pub(crate) fn arrival(&self, gen: u64, rank: usize) -> String {
+        format!("{}/arrived/{gen}/{rank}", self.base)
+    }
+
+    pub(crate) fn release(&self, gen: u64) -> String {
+        format!("{}/release/{gen}", self.base)
     }
 }
 

@@ -11,7 +11,7 @@ pub(super) fn agree_on_job_id(
     ranks: &RankInfo,
     timeout: Duration,
 ) -> Result<(String, Vec<u8>)> {
-    let key = format!("{}/{}/job_id", claim.base, claim.run);
+    let key = names::run(&claim.base, claim.run, "job_id");
     let proposal = propose_job_id(ranks.rank);
     let agreed = match store.compare_set(&key, b"", proposal.as_bytes()) {
         Ok(value) => value,
@@ -106,21 +106,18 @@ impl Holder {
 
 impl RankClaim {
     fn key(&self) -> String {
-        format!("{}/{}/rank/{}", self.base, self.run, self.rank)
+        names::slot(&self.base, self.run, "rank", self.rank)
     }
     pub(super) fn closed_key(&self) -> String {
-        format!("{}/{}/closed/{}", self.base, self.run, self.rank)
+        names::slot(&self.base, self.run, "closed", self.rank)
     }
-    /// `<run>/last_close`: when a rank of the run last closed (see `collision`).
+    /// When a rank of the run last closed (see `collision`).
     pub(super) fn last_close_key(&self) -> String {
-        collision::run_key(&self.base, self.run, "last_close")
+        names::run(&self.base, self.run, "last_close")
     }
     /// The value of [`last_close_key`](Self::last_close_key): now.
     pub(super) fn close_moment() -> String {
         Moment::now().encode()
-    }
-    fn duplicate_key(base: &str, run: u64, rank: usize) -> String {
-        format!("{base}/{run}/duplicate/{rank}")
     }
 
     /// Fails, naming the other process, when another process tried to claim this rank of this
@@ -132,7 +129,7 @@ impl RankClaim {
                 Holder::parse(v).describe()
             })?;
         }
-        let key = Self::duplicate_key(&self.base, self.run, self.rank);
+        let key = names::slot(&self.base, self.run, "duplicate", self.rank);
         if !store.check(&[&key])? {
             return Ok(());
         }
@@ -162,23 +159,23 @@ pub(super) fn claim_rank(
     timeout: Duration,
 ) -> Result<RankClaim> {
     let untagged = tag == DEFAULT_JOB_TAG;
-    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
+    let base = names::runs(tag, ranks.world_size);
     let serial = THIS_PROCESS.claims_made.fetch_add(1, Ordering::Relaxed);
     let value = format!(
         "{}.{serial};{}",
         THIS_PROCESS.nonce,
         NodeIdentity::local().encode()
     );
-    let current_key = format!("{base}/current");
-    let open_key = |run: u64| format!("{base}/{run}/open");
+    let current_key = names::current(&base);
+    let open_key = |run: u64| names::run(&base, run, "open");
     let deadline = Instant::now() + timeout;
     let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
         Ok(holder.nonce == THIS_PROCESS.nonce
-            || store.check(&[&format!("{base}/{run}/closed/{rank}")])?
+            || store.check(&[&names::slot(&base, run, "closed", rank)])?
             || holder.is_dead())
     };
     let refuse = |run: u64, holder: &Holder| -> Result<RankClaim> {
-        let dup = RankClaim::duplicate_key(&base, run, ranks.rank);
+        let dup = names::slot(&base, run, "duplicate", ranks.rank);
         store.set(&dup, value.as_bytes())?;
         Err(Error::state(format!(
             "rank {} is already claimed in this store by another live process ({}; store key \
@@ -242,19 +239,19 @@ pub(super) fn claim_rank(
         // claimed). A rank 0 that already closed (it may have failed early) still lets its ranks
         // join; but a live holder of this slot is then the previous job finishing, not a rank
         // claimed twice.
-        let leader = Holder::parse(&store.get(&format!("{base}/{run}/rank/0"), timeout)?);
+        let leader = Holder::parse(&store.get(&names::slot(&base, run, "rank", 0), timeout)?);
         if !leader.is_dead() {
             let held = try_claim(store, &claim.key(), value.as_bytes())?;
             if held == value.as_bytes() {
                 return Ok(claim);
             }
             let holder = Holder::parse(&held);
-            let leader_closed = store.check(&[&format!("{base}/{run}/closed/0")])?;
+            let leader_closed = store.check(&[&names::slot(&base, run, "closed", 0)])?;
             if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
                 return refuse(run, &holder);
             }
             if holder.nonce != THIS_PROCESS.nonce {
-                let closed = store.check(&[&format!("{base}/{run}/closed/{}", ranks.rank)])?;
+                let closed = store.check(&[&names::slot(&base, run, "closed", ranks.rank)])?;
                 passed_over(SlotHolder::Other {
                     describe: &holder.describe(),
                     live: !closed && holder.is_alive(),

@@ -9,6 +9,7 @@
 //! allowing [`CLOCK_SKEW`].
 
 use crate::error::{Error, Result};
+use crate::names::context as names;
 use crate::node::NodeIdentity;
 use crate::os::process::{since_boot, started_by};
 use crate::store::Store;
@@ -114,11 +115,6 @@ pub(super) enum SlotHolder<'a> {
     Other { describe: &'a str, live: bool },
 }
 
-/// The keys of one run (`<base>/<run>/...`) that this check reads and writes.
-pub(super) fn run_key(base: &str, run: u64, name: &str) -> String {
-    format!("{base}/{run}/{name}")
-}
-
 /// An untagged rank passes over run `run` (it will not be part of it): fails, after marking
 /// the run, when this process was already running while the run was live (see the module
 /// documentation). `me` is this rank's claim value, written into the mark.
@@ -142,7 +138,7 @@ pub(super) fn check_passed_over(
     let Some(why) = why else {
         return Ok(());
     };
-    let mark = run_key(base, run, "collision");
+    let mark = names::run(base, run, "collision");
     store.set(&mark, me.as_bytes())?;
     Err(Error::state(format!(
         "this process was already running while run {run} of this untagged job on the store was \
@@ -162,7 +158,7 @@ fn overlap(store: &dyn Store, base: &str, run: u64) -> Result<Option<String>> {
         ("last_close", "a rank of it closed"),
         ("open", "its rank 0 opened it"),
     ] {
-        let key = run_key(base, run, name);
+        let key = names::run(base, run, name);
         if !store.check(&[&key])? {
             continue;
         }
@@ -187,7 +183,7 @@ pub(super) fn check_marked(
     rank: usize,
     describe: impl Fn(&[u8]) -> String,
 ) -> Result<()> {
-    let mark = run_key(base, run, "collision");
+    let mark = names::run(base, run, "collision");
     if !store.check(&[&mark])? {
         return Ok(());
     }

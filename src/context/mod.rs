@@ -21,6 +21,7 @@ use crate::barrier::{self, BarrierState};
 use crate::config::{self, EnvConfig, RankInfo, StoreSource};
 use crate::error::{Error, Result, Status};
 use crate::logging;
+use crate::names::context as names;
 use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
@@ -40,7 +41,6 @@ mod collision;
 /// told otherwise (by default it waits its context's timeout, capped at this).
 pub const DEFAULT_HOST_LINGER: Duration = Duration::from_secs(30);
 
-const KEY_PREFIX: &str = "nvfipc/context";
 const DEFAULT_JOB_TAG: &str = "default";
 /// Poll interval of the hosting rank while it waits for the others to finish.
 const LINGER_POLL: Duration = Duration::from_millis(10);
@@ -251,7 +251,7 @@ impl Context {
             })?;
         store
             .set(
-                &joined_key(&job_id, ranks.rank),
+                &names::joined(&job_id, ranks.rank),
                 NodeIdentity::local().encode().as_bytes(),
             )
             .map_err(|e| e.context(format!("{who}: announcing this rank")))?;
@@ -393,13 +393,14 @@ impl Context {
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         let closed = self
             .store
-            .add(&format!("{KEY_PREFIX}/{}/closed", self.job_id), 1)
+            .add(&names::job(&self.job_id, "closed"), 1)
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         if closed == self.world_size as i64 {
             // The job's last request: a rank serving the store waits for it (see
             // `keep_serving_until_others_close`).
             self.store.delete_key(&self.job_key)?;
-            self.store.set(&all_closed_key(&self.job_id), b"1")?;
+            self.store
+                .set(&names::job(&self.job_id, "all_closed"), b"1")?;
         }
         duplicate.map_err(|e| e.context(who))
     }
@@ -422,7 +423,7 @@ impl Context {
     /// requests (which would fail, and print). So this rank keeps the process until every rank
     /// has announced its close, or no other process is connected, or the host linger ran out.
     fn keep_serving_until_others_close(&self) -> Result<()> {
-        let all_closed = all_closed_key(&self.job_id);
+        let all_closed = names::job(&self.job_id, "all_closed");
         let deadline = Instant::now() + self.host_linger;
         loop {
             let others = match self.store.liveness() {
@@ -470,9 +471,9 @@ impl Context {
     /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
     /// connected any more (ranks that ended without closing), or the deadline.
     fn wait_for_others(&self, server: &StoreServer, deadline: Instant) -> Result<()> {
-        let all_closed = all_closed_key(&self.job_id);
+        let all_closed = names::job(&self.job_id, "all_closed");
         let joined: Vec<String> = (0..self.world_size)
-            .map(|r| joined_key(&self.job_id, r))
+            .map(|r| names::joined(&self.job_id, r))
             .collect();
         let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
         loop {
@@ -535,15 +536,6 @@ impl std::fmt::Debug for Context {
 /// True when `e` is a bind failure because the address is in use.
 fn is_addr_in_use(e: &Error) -> bool {
     e.message.contains(&crate::os::net::addr_in_use_message())
-}
-
-/// The key where rank `rank` of job `job_id` publishes its node identity when it joins.
-pub fn joined_key(job_id: &str, rank: usize) -> String {
-    format!("{KEY_PREFIX}/{job_id}/joined/{rank}")
-}
-
-fn all_closed_key(job_id: &str) -> String {
-    format!("{KEY_PREFIX}/{job_id}/all_closed")
 }
 
 /// A random 16-hex-digit id. `RandomState` is seeded from the OS; time, pid and rank are mixed
