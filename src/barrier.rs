@@ -24,6 +24,7 @@ use crate::hash::Fnv1a;
 use crate::logging;
 use crate::names::BarrierKeys;
 use crate::store::Store;
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -177,17 +178,18 @@ impl Default for BarrierState {
 impl BarrierState {
     /// State whose keys live under `nvfipc/barrier/`.
     pub fn new() -> BarrierState {
-        BarrierState {
-            prefix: BarrierKeys::prefix(None),
-            sets: Mutex::new(HashMap::new()),
-        }
+        Self::with_prefix(BarrierKeys::prefix(None))
     }
 
     /// State whose keys live under `nvfipc/barrier/<scope>/`, so that several jobs (or several
     /// independent groups of barriers) can share one store without sharing counters.
     pub fn scoped(scope: &str) -> BarrierState {
+        Self::with_prefix(BarrierKeys::prefix(Some(scope)))
+    }
+
+    fn with_prefix(prefix: String) -> BarrierState {
         BarrierState {
-            prefix: BarrierKeys::prefix(Some(scope)),
+            prefix,
             sets: Mutex::new(HashMap::new()),
         }
     }
@@ -199,14 +201,15 @@ impl BarrierState {
 
     /// The generation the next barrier over `set` will use.
     pub fn next_generation(&self, set: &MemberSet) -> u64 {
-        self.lock()
+        lock(&self.sets)
             .get(set.id())
             .map_or(0, |slot| slot.next_generation)
     }
 
     /// Returns the generation for this call and the set's keys, and advances the counter.
     fn take_generation(&self, set: &MemberSet) -> (u64, Arc<BarrierKeys>) {
-        let mut map = self.lock();
+        // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
+        let mut map = lock(&self.sets);
         let slot = match map.get_mut(set.id()) {
             Some(slot) => slot,
             None => map.entry(set.id().to_string()).or_insert_with(|| SetSlot {
@@ -217,11 +220,6 @@ impl BarrierState {
         let gen = slot.next_generation;
         slot.next_generation += 1;
         (gen, Arc::clone(&slot.keys))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SetSlot>> {
-        // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
-        self.sets.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -162,7 +162,9 @@ impl RankInfo {
         let mut numbers = [0usize; 4];
         let mut names = [""; 4];
         for (i, (var, value)) in found.into_iter().flatten().enumerate() {
-            numbers[i] = parse_count(var, &value)?;
+            numbers[i] = (value.trim().parse()).map_err(|_| {
+                Error::invalid(format!("{var}={value:?} is not a non-negative integer"))
+            })?;
             names[i] = var;
         }
         let [rank, world, local_rank, local_world] = numbers;
@@ -412,16 +414,7 @@ pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<St
                 None => job,
             })
         })?;
-    let tag: String = raw
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let tag = crate::names::name_safe(&raw);
     (!tag.is_empty()).then_some(tag)
 }
 
@@ -429,10 +422,7 @@ pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<St
 pub fn is_loopback_name(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false)
+        || (host.parse::<std::net::IpAddr>()).is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The process environment. A value that is not valid UTF-8 is passed on lossily so that it is
@@ -452,11 +442,6 @@ fn first_set<'a>(
     vars: &[&'a str],
 ) -> Option<(&'a str, String)> {
     vars.iter().find_map(|&var| lookup(var).map(|v| (var, v)))
-}
-
-fn parse_count(var: &str, value: &str) -> Result<usize> {
-    (value.trim().parse::<usize>())
-        .map_err(|_| Error::invalid(format!("{var}={value:?} is not a non-negative integer")))
 }
 
 fn parse_port_value(value: &str) -> Option<u16> {
@@ -549,10 +534,8 @@ pub fn parse_level(text: &str) -> Option<LevelFilter> {
 /// Parses a subsystem list into a mask; `Err` names the first unknown entry.
 pub fn parse_subsystems(text: &str) -> Result<u32, String> {
     let text = text.trim();
-    let (exclude, list) = match text.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, text),
-    };
+    let list = text.strip_prefix('^').unwrap_or(text);
+    let exclude = list.len() < text.len();
     let mut mask = 0u32;
     for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         if name.eq_ignore_ascii_case("all") {
@@ -605,7 +588,6 @@ pub const RUNGS_VAR: &str = "NVFIPC_FD_RUNGS";
 pub const PTRACER_VAR: &str = "NVFIPC_FD_PTRACER";
 
 /// The fd transport's settings, from the environment or set by hand.
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FdPassConfig {
     /// Where the path socket goes; `None`: abstract socket only.

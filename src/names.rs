@@ -267,19 +267,18 @@ pub fn fdpass_record_key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/fdpass/{rank}")
 }
 
+/// `text` with every character outside `[A-Za-z0-9._-]` replaced by `_`.
+pub fn name_safe(text: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    text.chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .collect()
+}
+
 /// The job as it appears in socket names: `[A-Za-z0-9_.-]` kept, others `_`; long ones cut to a
 /// prefix plus a hash of the whole.
 pub fn job_in_name(job: &str) -> String {
-    let clean: String = job
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let clean = name_safe(job);
     if clean.len() <= MAX_JOB_IN_NAME && !clean.is_empty() {
         return clean;
     }

@@ -500,7 +500,7 @@ impl Context {
 
     fn lock_server(&self) -> std::sync::MutexGuard<'_, Option<StoreServer>> {
         // The slot only holds the server; a panic elsewhere cannot leave it half-written.
-        self.server.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.server)
     }
 }
 

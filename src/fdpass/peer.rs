@@ -82,22 +82,25 @@ pub enum PtracerState {
 }
 
 impl PtracerState {
+    const NAMES: [(PtracerState, &'static str); 4] = [
+        (PtracerState::NotNeeded, "unneeded"),
+        (PtracerState::Any, "any"),
+        (PtracerState::Refused, "refused"),
+        (PtracerState::Failed, "failed"),
+    ];
+
     pub fn as_str(self) -> &'static str {
-        match self {
-            PtracerState::NotNeeded => "unneeded",
-            PtracerState::Any => "any",
-            PtracerState::Refused => "refused",
-            PtracerState::Failed => "failed",
-        }
+        Self::NAMES
+            .iter()
+            .find(|(s, _)| *s == self)
+            .map_or("", |(_, n)| n)
     }
-    fn parse(s: &str) -> Option<PtracerState> {
-        Some(match s {
-            "unneeded" => PtracerState::NotNeeded,
-            "any" => PtracerState::Any,
-            "refused" => PtracerState::Refused,
-            "failed" => PtracerState::Failed,
-            _ => return None,
-        })
+
+    fn parse(name: &str) -> Option<PtracerState> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(s, _)| *s)
     }
 }
 

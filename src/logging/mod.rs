@@ -56,26 +56,13 @@ impl Subsystem {
     ];
     pub const ALL_MASK: u32 = (1 << Self::ALL.len()) - 1;
 
+    /// `store`, `barrier`, ...: the target without its `nvfipc::`.
     pub fn name(self) -> &'static str {
-        match self {
-            Subsystem::Store => "store",
-            Subsystem::Barrier => "barrier",
-            Subsystem::Exchange => "exchange",
-            Subsystem::Cuda => "cuda",
-            Subsystem::Host => "host",
-            Subsystem::Server => "server",
-        }
+        &self.target()["nvfipc::".len()..]
     }
 
     pub fn target(self) -> &'static str {
-        match self {
-            Subsystem::Store => STORE,
-            Subsystem::Barrier => BARRIER,
-            Subsystem::Exchange => EXCHANGE,
-            Subsystem::Cuda => CUDA,
-            Subsystem::Host => HOST,
-            Subsystem::Server => SERVER,
-        }
+        [STORE, BARRIER, EXCHANGE, CUDA, HOST, SERVER][self as usize]
     }
 
     pub fn bit(self) -> u32 {
