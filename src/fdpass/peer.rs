@@ -202,48 +202,34 @@ pub fn private_socket_dir(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     // The configured directory is followed if it is a symlink: whoever set it chose it.
     match std::fs::metadata(dir) {
         Ok(m) if private(&m) => return Ok(dir.to_path_buf()),
-        Ok(m) if !m.is_dir() => {
-            return Err(format!(
-                "the socket directory {} is not a directory: set NVFIPC_SOCKET_DIR to one",
-                dir.display()
-            ))
-        }
+        Ok(m) if !m.is_dir() => return Err(refused(dir, "is not a directory", "one")),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(|e| {
-                    format!(
-                        "the socket directory {} cannot be created ({e}): set \
-                         NVFIPC_SOCKET_DIR to a writable directory",
-                        dir.display()
-                    )
-                })
+                .map_err(|e| refused(dir, format!("cannot be created ({e})"), WRITABLE))
                 .and_then(|()| private_socket_dir_checked(dir, uid));
         }
-        Err(e) => {
-            return Err(format!(
-                "the socket directory {} cannot be used ({e}): set NVFIPC_SOCKET_DIR to a \
-                 directory of this user",
-                dir.display()
-            ))
-        }
+        Err(e) => return Err(refused(dir, format!("cannot be used ({e})"), OWN)),
     }
     let sub = dir.join(format!("nvfipc-{uid}"));
     match std::fs::DirBuilder::new().mode(0o700).create(&sub) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(format!(
-                "the socket directory {} cannot be created ({e}): set NVFIPC_SOCKET_DIR to a \
-                 writable directory",
-                sub.display()
-            ))
-        }
+        Err(e) => return Err(refused(&sub, format!("cannot be created ({e})"), WRITABLE)),
     }
     private_socket_dir_checked(&sub, uid)
+}
+
+const WRITABLE: &str = "a writable directory";
+const OWN: &str = "a directory of this user";
+
+/// "the socket directory <dir> <why>: set NVFIPC_SOCKET_DIR to <fix>".
+fn refused(dir: &Path, why: impl std::fmt::Display, fix: &str) -> String {
+    let dir = dir.display();
+    format!("the socket directory {dir} {why}: set NVFIPC_SOCKET_DIR to {fix}")
 }
 
 /// `dir` (not followed if a symlink) when it is a directory of `uid`, narrowed to `0700`.
@@ -267,11 +253,8 @@ fn private_socket_dir_checked(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     }
     if m.mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
-            format!(
-                "the socket directory {} is open to other users and cannot be made 0700 \
-                 ({e}): set NVFIPC_SOCKET_DIR to a directory of this user",
-                dir.display()
-            )
+            let why = format!("is open to other users and cannot be made 0700 ({e})");
+            refused(dir, why, OWN)
         })?;
     }
     Ok(dir.to_path_buf())
