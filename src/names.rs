@@ -42,14 +42,9 @@ pub fn host_slab(job_tag: &str) -> String {
 }
 
 /// The names of one cache's shared state: its board of each rank, its node identity keys and its
-/// record keys, for a job, a scope and a *generation*.
-///
-/// The generation counts the caches of that job and scope that this process (as `rank`) has
-/// created: 1 for the first, 2 for the one created after it was freed, and so on. Ranks free and
-/// re-create their caches at agreed points, so the n-th cache of one rank talks to the n-th cache
-/// of its peers, and a new cache never reads a board entry, record or node key that an older
-/// cache of a peer left behind (a peer still on its old cache has no board or node key of the new
-/// generation yet: it is waited for, bounded, and named).
+/// record keys, for a job, a scope and a *generation* (the n-th cache of one rank talks to the
+/// n-th cache of its peers and never reads what an older one left behind: docs/PROTOCOL.md
+/// section 2).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheNames {
     job_id: String,

@@ -183,9 +183,7 @@ impl Context {
         tag: &str,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        // Election: every candidate (local rank 0 of a node that sees the master address as its
-        // own) tries to listen on the master port; the one whose bind succeeds hosts, the others
-        // find the port taken and connect like every other rank.
+        // Election (see the module documentation): the candidate whose bind succeeds hosts.
         let server = if hosting != Hosting::Connect {
             match StoreServer::bind_with("", port, &config::embedded_server_options()?) {
                 Ok(server) => Some(server),

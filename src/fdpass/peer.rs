@@ -1,6 +1,6 @@
-//! Where a process's responder listens, what it publishes about itself, and which socket an
-//! importer tries for a given peer. Pure logic plus the directory scan that reclaims sockets of
-//! dead processes.
+//! What a process's responder publishes about itself, which socket an importer tries for a
+//! given peer, and the private socket directory with the scan that reclaims sockets of dead
+//! processes. The socket names are made in `crate::names`.
 //!
 //! A responder listens on two sockets at once:
 //! - an abstract name `\0nvfipc-<job>-<rank>-<nonce>`: no file, gone with the process, but it
