@@ -130,26 +130,18 @@ fn fnv1a_ranks(ranks: &[usize]) -> u64 {
 
 /// Formats ranks for messages: `[0,1,2,3]`, or ranges such as `[0-31,33,35-63]` for long lists.
 pub fn format_ranks(ranks: &[usize]) -> String {
-    if ranks.len() <= FULL_LIST_MAX {
-        let items: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
-        return format!("[{}]", items.join(","));
-    }
-    let mut sorted = ranks.to_vec();
-    sorted.sort_unstable();
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let mut j = i;
-        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
-            j += 1;
-        }
-        if j > i {
-            parts.push(format!("{}-{}", sorted[i], sorted[j]));
-        } else {
-            parts.push(sorted[i].to_string());
-        }
-        i = j + 1;
-    }
+    let parts: Vec<String> = if ranks.len() <= FULL_LIST_MAX {
+        ranks.iter().map(|r| r.to_string()).collect()
+    } else {
+        let mut sorted = ranks.to_vec();
+        sorted.sort_unstable();
+        let runs = sorted.chunk_by(|a, b| *b == a + 1);
+        runs.map(|run| match run {
+            [first, .., last] => format!("{first}-{last}"),
+            one => one[0].to_string(),
+        })
+        .collect()
+    };
     format!("[{}]", parts.join(","))
 }
 

@@ -80,27 +80,13 @@ impl Holder {
         }
     }
 
-    /// True when the holder is known to be gone: its pid means something here and is dead.
-    fn is_dead(&self) -> bool {
-        self.pid_checkable() && !crate::node::process_alive(self.node_pid())
-    }
-
-    /// True when the holder is known to be alive: its pid means something here and is alive.
-    fn is_alive(&self) -> bool {
-        self.pid_checkable() && crate::node::process_alive(self.node_pid())
-    }
-
-    /// A pid means something here only on this kernel and in this pid namespace.
-    fn pid_checkable(&self) -> bool {
-        let Some(node) = &self.node else {
-            return false;
-        };
+    /// Whether the holder's process is alive, when its pid means something here (on this
+    /// kernel and in this pid namespace); `None` when that cannot be told.
+    fn alive(&self) -> Option<bool> {
+        let node = self.node.as_ref()?;
         let me = NodeIdentity::local();
-        node.boot_id == me.boot_id && node.pid_ns == me.pid_ns && me.pid_ns != 0
-    }
-
-    fn node_pid(&self) -> u32 {
-        self.node.as_ref().map_or(0, |n| n.pid)
+        let checkable = node.boot_id == me.boot_id && node.pid_ns == me.pid_ns && me.pid_ns != 0;
+        checkable.then(|| crate::node::process_alive(node.pid))
     }
 }
 
@@ -172,7 +158,7 @@ pub(super) fn claim_rank(
     let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
         Ok(holder.nonce == THIS_PROCESS.nonce
             || store.check(&[&names::slot(&base, run, "closed", rank)])?
-            || holder.is_dead())
+            || holder.alive() == Some(false))
     };
     let refuse = |run: u64, holder: &Holder| -> Result<RankClaim> {
         let dup = names::slot(&base, run, "duplicate", ranks.rank);
@@ -240,7 +226,7 @@ pub(super) fn claim_rank(
         // join; but a live holder of this slot is then the previous job finishing, not a rank
         // claimed twice.
         let leader = Holder::parse(&store.get(&names::slot(&base, run, "rank", 0), timeout)?);
-        if !leader.is_dead() {
+        if leader.alive() != Some(false) {
             let held = try_claim(store, &claim.key(), value.as_bytes())?;
             if held == value.as_bytes() {
                 return Ok(claim);
@@ -254,7 +240,7 @@ pub(super) fn claim_rank(
                 let closed = store.check(&[&names::slot(&base, run, "closed", ranks.rank)])?;
                 passed_over(SlotHolder::Other {
                     describe: &holder.describe(),
-                    live: !closed && holder.is_alive(),
+                    live: !closed && holder.alive() == Some(true),
                 })?;
             }
         } else {
