@@ -3,7 +3,7 @@
 //! Layers, bottom up (see README.md and docs/ARCHITECTURE.md); each uses only layers below it:
 //! - [`config`]: every environment variable the library reads (docs/CONFIGURATION.md);
 //! - [`error`], `hash` (the stable FNV-1a and the store's map hasher), [`os`] (shm, waits,
-//!   processes, launcher variables) and [`names`] (every shm name and store key of a job), [`logging`] (the log `NVFIPC_DEBUG`
+//!   processes, launcher variables) and [`names`] (every shm name, socket name and store key of a job), [`logging`] (the log `NVFIPC_DEBUG`
 //!   turns on);
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);

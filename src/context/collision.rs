@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 pub const CLOCK_SKEW: Duration = Duration::from_secs(2);
 
 /// A moment as the clocks of one host see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Moment {
     /// The boot id of the kernel whose clock `since_boot` is.
     boot_id: String,
@@ -69,11 +69,7 @@ impl Moment {
         if fields.next()? != "t1" {
             return None;
         }
-        let mut moment = Moment {
-            boot_id: String::new(),
-            since_boot: Duration::ZERO,
-            wall: Duration::ZERO,
-        };
+        let mut moment = Moment::default();
         for field in fields {
             let (k, v) = field.split_once('=')?;
             let nanos = || v.parse::<u64>().ok().map(Duration::from_nanos);
