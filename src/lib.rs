@@ -1,10 +1,10 @@
 //! nvfuser-ipc: CUDA IPC handle exchange for nvFuser, with a C ABI.
 //!
 //! Layers, bottom up (see README.md and docs/ARCHITECTURE.md); each uses only layers below it:
-//! - [`config`]: every environment variable the library reads (docs/CONFIGURATION.md);
 //! - [`error`], `hash` (the stable FNV-1a and the store's map hasher), [`os`] (shm, waits,
-//!   processes, launcher variables) and [`names`] (every shm name, socket name and store key of a job), [`logging`] (the log `NVFIPC_DEBUG`
-//!   turns on);
+//!   processes, launcher variables), [`names`] (every shm name, socket name and store key of a
+//!   job), [`logging`] (the log `NVFIPC_DEBUG` turns on) and [`config`] (every environment
+//!   variable the library reads, parsed into each layer's settings: docs/CONFIGURATION.md);
 //! - [`store`]: PyTorch TCPStore protocol client and embedded server, host-callback store;
 //! - [`node`]: which peers share this node (mappable memory, checkable pids);
 //! - [`transport`]: the contract between the exchange and the memory transports;

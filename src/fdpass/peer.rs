@@ -262,7 +262,7 @@ fn private_socket_dir_checked(dir: &Path, uid: u32) -> Result<PathBuf, String> {
 
 /// Removes the sockets in `dir` left by processes of this pid namespace that no longer exist
 /// (killed before their exit handler ran): only sockets (not followed if symlinks) whose owner
-/// is `uid`, named as [`socket_path`] names them. Returns how many were removed.
+/// is `uid`, named as [`crate::names::socket_path`] names them. Returns how many were removed.
 pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64, uid: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
