@@ -138,21 +138,18 @@ impl RankInfo {
             LOCAL_RANK_VARS,
             LOCAL_WORLD_SIZE_VARS,
         ];
-        let found: Vec<Option<(&str, String)>> =
-            lists.iter().map(|vars| first_set(&lookup, vars)).collect();
-        if found.iter().all(Option::is_none) {
-            return Err(Error::not_found(format!(
-                "no rank variables in the environment (looked for {}); start the program with \
-                 mpirun, srun, torchrun or `nvfipc launch`",
-                lists.map(|l| l.join("/")).join(", ")
-            )));
-        }
-        let missing: Vec<String> = lists
-            .iter()
-            .zip(&found)
+        let found = lists.map(|vars| first_set(&lookup, vars));
+        let missing: Vec<String> = (lists.iter().zip(&found))
             .filter(|(_, f)| f.is_none())
             .map(|(vars, _)| vars.join("/"))
             .collect();
+        if missing.len() == lists.len() {
+            return Err(Error::not_found(format!(
+                "no rank variables in the environment (looked for {}); start the program with \
+                 mpirun, srun, torchrun or `nvfipc launch`",
+                missing.join(", ")
+            )));
+        }
         if !missing.is_empty() {
             return Err(Error::invalid(format!(
                 "incomplete rank environment: none of {} is set",
