@@ -155,18 +155,15 @@ impl Context {
             .clone()
             .or_else(|| config.job_tag.clone())
             .unwrap_or_else(|| DEFAULT_JOB_TAG.to_string());
-        let (addr, host_store) = match &config.store {
-            StoreSource::External(addr) => (addr, false),
-            StoreSource::Master(addr) => (
-                addr,
-                config.ranks.local_rank == 0 && is_this_host(&addr.host),
-            ),
+        let hosting = match &config.store {
+            StoreSource::Master(addr)
+                if config.ranks.local_rank == 0 && is_this_host(&addr.host) =>
+            {
+                Hosting::Candidate
+            }
+            _ => Hosting::Connect,
         };
-        let hosting = if host_store {
-            Hosting::Candidate
-        } else {
-            Hosting::Connect
-        };
+        let addr = config.store.addr();
         let mut ctx = Self::open(config.ranks, &addr.host, addr.port, hosting, timeout, &tag)?;
         if let Some(linger) = options.host_linger {
             ctx.host_linger = linger;
