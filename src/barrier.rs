@@ -18,17 +18,16 @@
 //! exactly who is missing, and a missing member found waiting in the next generation is reported
 //! as such (the members called different numbers of barriers over the set).
 
-use crate::env::MAX_WORLD_SIZE;
+use crate::config::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
-use crate::fnv::Fnv1a;
+use crate::hash::Fnv1a;
 use crate::logging;
+use crate::names::BarrierKeys;
 use crate::store::Store;
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Prefix of every key the barrier writes.
-pub const BARRIER_KEY_PREFIX: &str = "nvfipc/barrier";
 
 /// Lists longer than this are printed as ranges (`[0-31,33]`) in messages.
 const FULL_LIST_MAX: usize = 16;
@@ -131,26 +130,18 @@ fn fnv1a_ranks(ranks: &[usize]) -> u64 {
 
 /// Formats ranks for messages: `[0,1,2,3]`, or ranges such as `[0-31,33,35-63]` for long lists.
 pub fn format_ranks(ranks: &[usize]) -> String {
-    if ranks.len() <= FULL_LIST_MAX {
-        let items: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
-        return format!("[{}]", items.join(","));
-    }
-    let mut sorted = ranks.to_vec();
-    sorted.sort_unstable();
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let mut j = i;
-        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
-            j += 1;
-        }
-        if j > i {
-            parts.push(format!("{}-{}", sorted[i], sorted[j]));
-        } else {
-            parts.push(sorted[i].to_string());
-        }
-        i = j + 1;
-    }
+    let parts: Vec<String> = if ranks.len() <= FULL_LIST_MAX {
+        ranks.iter().map(|r| r.to_string()).collect()
+    } else {
+        let mut sorted = ranks.to_vec();
+        sorted.sort_unstable();
+        let runs = sorted.chunk_by(|a, b| *b == a + 1);
+        runs.map(|run| match run {
+            [first, .., last] => format!("{first}-{last}"),
+            one => one[0].to_string(),
+        })
+        .collect()
+    };
     format!("[{}]", parts.join(","))
 }
 
@@ -179,17 +170,18 @@ impl Default for BarrierState {
 impl BarrierState {
     /// State whose keys live under `nvfipc/barrier/`.
     pub fn new() -> BarrierState {
-        BarrierState {
-            prefix: BARRIER_KEY_PREFIX.to_string(),
-            sets: Mutex::new(HashMap::new()),
-        }
+        Self::with_prefix(BarrierKeys::prefix(None))
     }
 
     /// State whose keys live under `nvfipc/barrier/<scope>/`, so that several jobs (or several
     /// independent groups of barriers) can share one store without sharing counters.
     pub fn scoped(scope: &str) -> BarrierState {
+        Self::with_prefix(BarrierKeys::prefix(Some(scope)))
+    }
+
+    fn with_prefix(prefix: String) -> BarrierState {
         BarrierState {
-            prefix: format!("{BARRIER_KEY_PREFIX}/{scope}"),
+            prefix,
             sets: Mutex::new(HashMap::new()),
         }
     }
@@ -201,49 +193,25 @@ impl BarrierState {
 
     /// The generation the next barrier over `set` will use.
     pub fn next_generation(&self, set: &MemberSet) -> u64 {
-        self.lock()
+        lock(&self.sets)
             .get(set.id())
             .map_or(0, |slot| slot.next_generation)
     }
 
     /// Returns the generation for this call and the set's keys, and advances the counter.
     fn take_generation(&self, set: &MemberSet) -> (u64, Arc<BarrierKeys>) {
-        let mut map = self.lock();
+        // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
+        let mut map = lock(&self.sets);
         let slot = match map.get_mut(set.id()) {
             Some(slot) => slot,
             None => map.entry(set.id().to_string()).or_insert_with(|| SetSlot {
                 next_generation: 0,
-                keys: Arc::new(BarrierKeys::new(&self.prefix, set)),
+                keys: Arc::new(BarrierKeys::new(&self.prefix, set.id())),
             }),
         };
         let gen = slot.next_generation;
         slot.next_generation += 1;
         (gen, Arc::clone(&slot.keys))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SetSlot>> {
-        // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
-        self.sets.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Store keys of one member set.
-#[derive(Debug)]
-struct BarrierKeys {
-    base: String,
-}
-
-impl BarrierKeys {
-    fn new(prefix: &str, set: &MemberSet) -> BarrierKeys {
-        BarrierKeys {
-            base: format!("{prefix}/{}", set.id()),
-        }
-    }
-    fn arrival(&self, gen: u64, rank: usize) -> String {
-        format!("{}/arrived/{gen}/{rank}", self.base)
-    }
-    fn release(&self, gen: u64) -> String {
-        format!("{}/release/{gen}", self.base)
     }
 }
 

@@ -1,8 +1,14 @@
 //! Every name the library gives a job's shared state, made here and nowhere else: the job tag,
-//! the `/dev/shm` names of boards and segments, and the store keys of records and node
-//! identities. Both the transports (segment names) and the exchange (boards, keys) use them.
+//! the shm and memfd names of boards, segments and slabs, the store keys of contexts, barriers,
+//! records, node identities and fd responders, and the fd responders' socket names.
 
-use crate::fnv::fnv1a64;
+use crate::hash::fnv1a64;
+use std::path::{Path, PathBuf};
+
+/// `sun_path` holds 108 bytes; a path name needs its NUL, an abstract name its leading NUL.
+pub const MAX_SOCKET_NAME: usize = 107;
+/// Job names longer than this are shortened (prefix + hash) inside socket names.
+const MAX_JOB_IN_NAME: usize = 32;
 
 /// Turns a job id into the short, name-safe tag used in shm names (at most 16 characters of
 /// `[A-Za-z0-9_]`, or a hash when the id has other characters or is longer).
@@ -25,15 +31,20 @@ pub fn job_prefix(job_id: &str) -> String {
     format!("nvfipc-{}-", job_tag(job_id))
 }
 
+/// The name of host buffer `id` of `job_id` (a memfd's name: shown in `/proc/<pid>/fd`).
+pub fn host_segment(job_id: &str, id: u64) -> String {
+    format!("{}{id}", job_prefix(job_id))
+}
+
+/// The name of a process's host semaphore slab for the job of tag `job_tag` (a memfd's name).
+pub fn host_slab(job_tag: &str) -> String {
+    format!("nvfipc-{job_tag}-slab")
+}
+
 /// The names of one cache's shared state: its board of each rank, its node identity keys and its
-/// record keys, for a job, a scope and a *generation*.
-///
-/// The generation counts the caches of that job and scope that this process (as `rank`) has
-/// created: 1 for the first, 2 for the one created after it was freed, and so on. Ranks free and
-/// re-create their caches at agreed points, so the n-th cache of one rank talks to the n-th cache
-/// of its peers, and a new cache never reads a board entry, record or node key that an older
-/// cache of a peer left behind (a peer still on its old cache has no board or node key of the new
-/// generation yet: it is waited for, bounded, and named).
+/// record keys, for a job, a scope and a *generation* (the n-th cache of one rank talks to the
+/// n-th cache of its peers and never reads what an older one left behind: docs/PROTOCOL.md
+/// section 2).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheNames {
     job_id: String,
@@ -104,6 +115,71 @@ impl std::fmt::Display for CacheNames {
     }
 }
 
+/// Store keys of contexts, under `nvfipc/context/` (docs/PROTOCOL.md section 2).
+pub mod context {
+    const PREFIX: &str = "nvfipc/context";
+
+    /// `<tag>/w<world>`: the base of the runs of a job of `tag` and `world` ranks.
+    pub fn runs(tag: &str, world: usize) -> String {
+        format!("{PREFIX}/{tag}/w{world}")
+    }
+
+    /// `<runs>/current`: the run rank 0 opened last.
+    pub fn current(runs: &str) -> String {
+        format!("{runs}/current")
+    }
+
+    /// `<runs>/<run>/<name>`: `open`, `last_close`, `collision` or `job_id`.
+    pub fn run(runs: &str, run: u64, name: &str) -> String {
+        format!("{runs}/{run}/{name}")
+    }
+
+    /// `<runs>/<run>/<name>/<rank>`: `rank` (the claim), `closed` or `duplicate`.
+    pub fn slot(runs: &str, run: u64, name: &str, rank: usize) -> String {
+        format!("{runs}/{run}/{name}/{rank}")
+    }
+
+    /// `<job>/<name>`: `closed` (a counter) or `all_closed`.
+    pub fn job(job_id: &str, name: &str) -> String {
+        format!("{PREFIX}/{job_id}/{name}")
+    }
+
+    /// `<job>/joined/<rank>`: the rank's node identity.
+    pub fn joined(job_id: &str, rank: usize) -> String {
+        format!("{PREFIX}/{job_id}/joined/{rank}")
+    }
+}
+
+/// Store keys of one barrier member set: `nvfipc/barrier[/<scope>]/<set>/...`.
+#[derive(Debug)]
+pub(crate) struct BarrierKeys {
+    base: String,
+}
+
+impl BarrierKeys {
+    /// The prefix of a barrier state's keys: `nvfipc/barrier`, or `nvfipc/barrier/<scope>`.
+    pub(crate) fn prefix(scope: Option<&str>) -> String {
+        match scope {
+            Some(scope) => format!("nvfipc/barrier/{scope}"),
+            None => "nvfipc/barrier".to_string(),
+        }
+    }
+
+    pub(crate) fn new(prefix: &str, set_id: &str) -> BarrierKeys {
+        BarrierKeys {
+            base: format!("{prefix}/{set_id}"),
+        }
+    }
+
+    pub(crate) fn arrival(&self, gen: u64, rank: usize) -> String {
+        format!("{}/arrived/{gen}/{rank}", self.base)
+    }
+
+    pub(crate) fn release(&self, gen: u64) -> String {
+        format!("{}/release/{gen}", self.base)
+    }
+}
+
 /// Hands out cache generations: per (job, scope, rank), the number of caches this process has
 /// created, counting only creations that succeeded (a failed one gives its number back, so a
 /// retried creation still pairs with the peers' caches).
@@ -114,7 +190,7 @@ pub mod generations {
 
     type Key = (String, String, usize);
 
-    /// Per key: the last generation handed out.
+    // process-wide: generations count the caches this process created, whoever created them.
     static LAST: Mutex<Option<HashMap<Key, u64>>> = Mutex::new(None);
 
     /// A generation being created: [`Reserved::commit`] keeps it; dropping it uncommitted gives
@@ -176,9 +252,72 @@ pub fn is_board_name(entry: &str) -> bool {
 }
 
 /// The store prefix under which the fd transport of a job publishes each rank's responder
-/// (`<prefix>/fdpass/<rank>`, see `crate::fdpass`).
+/// (see [`fdpass_record_key`]).
 pub fn fdpass_prefix(job_id: &str) -> String {
     format!("nvfipc/{job_id}")
+}
+
+/// The store key of `rank`'s fd responder record under `prefix`.
+pub fn fdpass_record_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/fdpass/{rank}")
+}
+
+/// `text` with every character outside `[A-Za-z0-9._-]` replaced by `_`.
+pub fn name_safe(text: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    text.chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .collect()
+}
+
+/// The job as it appears in socket names: `[A-Za-z0-9_.-]` kept, others `_`; long ones cut to a
+/// prefix plus a hash of the whole.
+pub fn job_in_name(job: &str) -> String {
+    let clean = name_safe(job);
+    if clean.len() <= MAX_JOB_IN_NAME && !clean.is_empty() {
+        return clean;
+    }
+    // FNV-1a of the original job: stable across processes and builds.
+    let h = fnv1a64(job.as_bytes());
+    format!("{}~{:08x}", &clean[..clean.len().min(16)], h as u32)
+}
+
+/// The abstract socket name (without its leading NUL) of `rank`'s responder in `job`.
+pub fn abstract_name(job: &str, rank: usize, nonce: u64) -> String {
+    format!("nvfipc-{}-{rank}-{nonce:016x}", job_in_name(job))
+}
+
+/// The path of `rank`'s socket in `dir` for the process `pid` of pid namespace `pid_ns`, or why
+/// it cannot be one (too long for `sun_path`).
+pub fn socket_path(
+    dir: &Path,
+    job: &str,
+    rank: usize,
+    (pid, pid_ns): (u32, u64),
+    nonce: u64,
+) -> Result<PathBuf, String> {
+    let path = dir.join(format!(
+        "nvfipc-{}-{rank}-{pid}p{pid_ns}-{nonce:016x}.sock",
+        job_in_name(job)
+    ));
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_NAME {
+        return Err(format!(
+            "the socket path {} is {len} bytes, more than a Unix socket address holds \
+             ({MAX_SOCKET_NAME}): set NVFIPC_SOCKET_DIR to a shorter directory",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
+/// The pid and pid namespace in a socket file name made by [`socket_path`].
+pub fn socket_owner(file_name: &str) -> Option<(u32, u64)> {
+    let stem = file_name.strip_prefix("nvfipc-")?.strip_suffix(".sock")?;
+    let mut parts = stem.rsplitn(3, '-');
+    let _nonce = parts.next()?;
+    let (pid, pidns) = parts.next()?.split_once('p')?;
+    Some((pid.parse().ok()?, pidns.parse().ok()?))
 }
 
 #[cfg(test)]

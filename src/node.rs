@@ -15,7 +15,7 @@ use once_cell::sync::Lazy;
 use std::os::unix::fs::MetadataExt;
 
 /// Where a process runs, as far as mapping memory and checking pids are concerned.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeIdentity {
     pub host_name: String,
     /// The kernel's boot id (or the machine id): equal on one kernel, changes on reboot.
@@ -46,6 +46,7 @@ fn boot_id() -> String {
         .unwrap_or_default()
 }
 
+// process-wide: where this process runs, read from /proc once.
 static LOCAL: Lazy<NodeIdentity> = Lazy::new(|| {
     let shm = std::fs::metadata("/dev/shm").ok();
     NodeIdentity {
@@ -99,15 +100,7 @@ impl NodeIdentity {
         if fields.next()? != "node1" {
             return None;
         }
-        let mut id = NodeIdentity {
-            host_name: String::new(),
-            boot_id: String::new(),
-            ipc_ns: 0,
-            pid_ns: 0,
-            shm_dev: 0,
-            shm_ino: 0,
-            pid: 0,
-        };
+        let mut id = NodeIdentity::default();
         for field in fields {
             let (k, v) = field.split_once('=')?;
             match k {

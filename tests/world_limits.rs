@@ -4,8 +4,8 @@
 //! timeout.
 
 use nvfuser_ipc::barrier::{barrier, BarrierState, MemberSet};
+use nvfuser_ipc::config::{RankInfo, MAX_WORLD_SIZE};
 use nvfuser_ipc::context::{Context, ContextOptions};
-use nvfuser_ipc::env::{RankInfo, MAX_WORLD_SIZE};
 use nvfuser_ipc::ffi::barrier::nvfipc_barrier;
 use nvfuser_ipc::ffi::boundary::nvfipc_last_error_message;
 use nvfuser_ipc::ffi::context::{

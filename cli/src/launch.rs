@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Variables that would override ours in `nvfuser_ipc::env` when launch itself runs under MPI
+/// Variables that would override ours in `nvfuser_ipc::config` when launch itself runs under MPI
 /// (or under another launcher).
 const INHERITED_RANK_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_RANK",
@@ -211,7 +211,7 @@ fn spawn_rank(spec: &JobSpec, rank: usize, port: u16) -> io::Result<Child> {
     for var in INHERITED_RANK_VARS {
         cmd.env_remove(var);
     }
-    cmd.env(nvfuser_ipc::env::LAUNCH_ID_VAR, &*LAUNCH_ID);
+    cmd.env(nvfuser_ipc::config::LAUNCH_ID_VAR, &*LAUNCH_ID);
     if let StoreHost::Launcher { .. } = spec.store {
         cmd.env("NVFIPC_STORE_ADDR", format!("{STORE_HOST}:{port}"));
     }

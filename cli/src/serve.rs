@@ -1,7 +1,7 @@
 //! `nvfipc serve`: a TCPStore server until SIGINT or SIGTERM.
 
 use crate::signals::Signals;
-use nvfuser_ipc::env::DEFAULT_MASTER_PORT;
+use nvfuser_ipc::config::DEFAULT_MASTER_PORT;
 use nvfuser_ipc::store::server::{
     ServerOptions, StoreServer, DEFAULT_BUSY_POLL, DEFAULT_REPLY_BUDGET,
 };

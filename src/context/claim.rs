@@ -1,5 +1,5 @@
 //! Rank claims and the job id: how each rank of a job lands in one run of the store, and how
-//! the ranks of a run agree on a job id (see the keys in the parent module's documentation).
+//! the ranks of a run agree on a job id.
 
 use super::collision::{self, check_passed_over, Moment, SlotHolder};
 use super::*;
@@ -11,7 +11,7 @@ pub(super) fn agree_on_job_id(
     ranks: &RankInfo,
     timeout: Duration,
 ) -> Result<(String, Vec<u8>)> {
-    let key = format!("{}/{}/job_id", claim.base, claim.run);
+    let key = names::run(&claim.base, claim.run, "job_id");
     let proposal = propose_job_id(ranks.rank);
     let agreed = match store.compare_set(&key, b"", proposal.as_bytes()) {
         Ok(value) => value,
@@ -28,11 +28,24 @@ pub(super) fn agree_on_job_id(
     Ok((key, agreed))
 }
 
-/// A per-process random nonce: claims of one process are told from another's by it.
-static PROCESS_NONCE: once_cell::sync::Lazy<String> =
-    once_cell::sync::Lazy::new(|| propose_job_id(usize::MAX));
-/// Contexts created by this process, numbering its claims.
-static CLAIMS_MADE: AtomicU64 = AtomicU64::new(0);
+/// This process as its claims name it.
+pub(super) struct Claimant {
+    /// Random: claims of one process are told from another's by it.
+    nonce: String,
+    /// A moment by which this process had certainly started (see `collision`).
+    pub(super) started: Option<Moment>,
+    /// Contexts created by this process, numbering its claims.
+    claims_made: AtomicU64,
+}
+
+// process-wide: a claim names the process that makes it, whichever of its contexts makes it.
+pub(super) static THIS_PROCESS: once_cell::sync::Lazy<Claimant> =
+    once_cell::sync::Lazy::new(|| Claimant {
+        nonce: propose_job_id(usize::MAX),
+        started: Moment::process_start(),
+        claims_made: AtomicU64::new(0),
+    });
+
 /// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
 #[derive(Debug)]
 pub(super) struct RankClaim {
@@ -67,47 +80,30 @@ impl Holder {
         }
     }
 
-    /// True when the holder is known to be gone: its pid means something here and is dead.
-    fn is_dead(&self) -> bool {
-        self.pid_checkable() && !crate::node::process_alive(self.node_pid())
-    }
-
-    /// True when the holder is known to be alive: its pid means something here and is alive.
-    fn is_alive(&self) -> bool {
-        self.pid_checkable() && crate::node::process_alive(self.node_pid())
-    }
-
-    /// A pid means something here only on this kernel and in this pid namespace.
-    fn pid_checkable(&self) -> bool {
-        let Some(node) = &self.node else {
-            return false;
-        };
+    /// Whether the holder's process is alive, when its pid means something here (on this
+    /// kernel and in this pid namespace); `None` when that cannot be told.
+    fn alive(&self) -> Option<bool> {
+        let node = self.node.as_ref()?;
         let me = NodeIdentity::local();
-        node.boot_id == me.boot_id && node.pid_ns == me.pid_ns && me.pid_ns != 0
-    }
-
-    fn node_pid(&self) -> u32 {
-        self.node.as_ref().map_or(0, |n| n.pid)
+        let checkable = node.boot_id == me.boot_id && node.pid_ns == me.pid_ns && me.pid_ns != 0;
+        checkable.then(|| crate::node::process_alive(node.pid))
     }
 }
 
 impl RankClaim {
     fn key(&self) -> String {
-        format!("{}/{}/rank/{}", self.base, self.run, self.rank)
+        names::slot(&self.base, self.run, "rank", self.rank)
     }
     pub(super) fn closed_key(&self) -> String {
-        format!("{}/{}/closed/{}", self.base, self.run, self.rank)
+        names::slot(&self.base, self.run, "closed", self.rank)
     }
-    /// `<run>/last_close`: when a rank of the run last closed (see `collision`).
+    /// When a rank of the run last closed (see `collision`).
     pub(super) fn last_close_key(&self) -> String {
-        collision::run_key(&self.base, self.run, "last_close")
+        names::run(&self.base, self.run, "last_close")
     }
     /// The value of [`last_close_key`](Self::last_close_key): now.
     pub(super) fn close_moment() -> String {
         Moment::now().encode()
-    }
-    fn duplicate_key(base: &str, run: u64, rank: usize) -> String {
-        format!("{base}/{run}/duplicate/{rank}")
     }
 
     /// Fails, naming the other process, when another process tried to claim this rank of this
@@ -119,7 +115,7 @@ impl RankClaim {
                 Holder::parse(v).describe()
             })?;
         }
-        let key = Self::duplicate_key(&self.base, self.run, self.rank);
+        let key = names::slot(&self.base, self.run, "duplicate", self.rank);
         if !store.check(&[&key])? {
             return Ok(());
         }
@@ -136,18 +132,12 @@ impl RankClaim {
     }
 }
 
-/// Claims this rank's place in a run of `<tag>/w<world>`, atomically (COMPARE_SET of
-/// `<run>/rank/<rank>` with a per-process nonce). Rank 0 opens runs: it takes the first run, from
-/// the last one opened on, whose slot 0 is free, skipping slots held by a context that closed, by
-/// a dead process or by another context of its own process, then marks the run open. Every other
-/// rank joins the last run opened unless its rank 0 is dead or the rank's slot there is held by a
-/// closed or dead process or, once that rank 0 closed, by any other (the previous job finishing);
-/// it waits (bounded) for the next run then. So all ranks of a job land in one run whatever
-/// their order of arrival, and a run left half-claimed by a dead job is never joined. A slot held
-/// by any other live process means two processes claim one rank: both are refused (the holder
-/// sees the `duplicate` key this writes after its first barrier or at close). An untagged rank
-/// that passes over a run (does not join it) checks that it is not a rank of a concurrent job
-/// (see `collision`).
+/// Claims this rank's place in a run of `<tag>/w<world>` atomically (COMPARE_SET of
+/// `<run>/rank/<rank>` with this process's nonce), so that all ranks of a job land in one run
+/// whatever their order of arrival and a run half-claimed by a dead job is never joined (the
+/// rules: docs/PROTOCOL.md section 2). A slot held by another live process means one rank claimed
+/// twice: both are refused (the holder sees the `duplicate` key this writes after its first
+/// barrier or at close). An untagged rank that passes over a run checks `collision`.
 pub(super) fn claim_rank(
     store: &dyn Store,
     ranks: &RankInfo,
@@ -155,23 +145,23 @@ pub(super) fn claim_rank(
     timeout: Duration,
 ) -> Result<RankClaim> {
     let untagged = tag == DEFAULT_JOB_TAG;
-    let base = format!("{KEY_PREFIX}/{tag}/w{}", ranks.world_size);
-    let serial = CLAIMS_MADE.fetch_add(1, Ordering::Relaxed);
+    let base = names::runs(tag, ranks.world_size);
+    let serial = THIS_PROCESS.claims_made.fetch_add(1, Ordering::Relaxed);
     let value = format!(
         "{}.{serial};{}",
-        *PROCESS_NONCE,
+        THIS_PROCESS.nonce,
         NodeIdentity::local().encode()
     );
-    let current_key = format!("{base}/current");
-    let open_key = |run: u64| format!("{base}/{run}/open");
+    let current_key = names::current(&base);
+    let open_key = |run: u64| names::run(&base, run, "open");
     let deadline = Instant::now() + timeout;
     let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
-        Ok(holder.nonce == *PROCESS_NONCE
-            || store.check(&[&format!("{base}/{run}/closed/{rank}")])?
-            || holder.is_dead())
+        Ok(holder.nonce == THIS_PROCESS.nonce
+            || store.check(&[&names::slot(&base, run, "closed", rank)])?
+            || holder.alive() == Some(false))
     };
     let refuse = |run: u64, holder: &Holder| -> Result<RankClaim> {
-        let dup = RankClaim::duplicate_key(&base, run, ranks.rank);
+        let dup = names::slot(&base, run, "duplicate", ranks.rank);
         store.set(&dup, value.as_bytes())?;
         Err(Error::state(format!(
             "rank {} is already claimed in this store by another live process ({}; store key \
@@ -222,7 +212,7 @@ pub(super) fn claim_rank(
             if !slot_done(run, 0, &holder)? {
                 return refuse(run, &holder);
             }
-            if holder.nonce != *PROCESS_NONCE {
+            if holder.nonce != THIS_PROCESS.nonce {
                 passed_over(SlotHolder::Other {
                     describe: &holder.describe(),
                     live: false,
@@ -235,22 +225,22 @@ pub(super) fn claim_rank(
         // claimed). A rank 0 that already closed (it may have failed early) still lets its ranks
         // join; but a live holder of this slot is then the previous job finishing, not a rank
         // claimed twice.
-        let leader = Holder::parse(&store.get(&format!("{base}/{run}/rank/0"), timeout)?);
-        if !leader.is_dead() {
+        let leader = Holder::parse(&store.get(&names::slot(&base, run, "rank", 0), timeout)?);
+        if leader.alive() != Some(false) {
             let held = try_claim(store, &claim.key(), value.as_bytes())?;
             if held == value.as_bytes() {
                 return Ok(claim);
             }
             let holder = Holder::parse(&held);
-            let leader_closed = store.check(&[&format!("{base}/{run}/closed/0")])?;
+            let leader_closed = store.check(&[&names::slot(&base, run, "closed", 0)])?;
             if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
                 return refuse(run, &holder);
             }
-            if holder.nonce != *PROCESS_NONCE {
-                let closed = store.check(&[&format!("{base}/{run}/closed/{}", ranks.rank)])?;
+            if holder.nonce != THIS_PROCESS.nonce {
+                let closed = store.check(&[&names::slot(&base, run, "closed", ranks.rank)])?;
                 passed_over(SlotHolder::Other {
                     describe: &holder.describe(),
-                    live: !closed && holder.is_alive(),
+                    live: !closed && holder.alive() == Some(true),
                 })?;
             }
         } else {

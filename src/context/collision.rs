@@ -1,38 +1,25 @@
 //! Untagged jobs that share a store: telling a later run of one job from a rank of another job
-//! that started at the same time.
-//!
-//! Without a tag (`NVFIPC_JOB_TAG` or a launcher's job id), the store sees only ranks and their
-//! order of arrival, and a rank that arrives after a whole run has closed looks like the first
-//! rank of the next run. What tells them apart is time: the ranks of a later job start after the
-//! earlier job's processes are gone, while a rank of a concurrent job was already running while
-//! that run was live. So every run records when it was opened (`<run>/open`) and when a rank last
-//! closed it (`<run>/last_close`), and an untagged rank that passes over a run (does not join it)
-//! fails when its own process started before either moment, or when its rank's slot there is held
-//! by a live process that has not closed, unless that holder is its own process (one process that
-//! opens context after context). It marks the run (`<run>/collision`), so that the run's ranks
-//! still open fail at their first barrier or at close.
-//!
-//! Limits: a process start is known from the library's load (exact when the program links the
-//! library; a program that loads it later looks younger than it is) or else to a clock tick of
-//! `/proc` (10 ms); on one kernel the comparison is exact beyond that; across hosts it uses wall clocks and allows [`CLOCK_SKEW`] between them, so
-//! a collision within that window goes unseen there. A rank that started only after the other
-//! job's run had closed is taken for a later job (it is one, as far as anything it can observe
-//! says). And a process that outlives a run it was not part of and then joins a later run of the
-//! same untagged job and world size (a long-lived service, a pool that rotates its workers) is
-//! refused: such jobs need a tag.
+//! that started at the same time, by time (docs/PROTOCOL.md section 2 says what it can and cannot
+//! tell). Every run records when it was opened (`<run>/open`) and when a rank last closed it
+//! (`<run>/last_close`); an untagged rank that passes over a run (does not join it) fails when
+//! its own process started before either moment, or when its slot there is held by a live
+//! process that has not closed (other than its own), and marks the run (`<run>/collision`) so
+//! that the run's ranks still open fail at their first barrier or at close. A process start is
+//! known from the library's load or `/proc` (10 ms ticks); across hosts wall clocks are compared,
+//! allowing [`CLOCK_SKEW`].
 
 use crate::error::{Error, Result};
+use crate::names::context as names;
 use crate::node::NodeIdentity;
 use crate::os::process::{since_boot, started_by};
 use crate::store::Store;
-use once_cell::sync::Lazy;
 use std::time::{Duration, SystemTime};
 
 /// How far apart the wall clocks of two hosts may be for the comparison across hosts to hold.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(2);
 
 /// A moment as the clocks of one host see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Moment {
     /// The boot id of the kernel whose clock `since_boot` is.
     boot_id: String,
@@ -48,6 +35,20 @@ impl Moment {
             since_boot: since_boot().unwrap_or_default(),
             wall: wall_now(),
         }
+    }
+
+    /// A moment by which this process had certainly started (see `os::process::started_by`);
+    /// `None` where neither `/proc` nor the load time tells: then nothing is ever found to
+    /// overlap.
+    pub(super) fn process_start() -> Option<Moment> {
+        let start = started_by()?;
+        let now = since_boot()?;
+        let wall = wall_now().checked_sub(now.checked_sub(start)?)?;
+        Some(Moment {
+            boot_id: NodeIdentity::local().boot_id,
+            since_boot: start,
+            wall,
+        })
     }
 
     /// `t1;boot=<boot id>;up=<ns since boot>;wall=<ns since the epoch>`.
@@ -68,11 +69,7 @@ impl Moment {
         if fields.next()? != "t1" {
             return None;
         }
-        let mut moment = Moment {
-            boot_id: String::new(),
-            since_boot: Duration::ZERO,
-            wall: Duration::ZERO,
-        };
+        let mut moment = Moment::default();
         for field in fields {
             let (k, v) = field.split_once('=')?;
             let nanos = || v.parse::<u64>().ok().map(Duration::from_nanos);
@@ -93,23 +90,10 @@ fn wall_now() -> Duration {
         .unwrap_or_default()
 }
 
-/// A moment by which this process had certainly started (see `os::process::started_by`); `None`
-/// where neither `/proc` nor the load time tells: then nothing is ever found to overlap.
-static PROCESS_START: Lazy<Option<Moment>> = Lazy::new(|| {
-    let start = started_by()?;
-    let now = since_boot()?;
-    let wall = wall_now().checked_sub(now.checked_sub(start)?)?;
-    Some(Moment {
-        boot_id: NodeIdentity::local().boot_id,
-        since_boot: start,
-        wall,
-    })
-});
-
 /// True when this process certainly started before `moment`: on this kernel, by its boot clock;
 /// on another, by the wall clocks, allowing [`CLOCK_SKEW`] between them.
 fn started_before(moment: &Moment) -> bool {
-    let Some(me) = &*PROCESS_START else {
+    let Some(me) = &super::claim::THIS_PROCESS.started else {
         return false;
     };
     if !me.boot_id.is_empty() && me.boot_id == moment.boot_id {
@@ -125,11 +109,6 @@ pub(super) enum SlotHolder<'a> {
     Unknown,
     /// Another process holds it; `live` when it has not closed and its pid is alive here.
     Other { describe: &'a str, live: bool },
-}
-
-/// The keys of one run (`<base>/<run>/...`) that this check reads and writes.
-pub(super) fn run_key(base: &str, run: u64, name: &str) -> String {
-    format!("{base}/{run}/{name}")
 }
 
 /// An untagged rank passes over run `run` (it will not be part of it): fails, after marking
@@ -155,7 +134,7 @@ pub(super) fn check_passed_over(
     let Some(why) = why else {
         return Ok(());
     };
-    let mark = run_key(base, run, "collision");
+    let mark = names::run(base, run, "collision");
     store.set(&mark, me.as_bytes())?;
     Err(Error::state(format!(
         "this process was already running while run {run} of this untagged job on the store was \
@@ -175,7 +154,7 @@ fn overlap(store: &dyn Store, base: &str, run: u64) -> Result<Option<String>> {
         ("last_close", "a rank of it closed"),
         ("open", "its rank 0 opened it"),
     ] {
-        let key = run_key(base, run, name);
+        let key = names::run(base, run, name);
         if !store.check(&[&key])? {
             continue;
         }
@@ -200,7 +179,7 @@ pub(super) fn check_marked(
     rank: usize,
     describe: impl Fn(&[u8]) -> String,
 ) -> Result<()> {
-    let mark = run_key(base, run, "collision");
+    let mark = names::run(base, run, "collision");
     if !store.check(&[&mark])? {
         return Ok(());
     }

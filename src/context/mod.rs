@@ -6,44 +6,22 @@
 //! rank). So exactly one process hosts it even when several nodes (containers sharing the host
 //! network) all see the master address as theirs.
 //!
-//! Store lifetime: when the store is hosted in-process, closing or dropping that rank's
-//! [`Context`] does not pull the store from under the others. It first waits, bounded by the
-//! host linger (the context's timeout, at most 30 s, by default), until every rank has closed its context, or every rank has
-//! connected once and all of them have since disconnected; then it drops its own connection and
-//! stops the server once no client is left.
+//! Store lifetime: a rank hosting the store in-process does not pull it from under the others
+//! when its [`Context`] closes: it waits, bounded by the host linger, until every rank has closed,
+//! or every rank has connected once and all have since disconnected, then stops the server.
 //!
-//! Keys (all under `nvfipc/context/`). A job is identified by its tag (`NVFIPC_JOB_TAG` or the
-//! launcher's job id, see `env::JOB_TAG_VARS`; `default` otherwise) and world size, and a store
-//! that outlives one run (several contexts in one process, or `nvfipc serve` serving one job
-//! after another) numbers the runs of each:
-//! - `<tag>/w<world>/<run>/rank/<rank>`: the claim of a rank in a run, made atomically with
-//!   COMPARE_SET (ADD on stores without it) and holding a per-process nonce and the claimer's
-//!   node identity. Rank 0 opens runs: it takes the first run, from `<tag>/w<world>/current` on,
-//!   whose slot 0 is free, skipping slots whose holder has closed (`<run>/closed/<rank>`), is dead
-//!   (where its pid can be checked) or is another context of its own process, then sets
-//!   `<run>/open` and `current`. Every other rank joins the run `current` names unless the rank 0
-//!   that opened it is dead or its own slot there is held by a closed, dead or finishing process,
-//!   and then waits (bounded) for `<run+1>/open`. So a job's ranks land in one run whatever their
-//!   order of arrival, and a run half-claimed by a dead job is never joined. A slot held by any other live process means the rank is claimed twice (two
-//!   jobs on one store without distinct tags, or a rank started twice): the newcomer is refused
-//!   and writes `<run>/duplicate/<rank>`, which refuses the holder as well after its first
-//!   barrier or at close;
-//! - `<tag>/w<world>/<run>/open` holds the moment rank 0 opened the run and
-//!   `<run>/last_close` the moment a rank last closed it; an untagged rank that passes over a
-//!   run while its own process was already running when that run was live is a rank of a
-//!   concurrent job: it fails and writes `<run>/collision`, which fails the run's ranks still
-//!   open (see `collision`);
-//! - `<tag>/w<world>/<run>/job_id`: agreed with one COMPARE_SET, the first proposal wins (stores
-//!   without COMPARE_SET: rank 0 sets it and the others read it); the last rank to close deletes
-//!   it;
-//! - `<job>/joined/<rank>`: the rank's node identity (`crate::node`), set once connected (a SET
-//!   costs no round trip); caches read it to tell peers they cannot map at once;
-//! - `<job>/closed` (a counter) and `<job>/all_closed`: the close protocol above.
+//! Keys (under `nvfipc/context/`, listed in docs/PROTOCOL.md section 2): a job is its tag
+//! ([`crate::config::JOB_TAG_VARS`], `default` without one) and world size; a store that outlives
+//! one run numbers the runs of each. Each rank claims its slot in a run atomically (`claim`), the
+//! ranks of a run agree on a job id, and an untagged rank checks that it is not a rank of a
+//! concurrent job (`collision`). Then `<job>/joined/<rank>` holds the rank's node identity, and
+//! `<job>/closed` and `<job>/all_closed` count the closes.
 
 use crate::barrier::{self, BarrierState};
-use crate::env::{self, EnvConfig, RankInfo, StoreSource};
+use crate::config::{self, EnvConfig, RankInfo, StoreSource};
 use crate::error::{Error, Result, Status};
 use crate::logging;
+use crate::names::context as names;
 use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
@@ -63,13 +41,11 @@ mod collision;
 /// told otherwise (by default it waits its context's timeout, capped at this).
 pub const DEFAULT_HOST_LINGER: Duration = Duration::from_secs(30);
 
-const KEY_PREFIX: &str = "nvfipc/context";
 const DEFAULT_JOB_TAG: &str = "default";
 /// Poll interval of the hosting rank while it waits for the others to finish.
 const LINGER_POLL: Duration = Duration::from_millis(10);
 /// How long a rank serving a host's store still waits, once every rank has closed, for the
-/// others to hang up before its process may take the server away (see
-/// `Context::keep_serving_until_others_close`).
+/// others to hang up (see `Context::keep_serving_until_others_close`).
 const SERVED_REPLY_GRACE: Duration = Duration::from_millis(100);
 
 /// Whether a rank hosts the store it connects to.
@@ -100,7 +76,7 @@ pub struct EnvOptions {
     /// How long a hosting rank waits for the others when it closes; `None` (the default): the
     /// context's timeout, at most [`DEFAULT_HOST_LINGER`].
     pub host_linger: Option<Duration>,
-    /// Name of this run; `None`: from the launcher's environment (see `env::JOB_TAG_VARS`).
+    /// Name of this run; `None`: from the launcher's environment.
     pub job_tag: Option<String>,
 }
 
@@ -161,7 +137,7 @@ impl Context {
         Self::open(ranks, host, port, hosting, timeout, DEFAULT_JOB_TAG)
     }
 
-    /// Builds the context from the launcher's environment (see [`crate::env`]). Without
+    /// Builds the context from the launcher's environment (see [`crate::config`]). Without
     /// `NVFIPC_STORE_ADDR`, local rank 0 on the master host hosts the store on the master port.
     pub fn from_env(options: &EnvOptions) -> Result<Context> {
         let config = EnvConfig::from_env()?;
@@ -179,18 +155,15 @@ impl Context {
             .clone()
             .or_else(|| config.job_tag.clone())
             .unwrap_or_else(|| DEFAULT_JOB_TAG.to_string());
-        let (addr, host_store) = match &config.store {
-            StoreSource::External(addr) => (addr, false),
-            StoreSource::Master(addr) => (
-                addr,
-                config.ranks.local_rank == 0 && is_this_host(&addr.host),
-            ),
+        let hosting = match &config.store {
+            StoreSource::Master(addr)
+                if config.ranks.local_rank == 0 && is_this_host(&addr.host) =>
+            {
+                Hosting::Candidate
+            }
+            _ => Hosting::Connect,
         };
-        let hosting = if host_store {
-            Hosting::Candidate
-        } else {
-            Hosting::Connect
-        };
+        let addr = config.store.addr();
         let mut ctx = Self::open(config.ranks, &addr.host, addr.port, hosting, timeout, &tag)?;
         if let Some(linger) = options.host_linger {
             ctx.host_linger = linger;
@@ -207,18 +180,16 @@ impl Context {
         tag: &str,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        // Election: every candidate (local rank 0 of a node that sees the master address as its
-        // own) tries to listen on the master port; the one whose bind succeeds hosts, the others
-        // find the port taken and connect like every other rank.
+        // Election (see the module documentation): the candidate whose bind succeeds hosts.
         let server = if hosting != Hosting::Connect {
-            match StoreServer::bind_with("", port, &env::embedded_server_options()?) {
+            match StoreServer::bind_with("", port, &config::embedded_server_options()?) {
                 Ok(server) => Some(server),
                 Err(e) if hosting == Hosting::Candidate && port != 0 && is_addr_in_use(&e) => None,
                 Err(e) => {
                     return Err(e.context(format!(
                         "{who}: hosting the store on port {port} (pick a free port with \
                          NVFUSER_MASTER_PORT/MASTER_PORT, or point {} at a running store)",
-                        env::STORE_ADDR_VAR
+                        config::STORE_ADDR_VAR
                     )))
                 }
             }
@@ -275,7 +246,7 @@ impl Context {
             })?;
         store
             .set(
-                &joined_key(&job_id, ranks.rank),
+                &names::joined(&job_id, ranks.rank),
                 NodeIdentity::local().encode().as_bytes(),
             )
             .map_err(|e| e.context(format!("{who}: announcing this rank")))?;
@@ -349,11 +320,6 @@ impl Context {
         self.lock_server().as_ref().map(StoreServer::port)
     }
 
-    /// The state behind [`Context::barrier`] (keys under `nvfipc/barrier/<job_id>/`).
-    pub fn barrier_state(&self) -> &BarrierState {
-        &self.barriers
-    }
-
     /// Barrier over the world (`None`) or the listed ranks, which must include this rank.
     /// `timeout` `None` uses the context's default. Returns the generation that completed.
     pub fn barrier(&self, members: Option<&[usize]>, timeout: Option<Duration>) -> Result<u64> {
@@ -422,27 +388,24 @@ impl Context {
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         let closed = self
             .store
-            .add(&format!("{KEY_PREFIX}/{}/closed", self.job_id), 1)
+            .add(&names::job(&self.job_id, "closed"), 1)
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         if closed == self.world_size as i64 {
             // The job's last request: a rank serving the store waits for it (see
             // `keep_serving_until_others_close`).
             self.store.delete_key(&self.job_key)?;
-            self.store.set(&all_closed_key(&self.job_id), b"1")?;
+            self.store
+                .set(&names::job(&self.job_id, "all_closed"), b"1")?;
         }
         duplicate.map_err(|e| e.context(who))
     }
 
-    /// Why closing must not talk to the store, if it must not. A hosting rank always talks to
-    /// its own server. Otherwise: when the store's server has closed the connection, every
-    /// request would fail; and when the store cannot tell whether it is still there (a host's
-    /// store through callbacks) and every other rank of the job has left (see
-    /// `crate::departures`: their caches' boards say closed, or their processes have exited),
-    /// the store may have left with them (nvFuser's rank 0 hosts its `c10d::TCPStore`), a
-    /// request to it would fail and print, and nobody is left to read what this rank would
-    /// write. Then the claim is not released either: a later run on a store that outlived the
-    /// job finds this rank's slot held by a process that has exited (where its pid can be
-    /// checked) and passes over it.
+    /// Why closing must not talk to the store, if it must not (a hosting rank always talks to
+    /// its own server): its server closed the connection, or the store cannot tell whether it
+    /// is still there (a host's store through callbacks) and every other rank has left (see
+    /// `crate::departures`), so the store may have left with them and nobody would read what
+    /// this rank writes. The claim is then not released either: a later run finds its holder
+    /// exited (where its pid can be checked) and passes over it.
     fn quiet_close(&self) -> Option<String> {
         if self.lock_server().is_some() {
             return None;
@@ -450,15 +413,12 @@ impl Context {
         crate::departures::quiet_reason(self.store.liveness(), &self.job_id, self.rank)
     }
 
-    /// A host's store whose server runs in this process (nvFuser's rank 0 creates its
-    /// `c10d::TCPStore` as the server; the host said where it listens) goes when this process
-    /// exits, which may be right after this close, in the middle of another rank's last
-    /// requests: they would fail, and c10d's client prints when they do. So this rank keeps the
-    /// process (and the server) until every rank has announced its close (the job's last
-    /// request), or no other process is connected to the server any more, or the host linger
-    /// has run out.
+    /// A host's store whose server runs in this process (nvFuser's rank 0 serves its
+    /// `c10d::TCPStore`) goes when this process exits, maybe in the middle of another rank's last
+    /// requests (which would fail, and print). So this rank keeps the process until every rank
+    /// has announced its close, or no other process is connected, or the host linger ran out.
     fn keep_serving_until_others_close(&self) -> Result<()> {
-        let all_closed = all_closed_key(&self.job_id);
+        let all_closed = names::job(&self.job_id, "all_closed");
         let deadline = Instant::now() + self.host_linger;
         loop {
             let others = match self.store.liveness() {
@@ -506,9 +466,9 @@ impl Context {
     /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
     /// connected any more (ranks that ended without closing), or the deadline.
     fn wait_for_others(&self, server: &StoreServer, deadline: Instant) -> Result<()> {
-        let all_closed = all_closed_key(&self.job_id);
+        let all_closed = names::job(&self.job_id, "all_closed");
         let joined: Vec<String> = (0..self.world_size)
-            .map(|r| joined_key(&self.job_id, r))
+            .map(|r| names::joined(&self.job_id, r))
             .collect();
         let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
         loop {
@@ -535,7 +495,7 @@ impl Context {
 
     fn lock_server(&self) -> std::sync::MutexGuard<'_, Option<StoreServer>> {
         // The slot only holds the server; a panic elsewhere cannot leave it half-written.
-        self.server.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.server)
     }
 }
 
@@ -573,15 +533,6 @@ fn is_addr_in_use(e: &Error) -> bool {
     e.message.contains(&crate::os::net::addr_in_use_message())
 }
 
-/// The key where rank `rank` of job `job_id` publishes its node identity when it joins.
-pub fn joined_key(job_id: &str, rank: usize) -> String {
-    format!("{KEY_PREFIX}/{job_id}/joined/{rank}")
-}
-
-fn all_closed_key(job_id: &str) -> String {
-    format!("{KEY_PREFIX}/{job_id}/all_closed")
-}
-
 /// A random 16-hex-digit id. `RandomState` is seeded from the OS; time, pid and rank are mixed
 /// in as well so that two proposals cannot coincide even if that seed repeated.
 fn propose_job_id(rank: usize) -> String {
@@ -598,7 +549,7 @@ fn propose_job_id(rank: usize) -> String {
 /// True when `host` names this machine: a loopback name, or an address that resolves to one
 /// of this machine's interfaces (binding to it succeeds only then).
 pub fn is_this_host(host: &str) -> bool {
-    if env::is_loopback_name(host) {
+    if config::is_loopback_name(host) {
         return true;
     }
     let Ok(addrs) = (host, 0u16).to_socket_addrs() else {

@@ -304,7 +304,7 @@ fn classify_vmm(info: &PointerInfo, at: u64) -> Result<DeviceAllocation> {
     let buffer_id = if info.block_id != 0 {
         info.block_id
     } else {
-        crate::fnv::fnv1a64(&[base.to_le_bytes(), info.buffer_id.to_le_bytes()].concat())
+        crate::hash::fnv1a64(&[base.to_le_bytes(), info.buffer_id.to_le_bytes()].concat())
     };
     Ok(DeviceAllocation {
         ptr,

@@ -186,7 +186,7 @@ impl CudaTransport {
         fdpass: Option<Arc<FdPass>>,
     ) -> Result<Arc<CudaTransport>> {
         driver::driver()?;
-        let window = crate::env::vmm_window_from_lookup(crate::env::process_env)?;
+        let window = crate::config::vmm_window_from_lookup(crate::config::process_env)?;
         Ok(Arc::new(Self::unloaded(device, fdpass, window)))
     }
 

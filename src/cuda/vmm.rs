@@ -23,7 +23,7 @@ use super::memory::{self, DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, FABRIC_HANDLE_LEN, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
 use crate::error::{Error, Result};
 use crate::fdpass::FdPass;
-use crate::fnv::fnv1a64;
+use crate::hash::fnv1a64;
 use crate::logging;
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Segment, MAX_SEGMENTS, PAYLOAD_LEN};

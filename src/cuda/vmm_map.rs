@@ -23,7 +23,7 @@ use super::imports::{Import, ImportKind, ImportTable, Opened, Tables};
 use super::result;
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
-use crate::fnv::fnv1a64;
+use crate::hash::fnv1a64;
 use crate::logging;
 use crate::transport::record::{HandleType, Record, Segment};
 use cudarc::driver::sys;

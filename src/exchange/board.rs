@@ -31,7 +31,7 @@
 //! importer that saw `closed == 0` right before importing is sure to be waited for by the owner.
 
 use crate::error::{Error, Result};
-use crate::fnv::Fnv1a;
+use crate::hash::Fnv1a;
 use crate::os::shm::ShmSegment;
 use crate::os::sigbus::{self, Guard};
 use std::collections::HashMap;

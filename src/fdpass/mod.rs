@@ -31,20 +31,19 @@
 //! the thread, removes the socket file and deletes the record.
 //!
 //! Layout: this file (the transport and the importer's rungs), `os::fd_passing` (every libc
-//! call), `frame` (wire frames), `naming` (names, records, route choice), `registry` (the id
-//! table), `responder` (the serving thread), `diagnose` (gates and the final error), `config`
-//! (environment).
+//! call), `frame` (wire frames), `peer` (records, route choice; socket names in `crate::names`), `registry` (the id
+//! table), `responder` (the serving thread), `diagnose` (gates and the final error), settings in
+//! `crate::config`.
 
-pub mod config;
 pub mod diagnose;
 pub mod frame;
-pub mod naming;
+pub mod peer;
 pub mod registry;
 pub mod responder;
 
-pub use config::FdPassConfig;
+pub use crate::config::FdPassConfig;
 pub use diagnose::{Diagnosis, Gate, Rung};
-pub use naming::{LocalIdentity, PeerRecord, PtracerState};
+pub use peer::{LocalIdentity, PeerRecord, PtracerState};
 pub use registry::FdId;
 
 use crate::error::{Error, Result};
@@ -53,8 +52,9 @@ use crate::store::Store;
 use crate::sync::lock;
 use diagnose::pidfd_gate_of;
 use frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret, HEADER_LEN, MAX_BODY};
-use naming::Route;
+
 use once_cell::sync::Lazy;
+use peer::Route;
 use registry::Registry;
 use responder::{Responder, ResponderStats};
 use std::collections::HashMap;
@@ -68,10 +68,7 @@ use std::time::{Duration, Instant};
 /// Pause before asking again a responder that answered "busy".
 const BUSY_PAUSE: Duration = Duration::from_millis(10);
 
-/// The store key of `rank`'s record under `prefix`.
-pub fn record_key(prefix: &str, rank: usize) -> String {
-    format!("{prefix}/fdpass/{rank}")
-}
+pub use crate::names::fdpass_record_key as record_key;
 
 /// A random nonce (public: it names the responder) and secret (private: it admits requests)
 /// from the kernel's generator.
@@ -190,14 +187,20 @@ impl FdPass {
         }
         let who = self.who();
         let (nonce, secret) = random_nonce_and_secret()?;
-        let abstract_name = naming::abstract_name(&self.job, self.rank, nonce);
+        let abstract_name = crate::names::abstract_name(&self.job, self.rank, nonce);
         let path = match &self.config.socket_dir {
             None => Err("no socket directory (NVFIPC_SOCKET_DIR=none)".to_string()),
             Some(dir) => {
                 let uid = sys::effective_uid();
-                naming::private_socket_dir(dir, uid).and_then(|dir| {
-                    naming::reclaim_dead_sockets(&dir, self.local.pid_ns, uid);
-                    naming::socket_path(&dir, &self.job, self.rank, &self.local, nonce)
+                peer::private_socket_dir(dir, uid).and_then(|dir| {
+                    peer::reclaim_dead_sockets(&dir, self.local.pid_ns, uid);
+                    crate::names::socket_path(
+                        &dir,
+                        &self.job,
+                        self.rank,
+                        (self.local.pid, self.local.pid_ns),
+                        nonce,
+                    )
                 })
             }
         };
@@ -396,7 +399,7 @@ impl FdPass {
         mut diag: Diagnosis,
     ) -> std::result::Result<Fetched, Diagnosis> {
         let rungs = &self.config.rungs;
-        let (routes, ruled_out) = naming::socket_routes(&self.local, record, rungs);
+        let (routes, ruled_out) = peer::socket_routes(&self.local, record, rungs);
         let request = FetchRequest {
             nonce: record.nonce,
             serial: 0,
@@ -449,7 +452,7 @@ impl FdPass {
         diag: &mut Diagnosis,
     ) -> Option<Vec<OwnedFd>> {
         let pid = record.who.pid;
-        if let Some(gate) = naming::pidfd_gate(&self.local, record) {
+        if let Some(gate) = peer::pidfd_gate(&self.local, record) {
             diag.add(Rung::Pidfd, format!("pid {pid} fd {}", ids[0].fd), gate);
             return None;
         }

@@ -2,7 +2,7 @@
 //! descriptors, so no importer waits for a barrier.
 //!
 //! It listens on an abstract name and, when the socket directory is usable, on a socket file
-//! (see `naming`), in one mio loop over both listeners and its connections: readable -> parse
+//! (see `peer`), in one mio loop over both listeners and its connections: readable -> parse
 //! -> queue the replies -> write what the kernel takes. Requests may be pipelined; an fd reply
 //! carries the descriptor as `SCM_RIGHTS` on its first byte. A request that does not parse gets
 //! an error frame and its connection is closed once that is written. A connection silent for
@@ -18,9 +18,9 @@
 //!
 //! Dropping the [`Responder`] wakes the loop, joins the thread and removes the socket file.
 
-use super::config::FdPassConfig;
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
+use crate::config::FdPassConfig;
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::os::fd_passing as sys;
@@ -77,7 +77,7 @@ fn listen(addr: &SocketAddr) -> io::Result<UnixListener> {
     Ok(UnixListener::from_std(l))
 }
 
-/// Binds the socket file at `path`, whose directory `naming::private_socket_dir` prepared (a
+/// Binds the socket file at `path`, whose directory `peer::private_socket_dir` prepared (a
 /// leftover socket of the same name replaced only when this uid owns it), and makes it `0600`;
 /// `Err` says why it could not be, for the published record.
 fn listen_path(path: &Path, uid: u32) -> std::result::Result<UnixListener, String> {

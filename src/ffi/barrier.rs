@@ -3,7 +3,7 @@
 use super::args::{rank_arg, slice_arg};
 use super::boundary::ffi_call;
 use super::context::{context_arg, nvfipc_context};
-use crate::env::MAX_WORLD_SIZE;
+use crate::config::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
 use std::time::Duration;
 

@@ -6,7 +6,7 @@ use super::boundary::ffi_call;
 use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use super::store::nvfipc_store;
 use super::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
-use crate::env;
+use crate::config;
 use crate::error::{Error, Result, Status};
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::StoreServer;
@@ -189,7 +189,7 @@ pub extern "C" fn nvfipc_store_serve(
         let host = c_str_arg(bind_host, "bind_host")?;
         let out_port = optional_out_ptr(out_port, "out_port")?;
         let out = out_ptr(out_server, "out_server")?;
-        let server = StoreServer::bind_with(host, port, &env::embedded_server_options()?)?;
+        let server = StoreServer::bind_with(host, port, &config::embedded_server_options()?)?;
         if let Some(p) = out_port {
             p.write(server.port());
         }

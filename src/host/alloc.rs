@@ -39,11 +39,8 @@ static SEGMENTS: Lazy<Mutex<BTreeMap<u64, (SharedMapping, u64)>>> = Lazy::new(De
 /// Who wants to know about frees; entries whose owner is gone are dropped on the next free.
 static LISTENERS: Lazy<Mutex<Vec<Weak<dyn FreeListener>>>> = Lazy::new(Default::default);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-static DEFAULT_JOB: Lazy<Mutex<String>> = Lazy::new(|| {
-    Mutex::new(job_tag(
-        &std::env::var("NVFIPC_JOB_ID").unwrap_or_else(|_| "nojob".to_string()),
-    ))
-});
+static DEFAULT_JOB: Lazy<Mutex<String>> =
+    Lazy::new(|| Mutex::new(job_tag(&crate::config::host_job_id())));
 
 // Nothing panics while holding these locks; `lock` tolerates poisoning anyway.
 
@@ -154,7 +151,7 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
         return Err(Error::invalid("host allocation of 0 bytes"));
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let name = format!("{}{id}", job_prefix(job_id));
+    let name = crate::names::host_segment(job_id, id);
     let seg = memfd::create_mapped(&name, bytes)
         .map_err(|e| e.context(format!("allocating {bytes} bytes of host shared memory")))?;
     let base = seg.addr();

@@ -28,7 +28,7 @@ pub struct HostSlab {
 impl HostSlab {
     /// Creates this process's slab for `job_tag`, shared through `fdpass`.
     pub fn new(job_tag: &str, fdpass: Arc<FdPass>) -> Result<HostSlab> {
-        let mem = memfd::create_mapped(&format!("nvfipc-{job_tag}-slab"), SLAB_BYTES)
+        let mem = memfd::create_mapped(&crate::names::host_slab(job_tag), SLAB_BYTES)
             .map_err(|e| e.context("creating the host semaphore slab"))?;
         Ok(HostSlab {
             mem,

@@ -32,7 +32,7 @@ pub struct HostTransport {
 
 impl HostTransport {
     /// A transport for `rank` of `job_id`, whose descriptors are offered through the fd
-    /// transport's record in `store` (settings from the environment, see `fdpass::config`).
+    /// transport's record in `store` (settings from the environment, see `crate::config`).
     pub fn new(store: Arc<dyn Store>, job_id: &str, rank: usize) -> Result<Arc<HostTransport>> {
         let config = FdPassConfig::from_env()?;
         Self::with_fdpass(FdPass::for_job(

@@ -9,12 +9,15 @@
 //! subsystem that `NVFIPC_DEBUG_SUBSYS` filters on. Lines go to stderr, to `NVFIPC_DEBUG_FILE`,
 //! or to a callback the host program installs (`nvfipc_log_set_callback`).
 
-pub mod config;
-mod sink;
-
-pub use config::LogConfig;
+use crate::config::{LogConfig, DEBUG_FILE_VAR};
+use crate::sync::lock;
 pub use log::Level;
-pub use sink::{set_callback, set_level, set_rank, LineCallback};
+use log::{LevelFilter, Log, Metadata, Record};
+use std::fs::File;
+use std::io::Write;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::SystemTime;
 
 /// Targets of the library's log lines, one per subsystem.
 pub const STORE: &str = "nvfipc::store";
@@ -53,26 +56,13 @@ impl Subsystem {
     ];
     pub const ALL_MASK: u32 = (1 << Self::ALL.len()) - 1;
 
+    /// `store`, `barrier`, ...: the target without its `nvfipc::`.
     pub fn name(self) -> &'static str {
-        match self {
-            Subsystem::Store => "store",
-            Subsystem::Barrier => "barrier",
-            Subsystem::Exchange => "exchange",
-            Subsystem::Cuda => "cuda",
-            Subsystem::Host => "host",
-            Subsystem::Server => "server",
-        }
+        &self.target()["nvfipc::".len()..]
     }
 
     pub fn target(self) -> &'static str {
-        match self {
-            Subsystem::Store => STORE,
-            Subsystem::Barrier => BARRIER,
-            Subsystem::Exchange => EXCHANGE,
-            Subsystem::Cuda => CUDA,
-            Subsystem::Host => HOST,
-            Subsystem::Server => SERVER,
-        }
+        [STORE, BARRIER, EXCHANGE, CUDA, HOST, SERVER][self as usize]
     }
 
     pub fn bit(self) -> u32 {
@@ -95,11 +85,160 @@ impl Subsystem {
     }
 }
 
-/// Reads the environment and installs the library's logger, once per process; later calls cost
-/// one atomic load. Called by every constructor that can be a process's first call into the
+/// Receives each line (without its newline) instead of stderr or the file. Called from any
+/// thread of the library, the releaser's and the store server's included.
+pub type LineCallback = Arc<dyn Fn(Level, Subsystem, &str) + Send + Sync>;
+
+/// The logger behind the `log` facade: formats one line per event and writes it whole to
+/// stderr, the configured file, or the host's callback.
+struct Logger {
+    sink: OnceLock<Sink>,
+}
+
+struct Sink {
+    subsystems: AtomicU32,
+    /// Rank of this process once a context or cache knows it; -1 before.
+    rank: AtomicI64,
+    host: String,
+    pid: u32,
+    file: Mutex<Option<File>>,
+    callback: RwLock<Option<LineCallback>>,
+    /// Malformed settings, written once as the log's first lines.
+    problems: Mutex<Vec<String>>,
+}
+
+// process-wide: the `log` facade takes one &'static logger per process.
+static LOGGER: Logger = Logger {
+    sink: OnceLock::new(),
+};
+
+/// Reads the environment and installs the library's logger, once per process. Called by every constructor that can be a process's first call into the
 /// library (contexts, stores, servers, caches, transports).
 pub fn init() {
-    sink::init_once();
+    let sink = LOGGER.sink.get_or_init(|| {
+        let host = crate::os::process::host_name();
+        let pid = std::process::id();
+        let LogConfig {
+            level,
+            subsystems,
+            file,
+            mut problems,
+        } = LogConfig::from_env(&host, pid);
+        // Never blocks (a FIFO with no reader) and never follows a link planted at a
+        // predictable `%h`/`%p` name: see `os::logfile`. A refused file leaves the log on stderr.
+        let file = file.and_then(|path| {
+            crate::os::logfile::open_append(&path)
+                .map_err(|refused| {
+                    problems.push(format!(
+                        "{DEBUG_FILE_VAR}={path:?} is not used: {}; logging to stderr",
+                        refused.0
+                    ))
+                })
+                .ok()
+        });
+        // Another logger already installed (the library linked as an rlib into a program with
+        // its own): that one receives our lines and its level rules.
+        if log::set_logger(&LOGGER).is_ok() {
+            log::set_max_level(level);
+        }
+        Sink {
+            subsystems: AtomicU32::new(subsystems),
+            rank: AtomicI64::new(-1),
+            host,
+            pid,
+            file: Mutex::new(file),
+            callback: RwLock::new(None),
+            problems: Mutex::new(problems),
+        }
+    });
+    let problems = std::mem::take(&mut *lock(&sink.problems));
+    for p in problems {
+        log::warn!(target: STORE, "{p}");
+    }
+}
+
+/// Records this process's rank for the lines' prefix (the last context or cache created wins).
+pub fn set_rank(rank: i64) {
+    init();
+    if let Some(s) = LOGGER.sink.get() {
+        s.rank.store(rank, Ordering::Relaxed);
+    }
+}
+
+/// Sets the most verbose level written, overriding `NVFIPC_DEBUG`.
+pub fn set_level(level: LevelFilter) {
+    init();
+    log::set_max_level(level);
+}
+
+/// Sends lines to `callback` instead of stderr or the file; `None` restores them. A line being
+/// written while the callback is replaced may still reach the previous one.
+pub fn set_callback(callback: Option<LineCallback>) {
+    init();
+    if let Some(s) = LOGGER.sink.get() {
+        *s.callback.write().unwrap_or_else(|p| p.into_inner()) = callback;
+    }
+}
+
+impl Log for Logger {
+    fn enabled(&self, meta: &Metadata) -> bool {
+        let Some(s) = self.sink.get() else {
+            return false;
+        };
+        match Subsystem::from_target(meta.target()) {
+            Some(sub) => s.subsystems.load(Ordering::Relaxed) & sub.bit() != 0,
+            // Dependencies' lines only at WARN and above, whatever the subsystem filter.
+            None => meta.level() <= Level::Warn,
+        }
+    }
+
+    fn log(&self, record: &Record) {
+        let Some(s) = self.sink.get().filter(|_| self.enabled(record.metadata())) else {
+            return;
+        };
+        let sub = Subsystem::from_target(record.target());
+        let line = format_line(s, record.level(), sub, record.target(), record.args());
+        let callback = s.callback.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let (Some(cb), Some(sub)) = (callback, sub) {
+            cb(record.level(), sub, &line);
+            return;
+        }
+        let mut bytes = line.into_bytes();
+        bytes.push(b'\n');
+        // One write per line, so lines of concurrent threads and processes never interleave.
+        let _ = match lock(&s.file).as_mut() {
+            Some(f) => f.write_all(&bytes),
+            None => std::io::stderr().write_all(&bytes),
+        };
+    }
+
+    fn flush(&self) {
+        if let Some(s) = self.sink.get() {
+            if let Some(f) = lock(&s.file).as_mut() {
+                let _ = f.flush();
+            }
+        }
+    }
+}
+
+fn format_line(
+    s: &Sink,
+    level: Level,
+    sub: Option<Subsystem>,
+    target: &str,
+    args: &std::fmt::Arguments,
+) -> String {
+    let time = humantime::format_rfc3339_micros(SystemTime::now());
+    let tid = crate::os::process::thread_id();
+    let rank = match s.rank.load(Ordering::Relaxed) {
+        r if r >= 0 => format!(" [rank {r}]"),
+        _ => String::new(),
+    };
+    let what = sub.map_or(target, |s| s.name());
+    format!(
+        "{time} {}:{}:{tid}{rank} NVFIPC {level} {what}: {args}",
+        s.host, s.pid
+    )
 }
 
 /// The clock, read only when a line of `target` at `level` will be written (so a site whose

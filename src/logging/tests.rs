@@ -19,3 +19,36 @@ fn durations_in_short_units() {
     assert_eq!(took(Duration::from_micros(2_500_522)), "2500.5ms");
     assert_eq!(took(Duration::from_secs(25)), "25.00s");
 }
+
+#[test]
+fn lines_name_host_pid_thread_rank_level_and_subsystem() {
+    let s = Sink {
+        subsystems: AtomicU32::new(Subsystem::ALL_MASK),
+        rank: AtomicI64::new(3),
+        host: "node7".into(),
+        pid: 42,
+        file: Mutex::new(None),
+        callback: RwLock::new(None),
+        problems: Mutex::new(Vec::new()),
+    };
+    let line = format_line(
+        &s,
+        Level::Info,
+        Some(Subsystem::Exchange),
+        EXCHANGE,
+        &format_args!("peer={} step={}", 1, 5),
+    );
+    let (time, rest) = line.split_once(' ').unwrap();
+    assert!(time.ends_with('Z') && time.contains('T'), "{line}");
+    let tid = crate::os::process::thread_id();
+    assert_eq!(
+        rest,
+        format!("node7:42:{tid} [rank 3] NVFIPC INFO exchange: peer=1 step=5")
+    );
+    s.rank.store(-1, Ordering::Relaxed);
+    let line = format_line(&s, Level::Warn, None, "mio::poll", &format_args!("x"));
+    assert!(
+        line.ends_with(&format!("node7:42:{tid} NVFIPC WARN mio::poll: x")),
+        "{line}"
+    );
+}

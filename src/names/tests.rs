@@ -49,3 +49,36 @@ fn generations_count_per_rank_and_give_back_failed_creations() {
     retried.commit();
     assert_eq!(generations::reserve(job, "x", 0).generation(), 1);
 }
+
+#[test]
+fn names_are_safe_short_and_per_job_rank_and_nonce() {
+    assert_eq!(abstract_name("j", 3, 1), "nvfipc-j-3-0000000000000001");
+    assert_eq!(job_in_name("a/b c"), "a_b_c");
+    let long = "x".repeat(200);
+    let short = job_in_name(&long);
+    assert!(short.len() <= MAX_JOB_IN_NAME, "{short}");
+    assert_ne!(short, job_in_name(&"x".repeat(201)));
+    assert_ne!(abstract_name("j", 3, 1), abstract_name("j", 3, 2));
+    assert_ne!(abstract_name("j", 3, 1), abstract_name("k", 3, 1));
+    assert!(abstract_name(&long, usize::MAX, u64::MAX).len() < MAX_SOCKET_NAME);
+    let p = socket_path(
+        Path::new("/run/user/1000"),
+        "job",
+        7,
+        (100, 4026531836),
+        0xab,
+    )
+    .unwrap();
+    assert_eq!(
+        p,
+        Path::new("/run/user/1000/nvfipc-job-7-100p4026531836-00000000000000ab.sock")
+    );
+    assert_eq!(
+        socket_owner(&p.file_name().unwrap().to_string_lossy()),
+        Some((100, 4026531836))
+    );
+    assert_eq!(socket_owner("nvfipc-a-b-1-2.sock"), None);
+    let deep = PathBuf::from(format!("/{}", "d".repeat(90)));
+    let e = socket_path(&deep, "job", 7, (100, 4026531836), 1).unwrap_err();
+    assert!(e.contains("NVFIPC_SOCKET_DIR"), "{e}");
+}

@@ -21,7 +21,7 @@ pub fn local_rank_from(lookup: impl Fn(&str) -> Option<String>) -> Option<usize>
 
 /// The launcher's local rank in this process's environment, if set.
 pub fn local_rank() -> Option<usize> {
-    local_rank_from(|var| std::env::var(var).ok())
+    local_rank_from(crate::config::process_env_utf8)
 }
 
 #[cfg(test)]

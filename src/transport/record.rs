@@ -37,7 +37,7 @@
 //! have none. A record is [`RECORD_LEN`] + *n* x [`SEGMENT_LEN`] bytes, *n* <= [`MAX_SEGMENTS`].
 
 use crate::error::{Error, Result};
-use crate::fnv::fnv1a64;
+use crate::hash::fnv1a64;
 use once_cell::sync::Lazy;
 
 /// `"NVFI"` read as a little-endian u32.

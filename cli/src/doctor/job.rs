@@ -4,8 +4,8 @@
 
 use super::peer::{fetch_by, marked_memfd, rung_checks, Meeting, RUNGS};
 use super::{Check, Verdict};
+use nvfuser_ipc::config::RankInfo;
 use nvfuser_ipc::context::{Context, EnvOptions};
-use nvfuser_ipc::env::RankInfo;
 use nvfuser_ipc::fdpass::{FdId, FdPass, FdPassConfig, Rung};
 use nvfuser_ipc::node::{NodeIdentity, Reach};
 use nvfuser_ipc::os::process::ns_inode;

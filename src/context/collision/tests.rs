@@ -10,13 +10,13 @@ fn moments_round_trip_and_old_values_are_ignored() {
 
 #[test]
 fn this_process_started_before_now_but_not_before_its_start() {
-    assert!(PROCESS_START.is_some());
+    assert!(super::super::claim::THIS_PROCESS.started.is_some());
     let later = Moment {
         since_boot: Moment::now().since_boot + Duration::from_millis(20),
         ..Moment::now()
     };
     assert!(started_before(&later));
-    let start = PROCESS_START.as_ref().unwrap();
+    let start = super::super::claim::THIS_PROCESS.started.as_ref().unwrap();
     assert!(!started_before(start));
     // Another host: wall clocks, with the allowed skew.
     let elsewhere = |wall: Duration| Moment {

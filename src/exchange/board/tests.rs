@@ -144,7 +144,7 @@ fn second_owner_in_one_process_is_refused_and_drop_unlinks() {
 
 #[test]
 fn fingerprints_match_the_two_fnv1a_hashes_and_stream_in_pieces() {
-    use crate::fnv::fnv1a64;
+    use crate::hash::fnv1a64;
     let d = "12/3/x/y#7";
     let salted = [&[FINGERPRINT_SALT][..], d.as_bytes()].concat();
     let expected = (u128::from(fnv1a64(&salted)) << 64) | u128::from(fnv1a64(d.as_bytes()));

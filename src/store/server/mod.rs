@@ -10,8 +10,7 @@
 
 mod connection;
 mod event_loop;
-mod fast_hash;
-mod state;
+pub(crate) mod state;
 
 use crate::error::{Error, Result};
 use mio::{Poll, Waker};

@@ -2,7 +2,7 @@
 //! torch's libuv TCPStore server. Pure logic, no sockets: a request goes in, reply bytes come
 //! out, and the connections whose WAIT completed are reported so the event loop can notify them.
 
-use super::fast_hash::FastMap;
+use crate::hash::FastMap;
 use crate::store::wire::{self, Request};
 use std::collections::VecDeque;
 use std::fmt;

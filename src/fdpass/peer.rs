@@ -1,6 +1,6 @@
-//! Where a process's responder listens, what it publishes about itself, and which socket an
-//! importer tries for a given peer. Pure logic plus the directory scan that reclaims sockets of
-//! dead processes.
+//! What a process's responder publishes about itself, which socket an importer tries for a
+//! given peer, and the private socket directory with the scan that reclaims sockets of dead
+//! processes. The socket names are made in `crate::names`.
 //!
 //! A responder listens on two sockets at once:
 //! - an abstract name `\0nvfipc-<job>-<rank>-<nonce>`: no file, gone with the process, but it
@@ -21,10 +21,6 @@ use crate::node::{process_alive, NodeIdentity};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// `sun_path` holds 108 bytes; a path name needs its NUL, an abstract name its leading NUL.
-pub const MAX_SOCKET_NAME: usize = 107;
-/// Job names longer than this are shortened (prefix + hash) inside socket names.
-const MAX_JOB_IN_NAME: usize = 32;
 const RECORD_TAG: &str = "fdpass2";
 
 /// What decides which of a peer's sockets and rungs can work from here.
@@ -86,22 +82,25 @@ pub enum PtracerState {
 }
 
 impl PtracerState {
+    const NAMES: [(PtracerState, &'static str); 4] = [
+        (PtracerState::NotNeeded, "unneeded"),
+        (PtracerState::Any, "any"),
+        (PtracerState::Refused, "refused"),
+        (PtracerState::Failed, "failed"),
+    ];
+
     pub fn as_str(self) -> &'static str {
-        match self {
-            PtracerState::NotNeeded => "unneeded",
-            PtracerState::Any => "any",
-            PtracerState::Refused => "refused",
-            PtracerState::Failed => "failed",
-        }
+        Self::NAMES
+            .iter()
+            .find(|(s, _)| *s == self)
+            .map_or("", |(_, n)| n)
     }
-    fn parse(s: &str) -> Option<PtracerState> {
-        Some(match s {
-            "unneeded" => PtracerState::NotNeeded,
-            "any" => PtracerState::Any,
-            "refused" => PtracerState::Refused,
-            "failed" => PtracerState::Failed,
-            _ => return None,
-        })
+
+    fn parse(name: &str) -> Option<PtracerState> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(s, _)| *s)
     }
 }
 
@@ -191,66 +190,6 @@ impl PeerRecord {
     }
 }
 
-/// The job as it appears in socket names: `[A-Za-z0-9_.-]` kept, others `_`; long ones cut to a
-/// prefix plus a hash of the whole.
-pub fn job_in_name(job: &str) -> String {
-    let clean: String = job
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if clean.len() <= MAX_JOB_IN_NAME && !clean.is_empty() {
-        return clean;
-    }
-    // FNV-1a of the original job: stable across processes and builds.
-    let h = crate::fnv::fnv1a64(job.as_bytes());
-    format!("{}~{:08x}", &clean[..clean.len().min(16)], h as u32)
-}
-
-/// The abstract socket name (without its leading NUL) of `rank`'s responder in `job`.
-pub fn abstract_name(job: &str, rank: usize, nonce: u64) -> String {
-    format!("nvfipc-{}-{rank}-{nonce:016x}", job_in_name(job))
-}
-
-/// The path of `rank`'s socket in `dir`, or why it cannot be one (too long for `sun_path`).
-pub fn socket_path(
-    dir: &Path,
-    job: &str,
-    rank: usize,
-    who: &LocalIdentity,
-    nonce: u64,
-) -> Result<PathBuf, String> {
-    let path = dir.join(format!(
-        "nvfipc-{}-{rank}-{}p{}-{nonce:016x}.sock",
-        job_in_name(job),
-        who.pid,
-        who.pid_ns
-    ));
-    let len = path.as_os_str().len();
-    if len > MAX_SOCKET_NAME {
-        return Err(format!(
-            "the socket path {} is {len} bytes, more than a Unix socket address holds \
-             ({MAX_SOCKET_NAME}): set NVFIPC_SOCKET_DIR to a shorter directory",
-            path.display()
-        ));
-    }
-    Ok(path)
-}
-
-/// The pid and pid namespace in a socket file name made by [`socket_path`].
-fn owner_of(file_name: &str) -> Option<(u32, u64)> {
-    let stem = file_name.strip_prefix("nvfipc-")?.strip_suffix(".sock")?;
-    let mut parts = stem.rsplitn(3, '-');
-    let _nonce = parts.next()?;
-    let (pid, pidns) = parts.next()?.split_once('p')?;
-    Some((pid.parse().ok()?, pidns.parse().ok()?))
-}
-
 /// The directory that holds this process's socket file, given the configured socket directory
 /// `dir`: `dir` itself when only `uid` can enter it (owned by `uid`, no group or other
 /// permissions), else `dir/nvfipc-<uid>`, created `0700` (a missing `dir` is created `0700`
@@ -263,48 +202,34 @@ pub fn private_socket_dir(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     // The configured directory is followed if it is a symlink: whoever set it chose it.
     match std::fs::metadata(dir) {
         Ok(m) if private(&m) => return Ok(dir.to_path_buf()),
-        Ok(m) if !m.is_dir() => {
-            return Err(format!(
-                "the socket directory {} is not a directory: set NVFIPC_SOCKET_DIR to one",
-                dir.display()
-            ))
-        }
+        Ok(m) if !m.is_dir() => return Err(refused(dir, "is not a directory", "one")),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(|e| {
-                    format!(
-                        "the socket directory {} cannot be created ({e}): set \
-                         NVFIPC_SOCKET_DIR to a writable directory",
-                        dir.display()
-                    )
-                })
+                .map_err(|e| refused(dir, format!("cannot be created ({e})"), WRITABLE))
                 .and_then(|()| private_socket_dir_checked(dir, uid));
         }
-        Err(e) => {
-            return Err(format!(
-                "the socket directory {} cannot be used ({e}): set NVFIPC_SOCKET_DIR to a \
-                 directory of this user",
-                dir.display()
-            ))
-        }
+        Err(e) => return Err(refused(dir, format!("cannot be used ({e})"), OWN)),
     }
     let sub = dir.join(format!("nvfipc-{uid}"));
     match std::fs::DirBuilder::new().mode(0o700).create(&sub) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(format!(
-                "the socket directory {} cannot be created ({e}): set NVFIPC_SOCKET_DIR to a \
-                 writable directory",
-                sub.display()
-            ))
-        }
+        Err(e) => return Err(refused(&sub, format!("cannot be created ({e})"), WRITABLE)),
     }
     private_socket_dir_checked(&sub, uid)
+}
+
+const WRITABLE: &str = "a writable directory";
+const OWN: &str = "a directory of this user";
+
+/// "the socket directory <dir> <why>: set NVFIPC_SOCKET_DIR to <fix>".
+fn refused(dir: &Path, why: impl std::fmt::Display, fix: &str) -> String {
+    let dir = dir.display();
+    format!("the socket directory {dir} {why}: set NVFIPC_SOCKET_DIR to {fix}")
 }
 
 /// `dir` (not followed if a symlink) when it is a directory of `uid`, narrowed to `0700`.
@@ -328,11 +253,8 @@ fn private_socket_dir_checked(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     }
     if m.mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
-            format!(
-                "the socket directory {} is open to other users and cannot be made 0700 \
-                 ({e}): set NVFIPC_SOCKET_DIR to a directory of this user",
-                dir.display()
-            )
+            let why = format!("is open to other users and cannot be made 0700 ({e})");
+            refused(dir, why, OWN)
         })?;
     }
     Ok(dir.to_path_buf())
@@ -340,7 +262,7 @@ fn private_socket_dir_checked(dir: &Path, uid: u32) -> Result<PathBuf, String> {
 
 /// Removes the sockets in `dir` left by processes of this pid namespace that no longer exist
 /// (killed before their exit handler ran): only sockets (not followed if symlinks) whose owner
-/// is `uid`, named as [`socket_path`] names them. Returns how many were removed.
+/// is `uid`, named as [`crate::names::socket_path`] names them. Returns how many were removed.
 pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64, uid: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -348,7 +270,7 @@ pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64, uid: u32) -> usize {
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some((pid, ns)) = owner_of(&name.to_string_lossy()) else {
+        let Some((pid, ns)) = crate::names::socket_owner(&name.to_string_lossy()) else {
             continue;
         };
         if ns != pid_ns || pid_ns == 0 || process_alive(pid) {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::Status;
 use std::collections::HashMap;
 
 fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -296,4 +297,130 @@ fn loopback_names() {
     assert!(is_loopback_name("[::1]"));
     assert!(!is_loopback_name("node0"));
     assert!(!is_loopback_name("10.0.0.1"));
+}
+
+mod log {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn defaults_warn_every_subsystem_to_stderr() {
+        let c = LogConfig::from_lookup(env(&[]), "h", 1);
+        assert_eq!(c.level, LevelFilter::Warn);
+        assert_eq!(c.subsystems, Subsystem::ALL_MASK);
+        assert_eq!(c.file, None);
+        assert!(c.problems.is_empty());
+    }
+
+    #[test]
+    fn levels_in_any_case() {
+        for (text, want) in [
+            ("info", LevelFilter::Info),
+            (" TRACE ", LevelFilter::Trace),
+            ("Warn", LevelFilter::Warn),
+            ("off", LevelFilter::Off),
+            ("debug", LevelFilter::Debug),
+        ] {
+            assert_eq!(parse_level(text), Some(want), "{text}");
+        }
+        assert_eq!(parse_level("verbose"), None);
+    }
+
+    #[test]
+    fn a_bad_level_is_reported_and_warn_is_used() {
+        let c = LogConfig::from_lookup(env(&[(DEBUG_VAR, "loud")]), "h", 1);
+        assert_eq!(c.level, LevelFilter::Warn);
+        assert_eq!(c.problems.len(), 1);
+        assert!(
+            c.problems[0].contains("NVFIPC_DEBUG=\"loud\""),
+            "{:?}",
+            c.problems
+        );
+    }
+
+    #[test]
+    fn subsystem_lists_and_exclusions() {
+        let ex = Subsystem::Exchange.bit();
+        let st = Subsystem::Store.bit();
+        assert_eq!(parse_subsystems("exchange,store"), Ok(ex | st));
+        assert_eq!(parse_subsystems(" EXCHANGE , "), Ok(ex));
+        assert_eq!(parse_subsystems("ALL"), Ok(Subsystem::ALL_MASK));
+        assert_eq!(parse_subsystems("^exchange"), Ok(Subsystem::ALL_MASK & !ex));
+        assert_eq!(parse_subsystems("exchange,nccl"), Err("nccl".to_string()));
+        let c = LogConfig::from_lookup(env(&[(DEBUG_SUBSYS_VAR, "gpu")]), "h", 1);
+        assert_eq!(c.subsystems, Subsystem::ALL_MASK);
+        assert!(
+            c.problems[0].contains("\"gpu\" is not a subsystem"),
+            "{:?}",
+            c.problems
+        );
+    }
+
+    #[test]
+    fn file_paths_expand_host_and_pid() {
+        assert_eq!(
+            expand_path("/tmp/%h.%p.log", "node7", 42),
+            "/tmp/node7.42.log"
+        );
+        assert_eq!(expand_path("a%%b%", "h", 1), "a%b%");
+        assert_eq!(expand_path("x%qy", "h", 1), "x%qy");
+        let c = LogConfig::from_lookup(env(&[(DEBUG_FILE_VAR, "/l/%p")]), "h", 9);
+        assert_eq!(c.file.as_deref(), Some("/l/9"));
+        let c = LogConfig::from_lookup(env(&[(DEBUG_FILE_VAR, " ")]), "h", 9);
+        assert_eq!(c.file, None);
+        assert_eq!(c.problems.len(), 1);
+    }
+}
+
+mod fdpass {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn reads_the_environment_and_refuses_nonsense() {
+        let c = FdPassConfig::from_lookup(env(&[])).unwrap();
+        assert_eq!(c, FdPassConfig::default());
+        assert!(c.socket_dir.is_some());
+        let c = FdPassConfig::from_lookup(env(&[
+            (SOCKET_DIR_VAR, "/shared/sock"),
+            (RUNGS_VAR, "pidfd, path,pidfd"),
+            (PTRACER_VAR, "none"),
+        ]))
+        .unwrap();
+        assert_eq!(c.socket_dir, Some(PathBuf::from("/shared/sock")));
+        assert_eq!(c.rungs, vec![Rung::Pidfd, Rung::Path]);
+        assert!(!c.allow_ptracer);
+        assert!(
+            !FdPassConfig::default().allow_ptracer,
+            "no PR_SET_PTRACER_ANY by default"
+        );
+        let c = FdPassConfig::from_lookup(env(&[(PTRACER_VAR, "any")])).unwrap();
+        assert!(c.allow_ptracer);
+        let c = FdPassConfig::from_lookup(env(&[(SOCKET_DIR_VAR, "none")])).unwrap();
+        assert_eq!(c.socket_dir, None);
+        for (k, v, needle) in [
+            (SOCKET_DIR_VAR, "rel/dir", "absolute"),
+            (RUNGS_VAR, "abstract,tcp", "\"tcp\" is not a rung"),
+            (PTRACER_VAR, "maybe", "any"),
+        ] {
+            let e = FdPassConfig::from_lookup(env(&[(k, v)])).unwrap_err();
+            assert!(e.message.contains(needle) && e.message.contains(k), "{e}");
+        }
+    }
 }

@@ -1,17 +1,23 @@
-//! Who we are (rank, world, local rank) and where the store is, from the launcher's environment.
+//! Every environment variable the library reads, read here and nowhere else; docs/CONFIGURATION.md
+//! lists each one (default, meaning, reader).
 //!
-//! Understands nvFuser's variables (Open MPI, `WORLD_*`, SLURM, `NVFUSER_MASTER_*`), torchrun's
-//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) and our
-//! own (`NVFIPC_STORE_ADDR`, `NVFIPC_TIMEOUT_MS`). In each list the first variable that is set
-//! wins, as in nvFuser's communicator. torchrun's names come before SLURM's: under `srun torchrun`
-//! the SLURM ids describe the node's task, not the worker.
+//! The launcher's variables: nvFuser's (Open MPI, `WORLD_*`, SLURM, `NVFUSER_MASTER_*`) and
+//! torchrun's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+//! `MASTER_PORT`). In each list the first variable that is set wins, as in nvFuser's communicator;
+//! torchrun's names come before SLURM's (under `srun torchrun` the SLURM ids describe the node's
+//! task, not the worker). Then the library's own `NVFIPC_*` settings, the log's and the fd
+//! transport's.
 //!
-//! The parsers take a lookup closure, so they are tested without touching the process
-//! environment; `from_env` functions pass `std::env::var`.
+//! Parsers take a lookup closure (variable name to value), so they are tested without touching
+//! the process environment; `from_env` functions pass `process_env`.
 
-use crate::error::{Error, Result, Status};
+use crate::error::{Error, Result};
+use crate::fdpass::Rung;
+use crate::logging::Subsystem;
 use crate::store::server::ServerOptions;
+use log::LevelFilter;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// nvFuser's default master port (29500 + 42).
@@ -38,11 +44,16 @@ pub const MASTER_PORT_VARS: &[&str] = &["NVFUSER_MASTER_PORT", "MASTER_PORT"];
 pub const STORE_ADDR_VAR: &str = "NVFIPC_STORE_ADDR";
 /// Default timeout of store operations, barriers and exchanges, in milliseconds.
 pub const TIMEOUT_MS_VAR: &str = "NVFIPC_TIMEOUT_MS";
-/// Event-loop threads of a store server embedded in this process (default 1; 0: one per four
-/// cores, at most four).
+/// Event-loop threads of a store server embedded in this process (0: one per four cores).
 pub const STORE_THREADS_VAR: &str = "NVFIPC_STORE_THREADS";
-/// Most event-loop threads `NVFIPC_STORE_THREADS` may ask for.
-const MAX_STORE_THREADS: usize = 64;
+const MAX_STORE_THREADS: u64 = 64;
+/// Span in MiB of the aligned windows an exchanged VMM buffer's run is widened to
+/// (`crate::cuda::vmm_runs`); 0 exports each buffer's exact run.
+pub const VMM_WINDOW_MIB_VAR: &str = "NVFIPC_VMM_WINDOW_MIB";
+pub const DEFAULT_VMM_WINDOW_MIB: u64 = 32;
+pub const MAX_VMM_WINDOW_MIB: u64 = 4096;
+/// The job of host segments allocated without one.
+pub const HOST_JOB_ID_VAR: &str = "NVFIPC_JOB_ID";
 /// A name the user gives one run of a job (overrides any launcher's).
 pub const JOB_TAG_VAR: &str = "NVFIPC_JOB_TAG";
 /// The id `nvfipc launch` gives each job it starts (random, one per launch).
@@ -127,21 +138,18 @@ impl RankInfo {
             LOCAL_RANK_VARS,
             LOCAL_WORLD_SIZE_VARS,
         ];
-        let found: Vec<Option<(&str, String)>> =
-            lists.iter().map(|vars| first_set(&lookup, vars)).collect();
-        if found.iter().all(Option::is_none) {
-            return Err(Error::not_found(format!(
-                "no rank variables in the environment (looked for {}); start the program with \
-                 mpirun, srun, torchrun or `nvfipc launch`",
-                lists.map(|l| l.join("/")).join(", ")
-            )));
-        }
-        let missing: Vec<String> = lists
-            .iter()
-            .zip(&found)
+        let found = lists.map(|vars| first_set(&lookup, vars));
+        let missing: Vec<String> = (lists.iter().zip(&found))
             .filter(|(_, f)| f.is_none())
             .map(|(vars, _)| vars.join("/"))
             .collect();
+        if missing.len() == lists.len() {
+            return Err(Error::not_found(format!(
+                "no rank variables in the environment (looked for {}); start the program with \
+                 mpirun, srun, torchrun or `nvfipc launch`",
+                missing.join(", ")
+            )));
+        }
         if !missing.is_empty() {
             return Err(Error::invalid(format!(
                 "incomplete rank environment: none of {} is set",
@@ -151,7 +159,9 @@ impl RankInfo {
         let mut numbers = [0usize; 4];
         let mut names = [""; 4];
         for (i, (var, value)) in found.into_iter().flatten().enumerate() {
-            numbers[i] = parse_count(var, &value)?;
+            numbers[i] = (value.trim().parse()).map_err(|_| {
+                Error::invalid(format!("{var}={value:?} is not a non-negative integer"))
+            })?;
             names[i] = var;
         }
         let [rank, world, local_rank, local_world] = numbers;
@@ -312,18 +322,29 @@ pub fn master_from_lookup(
     Ok(HostPort::new(host, port))
 }
 
-/// `NVFIPC_STORE_THREADS` (see [`STORE_THREADS_VAR`]): 1 when unset.
-pub fn store_threads_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<usize> {
-    let Some(value) = lookup(STORE_THREADS_VAR) else {
-        return Ok(1);
+/// `var` as a number that `ok` accepts, `None` when unset; otherwise an error
+/// `<var>=<value> is not <what>`.
+fn number(
+    lookup: impl Fn(&str) -> Option<String>,
+    var: &str,
+    ok: impl Fn(u64) -> bool,
+    what: &str,
+) -> Result<Option<u64>> {
+    let Some(value) = lookup(var) else {
+        return Ok(None);
     };
-    match value.trim().parse::<usize>() {
-        Ok(n) if n <= MAX_STORE_THREADS => Ok(n),
-        _ => Err(Error::invalid(format!(
-            "{STORE_THREADS_VAR}={value:?} is not a thread count: expected 1 to \
-             {MAX_STORE_THREADS}, or 0 for one per four cores"
-        ))),
+    match value.trim().parse::<u64>() {
+        Ok(n) if ok(n) => Ok(Some(n)),
+        _ => Err(Error::invalid(format!("{var}={value:?} is not {what}"))),
     }
+}
+
+/// `NVFIPC_STORE_THREADS`: 1 when unset.
+pub fn store_threads_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<usize> {
+    let what =
+        format!("a thread count: expected 1 to {MAX_STORE_THREADS}, or 0 for one per four cores");
+    let n = number(lookup, STORE_THREADS_VAR, |n| n <= MAX_STORE_THREADS, &what)?;
+    Ok(n.map_or(1, |n| n as usize))
 }
 
 /// Options for a store server embedded in this process, from the environment.
@@ -334,41 +355,31 @@ pub fn embedded_server_options() -> Result<ServerOptions> {
     })
 }
 
-/// Span in MiB of the aligned windows an exchanged VMM buffer's run is widened to
-/// (`crate::cuda::vmm_runs`); 0 exports each buffer's exact run.
-pub const VMM_WINDOW_MIB_VAR: &str = "NVFIPC_VMM_WINDOW_MIB";
-/// The window when `NVFIPC_VMM_WINDOW_MIB` is unset.
-pub const DEFAULT_VMM_WINDOW_MIB: u64 = 32;
-/// Largest window `NVFIPC_VMM_WINDOW_MIB` may ask for.
-pub const MAX_VMM_WINDOW_MIB: u64 = 4096;
-
-/// `NVFIPC_VMM_WINDOW_MIB` (see [`VMM_WINDOW_MIB_VAR`]) in bytes; 0 turns widening off.
+/// `NVFIPC_VMM_WINDOW_MIB` in bytes (default [`DEFAULT_VMM_WINDOW_MIB`]); 0 turns widening off.
 pub fn vmm_window_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<u64> {
-    let Some(value) = lookup(VMM_WINDOW_MIB_VAR) else {
-        return Ok(DEFAULT_VMM_WINDOW_MIB << 20);
-    };
-    match value.trim().parse::<u64>() {
-        Ok(mib) if mib <= MAX_VMM_WINDOW_MIB => Ok(mib << 20),
-        _ => Err(Error::invalid(format!(
-            "{VMM_WINDOW_MIB_VAR}={value:?} is not a window: expected 0 (each VMM buffer \
-             exported as the allocations it spans) to {MAX_VMM_WINDOW_MIB} MiB (default \
-             {DEFAULT_VMM_WINDOW_MIB})"
-        ))),
-    }
+    let what = format!(
+        "a window: expected 0 (each VMM buffer exported as the allocations it spans) to \
+         {MAX_VMM_WINDOW_MIB} MiB (default {DEFAULT_VMM_WINDOW_MIB})"
+    );
+    let mib = number(
+        lookup,
+        VMM_WINDOW_MIB_VAR,
+        |n| n <= MAX_VMM_WINDOW_MIB,
+        &what,
+    )?;
+    Ok(mib.unwrap_or(DEFAULT_VMM_WINDOW_MIB) << 20)
 }
 
 /// `NVFIPC_TIMEOUT_MS` as a duration (at least 1 ms), or `None` when unset.
 pub fn timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
-    let Some(value) = lookup(TIMEOUT_MS_VAR) else {
-        return Ok(None);
-    };
-    match value.trim().parse::<u64>() {
-        Ok(ms) if ms > 0 => Ok(Some(Duration::from_millis(ms))),
-        _ => Err(Error::invalid(format!(
-            "{TIMEOUT_MS_VAR}={value:?} is not a timeout: expected a positive number of \
-             milliseconds"
-        ))),
-    }
+    let what = "a timeout: expected a positive number of milliseconds";
+    Ok(number(lookup, TIMEOUT_MS_VAR, |ms| ms > 0, what)?.map(Duration::from_millis))
+}
+
+/// `NVFIPC_JOB_ID`: the job named in host segments allocated without a job (`host::alloc`),
+/// `nojob` when unset.
+pub fn host_job_id() -> String {
+    process_env_utf8(HOST_JOB_ID_VAR).unwrap_or_else(|| "nojob".to_string())
 }
 
 /// The launcher's name for this run (see [`JOB_TAG_VARS`], then [`ORTE_JOB_VARS`], then
@@ -390,7 +401,7 @@ pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<St
             let job = named(ORTE_JOB_VARS[1]).unwrap_or_default();
             Some(format!(
                 "ompi-{job}-{:016x}",
-                crate::fnv::fnv1a64(uri.as_bytes())
+                crate::hash::fnv1a64(uri.as_bytes())
             ))
         })
         .or_else(|| {
@@ -400,16 +411,7 @@ pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<St
                 None => job,
             })
         })?;
-    let tag: String = raw
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let tag = crate::names::name_safe(&raw);
     (!tag.is_empty()).then_some(tag)
 }
 
@@ -417,15 +419,19 @@ pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<St
 pub fn is_loopback_name(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false)
+        || (host.parse::<std::net::IpAddr>()).is_ok_and(|ip| ip.is_loopback())
 }
 
+/// The process environment. A value that is not valid UTF-8 is passed on lossily so that it is
+/// reported, not ignored.
 pub(crate) fn process_env(name: &str) -> Option<String> {
-    // A value that is not valid UTF-8 is passed on lossily so that it is reported, not ignored.
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// The process environment where a value that is not UTF-8 counts as unset (the log's, the fd
+/// transport's, the local rank and `NVFIPC_JOB_ID`).
+pub(crate) fn process_env_utf8(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
 fn first_set<'a>(
@@ -435,17 +441,240 @@ fn first_set<'a>(
     vars.iter().find_map(|&var| lookup(var).map(|v| (var, v)))
 }
 
-fn parse_count(var: &str, value: &str) -> Result<usize> {
-    value.trim().parse::<usize>().map_err(|_| {
-        Error::new(
-            Status::InvalidArgument,
-            format!("{var}={value:?} is not a non-negative integer"),
-        )
+fn parse_port_value(value: &str) -> Option<u16> {
+    value.trim().parse::<u16>().ok().filter(|&p| p > 0)
+}
+
+// The log (read once, by `logging::init`).
+
+/// The log's level: `OFF`, `WARN` (the default), `INFO`, `DEBUG` or `TRACE`, any case.
+pub const DEBUG_VAR: &str = "NVFIPC_DEBUG";
+/// The log's subsystems: a comma list (`store,exchange`), `ALL`, or `^` and a list to exclude
+/// (`^server,cuda`), as `NCCL_DEBUG_SUBSYS` reads.
+pub const DEBUG_SUBSYS_VAR: &str = "NVFIPC_DEBUG_SUBSYS";
+/// The log's file (appended) instead of stderr; `%h`: the host name, `%p`: the pid. Only a
+/// regular file or a terminal is used, never through a symbolic link (see `os::logfile`).
+pub const DEBUG_FILE_VAR: &str = "NVFIPC_DEBUG_FILE";
+
+/// The log's configuration as read from the environment. Malformed values are reported as the
+/// log's first lines, not refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogConfig {
+    pub level: LevelFilter,
+    /// Bit `Subsystem as u32` set: that subsystem's lines are written.
+    pub subsystems: u32,
+    /// The file, with `%h`/`%p` already expanded; `None`: stderr.
+    pub file: Option<String>,
+    /// Malformed values, one message each, written as WARN lines once the sink exists.
+    pub problems: Vec<String>,
+}
+
+impl LogConfig {
+    /// Reads the process environment.
+    pub fn from_env(host: &str, pid: u32) -> Self {
+        Self::from_lookup(process_env_utf8, host, pid)
+    }
+
+    /// Reads the configuration through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, host: &str, pid: u32) -> Self {
+        let mut problems = Vec::new();
+        let level = match lookup(DEBUG_VAR) {
+            None => LevelFilter::Warn,
+            Some(v) => parse_level(&v).unwrap_or_else(|| {
+                problems.push(format!(
+                    "{DEBUG_VAR}={v:?} is not a level (OFF, WARN, INFO, DEBUG or TRACE); \
+                     logging at WARN"
+                ));
+                LevelFilter::Warn
+            }),
+        };
+        let subsystems = match lookup(DEBUG_SUBSYS_VAR) {
+            None => Subsystem::ALL_MASK,
+            Some(v) => parse_subsystems(&v).unwrap_or_else(|bad| {
+                problems.push(format!(
+                    "{DEBUG_SUBSYS_VAR}={v:?}: {bad:?} is not a subsystem (one of {}, or ALL); \
+                     logging every subsystem",
+                    Subsystem::names().join(", ")
+                ));
+                Subsystem::ALL_MASK
+            }),
+        };
+        let file = match lookup(DEBUG_FILE_VAR) {
+            Some(v) if v.trim().is_empty() => {
+                problems.push(format!("{DEBUG_FILE_VAR} is empty; logging to stderr"));
+                None
+            }
+            Some(v) => Some(expand_path(&v, host, pid)),
+            None => None,
+        };
+        LogConfig {
+            level,
+            subsystems,
+            file,
+            problems,
+        }
+    }
+}
+
+/// Parses a level name; `None` when it is not one.
+pub fn parse_level(text: &str) -> Option<LevelFilter> {
+    match text.trim().to_ascii_uppercase().as_str() {
+        "OFF" | "NONE" => Some(LevelFilter::Off),
+        "WARN" | "WARNING" => Some(LevelFilter::Warn),
+        "INFO" => Some(LevelFilter::Info),
+        "DEBUG" => Some(LevelFilter::Debug),
+        "TRACE" => Some(LevelFilter::Trace),
+        _ => None,
+    }
+}
+
+/// Parses a subsystem list into a mask; `Err` names the first unknown entry.
+pub fn parse_subsystems(text: &str) -> Result<u32, String> {
+    let text = text.trim();
+    let list = text.strip_prefix('^').unwrap_or(text);
+    let exclude = list.len() < text.len();
+    let mut mask = 0u32;
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if name.eq_ignore_ascii_case("all") {
+            mask |= Subsystem::ALL_MASK;
+            continue;
+        }
+        match Subsystem::from_name(name) {
+            Some(s) => mask |= s.bit(),
+            None => return Err(name.to_string()),
+        }
+    }
+    Ok(if exclude {
+        Subsystem::ALL_MASK & !mask
+    } else {
+        mask
     })
 }
 
-fn parse_port_value(value: &str) -> Option<u16> {
-    value.trim().parse::<u16>().ok().filter(|&p| p > 0)
+/// Expands `%h` (host name) and `%p` (pid) in a log file path; `%%` is a literal `%`.
+pub fn expand_path(pattern: &str, host: &str, pid: u32) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(host),
+            Some('p') => out.push_str(&pid.to_string()),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+// The fd transport (`crate::fdpass`).
+
+/// Directory of the responders' path sockets; `none`: no path socket.
+pub const SOCKET_DIR_VAR: &str = "NVFIPC_SOCKET_DIR";
+/// Rungs an importer tries, in order, comma-separated (default `abstract,path,pidfd`).
+pub const RUNGS_VAR: &str = "NVFIPC_FD_RUNGS";
+/// `any`: under Yama `ptrace_scope=1`, let any process of this user attach
+/// (`PR_SET_PTRACER_ANY`) so that the pidfd rung can work; `none` (the default): never.
+pub const PTRACER_VAR: &str = "NVFIPC_FD_PTRACER";
+
+/// The fd transport's settings, from the environment or set by hand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FdPassConfig {
+    /// Where the path socket goes; `None`: abstract socket only.
+    pub socket_dir: Option<PathBuf>,
+    /// Rungs the importer tries, in this order ([`Rung::Fabric`] is ignored here: the VMM
+    /// transport tries it).
+    pub rungs: Vec<Rung>,
+    /// Under Yama `ptrace_scope=1`, call `PR_SET_PTRACER_ANY` when the responder starts (off
+    /// by default: it lets every process of this user attach, not only the job's).
+    pub allow_ptracer: bool,
+    /// How long an importer keeps retrying to connect to one socket (within its own timeout)
+    /// before it moves to the next rung.
+    pub connect_retry: Duration,
+    /// A responder closes a connection that has been silent this long.
+    pub idle_timeout: Duration,
+    /// Connections a responder serves at once; more are answered "busy" and closed.
+    pub max_connections: usize,
+}
+
+impl Default for FdPassConfig {
+    fn default() -> Self {
+        FdPassConfig {
+            socket_dir: Some(default_socket_dir()),
+            rungs: vec![Rung::Abstract, Rung::Path, Rung::Pidfd],
+            allow_ptracer: false,
+            connect_retry: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+        }
+    }
+}
+
+/// `$XDG_RUNTIME_DIR` when it is an absolute directory, else `/tmp`.
+fn default_socket_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && p.is_dir())
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+impl FdPassConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<FdPassConfig> {
+        Self::from_lookup(process_env_utf8)
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<FdPassConfig> {
+        let mut config = FdPassConfig::default();
+        if let Some(dir) = lookup(SOCKET_DIR_VAR).filter(|s| !s.is_empty()) {
+            config.socket_dir = if dir == "none" {
+                None
+            } else if !dir.starts_with('/') {
+                return Err(Error::invalid(format!(
+                    "{SOCKET_DIR_VAR}={dir:?} is not an absolute path: give a directory every \
+                     rank of the node can reach by one path, or `none`"
+                )));
+            } else {
+                Some(PathBuf::from(dir))
+            };
+        }
+        if let Some(list) = lookup(RUNGS_VAR).filter(|s| !s.trim().is_empty()) {
+            let mut rungs = Vec::new();
+            for name in list.split(',') {
+                let rung = Rung::parse(name).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{RUNGS_VAR}={list:?}: {name:?} is not a rung; use a comma-separated \
+                         list of abstract, path, pidfd, fabric"
+                    ))
+                })?;
+                if !rungs.contains(&rung) {
+                    rungs.push(rung);
+                }
+            }
+            config.rungs = rungs;
+        }
+        if let Some(v) = lookup(PTRACER_VAR).filter(|s| !s.is_empty()) {
+            config.allow_ptracer = match v.as_str() {
+                "any" => true,
+                "none" => false,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{PTRACER_VAR}={v:?}: use `none` (the default) or `any` (under Yama \
+                         ptrace_scope=1, let any process of this user attach, for the pidfd \
+                         rung)"
+                    )))
+                }
+            };
+        }
+        Ok(config)
+    }
 }
 
 #[cfg(test)]

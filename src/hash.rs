@@ -1,9 +1,13 @@
-//! 64-bit FNV-1a, the crate's one hash of stable names and fingerprints: small, and the same in
-//! every process and build (board fingerprints, host and job ids are computed by every rank, so
-//! it never changes).
+//! The crate's two hashes. [`fnv1a64`]: 64-bit FNV-1a, for names and fingerprints that every
+//! process computes alike (board fingerprints, host and job ids), so it never changes.
+//! [`FastMap`]: the store's key maps, rustc-hash's FxHasher (keys are short byte strings from
+//! cluster peers; SipHash's DoS resistance is not worth its cost for a store without
+//! authentication; faster than the hand-written variant it replaced, docs/BENCHMARKS.md).
 
 const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+pub(crate) type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// FNV-1a fed in pieces.
 #[derive(Clone, Copy)]

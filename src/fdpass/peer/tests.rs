@@ -1,4 +1,5 @@
 use super::*;
+use crate::names::{abstract_name, socket_path};
 
 fn me() -> LocalIdentity {
     LocalIdentity {
@@ -14,7 +15,7 @@ fn record(who: LocalIdentity) -> PeerRecord {
         nonce: 0xfeed,
         secret: Secret(0x1234_5678_9abc_def0_0fed_cba9_8765_4321),
         abstract_name: abstract_name("job;1", 2, 0xfeed),
-        path: socket_path(Path::new("/tmp"), "job;1", 2, &who, 0xfeed),
+        path: socket_path(Path::new("/tmp"), "job;1", 2, (who.pid, who.pid_ns), 0xfeed),
         who,
         ptracer: PtracerState::Any,
     }
@@ -53,32 +54,6 @@ fn records_round_trip_with_awkward_values() {
     assert_eq!(PeerRecord::decode("fdpass2;pid=1"), None);
     assert_eq!(PeerRecord::decode("fdpass1;pid=x"), None);
     assert_eq!(PeerRecord::decode("fdpass1;pid=1"), None);
-}
-
-#[test]
-fn names_are_safe_short_and_per_job_rank_and_nonce() {
-    assert_eq!(abstract_name("j", 3, 1), "nvfipc-j-3-0000000000000001");
-    assert_eq!(job_in_name("a/b c"), "a_b_c");
-    let long = "x".repeat(200);
-    let short = job_in_name(&long);
-    assert!(short.len() <= MAX_JOB_IN_NAME, "{short}");
-    assert_ne!(short, job_in_name(&"x".repeat(201)));
-    assert_ne!(abstract_name("j", 3, 1), abstract_name("j", 3, 2));
-    assert_ne!(abstract_name("j", 3, 1), abstract_name("k", 3, 1));
-    assert!(abstract_name(&long, usize::MAX, u64::MAX).len() < MAX_SOCKET_NAME);
-    let p = socket_path(Path::new("/run/user/1000"), "job", 7, &me(), 0xab).unwrap();
-    assert_eq!(
-        p,
-        Path::new("/run/user/1000/nvfipc-job-7-100p4026531836-00000000000000ab.sock")
-    );
-    assert_eq!(
-        owner_of(&p.file_name().unwrap().to_string_lossy()),
-        Some((100, 4026531836))
-    );
-    assert_eq!(owner_of("nvfipc-a-b-1-2.sock"), None);
-    let deep = PathBuf::from(format!("/{}", "d".repeat(90)));
-    let e = socket_path(&deep, "job", 7, &me(), 1).unwrap_err();
-    assert!(e.contains("NVFIPC_SOCKET_DIR"), "{e}");
 }
 
 #[test]
@@ -161,29 +136,15 @@ fn dead_owners_sockets_are_reclaimed_live_ones_and_others_files_kept() {
     let ns = me().pid_ns;
     let live = LocalIdentity::current();
     let uid = crate::os::fd_passing::effective_uid();
-    let dead_id = LocalIdentity {
-        pid: dead,
-        ..live.clone()
-    };
-    let dead_path = socket_path(&dir, "j", 0, &dead_id, 1).unwrap();
-    let live_path = socket_path(&dir, "j", 1, &live, 1).unwrap();
-    let other_ns = socket_path(
-        &dir,
-        "j",
-        2,
-        &LocalIdentity {
-            pid: dead,
-            pid_ns: ns,
-            ..live.clone()
-        },
-        1,
-    )
-    .unwrap();
+    let dead_id = (dead, live.pid_ns);
+    let dead_path = socket_path(&dir, "j", 0, dead_id, 1).unwrap();
+    let live_path = socket_path(&dir, "j", 1, (live.pid, live.pid_ns), 1).unwrap();
+    let other_ns = socket_path(&dir, "j", 2, (dead, ns), 1).unwrap();
     // Named like a dead process's socket, but a regular file, a symlink, or (when this runs
     // as root, as in CI) another user's socket: none of them is ours to remove.
-    let plain = socket_path(&dir, "j", 3, &dead_id, 1).unwrap();
-    let link = socket_path(&dir, "j", 4, &dead_id, 1).unwrap();
-    let theirs = socket_path(&dir, "j", 5, &dead_id, 1).unwrap();
+    let plain = socket_path(&dir, "j", 3, dead_id, 1).unwrap();
+    let link = socket_path(&dir, "j", 4, dead_id, 1).unwrap();
+    let theirs = socket_path(&dir, "j", 5, dead_id, 1).unwrap();
     for p in [&dead_path, &live_path, &other_ns, &theirs] {
         leftover_socket(p);
     }
@@ -269,11 +230,7 @@ fn socket_files_go_where_only_their_owner_can_enter() {
         &PathBuf::from("/tmp/nvfipc-4294967294"),
         &long_job,
         99_999,
-        &LocalIdentity {
-            pid: 4_194_304,
-            pid_ns: u64::from(u32::MAX),
-            ..me()
-        },
+        (4_194_304, u64::from(u32::MAX)),
         u64::MAX,
     );
     assert!(p.is_ok(), "{p:?}");
