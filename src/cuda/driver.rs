@@ -29,7 +29,7 @@ pub struct Driver {
 }
 
 /// Every driver symbol this crate calls, the one list (cudarc's loader panics on a missing one).
-/// The last three serve only `test_support`'s device buffers; every driver since CUDA 4 has
+/// The last three serve only the CLI's device buffers; every driver since CUDA 4 has
 /// them, so requiring them turns no supported driver away.
 const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
@@ -392,18 +392,6 @@ fn device_handle(ordinal: i32) -> Result<sys::CUdevice> {
     Ok(dev)
 }
 
-/// An integer device attribute.
-pub fn device_attribute(ordinal: i32, attr: sys::CUdevice_attribute) -> Result<i32> {
-    let dev = device_handle(ordinal)?;
-    let mut value = 0;
-    // SAFETY: valid out pointer and device handle.
-    check(
-        unsafe { sys::cuDeviceGetAttribute(&mut value, attr, dev) },
-        &format!("cuDeviceGetAttribute({attr:?}, device {ordinal})"),
-    )?;
-    Ok(value)
-}
-
 /// The device's UUID (the identity that goes into handle records).
 pub fn device_uuid(ordinal: i32) -> Result<[u8; 16]> {
     let dev = device_handle(ordinal)?;
@@ -448,48 +436,6 @@ pub fn device_attribute_code(ordinal: i32, code: i32) -> Result<i32> {
         &format!("cuDeviceGetAttribute({code}, device {ordinal})"),
     )?;
     Ok(value)
-}
-
-/// The CUDA runtime library this process can load (`libcudart.so*`, the one PyTorch and nvFuser
-/// link) and its version (`cudaRuntimeGetVersion`), or why none was found. This library itself
-/// needs only the driver.
-pub fn runtime_version() -> std::result::Result<(String, i32), String> {
-    const NAMES: &[&str] = &[
-        "libcudart.so",
-        "libcudart.so.13",
-        "libcudart.so.12",
-        "libcudart.so.11.0",
-    ];
-    for name in NAMES {
-        let cname = std::ffi::CString::new(*name).expect("no NUL in the names");
-        // SAFETY: a valid NUL-terminated name; RTLD_LOCAL keeps its symbols out of the global
-        // scope. The handle is never closed (the runtime stays loaded, as in any CUDA program).
-        let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            continue;
-        }
-        // SAFETY: a valid handle and NUL-terminated symbol name.
-        let sym = unsafe { libc::dlsym(handle, c"cudaRuntimeGetVersion".as_ptr()) };
-        if sym.is_null() {
-            continue;
-        }
-        type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
-        // SAFETY: cudaRuntimeGetVersion has this C signature in every CUDA runtime.
-        let get: GetVersion = unsafe { std::mem::transmute::<*mut libc::c_void, GetVersion>(sym) };
-        let mut version = 0;
-        // SAFETY: valid out pointer.
-        let rc = unsafe { get(&mut version) };
-        if rc != 0 {
-            return Err(format!(
-                "{name}: cudaRuntimeGetVersion failed with error {rc}"
-            ));
-        }
-        return Ok((name.to_string(), version));
-    }
-    Err(format!(
-        "no CUDA runtime found ({} not loadable from LD_LIBRARY_PATH or the system paths)",
-        NAMES.join(", ")
-    ))
 }
 
 #[cfg(test)]

@@ -294,11 +294,6 @@ impl<K: ImportKind> ImportTable<K> {
             .filter(|e| self.inner.kind.closes(&e.mapped))
             .count()
     }
-
-    /// The message of the last close that failed on the releaser, if any.
-    pub fn last_error(&self) -> Option<String> {
-        self.inner.releaser.last_error()
-    }
 }
 
 /// One reference on an imported peer allocation. Dropping it releases the reference (the last

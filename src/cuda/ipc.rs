@@ -365,10 +365,5 @@ pub fn counters() -> Counters {
     })
 }
 
-/// The driver's message of the last close the releaser could not do, if any.
-pub fn last_close_error() -> Option<String> {
-    TABLE.last_error()
-}
-
 #[cfg(test)]
 mod tests;

@@ -7,9 +7,9 @@
 //! reference to a releaser (`imports`), the thread that closes released mappings without blocking
 //! the exchange on device work (`release`), the per-process semaphore slab ([`semaphore`]), the
 //! stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by the exchange, the
-//! contiguous views of symmetric VMM buffers ([`view`]), and the
-//! probes of `nvfipc doctor` ([`probe`]). Owned
-//! device buffers for programs and tests are outside the library (`test_support::device_buffer`).
+//! contiguous views of symmetric VMM buffers ([`view`]). Owned device buffers for programs and
+//! tests, and the probes of `nvfipc doctor`, are the CLI's (`cli/src/device_buffer.rs`,
+//! `cli/src/doctor/probe.rs`).
 //!
 //! What the C API and the CLI use is public: [`transport::CudaTransport`], [`driver`], [`memory`],
 //! [`p2p`], the low-level legacy IPC calls of [`ipc`], and the process-wide functions below
@@ -22,7 +22,6 @@ pub mod ipc;
 pub mod memory;
 pub mod p2p;
 pub(crate) mod pool;
-pub mod probe;
 pub(crate) mod release;
 pub mod result;
 pub mod semaphore;

@@ -111,7 +111,7 @@ pub struct ReleaseCounters {
     pub finished: u64,
     /// Mappings taken back from the queue because they were opened again.
     pub revived: u64,
-    /// Closes that failed (the driver's message is kept in `last_error`).
+    /// Closes that failed.
     pub errors: u64,
 }
 
@@ -126,7 +126,6 @@ struct State<K, T> {
     finished: u64,
     revived: u64,
     errors: u64,
-    last_error: Option<String>,
     thread: bool,
 }
 
@@ -167,7 +166,6 @@ where
                 finished: 0,
                 revived: 0,
                 errors: 0,
-                last_error: None,
                 thread: false,
             }),
             changed: Condvar::new(),
@@ -240,9 +238,8 @@ where
             if !revived {
                 Self::retire(&mut st, job.peer);
                 st.finished += 1;
-                if let Err(e) = result {
+                if result.is_err() {
                     st.errors += 1;
-                    st.last_error = Some(e.message);
                 }
             }
             self.changed.notify_all();
@@ -464,11 +461,6 @@ where
             revived: st.revived,
             errors: st.errors,
         }
-    }
-
-    /// The message of the last failed close, if any.
-    pub fn last_error(&self) -> Option<String> {
-        lock(&self.state).last_error.clone()
     }
 
     /// The job the thread runs, unless it was taken back.

@@ -263,19 +263,6 @@ pub unsafe fn mem_release(handle: sys::CUmemGenericAllocationHandle) -> DriverRe
     to_result(rc, ())
 }
 
-/// The handle types `handle` was created to be exported as (`requestedHandleTypes`, a bitmask
-/// of `CU_MEM_HANDLE_TYPE_*`) and the device it lives on.
-pub fn mem_allocation_handle_types(
-    handle: sys::CUmemGenericAllocationHandle,
-) -> DriverResult<(u32, i32)> {
-    // SAFETY: an all-zero CUmemAllocationProp is a valid value of the C struct (integers, a
-    // null pointer, zero enums).
-    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer; the driver validates the handle.
-    let rc = unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
-    to_result(rc, (prop.requestedHandleTypes.0, prop.location.id))
-}
-
 /// `cuMemExportToShareableHandle` as a POSIX fd, owned by the caller.
 pub fn mem_export_fd(handle: sys::CUmemGenericAllocationHandle) -> DriverResult<OwnedFd> {
     let mut fd: std::ffi::c_int = -1;

@@ -198,7 +198,6 @@ fn flush_is_bounded_and_failed_closes_are_counted() {
     g.drain.send(()).unwrap();
     r.flush(Duration::from_secs(10)).unwrap();
     assert_eq!(r.counters().errors, 1);
-    assert!(r.last_error().unwrap().contains("on purpose"));
     // Closes submitted after a flush began are not waited for by it.
     assert_eq!(r.flush(Duration::ZERO), Ok(()));
 }
