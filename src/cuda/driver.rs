@@ -16,10 +16,8 @@
 
 use crate::error::{Error, Result, Status};
 use cudarc::driver::sys;
-use once_cell::sync::{Lazy, OnceCell};
-use std::collections::HashMap;
+use once_cell::sync::OnceCell;
 use std::ffi::{c_char, CStr};
-use std::sync::Mutex;
 
 /// Proof that the driver library is loaded and `cuInit(0)` succeeded.
 #[derive(Debug)]
@@ -87,6 +85,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
 /// Oldest driver with the v2 stream memory operations (enabled by default on all platforms).
 pub const MIN_DRIVER_VERSION: i32 = 11070;
 
+// process-wide: the process loads libcuda and runs cuInit once.
 static DRIVER: OnceCell<Result<Driver>> = OnceCell::new();
 
 /// The loaded and initialised driver, or why there is none (`CudaUnavailable`).
@@ -257,9 +256,8 @@ pub fn current_context() -> Result<Option<Context>> {
     Ok((!ctx.is_null()).then(|| Context::from_raw(ctx)))
 }
 
-static PRIMARY: Lazy<Mutex<HashMap<i32, Context>>> = Lazy::new(|| Mutex::new(HashMap::new()));
-
-/// The primary context of `device`, retained once per process and never released.
+/// The primary context of `device`, retained once per process (kept in the process's
+/// [`Runtime`](super::Runtime)) and never released.
 pub fn primary_context(device: i32) -> Result<Context> {
     driver()?;
     let count = device_count()?;
@@ -269,7 +267,7 @@ pub fn primary_context(device: i32) -> Result<Context> {
              CUDA_VISIBLE_DEVICES)"
         )));
     }
-    let mut map = PRIMARY.lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = crate::sync::lock(&super::runtime().primary);
     if let Some(ctx) = map.get(&device) {
         return Ok(*ctx);
     }

@@ -15,15 +15,15 @@
 //! last imported allocation is freed.
 
 use super::driver::{self, Context, ContextGuard};
-use super::imports::{Import, ImportKind, ImportTable, Opened};
+use super::imports::{Import, ImportKind, Opened};
 use super::memory::{DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, POOL_PTR_EXPORT_LEN};
+use super::Runtime;
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Record, Segment, PAYLOAD_LEN};
 use crate::transport::ExportedHandle;
-use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,7 +169,12 @@ pub(crate) struct Pools(HashMap<PoolKey, ImportedPool>);
 /// Pool allocations in the import table ([`super::imports`]): opened with
 /// `cuMemPoolImportPointer` (importing the pool first when needed), closed by freeing the
 /// imported pointer; a pool is destroyed here when its last imported allocation is freed.
-pub(crate) struct Pool;
+#[derive(Default)]
+pub(crate) struct Pool {
+    /// Allocations imported and freed so far.
+    pub imports: AtomicU64,
+    pub frees: AtomicU64,
+}
 
 impl ImportKind for Pool {
     type Key = PointerKey;
@@ -182,13 +187,18 @@ impl ImportKind for Pool {
         p.ptr
     }
 
-    fn drain(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {
-        let _guard = ContextGuard::enter(p.context)?;
-        p.context.synchronize()
+    fn context(&self, p: &ImportedPointer) -> Option<Context> {
+        Some(p.context)
     }
 
     fn close(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {
-        free_pointer(p)
+        let _guard = ContextGuard::enter(p.context)?;
+        // SAFETY: imported by `import`, left the import table with its last reference, not taken
+        // back, and the work queued before the release has finished (drain step).
+        let freed = unsafe { result::mem_free_imported(p.ptr) }
+            .map_err(|rc| driver::error(rc, &format!("cuMemFree of imported {:#x}", p.ptr)));
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        freed
     }
 
     fn closed(&self, pools: &mut Pools, p: &ImportedPointer) {
@@ -199,21 +209,10 @@ impl ImportKind for Pool {
 /// A reference on an imported pool allocation (dropping it releases it).
 pub(crate) type PoolImport = Import<Pool>;
 
-static TABLE: Lazy<ImportTable<Pool>> = Lazy::new(|| ImportTable::new(Pool));
-static POINTER_IMPORTS: AtomicU64 = AtomicU64::new(0);
-static POINTER_FREES: AtomicU64 = AtomicU64::new(0);
-
-/// Pool allocations imported and freed by this process so far.
-pub fn counters() -> (u64, u64) {
-    (
-        POINTER_IMPORTS.load(Ordering::Relaxed),
-        POINTER_FREES.load(Ordering::Relaxed),
-    )
-}
-
 /// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`); the
 /// guard says where it is mapped and releases it when dropped.
 pub(crate) fn import(
+    rt: &Runtime,
     peer: usize,
     rec: &Record,
     fdpass: Option<&FdPass>,
@@ -237,20 +236,20 @@ pub(crate) fn import(
         device,
         pool: seg.id,
     };
-    TABLE.acquire(
+    rt.pool.acquire(
         key,
         peer,
         wait,
         || format!("a pool allocation of {who}"),
         |tables| {
             let pools = &mut tables.side.0;
-            open_pointer(pools, peer, rec, seg, pool_key, fdpass, wait, &who).map(|ptr| {
-                Opened::Mapped(ImportedPointer {
-                    ptr,
-                    pool: pool_key,
-                    context,
-                })
-            })
+            let ptr = open_pointer(pools, peer, rec, seg, pool_key, fdpass, wait, &who)?;
+            rt.pool.kind().imports.fetch_add(1, Ordering::Relaxed);
+            Ok(Opened::Mapped(ImportedPointer {
+                ptr,
+                pool: pool_key,
+                context,
+            }))
         },
     )
 }
@@ -323,20 +322,7 @@ fn open_pointer(
         }
     };
     pool.pointers += 1;
-    POINTER_IMPORTS.fetch_add(1, Ordering::Relaxed);
     Ok(ptr)
-}
-
-/// Frees an imported pointer on the releaser thread (its pool is released by [`release_pool`]
-/// afterwards, under the table's lock).
-fn free_pointer(p: &ImportedPointer) -> Result<()> {
-    let _guard = ContextGuard::enter(p.context)?;
-    // SAFETY: imported by `import`, left the import table with its last reference, not taken
-    // back, and the work queued before the release has finished (drain step).
-    let freed = unsafe { result::mem_free_imported(p.ptr) }
-        .map_err(|rc| driver::error(rc, &format!("cuMemFree of imported {:#x}", p.ptr)));
-    POINTER_FREES.fetch_add(1, Ordering::Relaxed);
-    freed
 }
 
 /// Drops a freed pointer's reference on its pool, destroying the pool with its last pointer.
@@ -354,14 +340,4 @@ fn release_pool(pools: &mut Pools, p: &ImportedPointer) {
         // destroyed once (it leaves the sub-table here).
         let _ = unsafe { result::mem_pool_destroy(pool.handle) };
     }
-}
-
-/// See `Transport::wait_release_room`.
-pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    TABLE.wait_room(peer, timeout)
-}
-
-/// See `Transport::flush_releases`.
-pub(crate) fn flush_releases(timeout: Duration) -> Result<()> {
-    TABLE.flush(timeout)
 }

@@ -18,9 +18,9 @@
 //! dropped. An offer's fd keeps its physical memory alive until it is withdrawn, as a memfd does
 //! for host buffers.
 
-use super::driver;
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, FABRIC_HANDLE_LEN, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
+use super::{driver, Runtime};
 use crate::error::{Error, Result};
 use crate::fdpass::FdPass;
 use crate::fnv::fnv1a64;
@@ -29,7 +29,7 @@ use crate::sync::lock;
 use crate::transport::record::{HandleType, Segment, MAX_SEGMENTS, PAYLOAD_LEN};
 use crate::transport::ExportedHandle;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 /// One physical allocation of this process, as mapped here.
@@ -169,15 +169,10 @@ struct Exported {
     offer: Offer,
 }
 
-static SEGMENT_EXPORTS: AtomicU64 = AtomicU64::new(0);
-
-/// Segment exports made by this process so far.
-pub fn exports_made() -> u64 {
-    SEGMENT_EXPORTS.load(Ordering::Relaxed)
-}
-
 /// The exports of one device transport (see the module docs).
 pub struct VmmExports {
+    /// Counts the exports.
+    rt: &'static Runtime,
     fdpass: Option<Arc<FdPass>>,
     /// By segment base.
     table: Mutex<HashMap<u64, Exported>>,
@@ -185,8 +180,9 @@ pub struct VmmExports {
 
 impl VmmExports {
     /// Exports offered through `fdpass`; without one, only FABRIC exports work.
-    pub fn new(fdpass: Option<Arc<FdPass>>) -> VmmExports {
+    pub fn new(rt: &'static Runtime, fdpass: Option<Arc<FdPass>>) -> VmmExports {
         VmmExports {
+            rt,
             fdpass,
             table: Mutex::new(HashMap::new()),
         }
@@ -310,7 +306,7 @@ impl VmmExports {
         // export (fd or fabric handle) holds its own.
         let _ = unsafe { result::mem_release(handle) };
         let offer = exported?;
-        SEGMENT_EXPORTS.fetch_add(1, Ordering::Relaxed);
+        self.rt.segment_exports.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = clock {
             log::info!(
                 target: logging::CUDA,

@@ -28,6 +28,9 @@ impl ImportKind for Fake {
     fn base(&self, mapped: &(u64, bool)) -> u64 {
         mapped.0
     }
+    fn context(&self, _mapped: &(u64, bool)) -> Option<Context> {
+        None
+    }
     fn closes(&self, mapped: &(u64, bool)) -> bool {
         mapped.1
     }
@@ -50,7 +53,7 @@ impl ImportKind for Fake {
 }
 
 fn table() -> ImportTable<Fake> {
-    ImportTable::new(Fake::default())
+    ImportTable::new(Fake::default(), crate::cuda::DEFAULT_MAX_PENDING_PER_PEER)
 }
 
 /// A table whose drains wait for a message on the returned sender.
@@ -348,6 +351,12 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
         fn base(&self, m: &(u64, bool)) -> u64 {
             m.0
         }
+        fn context(&self, _: &(u64, bool)) -> Option<Context> {
+            None
+        }
+        fn closes(&self, _: &(u64, bool)) -> bool {
+            true
+        }
         fn drain(&self, _: usize, _: &(u64, bool)) -> Result<()> {
             Ok(())
         }
@@ -357,10 +366,13 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
             self.inner.close(p, m)
         }
     }
-    let t = ImportTable::new(SlowClose {
-        inner: Fake::default(),
-        in_close: AtomicBool::new(false),
-    });
+    let t = ImportTable::new(
+        SlowClose {
+            inner: Fake::default(),
+            in_close: AtomicBool::new(false),
+        },
+        crate::cuda::DEFAULT_MAX_PENDING_PER_PEER,
+    );
     let open = |base| move |_: &mut Tables<SlowClose>| Ok(Opened::Mapped((base, true)));
     let a = t
         .acquire(1, 0, Duration::ZERO, || "m".into(), open(0x1000))
@@ -388,3 +400,5 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
     assert_eq!(b.base(), 0x2000, "opened afresh after the close");
     assert_eq!(lock(&t.kind().inner.closes).clone(), vec![0x1000]);
 }
+
+mod releaser;

@@ -22,6 +22,7 @@ fn gated() -> (Arc<Releaser<u32, u64>>, Gates) {
     );
     let r = Releaser::new(
         "nvfipc-test-releaser",
+        crate::cuda::DEFAULT_MAX_PENDING_PER_PEER,
         move |_: &Job<u32, u64>| {
             lock(&drain_rx)
                 .recv()
@@ -224,8 +225,10 @@ fn flush_waits_for_earlier_closes_whatever_happens_to_later_ones() {
 
 #[test]
 fn the_bound_is_at_least_one() {
-    let before = max_pending_per_peer();
-    set_max_pending_per_peer(0);
-    assert_eq!(max_pending_per_peer(), 1);
-    set_max_pending_per_peer(before);
+    let r = Releaser::<u32, u64>::new("nvfipc-test-releaser", 0, |_| Ok(()), |_| Ok(()));
+    assert_eq!(r.max_pending, 1);
+    assert_eq!(
+        crate::cuda::runtime().ipc.wait_room(0, Duration::ZERO),
+        Ok(())
+    );
 }
