@@ -80,7 +80,7 @@ impl DeviceBuffer {
             }),
         };
         for i in 0..count {
-            let handle = result::mem_create_posix_fd(segment, device)
+            let handle = result::mem_create(segment, device, result::HANDLE_TYPE_POSIX_FD)
                 .map_err(|rc| driver::error(rc, &format!("cuMemCreate({segment})")))?;
             buf.vmm.as_mut().expect("set above").handles.push(handle);
             // SAFETY: [base + i * segment, + segment) lies in the range reserved above and

@@ -27,60 +27,20 @@ pub struct Driver {
 }
 
 /// Every driver symbol this crate calls, the one list (cudarc's loader panics on a missing one).
-/// The last three serve only the CLI's device buffers; every driver since CUDA 4 has
-/// them, so requiring them turns no supported driver away.
-const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuGetErrorName",
-    "cuGetErrorString",
-    "cuDeviceGet",
-    "cuDeviceGetCount",
-    "cuDeviceGetAttribute",
-    "cuDeviceGetUuid_v2",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxGetCurrent",
-    "cuCtxSetCurrent",
-    "cuCtxPushCurrent_v2",
-    "cuCtxPopCurrent_v2",
-    "cuCtxGetDevice",
-    "cuCtxSynchronize",
-    "cuPointerGetAttributes",
-    "cuMemRetainAllocationHandle",
-    "cuMemRelease",
-    "cuMemCreate",
-    "cuMemGetAllocationGranularity",
-    "cuMemGetAllocationPropertiesFromHandle",
-    "cuMemExportToShareableHandle",
-    "cuMemImportFromShareableHandle",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemSetAccess",
-    "cuMemPoolExportToShareableHandle",
-    "cuMemPoolExportPointer",
-    "cuMemPoolImportFromShareableHandle",
-    "cuMemPoolImportPointer",
-    "cuMemPoolDestroy",
-    "cuMemPoolSetAccess",
-    "cuIpcGetMemHandle",
-    "cuIpcOpenMemHandle_v2",
-    "cuIpcCloseMemHandle",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemsetD32Async",
-    "cuMemcpyDtoDAsync_v2",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuStreamWriteValue32_v2",
-    "cuStreamWaitValue32_v2",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuStreamQuery",
-    "cuDeviceCanAccessPeer",
-];
+/// The last four serve only the CLI (device buffers, doctor); every supported driver has them.
+const REQUIRED_SYMBOLS: &str = "\
+    cuInit cuDriverGetVersion cuGetErrorName cuGetErrorString cuDeviceGet cuDeviceGetCount \
+    cuDeviceGetAttribute cuDeviceGetUuid_v2 cuDevicePrimaryCtxRetain cuCtxGetCurrent \
+    cuCtxSetCurrent cuCtxPushCurrent_v2 cuCtxPopCurrent_v2 cuCtxGetDevice cuCtxSynchronize \
+    cuPointerGetAttributes cuMemRetainAllocationHandle cuMemRelease cuMemCreate \
+    cuMemGetAllocationGranularity cuMemExportToShareableHandle cuMemImportFromShareableHandle \
+    cuMemAddressReserve cuMemAddressFree cuMemMap cuMemUnmap cuMemSetAccess \
+    cuMemPoolExportToShareableHandle cuMemPoolExportPointer cuMemPoolImportFromShareableHandle \
+    cuMemPoolImportPointer cuMemPoolDestroy cuMemPoolSetAccess cuIpcGetMemHandle \
+    cuIpcOpenMemHandle_v2 \
+    cuIpcCloseMemHandle cuMemAlloc_v2 cuMemFree_v2 cuMemsetD32Async cuMemcpyDtoDAsync_v2 \
+    cuStreamCreate cuStreamDestroy_v2 cuStreamSynchronize cuStreamWriteValue32_v2 \
+    cuStreamWaitValue32_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuStreamQuery cuDeviceCanAccessPeer";
 
 /// Oldest driver with the v2 stream memory operations (enabled by default on all platforms).
 pub const MIN_DRIVER_VERSION: i32 = 11070;
@@ -113,8 +73,7 @@ fn missing_symbols() -> Vec<&'static str> {
     // library and does not panic. Looking a symbol up has no side effects.
     let lib = unsafe { sys::culib() };
     REQUIRED_SYMBOLS
-        .iter()
-        .copied()
+        .split_whitespace()
         // SAFETY: the symbol is only looked up, never called through this pointer type.
         .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(*name) }.is_err())
         .collect()

@@ -674,24 +674,18 @@ where
         self.wait_below(peer, self.max_pending, timeout)
     }
 
-    /// Whether the thread is inside the close of mapping `key`.
-    fn closing(st: &State<K, T>, key: &K) -> bool {
-        st.running
-            .as_ref()
-            .is_some_and(|r| &r.job.key == key && r.phase == Phase::Closing && !r.revived)
-    }
-
-    /// Waits, at most `timeout`, until the thread is no longer inside the close of mapping `key`.
-    pub fn wait_not_closing(&self, key: &K, timeout: Duration) -> bool {
+    /// Waits, at most `timeout`, until `ready` holds; on timeout, the state as it is then.
+    fn wait_for(
+        &self,
+        timeout: Duration,
+        ready: impl Fn(&State<K, T>) -> bool,
+    ) -> std::result::Result<(), MutexGuard<'_, State<K, T>>> {
         let deadline = Instant::now() + timeout;
         let mut st = lock(&self.state);
-        loop {
-            if !Self::closing(&st, key) {
-                return true;
-            }
+        while !ready(&st) {
             let now = Instant::now();
             if now >= deadline {
-                return false;
+                return Err(st);
             }
             st = self
                 .changed
@@ -699,86 +693,73 @@ where
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .0;
         }
+        Ok(())
+    }
+
+    /// Waits, at most `timeout`, until the thread is no longer inside the close of mapping `key`.
+    pub fn wait_not_closing(&self, key: &K, timeout: Duration) -> bool {
+        self.wait_for(timeout, |st| {
+            !st.running
+                .as_ref()
+                .is_some_and(|r| &r.job.key == key && r.phase == Phase::Closing && !r.revived)
+        })
+        .is_ok()
+    }
+
+    fn pending_of(st: &State<K, T>, peer: usize) -> usize {
+        st.per_peer.get(&peer).copied().unwrap_or(0)
     }
 
     /// Closes of `peer`'s mappings queued or running now.
     #[cfg(test)]
     pub fn pending_for(&self, peer: usize) -> usize {
-        lock(&self.state).per_peer.get(&peer).copied().unwrap_or(0)
+        Self::pending_of(&lock(&self.state), peer)
     }
 
     /// Back-pressure: waits, at most `timeout`, until at most `limit` closes of `peer`'s
     /// mappings are queued or running. On timeout the closes stay queued (nothing is lost) and
     /// the error says how many wait, since when, and what the thread is doing.
     pub fn wait_below(&self, peer: usize, limit: usize, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let mut st = lock(&self.state);
-        loop {
-            let pending = st.per_peer.get(&peer).copied().unwrap_or(0);
-            if pending <= limit {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let oldest = st
-                    .queue
-                    .iter()
-                    .chain(Self::pending_running(&st))
-                    .filter(|j| j.peer == peer)
-                    .map(|j| now.saturating_duration_since(j.queued_at))
-                    .max()
-                    .unwrap_or_default();
-                let doing = match Self::pending_running(&st) {
-                    Some(j) => format!(
-                        "it has been closing a mapping of rank {} for {:?}",
-                        j.peer,
-                        now.saturating_duration_since(j.queued_at)
-                    ),
-                    None => "it is idle".to_string(),
-                };
-                return Err(Error::timeout(format!(
-                    "{pending} replaced mappings of peer rank {peer} are waiting to be closed \
-                     (at most {limit} may wait; the oldest for {oldest:?}) after {timeout:?}; \
-                     {doing}. A close waits until all work queued on this process's device \
-                     context has finished: is a stream waiting for something that happens only \
-                     after this exchange returns?"
-                )));
-            }
-            st = self
-                .changed
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .0;
-        }
+        let st = match self.wait_for(timeout, |st| Self::pending_of(st, peer) <= limit) {
+            Ok(()) => return Ok(()),
+            Err(st) => st,
+        };
+        let now = Instant::now();
+        let running = Self::pending_running(&st);
+        let oldest = (st.queue.iter().chain(running))
+            .filter(|j| j.peer == peer)
+            .map(|j| now.saturating_duration_since(j.queued_at))
+            .max()
+            .unwrap_or_default();
+        let doing = match running {
+            Some(j) => format!(
+                "it has been closing a mapping of rank {} for {:?}",
+                j.peer,
+                now.saturating_duration_since(j.queued_at)
+            ),
+            None => "it is idle".to_string(),
+        };
+        Err(Error::timeout(format!(
+            "{} replaced mappings of peer rank {peer} are waiting to be closed (at most {limit} \
+             may wait; the oldest for {oldest:?}) after {timeout:?}; {doing}. A close waits until \
+             all work queued on this process's device context has finished: is a stream waiting \
+             for something that happens only after this exchange returns?",
+            Self::pending_of(&st, peer)
+        )))
     }
 
     /// Waits, at most `timeout`, until every close submitted before this call has run (or was
     /// taken back). Returns how many are still pending on timeout.
     pub fn flush(&self, timeout: Duration) -> std::result::Result<(), usize> {
-        let deadline = Instant::now() + timeout;
-        let mut st = lock(&self.state);
         // Jobs are numbered in submission order; those submitted later do not count.
-        let target = st.submitted;
-        loop {
-            let left = st
-                .queue
-                .iter()
-                .chain(Self::pending_running(&st))
+        let target = lock(&self.state).submitted;
+        let left = |st: &State<K, T>| {
+            (st.queue.iter().chain(Self::pending_running(st)))
                 .filter(|j| j.seq < target)
-                .count();
-            if left == 0 {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(left);
-            }
-            st = self
-                .changed
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .0;
-        }
+                .count()
+        };
+        self.wait_for(timeout, |st| left(st) == 0)
+            .map_err(|st| left(&st))
     }
 
     pub fn counters(&self) -> ReleaseCounters {

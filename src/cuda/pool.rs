@@ -195,7 +195,7 @@ impl ImportKind for Pool {
         let _guard = ContextGuard::enter(p.context)?;
         // SAFETY: imported by `import`, left the import table with its last reference, not taken
         // back, and the work queued before the release has finished (drain step).
-        let freed = unsafe { result::mem_free_imported(p.ptr) }
+        let freed = unsafe { result::mem_free(p.ptr) }
             .map_err(|rc| driver::error(rc, &format!("cuMemFree of imported {:#x}", p.ptr)));
         self.frees.fetch_add(1, Ordering::Relaxed);
         freed
