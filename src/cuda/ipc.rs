@@ -56,12 +56,11 @@ impl std::fmt::Debug for IpcKey {
     }
 }
 
-/// Where an allocation is mapped here and what closing it needs.
+/// Where an allocation is mapped here, and the context it was opened in (`None`: this
+/// process's own allocation, nothing to close).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mapped {
     base: u64,
-    /// The context the mapping was opened in; `None` for this process's own allocations
-    /// (nothing was opened, nothing is closed).
     context: Option<Context>,
 }
 
@@ -88,10 +87,24 @@ impl ImportKind for Legacy {
     }
 
     fn close(&self, peer: usize, mapped: &Mapped) -> Result<()> {
-        match mapped.context {
-            Some(context) => self.close_mapping(peer, mapped.base, context),
-            None => Ok(()),
-        }
+        let (base, Some(context)) = (mapped.base, mapped.context) else {
+            return Ok(());
+        };
+        let _guard = ContextGuard::enter(context)?;
+        // SAFETY: `base` was returned by cuIpcOpenMemHandle in `context` (now current) and is
+        // closed once: the import table hands a mapping to its close only when its last
+        // reference went away (the entry leaves the table then), and the releaser closes only a
+        // job that `import` did not take back (checked under its lock before the close starts).
+        unsafe { result::ipc_close_mem_handle(base) }.map_err(|rc| {
+            let what = format!("cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation");
+            driver::error(rc, &what)
+        })?;
+        self.closes.fetch_add(1, Ordering::Relaxed);
+        log::info!(
+            target: logging::CUDA,
+            "cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation done"
+        );
+        Ok(())
     }
 }
 
@@ -161,11 +174,9 @@ pub fn open(
     })
 }
 
-/// Imports (or re-references) the allocation of rank `peer` described by `handle` in the
-/// context of `device` (the current context when `None`); dropping the guard releases it.
-/// `pid` is the exporter's process id when known; a handle of this process maps to the local
-/// allocation. A mapping still queued for its close is taken back; one being closed right now is
-/// waited for, at most `wait`, and then opened afresh.
+/// Imports (or re-references) the allocation of rank `peer` (process `pid` when known) described
+/// by `handle` in the context of `device` (the current one when `None`); dropping the guard
+/// releases it. A handle of this process maps to the local allocation.
 pub(crate) fn import(
     rt: &Runtime,
     peer: usize,
@@ -174,7 +185,6 @@ pub(crate) fn import(
     device: Option<i32>,
     wait: Duration,
 ) -> Result<IpcImport> {
-    driver::driver()?;
     let (context, _guard) = driver::enter_device(device)?;
     let key = IpcKey {
         device: context.device()?,
@@ -268,30 +278,6 @@ pub fn close(peer: usize, handle: &HandleBytes, device: i32) -> Result<()> {
     runtime().ipc.close_now(&key, peer, || {
         format!("this handle of rank {peer} on device {device}")
     })
-}
-
-impl Legacy {
-    /// Closes one mapping with its context current.
-    fn close_mapping(&self, peer: usize, base: u64, context: Context) -> Result<()> {
-        let _guard = ContextGuard::enter(context)?;
-        // SAFETY: `base` was returned by cuIpcOpenMemHandle in `context` (now current) and is closed
-        // once: the import table hands a mapping to its close only when its last reference went away
-        // (the entry leaves the table at that moment), and the releaser runs the close only for a job
-        // that `import` did not take back (it checks under its lock, where `revive` marks a job,
-        // before it starts the close).
-        unsafe { result::ipc_close_mem_handle(base) }.map_err(|rc| {
-            driver::error(
-                rc,
-                &format!("cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation"),
-            )
-        })?;
-        self.closes.fetch_add(1, Ordering::Relaxed);
-        log::info!(
-            target: logging::CUDA,
-            "cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation done"
-        );
-        Ok(())
-    }
 }
 
 /// Real driver opens and closes so far, and the mappings open now (process-wide).

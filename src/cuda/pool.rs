@@ -1,18 +1,14 @@
 //! Buffers of stream-ordered memory pools (`cudaMallocFromPoolAsync`, `cuMemAllocFromPoolAsync`).
 //!
 //! Exporter: the pool is exported once per transport as a POSIX fd (offered through the fd
-//! transport, `crate::fdpass`), and each allocation's `CUmemPoolPtrExportData` once per
-//! (allocation base, buffer id). Only pools created with POSIX fd handles can be exported; the
-//! device's default pool (what `cudaMallocAsync` and PyTorch's
-//! `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` use) never is, and is refused with that
-//! remedy.
+//! transport, `crate::fdpass`), each allocation's `CUmemPoolPtrExportData` once per (base, buffer
+//! id). Only pools created with POSIX fd handles can be exported, never the device's default pool
+//! (`cudaMallocAsync`, PyTorch's `backend:cudaMallocAsync`).
 //!
-//! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this process, each
-//! allocation once per (exporter pid, export data, device) with `cuMemPoolImportPointer`
-//! (allocations in the import table, [`super::imports`]; pools in this kind's sub-table). The
-//! last release of an allocation hands it to a releaser thread that synchronises the context
-//! and frees the imported pointer (the driver unmaps it); a pool is destroyed here when its
-//! last imported allocation is freed.
+//! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this kind's
+//! sub-table, each allocation once per (exporter pid, export data, device) in the import table
+//! ([`super::imports`]); the releaser frees an allocation, and a pool is destroyed with its last
+//! imported allocation.
 
 use super::driver::{self, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened};
@@ -166,9 +162,7 @@ pub(crate) struct ImportedPointer {
 #[derive(Default)]
 pub(crate) struct Pools(HashMap<PoolKey, ImportedPool>);
 
-/// Pool allocations in the import table ([`super::imports`]): opened with
-/// `cuMemPoolImportPointer` (importing the pool first when needed), closed by freeing the
-/// imported pointer; a pool is destroyed here when its last imported allocation is freed.
+/// Pool allocations in the import table.
 #[derive(Default)]
 pub(crate) struct Pool {
     /// Allocations imported and freed so far.
@@ -201,8 +195,18 @@ impl ImportKind for Pool {
         freed
     }
 
+    /// Drops the freed pointer's reference on its pool, destroying the pool with its last one.
     fn closed(&self, pools: &mut Pools, p: &ImportedPointer) {
-        release_pool(pools, p);
+        let Some(pool) = pools.0.get_mut(&p.pool) else {
+            return;
+        };
+        pool.pointers = pool.pointers.saturating_sub(1);
+        if pool.pointers == 0 {
+            let pool = pools.0.remove(&p.pool).expect("present under the lock");
+            // SAFETY: imported by `import`; its last imported pointer was just freed, and it is
+            // destroyed once (it leaves the sub-table here).
+            let _ = unsafe { result::mem_pool_destroy(pool.handle) };
+        }
     }
 }
 
@@ -323,21 +327,4 @@ fn open_pointer(
     };
     pool.pointers += 1;
     Ok(ptr)
-}
-
-/// Drops a freed pointer's reference on its pool, destroying the pool with its last pointer.
-fn release_pool(pools: &mut Pools, p: &ImportedPointer) {
-    let last = match pools.0.get_mut(&p.pool) {
-        Some(pool) => {
-            pool.pointers = pool.pointers.saturating_sub(1);
-            pool.pointers == 0
-        }
-        None => false,
-    };
-    if last {
-        let pool = pools.0.remove(&p.pool).expect("present under the lock");
-        // SAFETY: imported by `import`; its last imported pointer was just freed, and it is
-        // destroyed once (it leaves the sub-table here).
-        let _ = unsafe { result::mem_pool_destroy(pool.handle) };
-    }
 }

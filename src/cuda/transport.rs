@@ -70,12 +70,6 @@ impl Held {
     }
 }
 
-/// The references this transport holds on one mapping (one per import not yet released; all
-/// on the same import).
-struct Imported {
-    held: Vec<Held>,
-}
-
 /// (peer, exporter buffer id, base of the mapping here).
 type ImportKey = (usize, u64, u64);
 
@@ -91,12 +85,12 @@ pub struct CudaTransport {
     window: u64,
     pool_exports: PoolExports,
     slab: DeviceSemaphoreSlab,
-    /// Peer allocations imported through this transport, by (peer, exporter buffer id, where it
-    /// is mapped here). The place is part of the key because one peer buffer can be served by
-    /// several mappings at once: a VMM buffer over one segment is served by whichever mapped run
-    /// of the peer holds that segment when it is imported (its own run, or any of several
-    /// overlapping larger runs), and each is released to the run that served it.
-    imports: Mutex<HashMap<ImportKey, Imported>>,
+    /// Peer allocations imported through this transport: one reference per import not yet
+    /// released, all on the same import. The place is part of the key because one peer buffer
+    /// can be served by several mappings at once (a VMM buffer over one segment, by whichever
+    /// mapped run of the peer holds it when it is imported), each released to the run that
+    /// served it.
+    imports: Mutex<HashMap<ImportKey, Vec<Held>>>,
 }
 
 /// `exact`, the run of the VMM buffer `alloc` (whose pointer `info` describes), widened within
@@ -118,15 +112,7 @@ fn widened(exact: Run, info: &PointerInfo, alloc: &DeviceAllocation, window: u64
 /// The VMM segment mapped at `at`, if it can be exported as `handle_types`.
 fn vmm_segment_at(at: u64, handle_types: u32) -> Option<LocalSegment> {
     let alloc = memory::classify(&memory::query(at).ok()?, 1).ok()?;
-    match alloc.kind {
-        DeviceMemoryKind::Vmm { handle_types: h } if h == handle_types => Some(LocalSegment {
-            base: alloc.base,
-            size: alloc.size,
-            id: alloc.buffer_id,
-            handle_types: h,
-        }),
-        _ => None,
-    }
+    LocalSegment::of(&alloc).filter(|s| s.handle_types == handle_types)
 }
 
 impl CudaTransport {
@@ -296,24 +282,16 @@ impl Transport for CudaTransport {
     }
 
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
-        let what = || format!("exporting device buffer {:#x}", buf.ptr);
         // Only on a miss: the kind (and a VMM buffer's segments) are looked up again.
-        let alloc = memory::resolve(buf.ptr, buf.bytes).map_err(|e| e.context(what()))?;
-        match alloc.kind {
-            DeviceMemoryKind::Legacy => {
-                let payload =
-                    ipc::export(self.rt, buf.base, buf.buffer_id).map_err(|e| e.context(what()))?;
-                Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, payload))
-            }
-            DeviceMemoryKind::Vmm { .. } => {
-                let run = self.run_of(buf, &alloc).map_err(|e| e.context(what()))?;
-                self.vmm_exports.export(&run).map_err(|e| e.context(what()))
-            }
-            DeviceMemoryKind::Pool { .. } => self
-                .pool_exports
-                .export(&alloc)
-                .map_err(|e| e.context(what())),
-        }
+        let exported = memory::resolve(buf.ptr, buf.bytes).and_then(|alloc| match alloc.kind {
+            DeviceMemoryKind::Legacy => ipc::export(self.rt, buf.base, buf.buffer_id)
+                .map(|payload| ExportedHandle::plain(HandleType::CudaLegacyIpc, payload)),
+            DeviceMemoryKind::Vmm { .. } => self
+                .run_of(buf, &alloc)
+                .and_then(|run| self.vmm_exports.export(&run)),
+            DeviceMemoryKind::Pool { .. } => self.pool_exports.export(&alloc),
+        });
+        exported.map_err(|e| e.context(format!("exporting device buffer {:#x}", buf.ptr)))
     }
 
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
@@ -329,7 +307,7 @@ impl Transport for CudaTransport {
         })?;
         let base = held.base();
         let key = (peer, rec.buffer_id, base);
-        if let Some(first) = imports.get(&key).and_then(|entry| entry.held.first()) {
+        if let Some(first) = imports.get(&key).and_then(|held| held.first()) {
             if !first.same_import(&held) {
                 // Two live mappings at one address cannot exist: the driver would have refused.
                 let err = Error::internal(format!(
@@ -341,11 +319,7 @@ impl Transport for CudaTransport {
                 return Err(err);
             }
         }
-        imports
-            .entry(key)
-            .or_insert_with(|| Imported { held: Vec::new() })
-            .held
-            .push(held);
+        imports.entry(key).or_default().push(held);
         Ok(Mapping {
             peer,
             base,
@@ -358,7 +332,7 @@ impl Transport for CudaTransport {
     fn release(&self, mapping: &Mapping) -> Result<()> {
         let mut imports = lock(&self.imports);
         let key = (mapping.peer, mapping.buffer_id, mapping.base);
-        let held = imports.get_mut(&key).and_then(|entry| entry.held.pop());
+        let held = imports.get_mut(&key).and_then(Vec::pop);
         let held = held.ok_or_else(|| {
             Error::not_found(format!(
                 "buffer {} of rank {} mapped at {:#x} is not imported by this transport \
@@ -366,7 +340,7 @@ impl Transport for CudaTransport {
                 mapping.buffer_id, mapping.peer, mapping.base
             ))
         })?;
-        if imports.get(&key).is_some_and(|entry| entry.held.is_empty()) {
+        if imports.get(&key).is_some_and(Vec::is_empty) {
             imports.remove(&key);
         }
         held.release()
@@ -401,10 +375,8 @@ impl Drop for CudaTransport {
         // Release what the owner did not (closed on the releaser threads); the exports withdraw
         // their offers and the slab frees itself afterwards (field order).
         let imports = self.imports.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (_, entry) in imports.drain() {
-            for held in entry.held {
-                let _ = held.release();
-            }
+        for held in imports.drain().flat_map(|(_, held)| held) {
+            let _ = held.release();
         }
     }
 }

@@ -1,22 +1,16 @@
 //! Exporting VMM buffers (`cuMemCreate` + `cuMemMap`: PyTorch's expandable segments, nvFuser's
-//! symmetric memory): the exporter's half. The importer's half is `super::vmm_map`.
+//! symmetric memory): the exporter's half; the importer's is `super::vmm_map`.
 //!
-//! A VMM buffer may span several physical allocations ("segments": PyTorch maps 2 MiB or 20 MiB
-//! handles back to back into one reserved range). [`resolve_run`] walks them in address order
-//! with the pointer attributes `MAPPING_BASE_ADDR`/`MAPPING_SIZE` (the `RANGE_*` attributes give
-//! the whole reserved range), starting at the one that holds the pointer, until the buffer's end
-//! is covered; a buffer inside one segment costs no driver call beyond the pointer query. A
+//! A VMM buffer may span several physical allocations ("segments", mapped back to back in one
+//! reserved range). [`resolve_run`] walks them in address order with the pointer attributes
+//! `MAPPING_BASE_ADDR`/`MAPPING_SIZE`, from the one that holds the pointer to the buffer's end; a
 //! segment's id is its `MEMORY_BLOCK_ID`.
 //!
-//! [`VmmExports`] exports each segment once: `cuMemRetainAllocationHandle`, then
-//! `cuMemExportToShareableHandle` as a POSIX fd (offered to importers through the fd transport,
-//! `crate::fdpass`) or, for allocations that allow only FABRIC, as a fabric handle; the retained
-//! reference is dropped at once, the exported fd keeps the memory importable. Exports are cached
-//! per (segment base, segment id): a segment unmapped and replaced by a new one at the same
-//! address gets a fresh export, and the old offer is withdrawn, as are offers of segments that
-//! are no longer mapped (checked on every export miss) and all offers when the exports are
-//! dropped. An offer's fd keeps its physical memory alive until it is withdrawn, as a memfd does
-//! for host buffers.
+//! [`VmmExports`] exports each segment once (`cuMemRetainAllocationHandle`, then
+//! `cuMemExportToShareableHandle` as a POSIX fd offered through `crate::fdpass`, or as a FABRIC
+//! handle for allocations that allow only FABRIC), cached per (segment base, segment id). Offers
+//! of segments replaced or no longer mapped (checked on every export miss) are withdrawn, as are
+//! all offers when the exports are dropped; an offered fd keeps its memory alive until then.
 
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, FABRIC_HANDLE_LEN, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
@@ -41,6 +35,21 @@ pub struct LocalSegment {
     pub id: u64,
     /// `CU_MEM_HANDLE_TYPE_*` bits it can be exported as.
     pub handle_types: u32,
+}
+
+impl LocalSegment {
+    /// The segment `alloc` is, when it is VMM memory.
+    pub fn of(alloc: &DeviceAllocation) -> Option<LocalSegment> {
+        match alloc.kind {
+            DeviceMemoryKind::Vmm { handle_types } => Some(LocalSegment {
+                base: alloc.base,
+                size: alloc.size,
+                id: alloc.buffer_id,
+                handle_types,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// The segments that hold a VMM buffer, in address order.
@@ -74,31 +83,16 @@ impl Run {
 /// Walks the segments of the VMM buffer `alloc` (classified as VMM, its range being the segment
 /// that holds the pointer) until its end.
 pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
-    let DeviceMemoryKind::Vmm { handle_types } = alloc.kind else {
-        return Err(Error::internal(format!(
-            "pointer {:#x} is not VMM memory",
-            alloc.ptr
-        )));
-    };
-    let first = LocalSegment {
-        base: alloc.base,
-        size: alloc.size,
-        id: alloc.buffer_id,
-        handle_types,
-    };
+    let first = LocalSegment::of(alloc)
+        .ok_or_else(|| Error::internal(format!("pointer {:#x} is not VMM memory", alloc.ptr)))?;
     walk(alloc.ptr, alloc.bytes, first, |at| {
         let next = memory::classify(&memory::query(at)?, 1)?;
-        match next.kind {
-            DeviceMemoryKind::Vmm { handle_types } => Ok(LocalSegment {
-                base: next.base,
-                size: next.size,
-                id: next.buffer_id,
-                handle_types,
-            }),
-            other => Err(Error::unsupported(format!(
-                "the buffer continues at {at:#x} into memory that is not VMM ({other:?})"
-            ))),
-        }
+        LocalSegment::of(&next).ok_or_else(|| {
+            Error::unsupported(format!(
+                "the buffer continues at {at:#x} into memory that is not VMM ({:?})",
+                next.kind
+            ))
+        })
     })
 }
 
@@ -344,25 +338,12 @@ impl VmmExports {
             fdpass.unregister(id);
         }
     }
-
-    /// Segments exported and still offered.
-    pub fn len(&self) -> usize {
-        lock(&self.table).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl Drop for VmmExports {
     fn drop(&mut self) {
-        let table = self.table.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (_, e) in table.drain() {
-            if let (Offer::Fd(id), Some(fdpass)) = (e.offer, &self.fdpass) {
-                fdpass.unregister(&id);
-            }
-        }
+        let table = std::mem::take(self.table.get_mut().unwrap_or_else(|p| p.into_inner()));
+        table.values().for_each(|e| self.withdraw(&e.offer));
     }
 }
 
