@@ -50,10 +50,8 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
     /// The kind's own state, kept under the table's lock.
     type Side: Default + Send + 'static;
 
-    /// Name of the releaser thread.
+    /// The releaser thread's name, and what a flush that timed out reports as still waiting.
     const THREAD: &'static str;
-    /// What a flush that timed out reports as still waiting ("... mapping(s) were still waiting
-    /// to be closed").
     const PENDING: &'static str;
 
     /// Where the mapping starts in this process.
@@ -81,9 +79,9 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
     fn closed(&self, _side: &mut Self::Side, _mapped: &Self::Mapped) {}
 }
 
-/// One imported peer allocation.
+/// One imported peer allocation and its references.
 pub(crate) struct Entry<M> {
-    pub mapped: M,
+    mapped: M,
     refs: usize,
 }
 
@@ -119,7 +117,7 @@ struct Inner<K: ImportKind> {
     releaser: Arc<Releaser<K::Key, K::Mapped>>,
 }
 
-/// A process-wide table of one kind's imports (cheap to clone: all clones are the same table).
+/// The table of one kind's imports (clones are the same table, which the guards hold).
 pub(crate) struct ImportTable<K: ImportKind> {
     inner: Arc<Inner<K>>,
 }
@@ -132,10 +130,9 @@ impl<K: ImportKind> Clone for ImportTable<K> {
     }
 }
 
-// Lock order: the table's lock, then the releaser's (inside `find_or_take_back` and `submit`).
-// The releaser never holds its own lock while it runs a step, so its close step may take the
-// table's lock. Every update under the table's lock is a few map operations, so `lock` may
-// ignore poisoning.
+// Lock order: the table's lock, then the releaser's. The releaser never holds its own lock while
+// it runs a step, so its close step may take the table's lock. Updates under either lock are a
+// few map operations, so `lock` may ignore poisoning.
 
 impl<K: ImportKind> ImportTable<K> {
     /// A table whose releaser lets at most `max_pending` closes of one peer wait.
@@ -294,8 +291,8 @@ impl<K: ImportKind> ImportTable<K> {
         self.inner.releaser.flush_within(timeout, K::PENDING)
     }
 
-    /// Reads the table under its lock: live entries, the kind's state, and the releaser's counters
-    /// read under the same lock (so an entry is never counted both live and pending).
+    /// Reads the table, the kind's state and the releaser's counters under the table's lock (an
+    /// entry is never counted both live and pending).
     pub fn inspect<R>(&self, f: impl FnOnce(&Tables<K>, ReleaseCounters) -> R) -> R {
         let t = lock(&self.inner.state);
         f(&t, self.inner.releaser.counters())
@@ -310,9 +307,8 @@ impl<K: ImportKind> ImportTable<K> {
     }
 }
 
-/// One reference on an imported peer allocation. Dropping it releases the reference (the last
-/// one hands the mapping to the releaser); [`release`](Self::release) does the same and reports
-/// an error.
+/// One reference on an imported peer allocation, released on drop (or by
+/// [`release`](Self::release), which reports an error).
 pub(crate) struct Import<K: ImportKind> {
     table: ImportTable<K>,
     key: K::Key,
@@ -465,9 +461,6 @@ pub struct Releaser<K, T> {
     /// Most closes of one peer that may wait before [`wait_room`](Self::wait_room) waits.
     max_pending: usize,
 }
-
-// Every update of `State` is a few field assignments with no call that can panic in between,
-// so `lock` may ignore poisoning.
 
 impl<K, T> Releaser<K, T>
 where
