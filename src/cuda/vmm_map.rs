@@ -1,22 +1,17 @@
 //! Importing peers' VMM buffers: the importer's half of [`super::vmm`].
 //!
 //! A record lists the buffer's physical allocations (segments). Importing it:
-//! 1. each segment not imported yet in this process is fetched (all of a record's missing fds in
-//!    one request to the exporter's responder, `crate::fdpass`) and imported with
-//!    `cuMemImportFromShareableHandle`; the fd is closed at once. Segments are imported once per
-//!    (exporter pid, segment id, device), whatever the buffers and caches that use them;
-//! 2. the run of segments is mapped: one VA range of exactly the run's size is reserved, each
-//!    segment mapped back to back (whole allocations: a partial `cuMemMap` is not supported by
-//!    the driver), and access set once for the importing device. Runs are mapped once per
-//!    (exporter pid, device, segment list); a buffer over the same segments, or over segments
-//!    that a mapped run holds back to back, is served by that mapping and costs no driver call.
+//! 1. each segment not imported yet is fetched (all of a record's missing fds in one request to
+//!    the exporter's responder, `crate::fdpass`) and imported with
+//!    `cuMemImportFromShareableHandle`, once per (exporter pid, segment id, device) in this
+//!    kind's sub-table, whatever the buffers and caches that use it;
+//! 2. the run of segments is mapped: one VA range of the run's size reserved, each segment mapped
+//!    back to back (a partial `cuMemMap` is not supported), access set for the importing device.
+//!    Runs are mapped once per (exporter pid, device, segment list) in the import table
+//!    ([`super::imports`]); a buffer over segments that a mapped run holds back to back is served
+//!    by that mapping with no driver call.
 //!
-//! Runs live in the import table ([`super::imports`], keyed by [`RunKey`]), segments in this
-//! kind's sub-table under the same lock. Releases never wait for device work: the last reference
-//! of a run is handed to a releaser thread (`super::release`) that synchronises the mapping's
-//! context, then unmaps, frees the VA range and drops the run's references on its segments; a
-//! segment's imported handle is released when no run maps it any more. A run requested again
-//! while it waits is taken back.
+//! The releaser unmaps a run and frees its range; a segment is released when no run maps it.
 
 use super::driver::{self, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened, Tables};
