@@ -279,12 +279,6 @@ impl<K: ImportKind> ImportTable<K> {
         self.inner.releaser.wait_room(peer, timeout)
     }
 
-    /// [`wait_room`](Self::wait_room) with the bound `limit`.
-    #[cfg(test)]
-    fn wait_below(&self, peer: usize, limit: usize, timeout: Duration) -> Result<()> {
-        self.inner.releaser.wait_below(peer, limit, timeout)
-    }
-
     /// Waits, at most `timeout`, until every close queued before this call has run; a `Timeout`
     /// saying how many are left otherwise (they stay queued).
     pub fn flush(&self, timeout: Duration) -> Result<()> {
@@ -699,14 +693,9 @@ where
         .is_ok()
     }
 
+    /// Closes of `peer`'s mappings queued or running.
     fn pending_of(st: &State<K, T>, peer: usize) -> usize {
         st.per_peer.get(&peer).copied().unwrap_or(0)
-    }
-
-    /// Closes of `peer`'s mappings queued or running now.
-    #[cfg(test)]
-    pub fn pending_for(&self, peer: usize) -> usize {
-        Self::pending_of(&lock(&self.state), peer)
     }
 
     /// Back-pressure: waits, at most `timeout`, until at most `limit` closes of `peer`'s

@@ -113,14 +113,14 @@ fn submit_returns_at_once_and_the_thread_closes_in_order() {
     r.submit(1, 7, 10).unwrap();
     r.submit(2, 7, 20).unwrap();
     // Nothing has been let through, yet submit returned.
-    assert_eq!(r.pending_for(7), 2);
+    assert_eq!(Releaser::pending_of(&lock(&r.state), 7), 2);
     assert_eq!(r.counters().pending, 2);
     g.drain.send(()).unwrap();
     g.drain.send(()).unwrap();
     assert_eq!(g.done.recv().unwrap(), 1);
     assert_eq!(g.done.recv().unwrap(), 2);
     r.flush(Duration::from_secs(10)).unwrap();
-    assert_eq!(r.pending_for(7), 0);
+    assert_eq!(Releaser::pending_of(&lock(&r.state), 7), 0);
     let c = r.counters();
     assert_eq!((c.pending, c.finished, c.errors), (0, 2, 0));
 }
