@@ -169,9 +169,11 @@ impl<K: ImportKind> ImportTable<K> {
         &self.inner.kind
     }
 
-    /// Takes a reference on the import of `key` for rank `peer`: a live one, one taken back from
-    /// the releaser, or (after waiting at most `wait` for a close of `key` in progress) what
-    /// `open` does under the table's lock. `what` names the allocation in a timeout.
+    /// Takes a reference on the import of `key` for rank `peer`: a live one; else one still
+    /// queued for its close (or whose device work is being waited for), taken back still mapped;
+    /// else, once a close of `key` in progress has finished (waited for at most `wait`, with the
+    /// table unlocked; `what` names the allocation in the timeout), what `open` does under the
+    /// table's lock. Releases submit under that lock, so nothing reaches the releaser meanwhile.
     pub fn acquire(
         &self,
         key: K::Key,
@@ -180,40 +182,43 @@ impl<K: ImportKind> ImportTable<K> {
         what: impl Fn() -> String,
         open: impl FnOnce(&mut Tables<K>) -> Result<Opened<K::Key, K::Mapped>>,
     ) -> Result<Import<K>> {
-        let kind = &*self.inner.kind;
-        let found = self.inner.releaser.find_or_take_back(
-            &self.inner.state,
-            &key,
-            wait,
-            |t: &mut Tables<K>| {
-                t.entries.get_mut(&key).map(|e| {
-                    e.refs += 1;
-                    kind.base(&e.mapped)
-                })
-            },
-            |t: &mut Tables<K>, mapped| {
-                let base = kind.base(&mapped);
-                t.entries.insert(key, Entry { mapped, refs: 1 });
-                base
-            },
-            what,
-        )?;
-        let (held, base) = match found {
-            Found::Ready(base) => (key, base),
-            Found::Open(mut t) => match open(&mut t)? {
-                Opened::Mapped(mapped) => {
-                    let base = kind.base(&mapped);
-                    t.entries.insert(key, Entry { mapped, refs: 1 });
-                    (key, base)
+        let (kind, releaser) = (&*self.inner.kind, &self.inner.releaser);
+        let mut t = lock(&self.inner.state);
+        let (held, base) = loop {
+            if let Some(e) = t.entries.get_mut(&key) {
+                e.refs += 1;
+                break (key, kind.base(&e.mapped));
+            }
+            let mapped = match releaser.revive(&key) {
+                Revive::Queued(mapped) => mapped,
+                Revive::Closing => {
+                    drop(t);
+                    if !releaser.wait_not_closing(&key, wait) {
+                        return Err(Error::timeout(format!(
+                            "{} is opened again while this process is still closing its \
+                             previous mapping, and the close did not finish within {wait:?} (a \
+                             close waits until all work queued on the device context has \
+                             finished)",
+                            what()
+                        )));
+                    }
+                    t = lock(&self.inner.state);
+                    continue;
                 }
-                Opened::Within { key: outer, offset } => {
-                    let e = t.entries.get_mut(&outer).ok_or_else(|| {
-                        Error::internal(format!("{outer:?} serves {key:?} but is not imported"))
-                    })?;
-                    e.refs += 1;
-                    (outer, kind.base(&e.mapped) + offset)
-                }
-            },
+                Revive::Absent => match open(&mut t)? {
+                    Opened::Mapped(mapped) => mapped,
+                    Opened::Within { key: outer, offset } => {
+                        let e = t.entries.get_mut(&outer).ok_or_else(|| {
+                            Error::internal(format!("{outer:?} serves {key:?} but is not imported"))
+                        })?;
+                        e.refs += 1;
+                        break (outer, kind.base(&e.mapped) + offset);
+                    }
+                },
+            };
+            let base = kind.base(&mapped);
+            t.entries.insert(key, Entry { mapped, refs: 1 });
+            break (key, base);
         };
         Ok(Import {
             table: self.clone(),
@@ -389,14 +394,6 @@ pub enum Revive<T> {
     Closing,
     /// Not in the releaser.
     Absent,
-}
-
-/// What [`Releaser::find_or_take_back`] found.
-pub enum Found<'a, G, R> {
-    /// A live import, or one taken back from the releaser.
-    Ready(R),
-    /// Neither: open afresh, under the importer's table lock, handed back.
-    Open(MutexGuard<'a, G>),
 }
 
 /// Where the thread is with the job it runs.
@@ -602,46 +599,6 @@ where
         st.revived += 1;
         self.changed.notify_all();
         Revive::Queued(taken.1)
-    }
-
-    /// The lookup every importer starts with, under its table lock (`table`): `hit` looks for a
-    /// live import of `key`; a mapping still queued for its close (or whose device work is being
-    /// waited for) is taken back, still mapped, and handed to `revived`; one being closed right
-    /// now is waited for, at most `wait`, with the table unlocked (a `Timeout` saying `what` is
-    /// being opened otherwise). The table lock must be the one under which the importer submits
-    /// its releases, so that nothing new reaches the releaser for `key` meanwhile.
-    pub fn find_or_take_back<'a, G, R>(
-        &self,
-        table: &'a Mutex<G>,
-        key: &K,
-        wait: Duration,
-        mut hit: impl FnMut(&mut G) -> Option<R>,
-        revived: impl FnOnce(&mut G, T) -> R,
-        what: impl Fn() -> String,
-    ) -> Result<Found<'a, G, R>> {
-        let mut guard = lock(table);
-        loop {
-            if let Some(found) = hit(&mut guard) {
-                return Ok(Found::Ready(found));
-            }
-            match self.revive(key) {
-                Revive::Queued(target) => return Ok(Found::Ready(revived(&mut guard, target))),
-                Revive::Closing => {
-                    drop(guard);
-                    if !self.wait_not_closing(key, wait) {
-                        return Err(Error::timeout(format!(
-                            "{} is opened again while this process is still closing its \
-                             previous mapping, and the close did not finish within {wait:?} (a \
-                             close waits until all work queued on the device context has \
-                             finished)",
-                            what()
-                        )));
-                    }
-                    guard = lock(table);
-                }
-                Revive::Absent => return Ok(Found::Open(guard)),
-            }
-        }
     }
 
     /// [`flush`](Self::flush) as a `Timeout` naming `what` waits (e.g. "VMM mapping(s) ... to

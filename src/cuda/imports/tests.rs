@@ -121,6 +121,33 @@ fn one_open_per_key_and_the_last_guard_hands_it_to_the_releaser() {
 }
 
 #[test]
+fn acquire_hits_takes_back_or_opens_afresh() {
+    let (t, gate) = gated();
+    let live = acquire(&t, 5, 1, 0x5000);
+    assert_eq!(acquire(&t, 5, 1, 0x5555).base(), 0x5000, "a live entry");
+    // Queued (the drain of 6 holds the thread): 7 is taken back, still mapped, into the table.
+    drop(acquire(&t, 6, 1, 0x6000));
+    drop(acquire(&t, 7, 1, 0x7000));
+    let opened = opens(&t);
+    let back = acquire(&t, 7, 1, 0x7777);
+    assert_eq!(back.base(), 0x7000, "taken back from the queue");
+    assert_eq!(opens(&t), opened);
+    assert!(t.inspect(|tables, _| tables.entries().any(|(k, _)| *k == 7)));
+    // Nothing to find: opened afresh under the lock.
+    let fresh = acquire(&t, 8, 1, 0x8000);
+    assert_eq!(fresh.base(), 0x8000);
+    assert_eq!(opens(&t), opened + 1);
+    gate.send(()).unwrap();
+    t.flush(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        closes(&t),
+        vec![0x6000],
+        "only what was not taken back closes"
+    );
+    drop((live, back, fresh));
+}
+
+#[test]
 fn a_mapping_waiting_for_its_close_is_taken_back_still_mapped() {
     let (t, gate) = gated();
     let a = acquire(&t, 7, 3, 0x7000);

@@ -68,46 +68,6 @@ fn wait_until_phase(r: &Releaser<u32, u64>, key: u32, phase: Phase) {
 }
 
 #[test]
-fn find_or_take_back_hits_revives_or_hands_the_table_back() {
-    let (r, g) = gated();
-    let table: Mutex<HashMap<u32, u64>> = Mutex::new(HashMap::from([(5, 50)]));
-    let find = |key: u32| {
-        r.find_or_take_back(
-            &table,
-            &key,
-            Duration::from_millis(50),
-            |t| t.get(&key).copied(),
-            |t, target| {
-                t.insert(key, target);
-                target + 1
-            },
-            || format!("mapping {key}"),
-        )
-        .unwrap()
-    };
-    assert!(matches!(find(5), Found::Ready(50)), "a live entry");
-    // Queued (its drain has not been let through): taken back, handed to `revived`.
-    r.submit(6, 1, 60).unwrap();
-    r.submit(7, 1, 70).unwrap();
-    assert!(
-        matches!(find(7), Found::Ready(71)),
-        "taken back from the queue"
-    );
-    assert_eq!(lock(&table).get(&7), Some(&70));
-    match find(8) {
-        Found::Open(mut t) => {
-            t.insert(8, 80);
-        }
-        Found::Ready(_) => panic!("nothing to find for 8"),
-    }
-    assert_eq!(lock(&table).get(&8), Some(&80));
-    g.drain.send(()).unwrap();
-    r.flush_within(Duration::from_secs(10), "mapping(s) left")
-        .unwrap();
-    assert_eq!(g.done.recv().unwrap(), 6);
-}
-
-#[test]
 fn submit_returns_at_once_and_the_thread_closes_in_order() {
     let (r, g) = gated();
     r.submit(1, 7, 10).unwrap();
