@@ -38,8 +38,6 @@ pub mod store;
 mod sync;
 #[cfg(test)]
 mod test_rng;
-#[doc(hidden)]
-pub mod test_support;
 pub mod transport;
 
 pub use error::{Error, Result, Status};

@@ -17,6 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
+// The CLI's device buffers (the library allocates no device memory).
+#[allow(dead_code)]
+#[path = "../cli/src/device_buffer.rs"]
+mod device_buffer;
 use common::{env_usize, jitter, Ranks};
 
 const ROLE: &str = "NVFIPC_EXCHANGE_CHILD";
@@ -962,8 +966,8 @@ fn warm(r: Rank) {
 /// Both ranks send device buffers to each other with the device get-zcopy primitives; rank 0
 /// replaces its send buffer every other step.
 fn device(r: Rank) {
+    use device_buffer::{DeviceBuffer, DeviceStream};
     use nvfuser_ipc::cuda::p2p::{channel_recv_post, channel_send_post, channel_send_wait};
-    use nvfuser_ipc::test_support::device_buffer::{DeviceBuffer, DeviceStream};
     const N: u64 = 1 << 16;
     let peer = 1 - r.rank;
     let stream = DeviceStream::new().unwrap();

@@ -13,6 +13,7 @@ mod cuda;
 mod host;
 mod job;
 pub mod peer;
+mod probe;
 
 use crate::args::positive_ms;
 use serde_json::{json, Value};

@@ -5,6 +5,7 @@ mod args;
 mod barrier_test;
 mod bench;
 mod demo;
+mod device_buffer;
 mod doctor;
 mod launch;
 mod memory;

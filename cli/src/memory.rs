@@ -1,11 +1,11 @@
 //! Buffers and transfers of the demo and the benchmarks, on the device or in shared memory:
 //! one type so that the ring logic does not care where the bytes live.
 
+use crate::device_buffer::{DeviceBuffer, DeviceStream};
 use nvfuser_ipc::cuda::driver::{self, ContextGuard};
 use nvfuser_ipc::cuda::p2p;
 use nvfuser_ipc::exchange::{MemKind, P2pHandles};
 use nvfuser_ipc::host::{self, HostBuffer};
-use nvfuser_ipc::test_support::device_buffer::{DeviceBuffer, DeviceStream};
 use nvfuser_ipc::{Error, Result};
 use std::time::Duration;
 

@@ -16,10 +16,8 @@
 
 use crate::error::{Error, Result, Status};
 use cudarc::driver::sys;
-use once_cell::sync::{Lazy, OnceCell};
-use std::collections::HashMap;
+use once_cell::sync::OnceCell;
 use std::ffi::{c_char, CStr};
-use std::sync::Mutex;
 
 /// Proof that the driver library is loaded and `cuInit(0)` succeeded.
 #[derive(Debug)]
@@ -29,64 +27,25 @@ pub struct Driver {
 }
 
 /// Every driver symbol this crate calls, the one list (cudarc's loader panics on a missing one).
-/// The last three serve only `test_support`'s device buffers; every driver since CUDA 4 has
-/// them, so requiring them turns no supported driver away.
-const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuGetErrorName",
-    "cuGetErrorString",
-    "cuDeviceGet",
-    "cuDeviceGetCount",
-    "cuDeviceGetAttribute",
-    "cuDeviceGetUuid_v2",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxGetCurrent",
-    "cuCtxSetCurrent",
-    "cuCtxPushCurrent_v2",
-    "cuCtxPopCurrent_v2",
-    "cuCtxGetDevice",
-    "cuCtxSynchronize",
-    "cuPointerGetAttributes",
-    "cuMemRetainAllocationHandle",
-    "cuMemRelease",
-    "cuMemCreate",
-    "cuMemGetAllocationGranularity",
-    "cuMemGetAllocationPropertiesFromHandle",
-    "cuMemExportToShareableHandle",
-    "cuMemImportFromShareableHandle",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemSetAccess",
-    "cuMemPoolExportToShareableHandle",
-    "cuMemPoolExportPointer",
-    "cuMemPoolImportFromShareableHandle",
-    "cuMemPoolImportPointer",
-    "cuMemPoolDestroy",
-    "cuMemPoolSetAccess",
-    "cuIpcGetMemHandle",
-    "cuIpcOpenMemHandle_v2",
-    "cuIpcCloseMemHandle",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemsetD32Async",
-    "cuMemcpyDtoDAsync_v2",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuStreamWriteValue32_v2",
-    "cuStreamWaitValue32_v2",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuStreamQuery",
-    "cuDeviceCanAccessPeer",
-];
+/// The last four serve only the CLI (device buffers, doctor); every supported driver has them.
+const REQUIRED_SYMBOLS: &str = "\
+    cuInit cuDriverGetVersion cuGetErrorName cuGetErrorString cuDeviceGet cuDeviceGetCount \
+    cuDeviceGetAttribute cuDeviceGetUuid_v2 cuDevicePrimaryCtxRetain cuCtxGetCurrent \
+    cuCtxSetCurrent cuCtxPushCurrent_v2 cuCtxPopCurrent_v2 cuCtxGetDevice cuCtxSynchronize \
+    cuPointerGetAttributes cuMemRetainAllocationHandle cuMemRelease cuMemCreate \
+    cuMemGetAllocationGranularity cuMemExportToShareableHandle cuMemImportFromShareableHandle \
+    cuMemAddressReserve cuMemAddressFree cuMemMap cuMemUnmap cuMemSetAccess \
+    cuMemPoolExportToShareableHandle cuMemPoolExportPointer cuMemPoolImportFromShareableHandle \
+    cuMemPoolImportPointer cuMemPoolDestroy cuMemPoolSetAccess cuIpcGetMemHandle \
+    cuIpcOpenMemHandle_v2 \
+    cuIpcCloseMemHandle cuMemAlloc_v2 cuMemFree_v2 cuMemsetD32Async cuMemcpyDtoDAsync_v2 \
+    cuStreamCreate cuStreamDestroy_v2 cuStreamSynchronize cuStreamWriteValue32_v2 \
+    cuStreamWaitValue32_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuStreamQuery cuDeviceCanAccessPeer";
 
 /// Oldest driver with the v2 stream memory operations (enabled by default on all platforms).
 pub const MIN_DRIVER_VERSION: i32 = 11070;
 
+// process-wide: the process loads libcuda and runs cuInit once.
 static DRIVER: OnceCell<Result<Driver>> = OnceCell::new();
 
 /// The loaded and initialised driver, or why there is none (`CudaUnavailable`).
@@ -114,8 +73,7 @@ fn missing_symbols() -> Vec<&'static str> {
     // library and does not panic. Looking a symbol up has no side effects.
     let lib = unsafe { sys::culib() };
     REQUIRED_SYMBOLS
-        .iter()
-        .copied()
+        .split_whitespace()
         // SAFETY: the symbol is only looked up, never called through this pointer type.
         .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(*name) }.is_err())
         .collect()
@@ -257,9 +215,8 @@ pub fn current_context() -> Result<Option<Context>> {
     Ok((!ctx.is_null()).then(|| Context::from_raw(ctx)))
 }
 
-static PRIMARY: Lazy<Mutex<HashMap<i32, Context>>> = Lazy::new(|| Mutex::new(HashMap::new()));
-
-/// The primary context of `device`, retained once per process and never released.
+/// The primary context of `device`, retained once per process (kept in the process's
+/// [`Runtime`](super::Runtime)) and never released.
 pub fn primary_context(device: i32) -> Result<Context> {
     driver()?;
     let count = device_count()?;
@@ -269,7 +226,7 @@ pub fn primary_context(device: i32) -> Result<Context> {
              CUDA_VISIBLE_DEVICES)"
         )));
     }
-    let mut map = PRIMARY.lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = crate::sync::lock(&super::runtime().primary);
     if let Some(ctx) = map.get(&device) {
         return Ok(*ctx);
     }
@@ -392,18 +349,6 @@ fn device_handle(ordinal: i32) -> Result<sys::CUdevice> {
     Ok(dev)
 }
 
-/// An integer device attribute.
-pub fn device_attribute(ordinal: i32, attr: sys::CUdevice_attribute) -> Result<i32> {
-    let dev = device_handle(ordinal)?;
-    let mut value = 0;
-    // SAFETY: valid out pointer and device handle.
-    check(
-        unsafe { sys::cuDeviceGetAttribute(&mut value, attr, dev) },
-        &format!("cuDeviceGetAttribute({attr:?}, device {ordinal})"),
-    )?;
-    Ok(value)
-}
-
 /// The device's UUID (the identity that goes into handle records).
 pub fn device_uuid(ordinal: i32) -> Result<[u8; 16]> {
     let dev = device_handle(ordinal)?;
@@ -448,48 +393,6 @@ pub fn device_attribute_code(ordinal: i32, code: i32) -> Result<i32> {
         &format!("cuDeviceGetAttribute({code}, device {ordinal})"),
     )?;
     Ok(value)
-}
-
-/// The CUDA runtime library this process can load (`libcudart.so*`, the one PyTorch and nvFuser
-/// link) and its version (`cudaRuntimeGetVersion`), or why none was found. This library itself
-/// needs only the driver.
-pub fn runtime_version() -> std::result::Result<(String, i32), String> {
-    const NAMES: &[&str] = &[
-        "libcudart.so",
-        "libcudart.so.13",
-        "libcudart.so.12",
-        "libcudart.so.11.0",
-    ];
-    for name in NAMES {
-        let cname = std::ffi::CString::new(*name).expect("no NUL in the names");
-        // SAFETY: a valid NUL-terminated name; RTLD_LOCAL keeps its symbols out of the global
-        // scope. The handle is never closed (the runtime stays loaded, as in any CUDA program).
-        let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            continue;
-        }
-        // SAFETY: a valid handle and NUL-terminated symbol name.
-        let sym = unsafe { libc::dlsym(handle, c"cudaRuntimeGetVersion".as_ptr()) };
-        if sym.is_null() {
-            continue;
-        }
-        type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
-        // SAFETY: cudaRuntimeGetVersion has this C signature in every CUDA runtime.
-        let get: GetVersion = unsafe { std::mem::transmute::<*mut libc::c_void, GetVersion>(sym) };
-        let mut version = 0;
-        // SAFETY: valid out pointer.
-        let rc = unsafe { get(&mut version) };
-        if rc != 0 {
-            return Err(format!(
-                "{name}: cudaRuntimeGetVersion failed with error {rc}"
-            ));
-        }
-        return Ok((name.to_string(), version));
-    }
-    Err(format!(
-        "no CUDA runtime found ({} not loadable from LD_LIBRARY_PATH or the system paths)",
-        NAMES.join(", ")
-    ))
 }
 
 #[cfg(test)]

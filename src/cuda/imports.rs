@@ -1,36 +1,45 @@
-//! One import table for every kind of peer device memory (legacy IPC, VMM runs, pool
-//! allocations).
+//! The import table of peer device memory (legacy IPC, VMM runs, pool allocations) and the
+//! releaser thread that closes what it no longer holds.
 //!
 //! A peer allocation is mapped into this process at most once per identity (its key: for legacy
-//! IPC the handle bytes and the importing device; for VMM the run key, exporter pid, device and
-//! segment ids; for pools the exporter pid, device and the pointer's export data). The table
-//! counts references per key, and every kind gets the same lifecycle from it:
+//! IPC the handle bytes and the importing device; for VMM the exporter pid, device and segment
+//! ids; for pools the exporter pid, device and the pointer's export data), since CUDA maps an
+//! allocation only once per context. The table counts references per key:
 //!
-//! * [`ImportTable::acquire`] finds a live import and takes another reference; else takes a
-//!   mapping still queued for its close back from the releaser, still mapped; else waits (bounded)
-//!   for a close in progress and opens afresh with the kind's open step, under the table lock, so
-//!   two importers of one key never open it twice;
-//! * it returns an [`Import`] guard: dropping it (or [`Import::release`], which reports an error)
-//!   drops the reference, and the last one hands the mapping to the kind's releaser thread
-//!   ([`super::release`]), which waits for the device work queued before the release and then
-//!   closes it. Nothing is ever closed on the caller's thread, except by [`ImportTable::close_now`]
-//!   (the low-level C API's synchronous close);
-//! * [`ImportTable::wait_room`] and [`ImportTable::flush`] are the per-peer bound of closes waiting
-//!   and the bounded wait for all of them.
+//! * [`ImportTable::acquire`] takes another reference on a live import; else takes a mapping
+//!   still queued for its close back from the releaser, still mapped; else waits (bounded) for a
+//!   close in progress and opens afresh with the kind's open step, under the table lock, so two
+//!   importers of one key never open it twice;
+//! * dropping the [`Import`] guard it returns (or [`Import::release`]) drops the reference; the
+//!   last one hands the mapping to the kind's [`Releaser`]. Nothing is closed on the caller's
+//!   thread, except by [`ImportTable::close_now`] (the low-level C API's synchronous close).
 //!
-//! What is specific to a kind (how to open, how to drain and close, a sub-table such as VMM's
-//! imported segments or the imported pools) lives in its module behind [`ImportKind`]; its
-//! sub-table ([`ImportKind::Side`]) is kept under the same lock as the entries, so the open step
-//! and the post-close bookkeeping see one consistent state.
+//! Why a thread: measured on an H200 (driver 580), `cuIpcCloseMemHandle` blocks until *all* work
+//! queued in the importing context has finished, not only the work that uses the mapping.
+//! Closing a replaced mapping inside `exchange_handles` stalled the exchange behind unrelated
+//! copies, and deadlocked it when queued work waited (`cuStreamWaitValue32`) on a flag set only
+//! after the exchange returns (nvFuser's pipelined loops). So the releaser makes the mapping's
+//! context current, waits for its queued work (`cuCtxSynchronize`: every use of the mapping
+//! enqueued before its release has finished; [`Phase::Draining`], the mapping still intact and
+//! revivable) and only then closes it ([`Phase::Closing`]). At most `max_pending` mappings of one
+//! peer may wait ([`ImportTable::wait_room`]: the exchange that queues more waits, bounded), and
+//! freeing a handle cache waits, bounded by its linger, until every close so far has run
+//! ([`ImportTable::flush`]). The queue logic is generic over its steps, so it is unit-tested
+//! without a GPU.
+//!
+//! What is specific to a kind (how to open and close, a sub-table such as VMM's imported
+//! segments or the imported pools) lives in its module behind [`ImportKind`]; the sub-table
+//! ([`ImportKind::Side`]) is kept under the table's lock, so the open step and the post-close
+//! bookkeeping see one consistent state.
 
-use super::release::{Found, Job, ReleaseCounters, Releaser};
+use super::driver::Context;
 use crate::error::{Error, Result};
 use crate::sync::lock;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// What one kind of device memory adds to the import table.
 pub(crate) trait ImportKind: Send + Sync + 'static {
@@ -41,24 +50,27 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
     /// The kind's own state, kept under the table's lock.
     type Side: Default + Send + 'static;
 
-    /// Name of the releaser thread.
+    /// The releaser thread's name, and what a flush that timed out reports as still waiting.
     const THREAD: &'static str;
-    /// What a flush that timed out reports as still waiting ("... mapping(s) were still waiting
-    /// to be closed").
     const PENDING: &'static str;
 
     /// Where the mapping starts in this process.
     fn base(&self, mapped: &Self::Mapped) -> u64;
 
-    /// Whether the last release must close the mapping (false: nothing was opened, e.g. this
-    /// process's own allocation); such entries are not counted as mapped.
-    fn closes(&self, _mapped: &Self::Mapped) -> bool {
-        true
+    /// The context the mapping was opened in; `None` when nothing was opened (this process's
+    /// own allocation): nothing is closed, and the entry is not counted as mapped.
+    fn context(&self, mapped: &Self::Mapped) -> Option<Context>;
+
+    /// Whether the last release must close the mapping.
+    fn closes(&self, mapped: &Self::Mapped) -> bool {
+        self.context(mapped).is_some()
     }
 
-    /// Waits for the device work queued before the release; the mapping stays intact (and may
-    /// still be taken back).
-    fn drain(&self, peer: usize, mapped: &Self::Mapped) -> Result<()>;
+    /// Waits for the device work queued before the release (all of the mapping's context); the
+    /// mapping stays intact (and may still be taken back).
+    fn drain(&self, _peer: usize, mapped: &Self::Mapped) -> Result<()> {
+        self.context(mapped).map_or(Ok(()), Context::synchronize)
+    }
 
     /// Closes the mapping (without the table's lock on the releaser thread).
     fn close(&self, peer: usize, mapped: &Self::Mapped) -> Result<()>;
@@ -67,9 +79,9 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
     fn closed(&self, _side: &mut Self::Side, _mapped: &Self::Mapped) {}
 }
 
-/// One imported peer allocation.
+/// One imported peer allocation and its references.
 pub(crate) struct Entry<M> {
-    pub mapped: M,
+    mapped: M,
     refs: usize,
 }
 
@@ -105,7 +117,7 @@ struct Inner<K: ImportKind> {
     releaser: Arc<Releaser<K::Key, K::Mapped>>,
 }
 
-/// A process-wide table of one kind's imports (cheap to clone: all clones are the same table).
+/// The table of one kind's imports (clones are the same table, which the guards hold).
 pub(crate) struct ImportTable<K: ImportKind> {
     inner: Arc<Inner<K>>,
 }
@@ -118,13 +130,13 @@ impl<K: ImportKind> Clone for ImportTable<K> {
     }
 }
 
-// Lock order: the table's lock, then the releaser's (inside `find_or_take_back` and `submit`).
-// The releaser never holds its own lock while it runs a step, so its close step may take the
-// table's lock. Every update under the table's lock is a few map operations, so `lock` may
-// ignore poisoning.
+// Lock order: the table's lock, then the releaser's. The releaser never holds its own lock while
+// it runs a step, so its close step may take the table's lock. Updates under either lock are a
+// few map operations, so `lock` may ignore poisoning.
 
 impl<K: ImportKind> ImportTable<K> {
-    pub fn new(kind: K) -> Self {
+    /// A table whose releaser lets at most `max_pending` closes of one peer wait.
+    pub fn new(kind: K, max_pending: usize) -> Self {
         let kind = Arc::new(kind);
         let state = Arc::new(Mutex::new(Tables {
             entries: HashMap::new(),
@@ -135,6 +147,7 @@ impl<K: ImportKind> ImportTable<K> {
                 (Arc::clone(&kind), Arc::clone(&kind), Arc::clone(&state));
             Releaser::new(
                 K::THREAD,
+                max_pending,
                 move |job: &Job<K::Key, K::Mapped>| drain_kind.drain(job.peer, &job.target),
                 move |job: &Job<K::Key, K::Mapped>| {
                     let closed = close_kind.close(job.peer, &job.target);
@@ -152,14 +165,15 @@ impl<K: ImportKind> ImportTable<K> {
         }
     }
 
-    #[cfg(test)]
-    fn kind(&self) -> &K {
+    pub fn kind(&self) -> &K {
         &self.inner.kind
     }
 
-    /// Takes a reference on the import of `key` for rank `peer`: a live one, one taken back from
-    /// the releaser, or (after waiting at most `wait` for a close of `key` in progress) what
-    /// `open` does under the table's lock. `what` names the allocation in a timeout.
+    /// Takes a reference on the import of `key` for rank `peer`: a live one; else one still
+    /// queued for its close (or whose device work is being waited for), taken back still mapped;
+    /// else, once a close of `key` in progress has finished (waited for at most `wait`, with the
+    /// table unlocked; `what` names the allocation in the timeout), what `open` does under the
+    /// table's lock. Releases submit under that lock, so nothing reaches the releaser meanwhile.
     pub fn acquire(
         &self,
         key: K::Key,
@@ -168,40 +182,43 @@ impl<K: ImportKind> ImportTable<K> {
         what: impl Fn() -> String,
         open: impl FnOnce(&mut Tables<K>) -> Result<Opened<K::Key, K::Mapped>>,
     ) -> Result<Import<K>> {
-        let kind = &*self.inner.kind;
-        let found = self.inner.releaser.find_or_take_back(
-            &self.inner.state,
-            &key,
-            wait,
-            |t: &mut Tables<K>| {
-                t.entries.get_mut(&key).map(|e| {
-                    e.refs += 1;
-                    kind.base(&e.mapped)
-                })
-            },
-            |t: &mut Tables<K>, mapped| {
-                let base = kind.base(&mapped);
-                t.entries.insert(key, Entry { mapped, refs: 1 });
-                base
-            },
-            what,
-        )?;
-        let (held, base) = match found {
-            Found::Ready(base) => (key, base),
-            Found::Open(mut t) => match open(&mut t)? {
-                Opened::Mapped(mapped) => {
-                    let base = kind.base(&mapped);
-                    t.entries.insert(key, Entry { mapped, refs: 1 });
-                    (key, base)
+        let (kind, releaser) = (&*self.inner.kind, &self.inner.releaser);
+        let mut t = lock(&self.inner.state);
+        let (held, base) = loop {
+            if let Some(e) = t.entries.get_mut(&key) {
+                e.refs += 1;
+                break (key, kind.base(&e.mapped));
+            }
+            let mapped = match releaser.revive(&key) {
+                Revive::Queued(mapped) => mapped,
+                Revive::Closing => {
+                    drop(t);
+                    if !releaser.wait_not_closing(&key, wait) {
+                        return Err(Error::timeout(format!(
+                            "{} is opened again while this process is still closing its \
+                             previous mapping, and the close did not finish within {wait:?} (a \
+                             close waits until all work queued on the device context has \
+                             finished)",
+                            what()
+                        )));
+                    }
+                    t = lock(&self.inner.state);
+                    continue;
                 }
-                Opened::Within { key: outer, offset } => {
-                    let e = t.entries.get_mut(&outer).ok_or_else(|| {
-                        Error::internal(format!("{outer:?} serves {key:?} but is not imported"))
-                    })?;
-                    e.refs += 1;
-                    (outer, kind.base(&e.mapped) + offset)
-                }
-            },
+                Revive::Absent => match open(&mut t)? {
+                    Opened::Mapped(mapped) => mapped,
+                    Opened::Within { key: outer, offset } => {
+                        let e = t.entries.get_mut(&outer).ok_or_else(|| {
+                            Error::internal(format!("{outer:?} serves {key:?} but is not imported"))
+                        })?;
+                        e.refs += 1;
+                        break (outer, kind.base(&e.mapped) + offset);
+                    }
+                },
+            };
+            let base = kind.base(&mapped);
+            t.entries.insert(key, Entry { mapped, refs: 1 });
+            break (key, base);
         };
         Ok(Import {
             table: self.clone(),
@@ -261,17 +278,10 @@ impl<K: ImportKind> ImportTable<K> {
         }
     }
 
-    /// Back-pressure: waits, at most `timeout`, until at most
-    /// [`max_pending_per_peer`](super::release::max_pending_per_peer) closes of `peer`'s mappings
-    /// wait (see [`Releaser::wait_below`]).
+    /// Back-pressure: waits, at most `timeout`, until at most the releaser's bound of closes of
+    /// `peer`'s mappings wait (see [`Releaser::wait_below`]).
     pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
         self.inner.releaser.wait_room(peer, timeout)
-    }
-
-    /// [`wait_room`](Self::wait_room) with the bound `limit`.
-    #[cfg(test)]
-    fn wait_below(&self, peer: usize, limit: usize, timeout: Duration) -> Result<()> {
-        self.inner.releaser.wait_below(peer, limit, timeout)
     }
 
     /// Waits, at most `timeout`, until every close queued before this call has run; a `Timeout`
@@ -280,8 +290,8 @@ impl<K: ImportKind> ImportTable<K> {
         self.inner.releaser.flush_within(timeout, K::PENDING)
     }
 
-    /// Reads the table under its lock: live entries, the kind's state, and the releaser's counters
-    /// read under the same lock (so an entry is never counted both live and pending).
+    /// Reads the table, the kind's state and the releaser's counters under the table's lock (an
+    /// entry is never counted both live and pending).
     pub fn inspect<R>(&self, f: impl FnOnce(&Tables<K>, ReleaseCounters) -> R) -> R {
         let t = lock(&self.inner.state);
         f(&t, self.inner.releaser.counters())
@@ -294,16 +304,10 @@ impl<K: ImportKind> ImportTable<K> {
             .filter(|e| self.inner.kind.closes(&e.mapped))
             .count()
     }
-
-    /// The message of the last close that failed on the releaser, if any.
-    pub fn last_error(&self) -> Option<String> {
-        self.inner.releaser.last_error()
-    }
 }
 
-/// One reference on an imported peer allocation. Dropping it releases the reference (the last
-/// one hands the mapping to the releaser); [`release`](Self::release) does the same and reports
-/// an error.
+/// One reference on an imported peer allocation, released on drop (or by
+/// [`release`](Self::release), which reports an error).
 pub(crate) struct Import<K: ImportKind> {
     table: ImportTable<K>,
     key: K::Key,
@@ -363,6 +367,353 @@ impl<K: ImportKind> Debug for Import<K> {
             .field("peer", &self.peer)
             .field("base", &format_args!("{:#x}", self.base))
             .finish()
+    }
+}
+
+// ---- The releaser ----
+
+/// One mapping to close: `key` identifies it in the import table, `target` is what the close
+/// operation needs (for the driver: the mapped base and its context).
+#[derive(Clone, Debug)]
+pub struct Job<K, T> {
+    pub key: K,
+    pub peer: usize,
+    pub target: T,
+    pub queued_at: Instant,
+    /// Submission order (for `flush`).
+    pub seq: u64,
+}
+
+/// What [`Releaser::revive`] found.
+#[derive(Debug)]
+pub enum Revive<T> {
+    /// The mapping was queued, or its device work was being waited for: it is taken back, still
+    /// mapped, and will not be closed.
+    Queued(T),
+    /// The releaser is inside its close right now.
+    Closing,
+    /// Not in the releaser.
+    Absent,
+}
+
+/// Where the thread is with the job it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the device work queued before the release; the mapping is intact.
+    Draining,
+    /// Inside the close.
+    Closing,
+}
+
+/// The job the thread runs, and whether it was taken back meanwhile.
+struct Running<K, T> {
+    job: Job<K, T>,
+    phase: Phase,
+    revived: bool,
+}
+
+/// Counters of a releaser.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReleaseCounters {
+    /// Closes queued or running now.
+    pub pending: u64,
+    /// Closes the releaser ran (successful or not).
+    pub finished: u64,
+    /// Mappings taken back from the queue because they were opened again.
+    pub revived: u64,
+    /// Closes that failed.
+    pub errors: u64,
+}
+
+struct State<K, T> {
+    queue: VecDeque<Job<K, T>>,
+    /// The job the thread is running now.
+    running: Option<Running<K, T>>,
+    per_peer: HashMap<usize, usize>,
+    /// Jobs submitted and jobs retired (closed, failed or revived) since creation.
+    submitted: u64,
+    retired: u64,
+    finished: u64,
+    revived: u64,
+    errors: u64,
+    thread: bool,
+}
+
+type StepFn<K, T> = dyn Fn(&Job<K, T>) -> Result<()> + Send + Sync;
+
+/// A queue of mappings to close and the thread that closes them (see the module docs).
+pub struct Releaser<K, T> {
+    state: Mutex<State<K, T>>,
+    changed: Condvar,
+    /// Waits for the device work queued before the release (the mapping stays intact).
+    drain: Box<StepFn<K, T>>,
+    close: Box<StepFn<K, T>>,
+    name: &'static str,
+    /// Most closes of one peer that may wait before [`wait_room`](Self::wait_room) waits.
+    max_pending: usize,
+}
+
+impl<K, T> Releaser<K, T>
+where
+    K: Copy + Eq + Hash + Send + 'static,
+    T: Clone + Send + 'static,
+{
+    /// A releaser whose thread (named `name`, started on the first submit) runs `drain` and
+    /// then, unless the job was taken back meanwhile, `close` for every job; `max_pending` (at
+    /// least 1) bounds the closes of one peer waiting.
+    pub fn new(
+        name: &'static str,
+        max_pending: usize,
+        drain: impl Fn(&Job<K, T>) -> Result<()> + Send + Sync + 'static,
+        close: impl Fn(&Job<K, T>) -> Result<()> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Releaser {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                running: None,
+                per_peer: HashMap::new(),
+                submitted: 0,
+                retired: 0,
+                finished: 0,
+                revived: 0,
+                errors: 0,
+                thread: false,
+            }),
+            changed: Condvar::new(),
+            drain: Box::new(drain),
+            close: Box::new(close),
+            name,
+            max_pending: max_pending.max(1),
+        })
+    }
+
+    /// Queues `target` (mapping `key` of `peer`) to be closed by the thread. Never blocks on
+    /// device work; fails only when the thread cannot be started.
+    pub fn submit(self: &Arc<Self>, key: K, peer: usize, target: T) -> Result<()> {
+        let mut st = lock(&self.state);
+        if !st.thread {
+            let this = Arc::clone(self);
+            std::thread::Builder::new()
+                .name(self.name.to_string())
+                .spawn(move || this.run())
+                .map_err(|e| Error::from_io("starting the IPC releaser thread", &e))?;
+            st.thread = true;
+        }
+        let seq = st.submitted;
+        st.queue.push_back(Job {
+            key,
+            peer,
+            target,
+            queued_at: Instant::now(),
+            seq,
+        });
+        *st.per_peer.entry(peer).or_default() += 1;
+        st.submitted += 1;
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    fn run(&self) {
+        loop {
+            let job = {
+                let mut st = lock(&self.state);
+                loop {
+                    if let Some(job) = st.queue.pop_front() {
+                        st.running = Some(Running {
+                            job: job.clone(),
+                            phase: Phase::Draining,
+                            revived: false,
+                        });
+                        break job;
+                    }
+                    st = self
+                        .changed
+                        .wait(st)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+            };
+            let drained = Self::guarded(|| (self.drain)(&job));
+            let revived = {
+                let mut st = lock(&self.state);
+                let running = st.running.as_mut().expect("the running job is ours");
+                running.phase = Phase::Closing;
+                running.revived
+            };
+            // A job taken back while draining stays mapped: `revive` already retired it.
+            let result = if revived {
+                Ok(())
+            } else {
+                Self::guarded(|| (self.close)(&job)).and(drained)
+            };
+            let mut st = lock(&self.state);
+            st.running = None;
+            if !revived {
+                Self::retire(&mut st, job.peer);
+                st.finished += 1;
+                if result.is_err() {
+                    st.errors += 1;
+                }
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    /// Runs one step; a panic in it must not kill the thread and strand the queue.
+    fn guarded(step: impl FnOnce() -> Result<()>) -> Result<()> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(step))
+            .unwrap_or_else(|_| Err(Error::internal("closing a peer mapping panicked")))
+    }
+
+    fn retire(st: &mut State<K, T>, peer: usize) {
+        if let Some(n) = st.per_peer.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                st.per_peer.remove(&peer);
+            }
+        }
+        st.retired += 1;
+    }
+
+    /// Takes mapping `key` back while it is intact: queued, or its device work being waited for
+    /// (then the thread skips its close).
+    pub fn revive(&self, key: &K) -> Revive<T> {
+        let mut st = lock(&self.state);
+        if let Some(i) = st.queue.iter().position(|j| &j.key == key) {
+            let job = st.queue.remove(i).expect("index from position");
+            Self::retire(&mut st, job.peer);
+            st.revived += 1;
+            self.changed.notify_all();
+            return Revive::Queued(job.target);
+        }
+        let taken = match st.running.as_mut() {
+            Some(r) if &r.job.key == key && !r.revived => {
+                if r.phase == Phase::Closing {
+                    return Revive::Closing;
+                }
+                r.revived = true;
+                (r.job.peer, r.job.target.clone())
+            }
+            _ => return Revive::Absent,
+        };
+        Self::retire(&mut st, taken.0);
+        st.revived += 1;
+        self.changed.notify_all();
+        Revive::Queued(taken.1)
+    }
+
+    /// [`flush`](Self::flush) as a `Timeout` naming `what` waits (e.g. "VMM mapping(s) ... to
+    /// be unmapped").
+    pub fn flush_within(&self, timeout: Duration, what: &str) -> Result<()> {
+        self.flush(timeout).map_err(|left| {
+            Error::timeout(format!(
+                "{left} {what} after {timeout:?}: a close waits until all work queued on the \
+                 device context has finished (is a stream still waiting for a peer?); they stay \
+                 mapped until that work finishes or the process exits"
+            ))
+        })
+    }
+
+    /// [`wait_below`](Self::wait_below) with this releaser's bound.
+    pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
+        self.wait_below(peer, self.max_pending, timeout)
+    }
+
+    /// Waits, at most `timeout`, until `ready` holds; on timeout, the state as it is then.
+    fn wait_for(
+        &self,
+        timeout: Duration,
+        ready: impl Fn(&State<K, T>) -> bool,
+    ) -> std::result::Result<(), MutexGuard<'_, State<K, T>>> {
+        let deadline = Instant::now() + timeout;
+        let mut st = lock(&self.state);
+        while !ready(&st) {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(st);
+            }
+            st = self
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Waits, at most `timeout`, until the thread is no longer inside the close of mapping `key`.
+    pub fn wait_not_closing(&self, key: &K, timeout: Duration) -> bool {
+        self.wait_for(timeout, |st| {
+            !st.running
+                .as_ref()
+                .is_some_and(|r| &r.job.key == key && r.phase == Phase::Closing && !r.revived)
+        })
+        .is_ok()
+    }
+
+    /// Closes of `peer`'s mappings queued or running.
+    fn pending_of(st: &State<K, T>, peer: usize) -> usize {
+        st.per_peer.get(&peer).copied().unwrap_or(0)
+    }
+
+    /// Back-pressure: waits, at most `timeout`, until at most `limit` closes of `peer`'s
+    /// mappings are queued or running. On timeout the closes stay queued (nothing is lost) and
+    /// the error says how many wait, since when, and what the thread is doing.
+    pub fn wait_below(&self, peer: usize, limit: usize, timeout: Duration) -> Result<()> {
+        let st = match self.wait_for(timeout, |st| Self::pending_of(st, peer) <= limit) {
+            Ok(()) => return Ok(()),
+            Err(st) => st,
+        };
+        let now = Instant::now();
+        let running = Self::pending_running(&st);
+        let oldest = (st.queue.iter().chain(running))
+            .filter(|j| j.peer == peer)
+            .map(|j| now.saturating_duration_since(j.queued_at))
+            .max()
+            .unwrap_or_default();
+        let doing = match running {
+            Some(j) => format!(
+                "it has been closing a mapping of rank {} for {:?}",
+                j.peer,
+                now.saturating_duration_since(j.queued_at)
+            ),
+            None => "it is idle".to_string(),
+        };
+        Err(Error::timeout(format!(
+            "{} replaced mappings of peer rank {peer} are waiting to be closed (at most {limit} \
+             may wait; the oldest for {oldest:?}) after {timeout:?}; {doing}. A close waits until \
+             all work queued on this process's device context has finished: is a stream waiting \
+             for something that happens only after this exchange returns?",
+            Self::pending_of(&st, peer)
+        )))
+    }
+
+    /// Waits, at most `timeout`, until every close submitted before this call has run (or was
+    /// taken back). Returns how many are still pending on timeout.
+    pub fn flush(&self, timeout: Duration) -> std::result::Result<(), usize> {
+        // Jobs are numbered in submission order; those submitted later do not count.
+        let target = lock(&self.state).submitted;
+        let left = |st: &State<K, T>| {
+            (st.queue.iter().chain(Self::pending_running(st)))
+                .filter(|j| j.seq < target)
+                .count()
+        };
+        self.wait_for(timeout, |st| left(st) == 0)
+            .map_err(|st| left(&st))
+    }
+
+    pub fn counters(&self) -> ReleaseCounters {
+        let st = lock(&self.state);
+        ReleaseCounters {
+            pending: (st.submitted - st.retired),
+            finished: st.finished,
+            revived: st.revived,
+            errors: st.errors,
+        }
+    }
+
+    /// The job the thread runs, unless it was taken back.
+    fn pending_running(st: &State<K, T>) -> Option<&Job<K, T>> {
+        st.running.as_ref().filter(|r| !r.revived).map(|r| &r.job)
     }
 }
 

@@ -1,48 +1,30 @@
 //! Legacy CUDA IPC: exporting allocations and opening peers' allocations, each exactly once.
 //!
-//! Export: `cuIpcGetMemHandle` on the allocation base, cached per (base, buffer id) so the same
-//! allocation always yields the same handle bytes and a new allocation at a recycled address gets
-//! a fresh one.
+//! Export: `cuIpcGetMemHandle` on the allocation base, cached in the [`Runtime`] per (base,
+//! buffer id) so the same allocation always yields the same handle bytes and a new allocation at
+//! a recycled address gets a fresh one.
 //!
-//! Import: `cuIpcOpenMemHandle` with lazy peer access. The driver maps an allocation only once
-//! per context, so opens are deduplicated process-wide per (importing device, handle bytes) in
-//! the import table (`super::imports`), with a reference count: importing the same peer
-//! allocation again returns the same base (a new buffer carved from an allocation that is already
-//! mapped costs no driver call). A handle this process exported itself cannot be opened by the
-//! driver; it resolves to the local allocation.
+//! Import: `cuIpcOpenMemHandle` with lazy peer access, once per (importing device, handle bytes)
+//! in the runtime's import table (`super::imports`), which also closes it on its releaser thread
+//! after the last reference goes (`cuIpcCloseMemHandle` waits for all work queued in the
+//! context). A handle this process exported itself cannot be opened by the driver; it resolves
+//! to the local allocation. [`close`] is the synchronous close of the low-level C API.
 //!
-//! Closing: `cuIpcCloseMemHandle` does wait for device work: measured on an H200 (driver 580) it
-//! blocks until *all* work queued in the importing context has finished, not only the work that
-//! uses the mapping. So a release (dropping the guard that `import` returns, which the handle
-//! cache and the transports hold) never closes on the caller's thread: when the last reference
-//! goes, the mapping is handed to the releaser thread of `super::release`, which synchronises the
-//! context that opened it and then closes it. The caller never waits for device work, and no
-//! mapping is unmapped while work enqueued before its last reference was dropped may still use
-//! it. A mapping opened again while it waits for its close (queued, or while the thread waits for
-//! the device work before it) is taken back, still mapped, and not closed. [`close`] is the
-//! synchronous variant of the low-level C API, whose caller promises that no stream still uses
-//! the mapping; it still waits for the context's queued work, inside the driver.
-//!
-//! What keeps an exporter's memory alive: this module pins nothing in the exporting process (a
-//! `cudaMalloc` allocation cannot be retained by a library). The exporter must keep a buffer
-//! allocated until every peer that mapped it has replaced it (an exchange with its successor
-//! returned on both sides) and has finished the device work that used it, as upstream's handle
-//! kept its tensor alive. The GPU test `GpuRelease.ExporterFreesMappedBuffer` checks what happens
-//! when an exporter frees earlier: the importer must read the old contents or get an error, never
-//! another allocation's data.
+//! This module pins nothing in the exporting process (a `cudaMalloc` allocation cannot be
+//! retained by a library): the exporter keeps a buffer allocated until every peer that mapped it
+//! has replaced it and finished the work that used it. The GPU test
+//! `GpuRelease.ExporterFreesMappedBuffer` checks that an importer of a freed buffer reads the old
+//! contents or gets an error, never another allocation's data.
 
 use super::driver::{self, describe, Context, ContextGuard};
-use super::imports::{Import, ImportKind, ImportTable, Opened as TableOpened};
+use super::imports::{Import, ImportKind, Opened as TableOpened};
 use super::memory::DeviceAllocation;
-use super::result;
+use super::{result, runtime, Runtime};
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::sync::lock;
 use cudarc::driver::sys;
-use once_cell::sync::Lazy;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// Size of a `cudaIpcMemHandle_t`.
@@ -50,13 +32,11 @@ pub const HANDLE_LEN: usize = 64;
 /// The raw bytes of a legacy IPC handle.
 pub type HandleBytes = [u8; HANDLE_LEN];
 
-struct ExportEntry {
+/// An allocation exported (by base address, in the runtime).
+pub(crate) struct Export {
     buffer_id: u64,
     handle: HandleBytes,
 }
-
-/// Exported allocations by base address (one live allocation per base at a time).
-static EXPORTS: Lazy<Mutex<HashMap<u64, ExportEntry>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// A peer allocation as imported here: its handle and the importing device (the driver maps
 /// an allocation once per context, whatever the rank that sent the handle).
@@ -76,17 +56,20 @@ impl std::fmt::Debug for IpcKey {
     }
 }
 
-/// Where an allocation is mapped here and what closing it needs.
+/// Where an allocation is mapped here, and the context it was opened in (`None`: this
+/// process's own allocation, nothing to close).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mapped {
     base: u64,
-    /// The context the mapping was opened in; `None` for this process's own allocations
-    /// (nothing was opened, nothing is closed).
     context: Option<Context>,
 }
 
-/// Legacy IPC in the import table (`super::imports`).
-pub(crate) struct Legacy;
+/// Legacy IPC in the import table, with its real driver opens and closes.
+#[derive(Default)]
+pub(crate) struct Legacy {
+    opens: AtomicU64,
+    closes: AtomicU64,
+}
 
 impl ImportKind for Legacy {
     type Key = IpcKey;
@@ -99,39 +82,42 @@ impl ImportKind for Legacy {
         mapped.base
     }
 
-    fn closes(&self, mapped: &Mapped) -> bool {
-        mapped.context.is_some()
-    }
-
-    fn drain(&self, peer: usize, mapped: &Mapped) -> Result<()> {
-        match mapped.context {
-            Some(context) => drain_context(peer, mapped.base, context),
-            None => Ok(()),
-        }
+    fn context(&self, mapped: &Mapped) -> Option<Context> {
+        mapped.context
     }
 
     fn close(&self, peer: usize, mapped: &Mapped) -> Result<()> {
-        match mapped.context {
-            Some(context) => close_mapping(peer, mapped.base, context),
-            None => Ok(()),
-        }
+        let (base, Some(context)) = (mapped.base, mapped.context) else {
+            return Ok(());
+        };
+        let _guard = ContextGuard::enter(context)?;
+        // SAFETY: `base` was returned by cuIpcOpenMemHandle in `context` (now current) and is
+        // closed once: the import table hands a mapping to its close only when its last
+        // reference went away (the entry leaves the table then), and the releaser closes only a
+        // job that `import` did not take back (checked under its lock before the close starts).
+        unsafe { result::ipc_close_mem_handle(base) }.map_err(|rc| {
+            let what = format!("cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation");
+            driver::error(rc, &what)
+        })?;
+        self.closes.fetch_add(1, Ordering::Relaxed);
+        log::info!(
+            target: logging::CUDA,
+            "cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation done"
+        );
+        Ok(())
     }
 }
 
 /// A reference on an imported peer allocation (dropping it releases it).
 pub(crate) type IpcImport = Import<Legacy>;
 
-/// The process-wide table of legacy imports (opens and closes are process-wide).
-static TABLE: Lazy<ImportTable<Legacy>> = Lazy::new(|| ImportTable::new(Legacy));
-static OPENS: AtomicU64 = AtomicU64::new(0);
-static CLOSES: AtomicU64 = AtomicU64::new(0);
-
-// Tables here are updated by one insert or remove at a time, so `lock` may ignore poisoning.
+// The export registry is updated by one insert or remove at a time, so `lock` may ignore
+// poisoning.
 
 /// Exports the allocation that starts at `base` (cached per (base, buffer id)).
-pub(crate) fn export(base: u64, buffer_id: u64) -> Result<HandleBytes> {
+pub(crate) fn export(rt: &Runtime, base: u64, buffer_id: u64) -> Result<HandleBytes> {
     driver::driver()?;
-    let mut exports = lock(&EXPORTS);
+    let mut exports = lock(&rt.exports);
     if let Some(entry) = exports.get(&base) {
         if entry.buffer_id == buffer_id {
             return Ok(entry.handle);
@@ -140,23 +126,23 @@ pub(crate) fn export(base: u64, buffer_id: u64) -> Result<HandleBytes> {
     let handle = result::ipc_get_mem_handle(base)
         .map_err(|rc| driver::error(rc, &format!("cuIpcGetMemHandle({base:#x})")))?;
     let handle = handle.reserved.map(|b| b as u8);
-    exports.insert(base, ExportEntry { buffer_id, handle });
+    exports.insert(base, Export { buffer_id, handle });
     Ok(handle)
 }
 
 /// Exports a resolved allocation (see `export`).
 pub fn export_allocation(alloc: &DeviceAllocation) -> Result<HandleBytes> {
-    export(alloc.base, alloc.buffer_id)
+    export(runtime(), alloc.base, alloc.buffer_id)
 }
 
 /// Drops the cached export of the allocation at `base` (call before freeing it).
-pub(crate) fn forget_export(base: u64) {
-    lock(&EXPORTS).remove(&base);
+pub(crate) fn forget_export(rt: &Runtime, base: u64) {
+    lock(&rt.exports).remove(&base);
 }
 
 /// The base of this process's own allocation that `handle` was exported from.
-fn own_base(handle: &HandleBytes) -> Option<u64> {
-    lock(&EXPORTS)
+fn own_base(rt: &Runtime, handle: &HandleBytes) -> Option<u64> {
+    lock(&rt.exports)
         .iter()
         .find(|(_, e)| &e.handle == handle)
         .map(|(base, _)| *base)
@@ -181,44 +167,48 @@ pub fn open(
     device: Option<i32>,
     wait: Duration,
 ) -> Result<Opened> {
-    let (key, base) = import(peer, pid, handle, device, wait)?.detach();
+    let (key, base) = import(runtime(), peer, pid, handle, device, wait)?.detach();
     Ok(Opened {
         base,
         device: key.device,
     })
 }
 
-/// Imports (or re-references) the allocation of rank `peer` described by `handle` in the
-/// context of `device` (the current context when `None`); dropping the guard releases it.
-/// `pid` is the exporter's process id when known; a handle of this process maps to the local
-/// allocation. A mapping still queued for its close is taken back; one being closed right now is
-/// waited for, at most `wait`, and then opened afresh.
+/// Imports (or re-references) the allocation of rank `peer` (process `pid` when known) described
+/// by `handle` in the context of `device` (the current one when `None`); dropping the guard
+/// releases it. A handle of this process maps to the local allocation.
 pub(crate) fn import(
+    rt: &Runtime,
     peer: usize,
     pid: Option<u32>,
     handle: &HandleBytes,
     device: Option<i32>,
     wait: Duration,
 ) -> Result<IpcImport> {
-    driver::driver()?;
     let (context, _guard) = driver::enter_device(device)?;
     let key = IpcKey {
         device: context.device()?,
         handle: *handle,
     };
-    TABLE.acquire(
+    rt.ipc.acquire(
         key,
         peer,
         wait,
         || format!("an allocation of rank {peer}"),
-        |_| open_mapping(peer, pid, key, context).map(TableOpened::Mapped),
+        |_| open_mapping(rt, peer, pid, key, context).map(TableOpened::Mapped),
     )
 }
 
 /// Opens the allocation of `key` (not imported yet) in `context`, the current context.
-fn open_mapping(peer: usize, pid: Option<u32>, key: IpcKey, context: Context) -> Result<Mapped> {
+fn open_mapping(
+    rt: &Runtime,
+    peer: usize,
+    pid: Option<u32>,
+    key: IpcKey,
+    context: Context,
+) -> Result<Mapped> {
     let own_pid = std::process::id();
-    if let Some(base) = own_base(&key.handle) {
+    if let Some(base) = own_base(rt, &key.handle) {
         return Ok(Mapped {
             base,
             context: None,
@@ -240,7 +230,7 @@ fn open_mapping(peer: usize, pid: Option<u32>, key: IpcKey, context: Context) ->
         None => format!("rank {peer}"),
     };
     let base = opened.map_err(|rc| open_error(rc, &who, key.device))?;
-    OPENS.fetch_add(1, Ordering::Relaxed);
+    rt.ipc.kind().opens.fetch_add(1, Ordering::Relaxed);
     if let Some(t) = clock {
         log::info!(
             target: logging::CUDA,
@@ -278,66 +268,16 @@ fn open_error(rc: sys::CUresult, who: &str, device: i32) -> Error {
 }
 
 /// Drops one reference taken by [`open`] and, when it was the last one, closes the mapping on
-/// this thread (the low-level C API's close: its caller promises that no stream still uses the
-/// mapping). `cuIpcCloseMemHandle` still waits inside the driver for all work queued in the
-/// context. The mapping is closed under the table's lock, so no open of the same handle can run
-/// before it is unmapped.
+/// this thread, under the table's lock (the low-level C API's close: its caller promises that no
+/// stream still uses the mapping).
 pub fn close(peer: usize, handle: &HandleBytes, device: i32) -> Result<()> {
     let key = IpcKey {
         device,
         handle: *handle,
     };
-    TABLE.close_now(&key, peer, || {
+    runtime().ipc.close_now(&key, peer, || {
         format!("this handle of rank {peer} on device {device}")
     })
-}
-
-/// The releaser thread's first step: waits, with the mapping's context current, for all work
-/// queued in that context, so every use of the mapping enqueued before its last reference was
-/// dropped has finished. The mapping stays intact (and may still be taken back by `import`).
-fn drain_context(peer: usize, base: u64, context: Context) -> Result<()> {
-    let _guard = ContextGuard::enter(context)?;
-    context.synchronize().map_err(|e| {
-        e.context(format!(
-            "waiting for device work before closing the mapping {base:#x} of rank {peer}'s \
-             allocation"
-        ))
-    })
-}
-
-/// Closes one mapping with its context current.
-fn close_mapping(peer: usize, base: u64, context: Context) -> Result<()> {
-    let _guard = ContextGuard::enter(context)?;
-    // SAFETY: `base` was returned by cuIpcOpenMemHandle in `context` (now current) and is closed
-    // once: the import table hands a mapping to its close only when its last reference went away
-    // (the entry leaves the table at that moment), and the releaser runs the close only for a job
-    // that `import` did not take back (it checks under its lock, where `revive` marks a job,
-    // before it starts the close).
-    unsafe { result::ipc_close_mem_handle(base) }.map_err(|rc| {
-        driver::error(
-            rc,
-            &format!("cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation"),
-        )
-    })?;
-    CLOSES.fetch_add(1, Ordering::Relaxed);
-    log::info!(
-        target: logging::CUDA,
-        "cuIpcCloseMemHandle({base:#x}) of rank {peer}'s allocation done"
-    );
-    Ok(())
-}
-
-/// Back-pressure of the releases: waits, at most `timeout`, until no more than
-/// [`max_pending_per_peer`](super::release::max_pending_per_peer) mappings of `peer` wait to be
-/// closed. On timeout they stay queued and the error names the peer and what is being waited for.
-pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    TABLE.wait_room(peer, timeout)
-}
-
-/// Waits, at most `timeout`, until every close queued before this call has run; on timeout,
-/// returns a `Timeout` saying how many are left (they stay queued and run later).
-pub(crate) fn flush_releases(timeout: Duration) -> Result<()> {
-    TABLE.flush(timeout)
 }
 
 /// Real driver opens and closes so far, and the mappings open now (process-wide).
@@ -353,21 +293,18 @@ pub struct Counters {
     pub close_errors: u64,
 }
 
+/// The counters of the process's runtime.
 pub fn counters() -> Counters {
+    let table = &runtime().ipc;
     // Entries and releaser counters are read under the table's lock, as `import` and the
     // releases change them: a mapping is never counted both live and pending.
-    TABLE.inspect(|tables, released| Counters {
-        opens: OPENS.load(Ordering::Relaxed),
-        closes: CLOSES.load(Ordering::Relaxed),
-        live: TABLE.mapped(tables) as u64 + released.pending,
+    table.inspect(|tables, released| Counters {
+        opens: table.kind().opens.load(Ordering::Relaxed),
+        closes: table.kind().closes.load(Ordering::Relaxed),
+        live: table.mapped(tables) as u64 + released.pending,
         pending_closes: released.pending,
         close_errors: released.errors,
     })
-}
-
-/// The driver's message of the last close the releaser could not do, if any.
-pub fn last_close_error() -> Option<String> {
-    TABLE.last_error()
 }
 
 #[cfg(test)]

@@ -189,7 +189,12 @@ pub fn query(ptr: u64) -> Result<PointerInfo> {
 
 /// True when `ptr` lies in a VMM mapping (the only memory `cuMemRetainAllocationHandle` accepts).
 fn is_vmm(ptr: u64) -> bool {
-    result::is_vmm_address(ptr)
+    let Ok(handle) = result::mem_retain_allocation_handle(ptr) else {
+        return false;
+    };
+    // SAFETY: the retain above succeeded, so this drops exactly the reference it took.
+    let _ = unsafe { result::mem_release(handle) };
+    true
 }
 
 /// Decides whether `[info.ptr, info.ptr + bytes)` is exportable device memory.

@@ -1,20 +1,18 @@
 //! Everything that touches the CUDA driver: loading it, its errors, contexts and devices
-//! ([`driver`]), the raw memory, IPC and stream calls made once each ([`result`]), inspecting
-//! device pointers ([`memory`]), legacy IPC export/import ([`ipc`]), VMM buffers exported per
-//! physical allocation ([`vmm`]), widened for exchanges to aligned windows (`vmm_runs`) and mapped
-//! back to back (`vmm_map`), stream-ordered pool buffers
-//! (`pool`), the one import table that refcounts every kind's peer mappings and hands the last
-//! reference to a releaser (`imports`), the thread that closes released mappings without blocking
-//! the exchange on device work (`release`), the per-process semaphore slab ([`semaphore`]), the
-//! stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by the exchange, the
-//! contiguous views of symmetric VMM buffers ([`view`]), and the
-//! probes of `nvfipc doctor` ([`probe`]). Owned
-//! device buffers for programs and tests are outside the library (`test_support::device_buffer`).
+//! ([`driver`]), the raw driver calls made once each ([`result`]), inspecting device pointers
+//! ([`memory`]), legacy IPC export/import ([`ipc`]), VMM buffers exported per physical allocation
+//! ([`vmm`]), widened for exchanges to aligned windows (`vmm_runs`) and mapped back to back
+//! (`vmm_map`), stream-ordered pool buffers (`pool`), the import table that refcounts every
+//! kind's peer mappings and its releaser thread (`imports`), the per-process semaphore slab
+//! ([`semaphore`]), the stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by
+//! the exchange, and the contiguous views of symmetric VMM buffers ([`view`]). Owned device
+//! buffers for programs and tests, and the probes of `nvfipc doctor`, are the CLI's
+//! (`cli/src/device_buffer.rs`, `cli/src/doctor/probe.rs`).
 //!
-//! What the C API and the CLI use is public: [`transport::CudaTransport`], [`driver`], [`memory`],
-//! [`p2p`], the low-level legacy IPC calls of [`ipc`], and the process-wide functions below
-//! ([`flush_releases`], [`vmm_counters`], [`export_kind`]). The import side (`imports`,
-//! `vmm_map`, `pool`, `release`) is private to the crate.
+//! What is shared by every transport of the process is one [`Runtime`]: CUDA opens a peer's
+//! allocation only once per context and retains a device's primary context once, so imports,
+//! legacy exports and contexts are the process's. Each transport holds the runtime and its
+//! import and export paths take it from there.
 
 pub mod driver;
 pub(crate) mod imports;
@@ -22,8 +20,6 @@ pub mod ipc;
 pub mod memory;
 pub mod p2p;
 pub(crate) mod pool;
-pub mod probe;
-pub(crate) mod release;
 pub mod result;
 pub mod semaphore;
 pub mod transport;
@@ -33,24 +29,109 @@ pub(crate) mod vmm_map;
 pub(crate) mod vmm_runs;
 
 use crate::error::Result;
+use crate::sync::lock;
+use driver::Context;
+use imports::ImportTable;
 use memory::DeviceMemoryKind;
+use once_cell::sync::Lazy;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-/// Waits, at most `timeout`, until every peer mapping released so far (legacy IPC, VMM and pool
-/// imports) has been closed by its releaser thread; a `Timeout` saying how many are left
-/// otherwise (they stay queued and are closed later).
-pub fn flush_releases(timeout: Duration) -> Result<()> {
-    ipc::flush_releases(timeout)?;
-    vmm_map::flush_releases(timeout)?;
-    pool::flush_releases(timeout)
+/// Default bound of the mappings of one peer waiting to be closed before an exchange waits.
+pub const DEFAULT_MAX_PENDING_PER_PEER: usize = 32;
+
+/// This process's CUDA state: the import tables of the three kinds of peer memory (each with its
+/// releaser thread and its counters), the legacy IPC exports, and what is queried once per
+/// device.
+pub struct Runtime {
+    pub(crate) ipc: ImportTable<ipc::Legacy>,
+    pub(crate) vmm: ImportTable<vmm_map::Vmm>,
+    pub(crate) pool: ImportTable<pool::Pool>,
+    /// Legacy IPC exports by allocation base (one live allocation per base at a time).
+    pub(crate) exports: Mutex<HashMap<u64, ipc::Export>>,
+    /// VMM physical allocations exported (each once per transport).
+    pub(crate) segment_exports: AtomicU64,
+    /// Device UUIDs by ordinal.
+    uuids: Mutex<HashMap<i32, [u8; 16]>>,
+    /// Primary contexts retained, by device; never released (the host program may use them).
+    pub(crate) primary: Mutex<HashMap<i32, Context>>,
 }
 
-/// Back-pressure of the releases of `peer`'s mappings, every kind: waits, at most `timeout`,
-/// until no kind has more than the per-peer bound of closes waiting.
-pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    ipc::wait_release_room(peer, timeout)?;
-    vmm_map::wait_release_room(peer, timeout)?;
-    pool::wait_release_room(peer, timeout)
+// process-wide: CUDA maps a peer allocation once per context and a primary context once per
+// device, so the imports, exports and contexts of every transport are the process's.
+static RUNTIME: Lazy<Runtime> = Lazy::new(|| Runtime::new(DEFAULT_MAX_PENDING_PER_PEER));
+
+/// The process's runtime (cheap; starts no thread and needs no driver until something is
+/// imported).
+pub fn runtime() -> &'static Runtime {
+    &RUNTIME
+}
+
+impl Runtime {
+    /// Empty tables whose releasers let at most `max_pending_per_peer` closes of one peer wait.
+    pub(crate) fn new(max_pending_per_peer: usize) -> Runtime {
+        Runtime {
+            ipc: ImportTable::new(ipc::Legacy::default(), max_pending_per_peer),
+            vmm: ImportTable::new(vmm_map::Vmm::default(), max_pending_per_peer),
+            pool: ImportTable::new(pool::Pool::default(), max_pending_per_peer),
+            exports: Mutex::new(HashMap::new()),
+            segment_exports: AtomicU64::new(0),
+            uuids: Mutex::new(HashMap::new()),
+            primary: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits, at most `timeout`, until every peer mapping released so far (every kind) has been
+    /// closed by its releaser thread; a `Timeout` saying how many are left otherwise (they stay
+    /// queued and are closed later).
+    pub fn flush_releases(&self, timeout: Duration) -> Result<()> {
+        self.ipc.flush(timeout)?;
+        self.vmm.flush(timeout)?;
+        self.pool.flush(timeout)
+    }
+
+    /// Back-pressure of the releases of `peer`'s mappings: waits, at most `timeout`, until no
+    /// kind has more than the per-peer bound of closes waiting.
+    pub(crate) fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
+        self.ipc.wait_room(peer, timeout)?;
+        self.vmm.wait_room(peer, timeout)?;
+        self.pool.wait_room(peer, timeout)
+    }
+
+    /// The VMM and pool counters.
+    pub fn vmm_counters(&self) -> VmmCounters {
+        let (v, p) = (self.vmm.kind(), self.pool.kind());
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.vmm.inspect(|t, _| VmmCounters {
+            segment_exports: load(&self.segment_exports),
+            segment_imports: load(&v.segment_imports),
+            segment_releases: load(&v.segment_releases),
+            maps: load(&v.maps),
+            unmaps: load(&v.unmaps),
+            live_segments: t.side.len() as u64,
+            live_maps: t.len() as u64,
+            pool_imports: load(&p.imports),
+            pool_frees: load(&p.frees),
+            inside_mapped: load(&v.inside_mapped),
+        })
+    }
+
+    /// The UUID of device `ordinal`, queried once per device.
+    pub(crate) fn device_uuid(&self, ordinal: i32) -> Result<[u8; 16]> {
+        if let Some(uuid) = lock(&self.uuids).get(&ordinal) {
+            return Ok(*uuid);
+        }
+        let uuid = driver::device_uuid(ordinal)?;
+        lock(&self.uuids).insert(ordinal, uuid);
+        Ok(uuid)
+    }
+}
+
+/// [`Runtime::flush_releases`] of the process's runtime.
+pub fn flush_releases(timeout: Duration) -> Result<()> {
+    runtime().flush_releases(timeout)
 }
 
 /// Counters of VMM and pool imports in this process.
@@ -75,22 +156,9 @@ pub struct VmmCounters {
     pub inside_mapped: u64,
 }
 
-/// The process-wide VMM and pool counters.
+/// [`Runtime::vmm_counters`] of the process's runtime.
 pub fn vmm_counters() -> VmmCounters {
-    let v = vmm_map::counters();
-    let (pool_imports, pool_frees) = pool::counters();
-    VmmCounters {
-        segment_exports: v.exports,
-        segment_imports: v.segment_imports,
-        segment_releases: v.segment_releases,
-        maps: v.maps,
-        unmaps: v.unmaps,
-        live_segments: v.live_segments,
-        live_maps: v.live_runs,
-        pool_imports,
-        pool_frees,
-        inside_mapped: v.inside_mapped,
-    }
+    runtime().vmm_counters()
 }
 
 /// How the exchange exports the device buffer `[ptr, ptr + bytes)`: fails as

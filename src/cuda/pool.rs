@@ -1,29 +1,25 @@
 //! Buffers of stream-ordered memory pools (`cudaMallocFromPoolAsync`, `cuMemAllocFromPoolAsync`).
 //!
 //! Exporter: the pool is exported once per transport as a POSIX fd (offered through the fd
-//! transport, `crate::fdpass`), and each allocation's `CUmemPoolPtrExportData` once per
-//! (allocation base, buffer id). Only pools created with POSIX fd handles can be exported; the
-//! device's default pool (what `cudaMallocAsync` and PyTorch's
-//! `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` use) never is, and is refused with that
-//! remedy.
+//! transport, `crate::fdpass`), each allocation's `CUmemPoolPtrExportData` once per (base, buffer
+//! id). Only pools created with POSIX fd handles can be exported, never the device's default pool
+//! (`cudaMallocAsync`, PyTorch's `backend:cudaMallocAsync`).
 //!
-//! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this process, each
-//! allocation once per (exporter pid, export data, device) with `cuMemPoolImportPointer`
-//! (allocations in the import table, [`super::imports`]; pools in this kind's sub-table). The
-//! last release of an allocation hands it to a releaser thread that synchronises the context
-//! and frees the imported pointer (the driver unmaps it); a pool is destroyed here when its
-//! last imported allocation is freed.
+//! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this kind's
+//! sub-table, each allocation once per (exporter pid, export data, device) in the import table
+//! ([`super::imports`]); the releaser frees an allocation, and a pool is destroyed with its last
+//! imported allocation.
 
 use super::driver::{self, Context, ContextGuard};
-use super::imports::{Import, ImportKind, ImportTable, Opened};
+use super::imports::{Import, ImportKind, Opened};
 use super::memory::{DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, POOL_PTR_EXPORT_LEN};
+use super::Runtime;
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Record, Segment, PAYLOAD_LEN};
 use crate::transport::ExportedHandle;
-use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -166,10 +162,13 @@ pub(crate) struct ImportedPointer {
 #[derive(Default)]
 pub(crate) struct Pools(HashMap<PoolKey, ImportedPool>);
 
-/// Pool allocations in the import table ([`super::imports`]): opened with
-/// `cuMemPoolImportPointer` (importing the pool first when needed), closed by freeing the
-/// imported pointer; a pool is destroyed here when its last imported allocation is freed.
-pub(crate) struct Pool;
+/// Pool allocations in the import table.
+#[derive(Default)]
+pub(crate) struct Pool {
+    /// Allocations imported and freed so far.
+    pub imports: AtomicU64,
+    pub frees: AtomicU64,
+}
 
 impl ImportKind for Pool {
     type Key = PointerKey;
@@ -182,38 +181,42 @@ impl ImportKind for Pool {
         p.ptr
     }
 
-    fn drain(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {
-        let _guard = ContextGuard::enter(p.context)?;
-        p.context.synchronize()
+    fn context(&self, p: &ImportedPointer) -> Option<Context> {
+        Some(p.context)
     }
 
     fn close(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {
-        free_pointer(p)
+        let _guard = ContextGuard::enter(p.context)?;
+        // SAFETY: imported by `import`, left the import table with its last reference, not taken
+        // back, and the work queued before the release has finished (drain step).
+        let freed = unsafe { result::mem_free(p.ptr) }
+            .map_err(|rc| driver::error(rc, &format!("cuMemFree of imported {:#x}", p.ptr)));
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        freed
     }
 
+    /// Drops the freed pointer's reference on its pool, destroying the pool with its last one.
     fn closed(&self, pools: &mut Pools, p: &ImportedPointer) {
-        release_pool(pools, p);
+        let Some(pool) = pools.0.get_mut(&p.pool) else {
+            return;
+        };
+        pool.pointers = pool.pointers.saturating_sub(1);
+        if pool.pointers == 0 {
+            let pool = pools.0.remove(&p.pool).expect("present under the lock");
+            // SAFETY: imported by `import`; its last imported pointer was just freed, and it is
+            // destroyed once (it leaves the sub-table here).
+            let _ = unsafe { result::mem_pool_destroy(pool.handle) };
+        }
     }
 }
 
 /// A reference on an imported pool allocation (dropping it releases it).
 pub(crate) type PoolImport = Import<Pool>;
 
-static TABLE: Lazy<ImportTable<Pool>> = Lazy::new(|| ImportTable::new(Pool));
-static POINTER_IMPORTS: AtomicU64 = AtomicU64::new(0);
-static POINTER_FREES: AtomicU64 = AtomicU64::new(0);
-
-/// Pool allocations imported and freed by this process so far.
-pub fn counters() -> (u64, u64) {
-    (
-        POINTER_IMPORTS.load(Ordering::Relaxed),
-        POINTER_FREES.load(Ordering::Relaxed),
-    )
-}
-
 /// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`); the
 /// guard says where it is mapped and releases it when dropped.
 pub(crate) fn import(
+    rt: &Runtime,
     peer: usize,
     rec: &Record,
     fdpass: Option<&FdPass>,
@@ -237,20 +240,20 @@ pub(crate) fn import(
         device,
         pool: seg.id,
     };
-    TABLE.acquire(
+    rt.pool.acquire(
         key,
         peer,
         wait,
         || format!("a pool allocation of {who}"),
         |tables| {
             let pools = &mut tables.side.0;
-            open_pointer(pools, peer, rec, seg, pool_key, fdpass, wait, &who).map(|ptr| {
-                Opened::Mapped(ImportedPointer {
-                    ptr,
-                    pool: pool_key,
-                    context,
-                })
-            })
+            let ptr = open_pointer(pools, peer, rec, seg, pool_key, fdpass, wait, &who)?;
+            rt.pool.kind().imports.fetch_add(1, Ordering::Relaxed);
+            Ok(Opened::Mapped(ImportedPointer {
+                ptr,
+                pool: pool_key,
+                context,
+            }))
         },
     )
 }
@@ -323,45 +326,5 @@ fn open_pointer(
         }
     };
     pool.pointers += 1;
-    POINTER_IMPORTS.fetch_add(1, Ordering::Relaxed);
     Ok(ptr)
-}
-
-/// Frees an imported pointer on the releaser thread (its pool is released by [`release_pool`]
-/// afterwards, under the table's lock).
-fn free_pointer(p: &ImportedPointer) -> Result<()> {
-    let _guard = ContextGuard::enter(p.context)?;
-    // SAFETY: imported by `import`, left the import table with its last reference, not taken
-    // back, and the work queued before the release has finished (drain step).
-    let freed = unsafe { result::mem_free_imported(p.ptr) }
-        .map_err(|rc| driver::error(rc, &format!("cuMemFree of imported {:#x}", p.ptr)));
-    POINTER_FREES.fetch_add(1, Ordering::Relaxed);
-    freed
-}
-
-/// Drops a freed pointer's reference on its pool, destroying the pool with its last pointer.
-fn release_pool(pools: &mut Pools, p: &ImportedPointer) {
-    let last = match pools.0.get_mut(&p.pool) {
-        Some(pool) => {
-            pool.pointers = pool.pointers.saturating_sub(1);
-            pool.pointers == 0
-        }
-        None => false,
-    };
-    if last {
-        let pool = pools.0.remove(&p.pool).expect("present under the lock");
-        // SAFETY: imported by `import`; its last imported pointer was just freed, and it is
-        // destroyed once (it leaves the sub-table here).
-        let _ = unsafe { result::mem_pool_destroy(pool.handle) };
-    }
-}
-
-/// See `Transport::wait_release_room`.
-pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    TABLE.wait_room(peer, timeout)
-}
-
-/// See `Transport::flush_releases`.
-pub(crate) fn flush_releases(timeout: Duration) -> Result<()> {
-    TABLE.flush(timeout)
 }

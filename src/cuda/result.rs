@@ -1,13 +1,8 @@
 //! The raw driver calls of the memory, IPC and stream code, each made once here with its SAFETY
-//! note (as cudarc's `result` layer over its `sys`): the rest of `cuda/` calls these functions,
-//! never `sys` for them. A call returns its value or the driver's code, which the caller maps to
-//! an [`Error`](crate::error::Error) with [`driver::check`](super::driver::check) or its own rule
-//! (some codes mean "not device memory" or "not supported", not a failure).
-//!
-//! Functions whose arguments the driver cannot check (device addresses written, freed or closed,
-//! streams destroyed) are `unsafe fn`, and say what their caller must guarantee. Loading the
-//! driver, its error texts, contexts and devices are in [`driver`](super::driver), which also holds
-//! the one list of symbols the library requires.
+//! note (cudarc's `result` layer over its `sys`); loading the driver, contexts and devices are in
+//! [`driver`](super::driver). A call returns its value or the driver's code, which the caller
+//! maps to an error. Calls whose arguments the driver cannot check (addresses written, freed or
+//! closed, streams destroyed) are `unsafe fn` and say what their caller must guarantee.
 
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -72,20 +67,6 @@ pub unsafe fn pointer_get_attributes(
     to_result(rc, ())
 }
 
-/// Whether `ptr` lies in a VMM mapping: `cuMemRetainAllocationHandle` succeeds only there; the
-/// reference it takes is dropped at once (`cuMemRelease`).
-pub fn is_vmm_address(ptr: u64) -> bool {
-    let mut handle: sys::CUmemGenericAllocationHandle = 0;
-    // SAFETY: valid out pointer; the driver only looks the address up.
-    let rc = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut c_void) };
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return false;
-    }
-    // SAFETY: the retain above succeeded, so this drops exactly the reference it took.
-    unsafe { sys::cuMemRelease(handle) };
-    true
-}
-
 /// `cuMemAlloc` (v2): `bytes` of device memory in the current context.
 pub fn mem_alloc(bytes: usize) -> DriverResult<sys::CUdeviceptr> {
     let mut base: sys::CUdeviceptr = 0;
@@ -94,11 +75,11 @@ pub fn mem_alloc(bytes: usize) -> DriverResult<sys::CUdeviceptr> {
     to_result(rc, base)
 }
 
-/// `cuMemFree` (v2).
+/// `cuMemFree` (v2), also of a pointer imported by [`mem_pool_import_pointer`].
 ///
 /// # Safety
-/// `base` came from [`mem_alloc`], is freed once, and nothing (no queued work, no peer that is
-/// still to map it) uses it any more.
+/// `base` came from [`mem_alloc`] or [`mem_pool_import_pointer`], is freed once, and nothing
+/// (no queued work, no peer that is still to map it) uses it any more.
 pub unsafe fn mem_free(base: sys::CUdeviceptr) -> DriverResult<()> {
     // SAFETY: the caller's guarantees above.
     let rc = unsafe { sys::cuMemFree_v2(base) };
@@ -261,19 +242,6 @@ pub unsafe fn mem_release(handle: sys::CUmemGenericAllocationHandle) -> DriverRe
     // SAFETY: the caller's guarantee above.
     let rc = unsafe { sys::cuMemRelease(handle) };
     to_result(rc, ())
-}
-
-/// The handle types `handle` was created to be exported as (`requestedHandleTypes`, a bitmask
-/// of `CU_MEM_HANDLE_TYPE_*`) and the device it lives on.
-pub fn mem_allocation_handle_types(
-    handle: sys::CUmemGenericAllocationHandle,
-) -> DriverResult<(u32, i32)> {
-    // SAFETY: an all-zero CUmemAllocationProp is a valid value of the C struct (integers, a
-    // null pointer, zero enums).
-    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer; the driver validates the handle.
-    let rc = unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
-    to_result(rc, (prop.requestedHandleTypes.0, prop.location.id))
 }
 
 /// `cuMemExportToShareableHandle` as a POSIX fd, owned by the caller.
@@ -459,16 +427,6 @@ pub fn mem_pool_import_pointer(pool: u64, data: &[u8; POOL_PTR_EXPORT_LEN]) -> D
     to_result(rc, ptr)
 }
 
-/// `cuMemFree` (v2) of a pointer imported by [`mem_pool_import_pointer`].
-///
-/// # Safety
-/// `ptr` came from [`mem_pool_import_pointer`], is freed once, and no queued work uses it.
-pub unsafe fn mem_free_imported(ptr: u64) -> DriverResult<()> {
-    // SAFETY: the caller's guarantees above.
-    let rc = unsafe { sys::cuMemFree_v2(ptr) };
-    to_result(rc, ())
-}
-
 /// `cuMemPoolDestroy` of an imported pool.
 ///
 /// # Safety
@@ -478,15 +436,6 @@ pub unsafe fn mem_pool_destroy(pool: u64) -> DriverResult<()> {
     // SAFETY: the caller's guarantees above.
     let rc = unsafe { sys::cuMemPoolDestroy(pool as sys::CUmemoryPool) };
     to_result(rc, ())
-}
-
-/// `cuMemCreate` of `size` bytes of device memory on `device`, exportable as a POSIX fd (what
-/// PyTorch's expandable segments create). The caller owns the returned reference.
-pub fn mem_create_posix_fd(
-    size: u64,
-    device: i32,
-) -> DriverResult<sys::CUmemGenericAllocationHandle> {
-    mem_create(size, device, HANDLE_TYPE_POSIX_FD)
 }
 
 /// `cuMemCreate` of `size` bytes of device memory on `device`, exportable as `handle_types` (a
@@ -504,7 +453,7 @@ pub fn mem_create(
     to_result(rc, handle)
 }
 
-/// The minimum granularity of [`mem_create_posix_fd`] allocations on `device`.
+/// The minimum granularity of [`mem_create`] allocations on `device`.
 pub fn mem_granularity(device: i32) -> DriverResult<u64> {
     let prop = device_prop(device);
     let mut granularity = 0usize;

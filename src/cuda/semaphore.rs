@@ -11,7 +11,7 @@
 use super::driver::{self, Context, ContextGuard};
 use super::ipc::{self, HandleBytes, IpcImport};
 use super::memory;
-use super::result;
+use super::{result, Runtime};
 use crate::error::{Error, Result};
 use crate::transport::record::HandleType;
 use crate::transport::{
@@ -59,6 +59,8 @@ struct State {
 
 /// A device semaphore slab (see the module docs).
 pub struct DeviceSemaphoreSlab {
+    /// Where its export is registered and peers' slabs are imported.
+    rt: &'static Runtime,
     device: Option<i32>,
     state: Mutex<State>,
 }
@@ -66,8 +68,9 @@ pub struct DeviceSemaphoreSlab {
 impl DeviceSemaphoreSlab {
     /// A slab on `device`, or on the device current when it is first used (`None`).
     /// Nothing is allocated until the first call that needs device memory.
-    pub fn new(device: Option<i32>) -> DeviceSemaphoreSlab {
+    pub fn new(rt: &'static Runtime, device: Option<i32>) -> DeviceSemaphoreSlab {
         DeviceSemaphoreSlab {
+            rt,
             device,
             state: Mutex::new(State {
                 alloc: None,
@@ -84,12 +87,12 @@ impl DeviceSemaphoreSlab {
     /// The device the slab lives on (allocating it if needed).
     pub fn device(&self) -> Result<i32> {
         let mut state = self.lock();
-        Ok(Self::allocated(&mut state, self.device)?.device)
+        Ok(self.allocated(&mut state)?.device)
     }
 
-    fn allocated(state: &mut State, device: Option<i32>) -> Result<&Allocation> {
+    fn allocated<'a>(&self, state: &'a mut State) -> Result<&'a Allocation> {
         if state.alloc.is_none() {
-            state.alloc = Some(allocate(device)?);
+            state.alloc = Some(allocate(self.rt, self.device)?);
         }
         Ok(state.alloc.as_ref().expect("allocated above"))
     }
@@ -104,7 +107,7 @@ impl DeviceSemaphoreSlab {
     }
 }
 
-fn allocate(device: Option<i32>) -> Result<Allocation> {
+fn allocate(rt: &Runtime, device: Option<i32>) -> Result<Allocation> {
     driver::driver()?;
     let (context, _guard) = driver::enter_device(device)?;
     let device = context.device()?;
@@ -131,15 +134,15 @@ fn allocate(device: Option<i32>) -> Result<Allocation> {
     };
     // Zero before anything can be exported: peers must never see garbage epochs.
     if let Err(err) = alloc.zero(base, (SLAB_BYTES / 4) as usize) {
-        release(&alloc);
+        release(rt, &alloc);
         return Err(err);
     }
     Ok(alloc)
 }
 
 /// Frees a slab allocation after all work in its context has finished.
-fn release(alloc: &Allocation) {
-    ipc::forget_export(alloc.base);
+fn release(rt: &Runtime, alloc: &Allocation) {
+    ipc::forget_export(rt, alloc.base);
     if let Ok(_guard) = ContextGuard::enter(alloc.context) {
         // Errors cannot be reported from teardown.
         let _ = result::ctx_synchronize();
@@ -155,7 +158,7 @@ fn release(alloc: &Allocation) {
 impl SemaphoreSlab for DeviceSemaphoreSlab {
     fn allocate_slot(&self) -> Result<u32> {
         let mut state = self.lock();
-        Self::allocated(&mut state, self.device)?;
+        self.allocated(&mut state)?;
         let slot = state.in_use.iter().position(|used| !used).ok_or_else(|| {
             Error::state(format!(
                 "device semaphore slab is full: all {SLAB_SLOTS} slots are in use; release \
@@ -174,7 +177,7 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
                 "semaphore slot {slot} is not allocated (freed twice?)"
             )));
         }
-        let alloc = Self::allocated(&mut state, self.device)?;
+        let alloc = self.allocated(&mut state)?;
         alloc.zero(slot_address(alloc.base, slot), 1)?;
         state.in_use[slot as usize] = false;
         Ok(())
@@ -183,19 +186,19 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
     fn local(&self, slot: u32) -> Result<u64> {
         Self::check_slot(slot)?;
         let mut state = self.lock();
-        let alloc = Self::allocated(&mut state, self.device)?;
+        let alloc = self.allocated(&mut state)?;
         Ok(slot_address(alloc.base, slot))
     }
 
     fn export(&self) -> Result<ExportedHandle> {
         let mut state = self.lock();
-        Self::allocated(&mut state, self.device)?;
+        self.allocated(&mut state)?;
         let alloc = state.alloc.as_mut().expect("allocated above");
         let handle = match alloc.handle {
             Some(handle) => handle,
             None => {
                 let buffer_id = memory::query(alloc.base)?.buffer_id;
-                let handle = ipc::export(alloc.base, buffer_id)?;
+                let handle = ipc::export(self.rt, alloc.base, buffer_id)?;
                 alloc.handle = Some(handle);
                 handle
             }
@@ -211,8 +214,8 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
             )));
         }
         let mut state = self.lock();
-        let device = Self::allocated(&mut state, self.device)?.device;
-        let opened = ipc::import(peer, None, &handle.payload, Some(device), wait)
+        let device = self.allocated(&mut state)?.device;
+        let opened = ipc::import(self.rt, peer, None, &handle.payload, Some(device), wait)
             .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
         let base = opened.base();
         state
@@ -255,7 +258,7 @@ impl Drop for DeviceSemaphoreSlab {
                 let _ = opened.release();
             }
         }
-        release(&alloc);
+        release(self.rt, &alloc);
     }
 }
 

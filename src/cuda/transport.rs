@@ -4,21 +4,14 @@
 //! imports), the pool and per-pointer export data for stream-ordered pool buffers (`pool`);
 //! plus the device semaphore slab.
 //!
-//! This transport keeps its imports per (peer, exporter buffer id, base mapped here), each entry
-//! holding one guard of the process-wide import table (`super::imports`) per import not yet
-//! released. The table deduplicates driver-level imports by the peer allocation's identity (a
-//! legacy handle, a VMM run, a pool allocation; VMM segments and pools in their modules'
-//! sub-tables), so a peer allocation is opened once however many channels and caches use it, and
-//! a new buffer carved from an allocation that is already mapped (PyTorch's caching allocator, a
-//! tensor inside imported expandable segments) costs no driver call. Releases never wait for
-//! device work: the last guard of a mapping hands it to a releaser thread (`super::release`).
-//! Dropping the transport releases whatever is still imported, withdraws its VMM and pool offers,
-//! and then frees the semaphore slab; the handle cache drops it only after its teardown has
-//! waited for its peers to close (see [`super::semaphore`]).
-//!
-//! VMM and pool buffers travel as fds through the fd transport (`crate::fdpass`), which the
-//! transport is given by [`CudaTransport::with_fdpass`]; without one only legacy and FABRIC
-//! buffers can be shared.
+//! The transport holds the process's [`Runtime`], whose import tables open a peer allocation
+//! once however many channels and caches use it; it keeps its own imports per (peer, exporter
+//! buffer id, base mapped here), one table guard per import not yet released. Dropping the
+//! transport releases whatever is still imported, withdraws its VMM and pool offers, and then
+//! frees the semaphore slab; the handle cache drops it only after its teardown has waited for
+//! its peers to close (see [`super::semaphore`]). VMM and pool buffers travel as fds through the
+//! fd transport (`crate::fdpass`) given to [`CudaTransport::with_fdpass`]; without one only
+//! legacy and FABRIC buffers can be shared.
 
 use super::driver;
 use super::ipc;
@@ -28,13 +21,13 @@ use super::semaphore::DeviceSemaphoreSlab;
 use super::vmm::{self, LocalSegment, Run, VmmExports};
 use super::vmm_map;
 use super::vmm_runs::{self, WideRuns};
+use super::{runtime, Runtime};
 use crate::error::{Error, Result};
 use crate::fdpass::FdPass;
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Record};
 use crate::transport::view::{ContiguousView, ViewMember};
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
-use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,17 +70,12 @@ impl Held {
     }
 }
 
-/// The references this transport holds on one mapping (one per import not yet released; all
-/// on the same import).
-struct Imported {
-    held: Vec<Held>,
-}
-
 /// (peer, exporter buffer id, base of the mapping here).
 type ImportKey = (usize, u64, u64);
 
 /// The device transport (see the module docs).
 pub struct CudaTransport {
+    rt: &'static Runtime,
     device: Option<i32>,
     fdpass: Option<Arc<FdPass>>,
     vmm_exports: VmmExports,
@@ -97,36 +85,12 @@ pub struct CudaTransport {
     window: u64,
     pool_exports: PoolExports,
     slab: DeviceSemaphoreSlab,
-    /// Peer allocations imported through this transport, by (peer, exporter buffer id, where it
-    /// is mapped here). The place is part of the key because one peer buffer can be served by
-    /// several mappings at once: a VMM buffer over one segment is served by whichever mapped run
-    /// of the peer holds that segment when it is imported (its own run, or any of several
-    /// overlapping larger runs), and each is released to the run that served it.
-    imports: Mutex<HashMap<ImportKey, Imported>>,
-}
-
-/// A buffer of the legacy or pool allocation `alloc`.
-fn local_buffer_of_allocation(alloc: &DeviceAllocation) -> Result<LocalBuffer> {
-    Ok(LocalBuffer {
-        ptr: alloc.ptr,
-        bytes: alloc.bytes,
-        base: alloc.base,
-        alloc_bytes: alloc.size,
-        buffer_id: alloc.buffer_id,
-        device_uuid: cached_device_uuid(alloc.device_ordinal)?,
-    })
-}
-
-/// A buffer of the VMM allocation `alloc`, exported as `run`.
-fn local_buffer(alloc: &DeviceAllocation, run: &Run) -> Result<LocalBuffer> {
-    Ok(LocalBuffer {
-        ptr: alloc.ptr,
-        bytes: alloc.bytes,
-        base: run.base(),
-        alloc_bytes: run.size(),
-        buffer_id: run.id(),
-        device_uuid: cached_device_uuid(alloc.device_ordinal)?,
-    })
+    /// Peer allocations imported through this transport: one reference per import not yet
+    /// released, all on the same import. The place is part of the key because one peer buffer
+    /// can be served by several mappings at once (a VMM buffer over one segment, by whichever
+    /// mapped run of the peer holds it when it is imported), each released to the run that
+    /// served it.
+    imports: Mutex<HashMap<ImportKey, Vec<Held>>>,
 }
 
 /// `exact`, the run of the VMM buffer `alloc` (whose pointer `info` describes), widened within
@@ -148,27 +112,7 @@ fn widened(exact: Run, info: &PointerInfo, alloc: &DeviceAllocation, window: u64
 /// The VMM segment mapped at `at`, if it can be exported as `handle_types`.
 fn vmm_segment_at(at: u64, handle_types: u32) -> Option<LocalSegment> {
     let alloc = memory::classify(&memory::query(at).ok()?, 1).ok()?;
-    match alloc.kind {
-        DeviceMemoryKind::Vmm { handle_types: h } if h == handle_types => Some(LocalSegment {
-            base: alloc.base,
-            size: alloc.size,
-            id: alloc.buffer_id,
-            handle_types: h,
-        }),
-        _ => None,
-    }
-}
-
-static UUIDS: Lazy<Mutex<HashMap<i32, [u8; 16]>>> = Lazy::new(|| Mutex::new(HashMap::new()));
-
-/// The UUID of device `ordinal`, queried once per device.
-pub fn cached_device_uuid(ordinal: i32) -> Result<[u8; 16]> {
-    if let Some(uuid) = lock(&UUIDS).get(&ordinal) {
-        return Ok(*uuid);
-    }
-    let uuid = driver::device_uuid(ordinal)?;
-    lock(&UUIDS).insert(ordinal, uuid);
-    Ok(uuid)
+    LocalSegment::of(&alloc).filter(|s| s.handle_types == handle_types)
 }
 
 impl CudaTransport {
@@ -191,16 +135,40 @@ impl CudaTransport {
     }
 
     fn unloaded(device: Option<i32>, fdpass: Option<Arc<FdPass>>, window: u64) -> CudaTransport {
+        let rt = runtime();
         CudaTransport {
+            rt,
             device,
-            vmm_exports: VmmExports::new(fdpass.clone()),
+            vmm_exports: VmmExports::new(rt, fdpass.clone()),
             wide_runs: WideRuns::default(),
             window,
             pool_exports: PoolExports::new(fdpass.clone()),
             fdpass,
-            slab: DeviceSemaphoreSlab::new(device),
+            slab: DeviceSemaphoreSlab::new(rt, device),
             imports: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A buffer of the legacy or pool allocation `alloc`.
+    fn buffer_of_allocation(&self, alloc: &DeviceAllocation) -> Result<LocalBuffer> {
+        Ok(LocalBuffer {
+            ptr: alloc.ptr,
+            bytes: alloc.bytes,
+            base: alloc.base,
+            alloc_bytes: alloc.size,
+            buffer_id: alloc.buffer_id,
+            device_uuid: self.rt.device_uuid(alloc.device_ordinal)?,
+        })
+    }
+
+    /// A buffer of the VMM allocation `alloc`, exported as `run`.
+    fn buffer_of_run(&self, alloc: &DeviceAllocation, run: &Run) -> Result<LocalBuffer> {
+        Ok(LocalBuffer {
+            base: run.base(),
+            alloc_bytes: run.size(),
+            buffer_id: run.id(),
+            ..self.buffer_of_allocation(alloc)?
+        })
     }
 
     fn widens(&self) -> bool {
@@ -241,13 +209,14 @@ impl CudaTransport {
         let fdpass = self.fdpass.as_deref();
         match rec.handle_type {
             HandleType::CudaLegacyIpc => {
-                ipc::import(peer, Some(rec.pid), &rec.payload, self.device, wait).map(Held::Legacy)
+                let (pid, handle) = (Some(rec.pid), &rec.payload);
+                ipc::import(self.rt, peer, pid, handle, self.device, wait).map(Held::Legacy)
             }
             HandleType::CudaVmmFd | HandleType::CudaVmmFabric => {
-                vmm_map::import(peer, rec, fdpass, self.device, wait).map(Held::Vmm)
+                vmm_map::import(self.rt, peer, rec, fdpass, self.device, wait).map(Held::Vmm)
             }
             HandleType::CudaPool => {
-                pool::import(peer, rec, fdpass, self.device, wait).map(Held::Pool)
+                pool::import(self.rt, peer, rec, fdpass, self.device, wait).map(Held::Pool)
             }
             HandleType::PosixFd => Err(Error::invalid(format!(
                 "record of rank {} holds a {} handle; the device transport only opens device \
@@ -267,9 +236,9 @@ impl Transport for CudaTransport {
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
         let alloc = memory::resolve(ptr, bytes)?;
         match alloc.kind {
-            DeviceMemoryKind::Vmm { .. } => local_buffer(&alloc, &vmm::resolve_run(&alloc)?),
+            DeviceMemoryKind::Vmm { .. } => self.buffer_of_run(&alloc, &vmm::resolve_run(&alloc)?),
             DeviceMemoryKind::Legacy | DeviceMemoryKind::Pool { .. } => {
-                local_buffer_of_allocation(&alloc)
+                self.buffer_of_allocation(&alloc)
             }
         }
     }
@@ -281,13 +250,13 @@ impl Transport for CudaTransport {
         let info = memory::query(ptr)?;
         let alloc = memory::classify(&info, bytes)?;
         let DeviceMemoryKind::Vmm { .. } = alloc.kind else {
-            return local_buffer_of_allocation(&alloc);
+            return self.buffer_of_allocation(&alloc);
         };
         let exact = vmm::resolve_run(&alloc)?;
         let run = self
             .wide_runs
             .resolve(exact, |exact| widened(exact, &info, &alloc, self.window));
-        local_buffer(&alloc, &run)
+        self.buffer_of_run(&alloc, &run)
     }
 
     fn refresh(&self, buf: &LocalBuffer) -> Result<LocalBuffer> {
@@ -308,29 +277,21 @@ impl Transport for CudaTransport {
         )?;
         match fresh {
             None => Ok(*buf),
-            Some(run) => local_buffer(&alloc, &run),
+            Some(run) => self.buffer_of_run(&alloc, &run),
         }
     }
 
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
-        let what = || format!("exporting device buffer {:#x}", buf.ptr);
         // Only on a miss: the kind (and a VMM buffer's segments) are looked up again.
-        let alloc = memory::resolve(buf.ptr, buf.bytes).map_err(|e| e.context(what()))?;
-        match alloc.kind {
-            DeviceMemoryKind::Legacy => {
-                let payload =
-                    ipc::export(buf.base, buf.buffer_id).map_err(|e| e.context(what()))?;
-                Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, payload))
-            }
-            DeviceMemoryKind::Vmm { .. } => {
-                let run = self.run_of(buf, &alloc).map_err(|e| e.context(what()))?;
-                self.vmm_exports.export(&run).map_err(|e| e.context(what()))
-            }
-            DeviceMemoryKind::Pool { .. } => self
-                .pool_exports
-                .export(&alloc)
-                .map_err(|e| e.context(what())),
-        }
+        let exported = memory::resolve(buf.ptr, buf.bytes).and_then(|alloc| match alloc.kind {
+            DeviceMemoryKind::Legacy => ipc::export(self.rt, buf.base, buf.buffer_id)
+                .map(|payload| ExportedHandle::plain(HandleType::CudaLegacyIpc, payload)),
+            DeviceMemoryKind::Vmm { .. } => self
+                .run_of(buf, &alloc)
+                .and_then(|run| self.vmm_exports.export(&run)),
+            DeviceMemoryKind::Pool { .. } => self.pool_exports.export(&alloc),
+        });
+        exported.map_err(|e| e.context(format!("exporting device buffer {:#x}", buf.ptr)))
     }
 
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
@@ -346,7 +307,7 @@ impl Transport for CudaTransport {
         })?;
         let base = held.base();
         let key = (peer, rec.buffer_id, base);
-        if let Some(first) = imports.get(&key).and_then(|entry| entry.held.first()) {
+        if let Some(first) = imports.get(&key).and_then(|held| held.first()) {
             if !first.same_import(&held) {
                 // Two live mappings at one address cannot exist: the driver would have refused.
                 let err = Error::internal(format!(
@@ -358,11 +319,7 @@ impl Transport for CudaTransport {
                 return Err(err);
             }
         }
-        imports
-            .entry(key)
-            .or_insert_with(|| Imported { held: Vec::new() })
-            .held
-            .push(held);
+        imports.entry(key).or_default().push(held);
         Ok(Mapping {
             peer,
             base,
@@ -375,7 +332,7 @@ impl Transport for CudaTransport {
     fn release(&self, mapping: &Mapping) -> Result<()> {
         let mut imports = lock(&self.imports);
         let key = (mapping.peer, mapping.buffer_id, mapping.base);
-        let held = imports.get_mut(&key).and_then(|entry| entry.held.pop());
+        let held = imports.get_mut(&key).and_then(Vec::pop);
         let held = held.ok_or_else(|| {
             Error::not_found(format!(
                 "buffer {} of rank {} mapped at {:#x} is not imported by this transport \
@@ -383,18 +340,18 @@ impl Transport for CudaTransport {
                 mapping.buffer_id, mapping.peer, mapping.base
             ))
         })?;
-        if imports.get(&key).is_some_and(|entry| entry.held.is_empty()) {
+        if imports.get(&key).is_some_and(Vec::is_empty) {
             imports.remove(&key);
         }
         held.release()
     }
 
     fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
-        super::wait_release_room(peer, timeout)
+        self.rt.wait_release_room(peer, timeout)
     }
 
     fn flush_releases(&self, timeout: Duration) -> Result<()> {
-        super::flush_releases(timeout)
+        self.rt.flush_releases(timeout)
     }
 
     fn semaphores(&self) -> &dyn SemaphoreSlab {
@@ -418,10 +375,8 @@ impl Drop for CudaTransport {
         // Release what the owner did not (closed on the releaser threads); the exports withdraw
         // their offers and the slab frees itself afterwards (field order).
         let imports = self.imports.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (_, entry) in imports.drain() {
-            for held in entry.held {
-                let _ = held.release();
-            }
+        for held in imports.drain().flat_map(|(_, held)| held) {
+            let _ = held.release();
         }
     }
 }

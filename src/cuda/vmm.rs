@@ -1,26 +1,20 @@
 //! Exporting VMM buffers (`cuMemCreate` + `cuMemMap`: PyTorch's expandable segments, nvFuser's
-//! symmetric memory): the exporter's half. The importer's half is `super::vmm_map`.
+//! symmetric memory): the exporter's half; the importer's is `super::vmm_map`.
 //!
-//! A VMM buffer may span several physical allocations ("segments": PyTorch maps 2 MiB or 20 MiB
-//! handles back to back into one reserved range). [`resolve_run`] walks them in address order
-//! with the pointer attributes `MAPPING_BASE_ADDR`/`MAPPING_SIZE` (the `RANGE_*` attributes give
-//! the whole reserved range), starting at the one that holds the pointer, until the buffer's end
-//! is covered; a buffer inside one segment costs no driver call beyond the pointer query. A
+//! A VMM buffer may span several physical allocations ("segments", mapped back to back in one
+//! reserved range). [`resolve_run`] walks them in address order with the pointer attributes
+//! `MAPPING_BASE_ADDR`/`MAPPING_SIZE`, from the one that holds the pointer to the buffer's end; a
 //! segment's id is its `MEMORY_BLOCK_ID`.
 //!
-//! [`VmmExports`] exports each segment once: `cuMemRetainAllocationHandle`, then
-//! `cuMemExportToShareableHandle` as a POSIX fd (offered to importers through the fd transport,
-//! `crate::fdpass`) or, for allocations that allow only FABRIC, as a fabric handle; the retained
-//! reference is dropped at once, the exported fd keeps the memory importable. Exports are cached
-//! per (segment base, segment id): a segment unmapped and replaced by a new one at the same
-//! address gets a fresh export, and the old offer is withdrawn, as are offers of segments that
-//! are no longer mapped (checked on every export miss) and all offers when the exports are
-//! dropped. An offer's fd keeps its physical memory alive until it is withdrawn, as a memfd does
-//! for host buffers.
+//! [`VmmExports`] exports each segment once (`cuMemRetainAllocationHandle`, then
+//! `cuMemExportToShareableHandle` as a POSIX fd offered through `crate::fdpass`, or as a FABRIC
+//! handle for allocations that allow only FABRIC), cached per (segment base, segment id). Offers
+//! of segments replaced or no longer mapped (checked on every export miss) are withdrawn, as are
+//! all offers when the exports are dropped; an offered fd keeps its memory alive until then.
 
-use super::driver;
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, FABRIC_HANDLE_LEN, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
+use super::{driver, Runtime};
 use crate::error::{Error, Result};
 use crate::fdpass::FdPass;
 use crate::hash::fnv1a64;
@@ -29,7 +23,7 @@ use crate::sync::lock;
 use crate::transport::record::{HandleType, Segment, MAX_SEGMENTS, PAYLOAD_LEN};
 use crate::transport::ExportedHandle;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 /// One physical allocation of this process, as mapped here.
@@ -41,6 +35,21 @@ pub struct LocalSegment {
     pub id: u64,
     /// `CU_MEM_HANDLE_TYPE_*` bits it can be exported as.
     pub handle_types: u32,
+}
+
+impl LocalSegment {
+    /// The segment `alloc` is, when it is VMM memory.
+    pub fn of(alloc: &DeviceAllocation) -> Option<LocalSegment> {
+        match alloc.kind {
+            DeviceMemoryKind::Vmm { handle_types } => Some(LocalSegment {
+                base: alloc.base,
+                size: alloc.size,
+                id: alloc.buffer_id,
+                handle_types,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// The segments that hold a VMM buffer, in address order.
@@ -74,31 +83,16 @@ impl Run {
 /// Walks the segments of the VMM buffer `alloc` (classified as VMM, its range being the segment
 /// that holds the pointer) until its end.
 pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
-    let DeviceMemoryKind::Vmm { handle_types } = alloc.kind else {
-        return Err(Error::internal(format!(
-            "pointer {:#x} is not VMM memory",
-            alloc.ptr
-        )));
-    };
-    let first = LocalSegment {
-        base: alloc.base,
-        size: alloc.size,
-        id: alloc.buffer_id,
-        handle_types,
-    };
+    let first = LocalSegment::of(alloc)
+        .ok_or_else(|| Error::internal(format!("pointer {:#x} is not VMM memory", alloc.ptr)))?;
     walk(alloc.ptr, alloc.bytes, first, |at| {
         let next = memory::classify(&memory::query(at)?, 1)?;
-        match next.kind {
-            DeviceMemoryKind::Vmm { handle_types } => Ok(LocalSegment {
-                base: next.base,
-                size: next.size,
-                id: next.buffer_id,
-                handle_types,
-            }),
-            other => Err(Error::unsupported(format!(
-                "the buffer continues at {at:#x} into memory that is not VMM ({other:?})"
-            ))),
-        }
+        LocalSegment::of(&next).ok_or_else(|| {
+            Error::unsupported(format!(
+                "the buffer continues at {at:#x} into memory that is not VMM ({:?})",
+                next.kind
+            ))
+        })
     })
 }
 
@@ -169,15 +163,10 @@ struct Exported {
     offer: Offer,
 }
 
-static SEGMENT_EXPORTS: AtomicU64 = AtomicU64::new(0);
-
-/// Segment exports made by this process so far.
-pub fn exports_made() -> u64 {
-    SEGMENT_EXPORTS.load(Ordering::Relaxed)
-}
-
 /// The exports of one device transport (see the module docs).
 pub struct VmmExports {
+    /// Counts the exports.
+    rt: &'static Runtime,
     fdpass: Option<Arc<FdPass>>,
     /// By segment base.
     table: Mutex<HashMap<u64, Exported>>,
@@ -185,8 +174,9 @@ pub struct VmmExports {
 
 impl VmmExports {
     /// Exports offered through `fdpass`; without one, only FABRIC exports work.
-    pub fn new(fdpass: Option<Arc<FdPass>>) -> VmmExports {
+    pub fn new(rt: &'static Runtime, fdpass: Option<Arc<FdPass>>) -> VmmExports {
         VmmExports {
+            rt,
             fdpass,
             table: Mutex::new(HashMap::new()),
         }
@@ -310,7 +300,7 @@ impl VmmExports {
         // export (fd or fabric handle) holds its own.
         let _ = unsafe { result::mem_release(handle) };
         let offer = exported?;
-        SEGMENT_EXPORTS.fetch_add(1, Ordering::Relaxed);
+        self.rt.segment_exports.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = clock {
             log::info!(
                 target: logging::CUDA,
@@ -348,121 +338,14 @@ impl VmmExports {
             fdpass.unregister(id);
         }
     }
-
-    /// Segments exported and still offered.
-    pub fn len(&self) -> usize {
-        lock(&self.table).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl Drop for VmmExports {
     fn drop(&mut self) {
-        let table = self.table.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (_, e) in table.drain() {
-            if let (Offer::Fd(id), Some(fdpass)) = (e.offer, &self.fdpass) {
-                fdpass.unregister(&id);
-            }
-        }
+        let table = std::mem::take(self.table.get_mut().unwrap_or_else(|p| p.into_inner()));
+        table.values().for_each(|e| self.withdraw(&e.offer));
     }
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::error::Status;
-
-    pub(crate) const MIB2: u64 = 2 << 20;
-
-    /// A 2 MiB segment exportable as a POSIX fd.
-    pub(crate) fn seg(base: u64, id: u64) -> LocalSegment {
-        LocalSegment {
-            base,
-            size: MIB2,
-            id,
-            handle_types: HANDLE_TYPE_POSIX_FD,
-        }
-    }
-
-    #[test]
-    fn a_buffer_inside_one_segment_needs_no_lookup() {
-        let run = walk(0x1000_0040, 64, seg(0x1000_0000, 7), |_| {
-            panic!("no lookup expected")
-        })
-        .unwrap();
-        assert_eq!(run.segments.len(), 1);
-        assert_eq!(run.id(), 7);
-        assert_eq!((run.base(), run.size()), (0x1000_0000, MIB2));
-    }
-
-    #[test]
-    fn a_buffer_spanning_segments_walks_them_in_order() {
-        let mut asked = Vec::new();
-        let run = walk(
-            0x1000_0000 + MIB2 - 8,
-            2 * MIB2,
-            seg(0x1000_0000, 1),
-            |at| {
-                asked.push(at);
-                Ok(seg(at, 1 + asked.len() as u64))
-            },
-        )
-        .unwrap();
-        assert_eq!(asked, vec![0x1000_0000 + MIB2, 0x1000_0000 + 2 * MIB2]);
-        assert_eq!(run.segments.len(), 3);
-        assert_eq!(run.size(), 3 * MIB2);
-        assert_ne!(
-            run.id(),
-            1,
-            "a run of several segments has an id of its own"
-        );
-        let again = walk(
-            0x1000_0000 + MIB2 - 8,
-            2 * MIB2,
-            seg(0x1000_0000, 1),
-            |at| Ok(seg(at, 1 + (at - 0x1000_0000) / MIB2)),
-        )
-        .unwrap();
-        assert_eq!(again.id(), run.id(), "the same segments give the same id");
-    }
-
-    #[test]
-    fn gaps_and_unmapped_continuations_are_errors() {
-        let err = walk(0x1000_0000, 2 * MIB2, seg(0x1000_0000, 1), |at| {
-            Ok(seg(at + 4096, 2))
-        })
-        .unwrap_err();
-        assert_eq!(err.status, Status::InvalidArgument);
-        assert!(err.message.contains("not contiguous"), "{err}");
-        let err = walk(0x1000_0000, 2 * MIB2, seg(0x1000_0000, 1), |_| {
-            Err(Error::invalid("not mapped"))
-        })
-        .unwrap_err();
-        assert!(
-            err.message.contains("runs past its physical allocation"),
-            "{err}"
-        );
-        assert!(walk(u64::MAX - 4, 8, seg(0x1000_0000, 1), |at| Ok(seg(at, 2))).is_err());
-    }
-
-    #[test]
-    fn runs_are_capped() {
-        let err = walk(0, u64::MAX / 2, seg(0, 1), |at| Ok(seg(at, at + 1))).unwrap_err();
-        assert_eq!(err.status, Status::Unsupported);
-        assert!(err.message.contains("more than 8192"), "{err}");
-    }
-
-    #[test]
-    fn segments_without_an_id_are_refused() {
-        let err = walk(0x1000_0000, 8, seg(0x1000_0000, 0), |_| panic!()).unwrap_err();
-        assert!(err.message.contains("no buffer id"), "{err}");
-        let err = walk(0x1000_0000, 2 * MIB2, seg(0x1000_0000, 1), |at| {
-            Ok(seg(at, 0))
-        })
-        .unwrap_err();
-        assert!(err.message.contains("no buffer id"), "{err}");
-    }
-}
+pub(crate) mod tests;

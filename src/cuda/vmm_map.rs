@@ -1,33 +1,27 @@
 //! Importing peers' VMM buffers: the importer's half of [`super::vmm`].
 //!
 //! A record lists the buffer's physical allocations (segments). Importing it:
-//! 1. each segment not imported yet in this process is fetched (all of a record's missing fds in
-//!    one request to the exporter's responder, `crate::fdpass`) and imported with
-//!    `cuMemImportFromShareableHandle`; the fd is closed at once. Segments are imported once per
-//!    (exporter pid, segment id, device), whatever the buffers and caches that use them;
-//! 2. the run of segments is mapped: one VA range of exactly the run's size is reserved, each
-//!    segment mapped back to back (whole allocations: a partial `cuMemMap` is not supported by
-//!    the driver), and access set once for the importing device. Runs are mapped once per
-//!    (exporter pid, device, segment list); a buffer over the same segments, or over segments
-//!    that a mapped run holds back to back, is served by that mapping and costs no driver call.
+//! 1. each segment not imported yet is fetched (all of a record's missing fds in one request to
+//!    the exporter's responder, `crate::fdpass`) and imported with
+//!    `cuMemImportFromShareableHandle`, once per (exporter pid, segment id, device) in this
+//!    kind's sub-table, whatever the buffers and caches that use it;
+//! 2. the run of segments is mapped: one VA range of the run's size reserved, each segment mapped
+//!    back to back (a partial `cuMemMap` is not supported), access set for the importing device.
+//!    Runs are mapped once per (exporter pid, device, segment list) in the import table
+//!    ([`super::imports`]); a buffer over segments that a mapped run holds back to back is served
+//!    by that mapping with no driver call.
 //!
-//! Runs live in the import table ([`super::imports`], keyed by [`RunKey`]), segments in this
-//! kind's sub-table under the same lock. Releases never wait for device work: the last reference
-//! of a run is handed to a releaser thread (`super::release`) that synchronises the mapping's
-//! context, then unmaps, frees the VA range and drops the run's references on its segments; a
-//! segment's imported handle is released when no run maps it any more. A run requested again
-//! while it waits is taken back.
+//! The releaser unmaps a run and frees its range; a segment is released when no run maps it.
 
 use super::driver::{self, Context, ContextGuard};
-use super::imports::{Import, ImportKind, ImportTable, Opened, Tables};
-use super::result;
+use super::imports::{Import, ImportKind, Opened, Tables};
+use super::{result, Runtime};
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
 use crate::hash::fnv1a64;
 use crate::logging;
 use crate::transport::record::{HandleType, Record, Segment};
 use cudarc::driver::sys;
-use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,7 +37,6 @@ struct SegmentKey {
 
 struct ImportedSegment {
     handle: sys::CUmemGenericAllocationHandle,
-    size: u64,
     /// Runs that map it.
     runs: usize,
 }
@@ -69,10 +62,26 @@ pub(crate) struct MappedRun {
 #[derive(Default)]
 pub(crate) struct Segments(HashMap<SegmentKey, ImportedSegment>);
 
+impl Segments {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// VMM runs in the import table ([`super::imports`]): a run is opened by importing its missing
 /// segments and mapping them back to back, closed by unmapping it; its segments are released
 /// when no run maps them any more.
-pub(crate) struct Vmm;
+#[derive(Default)]
+pub(crate) struct Vmm {
+    /// Physical allocations imported, and released.
+    pub segment_imports: AtomicU64,
+    pub segment_releases: AtomicU64,
+    /// Runs mapped, and unmapped.
+    pub maps: AtomicU64,
+    pub unmaps: AtomicU64,
+    /// Buffers served by the mapping of a larger run that holds their segments.
+    pub inside_mapped: AtomicU64,
+}
 
 impl ImportKind for Vmm {
     type Key = RunKey;
@@ -85,60 +94,50 @@ impl ImportKind for Vmm {
         run.base
     }
 
-    fn drain(&self, _peer: usize, run: &MappedRun) -> Result<()> {
-        let _guard = ContextGuard::enter(run.context)?;
-        run.context.synchronize()
+    fn context(&self, run: &MappedRun) -> Option<Context> {
+        Some(run.context)
     }
 
     fn close(&self, _peer: usize, run: &MappedRun) -> Result<()> {
-        unmap_run(run)
+        let _guard = ContextGuard::enter(run.context)?;
+        // SAFETY: the run left the import table when its last reference went away and the
+        // releaser runs this only for a job that was not taken back; the work queued before the
+        // release has finished (the drain step synchronised the context).
+        unsafe { result::mem_unmap(run.base, run.size) }.map_err(|rc| {
+            driver::error(rc, &format!("cuMemUnmap({:#x}, {})", run.base, run.size))
+        })?;
+        // SAFETY: reserved by map_run for this run, now fully unmapped, freed once.
+        let _ = unsafe { result::mem_address_free(run.base, run.size) };
+        self.unmaps.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
+    /// Drops the unmapped run's references on its segments, releasing those no run maps any
+    /// more.
     fn closed(&self, segments: &mut Segments, run: &MappedRun) {
-        release_run_segments(segments, run);
+        for (k, _) in &run.segments {
+            let drop_it = match segments.0.get_mut(k) {
+                Some(s) => {
+                    s.runs = s.runs.saturating_sub(1);
+                    s.runs == 0
+                }
+                None => false,
+            };
+            if drop_it {
+                let s = segments.0.remove(k).expect("present under the lock");
+                // SAFETY: imported by this module and released once (it leaves the sub-table
+                // here); the last run that mapped it is unmapped. Should that unmap have failed,
+                // releasing is still allowed: the driver frees the memory once its last mapping
+                // is gone.
+                let _ = unsafe { result::mem_release(s.handle) };
+                self.segment_releases.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
 /// A reference on a mapped peer run (dropping it releases it).
 pub(crate) type VmmImport = Import<Vmm>;
-
-static TABLE: Lazy<ImportTable<Vmm>> = Lazy::new(|| ImportTable::new(Vmm));
-static SEGMENT_IMPORTS: AtomicU64 = AtomicU64::new(0);
-static SEGMENT_RELEASES: AtomicU64 = AtomicU64::new(0);
-static RUN_MAPS: AtomicU64 = AtomicU64::new(0);
-static RUN_UNMAPS: AtomicU64 = AtomicU64::new(0);
-static SUBRUN_HITS: AtomicU64 = AtomicU64::new(0);
-
-/// Counters of VMM imports in this process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct VmmCounters {
-    /// Segments exported (each once per transport).
-    pub exports: u64,
-    /// Physical allocations imported, and released.
-    pub segment_imports: u64,
-    pub segment_releases: u64,
-    /// Runs mapped, and unmapped.
-    pub maps: u64,
-    pub unmaps: u64,
-    /// Segments imported and runs mapped now.
-    pub live_segments: u64,
-    pub live_runs: u64,
-    /// Buffers served by the mapping of a larger run that holds their segments.
-    pub inside_mapped: u64,
-}
-
-pub fn counters() -> VmmCounters {
-    TABLE.inspect(|t, _| VmmCounters {
-        exports: super::vmm::exports_made(),
-        segment_imports: SEGMENT_IMPORTS.load(Ordering::Relaxed),
-        segment_releases: SEGMENT_RELEASES.load(Ordering::Relaxed),
-        maps: RUN_MAPS.load(Ordering::Relaxed),
-        unmaps: RUN_UNMAPS.load(Ordering::Relaxed),
-        live_segments: t.side.0.len() as u64,
-        live_runs: t.len() as u64,
-        inside_mapped: SUBRUN_HITS.load(Ordering::Relaxed),
-    })
-}
 
 /// The key of the run a record describes, mapped on `device`.
 pub(crate) fn run_key(rec: &Record, device: i32) -> RunKey {
@@ -159,6 +158,7 @@ pub(crate) fn run_key(rec: &Record, device: i32) -> RunKey {
 /// the guard says where its first segment starts and releases it when dropped. Fetches missing
 /// fds through `fdpass`.
 pub(crate) fn import(
+    rt: &Runtime,
     peer: usize,
     rec: &Record,
     fdpass: Option<&FdPass>,
@@ -169,18 +169,22 @@ pub(crate) fn import(
     let device = context.device()?;
     let key = run_key(rec, device);
     let who = format!("rank {peer} (pid {})", rec.pid);
-    TABLE.acquire(
+    rt.vmm.acquire(
         key,
         peer,
         wait,
         || format!("a VMM buffer of {who}"),
-        |tables| open_run(tables, peer, rec, fdpass, context, device, wait, &who),
+        |tables| {
+            let vmm = rt.vmm.kind();
+            open_run(vmm, tables, peer, rec, fdpass, context, device, wait, &who)
+        },
     )
 }
 
 /// Opens the run of `rec` (not mapped yet) on `device`, with `context` current.
 #[allow(clippy::too_many_arguments)]
 fn open_run(
+    vmm: &Vmm,
     tables: &mut Tables<Vmm>,
     peer: usize,
     rec: &Record,
@@ -193,7 +197,7 @@ fn open_run(
     // A buffer over segments that a mapped run holds back to back (a tensor inside a larger
     // buffer imported before) is served by that run's mapping: no import, no map.
     if let Some((outer, offset)) = containing_run(tables, rec, device) {
-        SUBRUN_HITS.fetch_add(1, Ordering::Relaxed);
+        vmm.inside_mapped.fetch_add(1, Ordering::Relaxed);
         return Ok(Opened::Within { key: outer, offset });
     }
     // Fetch and import the segments this process has not imported yet. The lock is held across
@@ -212,15 +216,10 @@ fn open_run(
             .collect()
     };
     let imported = import_segments(peer, rec, &missing, fdpass, wait, who)?;
+    vmm.segment_imports
+        .fetch_add(imported.len() as u64, Ordering::Relaxed);
     for (seg, handle) in missing.iter().zip(imported) {
-        segs.insert(
-            seg_key(seg),
-            ImportedSegment {
-                handle,
-                size: seg.bytes,
-                runs: 0,
-            },
-        );
+        segs.insert(seg_key(seg), ImportedSegment { handle, runs: 0 });
     }
     let segments: Vec<(SegmentKey, u64)> =
         rec.segments.iter().map(|s| (seg_key(s), s.bytes)).collect();
@@ -229,7 +228,7 @@ fn open_run(
         .map(|(k, size)| (segs[k].handle, *size))
         .collect();
     let (base, size) = map_run(&handles, device).map_err(|e| {
-        release_unused_segments(segs);
+        release_unused_segments(vmm, segs);
         e.context(format!("mapping the VMM buffer of {who}"))
     })?;
     for (k, _) in &segments {
@@ -237,7 +236,7 @@ fn open_run(
             s.runs += 1;
         }
     }
-    RUN_MAPS.fetch_add(1, Ordering::Relaxed);
+    vmm.maps.fetch_add(1, Ordering::Relaxed);
     Ok(Opened::Mapped(MappedRun {
         base,
         size,
@@ -340,7 +339,6 @@ fn import_segments(
         }
         return Err(e);
     }
-    SEGMENT_IMPORTS.fetch_add(handles.len() as u64, Ordering::Relaxed);
     if let Some(t) = clock {
         log::info!(
             target: logging::CUDA,
@@ -400,7 +398,7 @@ fn map_run(
 }
 
 /// Releases imported segments that no run maps (after a failed map).
-fn release_unused_segments(segments: &mut HashMap<SegmentKey, ImportedSegment>) {
+fn release_unused_segments(vmm: &Vmm, segments: &mut HashMap<SegmentKey, ImportedSegment>) {
     let unused: Vec<SegmentKey> = segments
         .iter()
         .filter(|(_, s)| s.runs == 0)
@@ -410,44 +408,7 @@ fn release_unused_segments(segments: &mut HashMap<SegmentKey, ImportedSegment>) 
         if let Some(s) = segments.remove(&k) {
             // SAFETY: the handle was imported by this module and no run maps it.
             let _ = unsafe { result::mem_release(s.handle) };
-            SEGMENT_RELEASES.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Unmaps a run on the releaser thread (its segments are released by
-/// [`release_run_segments`] afterwards, under the table's lock).
-fn unmap_run(run: &MappedRun) -> Result<()> {
-    let _guard = ContextGuard::enter(run.context)?;
-    // SAFETY: the run left the import table when its last reference went away and the releaser
-    // runs this only for a job that was not taken back; the work queued before the release has
-    // finished (the drain step synchronised the context).
-    unsafe { result::mem_unmap(run.base, run.size) }
-        .map_err(|rc| driver::error(rc, &format!("cuMemUnmap({:#x}, {})", run.base, run.size)))?;
-    // SAFETY: reserved by map_run for this run, now fully unmapped, freed once.
-    let _ = unsafe { result::mem_address_free(run.base, run.size) };
-    RUN_UNMAPS.fetch_add(1, Ordering::Relaxed);
-    Ok(())
-}
-
-/// Drops an unmapped run's references on its segments, releasing those no run maps any more.
-fn release_run_segments(segments: &mut Segments, run: &MappedRun) {
-    for (k, _) in &run.segments {
-        let drop_it = match segments.0.get_mut(k) {
-            Some(s) => {
-                s.runs = s.runs.saturating_sub(1);
-                s.runs == 0
-            }
-            None => false,
-        };
-        if drop_it {
-            let s = segments.0.remove(k).expect("present under the lock");
-            debug_assert!(s.size > 0);
-            // SAFETY: imported by this module and released once (it leaves the sub-table here);
-            // the last run that mapped it is unmapped. Should that unmap have failed, releasing
-            // is still allowed: the driver frees the memory once its last mapping is gone.
-            let _ = unsafe { result::mem_release(s.handle) };
-            SEGMENT_RELEASES.fetch_add(1, Ordering::Relaxed);
+            vmm.segment_releases.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -455,10 +416,11 @@ fn release_run_segments(segments: &mut Segments, run: &MappedRun) {
 /// Runs `f` with a lookup of the physical allocations imported here, by (exporter pid, importing
 /// device, segment id), under the import table's lock: a handle it returns stays valid until `f`
 /// returns (a contiguous view maps peers' segments again with it, without importing them twice).
+/// The view holds no runtime: the process's is read.
 pub(crate) fn with_imported_segments<R>(
     f: impl FnOnce(&dyn Fn(u32, i32, u64) -> Option<sys::CUmemGenericAllocationHandle>) -> R,
 ) -> R {
-    TABLE.inspect(|t, _| {
+    super::runtime().vmm.inspect(|t, _| {
         let lookup = |pid: u32, device: i32, id: u64| {
             t.side
                 .0
@@ -467,16 +429,6 @@ pub(crate) fn with_imported_segments<R>(
         };
         f(&lookup)
     })
-}
-
-/// See `Transport::wait_release_room`.
-pub(crate) fn wait_release_room(peer: usize, timeout: Duration) -> Result<()> {
-    TABLE.wait_room(peer, timeout)
-}
-
-/// See `Transport::flush_releases`.
-pub(crate) fn flush_releases(timeout: Duration) -> Result<()> {
-    TABLE.flush(timeout)
 }
 
 #[cfg(test)]

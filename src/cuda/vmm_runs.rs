@@ -1,24 +1,20 @@
 //! Widened runs of exchanged VMM buffers, so that the caching-allocator pattern over PyTorch's
 //! expandable segments costs no store round trip.
 //!
-//! A buffer carved from expandable segments lies in one or several 2 MiB (or 20 MiB) physical
-//! allocations; its exact run (`vmm::resolve_run`) changes from tensor to tensor: [s1], then
-//! [s1, s2] for a tensor that crosses a segment boundary, then [s2]. Each new run is a new
-//! allocation to the peer, which needs a record through the store. Exchanged buffers are
-//! therefore resolved to a *widened* run instead: every segment mapped contiguously with the
-//! buffer's own inside the aligned windows (32 MiB unless `NVFIPC_VMM_WINDOW_MIB` says otherwise;
-//! 0 turns widening off) that the buffer overlaps, and inside its reserved range. Buffers of one window then share one run, which the peer holds
-//! after the first exchange, so later ones go through the board alone (`exchange::held`).
+//! A tensor's exact run (`vmm::resolve_run`) changes from tensor to tensor ([s1], then [s1, s2]
+//! across a segment boundary, then [s2]), and each new run is a new allocation to the peer, one
+//! record through the store. Exchanged buffers are therefore resolved to a *widened* run: every
+//! segment mapped contiguously with the buffer's own inside the aligned windows it overlaps (32
+//! MiB unless `NVFIPC_VMM_WINDOW_MIB` says otherwise; 0 turns widening off) and inside its
+//! reserved range. Buffers of one window share one run, which the peer holds after the first
+//! exchange, so later ones go through the board alone (`exchange::held`).
 //!
-//! [`WideRuns`] remembers the runs it widened (a bounded, most-recently-used list; runs of buffers
-//! over other windows may overlap), so that a cached call costs no more driver calls than the
-//! exact resolution (the pointer query and the walk over the buffer's own segments):
-//! a remembered run serves a buffer when it holds every segment of the buffer's exact run, at
-//! the same place and with the same id. Its other segments may have been unmapped since (the
-//! allocator shrank); serving such a run to a peer that holds it already is still right, since
-//! the buffer's bytes lie in segments just checked, and the peer's mapping holds its own
-//! references. Before a run is exported (a peer that does not hold it), [`WideRuns::validate`]
-//! checks every segment and widens again when one changed.
+//! [`WideRuns`] remembers the runs it widened (a bounded most-recently-used list), so a cached
+//! call costs no more driver calls than the exact resolution: a remembered run serves a buffer
+//! when it holds every segment of the buffer's exact run, unchanged. Its other segments may have
+//! been unmapped since; serving it to a peer that holds it already is still right (the buffer's
+//! bytes lie in segments just checked, the peer's mapping holds its own references). Before a
+//! run is exported, [`WideRuns::refresh`] checks every segment and widens again if one changed.
 
 use super::vmm::{LocalSegment, Run};
 use crate::sync::lock;

@@ -16,7 +16,7 @@
 //! 4. [`release`](Transport::release) the mapping when the peer's buffer changes or the cache dies.
 //!
 //! A release never waits for device work: the device transport closes a mapping on a releaser
-//! thread once the work queued before the release has finished (see `cuda::release`). The
+//! thread once the work queued before the release has finished (see `cuda::imports`). The
 //! exchange bounds that backlog per peer with [`wait_release_room`](Transport::wait_release_room)
 //! and a cache's teardown waits for it with [`flush_releases`](Transport::flush_releases).
 //!

@@ -9,6 +9,7 @@
 //! two calls alternate in blocks, so that a slow spell of the machine hits both alike.
 
 use super::{gather_samples, RankArgs, Series};
+use crate::device_buffer::DeviceStream;
 use crate::memory::Buffer;
 use crate::stats::nanos;
 use nvfuser_ipc::context::Context;
@@ -19,7 +20,6 @@ use nvfuser_ipc::ffi::channel::*;
 use nvfuser_ipc::ffi::cuda::*;
 use nvfuser_ipc::ffi::exchange::*;
 use nvfuser_ipc::ffi::host::*;
-use nvfuser_ipc::test_support::device_buffer::DeviceStream;
 use nvfuser_ipc::{Error, Result, Status};
 use std::ffi::{c_void, CStr, CString};
 use std::time::{Duration, Instant};

@@ -1,9 +1,9 @@
 //! The CUDA gates: driver and runtime, devices and their compute mode, peer access between every
 //! pair, VMM with POSIX fds and FABRIC (probed by a real round trip), multicast.
 
+use super::probe::{vmm_round_trip, VmmHandle};
 use super::{Check, Verdict};
 use nvfuser_ipc::cuda::driver;
-use nvfuser_ipc::cuda::probe::{vmm_round_trip, VmmHandle};
 
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`.
 const ATTR_COMPUTE_MODE: i32 = 20;
@@ -20,7 +20,7 @@ fn cannot(name: &str, why: &str) -> Check {
 
 pub fn checks() -> Vec<Check> {
     let mut checks = Vec::new();
-    let runtime = match driver::runtime_version() {
+    let runtime = match super::probe::runtime_version() {
         Ok((lib, v)) => Check::new("cuda", "runtime", Verdict::Pass)
             .detail(format!("{lib}: CUDA runtime {}", driver::format_version(v))),
         Err(e) => Check::new("cuda", "runtime", Verdict::CannotCheck).detail(format!(
@@ -57,7 +57,7 @@ pub fn checks() -> Vec<Check> {
         driver::format_version(drv.version),
         driver::format_version(driver::MIN_DRIVER_VERSION)
     )));
-    if let Ok((_, v)) = driver::runtime_version() {
+    if let Ok((_, v)) = super::probe::runtime_version() {
         if v > drv.version {
             checks.push(runtime.clone().verdict_fail(format!(
                 "the runtime ({}) is newer than the driver ({}): CUDA programs fail with \

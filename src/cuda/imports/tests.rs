@@ -28,6 +28,9 @@ impl ImportKind for Fake {
     fn base(&self, mapped: &(u64, bool)) -> u64 {
         mapped.0
     }
+    fn context(&self, _mapped: &(u64, bool)) -> Option<Context> {
+        None
+    }
     fn closes(&self, mapped: &(u64, bool)) -> bool {
         mapped.1
     }
@@ -50,7 +53,7 @@ impl ImportKind for Fake {
 }
 
 fn table() -> ImportTable<Fake> {
-    ImportTable::new(Fake::default())
+    ImportTable::new(Fake::default(), crate::cuda::DEFAULT_MAX_PENDING_PER_PEER)
 }
 
 /// A table whose drains wait for a message on the returned sender.
@@ -118,6 +121,33 @@ fn one_open_per_key_and_the_last_guard_hands_it_to_the_releaser() {
 }
 
 #[test]
+fn acquire_hits_takes_back_or_opens_afresh() {
+    let (t, gate) = gated();
+    let live = acquire(&t, 5, 1, 0x5000);
+    assert_eq!(acquire(&t, 5, 1, 0x5555).base(), 0x5000, "a live entry");
+    // Queued (the drain of 6 holds the thread): 7 is taken back, still mapped, into the table.
+    drop(acquire(&t, 6, 1, 0x6000));
+    drop(acquire(&t, 7, 1, 0x7000));
+    let opened = opens(&t);
+    let back = acquire(&t, 7, 1, 0x7777);
+    assert_eq!(back.base(), 0x7000, "taken back from the queue");
+    assert_eq!(opens(&t), opened);
+    assert!(t.inspect(|tables, _| tables.entries().any(|(k, _)| *k == 7)));
+    // Nothing to find: opened afresh under the lock.
+    let fresh = acquire(&t, 8, 1, 0x8000);
+    assert_eq!(fresh.base(), 0x8000);
+    assert_eq!(opens(&t), opened + 1);
+    gate.send(()).unwrap();
+    t.flush(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        closes(&t),
+        vec![0x6000],
+        "only what was not taken back closes"
+    );
+    drop((live, back, fresh));
+}
+
+#[test]
 fn a_mapping_waiting_for_its_close_is_taken_back_still_mapped() {
     let (t, gate) = gated();
     let a = acquire(&t, 7, 3, 0x7000);
@@ -154,12 +184,13 @@ fn room_is_per_peer_and_flush_is_bounded() {
         .map(|k| acquire(&t, k, 2, 0x1000 * u64::from(k + 1)))
         .collect();
     drop(guards);
-    let err = t
+    let releaser = &t.inner.releaser;
+    let err = releaser
         .wait_below(2, limit, Duration::from_millis(30))
         .unwrap_err();
     assert_eq!(err.status, Status::Timeout);
     assert!(err.message.contains("peer rank 2"), "{err}");
-    t.wait_below(3, limit, Duration::ZERO).unwrap();
+    releaser.wait_below(3, limit, Duration::ZERO).unwrap();
     let err = t.flush(Duration::from_millis(30)).unwrap_err();
     assert_eq!(err.status, Status::Timeout);
     assert!(err.message.contains("test mapping(s)"), "{err}");
@@ -167,7 +198,7 @@ fn room_is_per_peer_and_flush_is_bounded() {
         gate.send(()).unwrap();
     }
     t.flush(Duration::from_secs(10)).unwrap();
-    t.wait_below(2, limit, Duration::ZERO).unwrap();
+    releaser.wait_below(2, limit, Duration::ZERO).unwrap();
     t.wait_room(2, Duration::ZERO).unwrap();
     assert_eq!(closes(&t).len(), limit + 1);
 }
@@ -348,6 +379,12 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
         fn base(&self, m: &(u64, bool)) -> u64 {
             m.0
         }
+        fn context(&self, _: &(u64, bool)) -> Option<Context> {
+            None
+        }
+        fn closes(&self, _: &(u64, bool)) -> bool {
+            true
+        }
         fn drain(&self, _: usize, _: &(u64, bool)) -> Result<()> {
             Ok(())
         }
@@ -357,10 +394,13 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
             self.inner.close(p, m)
         }
     }
-    let t = ImportTable::new(SlowClose {
-        inner: Fake::default(),
-        in_close: AtomicBool::new(false),
-    });
+    let t = ImportTable::new(
+        SlowClose {
+            inner: Fake::default(),
+            in_close: AtomicBool::new(false),
+        },
+        crate::cuda::DEFAULT_MAX_PENDING_PER_PEER,
+    );
     let open = |base| move |_: &mut Tables<SlowClose>| Ok(Opened::Mapped((base, true)));
     let a = t
         .acquire(1, 0, Duration::ZERO, || "m".into(), open(0x1000))
@@ -388,3 +428,5 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
     assert_eq!(b.base(), 0x2000, "opened afresh after the close");
     assert_eq!(lock(&t.kind().inner.closes).clone(), vec![0x1000]);
 }
+
+mod releaser;

@@ -12,8 +12,8 @@ fn close_of_unknown_handle_is_not_found() {
 
 #[test]
 fn with_nothing_queued_the_bounded_waits_return_at_once() {
-    wait_release_room(5, Duration::ZERO).unwrap();
-    flush_releases(Duration::ZERO).unwrap();
+    runtime().ipc.wait_room(5, Duration::ZERO).unwrap();
+    runtime().flush_releases(Duration::ZERO).unwrap();
 }
 
 #[test]
@@ -22,7 +22,7 @@ fn without_driver_export_and_open_fail_cleanly() {
         return;
     }
     assert_eq!(
-        export(0x1000, 1).unwrap_err().status,
+        export(runtime(), 0x1000, 1).unwrap_err().status,
         Status::CudaUnavailable
     );
     assert_eq!(

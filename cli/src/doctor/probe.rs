@@ -1,12 +1,13 @@
 //! Probes of what the device transports need, made with real driver calls rather than read from
 //! attributes (an attribute can say "supported" where a container, a missing IMEX channel or a
 //! driver setting still refuses): a VMM allocation created, exported, imported back, mapped and
-//! given access, then released. Used by `nvfipc doctor`.
+//! given access, then released; and the CUDA runtime this process can load. Used by `nvfipc
+//! doctor`.
 
-use super::driver::{self, ContextGuard};
-use super::result::{self, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
-use crate::error::Result;
 use cudarc::driver::sys;
+use nvfuser_ipc::cuda::driver::{self, ContextGuard};
+use nvfuser_ipc::cuda::result::{self, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
+use nvfuser_ipc::Result;
 
 /// Which shareable handle a VMM probe exports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,5 +124,47 @@ pub fn vmm_round_trip(device: i32, handle: VmmHandle) -> Result<String> {
     Ok(format!(
         "created {size} bytes, exported as {}, imported, mapped and accessed, released",
         handle.name()
+    ))
+}
+
+/// The CUDA runtime library this process can load (`libcudart.so*`, the one PyTorch and nvFuser
+/// link) and its version (`cudaRuntimeGetVersion`), or why none was found. This library itself
+/// needs only the driver.
+pub fn runtime_version() -> std::result::Result<(String, i32), String> {
+    const NAMES: &[&str] = &[
+        "libcudart.so",
+        "libcudart.so.13",
+        "libcudart.so.12",
+        "libcudart.so.11.0",
+    ];
+    for name in NAMES {
+        let cname = std::ffi::CString::new(*name).expect("no NUL in the names");
+        // SAFETY: a valid NUL-terminated name; RTLD_LOCAL keeps its symbols out of the global
+        // scope. The handle is never closed (the runtime stays loaded, as in any CUDA program).
+        let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            continue;
+        }
+        // SAFETY: a valid handle and NUL-terminated symbol name.
+        let sym = unsafe { libc::dlsym(handle, c"cudaRuntimeGetVersion".as_ptr()) };
+        if sym.is_null() {
+            continue;
+        }
+        type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+        // SAFETY: cudaRuntimeGetVersion has this C signature in every CUDA runtime.
+        let get: GetVersion = unsafe { std::mem::transmute::<*mut libc::c_void, GetVersion>(sym) };
+        let mut version = 0;
+        // SAFETY: valid out pointer.
+        let rc = unsafe { get(&mut version) };
+        if rc != 0 {
+            return Err(format!(
+                "{name}: cudaRuntimeGetVersion failed with error {rc}"
+            ));
+        }
+        return Ok((name.to_string(), version));
+    }
+    Err(format!(
+        "no CUDA runtime found ({} not loadable from LD_LIBRARY_PATH or the system paths)",
+        NAMES.join(", ")
     ))
 }

@@ -6,13 +6,14 @@
 //!
 //! Every call makes sure a context is current first (the current one, else device 0's primary
 //! context, see [`driver::ensure_context`]); buffers and streams remember their context and use
-//! it again when they are dropped.
+//! it again when they are dropped. The library never allocates device memory: this file is the
+//! CLI's, and the integration tests include it (`tests/exchange.rs`).
 
-use crate::cuda::driver::{self, Context, ContextGuard};
-use crate::cuda::p2p::Stream;
-use crate::cuda::result;
-use crate::error::{Error, Result};
 use cudarc::driver::sys;
+use nvfuser_ipc::cuda::driver::{self, Context, ContextGuard};
+use nvfuser_ipc::cuda::p2p::Stream;
+use nvfuser_ipc::cuda::result;
+use nvfuser_ipc::{Error, Result};
 use std::time::{Duration, Instant};
 
 /// A device allocation, freed on drop: `cuMemAlloc`'d, or VMM.
@@ -79,7 +80,7 @@ impl DeviceBuffer {
             }),
         };
         for i in 0..count {
-            let handle = result::mem_create_posix_fd(segment, device)
+            let handle = result::mem_create(segment, device, result::HANDLE_TYPE_POSIX_FD)
                 .map_err(|rc| driver::error(rc, &format!("cuMemCreate({segment})")))?;
             buf.vmm.as_mut().expect("set above").handles.push(handle);
             // SAFETY: [base + i * segment, + segment) lies in the range reserved above and
@@ -95,14 +96,6 @@ impl DeviceBuffer {
     /// The device address (what requests carry).
     pub fn addr(&self) -> u64 {
         self.ptr
-    }
-
-    pub fn len(&self) -> u64 {
-        self.bytes
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
     }
 
     fn check_range(&self, offset: u64, n: usize) -> Result<()> {
@@ -220,6 +213,7 @@ impl DeviceStream {
     }
 
     /// Waits for everything queued on the stream.
+    #[allow(dead_code)] // the integration tests use it
     pub fn synchronize(&self) -> Result<()> {
         let _guard = ContextGuard::enter(self.ctx)?;
         // SAFETY: the stream was created by cuStreamCreate and is not destroyed yet.
@@ -244,4 +238,32 @@ impl Drop for DeviceStream {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+    use nvfuser_ipc::Status;
+
+    #[test]
+    fn without_a_driver_everything_is_a_clean_error() {
+        if driver::is_available() {
+            let buf = DeviceBuffer::alloc(64).unwrap();
+            buf.write(0, &[7u8; 64]).unwrap();
+            let mut out = [0u8; 64];
+            buf.read(0, &mut out).unwrap();
+            assert_eq!(out, [7u8; 64]);
+            assert!(buf.write(60, &[0u8; 8]).is_err());
+            let stream = DeviceStream::new().unwrap();
+            stream.synchronize().unwrap();
+        } else {
+            let err = DeviceBuffer::alloc(64).unwrap_err();
+            assert_eq!(err.status, Status::CudaUnavailable);
+            assert_eq!(
+                DeviceStream::new().unwrap_err().status,
+                Status::CudaUnavailable
+            );
+        }
+        assert_eq!(
+            DeviceBuffer::alloc(0).unwrap_err().status,
+            Status::InvalidArgument
+        );
+    }
+}
