@@ -38,7 +38,6 @@
 
 use crate::error::{Error, Result};
 use crate::fnv::fnv1a64;
-use once_cell::sync::Lazy;
 
 /// `"NVFI"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NVFI");
@@ -182,17 +181,13 @@ pub struct HostIdentity {
     pub name: String,
 }
 
-static LOCAL_HOST: Lazy<HostIdentity> = Lazy::new(|| {
+/// This machine's identity, from the node's (`NodeIdentity::local`).
+pub fn local_host() -> HostIdentity {
     let node = crate::node::NodeIdentity::local();
     HostIdentity {
         id: fnv1a64(&node.mapping_key()),
         name: node.host_name,
     }
-});
-
-/// This machine's identity (computed once per process).
-pub fn local_host() -> &'static HostIdentity {
-    &LOCAL_HOST
 }
 
 /// Copies `text` into a NUL-padded fixed array, truncating at `N - 1` bytes so it stays
@@ -259,7 +254,7 @@ impl Record {
 
     /// Decodes and validates a record that must be opened on this host.
     pub fn decode(bytes: &[u8]) -> Result<Record> {
-        Self::decode_for_host(bytes, local_host())
+        Self::decode_for_host(bytes, &local_host())
     }
 
     /// Decodes and validates a record that must be opened on `host`.
