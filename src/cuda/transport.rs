@@ -405,11 +405,8 @@ impl Transport for CudaTransport {
         lock(&self.imports).len()
     }
 
-    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<Box<dyn ContiguousView>> {
-        Ok(Box::new(super::view::DeviceView::map(
-            members,
-            self.device,
-        )?))
+    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {
+        super::view::map(members, self.device)
     }
 }
 

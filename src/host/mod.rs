@@ -8,7 +8,6 @@
 //! - [`slab`]: the per-process semaphore slab in shared memory;
 //! - [`peer_maps`]: peers' buffers and slabs mapped here, refcounted, fetched once;
 //! - [`p2p`]: the get-zcopy primitives (send post, recv post, send wait) on host memory;
-//! - [`view`]: contiguous views of the members' buffers of a symmetric allocation;
 //!
 //! Anonymous files, mappings and bounded waits are OS helpers (`crate::os`).
 
@@ -18,7 +17,6 @@ pub mod p2p;
 pub mod peer_maps;
 pub mod slab;
 pub mod transport;
-pub mod view;
 
 pub use alloc::{alloc, alloc_for_job, free, HostBuffer};
 pub use transport::HostTransport;

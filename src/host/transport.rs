@@ -6,16 +6,17 @@ use super::alloc::{self, FreeListener};
 use super::handle::{fd_handle, fd_id};
 use super::peer_maps::PeerMappings;
 use super::slab::HostSlab;
-use super::view::{HostMember, HostView};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
 use crate::os::memfd::SharedMapping;
+use crate::os::vrange::{page_size, ReservedRange};
 use crate::store::Store;
 use crate::sync::lock;
 use crate::transport::record::Record;
-use crate::transport::view::{ContiguousView, ViewMember};
+use crate::transport::view::{plan, round_up, ContiguousView, Extent, ViewMember};
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
 use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -195,12 +196,12 @@ impl Transport for HostTransport {
         self.imports.len()
     }
 
-    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<Box<dyn ContiguousView>> {
+    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {
         let members: Vec<HostMember> = members
             .iter()
             .map(|m| self.view_member(m))
             .collect::<Result<_>>()?;
-        Ok(Box::new(HostView::map(&members)?))
+        map_view(&members)
     }
 }
 
@@ -237,6 +238,54 @@ impl HostTransport {
             }
         }
     }
+}
+
+/// One member of a host view: the descriptor of its buffer's file and where the buffer lies in
+/// that file.
+struct HostMember {
+    rank: usize,
+    fd: OwnedFd,
+    /// Offset of the buffer in its file.
+    offset: u64,
+    bytes: u64,
+}
+
+/// Maps each member's file again, at page granularity, into one reserved range: only the pages
+/// that hold its buffer, so the buffers line up whenever they have the same size and the same
+/// offset in their page. The reserved range is the view's backing (dropping it unmaps it all).
+fn map_view(members: &[HostMember]) -> Result<ContiguousView> {
+    let page = page_size();
+    let extents: Vec<Extent> = members
+        .iter()
+        .map(|m| {
+            let lead = m.offset % page;
+            let span = round_up(lead + m.bytes, page).ok_or_else(|| {
+                Error::invalid(format!(
+                    "rank {}'s host buffer of {} bytes is too large",
+                    m.rank, m.bytes
+                ))
+            })?;
+            Ok(Extent {
+                rank: m.rank,
+                bytes: m.bytes,
+                lead,
+                span,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let layout = plan(&extents, page)?;
+    let range = ReservedRange::reserve(layout.reserved_bytes())?;
+    for (i, (m, e)) in members.iter().zip(&extents).enumerate() {
+        let what = format!("the host buffer of rank {}", m.rank);
+        range.map_file(
+            layout.slot(i),
+            m.fd.as_fd(),
+            m.offset - e.lead,
+            e.span,
+            &what,
+        )?;
+    }
+    Ok(ContiguousView::new(range.addr(), layout, range))
 }
 
 #[cfg(test)]

@@ -199,10 +199,7 @@ pub trait Transport: Send + Sync {
     /// the view's order) again, back to back in one reserved range (see [`view`]). The imports
     /// must stay held while this runs; the view holds the memory on its own afterwards.
     /// `Unsupported` by default.
-    fn contiguous_view(
-        &self,
-        _members: &[view::ViewMember<'_>],
-    ) -> Result<Box<dyn view::ContiguousView>> {
+    fn contiguous_view(&self, _members: &[view::ViewMember<'_>]) -> Result<view::ContiguousView> {
         Err(Error::unsupported(format!(
             "contiguous views of {} memory are not supported by this transport",
             self.kind().name()
