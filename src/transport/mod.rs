@@ -3,8 +3,8 @@
 //! names a concrete transport and a transport never knows the exchange.
 //!
 //! - [`record`]: the versioned little-endian wire record of one exported buffer;
-//! - [`epoch`]: epoch-valued semaphores shared by the host and device P2P primitives;
-//! - [`handles`]: [`P2pHandles`], what the exchange hands the P2P primitives of one channel;
+//! - [`epoch`]: the P2P protocol both transports run: epoch-valued semaphores, transfer
+//!   counters, and [`P2pHandles`], what the exchange hands the primitives of one channel;
 //! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
 //! - [`view`]: contiguous views of a symmetric allocation (the layout and its checks);
 //! - this module: [`Transport`], [`SemaphoreSlab`] and the types they exchange.
@@ -28,12 +28,11 @@
 //! Thread safety: all methods take `&self` and may be called from several threads at once.
 
 pub mod epoch;
-pub mod handles;
 pub mod record;
 pub mod set;
 pub mod view;
 
-pub use handles::P2pHandles;
+pub use epoch::P2pHandles;
 pub use set::{TransportFactory, Transports};
 
 use crate::error::{Error, Result};
