@@ -1,25 +1,23 @@
-//! The per-process device semaphore slab: one `cuMemAlloc` of [`SLAB_BYTES`] holding
-//! [`SLAB_SLOTS`] 32-bit semaphores (one per [`SEMAPHORE_STRIDE`]), zeroed and synchronised
-//! *before* it is exported, exported once, and opened once per peer. Slots are handed out per
-//! channel by the exchange.
+//! The device semaphore slab: one `cuMemAlloc` of [`SLAB_BYTES`], allocated on first use, zeroed
+//! and synchronised *before* it is exported (legacy IPC, once), and opened once per peer.
 //!
-//! Lifetime: the slab is allocated on first use and freed only when the slab is dropped, after a
-//! synchronize of its context. Peers map it, so it must not be dropped while a peer may still
-//! write into it: the owner (the handle cache) drops it only after its teardown has waited for
-//! every peer it exchanged with to close its cache (or exit), and never when that wait times out.
+//! It is freed on drop, after a synchronize of its context. Peers map it, so its owner (the
+//! handle cache) drops it only after its teardown has waited for every peer it exchanged with to
+//! close its cache (or exit), and never when that wait times out.
 
 use super::driver::{self, Context, ContextGuard};
 use super::ipc::{self, HandleBytes, IpcImport};
 use super::memory;
 use super::result;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::transport::record::HandleType;
 use crate::transport::{
-    slot_address, ExportedHandle, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS,
+    check_slot, slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS,
 };
 use cudarc::driver::sys;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The device memory of an allocated slab.
@@ -77,30 +75,11 @@ impl DeviceSemaphoreSlab {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The device the slab lives on (allocating it if needed).
-    pub fn device(&self) -> Result<i32> {
-        let mut state = self.lock();
-        Ok(Self::allocated(&mut state, self.device)?.device)
-    }
-
-    fn allocated(state: &mut State, device: Option<i32>) -> Result<&Allocation> {
+    fn allocated(state: &mut State, device: Option<i32>) -> Result<&mut Allocation> {
         if state.alloc.is_none() {
             state.alloc = Some(allocate(device)?);
         }
-        Ok(state.alloc.as_ref().expect("allocated above"))
-    }
-
-    fn check_slot(slot: u32) -> Result<()> {
-        if slot >= SLAB_SLOTS {
-            return Err(Error::invalid(format!(
-                "semaphore slot {slot} is out of range (the slab has {SLAB_SLOTS} slots)"
-            )));
-        }
-        Ok(())
+        Ok(state.alloc.as_mut().expect("allocated above"))
     }
 }
 
@@ -154,7 +133,7 @@ fn release(alloc: &Allocation) {
 
 impl SemaphoreSlab for DeviceSemaphoreSlab {
     fn allocate_slot(&self) -> Result<u32> {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         Self::allocated(&mut state, self.device)?;
         let slot = state.in_use.iter().position(|used| !used).ok_or_else(|| {
             Error::state(format!(
@@ -167,8 +146,8 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
     }
 
     fn free_slot(&self, slot: u32) -> Result<()> {
-        Self::check_slot(slot)?;
-        let mut state = self.lock();
+        check_slot(slot)?;
+        let mut state = lock(&self.state);
         if !state.in_use[slot as usize] {
             return Err(Error::state(format!(
                 "semaphore slot {slot} is not allocated (freed twice?)"
@@ -181,16 +160,15 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
     }
 
     fn local(&self, slot: u32) -> Result<u64> {
-        Self::check_slot(slot)?;
-        let mut state = self.lock();
+        check_slot(slot)?;
+        let mut state = lock(&self.state);
         let alloc = Self::allocated(&mut state, self.device)?;
         Ok(slot_address(alloc.base, slot))
     }
 
     fn export(&self) -> Result<ExportedHandle> {
-        let mut state = self.lock();
-        Self::allocated(&mut state, self.device)?;
-        let alloc = state.alloc.as_mut().expect("allocated above");
+        let mut state = lock(&self.state);
+        let alloc = Self::allocated(&mut state, self.device)?;
         let handle = match alloc.handle {
             Some(handle) => handle,
             None => {
@@ -210,7 +188,7 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
                 handle.handle_type.name()
             )));
         }
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         let device = Self::allocated(&mut state, self.device)?.device;
         let opened = ipc::import(peer, None, &handle.payload, Some(device), wait)
             .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
@@ -224,7 +202,7 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
     }
 
     fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         let key = (peer, handle.payload);
         let opened = state
             .peers
@@ -258,9 +236,6 @@ impl Drop for DeviceSemaphoreSlab {
         release(&alloc);
     }
 }
-
-/// Sanity of the layout this module relies on.
-const _: () = assert!(SEMAPHORE_STRIDE % 4 == 0 && SLAB_BYTES % 4 == 0);
 
 #[cfg(test)]
 mod tests;

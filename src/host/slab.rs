@@ -9,7 +9,9 @@ use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};
 use crate::sync::lock;
 use crate::transport::record::PAYLOAD_LEN;
-use crate::transport::{slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS};
+use crate::transport::{
+    check_slot, slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS,
+};
 use once_cell::sync::OnceCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,11 +81,7 @@ impl SemaphoreSlab for HostSlab {
     }
 
     fn local(&self, slot: u32) -> Result<u64> {
-        if slot >= SLAB_SLOTS {
-            return Err(Error::invalid(format!(
-                "semaphore slot {slot} is out of range (slab has {SLAB_SLOTS})"
-            )));
-        }
+        check_slot(slot)?;
         Ok(slot_address(self.mem.addr(), slot))
     }
 
