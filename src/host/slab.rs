@@ -2,8 +2,8 @@
 //! transport, passed to peers by fd, so a peer maps one slab per rank whatever the number of
 //! channels.
 
-use super::handle::{fd_handle, fd_id};
 use super::peer_maps::PeerMappings;
+use super::{fd_handle, fd_id};
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};

@@ -3,9 +3,9 @@
 //! descriptor and mapping it, once per (peer, buffer) with a refcount.
 
 use super::alloc::{self, FreeListener};
-use super::handle::{fd_handle, fd_id};
 use super::peer_maps::PeerMappings;
 use super::slab::HostSlab;
+use super::{fd_handle, fd_id};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
 use crate::os::memfd::SharedMapping;
@@ -45,13 +45,13 @@ impl HostTransport {
         ))
     }
 
-    /// A transport that shares descriptors through `fdpass`.
     /// The fd transport this transport offers its buffers through (for the device transport of
     /// the same job and rank).
     pub fn fdpass(&self) -> &Arc<FdPass> {
         &self.fdpass
     }
 
+    /// A transport that shares descriptors through `fdpass`.
     pub fn with_fdpass(fdpass: Arc<FdPass>) -> Result<Arc<HostTransport>> {
         let slab = HostSlab::new(fdpass.job(), fdpass.clone())?;
         let transport = Arc::new(HostTransport {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::host::test_fdpass_pair as fdpass_pair;
+use crate::host::tests::fdpass_pair;
 
 #[test]
 fn slots_are_shared_with_an_importer() {

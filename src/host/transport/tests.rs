@@ -1,5 +1,5 @@
 use super::*;
-use crate::host::test_fdpass_pair;
+use crate::host::tests::fdpass_pair as test_fdpass_pair;
 use crate::os::memfd;
 use crate::transport::record::local_host;
 
