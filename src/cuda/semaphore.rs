@@ -11,12 +11,12 @@ use super::memory;
 use super::result;
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::transport::peer_maps::PeerMappings;
 use crate::transport::record::HandleType;
 use crate::transport::{
     check_slot, slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS,
 };
 use cudarc::driver::sys;
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -51,14 +51,14 @@ impl Allocation {
 struct State {
     alloc: Option<Allocation>,
     in_use: Vec<bool>,
-    /// Peer slabs this slab's owner has imported: (peer, handle) -> one reference per import.
-    peers: HashMap<(usize, HandleBytes), Vec<IpcImport>>,
 }
 
 /// A device semaphore slab (see the module docs).
 pub struct DeviceSemaphoreSlab {
     device: Option<i32>,
     state: Mutex<State>,
+    /// Peer slabs this slab's owner has imported, by (peer, handle).
+    peers: PeerMappings<(usize, HandleBytes), IpcImport>,
 }
 
 impl DeviceSemaphoreSlab {
@@ -70,8 +70,8 @@ impl DeviceSemaphoreSlab {
             state: Mutex::new(State {
                 alloc: None,
                 in_use: vec![false; SLAB_SLOTS as usize],
-                peers: HashMap::new(),
             }),
+            peers: PeerMappings::default(),
         }
     }
 
@@ -188,52 +188,35 @@ impl SemaphoreSlab for DeviceSemaphoreSlab {
                 handle.handle_type.name()
             )));
         }
-        let mut state = lock(&self.state);
-        let device = Self::allocated(&mut state, self.device)?.device;
-        let opened = ipc::import(peer, None, &handle.payload, Some(device), wait)
-            .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
-        let base = opened.base();
-        state
-            .peers
-            .entry((peer, handle.payload))
-            .or_default()
-            .push(opened);
-        Ok(base)
+        let device = Self::allocated(&mut lock(&self.state), self.device)?.device;
+        self.peers.acquire((peer, handle.payload), || {
+            let opened = ipc::import(peer, None, &handle.payload, Some(device), wait)
+                .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
+            let base = opened.base();
+            Ok((opened, base))
+        })
     }
 
     fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
-        let mut state = lock(&self.state);
         let key = (peer, handle.payload);
-        let opened = state
-            .peers
-            .get_mut(&key)
-            .and_then(Vec::pop)
-            .ok_or_else(|| {
-                Error::not_found(format!(
-                    "the semaphore slab of rank {peer} is not imported (released twice?)"
-                ))
-            })?;
-        if state.peers.get(&key).is_some_and(Vec::is_empty) {
-            state.peers.remove(&key);
+        match self.peers.release_matching(|k, _| *k == key) {
+            None => Err(Error::not_found(format!(
+                "the semaphore slab of rank {peer} is not imported (released twice?)"
+            ))),
+            Some(last) => last.map_or(Ok(()), IpcImport::release),
         }
-        opened.release()
     }
 }
 
 impl Drop for DeviceSemaphoreSlab {
     fn drop(&mut self) {
+        // Peer slabs still imported through this slab are released first (the releaser closes
+        // them), then our own slab is freed after a synchronize.
+        drop(std::mem::take(&mut self.peers));
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let Some(alloc) = state.alloc.take() else {
-            return;
-        };
-        // Peer slabs still imported through this slab are released first (their references
-        // are ours; the releaser closes them), then our own slab is freed after a synchronize.
-        for (_, imports) in state.peers.drain() {
-            for opened in imports {
-                let _ = opened.release();
-            }
+        if let Some(alloc) = state.alloc.take() {
+            release(&alloc);
         }
-        release(&alloc);
     }
 }
 

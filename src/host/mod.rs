@@ -5,13 +5,11 @@
 //! - [`alloc`]: the shared-memory allocator and its table of live buffers;
 //! - [`transport`]: the [`Transport`](crate::transport::Transport) of host memory, and its views;
 //! - [`slab`]: the per-process semaphore slab in shared memory;
-//! - [`peer_maps`]: peers' buffers and slabs mapped here, refcounted, fetched once;
 //! - [`p2p`]: the get-zcopy primitives (send post, recv post, send wait) on host memory;
 //! - this module: host handles on the wire (fd ids).
 
 pub mod alloc;
 pub mod p2p;
-pub mod peer_maps;
 pub mod slab;
 pub mod transport;
 
@@ -21,6 +19,7 @@ pub use transport::HostTransport;
 use crate::error::{Error, Result};
 use crate::fdpass::registry::FD_ID_LEN;
 use crate::fdpass::FdId;
+use crate::os::memfd::SharedMapping;
 use crate::transport::record::{HandleType, PAYLOAD_LEN};
 use crate::transport::ExportedHandle;
 
@@ -49,6 +48,12 @@ pub fn fd_id(handle_type: HandleType, payload: &[u8; PAYLOAD_LEN], what: &str) -
                  version"
             ))
         })
+}
+
+/// A mapping of a peer's file with its address, as `PeerMappings` keeps it.
+fn with_addr(m: SharedMapping) -> (SharedMapping, u64) {
+    let addr = m.addr();
+    (m, addr)
 }
 
 #[cfg(test)]

@@ -2,12 +2,12 @@
 //! transport, passed to peers by fd, so a peer maps one slab per rank whatever the number of
 //! channels.
 
-use super::peer_maps::PeerMappings;
-use super::{fd_handle, fd_id};
+use super::{fd_handle, fd_id, with_addr};
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};
 use crate::sync::lock;
+use crate::transport::peer_maps::PeerMappings;
 use crate::transport::record::PAYLOAD_LEN;
 use crate::transport::{
     check_slot, slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS,
@@ -24,7 +24,7 @@ pub struct HostSlab {
     /// The slab's id with the fd transport, once offered (on the first export).
     offered: OnceCell<FdId>,
     free: Mutex<Vec<u32>>,
-    peers: PeerMappings<(usize, [u8; PAYLOAD_LEN])>,
+    peers: PeerMappings<(usize, [u8; PAYLOAD_LEN]), SharedMapping>,
 }
 
 impl HostSlab {
@@ -102,13 +102,13 @@ impl SemaphoreSlab for HostSlab {
                 .fdpass
                 .fetch(peer, &id, wait)
                 .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
-            SharedMapping::map(fd, SLAB_BYTES, &what)
+            SharedMapping::map(fd, SLAB_BYTES, &what).map(with_addr)
         })
     }
 
     fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
         let key = (peer, handle.payload);
-        if !self.peers.release_matching(|k, _| *k == key) {
+        if self.peers.release_matching(|k, _| *k == key).is_none() {
             return Err(Error::state(format!(
                 "the semaphore slab of rank {peer} is not mapped (released twice?)"
             )));

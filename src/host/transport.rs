@@ -3,15 +3,15 @@
 //! descriptor and mapping it, once per (peer, buffer) with a refcount.
 
 use super::alloc::{self, FreeListener};
-use super::peer_maps::PeerMappings;
 use super::slab::HostSlab;
-use super::{fd_handle, fd_id};
+use super::{fd_handle, fd_id, with_addr};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
 use crate::os::memfd::SharedMapping;
 use crate::os::vrange::{page_size, ReservedRange};
 use crate::store::Store;
 use crate::sync::lock;
+use crate::transport::peer_maps::PeerMappings;
 use crate::transport::record::Record;
 use crate::transport::view::{plan, round_up, ContiguousView, Extent, ViewMember};
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
@@ -28,7 +28,7 @@ pub struct HostTransport {
     /// Descriptors offered to peers, by buffer id; withdrawn when the buffer is freed.
     offered: Mutex<HashMap<u64, FdId>>,
     /// Mapped peer buffers keyed by (peer rank, exporter pid, buffer id).
-    imports: PeerMappings<(usize, u32, u64)>,
+    imports: PeerMappings<(usize, u32, u64), SharedMapping>,
 }
 
 impl HostTransport {
@@ -164,7 +164,7 @@ impl Transport for HostTransport {
                     e.context(format!("opening {what}"))
                 }
             })?;
-            SharedMapping::map(fd, rec.alloc_bytes, &what)
+            SharedMapping::map(fd, rec.alloc_bytes, &what).map(with_addr)
         })?;
         Ok(Mapping {
             peer,
@@ -179,7 +179,7 @@ impl Transport for HostTransport {
         let released = self
             .imports
             .release_matching(|k, addr| k.0 == m.peer && k.2 == m.buffer_id && addr == m.base);
-        if !released {
+        if released.is_none() {
             return Err(Error::state(format!(
                 "mapping {:#x} of rank {} is not open (released twice?)",
                 m.base, m.peer
@@ -224,7 +224,7 @@ impl HostTransport {
                 let what = || format!("host buffer {} of rank {rank}", record.buffer_id);
                 let fd = self
                     .imports
-                    .fd_of(&key)
+                    .with(&key, |m| m.fd().try_clone_to_owned())
                     .ok_or_else(|| {
                         Error::state(format!("{} is not mapped here (was it released?)", what()))
                     })?

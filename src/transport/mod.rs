@@ -4,6 +4,7 @@
 //!
 //! - [`record`]: the versioned little-endian wire record of one exported buffer;
 //! - [`epoch`]: the P2P protocol both transports run, and [`P2pHandles`];
+//! - [`peer_maps`]: peers' memory mapped here, refcounted, opened once per key;
 //! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
 //! - [`view`]: [`ContiguousView`](view::ContiguousView), a symmetric allocation's buffers mapped
 //!   back to back (the layout and its checks);
@@ -17,6 +18,7 @@
 //! than one semaphore per buffer. All methods take `&self` and may be called from any thread.
 
 pub mod epoch;
+pub mod peer_maps;
 pub mod record;
 pub mod set;
 pub mod view;

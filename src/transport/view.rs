@@ -28,14 +28,6 @@ pub enum ViewMember<'a> {
     },
 }
 
-impl ViewMember<'_> {
-    pub fn rank(&self) -> usize {
-        match self {
-            ViewMember::Own { rank, .. } | ViewMember::Peer { rank, .. } => *rank,
-        }
-    }
-}
-
 /// Where one member's buffer lies in the piece of memory that is mapped for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
