@@ -6,16 +6,14 @@
 //! close its cache (or exit), and never when that wait times out.
 
 use super::driver::{self, Context, ContextGuard};
-use super::ipc::{self, HandleBytes, IpcImport};
+use super::ipc::{self, HandleBytes};
 use super::memory;
 use super::result;
 use crate::error::{Error, Result};
 use crate::sync::lock;
-use crate::transport::peer_maps::PeerMappings;
 use crate::transport::record::HandleType;
-use crate::transport::{
-    check_slot, slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS,
-};
+use crate::transport::slab::{Opened, SemaphoreSlab, SlabMemory};
+use crate::transport::{ExportedHandle, SLAB_BYTES};
 use cudarc::driver::sys;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -48,38 +46,29 @@ impl Allocation {
     }
 }
 
-struct State {
-    alloc: Option<Allocation>,
-    in_use: Vec<bool>,
-}
-
-/// A device semaphore slab (see the module docs).
-pub struct DeviceSemaphoreSlab {
+/// The memory of a device slab: allocated on first use, freed on drop.
+struct DeviceSlabMemory {
     device: Option<i32>,
-    state: Mutex<State>,
-    /// Peer slabs this slab's owner has imported, by (peer, handle).
-    peers: PeerMappings<(usize, HandleBytes), IpcImport>,
+    alloc: Mutex<Option<Allocation>>,
 }
 
-impl DeviceSemaphoreSlab {
-    /// A slab on `device`, or on the device current when it is first used (`None`).
-    /// Nothing is allocated until the first call that needs device memory.
-    pub fn new(device: Option<i32>) -> DeviceSemaphoreSlab {
-        DeviceSemaphoreSlab {
-            device,
-            state: Mutex::new(State {
-                alloc: None,
-                in_use: vec![false; SLAB_SLOTS as usize],
-            }),
-            peers: PeerMappings::default(),
-        }
-    }
+/// A slab on `device`, or on the device current when it is first used (`None`). Nothing is
+/// allocated until the first call that needs device memory.
+pub fn new_slab(device: Option<i32>) -> SemaphoreSlab {
+    SemaphoreSlab::new(DeviceSlabMemory {
+        device,
+        alloc: Mutex::new(None),
+    })
+}
 
-    fn allocated(state: &mut State, device: Option<i32>) -> Result<&mut Allocation> {
-        if state.alloc.is_none() {
-            state.alloc = Some(allocate(device)?);
+impl DeviceSlabMemory {
+    /// `f` of the allocation, made first if needed.
+    fn with<R>(&self, f: impl FnOnce(&mut Allocation) -> Result<R>) -> Result<R> {
+        let mut alloc = lock(&self.alloc);
+        if alloc.is_none() {
+            *alloc = Some(allocate(self.device)?);
         }
-        Ok(state.alloc.as_mut().expect("allocated above"))
+        f(alloc.as_mut().expect("allocated above"))
     }
 }
 
@@ -131,90 +120,51 @@ fn release(alloc: &Allocation) {
     }
 }
 
-impl SemaphoreSlab for DeviceSemaphoreSlab {
-    fn allocate_slot(&self) -> Result<u32> {
-        let mut state = lock(&self.state);
-        Self::allocated(&mut state, self.device)?;
-        let slot = state.in_use.iter().position(|used| !used).ok_or_else(|| {
-            Error::state(format!(
-                "device semaphore slab is full: all {SLAB_SLOTS} slots are in use; release \
-                 cached channels (clear the handle cache) before creating more"
-            ))
-        })?;
-        state.in_use[slot] = true;
-        Ok(slot as u32)
+impl SlabMemory for DeviceSlabMemory {
+    fn base(&self) -> Result<u64> {
+        self.with(|a| Ok(a.base))
     }
 
-    fn free_slot(&self, slot: u32) -> Result<()> {
-        check_slot(slot)?;
-        let mut state = lock(&self.state);
-        if !state.in_use[slot as usize] {
-            return Err(Error::state(format!(
-                "semaphore slot {slot} is not allocated (freed twice?)"
-            )));
-        }
-        let alloc = Self::allocated(&mut state, self.device)?;
-        alloc.zero(slot_address(alloc.base, slot), 1)?;
-        state.in_use[slot as usize] = false;
-        Ok(())
-    }
-
-    fn local(&self, slot: u32) -> Result<u64> {
-        check_slot(slot)?;
-        let mut state = lock(&self.state);
-        let alloc = Self::allocated(&mut state, self.device)?;
-        Ok(slot_address(alloc.base, slot))
+    fn zero(&self, addr: u64) -> Result<()> {
+        self.with(|a| a.zero(addr, 1))
     }
 
     fn export(&self) -> Result<ExportedHandle> {
-        let mut state = lock(&self.state);
-        let alloc = Self::allocated(&mut state, self.device)?;
-        let handle = match alloc.handle {
-            Some(handle) => handle,
-            None => {
-                let buffer_id = memory::query(alloc.base)?.buffer_id;
-                let handle = ipc::export(alloc.base, buffer_id)?;
-                alloc.handle = Some(handle);
-                handle
-            }
-        };
-        Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, handle))
+        self.with(|a| {
+            let handle = match a.handle {
+                Some(handle) => handle,
+                None => *a
+                    .handle
+                    .insert(ipc::export(a.base, memory::query(a.base)?.buffer_id)?),
+            };
+            Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, handle))
+        })
     }
 
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<Opened> {
         if handle.handle_type != HandleType::CudaLegacyIpc {
             return Err(Error::invalid(format!(
                 "semaphore slab of rank {peer} is shared as {}, but this is the device slab",
                 handle.handle_type.name()
             )));
         }
-        let device = Self::allocated(&mut lock(&self.state), self.device)?.device;
-        self.peers.acquire((peer, handle.payload), || {
-            let opened = ipc::import(peer, None, &handle.payload, Some(device), wait)
-                .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
-            let base = opened.base();
-            Ok((opened, base))
-        })
-    }
-
-    fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
-        let key = (peer, handle.payload);
-        match self.peers.release_matching(|k, _| *k == key) {
-            None => Err(Error::not_found(format!(
-                "the semaphore slab of rank {peer} is not imported (released twice?)"
-            ))),
-            Some(last) => last.map_or(Ok(()), IpcImport::release),
-        }
+        let device = self.with(|a| Ok(a.device))?;
+        let opened = ipc::import(peer, None, &handle.payload, Some(device), wait)
+            .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
+        let base = opened.base();
+        Ok((Box::new(opened), base))
     }
 }
 
-impl Drop for DeviceSemaphoreSlab {
+impl Drop for DeviceSlabMemory {
     fn drop(&mut self) {
-        // Peer slabs still imported through this slab are released first (the releaser closes
-        // them), then our own slab is freed after a synchronize.
-        drop(std::mem::take(&mut self.peers));
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(alloc) = state.alloc.take() {
+        // The slab's peers are closed already (see `Slab`); ours is freed after a synchronize.
+        if let Some(alloc) = self
+            .alloc
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             release(&alloc);
         }
     }

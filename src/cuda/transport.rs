@@ -24,7 +24,6 @@ use super::driver;
 use super::ipc;
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind, PointerInfo};
 use super::pool::{self, PoolExports};
-use super::semaphore::DeviceSemaphoreSlab;
 use super::vmm::{self, LocalSegment, Run, VmmExports};
 use super::vmm_map;
 use super::vmm_runs::{self, WideRuns};
@@ -96,7 +95,7 @@ pub struct CudaTransport {
     /// The window of `NVFIPC_VMM_WINDOW_MIB` in bytes; 0: exchanges export exact VMM runs.
     window: u64,
     pool_exports: PoolExports,
-    slab: DeviceSemaphoreSlab,
+    slab: SemaphoreSlab,
     /// Peer allocations imported through this transport, by (peer, exporter buffer id, where it
     /// is mapped here). The place is part of the key because one peer buffer can be served by
     /// several mappings at once: a VMM buffer over one segment is served by whichever mapped run
@@ -198,7 +197,7 @@ impl CudaTransport {
             window,
             pool_exports: PoolExports::new(fdpass.clone()),
             fdpass,
-            slab: DeviceSemaphoreSlab::new(device),
+            slab: super::semaphore::new_slab(device),
             imports: Mutex::new(HashMap::new()),
         }
     }
@@ -397,7 +396,7 @@ impl Transport for CudaTransport {
         super::flush_releases(timeout)
     }
 
-    fn semaphores(&self) -> &dyn SemaphoreSlab {
+    fn semaphores(&self) -> &SemaphoreSlab {
         &self.slab
     }
 

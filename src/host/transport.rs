@@ -3,7 +3,6 @@
 //! descriptor and mapping it, once per (peer, buffer) with a refcount.
 
 use super::alloc::{self, FreeListener};
-use super::slab::HostSlab;
 use super::{fd_handle, fd_id, with_addr};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
@@ -24,7 +23,7 @@ use std::time::Duration;
 /// process's transports of one job and rank share one fd responder.
 pub struct HostTransport {
     fdpass: Arc<FdPass>,
-    slab: HostSlab,
+    slab: SemaphoreSlab,
     /// Descriptors offered to peers, by buffer id; withdrawn when the buffer is freed.
     offered: Mutex<HashMap<u64, FdId>>,
     /// Mapped peer buffers keyed by (peer rank, exporter pid, buffer id).
@@ -53,7 +52,7 @@ impl HostTransport {
 
     /// A transport that shares descriptors through `fdpass`.
     pub fn with_fdpass(fdpass: Arc<FdPass>) -> Result<Arc<HostTransport>> {
-        let slab = HostSlab::new(fdpass.job(), fdpass.clone())?;
+        let slab = super::slab::new_slab(fdpass.job(), fdpass.clone())?;
         let transport = Arc::new(HostTransport {
             fdpass,
             slab,
@@ -188,7 +187,7 @@ impl Transport for HostTransport {
         Ok(())
     }
 
-    fn semaphores(&self) -> &dyn SemaphoreSlab {
+    fn semaphores(&self) -> &SemaphoreSlab {
         &self.slab
     }
 

@@ -5,10 +5,11 @@
 //! - [`record`]: the versioned little-endian wire record of one exported buffer;
 //! - [`epoch`]: the P2P protocol both transports run, and [`P2pHandles`];
 //! - [`peer_maps`]: peers' memory mapped here, refcounted, opened once per key;
+//! - [`slab`]: [`SemaphoreSlab`], written once over each backend's slab memory;
 //! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
 //! - [`view`]: [`ContiguousView`](view::ContiguousView), a symmetric allocation's buffers mapped
 //!   back to back (the layout and its checks);
-//! - this module: [`Transport`], [`SemaphoreSlab`] and the types they exchange.
+//! - this module: [`Transport`] and the types it exchanges.
 //!
 //! The exchange never touches memory: a [`Transport`] resolves a user pointer into its
 //! allocation, exports that allocation into the handle of a [`Record`], imports a peer's record
@@ -21,10 +22,12 @@ pub mod epoch;
 pub mod peer_maps;
 pub mod record;
 pub mod set;
+pub mod slab;
 pub mod view;
 
 pub use epoch::P2pHandles;
 pub use set::{TransportFactory, Transports};
+pub use slab::{check_slot, slot_address, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS};
 
 use crate::error::{Error, Result};
 use record::{HandleType, Record, Segment, PAYLOAD_LEN};
@@ -48,29 +51,6 @@ impl MemKind {
             MemKind::Host => "host",
         }
     }
-}
-
-/// Distance in bytes between two semaphore slots of a slab: a 32-bit semaphore, then padding to
-/// a cache line.
-pub const SEMAPHORE_STRIDE: u64 = 64;
-/// Number of semaphore slots in one slab.
-pub const SLAB_SLOTS: u32 = 1024;
-/// Size of a semaphore slab in bytes.
-pub const SLAB_BYTES: u64 = SEMAPHORE_STRIDE * SLAB_SLOTS as u64;
-
-/// Address of `slot` in a slab mapped at `base`.
-pub fn slot_address(base: u64, slot: u32) -> u64 {
-    base + u64::from(slot) * SEMAPHORE_STRIDE
-}
-
-/// `InvalidArgument` unless `slot` is a slot of a slab.
-pub fn check_slot(slot: u32) -> Result<()> {
-    if slot >= SLAB_SLOTS {
-        return Err(Error::invalid(format!(
-            "semaphore slot {slot} is out of range (the slab has {SLAB_SLOTS} slots)"
-        )));
-    }
-    Ok(())
 }
 
 /// Identity of a local buffer: the user's range and the allocation that contains it.
@@ -186,7 +166,7 @@ pub trait Transport: Send + Sync {
     }
 
     /// This process's semaphore slab for this memory kind.
-    fn semaphores(&self) -> &dyn SemaphoreSlab;
+    fn semaphores(&self) -> &SemaphoreSlab;
 
     /// Number of peer allocations currently mapped (each counted once, whatever its refcount).
     fn live_mappings(&self) -> usize;
@@ -200,29 +180,6 @@ pub trait Transport: Send + Sync {
             self.kind().name()
         )))
     }
-}
-
-/// A per-process block of [`SLAB_SLOTS`] zero-initialised 32-bit semaphores, shared with peers
-/// through a single handle.
-pub trait SemaphoreSlab: Send + Sync {
-    /// Reserves a free slot (its semaphore reads zero). Fails with `InvalidState` when full.
-    fn allocate_slot(&self) -> Result<u32>;
-
-    /// Returns a slot to the free list; its semaphore is reset to zero.
-    fn free_slot(&self, slot: u32) -> Result<()>;
-
-    /// Address of `slot` in this process (a device address for device slabs).
-    fn local(&self, slot: u32) -> Result<u64>;
-
-    /// The slab's handle (exported once, then cached).
-    fn export(&self) -> Result<ExportedHandle>;
-
-    /// Maps the slab of rank `peer` and returns its base here; one real open per (peer, handle),
-    /// refcounted. Waits at most `wait` (for a previous mapping of it still being closed).
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64>;
-
-    /// Drops one reference taken by [`import_peer`](SemaphoreSlab::import_peer); unmaps at zero.
-    fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()>;
 }
 
 #[cfg(test)]
