@@ -16,14 +16,14 @@ use super::result;
 use super::vmm;
 use super::vmm_map;
 use crate::error::{Error, Result};
-use crate::transport::record::HandleType;
+use crate::transport::record::{HandleType, Record};
 use crate::transport::view::{plan, ContiguousView, Extent, ViewMember};
 use cudarc::driver::sys;
 
-/// One physical allocation of a member: this rank's by address, a peer's by (pid, id).
-enum Piece {
-    Own { base: u64, size: u64 },
-    Peer { pid: u32, id: u64, size: u64 },
+/// Where a member's physical allocations come from: this rank's VMM run, a peer's record.
+enum Source<'a> {
+    Own(vmm::Run),
+    Peer(&'a Record),
 }
 
 /// The reserved range of a device view and what is mapped into it; dropping it unmaps them.
@@ -66,19 +66,21 @@ fn require_vmm(rank: usize, handle_type: HandleType) -> Result<()> {
 /// Maps `members` (in the view's order) into one reserved range, on the device of this rank's
 /// own buffer (else `device`, else the current one).
 pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<ContiguousView> {
-    let mut pieces: Vec<Vec<Piece>> = Vec::with_capacity(members.len());
+    let mut sources = Vec::with_capacity(members.len());
     let mut extents = Vec::with_capacity(members.len());
     let mut own_device = None;
     for m in members {
         match *m {
             ViewMember::Own { rank, buffer } => {
                 let alloc = memory::resolve(buffer.ptr, buffer.bytes)?;
-                let shared_as = match alloc.kind {
-                    DeviceMemoryKind::Vmm { .. } => HandleType::CudaVmmFd,
-                    DeviceMemoryKind::Legacy => HandleType::CudaLegacyIpc,
-                    DeviceMemoryKind::Pool { .. } => HandleType::CudaPool,
-                };
-                require_vmm(rank, shared_as)?;
+                require_vmm(
+                    rank,
+                    match alloc.kind {
+                        DeviceMemoryKind::Vmm { .. } => HandleType::CudaVmmFd,
+                        DeviceMemoryKind::Legacy => HandleType::CudaLegacyIpc,
+                        DeviceMemoryKind::Pool { .. } => HandleType::CudaPool,
+                    },
+                )?;
                 let run = vmm::resolve_run(&alloc)?;
                 own_device = Some(alloc.device_ordinal);
                 extents.push(Extent {
@@ -87,15 +89,7 @@ pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<Contiguous
                     lead: buffer.ptr - run.base(),
                     span: run.size(),
                 });
-                pieces.push(
-                    run.segments
-                        .iter()
-                        .map(|s| Piece::Own {
-                            base: s.base,
-                            size: s.size,
-                        })
-                        .collect(),
-                );
+                sources.push(Source::Own(run));
             }
             ViewMember::Peer { rank, record, .. } => {
                 require_vmm(rank, record.handle_type)?;
@@ -105,17 +99,7 @@ pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<Contiguous
                     lead: record.offset,
                     span: record.segments.iter().map(|s| s.bytes).sum(),
                 });
-                pieces.push(
-                    record
-                        .segments
-                        .iter()
-                        .map(|s| Piece::Peer {
-                            pid: record.pid,
-                            id: s.id,
-                            size: s.bytes,
-                        })
-                        .collect(),
-                );
+                sources.push(Source::Peer(record));
             }
         }
     }
@@ -140,28 +124,37 @@ pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<Contiguous
     };
     let mut retained = Retained(Vec::new());
     vmm_map::with_imported_segments(|lookup| {
-        for (i, (member, e)) in pieces.iter().zip(&extents).enumerate() {
-            let handles = member
-                .iter()
-                .map(|p| match *p {
-                    Piece::Own { base, size } => {
-                        let h = result::mem_retain_allocation_handle(base).map_err(|rc| {
-                            driver::error(rc, &format!("cuMemRetainAllocationHandle({base:#x})"))
+        for (i, (source, e)) in sources.iter().zip(&extents).enumerate() {
+            let handles = match source {
+                Source::Own(run) => run
+                    .segments
+                    .iter()
+                    .map(|s| {
+                        let h = result::mem_retain_allocation_handle(s.base).map_err(|rc| {
+                            driver::error(
+                                rc,
+                                &format!("cuMemRetainAllocationHandle({:#x})", s.base),
+                            )
                         })?;
                         retained.0.push(h);
-                        Ok((h, size))
-                    }
-                    Piece::Peer { pid, id, size } => {
-                        lookup(pid, device, id).map(|h| (h, size)).ok_or_else(|| {
+                        Ok((h, s.size))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                Source::Peer(record) => record
+                    .segments
+                    .iter()
+                    .map(|s| {
+                        let h = lookup(record.pid, device, s.id).ok_or_else(|| {
                             Error::state(format!(
-                                "contiguous view: segment {id} of rank {}'s VMM buffer is not \
+                                "contiguous view: segment {} of rank {}'s VMM buffer is not \
                                  imported on device {device} (was it released?)",
-                                e.rank
+                                s.id, e.rank
                             ))
-                        })
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?;
+                        })?;
+                        Ok((h, s.bytes))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            };
             range.map_slot(reserved + layout.slot(i), &handles, device)?;
         }
         Ok::<(), Error>(())

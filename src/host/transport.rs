@@ -63,16 +63,6 @@ impl HostTransport {
         alloc::on_free(listener);
         Ok(transport)
     }
-
-    /// Number of peer semaphore slabs currently mapped.
-    pub fn live_peer_slabs(&self) -> usize {
-        self.slab.live_peer_slabs()
-    }
-
-    /// Number of local buffers currently offered to peers.
-    pub fn offered_buffers(&self) -> usize {
-        lock(&self.offered).len()
-    }
 }
 
 impl Drop for HostTransport {

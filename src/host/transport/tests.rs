@@ -25,6 +25,18 @@ fn record_for(buf: &LocalBuffer, handle: &ExportedHandle, slab: &ExportedHandle)
     }
 }
 
+impl HostTransport {
+    /// Number of peer semaphore slabs currently mapped.
+    pub(crate) fn live_peer_slabs(&self) -> usize {
+        self.slab.live_peer_slabs()
+    }
+
+    /// Number of local buffers currently offered to peers.
+    fn offered_buffers(&self) -> usize {
+        lock(&self.offered).len()
+    }
+}
+
 const T: Duration = Duration::from_secs(5);
 
 #[test]
