@@ -18,6 +18,7 @@ pub use crate::transport::epoch::Endpoint;
 use crate::transport::epoch::{done, posted};
 use crate::transport::{MemKind, P2pHandles};
 use cudarc::driver::sys;
+use std::fmt;
 
 /// A `CUstream` (NULL is the legacy default stream of the current context).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,7 +30,8 @@ impl Stream {
     }
 }
 
-fn memop_error(call: &str, rc: sys::CUresult, what: &str) -> Error {
+/// `what` is formatted only on failure: a successful call allocates nothing.
+fn memop_error(call: &str, rc: sys::CUresult, what: fmt::Arguments<'_>) -> Error {
     if rc == sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
         return Error::unsupported(format!(
             "{call} ({what}): stream memory operations are not supported on this device or \
@@ -44,14 +46,14 @@ fn memop_error(call: &str, rc: sys::CUresult, what: &str) -> Error {
     )
 }
 
-fn write(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
+fn write(stream: Stream, addr: u64, value: u32, what: fmt::Arguments<'_>) -> Result<()> {
     // SAFETY: `addr` is a device semaphore address from the cache (own slab or a mapped peer
     // slab); the driver validates the stream and the address.
     unsafe { result::stream_write_value32(stream.raw(), addr, value) }
         .map_err(|rc| memop_error("cuStreamWriteValue32", rc, what))
 }
 
-fn wait(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
+fn wait(stream: Stream, addr: u64, value: u32, what: fmt::Arguments<'_>) -> Result<()> {
     // SAFETY: as in `write`.
     unsafe { result::stream_wait_value32_geq(stream.raw(), addr, value) }
         .map_err(|rc| memop_error("cuStreamWaitValue32", rc, what))
@@ -73,7 +75,7 @@ pub fn send_post(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
         stream,
         ep.peer_semaphore,
         posted(n),
-        &format!("signal transfer {n} ready to the receiver"),
+        format_args!("signal transfer {n} ready to the receiver"),
     )
 }
 
@@ -86,7 +88,7 @@ pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()
         stream,
         ep.local_semaphore,
         posted(n),
-        &format!("wait for the sender's transfer {n}"),
+        format_args!("wait for the sender's transfer {n}"),
     )?;
     if bytes > 0 {
         // SAFETY: both ranges were resolved and checked against their allocations by the
@@ -111,7 +113,7 @@ pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()
         stream,
         ep.peer_semaphore,
         done(n),
-        &format!("signal transfer {n} consumed to the sender"),
+        format_args!("signal transfer {n} consumed to the sender"),
     )
 }
 
@@ -122,7 +124,7 @@ pub fn send_wait(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
         stream,
         ep.local_semaphore,
         done(n),
-        &format!("wait for the receiver to consume transfer {n}"),
+        format_args!("wait for the receiver to consume transfer {n}"),
     )
 }
 

@@ -19,7 +19,7 @@ use std::sync::{Mutex, Weak};
 
 pub use crate::names::{job_prefix, job_tag};
 
-/// A registered segment as seen by the transport.
+/// A live buffer as the transport exports it.
 #[derive(Debug)]
 pub struct SegmentInfo {
     pub base: u64,
@@ -56,15 +56,6 @@ static ALLOCATOR: Lazy<Allocator> = Lazy::new(Allocator::default);
 /// (default: `$NVFIPC_JOB_ID`, else `nojob`).
 pub fn set_default_job(job_id: &str) {
     *lock(&ALLOCATOR.default_job) = Some(job_tag(job_id));
-}
-
-/// The job tag currently used by [`alloc`].
-pub fn default_job() -> String {
-    lock(&ALLOCATOR.default_job)
-        .get_or_insert_with(|| {
-            job_tag(&std::env::var("NVFIPC_JOB_ID").unwrap_or_else(|_| "nojob".to_string()))
-        })
-        .clone()
 }
 
 /// A host buffer in shared memory that peers can map. Freed (unmapped and closed) on drop,
@@ -146,7 +137,12 @@ impl Drop for HostBuffer {
 
 /// Allocates `bytes` of zero-filled shared memory named after the default job.
 pub fn alloc(bytes: u64) -> Result<HostBuffer> {
-    alloc_for_job(&default_job(), bytes)
+    let job = lock(&ALLOCATOR.default_job)
+        .get_or_insert_with(|| {
+            job_tag(&std::env::var("NVFIPC_JOB_ID").unwrap_or_else(|_| "nojob".to_string()))
+        })
+        .clone();
+    alloc_for_job(&job, bytes)
 }
 
 /// Allocates `bytes` of zero-filled shared memory named after `job_id`.
