@@ -7,9 +7,8 @@
 //! Writes use `cuStreamWriteValue32` with the default flags, i.e. with a memory barrier, so work
 //! queued earlier on the stream is visible before the signal; waits use
 //! `CU_STREAM_WAIT_VALUE_GEQ`, a wrapping comparison, so a sender that runs ahead can never make
-//! the receiver miss a signal. The stream memory operations are enabled by default from driver
-//! 11.7 on (checked when the driver is loaded); a device that still refuses them gets
-//! [`Status::Unsupported`](crate::error::Status::Unsupported).
+//! the receiver miss a signal. Stream memory operations are on by default from driver 11.7 on
+//! (checked when the driver is loaded); a device that still refuses them gets `Unsupported`.
 
 use super::driver::{self, describe};
 use super::result;

@@ -2,7 +2,7 @@
 //! descriptor (`crate::fdpass`), so the whole exchange protocol, fd passing included, runs across
 //! real processes on machines without a GPU.
 //!
-//! - [`alloc`]: the shared-memory allocator and its table of live buffers;
+//! - [`alloc`](mod@alloc): the shared-memory allocator and its table of live buffers;
 //! - [`transport`]: the [`Transport`](crate::transport::Transport) of host memory, and its views;
 //! - [`slab`]: the per-process semaphore slab in shared memory;
 //! - [`p2p`]: the get-zcopy primitives (send post, recv post, send wait) on host memory;
