@@ -1,15 +1,11 @@
-//! The library's own transports, handed to a cache by the layers above the exchange (the C
-//! layer, programs, tests): host shared memory at once, CUDA device memory on the first device
-//! request (so host-only users never load the driver).
-//!
-//! This is the one place that names both the exchange and the concrete transports: the
-//! exchange sees only the contract (`crate::transport`).
+//! The library's own transports, handed to a cache by the layers above the exchange: host shared
+//! memory at once, CUDA device memory on the first device request (so host-only users never load
+//! the driver). The one place that names both the exchange and the concrete transports.
 
 use crate::context::Context;
 use crate::cuda::transport::CudaTransport;
 use crate::error::Result;
 use crate::exchange::{CacheConfig, HandleCache};
-use crate::fdpass::{FdPass, FdPassConfig};
 use crate::host::HostTransport;
 use crate::transport::{MemKind, Transport, Transports};
 use std::sync::Arc;
@@ -17,15 +13,9 @@ use std::sync::Arc;
 /// The host transport of `cfg`'s rank and job, and the CUDA transport made on first use; both
 /// pass fds (host buffers, VMM and pool device buffers) through the job's one fd transport.
 pub fn for_cache(cfg: &CacheConfig) -> Result<Transports> {
-    let fdpass = FdPass::for_job(
-        cfg.store.clone(),
-        &crate::names::fdpass_prefix(&cfg.job_id),
-        &crate::names::job_tag(&cfg.job_id),
-        cfg.rank,
-        FdPassConfig::from_env()?,
-    );
-    let host: Arc<dyn Transport> = HostTransport::with_fdpass(fdpass.clone())?;
-    let mut set = Transports::of(vec![host])?;
+    let host = HostTransport::new(cfg.store.clone(), &cfg.job_id, cfg.rank)?;
+    let fdpass = host.fdpass().clone();
+    let mut set = Transports::of(vec![host as Arc<dyn Transport>])?;
     set.set_on_first_use(
         MemKind::Device,
         Box::new(move || {

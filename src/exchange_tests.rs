@@ -561,7 +561,7 @@ impl Transport for DeviceLike {
     fn release(&self, mapping: &Mapping) -> Result<()> {
         self.inner.release(mapping)
     }
-    fn semaphores(&self) -> &dyn SemaphoreSlab {
+    fn semaphores(&self) -> &SemaphoreSlab {
         self.inner.semaphores()
     }
     fn live_mappings(&self) -> usize {
@@ -704,7 +704,7 @@ impl Transport for Backlogged {
         }
         Ok(())
     }
-    fn semaphores(&self) -> &dyn SemaphoreSlab {
+    fn semaphores(&self) -> &SemaphoreSlab {
         self.inner.semaphores()
     }
     fn live_mappings(&self) -> usize {
@@ -860,7 +860,7 @@ impl Transport for SegmentedLike {
     fn release(&self, mapping: &Mapping) -> Result<()> {
         self.inner.release(mapping)
     }
-    fn semaphores(&self) -> &dyn SemaphoreSlab {
+    fn semaphores(&self) -> &SemaphoreSlab {
         self.inner.semaphores()
     }
     fn live_mappings(&self) -> usize {

@@ -1,57 +1,23 @@
-//! The zero-copy "get" protocol of nvFuser's `cuda_p2p.cpp` on a CUDA stream, with epoch-valued
-//! semaphores (see [`crate::transport::epoch`]) instead of two-valued ones:
-//!
-//! - [`send_post`]: the sender writes `posted(n)` into the receiver's semaphore ("data ready");
-//! - [`recv_post`]: the receiver waits until its own semaphore reaches `posted(n)`, pulls the bytes
-//!   from the sender's buffer with `cuMemcpyDtoDAsync`, then writes `done(n)` into the sender's
-//!   semaphore ("done reading");
-//! - [`send_wait`]: the sender waits until its own semaphore reaches `done(n)`.
+//! The zero-copy "get" protocol (`transport::epoch`) of nvFuser's `cuda_p2p.cpp` on a CUDA
+//! stream: [`send_post`] signals the receiver, [`recv_post`] waits for it, pulls the bytes with
+//! `cuMemcpyDtoDAsync` and signals "done", [`send_wait`] waits for that; the `channel_*` forms
+//! number the transfers of a cached channel.
 //!
 //! Everything is enqueued on the caller's stream and returns at once: the host never blocks.
 //! Writes use `cuStreamWriteValue32` with the default flags, i.e. with a memory barrier, so work
 //! queued earlier on the stream is visible before the signal; waits use
 //! `CU_STREAM_WAIT_VALUE_GEQ`, a wrapping comparison, so a sender that runs ahead can never make
-//! the receiver miss a signal.
-//!
-//! The v2 stream memory operations are enabled by default on every platform from driver 11.7 on
-//! (checked when the driver is loaded); a device that still refuses them gets
-//! [`Status::Unsupported`](crate::error::Status::Unsupported).
+//! the receiver miss a signal. Stream memory operations are on by default from driver 11.7 on
+//! (checked when the driver is loaded); a device that still refuses them gets `Unsupported`.
 
 use super::driver::{self, describe};
 use super::result;
 use crate::error::{Error, Result, Status};
+pub use crate::transport::epoch::Endpoint;
 use crate::transport::epoch::{done, posted};
-use crate::transport::MemKind;
-use crate::transport::P2pHandles;
+use crate::transport::{MemKind, P2pHandles};
 use cudarc::driver::sys;
-
-/// One side of a channel as the calling rank sees it: its own buffer and semaphore, and the
-/// peer's buffer and semaphore mapped into this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    pub local_ptr: u64,
-    pub local_bytes: u64,
-    pub local_semaphore: u64,
-    pub peer_ptr: u64,
-    pub peer_bytes: u64,
-    pub peer_semaphore: u64,
-}
-
-impl Endpoint {
-    fn check(&self) -> Result<()> {
-        for (name, value) in [
-            ("local buffer", self.local_ptr),
-            ("local semaphore", self.local_semaphore),
-            ("peer buffer", self.peer_ptr),
-            ("peer semaphore", self.peer_semaphore),
-        ] {
-            if value == 0 {
-                return Err(Error::invalid(format!("P2P endpoint: {name} is NULL")));
-            }
-        }
-        Ok(())
-    }
-}
+use std::fmt;
 
 /// A `CUstream` (NULL is the legacy default stream of the current context).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +29,8 @@ impl Stream {
     }
 }
 
-fn memop_error(call: &str, rc: sys::CUresult, what: &str) -> Error {
+/// `what` is formatted only on failure: a successful call allocates nothing.
+fn memop_error(call: &str, rc: sys::CUresult, what: fmt::Arguments<'_>) -> Error {
     if rc == sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
         return Error::unsupported(format!(
             "{call} ({what}): stream memory operations are not supported on this device or \
@@ -78,14 +45,14 @@ fn memop_error(call: &str, rc: sys::CUresult, what: &str) -> Error {
     )
 }
 
-fn write(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
+fn write(stream: Stream, addr: u64, value: u32, what: fmt::Arguments<'_>) -> Result<()> {
     // SAFETY: `addr` is a device semaphore address from the cache (own slab or a mapped peer
     // slab); the driver validates the stream and the address.
     unsafe { result::stream_write_value32(stream.raw(), addr, value) }
         .map_err(|rc| memop_error("cuStreamWriteValue32", rc, what))
 }
 
-fn wait(stream: Stream, addr: u64, value: u32, what: &str) -> Result<()> {
+fn wait(stream: Stream, addr: u64, value: u32, what: fmt::Arguments<'_>) -> Result<()> {
     // SAFETY: as in `write`.
     unsafe { result::stream_wait_value32_geq(stream.raw(), addr, value) }
         .map_err(|rc| memop_error("cuStreamWaitValue32", rc, what))
@@ -107,26 +74,20 @@ pub fn send_post(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
         stream,
         ep.peer_semaphore,
         posted(n),
-        &format!("signal transfer {n} ready to the receiver"),
+        format_args!("signal transfer {n} ready to the receiver"),
     )
 }
 
 /// Receiver, transfer `n`: waits for the sender's signal, pulls `bytes` from the sender's buffer
 /// into the local buffer and tells the sender it may reuse its buffer.
 pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()> {
-    if bytes > ep.local_bytes || bytes > ep.peer_bytes {
-        return Err(Error::invalid(format!(
-            "recv of {bytes} bytes does not fit: the local buffer has {} bytes and the peer's \
-             send buffer {} bytes",
-            ep.local_bytes, ep.peer_bytes
-        )));
-    }
+    ep.check_fits(bytes)?;
     prepare(ep, n)?;
     wait(
         stream,
         ep.local_semaphore,
         posted(n),
-        &format!("wait for the sender's transfer {n}"),
+        format_args!("wait for the sender's transfer {n}"),
     )?;
     if bytes > 0 {
         // SAFETY: both ranges were resolved and checked against their allocations by the
@@ -151,7 +112,7 @@ pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()
         stream,
         ep.peer_semaphore,
         done(n),
-        &format!("signal transfer {n} consumed to the sender"),
+        format_args!("signal transfer {n} consumed to the sender"),
     )
 }
 
@@ -162,67 +123,33 @@ pub fn send_wait(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
         stream,
         ep.local_semaphore,
         done(n),
-        &format!("wait for the receiver to consume transfer {n}"),
+        format_args!("wait for the receiver to consume transfer {n}"),
     )
-}
-
-/// The endpoint of a device channel from the handle cache.
-fn device_endpoint(h: &P2pHandles) -> Result<Endpoint> {
-    if h.kind != MemKind::Device {
-        return Err(Error::invalid(format!(
-            "the channel holds {} memory; the CUDA P2P primitives need device buffers",
-            h.kind.name()
-        )));
-    }
-    Ok(Endpoint {
-        local_ptr: h.local_ptr,
-        local_bytes: h.local_bytes,
-        local_semaphore: h.local_semaphore,
-        peer_ptr: h.peer_ptr,
-        peer_bytes: h.peer_bytes,
-        peer_semaphore: h.peer_semaphore,
-    })
 }
 
 /// [`send_post`] for the next transfer of a cached channel; returns its number. The channel's
 /// counters advance only when the arguments are valid, so both sides stay in step.
 pub fn channel_send_post(h: &P2pHandles, stream: Stream) -> Result<u64> {
-    let ep = device_endpoint(h)?;
-    ep.check()?;
+    let ep = h.endpoint(MemKind::Device)?;
     driver::ensure_context(None)?;
     let n = h.epochs.next_send();
-    send_post(&ep, n, stream)?;
-    Ok(n)
+    send_post(&ep, n, stream).map(|()| n)
 }
 
 /// [`recv_post`] of `bytes` for the next transfer of a cached channel; returns its number.
 pub fn channel_recv_post(h: &P2pHandles, bytes: u64, stream: Stream) -> Result<u64> {
-    let ep = device_endpoint(h)?;
-    ep.check()?;
-    if bytes > ep.local_bytes || bytes > ep.peer_bytes {
-        return Err(Error::invalid(format!(
-            "recv of {bytes} bytes does not fit: the local buffer has {} bytes and the peer's \
-             send buffer {} bytes",
-            ep.local_bytes, ep.peer_bytes
-        )));
-    }
+    let ep = h.endpoint(MemKind::Device)?;
+    ep.check_fits(bytes)?;
     driver::ensure_context(None)?;
     let n = h.epochs.next_recv();
-    recv_post(&ep, n, bytes, stream)?;
-    Ok(n)
+    recv_post(&ep, n, bytes, stream).map(|()| n)
 }
 
 /// [`send_wait`] for the last transfer posted on a cached channel.
 pub fn channel_send_wait(h: &P2pHandles, stream: Stream) -> Result<u64> {
-    let ep = device_endpoint(h)?;
-    let n = h.epochs.last_send();
-    if n == 0 {
-        return Err(Error::state(
-            "send_wait before any send_post on this channel: nothing to wait for",
-        ));
-    }
-    send_wait(&ep, n, stream)?;
-    Ok(n)
+    let ep = h.endpoint(MemKind::Device)?;
+    let n = h.last_posted()?;
+    send_wait(&ep, n, stream).map(|()| n)
 }
 
 #[cfg(test)]

@@ -1,25 +1,21 @@
-//! The per-process device semaphore slab: one `cuMemAlloc` of [`SLAB_BYTES`] holding
-//! [`SLAB_SLOTS`] 32-bit semaphores (one per [`SEMAPHORE_STRIDE`]), zeroed and synchronised
-//! *before* it is exported, exported once, and opened once per peer. Slots are handed out per
-//! channel by the exchange.
+//! The device semaphore slab: one `cuMemAlloc` of [`SLAB_BYTES`], allocated on first use, zeroed
+//! and synchronised *before* it is exported (legacy IPC, once), and opened once per peer.
 //!
-//! Lifetime: the slab is allocated on first use and freed only when the slab is dropped, after a
-//! synchronize of its context. Peers map it, so it must not be dropped while a peer may still
-//! write into it: the owner (the handle cache) drops it only after its teardown has waited for
-//! every peer it exchanged with to close its cache (or exit), and never when that wait times out.
+//! It is freed on drop, after a synchronize of its context. Peers map it, so its owner (the
+//! handle cache) drops it only after its teardown has waited for every peer it exchanged with to
+//! close its cache (or exit), and never when that wait times out.
 
 use super::driver::{self, Context, ContextGuard};
-use super::ipc::{self, HandleBytes, IpcImport};
+use super::ipc::{self, HandleBytes};
 use super::memory;
 use super::{result, Runtime};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::transport::record::HandleType;
-use crate::transport::{
-    slot_address, ExportedHandle, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS,
-};
+use crate::transport::slab::{Opened, SemaphoreSlab, SlabMemory};
+use crate::transport::{ExportedHandle, SLAB_BYTES};
 use cudarc::driver::sys;
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The device memory of an allocated slab.
@@ -50,60 +46,32 @@ impl Allocation {
     }
 }
 
-struct State {
-    alloc: Option<Allocation>,
-    in_use: Vec<bool>,
-    /// Peer slabs this slab's owner has imported: (peer, handle) -> one reference per import.
-    peers: HashMap<(usize, HandleBytes), Vec<IpcImport>>,
-}
-
-/// A device semaphore slab (see the module docs).
-pub struct DeviceSemaphoreSlab {
+/// The memory of a device slab: allocated on first use, freed on drop.
+struct DeviceSlabMemory {
     /// Where its export is registered and peers' slabs are imported.
     rt: &'static Runtime,
     device: Option<i32>,
-    state: Mutex<State>,
+    alloc: Mutex<Option<Allocation>>,
 }
 
-impl DeviceSemaphoreSlab {
-    /// A slab on `device`, or on the device current when it is first used (`None`).
-    /// Nothing is allocated until the first call that needs device memory.
-    pub fn new(rt: &'static Runtime, device: Option<i32>) -> DeviceSemaphoreSlab {
-        DeviceSemaphoreSlab {
-            rt,
-            device,
-            state: Mutex::new(State {
-                alloc: None,
-                in_use: vec![false; SLAB_SLOTS as usize],
-                peers: HashMap::new(),
-            }),
+/// A slab on `device`, or on the device current when it is first used (`None`). Nothing is
+/// allocated until the first call that needs device memory.
+pub fn new_slab(rt: &'static Runtime, device: Option<i32>) -> SemaphoreSlab {
+    SemaphoreSlab::new(DeviceSlabMemory {
+        rt,
+        device,
+        alloc: Mutex::new(None),
+    })
+}
+
+impl DeviceSlabMemory {
+    /// `f` of the allocation, made first if needed.
+    fn with<R>(&self, f: impl FnOnce(&mut Allocation) -> Result<R>) -> Result<R> {
+        let mut alloc = lock(&self.alloc);
+        if alloc.is_none() {
+            *alloc = Some(allocate(self.rt, self.device)?);
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The device the slab lives on (allocating it if needed).
-    pub fn device(&self) -> Result<i32> {
-        let mut state = self.lock();
-        Ok(self.allocated(&mut state)?.device)
-    }
-
-    fn allocated<'a>(&self, state: &'a mut State) -> Result<&'a Allocation> {
-        if state.alloc.is_none() {
-            state.alloc = Some(allocate(self.rt, self.device)?);
-        }
-        Ok(state.alloc.as_ref().expect("allocated above"))
-    }
-
-    fn check_slot(slot: u32) -> Result<()> {
-        if slot >= SLAB_SLOTS {
-            return Err(Error::invalid(format!(
-                "semaphore slot {slot} is out of range (the slab has {SLAB_SLOTS} slots)"
-            )));
-        }
-        Ok(())
+        f(alloc.as_mut().expect("allocated above"))
     }
 }
 
@@ -155,115 +123,57 @@ fn release(rt: &Runtime, alloc: &Allocation) {
     }
 }
 
-impl SemaphoreSlab for DeviceSemaphoreSlab {
-    fn allocate_slot(&self) -> Result<u32> {
-        let mut state = self.lock();
-        self.allocated(&mut state)?;
-        let slot = state.in_use.iter().position(|used| !used).ok_or_else(|| {
-            Error::state(format!(
-                "device semaphore slab is full: all {SLAB_SLOTS} slots are in use; release \
-                 cached channels (clear the handle cache) before creating more"
-            ))
-        })?;
-        state.in_use[slot] = true;
-        Ok(slot as u32)
+impl SlabMemory for DeviceSlabMemory {
+    fn base(&self) -> Result<u64> {
+        self.with(|a| Ok(a.base))
     }
 
-    fn free_slot(&self, slot: u32) -> Result<()> {
-        Self::check_slot(slot)?;
-        let mut state = self.lock();
-        if !state.in_use[slot as usize] {
-            return Err(Error::state(format!(
-                "semaphore slot {slot} is not allocated (freed twice?)"
-            )));
-        }
-        let alloc = self.allocated(&mut state)?;
-        alloc.zero(slot_address(alloc.base, slot), 1)?;
-        state.in_use[slot as usize] = false;
-        Ok(())
-    }
-
-    fn local(&self, slot: u32) -> Result<u64> {
-        Self::check_slot(slot)?;
-        let mut state = self.lock();
-        let alloc = self.allocated(&mut state)?;
-        Ok(slot_address(alloc.base, slot))
+    fn zero(&self, addr: u64) -> Result<()> {
+        self.with(|a| a.zero(addr, 1))
     }
 
     fn export(&self) -> Result<ExportedHandle> {
-        let mut state = self.lock();
-        self.allocated(&mut state)?;
-        let alloc = state.alloc.as_mut().expect("allocated above");
-        let handle = match alloc.handle {
-            Some(handle) => handle,
-            None => {
-                let buffer_id = memory::query(alloc.base)?.buffer_id;
-                let handle = ipc::export(self.rt, alloc.base, buffer_id)?;
-                alloc.handle = Some(handle);
-                handle
-            }
-        };
-        Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, handle))
+        self.with(|a| {
+            let handle = match a.handle {
+                Some(handle) => handle,
+                None => *a.handle.insert(ipc::export(
+                    self.rt,
+                    a.base,
+                    memory::query(a.base)?.buffer_id,
+                )?),
+            };
+            Ok(ExportedHandle::plain(HandleType::CudaLegacyIpc, handle))
+        })
     }
 
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<Opened> {
         if handle.handle_type != HandleType::CudaLegacyIpc {
             return Err(Error::invalid(format!(
                 "semaphore slab of rank {peer} is shared as {}, but this is the device slab",
                 handle.handle_type.name()
             )));
         }
-        let mut state = self.lock();
-        let device = self.allocated(&mut state)?.device;
+        let device = self.with(|a| Ok(a.device))?;
         let opened = ipc::import(self.rt, peer, None, &handle.payload, Some(device), wait)
             .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
         let base = opened.base();
-        state
-            .peers
-            .entry((peer, handle.payload))
-            .or_default()
-            .push(opened);
-        Ok(base)
-    }
-
-    fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
-        let mut state = self.lock();
-        let key = (peer, handle.payload);
-        let opened = state
-            .peers
-            .get_mut(&key)
-            .and_then(Vec::pop)
-            .ok_or_else(|| {
-                Error::not_found(format!(
-                    "the semaphore slab of rank {peer} is not imported (released twice?)"
-                ))
-            })?;
-        if state.peers.get(&key).is_some_and(Vec::is_empty) {
-            state.peers.remove(&key);
-        }
-        opened.release()
+        Ok((Box::new(opened), base))
     }
 }
 
-impl Drop for DeviceSemaphoreSlab {
+impl Drop for DeviceSlabMemory {
     fn drop(&mut self) {
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let Some(alloc) = state.alloc.take() else {
-            return;
-        };
-        // Peer slabs still imported through this slab are released first (their references
-        // are ours; the releaser closes them), then our own slab is freed after a synchronize.
-        for (_, imports) in state.peers.drain() {
-            for opened in imports {
-                let _ = opened.release();
-            }
+        // The slab's peers are closed already (see `Slab`); ours is freed after a synchronize.
+        if let Some(alloc) = self
+            .alloc
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            release(self.rt, &alloc);
         }
-        release(self.rt, &alloc);
     }
 }
-
-/// Sanity of the layout this module relies on.
-const _: () = assert!(SEMAPHORE_STRIDE % 4 == 0 && SLAB_BYTES % 4 == 0);
 
 #[cfg(test)]
 mod tests;

@@ -17,7 +17,6 @@ use super::driver;
 use super::ipc;
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind, PointerInfo};
 use super::pool::{self, PoolExports};
-use super::semaphore::DeviceSemaphoreSlab;
 use super::vmm::{self, LocalSegment, Run, VmmExports};
 use super::vmm_map;
 use super::vmm_runs::{self, WideRuns};
@@ -84,7 +83,7 @@ pub struct CudaTransport {
     /// The window of `NVFIPC_VMM_WINDOW_MIB` in bytes; 0: exchanges export exact VMM runs.
     window: u64,
     pool_exports: PoolExports,
-    slab: DeviceSemaphoreSlab,
+    slab: SemaphoreSlab,
     /// Peer allocations imported through this transport: one reference per import not yet
     /// released, all on the same import. The place is part of the key because one peer buffer
     /// can be served by several mappings at once (a VMM buffer over one segment, by whichever
@@ -144,7 +143,7 @@ impl CudaTransport {
             window,
             pool_exports: PoolExports::new(fdpass.clone()),
             fdpass,
-            slab: DeviceSemaphoreSlab::new(rt, device),
+            slab: super::semaphore::new_slab(rt, device),
             imports: Mutex::new(HashMap::new()),
         }
     }
@@ -354,7 +353,7 @@ impl Transport for CudaTransport {
         self.rt.flush_releases(timeout)
     }
 
-    fn semaphores(&self) -> &dyn SemaphoreSlab {
+    fn semaphores(&self) -> &SemaphoreSlab {
         &self.slab
     }
 
@@ -362,11 +361,8 @@ impl Transport for CudaTransport {
         lock(&self.imports).len()
     }
 
-    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<Box<dyn ContiguousView>> {
-        Ok(Box::new(super::view::DeviceView::map(
-            members,
-            self.device,
-        )?))
+    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {
+        super::view::map(members, self.device)
     }
 }
 

@@ -1,15 +1,14 @@
-//! Contiguous views of VMM device buffers (see `transport::view`): one VA range is reserved for
-//! every member and each member's physical allocations are mapped again into its slot, whole
-//! (a partial `cuMemMap` is not supported by the driver), with read-write access for this device.
+//! Contiguous views of VMM device buffers, the device backing of `transport::view`: one VA range
+//! is reserved and each member's physical allocations are mapped again into its slot, whole (the
+//! driver cannot map part of one), with read-write access for this device.
 //!
 //! This rank's own allocations are mapped through handles taken with
 //! `cuMemRetainAllocationHandle` and dropped once mapped; a peer's through the handles its VMM
 //! import already holds (`vmm_map`), looked up under the import table's lock, so nothing is
-//! imported twice. A mapping keeps its physical memory alive by itself, so the view stays valid
-//! when the imports are released, until it is dropped: then every slot is unmapped
-//! (`cuMemUnmap` waits for the device work using it, as the driver documents) and the range
-//! freed. Memory that is not VMM (`cudaMalloc`, stream-ordered pools) cannot be mapped again:
-//! `Unsupported`.
+//! imported twice. A mapping holds its physical memory by itself, so the view outlives the
+//! imports until it is dropped: then every slot is unmapped (`cuMemUnmap` waits for the device
+//! work using it, as the driver documents) and the range freed. Other device memory
+//! (`cudaMalloc`, stream-ordered pools) cannot be mapped again: `Unsupported`.
 
 use super::driver::{self, Context, ContextGuard};
 use super::memory::{self, DeviceMemoryKind};
@@ -17,14 +16,23 @@ use super::result;
 use super::vmm;
 use super::vmm_map;
 use crate::error::{Error, Result};
-use crate::transport::record::HandleType;
-use crate::transport::view::{plan, ContiguousView, Extent, Layout, ViewMember};
+use crate::transport::record::{HandleType, Record};
+use crate::transport::view::{plan, ContiguousView, Extent, ViewMember};
 use cudarc::driver::sys;
 
-/// What is mapped for one member: this rank's segments by address, or a peer's by id.
-enum Pieces {
-    Own(Vec<(u64, u64)>),
-    Peer { pid: u32, segments: Vec<(u64, u64)> },
+/// Where a member's physical allocations come from: this rank's VMM run, a peer's record.
+enum Source<'a> {
+    Own(vmm::Run),
+    Peer(&'a Record),
+}
+
+/// The reserved range of a device view and what is mapped into it; dropping it unmaps them.
+struct DeviceRange {
+    context: Context,
+    reserved: u64,
+    bytes: u64,
+    /// Mapped ranges (one per member once mapped).
+    mapped: Vec<(u64, u64)>,
 }
 
 /// Handles taken with `cuMemRetainAllocationHandle`, dropped together.
@@ -33,158 +41,139 @@ struct Retained(Vec<sys::CUmemGenericAllocationHandle>);
 impl Drop for Retained {
     fn drop(&mut self) {
         for &h in &self.0 {
-            // SAFETY: each handle was retained once by `retain` and is released once here;
+            // SAFETY: each handle was retained once by `map` and is released once here;
             // mappings made with it hold the memory on their own.
             let _ = unsafe { result::mem_release(h) };
         }
     }
 }
 
-/// A device view; dropping it unmaps it.
-pub struct DeviceView {
-    context: Context,
-    reserved: u64,
-    layout: Layout,
-    /// Mapped ranges (one per member once mapped).
-    mapped: Vec<(u64, u64)>,
-}
-
-fn not_vmm(rank: usize, what: &str) -> Error {
-    Error::unsupported(format!(
+/// `Unsupported` unless memory shared as `handle_type` is VMM memory.
+fn require_vmm(rank: usize, handle_type: HandleType) -> Result<()> {
+    let what = match handle_type {
+        HandleType::CudaVmmFd | HandleType::CudaVmmFabric => return Ok(()),
+        HandleType::CudaLegacyIpc => "cudaMalloc memory",
+        HandleType::CudaPool => "memory of a stream-ordered pool",
+        HandleType::PosixFd => "host memory",
+    };
+    Err(Error::unsupported(format!(
         "contiguous view: rank {rank}'s buffer is {what}, whose physical memory cannot be mapped \
          again; a VMM allocation is needed (cuMemCreate + cuMemMap, e.g. PyTorch's expandable \
          segments)"
-    ))
+    )))
 }
 
-impl DeviceView {
-    /// Maps `members` (in the view's order) into one reserved range, on the device of this
-    /// rank's own buffer (else `device`, else the current one).
-    pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<DeviceView> {
-        let mut pieces = Vec::with_capacity(members.len());
-        let mut extents = Vec::with_capacity(members.len());
-        let mut own_device = None;
-        for m in members {
-            match *m {
-                ViewMember::Own { rank, buffer } => {
-                    let alloc = memory::resolve(buffer.ptr, buffer.bytes)?;
+/// Maps `members` (in the view's order) into one reserved range, on the device of this rank's
+/// own buffer (else `device`, else the current one).
+pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<ContiguousView> {
+    let mut sources = Vec::with_capacity(members.len());
+    let mut extents = Vec::with_capacity(members.len());
+    let mut own_device = None;
+    for m in members {
+        match *m {
+            ViewMember::Own { rank, buffer } => {
+                let alloc = memory::resolve(buffer.ptr, buffer.bytes)?;
+                require_vmm(
+                    rank,
                     match alloc.kind {
-                        DeviceMemoryKind::Vmm { .. } => {}
-                        DeviceMemoryKind::Legacy => return Err(not_vmm(rank, "cudaMalloc memory")),
-                        DeviceMemoryKind::Pool { .. } => {
-                            return Err(not_vmm(rank, "memory of a stream-ordered pool"))
-                        }
-                    }
-                    let run = vmm::resolve_run(&alloc)?;
-                    own_device = Some(alloc.device_ordinal);
-                    extents.push(Extent {
-                        rank,
-                        bytes: buffer.bytes,
-                        lead: buffer.ptr - run.base(),
-                        span: run.size(),
-                    });
-                    pieces.push(Pieces::Own(
-                        run.segments.iter().map(|s| (s.base, s.size)).collect(),
-                    ));
-                }
-                ViewMember::Peer { rank, record, .. } => {
-                    match record.handle_type {
-                        HandleType::CudaVmmFd | HandleType::CudaVmmFabric => {}
-                        HandleType::CudaLegacyIpc => {
-                            return Err(not_vmm(rank, "cudaMalloc memory"))
-                        }
-                        HandleType::CudaPool => {
-                            return Err(not_vmm(rank, "memory of a stream-ordered pool"))
-                        }
-                        HandleType::PosixFd => return Err(not_vmm(rank, "host memory")),
-                    }
-                    extents.push(Extent {
-                        rank,
-                        bytes: record.bytes,
-                        lead: record.offset,
-                        span: record.segments.iter().map(|s| s.bytes).sum(),
-                    });
-                    pieces.push(Pieces::Peer {
-                        pid: record.pid,
-                        segments: record.segments.iter().map(|s| (s.id, s.bytes)).collect(),
-                    });
-                }
+                        DeviceMemoryKind::Vmm { .. } => HandleType::CudaVmmFd,
+                        DeviceMemoryKind::Legacy => HandleType::CudaLegacyIpc,
+                        DeviceMemoryKind::Pool { .. } => HandleType::CudaPool,
+                    },
+                )?;
+                let run = vmm::resolve_run(&alloc)?;
+                own_device = Some(alloc.device_ordinal);
+                extents.push(Extent {
+                    rank,
+                    bytes: buffer.bytes,
+                    lead: buffer.ptr - run.base(),
+                    span: run.size(),
+                });
+                sources.push(Source::Own(run));
+            }
+            ViewMember::Peer { rank, record, .. } => {
+                require_vmm(rank, record.handle_type)?;
+                extents.push(Extent {
+                    rank,
+                    bytes: record.bytes,
+                    lead: record.offset,
+                    span: record.segments.iter().map(|s| s.bytes).sum(),
+                });
+                sources.push(Source::Peer(record));
             }
         }
-        let (context, _guard) = driver::enter_device(own_device.or(device))?;
-        let device = context.device()?;
-        let granularity = result::mem_granularity(device).map_err(|rc| {
-            driver::error(
-                rc,
-                &format!("cuMemGetAllocationGranularity(device {device})"),
-            )
-        })?;
-        let layout = plan(&extents, granularity)?;
-        let total = layout.reserved_bytes();
-        let reserved = result::mem_address_reserve(total, granularity)
-            .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({total})")))?;
-        // From here on, dropping the view undoes whatever was done.
-        let mut view = DeviceView {
-            context,
-            reserved,
-            layout,
-            mapped: Vec::with_capacity(members.len()),
-        };
-        let own = Retained(
-            pieces
-                .iter()
-                .filter_map(|p| match p {
-                    Pieces::Own(segments) => Some(segments),
-                    Pieces::Peer { .. } => None,
-                })
-                .flatten()
-                .map(|&(base, _)| {
-                    result::mem_retain_allocation_handle(base).map_err(|rc| {
-                        driver::error(rc, &format!("cuMemRetainAllocationHandle({base:#x})"))
-                    })
-                })
-                .collect::<Result<_>>()?,
-        );
-        vmm_map::with_imported_segments(|lookup| {
-            let mut own_handles = own.0.iter();
-            for (i, (p, e)) in pieces.iter().zip(&extents).enumerate() {
-                let handles: Vec<(sys::CUmemGenericAllocationHandle, u64)> = match p {
-                    Pieces::Own(segments) => segments
-                        .iter()
-                        .map(|&(_, size)| (*own_handles.next().expect("one per own segment"), size))
-                        .collect(),
-                    Pieces::Peer { pid, segments } => segments
-                        .iter()
-                        .map(|&(id, size)| {
-                            lookup(*pid, device, id).map(|h| (h, size)).ok_or_else(|| {
-                                Error::state(format!(
-                                    "contiguous view: segment {id} of rank {}'s VMM buffer is \
-                                     not imported on device {device} (was it released?)",
-                                    e.rank
-                                ))
-                            })
-                        })
-                        .collect::<Result<_>>()?,
-                };
-                view.map_member(i, &handles, device)?;
-            }
-            Ok::<(), Error>(())
-        })?;
-        Ok(view)
     }
+    let (context, _guard) = driver::enter_device(own_device.or(device))?;
+    let device = context.device()?;
+    let granularity = result::mem_granularity(device).map_err(|rc| {
+        driver::error(
+            rc,
+            &format!("cuMemGetAllocationGranularity(device {device})"),
+        )
+    })?;
+    let layout = plan(&extents, granularity)?;
+    let bytes = layout.reserved_bytes();
+    let reserved = result::mem_address_reserve(bytes, granularity)
+        .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({bytes})")))?;
+    // From here on, dropping the range undoes whatever was done.
+    let mut range = DeviceRange {
+        context,
+        reserved,
+        bytes,
+        mapped: Vec::with_capacity(members.len()),
+    };
+    let mut retained = Retained(Vec::new());
+    vmm_map::with_imported_segments(|lookup| {
+        for (i, (source, e)) in sources.iter().zip(&extents).enumerate() {
+            let handles = match source {
+                Source::Own(run) => run
+                    .segments
+                    .iter()
+                    .map(|s| {
+                        let h = result::mem_retain_allocation_handle(s.base).map_err(|rc| {
+                            driver::error(
+                                rc,
+                                &format!("cuMemRetainAllocationHandle({:#x})", s.base),
+                            )
+                        })?;
+                        retained.0.push(h);
+                        Ok((h, s.size))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                Source::Peer(record) => record
+                    .segments
+                    .iter()
+                    .map(|s| {
+                        let h = lookup(record.pid, device, s.id).ok_or_else(|| {
+                            Error::state(format!(
+                                "contiguous view: segment {} of rank {}'s VMM buffer is not \
+                                 imported on device {device} (was it released?)",
+                                s.id, e.rank
+                            ))
+                        })?;
+                        Ok((h, s.bytes))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            };
+            range.map_slot(reserved + layout.slot(i), &handles, device)?;
+        }
+        Ok::<(), Error>(())
+    })?;
+    Ok(ContiguousView::new(reserved, layout, range))
+}
 
-    /// Maps one member's `handles` back to back into slot `i` and grants `device` access.
-    fn map_member(
+impl DeviceRange {
+    /// Maps `handles` back to back at `at` (a slot of the range) and grants `device` access.
+    fn map_slot(
         &mut self,
-        i: usize,
+        at: u64,
         handles: &[(sys::CUmemGenericAllocationHandle, u64)],
         device: i32,
     ) -> Result<()> {
-        let at = self.reserved + self.layout.slot(i);
         let mut len = 0u64;
         for &(handle, size) in handles {
-            // SAFETY: [at + len, + size) lies in slot i of the range reserved for this view
-            // (the plan made the stride at least the member's span), where nothing is mapped yet.
+            // SAFETY: [at + len, + size) lies in a slot of the range reserved for this view (the
+            // plan made the stride at least the member's span), where nothing is mapped yet.
             if let Err(rc) = unsafe { result::mem_map(at + len, size, handle) } {
                 if len > 0 {
                     self.mapped.push((at, len));
@@ -206,27 +195,17 @@ impl DeviceView {
     }
 }
 
-impl ContiguousView for DeviceView {
-    fn base(&self) -> u64 {
-        self.reserved + self.layout.lead
-    }
-
-    fn stride(&self) -> u64 {
-        self.layout.stride
-    }
-}
-
-impl Drop for DeviceView {
+impl Drop for DeviceRange {
     fn drop(&mut self) {
         // Without the context nothing can be unmapped; the range then stays reserved.
         let Ok(_guard) = ContextGuard::enter(self.context) else {
             return;
         };
         for &(at, len) in &self.mapped {
-            // SAFETY: mapped by `map_member` into this view's range and unmapped once, here.
+            // SAFETY: mapped by `map_slot` into this range and unmapped once, here.
             let _ = unsafe { result::mem_unmap(at, len) };
         }
         // SAFETY: reserved by `map` for this view, now fully unmapped, freed once.
-        let _ = unsafe { result::mem_address_free(self.reserved, self.layout.reserved_bytes()) };
+        let _ = unsafe { result::mem_address_free(self.reserved, self.bytes) };
     }
 }

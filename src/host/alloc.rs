@@ -1,13 +1,12 @@
-//! The host allocator: every buffer is its own anonymous shared file (`memfd`), registered in a
-//! process-wide table so that a pointer anywhere inside it can be resolved and exported, and
+//! The host allocator: every buffer is its own anonymous shared file (`memfd`), registered in the
+//! process's segment table so that a pointer anywhere inside it can be resolved and exported, and
 //! shared with peers by passing its descriptor (`crate::fdpass`).
 //!
-//! Buffers have no name in `/dev/shm`: nothing can leak when a process exits, is terminated or
-//! killed, and their size is not bounded by `/dev/shm` (64 MiB in a default Docker container),
-//! only by memory, every page of which is reserved at allocation. The memfd's own name,
-//! `nvfipc-<job>-<id>`, shows in `/proc/<pid>/fd` and `/proc/<pid>/maps` for debugging; `<id>` is
-//! unique in the process and doubles as the buffer id of exported records. Who exported a buffer
-//! learns that it was freed through [`on_free`], so a peer can no longer fetch its descriptor.
+//! Buffers have no name in `/dev/shm`: nothing can leak when a process exits, and their size is
+//! bounded only by memory (every page is reserved at allocation), not by `/dev/shm`. The memfd's
+//! name, `nvfipc-<job>-<id>`, shows in `/proc/<pid>/fd` for debugging; `<id>` is unique in the
+//! process and doubles as the buffer id of exported records. Who exported a buffer learns that
+//! it was freed through [`on_free`], so a peer can no longer fetch its descriptor.
 
 use crate::error::{Error, Result};
 use crate::os::memfd::{self, SharedMapping};
@@ -18,7 +17,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 
-/// A registered segment as seen by the transport.
+pub use crate::names::{job_prefix, job_tag};
+
+/// A live buffer as the transport exports it.
 #[derive(Debug)]
 pub struct SegmentInfo {
     pub base: u64,
@@ -34,28 +35,28 @@ pub trait FreeListener: Send + Sync {
     fn freed(&self, id: u64);
 }
 
-/// Live segments by base address, with their ids.
-static SEGMENTS: Lazy<Mutex<BTreeMap<u64, (SharedMapping, u64)>>> = Lazy::new(Default::default);
-/// Who wants to know about frees; entries whose owner is gone are dropped on the next free.
-static LISTENERS: Lazy<Mutex<Vec<Weak<dyn FreeListener>>>> = Lazy::new(Default::default);
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-static DEFAULT_JOB: Lazy<Mutex<String>> =
-    Lazy::new(|| Mutex::new(job_tag(&crate::config::host_job_id())));
+/// The segment table and what goes with it. Nothing panics while holding its locks; `lock`
+/// tolerates poisoning anyway.
+#[derive(Default)]
+struct Allocator {
+    /// Live segments by base address, with their ids.
+    segments: Mutex<BTreeMap<u64, (SharedMapping, u64)>>,
+    /// Who wants to know about frees; entries whose owner is gone are dropped on the next free.
+    listeners: Mutex<Vec<Weak<dyn FreeListener>>>,
+    /// The id of the last buffer allocated.
+    last_id: AtomicU64,
+    /// The job tag in the names of new buffers; `$NVFIPC_JOB_ID` (else `nojob`) on first use.
+    default_job: Mutex<Option<String>>,
+}
 
-// Nothing panics while holding these locks; `lock` tolerates poisoning anyway.
+// process-wide: the process's host heap, as cudaMalloc's (nvfipc_host_free gets a bare pointer)
+static ALLOCATOR: Lazy<Allocator> = Lazy::new(Allocator::default);
 
 /// Sets the job id used in the names of segments allocated by [`alloc`] from now on
 /// (default: `$NVFIPC_JOB_ID`, else `nojob`).
 pub fn set_default_job(job_id: &str) {
-    *lock(&DEFAULT_JOB) = job_tag(job_id);
+    *lock(&ALLOCATOR.default_job) = Some(job_tag(job_id));
 }
-
-/// The job tag currently used by [`alloc`].
-pub fn default_job() -> String {
-    lock(&DEFAULT_JOB).clone()
-}
-
-pub use crate::names::{job_prefix, job_tag};
 
 /// A host buffer in shared memory that peers can map. Freed (unmapped and closed) on drop,
 /// unless handed over with [`HostBuffer::into_raw`].
@@ -91,38 +92,32 @@ impl HostBuffer {
 
     /// Copies `data` into the buffer at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
-        // SAFETY: the range lies inside the live mapping (checked above); the source is a
-        // separate Rust slice, so the regions do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), (self.ptr + offset) as *mut u8, data.len())
-        };
+        let at = self.at(offset, data.len())?;
+        // SAFETY: `at` has `data.len()` bytes of the live mapping; `data` is a separate slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len()) };
         Ok(())
     }
 
     /// Copies `out.len()` bytes from the buffer at `offset`.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.check_range(offset, out.len() as u64)?;
-        // SAFETY: the range lies inside the live mapping (checked above); `out` is a separate
-        // Rust slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.ptr + offset) as *const u8,
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        let at = self.at(offset, out.len())?;
+        // SAFETY: `at` has `out.len()` bytes of the live mapping; `out` is a separate slice.
+        unsafe { std::ptr::copy_nonoverlapping(at, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
-    fn check_range(&self, offset: u64, n: u64) -> Result<()> {
-        if offset.checked_add(n).map_or(true, |end| end > self.len) {
+    /// The address of `[offset, + n)`, which must lie inside the buffer.
+    fn at(&self, offset: u64, n: usize) -> Result<*mut u8> {
+        if offset
+            .checked_add(n as u64)
+            .map_or(true, |end| end > self.len)
+        {
             return Err(Error::invalid(format!(
                 "range [{offset}, +{n}) is outside the {}-byte host buffer",
                 self.len
             )));
         }
-        Ok(())
+        Ok((self.ptr + offset) as *mut u8)
     }
 
     /// Gives up ownership: the segment stays allocated until [`free`] is called on the address.
@@ -142,7 +137,10 @@ impl Drop for HostBuffer {
 
 /// Allocates `bytes` of zero-filled shared memory named after the default job.
 pub fn alloc(bytes: u64) -> Result<HostBuffer> {
-    alloc_for_job(&default_job(), bytes)
+    let job = lock(&ALLOCATOR.default_job)
+        .get_or_insert_with(|| job_tag(&crate::config::host_job_id()))
+        .clone();
+    alloc_for_job(&job, bytes)
 }
 
 /// Allocates `bytes` of zero-filled shared memory named after `job_id`.
@@ -150,12 +148,12 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
     if bytes == 0 {
         return Err(Error::invalid("host allocation of 0 bytes"));
     }
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let id = ALLOCATOR.last_id.fetch_add(1, Ordering::Relaxed) + 1;
     let name = crate::names::host_segment(job_id, id);
     let seg = memfd::create_mapped(&name, bytes)
         .map_err(|e| e.context(format!("allocating {bytes} bytes of host shared memory")))?;
     let base = seg.addr();
-    lock(&SEGMENTS).insert(base, (seg, id));
+    lock(&ALLOCATOR.segments).insert(base, (seg, id));
     Ok(HostBuffer {
         ptr: base,
         len: bytes,
@@ -165,79 +163,83 @@ pub fn alloc_for_job(job_id: &str, bytes: u64) -> Result<HostBuffer> {
 
 /// Frees a buffer by its base address (what `nvfipc_host_free` does).
 pub fn free(ptr: u64) -> Result<()> {
-    let seg = lock(&SEGMENTS).remove(&ptr);
-    match seg {
-        Some((seg, id)) => {
-            drop(seg);
-            tell_listeners(id);
-            Ok(())
-        }
-        None => Err(Error::invalid(format!(
+    let Some((seg, id)) = lock(&ALLOCATOR.segments).remove(&ptr) else {
+        return Err(Error::invalid(format!(
             "host pointer {ptr:#x} is not the start of a live buffer from nvfipc_host_alloc \
              (already freed, or an interior pointer)"
-        ))),
-    }
-}
-
-/// Registers `listener` to be told about every buffer freed from now on, for as long as it
-/// lives.
-pub fn on_free(listener: Weak<dyn FreeListener>) {
-    lock(&LISTENERS).push(listener);
-}
-
-fn tell_listeners(id: u64) {
-    // Called without the segment table's lock: a listener may call back into this module.
+        )));
+    };
+    drop(seg);
+    // Without the segment table's lock: a listener may call back into this module.
     let live: Vec<_> = {
-        let mut listeners = lock(&LISTENERS);
+        let mut listeners = lock(&ALLOCATOR.listeners);
         listeners.retain(|l| l.strong_count() > 0);
         listeners.iter().filter_map(Weak::upgrade).collect()
     };
     for listener in live {
         listener.freed(id);
     }
+    Ok(())
+}
+
+/// Registers `listener` to be told about every buffer freed from now on, for as long as it
+/// lives.
+pub fn on_free(listener: Weak<dyn FreeListener>) {
+    lock(&ALLOCATOR.listeners).push(listener);
 }
 
 /// Finds the live segment containing `[ptr, ptr + bytes)`: (base, length, id).
 pub fn locate(ptr: u64, bytes: u64) -> Result<(u64, u64, u64)> {
-    let found = lock(&SEGMENTS)
-        .range(..=ptr)
-        .next_back()
-        .map(|(&base, (seg, id))| (base, seg.len(), *id));
-    let Some((base, len, id)) = found.filter(|&(base, len, _)| ptr < base + len) else {
-        return Err(Error::invalid(format!(
-            "host pointer {ptr:#x} is not a shared-memory buffer from nvfipc_host_alloc or \
-             already freed"
-        )));
-    };
-    if ptr.checked_add(bytes).map_or(true, |end| end > base + len) {
-        return Err(Error::invalid(format!(
-            "host range [{ptr:#x}, +{bytes}) runs past the end of its {len}-byte buffer at \
-             {base:#x}"
-        )));
-    }
-    Ok((base, len, id))
+    let segments = lock(&ALLOCATOR.segments);
+    find(&segments, ptr, bytes).map(|(base, seg, id)| (base, seg.len(), id))
 }
 
 /// Like [`locate`], with a descriptor of the segment's file (for exporting).
 pub fn lookup(ptr: u64, bytes: u64) -> Result<SegmentInfo> {
-    let (base, len, id) = locate(ptr, bytes)?;
-    let segments = lock(&SEGMENTS);
-    let (seg, _) = segments
-        .get(&base)
-        .filter(|(_, seg_id)| *seg_id == id)
-        .ok_or_else(|| Error::invalid(format!("host buffer {ptr:#x} was freed meanwhile")))?;
+    let segments = lock(&ALLOCATOR.segments);
+    let (base, seg, id) = find(&segments, ptr, bytes)?;
     let fd = seg.fd().as_fd().try_clone_to_owned().map_err(|e| {
         Error::from_io(
             format!("duplicating the descriptor of host buffer {ptr:#x}"),
             &e,
         )
     })?;
-    Ok(SegmentInfo { base, len, id, fd })
+    Ok(SegmentInfo {
+        base,
+        len: seg.len(),
+        id,
+        fd,
+    })
+}
+
+fn find(
+    segments: &BTreeMap<u64, (SharedMapping, u64)>,
+    ptr: u64,
+    bytes: u64,
+) -> Result<(u64, &SharedMapping, u64)> {
+    let Some((&base, (seg, id))) = segments
+        .range(..=ptr)
+        .next_back()
+        .filter(|(&base, (seg, _))| ptr < base + seg.len())
+    else {
+        return Err(Error::invalid(format!(
+            "host pointer {ptr:#x} is not a shared-memory buffer from nvfipc_host_alloc or \
+             already freed"
+        )));
+    };
+    let len = seg.len();
+    if ptr.checked_add(bytes).map_or(true, |end| end > base + len) {
+        return Err(Error::invalid(format!(
+            "host range [{ptr:#x}, +{bytes}) runs past the end of its {len}-byte buffer at \
+             {base:#x}"
+        )));
+    }
+    Ok((base, seg, *id))
 }
 
 /// Number of live buffers in this process.
 pub fn live_buffers() -> usize {
-    lock(&SEGMENTS).len()
+    lock(&ALLOCATOR.segments).len()
 }
 
 #[cfg(test)]

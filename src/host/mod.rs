@@ -2,44 +2,59 @@
 //! descriptor (`crate::fdpass`), so the whole exchange protocol, fd passing included, runs across
 //! real processes on machines without a GPU.
 //!
-//! - [`alloc`]: the shared-memory allocator (`host::alloc`) and its registry of live buffers;
-//! - [`handle`]: a host handle on the wire (an fd id in a record's payload);
-//! - [`transport`]: the [`Transport`](crate::transport::Transport) for [`MemKind::Host`](crate::transport::MemKind);
+//! - [`alloc`](mod@alloc): the shared-memory allocator and its table of live buffers;
+//! - [`transport`]: the [`Transport`](crate::transport::Transport) of host memory, and its views;
 //! - [`slab`]: the per-process semaphore slab in shared memory;
-//! - [`peer_maps`]: peers' buffers and slabs mapped here, refcounted, fetched once;
 //! - [`p2p`]: the get-zcopy primitives (send post, recv post, send wait) on host memory;
-//! - [`view`]: contiguous views of the members' buffers of a symmetric allocation;
-//!
-//! Anonymous files, mappings and bounded waits are OS helpers (`crate::os`).
+//! - this module: host handles on the wire (fd ids).
 
 pub mod alloc;
-pub mod handle;
 pub mod p2p;
-pub mod peer_maps;
 pub mod slab;
 pub mod transport;
-pub mod view;
 
 pub use alloc::{alloc, alloc_for_job, free, HostBuffer};
 pub use transport::HostTransport;
 
-/// Two fd transports (ranks 0 and 1 of `job`) on one in-memory store, abstract sockets only.
-#[cfg(test)]
-pub(crate) fn test_fdpass_pair(
-    job: &str,
-) -> (
-    std::sync::Arc<crate::fdpass::FdPass>,
-    std::sync::Arc<crate::fdpass::FdPass>,
-) {
-    use crate::fdpass::{FdPass, FdPassConfig};
-    use std::sync::Arc;
-    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::memory::MemoryStore::new());
-    let config = FdPassConfig {
-        socket_dir: None,
-        ..FdPassConfig::default()
-    };
-    (
-        Arc::new(FdPass::new(store.clone(), job, job, 0, config.clone())),
-        Arc::new(FdPass::new(store, job, job, 1, config)),
-    )
+use crate::error::{Error, Result};
+use crate::fdpass::registry::FD_ID_LEN;
+use crate::fdpass::FdId;
+use crate::os::memfd::SharedMapping;
+use crate::transport::record::{HandleType, PAYLOAD_LEN};
+use crate::transport::ExportedHandle;
+
+/// The handle of a descriptor registered with the fd transport as `id`: host memory travels as
+/// fd ids in a record's payload.
+pub fn fd_handle(id: &FdId) -> ExportedHandle {
+    let mut payload = [0u8; PAYLOAD_LEN];
+    payload[..FD_ID_LEN].copy_from_slice(&id.encode());
+    ExportedHandle::plain(HandleType::PosixFd, payload)
 }
+
+/// The [`FdId`] in a host handle's payload; `what` names the handle for the error.
+pub fn fd_id(handle_type: HandleType, payload: &[u8; PAYLOAD_LEN], what: &str) -> Result<FdId> {
+    if handle_type != HandleType::PosixFd {
+        return Err(Error::protocol(format!(
+            "{what} is a {} handle, but host memory travels as POSIX file descriptors",
+            handle_type.name()
+        )));
+    }
+    let (id, rest) = payload.split_at(FD_ID_LEN);
+    FdId::decode(id)
+        .filter(|_| rest.iter().all(|&b| b == 0))
+        .ok_or_else(|| {
+            Error::protocol(format!(
+                "{what} does not hold a valid fd id: all ranks must use the same nvfuser-ipc \
+                 version"
+            ))
+        })
+}
+
+/// A mapping of a peer's file with its address, as `PeerMappings` keeps it.
+fn with_addr(m: SharedMapping) -> (SharedMapping, u64) {
+    let addr = m.addr();
+    (m, addr)
+}
+
+#[cfg(test)]
+mod tests;

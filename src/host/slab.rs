@@ -1,59 +1,37 @@
-//! The host semaphore slab: [`SLAB_SLOTS`] 32-bit semaphores in one anonymous shared file per
-//! transport, passed to peers by fd, so a peer maps one slab per rank whatever the number of
-//! channels.
+//! The host semaphore slab: one anonymous shared file per transport, passed to peers by fd
+//! (see `transport::slab`).
 
-use super::handle::{fd_handle, fd_id};
-use super::peer_maps::PeerMappings;
-use crate::error::{Error, Result};
+use super::{fd_handle, fd_id, with_addr};
+use crate::error::Result;
 use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};
-use crate::sync::lock;
-use crate::transport::record::PAYLOAD_LEN;
-use crate::transport::{slot_address, ExportedHandle, SemaphoreSlab, SLAB_BYTES, SLAB_SLOTS};
+use crate::transport::slab::{Opened, SemaphoreSlab, SlabMemory};
+use crate::transport::{ExportedHandle, SLAB_BYTES};
 use once_cell::sync::OnceCell;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-/// A semaphore slab in host shared memory, offered to peers on its first export.
-pub struct HostSlab {
+/// The memory of a host slab, offered to peers on its first export.
+struct HostSlabMemory {
     mem: SharedMapping,
     fdpass: Arc<FdPass>,
     /// The slab's id with the fd transport, once offered (on the first export).
     offered: OnceCell<FdId>,
-    free: Mutex<Vec<u32>>,
-    peers: PeerMappings<(usize, [u8; PAYLOAD_LEN])>,
 }
 
-impl HostSlab {
-    /// Creates this process's slab for `job_tag`, shared through `fdpass`.
-    pub fn new(job_tag: &str, fdpass: Arc<FdPass>) -> Result<HostSlab> {
-        let mem = memfd::create_mapped(&crate::names::host_slab(job_tag), SLAB_BYTES)
-            .map_err(|e| e.context("creating the host semaphore slab"))?;
-        Ok(HostSlab {
-            mem,
-            fdpass,
-            offered: OnceCell::new(),
-            // Pop from the end: slot 0 first.
-            free: Mutex::new((0..SLAB_SLOTS).rev().collect()),
-            peers: PeerMappings::default(),
-        })
-    }
-
-    /// Number of peer slabs currently mapped.
-    pub fn live_peer_slabs(&self) -> usize {
-        self.peers.len()
-    }
-
-    fn semaphore(&self, slot: u32) -> Result<&AtomicU32> {
-        let addr = self.local(slot)?;
-        // SAFETY: `addr` is 4-byte aligned (page-aligned base plus a multiple of the stride) and
-        // inside our mapping, which lives as long as `self`.
-        Ok(unsafe { &*(addr as *const AtomicU32) })
-    }
+/// This process's slab for `job_tag`, shared through `fdpass`.
+pub fn new_slab(job_tag: &str, fdpass: Arc<FdPass>) -> Result<SemaphoreSlab> {
+    let mem = memfd::create_mapped(&crate::names::host_slab(job_tag), SLAB_BYTES)
+        .map_err(|e| e.context("creating the host semaphore slab"))?;
+    Ok(SemaphoreSlab::new(HostSlabMemory {
+        mem,
+        fdpass,
+        offered: OnceCell::new(),
+    }))
 }
 
-impl Drop for HostSlab {
+impl Drop for HostSlabMemory {
     fn drop(&mut self) {
         // The fd transport may outlive this slab (other caches of the job share it).
         if let Some(id) = self.offered.get() {
@@ -62,29 +40,16 @@ impl Drop for HostSlab {
     }
 }
 
-impl SemaphoreSlab for HostSlab {
-    fn allocate_slot(&self) -> Result<u32> {
-        lock(&self.free).pop().ok_or_else(|| {
-            Error::state(format!(
-                "all {SLAB_SLOTS} host semaphore slots are in use: too many channels in one \
-                 cache (drop unused caches)"
-            ))
-        })
+impl SlabMemory for HostSlabMemory {
+    fn base(&self) -> Result<u64> {
+        Ok(self.mem.addr())
     }
 
-    fn free_slot(&self, slot: u32) -> Result<()> {
-        self.semaphore(slot)?.store(0, Ordering::Release);
-        lock(&self.free).push(slot);
+    fn zero(&self, addr: u64) -> Result<()> {
+        // SAFETY: `addr` is a slot of this mapping, which lives as long as `self`, and 4-byte
+        // aligned (page-aligned base plus a multiple of the stride).
+        unsafe { &*(addr as *const AtomicU32) }.store(0, Ordering::Release);
         Ok(())
-    }
-
-    fn local(&self, slot: u32) -> Result<u64> {
-        if slot >= SLAB_SLOTS {
-            return Err(Error::invalid(format!(
-                "semaphore slot {slot} is out of range (slab has {SLAB_SLOTS})"
-            )));
-        }
-        Ok(slot_address(self.mem.addr(), slot))
     }
 
     fn export(&self) -> Result<ExportedHandle> {
@@ -96,26 +61,15 @@ impl SemaphoreSlab for HostSlab {
         Ok(fd_handle(id))
     }
 
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<Opened> {
         let what = format!("the semaphore slab of rank {peer}");
         let id = fd_id(handle.handle_type, &handle.payload, &what)?;
-        self.peers.acquire((peer, handle.payload), || {
-            let fd = self
-                .fdpass
-                .fetch(peer, &id, wait)
-                .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
-            SharedMapping::map(fd, SLAB_BYTES, &what)
-        })
-    }
-
-    fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
-        let key = (peer, handle.payload);
-        if !self.peers.release_matching(|k, _| *k == key) {
-            return Err(Error::state(format!(
-                "the semaphore slab of rank {peer} is not mapped (released twice?)"
-            )));
-        }
-        Ok(())
+        let fd = self
+            .fdpass
+            .fetch(peer, &id, wait)
+            .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
+        let (mem, addr) = SharedMapping::map(fd, SLAB_BYTES, &what).map(with_addr)?;
+        Ok((Box::new(mem), addr))
     }
 }
 

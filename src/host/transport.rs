@@ -3,19 +3,19 @@
 //! descriptor and mapping it, once per (peer, buffer) with a refcount.
 
 use super::alloc::{self, FreeListener};
-use super::handle::{fd_handle, fd_id};
-use super::peer_maps::PeerMappings;
-use super::slab::HostSlab;
-use super::view::{HostMember, HostView};
+use super::{fd_handle, fd_id, with_addr};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
 use crate::os::memfd::SharedMapping;
+use crate::os::mmap::{page_size, ReservedRange};
 use crate::store::Store;
 use crate::sync::lock;
+use crate::transport::peer_maps::PeerMappings;
 use crate::transport::record::Record;
-use crate::transport::view::{ContiguousView, ViewMember};
+use crate::transport::view::{plan, round_up, ContiguousView, Extent, ViewMember};
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
 use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -23,11 +23,11 @@ use std::time::Duration;
 /// process's transports of one job and rank share one fd responder.
 pub struct HostTransport {
     fdpass: Arc<FdPass>,
-    slab: HostSlab,
+    slab: SemaphoreSlab,
     /// Descriptors offered to peers, by buffer id; withdrawn when the buffer is freed.
     offered: Mutex<HashMap<u64, FdId>>,
     /// Mapped peer buffers keyed by (peer rank, exporter pid, buffer id).
-    imports: PeerMappings<(usize, u32, u64)>,
+    imports: PeerMappings<(usize, u32, u64), SharedMapping>,
 }
 
 impl HostTransport {
@@ -44,15 +44,15 @@ impl HostTransport {
         ))
     }
 
-    /// A transport that shares descriptors through `fdpass`.
     /// The fd transport this transport offers its buffers through (for the device transport of
     /// the same job and rank).
     pub fn fdpass(&self) -> &Arc<FdPass> {
         &self.fdpass
     }
 
+    /// A transport that shares descriptors through `fdpass`.
     pub fn with_fdpass(fdpass: Arc<FdPass>) -> Result<Arc<HostTransport>> {
-        let slab = HostSlab::new(fdpass.job(), fdpass.clone())?;
+        let slab = super::slab::new_slab(fdpass.job(), fdpass.clone())?;
         let transport = Arc::new(HostTransport {
             fdpass,
             slab,
@@ -62,16 +62,6 @@ impl HostTransport {
         let listener: Weak<dyn FreeListener> = Arc::downgrade(&transport) as _;
         alloc::on_free(listener);
         Ok(transport)
-    }
-
-    /// Number of peer semaphore slabs currently mapped.
-    pub fn live_peer_slabs(&self) -> usize {
-        self.slab.live_peer_slabs()
-    }
-
-    /// Number of local buffers currently offered to peers.
-    pub fn offered_buffers(&self) -> usize {
-        lock(&self.offered).len()
     }
 }
 
@@ -163,7 +153,7 @@ impl Transport for HostTransport {
                     e.context(format!("opening {what}"))
                 }
             })?;
-            SharedMapping::map(fd, rec.alloc_bytes, &what)
+            SharedMapping::map(fd, rec.alloc_bytes, &what).map(with_addr)
         })?;
         Ok(Mapping {
             peer,
@@ -178,7 +168,7 @@ impl Transport for HostTransport {
         let released = self
             .imports
             .release_matching(|k, addr| k.0 == m.peer && k.2 == m.buffer_id && addr == m.base);
-        if !released {
+        if released.is_none() {
             return Err(Error::state(format!(
                 "mapping {:#x} of rank {} is not open (released twice?)",
                 m.base, m.peer
@@ -187,7 +177,7 @@ impl Transport for HostTransport {
         Ok(())
     }
 
-    fn semaphores(&self) -> &dyn SemaphoreSlab {
+    fn semaphores(&self) -> &SemaphoreSlab {
         &self.slab
     }
 
@@ -195,12 +185,12 @@ impl Transport for HostTransport {
         self.imports.len()
     }
 
-    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<Box<dyn ContiguousView>> {
+    fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {
         let members: Vec<HostMember> = members
             .iter()
             .map(|m| self.view_member(m))
             .collect::<Result<_>>()?;
-        Ok(Box::new(HostView::map(&members)?))
+        map_view(&members)
     }
 }
 
@@ -223,7 +213,7 @@ impl HostTransport {
                 let what = || format!("host buffer {} of rank {rank}", record.buffer_id);
                 let fd = self
                     .imports
-                    .fd_of(&key)
+                    .with(&key, |m| m.fd().try_clone_to_owned())
                     .ok_or_else(|| {
                         Error::state(format!("{} is not mapped here (was it released?)", what()))
                     })?
@@ -237,6 +227,54 @@ impl HostTransport {
             }
         }
     }
+}
+
+/// One member of a host view: the descriptor of its buffer's file and where the buffer lies in
+/// that file.
+struct HostMember {
+    rank: usize,
+    fd: OwnedFd,
+    /// Offset of the buffer in its file.
+    offset: u64,
+    bytes: u64,
+}
+
+/// Maps each member's file again, at page granularity, into one reserved range: only the pages
+/// that hold its buffer, so the buffers line up whenever they have the same size and the same
+/// offset in their page. The reserved range is the view's backing (dropping it unmaps it all).
+fn map_view(members: &[HostMember]) -> Result<ContiguousView> {
+    let page = page_size();
+    let extents: Vec<Extent> = members
+        .iter()
+        .map(|m| {
+            let lead = m.offset % page;
+            let span = round_up(lead + m.bytes, page).ok_or_else(|| {
+                Error::invalid(format!(
+                    "rank {}'s host buffer of {} bytes is too large",
+                    m.rank, m.bytes
+                ))
+            })?;
+            Ok(Extent {
+                rank: m.rank,
+                bytes: m.bytes,
+                lead,
+                span,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let layout = plan(&extents, page)?;
+    let range = ReservedRange::reserve(layout.reserved_bytes())?;
+    for (i, (m, e)) in members.iter().zip(&extents).enumerate() {
+        let what = format!("the host buffer of rank {}", m.rank);
+        range.map_file(
+            layout.slot(i),
+            m.fd.as_fd(),
+            m.offset - e.lead,
+            e.span,
+            &what,
+        )?;
+    }
+    Ok(ContiguousView::new(range.addr(), layout, range))
 }
 
 #[cfg(test)]

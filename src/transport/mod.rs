@@ -1,40 +1,33 @@
 //! The contract between the exchange and the memory transports (device memory in `crate::cuda`,
-//! host shared memory in `crate::host`): the layer both sides point to, so the exchange never
-//! names a concrete transport and a transport never knows the exchange.
+//! host shared memory in `crate::host`): the exchange never names a concrete transport and a
+//! transport never knows the exchange.
 //!
 //! - [`record`]: the versioned little-endian wire record of one exported buffer;
-//! - [`epoch`]: epoch-valued semaphores shared by the host and device P2P primitives;
-//! - [`handles`]: [`P2pHandles`], what the exchange hands the P2P primitives of one channel;
+//! - [`epoch`]: the P2P protocol both transports run, and [`P2pHandles`];
+//! - [`peer_maps`]: peers' memory mapped here, refcounted, opened once per key;
+//! - [`slab`]: [`SemaphoreSlab`], written once over each backend's slab memory;
 //! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
-//! - [`view`]: contiguous views of a symmetric allocation (the layout and its checks);
-//! - this module: [`Transport`], [`SemaphoreSlab`] and the types they exchange.
+//! - [`view`]: [`ContiguousView`](view::ContiguousView), a symmetric allocation's buffers mapped
+//!   back to back (the layout and its checks);
+//! - this module: [`Transport`] and the types it exchanges.
 //!
-//! The exchange never touches memory itself: it asks a [`Transport`] to
-//! 1. [`resolve`](Transport::resolve) a user pointer into the allocation that contains it,
-//! 2. [`export`](Transport::export) that allocation into handle bytes for a [`Record`],
-//! 3. [`import`](Transport::import) a peer's record into a local mapping, and
-//! 4. [`release`](Transport::release) the mapping when the peer's buffer changes or the cache dies.
-//!
-//! A release never waits for device work: the device transport closes a mapping on a releaser
-//! thread once the work queued before the release has finished (see `cuda::imports`). The
-//! exchange bounds that backlog per peer with [`wait_release_room`](Transport::wait_release_room)
-//! and a cache's teardown waits for it with [`flush_releases`](Transport::flush_releases).
-//!
-//! Every transport also owns one [`SemaphoreSlab`] per process: a block of [`SLAB_SLOTS`]
-//! semaphores of [`SEMAPHORE_STRIDE`] bytes each, exported once, so a peer opens one slab per
-//! rank instead of one semaphore allocation per buffer. Semaphores start at zero and hold
-//! epoch values (see [`epoch`]).
-//!
-//! Thread safety: all methods take `&self` and may be called from several threads at once.
+//! The exchange never touches memory: a [`Transport`] resolves a user pointer into its
+//! allocation, exports that allocation into the handle of a [`Record`], imports a peer's record
+//! into a local mapping and releases the mapping. A release never waits for device work (the
+//! device transport unmaps on a releaser thread, see `cuda::imports`). Each transport also owns
+//! one [`SemaphoreSlab`] per process, exported once, so a peer opens one slab per rank rather
+//! than one semaphore per buffer. All methods take `&self` and may be called from any thread.
 
 pub mod epoch;
-pub mod handles;
+pub mod peer_maps;
 pub mod record;
 pub mod set;
+pub mod slab;
 pub mod view;
 
-pub use handles::P2pHandles;
+pub use epoch::P2pHandles;
 pub use set::{TransportFactory, Transports};
+pub use slab::{check_slot, slot_address, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS};
 
 use crate::error::{Error, Result};
 use record::{HandleType, Record, Segment, PAYLOAD_LEN};
@@ -44,9 +37,8 @@ use std::time::Duration;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemKind {
-    /// CUDA device memory: `cudaMalloc` allocations (legacy IPC), VMM mappings such as
-    /// PyTorch's expandable segments (POSIX fd or FABRIC per physical allocation) and buffers of
-    /// IPC-capable stream-ordered pools; the device transport chooses per buffer.
+    /// CUDA device memory: `cudaMalloc` (legacy IPC), VMM mappings such as PyTorch's expandable
+    /// segments, buffers of IPC-capable stream-ordered pools.
     Device = 0,
     /// Host memory from the shared-memory allocator (`host::alloc`).
     Host = 1,
@@ -61,19 +53,6 @@ impl MemKind {
     }
 }
 
-/// Distance in bytes between two semaphore slots of a slab. Semaphores are 32-bit values at the
-/// start of their slot; the rest of the slot is padding (one cache line per slot).
-pub const SEMAPHORE_STRIDE: u64 = 64;
-/// Number of semaphore slots in one slab.
-pub const SLAB_SLOTS: u32 = 1024;
-/// Size of a semaphore slab in bytes.
-pub const SLAB_BYTES: u64 = SEMAPHORE_STRIDE * SLAB_SLOTS as u64;
-
-/// Address of `slot` in a slab mapped at `base`.
-pub fn slot_address(base: u64, slot: u32) -> u64 {
-    base + u64::from(slot) * SEMAPHORE_STRIDE
-}
-
 /// Identity of a local buffer: the user's range and the allocation that contains it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LocalBuffer {
@@ -85,8 +64,8 @@ pub struct LocalBuffer {
     pub base: u64,
     /// Size of that allocation.
     pub alloc_bytes: u64,
-    /// Unique id of the allocation in this process (CUDA `BUFFER_ID`, or the shm segment id), so
-    /// a new allocation at a recycled address is told apart from the old one.
+    /// Unique id of the allocation in this process (CUDA `BUFFER_ID`, or the host buffer's id):
+    /// a new allocation at a recycled address differs from the old one.
     pub buffer_id: u64,
     /// UUID of the device holding the allocation; zero for host memory.
     pub device_uuid: [u8; 16],
@@ -120,8 +99,8 @@ impl ExportedHandle {
     }
 }
 
-/// A peer allocation mapped into this process. Returned by [`Transport::import`] and handed back
-/// to [`Transport::release`] exactly once.
+/// A peer allocation mapped into this process, from [`Transport::import`], handed back to
+/// [`Transport::release`] once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Mapping {
     /// The exporting rank.
@@ -143,14 +122,13 @@ pub trait Transport: Send + Sync {
 
     /// Finds the exportable allocation that contains `[ptr, ptr + bytes)`.
     ///
-    /// Fails with `InvalidArgument`, naming the pointer, when it is NULL, of the other memory
-    /// kind, freed/unknown, or when the range does not fit inside one allocation.
+    /// `InvalidArgument`, naming the pointer, when it is NULL, of the other memory kind, unknown,
+    /// or when the range does not fit inside one allocation.
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer>;
 
     /// [`resolve`](Transport::resolve) for a point-to-point exchange, which may name a larger
-    /// exportable allocation around the buffer than its own (device memory: the widened VMM run
-    /// of `crate::cuda::vmm_runs`), so that buffers carved nearby share one allocation that the
-    /// peer maps once. Costs no more than `resolve` on a cached call.
+    /// allocation around the buffer (device memory: the widened VMM run of `cuda::vmm_runs`), so
+    /// that buffers carved nearby share one allocation that the peer maps once.
     fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
         self.resolve(ptr, bytes)
     }
@@ -166,15 +144,13 @@ pub trait Transport: Send + Sync {
     /// allocation again returns the same handle without new driver or OS calls.
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle>;
 
-    /// Maps the allocation described by `rec` (already validated by `Record::decode`).
-    /// One real open per (exporter, allocation): further imports of the same allocation bump a
-    /// refcount and return the same base. `Mapping::ptr` = mapped base + `rec.offset`.
-    /// Waits at most `wait` (for a previous mapping of the same allocation still being closed).
+    /// Maps the allocation of `rec` (validated by `Record::decode`): one real open per (exporter,
+    /// allocation), further imports bump a refcount. Waits at most `wait` (for a previous
+    /// mapping of the same allocation still being closed).
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping>;
 
     /// Drops one reference taken by [`import`](Transport::import); unmaps at zero, at once or,
     /// for device memory, on a releaser thread once the work queued before this call finished.
-    /// Never waits for device work.
     fn release(&self, mapping: &Mapping) -> Result<()>;
 
     /// Waits, at most `timeout`, until no more of `peer`'s released mappings wait to be unmapped
@@ -190,48 +166,20 @@ pub trait Transport: Send + Sync {
     }
 
     /// This process's semaphore slab for this memory kind.
-    fn semaphores(&self) -> &dyn SemaphoreSlab;
+    fn semaphores(&self) -> &SemaphoreSlab;
 
     /// Number of peer allocations currently mapped (each counted once, whatever its refcount).
     fn live_mappings(&self) -> usize;
 
-    /// Maps `members` (this rank's own buffer and peers' buffers imported by this transport, in
-    /// the view's order) again, back to back in one reserved range (see [`view`]). The imports
-    /// must stay held while this runs; the view holds the memory on its own afterwards.
-    /// `Unsupported` by default.
-    fn contiguous_view(
-        &self,
-        _members: &[view::ViewMember<'_>],
-    ) -> Result<Box<dyn view::ContiguousView>> {
+    /// Maps `members` (this rank's buffer and peers' buffers this transport imported, in the
+    /// view's order) again, back to back in one reserved range (see [`view`]). The imports must
+    /// stay held while this runs; the view holds the memory on its own. `Unsupported` by default.
+    fn contiguous_view(&self, _members: &[view::ViewMember<'_>]) -> Result<view::ContiguousView> {
         Err(Error::unsupported(format!(
             "contiguous views of {} memory are not supported by this transport",
             self.kind().name()
         )))
     }
-}
-
-/// A per-process block of [`SLAB_SLOTS`] zero-initialised 32-bit semaphores, shared with peers
-/// through a single handle.
-pub trait SemaphoreSlab: Send + Sync {
-    /// Reserves a free slot (its semaphore reads zero). Fails with `InvalidState` when full.
-    fn allocate_slot(&self) -> Result<u32>;
-
-    /// Returns a slot to the free list; its semaphore is reset to zero.
-    fn free_slot(&self, slot: u32) -> Result<()>;
-
-    /// Address of `slot` in this process (a device address for device slabs).
-    fn local(&self, slot: u32) -> Result<u64>;
-
-    /// The slab's handle (exported once, then cached).
-    fn export(&self) -> Result<ExportedHandle>;
-
-    /// Maps the slab of rank `peer` and returns its base in this process. Refcounted per
-    /// (peer, handle): one real open however often it is called. Waits at most `wait` (for a
-    /// previous mapping of the same slab still being closed).
-    fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64>;
-
-    /// Drops one reference taken by [`import_peer`](SemaphoreSlab::import_peer); unmaps at zero.
-    fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()>;
 }
 
 #[cfg(test)]

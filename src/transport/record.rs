@@ -38,7 +38,13 @@
 
 use crate::error::{Error, Result};
 use crate::hash::fnv1a64;
-use once_cell::sync::Lazy;
+
+/// Returns a `Protocol` error with a formatted message.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(Error::protocol(format!($($arg)*)))
+    };
+}
 
 /// `"NVFI"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NVFI");
@@ -182,17 +188,13 @@ pub struct HostIdentity {
     pub name: String,
 }
 
-static LOCAL_HOST: Lazy<HostIdentity> = Lazy::new(|| {
+/// This machine's identity, from the node's (`NodeIdentity::local`).
+pub fn local_host() -> HostIdentity {
     let node = crate::node::NodeIdentity::local();
     HostIdentity {
         id: fnv1a64(&node.mapping_key()),
         name: node.host_name,
     }
-});
-
-/// This machine's identity (computed once per process).
-pub fn local_host() -> &'static HostIdentity {
-    &LOCAL_HOST
 }
 
 /// Copies `text` into a NUL-padded fixed array, truncating at `N - 1` bytes so it stays
@@ -259,7 +261,7 @@ impl Record {
 
     /// Decodes and validates a record that must be opened on this host.
     pub fn decode(bytes: &[u8]) -> Result<Record> {
-        Self::decode_for_host(bytes, local_host())
+        Self::decode_for_host(bytes, &local_host())
     }
 
     /// Decodes and validates a record that must be opened on `host`.
@@ -269,84 +271,60 @@ impl Record {
     /// [`Status::Unsupported`](crate::error::Status::Unsupported), because CUDA IPC and shared
     /// memory are node-local.
     pub fn decode_for_host(bytes: &[u8], host: &HostIdentity) -> Result<Record> {
-        if bytes.len() < 8 {
-            return Err(Error::protocol(format!(
-                "handle record truncated: {} bytes, expected {RECORD_LEN}",
-                bytes.len()
-            )));
+        let got = bytes.len();
+        if got < 8 {
+            bail!("handle record truncated: {got} bytes, expected {RECORD_LEN}");
         }
         let magic = u32_at(bytes, 0);
         if magic != MAGIC {
-            return Err(Error::protocol(format!(
-                "not a handle record: magic {magic:#010x}, expected {MAGIC:#010x} (\"NVFI\"); \
-                 is another program writing to the same store keys?"
-            )));
+            bail!(
+                "not a handle record: magic {magic:#010x}, expected {MAGIC:#010x} (\"NVFI\"); is \
+                 another program writing to the same store keys?"
+            );
         }
         let version = u16::from_le_bytes([bytes[4], bytes[5]]);
         if version != FORMAT_VERSION {
-            return Err(Error::protocol(format!(
+            bail!(
                 "handle record format version {version} is not supported (this library speaks \
                  version {FORMAT_VERSION}); all ranks must use the same nvfuser-ipc version"
-            )));
+            );
         }
         let length = usize::from(u16::from_le_bytes([bytes[6], bytes[7]]));
-        if length != RECORD_LEN || bytes.len() < RECORD_LEN {
-            return Err(Error::protocol(format!(
-                "handle record length mismatch: header says {length} bytes, received {}, \
-                 expected {RECORD_LEN}",
-                bytes.len()
-            )));
+        if length != RECORD_LEN || got < RECORD_LEN {
+            bail!(
+                "handle record length mismatch: header says {length} bytes, received {got}, \
+                 expected {RECORD_LEN}"
+            );
         }
         let count = u32_at(bytes, 248) as usize;
         if count > MAX_SEGMENTS {
-            return Err(Error::protocol(format!(
-                "handle record lists {count} segments, more than the {MAX_SEGMENTS} allowed"
-            )));
+            bail!("handle record lists {count} segments, more than the {MAX_SEGMENTS} allowed");
         }
         let expected = RECORD_LEN + count * SEGMENT_LEN;
-        if bytes.len() != expected {
-            return Err(Error::protocol(format!(
+        if got != expected {
+            bail!(
                 "handle record length mismatch: {count} segment(s) make {expected} bytes, \
-                 received {}",
-                bytes.len()
-            )));
+                 received {got}"
+            );
         }
-        if u32_at(bytes, 252) != 0 {
-            return Err(Error::protocol(
-                "handle record reserved bytes 252..256 are not zero",
-            ));
+        if u32_at(bytes, 252) != 0 || bytes[11] != 0 {
+            bail!("handle record reserved bytes (11, 252..256) are not zero");
         }
-        let segments = bytes[RECORD_LEN..]
-            .chunks_exact(SEGMENT_LEN)
-            .map(|c| Segment {
-                bytes: u64_at(c, 0),
-                id: u64_at(c, 8),
-                handle: c[16..80].try_into().expect("64-byte slice"),
-            })
-            .collect();
-        let handle_type = HandleType::from_u8(bytes[8]).ok_or_else(|| {
-            Error::protocol(format!(
-                "handle record has unknown handle type {}",
-                bytes[8]
-            ))
-        })?;
+        let handle_type = HandleType::from_u8(bytes[8]);
+        let sem_type = HandleType::from_u8(bytes[10]);
+        let (Some(handle_type), Some(sem_type)) = (handle_type, sem_type) else {
+            bail!(
+                "handle record has unknown handle type {} or semaphore handle type {}",
+                bytes[8],
+                bytes[10]
+            );
+        };
         let flags = bytes[9];
         if flags & !flags::KNOWN != 0 {
-            return Err(Error::protocol(format!(
+            bail!(
                 "handle record has unknown flag bits {:#04x}",
                 flags & !flags::KNOWN
-            )));
-        }
-        let sem_type = HandleType::from_u8(bytes[10]).ok_or_else(|| {
-            Error::protocol(format!(
-                "handle record has unknown semaphore handle type {}",
-                bytes[10]
-            ))
-        })?;
-        if bytes[11] != 0 {
-            return Err(Error::protocol(
-                "handle record reserved byte 11 is not zero",
-            ));
+            );
         }
         let rec = Record {
             handle_type,
@@ -359,13 +337,20 @@ impl Record {
             buffer_id: u64_at(bytes, 40),
             host_id: u64_at(bytes, 48),
             version: u64_at(bytes, 56),
-            device_uuid: bytes[64..80].try_into().expect("16-byte slice"),
+            device_uuid: array_at(bytes, 64),
             pid: u32_at(bytes, 80),
             rank: u32_at(bytes, 84),
-            host_name: bytes[88..120].try_into().expect("32-byte slice"),
-            payload: bytes[120..184].try_into().expect("64-byte slice"),
-            sem_payload: bytes[184..248].try_into().expect("64-byte slice"),
-            segments,
+            host_name: array_at(bytes, 88),
+            payload: array_at(bytes, 120),
+            sem_payload: array_at(bytes, 184),
+            segments: bytes[RECORD_LEN..]
+                .chunks_exact(SEGMENT_LEN)
+                .map(|c| Segment {
+                    bytes: u64_at(c, 0),
+                    id: u64_at(c, 8),
+                    handle: array_at(c, 16),
+                })
+                .collect(),
         };
         rec.validate(host)?;
         Ok(rec)
@@ -374,31 +359,60 @@ impl Record {
     fn validate(&self, host: &HostIdentity) -> Result<()> {
         let who = format!("handle record of rank {} (pid {})", self.rank, self.pid);
         if self.bytes == 0 {
-            return Err(Error::protocol(format!("{who}: byte count is zero")));
+            bail!("{who}: byte count is zero");
         }
-        let end = self.offset.checked_add(self.bytes);
-        if end.map_or(true, |end| end > self.alloc_bytes) {
-            return Err(Error::protocol(format!(
+        if self
+            .offset
+            .checked_add(self.bytes)
+            .map_or(true, |end| end > self.alloc_bytes)
+        {
+            bail!(
                 "{who}: range [{}, +{}) lies outside its allocation of {} bytes",
-                self.offset, self.bytes, self.alloc_bytes
-            )));
+                self.offset,
+                self.bytes,
+                self.alloc_bytes
+            );
         }
         let is_device = self.flags & flags::DEVICE != 0;
         if is_device != self.handle_type.is_device() {
-            return Err(Error::protocol(format!(
+            bail!(
                 "{who}: handle type {} does not match the device flag ({is_device})",
                 self.handle_type.name()
-            )));
+            );
         }
-        self.validate_segments(&who)?;
-        let payload_needed = !matches!(
+        let n = self.segments.len();
+        if !self.handle_type.segment_counts().contains(&n) {
+            bail!(
+                "{who}: a {} record cannot list {n} segment(s)",
+                self.handle_type.name()
+            );
+        }
+        let empty = |b: &[u8]| b.iter().all(|&b| b == 0);
+        if let Some(i) = self.segments.iter().position(|s| empty(&s.handle)) {
+            bail!("{who}: segment {i} has an empty handle");
+        }
+        let vmm = matches!(
             self.handle_type,
             HandleType::CudaVmmFd | HandleType::CudaVmmFabric
         );
-        if (payload_needed && self.payload.iter().all(|&b| b == 0))
-            || self.sem_payload.iter().all(|&b| b == 0)
-        {
-            return Err(Error::protocol(format!("{who}: empty handle payload")));
+        if vmm {
+            if let Some(i) = self.segments.iter().position(|s| s.bytes == 0) {
+                bail!("{who}: segment {i} has size 0");
+            }
+            let total = self
+                .segments
+                .iter()
+                .try_fold(0u64, |t, s| t.checked_add(s.bytes));
+            if total != Some(self.alloc_bytes) {
+                bail!(
+                    "{who}: segments add up to {} bytes, the allocation has {}",
+                    total.map_or("more than 2^64".to_string(), |t| t.to_string()),
+                    self.alloc_bytes
+                );
+            }
+        }
+        if (!vmm && empty(&self.payload)) || empty(&self.sem_payload) {
+            bail!("{who}: empty handle payload");
         }
         if self.host_id != host.id {
             return Err(Error::unsupported(format!(
@@ -416,56 +430,16 @@ impl Record {
     }
 }
 
-impl Record {
-    /// Segment count for the handle type, non-empty handles, and for VMM sizes that add up to
-    /// the allocation.
-    fn validate_segments(&self, who: &str) -> Result<()> {
-        let n = self.segments.len();
-        if !self.handle_type.segment_counts().contains(&n) {
-            return Err(Error::protocol(format!(
-                "{who}: a {} record cannot list {n} segment(s)",
-                self.handle_type.name()
-            )));
-        }
-        if let Some(i) = self
-            .segments
-            .iter()
-            .position(|s| s.handle.iter().all(|&b| b == 0))
-        {
-            return Err(Error::protocol(format!(
-                "{who}: segment {i} has an empty handle"
-            )));
-        }
-        if matches!(
-            self.handle_type,
-            HandleType::CudaVmmFd | HandleType::CudaVmmFabric
-        ) {
-            let mut total: u64 = 0;
-            for (i, s) in self.segments.iter().enumerate() {
-                if s.bytes == 0 {
-                    return Err(Error::protocol(format!("{who}: segment {i} has size 0")));
-                }
-                total = total
-                    .checked_add(s.bytes)
-                    .ok_or_else(|| Error::protocol(format!("{who}: segment sizes overflow")))?;
-            }
-            if total != self.alloc_bytes {
-                return Err(Error::protocol(format!(
-                    "{who}: segments add up to {total} bytes, the allocation has {}",
-                    self.alloc_bytes
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4-byte slice"))
+    u32::from_le_bytes(array_at(bytes, at))
 }
 
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8-byte slice"))
+    u64::from_le_bytes(array_at(bytes, at))
+}
+
+fn array_at<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
+    bytes[at..at + N].try_into().expect("in-bounds slice")
 }
 
 #[cfg(test)]

@@ -1,8 +1,6 @@
 //! The transports a cache is handed: at most one per memory kind, each given ready or made on
-//! first use (so a host-only program never loads the CUDA driver).
-//!
-//! The exchange only sees [`Transport`]s; which concrete transports exist is decided by the layer
-//! that builds the cache (`crate::default_transports`, the C layer, a program of its own).
+//! first use (so a host-only program never loads the CUDA driver). Which exist is decided by the
+//! layer that builds the cache (`crate::default_transports`, a program of its own).
 
 use super::{MemKind, Transport};
 use crate::error::{Error, Result};
@@ -12,20 +10,16 @@ use std::sync::Arc;
 /// Makes a transport the first time its memory kind is used.
 pub type TransportFactory = Box<dyn Fn() -> Result<Arc<dyn Transport>> + Send + Sync>;
 
-const KINDS: usize = 2;
-
+/// Index of a memory kind in the arrays below (its discriminant).
 fn index(kind: MemKind) -> usize {
-    match kind {
-        MemKind::Device => 0,
-        MemKind::Host => 1,
-    }
+    kind as usize
 }
 
 /// At most one transport per memory kind.
 #[derive(Default)]
 pub struct Transports {
-    ready: [OnceCell<Arc<dyn Transport>>; KINDS],
-    on_first_use: [Option<TransportFactory>; KINDS],
+    ready: [OnceCell<Arc<dyn Transport>>; 2],
+    on_first_use: [Option<TransportFactory>; 2],
 }
 
 impl Transports {

@@ -6,8 +6,9 @@
 //! `lead` bytes of the piece come before the buffer, and the piece spans `span` bytes. Every
 //! member gets the same slot, `stride` bytes (the largest span rounded up to the granularity), so
 //! the buffers line up only when they have the same size and the same lead: [`plan`] checks that
-//! and names the members that differ. What is mapped where is the transport's business
-//! ([`Transport::contiguous_view`](super::Transport::contiguous_view)); the arithmetic is here.
+//! and names the members that differ. The arithmetic and the view are here; what is mapped where
+//! is the transport's business ([`Transport::contiguous_view`](super::Transport::contiguous_view):
+//! host pages in `host::transport`, device allocations in `cuda::view`).
 
 use super::record::Record;
 use super::{LocalBuffer, Mapping};
@@ -25,14 +26,6 @@ pub enum ViewMember<'a> {
         record: &'a Record,
         mapping: Mapping,
     },
-}
-
-impl ViewMember<'_> {
-    pub fn rank(&self) -> usize {
-        match self {
-            ViewMember::Own { rank, .. } | ViewMember::Peer { rank, .. } => *rank,
-        }
-    }
 }
 
 /// Where one member's buffer lies in the piece of memory that is mapped for it.
@@ -144,13 +137,35 @@ fn differing(extents: &[Extent], value: impl Fn(&Extent) -> u64) -> Option<Strin
     Some(parts.join("; "))
 }
 
-/// A contiguous view mapped in this process; dropping it unmaps every piece and frees the
-/// reserved range (the members' buffers themselves are not touched).
-pub trait ContiguousView: Send + Sync {
+/// A contiguous view mapped in this process, member i's buffer at `base() + i * stride()`. Its
+/// backing is the transport's mapping of the reserved range (host pages or device allocations):
+/// dropping the view drops it, which unmaps every slot and frees the range (the members' buffers
+/// themselves are not touched).
+pub struct ContiguousView {
+    start: u64,
+    layout: Layout,
+    _backing: Box<dyn Send + Sync>,
+}
+
+impl ContiguousView {
+    /// The view of `layout` in the range at `start` that `backing` holds mapped.
+    pub fn new(start: u64, layout: Layout, backing: impl Send + Sync + 'static) -> ContiguousView {
+        ContiguousView {
+            start,
+            layout,
+            _backing: Box::new(backing),
+        }
+    }
+
     /// Member 0's buffer in the view.
-    fn base(&self) -> u64;
+    pub fn base(&self) -> u64 {
+        self.start + self.layout.lead
+    }
+
     /// Distance between two members' buffers.
-    fn stride(&self) -> u64;
+    pub fn stride(&self) -> u64 {
+        self.layout.stride
+    }
 }
 
 #[cfg(test)]

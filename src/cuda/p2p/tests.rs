@@ -74,14 +74,14 @@ fn unsupported_memops_are_reported_as_unsupported() {
     let err = memop_error(
         "cuStreamWaitValue32",
         sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
-        "wait",
+        format_args!("wait"),
     );
     assert_eq!(err.status, Status::Unsupported);
     assert!(err.message.contains("stream memory operations"), "{err}");
     let err = memop_error(
         "cuStreamWaitValue32",
         sys::CUresult::CUDA_ERROR_INVALID_HANDLE,
-        "wait",
+        format_args!("wait"),
     );
     assert_eq!(err.status, Status::Cuda);
 }

@@ -1,12 +1,13 @@
 use super::*;
 use crate::error::Status;
+use crate::transport::SLAB_SLOTS;
 
 #[test]
 fn without_driver_every_call_reports_cuda_unavailable() {
     if driver::is_available() {
         return;
     }
-    let slab = DeviceSemaphoreSlab::new(crate::cuda::runtime(), None);
+    let slab = new_slab(crate::cuda::runtime(), None);
     assert_eq!(
         slab.allocate_slot().unwrap_err().status,
         Status::CudaUnavailable
@@ -18,7 +19,7 @@ fn without_driver_every_call_reports_cuda_unavailable() {
 
 #[test]
 fn slot_arguments_are_checked_before_the_driver() {
-    let slab = DeviceSemaphoreSlab::new(crate::cuda::runtime(), Some(0));
+    let slab = new_slab(crate::cuda::runtime(), Some(0));
     let err = slab.local(SLAB_SLOTS).unwrap_err();
     assert_eq!(err.status, Status::InvalidArgument);
     assert!(err.message.contains("out of range"), "{err}");

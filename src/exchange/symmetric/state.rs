@@ -13,7 +13,7 @@ pub(crate) type MemberId = (usize, u32, u64, u64, u64);
 /// A contiguous view and the buffers it maps.
 pub(crate) struct HeldView {
     pub ids: Vec<MemberId>,
-    pub view: Box<dyn ContiguousView>,
+    pub view: ContiguousView,
 }
 
 /// The last rendezvous of one tag.

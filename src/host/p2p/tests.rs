@@ -1,12 +1,12 @@
 use super::*;
 use crate::host::alloc::alloc_for_job;
-use crate::host::slab::HostSlab;
+use crate::host::slab::new_slab;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::SemaphoreSlab;
 use std::sync::Arc;
 
 /// Two sides in one process over one slab: enough to check the protocol's values.
-fn pair(src: u64, dst: u64, bytes: u64, slab: &HostSlab) -> (P2pHandles, P2pHandles) {
+fn pair(src: u64, dst: u64, bytes: u64, slab: &SemaphoreSlab) -> (P2pHandles, P2pHandles) {
     let s_sem = slab.local(slab.allocate_slot().unwrap()).unwrap();
     let r_sem = slab.local(slab.allocate_slot().unwrap()).unwrap();
     let send = P2pHandles {
@@ -44,7 +44,7 @@ fn pair(src: u64, dst: u64, bytes: u64, slab: &HostSlab) -> (P2pHandles, P2pHand
 
 #[test]
 fn transfers_in_order_and_tolerates_a_sender_running_ahead() {
-    let slab = HostSlab::new("unit_p2p", crate::host::test_fdpass_pair("unit_p2p").0).unwrap();
+    let slab = new_slab("unit_p2p", crate::host::tests::fdpass_pair("unit_p2p").0).unwrap();
     let a = alloc_for_job("unit_p2p", 8).unwrap();
     let b = alloc_for_job("unit_p2p", 8).unwrap();
     let (send, recv) = pair(a.addr(), b.addr(), 8, &slab);
@@ -72,7 +72,7 @@ fn transfers_in_order_and_tolerates_a_sender_running_ahead() {
 
 #[test]
 fn waits_stop_at_once_when_the_peer_has_exited() {
-    let slab = HostSlab::new("unit_p2p", crate::host::test_fdpass_pair("unit_p2p").0).unwrap();
+    let slab = new_slab("unit_p2p", crate::host::tests::fdpass_pair("unit_p2p").0).unwrap();
     let a = alloc_for_job("unit_p2p", 8).unwrap();
     let b = alloc_for_job("unit_p2p", 8).unwrap();
     let (mut send, mut recv) = pair(a.addr(), b.addr(), 8, &slab);
@@ -109,7 +109,7 @@ fn waits_stop_at_once_when_the_peer_has_exited() {
 
 #[test]
 fn rejects_bad_handles() {
-    let slab = HostSlab::new("unit_p2p", crate::host::test_fdpass_pair("unit_p2p").0).unwrap();
+    let slab = new_slab("unit_p2p", crate::host::tests::fdpass_pair("unit_p2p").0).unwrap();
     let a = alloc_for_job("unit_p2p", 8).unwrap();
     let b = alloc_for_job("unit_p2p", 8).unwrap();
     let (mut send, recv) = pair(a.addr(), b.addr(), 8, &slab);

@@ -1,11 +1,12 @@
 use super::*;
-use crate::host::test_fdpass_pair as fdpass_pair;
+use crate::host::tests::fdpass_pair;
+use crate::transport::{slot_address, SLAB_SLOTS};
 
 #[test]
 fn slots_are_shared_with_an_importer() {
     let (fa, fb) = fdpass_pair("unit_slab");
-    let a = HostSlab::new("unit_slab", fa).unwrap();
-    let b = HostSlab::new("unit_slab", fb).unwrap();
+    let a = new_slab("unit_slab", fa.clone()).unwrap();
+    let b = new_slab("unit_slab", fb).unwrap();
     let slot = a.allocate_slot().unwrap();
     assert_eq!(slot, 0);
     let handle = a.export().unwrap();
@@ -17,7 +18,9 @@ fn slots_are_shared_with_an_importer() {
     // SAFETY: `base` maps a's slab; slot 0 is inside it and 4-byte aligned.
     let remote = unsafe { &*(slot_address(base, slot) as *const AtomicU32) };
     remote.store(5, Ordering::Release);
-    assert_eq!(a.semaphore(slot).unwrap().load(Ordering::Acquire), 5);
+    // SAFETY: slot 0 of a's own slab, mapped while `a` lives.
+    let own = unsafe { &*(a.local(slot).unwrap() as *const AtomicU32) };
+    assert_eq!(own.load(Ordering::Acquire), 5);
     a.free_slot(slot).unwrap();
     assert_eq!(remote.load(Ordering::Acquire), 0, "freed slots are reset");
     b.release_peer(0, &handle).unwrap();
@@ -26,7 +29,7 @@ fn slots_are_shared_with_an_importer() {
     assert_eq!(b.live_peer_slabs(), 0);
     assert!(b.release_peer(0, &handle).is_err());
     assert!(a.local(SLAB_SLOTS).is_err());
-    let fdpass = a.fdpass.clone();
+    let fdpass = fa;
     assert_eq!(fdpass.registered(), 1);
     drop(a);
     assert_eq!(fdpass.registered(), 0, "withdrawn with the slab");

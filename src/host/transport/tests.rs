@@ -1,5 +1,6 @@
 use super::*;
-use crate::host::test_fdpass_pair;
+use crate::host::tests::fdpass_pair as test_fdpass_pair;
+use crate::os::memfd;
 use crate::transport::record::local_host;
 
 fn record_for(buf: &LocalBuffer, handle: &ExportedHandle, slab: &ExportedHandle) -> Record {
@@ -21,6 +22,18 @@ fn record_for(buf: &LocalBuffer, handle: &ExportedHandle, slab: &ExportedHandle)
         sem_slot: 0,
         sem_payload: slab.payload,
         segments: Vec::new(),
+    }
+}
+
+impl HostTransport {
+    /// Number of peer semaphore slabs currently mapped.
+    pub(crate) fn live_peer_slabs(&self) -> usize {
+        self.slab.live_peer_slabs()
+    }
+
+    /// Number of local buffers currently offered to peers.
+    fn offered_buffers(&self) -> usize {
+        lock(&self.offered).len()
     }
 }
 
@@ -112,4 +125,46 @@ fn records_of_other_kinds_are_refused() {
     rec.handle_type = crate::transport::record::HandleType::CudaLegacyIpc;
     let err = t.import(&rec, T).unwrap_err();
     assert_eq!(err.status, Status::Protocol, "{err}");
+}
+
+#[test]
+fn buffers_at_the_same_place_of_their_page_line_up() {
+    let page = page_size();
+    let files: Vec<_> = (0..3)
+        .map(|_| memfd::create_mapped("unit-hostview", 3 * page).unwrap())
+        .collect();
+    let offset = page + 24;
+    let members: Vec<HostMember> = files
+        .iter()
+        .enumerate()
+        .map(|(rank, f)| HostMember {
+            rank,
+            fd: f.fd().try_clone_to_owned().unwrap(),
+            offset,
+            bytes: page,
+        })
+        .collect();
+    for (rank, f) in files.iter().enumerate() {
+        // SAFETY: [offset, + page) lies inside the 3-page mapping.
+        unsafe {
+            std::ptr::write_bytes(
+                (f.addr() + offset) as *mut u8,
+                rank as u8 + 1,
+                page as usize,
+            )
+        };
+    }
+    let view = map_view(&members).unwrap();
+    assert_eq!(view.stride(), 2 * page, "a page crossing buffer takes two");
+    assert_eq!(view.base() % page, 24);
+    for rank in 0..3 {
+        let at = view.base() + rank as u64 * view.stride();
+        // SAFETY: the view maps each member's buffer at `at`.
+        let got = unsafe { std::slice::from_raw_parts(at as *const u8, page as usize) };
+        assert!(got.iter().all(|&b| b == rank as u8 + 1), "member {rank}");
+    }
+    let mut other = members;
+    other[1].offset = 16;
+    let err = map_view(&other).err().unwrap();
+    assert!(err.message.contains("rank 1: 16"), "{err}");
 }

@@ -1,13 +1,12 @@
 use super::*;
 
-struct Fake;
-impl ContiguousView for Fake {
-    fn base(&self) -> u64 {
-        0x1000
-    }
-    fn stride(&self) -> u64 {
-        4096
-    }
+fn fake() -> ContiguousView {
+    let layout = crate::transport::view::Layout {
+        members: 2,
+        stride: 4096,
+        lead: 0,
+    };
+    ContiguousView::new(0x1000, layout, ())
 }
 
 fn call(ptr: u64, members: &[usize]) -> Rendezvous {
@@ -26,7 +25,7 @@ fn a_view_survives_only_the_same_call() {
     t.record("w", call(0x10, &[0, 1]));
     t.get_mut("w").unwrap().view = Some(HeldView {
         ids: Vec::new(),
-        view: Box::new(Fake),
+        view: fake(),
     });
     t.record("w", call(0x10, &[0, 1]));
     assert_eq!(t.views(), 1, "same buffer and group");
@@ -34,7 +33,7 @@ fn a_view_survives_only_the_same_call() {
     assert_eq!(t.views(), 0, "another buffer");
     t.get_mut("w").unwrap().view = Some(HeldView {
         ids: Vec::new(),
-        view: Box::new(Fake),
+        view: fake(),
     });
     t.record("w", call(0x20, &[0, 2]));
     assert_eq!(t.views(), 0, "another group");
