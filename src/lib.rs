@@ -23,8 +23,6 @@ pub mod departures;
 pub mod env;
 pub mod error;
 pub mod exchange;
-#[cfg(test)]
-mod exchange_tests;
 pub mod fdpass;
 pub mod ffi;
 mod fnv;
