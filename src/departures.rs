@@ -43,8 +43,9 @@ struct Job {
     peers: HashMap<usize, Arc<dyn Presence>>,
 }
 
-/// Per job tag (see `names::job_tag`), so that the fd transport, which knows only the tag,
-/// finds the same entry as the exchange and the context, which know the job id.
+// process-wide: a job's caches, contexts and fd transports in one process share no owner, and
+// each must see the ranks that any of them saw leave. Keyed by job tag (`names::job_tag`): the
+// fd transport knows only the tag.
 static JOBS: Lazy<Mutex<HashMap<String, Job>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// Records that `job_id` has `world_size` ranks.

@@ -1,50 +1,34 @@
-//! The exchange protocol of one call, steps 2 to 4, run on a batch's items over the cache's
-//! context (step 1 and the commit are the batch's, see `batch`).
+//! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs.
 //!
-//! Per channel (see [`channel`](super::channel)) every rank keeps a buffer *version* (bumped when
-//! the resolved identity of its buffer changes) and a *step* (how many `exchange_handles` calls
-//! included the channel). One call:
+//! Per channel every rank keeps a buffer *version* (bumped when the resolved identity of its
+//! buffer changes) and a *step* (how many calls included the channel). One call:
 //!
-//! 1. resolves every request to its allocation and bumps step (and version, on change);
+//! 1. resolves every request to its allocation, claims the channels ([`Batch::begin`], moving
+//!    each channel's progress out of the table) and bumps step (and version, on change);
 //! 2. when its version changed since it last published, sends its new records with one
-//!    `multi_set` (fire-and-forget; the key contains the version, so it can never overwrite an
-//!    unread one), then publishes `(step, version)` on its node-local [board](super::board); a
-//!    new buffer carved from an allocation whose record the peer holds for the channel (its
-//!    board says so, see [`held`](super::held)) sends no record: the board's step carries where
-//!    the buffer lies, and that it went without the store;
+//!    `multi_set` (fire-and-forget; the key contains the version, so it never overwrites an
+//!    unread one), then publishes `(step, version, where the buffer lies)` on its
+//!    [board](super::board); a buffer carved from an allocation whose record the peer holds for
+//!    the channel (its board says so, see `peers`) sends no record;
 //! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
 //!    version for that step: both ranks now agree on what changed, without a barrier;
 //! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
-//!    it has opened (a step that went without the store: from the allocation's held record),
-//!    imports them, publishes the versions it opened on the board, and waits until
-//!    the peer has opened every buffer this rank published (so when the call returns both sides
-//!    hold each other's current buffers; then the replaced mappings are released: a release
-//!    never waits for device work, the device transport closes them on its releaser thread once
-//!    the work queued before the release has finished, and when more than its bound of one peer's
-//!    mappings wait the call waits for the releaser, bounded by its timeout);
-//! 5. hands the keys it has read to a background thread that deletes them from the store.
+//!    it has opened (none for an allocation whose record it holds), imports them, publishes the
+//!    versions it opened, and waits until the peer has opened every buffer this rank published;
+//! 5. commits: installs the new mappings and releases the replaced ones (never waiting for device
+//!    work: the device transport closes them on its releaser thread, and the call waits for that
+//!    thread only when more than its bound of one peer's mappings wait), and hands the keys it
+//!    read to the collector.
 //!
-//! A hit on both sides costs a few shared-memory loads and no store operation, and neither
-//! allocates nor makes a syscall (per-call buffers are reused per thread; channels are found by
-//! their board fingerprint; the clock is read only when a peer is not there yet). A miss costs at
-//! most one `multi_set` and one `multi_get`, and none when the buffers lie in allocations the peers
-//! hold records of. A wait spins, then blocks on the peer's board until the peer publishes (see
-//! `os::wait::blocking_pace` for how long it spins). A call that times out because a peer is not there
-//! yet (it has not reached the same step, or has not opened this rank's new buffer) leaves its
-//! channels suspended in that step, so a zero timeout checks once: calling again with the same
-//! batch (same buffers) resumes the step where it stopped, and the peer never notices. Any other
-//! failure (a peer that closed or died, a bad record, a store error) poisons the channels of its
-//! batch: later calls on them fail with `InvalidState` (create a new cache).
-//!
-//! A call is a [`Batch`]: [`Batch::begin`] claims its channels (step 1), moving each channel's
-//! progress out of the table into the batch's items; [`Batch::exchange`] runs steps 2-4 on them
-//! (`Call`) and ends the batch in one of three ways, each moving the progress back: commit (the
-//! new peer mappings are installed), suspend (a peer was not there in time: the step stays open
-//! for the same batch to resume), or fail (the channels are poisoned). Where a call's time goes
-//! is measured per [`Phase`] when asked for (off, the cost is one relaxed load per call; on, a
-//! clock read at each phase boundary). Its log lines
-//! (`NVFIPC_DEBUG=INFO`, subsystem `exchange`) say what each call moved and, while it waits,
-//! which peer it waits for; with the log off, each costs one atomic load.
+//! A hit on both sides costs a few shared-memory loads, no store operation, no allocation and no
+//! syscall (per-call buffers are reused per thread; the clock is read only when a peer is not
+//! there yet). A wait spins, then blocks on the peer's board until the peer publishes. A call that
+//! times out because a peer is not there yet leaves its channels *suspended* in that step: calling
+//! again with the same batch resumes it (so a zero timeout checks once). Any other failure (a
+//! peer that closed or died, a bad record, a store error) *fails* the batch: its channels refuse
+//! every later call (`InvalidState`: create a new cache). Where a call's time goes is measured per
+//! [`Phase`] when asked for; its log lines (subsystem `exchange`) say what it moved and, while it
+//! waits, which peer it waits for.
 
 use super::board::BufferAt;
 use super::channel::{
@@ -420,8 +404,17 @@ impl<'a> Batch<'a> {
                     i
                 }
                 None => {
-                    let key = ChannelKey::of(rank, r, occ);
-                    let i = create_channel(cx, &mut st, r, key, fp)?;
+                    let entry = cx.board.insert(fp)?;
+                    let slot = cx.channel_transport(r.kind).semaphores().allocate_slot()?;
+                    st.channels.push(Channel::new(ChannelInfo {
+                        key: ChannelKey::of(rank, r, occ),
+                        peer: r.peer,
+                        kind: r.kind,
+                        slot,
+                        entry,
+                        fp,
+                    }));
+                    let i = st.channels.len() - 1;
                     st.by_fp.insert(fp, i);
                     i
                 }
@@ -474,13 +467,8 @@ impl<'a> Batch<'a> {
             let mut progress = ch.progress.take().expect("checked in pass 1");
             let (publish, sent, known_to_peer, staged) = match progress.resume.take() {
                 Some(r) => {
-                    let Resume {
-                        publish,
-                        sent,
-                        known_to_peer,
-                        staged,
-                    } = *r;
-                    (publish, sent, known_to_peer, staged)
+                    let r = *r;
+                    (r.publish, r.sent, r.known_to_peer, r.staged)
                 }
                 None => {
                     if changed {
@@ -533,9 +521,8 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Step 5: installs the new peer mappings, releasing the ones they replace (a release never
-    /// waits for device work; up to a bound of them are kept mapped for reuse instead, see
-    /// `retain`), and gives every channel its progress back.
+    /// Step 5: installs the new peer mappings, releasing (or retaining) the ones they replace,
+    /// and gives every channel its progress back.
     fn commit(
         self,
         imports: Vec<Option<Imported>>,
@@ -550,7 +537,6 @@ impl<'a> Batch<'a> {
             _ => None,
         };
         let mut hits = 0;
-        let mut replaced = 0;
         let mut released: Vec<(MemKind, Mapping)> = Vec::new();
         {
             let mut st = lock(self.table);
@@ -576,7 +562,6 @@ impl<'a> Batch<'a> {
                         let limit = cx.settings.retained_per_peer();
                         for m in held.retained.retire(it.ch.kind, old.mapping, limit) {
                             cx.release_mapping(it.ch.kind, &m);
-                            replaced += 1;
                             released.push((it.ch.kind, m));
                         }
                     }
@@ -599,6 +584,7 @@ impl<'a> Batch<'a> {
             bump(&cx.counters.misses, misses);
         }
         bump(&cx.counters.exchanges, 1);
+        let replaced = released.len();
         if clock.is_some() {
             let level = if published + opened + replaced == 0 {
                 log::Level::Trace
@@ -623,9 +609,7 @@ impl<'a> Batch<'a> {
         self.wait_release_room(replaced, deadline)
     }
 
-    /// Back-pressure on released mappings: the device transport closes them on a releaser thread
-    /// once the device work queued before their release has finished; when more than its bound
-    /// of one peer's mappings wait, this waits for the releaser, bounded by the call's timeout.
+    /// Back-pressure on released mappings (see the module docs), bounded by the call's timeout.
     /// A timeout fails the call without poisoning its channels: the new handles are installed
     /// and the replaced mappings stay queued.
     fn wait_release_room(&self, replaced: usize, deadline: &mut Deadline) -> Result<()> {
@@ -641,10 +625,9 @@ impl<'a> Batch<'a> {
             {
                 continue;
             }
-            let Some(t) = self.cx.transport(it.ch.kind) else {
-                continue;
-            };
-            t.wait_release_room(it.ch.peer, deadline.remaining())
+            self.cx
+                .channel_transport(it.ch.kind)
+                .wait_release_room(it.ch.peer, deadline.remaining())
                 .map_err(|e| {
                     e.context(format!(
                         "rank {}: {} (exchange timeout {:?}; its handles are current, the \
@@ -658,8 +641,8 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// A call that timed out waiting for a peer: its channels keep their step, version and
-    /// what was opened, for the next call with the same batch to resume.
+    /// A peer was not there in time: the channels keep their step, version and what was opened,
+    /// for the next call with the same batch to resume.
     fn suspend(self, imports: Vec<Option<Imported>>, clock: Option<Instant>, err: &Error) {
         {
             let mut st = lock(self.table);
@@ -686,8 +669,7 @@ impl<'a> Batch<'a> {
         );
     }
 
-    /// Any other failure: the channels' state is unknown from here on, so they refuse every
-    /// later call (their progress is dropped).
+    /// Any other failure: the channels' state is unknown, so they refuse every later call.
     fn fail(self, clock: Option<Instant>, err: &Error) {
         {
             let mut st = lock(self.table);
@@ -708,7 +690,7 @@ impl<'a> Batch<'a> {
 }
 
 /// Takes the allocations whose last mapping here was just released off the board lists of the
-/// channels of their peer (see `held`): the peer sends records of them through the store again.
+/// channels of their peer: the peer sends records of them through the store again.
 fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mapping)]) {
     let held = lock(&cx.holdings);
     for (kind, m) in released {
@@ -728,27 +710,6 @@ fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mappin
             cx.board.forget_known(c.info.entry, m.buffer_id);
         }
     }
-}
-
-fn create_channel(
-    cx: &Context,
-    st: &mut ChannelTable,
-    r: &Request,
-    key: ChannelKey,
-    fp: u128,
-) -> Result<usize> {
-    let t = cx.transport(r.kind).expect("checked by resolve");
-    let entry = cx.board.insert(fp)?;
-    let slot = t.semaphores().allocate_slot()?;
-    st.channels.push(Channel::new(ChannelInfo {
-        key,
-        peer: r.peer,
-        kind: r.kind,
-        slot,
-        entry,
-        fp,
-    }));
-    Ok(st.channels.len() - 1)
 }
 
 /// Work of one request in one call. What the channel is comes through one `Arc`; its progress
@@ -794,8 +755,8 @@ impl RunError {
 }
 
 /// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
-/// syscall), so a peer a few microseconds late costs none; once the wait blocks, every check
-/// after a block makes one (a block lasts until the peer publishes, or `BLOCK_SLICE`).
+/// syscall), so a peer a few microseconds late costs none; once the wait blocks, every wake-up
+/// makes one.
 const FIRST_LIVENESS_POLL: u32 = 2048;
 /// Polls between two liveness checks while spinning past that.
 const LIVENESS_EVERY: u32 = 256;

@@ -32,10 +32,11 @@
 
 use crate::error::{Error, Result};
 use crate::fnv::Fnv1a;
+use crate::node::{process_alive, NodeIdentity, PeerProcess};
 use crate::os::shm::ShmSegment;
 use crate::os::sigbus::{self, Guard};
 use std::collections::HashMap;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -193,17 +194,7 @@ struct Table {
 
 impl Table {
     fn new(seg: ShmSegment) -> Table {
-        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let guard = sigbus::guard(seg.addr(), seg.len());
-        if !guard.is_guarded() && !WARNED.swap(true, Ordering::Relaxed) {
-            log::warn!(
-                target: crate::logging::EXCHANGE,
-                "board {} is mapped without a SIGBUS guard (no SIGBUS handler, or more than {} \
-                 boards mapped; said once): a process truncating it would kill this one",
-                seg.name(),
-                sigbus::MAX_RANGES
-            );
-        }
         Table { guard, seg }
     }
 
@@ -269,19 +260,10 @@ impl Table {
     }
 }
 
-use crate::node::{process_alive, NodeIdentity, PeerProcess};
-use once_cell::sync::Lazy;
-
-static LOCAL_PID_NS: Lazy<u64> = Lazy::new(|| NodeIdentity::local().pid_ns);
-
-fn local_pid_ns() -> u64 {
-    *LOCAL_PID_NS
-}
-
 /// A pid written by a process of pid namespace `ns` can be checked here only from that namespace
 /// (0: unknown, never checked).
 fn pid_checkable(ns: u64) -> bool {
-    ns != 0 && ns == local_pid_ns()
+    ns != 0 && ns == NodeIdentity::local().pid_ns
 }
 
 /// Removes the boards (`/dev/shm/nvfipc-...-b<rank>`) whose owner no longer exists (checked only
@@ -324,6 +306,8 @@ pub struct OwnBoard {
     table: Table,
     /// Owner-side index (fingerprint -> entry) so inserts need no probing twice.
     index: Mutex<HashMap<u128, u32>>,
+    /// Set once a board of this cache was found mapped without a SIGBUS guard (said once).
+    unguarded_said: AtomicBool,
 }
 
 impl OwnBoard {
@@ -363,15 +347,38 @@ impl OwnBoard {
         let table = Table::new(seg);
         let h = table.header();
         h.owner_pid.store(std::process::id(), Ordering::Relaxed);
-        h.owner_pid_ns.store(local_pid_ns(), Ordering::Relaxed);
+        h.owner_pid_ns
+            .store(NodeIdentity::local().pid_ns, Ordering::Relaxed);
         h.rank.store(rank as u32, Ordering::Relaxed);
         h.capacity.store(CAPACITY, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Relaxed);
         h.ready.store(1, Ordering::Release);
-        Ok(OwnBoard {
+        let board = OwnBoard {
             table,
             index: Mutex::new(HashMap::new()),
-        })
+            unguarded_said: AtomicBool::new(false),
+        };
+        board.warn_if_unguarded(&board.table);
+        Ok(board)
+    }
+
+    /// Warns, once per cache, that a board it maps has no SIGBUS guard (no SIGBUS handler, or
+    /// too many ranges guarded): a process truncating it would kill this one.
+    fn warn_if_unguarded(&self, t: &Table) {
+        if !t.guard.is_guarded() && !self.unguarded_said.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                target: crate::logging::EXCHANGE,
+                "board {} is mapped without a SIGBUS guard (no SIGBUS handler, or more than {} \
+                 boards mapped; said once): a process truncating it would kill this one",
+                t.seg.name(),
+                sigbus::MAX_RANGES
+            );
+        }
+    }
+
+    /// [`warn_if_unguarded`](Self::warn_if_unguarded) for a peer's board this cache opened.
+    pub fn check_guarded(&self, peer: &PeerBoard) {
+        self.warn_if_unguarded(&peer.table);
     }
 
     /// Fails, naming the board, when its file was truncated or shrunk: the peers no longer see

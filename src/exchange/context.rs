@@ -38,14 +38,11 @@ pub(super) struct Context {
 }
 
 impl Context {
-    /// The transport of `kind`, if this cache has one.
-    pub fn transport(&self, kind: MemKind) -> Option<&Arc<dyn Transport>> {
-        self.transports.get(kind)
-    }
-
     /// The transport of a channel's kind (a channel is only created with one).
     pub fn channel_transport(&self, kind: MemKind) -> &Arc<dyn Transport> {
-        self.transport(kind).expect("channel kinds have transports")
+        self.transports
+            .get(kind)
+            .expect("channel kinds have transports")
     }
 
     /// `peer`'s board, opened on first use; `None` while it has none on this node.
@@ -57,6 +54,7 @@ impl Context {
         let Some(board) = PeerBoard::try_open(&name, peer)? else {
             return Ok(None);
         };
+        self.board.check_guarded(&board);
         let board = Arc::new(board);
         lock(&self.peer_boards).insert(peer, board.clone());
         // So that whoever closes after this peer can see it has left (see `departures`).
@@ -76,7 +74,7 @@ impl Context {
     }
 
     pub fn release_mapping(&self, kind: MemKind, m: &Mapping) {
-        if let Some(t) = self.transport(kind) {
+        if let Some(t) = self.transports.get(kind) {
             // A failed release means the mapping is already gone; count it as closed anyway
             // so the balance reflects what this cache asked for.
             let _ = t.release(m);

@@ -1,31 +1,24 @@
-//! What this rank knows and holds of its peers: their nodes, learnt once per peer through the
-//! store, and what it keeps of their allocations so that a buffer carved from one costs no store
-//! fetch (`KnownAllocations`), no store at all (`HeldRecords`) or no open (`Retained`).
+//! What this rank knows and holds of its peers.
 //!
-//! Nodes: each cache publishes its node identity (`crate::node`) under its node key when it is
-//! created and deletes it when it closes. When a rank is about to wait for a peer's board that is
-//! not there, it reads the peer's identity (waiting, bounded, until the peer has created its
-//! cache): a peer on another host, or in a container that shares neither this IPC namespace nor
-//! this `/dev/shm`, is refused at once, on both sides, instead of timing out waiting for a board
-//! that can never appear. The answer is cached: warm exchanges never look.
+//! Nodes ([`PeerNodes`]): each cache publishes its node identity (`crate::node`) under its node
+//! key; a rank about to wait for a peer's board that is not there reads the peer's identity once,
+//! and refuses a peer on another host or container (one that can never have a board here) at
+//! once, instead of timing out.
 //!
 //! Allocations: nvFuser's buffers come from PyTorch's caching allocator, every iteration's tensors
-//! carved at new offsets from a few large segments. A record describes a whole allocation plus
-//! where the buffer lies in it, and each rank publishes on its board, with every buffer version,
-//! where that buffer lies. So
-//! - a peer that already holds a record of that allocation of that process builds the new
-//!   version's record from it and imports at once (the transport deduplicates the mapping); the
-//!   exporter still sends its record, whose key the importer hands to the collector;
-//! - the records one channel's importer holds are listed on its board entry (`HeldRecords`), and
-//!   the exporter of a buffer in a listed allocation sends no record at all. The list is exact:
-//!   it changes only (a) when the importer imports a new version on the channel, before it
-//!   publishes `opened` for it, which the exporter waits for before another step, and (b) when
-//!   the importer releases an allocation's mapping, which only shortens it. Records are dropped
-//!   only in (a), after the import, and only those no longer listed;
-//! - a replaced mapping is not released at once: up to a bound of distinct peer allocations per
-//!   (peer, memory kind) stay mapped, least recently replaced first out, so a buffer moving back
-//!   costs a reference count, not a driver open. A kept mapping keeps the exporter's allocation
-//!   mapped here until it is evicted or the cache freed; a bound of zero keeps none.
+//! carved at new offsets from a few large segments, and each rank publishes on its board where
+//! each buffer version lies (allocation id, offset, bytes). So a rank keeps
+//! - the records of peer allocations it imported ([`KnownAllocations`]): a buffer in one of them
+//!   is imported from the kept record, without waiting for the store (the exporter still sends
+//!   its record; the collector deletes it);
+//! - per channel, the records it lists on its board entry ([`HeldRecords`]): the exporter of a
+//!   buffer in a listed allocation sends no record at all. The list is exact: it changes only
+//!   when the importer imports a new version, before it publishes `opened` (which the exporter
+//!   awaits before another step), or shrinks when an allocation's mapping is released; records go
+//!   only at an import, and only those no longer listed;
+//! - replaced mappings, up to a bound of allocations per (peer, kind), least recently replaced
+//!   first out ([`Retained`]): a buffer moving back costs a reference count, not a driver open
+//!   (the exporter's memory stays mapped here until evicted or the cache freed).
 //!
 //! Allocation ids are never reused within a process and records are keyed by the exporter's pid
 //! too, so a kept record never describes another allocation.
