@@ -36,7 +36,6 @@ use super::channel::{
     Progress, Request, Resume,
 };
 use super::context::{bump, Context};
-use super::peers::PeerHoldings;
 use crate::error::{Error, Result, Status};
 use crate::logging::{self, since};
 use crate::os::wait::{blocking_pace, wait_blocking};
@@ -499,7 +498,7 @@ impl<'a> Batch<'a> {
     pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Option<Lap<'_>>) -> Result<()> {
         // A cached call is logged at TRACE, one that moved records (or failed) at INFO.
         let clock = clock(Level::Info);
-        match (Call { cx: self.cx }).run(&mut self.items[..], deadline, &mut lap) {
+        match self.cx.run(&mut self.items[..], deadline, &mut lap) {
             Ok(imports) => {
                 let done = self.commit(imports, clock, deadline);
                 if let Some(mut lap) = lap {
@@ -768,12 +767,8 @@ fn liveness_check_due(polls: u32) -> bool {
     polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
 }
 
-/// One call's protocol over the cache's context.
-struct Call<'a> {
-    cx: &'a Context,
-}
-
-impl Call<'_> {
+/// Steps 2-4 of a call, over the cache's context.
+impl Context {
     fn run(
         &self,
         items: &mut [Item],
@@ -790,22 +785,21 @@ impl Call<'_> {
             .iter_mut()
             .filter(|it| it.progress.link.board.is_none())
         {
-            if self.cx.peer_nodes.known(it.ch.peer) {
+            if self.peer_nodes.known(it.ch.peer) {
                 continue;
             }
-            match self.cx.peer_board(it.ch.peer) {
+            match self.peer_board(it.ch.peer) {
                 Ok(Some(board)) => it.progress.link.board = Some(board),
                 _ => unknown.push(it.ch.peer),
             }
         }
         if !unknown.is_empty() {
-            bump(&self.cx.counters.peer_lookups, 1);
-            self.cx
-                .peer_nodes
+            bump(&self.counters.peer_lookups, 1);
+            self.peer_nodes
                 .check(
-                    &*self.cx.store,
-                    &self.cx.names,
-                    self.cx.rank,
+                    &*self.store,
+                    &self.names,
+                    self.rank,
                     &unknown,
                     deadline.remaining(),
                 )
@@ -827,8 +821,7 @@ impl Call<'_> {
                 bytes: it.local.bytes,
                 known_to_peer: it.publish && it.known_to_peer,
             };
-            self.cx
-                .board
+            self.board
                 .publish(it.ch.entry, it.progress.step, it.progress.version, at);
         }
         mark(lap, Phase::Publish);
@@ -848,7 +841,7 @@ impl Call<'_> {
             Err(e) => {
                 for it in items.iter_mut() {
                     if let Some(imp) = it.staged.take() {
-                        self.cx.release_mapping(imp.kind, &imp.mapping);
+                        self.release_mapping(imp.kind, &imp.mapping);
                     }
                 }
                 return Err(RunError::Fatal(e));
@@ -858,16 +851,16 @@ impl Call<'_> {
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
         if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
-            self.cx.release_imports(imports);
+            self.release_imports(imports);
             return Err(RunError::Fatal(e));
         }
         for (it, imp) in items.iter_mut().zip(&imports) {
             if let Some(imp) = imp {
                 // The list changes before `opened` says the step is done (see `held`).
-                let listed = self.cx.board.known(it.ch.entry);
+                let listed = self.board.known(it.ch.entry);
                 let ids = it.progress.held.imported(&listed, &imp.record);
-                self.cx.board.set_known(it.ch.entry, &ids);
-                self.cx.board.publish_opened(it.ch.entry, it.peer_version);
+                self.board.set_known(it.ch.entry, &ids);
+                self.board.publish_opened(it.ch.entry, it.peer_version);
             }
         }
         mark(lap, Phase::Slabs);
@@ -875,7 +868,7 @@ impl Call<'_> {
             if e.status == Status::Timeout {
                 return Err(RunError::NotReady(e, imports));
             }
-            self.cx.release_imports(imports);
+            self.release_imports(imports);
             return Err(RunError::Fatal(e));
         }
         mark(lap, Phase::WaitOpened);
@@ -896,13 +889,12 @@ impl Call<'_> {
                 // Exported only as mapped now (a widened VMM run may have lost a neighbour
                 // since it was remembered; see `cuda::vmm_runs`).
                 let fresh = self
-                    .cx
                     .channel_transport(it.ch.kind)
                     .refresh(&it.local)
                     .map_err(|e| {
                         e.context(format!(
                             "rank {}: resolving the buffer of {} again",
-                            self.cx.rank, it.ch.key
+                            self.rank, it.ch.key
                         ))
                     })?;
                 if fresh != it.local {
@@ -916,7 +908,7 @@ impl Call<'_> {
             let rec = self.make_record(it).map_err(|e| {
                 e.context(format!(
                     "rank {}: exporting the buffer of {}",
-                    self.cx.rank, it.ch.key
+                    self.rank, it.ch.key
                 ))
             })?;
             pairs.push((self.own_record_key(it), rec.encode()));
@@ -929,25 +921,25 @@ impl Call<'_> {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
-        bump(&self.cx.counters.store_round_trips, 1);
+        bump(&self.counters.store_round_trips, 1);
         let clock = clock(Level::Info);
-        self.cx.store.multi_set(&refs).map_err(|e| {
+        self.store.multi_set(&refs).map_err(|e| {
             e.context(format!(
                 "rank {}: publishing {} record(s) (first key {})",
-                self.cx.rank,
+                self.rank,
                 pairs.len(),
                 pairs[0].0
             ))
         })?;
-        bump(&self.cx.counters.records_sent, pairs.len() as u64);
+        bump(&self.counters.records_sent, pairs.len() as u64);
         let bytes: usize = pairs.iter().map(|(_, v)| v.len()).sum();
-        bump(&self.cx.counters.record_bytes_sent, bytes as u64);
+        bump(&self.counters.record_bytes_sent, bytes as u64);
         if clock.is_some() {
             let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
             log::info!(
                 target: logging::EXCHANGE,
                 "rank {}: sent {} record(s) ({bytes} bytes) to the store in {}: {}",
-                self.cx.rank,
+                self.rank,
                 pairs.len(),
                 since(clock),
                 some_keys(&keys, 4)
@@ -960,18 +952,18 @@ impl Call<'_> {
     fn own_record_key(&self, it: &Item) -> String {
         it.ch
             .key
-            .record_key(&self.cx.names, self.cx.rank, it.progress.version)
+            .record_key(&self.names, self.rank, it.progress.version)
     }
 
     /// The store key of the peer's record of `it` at the peer's version.
     fn peer_record_key(&self, it: &Item) -> String {
         it.ch
             .key
-            .record_key(&self.cx.names, it.ch.peer, it.peer_version)
+            .record_key(&self.names, it.ch.peer, it.peer_version)
     }
 
     fn make_record(&self, it: &Item) -> Result<Record> {
-        let t = self.cx.channel_transport(it.ch.kind);
+        let t = self.channel_transport(it.ch.kind);
         let handle = t.export(&it.local)?;
         let slab = t.semaphores().export()?;
         let host = local_host();
@@ -990,7 +982,7 @@ impl Call<'_> {
             version: it.progress.version,
             device_uuid: it.local.device_uuid,
             pid: std::process::id(),
-            rank: self.cx.rank as u32,
+            rank: self.rank as u32,
             host_name: record::to_fixed(&host.name).unwrap_or([0; record::HOST_NAME_LEN]),
             payload: handle.payload,
             sem_type: slab.handle_type,
@@ -1008,46 +1000,34 @@ impl Call<'_> {
         imports: &mut [Option<Imported>],
         deadline: &mut Deadline,
     ) -> Result<()> {
-        let mut held = lock(&self.cx.holdings);
+        let mut held = lock(&self.holdings);
         for (it, imp) in items.iter().zip(imports.iter_mut()) {
-            if let Some(imp) = imp {
-                let base = self
-                    .peer_slab(&mut held, it, &imp.sem_handle, deadline)
-                    .map_err(|e| {
-                        e.context(format!(
-                            "rank {}: mapping peer rank {}'s semaphore slab for {}",
-                            self.cx.rank, it.ch.peer, it.ch.key
-                        ))
-                    })?;
-                imp.semaphore = slot_address(base, imp.sem_slot);
-            }
+            let Some(imp) = imp else { continue };
+            let key = (it.ch.peer, it.ch.kind);
+            let base = match held.slabs.get(&key) {
+                Some((h, base)) if *h == imp.sem_handle => *base,
+                _ => {
+                    let slab = self.channel_transport(it.ch.kind).semaphores();
+                    let base = slab
+                        .import_peer(it.ch.peer, &imp.sem_handle, deadline.remaining())
+                        .map_err(|e| {
+                            e.context(format!(
+                                "rank {}: mapping peer rank {}'s semaphore slab for {}",
+                                self.rank, it.ch.peer, it.ch.key
+                            ))
+                        })?;
+                    bump(&self.counters.opens, 1);
+                    // A peer that recreated its slab: drop our reference to the old one.
+                    if let Some((old, _)) = held.slabs.insert(key, (imp.sem_handle.clone(), base)) {
+                        let _ = slab.release_peer(it.ch.peer, &old);
+                        bump(&self.counters.closes, 1);
+                    }
+                    base
+                }
+            };
+            imp.semaphore = slot_address(base, imp.sem_slot);
         }
         Ok(())
-    }
-
-    /// The base of `it.ch.peer`'s semaphore slab in this process, mapping it on first use.
-    fn peer_slab(
-        &self,
-        held: &mut PeerHoldings,
-        it: &Item,
-        handle: &ExportedHandle,
-        deadline: &mut Deadline,
-    ) -> Result<u64> {
-        let key = (it.ch.peer, it.ch.kind);
-        if let Some((h, base)) = held.slabs.get(&key) {
-            if h == handle {
-                return Ok(*base);
-            }
-        }
-        let slab = self.cx.channel_transport(it.ch.kind).semaphores();
-        let base = slab.import_peer(it.ch.peer, handle, deadline.remaining())?;
-        bump(&self.cx.counters.opens, 1);
-        // A peer that recreated its slab: drop our reference to the old one.
-        if let Some((old, _)) = held.slabs.insert(key, (handle.clone(), base)) {
-            let _ = slab.release_peer(it.ch.peer, &old);
-            bump(&self.cx.counters.closes, 1);
-        }
-        Ok(base)
     }
 
     /// Waits, within `deadline`, until `ready` holds for every item marked `waiting`, clearing
@@ -1076,7 +1056,7 @@ impl Call<'_> {
             // visible once its `closed` flag or its death is, and then it is no failure.
             let due = after_block || liveness_check_due(polls);
             let gone = if due {
-                stuck.check(self.cx.rank, items, stage, timeout);
+                stuck.check(self.rank, items, stage, timeout);
                 self.gone_peer(items, stage)
             } else {
                 None
@@ -1108,7 +1088,7 @@ impl Call<'_> {
         let done = match poll(false, items) {
             Some(()) => Some(()),
             None => {
-                let pace = blocking_pace(lock(&self.cx.peer_boards).len() + 1);
+                let pace = blocking_pace(lock(&self.peer_boards).len() + 1);
                 wait_blocking(pace, deadline.remaining(), |block| {
                     let Some(max) = block else {
                         return poll(false, items);
@@ -1145,11 +1125,10 @@ impl Call<'_> {
         for it in items.iter_mut() {
             it.waiting = true;
         }
-        let rank = self.cx.rank;
+        let rank = self.rank;
         let all_there = self.wait_items(items, Stage::Step, deadline, |call, it| {
             if it.progress.link.board.is_none() {
                 it.progress.link.board = call
-                    .cx
                     .peer_board(it.ch.peer)
                     .map_err(|e| e.context(format!("rank {rank}")))?;
             }
@@ -1179,8 +1158,8 @@ impl Call<'_> {
             .iter()
             .find(|it| it.waiting)
             .expect("a wait that timed out left an item pending");
-        let name = self.cx.names.board(it.ch.peer);
-        let seen = match (self.cx.peer_board(it.ch.peer), it.progress.link.entry) {
+        let name = self.names.board(it.ch.peer);
+        let seen = match (self.peer_board(it.ch.peer), it.progress.link.entry) {
             (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
             (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
             _ => "its board does not exist yet (has it created its cache?)".to_string(),
@@ -1189,7 +1168,7 @@ impl Call<'_> {
             "rank {} timed out after {:?} waiting for peer rank {} on {} at step {}: board \
              entry {} of {} not at step {} ({seen}); {} other channel(s) also pending. Does \
              rank {} call exchange_handles with the matching request?",
-            self.cx.rank,
+            self.rank,
             deadline.timeout(),
             it.ch.peer,
             it.ch.key,
@@ -1230,14 +1209,14 @@ impl Call<'_> {
             "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this \
              rank's buffer on {} at step {} (board entry {} of {} shows version {opened} \
              opened; key {:?}); did the peer fail in exchange_handles?",
-            self.cx.rank,
+            self.rank,
             deadline.timeout(),
             it.ch.peer,
             it.progress.version,
             it.ch.key,
             it.progress.step,
             it.ch.key.describe(),
-            self.cx.names.board(it.ch.peer),
+            self.names.board(it.ch.peer),
             self.own_record_key(it),
         )))
     }
@@ -1248,8 +1227,7 @@ impl Call<'_> {
     /// rank's accesses ran into (one atomic load per board); with `probe`, at the pace of the
     /// liveness checks, a shrink that no access ran into yet.
     fn boards_intact(&self, items: &[Item], probe: bool) -> Result<()> {
-        self.cx
-            .board
+        self.board
             .check(probe)
             .and_then(|()| {
                 items
@@ -1258,7 +1236,7 @@ impl Call<'_> {
                     .filter_map(|it| it.progress.link.board.as_deref())
                     .try_for_each(|b| b.check(probe))
             })
-            .map_err(|e| e.context(format!("rank {}", self.cx.rank)))
+            .map_err(|e| e.context(format!("rank {}", self.rank)))
     }
 
     /// The first pending item whose peer has closed its cache or exited, with an error naming
@@ -1279,13 +1257,13 @@ impl Call<'_> {
             let Some(board) = it.progress.link.board.as_ref() else {
                 // Its board was never seen here (it may have died before this rank looked, and
                 // its board gone with it): its process, as its cache published it.
-                let pid = self.cx.peer_nodes.exited(who)?;
+                let pid = self.peer_nodes.exited(who)?;
                 return Some((
                     i,
                     Error::io(format!(
                         "rank {}: peer rank {who} (pid {pid}) exited before {}; its cache had \
                          been created, its board is gone",
-                        self.cx.rank,
+                        self.rank,
                         waited_for()
                     )),
                 ));
@@ -1300,12 +1278,12 @@ impl Call<'_> {
                 Error::state(format!(
                     "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
                      a closed cache takes no part in exchanges (create new caches on both ranks)",
-                    self.cx.rank
+                    self.rank
                 ))
             } else {
                 Error::io(format!(
                     "rank {}: peer rank {who} (pid {pid}) exited before {waited_for}",
-                    self.cx.rank
+                    self.rank
                 ))
             };
             Some((i, err))
@@ -1320,7 +1298,7 @@ impl Call<'_> {
                 "rank {}: peer rank {} (pid {}) closed its cache before this rank opened its \
                  record {key:?} for {}; a closed cache takes no part in exchanges (create new \
                  caches on both ranks)",
-                self.cx.rank,
+                self.rank,
                 it.ch.peer,
                 b.owner_pid(),
                 it.ch.key
@@ -1361,7 +1339,7 @@ impl Call<'_> {
         let wanted = match self.import_known(items, &wanted, &mut imports, deadline) {
             Ok(rest) => rest,
             Err(e) => {
-                self.cx.release_imports(imports);
+                self.release_imports(imports);
                 return Err(e);
             }
         };
@@ -1374,16 +1352,16 @@ impl Call<'_> {
             .map(|&i| self.peer_record_key(&items[i]))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        bump(&self.cx.counters.store_round_trips, 1);
+        bump(&self.counters.store_round_trips, 1);
         let remaining = deadline.remaining();
         let clock = clock(Level::Info);
-        let fetched = self.cx.store.multi_get(&key_refs, remaining);
+        let fetched = self.store.multi_get(&key_refs, remaining);
         mark(lap, Phase::Fetch);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,
                 "rank {}: fetching {} record(s) from the store took {} ({}): {}",
-                self.cx.rank,
+                self.rank,
                 keys.len(),
                 since(clock),
                 match &fetched {
@@ -1410,7 +1388,7 @@ impl Call<'_> {
                 format!(
                     "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
                      first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
-                    self.cx.rank,
+                    self.rank,
                     keys.len(),
                     deadline.timeout(),
                     it.ch.peer,
@@ -1425,12 +1403,12 @@ impl Call<'_> {
         if values.len() != keys.len() {
             return Err(Error::protocol(format!(
                 "rank {}: the store returned {} values for {} keys",
-                self.cx.rank,
+                self.rank,
                 values.len(),
                 keys.len()
             )));
         }
-        self.collector_delete(keys.clone());
+        lock(&self.collector).delete(keys.clone());
         let wait = deadline.remaining();
         for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
             let imported = self
@@ -1439,17 +1417,13 @@ impl Call<'_> {
             match imported {
                 Ok(imp) => imports[i] = Some(imp),
                 Err(e) => {
-                    self.cx.release_imports(imports);
+                    self.release_imports(imports);
                     return Err(e);
                 }
             }
         }
-        bump(&self.cx.counters.records_received, wanted.len() as u64);
+        bump(&self.counters.records_received, wanted.len() as u64);
         Ok(imports)
-    }
-
-    fn collector_delete(&self, keys: Vec<String>) {
-        lock(&self.cx.collector).delete(keys);
     }
 
     /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
@@ -1465,7 +1439,7 @@ impl Call<'_> {
     ) -> Result<Vec<usize>> {
         // (record, whether it is the channel's own kept record).
         let records: Vec<Option<(Record, bool)>> = {
-            let held = lock(&self.cx.holdings);
+            let held = lock(&self.holdings);
             wanted
                 .iter()
                 .map(|&i| {
@@ -1520,10 +1494,10 @@ impl Call<'_> {
                 keys.push(key);
             }
         }
-        bump(&self.cx.counters.records_known, board_only);
+        bump(&self.counters.records_known, board_only);
         if !keys.is_empty() {
-            bump(&self.cx.counters.records_known, keys.len() as u64);
-            lock(&self.cx.collector).delete_when_written(keys);
+            bump(&self.counters.records_known, keys.len() as u64);
+            lock(&self.collector).delete_when_written(keys);
         }
         Ok(rest)
     }
@@ -1536,7 +1510,7 @@ impl Call<'_> {
              offset {}, {} bytes) without a record, as one this rank holds, but this rank holds \
              no record of that allocation for the channel (no key {key:?} in the store either); \
              all ranks must use the same nvfuser-ipc version: create new caches on both ranks",
-            self.cx.rank,
+            self.rank,
             it.ch.peer,
             it.peer_version,
             it.ch.key,
@@ -1546,13 +1520,16 @@ impl Call<'_> {
         ))
     }
 
+    fn record_context(&self, it: &Item, key: &str) -> String {
+        let (rank, peer) = (self.rank, it.ch.peer);
+        format!(
+            "rank {rank}: record {key:?} of peer rank {peer} for {}",
+            it.ch.key
+        )
+    }
+
     fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
-        let ctx = || {
-            format!(
-                "rank {}: record {key:?} of peer rank {} for {}",
-                self.cx.rank, it.ch.peer, it.ch.key
-            )
-        };
+        let ctx = || self.record_context(it, key);
         let rec = Record::decode(value).map_err(|e| e.context(ctx()))?;
         if rec.rank as usize != it.ch.peer || rec.version != it.peer_version {
             return Err(Error::protocol(format!(
@@ -1569,12 +1546,7 @@ impl Call<'_> {
 
     /// Maps the buffer that `rec` (checked: the peer's, at the version wanted) describes.
     fn import_record(&self, it: &Item, rec: Record, key: &str, wait: Duration) -> Result<Imported> {
-        let ctx = || {
-            format!(
-                "rank {}: record {key:?} of peer rank {} for {}",
-                self.cx.rank, it.ch.peer, it.ch.key
-            )
-        };
+        let ctx = || self.record_context(it, key);
         let is_device = rec.flags & flags::DEVICE != 0;
         if is_device != (it.ch.kind == MemKind::Device) {
             return Err(Error::invalid(format!(
@@ -1585,15 +1557,15 @@ impl Call<'_> {
                 it.ch.kind.name()
             )));
         }
-        let t = self.cx.channel_transport(it.ch.kind);
+        let t = self.channel_transport(it.ch.kind);
         let clock = clock(Level::Info);
         let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
-        bump(&self.cx.counters.opens, 1);
+        bump(&self.counters.opens, 1);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,
                 "rank {}: opened peer rank {}'s {} buffer for {} (version {}, {} bytes) in {}",
-                self.cx.rank,
+                self.rank,
                 it.ch.peer,
                 it.ch.kind.name(),
                 it.ch.key,

@@ -8,22 +8,14 @@
 //! `get` and `stats` may run at any time.
 //!
 //! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
-//! barrier: the cache first releases everything it imported (peer buffers and peer semaphore
-//! slabs), waits (bounded by the linger) until the releaser thread has closed them, then marks
-//! itself closed on its board, then waits, bounded by the linger (`HandleCache::set_linger`),
-//! until every peer of its channels has marked itself closed on its own board, has exited, or has
-//! no board; only then are the transports (with this rank's
-//! semaphore slab) dropped. Releasing before waiting means two ranks closing at the same time
-//! never wait on each other. When the linger runs out, the device transport is deliberately kept
-//! alive (its slab is leaked rather than freed under a peer's mapping) and the peers that did not
-//! close are reported. A closed peer is also refused by the exchange: waiting on it fails at once,
-//! and its records are not imported.
-//!
-//! The teardown's only store traffic is cleanup for peers still open: the collector's last
-//! deletes of consumed record keys and the delete of this rank's node key. It is skipped when the
-//! store's server has closed the connection, or the store cannot tell whether it is there and
-//! every other rank of the job has left (see `crate::departures`), so a rank that closes after its
-//! peers (after the store's host) sends nothing that could fail.
+//! barrier: the cache releases everything it imported, waits (bounded by the linger) until the
+//! transports have unmapped it, marks itself closed on its board, then waits, bounded by what is
+//! left of the linger, until every peer of its channels has closed too, exited, or has no board;
+//! only then are the transports (with this rank's semaphore slab) dropped. Releasing first means
+//! two ranks closing together never wait on each other. When the linger runs out, the device
+//! transport is kept alive on purpose (its slab leaked rather than freed under a peer's mapping).
+//! Its only store traffic, cleanup for peers still open (the collector's last deletes and this
+//! rank's node key), is skipped when `departures::quiet_reason` says nobody would read it.
 
 use super::batch::{self, Batch, Deadline, Item, Resolution};
 use super::batch::{mark, Phase, PhaseTimes};
@@ -391,13 +383,10 @@ impl HandleCache {
         this.stats()
     }
 
-    /// Tears the cache down: waits for the collector to delete the consumed keys, releases every
-    /// peer mapping and peer semaphore slab, marks this rank closed on its board, and waits,
-    /// bounded by the [linger](Self::linger), until every peer of its channels has closed its
-    /// cache too (or exited) before freeing this rank's semaphore slab. Returns the final
-    /// counters, or a `Timeout` naming the peers that did not close; then the device semaphore
-    /// slab is deliberately left allocated (a peer may still map it), and so must be any buffer
-    /// this rank exported to those peers.
+    /// Tears the cache down (see the module docs) and returns the final counters, or a `Timeout`
+    /// naming the peers that did not close within the [linger](Self::linger); then the device
+    /// semaphore slab is left allocated on purpose, and so must be any buffer this rank exported
+    /// to those peers.
     pub fn try_close(self) -> Result<CacheStats> {
         let mut this = self;
         this.teardown()?;
@@ -415,13 +404,7 @@ impl HandleCache {
         }
         // Views first: they map peers' memory that the teardown lets go of.
         lock(&self.symmetric).tags.clear();
-        Teardown { cx: &self.cx }.run(&self.table)
-    }
-
-    /// Whether `peer` can no longer map this rank's memory (see `Context::peer_let_go`).
-    #[cfg(test)]
-    pub(crate) fn peer_let_go(&self, peer: usize) -> bool {
-        self.cx.peer_let_go(peer)
+        self.cx.teardown(&self.table)
     }
 }
 
@@ -432,14 +415,11 @@ impl Drop for HandleCache {
     }
 }
 
-struct Teardown<'a> {
-    cx: &'a Context,
-}
-
-impl Teardown<'_> {
-    fn run(&self, table: &Mutex<ChannelTable>) -> Result<()> {
-        let cx = self.cx;
-        match self.quiet_reason() {
+/// A cache's teardown (see the module docs), run once per cache.
+impl Context {
+    fn teardown(&self, table: &Mutex<ChannelTable>) -> Result<()> {
+        let cx = self;
+        match departures::quiet_reason(cx.store.liveness(), cx.names.job_id(), cx.rank) {
             None => {
                 lock(&cx.collector).finish();
                 cx.peer_nodes.unpublish(&*cx.store, &cx.names, cx.rank);
@@ -460,10 +440,8 @@ impl Teardown<'_> {
         let peers = self.release_everything(table);
         let linger = cx.settings.linger();
         let start = Instant::now();
-        // The device transport closes released mappings on its releaser thread once the work
-        // queued before their release has finished: this is where they are closed at the latest.
-        // Only then does this rank say it has let go of its peers' memory; if that work does not
-        // finish within the linger, it never says so, and its peers keep their memory.
+        // Only once the transports have unmapped what they released (the device one waits for
+        // the work queued before) does this rank say it let go of its peers' memory.
         let flushed = self.flush_releases(linger);
         if flushed.is_ok() {
             cx.board.mark_closed();
@@ -515,22 +493,14 @@ impl Teardown<'_> {
         )))
     }
 
-    /// Why the teardown's store cleanup (deleting consumed record keys and this rank's node key,
-    /// which only peers still open read) must be skipped, if it must (see
-    /// `departures::quiet_reason`).
-    fn quiet_reason(&self) -> Option<String> {
-        let cx = self.cx;
-        departures::quiet_reason(cx.store.liveness(), cx.names.job_id(), cx.rank)
-    }
-
     /// Waits, at most `linger`, until every transport has unmapped what it released.
     fn flush_releases(&self, linger: Duration) -> Result<()> {
-        for t in self.cx.transports.existing() {
+        for t in self.transports.existing() {
             t.flush_releases(linger).map_err(|e| {
                 e.context(format!(
                     "rank {}: closing the cache (this rank has not marked itself closed, so its \
                      peers keep the memory it may still map)",
-                    self.cx.rank
+                    self.rank
                 ))
             })?;
         }
@@ -538,10 +508,9 @@ impl Teardown<'_> {
     }
 
     /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers
-    /// of the channels (they may hold this rank's memory), each with whether a device channel
-    /// connects them.
+    /// of the channels, each with whether a device channel connects them.
     fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
-        let cx = self.cx;
+        let cx = self;
         let mut st = lock(table);
         let channels = std::mem::take(&mut st.channels);
         st.by_fp.clear();
@@ -578,7 +547,7 @@ impl Teardown<'_> {
         linger: Duration,
     ) -> Vec<(usize, bool)> {
         wait_paced(SLEEPING, linger, || {
-            pending.retain(|&(peer, _)| !self.cx.peer_let_go(peer));
+            pending.retain(|&(peer, _)| !self.peer_let_go(peer));
             pending.is_empty().then_some(())
         });
         pending

@@ -509,7 +509,7 @@ fn exchange_with_a_closed_peer_fails_at_once() {
         let closing = s.spawn(|| c1.try_close());
         // Wait (bounded) until rank 1 is closed and waiting for rank 0.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !c0.peer_let_go(1) {
+        while !c0.cx.peer_let_go(1) {
             assert!(
                 Instant::now() < deadline,
                 "rank 1 never marked itself closed"
