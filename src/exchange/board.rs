@@ -489,11 +489,6 @@ impl OwnBoard {
             .collect()
     }
 
-    /// Reads back this rank's step of `entry` (tests and diagnostics).
-    pub fn step(&self, entry: u32) -> u64 {
-        self.table.entry(entry).step.load(Ordering::Acquire)
-    }
-
     /// Tells the peers that this rank has released every mapping of theirs and is closing: they
     /// must import nothing more from it, and it waits for them to close before freeing memory.
     pub fn mark_closed(&self) {
@@ -501,11 +496,6 @@ impl OwnBoard {
         // Orders the store before the loads of the peers' boards that follow (see module docs).
         fence(Ordering::SeqCst);
         self.wake_sleepers();
-    }
-
-    /// Whether [`mark_closed`](Self::mark_closed) was called.
-    pub fn is_closed(&self) -> bool {
-        self.table.header().closed.load(Ordering::SeqCst) != 0
     }
 }
 

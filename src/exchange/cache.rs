@@ -238,7 +238,22 @@ impl HandleCache {
         resolution: Resolution,
     ) -> Result<()> {
         let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
-        let result = self.exchange_with(requests, timeout, resolution, &mut scratch);
+        let run = |scratch: &mut Scratch| {
+            let mut lap = self.cx.counters.phases.start();
+            batch::resolve_all(&self.cx, requests, resolution, &mut scratch.resolved)?;
+            mark(&mut lap, Phase::Resolve);
+            let batch = Batch::begin(
+                &self.cx,
+                &self.table,
+                requests,
+                &scratch.resolved,
+                &mut scratch.channels,
+                &mut scratch.items,
+            )?;
+            mark(&mut lap, Phase::Claim);
+            batch.exchange(&mut Deadline::new(timeout), lap)
+        };
+        let result = run(&mut scratch);
         if scratch.items.capacity() <= SCRATCH_KEEP {
             scratch.resolved.clear();
             scratch.channels.clear();
@@ -247,29 +262,6 @@ impl HandleCache {
             let _ = SCRATCH.try_with(|cell| cell.set(scratch));
         }
         result
-    }
-
-    fn exchange_with(
-        &self,
-        requests: &[Request],
-        timeout: Duration,
-        resolution: Resolution,
-        scratch: &mut Scratch,
-    ) -> Result<()> {
-        let mut deadline = Deadline::new(timeout);
-        let mut lap = self.cx.counters.phases.start();
-        batch::resolve_all(&self.cx, requests, resolution, &mut scratch.resolved)?;
-        mark(&mut lap, Phase::Resolve);
-        let batch = Batch::begin(
-            &self.cx,
-            &self.table,
-            requests,
-            &scratch.resolved,
-            &mut scratch.channels,
-            &mut scratch.items,
-        )?;
-        mark(&mut lap, Phase::Claim);
-        batch.exchange(&mut deadline, lap)
     }
 
     /// Turns the per-phase timing of exchanges on or off (off by default; on, each call reads the

@@ -152,11 +152,6 @@ impl ChannelKey {
             && self.tag == req.tag
     }
 
-    /// The channel's board fingerprint: `board::fingerprint(&self.describe())`.
-    pub fn fingerprint(&self) -> u128 {
-        fingerprint_parts(self.src, self.dst, &self.tag, self.occurrence)
-    }
-
     /// Unambiguous text form `src/dst/tag#occurrence` (the occurrence is always the digits after
     /// the last `#`), used for fingerprints and store keys.
     pub fn describe(&self) -> String {
@@ -180,21 +175,17 @@ impl fmt::Display for ChannelKey {
     }
 }
 
-/// `ChannelKey::of(rank, req, occurrence).fingerprint()` without building the key (the exchange
-/// computes it for every request of every call).
+/// The board fingerprint of the channel of `req` issued by `rank` as its `occurrence`-th such
+/// request: `board::fingerprint(&ChannelKey::of(rank, req, occurrence).describe())`, fed piece by
+/// piece without building the key (the exchange computes it for every request of every call).
 pub fn fingerprint_of(rank: usize, req: &Request, occurrence: u32) -> u128 {
     let (src, dst) = req.ends(rank);
-    fingerprint_parts(src, dst, &req.tag, occurrence)
-}
-
-/// Fingerprint of `src/dst/tag#occurrence`, fed piece by piece.
-fn fingerprint_parts(src: usize, dst: usize, tag: &str, occurrence: u32) -> u128 {
     let mut f = Fingerprinter::new();
     f.write_decimal(src as u64);
     f.write(b"/");
     f.write_decimal(dst as u64);
     f.write(b"/");
-    f.write(tag.as_bytes());
+    f.write(req.tag.as_bytes());
     f.write(b"#");
     f.write_decimal(u64::from(occurrence));
     f.finish()

@@ -3,19 +3,15 @@
 //!
 //! A rendezvous of a group is one exchange in which each pair of the group talks over one
 //! channel: the lower rank of the pair sends, the higher receives, both with their own buffer.
-//! After the exchange each side holds the other's buffer mapped (the channel's peer pointer), so
-//! a rank has waited only for the records and opens of the peers it maps, never for a barrier.
-//! Being an ordinary exchange, it inherits everything the cache does: imports deduplicated and
-//! refcounted per peer allocation, released when the buffer is replaced or the cache freed, and a
-//! second rendezvous of the same buffers is a cache hit (no store traffic, no driver call).
-//!
-//! After a rendezvous, the cache remembers it by tag ([`SymmetricTable`]), so that
+//! So a rank waits only for the peers it maps, never for a barrier, and inherits everything the
+//! cache does (a second rendezvous of the same buffers is a cache hit). The cache remembers each
+//! rendezvous by tag ([`SymmetricTable`]), so that
 //! - a *contiguous view* maps every member's buffer again, in rank order, into one reserved
-//!   range (`transport::view`; the transport maps, from the buffers the exchange imported);
+//!   range (`transport::view`);
 //! - a *release* drops, in this process only, the view and the peers' mappings of the tag's
-//!   channels (`ChannelTable::release_peers`), with no store traffic and no waiting for peers: the channels keep
-//!   their protocol state, so a later rendezvous of the tag works whatever the order in which
-//!   the members released and came back, re-importing the peers' buffers.
+//!   channels, with no store traffic and no waiting for peers: the channels keep their protocol
+//!   state, so a later rendezvous of the tag works whatever the order in which the members
+//!   released and came back.
 
 use super::batch::Resolution;
 use super::cache::HandleCache;
