@@ -68,13 +68,13 @@ const FINGERPRINT_SALT: u8 = 0x5a;
 /// [`fingerprint`] of a description fed in pieces, so a channel's fingerprint can be computed
 /// from its parts without formatting the description into a new string.
 #[derive(Clone, Copy)]
-pub struct Fingerprinter {
+pub(super) struct Fingerprinter {
     lo: Fnv1a,
     hi: Fnv1a,
 }
 
 impl Fingerprinter {
-    pub fn new() -> Fingerprinter {
+    pub(super) fn new() -> Fingerprinter {
         let mut hi = Fnv1a::new();
         hi.write_byte(FINGERPRINT_SALT);
         Fingerprinter {
@@ -118,12 +118,6 @@ impl Fingerprinter {
 
     pub fn finish(self) -> u128 {
         (u128::from(self.hi.finish()) << 64) | u128::from(self.lo.finish())
-    }
-}
-
-impl Default for Fingerprinter {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -376,7 +370,7 @@ impl OwnBoard {
         }
     }
 
-    /// [`warn_if_unguarded`](Self::warn_if_unguarded) for a peer's board this cache opened.
+    /// Warns, once per cache, that a peer's board it opened has no SIGBUS guard.
     pub fn check_guarded(&self, peer: &PeerBoard) {
         self.warn_if_unguarded(&peer.table);
     }

@@ -190,7 +190,7 @@ impl HandleCache {
 
     /// The bound of the teardown's wait for peers to close: the value given to
     /// [`set_linger`](Self::set_linger), else min([`timeout`](Self::timeout),
-    /// [`DEFAULT_MAX_LINGER`]).
+    /// [`DEFAULT_MAX_LINGER`](super::DEFAULT_MAX_LINGER)).
     pub fn linger(&self) -> Duration {
         self.cx.settings.linger()
     }
@@ -289,7 +289,7 @@ impl HandleCache {
     /// The channel of `req`, found as [`get`](Self::get) finds it, opened for transfers: its
     /// handles stay usable without another lookup until an exchange changes the channel's
     /// buffers or the cache is torn down (then every use is an `InvalidState` error; open it
-    /// again after the exchange). See [`channel`](super::channel).
+    /// again after the exchange).
     pub fn open_channel(&self, req: &Request) -> Result<OpenChannel> {
         let st = lock(&self.table);
         let (ch, handles) = self.find(&st, req)?;

@@ -67,18 +67,13 @@ impl Sweeper {
     }
 
     fn run(&mut self, job: Job) {
-        match job {
-            Job::Read(keys) => {
-                for key in &keys {
-                    self.delete(key);
-                }
-            }
-            Job::Unread(keys) => {
-                for key in keys {
-                    if !self.delete(&key) {
-                        self.late.push((key, 1));
-                    }
-                }
+        let (keys, read) = match job {
+            Job::Read(keys) => (keys, true),
+            Job::Unread(keys) => (keys, false),
+        };
+        for key in keys {
+            if !self.delete(&key) && !read {
+                self.late.push((key, 1));
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Handle exchange between ranks, over the transport contract ([`crate::transport`]) and a
 //! [`Store`](crate::store::Store); it never names a concrete transport.
 //!
-//! - [`cache`]: [`HandleCache`], the public surface: it owns the channel table and the context,
+//! - `cache`: [`HandleCache`], the public surface: it owns the channel table and the context,
 //!   resolves a call's requests into a batch, and tears itself down without freeing what a peer
 //!   may still map;
 //! - `batch`: one call, whose items hold their channels' progress from `begin` until it commits,
