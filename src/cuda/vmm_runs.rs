@@ -8,7 +8,7 @@
 //! therefore resolved to a *widened* run instead: every segment mapped contiguously with the
 //! buffer's own inside the aligned windows (32 MiB unless `NVFIPC_VMM_WINDOW_MIB` says otherwise;
 //! 0 turns widening off) that the buffer overlaps, and inside its reserved range. Buffers of one window then share one run, which the peer holds
-//! after the first exchange, so later ones go through the board alone (`exchange::held`).
+//! after the first exchange, so later ones go through the board alone (`exchange::peers`).
 //!
 //! [`WideRuns`] remembers the runs it widened (a bounded, most-recently-used list; runs of buffers
 //! over other windows may overlap), so that a cached call costs no more driver calls than the

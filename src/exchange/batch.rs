@@ -856,7 +856,7 @@ impl Context {
         }
         for (it, imp) in items.iter_mut().zip(&imports) {
             if let Some(imp) = imp {
-                // The list changes before `opened` says the step is done (see `held`).
+                // The list changes before `opened` says the step is done (see `peers`).
                 let listed = self.board.known(it.ch.entry);
                 let ids = it.progress.held.imported(&listed, &imp.record);
                 self.board.set_known(it.ch.entry, &ids);
@@ -878,7 +878,7 @@ impl Context {
     fn send_records(&self, items: &mut [Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
         for it in items.iter_mut().filter(|it| it.publish && !it.sent) {
-            // Read before this step is published, so exact (see `held`).
+            // Read before this step is published, so exact (see `peers`).
             let knows = |it: &Item, id: u64| match (&it.progress.link.board, it.progress.link.entry)
             {
                 (Some(b), Some(e)) => b.knows(e, id),
@@ -1427,7 +1427,7 @@ impl Context {
     }
 
     /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
-    /// whose record this rank already holds (see `known`); their records, which the peer sent
+    /// whose record this rank already holds (see `peers`); their records, which the peer sent
     /// all the same, are deleted by the collector once they arrive. Returns the items left to
     /// fetch from the store.
     fn import_known(

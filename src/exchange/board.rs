@@ -8,7 +8,7 @@
 //! in an insert-only open-addressing table keyed by the channel's 128-bit fingerprint: `{state,
 //! fingerprint, step, version[2], opened, at[2], known[8]}`, where `at` is where the buffer of
 //! that version lies (allocation id, offset, bytes, flags: see [`BufferAt`]) and `known` the
-//! peer's allocations whose records the owner holds for the channel (see `held`). Only the owner
+//! peer's allocations whose records the owner holds for the channel (see `peers`). Only the owner
 //! writes. An entry is published by writing the fingerprint first and `state` last (Release); a
 //! step is published by writing `version[step % 2]` and `at[step % 2]` first and `step` last
 //! (Release).
