@@ -410,39 +410,39 @@ impl Drop for HandleCache {
 /// A cache's teardown (see the module docs), run once per cache.
 impl Context {
     fn teardown(&self, table: &Mutex<ChannelTable>) -> Result<()> {
-        let cx = self;
-        match departures::quiet_reason(cx.store.liveness(), cx.names.job_id(), cx.rank) {
+        match departures::quiet_reason(self.store.liveness(), self.names.job_id(), self.rank) {
             None => {
-                lock(&cx.collector).finish();
-                cx.peer_nodes.unpublish(&*cx.store, &cx.names, cx.rank);
+                lock(&self.collector).finish();
+                self.peer_nodes
+                    .unpublish(&*self.store, &self.names, self.rank);
             }
             Some(why) => {
-                lock(&cx.collector).abandon();
+                lock(&self.collector).abandon();
                 log::debug!(
                     target: logging::EXCHANGE,
                     "rank {}: closing {} without store traffic (consumed record keys and the \
                      node key {} are left in the store): {why}",
-                    cx.rank,
-                    cx.names,
-                    cx.names.node_key(cx.rank)
+                    self.rank,
+                    self.names,
+                    self.names.node_key(self.rank)
                 );
             }
         }
         // Release first, so that peers closing at the same time never wait on each other.
         let peers = self.release_everything(table);
-        let linger = cx.settings.linger();
+        let linger = self.settings.linger();
         let start = Instant::now();
         // Only once the transports have unmapped what they released (the device one waits for
         // the work queued before) does this rank say it let go of its peers' memory.
         let flushed = self.flush_releases(linger);
         if flushed.is_ok() {
-            cx.board.mark_closed();
+            self.board.mark_closed();
         }
         let unclosed = self.wait_for_peers_to_close(peers, linger.saturating_sub(start.elapsed()));
         // What dead processes of this node left in /dev/shm: their boards (the survivors clean up).
         super::board::reclaim_dead();
         let names: Vec<String> = {
-            let mut boards = lock(&cx.peer_boards);
+            let mut boards = lock(&self.peer_boards);
             let names = unclosed
                 .iter()
                 .map(|&(peer, _)| match boards.get(&peer) {
@@ -457,7 +457,7 @@ impl Context {
             return flushed;
         }
         let exposed_device = unclosed.iter().any(|&(_, device)| device);
-        let leaked = match cx.transports.get(MemKind::Device) {
+        let leaked = match self.transports.get(MemKind::Device) {
             Some(t) if exposed_device => {
                 // Deliberately never dropped: freeing the slab (or closing the driver state of
                 // buffers a peer still maps) while that peer maps it is undefined behaviour.
@@ -466,14 +466,14 @@ impl Context {
             }
             _ => 0,
         };
-        bump(&cx.counters.peers_unclosed, unclosed.len() as u64);
-        bump(&cx.counters.leaked_slabs, leaked);
+        bump(&self.counters.peers_unclosed, unclosed.len() as u64);
+        bump(&self.counters.leaked_slabs, leaked);
         Err(Error::timeout(format!(
             "rank {}: peers that had not closed their caches {:?} after this rank closed \
              (linger {linger:?}): {}. They may still map this rank's buffers and semaphore slab, \
              so {}. Close the cache on every rank that exchanged with this one (a failed rank \
              must exit or close its cache), or raise the bound with set_linger",
-            cx.rank,
+            self.rank,
             start.elapsed(),
             names.join(", "),
             if leaked > 0 {
@@ -502,30 +502,29 @@ impl Context {
     /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers
     /// of the channels, each with whether a device channel connects them.
     fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
-        let cx = self;
         let mut st = lock(table);
         let channels = std::mem::take(&mut st.channels);
         st.by_fp.clear();
         let mut peers: BTreeMap<usize, bool> = BTreeMap::new();
         for ch in channels {
             *peers.entry(ch.info.peer).or_default() |= ch.info.kind == MemKind::Device;
-            let t = cx.channel_transport(ch.info.kind);
+            let t = self.channel_transport(ch.info.kind);
             if let Some(p) = ch.peer_side {
-                cx.release_mapping(ch.info.kind, &p.mapping);
+                self.release_mapping(ch.info.kind, &p.mapping);
             }
             if let Some(imp) = ch.progress.and_then(|p| p.resume).and_then(|r| r.staged) {
-                cx.release_mapping(imp.kind, &imp.mapping);
+                self.release_mapping(imp.kind, &imp.mapping);
             }
             let _ = t.semaphores().free_slot(ch.info.slot);
         }
-        let mut held = lock(&cx.holdings);
+        let mut held = lock(&self.holdings);
         for (kind, m) in held.retained.drain() {
-            cx.release_mapping(kind, &m);
+            self.release_mapping(kind, &m);
         }
         for ((peer, kind), (handle, _)) in std::mem::take(&mut held.slabs) {
-            if let Some(t) = cx.transports.get(kind) {
+            if let Some(t) = self.transports.get(kind) {
                 let _ = t.semaphores().release_peer(peer, &handle);
-                bump(&cx.counters.closes, 1);
+                bump(&self.counters.closes, 1);
             }
         }
         peers.into_iter().collect()
