@@ -5,14 +5,14 @@
 //!   resolves a call's requests into a batch, and tears itself down without freeing what a peer
 //!   may still map;
 //! - `batch`: one call, whose items hold their channels' progress from `begin` until it commits,
-//!   suspends or fails, and the exchange protocol it runs over the context (its waits, deadline
-//!   and log lines);
+//!   suspends or fails, and the exchange protocol it runs over the context (its waits, deadline,
+//!   phase times and log lines);
 //! - `channel`: requests, the channels they name (and their board fingerprints), the channel
 //!   table, and a channel opened once for its transfers ([`OpenChannel`]), stale once its buffers
 //!   change;
 //! - [`board`]: the node-local shared-memory board of per-channel steps and versions;
 //! - `context`: what the protocol and the teardown work with (store, names, transports, boards,
-//!   settings, counters and phase times);
+//!   settings and counters);
 //! - `peers`: which peers share this node, and what this rank keeps of their allocations (known
 //!   and held records, retained mappings);
 //! - `collector`: the background deletes of consumed store records;
