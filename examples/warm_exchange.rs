@@ -20,7 +20,7 @@
 
 use nvfuser_ipc::error::{Error, Result};
 use nvfuser_ipc::exchange::board::{fingerprint, PeerBoard};
-use nvfuser_ipc::exchange::request::ChannelKey;
+use nvfuser_ipc::exchange::ChannelKey;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request};
 use nvfuser_ipc::host::alloc::alloc_for_job;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};

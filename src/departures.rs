@@ -2,24 +2,12 @@
 //! the store.
 //!
 //! A rank that closes after its peers must not talk to the store for them: nobody reads what it
-//! would write, and when the store was hosted by one of them (nvFuser's rank 0 hosts a
-//! `c10d::TCPStore`) every request fails, and a host's store may print warnings as it does. What
-//! this process can see of a peer without the store is its node-local board (see
-//! `exchange::board`): the exchange registers each peer board it opens here, and a peer whose
-//! board says closed, or whose process has exited, has left. Peers on other nodes (or in another
-//! pid namespace and IPC namespace) have no board here: they are never known to have left, so a
-//! rank with such peers keeps doing its teardown's store traffic.
-//!
-//! A store over host callbacks can tell when the host said where its server listens
-//! (`nvfipc_store_set_server_address`, which the C++ c10d adapter calls for a `c10d::TCPStore`):
-//! a server of this machine that no longer listens is gone. One that cannot tell (no address, or
-//! a server on another machine) is also left alone once rank 0 has left: rank 0
-//! hosts the store in c10d's and nvFuser's launchers, and a rank that exchanged only with some
-//! peers (a ring) cannot see the others leave.
-//!
-//! Whether boards are visible is decided by the peers' node identities (same kernel, IPC
-//! namespace and `/dev/shm`), never by local ranks: two ranks launched as local rank 0 of a
-//! node of one each on one machine still see each other's boards.
+//! would write, and when one of them hosted the store (nvFuser's rank 0 hosts a `c10d::TCPStore`)
+//! every request fails, and the host's store may print warnings. What this process sees of a
+//! peer without the store is its node-local board: the exchange registers each peer board it
+//! opens here, and a peer whose board says closed, or whose process has exited, has left. Peers
+//! with no board here (other nodes, namespaces) are never known to have left. Whether boards are
+//! visible is decided by node identities, never by local ranks.
 
 use crate::names::job_tag;
 use crate::store::Liveness;
@@ -43,8 +31,9 @@ struct Job {
     peers: HashMap<usize, Arc<dyn Presence>>,
 }
 
-/// Per job tag (see `names::job_tag`), so that the fd transport, which knows only the tag,
-/// finds the same entry as the exchange and the context, which know the job id.
+// process-wide: a job's caches, contexts and fd transports in one process share no owner, and
+// each must see the ranks that any of them saw leave. Keyed by job tag (`names::job_tag`): the
+// fd transport knows only the tag.
 static JOBS: Lazy<Mutex<HashMap<String, Job>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// Records that `job_id` has `world_size` ranks.
@@ -102,16 +91,13 @@ fn store_host_left(job_id: &str, me: usize) -> Option<String> {
     host.left()
 }
 
-/// Why a closing rank of `job_id` must make no store request that only its peers would need
-/// (or none at all), if it must: the store's server has closed the connection, so every request
-/// would fail; or the store cannot tell whether it is still there and either every other rank
-/// has left, so the store may have left with them and nobody would read what this rank wrote, or
-/// rank 0, which hosts the store in c10d's and nvFuser's launchers (nvFuser's rank 0 hosts its
-/// `c10d::TCPStore`), has left: a rank that never exchanged with some peers cannot see them
-/// leave, and without this it would talk to a store that is gone. A store that can tell it is
-/// there is used as before: its requests do not fail, and they keep a store that outlives the job
-/// clean. (Where the store outlives rank 0, e.g. torchrun's agent store, what is skipped is this
-/// rank's clean-up of its own keys in a store that ends with the run.)
+/// Why a closing rank of `job_id` must make no store request that only its peers would need, if
+/// it must: the store's server has gone (every request would fail); or the store cannot tell
+/// whether it is there (no server address, or a server on another machine: see
+/// `nvfipc_store_set_server_address`) and either every other rank has left (nobody would read
+/// what this rank wrote), or rank 0, which hosts the store in c10d's and nvFuser's launchers, has
+/// left (a rank that exchanged only with some peers cannot see the others leave). A store that
+/// can tell it is there is used as before, keeping a store that outlives the job clean.
 pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
     match store {
         Liveness::Alive | Liveness::ServedHere { .. } => None,

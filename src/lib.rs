@@ -24,8 +24,6 @@ pub mod default_transports;
 pub mod departures;
 pub mod error;
 pub mod exchange;
-#[cfg(test)]
-mod exchange_tests;
 pub mod fdpass;
 pub mod ffi;
 mod hash;

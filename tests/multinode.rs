@@ -9,7 +9,7 @@
 
 use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::default_transports;
-use nvfuser_ipc::exchange::request::ChannelKey;
+use nvfuser_ipc::exchange::ChannelKey;
 use nvfuser_ipc::exchange::{HandleCache, MemKind, Request};
 use nvfuser_ipc::host::{self, p2p};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};

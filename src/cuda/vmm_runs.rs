@@ -7,7 +7,7 @@
 //! segment mapped contiguously with the buffer's own inside the aligned windows it overlaps (32
 //! MiB unless `NVFIPC_VMM_WINDOW_MIB` says otherwise; 0 turns widening off) and inside its
 //! reserved range. Buffers of one window share one run, which the peer holds after the first
-//! exchange, so later ones go through the board alone (`exchange::held`).
+//! exchange, so later ones go through the board alone (`exchange::peers`).
 //!
 //! [`WideRuns`] remembers the runs it widened (a bounded most-recently-used list), so a cached
 //! call costs no more driver calls than the exact resolution: a remembered run serves a buffer

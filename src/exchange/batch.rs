@@ -1,23 +1,311 @@
-//! One `exchange_handles` call as a batch: [`Batch::begin`] claims its channels (step 1), moving
-//! each channel's progress out of the table into the batch's items; [`Batch::exchange`] runs the
-//! protocol on them (`protocol`) and ends the batch in one of three ways, each moving the
-//! progress back: commit (the new peer mappings are installed), suspend (a peer was not there in
-//! time: the step stays open for the same batch to resume), or fail (the channels are poisoned).
+//! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs.
+//!
+//! Per channel every rank keeps a buffer *version* (bumped when the resolved identity of its
+//! buffer changes) and a *step* (how many calls included the channel). One call:
+//!
+//! 1. resolves every request to its allocation, claims the channels ([`Batch::begin`], moving
+//!    each channel's progress out of the table) and bumps step (and version, on change);
+//! 2. when its version changed since it last published, sends its new records with one
+//!    `multi_set` (fire-and-forget; the key contains the version, so it never overwrites an
+//!    unread one), then publishes `(step, version, where the buffer lies)` on its
+//!    [board](super::board); a buffer carved from an allocation whose record the peer holds for
+//!    the channel (its board says so, see `peers`) sends no record;
+//! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
+//!    version for that step: both ranks now agree on what changed, without a barrier;
+//! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
+//!    it has opened (none for an allocation whose record it holds), imports them, publishes the
+//!    versions it opened, and waits until the peer has opened every buffer this rank published;
+//! 5. commits: installs the new mappings and releases the replaced ones (never waiting for device
+//!    work: the device transport closes them on its releaser thread, and the call waits for that
+//!    thread only when more than its bound of one peer's mappings wait), and hands the keys it
+//!    read to the collector.
+//!
+//! A hit on both sides costs a few shared-memory loads, no store operation, no allocation and no
+//! syscall (per-call buffers are reused per thread; the clock is read only when a peer is not
+//! there yet). A wait spins, then blocks on the peer's board until the peer publishes. A call that
+//! times out because a peer is not there yet leaves its channels *suspended* in that step: calling
+//! again with the same batch resumes it (so a zero timeout checks once). Any other failure (a
+//! peer that closed or died, a bad record, a store error) *fails* the batch: its channels refuse
+//! every later call (`InvalidState`: create a new cache). Where a call's time goes is measured per
+//! [`Phase`] when asked for; its log lines (subsystem `exchange`) say what it moved and, while it
+//! waits, which peer it waits for.
 
-use super::channel::{Channel, ChannelInfo, ChannelTable, Imported, PeerSide, Resume};
-use super::context::Context;
-use super::deadline::Deadline;
-use super::events;
-use super::phases::{Lap, Phase};
-use super::protocol::{self, Item, RunError};
-use super::request::{fingerprint_of, occurrence, ChannelKey, Request};
-use super::stats::bump;
-use crate::error::{Error, Result};
-use crate::logging;
+use super::board::BufferAt;
+use super::channel::{
+    fingerprint_of, occurrence, Channel, ChannelInfo, ChannelKey, ChannelTable, Imported, PeerSide,
+    Progress, Request, Resume,
+};
+use super::context::{bump, Context};
+use crate::error::{Error, Result, Status};
+use crate::logging::{self, since};
+use crate::os::wait::{blocking_pace, wait_blocking};
 use crate::sync::lock;
-use crate::transport::{LocalBuffer, Mapping, MemKind};
-use std::sync::Mutex;
-use std::time::Instant;
+use crate::transport::record::{self, flags, local_host, Record};
+use crate::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind};
+use log::Level;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The phases of one `exchange_handles` call, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Step 1: each request resolved to its allocation (the buffer's identity).
+    Resolve,
+    /// Step 1: channels found or made, steps and versions bumped, progress taken out.
+    Claim,
+    /// Peers' node identities read from the store (a first exchange with a peer only).
+    Lookup,
+    /// Records built (the buffers exported), when a buffer changed.
+    Export,
+    /// Records sent (`MULTI_SET`).
+    Records,
+    /// `(step, version, where)` written on this rank's board.
+    Publish,
+    /// Waiting on the peers' boards for the same step.
+    WaitPeers,
+    /// Records built from allocations seen before and imported (no store).
+    ImportKnown,
+    /// Records fetched from the store (`WAIT` + `MULTI_GET`).
+    Fetch,
+    /// Fetched records imported (mapped).
+    Import,
+    /// Peers' semaphore slabs mapped, `opened` published.
+    Slabs,
+    /// Waiting until the peers opened this rank's new buffers.
+    WaitOpened,
+    /// New mappings installed, replaced ones released or kept, progress given back.
+    Commit,
+}
+
+/// Every phase, in order.
+pub const PHASES: [Phase; 13] = [
+    Phase::Resolve,
+    Phase::Claim,
+    Phase::Lookup,
+    Phase::Export,
+    Phase::Records,
+    Phase::Publish,
+    Phase::WaitPeers,
+    Phase::ImportKnown,
+    Phase::Fetch,
+    Phase::Import,
+    Phase::Slabs,
+    Phase::WaitOpened,
+    Phase::Commit,
+];
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Resolve => "resolve",
+            Phase::Claim => "claim",
+            Phase::Lookup => "lookup",
+            Phase::Export => "export",
+            Phase::Records => "records",
+            Phase::Publish => "publish",
+            Phase::WaitPeers => "wait_peers",
+            Phase::ImportKnown => "import_known",
+            Phase::Fetch => "fetch",
+            Phase::Import => "import",
+            Phase::Slabs => "slabs",
+            Phase::WaitOpened => "wait_opened",
+            Phase::Commit => "commit",
+        }
+    }
+}
+
+/// Time spent per phase over the calls timed so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseTimes {
+    /// Calls that ran to the end while timing was on.
+    pub calls: u64,
+    /// Nanoseconds per phase, indexed like [`PHASES`].
+    pub nanos: [u64; PHASES.len()],
+}
+
+impl PhaseTimes {
+    /// Nanoseconds of `phase` over all timed calls.
+    pub fn of(&self, phase: Phase) -> u64 {
+        self.nanos[phase as usize]
+    }
+}
+
+/// The cache's accumulators.
+#[derive(Default)]
+pub(crate) struct PhaseClock {
+    enabled: AtomicBool,
+    calls: AtomicU64,
+    nanos: [AtomicU64; PHASES.len()],
+}
+
+impl PhaseClock {
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// A lap for one call, or `None` when timing is off.
+    pub fn start(&self) -> Option<Lap<'_>> {
+        self.enabled.load(Ordering::Relaxed).then(|| Lap {
+            clock: self,
+            at: Instant::now(),
+        })
+    }
+
+    pub fn snapshot(&self) -> PhaseTimes {
+        let mut out = PhaseTimes {
+            calls: self.calls.load(Ordering::Relaxed),
+            ..PhaseTimes::default()
+        };
+        for (o, n) in out.nanos.iter_mut().zip(&self.nanos) {
+            *o = n.load(Ordering::Relaxed);
+        }
+        out
+    }
+
+    pub fn reset(&self) {
+        self.calls.store(0, Ordering::Relaxed);
+        for n in &self.nanos {
+            n.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One call's timing: each [`mark`](Lap::mark) charges the time since the previous one to a
+/// phase.
+pub(crate) struct Lap<'a> {
+    clock: &'a PhaseClock,
+    at: Instant,
+}
+
+impl Lap<'_> {
+    pub fn mark(&mut self, phase: Phase) {
+        let now = Instant::now();
+        let ns = u64::try_from(now.duration_since(self.at).as_nanos()).unwrap_or(u64::MAX);
+        self.clock.nanos[phase as usize].fetch_add(ns, Ordering::Relaxed);
+        self.at = now;
+    }
+
+    /// The call ran to its end.
+    pub fn finish(self) {
+        self.clock.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Marks `phase` on an optional lap.
+pub(crate) fn mark(lap: &mut Option<Lap<'_>>, phase: Phase) {
+    if let Some(l) = lap {
+        l.mark(phase);
+    }
+}
+
+/// The bound of a call's waits. The clock starts at the first wait that needs it, so a call whose
+/// peers are already there never reads it. It keeps the call's timeout, for messages.
+pub(super) struct Deadline {
+    timeout: Duration,
+    at: Option<Instant>,
+}
+
+impl Deadline {
+    pub(super) fn new(timeout: Duration) -> Deadline {
+        Deadline { timeout, at: None }
+    }
+
+    /// The call's whole timeout.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// What is left of the timeout (zero once it has run out: a wait then checks once).
+    pub(super) fn remaining(&mut self) -> Duration {
+        let timeout = self.timeout;
+        let at = *self.at.get_or_insert_with(|| Instant::now() + timeout);
+        at.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The clock, read only when an exchange line at `level` will use it.
+fn clock(level: Level) -> Option<Instant> {
+    logging::clock(logging::EXCHANGE, level)
+}
+
+/// At most `limit` keys, then how many more (keys can be many in a large batch).
+fn some_keys<S: AsRef<str>>(keys: &[S], limit: usize) -> String {
+    let mut out: Vec<String> = keys
+        .iter()
+        .take(limit)
+        .map(|k| format!("{:?}", k.as_ref()))
+        .collect();
+    if keys.len() > limit {
+        out.push(format!("and {} more", keys.len() - limit));
+    }
+    out.join(", ")
+}
+
+/// What a wait awaits of the peers: their step, or their open of this rank's buffer.
+#[derive(Clone, Copy)]
+enum Stage {
+    Step,
+    Open,
+}
+
+/// Reports a wait that lasts: first after one second, then each time its length doubles, one
+/// line per pending channel (at most four), so a stuck exchange explains itself in the log
+/// while it hangs, not only when it times out.
+struct StuckReport {
+    since: Option<Instant>,
+    next: Duration,
+}
+
+impl StuckReport {
+    fn new() -> Self {
+        StuckReport {
+            since: None,
+            next: Duration::from_secs(1),
+        }
+    }
+
+    /// Called now and then during a wait (not on its first poll, which usually succeeds).
+    fn check(&mut self, rank: usize, items: &[Item], stage: Stage, timeout: Duration) {
+        if !log::log_enabled!(target: logging::EXCHANGE, Level::Info) {
+            return;
+        }
+        let waited = self.since.get_or_insert_with(Instant::now).elapsed();
+        if waited < self.next {
+            return;
+        }
+        self.next *= 2;
+        let pending: Vec<&Item> = items.iter().filter(|it| it.waiting).collect();
+        for it in pending.iter().take(4) {
+            let what = match stage {
+                Stage::Step => format!(
+                    "to reach step {} (board entry of {})",
+                    it.progress.step,
+                    it.ch.key.describe()
+                ),
+                Stage::Open => format!(
+                    "to open version {} of this rank's buffer",
+                    it.progress.version
+                ),
+            };
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {rank}: still waiting after {:.1}s (timeout {timeout:?}) for peer rank {} \
+                 on {} {what}",
+                waited.as_secs_f64(),
+                it.ch.peer,
+                it.ch.key,
+            );
+        }
+        if pending.len() > 4 {
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {rank}: and {} more channel(s) pending",
+                pending.len() - 4
+            );
+        }
+    }
+}
 
 /// The channels of one call, claimed from the table until the batch ends. Its items live in a
 /// vector the caller lends (reused per thread, so a warm call allocates nothing); ending the
@@ -115,8 +403,17 @@ impl<'a> Batch<'a> {
                     i
                 }
                 None => {
-                    let key = ChannelKey::of(rank, r, occ);
-                    let i = create_channel(cx, &mut st, r, key, fp)?;
+                    let entry = cx.board.insert(fp)?;
+                    let slot = cx.channel_transport(r.kind).semaphores().allocate_slot()?;
+                    st.channels.push(Channel::new(ChannelInfo {
+                        key: ChannelKey::of(rank, r, occ),
+                        peer: r.peer,
+                        kind: r.kind,
+                        slot,
+                        entry,
+                        fp,
+                    }));
+                    let i = st.channels.len() - 1;
                     st.by_fp.insert(fp, i);
                     i
                 }
@@ -169,13 +466,8 @@ impl<'a> Batch<'a> {
             let mut progress = ch.progress.take().expect("checked in pass 1");
             let (publish, sent, known_to_peer, staged) = match progress.resume.take() {
                 Some(r) => {
-                    let Resume {
-                        publish,
-                        sent,
-                        known_to_peer,
-                        staged,
-                    } = *r;
-                    (publish, sent, known_to_peer, staged)
+                    let r = *r;
+                    (r.publish, r.sent, r.known_to_peer, r.staged)
                 }
                 None => {
                     if changed {
@@ -205,8 +497,8 @@ impl<'a> Batch<'a> {
     /// Steps 2-5: runs the protocol on the batch's channels and ends the batch.
     pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Option<Lap<'_>>) -> Result<()> {
         // A cached call is logged at TRACE, one that moved records (or failed) at INFO.
-        let clock = events::clock(log::Level::Info);
-        match protocol::run(self.cx, &mut self.items[..], deadline, &mut lap) {
+        let clock = clock(Level::Info);
+        match self.cx.run(&mut self.items[..], deadline, &mut lap) {
             Ok(imports) => {
                 let done = self.commit(imports, clock, deadline);
                 if let Some(mut lap) = lap {
@@ -228,9 +520,8 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Step 5: installs the new peer mappings, releasing the ones they replace (a release never
-    /// waits for device work; up to a bound of them are kept mapped for reuse instead, see
-    /// `retain`), and gives every channel its progress back.
+    /// Step 5: installs the new peer mappings, releasing (or retaining) the ones they replace,
+    /// and gives every channel its progress back.
     fn commit(
         self,
         imports: Vec<Option<Imported>>,
@@ -245,7 +536,6 @@ impl<'a> Batch<'a> {
             _ => None,
         };
         let mut hits = 0;
-        let mut replaced = 0;
         let mut released: Vec<(MemKind, Mapping)> = Vec::new();
         {
             let mut st = lock(self.table);
@@ -271,7 +561,6 @@ impl<'a> Batch<'a> {
                         let limit = cx.settings.retained_per_peer();
                         for m in held.retained.retire(it.ch.kind, old.mapping, limit) {
                             cx.release_mapping(it.ch.kind, &m);
-                            replaced += 1;
                             released.push((it.ch.kind, m));
                         }
                     }
@@ -294,6 +583,7 @@ impl<'a> Batch<'a> {
             bump(&cx.counters.misses, misses);
         }
         bump(&cx.counters.exchanges, 1);
+        let replaced = released.len();
         if clock.is_some() {
             let level = if published + opened + replaced == 0 {
                 log::Level::Trace
@@ -307,7 +597,7 @@ impl<'a> Batch<'a> {
                  {opened} opened, {replaced} released{}",
                 cx.rank,
                 self.items.len(),
-                events::since(clock),
+                since(clock),
                 match first {
                     Some((ch, step, version)) =>
                         format!(" (first: {} step {step} version {version})", ch.key),
@@ -318,9 +608,7 @@ impl<'a> Batch<'a> {
         self.wait_release_room(replaced, deadline)
     }
 
-    /// Back-pressure on released mappings: the device transport closes them on a releaser thread
-    /// once the device work queued before their release has finished; when more than its bound
-    /// of one peer's mappings wait, this waits for the releaser, bounded by the call's timeout.
+    /// Back-pressure on released mappings (see the module docs), bounded by the call's timeout.
     /// A timeout fails the call without poisoning its channels: the new handles are installed
     /// and the replaced mappings stay queued.
     fn wait_release_room(&self, replaced: usize, deadline: &mut Deadline) -> Result<()> {
@@ -336,10 +624,9 @@ impl<'a> Batch<'a> {
             {
                 continue;
             }
-            let Some(t) = self.cx.transport(it.ch.kind) else {
-                continue;
-            };
-            t.wait_release_room(it.ch.peer, deadline.remaining())
+            self.cx
+                .channel_transport(it.ch.kind)
+                .wait_release_room(it.ch.peer, deadline.remaining())
                 .map_err(|e| {
                     e.context(format!(
                         "rank {}: {} (exchange timeout {:?}; its handles are current, the \
@@ -353,8 +640,8 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// A call that timed out waiting for a peer: its channels keep their step, version and
-    /// what was opened, for the next call with the same batch to resume.
+    /// A peer was not there in time: the channels keep their step, version and what was opened,
+    /// for the next call with the same batch to resume.
     fn suspend(self, imports: Vec<Option<Imported>>, clock: Option<Instant>, err: &Error) {
         {
             let mut st = lock(self.table);
@@ -376,13 +663,12 @@ impl<'a> Batch<'a> {
              batch: {}",
             self.cx.rank,
             self.items.len(),
-            events::since(clock),
+            since(clock),
             err.message
         );
     }
 
-    /// Any other failure: the channels' state is unknown from here on, so they refuse every
-    /// later call (their progress is dropped).
+    /// Any other failure: the channels' state is unknown, so they refuse every later call.
     fn fail(self, clock: Option<Instant>, err: &Error) {
         {
             let mut st = lock(self.table);
@@ -396,14 +682,14 @@ impl<'a> Batch<'a> {
             "rank {}: exchange of {} channel(s) failed after {}, its channels are unusable: {}",
             self.cx.rank,
             self.items.len(),
-            events::since(clock),
+            since(clock),
             err.message
         );
     }
 }
 
 /// Takes the allocations whose last mapping here was just released off the board lists of the
-/// channels of their peer (see `held`): the peer sends records of them through the store again.
+/// channels of their peer: the peer sends records of them through the store again.
 fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mapping)]) {
     let held = lock(&cx.holdings);
     for (kind, m) in released {
@@ -425,23 +711,880 @@ fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mappin
     }
 }
 
-fn create_channel(
-    cx: &Context,
-    st: &mut ChannelTable,
-    r: &Request,
-    key: ChannelKey,
-    fp: u128,
-) -> Result<usize> {
-    let t = cx.transport(r.kind).expect("checked by resolve");
-    let entry = cx.board.insert(fp)?;
-    let slot = t.semaphores().allocate_slot()?;
-    st.channels.push(Channel::new(ChannelInfo {
-        key,
-        peer: r.peer,
-        kind: r.kind,
-        slot,
-        entry,
-        fp,
-    }));
-    Ok(st.channels.len() - 1)
+/// Work of one request in one call. What the channel is comes through one `Arc`; its progress
+/// is moved out of the table and back; the rest is this call's own.
+pub(super) struct Item {
+    /// The channel's index in the table.
+    pub channel: usize,
+    pub ch: Arc<ChannelInfo>,
+    /// This call's buffer.
+    pub local: LocalBuffer,
+    /// The channel's progress, this call's until the batch ends.
+    pub progress: Progress,
+    /// This call sends new records (the channel's version changed since it last published).
+    pub publish: bool,
+    pub peer_version: u64,
+    /// Where the peer's buffer of `peer_version` lies (from its board).
+    pub peer_at: BufferAt,
+    /// Still waited for by the current wait (peer's step, then peer's open).
+    pub waiting: bool,
+    /// Resuming a suspended step: its records are already in the store.
+    pub sent: bool,
+    /// This step sends no record: the peer holds the record of the buffer's allocation.
+    pub known_to_peer: bool,
+    /// Resuming a suspended step: the peer's buffer, already opened then.
+    pub staged: Option<Imported>,
 }
+
+/// Why a call's steps 2-4 failed: a peer not there in time (the step can be resumed), or
+/// anything else (the channels are poisoned).
+pub(super) enum RunError {
+    NotReady(Error, Vec<Option<Imported>>),
+    Fatal(Error),
+}
+
+impl RunError {
+    fn classify(e: Error, staged: Vec<Option<Imported>>) -> RunError {
+        if e.status == Status::Timeout {
+            RunError::NotReady(e, staged)
+        } else {
+            RunError::Fatal(e)
+        }
+    }
+}
+
+/// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
+/// syscall), so a peer a few microseconds late costs none; once the wait blocks, every wake-up
+/// makes one.
+const FIRST_LIVENESS_POLL: u32 = 2048;
+/// Polls between two liveness checks while spinning past that.
+const LIVENESS_EVERY: u32 = 256;
+
+/// How long a wait sleeps between two looks for a peer board that does not exist yet.
+const NO_BOARD_SLEEP: Duration = Duration::from_millis(1);
+
+fn liveness_check_due(polls: u32) -> bool {
+    polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
+}
+
+/// Steps 2-4 of a call, over the cache's context.
+impl Context {
+    fn run(
+        &self,
+        items: &mut [Item],
+        deadline: &mut Deadline,
+        lap: &mut Option<Lap<'_>>,
+    ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
+        // A channel that has not found its peer's board yet may have a peer that can never
+        // have one here (another host or container): refuse it before anything is published.
+        // A board found on this node's /dev/shm settles it (an IPC namespace it does not share
+        // is still refused when its records are imported); so the lookup, one store round trip,
+        // happens only for a peer whose board is not there yet.
+        let mut unknown: Vec<usize> = Vec::new();
+        for it in items
+            .iter_mut()
+            .filter(|it| it.progress.link.board.is_none())
+        {
+            if self.peer_nodes.known(it.ch.peer) {
+                continue;
+            }
+            match self.peer_board(it.ch.peer) {
+                Ok(Some(board)) => it.progress.link.board = Some(board),
+                _ => unknown.push(it.ch.peer),
+            }
+        }
+        if !unknown.is_empty() {
+            bump(&self.counters.peer_lookups, 1);
+            self.peer_nodes
+                .check(
+                    &*self.store,
+                    &self.names,
+                    self.rank,
+                    &unknown,
+                    deadline.remaining(),
+                )
+                .map_err(|e| RunError::classify(e, Vec::new()))?;
+        }
+        mark(lap, Phase::Lookup);
+        // Records go out before the step is visible on the board: a peer that sees the step
+        // knows the records are already on their way to the store, so its multi_get never waits
+        // on this rank's progress (which matters when several threads share one store client).
+        self.send_records(items, lap).map_err(RunError::Fatal)?;
+        for it in items.iter_mut() {
+            it.sent = true;
+        }
+        mark(lap, Phase::Records);
+        for it in items.iter() {
+            let at = BufferAt {
+                alloc_id: it.local.buffer_id,
+                offset: it.local.offset(),
+                bytes: it.local.bytes,
+                known_to_peer: it.publish && it.known_to_peer,
+            };
+            self.board
+                .publish(it.ch.entry, it.progress.step, it.progress.version, at);
+        }
+        mark(lap, Phase::Publish);
+        if let Err(e) = self.wait_peers(items, deadline) {
+            let staged = items.iter_mut().map(|it| it.staged.take()).collect();
+            return Err(RunError::classify(e, staged));
+        }
+        mark(lap, Phase::WaitPeers);
+        let mut imports = match self.fetch_records(items, deadline, lap) {
+            Ok(imports) => imports,
+            Err(e) if e.status == Status::Timeout => {
+                // Records are sent without waiting for the store's reply, so a peer's step can be
+                // visible before its records are: a zero timeout may miss them. Retryable.
+                let staged = items.iter_mut().map(|it| it.staged.take()).collect();
+                return Err(RunError::NotReady(e, staged));
+            }
+            Err(e) => {
+                for it in items.iter_mut() {
+                    if let Some(imp) = it.staged.take() {
+                        self.release_mapping(imp.kind, &imp.mapping);
+                    }
+                }
+                return Err(RunError::Fatal(e));
+            }
+        };
+        mark(lap, Phase::Import);
+        // Everything of the peer this rank needs is mapped before it says so: a peer that has
+        // seen `opened` may return, and exit, and its memory is passed by its own process.
+        if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
+            self.release_imports(imports);
+            return Err(RunError::Fatal(e));
+        }
+        for (it, imp) in items.iter_mut().zip(&imports) {
+            if let Some(imp) = imp {
+                // The list changes before `opened` says the step is done (see `peers`).
+                let listed = self.board.known(it.ch.entry);
+                let ids = it.progress.held.imported(&listed, &imp.record);
+                self.board.set_known(it.ch.entry, &ids);
+                self.board.publish_opened(it.ch.entry, it.peer_version);
+            }
+        }
+        mark(lap, Phase::Slabs);
+        if let Err(e) = self.wait_opened(items, deadline) {
+            if e.status == Status::Timeout {
+                return Err(RunError::NotReady(e, imports));
+            }
+            self.release_imports(imports);
+            return Err(RunError::Fatal(e));
+        }
+        mark(lap, Phase::WaitOpened);
+        Ok(imports)
+    }
+
+    fn send_records(&self, items: &mut [Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
+        let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
+        for it in items.iter_mut().filter(|it| it.publish && !it.sent) {
+            // Read before this step is published, so exact (see `peers`).
+            let knows = |it: &Item, id: u64| match (&it.progress.link.board, it.progress.link.entry)
+            {
+                (Some(b), Some(e)) => b.knows(e, id),
+                _ => false,
+            };
+            it.known_to_peer = knows(it, it.local.buffer_id);
+            if !it.known_to_peer {
+                // Exported only as mapped now (a widened VMM run may have lost a neighbour
+                // since it was remembered; see `cuda::vmm_runs`).
+                let fresh = self
+                    .channel_transport(it.ch.kind)
+                    .refresh(&it.local)
+                    .map_err(|e| {
+                        e.context(format!(
+                            "rank {}: resolving the buffer of {} again",
+                            self.rank, it.ch.key
+                        ))
+                    })?;
+                if fresh != it.local {
+                    it.local = fresh;
+                    it.known_to_peer = knows(it, fresh.buffer_id);
+                }
+            }
+            if it.known_to_peer {
+                continue;
+            }
+            let rec = self.make_record(it).map_err(|e| {
+                e.context(format!(
+                    "rank {}: exporting the buffer of {}",
+                    self.rank, it.ch.key
+                ))
+            })?;
+            pairs.push((self.own_record_key(it), rec.encode()));
+        }
+        mark(lap, Phase::Export);
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<(&str, &[u8])> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        bump(&self.counters.store_round_trips, 1);
+        let clock = clock(Level::Info);
+        self.store.multi_set(&refs).map_err(|e| {
+            e.context(format!(
+                "rank {}: publishing {} record(s) (first key {})",
+                self.rank,
+                pairs.len(),
+                pairs[0].0
+            ))
+        })?;
+        bump(&self.counters.records_sent, pairs.len() as u64);
+        let bytes: usize = pairs.iter().map(|(_, v)| v.len()).sum();
+        bump(&self.counters.record_bytes_sent, bytes as u64);
+        if clock.is_some() {
+            let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {}: sent {} record(s) ({bytes} bytes) to the store in {}: {}",
+                self.rank,
+                pairs.len(),
+                since(clock),
+                some_keys(&keys, 4)
+            );
+        }
+        Ok(())
+    }
+
+    /// The store key of this rank's record of `it` at its version.
+    fn own_record_key(&self, it: &Item) -> String {
+        it.ch
+            .key
+            .record_key(&self.names, self.rank, it.progress.version)
+    }
+
+    /// The store key of the peer's record of `it` at the peer's version.
+    fn peer_record_key(&self, it: &Item) -> String {
+        it.ch
+            .key
+            .record_key(&self.names, it.ch.peer, it.peer_version)
+    }
+
+    fn make_record(&self, it: &Item) -> Result<Record> {
+        let t = self.channel_transport(it.ch.kind);
+        let handle = t.export(&it.local)?;
+        let slab = t.semaphores().export()?;
+        let host = local_host();
+        Ok(Record {
+            handle_type: handle.handle_type,
+            flags: if it.ch.kind == MemKind::Device {
+                flags::DEVICE
+            } else {
+                0
+            },
+            offset: it.local.offset(),
+            bytes: it.local.bytes,
+            alloc_bytes: it.local.alloc_bytes,
+            buffer_id: it.local.buffer_id,
+            host_id: host.id,
+            version: it.progress.version,
+            device_uuid: it.local.device_uuid,
+            pid: std::process::id(),
+            rank: self.rank as u32,
+            host_name: record::to_fixed(&host.name).unwrap_or([0; record::HOST_NAME_LEN]),
+            payload: handle.payload,
+            sem_type: slab.handle_type,
+            sem_slot: it.ch.slot,
+            sem_payload: slab.payload,
+            segments: handle.segments,
+        })
+    }
+
+    /// Maps the semaphore slabs of the peers whose buffers `imports` holds (those not mapped
+    /// yet) and gives each import its peer semaphore's address here.
+    fn map_peer_slabs(
+        &self,
+        items: &[Item],
+        imports: &mut [Option<Imported>],
+        deadline: &mut Deadline,
+    ) -> Result<()> {
+        let mut held = lock(&self.holdings);
+        for (it, imp) in items.iter().zip(imports.iter_mut()) {
+            let Some(imp) = imp else { continue };
+            let key = (it.ch.peer, it.ch.kind);
+            let base = match held.slabs.get(&key) {
+                Some((h, base)) if *h == imp.sem_handle => *base,
+                _ => {
+                    let slab = self.channel_transport(it.ch.kind).semaphores();
+                    let base = slab
+                        .import_peer(it.ch.peer, &imp.sem_handle, deadline.remaining())
+                        .map_err(|e| {
+                            e.context(format!(
+                                "rank {}: mapping peer rank {}'s semaphore slab for {}",
+                                self.rank, it.ch.peer, it.ch.key
+                            ))
+                        })?;
+                    bump(&self.counters.opens, 1);
+                    // A peer that recreated its slab: drop our reference to the old one.
+                    if let Some((old, _)) = held.slabs.insert(key, (imp.sem_handle.clone(), base)) {
+                        let _ = slab.release_peer(it.ch.peer, &old);
+                        bump(&self.counters.closes, 1);
+                    }
+                    base
+                }
+            };
+            imp.semaphore = slot_address(base, imp.sem_slot);
+        }
+        Ok(())
+    }
+
+    /// Waits, within `deadline`, until `ready` holds for every item marked `waiting`, clearing
+    /// the mark of each that gets ready. Now and then (about every 100 ms once sleeping) it makes
+    /// sure the awaited peers still exist and have not closed their caches, so a crashed or
+    /// closed peer is reported at once rather than at the timeout. Returns whether every item got
+    /// ready; `false` when the deadline ran out (the items still marked are the late ones).
+    fn wait_items(
+        &self,
+        items: &mut [Item],
+        stage: Stage,
+        deadline: &mut Deadline,
+        mut ready: impl FnMut(&Self, &mut Item) -> Result<bool>,
+    ) -> Result<bool> {
+        let mut left = items.iter().filter(|it| it.waiting).count();
+        if left == 0 {
+            return Ok(true);
+        }
+        let mut error: Option<Error> = None;
+        let mut polls: u32 = 0;
+        let mut stuck = StuckReport::new();
+        let timeout = deadline.timeout();
+        let mut poll = |after_block: bool, items: &mut [Item]| {
+            polls = polls.wrapping_add(1);
+            // Checked before the entries: what a peer published before it closed or exited is
+            // visible once its `closed` flag or its death is, and then it is no failure.
+            let due = after_block || liveness_check_due(polls);
+            let gone = if due {
+                stuck.check(self.rank, items, stage, timeout);
+                self.gone_peer(items, stage)
+            } else {
+                None
+            };
+            for it in items.iter_mut().filter(|it| it.waiting) {
+                match ready(self, it) {
+                    Ok(true) => {
+                        it.waiting = false;
+                        left -= 1;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            // A truncated board first: a peer that failed on it may have closed since, and the
+            // truncation is what the user must hear about.
+            if error.is_none() {
+                error = self.boards_intact(items, due).err();
+            }
+            if error.is_none() {
+                error = gone.and_then(|(i, e)| items[i].waiting.then_some(e));
+            }
+            (left == 0 || error.is_some()).then_some(())
+        };
+        // Peers usually are there already: then the clock is never read.
+        let done = match poll(false, items) {
+            Some(()) => Some(()),
+            None => {
+                let pace = blocking_pace(lock(&self.peer_boards).len() + 1);
+                wait_blocking(pace, deadline.remaining(), |block| {
+                    let Some(max) = block else {
+                        return poll(false, items);
+                    };
+                    // Blocks on the board of the first peer still awaited, until it publishes;
+                    // the others are checked when it wakes this rank.
+                    let board = items
+                        .iter()
+                        .find(|it| it.waiting)
+                        .and_then(|it| it.progress.link.board.clone());
+                    let mut done = None;
+                    match board {
+                        Some(b) => b.block(max, || {
+                            done = poll(false, items);
+                            done.is_none()
+                        }),
+                        // Its board is not there yet: nothing to block on.
+                        None => std::thread::sleep(max.min(NO_BOARD_SLEEP)),
+                    }
+                    done.or_else(|| poll(true, items))
+                })
+            }
+        };
+        if let Some(e) = error {
+            return Err(e);
+        }
+        // A wait that timed out may have seen the last item get ready in its final check.
+        Ok(done.is_some() || items.iter().all(|it| !it.waiting))
+    }
+
+    /// Step 3: waits until every peer has reached this call's step on its channel, and reads
+    /// the peer's version for that step.
+    fn wait_peers(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
+        for it in items.iter_mut() {
+            it.waiting = true;
+        }
+        let rank = self.rank;
+        let all_there = self.wait_items(items, Stage::Step, deadline, |call, it| {
+            if it.progress.link.board.is_none() {
+                it.progress.link.board = call
+                    .peer_board(it.ch.peer)
+                    .map_err(|e| e.context(format!("rank {rank}")))?;
+            }
+            let Some(board) = &it.progress.link.board else {
+                return Ok(false);
+            };
+            if it.progress.link.entry.is_none() {
+                it.progress.link.entry = board.find(it.ch.fp);
+            }
+            let Some(entry) = it.progress.link.entry else {
+                return Ok(false);
+            };
+            match board.read(entry, it.progress.step) {
+                Some((version, at)) => {
+                    it.peer_version = version;
+                    it.peer_at = at;
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        })?;
+        if all_there {
+            return Ok(());
+        }
+        let pending = items.iter().filter(|it| it.waiting).count();
+        let it = items
+            .iter()
+            .find(|it| it.waiting)
+            .expect("a wait that timed out left an item pending");
+        let name = self.names.board(it.ch.peer);
+        let seen = match (self.peer_board(it.ch.peer), it.progress.link.entry) {
+            (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
+            (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
+            _ => "its board does not exist yet (has it created its cache?)".to_string(),
+        };
+        Err(Error::timeout(format!(
+            "rank {} timed out after {:?} waiting for peer rank {} on {} at step {}: board \
+             entry {} of {} not at step {} ({seen}); {} other channel(s) also pending. Does \
+             rank {} call exchange_handles with the matching request?",
+            self.rank,
+            deadline.timeout(),
+            it.ch.peer,
+            it.ch.key,
+            it.progress.step,
+            it.ch.key.describe(),
+            name,
+            it.progress.step,
+            pending - 1,
+            it.ch.peer,
+        )))
+    }
+
+    /// Step 4b: for every channel where this rank published a new buffer, waits until the peer
+    /// has opened it. So when a call returns, both sides hold handles to each other's current
+    /// buffers, and the exporter may free an old buffer without racing the peer's open.
+    fn wait_opened(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
+        for it in items.iter_mut() {
+            it.waiting = it.publish;
+        }
+        let all_opened = self.wait_items(items, Stage::Open, deadline, |_, it| {
+            Ok(match (&it.progress.link.board, it.progress.link.entry) {
+                (Some(b), Some(e)) => b.opened(e) >= it.progress.version,
+                _ => false,
+            })
+        })?;
+        if all_opened {
+            return Ok(());
+        }
+        let it = items
+            .iter()
+            .find(|it| it.waiting)
+            .expect("a wait that timed out left an item pending");
+        let opened = match (&it.progress.link.board, it.progress.link.entry) {
+            (Some(b), Some(e)) => b.opened(e),
+            _ => 0,
+        };
+        Err(Error::timeout(format!(
+            "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this \
+             rank's buffer on {} at step {} (board entry {} of {} shows version {opened} \
+             opened; key {:?}); did the peer fail in exchange_handles?",
+            self.rank,
+            deadline.timeout(),
+            it.ch.peer,
+            it.progress.version,
+            it.ch.key,
+            it.progress.step,
+            it.ch.key.describe(),
+            self.names.board(it.ch.peer),
+            self.own_record_key(it),
+        )))
+    }
+
+    /// Fails when this rank's board, or the board of a peer still awaited, was truncated or
+    /// shrunk by another process: it reads zeros from then on (see `board`), so a wait on it
+    /// would otherwise last until the timeout, or its peers' would. At every poll, what this
+    /// rank's accesses ran into (one atomic load per board); with `probe`, at the pace of the
+    /// liveness checks, a shrink that no access ran into yet.
+    fn boards_intact(&self, items: &[Item], probe: bool) -> Result<()> {
+        self.board
+            .check(probe)
+            .and_then(|()| {
+                items
+                    .iter()
+                    .filter(|it| it.waiting)
+                    .filter_map(|it| it.progress.link.board.as_deref())
+                    .try_for_each(|b| b.check(probe))
+            })
+            .map_err(|e| e.context(format!("rank {}", self.rank)))
+    }
+
+    /// The first pending item whose peer has closed its cache or exited, with an error naming
+    /// the peer and what this rank was waiting for.
+    fn gone_peer(&self, items: &[Item], stage: Stage) -> Option<(usize, Error)> {
+        items.iter().enumerate().find_map(|(i, it)| {
+            if !it.waiting {
+                return None;
+            }
+            let waited_for = || match stage {
+                Stage::Step => format!("reaching step {} on {}", it.progress.step, it.ch.key),
+                Stage::Open => format!(
+                    "opening version {} of this rank's buffer on {} at step {}",
+                    it.progress.version, it.ch.key, it.progress.step
+                ),
+            };
+            let who = it.ch.peer;
+            let Some(board) = it.progress.link.board.as_ref() else {
+                // Its board was never seen here (it may have died before this rank looked, and
+                // its board gone with it): its process, as its cache published it.
+                let pid = self.peer_nodes.exited(who)?;
+                return Some((
+                    i,
+                    Error::io(format!(
+                        "rank {}: peer rank {who} (pid {pid}) exited before {}; its cache had \
+                         been created, its board is gone",
+                        self.rank,
+                        waited_for()
+                    )),
+                ));
+            };
+            let closed = board.closed();
+            if !closed && board.owner_alive() {
+                return None;
+            }
+            let waited_for = waited_for();
+            let pid = board.owner_pid();
+            let err = if closed {
+                Error::state(format!(
+                    "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
+                     a closed cache takes no part in exchanges (create new caches on both ranks)",
+                    self.rank
+                ))
+            } else {
+                Error::io(format!(
+                    "rank {}: peer rank {who} (pid {pid}) exited before {waited_for}",
+                    self.rank
+                ))
+            };
+            Some((i, err))
+        })
+    }
+
+    /// Refuses to import a record of a peer that has closed its cache: it may free that memory
+    /// as soon as the ranks it waits for have closed.
+    fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
+        match &it.progress.link.board {
+            Some(b) if b.closed() => Err(Error::state(format!(
+                "rank {}: peer rank {} (pid {}) closed its cache before this rank opened its \
+                 record {key:?} for {}; a closed cache takes no part in exchanges (create new \
+                 caches on both ranks)",
+                self.rank,
+                it.ch.peer,
+                b.owner_pid(),
+                it.ch.key
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Step 4: fetches and imports the records of peers whose version changed.
+    /// Returns the imports by item index; empty (nothing imported) when every peer is cached.
+    fn fetch_records(
+        &self,
+        items: &mut [Item],
+        deadline: &mut Deadline,
+        lap: &mut Option<Lap<'_>>,
+    ) -> Result<Vec<Option<Imported>>> {
+        if items
+            .iter()
+            .all(|it| it.peer_version == it.progress.peer_opened && it.staged.is_none())
+        {
+            return Ok(Vec::new());
+        }
+        let mut imports: Vec<Option<Imported>> = items.iter().map(|_| None).collect();
+        // A resumed step already opened these (the peer's version at a step never changes).
+        for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
+            if it.staged.is_some() {
+                *imp = it.staged.take();
+            }
+        }
+        let wanted: Vec<usize> = (0..items.len())
+            .filter(|&i| {
+                items[i].peer_version != items[i].progress.peer_opened && imports[i].is_none()
+            })
+            .collect();
+        if wanted.is_empty() {
+            return Ok(imports);
+        }
+        let wanted = match self.import_known(items, &wanted, &mut imports, deadline) {
+            Ok(rest) => rest,
+            Err(e) => {
+                self.release_imports(imports);
+                return Err(e);
+            }
+        };
+        mark(lap, Phase::ImportKnown);
+        if wanted.is_empty() {
+            return Ok(imports);
+        }
+        let keys: Vec<String> = wanted
+            .iter()
+            .map(|&i| self.peer_record_key(&items[i]))
+            .collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        bump(&self.counters.store_round_trips, 1);
+        let remaining = deadline.remaining();
+        let clock = clock(Level::Info);
+        let fetched = self.store.multi_get(&key_refs, remaining);
+        mark(lap, Phase::Fetch);
+        if clock.is_some() {
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {}: fetching {} record(s) from the store took {} ({}): {}",
+                self.rank,
+                keys.len(),
+                since(clock),
+                match &fetched {
+                    Ok(_) => "found",
+                    Err(e) if e.status == Status::Timeout => "not there yet",
+                    Err(_) => "failed",
+                },
+                some_keys(&keys, 4)
+            );
+        }
+        if fetched.is_err() {
+            // What a resumed step had opened goes back to its item: a timeout suspends the step
+            // with it, any other failure releases it.
+            for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
+                if imp.is_some() {
+                    it.staged = imp.take();
+                }
+            }
+        }
+        let values = fetched.map_err(|e| {
+            let it = &items[wanted[0]];
+            Error::new(
+                e.status,
+                format!(
+                    "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
+                     first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
+                    self.rank,
+                    keys.len(),
+                    deadline.timeout(),
+                    it.ch.peer,
+                    it.ch.key,
+                    it.progress.step,
+                    it.peer_version,
+                    keys[0],
+                    e.message
+                ),
+            )
+        })?;
+        if values.len() != keys.len() {
+            return Err(Error::protocol(format!(
+                "rank {}: the store returned {} values for {} keys",
+                self.rank,
+                values.len(),
+                keys.len()
+            )));
+        }
+        lock(&self.collector).delete(keys.clone());
+        let wait = deadline.remaining();
+        for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
+            let imported = self
+                .refuse_closed_peer(&items[i], key)
+                .and_then(|()| self.import(&items[i], value, key, wait));
+            match imported {
+                Ok(imp) => imports[i] = Some(imp),
+                Err(e) => {
+                    self.release_imports(imports);
+                    return Err(e);
+                }
+            }
+        }
+        bump(&self.counters.records_received, wanted.len() as u64);
+        Ok(imports)
+    }
+
+    /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
+    /// whose record this rank already holds (see `peers`); their records, which the peer sent
+    /// all the same, are deleted by the collector once they arrive. Returns the items left to
+    /// fetch from the store.
+    fn import_known(
+        &self,
+        items: &[Item],
+        wanted: &[usize],
+        imports: &mut [Option<Imported>],
+        deadline: &mut Deadline,
+    ) -> Result<Vec<usize>> {
+        // (record, whether it is the channel's own kept record).
+        let records: Vec<Option<(Record, bool)>> = {
+            let held = lock(&self.holdings);
+            wanted
+                .iter()
+                .map(|&i| {
+                    let it = &items[i];
+                    let channel = it.progress.peer_record.as_deref()?;
+                    if it.peer_at.known_to_peer {
+                        // Never written to the store: no key to delete either.
+                        let at = it.peer_at;
+                        return it
+                            .progress
+                            .held
+                            .record_for(at.alloc_id, at.offset, at.bytes, it.peer_version, channel)
+                            .map(|rec| (rec, true));
+                    }
+                    let pid = it.progress.link.board.as_ref()?.owner_pid();
+                    // The version this channel last imported, whose mapping was released since
+                    // (`symmetric_release`): its record was read and deleted already.
+                    if channel.version == it.peer_version && channel.pid == pid {
+                        return Some((channel.clone(), true));
+                    }
+                    let at = it.peer_at;
+                    held.known
+                        .record_for(
+                            (it.ch.peer, pid, it.ch.kind, at.alloc_id),
+                            at.offset,
+                            at.bytes,
+                            it.peer_version,
+                            channel,
+                        )
+                        .map(|rec| (rec, false))
+                })
+                .collect()
+        };
+        let mut rest = Vec::new();
+        let mut keys = Vec::new();
+        let mut board_only = 0;
+        for (&i, rec) in wanted.iter().zip(records) {
+            let it = &items[i];
+            let key = self.peer_record_key(it);
+            let Some((rec, kept)) = rec else {
+                if it.peer_at.known_to_peer {
+                    return Err(self.not_held(it, &key));
+                }
+                rest.push(i);
+                continue;
+            };
+            self.refuse_closed_peer(it, &key)?;
+            imports[i] = Some(self.import_record(it, rec, &key, deadline.remaining())?);
+            if it.peer_at.known_to_peer {
+                board_only += 1;
+            } else if !kept {
+                keys.push(key);
+            }
+        }
+        bump(&self.counters.records_known, board_only);
+        if !keys.is_empty() {
+            bump(&self.counters.records_known, keys.len() as u64);
+            lock(&self.collector).delete_when_written(keys);
+        }
+        Ok(rest)
+    }
+
+    /// The error of a step the peer sent through the board alone, for an allocation whose record
+    /// this rank does not hold for the channel: the two sides disagree on what it holds.
+    fn not_held(&self, it: &Item, key: &str) -> Error {
+        Error::protocol(format!(
+            "rank {}: peer rank {} published version {} of its buffer on {} (allocation {}, \
+             offset {}, {} bytes) without a record, as one this rank holds, but this rank holds \
+             no record of that allocation for the channel (no key {key:?} in the store either); \
+             all ranks must use the same nvfuser-ipc version: create new caches on both ranks",
+            self.rank,
+            it.ch.peer,
+            it.peer_version,
+            it.ch.key,
+            it.peer_at.alloc_id,
+            it.peer_at.offset,
+            it.peer_at.bytes,
+        ))
+    }
+
+    fn record_context(&self, it: &Item, key: &str) -> String {
+        let (rank, peer) = (self.rank, it.ch.peer);
+        format!(
+            "rank {rank}: record {key:?} of peer rank {peer} for {}",
+            it.ch.key
+        )
+    }
+
+    fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
+        let ctx = || self.record_context(it, key);
+        let rec = Record::decode(value).map_err(|e| e.context(ctx()))?;
+        if rec.rank as usize != it.ch.peer || rec.version != it.peer_version {
+            return Err(Error::protocol(format!(
+                "{}: holds rank {} version {}, expected rank {} version {}",
+                ctx(),
+                rec.rank,
+                rec.version,
+                it.ch.peer,
+                it.peer_version
+            )));
+        }
+        self.import_record(it, rec, key, wait)
+    }
+
+    /// Maps the buffer that `rec` (checked: the peer's, at the version wanted) describes.
+    fn import_record(&self, it: &Item, rec: Record, key: &str, wait: Duration) -> Result<Imported> {
+        let ctx = || self.record_context(it, key);
+        let is_device = rec.flags & flags::DEVICE != 0;
+        if is_device != (it.ch.kind == MemKind::Device) {
+            return Err(Error::invalid(format!(
+                "{}: the peer's buffer is {} memory but this rank's is {}: both sides of a \
+                 channel must use the same memory kind",
+                ctx(),
+                if is_device { "device" } else { "host" },
+                it.ch.kind.name()
+            )));
+        }
+        let t = self.channel_transport(it.ch.kind);
+        let clock = clock(Level::Info);
+        let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
+        bump(&self.counters.opens, 1);
+        if clock.is_some() {
+            log::info!(
+                target: logging::EXCHANGE,
+                "rank {}: opened peer rank {}'s {} buffer for {} (version {}, {} bytes) in {}",
+                self.rank,
+                it.ch.peer,
+                it.ch.kind.name(),
+                it.ch.key,
+                rec.version,
+                rec.bytes,
+                since(clock)
+            );
+        }
+        Ok(Imported {
+            kind: it.ch.kind,
+            mapping,
+            bytes: rec.bytes,
+            sem_handle: ExportedHandle::plain(rec.sem_type, rec.sem_payload),
+            sem_slot: rec.sem_slot,
+            semaphore: 0,
+            record: rec,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -8,7 +8,7 @@
 //! in an insert-only open-addressing table keyed by the channel's 128-bit fingerprint: `{state,
 //! fingerprint, step, version[2], opened, at[2], known[8]}`, where `at` is where the buffer of
 //! that version lies (allocation id, offset, bytes, flags: see [`BufferAt`]) and `known` the
-//! peer's allocations whose records the owner holds for the channel (see `held`). Only the owner
+//! peer's allocations whose records the owner holds for the channel (see `peers`). Only the owner
 //! writes. An entry is published by writing the fingerprint first and `state` last (Release); a
 //! step is published by writing `version[step % 2]` and `at[step % 2]` first and `step` last
 //! (Release).
@@ -32,10 +32,11 @@
 
 use crate::error::{Error, Result};
 use crate::hash::Fnv1a;
+use crate::node::{process_alive, NodeIdentity, PeerProcess};
 use crate::os::shm::ShmSegment;
 use crate::os::sigbus::{self, Guard};
 use std::collections::HashMap;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -67,13 +68,13 @@ const FINGERPRINT_SALT: u8 = 0x5a;
 /// [`fingerprint`] of a description fed in pieces, so a channel's fingerprint can be computed
 /// from its parts without formatting the description into a new string.
 #[derive(Clone, Copy)]
-pub struct Fingerprinter {
+pub(super) struct Fingerprinter {
     lo: Fnv1a,
     hi: Fnv1a,
 }
 
 impl Fingerprinter {
-    pub fn new() -> Fingerprinter {
+    pub(super) fn new() -> Fingerprinter {
         let mut hi = Fnv1a::new();
         hi.write_byte(FINGERPRINT_SALT);
         Fingerprinter {
@@ -117,12 +118,6 @@ impl Fingerprinter {
 
     pub fn finish(self) -> u128 {
         (u128::from(self.hi.finish()) << 64) | u128::from(self.lo.finish())
-    }
-}
-
-impl Default for Fingerprinter {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -193,17 +188,7 @@ struct Table {
 
 impl Table {
     fn new(seg: ShmSegment) -> Table {
-        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let guard = sigbus::guard(seg.addr(), seg.len());
-        if !guard.is_guarded() && !WARNED.swap(true, Ordering::Relaxed) {
-            log::warn!(
-                target: crate::logging::EXCHANGE,
-                "board {} is mapped without a SIGBUS guard (no SIGBUS handler, or more than {} \
-                 boards mapped; said once): a process truncating it would kill this one",
-                seg.name(),
-                sigbus::MAX_RANGES
-            );
-        }
         Table { guard, seg }
     }
 
@@ -269,19 +254,10 @@ impl Table {
     }
 }
 
-use crate::node::{process_alive, NodeIdentity, PeerProcess};
-use once_cell::sync::Lazy;
-
-static LOCAL_PID_NS: Lazy<u64> = Lazy::new(|| NodeIdentity::local().pid_ns);
-
-fn local_pid_ns() -> u64 {
-    *LOCAL_PID_NS
-}
-
 /// A pid written by a process of pid namespace `ns` can be checked here only from that namespace
 /// (0: unknown, never checked).
 fn pid_checkable(ns: u64) -> bool {
-    ns != 0 && ns == local_pid_ns()
+    ns != 0 && ns == NodeIdentity::local().pid_ns
 }
 
 /// Removes the boards (`/dev/shm/nvfipc-...-b<rank>`) whose owner no longer exists (checked only
@@ -324,6 +300,8 @@ pub struct OwnBoard {
     table: Table,
     /// Owner-side index (fingerprint -> entry) so inserts need no probing twice.
     index: Mutex<HashMap<u128, u32>>,
+    /// Set once a board of this cache was found mapped without a SIGBUS guard (said once).
+    unguarded_said: AtomicBool,
 }
 
 impl OwnBoard {
@@ -363,15 +341,38 @@ impl OwnBoard {
         let table = Table::new(seg);
         let h = table.header();
         h.owner_pid.store(std::process::id(), Ordering::Relaxed);
-        h.owner_pid_ns.store(local_pid_ns(), Ordering::Relaxed);
+        h.owner_pid_ns
+            .store(NodeIdentity::local().pid_ns, Ordering::Relaxed);
         h.rank.store(rank as u32, Ordering::Relaxed);
         h.capacity.store(CAPACITY, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Relaxed);
         h.ready.store(1, Ordering::Release);
-        Ok(OwnBoard {
+        let board = OwnBoard {
             table,
             index: Mutex::new(HashMap::new()),
-        })
+            unguarded_said: AtomicBool::new(false),
+        };
+        board.warn_if_unguarded(&board.table);
+        Ok(board)
+    }
+
+    /// Warns, once per cache, that a board it maps has no SIGBUS guard (no SIGBUS handler, or
+    /// too many ranges guarded): a process truncating it would kill this one.
+    fn warn_if_unguarded(&self, t: &Table) {
+        if !t.guard.is_guarded() && !self.unguarded_said.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                target: crate::logging::EXCHANGE,
+                "board {} is mapped without a SIGBUS guard (no SIGBUS handler, or more than {} \
+                 boards mapped; said once): a process truncating it would kill this one",
+                t.seg.name(),
+                sigbus::MAX_RANGES
+            );
+        }
+    }
+
+    /// Warns, once per cache, that a peer's board it opened has no SIGBUS guard.
+    pub fn check_guarded(&self, peer: &PeerBoard) {
+        self.warn_if_unguarded(&peer.table);
     }
 
     /// Fails, naming the board, when its file was truncated or shrunk: the peers no longer see
@@ -482,11 +483,6 @@ impl OwnBoard {
             .collect()
     }
 
-    /// Reads back this rank's step of `entry` (tests and diagnostics).
-    pub fn step(&self, entry: u32) -> u64 {
-        self.table.entry(entry).step.load(Ordering::Acquire)
-    }
-
     /// Tells the peers that this rank has released every mapping of theirs and is closing: they
     /// must import nothing more from it, and it waits for them to close before freeing memory.
     pub fn mark_closed(&self) {
@@ -494,11 +490,6 @@ impl OwnBoard {
         // Orders the store before the loads of the peers' boards that follow (see module docs).
         fence(Ordering::SeqCst);
         self.wake_sleepers();
-    }
-
-    /// Whether [`mark_closed`](Self::mark_closed) was called.
-    pub fn is_closed(&self) -> bool {
-        self.table.header().closed.load(Ordering::SeqCst) != 0
     }
 }
 

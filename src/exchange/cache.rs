@@ -1,41 +1,43 @@
 //! The handle cache: its channel table and its context (transports, board, settings, ...), the
-//! public surface over them, and the order of a call: resolve the requests, begin a batch
-//! (`exchange::batch`), which runs the protocol (`exchange::protocol`) and ends in a commit,
-//! suspend or failure. Its teardown is `exchange::teardown`.
+//! public surface over them, the order of a call (resolve the requests, then a batch, which runs
+//! the protocol and ends in a commit, suspend or failure: `exchange::batch`) and its teardown.
 //!
 //! Thread safety: every method takes `&self`. Calls on *different* channels may run concurrently
 //! from several threads (the table lock is never held across a board wait or a store call); a call
 //! that includes a channel already being exchanged by another thread fails with `InvalidState`.
 //! `get` and `stats` may run at any time.
+//!
+//! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
+//! barrier: the cache releases everything it imported, waits (bounded by the linger) until the
+//! transports have unmapped it, marks itself closed on its board, then waits, bounded by what is
+//! left of the linger, until every peer of its channels has closed too, exited, or has no board;
+//! only then are the transports (with this rank's semaphore slab) dropped. Releasing first means
+//! two ranks closing together never wait on each other. When the linger runs out, the device
+//! transport is kept alive on purpose (its slab leaked rather than freed under a peer's mapping).
+//! Its only store traffic, cleanup for peers still open (the collector's last deletes and this
+//! rank's node key), is skipped when `departures::quiet_reason` says nobody would read it.
 
-use super::batch::{self, Batch, Resolution};
+use super::batch::{self, Batch, Deadline, Item, Resolution};
+use super::batch::{mark, Phase, PhaseTimes};
 use super::board::OwnBoard;
-use super::channel::{Channel, ChannelTable};
+use super::channel::{Channel, ChannelTable, OpenChannel, Request};
 use super::collector::Collector;
-use super::context::Context;
-use super::deadline::Deadline;
-use super::open_channel::OpenChannel;
+use super::context::{bump, CacheStats, Context, Counters, Settings};
 use super::peers::PeerNodes;
-use super::phases::{self, Phase, PhaseTimes};
-use super::protocol::Item;
-use super::request::{fingerprint_of, Request};
-use super::settings::Settings;
-use super::stats::{CacheStats, Counters};
+use super::symmetric::SymmetricTable;
+use crate::departures;
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::names::{generations, CacheNames};
 use crate::node::PeerProcess;
+use crate::os::wait::{wait_paced, SLEEPING};
 use crate::store::Store;
 use crate::sync::lock;
 use crate::transport::{LocalBuffer, MemKind, P2pHandles, Transport, Transports};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-pub use super::settings::DEFAULT_MAX_LINGER;
-use super::teardown;
-pub use super::teardown::teardowns_timed_out;
+use std::time::{Duration, Instant};
 
 /// What a cache needs to know about its job.
 #[derive(Clone)]
@@ -64,6 +66,7 @@ struct Scratch {
 const SCRATCH_KEEP: usize = 256;
 
 thread_local! {
+    // process-wide: per thread, so that a warm exchange reuses its buffers and allocates nothing.
     static SCRATCH: Cell<Scratch> = const {
         Cell::new(Scratch {
             resolved: Vec::new(),
@@ -78,7 +81,7 @@ pub struct HandleCache {
     pub(super) cx: Context,
     pub(super) table: Mutex<ChannelTable>,
     /// What each symmetric rendezvous left (members, contiguous view), by tag.
-    pub(super) symmetric: Mutex<super::symmetric::state::SymmetricTable>,
+    pub(super) symmetric: Mutex<SymmetricTable>,
     /// Set by the first teardown (close, then drop, run it twice).
     torn_down: bool,
 }
@@ -173,7 +176,7 @@ impl HandleCache {
 
     /// The transport of `kind`, if this cache has one.
     pub fn transport(&self, kind: MemKind) -> Option<&Arc<dyn Transport>> {
-        self.cx.transport(kind)
+        self.cx.transports.get(kind)
     }
 
     /// The bound of every wait of [`exchange_handles`](Self::exchange_handles).
@@ -187,7 +190,7 @@ impl HandleCache {
 
     /// The bound of the teardown's wait for peers to close: the value given to
     /// [`set_linger`](Self::set_linger), else min([`timeout`](Self::timeout),
-    /// [`DEFAULT_MAX_LINGER`]).
+    /// [`DEFAULT_MAX_LINGER`](super::DEFAULT_MAX_LINGER)).
     pub fn linger(&self) -> Duration {
         self.cx.settings.linger()
     }
@@ -199,7 +202,7 @@ impl HandleCache {
 
     /// How many replaced peer allocations the cache keeps mapped per (peer, memory kind), so that
     /// buffers carved again from them cost no open (default
-    /// [`DEFAULT_RETAINED_PER_PEER`](super::retain::DEFAULT_RETAINED_PER_PEER)).
+    /// [`DEFAULT_RETAINED_PER_PEER`](super::DEFAULT_RETAINED_PER_PEER)).
     pub fn retained_per_peer(&self) -> usize {
         self.cx.settings.retained_per_peer()
     }
@@ -235,7 +238,22 @@ impl HandleCache {
         resolution: Resolution,
     ) -> Result<()> {
         let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
-        let result = self.exchange_with(requests, timeout, resolution, &mut scratch);
+        let run = |scratch: &mut Scratch| {
+            let mut lap = self.cx.counters.phases.start();
+            batch::resolve_all(&self.cx, requests, resolution, &mut scratch.resolved)?;
+            mark(&mut lap, Phase::Resolve);
+            let batch = Batch::begin(
+                &self.cx,
+                &self.table,
+                requests,
+                &scratch.resolved,
+                &mut scratch.channels,
+                &mut scratch.items,
+            )?;
+            mark(&mut lap, Phase::Claim);
+            batch.exchange(&mut Deadline::new(timeout), lap)
+        };
+        let result = run(&mut scratch);
         if scratch.items.capacity() <= SCRATCH_KEEP {
             scratch.resolved.clear();
             scratch.channels.clear();
@@ -246,37 +264,14 @@ impl HandleCache {
         result
     }
 
-    fn exchange_with(
-        &self,
-        requests: &[Request],
-        timeout: Duration,
-        resolution: Resolution,
-        scratch: &mut Scratch,
-    ) -> Result<()> {
-        let mut deadline = Deadline::new(timeout);
-        let mut lap = self.cx.counters.phases.start();
-        batch::resolve_all(&self.cx, requests, resolution, &mut scratch.resolved)?;
-        phases::mark(&mut lap, Phase::Resolve);
-        let batch = Batch::begin(
-            &self.cx,
-            &self.table,
-            requests,
-            &scratch.resolved,
-            &mut scratch.channels,
-            &mut scratch.items,
-        )?;
-        phases::mark(&mut lap, Phase::Claim);
-        batch.exchange(&mut deadline, lap)
-    }
-
     /// Turns the per-phase timing of exchanges on or off (off by default; on, each call reads the
     /// clock at every phase boundary). See [`phase_times`](Self::phase_times).
     pub fn set_phase_timing(&self, on: bool) {
         self.cx.counters.phases.set_enabled(on);
     }
 
-    /// Time per phase over the calls timed since the last reset (see
-    /// [`phases::Phase`](super::phases::Phase)); `reset` starts over.
+    /// Time per phase over the calls timed since the last reset (see [`Phase`]); `reset` starts
+    /// over.
     pub fn phase_times(&self, reset: bool) -> PhaseTimes {
         let t = self.cx.counters.phases.snapshot();
         if reset {
@@ -288,19 +283,16 @@ impl HandleCache {
     /// The handles of the channel of `req` (as last exchanged): the request must match the
     /// pointer and size given to the last `exchange_handles` that included it.
     pub fn get(&self, req: &Request) -> Result<P2pHandles> {
-        let st = lock(&self.table);
-        let ch = self.find(&st, req)?;
-        self.handles_of(ch)
+        Ok(self.find(&lock(&self.table), req)?.1)
     }
 
     /// The channel of `req`, found as [`get`](Self::get) finds it, opened for transfers: its
     /// handles stay usable without another lookup until an exchange changes the channel's
     /// buffers or the cache is torn down (then every use is an `InvalidState` error; open it
-    /// again after the exchange). See [`open_channel`](super::open_channel).
+    /// again after the exchange).
     pub fn open_channel(&self, req: &Request) -> Result<OpenChannel> {
         let st = lock(&self.table);
-        let ch = self.find(&st, req)?;
-        let handles = self.handles_of(ch)?;
+        let (ch, handles) = self.find(&st, req)?;
         // Under the table lock, as every change of the generation.
         Ok(OpenChannel::new(
             handles,
@@ -311,20 +303,19 @@ impl HandleCache {
         ))
     }
 
-    /// The channel of `req` in `st`, exchanged with the request's buffer and not failed.
-    fn find<'t>(&self, st: &'t ChannelTable, req: &Request) -> Result<&'t Channel> {
-        if req.peer >= self.cx.world_size || req.peer == self.cx.rank {
+    /// The channel of `req` in `st`, exchanged with the request's buffer and not failed, and its
+    /// handles.
+    fn find<'t>(&self, st: &'t ChannelTable, req: &Request) -> Result<(&'t Channel, P2pHandles)> {
+        let rank = self.cx.rank;
+        if req.peer >= self.cx.world_size || req.peer == rank {
             return Err(Error::invalid(format!(
-                "rank {}: get({req}): peer {} is not another rank of this world of {}",
-                self.cx.rank, req.peer, self.cx.world_size
+                "rank {rank}: get({req}): peer {} is not another rank of this world of {}",
+                req.peer, self.cx.world_size
             )));
         }
         let mut occ: u32 = 0;
         let mut any = false;
-        while let Some(&i) = st.by_fp.get(&fingerprint_of(self.cx.rank, req, occ)) {
-            if !st.channels[i].info.key.is_of(self.cx.rank, req, occ) {
-                break;
-            }
+        while let Some(i) = st.index_of(rank, req, occ) {
             any = true;
             let ch = &st.channels[i];
             let matches = ch
@@ -333,61 +324,49 @@ impl HandleCache {
             if matches && ch.info.kind == req.kind {
                 if let Some(err) = &ch.failed {
                     return Err(Error::state(format!(
-                        "rank {}: {} failed in its last exchange: {}",
-                        self.cx.rank, ch.info.key, err.message
+                        "rank {rank}: {} failed in its last exchange: {}",
+                        ch.info.key, err.message
                     )));
                 }
-                if ch.local.is_none() || ch.peer_side.is_none() {
+                let (Some(local), Some(peer)) = (&ch.local, &ch.peer_side) else {
                     break;
-                }
-                return Ok(ch);
+                };
+                let t = self.cx.channel_transport(ch.info.kind);
+                let owner = ch.progress.as_ref().and_then(|p| p.link.board.as_ref());
+                let handles = P2pHandles {
+                    kind: ch.info.kind,
+                    local_ptr: local.ptr,
+                    local_bytes: local.bytes,
+                    local_semaphore: t.semaphores().local(ch.info.slot)?,
+                    peer_ptr: peer.mapping.ptr,
+                    peer_bytes: peer.bytes,
+                    peer_semaphore: peer.semaphore,
+                    epochs: ch.epochs.clone(),
+                    peer: owner.map_or(
+                        PeerProcess {
+                            rank: ch.info.peer,
+                            pid: 0,
+                            checkable: false,
+                        },
+                        |b| b.owner(),
+                    ),
+                };
+                return Ok((ch, handles));
             }
             occ = occ.wrapping_add(1);
         }
+        let other = if any {
+            " (the channel exists but was last exchanged for another buffer)"
+        } else {
+            ""
+        };
         Err(Error::not_found(format!(
-            "rank {}: no handles for {req}{}; call exchange_handles with this request first",
-            self.cx.rank,
-            if any {
-                " (the channel exists but was last exchanged for another buffer)"
-            } else {
-                ""
-            }
+            "rank {rank}: no handles for {req}{other}; call exchange_handles with this request \
+             first"
         )))
     }
 
-    /// The handles of a channel that [`find`](Self::find) returned.
-    fn handles_of(&self, ch: &Channel) -> Result<P2pHandles> {
-        let (Some(local), Some(peer)) = (&ch.local, &ch.peer_side) else {
-            return Err(Error::internal("find returns exchanged channels only"));
-        };
-        let t = self
-            .transport(ch.info.kind)
-            .expect("channel kinds have transports");
-        Ok(P2pHandles {
-            kind: ch.info.kind,
-            local_ptr: local.ptr,
-            local_bytes: local.bytes,
-            local_semaphore: t.semaphores().local(ch.info.slot)?,
-            peer_ptr: peer.mapping.ptr,
-            peer_bytes: peer.bytes,
-            peer_semaphore: peer.semaphore,
-            epochs: ch.epochs.clone(),
-            peer: ch
-                .progress
-                .as_ref()
-                .and_then(|p| p.link.board.as_ref())
-                .map_or(
-                    PeerProcess {
-                        rank: ch.info.peer,
-                        pid: 0,
-                        checkable: false,
-                    },
-                    |b| b.owner(),
-                ),
-        })
-    }
-
-    /// Tears the cache down (see `exchange::teardown`) and returns the final counters. Never
+    /// Tears the cache down (see the module docs) and returns the final counters. Never
     /// fails: when peers did not close within the [linger](Self::linger), the counters say so
     /// (`peers_unclosed`, `leaked_slabs`); [`try_close`](Self::try_close) names them.
     pub fn close(self) -> CacheStats {
@@ -396,13 +375,10 @@ impl HandleCache {
         this.stats()
     }
 
-    /// Tears the cache down: waits for the collector to delete the consumed keys, releases every
-    /// peer mapping and peer semaphore slab, marks this rank closed on its board, and waits,
-    /// bounded by the [linger](Self::linger), until every peer of its channels has closed its
-    /// cache too (or exited) before freeing this rank's semaphore slab. Returns the final
-    /// counters, or a `Timeout` naming the peers that did not close; then the device semaphore
-    /// slab is deliberately left allocated (a peer may still map it), and so must be any buffer
-    /// this rank exported to those peers.
+    /// Tears the cache down (see the module docs) and returns the final counters, or a `Timeout`
+    /// naming the peers that did not close within the [linger](Self::linger); then the device
+    /// semaphore slab is left allocated on purpose, and so must be any buffer this rank exported
+    /// to those peers.
     pub fn try_close(self) -> Result<CacheStats> {
         let mut this = self;
         this.teardown()?;
@@ -419,20 +395,152 @@ impl HandleCache {
             ch.validity.close();
         }
         // Views first: they map peers' memory that the teardown lets go of.
-        lock(&self.symmetric).clear();
-        teardown::teardown(&self.cx, &self.table)
-    }
-
-    /// Whether `peer` can no longer map this rank's memory (see `Context::peer_let_go`).
-    #[cfg(test)]
-    pub(crate) fn peer_let_go(&self, peer: usize) -> bool {
-        self.cx.peer_let_go(peer)
+        lock(&self.symmetric).tags.clear();
+        self.cx.teardown(&self.table)
     }
 }
 
 impl Drop for HandleCache {
     fn drop(&mut self) {
-        // Drop cannot report a timeout: it is counted in `teardowns_timed_out`.
+        // Drop cannot report a timeout: the peers that did not close are left unnamed.
         let _ = self.teardown();
+    }
+}
+
+/// A cache's teardown (see the module docs), run once per cache.
+impl Context {
+    fn teardown(&self, table: &Mutex<ChannelTable>) -> Result<()> {
+        match departures::quiet_reason(self.store.liveness(), self.names.job_id(), self.rank) {
+            None => {
+                lock(&self.collector).finish();
+                self.peer_nodes
+                    .unpublish(&*self.store, &self.names, self.rank);
+            }
+            Some(why) => {
+                lock(&self.collector).abandon();
+                log::debug!(
+                    target: logging::EXCHANGE,
+                    "rank {}: closing {} without store traffic (consumed record keys and the \
+                     node key {} are left in the store): {why}",
+                    self.rank,
+                    self.names,
+                    self.names.node_key(self.rank)
+                );
+            }
+        }
+        // Release first, so that peers closing at the same time never wait on each other.
+        let peers = self.release_everything(table);
+        let linger = self.settings.linger();
+        let start = Instant::now();
+        // Only once the transports have unmapped what they released (the device one waits for
+        // the work queued before) does this rank say it let go of its peers' memory.
+        let flushed = self.flush_releases(linger);
+        if flushed.is_ok() {
+            self.board.mark_closed();
+        }
+        let unclosed = self.wait_for_peers_to_close(peers, linger.saturating_sub(start.elapsed()));
+        // What dead processes of this node left in /dev/shm: their boards (the survivors clean up).
+        super::board::reclaim_dead();
+        let names: Vec<String> = {
+            let mut boards = lock(&self.peer_boards);
+            let names = unclosed
+                .iter()
+                .map(|&(peer, _)| match boards.get(&peer) {
+                    Some(b) => format!("rank {peer} (pid {})", b.owner_pid()),
+                    None => format!("rank {peer}"),
+                })
+                .collect();
+            boards.clear();
+            names
+        };
+        if unclosed.is_empty() {
+            return flushed;
+        }
+        let exposed_device = unclosed.iter().any(|&(_, device)| device);
+        let leaked = match self.transports.get(MemKind::Device) {
+            Some(t) if exposed_device => {
+                // Deliberately never dropped: freeing the slab (or closing the driver state of
+                // buffers a peer still maps) while that peer maps it is undefined behaviour.
+                std::mem::forget(Arc::clone(t));
+                1
+            }
+            _ => 0,
+        };
+        bump(&self.counters.peers_unclosed, unclosed.len() as u64);
+        bump(&self.counters.leaked_slabs, leaked);
+        Err(Error::timeout(format!(
+            "rank {}: peers that had not closed their caches {:?} after this rank closed \
+             (linger {linger:?}): {}. They may still map this rank's buffers and semaphore slab, \
+             so {}. Close the cache on every rank that exchanged with this one (a failed rank \
+             must exit or close its cache), or raise the bound with set_linger",
+            self.rank,
+            start.elapsed(),
+            names.join(", "),
+            if leaked > 0 {
+                "the device semaphore slab was left allocated on purpose; keep the buffers \
+                 exported to them alive too"
+            } else {
+                "keep the buffers exported to them alive until they exit"
+            }
+        )))
+    }
+
+    /// Waits, at most `linger`, until every transport has unmapped what it released.
+    fn flush_releases(&self, linger: Duration) -> Result<()> {
+        for t in self.transports.existing() {
+            t.flush_releases(linger).map_err(|e| {
+                e.context(format!(
+                    "rank {}: closing the cache (this rank has not marked itself closed, so its \
+                     peers keep the memory it may still map)",
+                    self.rank
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers
+    /// of the channels, each with whether a device channel connects them.
+    fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
+        let mut st = lock(table);
+        let channels = std::mem::take(&mut st.channels);
+        st.by_fp.clear();
+        let mut peers: BTreeMap<usize, bool> = BTreeMap::new();
+        for ch in channels {
+            *peers.entry(ch.info.peer).or_default() |= ch.info.kind == MemKind::Device;
+            let t = self.channel_transport(ch.info.kind);
+            if let Some(p) = ch.peer_side {
+                self.release_mapping(ch.info.kind, &p.mapping);
+            }
+            if let Some(imp) = ch.progress.and_then(|p| p.resume).and_then(|r| r.staged) {
+                self.release_mapping(imp.kind, &imp.mapping);
+            }
+            let _ = t.semaphores().free_slot(ch.info.slot);
+        }
+        let mut held = lock(&self.holdings);
+        for (kind, m) in held.retained.drain() {
+            self.release_mapping(kind, &m);
+        }
+        for ((peer, kind), (handle, _)) in std::mem::take(&mut held.slabs) {
+            if let Some(t) = self.transports.get(kind) {
+                let _ = t.semaphores().release_peer(peer, &handle);
+                bump(&self.counters.closes, 1);
+            }
+        }
+        peers.into_iter().collect()
+    }
+
+    /// Waits, at most `linger`, until every peer has let go of this rank's memory; returns the
+    /// ones that have not.
+    fn wait_for_peers_to_close(
+        &self,
+        mut pending: Vec<(usize, bool)>,
+        linger: Duration,
+    ) -> Vec<(usize, bool)> {
+        wait_paced(SLEEPING, linger, || {
+            pending.retain(|&(peer, _)| !self.peer_let_go(peer));
+            pending.is_empty().then_some(())
+        });
+        pending
     }
 }

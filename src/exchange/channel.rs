@@ -1,19 +1,206 @@
-//! The channel table of a cache: per channel (see [`request`](super::request)), what is fixed at
-//! its creation, this rank's buffer and the peer's buffer mapped here, and its progress (step,
-//! version, what was published and opened, the step a timed-out call left suspended), which
-//! the batch exchanging the channel takes out and puts back.
+//! Channels: what a request names, the cache's table of channels, and a channel opened for its
+//! transfers ([`OpenChannel`]).
+//!
+//! A *channel* is one direction of one communication between two ranks:
+//! `(src, dst, tag, occurrence)`. A SEND request of rank `r` to `p` is channel `(r, p, tag, k)`,
+//! the matching RECV request of `p` is `(r, p, tag, k)` as well, where `k` counts earlier requests
+//! with the same (peer, direction, tag) in the same batch. Both ranks therefore name the channel
+//! identically whatever the order of their batches.
+//!
+//! Per channel the table keeps what is fixed at its creation, this rank's buffer and the peer's
+//! buffer mapped here, and its progress (step, version, what was published and opened, the step
+//! a timed-out call left suspended), which the batch exchanging the channel takes out and puts
+//! back.
+//!
+//! An opened channel keeps the channel's resolved handles and its [`Validity`] as of the open, so
+//! that a post costs no request conversion, table lock or fingerprint. Every change of what the
+//! handles point to (this rank's buffer replaced at the start of an exchange, the peer's mapping
+//! replaced at its commit), a failed exchange and the cache's teardown move the channel's
+//! generation on *before* the old mappings are released; a post compares generations (one atomic
+//! load) and touches nothing when they differ. As for the handles of `HandleCache::get`, posts on
+//! a channel must not run while an exchange of that channel or the cache's teardown runs.
 
-use super::board::PeerBoard;
-use super::held::HeldRecords;
-use super::request::ChannelKey;
-use super::validity::Validity;
-use crate::error::Error;
+use super::board::{Fingerprinter, PeerBoard};
+use super::context::{Context, Settings};
+use super::peers::HeldRecords;
+use crate::error::{Error, Result};
+use crate::names::CacheNames;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;
-use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind};
+use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles};
 use std::collections::HashMap;
+use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Direction of a request, from the calling rank's point of view.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// This rank's buffer is the source: the peer pulls from it.
+    Send = 0,
+    /// This rank's buffer is the destination: it pulls from the peer.
+    Recv = 1,
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Send => "SEND",
+            Direction::Recv => "RECV",
+        }
+    }
+}
+
+/// One point-to-point communication of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The other rank.
+    pub peer: usize,
+    pub direction: Direction,
+    /// Equal on both ranks (nvFuser: the communication's name).
+    pub tag: String,
+    /// Local buffer address and size.
+    pub ptr: u64,
+    pub bytes: u64,
+    pub kind: MemKind,
+}
+
+impl Request {
+    pub fn new(
+        peer: usize,
+        direction: Direction,
+        tag: impl Into<String>,
+        ptr: u64,
+        bytes: u64,
+        kind: MemKind,
+    ) -> Request {
+        Request {
+            peer,
+            direction,
+            tag: tag.into(),
+            ptr,
+            bytes,
+            kind,
+        }
+    }
+
+    pub fn send(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
+        Self::new(peer, Direction::Send, tag, ptr, bytes, kind)
+    }
+
+    pub fn recv(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
+        Self::new(peer, Direction::Recv, tag, ptr, bytes, kind)
+    }
+
+    /// The (src, dst) ranks of this request's channel, issued by `rank`.
+    fn ends(&self, rank: usize) -> (usize, usize) {
+        match self.direction {
+            Direction::Send => (rank, self.peer),
+            Direction::Recv => (self.peer, rank),
+        }
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let to = if self.direction == Direction::Send {
+            "to"
+        } else {
+            "from"
+        };
+        write!(
+            f,
+            "{} {to} peer {} tag {:?} ({} buffer {:#x}, {} bytes)",
+            self.direction.name(),
+            self.peer,
+            self.tag,
+            self.kind.name(),
+            self.ptr,
+            self.bytes
+        )
+    }
+}
+
+/// The identity of a channel, equal on both ranks.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ChannelKey {
+    pub src: usize,
+    pub dst: usize,
+    pub tag: String,
+    pub occurrence: u32,
+}
+
+impl ChannelKey {
+    /// The channel of `req` issued by `rank`, as the `occurrence`-th such request in its batch.
+    pub fn of(rank: usize, req: &Request, occurrence: u32) -> ChannelKey {
+        let (src, dst) = req.ends(rank);
+        ChannelKey {
+            src,
+            dst,
+            tag: req.tag.clone(),
+            occurrence,
+        }
+    }
+
+    /// `*self == ChannelKey::of(rank, req, occurrence)`, without a copy.
+    pub fn is_of(&self, rank: usize, req: &Request, occurrence: u32) -> bool {
+        (self.src, self.dst) == req.ends(rank)
+            && self.occurrence == occurrence
+            && self.tag == req.tag
+    }
+
+    /// Unambiguous text form `src/dst/tag#occurrence` (the occurrence is always the digits after
+    /// the last `#`), used for fingerprints and store keys.
+    pub fn describe(&self) -> String {
+        format!("{}/{}/{}#{}", self.src, self.dst, self.tag, self.occurrence)
+    }
+
+    /// Store key of the record that `exporter` published at buffer `version` on this channel.
+    pub fn record_key(&self, names: &CacheNames, exporter: usize, version: u64) -> String {
+        let channel = (self.src, self.dst, self.tag.as_str(), self.occurrence);
+        names.record_key(channel, exporter, version)
+    }
+}
+
+impl fmt::Display for ChannelKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "channel {} -> {} tag {:?}", self.src, self.dst, self.tag)?;
+        if self.occurrence > 0 {
+            write!(f, " (occurrence {})", self.occurrence)?;
+        }
+        Ok(())
+    }
+}
+
+/// The board fingerprint of the channel of `req` issued by `rank` as its `occurrence`-th such
+/// request: `board::fingerprint(&ChannelKey::of(rank, req, occurrence).describe())`, fed piece by
+/// piece without building the key (the exchange computes it for every request of every call).
+pub fn fingerprint_of(rank: usize, req: &Request, occurrence: u32) -> u128 {
+    let (src, dst) = req.ends(rank);
+    let mut f = Fingerprinter::new();
+    f.write_decimal(src as u64);
+    f.write(b"/");
+    f.write_decimal(dst as u64);
+    f.write(b"/");
+    f.write(req.tag.as_bytes());
+    f.write(b"#");
+    f.write_decimal(u64::from(occurrence));
+    f.finish()
+}
+
+/// Occurrence index of request `i` of a batch: how many earlier requests of the batch have the
+/// same (peer, direction, tag).
+pub fn occurrence(requests: &[Request], i: usize) -> u32 {
+    // Batches are small (a few requests): a quadratic scan beats building a hash map.
+    let r = &requests[i];
+    requests[..i]
+        .iter()
+        .filter(|o| o.peer == r.peer && o.direction == r.direction && o.tag == r.tag)
+        .count() as u32
+}
 
 /// What a channel is, fixed when it is created. A call holds it through one `Arc`, so taking a
 /// channel into a call copies nothing of it.
@@ -25,7 +212,6 @@ pub(super) struct ChannelInfo {
     pub slot: u32,
     /// The channel's entry in this rank's board.
     pub entry: u32,
-    /// The channel's board fingerprint.
     pub fp: u128,
 }
 
@@ -34,26 +220,6 @@ pub(super) struct ChannelInfo {
 pub(super) struct PeerLink {
     pub board: Option<Arc<PeerBoard>>,
     pub entry: Option<u32>,
-}
-
-/// The buffer identity whose change bumps a channel's version.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Identity {
-    base: u64,
-    buffer_id: u64,
-    offset: u64,
-    bytes: u64,
-}
-
-impl Identity {
-    fn of(local: &LocalBuffer) -> Identity {
-        Identity {
-            base: local.base,
-            buffer_id: local.buffer_id,
-            offset: local.offset(),
-            bytes: local.bytes,
-        }
-    }
 }
 
 /// The peer's buffer and semaphore, mapped in this process.
@@ -73,7 +239,6 @@ pub(super) struct Imported {
     /// The peer's semaphore for the channel as mapped here; set by `map_peer_slabs` before the
     /// peer is told the buffer is opened (0 until then).
     pub semaphore: u64,
-    /// The record it was imported from.
     pub record: Record,
 }
 
@@ -88,9 +253,9 @@ pub(super) struct Resume {
     pub staged: Option<Imported>,
 }
 
-/// A channel's progress through its steps. The batch that exchanges the channel moves it out of
-/// the table and back when it ends; meanwhile the table has none (the channel is busy). Kept
-/// small (what only misses and suspended steps need is boxed), so a warm call moves little.
+/// A channel's progress through its steps, out of the table while a batch exchanges the channel
+/// (the channel is busy). Kept small (what only misses and suspended steps need is boxed), so a
+/// warm call moves little.
 #[derive(Default)]
 pub(super) struct Progress {
     pub step: u64,
@@ -99,10 +264,10 @@ pub(super) struct Progress {
     pub published: u64,
     /// The peer's version this rank last opened.
     pub peer_opened: u64,
-    /// The record of the peer's buffer mapped in the channel's `peer_side` (its semaphore fields
-    /// hold for every version of the channel).
+    /// The record of the peer's buffer mapped in `peer_side` (its semaphore fields hold for
+    /// every version of the channel).
     pub peer_record: Option<Box<Record>>,
-    /// Records of the peer's allocations held for the channel, listed on the board (see `held`).
+    /// Records of the peer's allocations held for the channel, listed on the board.
     pub held: HeldRecords,
     pub link: PeerLink,
     /// Set when a call timed out waiting for the peer: the step it left unfinished.
@@ -111,13 +276,12 @@ pub(super) struct Progress {
 
 pub(super) struct Channel {
     pub info: Arc<ChannelInfo>,
-    /// This rank's buffer as last given to `exchange_handles`: its [`Identity`] decides the
-    /// version; with `peer_side`, what `get` hands out.
+    /// This rank's buffer as last given to `exchange_handles`; with `peer_side`, what `get`
+    /// hands out.
     pub local: Option<LocalBuffer>,
     pub peer_side: Option<PeerSide>,
     pub epochs: Arc<TransferEpochs>,
-    /// The generation of the handles `local` and `peer_side` give (see `open_channel`): moved on
-    /// whenever either changes, before a replaced mapping is released.
+    /// The generation of the handles `local` and `peer_side` give.
     pub validity: Arc<Validity>,
     pub failed: Option<Error>,
     /// Out while a batch exchanges the channel (and for good once one failed on it).
@@ -137,9 +301,11 @@ impl Channel {
         }
     }
 
-    /// Whether `local` has the identity of this channel's buffer.
+    /// Whether `local` has the identity of this channel's buffer (whose change bumps the
+    /// channel's version).
     pub(super) fn holds(&self, local: &LocalBuffer) -> bool {
-        self.local.map(|l| Identity::of(&l)) == Some(Identity::of(local))
+        let id = |l: &LocalBuffer| (l.base, l.buffer_id, l.offset(), l.bytes);
+        self.local.as_ref().map(id) == Some(id(local))
     }
 }
 
@@ -172,6 +338,236 @@ pub(super) struct ChannelTable {
     pub channels: Vec<Channel>,
     /// Channel index by fingerprint (the channel's key is compared too).
     pub by_fp: ByFingerprint,
+}
+
+impl ChannelTable {
+    /// The index of the channel of `req` issued by `rank` as its `occ`-th such request.
+    pub(super) fn index_of(&self, rank: usize, req: &Request, occ: u32) -> Option<usize> {
+        let i = *self.by_fp.get(&fingerprint_of(rank, req, occ))?;
+        self.channels[i].info.key.is_of(rank, req, occ).then_some(i)
+    }
+
+    /// The peers' buffers that the channels of `reqs` (each the only one of its peer, direction
+    /// and tag: occurrence 0) map, with their records: what a symmetric rendezvous of `tag`
+    /// left. Fails when a channel no longer maps its peer (released) or is being exchanged.
+    pub(super) fn peer_buffers(
+        &self,
+        rank: usize,
+        reqs: &[Request],
+        tag: &str,
+    ) -> Result<Vec<(Box<Record>, Mapping)>> {
+        reqs.iter()
+            .map(|req| {
+                let missing = || {
+                    Error::state(format!(
+                        "rank {rank}: symmetric allocation {tag:?} does not map rank {}'s buffer \
+                         (released?); rendezvous again first",
+                        req.peer
+                    ))
+                };
+                let ch = &self.channels[self.index_of(rank, req, 0).ok_or_else(missing)?];
+                let progress = ch
+                    .progress
+                    .as_ref()
+                    .ok_or_else(|| busy(rank, tag, req.peer))?;
+                match (&ch.peer_side, &progress.peer_record) {
+                    (Some(side), Some(record)) => Ok((record.clone(), side.mapping)),
+                    _ => Err(missing()),
+                }
+            })
+            .collect()
+    }
+
+    /// Releases the peers' mappings that the channels of `reqs` hold; returns how many. A channel
+    /// keeps its step, versions and the peer's record (the peer may still hold this rank's
+    /// buffer and go on from the same state), and marks the peer's buffer as not opened, so its
+    /// next exchange imports it again, from the kept record when it has not changed. Nothing is
+    /// released when one of them is being exchanged or suspended in a timed-out step.
+    pub(super) fn release_peers(
+        &mut self,
+        cx: &Context,
+        reqs: &[Request],
+        tag: &str,
+    ) -> Result<usize> {
+        let found: Vec<(usize, usize)> = reqs
+            .iter()
+            .filter_map(|r| self.index_of(cx.rank, r, 0).map(|i| (i, r.peer)))
+            .collect();
+        for &(i, peer) in &found {
+            let ch = &self.channels[i];
+            match &ch.progress {
+                None if ch.failed.is_none() => return Err(busy(cx.rank, tag, peer)),
+                Some(p) if p.resume.is_some() => {
+                    return Err(Error::state(format!(
+                        "rank {}: the rendezvous of symmetric allocation {tag:?} timed out \
+                         waiting for rank {peer} and is suspended; rendezvous again to finish it \
+                         before releasing",
+                        cx.rank
+                    )))
+                }
+                _ => {}
+            }
+        }
+        let mut released = 0;
+        for (i, _) in found {
+            let ch = &mut self.channels[i];
+            if let Some(side) = ch.peer_side.take() {
+                cx.release_mapping(ch.info.kind, &side.mapping);
+                released += 1;
+            }
+            if let Some(p) = ch.progress.as_mut() {
+                p.peer_opened = 0;
+            }
+        }
+        Ok(released)
+    }
+}
+
+fn busy(rank: usize, tag: &str, peer: usize) -> Error {
+    Error::state(format!(
+        "rank {rank}: the channel of symmetric allocation {tag:?} with rank {peer} is being \
+         exchanged by another thread, or failed earlier; calls on one tag must not overlap"
+    ))
+}
+
+/// Generation of a channel whose cache was torn down.
+const CLOSED: u64 = u64::MAX;
+/// Generation of a channel whose last exchange failed.
+const FAILED: u64 = u64::MAX - 1;
+
+/// The generation of one channel's handles, shared by the channel and every handle opened on it.
+/// Changed only under the cache's table lock; read without any lock.
+#[derive(Debug, Default)]
+pub(super) struct Validity {
+    generation: AtomicU64,
+}
+
+impl Validity {
+    pub(super) fn current(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The channel's handles changed: handles opened before are stale.
+    pub(super) fn bump(&self) {
+        // Never reaches FAILED: one bump per exchange that changes a buffer.
+        let _ = self
+            .generation
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
+                (g < FAILED - 1).then(|| g + 1)
+            });
+    }
+
+    /// The channel failed in an exchange (its handles are unknown from here on).
+    pub(super) fn fail(&self) {
+        let _ = self
+            .generation
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
+                (g != CLOSED).then_some(FAILED)
+            });
+    }
+
+    /// The cache is being torn down: no handle of the channel is usable again.
+    pub(super) fn close(&self) {
+        self.generation.store(CLOSED, Ordering::Release);
+    }
+}
+
+/// One channel's handles (`HandleCache::open_channel`), usable for transfers until the channel's
+/// buffers change (see the module docs). Does not keep the cache alive: after the cache is freed
+/// every use is an `InvalidState` error.
+pub struct OpenChannel {
+    handles: P2pHandles,
+    info: Arc<ChannelInfo>,
+    validity: Arc<Validity>,
+    opened_at: u64,
+    rank: usize,
+    settings: Arc<Settings>,
+}
+
+impl OpenChannel {
+    /// Reads the channel's generation now: call with the table lock held, with the handles
+    /// resolved under the same lock.
+    pub(super) fn new(
+        handles: P2pHandles,
+        info: Arc<ChannelInfo>,
+        validity: Arc<Validity>,
+        rank: usize,
+        settings: Arc<Settings>,
+    ) -> OpenChannel {
+        OpenChannel {
+            handles,
+            info,
+            opened_at: validity.current(),
+            validity,
+            rank,
+            settings,
+        }
+    }
+
+    /// The handles, while the channel still holds the buffers it held at the open; otherwise an
+    /// `InvalidState` error naming the channel and what to do.
+    #[inline]
+    pub fn handles(&self) -> Result<&P2pHandles> {
+        let now = self.validity.current();
+        if now == self.opened_at {
+            Ok(&self.handles)
+        } else {
+            Err(self.stale(now))
+        }
+    }
+
+    /// Whether [`handles`](Self::handles) would succeed now.
+    pub fn is_current(&self) -> bool {
+        self.validity.current() == self.opened_at
+    }
+
+    #[cold]
+    fn stale(&self, now: u64) -> Error {
+        let what = match now {
+            CLOSED => "the cache it was opened from was freed (or closed); create a cache, \
+                       exchange and open the channel again"
+                .to_string(),
+            FAILED => "the channel failed in a later exchange and is unusable; create a new \
+                       cache"
+                .to_string(),
+            _ => format!(
+                "a later exchange replaced the channel's buffers (generation {} -> {now}); \
+                 re-open the channel after the exchange",
+                self.opened_at
+            ),
+        };
+        Error::state(format!(
+            "rank {}: {} (peer {}, {} memory): {what}",
+            self.rank,
+            self.info.key,
+            self.info.peer,
+            self.info.kind.name()
+        ))
+    }
+
+    /// The other rank of the channel.
+    pub fn peer(&self) -> usize {
+        self.info.peer
+    }
+
+    pub fn kind(&self) -> MemKind {
+        self.info.kind
+    }
+
+    pub fn tag(&self) -> &str {
+        &self.info.key.tag
+    }
+
+    /// Whether this rank sends on the channel (its buffer is the source).
+    pub fn is_send(&self) -> bool {
+        self.info.key.src == self.rank
+    }
+
+    /// The timeout of the cache the channel was opened from, as set now (host transfers use it
+    /// when given none).
+    pub fn timeout(&self) -> Duration {
+        self.settings.timeout()
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! background thread, so garbage collection never adds a store round trip to an exchange.
 //!
 //! Keys of records the importer did not need to read (it built the record from one it already
-//! held, see `known`) may not have reached the store yet: the exporter sends without waiting for
+//! held, see `peers`) may not have reached the store yet: the exporter sends without waiting for
 //! the store. Those are deleted once they are there: a delete that finds nothing is tried again
 //! every [`RETRY`], up to [`TRIES`] times, then given up (a leftover key is harmless: keys are
 //! never reused).
@@ -67,18 +67,13 @@ impl Sweeper {
     }
 
     fn run(&mut self, job: Job) {
-        match job {
-            Job::Read(keys) => {
-                for key in &keys {
-                    self.delete(key);
-                }
-            }
-            Job::Unread(keys) => {
-                for key in keys {
-                    if !self.delete(&key) {
-                        self.late.push((key, 1));
-                    }
-                }
+        let (keys, read) = match job {
+            Job::Read(keys) => (keys, true),
+            Job::Unread(keys) => (keys, false),
+        };
+        for key in keys {
+            if !self.delete(&key) && !read {
+                self.late.push((key, 1));
             }
         }
     }

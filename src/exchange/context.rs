@@ -1,34 +1,23 @@
 //! What a batch's protocol and a cache's teardown work with: this rank's place in the job, its
-//! store, names, transports, board, settings and counters, the peers' boards and node identities,
-//! and what this rank holds of its peers across channels (semaphore slabs, kept mappings, known
-//! allocations). It knows nothing of the channel table nor of the cache that owns it.
+//! store, names, transports, board, settings and counters, the peers' boards and nodes, and what
+//! this rank holds of its peers across channels. It knows nothing of the channel table nor of the
+//! cache that owns it. Also here: the cache's tunables ([`Settings`]) and counters
+//! ([`CacheStats`], which the C ABI hands out as it is: build.rs feeds this file to cbindgen).
 
+use super::batch::PhaseClock;
 use super::board::{OwnBoard, PeerBoard};
 use super::channel::Imported;
 use super::collector::Collector;
-use super::known::KnownAllocations;
-use super::peers::PeerNodes;
-use super::retain::Retained;
-use super::settings::Settings;
-use super::stats::{bump, Counters};
+use super::peers::{PeerHoldings, PeerNodes, DEFAULT_RETAINED_PER_PEER};
 use crate::error::Result;
 use crate::names::CacheNames;
 use crate::store::Store;
 use crate::sync::lock;
-use crate::transport::{ExportedHandle, Mapping, MemKind, Transport, Transports};
+use crate::transport::{Mapping, MemKind, Transport, Transports};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// What this rank holds of its peers beyond one channel, under one lock.
-#[derive(Default)]
-pub(super) struct PeerHoldings {
-    /// Peer semaphore slabs mapped by this cache, per (peer, kind).
-    pub slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
-    /// Replaced peer mappings kept mapped for reuse (see `retain`).
-    pub retained: Retained,
-    /// Records of peer allocations seen, for buffers that move inside them (see `known`).
-    pub known: KnownAllocations,
-}
+use std::time::Duration;
 
 pub(super) struct Context {
     pub rank: usize,
@@ -49,14 +38,11 @@ pub(super) struct Context {
 }
 
 impl Context {
-    /// The transport of `kind`, if this cache has one.
-    pub fn transport(&self, kind: MemKind) -> Option<&Arc<dyn Transport>> {
-        self.transports.get(kind)
-    }
-
     /// The transport of a channel's kind (a channel is only created with one).
     pub fn channel_transport(&self, kind: MemKind) -> &Arc<dyn Transport> {
-        self.transport(kind).expect("channel kinds have transports")
+        self.transports
+            .get(kind)
+            .expect("channel kinds have transports")
     }
 
     /// `peer`'s board, opened on first use; `None` while it has none on this node.
@@ -68,6 +54,7 @@ impl Context {
         let Some(board) = PeerBoard::try_open(&name, peer)? else {
             return Ok(None);
         };
+        self.board.check_guarded(&board);
         let board = Arc::new(board);
         lock(&self.peer_boards).insert(peer, board.clone());
         // So that whoever closes after this peer can see it has left (see `departures`).
@@ -87,7 +74,7 @@ impl Context {
     }
 
     pub fn release_mapping(&self, kind: MemKind, m: &Mapping) {
-        if let Some(t) = self.transport(kind) {
+        if let Some(t) = self.transports.get(kind) {
             // A failed release means the mapping is already gone; count it as closed anyway
             // so the balance reflects what this cache asked for.
             let _ = t.release(m);
@@ -98,6 +85,144 @@ impl Context {
     pub fn release_imports(&self, imports: Vec<Option<Imported>>) {
         for imp in imports.into_iter().flatten() {
             self.release_mapping(imp.kind, &imp.mapping);
+        }
+    }
+}
+
+/// Upper bound of the default [linger](super::HandleCache::linger): min(timeout, this).
+pub const DEFAULT_MAX_LINGER: Duration = Duration::from_secs(30);
+/// `linger_ns` value meaning "derived from the timeout".
+const LINGER_FROM_TIMEOUT: u64 = u64::MAX;
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+pub(super) struct Settings {
+    timeout_ns: AtomicU64,
+    /// `LINGER_FROM_TIMEOUT` until set.
+    linger_ns: AtomicU64,
+    retain_per_peer: AtomicUsize,
+}
+
+impl Settings {
+    pub(super) fn new(timeout: Duration) -> Settings {
+        Settings {
+            timeout_ns: AtomicU64::new(nanos(timeout)),
+            linger_ns: AtomicU64::new(LINGER_FROM_TIMEOUT),
+            retain_per_peer: AtomicUsize::new(DEFAULT_RETAINED_PER_PEER),
+        }
+    }
+
+    pub(super) fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    pub(super) fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ns.store(nanos(timeout), Ordering::Relaxed);
+    }
+
+    pub(super) fn linger(&self) -> Duration {
+        match self.linger_ns.load(Ordering::Relaxed) {
+            LINGER_FROM_TIMEOUT => self.timeout().min(DEFAULT_MAX_LINGER),
+            ns => Duration::from_nanos(ns),
+        }
+    }
+
+    pub(super) fn set_linger(&self, linger: Duration) {
+        let ns = linger.as_nanos().min(u128::from(LINGER_FROM_TIMEOUT - 1)) as u64;
+        self.linger_ns.store(ns, Ordering::Relaxed);
+    }
+
+    pub(super) fn retained_per_peer(&self) -> usize {
+        self.retain_per_peer.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_retained_per_peer(&self, per_peer: usize) {
+        self.retain_per_peer.store(per_peer, Ordering::Relaxed);
+    }
+}
+
+/// Counters of a cache, cumulative since creation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct CacheStats {
+    /// `exchange_handles` calls that succeeded.
+    pub exchanges: u64,
+    /// Channel-steps where neither side's buffer changed.
+    pub hits: u64,
+    /// Channel-steps where at least one side's buffer changed.
+    pub misses: u64,
+    /// Store calls on the exchange path (each `multi_set` or `multi_get` counts one), apart from
+    /// `peer_lookups`.
+    pub store_round_trips: u64,
+    /// Records published, and their encoded bytes.
+    pub records_sent: u64,
+    pub record_bytes_sent: u64,
+    /// Records fetched and imported.
+    pub records_received: u64,
+    /// Imports (buffer mappings and peer semaphore slabs) and their releases.
+    pub opens: u64,
+    pub closes: u64,
+    /// Consumed records deleted from the store by the background collector.
+    pub keys_deleted: u64,
+    /// Peers that had not closed their caches when this cache's teardown stopped waiting for them
+    /// (they may still map this rank's memory; see `HandleCache::try_close`).
+    pub peers_unclosed: u64,
+    /// Device transports (with their semaphore slab) deliberately left allocated by a teardown
+    /// that timed out, rather than freed under a peer's mapping.
+    pub leaked_slabs: u64,
+    /// Reads of peers' node identities (one `WAIT` + `MULTI_GET` each), made at most once per
+    /// peer and only when a first exchange found no board of the peer on this node yet.
+    pub peer_lookups: u64,
+    /// Peer buffers imported without a store fetch: the board said where they lie, inside an
+    /// allocation whose record this rank already held (the caching allocator's pattern).
+    pub records_known: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) exchanges: AtomicU64,
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    pub(crate) store_round_trips: AtomicU64,
+    pub(crate) records_sent: AtomicU64,
+    pub(crate) record_bytes_sent: AtomicU64,
+    pub(crate) records_received: AtomicU64,
+    pub(crate) opens: AtomicU64,
+    pub(crate) closes: AtomicU64,
+    pub(crate) keys_deleted: Arc<AtomicU64>,
+    pub(crate) peers_unclosed: AtomicU64,
+    pub(crate) leaked_slabs: AtomicU64,
+    pub(crate) peer_lookups: AtomicU64,
+    pub(crate) records_known: AtomicU64,
+    /// Time per phase of a call, when asked for.
+    pub(crate) phases: PhaseClock,
+}
+
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Counters {
+    /// A snapshot of the counters.
+    pub(crate) fn snapshot(&self) -> CacheStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheStats {
+            exchanges: l(&self.exchanges),
+            hits: l(&self.hits),
+            misses: l(&self.misses),
+            store_round_trips: l(&self.store_round_trips),
+            records_sent: l(&self.records_sent),
+            record_bytes_sent: l(&self.record_bytes_sent),
+            records_received: l(&self.records_received),
+            opens: l(&self.opens),
+            closes: l(&self.closes),
+            keys_deleted: l(&self.keys_deleted),
+            peers_unclosed: l(&self.peers_unclosed),
+            leaked_slabs: l(&self.leaked_slabs),
+            peer_lookups: l(&self.peer_lookups),
+            records_known: l(&self.records_known),
         }
     }
 }

@@ -1,26 +1,42 @@
-//! Which peers this rank can map, learnt once per peer through the store.
+//! What this rank knows and holds of its peers.
 //!
-//! Each cache publishes its node identity (`crate::node`) under
-//! `nvfipc/<job>/<scope>/g<generation>/node/<rank>` when it is created (a SET, no reply) and deletes it when it
-//! closes. When a rank is about to wait for a peer's node-local board that is not there, it reads
-//! the peer's identity (waiting, bounded, until the peer has created its cache) and compares it
-//! with its own: a peer
-//! on another host, or in a container that shares neither this IPC namespace nor this `/dev/shm`,
-//! is refused at once, on both sides, with a message saying so, instead of timing out waiting for
-//! a board that can never appear. Afterwards the answer is cached: warm exchanges never look.
+//! Nodes ([`PeerNodes`]): each cache publishes its node identity (`crate::node`) under its node
+//! key; a rank about to wait for a peer's board that is not there reads the peer's identity once,
+//! and refuses a peer on another host or container (one that can never have a board here) at
+//! once, instead of timing out.
+//!
+//! Allocations: nvFuser's buffers come from PyTorch's caching allocator, every iteration's tensors
+//! carved at new offsets from a few large segments, and each rank publishes on its board where
+//! each buffer version lies (allocation id, offset, bytes). So a rank keeps
+//! - the records of peer allocations it imported ([`KnownAllocations`]): a buffer in one of them
+//!   is imported from the kept record, without waiting for the store (the exporter still sends
+//!   its record; the collector deletes it);
+//! - per channel, the records it lists on its board entry ([`HeldRecords`]): the exporter of a
+//!   buffer in a listed allocation sends no record at all. The list is exact: it changes only
+//!   when the importer imports a new version, before it publishes `opened` (which the exporter
+//!   awaits before another step), or shrinks when an allocation's mapping is released; records go
+//!   only at an import, and only those no longer listed;
+//! - replaced mappings, up to a bound of allocations per (peer, kind), least recently replaced
+//!   first out ([`Retained`]): a buffer moving back costs a reference count, not a driver open
+//!   (the exporter's memory stays mapped here until evicted or the cache freed).
+//!
+//! Allocation ids are never reused within a process and records are keyed by the exporter's pid
+//! too, so a kept record never describes another allocation.
 
+use super::board::KNOWN_PER_CHANNEL;
 use crate::error::{Error, Result};
+use crate::names::CacheNames;
 use crate::node::{NodeIdentity, Reach};
 use crate::store::Store;
 use crate::sync::lock;
-use std::collections::HashMap;
+use crate::transport::record::Record;
+use crate::transport::{ExportedHandle, Mapping, MemKind};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::names::CacheNames;
-
-/// This rank's view of its peers' nodes (the cache's names and rank are the caller's).
-pub struct PeerNodes {
+/// This rank's view of its peers' nodes.
+pub(super) struct PeerNodes {
     /// Peers found mappable: their pid, when it can be checked from here.
     known: Mutex<HashMap<usize, Option<u32>>>,
 }
@@ -37,14 +53,14 @@ impl PeerNodes {
         })
     }
 
-    /// True when `peer` was already found mappable (a map lookup; no store traffic).
+    /// True when `peer` was already found mappable (no store traffic).
     pub fn known(&self, peer: usize) -> bool {
         lock(&self.known).contains_key(&peer)
     }
 
     /// The pid of `peer`'s process, as its cache published it, when that process has exited and
-    /// its pid can be checked from here; `None` otherwise (alive, not looked up, or elsewhere).
-    /// For a peer whose board this rank never opened (it died before), the only trace left.
+    /// its pid can be checked from here. For a peer whose board this rank never opened (it died
+    /// before), the only trace left.
     pub fn exited(&self, peer: usize) -> Option<u32> {
         let pid = (*lock(&self.known).get(&peer)?)?;
         (!crate::os::process::process_alive(pid)).then_some(pid)
@@ -52,7 +68,7 @@ impl PeerNodes {
 
     /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory; reads
     /// the identities of those not known yet in one `WAIT` + `MULTI_GET`, waiting at most
-    /// `timeout` for the peers to publish them (they do when they create their caches).
+    /// `timeout` for the peers to publish them.
     pub fn check(
         &self,
         store: &dyn Store,
@@ -71,20 +87,18 @@ impl PeerNodes {
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let values = store.multi_get(&refs, timeout).map_err(|e| {
             e.context(format!(
-                "rank {}: waiting for peer rank(s) {unknown:?} to create their caches of {} \
-                 (keys {keys:?}); do they create a cache for this job and scope, and free and \
-                 re-create it as often as this rank (a rank's n-th cache of a scope talks to its \
-                 peers' n-th)?",
-                rank, names
+                "rank {rank}: waiting for peer rank(s) {unknown:?} to create their caches of \
+                 {names} (keys {keys:?}); do they create a cache for this job and scope, and free \
+                 and re-create it as often as this rank (a rank's n-th cache of a scope talks to \
+                 its peers' n-th)?"
             ))
         })?;
         let me = NodeIdentity::local();
         for ((peer, key), value) in unknown.iter().zip(&keys).zip(&values) {
             let node = NodeIdentity::decode(&String::from_utf8_lossy(value)).ok_or_else(|| {
                 Error::protocol(format!(
-                    "rank {}: store key {key} does not hold a node identity; all ranks must use \
-                     the same nvfuser-ipc version",
-                    rank
+                    "rank {rank}: store key {key} does not hold a node identity; all ranks must \
+                     use the same nvfuser-ipc version"
                 ))
             })?;
             match me.reach(&node) {
@@ -93,9 +107,9 @@ impl PeerNodes {
                 }
                 Reach::Unmappable(why) => {
                     return Err(Error::unsupported(format!(
-                        "rank {}: peer rank {peer} (pid {}) {why}. Exchange handles only \
+                        "rank {rank}: peer rank {peer} (pid {}) {why}. Exchange handles only \
                          between ranks of one node",
-                        rank, node.pid
+                        node.pid
                     )))
                 }
             }
@@ -108,3 +122,178 @@ impl PeerNodes {
         let _ = store.delete_key(&names.node_key(rank));
     }
 }
+
+/// What this rank holds of its peers beyond one channel, under one lock.
+#[derive(Default)]
+pub(super) struct PeerHoldings {
+    /// Peer semaphore slabs mapped by this cache, per (peer, kind).
+    pub slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
+    /// Replaced peer mappings kept mapped for reuse.
+    pub retained: Retained,
+    /// Records of peer allocations seen, for buffers that move inside them.
+    pub known: KnownAllocations,
+}
+
+/// Allocation records kept per cache before the table starts over (which costs only fetches).
+const MAX_KNOWN: usize = 4096;
+
+/// (peer rank, exporter pid, memory kind, allocation id).
+type Key = (usize, u32, MemKind, u64);
+
+/// Peer allocation records by allocation.
+#[derive(Default)]
+pub(super) struct KnownAllocations {
+    records: HashMap<Key, Record>,
+}
+
+impl KnownAllocations {
+    /// Remembers the allocation that `rec` (imported from `peer`) describes.
+    pub fn learn(&mut self, peer: usize, kind: MemKind, rec: &Record) {
+        if self.records.len() >= MAX_KNOWN {
+            self.records.clear();
+        }
+        self.records
+            .insert((peer, rec.pid, kind, rec.buffer_id), rec.clone());
+    }
+
+    /// The record of version `version` of a buffer at `[offset, offset + bytes)` of allocation
+    /// `key`, built from the allocation's kept record (see [`record_at`]).
+    pub fn record_for(
+        &self,
+        key: Key,
+        offset: u64,
+        bytes: u64,
+        version: u64,
+        channel: &Record,
+    ) -> Option<Record> {
+        record_at(self.records.get(&key)?, offset, bytes, version, channel)
+    }
+}
+
+/// The record of version `version` of a buffer at `[offset, offset + bytes)` of the allocation
+/// that `known` describes, with the semaphore of the channel's own last record `channel`. `None`
+/// when the place does not fit in the allocation or `channel` is of another process or rank.
+fn record_at(
+    known: &Record,
+    offset: u64,
+    bytes: u64,
+    version: u64,
+    channel: &Record,
+) -> Option<Record> {
+    let fits = bytes > 0
+        && offset
+            .checked_add(bytes)
+            .is_some_and(|e| e <= known.alloc_bytes);
+    if !fits || channel.pid != known.pid || channel.rank != known.rank {
+        return None;
+    }
+    Some(Record {
+        offset,
+        bytes,
+        version,
+        sem_type: channel.sem_type,
+        sem_slot: channel.sem_slot,
+        sem_payload: channel.sem_payload,
+        ..known.clone()
+    })
+}
+
+/// The records of the peer's allocations one channel's importer holds, most recently imported
+/// first.
+#[derive(Default)]
+pub(super) struct HeldRecords {
+    records: Vec<Record>,
+}
+
+impl HeldRecords {
+    /// As [`KnownAllocations::record_for`], from the records held for the channel.
+    pub fn record_for(
+        &self,
+        alloc_id: u64,
+        offset: u64,
+        bytes: u64,
+        version: u64,
+        channel: &Record,
+    ) -> Option<Record> {
+        let known = self.records.iter().find(|r| r.buffer_id == alloc_id)?;
+        record_at(known, offset, bytes, version, channel)
+    }
+
+    /// After the import of `rec` on the channel: keeps the records whose allocation the board
+    /// still lists (`listed`: releases may have taken some off), puts `rec`'s allocation first
+    /// and bounds the list. Returns the allocation ids to list on the board now.
+    pub fn imported(&mut self, listed: &[u64], rec: &Record) -> Vec<u64> {
+        let held = self
+            .records
+            .iter()
+            .position(|r| r.buffer_id == rec.buffer_id);
+        match held {
+            // The pool pattern: an allocation held already moves first, with no clone unless
+            // its pieces differ (VMM runs mapped for another range).
+            Some(i) => {
+                self.records[..=i].rotate_right(1);
+                if self.records[0].segments != rec.segments {
+                    self.records[0] = rec.clone();
+                }
+            }
+            None => self.records.insert(0, rec.clone()),
+        }
+        let mut first = true;
+        self.records
+            .retain(|r| std::mem::take(&mut first) || listed.contains(&r.buffer_id));
+        self.records.truncate(KNOWN_PER_CHANNEL);
+        self.records.iter().map(|r| r.buffer_id).collect()
+    }
+}
+
+/// Default number of distinct peer allocations kept per (peer, memory kind) and cache.
+pub const DEFAULT_RETAINED_PER_PEER: usize = 8;
+
+/// The mappings a cache keeps (one reference each), per (peer, kind), oldest first.
+#[derive(Default)]
+pub(super) struct Retained {
+    kept: HashMap<(usize, MemKind), VecDeque<Mapping>>,
+}
+
+fn same_allocation(a: &Mapping, b: &Mapping) -> bool {
+    a.peer == b.peer && a.buffer_id == b.buffer_id && a.base == b.base
+}
+
+impl Retained {
+    /// Takes over the reference of replaced mapping `m`. Returns the references to release now:
+    /// `m` itself when one of its allocation is already kept or `limit` is zero, else the oldest
+    /// kept ones beyond `limit`.
+    pub fn retire(&mut self, kind: MemKind, m: Mapping, limit: usize) -> Vec<Mapping> {
+        if limit == 0 {
+            return vec![m];
+        }
+        let list = self.kept.entry((m.peer, kind)).or_default();
+        if let Some(i) = list.iter().position(|k| same_allocation(k, &m)) {
+            // Most recently replaced now; one reference of the allocation is enough.
+            let kept = list.remove(i).expect("index from position");
+            list.push_back(kept);
+            return vec![m];
+        }
+        list.push_back(m);
+        let excess = list.len().saturating_sub(limit);
+        list.drain(..excess).collect()
+    }
+
+    /// Whether a mapping of `m`'s allocation is kept.
+    pub fn holds(&self, kind: MemKind, m: &Mapping) -> bool {
+        self.kept
+            .get(&(m.peer, kind))
+            .is_some_and(|list| list.iter().any(|k| same_allocation(k, m)))
+    }
+
+    /// Everything kept, to release (the cache's teardown).
+    pub fn drain(&mut self) -> Vec<(MemKind, Mapping)> {
+        self.kept
+            .drain()
+            .flat_map(|((_, kind), list)| list.into_iter().map(move |m| (kind, m)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

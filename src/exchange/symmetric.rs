@@ -3,32 +3,25 @@
 //!
 //! A rendezvous of a group is one exchange in which each pair of the group talks over one
 //! channel: the lower rank of the pair sends, the higher receives, both with their own buffer.
-//! After the exchange each side holds the other's buffer mapped (the channel's peer pointer), so
-//! a rank has waited only for the records and opens of the peers it maps, never for a barrier.
-//! Being an ordinary exchange, it inherits everything the cache does: imports deduplicated and
-//! refcounted per peer allocation, released when the buffer is replaced or the cache freed, and a
-//! second rendezvous of the same buffers is a cache hit (no store traffic, no driver call).
-//!
-//! After a rendezvous, the cache remembers it by tag (`state`), so that
+//! So a rank waits only for the peers it maps, never for a barrier, and inherits everything the
+//! cache does (a second rendezvous of the same buffers is a cache hit). The cache remembers each
+//! rendezvous by tag ([`SymmetricTable`]), so that
 //! - a *contiguous view* maps every member's buffer again, in rank order, into one reserved
-//!   range (`transport::view`; the transport maps, from the buffers the exchange imported);
+//!   range (`transport::view`);
 //! - a *release* drops, in this process only, the view and the peers' mappings of the tag's
-//!   channels (`channels`), with no store traffic and no waiting for peers: the channels keep
-//!   their protocol state, so a later rendezvous of the tag works whatever the order in which
-//!   the members released and came back, re-importing the peers' buffers.
-
-mod channels;
-pub(super) mod state;
+//!   channels, with no store traffic and no waiting for peers: the channels keep their protocol
+//!   state, so a later rendezvous of the tag works whatever the order in which the members
+//!   released and came back.
 
 use super::batch::Resolution;
 use super::cache::HandleCache;
-use super::request::Request;
+use super::channel::Request;
 use crate::barrier::MemberSet;
 use crate::error::{Error, Result};
 use crate::sync::lock;
-use crate::transport::view::ViewMember;
+use crate::transport::view::{ContiguousView, ViewMember};
 use crate::transport::MemKind;
-use state::{HeldView, Rendezvous};
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// Prefix of the tags a rendezvous uses, so they never meet an application's own channels.
@@ -136,6 +129,7 @@ impl HandleCache {
         let what = || format!("rank {}: contiguous view of {tag:?}", self.rank());
         let mut table = lock(&self.symmetric);
         let r = table
+            .tags
             .get_mut(tag)
             .ok_or_else(|| not_rendezvoused(self.rank(), tag))?;
         let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
@@ -143,9 +137,26 @@ impl HandleCache {
         let t = self.cx.transports.get_or_make(r.kind)?;
         // Resolved again: a buffer freed since the rendezvous is refused, not mapped.
         let own = t.resolve(r.ptr, r.bytes).map_err(|e| e.context(what()))?;
-        let members = channels::members(&self.cx, &self.table, &r.members, &reqs, own, tag)
+        let peers = lock(&self.table)
+            .peer_buffers(self.rank(), &reqs, tag)
             .map_err(|e| e.context(what()))?;
-        let ids: Vec<_> = members.iter().map(channels::Member::id).collect();
+        let mut peer = peers.iter();
+        let parts: Vec<ViewMember<'_>> = r
+            .members
+            .iter()
+            .map(|&rank| match rank == self.rank() {
+                true => ViewMember::Own { rank, buffer: own },
+                false => {
+                    let (record, mapping) = peer.next().expect("one request per other member");
+                    ViewMember::Peer {
+                        rank,
+                        record,
+                        mapping: *mapping,
+                    }
+                }
+            })
+            .collect();
+        let ids: Vec<MemberId> = parts.iter().map(member_id).collect();
         if let Some(held) = &r.view {
             if held.ids == ids {
                 return Ok((held.view.base(), held.view.stride()));
@@ -153,24 +164,6 @@ impl HandleCache {
         }
         // The buffers changed since the view was made: it goes before the new one is made.
         r.view = None;
-        let parts: Vec<ViewMember<'_>> = members
-            .iter()
-            .map(|m| match m {
-                channels::Member::Own { rank, buffer } => ViewMember::Own {
-                    rank: *rank,
-                    buffer: *buffer,
-                },
-                channels::Member::Peer {
-                    rank,
-                    record,
-                    mapping,
-                } => ViewMember::Peer {
-                    rank: *rank,
-                    record,
-                    mapping: *mapping,
-                },
-            })
-            .collect();
         let view = t.contiguous_view(&parts).map_err(|e| e.context(what()))?;
         let out = (view.base(), view.stride());
         r.view = Some(HeldView { ids, view });
@@ -186,16 +179,18 @@ impl HandleCache {
     pub fn symmetric_release(&self, tag: &str) -> Result<()> {
         let mut table = lock(&self.symmetric);
         let r = table
+            .tags
             .get(tag)
             .ok_or_else(|| not_rendezvoused(self.rank(), tag))?;
         let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
         let reqs = requests(self.rank(), &group, tag, r.ptr, r.bytes, r.kind);
         // The view goes first: it maps the memory of the imports released next.
-        let view = table.get_mut(tag).and_then(|r| r.view.take());
+        let view = table.tags.get_mut(tag).and_then(|r| r.view.take());
         drop(view);
-        channels::release_peers(&self.cx, &self.table, &reqs, tag)
+        lock(&self.table)
+            .release_peers(&self.cx, &reqs, tag)
             .map_err(|e| e.context(format!("releasing symmetric allocation {tag:?}")))?;
-        table.remove(tag);
+        table.tags.remove(tag);
         Ok(())
     }
 
@@ -205,11 +200,76 @@ impl HandleCache {
     }
 }
 
+/// One member's buffer, told apart from any other: (rank, exporter pid, allocation id, offset
+/// in the allocation, bytes). Allocation ids are never reused within a process.
+type MemberId = (usize, u32, u64, u64, u64);
+
+fn member_id(m: &ViewMember<'_>) -> MemberId {
+    match *m {
+        ViewMember::Own { rank, buffer } => (
+            rank,
+            std::process::id(),
+            buffer.buffer_id,
+            buffer.offset(),
+            buffer.bytes,
+        ),
+        ViewMember::Peer { rank, record, .. } => (
+            rank,
+            record.pid,
+            record.buffer_id,
+            record.offset,
+            record.bytes,
+        ),
+    }
+}
+
 fn not_rendezvoused(rank: usize, tag: &str) -> Error {
     Error::invalid(format!(
         "rank {rank}: symmetric allocation {tag:?} was not rendezvoused in this cache (or was \
          released since); call nvfipc_symmetric_rendezvous with this tag first"
     ))
+}
+
+/// A contiguous view and the buffers it maps.
+pub(super) struct HeldView {
+    pub ids: Vec<MemberId>,
+    pub view: ContiguousView,
+}
+
+/// The last rendezvous of one tag.
+pub(super) struct Rendezvous {
+    pub kind: MemKind,
+    pub ptr: u64,
+    pub bytes: u64,
+    /// The members, sorted (this rank among them).
+    pub members: Vec<usize>,
+    pub view: Option<HeldView>,
+}
+
+/// The rendezvous of a cache, by tag (without the `symm:` prefix).
+#[derive(Default)]
+pub(super) struct SymmetricTable {
+    pub tags: HashMap<String, Rendezvous>,
+}
+
+impl SymmetricTable {
+    /// Records a rendezvous of `tag`; the view of the previous one is kept only when the call
+    /// was the same (whether its buffers still are is checked when the view is asked for).
+    pub fn record(&mut self, tag: &str, mut now: Rendezvous) {
+        if let Some(old) = self.tags.remove(tag) {
+            if (old.kind, old.ptr, old.bytes, &old.members)
+                == (now.kind, now.ptr, now.bytes, &now.members)
+            {
+                now.view = old.view;
+            }
+        }
+        self.tags.insert(tag.to_string(), now);
+    }
+
+    /// Number of views held.
+    pub fn views(&self) -> usize {
+        self.tags.values().filter(|r| r.view.is_some()).count()
+    }
 }
 
 #[cfg(test)]

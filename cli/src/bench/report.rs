@@ -341,7 +341,7 @@ impl Results {
             }
             for scenario in ["pool", "cold_large"] {
                 for (w, map) in &self.exchange {
-                    let phases: Vec<String> = nvfuser_ipc::exchange::phases::PHASES
+                    let phases: Vec<String> = nvfuser_ipc::exchange::PHASES
                         .iter()
                         .filter_map(|p| {
                             let v = series(map, &format!("ours.{scenario}.phase.{}", p.name()));

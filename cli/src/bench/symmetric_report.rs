@@ -4,7 +4,7 @@
 use super::svg::{Chart, Series as Line};
 use super::target::Target;
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median};
-use nvfuser_ipc::exchange::phases::PHASES;
+use nvfuser_ipc::exchange::PHASES;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;

@@ -4,7 +4,7 @@
 use crate::default_transports;
 use crate::error::Status;
 use crate::error::{Error, Result};
-use crate::exchange::cache::teardowns_timed_out;
+
 use crate::exchange::{CacheConfig, CacheStats, HandleCache, Request};
 use crate::host::alloc::alloc_for_job;
 use crate::host::{HostBuffer, HostTransport};
@@ -509,7 +509,7 @@ fn exchange_with_a_closed_peer_fails_at_once() {
         let closing = s.spawn(|| c1.try_close());
         // Wait (bounded) until rank 1 is closed and waiting for rank 0.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !c0.peer_let_go(1) {
+        while !c0.cx.peer_let_go(1) {
             assert!(
                 Instant::now() < deadline,
                 "rank 1 never marked itself closed"
@@ -620,7 +620,6 @@ fn close_gives_up_after_the_linger_naming_the_peer_and_keeps_device_memory() {
         .iter()
         .map(|t| from_fixed(&t.semaphores().export().unwrap().payload))
         .collect();
-    let before = teardowns_timed_out();
     let mut c = c.into_iter();
     let (c0, c1, c2) = (c.next().unwrap(), c.next().unwrap(), c.next().unwrap());
     let linger = Duration::from_millis(200);
@@ -642,7 +641,6 @@ fn close_gives_up_after_the_linger_naming_the_peer_and_keeps_device_memory() {
     }
     assert_eq!((s2.peers_unclosed, s2.leaked_slabs), (1, 1), "{s2:?}");
     assert_eq!(s2.opens, s2.closes, "imports are released before waiting");
-    assert!(teardowns_timed_out() >= before + 2);
     for r in [0, 2] {
         assert_eq!(
             drops[r].load(Ordering::SeqCst),

@@ -1,0 +1,132 @@
+use super::*;
+use crate::transport::record::{local_host, HandleType};
+
+fn rec(buffer_id: u64, slot: u32) -> Record {
+    Record {
+        handle_type: HandleType::PosixFd,
+        flags: 0,
+        offset: 0,
+        bytes: 64,
+        alloc_bytes: 4096,
+        buffer_id,
+        host_id: local_host().id,
+        version: 1,
+        device_uuid: [0; 16],
+        pid: 42,
+        rank: 1,
+        host_name: [0; 32],
+        payload: [buffer_id as u8; 64],
+        sem_type: HandleType::PosixFd,
+        sem_slot: slot,
+        sem_payload: [9; 64],
+        segments: Vec::new(),
+    }
+}
+
+#[test]
+fn a_known_allocation_gives_records_for_new_places() {
+    let mut k = KnownAllocations::default();
+    k.learn(1, MemKind::Host, &rec(5, 3));
+    let channel = rec(6, 7);
+    let got = k
+        .record_for((1, 42, MemKind::Host, 5), 1024, 512, 9, &channel)
+        .unwrap();
+    assert_eq!(got.payload, [5; 64], "the allocation's handle");
+    assert_eq!(got.sem_slot, 7, "the channel's semaphore");
+    assert_eq!((got.offset, got.bytes, got.version), (1024, 512, 9));
+    // Unknown allocation, kind, pid, or a place outside the allocation: no record.
+    assert!(k
+        .record_for((1, 42, MemKind::Host, 6), 0, 8, 9, &channel)
+        .is_none());
+    assert!(k
+        .record_for((1, 42, MemKind::Device, 5), 0, 8, 9, &channel)
+        .is_none());
+    assert!(k
+        .record_for((1, 43, MemKind::Host, 5), 0, 8, 9, &channel)
+        .is_none());
+    assert!(k
+        .record_for((1, 42, MemKind::Host, 5), 4000, 97, 9, &channel)
+        .is_none());
+    assert!(k
+        .record_for((1, 42, MemKind::Host, 5), 0, 0, 9, &channel)
+        .is_none());
+}
+
+#[test]
+fn the_table_is_bounded() {
+    let mut k = KnownAllocations::default();
+    for id in 0..MAX_KNOWN as u64 + 1 {
+        k.learn(0, MemKind::Host, &rec(id, 0));
+    }
+    assert!(k.records.len() <= MAX_KNOWN);
+}
+
+#[test]
+fn keeps_the_listed_records_most_recent_first_and_bounded() {
+    let mut h = HeldRecords::default();
+    assert_eq!(h.imported(&[], &rec(5, 0)), vec![5]);
+    assert_eq!(h.imported(&[5], &rec(6, 0)), vec![6, 5]);
+    // 5 was released (taken off the board's list): its record goes at the next import.
+    assert!(h.record_for(5, 0, 8, 3, &rec(6, 1)).is_some());
+    assert_eq!(h.imported(&[6], &rec(7, 0)), vec![7, 6]);
+    assert!(h.record_for(5, 0, 8, 3, &rec(6, 1)).is_none());
+    let got = h.record_for(6, 128, 64, 9, &rec(7, 4)).unwrap();
+    assert_eq!(
+        (got.buffer_id, got.offset, got.bytes, got.version),
+        (6, 128, 64, 9)
+    );
+    assert_eq!(got.sem_slot, 4, "the channel's semaphore");
+    // Again the same allocation: moved first, not twice.
+    assert_eq!(h.imported(&[7, 6], &rec(6, 0)), vec![6, 7]);
+    let mut listed = vec![6, 7];
+    for id in 10..30 {
+        listed = h.imported(&listed, &rec(id, 0));
+    }
+    assert_eq!(listed.len(), KNOWN_PER_CHANNEL);
+    assert_eq!(listed[0], 29);
+}
+
+/// Mappings kept.
+fn len(r: &Retained) -> usize {
+    r.kept.values().map(VecDeque::len).sum()
+}
+
+fn m(peer: usize, buffer_id: u64, offset: u64) -> Mapping {
+    Mapping {
+        peer,
+        base: 0x1000 * buffer_id,
+        ptr: 0x1000 * buffer_id + offset,
+        alloc_bytes: 0x1000,
+        buffer_id,
+    }
+}
+
+#[test]
+fn keeps_distinct_allocations_up_to_the_bound_oldest_out() {
+    let mut r = Retained::default();
+    assert!(r.retire(MemKind::Device, m(1, 1, 0), 2).is_empty());
+    assert!(r.retire(MemKind::Device, m(1, 2, 0), 2).is_empty());
+    // Another buffer of a kept allocation: its reference goes back at once.
+    assert_eq!(r.retire(MemKind::Device, m(1, 1, 64), 2), vec![m(1, 1, 64)]);
+    assert_eq!(len(&r), 2);
+    // A third allocation evicts the least recently replaced one (2: 1 was refreshed).
+    assert_eq!(r.retire(MemKind::Device, m(1, 3, 0), 2), vec![m(1, 2, 0)]);
+    assert!(r.holds(MemKind::Device, &m(1, 1, 128)));
+    assert!(!r.holds(MemKind::Device, &m(1, 2, 0)));
+    assert!(!r.holds(MemKind::Host, &m(1, 3, 0)));
+    // Peers and kinds have bounds of their own.
+    assert!(r.retire(MemKind::Device, m(2, 1, 0), 2).is_empty());
+    assert!(r.retire(MemKind::Host, m(1, 1, 0), 2).is_empty());
+    assert_eq!(len(&r), 4);
+    let mut all = r.drain();
+    all.sort_by_key(|(k, m)| (*k == MemKind::Host, m.peer, m.buffer_id));
+    assert_eq!(all.len(), 4);
+    assert!(len(&r) == 0);
+}
+
+#[test]
+fn a_bound_of_zero_keeps_nothing() {
+    let mut r = Retained::default();
+    assert_eq!(r.retire(MemKind::Host, m(0, 5, 0), 0), vec![m(0, 5, 0)]);
+    assert!(len(&r) == 0);
+}
