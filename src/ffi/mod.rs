@@ -22,15 +22,13 @@ pub mod channel;
 pub mod context;
 pub mod cuda;
 pub mod exchange;
-#[cfg(test)]
-mod header_check;
 pub mod host;
 pub mod log;
 pub(crate) mod registry;
-#[cfg(test)]
-mod registry_bench;
 pub mod store;
 pub mod store_callbacks;
-pub mod store_create;
 pub mod symmetric;
 pub mod version;
+
+#[cfg(test)]
+mod tests;
