@@ -311,11 +311,6 @@ impl CallbackStore {
         self
     }
 
-    /// The vtable this store calls.
-    pub fn callbacks(&self) -> &nvfipc_store_callbacks {
-        &self.cb
-    }
-
     /// Turns a callback's return code into a result, with the host's message when it has one.
     fn check_rc(&self, rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
         if rc == 0 {
@@ -340,6 +335,24 @@ impl CallbackStore {
 
     fn required<T>(f: Option<T>, name: &str) -> Result<T> {
         f.ok_or_else(|| Error::internal(format!("nvfipc_store_callbacks.{name} became NULL")))
+    }
+
+    /// Calls `call` with the `(out_value, out_len)` pair of a callback that returns a value, and
+    /// copies the value out (the host's buffer is released when it was handed over).
+    fn call_value(
+        &self,
+        call: impl FnOnce(*mut *mut u8, *mut usize) -> c_int,
+        what: impl FnOnce() -> String,
+    ) -> Result<Vec<u8>> {
+        let (mut ptr, mut len) = (ptr::null_mut::<u8>(), 0usize);
+        let rc = call(&mut ptr, &mut len);
+        self.check_rc(rc, what)?;
+        HostValue {
+            cb: &self.cb,
+            ptr,
+            len,
+        }
+        .to_vec()
     }
 
     fn call_set(&self, f: SetFn, name: &str, key: &str, value: &[u8]) -> Result<()> {
@@ -382,29 +395,12 @@ impl Store for CallbackStore {
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let f = Self::required(self.cb.get, "get")?;
-        let mut value = HostValue {
-            cb: &self.cb,
-            ptr: ptr::null_mut(),
-            len: 0,
-        };
-        let (mut out_ptr, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
-        // SAFETY: key is valid for key.len() bytes; the out-pointers are valid locals.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                key.as_ptr().cast(),
-                key.len(),
-                timeout_ms(timeout),
-                &mut out_ptr,
-                &mut out_len,
-            )
-        };
-        self.check_rc(rc, || {
-            format!("get(key {key:?}, timeout {}ms)", timeout.as_millis())
-        })?;
-        value.ptr = out_ptr;
-        value.len = out_len;
-        value.to_vec()
+        let (key_ptr, ms) = (key.as_ptr().cast(), timeout_ms(timeout));
+        self.call_value(
+            // SAFETY: key is valid for key.len() bytes; the out-pointers are valid locals.
+            |out, len| unsafe { f(self.cb.ctx, key_ptr, key.len(), ms, out, len) },
+            || format!("get(key {key:?}, timeout {}ms)", timeout.as_millis()),
+        )
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
@@ -485,31 +481,24 @@ impl Store for CallbackStore {
                 "compare_set(key {key:?}): the host store has no compare_set callback"
             ))
         })?;
-        let mut value = HostValue {
-            cb: &self.cb,
-            ptr: ptr::null_mut(),
-            len: 0,
-        };
-        let (mut out_ptr, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
-        // SAFETY: key, expected and desired are valid for their lengths; the out-pointers are
-        // valid locals.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                key.as_ptr().cast(),
-                key.len(),
-                expected.as_ptr(),
-                expected.len(),
-                desired.as_ptr(),
-                desired.len(),
-                &mut out_ptr,
-                &mut out_len,
-            )
-        };
-        self.check_rc(rc, || format!("compare_set(key {key:?})"))?;
-        value.ptr = out_ptr;
-        value.len = out_len;
-        value.to_vec()
+        self.call_value(
+            // SAFETY: key, expected and desired are valid for their lengths; the out-pointers
+            // are valid locals.
+            |out, len| unsafe {
+                f(
+                    self.cb.ctx,
+                    key.as_ptr().cast(),
+                    key.len(),
+                    expected.as_ptr(),
+                    expected.len(),
+                    desired.as_ptr(),
+                    desired.len(),
+                    out,
+                    len,
+                )
+            },
+            || format!("compare_set(key {key:?})"),
+        )
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
