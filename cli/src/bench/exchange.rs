@@ -18,7 +18,7 @@
 //! memory a peer still maps.
 
 use super::seed::{make_record, Importer, SeedExchange};
-use super::{gather_samples, RankArgs, Series};
+use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
 use nvfuser_ipc::context::Context;
@@ -262,7 +262,8 @@ pub fn run(
         .find(|t| t.kind() == kind)
         .cloned()
         .expect("the transport of the chosen kind is created by the caller");
-    let mut out = Vec::new();
+    let mut out: Vec<Series> = Vec::new();
+    let mut add = |name: String, samples: Vec<u64>| out.push((name, samples));
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
     for scenario in SCENARIOS {
         // The pool and cold_large scenarios also say where their time goes, phase by phase
@@ -271,25 +272,17 @@ pub fn run(
         cache.set_phase_timing(phased);
         let (samples, opens, trips) = ours(ctx, &cache, args, kind, scenario)?;
         let name = format!("ours.{}", scenario.name());
-        out.extend(gather_samples(ctx, &name, &samples)?);
+        add(name.clone(), samples);
         if scenario == Scenario::Pool && kind == MemKind::Device {
-            out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
+            add(format!("{name}.opens"), vec![opens]);
         }
         if phased {
             let t = cache.phase_times(true);
             for phase in PHASES {
                 let mean = t.of(phase) / t.calls.max(1);
-                out.extend(gather_samples(
-                    ctx,
-                    &format!("{name}.phase.{}", phase.name()),
-                    &[mean],
-                )?);
+                add(format!("{name}.phase.{}", phase.name()), vec![mean]);
             }
-            out.extend(gather_samples(
-                ctx,
-                &format!("{name}.store_round_trips"),
-                &[trips],
-            )?);
+            add(format!("{name}.store_round_trips"), vec![trips]);
         }
     }
     cache.set_phase_timing(false);
@@ -298,28 +291,25 @@ pub fn run(
     for scenario in SCENARIOS {
         let (samples, opens) = seed(ctx, &transport, args, kind, scenario)?;
         let name = format!("seed.{}", scenario.name());
-        out.extend(gather_samples(ctx, &name, &samples)?);
+        add(name.clone(), samples);
         if scenario == Scenario::Pool && kind == MemKind::Device {
-            out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
+            add(format!("{name}.opens"), vec![opens]);
         }
     }
-    let (exports, opens, rtts) = floor(ctx, &transport, args, kind)?;
-    out.extend(gather_samples(ctx, "floor.exports", &exports)?);
-    out.extend(gather_samples(ctx, "floor.opens", &opens)?);
-    out.extend(gather_samples(ctx, "floor.rtt", &rtts)?);
     // The floor of cold_large: the same fresh opens, of buffers of its size.
     let large = RankArgs {
         bytes: args.bytes.max(LARGE_BYTES),
         ..args.clone()
     };
-    let (exports, opens, rtts) = floor(ctx, &transport, &large, kind)?;
-    out.extend(gather_samples(ctx, "floor_large.exports", &exports)?);
-    out.extend(gather_samples(ctx, "floor_large.opens", &opens)?);
-    out.extend(gather_samples(ctx, "floor_large.rtt", &rtts)?);
+    for (prefix, args) in [("floor", args), ("floor_large", &large)] {
+        let (exports, opens, rtts) = floor(ctx, &transport, args, kind)?;
+        add(format!("{prefix}.exports"), exports);
+        add(format!("{prefix}.opens"), opens);
+        add(format!("{prefix}.rtt"), rtts);
+    }
     // The floor of the pool scenario: its two signal rounds alone (no store, no CUDA).
-    let signals = super::board_floor::run(ctx, args)?;
-    out.extend(gather_samples(ctx, "floor.pool", &signals)?);
-    Ok(out)
+    add("floor.pool".into(), super::board_floor::run(ctx, args)?);
+    gather(ctx, out)
 }
 
 /// One scenario through our cache: the timed samples and the driver opens they made.
@@ -496,43 +486,4 @@ pub fn floor_ns(exports: &[u64], opens: &[u64], rtts: &[u64]) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pool_buffers_move_inside_their_segments() {
-        let job = format!("ut-bench-pool-{}", std::process::id());
-        let bytes = 1 << 16;
-        let mut p = PoolBuffers::new(MemKind::Host, &job, bytes).unwrap();
-        let mut seen = std::collections::HashSet::new();
-        for step in 0..32 {
-            p.step(step);
-            let send_seg = p.segments[step % POOL_SEGMENTS].addr();
-            let recv_seg = p.segments[(step + 1) % POOL_SEGMENTS].addr();
-            assert!(
-                p.send >= send_seg && p.send + bytes <= send_seg + p.half,
-                "step {step}"
-            );
-            assert!(p.recv >= recv_seg + p.half && p.recv + bytes <= recv_seg + 2 * p.half);
-            assert_eq!((p.send - send_seg) % 256, 0);
-            seen.insert(p.send - send_seg);
-        }
-        assert!(seen.len() > 16, "offsets vary from call to call");
-    }
-
-    #[test]
-    fn schedules() {
-        for step in 0..6 {
-            assert!(Scenario::Cold.swaps(3, step));
-            assert_eq!(Scenario::Warm.swaps(0, step), step == 0);
-            assert_eq!(Scenario::Asym.swaps(1, step), step == 0);
-        }
-        assert!(Scenario::Asym.swaps(2, 1) && !Scenario::Asym.swaps(2, 2));
-        assert!(Scenario::Pool.swaps(1, 5));
-        assert_eq!(Scenario::Pool.untimed(), POOL_SEGMENTS + 1);
-        assert_eq!(Scenario::Cold.untimed(), 1);
-        assert_eq!(floor_ns(&[], &[10, 20, 30], &[5]), Some(30));
-        assert_eq!(floor_ns(&[7], &[10, 20, 30], &[5]), Some(37));
-        assert_eq!(floor_ns(&[7], &[], &[5]), None);
-    }
-}
+mod tests;

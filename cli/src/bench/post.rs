@@ -8,7 +8,7 @@
 //! ranks synchronise every [`SYNC_EVERY`] transfers (untimed) so that the queue never fills. The
 //! two calls alternate in blocks, so that a slow spell of the machine hits both alike.
 
-use super::{gather_samples, RankArgs, Series};
+use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::nanos;
 use nvfuser_ipc::context::Context;
@@ -169,9 +169,13 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<Series>> {
     let (channel, request) = outcome?;
     freed?;
     drop(buffer);
-    let mut out = gather_samples(ctx, "post.channel", &channel)?;
-    out.extend(gather_samples(ctx, "post.request", &request)?);
-    Ok(out)
+    gather(
+        ctx,
+        vec![
+            ("post.channel".into(), channel),
+            ("post.request".into(), request),
+        ],
+    )
 }
 
 /// Runs the warm-up and the timed transfers; returns rank 0's samples per call.

@@ -4,7 +4,6 @@ use super::exchange::floor_ns;
 use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
 use super::symmetric_report::{symmetric_chart, symmetric_json, symmetric_target, symmetric_text};
-use super::target::Target;
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -50,7 +49,42 @@ const POST_ROWS: [(&str, &str); 2] = [
     ("cache + request (nvfipc_*_p2p_send_post)", "post.request"),
 ];
 
-fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
+/// One line of the target check.
+pub struct Target {
+    pub name: String,
+    pub measured: String,
+    pub ratio: Option<f64>,
+    pub limit: f64,
+    /// `None` when there was nothing to compare.
+    pub met: Option<bool>,
+}
+
+impl Target {
+    /// `a / b`, met at `limit` or below.
+    fn ratio(name: String, a: Option<u64>, b: Option<u64>, limit: f64) -> Target {
+        let r = ratio(a, b);
+        Target {
+            name,
+            measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
+            ratio: r,
+            limit,
+            met: r.map(|r| r <= limit),
+        }
+    }
+
+    /// A duration, met at `goal_ns` or below.
+    fn at_most(name: String, value: Option<u64>, goal_ns: u64) -> Target {
+        Target {
+            name,
+            measured: fmt_opt_ns(value),
+            ratio: value.map(|v| v as f64 / goal_ns as f64),
+            limit: 1.0,
+            met: value.map(|v| v <= goal_ns),
+        }
+    }
+}
+
+pub(super) fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
     map.get(name).map_or(&[], Vec::as_slice)
 }
 
@@ -110,16 +144,7 @@ impl Results {
         if let Some((w, map)) = self.exchange.last() {
             let med = |n: &str| median(series(map, n));
             let cold = med("ours.cold");
-            let check = |name: String, a: Option<u64>, b: Option<u64>, limit: f64| {
-                let r = ratio(a, b);
-                Target {
-                    name,
-                    measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
-                    ratio: r,
-                    limit,
-                    met: r.map(|r| r <= limit),
-                }
-            };
+            let check = Target::ratio;
             // Cold means fresh allocations: the targets use cold_large; small buffers, which
             // the driver carves from allocations mapped before, are reported beside it.
             let cold_large = med("ours.cold_large");
@@ -142,13 +167,11 @@ impl Results {
                 0.5,
             ));
             let warm = med("ours.warm");
-            out.push(Target {
-                name: format!("warm at W={w}, two comms per call (<= 2 us)"),
-                measured: fmt_opt_ns(warm),
-                ratio: warm.map(|w| w as f64 / 2000.0),
-                limit: 1.0,
-                met: warm.map(|w| w <= 2000),
-            });
+            out.push(Target::at_most(
+                format!("warm at W={w}, two comms per call (<= 2 us)"),
+                warm,
+                2000,
+            ));
             out.push(check(
                 format!("asym at W={w} vs cold"),
                 med("ours.asym"),
@@ -168,13 +191,11 @@ impl Results {
                 .iter()
                 .find(|(w, _)| *w == 2)
                 .and_then(|(_, m)| median(series(m, "ours.pool")));
-            out.push(Target {
-                name: "pool at W=2 (<= 10 us)".to_string(),
-                measured: fmt_opt_ns(pool2),
-                ratio: pool2.map(|p| p as f64 / 10_000.0),
-                limit: 1.0,
-                met: pool2.map(|p| p <= 10_000),
-            });
+            out.push(Target::at_most(
+                "pool at W=2 (<= 10 us)".to_string(),
+                pool2,
+                10_000,
+            ));
             let trips = series(map, "ours.pool.store_round_trips");
             let trips = (!trips.is_empty()).then(|| trips.iter().sum::<u64>());
             out.push(Target {
@@ -222,29 +243,22 @@ impl Results {
             });
         }
         if let Some((w, map)) = self.barrier.last() {
-            let a = median(series(map, "barrier.ours"));
-            let b = median(series(map, "barrier.torch_style"));
-            let r = ratio(a, b);
-            out.push(Target {
-                name: format!("barrier at W={w} vs torch-style"),
-                measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
-                ratio: r,
-                limit: 0.5,
-                met: r.map(|r| r <= 0.5),
-            });
+            out.push(Target::ratio(
+                format!("barrier at W={w} vs torch-style"),
+                median(series(map, "barrier.ours")),
+                median(series(map, "barrier.torch_style")),
+                0.5,
+            ));
         }
         if let Some(map) = &self.post {
-            let p50 = median(series(map, "post.channel"));
-            out.push(Target {
-                name: format!(
+            out.push(Target::at_most(
+                format!(
                     "one post on an opened channel, {}, median (<= 1 us)",
                     self.post_transport
                 ),
-                measured: fmt_opt_ns(p50),
-                ratio: p50.map(|p| p as f64 / POST_GOAL_NS as f64),
-                limit: 1.0,
-                met: p50.map(|p| p <= POST_GOAL_NS),
-            });
+                median(series(map, "post.channel")),
+                POST_GOAL_NS,
+            ));
         }
         out.extend(symmetric_target(&self.symmetric));
         out
@@ -651,8 +665,6 @@ impl Results {
                     title: format!("Ring exchange per call, median ({})", self.transport),
                     x_label: "ranks (W)".into(),
                     y_label: "microseconds per call".into(),
-                    log_x: true,
-                    log_y: true,
                     series: lines,
                 }
                 .render(),
@@ -680,8 +692,6 @@ impl Results {
                     title: "Store server throughput (SET/GET)".into(),
                     x_label: "clients".into(),
                     y_label: "operations per second".into(),
-                    log_x: true,
-                    log_y: true,
                     series: lines,
                 }
                 .render(),
@@ -704,8 +714,6 @@ impl Results {
                     title: "Barrier latency per call, median".into(),
                     x_label: "processes (W)".into(),
                     y_label: "microseconds".into(),
-                    log_x: true,
-                    log_y: true,
                     series: vec![
                         line("ours (Context::barrier)", "barrier.ours", false),
                         line("torch-style store barrier", "barrier.torch_style", true),
@@ -736,110 +744,4 @@ fn pool_limit(w: usize, cores: usize) -> (f64, String) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map(entries: &[(&str, &[u64])]) -> BTreeMap<String, Vec<u64>> {
-        entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_vec()))
-            .collect()
-    }
-
-    #[test]
-    fn the_pool_target_is_looser_where_ranks_outnumber_cores() {
-        assert_eq!(pool_limit(8, 16).0, 0.05);
-        assert_eq!(pool_limit(8, 2).0, 0.25);
-        assert!(pool_limit(8, 2).1.contains("8 ranks on 2 cores"));
-    }
-
-    #[test]
-    fn the_phases_of_pool_and_cold_large_are_reported_where_measured() {
-        let mut r = Results::new(false);
-        r.exchange.push((
-            4,
-            map(&[
-                ("ours.pool", &[20]),
-                ("ours.pool.phase.wait_peers", &[2_000, 3_000, 9_000]),
-                ("ours.pool.store_round_trips", &[0, 0, 0]),
-                ("ours.cold_large", &[900]),
-                ("ours.cold_large.phase.import", &[500_000, 700_000]),
-                ("ours.cold_large.store_round_trips", &[2, 2]),
-            ]),
-        ));
-        let text = r.text();
-        assert!(
-            text.contains("pool at W=4, where a call's time goes")
-                && text.contains("wait_peers 3.0 us (9.0 us)")
-                && text.contains("all ranks: 0"),
-            "{text}"
-        );
-        assert!(
-            text.contains("cold_large at W=4, where a call's time goes")
-                && text.contains("all ranks: 4"),
-            "{text}"
-        );
-        // A scenario without phases has no such line.
-        r.exchange[0]
-            .1
-            .retain(|k, _| !k.starts_with("ours.cold_large."));
-        assert!(!r.text().contains("cold_large at W=4, where"));
-    }
-
-    #[test]
-    fn targets_compare_the_largest_world() {
-        let mut r = Results::new(false);
-        r.exchange.push((2, map(&[("ours.cold", &[1])])));
-        r.exchange.push((
-            8,
-            map(&[
-                ("ours.cold", &[100, 100]),
-                ("seed.cold", &[400]),
-                ("ours.cold_large", &[200]),
-                ("seed.cold_large", &[500]),
-                ("floor_large.opens", &[100]),
-                ("floor_large.rtt", &[20]),
-                ("ours.warm", &[1500]),
-                ("ours.asym", &[150]),
-                ("ours.pool", &[20]),
-                ("seed.pool", &[400]),
-                ("ours.pool.opens", &[0, 0]),
-                ("seed.pool.opens", &[1, 0]),
-                ("floor.opens", &[40]),
-                ("floor.rtt", &[15]),
-            ]),
-        ));
-        r.barrier.push((
-            64,
-            map(&[("barrier.ours", &[10]), ("barrier.torch_style", &[30])]),
-        ));
-        let t = r.targets();
-        let verdicts: Vec<(String, Option<bool>)> =
-            t.iter().map(|t| (t.name.clone(), t.met)).collect();
-        assert_eq!(verdicts[0].1, Some(true), "{verdicts:?}"); // cold_large 200/500 = 0.4
-        assert_eq!(verdicts[1].1, Some(true)); // 200 / (100 + 2 * 20) = 1.43
-        assert_eq!(verdicts[2].1, Some(true)); // small cold 100/400
-        assert_eq!(verdicts[3].1, Some(true)); // 1.5 us
-        assert_eq!(verdicts[4].1, Some(false)); // asym 150 > cold 100
-        assert_eq!(verdicts[5].1, Some(true)); // pool 20/400 = 0.05
-        assert_eq!(verdicts[6].1, None, "no pool at W=2 in this run");
-        assert_eq!(verdicts[7].1, None, "no store counts in this run");
-        assert_eq!(verdicts[8].1, Some(true)); // 10/30
-        assert!(r.text().contains("MISSED"));
-        assert!(r
-            .text()
-            .contains("pool at W=8: IPC opens during the timed calls, all ranks: ours 0, seed 1"));
-        assert!(r.json_text().contains("\"floor_ns\": 70"));
-        r.post = Some(map(&[
-            ("post.channel", &[400, 900]),
-            ("post.request", &[2500]),
-        ]));
-        r.post_transport = "host".into();
-        let post = r.targets().pop().unwrap();
-        assert!(post.name.contains("opened channel"), "{}", post.name);
-        assert_eq!(post.met, Some(true)); // median of 400 and 900 <= 1 us
-        assert!(r.text().contains("cache + request"));
-        assert!(r.json_text().contains("\"p99_ns\": 2500"));
-        assert_eq!(r.charts().len(), 2);
-    }
-}
+mod tests;
