@@ -4,19 +4,19 @@ use super::*;
 fn pool_buffers_move_inside_their_segments() {
     let job = format!("ut-bench-pool-{}", std::process::id());
     let bytes = 1 << 16;
-    let mut p = PoolBuffers::new(MemKind::Host, &job, bytes).unwrap();
+    let p = PoolBuffers::new(MemKind::Host, &job, bytes).unwrap();
     let mut seen = std::collections::HashSet::new();
     for step in 0..32 {
-        p.step(step);
+        let [send, recv] = p.step(step);
         let send_seg = p.segments[step % POOL_SEGMENTS].addr();
         let recv_seg = p.segments[(step + 1) % POOL_SEGMENTS].addr();
         assert!(
-            p.send >= send_seg && p.send + bytes <= send_seg + p.half,
+            send >= send_seg && send + bytes <= send_seg + p.half,
             "step {step}"
         );
-        assert!(p.recv >= recv_seg + p.half && p.recv + bytes <= recv_seg + 2 * p.half);
-        assert_eq!((p.send - send_seg) % 256, 0);
-        seen.insert(p.send - send_seg);
+        assert!(recv >= recv_seg + p.half && recv + bytes <= recv_seg + 2 * p.half);
+        assert_eq!((send - send_seg) % 256, 0);
+        seen.insert(send - send_seg);
     }
     assert!(seen.len() > 16, "offsets vary from call to call");
 }
