@@ -186,13 +186,10 @@ pub enum Role {
 }
 
 impl Role {
-    fn name(self) -> &'static str {
-        match self {
-            Role::Exchange => "exchange",
-            Role::Barrier => "barrier",
-            Role::Post => "post",
-            Role::Symmetric => "symmetric",
-        }
+    fn name(self) -> String {
+        use clap::ValueEnum;
+        let value = self.to_possible_value().expect("every role has a name");
+        value.get_name().to_string()
     }
 }
 
@@ -232,7 +229,7 @@ impl RankArgs {
     fn to_args(&self) -> Vec<String> {
         vec![
             "--role".into(),
-            self.role.name().into(),
+            self.role.name(),
             "--steps".into(),
             self.steps.to_string(),
             "--bytes".into(),
@@ -324,43 +321,35 @@ pub fn run_rank(args: &RankArgs) -> i32 {
 
 fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
     set_device_memory(args.device_memory);
-    let series = match args.role {
-        Role::Barrier => barrier::run(ctx, args)?,
-        Role::Post => {
-            let device = enter_rank_device(args.kind, ctx.local_rank)?;
-            let series = post::run(ctx, args)?;
-            ctx.barrier(None, None)?;
-            if args.kind == MemKind::Device {
-                nvfuser_ipc::cuda::flush_releases(args.timeout)?;
-            }
-            drop(device);
-            series
-        }
-        Role::Exchange | Role::Symmetric => {
-            // The transports outlive every cache and import, and are dropped only after the
-            // last barrier: peers may map this rank's semaphore slab until then.
-            let device = enter_rank_device(args.kind, ctx.local_rank)?;
+    let series = if args.role == Role::Barrier {
+        barrier::run(ctx, args)?
+    } else {
+        let device = enter_rank_device(args.kind, ctx.local_rank)?;
+        // The transports outlive every cache and import, and are dropped only after the last
+        // barrier: peers may map this rank's semaphore slab until then.
+        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+        if matches!(args.role, Role::Exchange | Role::Symmetric) {
             let host = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
             let fdpass = host.fdpass().clone();
-            let mut transports: Vec<Arc<dyn Transport>> = vec![host];
+            transports.push(host);
             if args.kind == MemKind::Device {
-                let device: Arc<dyn Transport> = CudaTransport::with_fdpass(None, Some(fdpass))?;
-                transports.push(device);
+                transports.push(CudaTransport::with_fdpass(None, Some(fdpass))?);
             }
-            let series = match args.role {
-                Role::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
-                _ => exchange::run(ctx, args, args.kind, &transports)?,
-            };
-            ctx.barrier(None, None)?;
-            drop(transports);
-            if args.kind == MemKind::Device {
-                // Released peer mappings are closed on the library's releaser threads: let
-                // them finish before this process exits.
-                nvfuser_ipc::cuda::flush_releases(args.timeout)?;
-            }
-            drop(device);
-            series
         }
+        let series = match args.role {
+            Role::Post => post::run(ctx, args)?,
+            Role::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
+            _ => exchange::run(ctx, args, args.kind, &transports)?,
+        };
+        ctx.barrier(None, None)?;
+        drop(transports);
+        if args.kind == MemKind::Device {
+            // Released peer mappings are closed on the library's releaser threads: let them
+            // finish before this process exits.
+            nvfuser_ipc::cuda::flush_releases(args.timeout)?;
+        }
+        drop(device);
+        series
     };
     if ctx.rank == 0 {
         std::fs::write(&args.out, encode_series(&series))

@@ -5,6 +5,7 @@ use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
 use super::symmetric_report::{symmetric_chart, symmetric_json, symmetric_target, symmetric_text};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
+use nvfuser_ipc::exchange::phases::PHASES;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -84,6 +85,31 @@ impl Target {
     }
 }
 
+/// Each phase (of `PHASES`) under `prefix` that took any time: (name, median over ranks,
+/// slowest rank).
+pub(super) fn phases(
+    map: &BTreeMap<String, Vec<u64>>,
+    prefix: &str,
+) -> Vec<(&'static str, u64, u64)> {
+    PHASES
+        .iter()
+        .filter_map(|p| {
+            let v = series(map, &format!("{prefix}.{}", p.name()));
+            let (mid, max) = (median(v)?, v.iter().copied().max()?);
+            (max > 0).then_some((p.name(), mid, max))
+        })
+        .collect()
+}
+
+/// [`phases`] as "name median (slowest), ..."; empty when none took time.
+pub(super) fn phases_text(map: &BTreeMap<String, Vec<u64>>, prefix: &str) -> String {
+    let parts: Vec<String> = phases(map, prefix)
+        .iter()
+        .map(|(name, mid, max)| format!("{name} {} ({})", fmt_ns(*mid), fmt_ns(*max)))
+        .collect();
+    parts.join(", ")
+}
+
 pub(super) fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
     map.get(name).map_or(&[], Vec::as_slice)
 }
@@ -121,21 +147,11 @@ impl Results {
         self.failures.push(what);
     }
 
-    fn floor(map: &BTreeMap<String, Vec<u64>>) -> Option<u64> {
-        floor_ns(
-            series(map, "floor.exports"),
-            series(map, "floor.opens"),
-            series(map, "floor.rtt"),
-        )
-    }
-
-    /// The floor of cold_large: fresh opens of buffers of its size plus two round trips.
-    fn floor_large(map: &BTreeMap<String, Vec<u64>>) -> Option<u64> {
-        floor_ns(
-            series(map, "floor_large.exports"),
-            series(map, "floor_large.opens"),
-            series(map, "floor_large.rtt"),
-        )
+    /// The floor of the series under `prefix`: `floor` for cold, `floor_large` for cold_large
+    /// (fresh opens of buffers of its size); plus two round trips.
+    fn floor(map: &BTreeMap<String, Vec<u64>>, prefix: &str) -> Option<u64> {
+        let part = |what: &str| series(map, &format!("{prefix}.{what}"));
+        floor_ns(part("exports"), part("opens"), part("rtt"))
     }
 
     /// The target check (the targets of docs/BENCHMARKS.md), on the largest world / client counts measured.
@@ -157,7 +173,7 @@ impl Results {
             out.push(check(
                 format!("cold (fresh large allocations) at W={w} vs its floor"),
                 cold_large,
-                Self::floor_large(map),
+                Self::floor(map, "floor_large"),
                 1.5,
             ));
             out.push(check(
@@ -300,9 +316,9 @@ impl Results {
                 rows.push(vec![
                     w.to_string(),
                     "floor".into(),
-                    fmt_opt_ns(Self::floor(map)),
+                    fmt_opt_ns(Self::floor(map, "floor")),
                     String::new(),
-                    fmt_opt_ns(Self::floor_large(map)),
+                    fmt_opt_ns(Self::floor(map, "floor_large")),
                 ]);
             }
             s.push_str(&format_table(&rows));
@@ -355,15 +371,7 @@ impl Results {
             }
             for scenario in ["pool", "cold_large"] {
                 for (w, map) in &self.exchange {
-                    let phases: Vec<String> = nvfuser_ipc::exchange::phases::PHASES
-                        .iter()
-                        .filter_map(|p| {
-                            let v = series(map, &format!("ours.{scenario}.phase.{}", p.name()));
-                            let (mid, max) = (median(v)?, v.iter().copied().max()?);
-                            (max > 0)
-                                .then(|| format!("{} {} ({})", p.name(), fmt_ns(mid), fmt_ns(max)))
-                        })
-                        .collect();
+                    let phases = phases_text(map, &format!("ours.{scenario}.phase"));
                     if !phases.is_empty() {
                         let trips = series(map, &format!("ours.{scenario}.store_round_trips"))
                             .iter()
@@ -371,9 +379,8 @@ impl Results {
                         let _ = writeln!(
                             s,
                             "{scenario} at W={w}, where a call's time goes (mean per call, median \
-                             over ranks and the slowest rank in brackets): {}; store round trips \
-                             during the timed calls, all ranks: {trips}",
-                            phases.join(", ")
+                             over ranks and the slowest rank in brackets): {phases}; store round \
+                             trips during the timed calls, all ranks: {trips}"
                         );
                     }
                 }
@@ -539,8 +546,8 @@ impl Results {
                 json!({
                     "world": w,
                     "series": named,
-                    "floor_ns": Self::floor(map),
-                    "floor_large_ns": Self::floor_large(map),
+                    "floor_ns": Self::floor(map, "floor"),
+                    "floor_large_ns": Self::floor(map, "floor_large"),
                 })
             })
             .collect();
@@ -654,7 +661,7 @@ impl Results {
                 points: self
                     .exchange
                     .iter()
-                    .filter_map(|(w, map)| Some((*w as f64, us(Self::floor(map)?))))
+                    .filter_map(|(w, map)| Some((*w as f64, us(Self::floor(map, "floor")?))))
                     .collect(),
                 dashed: true,
                 color: Some(7),

@@ -1,10 +1,9 @@
 //! The symmetric scenario's part of the report: its table, phase breakdown, JSON rows, plot and
 //! target line. Every series holds one sample per rank (that rank's median over its rounds).
 
-use super::report::{series, Target};
+use super::report::{phases, phases_text, series, Target};
 use super::svg::{Chart, Series as Line};
-use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median};
-use nvfuser_ipc::exchange::phases::PHASES;
+use crate::stats::{fmt_opt_ns, format_table, median};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -53,20 +52,6 @@ impl Row {
     }
 }
 
-/// Each phase of a rendezvous that took any time: (name, median over ranks, slowest). `which`:
-/// `phase` for the timed first rendezvous, `hit_phase` for the cache hit, `contact_phase` for the
-/// first contact.
-fn phases(map: &Samples, which: &str) -> Vec<(&'static str, u64, u64)> {
-    PHASES
-        .iter()
-        .filter_map(|p| {
-            let v = series(map, &format!("symm.{which}.{}", p.name()));
-            let (mid, max) = (median(v)?, v.iter().copied().max()?);
-            (max > 0).then_some((p.name(), mid, max))
-        })
-        .collect()
-}
-
 pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usize) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -102,16 +87,12 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
         ("contact_phase", "the first contact"),
     ] {
         for (w, map) in results {
-            let parts: Vec<String> = phases(map, which)
-                .iter()
-                .map(|(name, mid, max)| format!("{name} {} ({})", fmt_ns(*mid), fmt_ns(*max)))
-                .collect();
+            let parts = phases_text(map, &format!("symm.{which}"));
             if !parts.is_empty() {
                 let _ = writeln!(
                     s,
                     "symmetric at W={w}, where {what} goes (median over ranks, the slowest rank \
-                     in brackets): {}",
-                    parts.join(", ")
+                     in brackets): {parts}"
                 );
             }
         }
@@ -132,7 +113,7 @@ pub fn symmetric_json(results: &[(usize, Samples)]) -> Vec<Value> {
         .map(|(w, map)| {
             let r = Row::of(*w, map);
             let phases = |which| -> Map<String, Value> {
-                phases(map, which)
+                phases(map, &format!("symm.{which}"))
                     .into_iter()
                     .map(|(name, mid, max)| {
                         (name.to_string(), json!({"median_ns": mid, "max_ns": max}))

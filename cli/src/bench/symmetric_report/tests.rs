@@ -35,7 +35,7 @@ fn rows_phases_json_chart_and_target() {
     assert_eq!(r.slowest, Some(1400));
     assert_eq!(r.per_peer, Some(900 / 7));
     assert_eq!(r.cpu_per_peer, Some(20));
-    assert_eq!(phases(&results[0].1, "phase"), vec![("fetch", 40, 50)]);
+    assert_eq!(phases(&results[0].1, "symm.phase"), vec![("fetch", 40, 50)]);
     let text = symmetric_text(&results, "host", 3);
     assert!(text.contains("fetch 40 ns (50 ns)"), "{text}");
     let rows = symmetric_json(&results);
