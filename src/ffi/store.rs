@@ -408,21 +408,6 @@ impl Handle for nvfipc_server {
     const C_NAME: &'static str = "nvfipc_server";
 }
 
-fn connect(host: &str, port: u16, timeout_ms: i64, wait_for_workers: i64) -> Result<nvfipc_store> {
-    let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
-    let options = ConnectOptions {
-        timeout,
-        connect_timeout: timeout,
-        wait_for_workers: usize::try_from(wait_for_workers).ok().filter(|&n| n > 0),
-    };
-    let tcp = Arc::new(TcpStore::connect(host, port, &options)?);
-    Ok(nvfipc_store {
-        store: tcp.clone(),
-        tcp: Some(tcp),
-        callback: None,
-    })
-}
-
 /// Connects to the TCPStore server at `host`:`port` (a PyTorch `TCPStore` master, an
 /// `nvfipc_store_serve` server, or `nvfipc serve`), retrying until the server answers or
 /// `timeout_ms` runs out. `timeout_ms` also becomes the store's default timeout for waiting
@@ -446,8 +431,18 @@ pub extern "C" fn nvfipc_store_connect(
                 "port 0 is not a server port (connecting to {host})"
             )));
         }
-        let store = connect(host, port, timeout_ms, wait_for_workers)?;
-        out.write(into_handle(store));
+        let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
+        let options = ConnectOptions {
+            timeout,
+            connect_timeout: timeout,
+            wait_for_workers: usize::try_from(wait_for_workers).ok().filter(|&n| n > 0),
+        };
+        let tcp = Arc::new(TcpStore::connect(host, port, &options)?);
+        out.write(into_handle(nvfipc_store {
+            store: tcp.clone(),
+            tcp: Some(tcp),
+            callback: None,
+        }));
         Ok(())
     })
 }

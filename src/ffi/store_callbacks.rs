@@ -176,17 +176,10 @@ pub struct nvfipc_store_callbacks {
 pub struct CallbackStore {
     cb: nvfipc_store_callbacks,
     timeout: Duration,
-    /// Where the host's client finds the store's server, when the host said
-    /// (`nvfipc_store_set_server_address`): what [`Store::liveness`] looks at.
-    server: Mutex<Option<ServerAddress>>,
-}
-
-/// The address of a callback store's server, as the host's client connects to it.
-#[derive(Clone, Debug)]
-struct ServerAddress {
-    port: u16,
-    /// The host names this machine: whether the server listens can be seen here.
-    on_this_machine: bool,
+    /// The port of the store's server when the host said (`nvfipc_store_set_server_address`)
+    /// and it is on this machine, where whether it listens can be seen: what
+    /// [`Store::liveness`] looks at.
+    server_port: Mutex<Option<u16>>,
 }
 
 // SAFETY: the vtable is plain data (a context pointer and C function pointers). The host
@@ -290,7 +283,7 @@ impl CallbackStore {
         Ok(CallbackStore {
             cb: callbacks,
             timeout: DEFAULT_TIMEOUT,
-            server: Mutex::new(None),
+            server_port: Mutex::new(None),
         })
     }
 
@@ -299,10 +292,7 @@ impl CallbackStore {
     /// this machine is still there. A host on another machine leaves it unknown.
     pub fn set_server_address(&self, host: &str, port: u16) {
         let on_this_machine = crate::os::listening::is_this_machine(host);
-        *lock(&self.server) = Some(ServerAddress {
-            port,
-            on_this_machine,
-        });
+        *lock(&self.server_port) = on_this_machine.then_some(port);
     }
 
     /// Sets the timeout reported by [`Store::default_timeout`] (default 300 s).
@@ -373,13 +363,10 @@ impl CallbackStore {
 
 impl Store for CallbackStore {
     fn liveness(&self) -> Liveness {
-        let Some(server) = lock(&self.server).clone() else {
+        let Some(port) = *lock(&self.server_port) else {
             return Liveness::Unknown;
         };
-        if !server.on_this_machine {
-            return Liveness::Unknown;
-        }
-        match crate::os::listening::server_view(server.port) {
+        match crate::os::listening::server_view(port) {
             Some(view) if view.served_here => Liveness::ServedHere {
                 other_clients: view.other_clients,
             },
