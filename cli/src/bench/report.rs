@@ -110,6 +110,11 @@ pub(super) fn phases_text(map: &BTreeMap<String, Vec<u64>>, prefix: &str) -> Str
     parts.join(", ")
 }
 
+/// A table's header row.
+pub(super) fn header(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
 pub(super) fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
     map.get(name).map_or(&[], Vec::as_slice)
 }
@@ -403,14 +408,9 @@ impl Results {
                 fmt_ns(self.store_duration.as_nanos() as u64),
                 self.store_rounds
             );
-            let mut rows = vec![vec![
-                "clients".to_string(),
-                "server".into(),
-                "ops/s".into(),
-                "GET p50".into(),
-                "GET p90".into(),
-                "spread".into(),
-            ]];
+            let mut rows = vec![header(&[
+                "clients", "server", "ops/s", "GET p50", "GET p90", "spread",
+            ])];
             let mut sorted: Vec<&(String, LoadResult)> = self.store.iter().collect();
             sorted.sort_by_key(|(_, r)| r.clients);
             for (label, r) in sorted {
@@ -430,14 +430,14 @@ impl Results {
         }
         if !self.barrier.is_empty() {
             let _ = writeln!(s, "\n== Barrier over the world, per call ==");
-            let mut rows = vec![vec![
-                "W".to_string(),
-                "ours p50".into(),
-                "ours p90".into(),
-                "torch-style p50".into(),
-                "torch-style p90".into(),
-                "ours/torch".into(),
-            ]];
+            let mut rows = vec![header(&[
+                "W",
+                "ours p50",
+                "ours p90",
+                "torch-style p50",
+                "torch-style p90",
+                "ours/torch",
+            ])];
             for (w, map) in &self.barrier {
                 let (a, b) = (
                     series(map, "barrier.ours"),
@@ -460,12 +460,7 @@ impl Results {
                 "\n== One transfer post, host-side time of the call, {}, 2 ranks ==",
                 self.post_transport
             );
-            let mut rows = vec![vec![
-                "call".to_string(),
-                "samples".into(),
-                "p50".into(),
-                "p99".into(),
-            ]];
+            let mut rows = vec![header(&["call", "samples", "p50", "p99"])];
             for (label, name) in POST_ROWS {
                 let v = series(map, name);
                 rows.push(vec![
@@ -500,13 +495,7 @@ impl Results {
                     ""
                 }
             );
-            let mut rows = vec![vec![
-                "target".to_string(),
-                "measured".into(),
-                "ratio".into(),
-                "limit".into(),
-                "verdict".into(),
-            ]];
+            let mut rows = vec![header(&["target", "measured", "ratio", "limit", "verdict"])];
             for t in &targets {
                 rows.push(vec![
                     t.name.clone(),

@@ -1,7 +1,7 @@
 //! The symmetric scenario's part of the report: its table, phase breakdown, JSON rows, plot and
 //! target line. Every series holds one sample per rank (that rank's median over its rounds).
 
-use super::report::{phases, phases_text, series, Target};
+use super::report::{header, phases, phases_text, series, Target};
 use super::svg::{Chart, Series as Line};
 use crate::stats::{fmt_opt_ns, format_table, median};
 use serde_json::{json, Map, Value};
@@ -59,15 +59,15 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
         "\n== Symmetric rendezvous, {transport}, every rank maps every other rank's buffer, \
          {rounds} rounds per rank (median per rank) =="
     );
-    let mut rows = vec![vec![
-        "W".to_string(),
-        "first p50".into(),
-        "slowest rank".into(),
-        "per peer".into(),
-        "CPU per peer".into(),
-        "cache hit p50".into(),
-        "first contact p50".into(),
-    ]];
+    let mut rows = vec![header(&[
+        "W",
+        "first p50",
+        "slowest rank",
+        "per peer",
+        "CPU per peer",
+        "cache hit p50",
+        "first contact p50",
+    ])];
     for (w, map) in results {
         let r = Row::of(*w, map);
         rows.push(vec![
