@@ -36,6 +36,8 @@ use std::time::Duration;
 /// A named list of samples (nanoseconds).
 pub type Series = (String, Vec<u64>);
 
+/// A scenario: what `--scenario` picks, and what a `bench-rank` process runs (all but `store`,
+/// which the parent measures).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Part {
     Exchange,
@@ -176,19 +178,10 @@ impl Plan {
     }
 }
 
-/// What a `bench-rank` process does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Role {
-    Exchange,
-    Barrier,
-    Post,
-    Symmetric,
-}
-
-impl Role {
+impl Part {
     fn name(self) -> String {
         use clap::ValueEnum;
-        let value = self.to_possible_value().expect("every role has a name");
+        let value = self.to_possible_value().expect("every scenario has a name");
         value.get_name().to_string()
     }
 }
@@ -205,7 +198,7 @@ fn mem_kind(value: &str) -> Result<MemKind, String> {
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct RankArgs {
     #[arg(long, value_enum)]
-    pub role: Role,
+    pub role: Part,
     #[arg(long, default_value = "10", value_parser = positive_count)]
     pub steps: usize,
     #[arg(long, default_value = "65536", value_parser = positive)]
@@ -320,15 +313,20 @@ pub fn run_rank(args: &RankArgs) -> i32 {
 }
 
 fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
+    if args.role == Part::Store {
+        return Err(Error::invalid(
+            "the store scenario runs in the parent, not in ranks",
+        ));
+    }
     set_device_memory(args.device_memory);
-    let series = if args.role == Role::Barrier {
+    let series = if args.role == Part::Barrier {
         barrier::run(ctx, args)?
     } else {
         let device = enter_rank_device(args.kind, ctx.local_rank)?;
         // The transports outlive every cache and import, and are dropped only after the last
         // barrier: peers may map this rank's semaphore slab until then.
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-        if matches!(args.role, Role::Exchange | Role::Symmetric) {
+        if matches!(args.role, Part::Exchange | Part::Symmetric) {
             let host = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
             let fdpass = host.fdpass().clone();
             transports.push(host);
@@ -337,8 +335,8 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
             }
         }
         let series = match args.role {
-            Role::Post => post::run(ctx, args)?,
-            Role::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
+            Part::Post => post::run(ctx, args)?,
+            Part::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
             _ => exchange::run(ctx, args, args.kind, &transports)?,
         };
         ctx.barrier(None, None)?;
@@ -430,7 +428,7 @@ fn run_worlds(
     what: &str,
     results: &mut report::Results,
 ) -> Vec<(usize, BTreeMap<String, Vec<u64>>)> {
-    let unit = if rank_args.role == Role::Barrier {
+    let unit = if rank_args.role == Part::Barrier {
         "processes"
     } else {
         "ranks"
@@ -438,7 +436,7 @@ fn run_worlds(
     let mut measured = Vec::new();
     for &world in worlds {
         match rank_args.role {
-            Role::Barrier => eprintln!("nvfipc bench: {what}, {world} {unit}"),
+            Part::Barrier => eprintln!("nvfipc bench: {what}, {world} {unit}"),
             _ => eprintln!(
                 "nvfipc bench: {what}, {world} {unit}, {}",
                 kind_label(rank_args.kind)
@@ -481,7 +479,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
         let kind = kind()?;
         results.transport = kind_label(kind).to_string();
         let worlds = args.ranks.as_ref().unwrap_or(&plan.exchange_worlds);
-        let job = rank_args(Role::Exchange, plan.exchange_steps, plan.bytes, kind);
+        let job = rank_args(Part::Exchange, plan.exchange_steps, plan.bytes, kind);
         results.exchange = run_worlds(&exe, &scratch.0, worlds, job, "ring exchange", &mut results);
         results.exchange_steps = plan.exchange_steps;
     }
@@ -491,7 +489,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
     if args.parts.contains(&Part::Barrier) {
         let job = RankArgs {
             device_memory: DeviceMemory::Legacy,
-            ..rank_args(Role::Barrier, plan.barrier_steps, 1, MemKind::Host)
+            ..rank_args(Part::Barrier, plan.barrier_steps, 1, MemKind::Host)
         };
         let worlds = &plan.barrier_worlds;
         results.barrier = run_worlds(&exe, &scratch.0, worlds, job, "barrier", &mut results);
@@ -499,7 +497,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
     if args.parts.contains(&Part::Post) {
         let kind = kind()?;
         results.post_transport = kind_label(kind).to_string();
-        let job = rank_args(Role::Post, plan.post_steps, 64, kind);
+        let job = rank_args(Part::Post, plan.post_steps, 64, kind);
         let measured = run_worlds(&exe, &scratch.0, &[2], job, "one post", &mut results);
         results.post = measured.into_iter().next().map(|(_, series)| series);
     }
@@ -512,7 +510,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
             MemKind::Device => &plan.symmetric_worlds_device,
         };
         let worlds = args.ranks.as_ref().unwrap_or(default);
-        let job = rank_args(Role::Symmetric, plan.symmetric_rounds, plan.bytes, kind);
+        let job = rank_args(Part::Symmetric, plan.symmetric_rounds, plan.bytes, kind);
         let what = "symmetric rendezvous";
         results.symmetric = run_worlds(&exe, &scratch.0, worlds, job, what, &mut results);
     }

@@ -32,7 +32,7 @@ fn parses_bench_options() {
 #[test]
 fn rank_args_round_trip() {
     let a = RankArgs {
-        role: Role::Barrier,
+        role: Part::Barrier,
         steps: 7,
         bytes: 9,
         kind: MemKind::Device,
