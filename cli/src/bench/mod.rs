@@ -484,7 +484,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
         results.exchange_steps = plan.exchange_steps;
     }
     if args.parts.contains(&Part::Store) {
-        store_part(args, &plan, &exe, &mut results);
+        store_load::run(args, &plan, &exe, &mut results);
     }
     if args.parts.contains(&Part::Barrier) {
         let job = RankArgs {
@@ -538,81 +538,6 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
     }
     std::fs::write(path, text)
         .map_err(|e| Error::from_io(format!("writing {}", path.display()), &e))
-}
-
-fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Results) {
-    results.store_duration = plan.store_duration;
-    let mut servers = Vec::new();
-    let mut hosts = Vec::new();
-    match store_load::start_ours(exe, &args.server) {
-        Ok((host, server)) => {
-            hosts.push(host);
-            servers.push(server);
-        }
-        Err(e) => results.fail(format!("store: starting our server: {e}")),
-    }
-    let python = std::env::var(store_load::PYTHON_VAR)
-        .ok()
-        .filter(|p| !p.is_empty());
-    match (args.no_torch, python) {
-        (true, _) => results
-            .store_notes
-            .push("torch rows skipped (--no-torch)".into()),
-        (false, None) => results.store_notes.push(format!(
-            "torch rows skipped: {} is not set (NVFIPC_PYTHON=$(bash scripts/lib/python-env.sh) \
-             gives a Python with torch)",
-            store_load::PYTHON_VAR
-        )),
-        (false, Some(python)) => {
-            eprintln!("nvfipc bench: starting PyTorch's TCPStore servers with {python}");
-            match store_load::start_torch(&python) {
-                Ok((host, torch, notes)) => {
-                    hosts.push(host);
-                    servers.extend(torch);
-                    results.store_notes.extend(notes);
-                }
-                Err(e) => results.store_notes.push(format!(
-                    "torch rows skipped: {python} could not host a TCPStore: {e}"
-                )),
-            }
-        }
-    }
-    results.store_rounds = plan.store_rounds;
-    for &clients in &plan.store_clients {
-        // Rounds interleave the servers so that a slow spell of the machine hits them alike.
-        let mut rounds: Vec<Vec<store_load::LoadResult>> = vec![Vec::new(); servers.len()];
-        let mut failed = vec![false; servers.len()];
-        for round in 0..plan.store_rounds {
-            for (i, server) in servers.iter().enumerate() {
-                if failed[i] {
-                    continue;
-                }
-                eprintln!(
-                    "nvfipc bench: store, {} server, {clients} clients, round {} of {}",
-                    server.label,
-                    round + 1,
-                    plan.store_rounds
-                );
-                let run_id = format!("{i}.{round}");
-                match store_load::drive(server.port, clients, plan.store_duration, &run_id) {
-                    Ok(r) => rounds[i].push(r),
-                    Err(e) => {
-                        failed[i] = true;
-                        results.fail(format!(
-                            "store, {} server, {clients} clients: {e}",
-                            server.label
-                        ))
-                    }
-                }
-            }
-        }
-        for (server, measured) in servers.iter().zip(rounds) {
-            if let Some(median) = store_load::LoadResult::median_of(measured) {
-                results.store.push((server.label.clone(), median));
-            }
-        }
-    }
-    drop(hosts);
 }
 
 #[cfg(test)]
