@@ -147,11 +147,4 @@ fn main() {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_command_line_is_consistent() {
-        command_line().debug_assert();
-    }
-}
+mod tests;
