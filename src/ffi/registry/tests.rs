@@ -90,9 +90,9 @@ fn buffers_are_nul_terminated_and_freed_once() {
 mod warm_get_bench {
     // What the registry's global lock costs on the warm `nvfipc_cache_get` path (a hit: no store
     // traffic). Ignored: run with
-    // `cargo test --release --lib registry_bench -- --ignored --nocapture`.
-    // Two ranks run as threads of this process over an embedded store and exchange one host channel;
-    // then the calls are timed from one thread and from several at once.
+    // `cargo test --release --lib warm_get_bench -- --ignored --nocapture`.
+    // Two ranks run as threads of this process over an embedded store and exchange one host
+    // channel; then the calls are timed from one thread and from several at once.
 
     use crate::error::Status;
     use crate::ffi::context::{nvfipc_context, nvfipc_context_connect, nvfipc_context_free};
