@@ -143,6 +143,23 @@ fn every_command_has_its_own_help() {
     assert!(run.stdout.contains("[rank 0] --help"), "{}", run.stdout);
 }
 
+/// `nvfipc --help` shows each command's usage exactly as that command's own help does.
+#[test]
+fn top_help_agrees_with_each_command() {
+    let top = nvfipc(&["--help"], LIMIT).stdout;
+    for command in COMMANDS.iter().chain(&["completions"]) {
+        let help = nvfipc(&[command, "--help"], LIMIT).stdout;
+        let usage = help
+            .strip_prefix("Usage:\n")
+            .and_then(|rest| rest.split("\n\n").next())
+            .unwrap_or_else(|| panic!("{command}: no usage section in {help}"));
+        assert!(
+            top.contains(&format!("{usage}\n")),
+            "nvfipc --help disagrees with nvfipc {command} --help:\n{usage}\n---\n{top}"
+        );
+    }
+}
+
 /// `nvfipc completions SHELL` prints a script that offers every shown command and none of the
 /// hidden ones.
 #[test]

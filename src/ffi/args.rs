@@ -103,11 +103,6 @@ pub(crate) fn ref_arg<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
     Ok(&slice_arg(ptr, 1, name)?[0])
 }
 
-/// Borrows a byte span `(ptr, len)`; NULL is accepted only when `len` is 0.
-pub(crate) fn bytes_arg<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'a [u8]> {
-    slice_arg(ptr, len, name)
-}
-
 /// Borrows an array of `n` C strings (NULL allowed when `n` is 0).
 pub(crate) fn c_str_array_arg<'a>(
     ptr: *const *const c_char,
@@ -146,6 +141,12 @@ pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> Result<OutPtr<T>> {
         )));
     }
     Ok(OutPtr { ptr })
+}
+
+/// Checks the output pointer argument `ptr` and stores `value` in it (a getter's result).
+pub(crate) fn write_out<T>(ptr: *mut T, name: &str, value: T) -> Result<()> {
+    out_ptr(ptr, name)?.write(value);
+    Ok(())
 }
 
 /// An optional output argument: NULL means the caller does not want the value.

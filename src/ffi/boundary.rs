@@ -6,10 +6,9 @@
 //! (`nvfipc_last_error_*`, `nvfipc_status_name`) are exported here too.
 
 use crate::error::{Error, Result, Status};
-use once_cell::sync::Lazy;
 use std::any::Any;
 use std::cell::RefCell;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 // ---------------------------------------------------------------------------------------------
@@ -22,6 +21,7 @@ struct LastError {
 }
 
 thread_local! {
+    // process-wide: errno-style, one slot per C thread; read back by the caller on its own thread.
     static LAST_ERROR: RefCell<LastError> = RefCell::new(LastError {
         status: Status::Ok,
         message: CString::default(),
@@ -136,33 +136,24 @@ pub extern "C" fn nvfipc_last_error_clear() {
 /// value that is not an `nvfipc_status`. Never NULL; never freed.
 #[no_mangle]
 pub extern "C" fn nvfipc_status_name(status: i32) -> *const c_char {
-    static NAMES: Lazy<Vec<(i32, CString)>> = Lazy::new(|| {
-        ALL_STATUSES
-            .iter()
-            .map(|&s| (s as i32, to_c_message(s.name())))
-            .collect()
-    });
-    static UNKNOWN: &CStr = c"unknown status";
-    NAMES
-        .iter()
-        .find(|(code, _)| *code == status)
-        .map_or(UNKNOWN.as_ptr(), |(_, name)| name.as_ptr())
+    // The names of `Status::name`, as C literals (a test holds the two together).
+    let name = match status {
+        0 => c"ok",
+        1 => c"invalid argument",
+        2 => c"timeout",
+        3 => c"i/o error",
+        4 => c"protocol error",
+        5 => c"not found",
+        6 => c"CUDA error",
+        7 => c"CUDA driver not available",
+        8 => c"unsupported",
+        9 => c"invalid state",
+        10 => c"panic",
+        11 => c"internal error",
+        _ => c"unknown status",
+    };
+    name.as_ptr()
 }
-
-const ALL_STATUSES: [Status; 12] = [
-    Status::Ok,
-    Status::InvalidArgument,
-    Status::Timeout,
-    Status::Io,
-    Status::Protocol,
-    Status::NotFound,
-    Status::Cuda,
-    Status::CudaUnavailable,
-    Status::Unsupported,
-    Status::InvalidState,
-    Status::Panic,
-    Status::Internal,
-];
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,6 @@
 //! C ABI of the job context: who this rank is and which store the job shares.
 
-use super::args::{c_str_arg, out_ptr, positive_arg, timeout_arg};
+use super::args::{c_str_arg, out_ptr, positive_arg, rank_arg, timeout_arg, write_out};
 use super::boundary::ffi_call;
 use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use super::store::nvfipc_store;
@@ -65,8 +65,8 @@ fn rank_layout(
         )));
     }
     let local_world = positive_arg(local_world_size, "local_world_size")?;
-    let rank = super::args::rank_arg(rank, world, "rank")?;
-    let local_rank = super::args::rank_arg(local_rank, local_world, "local_rank")?;
+    let rank = rank_arg(rank, world, "rank")?;
+    let local_rank = rank_arg(local_rank, local_world, "local_rank")?;
     if local_world > world {
         return Err(Error::invalid(format!(
             "local_world_size {local_world} is larger than world_size {world}"
@@ -166,9 +166,7 @@ pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> 
 #[no_mangle]
 pub extern "C" fn nvfipc_context_rank(ctx: *const nvfipc_context, out_rank: *mut i64) -> Status {
     ffi_call("nvfipc_context_rank", || {
-        let ctx = context_arg(ctx)?;
-        out_ptr(out_rank, "out_rank")?.write(ctx.rank() as i64);
-        Ok(())
+        write_out(out_rank, "out_rank", context_arg(ctx)?.rank() as i64)
     })
 }
 
@@ -179,9 +177,11 @@ pub extern "C" fn nvfipc_context_world_size(
     out_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_world_size", || {
-        let ctx = context_arg(ctx)?;
-        out_ptr(out_world_size, "out_world_size")?.write(ctx.world_size() as i64);
-        Ok(())
+        write_out(
+            out_world_size,
+            "out_world_size",
+            context_arg(ctx)?.world_size() as i64,
+        )
     })
 }
 
@@ -192,9 +192,11 @@ pub extern "C" fn nvfipc_context_local_rank(
     out_local_rank: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_rank", || {
-        let ctx = context_arg(ctx)?;
-        out_ptr(out_local_rank, "out_local_rank")?.write(ctx.local_rank() as i64);
-        Ok(())
+        write_out(
+            out_local_rank,
+            "out_local_rank",
+            context_arg(ctx)?.local_rank() as i64,
+        )
     })
 }
 
@@ -205,9 +207,11 @@ pub extern "C" fn nvfipc_context_local_world_size(
     out_local_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_world_size", || {
-        let ctx = context_arg(ctx)?;
-        out_ptr(out_local_world_size, "out_local_world_size")?.write(ctx.local_world_size() as i64);
-        Ok(())
+        write_out(
+            out_local_world_size,
+            "out_local_world_size",
+            context_arg(ctx)?.local_world_size() as i64,
+        )
     })
 }
 
@@ -219,10 +223,9 @@ pub extern "C" fn nvfipc_context_job_id(
     out_job_id: *mut *const c_char,
 ) -> Status {
     ffi_call("nvfipc_context_job_id", || {
-        let handle = handle_ref(ctx, "ctx")?;
         // The CString lives in the boxed handle, which stays alive until the context is freed.
-        out_ptr(out_job_id, "out_job_id")?.write(handle.job_id.as_ptr());
-        Ok(())
+        let job_id = handle_ref(ctx, "ctx")?.job_id.as_ptr();
+        write_out(out_job_id, "out_job_id", job_id)
     })
 }
 
@@ -233,9 +236,11 @@ pub extern "C" fn nvfipc_context_hosted_port(
     out_port: *mut u16,
 ) -> Status {
     ffi_call("nvfipc_context_hosted_port", || {
-        let ctx = context_arg(ctx)?;
-        out_ptr(out_port, "out_port")?.write(ctx.hosted_store_port().unwrap_or(0));
-        Ok(())
+        write_out(
+            out_port,
+            "out_port",
+            context_arg(ctx)?.hosted_store_port().unwrap_or(0),
+        )
     })
 }
 

@@ -14,7 +14,7 @@
 use super::args::{out_ptr, ref_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::channel::{channel_arg, nvfipc_channel};
-use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
+use super::exchange::{nvfipc_cache, nvfipc_request, p2p_handles};
 use crate::cuda::memory::DeviceMemoryKind;
 use crate::cuda::p2p::{self, Endpoint, Stream};
 use crate::cuda::{self, driver, ipc, memory};
@@ -356,15 +356,9 @@ fn device_handles(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
 ) -> Result<crate::exchange::P2pHandles> {
-    let cache = cache_arg(cache)?;
-    let req = single_request(&cache, req)?;
-    if req.kind != MemKind::Device {
-        return Err(Error::invalid(
-            "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use nvfipc_host_p2p_* for host \
-             buffers)",
-        ));
-    }
-    cache.get(&req)
+    let wrong_kind = "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use \
+                      nvfipc_host_p2p_* for host buffers)";
+    Ok(p2p_handles(cache, req, MemKind::Device, wrong_kind)?.1)
 }
 
 /// Sender side of the next transfer on the channel of `req` (a SEND request already exchanged):

@@ -148,6 +148,23 @@ pub(crate) fn single_request(cache: &HandleCache, req: *const nvfipc_request) ->
     request_arg(&reqs[0], cache.world_size(), "req")
 }
 
+/// The cache and the handles of `req` for a P2P call of one transport: a request of another
+/// memory `kind` fails with `wrong_kind`.
+pub(crate) fn p2p_handles(
+    cache: *const nvfipc_cache,
+    req: *const nvfipc_request,
+    kind: MemKind,
+    wrong_kind: &'static str,
+) -> Result<(Arc<HandleCache>, P2pHandles)> {
+    let cache = cache_arg(cache)?;
+    let req = single_request(&cache, req)?;
+    if req.kind != kind {
+        return Err(Error::invalid(wrong_kind));
+    }
+    let handles = cache.get(&req)?;
+    Ok((cache, handles))
+}
+
 fn create(
     ctx: *const nvfipc_context,
     scope: &str,

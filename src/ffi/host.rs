@@ -3,10 +3,12 @@
 use super::args::{out_ptr, timeout_arg};
 use super::boundary::ffi_call;
 use super::channel::{channel_arg, nvfipc_channel};
-use super::exchange::{cache_arg, nvfipc_cache, nvfipc_request, single_request};
-use crate::error::{Error, Status};
+use super::exchange::{nvfipc_cache, nvfipc_request, p2p_handles};
+use crate::error::Status;
+use crate::exchange::{HandleCache, MemKind, P2pHandles};
 use crate::host::{self, p2p};
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// Allocates `bytes` (> 0) of zero-filled host memory that peers can map through
 /// `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the address; free it
@@ -39,15 +41,13 @@ pub extern "C" fn nvfipc_host_free(ptr: *mut c_void) -> Status {
 fn handles_of(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
-) -> crate::Result<crate::exchange::P2pHandles> {
-    let cache = cache_arg(cache)?;
-    let req = single_request(&cache, req)?;
-    if req.kind != crate::exchange::MemKind::Host {
-        return Err(Error::invalid(
-            "host P2P primitives need a NVFIPC_MEM_HOST request",
-        ));
-    }
-    cache.get(&req)
+) -> crate::Result<(Arc<HandleCache>, P2pHandles)> {
+    p2p_handles(
+        cache,
+        req,
+        MemKind::Host,
+        "host P2P primitives need a NVFIPC_MEM_HOST request",
+    )
 }
 
 /// Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
@@ -58,7 +58,7 @@ pub extern "C" fn nvfipc_host_p2p_send_post(
     req: *const nvfipc_request,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_send_post", || {
-        p2p::send_post(&handles_of(cache, req)?).map(|_| ())
+        p2p::send_post(&handles_of(cache, req)?.1).map(|_| ())
     })
 }
 
@@ -75,8 +75,8 @@ pub extern "C" fn nvfipc_host_p2p_recv_post(
     timeout_ms: i64,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_recv_post", || {
-        let h = handles_of(cache, req)?;
-        let timeout = timeout_arg(timeout_ms, cache_arg(cache)?.timeout());
+        let (cache, h) = handles_of(cache, req)?;
+        let timeout = timeout_arg(timeout_ms, cache.timeout());
         p2p::recv_post(&h, bytes, timeout).map(|_| ())
     })
 }
@@ -91,8 +91,8 @@ pub extern "C" fn nvfipc_host_p2p_send_wait(
     timeout_ms: i64,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_send_wait", || {
-        let h = handles_of(cache, req)?;
-        let timeout = timeout_arg(timeout_ms, cache_arg(cache)?.timeout());
+        let (cache, h) = handles_of(cache, req)?;
+        let timeout = timeout_arg(timeout_ms, cache.timeout());
         p2p::send_wait(&h, timeout).map(|_| ())
     })
 }

@@ -37,24 +37,20 @@ pub type nvfipc_log_fn = Option<
     ),
 >;
 
-fn level_filter(level: i32) -> Option<LevelFilter> {
-    Some(match level {
-        NVFIPC_LOG_OFF => LevelFilter::Off,
-        NVFIPC_LOG_WARN => LevelFilter::Warn,
-        NVFIPC_LOG_INFO => LevelFilter::Info,
-        NVFIPC_LOG_DEBUG => LevelFilter::Debug,
-        NVFIPC_LOG_TRACE => LevelFilter::Trace,
-        _ => return None,
-    })
-}
+/// The C levels and the log's filters; the log's `Error` counts as `NVFIPC_LOG_WARN`.
+const LEVELS: [(i32, LevelFilter); 5] = [
+    (NVFIPC_LOG_OFF, LevelFilter::Off),
+    (NVFIPC_LOG_WARN, LevelFilter::Warn),
+    (NVFIPC_LOG_INFO, LevelFilter::Info),
+    (NVFIPC_LOG_DEBUG, LevelFilter::Debug),
+    (NVFIPC_LOG_TRACE, LevelFilter::Trace),
+];
 
-fn level_code(level: Level) -> i32 {
-    match level {
-        Level::Error | Level::Warn => NVFIPC_LOG_WARN,
-        Level::Info => NVFIPC_LOG_INFO,
-        Level::Debug => NVFIPC_LOG_DEBUG,
-        Level::Trace => NVFIPC_LOG_TRACE,
-    }
+fn level_code(filter: LevelFilter) -> i32 {
+    LEVELS
+        .iter()
+        .find(|(_, f)| *f == filter)
+        .map_or(NVFIPC_LOG_WARN, |(code, _)| *code)
 }
 
 /// Sets the most verbose level written (`NVFIPC_LOG_OFF` .. `NVFIPC_LOG_TRACE`), overriding
@@ -62,12 +58,13 @@ fn level_code(level: Level) -> i32 {
 #[no_mangle]
 pub extern "C" fn nvfipc_log_set_level(level: i32) -> Status {
     ffi_call("nvfipc_log_set_level", || {
-        let filter = level_filter(level).ok_or_else(|| {
+        let filter = LEVELS.iter().find(|(code, _)| *code == level);
+        let (_, filter) = filter.ok_or_else(|| {
             Error::invalid(format!(
                 "argument `level` is {level}; expected NVFIPC_LOG_OFF (0) .. NVFIPC_LOG_TRACE (4)"
             ))
         })?;
-        logging::set_level(filter);
+        logging::set_level(*filter);
         Ok(())
     })
 }
@@ -79,13 +76,7 @@ pub extern "C" fn nvfipc_log_get_level(out_level: *mut i32) -> Status {
     ffi_call("nvfipc_log_get_level", || {
         let out = out_ptr(out_level, "out_level")?;
         logging::init();
-        out.write(match log::max_level() {
-            LevelFilter::Off => NVFIPC_LOG_OFF,
-            LevelFilter::Error | LevelFilter::Warn => NVFIPC_LOG_WARN,
-            LevelFilter::Info => NVFIPC_LOG_INFO,
-            LevelFilter::Debug => NVFIPC_LOG_DEBUG,
-            LevelFilter::Trace => NVFIPC_LOG_TRACE,
-        });
+        out.write(level_code(log::max_level()));
         Ok(())
     })
 }
@@ -113,7 +104,7 @@ pub extern "C" fn nvfipc_log_set_callback(callback: nvfipc_log_fn, user: *mut c_
                 // strings are NUL-terminated and outlive the call; `user` is passed back as given.
                 unsafe {
                     callback(
-                        level_code(level),
+                        level_code(level.to_level_filter()),
                         subsystem.as_ptr(),
                         line.as_ptr(),
                         user as *mut c_void,

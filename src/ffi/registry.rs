@@ -26,8 +26,9 @@ enum Live {
     Buffer { len: usize },
 }
 
-/// A read-write lock: every call on a handle looks it up (a read), only creating and freeing
-/// objects write, so concurrent calls on live objects never wait for each other here.
+// process-wide: a C pointer may be passed to any call from any thread, so which pointers are
+// live is known only to the process. A read-write lock: every call looks up (a read), only
+// creating and freeing objects write, so calls on live objects never wait for each other here.
 static LIVE: Lazy<RwLock<HashMap<usize, Live>>> = Lazy::new(|| RwLock::new(HashMap::new()));
 
 /// Locks the registry for a change. Nothing panics while holding it, but tolerate poisoning anyway.

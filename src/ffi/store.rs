@@ -1,16 +1,18 @@
-//! C ABI of the key-value store: every [`Store`] operation on an opaque `nvfipc_store`.
-//! Creating stores (TCP client, embedded server, host callbacks) is in `store_create.rs`.
+//! C ABI of the key-value store (`nvfipc_store`): making one (TCP client, host callbacks), every
+//! [`Store`] operation on it, library-owned buffers, and the embedded server (`nvfipc_server`).
 
 use super::args::{
-    bytes_arg, c_str_arg, c_str_array_arg, optional_out_ptr, out_ptr, slice_arg, timeout_arg,
-    OutPtr,
+    c_str_arg, c_str_array_arg, optional_out_ptr, out_ptr, out_slice_arg, positive_arg, ref_arg,
+    slice_arg, timeout_arg, write_out, OutPtr,
 };
 use super::boundary::ffi_call;
-use super::registry::{free_buffer, handle_ref, into_buffer, take_handle, Handle};
-use super::store_callbacks::CallbackStore;
+use super::registry::{free_buffer, handle_ref, into_buffer, into_handle, take_handle, Handle};
+use super::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
+use crate::config;
 use crate::error::{Error, Result, Status};
-use crate::store::client::TcpStore;
-use crate::store::Store;
+use crate::store::client::{ConnectOptions, TcpStore};
+use crate::store::server::StoreServer;
+use crate::store::{Store, DEFAULT_TIMEOUT};
 use std::ffi::c_char;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,7 +107,7 @@ pub extern "C" fn nvfipc_store_set(
     ffi_call("nvfipc_store_set", || {
         let store = store_arg(store)?;
         let key = c_str_arg(key, "key")?;
-        let value = bytes_arg(value, value_len, "value")?;
+        let value = slice_arg(value, value_len, "value")?;
         store.store.set(key, value)
     })
 }
@@ -251,8 +253,8 @@ pub extern "C" fn nvfipc_store_compare_set(
     ffi_call("nvfipc_store_compare_set", || {
         let store = store_arg(store)?;
         let key = c_str_arg(key, "key")?;
-        let expected = bytes_arg(expected, expected_len, "expected")?;
-        let desired = bytes_arg(desired, desired_len, "desired")?;
+        let expected = slice_arg(expected, expected_len, "expected")?;
+        let desired = slice_arg(desired, desired_len, "desired")?;
         let out_value = out_ptr(out_value, "out_value")?;
         let out_len = out_ptr(out_len, "out_len")?;
         let value = store.store.compare_set(key, expected, desired)?;
@@ -272,7 +274,7 @@ pub extern "C" fn nvfipc_store_append(
     ffi_call("nvfipc_store_append", || {
         let store = store_arg(store)?;
         let key = c_str_arg(key, "key")?;
-        let value = bytes_arg(value, value_len, "value")?;
+        let value = slice_arg(value, value_len, "value")?;
         store.store.append(key, value)
     })
 }
@@ -296,7 +298,7 @@ pub extern "C" fn nvfipc_store_multi_set(
             .map(|(i, (&key, span))| {
                 Ok((
                     key,
-                    bytes_arg(span.data, span.len, &format!("values[{i}]"))?,
+                    slice_arg(span.data, span.len, &format!("values[{i}]"))?,
                 ))
             })
             .collect::<Result<Vec<(&str, &[u8])>>>()?;
@@ -319,7 +321,7 @@ pub extern "C" fn nvfipc_store_multi_get(
     ffi_call("nvfipc_store_multi_get", || {
         let store = store_arg(store)?;
         let keys = c_str_array_arg(keys, n, "keys")?;
-        let outs = out_array(out_values, n, "out_values")?;
+        let outs = out_slice_arg(out_values, n, "out_values")?;
         if keys.is_empty() {
             return Ok(());
         }
@@ -331,25 +333,12 @@ pub extern "C" fn nvfipc_store_multi_get(
                 values.len()
             )));
         }
-        for (out, value) in outs.into_iter().zip(values) {
+        outs.write(values.into_iter().map(|value| {
             let (data, len) = into_buffer(value);
-            out.write(nvfipc_buffer { data, len });
-        }
+            nvfipc_buffer { data, len }
+        }));
         Ok(())
     })
-}
-
-/// Checks an output array of `n` items and returns a writer for each.
-fn out_array<T>(ptr: *mut T, n: usize, name: &str) -> Result<Vec<OutPtr<T>>> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    out_ptr(ptr, name)?;
-    (0..n)
-        // wrapping_add: no dereference here; each element pointer is checked by out_ptr and is
-        // inside the caller's array by the C contract (`ptr` points to `n` items).
-        .map(|i| out_ptr(ptr.wrapping_add(i), name))
-        .collect()
 }
 
 /// Frees the `n` buffers of `values` (as filled by `nvfipc_store_multi_get`) and sets each to
@@ -359,19 +348,20 @@ fn out_array<T>(ptr: *mut T, n: usize, name: &str) -> Result<Vec<OutPtr<T>>> {
 pub extern "C" fn nvfipc_buffers_free(values: *mut nvfipc_buffer, n: usize) -> Status {
     ffi_call("nvfipc_buffers_free", || {
         let entries = slice_arg(values.cast_const(), n, "values")?.to_vec();
-        let outs = out_array(values, n, "values")?;
+        let outs = out_slice_arg(values, n, "values")?;
         let mut first_error = None;
-        for (i, (entry, out)) in entries.into_iter().zip(outs).enumerate() {
+        outs.write(entries.into_iter().enumerate().map(|(i, entry)| {
             match free_buffer(entry.data, entry.len) {
-                Ok(()) => out.write(nvfipc_buffer {
+                Ok(()) => nvfipc_buffer {
                     data: std::ptr::null_mut(),
                     len: 0,
-                }),
+                },
                 Err(e) => {
                     first_error.get_or_insert(e.context(format!("values[{i}]")));
+                    entry
                 }
             }
-        }
+        }));
         first_error.map_or(Ok(()), Err)
     })
 }
@@ -403,215 +393,235 @@ pub extern "C" fn nvfipc_store_free(store: *mut nvfipc_store) -> Status {
     })
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::ffi::registry::into_handle;
-    use crate::store::memory::MemoryStore;
-    use std::ffi::CStr;
-
-    pub(crate) fn mem_store() -> *mut nvfipc_store {
-        into_handle(nvfipc_store {
-            store: Arc::new(MemoryStore::new()),
-            tcp: None,
-            callback: None,
-        })
-    }
-
-    fn last_message() -> String {
-        // SAFETY: never NULL; copied at once.
-        unsafe { CStr::from_ptr(crate::ffi::boundary::nvfipc_last_error_message()) }
-            .to_string_lossy()
-            .into_owned()
-    }
-
-    fn take(data: *mut u8, len: usize) -> Vec<u8> {
-        // SAFETY: `data` is a live library buffer of `len + 1` bytes.
-        let v = unsafe { std::slice::from_raw_parts(data, len) }.to_vec();
-        assert_eq!(
-            crate::ffi::registry::nvfipc_buffer_free(data, len),
-            Status::Ok
-        );
-        v
-    }
-
-    #[test]
-    fn operations_round_trip() {
-        let s = mem_store();
-        assert_eq!(
-            nvfipc_store_set(s, c"k".as_ptr(), b"v1".as_ptr(), 2),
-            Status::Ok
-        );
-        let (mut data, mut len) = (std::ptr::null_mut(), 0usize);
-        assert_eq!(
-            nvfipc_store_get(s, c"k".as_ptr(), 0, &mut data, &mut len),
-            Status::Ok
-        );
-        assert_eq!(take(data, len), b"v1");
-
-        let mut n = 0i64;
-        assert_eq!(nvfipc_store_add(s, c"c".as_ptr(), 5, &mut n), Status::Ok);
-        assert_eq!(
-            nvfipc_store_add(s, c"c".as_ptr(), -2, std::ptr::null_mut()),
-            Status::Ok
-        );
-        assert_eq!(nvfipc_store_add(s, c"c".as_ptr(), 0, &mut n), Status::Ok);
-        assert_eq!(n, 3);
-
-        let keys = [c"k".as_ptr(), c"c".as_ptr()];
-        let mut all = false;
-        assert_eq!(
-            nvfipc_store_check(s, keys.as_ptr(), 2, &mut all),
-            Status::Ok
-        );
-        assert!(all);
-        assert_eq!(nvfipc_store_wait(s, keys.as_ptr(), 2, 10), Status::Ok);
-
-        assert_eq!(
-            nvfipc_store_append(s, c"k".as_ptr(), b"+".as_ptr(), 1),
-            Status::Ok
-        );
-        let values = [
-            nvfipc_bytes {
-                data: b"x".as_ptr(),
-                len: 1,
-            },
-            nvfipc_bytes {
-                data: std::ptr::null(),
-                len: 0,
-            },
-        ];
-        let mkeys = [c"m1".as_ptr(), c"m2".as_ptr()];
-        assert_eq!(
-            nvfipc_store_multi_set(s, mkeys.as_ptr(), values.as_ptr(), 2),
-            Status::Ok
-        );
-        let empty = nvfipc_buffer {
-            data: std::ptr::null_mut(),
-            len: 0,
-        };
-        let mut outs = [empty; 3];
-        let gkeys = [c"m1".as_ptr(), c"m2".as_ptr(), c"k".as_ptr()];
-        assert_eq!(
-            nvfipc_store_multi_get(s, gkeys.as_ptr(), 3, -1, outs.as_mut_ptr()),
-            Status::Ok
-        );
-        // SAFETY: filled by multi_get with live buffers.
-        let got: Vec<&[u8]> = outs
-            .iter()
-            .map(|b| unsafe { std::slice::from_raw_parts(b.data, b.len) })
-            .collect();
-        assert_eq!(got, [&b"x"[..], b"", b"v1+"]);
-        assert_eq!(nvfipc_buffers_free(outs.as_mut_ptr(), 3), Status::Ok);
-        assert!(outs.iter().all(|b| b.data.is_null() && b.len == 0));
-        assert_eq!(nvfipc_buffers_free(outs.as_mut_ptr(), 3), Status::Ok);
-
-        let (mut data, mut len) = (std::ptr::null_mut(), 0usize);
-        assert_eq!(
-            nvfipc_store_compare_set(
-                s,
-                c"k".as_ptr(),
-                b"v1+".as_ptr(),
-                3,
-                b"w".as_ptr(),
-                1,
-                &mut data,
-                &mut len
-            ),
-            Status::Ok
-        );
-        assert_eq!(take(data, len), b"w");
-
-        let mut deleted = false;
-        assert_eq!(
-            nvfipc_store_delete_key(s, c"k".as_ptr(), &mut deleted),
-            Status::Ok
-        );
-        assert!(deleted);
-        assert_eq!(
-            nvfipc_store_delete_key(s, c"k".as_ptr(), &mut deleted),
-            Status::Ok
-        );
-        assert!(!deleted);
-        let mut num = 0i64;
-        assert_eq!(nvfipc_store_num_keys(s, &mut num), Status::Ok);
-        assert_eq!(num, 3);
-        let mut ms = 0i64;
-        assert_eq!(nvfipc_store_default_timeout_ms(s, &mut ms), Status::Ok);
-        assert_eq!(ms, 300_000);
-        assert_eq!(
-            crate::ffi::store_create::nvfipc_store_ping(s, std::ptr::null_mut()),
-            Status::Unsupported
-        );
-        assert_eq!(nvfipc_store_free(s), Status::Ok);
-    }
-
-    #[test]
-    fn misuse_is_reported_not_crashed() {
-        let s = mem_store();
-        let (mut data, mut len) = (std::ptr::null_mut(), 0usize);
-        assert_eq!(
-            nvfipc_store_get(s, c"missing".as_ptr(), 0, &mut data, &mut len),
-            Status::Timeout
-        );
-        assert_eq!(
-            last_message(),
-            "nvfipc_store_get: not every key of 'missing' is set (timeout_ms = 0: checked once \
-             without waiting)"
-        );
-        // A positive timeout is the backend's business (the in-memory store waits it out).
-        assert_eq!(
-            nvfipc_store_get(s, c"missing".as_ptr(), 5, &mut data, &mut len),
-            Status::Timeout
-        );
-        assert!(last_message().starts_with("nvfipc_store_get: wait timeout, keys: [\"missing\"]"));
-        assert_eq!(
-            nvfipc_store_set(std::ptr::null(), c"k".as_ptr(), std::ptr::null(), 0),
-            Status::InvalidArgument
-        );
-        assert_eq!(last_message(), "nvfipc_store_set: argument `store` is NULL");
-        assert_eq!(
-            nvfipc_store_set(s, std::ptr::null(), std::ptr::null(), 0),
-            Status::InvalidArgument
-        );
-        assert_eq!(
-            nvfipc_store_set(s, c"k".as_ptr(), std::ptr::null(), 4),
-            Status::InvalidArgument
-        );
-        assert!(last_message().contains("`value` is NULL"));
-        assert_eq!(
-            nvfipc_store_get(s, c"k".as_ptr(), 0, std::ptr::null_mut(), &mut len),
-            Status::InvalidArgument
-        );
-        let values = [nvfipc_bytes {
-            data: std::ptr::null(),
-            len: 1,
-        }];
-        let keys = [c"a".as_ptr()];
-        assert_eq!(
-            nvfipc_store_multi_set(s, keys.as_ptr(), values.as_ptr(), 1),
-            Status::InvalidArgument
-        );
-        assert!(
-            last_message().contains("`values[0]` is NULL"),
-            "{}",
-            last_message()
-        );
-        assert_eq!(
-            nvfipc_store_multi_get(s, keys.as_ptr(), 1, 0, std::ptr::null_mut()),
-            Status::InvalidArgument
-        );
-        assert_eq!(nvfipc_store_free(s), Status::Ok);
-        assert_eq!(nvfipc_store_free(s), Status::InvalidState);
-        assert!(
-            last_message().contains("not a live nvfipc_store"),
-            "{}",
-            last_message()
-        );
-        assert_eq!(
-            nvfipc_store_set(s, c"k".as_ptr(), std::ptr::null(), 0),
-            Status::InvalidState
-        );
-        assert_eq!(nvfipc_store_free(std::ptr::null_mut()), Status::Ok);
-    }
+/// An embedded TCPStore server (PyTorch's wire protocol) running on a background thread of this
+/// process; any TCPStore client (this library's, PyTorch's) can connect to it.
+///
+/// Thread safety: `nvfipc_server_port` and `nvfipc_server_num_clients` may be called from any
+/// thread at once; `nvfipc_server_free` must not race with them.
+#[allow(non_camel_case_types)]
+#[derive(Clone)]
+pub struct nvfipc_server {
+    server: Arc<StoreServer>,
 }
+
+impl Handle for nvfipc_server {
+    const C_NAME: &'static str = "nvfipc_server";
+}
+
+/// Connects to the TCPStore server at `host`:`port` (a PyTorch `TCPStore` master, an
+/// `nvfipc_store_serve` server, or `nvfipc serve`), retrying until the server answers or
+/// `timeout_ms` runs out. `timeout_ms` also becomes the store's default timeout for waiting
+/// operations (< 0: 300 s, as in PyTorch). With `wait_for_workers` > 0, announces this worker
+/// like a PyTorch client created with `world_size` = `wait_for_workers` and
+/// `wait_for_workers=True` (a PyTorch master waits for these); <= 0 announces nothing.
+/// On success `*out_store` receives a new store; free it with `nvfipc_store_free`.
+#[no_mangle]
+pub extern "C" fn nvfipc_store_connect(
+    host: *const c_char,
+    port: u16,
+    timeout_ms: i64,
+    wait_for_workers: i64,
+    out_store: *mut *mut nvfipc_store,
+) -> Status {
+    ffi_call("nvfipc_store_connect", || {
+        let host = c_str_arg(host, "host")?;
+        let out = out_ptr(out_store, "out_store")?;
+        if port == 0 {
+            return Err(Error::invalid(format!(
+                "port 0 is not a server port (connecting to {host})"
+            )));
+        }
+        let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
+        let options = ConnectOptions {
+            timeout,
+            connect_timeout: timeout,
+            wait_for_workers: usize::try_from(wait_for_workers).ok().filter(|&n| n > 0),
+        };
+        let tcp = Arc::new(TcpStore::connect(host, port, &options)?);
+        out.write(into_handle(nvfipc_store {
+            store: tcp.clone(),
+            tcp: Some(tcp),
+            callback: None,
+        }));
+        Ok(())
+    })
+}
+
+/// Makes a store whose operations call the host's functions in `*callbacks` (copied; see
+/// `nvfipc_store_callbacks` for the contract: thread-safe callbacks, `ctx` valid until the store
+/// and every context using it are freed). Its default timeout is 300 s.
+/// On success `*out_store` receives a new store; free it with `nvfipc_store_free`.
+#[no_mangle]
+pub extern "C" fn nvfipc_store_from_callbacks(
+    callbacks: *const nvfipc_store_callbacks,
+    out_store: *mut *mut nvfipc_store,
+) -> Status {
+    ffi_call("nvfipc_store_from_callbacks", || {
+        let callbacks = *ref_arg(callbacks, "callbacks")?;
+        let out = out_ptr(out_store, "out_store")?;
+        let callback = Arc::new(CallbackStore::new(callbacks)?);
+        out.write(into_handle(nvfipc_store {
+            store: callback.clone(),
+            tcp: None,
+            callback: Some(callback),
+        }));
+        Ok(())
+    })
+}
+
+/// Tells a store over host callbacks where its server listens: `host` (NUL-terminated) and
+/// `port` are what the host's own client connects to (for nvFuser's `c10d::TCPStore`:
+/// `getHost()` and `getPort()`; `nvfipc::c10d::storeFrom` passes them). A rank that closes then
+/// sees, without a request, whether a server on this machine is still listening: once it is not,
+/// the rank makes no store request (none would succeed, and the host's client may print a
+/// warning for each). The rank whose process runs the server (c10d's rank 0) keeps it, when it
+/// frees its context, until the other ranks have closed theirs or disconnected (bounded by the
+/// context's host linger), so that their last requests are not cut off by its exit. A host on
+/// another machine changes nothing. Other stores give `NVFIPC_STATUS_UNSUPPORTED`.
+#[no_mangle]
+pub extern "C" fn nvfipc_store_set_server_address(
+    store: *const nvfipc_store,
+    host: *const c_char,
+    port: u16,
+) -> Status {
+    ffi_call("nvfipc_store_set_server_address", || {
+        let store = store_arg(store)?;
+        let host = c_str_arg(host, "host")?;
+        if host.is_empty() || port == 0 {
+            return Err(Error::invalid(format!(
+                "server address {host:?}:{port}: a host name and a port in 1..=65535 are needed"
+            )));
+        }
+        match &store.callback {
+            Some(callback) => {
+                callback.set_server_address(host, port);
+                Ok(())
+            }
+            None => Err(Error::unsupported(
+                "only stores over host callbacks (nvfipc_store_from_callbacks) take a server \
+                 address; the library's own stores know theirs",
+            )),
+        }
+    })
+}
+
+/// Changes the default timeout of a TCP store (used by waiting operations given
+/// `timeout_ms < 0`, and by reply reads). `timeout_ms` must be positive. Other stores give
+/// `NVFIPC_STATUS_UNSUPPORTED`.
+#[no_mangle]
+pub extern "C" fn nvfipc_store_set_timeout(store: *const nvfipc_store, timeout_ms: i64) -> Status {
+    ffi_call("nvfipc_store_set_timeout", || {
+        let store = store_arg(store)?;
+        let ms = positive_arg(timeout_ms, "timeout_ms")?;
+        match &store.tcp {
+            Some(tcp) => {
+                tcp.set_timeout(std::time::Duration::from_millis(ms as u64));
+                Ok(())
+            }
+            None => Err(Error::unsupported(
+                "only TCP stores (nvfipc_store_connect) have a settable timeout",
+            )),
+        }
+    })
+}
+
+/// Round-trips a PING to the server of a TCP store (checks that it is alive and answering) and
+/// writes the round-trip time in microseconds to `*out_rtt_us` (may be NULL). Other stores give
+/// `NVFIPC_STATUS_UNSUPPORTED`.
+#[no_mangle]
+pub extern "C" fn nvfipc_store_ping(store: *const nvfipc_store, out_rtt_us: *mut i64) -> Status {
+    ffi_call("nvfipc_store_ping", || {
+        let store = store_arg(store)?;
+        let out = optional_out_ptr(out_rtt_us, "out_rtt_us")?;
+        let Some(tcp) = &store.tcp else {
+            return Err(Error::unsupported(
+                "ping needs a TCP store (nvfipc_store_connect)",
+            ));
+        };
+        let rtt = tcp.ping()?;
+        if let Some(out) = out {
+            out.write(i64::try_from(rtt.as_micros()).unwrap_or(i64::MAX));
+        }
+        Ok(())
+    })
+}
+
+/// Starts a TCPStore server listening on `bind_host`:`port` ("" or "::" listens on every
+/// interface, IPv4 and IPv6; "127.0.0.1" only locally; port 0 picks a free port). The port it
+/// listens on is written to `*out_port` (may be NULL; see also `nvfipc_server_port`).
+/// It serves from `NVFIPC_STORE_THREADS` threads (default 1; 0: one per four cores, at most
+/// four); a malformed value fails with `NVFIPC_STATUS_INVALID_ARGUMENT`.
+/// On success `*out_server` receives the server; stop it with `nvfipc_server_free`.
+#[no_mangle]
+pub extern "C" fn nvfipc_store_serve(
+    bind_host: *const c_char,
+    port: u16,
+    out_port: *mut u16,
+    out_server: *mut *mut nvfipc_server,
+) -> Status {
+    ffi_call("nvfipc_store_serve", || {
+        let host = c_str_arg(bind_host, "bind_host")?;
+        let out_port = optional_out_ptr(out_port, "out_port")?;
+        let out = out_ptr(out_server, "out_server")?;
+        let server = StoreServer::bind_with(host, port, &config::embedded_server_options()?)?;
+        if let Some(p) = out_port {
+            p.write(server.port());
+        }
+        out.write(into_handle(nvfipc_server {
+            server: Arc::new(server),
+        }));
+        Ok(())
+    })
+}
+
+/// Writes the port the server listens on to `*out_port`.
+#[no_mangle]
+pub extern "C" fn nvfipc_server_port(server: *const nvfipc_server, out_port: *mut u16) -> Status {
+    ffi_call("nvfipc_server_port", || {
+        write_out(
+            out_port,
+            "out_port",
+            handle_ref(server, "server")?.server.port(),
+        )
+    })
+}
+
+/// Writes the number of currently connected clients to `*out_clients`.
+#[no_mangle]
+pub extern "C" fn nvfipc_server_num_clients(
+    server: *const nvfipc_server,
+    out_clients: *mut usize,
+) -> Status {
+    ffi_call("nvfipc_server_num_clients", || {
+        let server = handle_ref(server, "server")?;
+        write_out(
+            out_clients,
+            "out_clients",
+            server.server.connected_clients(),
+        )
+    })
+}
+
+/// Stops the server and frees it. With `idle_timeout_ms` > 0 it first waits, at most that long,
+/// until no client is connected, so that ranks still using the store are not cut off; 0 stops at
+/// once; < 0 waits up to the default store timeout (300 s). The server is stopped and freed in
+/// every case; `NVFIPC_STATUS_TIMEOUT` says clients were still connected. NULL is a no-op; a second free gives `NVFIPC_STATUS_INVALID_STATE`.
+#[no_mangle]
+pub extern "C" fn nvfipc_server_free(server: *mut nvfipc_server, idle_timeout_ms: i64) -> Status {
+    ffi_call("nvfipc_server_free", || {
+        let Some(server) = take_handle(server, "server")? else {
+            return Ok(());
+        };
+        if idle_timeout_ms == 0 {
+            server.server.shutdown();
+            Ok(())
+        } else {
+            server
+                .server
+                .shutdown_when_idle(timeout_arg(idle_timeout_ms, DEFAULT_TIMEOUT))
+        }
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -176,17 +176,10 @@ pub struct nvfipc_store_callbacks {
 pub struct CallbackStore {
     cb: nvfipc_store_callbacks,
     timeout: Duration,
-    /// Where the host's client finds the store's server, when the host said
-    /// (`nvfipc_store_set_server_address`): what [`Store::liveness`] looks at.
-    server: Mutex<Option<ServerAddress>>,
-}
-
-/// The address of a callback store's server, as the host's client connects to it.
-#[derive(Clone, Debug)]
-struct ServerAddress {
-    port: u16,
-    /// The host names this machine: whether the server listens can be seen here.
-    on_this_machine: bool,
+    /// The port of the store's server when the host said (`nvfipc_store_set_server_address`)
+    /// and it is on this machine, where whether it listens can be seen: what
+    /// [`Store::liveness`] looks at.
+    server_port: Mutex<Option<u16>>,
 }
 
 // SAFETY: the vtable is plain data (a context pointer and C function pointers). The host
@@ -290,7 +283,7 @@ impl CallbackStore {
         Ok(CallbackStore {
             cb: callbacks,
             timeout: DEFAULT_TIMEOUT,
-            server: Mutex::new(None),
+            server_port: Mutex::new(None),
         })
     }
 
@@ -299,21 +292,13 @@ impl CallbackStore {
     /// this machine is still there. A host on another machine leaves it unknown.
     pub fn set_server_address(&self, host: &str, port: u16) {
         let on_this_machine = crate::os::net::is_this_machine(host);
-        *lock(&self.server) = Some(ServerAddress {
-            port,
-            on_this_machine,
-        });
+        *lock(&self.server_port) = on_this_machine.then_some(port);
     }
 
     /// Sets the timeout reported by [`Store::default_timeout`] (default 300 s).
     pub fn with_default_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
-    }
-
-    /// The vtable this store calls.
-    pub fn callbacks(&self) -> &nvfipc_store_callbacks {
-        &self.cb
     }
 
     /// Turns a callback's return code into a result, with the host's message when it has one.
@@ -342,6 +327,24 @@ impl CallbackStore {
         f.ok_or_else(|| Error::internal(format!("nvfipc_store_callbacks.{name} became NULL")))
     }
 
+    /// Calls `call` with the `(out_value, out_len)` pair of a callback that returns a value, and
+    /// copies the value out (the host's buffer is released when it was handed over).
+    fn call_value(
+        &self,
+        call: impl FnOnce(*mut *mut u8, *mut usize) -> c_int,
+        what: impl FnOnce() -> String,
+    ) -> Result<Vec<u8>> {
+        let (mut ptr, mut len) = (ptr::null_mut::<u8>(), 0usize);
+        let rc = call(&mut ptr, &mut len);
+        self.check_rc(rc, what)?;
+        HostValue {
+            cb: &self.cb,
+            ptr,
+            len,
+        }
+        .to_vec()
+    }
+
     fn call_set(&self, f: SetFn, name: &str, key: &str, value: &[u8]) -> Result<()> {
         // SAFETY: the key and value pointers are valid for their lengths during the call; ctx
         // is the host's, per the vtable contract.
@@ -360,13 +363,10 @@ impl CallbackStore {
 
 impl Store for CallbackStore {
     fn liveness(&self) -> Liveness {
-        let Some(server) = lock(&self.server).clone() else {
+        let Some(port) = *lock(&self.server_port) else {
             return Liveness::Unknown;
         };
-        if !server.on_this_machine {
-            return Liveness::Unknown;
-        }
-        match crate::os::net::server_view(server.port) {
+        match crate::os::net::server_view(port) {
             Some(view) if view.served_here => Liveness::ServedHere {
                 other_clients: view.other_clients,
             },
@@ -382,29 +382,12 @@ impl Store for CallbackStore {
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let f = Self::required(self.cb.get, "get")?;
-        let mut value = HostValue {
-            cb: &self.cb,
-            ptr: ptr::null_mut(),
-            len: 0,
-        };
-        let (mut out_ptr, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
-        // SAFETY: key is valid for key.len() bytes; the out-pointers are valid locals.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                key.as_ptr().cast(),
-                key.len(),
-                timeout_ms(timeout),
-                &mut out_ptr,
-                &mut out_len,
-            )
-        };
-        self.check_rc(rc, || {
-            format!("get(key {key:?}, timeout {}ms)", timeout.as_millis())
-        })?;
-        value.ptr = out_ptr;
-        value.len = out_len;
-        value.to_vec()
+        let (key_ptr, ms) = (key.as_ptr().cast(), timeout_ms(timeout));
+        self.call_value(
+            // SAFETY: key is valid for key.len() bytes; the out-pointers are valid locals.
+            |out, len| unsafe { f(self.cb.ctx, key_ptr, key.len(), ms, out, len) },
+            || format!("get(key {key:?}, timeout {}ms)", timeout.as_millis()),
+        )
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
@@ -485,31 +468,24 @@ impl Store for CallbackStore {
                 "compare_set(key {key:?}): the host store has no compare_set callback"
             ))
         })?;
-        let mut value = HostValue {
-            cb: &self.cb,
-            ptr: ptr::null_mut(),
-            len: 0,
-        };
-        let (mut out_ptr, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
-        // SAFETY: key, expected and desired are valid for their lengths; the out-pointers are
-        // valid locals.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                key.as_ptr().cast(),
-                key.len(),
-                expected.as_ptr(),
-                expected.len(),
-                desired.as_ptr(),
-                desired.len(),
-                &mut out_ptr,
-                &mut out_len,
-            )
-        };
-        self.check_rc(rc, || format!("compare_set(key {key:?})"))?;
-        value.ptr = out_ptr;
-        value.len = out_len;
-        value.to_vec()
+        self.call_value(
+            // SAFETY: key, expected and desired are valid for their lengths; the out-pointers
+            // are valid locals.
+            |out, len| unsafe {
+                f(
+                    self.cb.ctx,
+                    key.as_ptr().cast(),
+                    key.len(),
+                    expected.as_ptr(),
+                    expected.len(),
+                    desired.as_ptr(),
+                    desired.len(),
+                    out,
+                    len,
+                )
+            },
+            || format!("compare_set(key {key:?})"),
+        )
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {

@@ -2,7 +2,7 @@
 //! barrier over the same store, alternating in blocks, each timed per call on every rank.
 
 use super::seed::TorchStyleBarrier;
-use super::{gather_samples, RankArgs, Series};
+use super::{gather, RankArgs, Series};
 use crate::stats::nanos;
 use nvfuser_ipc::context::Context;
 use nvfuser_ipc::Result;
@@ -37,7 +37,11 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<Series>> {
             theirs.push(nanos(start.elapsed()));
         }
     }
-    let mut out = gather_samples(ctx, "barrier.ours", &ours)?;
-    out.extend(gather_samples(ctx, "barrier.torch_style", &theirs)?);
-    Ok(out)
+    gather(
+        ctx,
+        vec![
+            ("barrier.ours".into(), ours),
+            ("barrier.torch_style".into(), theirs),
+        ],
+    )
 }

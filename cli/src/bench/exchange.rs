@@ -18,7 +18,7 @@
 //! memory a peer still maps.
 
 use super::seed::{make_record, Importer, SeedExchange};
-use super::{gather_samples, RankArgs, Series};
+use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
 use nvfuser_ipc::context::Context;
@@ -89,16 +89,29 @@ impl Scenario {
     }
 }
 
+/// The ring's two requests of this rank: send `addrs[0]` to the next rank, receive into
+/// `addrs[1]` from the previous one.
+fn ring_requests(
+    ctx: &Context,
+    tag: &str,
+    addrs: [u64; 2],
+    bytes: u64,
+    kind: MemKind,
+) -> [Request; 2] {
+    let (rank, world) = (ctx.rank, ctx.world_size);
+    [
+        Request::send((rank + 1) % world, tag, addrs[0], bytes, kind),
+        Request::recv((rank + world - 1) % world, tag, addrs[1], bytes, kind),
+    ]
+}
+
 /// The pool scenario's buffers: `POOL_SEGMENTS` allocations made once; call `step` sends from
 /// segment `step % POOL_SEGMENTS` (first half) and receives into the next one (second half), at
 /// offsets that differ from call to call, 256-byte aligned like the caching allocator's blocks.
 struct PoolBuffers {
-    kind: MemKind,
     bytes: u64,
     half: u64,
     segments: Vec<Buffer>,
-    send: u64,
-    recv: u64,
 }
 
 impl PoolBuffers {
@@ -108,12 +121,9 @@ impl PoolBuffers {
             .map(|_| Buffer::alloc(kind, job_id, 2 * half))
             .collect::<Result<Vec<_>>>()?;
         Ok(PoolBuffers {
-            kind,
             bytes,
             half,
             segments,
-            send: 0,
-            recv: 0,
         })
     }
 
@@ -123,23 +133,13 @@ impl PoolBuffers {
         (((step as u64).wrapping_mul(7919) + salt) % slots) * 256
     }
 
-    fn step(&mut self, step: usize) {
+    /// The send and receive addresses of call `step`.
+    fn step(&self, step: usize) -> [u64; 2] {
         let send_seg = &self.segments[step % POOL_SEGMENTS];
         let recv_seg = &self.segments[(step + 1) % POOL_SEGMENTS];
-        self.send = send_seg.addr() + self.offset(step, 0);
-        self.recv = recv_seg.addr() + self.half + self.offset(step, 4099);
-    }
-
-    fn requests(&self, rank: usize, world: usize, tag: &str) -> [Request; 2] {
         [
-            Request::send((rank + 1) % world, tag, self.send, self.bytes, self.kind),
-            Request::recv(
-                (rank + world - 1) % world,
-                tag,
-                self.recv,
-                self.bytes,
-                self.kind,
-            ),
+            send_seg.addr() + self.offset(step, 0),
+            recv_seg.addr() + self.half + self.offset(step, 4099),
         ]
     }
 }
@@ -161,20 +161,19 @@ impl Buffers {
         })
     }
 
-    fn step(&mut self, step: usize, swap: bool) -> Result<()> {
+    /// Buffer size of the scenario's requests.
+    fn bytes(&self) -> u64 {
         match self {
-            Buffers::Ring(r) => r.step(step, swap),
-            Buffers::Pool(p) => {
-                p.step(step);
-                Ok(())
-            }
+            Buffers::Ring(r) => r.bytes,
+            Buffers::Pool(p) => p.bytes,
         }
     }
 
-    fn requests(&self, rank: usize, world: usize, tag: &str) -> [Request; 2] {
+    /// The send and receive addresses of call `step` (new ones when `swap`).
+    fn step(&mut self, step: usize, swap: bool) -> Result<[u64; 2]> {
         match self {
-            Buffers::Ring(r) => r.requests(rank, world, tag),
-            Buffers::Pool(p) => p.requests(rank, world, tag),
+            Buffers::Ring(r) => r.step(step, swap),
+            Buffers::Pool(p) => Ok(p.step(step)),
         }
     }
 }
@@ -210,7 +209,8 @@ impl RingBuffers {
     }
 
     /// Swaps in new buffers when asked; frees those retired `RETIRE_AFTER` or more steps ago.
-    fn step(&mut self, step: usize, swap: bool) -> Result<()> {
+    /// Returns the send and receive addresses.
+    fn step(&mut self, step: usize, swap: bool) -> Result<[u64; 2]> {
         while self
             .retired
             .front()
@@ -226,27 +226,8 @@ impl RingBuffers {
                 }
             }
         }
-        Ok(())
-    }
-
-    fn requests(&self, rank: usize, world: usize, tag: &str) -> [Request; 2] {
         let addr = |b: &Option<Buffer>| b.as_ref().map_or(0, Buffer::addr);
-        [
-            Request::send(
-                (rank + 1) % world,
-                tag,
-                addr(&self.send),
-                self.bytes,
-                self.kind,
-            ),
-            Request::recv(
-                (rank + world - 1) % world,
-                tag,
-                addr(&self.recv),
-                self.bytes,
-                self.kind,
-            ),
-        ]
+        Ok([addr(&self.send), addr(&self.recv)])
     }
 }
 
@@ -262,7 +243,8 @@ pub fn run(
         .find(|t| t.kind() == kind)
         .cloned()
         .expect("the transport of the chosen kind is created by the caller");
-    let mut out = Vec::new();
+    let mut out: Vec<Series> = Vec::new();
+    let mut add = |name: String, samples: Vec<u64>| out.push((name, samples));
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
     for scenario in SCENARIOS {
         // The pool and cold_large scenarios also say where their time goes, phase by phase
@@ -271,25 +253,17 @@ pub fn run(
         cache.set_phase_timing(phased);
         let (samples, opens, trips) = ours(ctx, &cache, args, kind, scenario)?;
         let name = format!("ours.{}", scenario.name());
-        out.extend(gather_samples(ctx, &name, &samples)?);
+        add(name.clone(), samples);
         if scenario == Scenario::Pool && kind == MemKind::Device {
-            out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
+            add(format!("{name}.opens"), vec![opens]);
         }
         if phased {
             let t = cache.phase_times(true);
             for phase in PHASES {
                 let mean = t.of(phase) / t.calls.max(1);
-                out.extend(gather_samples(
-                    ctx,
-                    &format!("{name}.phase.{}", phase.name()),
-                    &[mean],
-                )?);
+                add(format!("{name}.phase.{}", phase.name()), vec![mean]);
             }
-            out.extend(gather_samples(
-                ctx,
-                &format!("{name}.store_round_trips"),
-                &[trips],
-            )?);
+            add(format!("{name}.store_round_trips"), vec![trips]);
         }
     }
     cache.set_phase_timing(false);
@@ -298,31 +272,65 @@ pub fn run(
     for scenario in SCENARIOS {
         let (samples, opens) = seed(ctx, &transport, args, kind, scenario)?;
         let name = format!("seed.{}", scenario.name());
-        out.extend(gather_samples(ctx, &name, &samples)?);
+        add(name.clone(), samples);
         if scenario == Scenario::Pool && kind == MemKind::Device {
-            out.extend(gather_samples(ctx, &format!("{name}.opens"), &[opens])?);
+            add(format!("{name}.opens"), vec![opens]);
         }
     }
-    let (exports, opens, rtts) = floor(ctx, &transport, args, kind)?;
-    out.extend(gather_samples(ctx, "floor.exports", &exports)?);
-    out.extend(gather_samples(ctx, "floor.opens", &opens)?);
-    out.extend(gather_samples(ctx, "floor.rtt", &rtts)?);
     // The floor of cold_large: the same fresh opens, of buffers of its size.
     let large = RankArgs {
         bytes: args.bytes.max(LARGE_BYTES),
         ..args.clone()
     };
-    let (exports, opens, rtts) = floor(ctx, &transport, &large, kind)?;
-    out.extend(gather_samples(ctx, "floor_large.exports", &exports)?);
-    out.extend(gather_samples(ctx, "floor_large.opens", &opens)?);
-    out.extend(gather_samples(ctx, "floor_large.rtt", &rtts)?);
+    for (prefix, args) in [("floor", args), ("floor_large", &large)] {
+        let (exports, opens, rtts) = floor(ctx, &transport, args, kind)?;
+        add(format!("{prefix}.exports"), exports);
+        add(format!("{prefix}.opens"), opens);
+        add(format!("{prefix}.rtt"), rtts);
+    }
     // The floor of the pool scenario: its two signal rounds alone (no store, no CUDA).
-    let signals = super::board_floor::run(ctx, args)?;
-    out.extend(gather_samples(ctx, "floor.pool", &signals)?);
-    Ok(out)
+    add("floor.pool".into(), super::board_floor::run(ctx, args)?);
+    gather(ctx, out)
 }
 
-/// One scenario through our cache: the timed samples and the driver opens they made.
+/// Runs the calls of one scenario, `call(step, requests)` making each exchange, and times
+/// those after the untimed ones (`at_timed` runs before the first of them); returns the samples
+/// and the driver opens of the timed calls.
+fn scenario_calls(
+    ctx: &Context,
+    args: &RankArgs,
+    kind: MemKind,
+    scenario: Scenario,
+    mut at_timed: impl FnMut(),
+    mut call: impl FnMut(usize, &[Request; 2]) -> Result<()>,
+) -> Result<(Vec<u64>, u64)> {
+    let tag = format!("bench-{}", scenario.name());
+    let mut buffers = Buffers::new(scenario, kind, &ctx.job_id, args.bytes)?;
+    let mut samples = Vec::with_capacity(args.steps);
+    let untimed = scenario.untimed();
+    let mut opens = 0;
+    ctx.barrier(None, None)?;
+    for step in 0..untimed + args.steps {
+        let addrs = buffers.step(step, scenario.swaps(ctx.rank, step))?;
+        let requests = ring_requests(ctx, &tag, addrs, buffers.bytes(), kind);
+        if step == untimed {
+            opens = driver_opens(kind);
+            at_timed();
+        }
+        let start = Instant::now();
+        call(step, &requests)?;
+        if step >= untimed {
+            samples.push(nanos(start.elapsed()));
+        }
+    }
+    let opens = driver_opens(kind) - opens;
+    // Nobody frees a buffer a peer may still map from its last call.
+    ctx.barrier(None, None)?;
+    Ok((samples, opens))
+}
+
+/// One scenario through our cache: the timed samples, the driver opens and the store round
+/// trips they made.
 fn ours(
     ctx: &Context,
     cache: &HandleCache,
@@ -330,33 +338,15 @@ fn ours(
     kind: MemKind,
     scenario: Scenario,
 ) -> Result<(Vec<u64>, u64, u64)> {
-    let tag = format!("bench-{}", scenario.name());
-    let mut buffers = Buffers::new(scenario, kind, &ctx.job_id, args.bytes)?;
-    let mut samples = Vec::with_capacity(args.steps);
-    let untimed = scenario.untimed();
-    let mut opens = 0;
     let mut trips = 0;
-    ctx.barrier(None, None)?;
-    for step in 0..untimed + args.steps {
-        buffers.step(step, scenario.swaps(ctx.rank, step))?;
-        let requests = buffers.requests(ctx.rank, ctx.world_size, &tag);
-        if step == untimed {
-            opens = driver_opens(kind);
-            trips = cache.stats().store_round_trips;
-            // The phases of the timed calls only: the untimed ones open every segment.
-            cache.phase_times(true);
-        }
-        let start = Instant::now();
-        cache.exchange_handles(&requests)?;
-        if step >= untimed {
-            samples.push(nanos(start.elapsed()));
-        }
-    }
-    let opens = driver_opens(kind) - opens;
-    let trips = cache.stats().store_round_trips - trips;
-    // Nobody frees a buffer a peer may still map from its last call.
-    ctx.barrier(None, None)?;
-    Ok((samples, opens, trips))
+    let at_timed = || {
+        trips = cache.stats().store_round_trips;
+        // The phases of the timed calls only: the untimed ones open every segment.
+        cache.phase_times(true);
+    };
+    let exchange = |_, requests: &[Request; 2]| cache.exchange_handles(requests);
+    let (samples, opens) = scenario_calls(ctx, args, kind, scenario, at_timed, exchange)?;
+    Ok((samples, opens, cache.stats().store_round_trips - trips))
 }
 
 /// One scenario through the seed protocol: the timed samples and the driver opens they made.
@@ -369,7 +359,6 @@ fn seed(
 ) -> Result<(Vec<u64>, u64)> {
     let (rank, world) = (ctx.rank, ctx.world_size);
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
-    let tag = format!("seed-{}", scenario.name());
     let prefix = format!(
         "nvfipc-bench/{}/seed-barrier/{}",
         ctx.job_id,
@@ -386,32 +375,16 @@ fn seed(
     // Upstream's cache never drops a handle before the cache itself: with the pool's few
     // segments, its opens of a segment already mapped are only reference counts.
     seed.keep_replaced(scenario == Scenario::Pool);
-    let mut buffers = Buffers::new(scenario, kind, &ctx.job_id, args.bytes)?;
-    let mut samples = Vec::with_capacity(args.steps);
-    let untimed = scenario.untimed();
-    let mut opens = 0;
-    ctx.barrier(None, None)?;
-    for step in 0..untimed + args.steps {
-        buffers.step(step, scenario.swaps(rank, step))?;
-        let requests = buffers.requests(rank, world, &tag);
+    let exchange = |step, requests: &[Request; 2]| {
         // Both sides of a comm derive the same answer: it misses when either side swapped.
         let mine = scenario.swaps(rank, step);
         let miss = [
             mine || scenario.swaps(next, step),
             mine || scenario.swaps(prev, step),
         ];
-        if step == untimed {
-            opens = driver_opens(kind);
-        }
-        let start = Instant::now();
-        seed.exchange(&requests, &miss)?;
-        if step >= untimed {
-            samples.push(nanos(start.elapsed()));
-        }
-    }
-    let opens = driver_opens(kind) - opens;
-    ctx.barrier(None, None)?;
-    Ok((samples, opens))
+        seed.exchange(requests, &miss)
+    };
+    scenario_calls(ctx, args, kind, scenario, || {}, exchange)
 }
 
 /// The floor of a cold call: exporting the two fresh local buffers (`floor.exports`), opening
@@ -435,8 +408,8 @@ fn floor(
     let mut opens = Vec::with_capacity(args.steps);
     let mut exports = Vec::with_capacity(args.steps);
     for step in 0..=args.steps {
-        buffers.step(step, true)?;
-        let [send, recv] = buffers.requests(rank, world, "floor");
+        let addrs = buffers.step(step, true)?;
+        let [send, recv] = ring_requests(ctx, "floor", addrs, args.bytes, kind);
         let mut records = Vec::new();
         let start = Instant::now();
         for req in [&send, &recv] {
@@ -496,43 +469,4 @@ pub fn floor_ns(exports: &[u64], opens: &[u64], rtts: &[u64]) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pool_buffers_move_inside_their_segments() {
-        let job = format!("ut-bench-pool-{}", std::process::id());
-        let bytes = 1 << 16;
-        let mut p = PoolBuffers::new(MemKind::Host, &job, bytes).unwrap();
-        let mut seen = std::collections::HashSet::new();
-        for step in 0..32 {
-            p.step(step);
-            let send_seg = p.segments[step % POOL_SEGMENTS].addr();
-            let recv_seg = p.segments[(step + 1) % POOL_SEGMENTS].addr();
-            assert!(
-                p.send >= send_seg && p.send + bytes <= send_seg + p.half,
-                "step {step}"
-            );
-            assert!(p.recv >= recv_seg + p.half && p.recv + bytes <= recv_seg + 2 * p.half);
-            assert_eq!((p.send - send_seg) % 256, 0);
-            seen.insert(p.send - send_seg);
-        }
-        assert!(seen.len() > 16, "offsets vary from call to call");
-    }
-
-    #[test]
-    fn schedules() {
-        for step in 0..6 {
-            assert!(Scenario::Cold.swaps(3, step));
-            assert_eq!(Scenario::Warm.swaps(0, step), step == 0);
-            assert_eq!(Scenario::Asym.swaps(1, step), step == 0);
-        }
-        assert!(Scenario::Asym.swaps(2, 1) && !Scenario::Asym.swaps(2, 2));
-        assert!(Scenario::Pool.swaps(1, 5));
-        assert_eq!(Scenario::Pool.untimed(), POOL_SEGMENTS + 1);
-        assert_eq!(Scenario::Cold.untimed(), 1);
-        assert_eq!(floor_ns(&[], &[10, 20, 30], &[5]), Some(30));
-        assert_eq!(floor_ns(&[7], &[10, 20, 30], &[5]), Some(37));
-        assert_eq!(floor_ns(&[7], &[], &[5]), None);
-    }
-}
+mod tests;

@@ -16,7 +16,6 @@ mod store_load;
 mod svg;
 mod symmetric;
 mod symmetric_report;
-mod target;
 
 use crate::args::{positive, positive_count};
 use crate::launch::{self, JobSpec, StoreHost};
@@ -37,6 +36,8 @@ use std::time::Duration;
 /// A named list of samples (nanoseconds).
 pub type Series = (String, Vec<u64>);
 
+/// A scenario: what `--scenario` picks, and what a `bench-rank` process runs (all but `store`,
+/// which the parent measures).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Part {
     Exchange,
@@ -177,23 +178,11 @@ impl Plan {
     }
 }
 
-/// What a `bench-rank` process does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Role {
-    Exchange,
-    Barrier,
-    Post,
-    Symmetric,
-}
-
-impl Role {
-    fn name(self) -> &'static str {
-        match self {
-            Role::Exchange => "exchange",
-            Role::Barrier => "barrier",
-            Role::Post => "post",
-            Role::Symmetric => "symmetric",
-        }
+impl Part {
+    fn name(self) -> String {
+        use clap::ValueEnum;
+        let value = self.to_possible_value().expect("every scenario has a name");
+        value.get_name().to_string()
     }
 }
 
@@ -209,7 +198,7 @@ fn mem_kind(value: &str) -> Result<MemKind, String> {
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct RankArgs {
     #[arg(long, value_enum)]
-    pub role: Role,
+    pub role: Part,
     #[arg(long, default_value = "10", value_parser = positive_count)]
     pub steps: usize,
     #[arg(long, default_value = "65536", value_parser = positive)]
@@ -233,7 +222,7 @@ impl RankArgs {
     fn to_args(&self) -> Vec<String> {
         vec![
             "--role".into(),
-            self.role.name().into(),
+            self.role.name(),
             "--steps".into(),
             self.steps.to_string(),
             "--bytes".into(),
@@ -250,31 +239,52 @@ impl RankArgs {
     }
 }
 
-/// Collects every rank's samples of `name` on rank 0 (through the store); other ranks get an
-/// empty list. Collective: every rank calls it with the same name.
-pub fn gather_samples(ctx: &Context, name: &str, samples: &[u64]) -> Result<Vec<Series>> {
-    let key = |r: usize| format!("nvfipc-bench/{}/samples/{name}/{r}", ctx.job_id);
+/// Series as text, one "name sample sample ..." line each: what a rank stores for rank 0, and
+/// what rank 0 writes for the parent.
+fn encode_series(series: &[Series]) -> String {
+    series
+        .iter()
+        .map(|(name, samples)| format!("{name} {}\n", encode_samples(samples)))
+        .collect()
+}
+
+fn decode_series(text: &str) -> Option<Vec<Series>> {
+    text.lines()
+        .map(|line| {
+            let (name, rest) = line.split_once(' ').unwrap_or((line, ""));
+            Some((name.to_string(), decode_samples(rest)?))
+        })
+        .collect()
+}
+
+/// Collects every rank's series on rank 0 (through the store), each the ranks' samples in rank
+/// order; other ranks get an empty list. Collective: every rank calls it with series of the same
+/// names in the same order.
+pub fn gather(ctx: &Context, mine: Vec<Series>) -> Result<Vec<Series>> {
+    let label = mine.first().map_or("", |(name, _)| name.as_str());
+    let keys: Vec<String> = (0..ctx.world_size)
+        .map(|r| format!("nvfipc-bench/{}/samples/{label}/{r}", ctx.job_id))
+        .collect();
     ctx.store
-        .set(&key(ctx.rank), encode_samples(samples).as_bytes())?;
+        .set(&keys[ctx.rank], encode_series(&mine).as_bytes())?;
     ctx.barrier(None, None)?;
     if ctx.rank != 0 {
         return Ok(Vec::new());
     }
-    let keys: Vec<String> = (0..ctx.world_size).map(key).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let mut all = Vec::new();
-    for (r, value) in ctx
-        .store
-        .multi_get(&refs, ctx.timeout())?
-        .iter()
-        .enumerate()
-    {
-        let text = String::from_utf8_lossy(value);
-        all.extend(decode_samples(&text).ok_or_else(|| {
-            Error::protocol(format!("rank {r}'s samples of {name} are malformed"))
-        })?);
+    let values = ctx.store.multi_get(&refs, ctx.timeout())?;
+    let mut all = mine;
+    for (r, value) in values.iter().enumerate().skip(1) {
+        let theirs = decode_series(&String::from_utf8_lossy(value))
+            .filter(|theirs| {
+                theirs.len() == all.len() && theirs.iter().zip(&all).all(|(t, m)| t.0 == m.0)
+            })
+            .ok_or_else(|| Error::protocol(format!("rank {r}'s samples are malformed")))?;
+        for ((_, samples), (_, more)) in all.iter_mut().zip(theirs) {
+            samples.extend(more);
+        }
     }
-    Ok(vec![(name.to_string(), all)])
+    Ok(all)
 }
 
 /// One `bench-rank` process.
@@ -303,51 +313,44 @@ pub fn run_rank(args: &RankArgs) -> i32 {
 }
 
 fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
+    if args.role == Part::Store {
+        return Err(Error::invalid(
+            "the store scenario runs in the parent, not in ranks",
+        ));
+    }
     set_device_memory(args.device_memory);
-    let series = match args.role {
-        Role::Barrier => barrier::run(ctx, args)?,
-        Role::Post => {
-            let device = enter_rank_device(args.kind, ctx.local_rank)?;
-            let series = post::run(ctx, args)?;
-            ctx.barrier(None, None)?;
-            if args.kind == MemKind::Device {
-                nvfuser_ipc::cuda::flush_releases(args.timeout)?;
-            }
-            drop(device);
-            series
-        }
-        Role::Exchange | Role::Symmetric => {
-            // The transports outlive every cache and import, and are dropped only after the
-            // last barrier: peers may map this rank's semaphore slab until then.
-            let device = enter_rank_device(args.kind, ctx.local_rank)?;
+    let series = if args.role == Part::Barrier {
+        barrier::run(ctx, args)?
+    } else {
+        let device = enter_rank_device(args.kind, ctx.local_rank)?;
+        // The transports outlive every cache and import, and are dropped only after the last
+        // barrier: peers may map this rank's semaphore slab until then.
+        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+        if matches!(args.role, Part::Exchange | Part::Symmetric) {
             let host = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
             let fdpass = host.fdpass().clone();
-            let mut transports: Vec<Arc<dyn Transport>> = vec![host];
+            transports.push(host);
             if args.kind == MemKind::Device {
-                let device: Arc<dyn Transport> = CudaTransport::with_fdpass(None, Some(fdpass))?;
-                transports.push(device);
+                transports.push(CudaTransport::with_fdpass(None, Some(fdpass))?);
             }
-            let series = match args.role {
-                Role::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
-                _ => exchange::run(ctx, args, args.kind, &transports)?,
-            };
-            ctx.barrier(None, None)?;
-            drop(transports);
-            if args.kind == MemKind::Device {
-                // Released peer mappings are closed on the library's releaser threads: let
-                // them finish before this process exits.
-                nvfuser_ipc::cuda::flush_releases(args.timeout)?;
-            }
-            drop(device);
-            series
         }
+        let series = match args.role {
+            Part::Post => post::run(ctx, args)?,
+            Part::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
+            _ => exchange::run(ctx, args, args.kind, &transports)?,
+        };
+        ctx.barrier(None, None)?;
+        drop(transports);
+        if args.kind == MemKind::Device {
+            // Released peer mappings are closed on the library's releaser threads: let them
+            // finish before this process exits.
+            nvfuser_ipc::cuda::flush_releases(args.timeout)?;
+        }
+        drop(device);
+        series
     };
     if ctx.rank == 0 {
-        let mut text = String::new();
-        for (name, samples) in &series {
-            text.push_str(&format!("{name} {}\n", encode_samples(samples)));
-        }
-        std::fs::write(&args.out, text)
+        std::fs::write(&args.out, encode_series(&series))
             .map_err(|e| Error::from_io(format!("writing {}", args.out.display()), &e))?;
     }
     Ok(())
@@ -380,14 +383,9 @@ fn run_ranks(
     let text = std::fs::read_to_string(&rank_args.out)
         .map_err(|e| Error::from_io(format!("reading {}", rank_args.out.display()), &e))?;
     let _ = std::fs::remove_file(&rank_args.out);
-    let mut series = BTreeMap::new();
-    for line in text.lines() {
-        let (name, rest) = line.split_once(' ').unwrap_or((line, ""));
-        let samples = decode_samples(rest)
-            .ok_or_else(|| Error::protocol(format!("malformed result line {line:?}")))?;
-        series.insert(name.to_string(), samples);
-    }
-    Ok(series)
+    let series = decode_series(&text)
+        .ok_or_else(|| Error::protocol(format!("malformed results in {text:?}")))?;
+    Ok(series.into_iter().collect())
 }
 
 /// A scratch directory for rank results, removed on drop.
@@ -420,6 +418,38 @@ pub fn run(args: &BenchArgs) -> i32 {
     }
 }
 
+/// Runs a job of `rank_args` for each world size of `worlds`, with `what` in its progress line
+/// and failure: a failed world is recorded and the others still run.
+fn run_worlds(
+    exe: &str,
+    scratch: &Path,
+    worlds: &[usize],
+    rank_args: RankArgs,
+    what: &str,
+    results: &mut report::Results,
+) -> Vec<(usize, BTreeMap<String, Vec<u64>>)> {
+    let unit = if rank_args.role == Part::Barrier {
+        "processes"
+    } else {
+        "ranks"
+    };
+    let mut measured = Vec::new();
+    for &world in worlds {
+        match rank_args.role {
+            Part::Barrier => eprintln!("nvfipc bench: {what}, {world} {unit}"),
+            _ => eprintln!(
+                "nvfipc bench: {what}, {world} {unit}, {}",
+                kind_label(rank_args.kind)
+            ),
+        }
+        match run_ranks(exe, world, rank_args.clone(), scratch) {
+            Ok(series) => measured.push((world, series)),
+            Err(e) => results.fail(format!("{what}, {world} {unit}: {e}")),
+        }
+    }
+    measured
+}
+
 /// Returns whether every scenario ran (targets missed are reported, not failures).
 fn run_parent(args: &BenchArgs) -> Result<bool> {
     let plan = Plan::new(args.quick);
@@ -429,79 +459,60 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
         .into_owned();
     let scratch = Scratch::create()?;
     let mut results = report::Results::new(args.quick);
-    if args.parts.contains(&Part::Exchange) {
-        let kind = args
-            .transport
-            .resolve()
-            .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
+    // The memory of the exchange, post and symmetric scenarios.
+    let kind = || -> Result<MemKind> {
         set_device_memory(args.device_memory);
+        args.transport
+            .resolve()
+            .map_err(|e| e.context(format!("--transport {}", args.transport.name())))
+    };
+    let rank_args = |role, steps, bytes, kind| RankArgs {
+        role,
+        steps,
+        bytes,
+        kind,
+        out: PathBuf::new(),
+        timeout: plan.rank_timeout,
+        device_memory: args.device_memory,
+    };
+    if args.parts.contains(&Part::Exchange) {
+        let kind = kind()?;
         results.transport = kind_label(kind).to_string();
-        for &world in args.ranks.as_ref().unwrap_or(&plan.exchange_worlds) {
-            eprintln!(
-                "nvfipc bench: ring exchange, {world} ranks, {}",
-                kind_label(kind)
-            );
-            let rank_args = RankArgs {
-                role: Role::Exchange,
-                steps: plan.exchange_steps,
-                bytes: plan.bytes,
-                kind,
-                out: PathBuf::new(),
-                timeout: plan.rank_timeout,
-                device_memory: args.device_memory,
-            };
-            match run_ranks(&exe, world, rank_args, &scratch.0) {
-                Ok(series) => results.exchange.push((world, series)),
-                Err(e) => results.fail(format!("exchange, {world} ranks: {e}")),
-            }
-        }
+        let worlds = args.ranks.as_ref().unwrap_or(&plan.exchange_worlds);
+        let job = rank_args(Part::Exchange, plan.exchange_steps, plan.bytes, kind);
+        results.exchange = run_worlds(&exe, &scratch.0, worlds, job, "ring exchange", &mut results);
         results.exchange_steps = plan.exchange_steps;
     }
     if args.parts.contains(&Part::Store) {
-        store_part(args, &plan, &exe, &mut results);
+        store_load::run(args, &plan, &exe, &mut results);
     }
     if args.parts.contains(&Part::Barrier) {
-        for &world in &plan.barrier_worlds {
-            eprintln!("nvfipc bench: barrier, {world} processes");
-            let rank_args = RankArgs {
-                role: Role::Barrier,
-                steps: plan.barrier_steps,
-                bytes: 1,
-                kind: MemKind::Host,
-                out: PathBuf::new(),
-                timeout: plan.rank_timeout,
-                device_memory: DeviceMemory::Legacy,
-            };
-            match run_ranks(&exe, world, rank_args, &scratch.0) {
-                Ok(series) => results.barrier.push((world, series)),
-                Err(e) => results.fail(format!("barrier, {world} processes: {e}")),
-            }
-        }
+        let job = RankArgs {
+            device_memory: DeviceMemory::Legacy,
+            ..rank_args(Part::Barrier, plan.barrier_steps, 1, MemKind::Host)
+        };
+        let worlds = &plan.barrier_worlds;
+        results.barrier = run_worlds(&exe, &scratch.0, worlds, job, "barrier", &mut results);
     }
     if args.parts.contains(&Part::Post) {
-        let kind = args
-            .transport
-            .resolve()
-            .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
-        set_device_memory(args.device_memory);
-        eprintln!("nvfipc bench: one post, 2 ranks, {}", kind_label(kind));
-        let rank_args = RankArgs {
-            role: Role::Post,
-            steps: plan.post_steps,
-            bytes: 64,
-            kind,
-            out: PathBuf::new(),
-            timeout: plan.rank_timeout,
-            device_memory: args.device_memory,
-        };
+        let kind = kind()?;
         results.post_transport = kind_label(kind).to_string();
-        match run_ranks(&exe, 2, rank_args, &scratch.0) {
-            Ok(series) => results.post = Some(series),
-            Err(e) => results.fail(format!("post, 2 ranks: {e}")),
-        }
+        let job = rank_args(Part::Post, plan.post_steps, 64, kind);
+        let measured = run_worlds(&exe, &scratch.0, &[2], job, "one post", &mut results);
+        results.post = measured.into_iter().next().map(|(_, series)| series);
     }
     if args.parts.contains(&Part::Symmetric) {
-        symmetric_part(args, &plan, &exe, &scratch.0, &mut results)?;
+        let kind = kind()?;
+        results.symmetric_transport = kind_label(kind).to_string();
+        results.symmetric_rounds = plan.symmetric_rounds;
+        let default = match kind {
+            MemKind::Host => &plan.symmetric_worlds_host,
+            MemKind::Device => &plan.symmetric_worlds_device,
+        };
+        let worlds = args.ranks.as_ref().unwrap_or(default);
+        let job = rank_args(Part::Symmetric, plan.symmetric_rounds, plan.bytes, kind);
+        let what = "symmetric rendezvous";
+        results.symmetric = run_worlds(&exe, &scratch.0, worlds, job, what, &mut results);
     }
     print!("{}", results.text());
     if let Some(path) = &args.json {
@@ -529,171 +540,5 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
         .map_err(|e| Error::from_io(format!("writing {}", path.display()), &e))
 }
 
-/// The symmetric rendezvous at each group size of the transport chosen.
-fn symmetric_part(
-    args: &BenchArgs,
-    plan: &Plan,
-    exe: &str,
-    scratch: &Path,
-    results: &mut report::Results,
-) -> Result<()> {
-    let kind = args
-        .transport
-        .resolve()
-        .map_err(|e| e.context(format!("--transport {}", args.transport.name())))?;
-    set_device_memory(args.device_memory);
-    results.symmetric_transport = kind_label(kind).to_string();
-    results.symmetric_rounds = plan.symmetric_rounds;
-    let default = match kind {
-        MemKind::Host => &plan.symmetric_worlds_host,
-        MemKind::Device => &plan.symmetric_worlds_device,
-    };
-    for &world in args.ranks.as_ref().unwrap_or(default) {
-        eprintln!(
-            "nvfipc bench: symmetric rendezvous, {world} ranks, {}",
-            kind_label(kind)
-        );
-        let rank_args = RankArgs {
-            role: Role::Symmetric,
-            steps: plan.symmetric_rounds,
-            bytes: plan.bytes,
-            kind,
-            out: PathBuf::new(),
-            timeout: plan.rank_timeout,
-            device_memory: args.device_memory,
-        };
-        match run_ranks(exe, world, rank_args, scratch) {
-            Ok(series) => results.symmetric.push((world, series)),
-            Err(e) => results.fail(format!("symmetric, {world} ranks: {e}")),
-        }
-    }
-    Ok(())
-}
-
-fn store_part(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut report::Results) {
-    results.store_duration = plan.store_duration;
-    let mut servers = Vec::new();
-    let mut hosts = Vec::new();
-    match store_load::start_ours(exe, &args.server) {
-        Ok((host, server)) => {
-            hosts.push(host);
-            servers.push(server);
-        }
-        Err(e) => results.fail(format!("store: starting our server: {e}")),
-    }
-    let python = std::env::var(store_load::PYTHON_VAR)
-        .ok()
-        .filter(|p| !p.is_empty());
-    match (args.no_torch, python) {
-        (true, _) => results
-            .store_notes
-            .push("torch rows skipped (--no-torch)".into()),
-        (false, None) => results.store_notes.push(format!(
-            "torch rows skipped: {} is not set (NVFIPC_PYTHON=$(bash scripts/lib/python-env.sh) \
-             gives a Python with torch)",
-            store_load::PYTHON_VAR
-        )),
-        (false, Some(python)) => {
-            eprintln!("nvfipc bench: starting PyTorch's TCPStore servers with {python}");
-            match store_load::start_torch(&python) {
-                Ok((host, torch, notes)) => {
-                    hosts.push(host);
-                    servers.extend(torch);
-                    results.store_notes.extend(notes);
-                }
-                Err(e) => results.store_notes.push(format!(
-                    "torch rows skipped: {python} could not host a TCPStore: {e}"
-                )),
-            }
-        }
-    }
-    results.store_rounds = plan.store_rounds;
-    for &clients in &plan.store_clients {
-        // Rounds interleave the servers so that a slow spell of the machine hits them alike.
-        let mut rounds: Vec<Vec<store_load::LoadResult>> = vec![Vec::new(); servers.len()];
-        let mut failed = vec![false; servers.len()];
-        for round in 0..plan.store_rounds {
-            for (i, server) in servers.iter().enumerate() {
-                if failed[i] {
-                    continue;
-                }
-                eprintln!(
-                    "nvfipc bench: store, {} server, {clients} clients, round {} of {}",
-                    server.label,
-                    round + 1,
-                    plan.store_rounds
-                );
-                let run_id = format!("{i}.{round}");
-                match store_load::drive(server.port, clients, plan.store_duration, &run_id) {
-                    Ok(r) => rounds[i].push(r),
-                    Err(e) => {
-                        failed[i] = true;
-                        results.fail(format!(
-                            "store, {} server, {clients} clients: {e}",
-                            server.label
-                        ))
-                    }
-                }
-            }
-        }
-        for (server, measured) in servers.iter().zip(rounds) {
-            if let Some(median) = store_load::LoadResult::median_of(measured) {
-                results.store.push((server.label.clone(), median));
-            }
-        }
-    }
-    drop(hosts);
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::args::parse;
-
-    #[test]
-    fn parses_bench_options() {
-        let a = parse::<BenchArgs>(&["--scenario", "barrier,exchange", "--json=x.json", "--quick"])
-            .unwrap()
-            .normalized();
-        assert_eq!(a.parts, vec![Part::Exchange, Part::Barrier]);
-        assert_eq!(a.json, Some(PathBuf::from("x.json")));
-        assert!(a.quick && !a.no_torch);
-        assert_eq!(parse::<BenchArgs>(&[]).unwrap().parts.len(), 4);
-        let a = parse::<BenchArgs>(&["--scenario", "post"]).unwrap();
-        assert_eq!(a.parts, vec![Part::Post]);
-        let a = parse::<BenchArgs>(&["--server-threads=2", "--busy-poll-us", "0"]).unwrap();
-        assert_eq!(
-            (a.server.threads, a.server.busy_poll_us),
-            (Some(2), Some(0))
-        );
-        assert!(parse::<BenchArgs>(&["--scenario", "gpu"]).is_err());
-        let a = parse::<BenchArgs>(&["--scenario=symmetric", "--ranks", "16,32"]).unwrap();
-        assert_eq!(
-            (a.parts, a.ranks),
-            (vec![Part::Symmetric], Some(vec![16, 32]))
-        );
-        assert_eq!(parse::<BenchArgs>(&[]).unwrap().ranks, None);
-        assert!(parse::<BenchArgs>(&["--ranks", "1,4"]).is_err());
-        assert!(parse::<BenchArgs>(&["--ranks", "4,x"]).is_err());
-        assert!(parse::<BenchArgs>(&["--quick=1"]).is_err());
-    }
-
-    #[test]
-    fn rank_args_round_trip() {
-        let a = RankArgs {
-            role: Role::Barrier,
-            steps: 7,
-            bytes: 9,
-            kind: MemKind::Device,
-            out: PathBuf::from("/tmp/x"),
-            timeout: Duration::from_millis(1500),
-            device_memory: DeviceMemory::Vmm,
-        };
-        let args = a.to_args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        assert_eq!(parse::<RankArgs>(&args).unwrap(), a);
-        assert!(parse::<RankArgs>(&["--role", "x", "--out", "f"]).is_err());
-        assert!(parse::<RankArgs>(&["--out", "f"]).is_err());
-        assert!(parse::<RankArgs>(&["--role", "barrier", "--out", "f", "--steps=0"]).is_err());
-    }
-}
+mod tests;

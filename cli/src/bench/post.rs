@@ -8,7 +8,7 @@
 //! ranks synchronise every [`SYNC_EVERY`] transfers (untimed) so that the queue never fills. The
 //! two calls alternate in blocks, so that a slow spell of the machine hits both alike.
 
-use super::{gather_samples, RankArgs, Series};
+use super::{gather, RankArgs, Series};
 use crate::device_buffer::DeviceStream;
 use crate::memory::Buffer;
 use crate::stats::nanos;
@@ -87,30 +87,25 @@ impl Side {
 
     /// Sender: waits (host) or enqueues the wait (device) for the receiver to finish.
     fn finish_send(&self) -> Result<()> {
-        match self.kind {
-            MemKind::Host => check(
-                nvfipc_host_channel_send_wait(self.ch, self.timeout.as_millis() as i64),
-                "send_wait",
-            ),
-            MemKind::Device => check(
-                nvfipc_cuda_channel_send_wait(self.ch, self.raw_stream()),
-                "send_wait",
-            ),
-        }
+        let status = match self.kind {
+            MemKind::Host => nvfipc_host_channel_send_wait(self.ch, self.timeout_ms()),
+            MemKind::Device => nvfipc_cuda_channel_send_wait(self.ch, self.raw_stream()),
+        };
+        check(status, "send_wait")
     }
 
     /// Receiver: pulls the next transfer (host) or enqueues the pull (device).
     fn receive(&self) -> Result<()> {
-        match self.kind {
-            MemKind::Host => check(
-                nvfipc_host_channel_recv_post(self.ch, self.bytes, self.timeout.as_millis() as i64),
-                "recv_post",
-            ),
-            MemKind::Device => check(
-                nvfipc_cuda_channel_recv_post(self.ch, self.bytes, self.raw_stream()),
-                "recv_post",
-            ),
-        }
+        let (ch, bytes) = (self.ch, self.bytes);
+        let status = match self.kind {
+            MemKind::Host => nvfipc_host_channel_recv_post(ch, bytes, self.timeout_ms()),
+            MemKind::Device => nvfipc_cuda_channel_recv_post(ch, bytes, self.raw_stream()),
+        };
+        check(status, "recv_post")
+    }
+
+    fn timeout_ms(&self) -> i64 {
+        self.timeout.as_millis() as i64
     }
 
     /// Device: waits for the queued transfers every `SYNC_EVERY` (and at `force`).
@@ -169,9 +164,13 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<Series>> {
     let (channel, request) = outcome?;
     freed?;
     drop(buffer);
-    let mut out = gather_samples(ctx, "post.channel", &channel)?;
-    out.extend(gather_samples(ctx, "post.request", &request)?);
-    Ok(out)
+    gather(
+        ctx,
+        vec![
+            ("post.channel".into(), channel),
+            ("post.request".into(), request),
+        ],
+    )
 }
 
 /// Runs the warm-up and the timed transfers; returns rank 0's samples per call.

@@ -4,8 +4,8 @@ use super::exchange::floor_ns;
 use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
 use super::symmetric_report::{symmetric_chart, symmetric_json, symmetric_target, symmetric_text};
-use super::target::Target;
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
+use nvfuser_ipc::exchange::PHASES;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -50,7 +50,72 @@ const POST_ROWS: [(&str, &str); 2] = [
     ("cache + request (nvfipc_*_p2p_send_post)", "post.request"),
 ];
 
-fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
+/// One line of the target check.
+pub struct Target {
+    pub name: String,
+    pub measured: String,
+    pub ratio: Option<f64>,
+    pub limit: f64,
+    /// `None` when there was nothing to compare.
+    pub met: Option<bool>,
+}
+
+impl Target {
+    /// `a / b`, met at `limit` or below.
+    fn ratio(name: String, a: Option<u64>, b: Option<u64>, limit: f64) -> Target {
+        let r = ratio(a, b);
+        Target {
+            name,
+            measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
+            ratio: r,
+            limit,
+            met: r.map(|r| r <= limit),
+        }
+    }
+
+    /// A duration, met at `goal_ns` or below.
+    fn at_most(name: String, value: Option<u64>, goal_ns: u64) -> Target {
+        Target {
+            name,
+            measured: fmt_opt_ns(value),
+            ratio: value.map(|v| v as f64 / goal_ns as f64),
+            limit: 1.0,
+            met: value.map(|v| v <= goal_ns),
+        }
+    }
+}
+
+/// Each phase (of `PHASES`) under `prefix` that took any time: (name, median over ranks,
+/// slowest rank).
+pub(super) fn phases(
+    map: &BTreeMap<String, Vec<u64>>,
+    prefix: &str,
+) -> Vec<(&'static str, u64, u64)> {
+    PHASES
+        .iter()
+        .filter_map(|p| {
+            let v = series(map, &format!("{prefix}.{}", p.name()));
+            let (mid, max) = (median(v)?, v.iter().copied().max()?);
+            (max > 0).then_some((p.name(), mid, max))
+        })
+        .collect()
+}
+
+/// [`phases`] as "name median (slowest), ..."; empty when none took time.
+pub(super) fn phases_text(map: &BTreeMap<String, Vec<u64>>, prefix: &str) -> String {
+    let parts: Vec<String> = phases(map, prefix)
+        .iter()
+        .map(|(name, mid, max)| format!("{name} {} ({})", fmt_ns(*mid), fmt_ns(*max)))
+        .collect();
+    parts.join(", ")
+}
+
+/// A table's header row.
+pub(super) fn header(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+pub(super) fn series<'a>(map: &'a BTreeMap<String, Vec<u64>>, name: &str) -> &'a [u64] {
     map.get(name).map_or(&[], Vec::as_slice)
 }
 
@@ -87,21 +152,11 @@ impl Results {
         self.failures.push(what);
     }
 
-    fn floor(map: &BTreeMap<String, Vec<u64>>) -> Option<u64> {
-        floor_ns(
-            series(map, "floor.exports"),
-            series(map, "floor.opens"),
-            series(map, "floor.rtt"),
-        )
-    }
-
-    /// The floor of cold_large: fresh opens of buffers of its size plus two round trips.
-    fn floor_large(map: &BTreeMap<String, Vec<u64>>) -> Option<u64> {
-        floor_ns(
-            series(map, "floor_large.exports"),
-            series(map, "floor_large.opens"),
-            series(map, "floor_large.rtt"),
-        )
+    /// The floor of the series under `prefix`: `floor` for cold, `floor_large` for cold_large
+    /// (fresh opens of buffers of its size); plus two round trips.
+    fn floor(map: &BTreeMap<String, Vec<u64>>, prefix: &str) -> Option<u64> {
+        let part = |what: &str| series(map, &format!("{prefix}.{what}"));
+        floor_ns(part("exports"), part("opens"), part("rtt"))
     }
 
     /// The target check (the targets of docs/BENCHMARKS.md), on the largest world / client counts measured.
@@ -110,16 +165,7 @@ impl Results {
         if let Some((w, map)) = self.exchange.last() {
             let med = |n: &str| median(series(map, n));
             let cold = med("ours.cold");
-            let check = |name: String, a: Option<u64>, b: Option<u64>, limit: f64| {
-                let r = ratio(a, b);
-                Target {
-                    name,
-                    measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
-                    ratio: r,
-                    limit,
-                    met: r.map(|r| r <= limit),
-                }
-            };
+            let check = Target::ratio;
             // Cold means fresh allocations: the targets use cold_large; small buffers, which
             // the driver carves from allocations mapped before, are reported beside it.
             let cold_large = med("ours.cold_large");
@@ -132,7 +178,7 @@ impl Results {
             out.push(check(
                 format!("cold (fresh large allocations) at W={w} vs its floor"),
                 cold_large,
-                Self::floor_large(map),
+                Self::floor(map, "floor_large"),
                 1.5,
             ));
             out.push(check(
@@ -142,13 +188,11 @@ impl Results {
                 0.5,
             ));
             let warm = med("ours.warm");
-            out.push(Target {
-                name: format!("warm at W={w}, two comms per call (<= 2 us)"),
-                measured: fmt_opt_ns(warm),
-                ratio: warm.map(|w| w as f64 / 2000.0),
-                limit: 1.0,
-                met: warm.map(|w| w <= 2000),
-            });
+            out.push(Target::at_most(
+                format!("warm at W={w}, two comms per call (<= 2 us)"),
+                warm,
+                2000,
+            ));
             out.push(check(
                 format!("asym at W={w} vs cold"),
                 med("ours.asym"),
@@ -168,13 +212,11 @@ impl Results {
                 .iter()
                 .find(|(w, _)| *w == 2)
                 .and_then(|(_, m)| median(series(m, "ours.pool")));
-            out.push(Target {
-                name: "pool at W=2 (<= 10 us)".to_string(),
-                measured: fmt_opt_ns(pool2),
-                ratio: pool2.map(|p| p as f64 / 10_000.0),
-                limit: 1.0,
-                met: pool2.map(|p| p <= 10_000),
-            });
+            out.push(Target::at_most(
+                "pool at W=2 (<= 10 us)".to_string(),
+                pool2,
+                10_000,
+            ));
             let trips = series(map, "ours.pool.store_round_trips");
             let trips = (!trips.is_empty()).then(|| trips.iter().sum::<u64>());
             out.push(Target {
@@ -222,29 +264,22 @@ impl Results {
             });
         }
         if let Some((w, map)) = self.barrier.last() {
-            let a = median(series(map, "barrier.ours"));
-            let b = median(series(map, "barrier.torch_style"));
-            let r = ratio(a, b);
-            out.push(Target {
-                name: format!("barrier at W={w} vs torch-style"),
-                measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
-                ratio: r,
-                limit: 0.5,
-                met: r.map(|r| r <= 0.5),
-            });
+            out.push(Target::ratio(
+                format!("barrier at W={w} vs torch-style"),
+                median(series(map, "barrier.ours")),
+                median(series(map, "barrier.torch_style")),
+                0.5,
+            ));
         }
         if let Some(map) = &self.post {
-            let p50 = median(series(map, "post.channel"));
-            out.push(Target {
-                name: format!(
+            out.push(Target::at_most(
+                format!(
                     "one post on an opened channel, {}, median (<= 1 us)",
                     self.post_transport
                 ),
-                measured: fmt_opt_ns(p50),
-                ratio: p50.map(|p| p as f64 / POST_GOAL_NS as f64),
-                limit: 1.0,
-                met: p50.map(|p| p <= POST_GOAL_NS),
-            });
+                median(series(map, "post.channel")),
+                POST_GOAL_NS,
+            ));
         }
         out.extend(symmetric_target(&self.symmetric));
         out
@@ -286,9 +321,9 @@ impl Results {
                 rows.push(vec![
                     w.to_string(),
                     "floor".into(),
-                    fmt_opt_ns(Self::floor(map)),
+                    fmt_opt_ns(Self::floor(map, "floor")),
                     String::new(),
-                    fmt_opt_ns(Self::floor_large(map)),
+                    fmt_opt_ns(Self::floor(map, "floor_large")),
                 ]);
             }
             s.push_str(&format_table(&rows));
@@ -341,15 +376,7 @@ impl Results {
             }
             for scenario in ["pool", "cold_large"] {
                 for (w, map) in &self.exchange {
-                    let phases: Vec<String> = nvfuser_ipc::exchange::PHASES
-                        .iter()
-                        .filter_map(|p| {
-                            let v = series(map, &format!("ours.{scenario}.phase.{}", p.name()));
-                            let (mid, max) = (median(v)?, v.iter().copied().max()?);
-                            (max > 0)
-                                .then(|| format!("{} {} ({})", p.name(), fmt_ns(mid), fmt_ns(max)))
-                        })
-                        .collect();
+                    let phases = phases_text(map, &format!("ours.{scenario}.phase"));
                     if !phases.is_empty() {
                         let trips = series(map, &format!("ours.{scenario}.store_round_trips"))
                             .iter()
@@ -357,9 +384,8 @@ impl Results {
                         let _ = writeln!(
                             s,
                             "{scenario} at W={w}, where a call's time goes (mean per call, median \
-                             over ranks and the slowest rank in brackets): {}; store round trips \
-                             during the timed calls, all ranks: {trips}",
-                            phases.join(", ")
+                             over ranks and the slowest rank in brackets): {phases}; store round \
+                             trips during the timed calls, all ranks: {trips}"
                         );
                     }
                 }
@@ -382,14 +408,9 @@ impl Results {
                 fmt_ns(self.store_duration.as_nanos() as u64),
                 self.store_rounds
             );
-            let mut rows = vec![vec![
-                "clients".to_string(),
-                "server".into(),
-                "ops/s".into(),
-                "GET p50".into(),
-                "GET p90".into(),
-                "spread".into(),
-            ]];
+            let mut rows = vec![header(&[
+                "clients", "server", "ops/s", "GET p50", "GET p90", "spread",
+            ])];
             let mut sorted: Vec<&(String, LoadResult)> = self.store.iter().collect();
             sorted.sort_by_key(|(_, r)| r.clients);
             for (label, r) in sorted {
@@ -409,14 +430,14 @@ impl Results {
         }
         if !self.barrier.is_empty() {
             let _ = writeln!(s, "\n== Barrier over the world, per call ==");
-            let mut rows = vec![vec![
-                "W".to_string(),
-                "ours p50".into(),
-                "ours p90".into(),
-                "torch-style p50".into(),
-                "torch-style p90".into(),
-                "ours/torch".into(),
-            ]];
+            let mut rows = vec![header(&[
+                "W",
+                "ours p50",
+                "ours p90",
+                "torch-style p50",
+                "torch-style p90",
+                "ours/torch",
+            ])];
             for (w, map) in &self.barrier {
                 let (a, b) = (
                     series(map, "barrier.ours"),
@@ -439,12 +460,7 @@ impl Results {
                 "\n== One transfer post, host-side time of the call, {}, 2 ranks ==",
                 self.post_transport
             );
-            let mut rows = vec![vec![
-                "call".to_string(),
-                "samples".into(),
-                "p50".into(),
-                "p99".into(),
-            ]];
+            let mut rows = vec![header(&["call", "samples", "p50", "p99"])];
             for (label, name) in POST_ROWS {
                 let v = series(map, name);
                 rows.push(vec![
@@ -479,13 +495,7 @@ impl Results {
                     ""
                 }
             );
-            let mut rows = vec![vec![
-                "target".to_string(),
-                "measured".into(),
-                "ratio".into(),
-                "limit".into(),
-                "verdict".into(),
-            ]];
+            let mut rows = vec![header(&["target", "measured", "ratio", "limit", "verdict"])];
             for t in &targets {
                 rows.push(vec![
                     t.name.clone(),
@@ -525,8 +535,8 @@ impl Results {
                 json!({
                     "world": w,
                     "series": named,
-                    "floor_ns": Self::floor(map),
-                    "floor_large_ns": Self::floor_large(map),
+                    "floor_ns": Self::floor(map, "floor"),
+                    "floor_large_ns": Self::floor(map, "floor_large"),
                 })
             })
             .collect();
@@ -640,7 +650,7 @@ impl Results {
                 points: self
                     .exchange
                     .iter()
-                    .filter_map(|(w, map)| Some((*w as f64, us(Self::floor(map)?))))
+                    .filter_map(|(w, map)| Some((*w as f64, us(Self::floor(map, "floor")?))))
                     .collect(),
                 dashed: true,
                 color: Some(7),
@@ -651,8 +661,6 @@ impl Results {
                     title: format!("Ring exchange per call, median ({})", self.transport),
                     x_label: "ranks (W)".into(),
                     y_label: "microseconds per call".into(),
-                    log_x: true,
-                    log_y: true,
                     series: lines,
                 }
                 .render(),
@@ -680,8 +688,6 @@ impl Results {
                     title: "Store server throughput (SET/GET)".into(),
                     x_label: "clients".into(),
                     y_label: "operations per second".into(),
-                    log_x: true,
-                    log_y: true,
                     series: lines,
                 }
                 .render(),
@@ -704,8 +710,6 @@ impl Results {
                     title: "Barrier latency per call, median".into(),
                     x_label: "processes (W)".into(),
                     y_label: "microseconds".into(),
-                    log_x: true,
-                    log_y: true,
                     series: vec![
                         line("ours (Context::barrier)", "barrier.ours", false),
                         line("torch-style store barrier", "barrier.torch_style", true),
@@ -736,110 +740,4 @@ fn pool_limit(w: usize, cores: usize) -> (f64, String) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map(entries: &[(&str, &[u64])]) -> BTreeMap<String, Vec<u64>> {
-        entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_vec()))
-            .collect()
-    }
-
-    #[test]
-    fn the_pool_target_is_looser_where_ranks_outnumber_cores() {
-        assert_eq!(pool_limit(8, 16).0, 0.05);
-        assert_eq!(pool_limit(8, 2).0, 0.25);
-        assert!(pool_limit(8, 2).1.contains("8 ranks on 2 cores"));
-    }
-
-    #[test]
-    fn the_phases_of_pool_and_cold_large_are_reported_where_measured() {
-        let mut r = Results::new(false);
-        r.exchange.push((
-            4,
-            map(&[
-                ("ours.pool", &[20]),
-                ("ours.pool.phase.wait_peers", &[2_000, 3_000, 9_000]),
-                ("ours.pool.store_round_trips", &[0, 0, 0]),
-                ("ours.cold_large", &[900]),
-                ("ours.cold_large.phase.import", &[500_000, 700_000]),
-                ("ours.cold_large.store_round_trips", &[2, 2]),
-            ]),
-        ));
-        let text = r.text();
-        assert!(
-            text.contains("pool at W=4, where a call's time goes")
-                && text.contains("wait_peers 3.0 us (9.0 us)")
-                && text.contains("all ranks: 0"),
-            "{text}"
-        );
-        assert!(
-            text.contains("cold_large at W=4, where a call's time goes")
-                && text.contains("all ranks: 4"),
-            "{text}"
-        );
-        // A scenario without phases has no such line.
-        r.exchange[0]
-            .1
-            .retain(|k, _| !k.starts_with("ours.cold_large."));
-        assert!(!r.text().contains("cold_large at W=4, where"));
-    }
-
-    #[test]
-    fn targets_compare_the_largest_world() {
-        let mut r = Results::new(false);
-        r.exchange.push((2, map(&[("ours.cold", &[1])])));
-        r.exchange.push((
-            8,
-            map(&[
-                ("ours.cold", &[100, 100]),
-                ("seed.cold", &[400]),
-                ("ours.cold_large", &[200]),
-                ("seed.cold_large", &[500]),
-                ("floor_large.opens", &[100]),
-                ("floor_large.rtt", &[20]),
-                ("ours.warm", &[1500]),
-                ("ours.asym", &[150]),
-                ("ours.pool", &[20]),
-                ("seed.pool", &[400]),
-                ("ours.pool.opens", &[0, 0]),
-                ("seed.pool.opens", &[1, 0]),
-                ("floor.opens", &[40]),
-                ("floor.rtt", &[15]),
-            ]),
-        ));
-        r.barrier.push((
-            64,
-            map(&[("barrier.ours", &[10]), ("barrier.torch_style", &[30])]),
-        ));
-        let t = r.targets();
-        let verdicts: Vec<(String, Option<bool>)> =
-            t.iter().map(|t| (t.name.clone(), t.met)).collect();
-        assert_eq!(verdicts[0].1, Some(true), "{verdicts:?}"); // cold_large 200/500 = 0.4
-        assert_eq!(verdicts[1].1, Some(true)); // 200 / (100 + 2 * 20) = 1.43
-        assert_eq!(verdicts[2].1, Some(true)); // small cold 100/400
-        assert_eq!(verdicts[3].1, Some(true)); // 1.5 us
-        assert_eq!(verdicts[4].1, Some(false)); // asym 150 > cold 100
-        assert_eq!(verdicts[5].1, Some(true)); // pool 20/400 = 0.05
-        assert_eq!(verdicts[6].1, None, "no pool at W=2 in this run");
-        assert_eq!(verdicts[7].1, None, "no store counts in this run");
-        assert_eq!(verdicts[8].1, Some(true)); // 10/30
-        assert!(r.text().contains("MISSED"));
-        assert!(r
-            .text()
-            .contains("pool at W=8: IPC opens during the timed calls, all ranks: ours 0, seed 1"));
-        assert!(r.json_text().contains("\"floor_ns\": 70"));
-        r.post = Some(map(&[
-            ("post.channel", &[400, 900]),
-            ("post.request", &[2500]),
-        ]));
-        r.post_transport = "host".into();
-        let post = r.targets().pop().unwrap();
-        assert!(post.name.contains("opened channel"), "{}", post.name);
-        assert_eq!(post.met, Some(true)); // median of 400 and 900 <= 1 us
-        assert!(r.text().contains("cache + request"));
-        assert!(r.json_text().contains("\"p99_ns\": 2500"));
-        assert_eq!(r.charts().len(), 2);
-    }
-}
+mod tests;

@@ -6,6 +6,8 @@
 //! Throughput counts every operation; latency is measured on GETs (a SET has no reply in this
 //! protocol, so its time is only the send).
 
+use super::report::Results;
+use super::{BenchArgs, Plan};
 use crate::stats::{nanos, quantile};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::Store;
@@ -289,36 +291,80 @@ pub fn drive(port: u16, clients: usize, duration: Duration, run_id: &str) -> Res
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use nvfuser_ipc::store::server::StoreServer;
-
-    #[test]
-    fn drives_an_in_process_server() {
-        let server = StoreServer::bind("127.0.0.1", 0).unwrap();
-        let r = drive(server.port(), 3, Duration::from_millis(50), "t").unwrap();
-        assert_eq!(r.clients, 3);
-        assert!(r.ops >= 6 && r.ops % 2 == 0, "{r:?}");
-        assert!(r.get_p50_ns.is_some() && r.get_p50_ns <= r.get_p90_ns);
+/// The store scenario: our server and, when a Python with torch is at hand, PyTorch's, each
+/// driven with every client count of the plan in interleaved rounds; the median round is kept.
+pub fn run(args: &BenchArgs, plan: &Plan, exe: &str, results: &mut Results) {
+    results.store_duration = plan.store_duration;
+    let mut servers = Vec::new();
+    let mut hosts = Vec::new();
+    match start_ours(exe, &args.server) {
+        Ok((host, server)) => {
+            hosts.push(host);
+            servers.push(server);
+        }
+        Err(e) => results.fail(format!("store: starting our server: {e}")),
     }
-
-    #[test]
-    fn median_round_is_reported_with_every_rate() {
-        let round = |ops: u64| LoadResult {
-            clients: 2,
-            ops,
-            elapsed: Duration::from_secs(1),
-            get_p50_ns: Some(ops),
-            get_p90_ns: Some(ops),
-            round_rates: Vec::new(),
-        };
-        let median = LoadResult::median_of(vec![round(300), round(100), round(200)]).unwrap();
-        assert_eq!(median.ops, 200);
-        assert_eq!(median.get_p50_ns, Some(200));
-        assert_eq!(median.round_rates, vec![300.0, 100.0, 200.0]);
-        assert!((median.spread() - 1.0).abs() < 1e-9);
-        assert_eq!(LoadResult::median_of(vec![round(5)]).unwrap().spread(), 0.0);
-        assert!(LoadResult::median_of(Vec::new()).is_none());
+    let python = std::env::var(PYTHON_VAR).ok().filter(|p| !p.is_empty());
+    match (args.no_torch, python) {
+        (true, _) => results
+            .store_notes
+            .push("torch rows skipped (--no-torch)".into()),
+        (false, None) => results.store_notes.push(format!(
+            "torch rows skipped: {} is not set (NVFIPC_PYTHON=$(bash scripts/lib/python-env.sh) \
+             gives a Python with torch)",
+            PYTHON_VAR
+        )),
+        (false, Some(python)) => {
+            eprintln!("nvfipc bench: starting PyTorch's TCPStore servers with {python}");
+            match start_torch(&python) {
+                Ok((host, torch, notes)) => {
+                    hosts.push(host);
+                    servers.extend(torch);
+                    results.store_notes.extend(notes);
+                }
+                Err(e) => results.store_notes.push(format!(
+                    "torch rows skipped: {python} could not host a TCPStore: {e}"
+                )),
+            }
+        }
     }
+    results.store_rounds = plan.store_rounds;
+    for &clients in &plan.store_clients {
+        // Rounds interleave the servers so that a slow spell of the machine hits them alike.
+        let mut rounds: Vec<Vec<LoadResult>> = vec![Vec::new(); servers.len()];
+        let mut failed = vec![false; servers.len()];
+        for round in 0..plan.store_rounds {
+            for (i, server) in servers.iter().enumerate() {
+                if failed[i] {
+                    continue;
+                }
+                eprintln!(
+                    "nvfipc bench: store, {} server, {clients} clients, round {} of {}",
+                    server.label,
+                    round + 1,
+                    plan.store_rounds
+                );
+                let run_id = format!("{i}.{round}");
+                match drive(server.port, clients, plan.store_duration, &run_id) {
+                    Ok(r) => rounds[i].push(r),
+                    Err(e) => {
+                        failed[i] = true;
+                        results.fail(format!(
+                            "store, {} server, {clients} clients: {e}",
+                            server.label
+                        ))
+                    }
+                }
+            }
+        }
+        for (server, measured) in servers.iter().zip(rounds) {
+            if let Some(median) = LoadResult::median_of(measured) {
+                results.store.push((server.label.clone(), median));
+            }
+        }
+    }
+    drop(hosts);
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,4 +1,4 @@
-//! A small line-chart writer: SVG text, logarithmic axes, a legend. No dependencies, so the
+//! A small line-chart writer: SVG text, logarithmic axes (every plot spans decades), a legend. No dependencies, so the
 //! benchmark writes its plots itself.
 
 use std::fmt::Write;
@@ -17,8 +17,6 @@ pub struct Chart {
     pub title: String,
     pub x_label: String,
     pub y_label: String,
-    pub log_x: bool,
-    pub log_y: bool,
     pub series: Vec<Series>,
 }
 
@@ -38,72 +36,47 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Axis mapping of one dimension.
+/// Logarithmic axis mapping of one dimension: decades `lo..hi` (log10).
 struct Axis {
-    log: bool,
     lo: f64,
     hi: f64,
 }
 
 impl Axis {
-    /// `tight`: the range of the data plus a margin (for x); otherwise whole decades on a log
-    /// axis and a zero-based range on a linear one (for y).
-    fn new(values: impl Iterator<Item = f64>, log: bool, tight: bool) -> Option<Axis> {
-        let values: Vec<f64> = values
-            .filter(|v| v.is_finite() && (!log || *v > 0.0))
+    /// `tight`: the range of the data plus a margin (for x); otherwise whole decades (for y).
+    fn new(values: impl Iterator<Item = f64>, tight: bool) -> Option<Axis> {
+        let logs: Vec<f64> = values
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .map(f64::log10)
             .collect();
-        let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if values.is_empty() {
+        let lo = logs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if logs.is_empty() {
             return None;
         }
-        Some(if log && tight {
-            let (lo, hi) = (lo.log10(), hi.log10());
+        Some(if tight {
             let margin = ((hi - lo) * 0.06).max(0.05);
             Axis {
-                log,
                 lo: lo - margin,
                 hi: hi + margin,
             }
-        } else if log {
-            Axis {
-                log,
-                lo: lo.log10().floor(),
-                hi: hi.log10().ceil().max(lo.log10().floor() + 1.0),
-            }
         } else {
-            let hi = if hi > lo { hi } else { lo + 1.0 };
             Axis {
-                log,
-                lo: lo.min(0.0),
-                hi: hi * 1.05,
+                lo: lo.floor(),
+                hi: hi.ceil().max(lo.floor() + 1.0),
             }
         })
     }
 
     /// Position in 0..=1, or `None` for values a log axis cannot show.
     fn frac(&self, v: f64) -> Option<f64> {
-        let t = if self.log {
-            if v <= 0.0 {
-                return None;
-            }
-            v.log10()
-        } else {
-            v
-        };
-        Some((t - self.lo) / (self.hi - self.lo))
+        (v > 0.0).then(|| (v.log10() - self.lo) / (self.hi - self.lo))
     }
 
     fn ticks(&self) -> Vec<f64> {
-        if self.log {
-            (self.lo as i32..=self.hi as i32)
-                .map(|e| 10f64.powi(e))
-                .collect()
-        } else {
-            (0..=5)
-                .map(|i| self.lo + (self.hi - self.lo) * i as f64 / 5.0)
-                .collect()
-        }
+        (self.lo as i32..=self.hi as i32)
+            .map(|e| 10f64.powi(e))
+            .collect()
     }
 }
 
@@ -135,8 +108,8 @@ impl Chart {
         );
         let all = || self.series.iter().flat_map(|s| s.points.iter());
         let (Some(xa), Some(ya)) = (
-            Axis::new(all().map(|p| p.0), self.log_x, true),
-            Axis::new(all().map(|p| p.1), self.log_y, false),
+            Axis::new(all().map(|p| p.0), true),
+            Axis::new(all().map(|p| p.1), false),
         ) else {
             let _ = writeln!(s, r#"<text x="40" y="80">no data</text></svg>"#);
             return s;
@@ -228,42 +201,4 @@ impl Chart {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_series_and_skips_what_log_axes_cannot_show() {
-        let chart = Chart {
-            title: "a < b".into(),
-            x_label: "ranks".into(),
-            y_label: "us".into(),
-            log_x: true,
-            log_y: true,
-            series: vec![
-                Series {
-                    name: "ours".into(),
-                    points: vec![(2.0, 10.0), (4.0, 100.0), (8.0, 0.0)],
-                    dashed: false,
-                    color: None,
-                },
-                Series {
-                    name: "seed".into(),
-                    points: vec![(2.0, 1000.0)],
-                    dashed: true,
-                    color: Some(0),
-                },
-            ],
-        };
-        let svg = chart.render();
-        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
-        assert!(svg.contains("a &lt; b"));
-        assert_eq!(svg.matches("<polyline").count(), 2);
-        assert_eq!(svg.matches("<circle").count(), 3);
-        assert!(svg.contains("stroke-dasharray"));
-        let empty = Chart {
-            series: vec![],
-            ..chart
-        };
-        assert!(empty.render().contains("no data"));
-    }
-}
+mod tests;

@@ -10,7 +10,7 @@
 //! that peer's pattern. Every buffer stays allocated until all ranks are done: peers keep their
 //! mappings of it for as long as the cache lives.
 
-use super::{gather_samples, RankArgs, Series};
+use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
 use nvfuser_ipc::context::Context;
@@ -151,30 +151,25 @@ pub fn run(
         t.hit_phases.push(hit_phases);
     }
     cache.set_phase_timing(false);
-    let per_rank = |v: &[u64]| [median(v).unwrap_or(0)];
-    let mut out = gather_samples(ctx, "symm.first", &per_rank(&t.first))?;
-    out.extend(gather_samples(
-        ctx,
-        "symm.first_cpu",
-        &per_rank(&t.first_cpu),
-    )?);
-    out.extend(gather_samples(ctx, "symm.hit", &per_rank(&t.hit))?);
-    out.extend(gather_samples(ctx, "symm.first_contact", &[first_contact])?);
+    let per_rank = |v: &[u64]| vec![median(v).unwrap_or(0)];
+    let mut mine = vec![
+        ("symm.first".to_string(), per_rank(&t.first)),
+        ("symm.first_cpu".to_string(), per_rank(&t.first_cpu)),
+        ("symm.hit".to_string(), per_rank(&t.hit)),
+        ("symm.first_contact".to_string(), vec![first_contact]),
+    ];
     for (i, phase) in PHASES.iter().enumerate() {
         for (which, rounds) in [("phase", &t.phases), ("hit_phase", &t.hit_phases)] {
             let of_phase: Vec<u64> = rounds.iter().map(|p| p[i]).collect();
-            out.extend(gather_samples(
-                ctx,
-                &format!("symm.{which}.{}", phase.name()),
-                &per_rank(&of_phase),
-            )?);
+            mine.push((
+                format!("symm.{which}.{}", phase.name()),
+                per_rank(&of_phase),
+            ));
         }
-        out.extend(gather_samples(
-            ctx,
-            &format!("symm.contact_phase.{}", phase.name()),
-            &[contact_phases[i]],
-        )?);
+        let contact = vec![contact_phases[i]];
+        mine.push((format!("symm.contact_phase.{}", phase.name()), contact));
     }
+    let out = gather(ctx, mine)?;
     // Nobody frees a buffer before every peer has closed its mappings of it (device mappings
     // are closed on the library's releaser threads: wait for them).
     ctx.barrier(None, None)?;
@@ -188,36 +183,4 @@ pub fn run(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn patterns_differ_between_ranks_and_rounds() {
-        assert_ne!(pattern(0, 1), pattern(1, 1));
-        assert_ne!(pattern(3, 1), pattern(3, 2));
-        assert_eq!(pattern(5, 4), pattern(5, 4));
-    }
-
-    #[test]
-    fn peers_are_checked_against_their_pattern() {
-        let job = format!("ut-bench-symm-{}", std::process::id());
-        let mine = Buffer::alloc(MemKind::Host, &job, 64).unwrap();
-        let theirs = Buffer::alloc(MemKind::Host, &job, 64).unwrap();
-        mine.write(&pattern(0, 2)).unwrap();
-        theirs.write(&pattern(1, 2)).unwrap();
-        let entry = |rank, b: &Buffer| PeerBuffer {
-            rank,
-            ptr: b.addr(),
-            bytes: 64,
-        };
-        let peers = [entry(0, &mine), entry(1, &theirs)];
-        check_peers(MemKind::Host, 0, 2, &peers).unwrap();
-        let err = check_peers(MemKind::Host, 0, 3, &peers).unwrap_err();
-        assert!(err.message.contains("rank 1's buffer"), "{err}");
-        let short = [PeerBuffer {
-            bytes: 8,
-            ..peers[1]
-        }];
-        assert!(check_peers(MemKind::Host, 0, 2, &short).is_err());
-    }
-}
+mod tests;

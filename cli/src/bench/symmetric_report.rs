@@ -1,10 +1,9 @@
 //! The symmetric scenario's part of the report: its table, phase breakdown, JSON rows, plot and
 //! target line. Every series holds one sample per rank (that rank's median over its rounds).
 
+use super::report::{header, phases, phases_text, series, Target};
 use super::svg::{Chart, Series as Line};
-use super::target::Target;
-use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median};
-use nvfuser_ipc::exchange::PHASES;
+use crate::stats::{fmt_opt_ns, format_table, median};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -18,10 +17,6 @@ const TARGET_WORLD: usize = 8;
 /// Per-peer cost at the target size over that at the smallest size: 1x is growth with the
 /// number of peers mapped, more says the rendezvous gets slower per peer as the group grows.
 const PER_PEER_GROWTH_LIMIT: f64 = 2.0;
-
-fn series<'a>(map: &'a Samples, name: &str) -> &'a [u64] {
-    map.get(name).map_or(&[], Vec::as_slice)
-}
 
 /// What one group size measured, over ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,20 +52,6 @@ impl Row {
     }
 }
 
-/// Each phase of a rendezvous that took any time: (name, median over ranks, slowest). `which`:
-/// `phase` for the timed first rendezvous, `hit_phase` for the cache hit, `contact_phase` for the
-/// first contact.
-fn phases(map: &Samples, which: &str) -> Vec<(&'static str, u64, u64)> {
-    PHASES
-        .iter()
-        .filter_map(|p| {
-            let v = series(map, &format!("symm.{which}.{}", p.name()));
-            let (mid, max) = (median(v)?, v.iter().copied().max()?);
-            (max > 0).then_some((p.name(), mid, max))
-        })
-        .collect()
-}
-
 pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usize) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -78,15 +59,15 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
         "\n== Symmetric rendezvous, {transport}, every rank maps every other rank's buffer, \
          {rounds} rounds per rank (median per rank) =="
     );
-    let mut rows = vec![vec![
-        "W".to_string(),
-        "first p50".into(),
-        "slowest rank".into(),
-        "per peer".into(),
-        "CPU per peer".into(),
-        "cache hit p50".into(),
-        "first contact p50".into(),
-    ]];
+    let mut rows = vec![header(&[
+        "W",
+        "first p50",
+        "slowest rank",
+        "per peer",
+        "CPU per peer",
+        "cache hit p50",
+        "first contact p50",
+    ])];
     for (w, map) in results {
         let r = Row::of(*w, map);
         rows.push(vec![
@@ -106,16 +87,12 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
         ("contact_phase", "the first contact"),
     ] {
         for (w, map) in results {
-            let parts: Vec<String> = phases(map, which)
-                .iter()
-                .map(|(name, mid, max)| format!("{name} {} ({})", fmt_ns(*mid), fmt_ns(*max)))
-                .collect();
+            let parts = phases_text(map, &format!("symm.{which}"));
             if !parts.is_empty() {
                 let _ = writeln!(
                     s,
                     "symmetric at W={w}, where {what} goes (median over ranks, the slowest rank \
-                     in brackets): {}",
-                    parts.join(", ")
+                     in brackets): {parts}"
                 );
             }
         }
@@ -136,7 +113,7 @@ pub fn symmetric_json(results: &[(usize, Samples)]) -> Vec<Value> {
         .map(|(w, map)| {
             let r = Row::of(*w, map);
             let phases = |which| -> Map<String, Value> {
-                phases(map, which)
+                phases(map, &format!("symm.{which}"))
                     .into_iter()
                     .map(|(name, mid, max)| {
                         (name.to_string(), json!({"median_ns": mid, "max_ns": max}))
@@ -174,8 +151,6 @@ pub fn symmetric_chart(results: &[(usize, Samples)], transport: &str) -> String 
         title: format!("Symmetric rendezvous, median over ranks ({transport})"),
         x_label: "ranks (W)".into(),
         y_label: "microseconds".into(),
-        log_x: true,
-        log_y: true,
         series: vec![
             line("first rendezvous", |r| r.first, false, 0),
             line("slowest rank", |r| r.slowest, true, 0),
@@ -226,59 +201,4 @@ pub fn symmetric_target(results: &[(usize, Samples)]) -> Option<Target> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map(entries: &[(&str, &[u64])]) -> Samples {
-        entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_vec()))
-            .collect()
-    }
-
-    #[test]
-    fn rows_phases_json_chart_and_target() {
-        let results = vec![
-            (
-                2,
-                map(&[
-                    ("symm.first", &[100, 120]),
-                    ("symm.hit", &[5, 6]),
-                    ("symm.phase.fetch", &[40, 50]),
-                    ("symm.phase.claim", &[0, 0]),
-                ]),
-            ),
-            (
-                8,
-                map(&[
-                    ("symm.first", &[700, 1400, 900]),
-                    ("symm.hit", &[9]),
-                    ("symm.first_cpu", &[70, 140, 210]),
-                    ("symm.first_contact", &[5000]),
-                ]),
-            ),
-            (16, map(&[("symm.first", &[1500])])),
-        ];
-        let r = Row::of(8, &results[1].1);
-        assert_eq!(r.first, Some(900));
-        assert_eq!(r.slowest, Some(1400));
-        assert_eq!(r.per_peer, Some(900 / 7));
-        assert_eq!(r.cpu_per_peer, Some(20));
-        assert_eq!(phases(&results[0].1, "phase"), vec![("fetch", 40, 50)]);
-        let text = symmetric_text(&results, "host", 3);
-        assert!(text.contains("fetch 40 ns (50 ns)"), "{text}");
-        let rows = symmetric_json(&results);
-        assert_eq!(rows[1]["first_slowest_ns"], 1400);
-        assert_eq!(rows[0]["first_phases"]["fetch"]["max_ns"], 50);
-        assert!(symmetric_chart(&results, "host").contains("<polyline"));
-        let t = symmetric_target(&results).unwrap();
-        assert!(
-            t.name.contains("W=8") && t.name.contains("W=2"),
-            "{}",
-            t.name
-        );
-        let ratio = t.ratio.unwrap();
-        assert!((ratio - (128.0 / 100.0)).abs() < 1e-9, "{ratio}");
-        assert!(symmetric_target(&results[..1]).is_none());
-    }
-}
+mod tests;

@@ -21,10 +21,12 @@ fn string_arguments_are_checked() {
 
 #[test]
 fn spans_accept_null_only_when_empty() {
-    assert!(bytes_arg(std::ptr::null(), 0, "v").unwrap().is_empty());
-    let err = bytes_arg(std::ptr::null(), 3, "v").unwrap_err();
+    assert!(slice_arg::<u8>(std::ptr::null(), 0, "v")
+        .unwrap()
+        .is_empty());
+    let err = slice_arg::<u8>(std::ptr::null(), 3, "v").unwrap_err();
     assert_eq!(err.status, Status::InvalidArgument);
-    assert_eq!(bytes_arg(b"xyz".as_ptr(), 2, "v").unwrap(), b"xy");
+    assert_eq!(slice_arg::<u8>(b"xyz".as_ptr(), 2, "v").unwrap(), b"xy");
 }
 
 #[test]

@@ -1,4 +1,5 @@
 use super::*;
+use std::ffi::CStr;
 
 fn message_of_last_error() -> String {
     // SAFETY: nvfipc_last_error_message never returns NULL and the string lives until the
@@ -73,3 +74,18 @@ fn status_names_cover_every_status() {
     assert_eq!(unknown.to_str().unwrap(), "unknown status");
     assert_eq!(ALL_STATUSES.len(), Status::Internal as usize + 1);
 }
+
+const ALL_STATUSES: [Status; 12] = [
+    Status::Ok,
+    Status::InvalidArgument,
+    Status::Timeout,
+    Status::Io,
+    Status::Protocol,
+    Status::NotFound,
+    Status::Cuda,
+    Status::CudaUnavailable,
+    Status::Unsupported,
+    Status::InvalidState,
+    Status::Panic,
+    Status::Internal,
+];
