@@ -45,7 +45,8 @@ run() {
     "$python" tests/gpu/torch_lifecycle.py >"$OUT/$name.jsonl" 2>"$OUT/$name.err"
   local rc=$?
   local oks
-  oks=$(grep -c '"ok": true' "$OUT/$name.jsonl")
+  # Count reports, not lines: mpirun may forward two ranks' lines without a newline between them.
+  oks=$(grep -o '"ok": true' "$OUT/$name.jsonl" | wc -l)
   echo "$name: rc=$rc, $oks/$np ranks ok, $(($(date +%s) - start))s" | tee -a "$summary"
   if [ "$rc" -ne 0 ] || [ "$oks" -ne "$np" ]; then
     grep -h '"error"' "$OUT/$name.jsonl" | head -2 | cut -c1-900
