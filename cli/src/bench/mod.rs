@@ -15,7 +15,6 @@ mod seed;
 mod store_load;
 mod svg;
 mod symmetric;
-mod symmetric_report;
 
 use crate::args::{positive, positive_count};
 use crate::launch::{self, JobSpec, StoreHost};
