@@ -145,9 +145,8 @@ impl Headroom {
 /// Reads the current [`Headroom`].
 pub fn memory_headroom() -> Headroom {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let cgroup_left = cgroup_v2_dir(&cgroup).and_then(|dir| {
-        let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup{dir}/{f}")).ok();
+    let cgroup_left = super::process::cgroup_dir("memory").and_then(|dir| {
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
         cgroup_left(read("memory.max")?.trim(), read("memory.current")?.trim())
     });
     Headroom {
@@ -177,14 +176,6 @@ fn mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
-}
-
-/// The cgroup v2 path of this process (`0::<path>` in `/proc/self/cgroup`).
-fn cgroup_v2_dir(proc_self_cgroup: &str) -> Option<&str> {
-    proc_self_cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::trim)
 }
 
 /// Bytes left below a cgroup v2 `memory.max` (`max` = no limit).

@@ -143,83 +143,27 @@ fn start_ticks(stat: &str) -> Option<u64> {
     stat_fields(stat)?.nth(22 - 3)?.parse().ok()
 }
 
-/// How many more tasks (processes and threads) this process can start, as far as the system
-/// says, and the limit that bounds it: the soft RLIMIT_NPROC of this user (not for root, whom the
-/// kernel exempts; the user's tasks that already run are not counted), and the tasks left under
-/// `kernel.threads-max` and `kernel.pid_max`, and the tasks left under this process's cgroup
-/// `pids.max` (a container's usual limit). `None` when nothing bounds it.
-pub fn task_headroom() -> Option<(u64, String)> {
-    let mut bounds: Vec<(u64, String)> = Vec::new();
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into the struct we pass; geteuid takes no arguments.
-    let (nproc, root) = unsafe {
-        (
-            libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) == 0,
-            libc::geteuid() == 0,
-        )
-    };
-    if nproc && !root && lim.rlim_cur != libc::RLIM_INFINITY {
-        bounds.push((
-            lim.rlim_cur,
-            format!(
-                "the process limit of this user (ulimit -u {})",
-                lim.rlim_cur
-            ),
-        ));
-    }
-    let read_number =
-        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
-    // The fourth field of /proc/loadavg is "running/total" tasks of the system.
-    let tasks_now = std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| {
-        s.split_whitespace()
-            .nth(3)?
-            .split('/')
-            .nth(1)?
-            .parse::<u64>()
-            .ok()
-    });
-    if let Some(now) = tasks_now {
-        for (path, name) in [
-            ("/proc/sys/kernel/threads-max", "kernel.threads-max"),
-            ("/proc/sys/kernel/pid_max", "kernel.pid_max"),
-        ] {
-            if let Some(max) = read_number(path) {
-                bounds.push((
-                    max.saturating_sub(now),
-                    format!("{name} = {max} with {now} tasks running"),
-                ));
-            }
-        }
-    }
-    if let Some(bound) = cgroup_pids_headroom() {
-        bounds.push(bound);
-    }
-    bounds.into_iter().min_by_key(|(n, _)| *n)
+/// This process's cgroup directory for `controller` (`pids`, `memory`): its cgroup v2
+/// directory, or v1's hierarchy of that controller, whichever `/proc/self/cgroup` names first.
+pub fn cgroup_dir(controller: &str) -> Option<String> {
+    cgroup_dir_in(
+        &std::fs::read_to_string("/proc/self/cgroup").ok()?,
+        controller,
+    )
 }
 
-/// Tasks left under the `pids` controller of this process's cgroup (v2, or v1's `pids`
-/// hierarchy), when it sets a limit.
-fn cgroup_pids_headroom() -> Option<(u64, String)> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let dir = text.lines().find_map(|line| {
+fn cgroup_dir_in(proc_self_cgroup: &str, controller: &str) -> Option<String> {
+    proc_self_cgroup.lines().find_map(|line| {
         let mut fields = line.splitn(3, ':');
-        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?.trim());
         match controllers {
             "" => Some(format!("/sys/fs/cgroup{path}")),
-            c if c.split(',').any(|c| c == "pids") => Some(format!("/sys/fs/cgroup/pids{path}")),
+            c if c.split(',').any(|c| c == controller) => {
+                Some(format!("/sys/fs/cgroup/{controller}{path}"))
+            }
             _ => None,
         }
-    })?;
-    let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
-    let max: u64 = read("pids.max")?.trim().parse().ok()?;
-    let current: u64 = read("pids.current")?.trim().parse().ok()?;
-    Some((
-        max.saturating_sub(current),
-        format!("the cgroup's pids.max = {max} with {current} tasks in it"),
-    ))
+    })
 }
 
 #[cfg(test)]

@@ -130,46 +130,26 @@ pub fn wait_until<T>(timeout: Duration, ready: impl FnMut() -> Option<T>) -> Opt
     wait_paced(SHARED_MEMORY, timeout, ready)
 }
 
-/// [`wait_until`] at another pace. The one place where "a zero timeout checks once" is made.
+/// [`wait_until`] at another pace: [`wait_blocking`] whose block is a sleep, growing from
+/// `first_sleep` to `max_sleep`.
 pub fn wait_paced<T>(
     pace: Pace,
     timeout: Duration,
     mut ready: impl FnMut() -> Option<T>,
 ) -> Option<T> {
-    if let Some(v) = ready() {
-        return Some(v);
-    }
-    if timeout.is_zero() {
-        return None;
-    }
-    for _ in 0..pace.spins {
-        std::hint::spin_loop();
-        if let Some(v) = ready() {
-            return Some(v);
-        }
-    }
-    let deadline = Instant::now() + timeout;
-    for _ in 0..pace.yields {
-        std::thread::yield_now();
-        if let Some(v) = ready() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-    }
+    let blocking = BlockingPace {
+        spins: pace.spins,
+        yields: pace.yields,
+        slice: pace.max_sleep,
+    };
     let mut sleep = pace.first_sleep;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return ready();
+    wait_blocking(blocking, timeout, |block| {
+        if let Some(max) = block {
+            std::thread::sleep(sleep.min(max));
+            sleep = (sleep * 2).min(pace.max_sleep);
         }
-        std::thread::sleep(sleep.min(deadline - now));
-        sleep = (sleep * 2).min(pace.max_sleep);
-        if let Some(v) = ready() {
-            return Some(v);
-        }
-    }
+        ready()
+    })
 }
 
 /// What [`usable_cores`] and [`oversubscribed`] read once and cache.

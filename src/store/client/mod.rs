@@ -206,10 +206,7 @@ impl Conn {
         if self.reader.buffer().is_empty()
             && !crate::os::net::poll_readable(self.stream(), timeout)?
         {
-            self.request(|out| {
-                wire::encode_cancel_wait(out);
-                Ok(())
-            })?;
+            self.request(bare(wire::encode_cancel_wait))?;
             let first = wire::read_u8(&mut self.reader)?;
             // `00 01`: every key arrived just before the cancel. The wait was satisfied, so
             // report success (torch reports a timeout here; its callers then retry or fail).
@@ -235,6 +232,14 @@ impl Conn {
                 "WAIT reply was byte {got:#04x}, expected {WAIT_STOP_WAITING:#04x}"
             )));
         }
+        Ok(())
+    }
+}
+
+/// An encoder of a request that cannot exceed a limit.
+fn bare(encode: impl FnOnce(&mut Vec<u8>)) -> impl FnOnce(&mut Vec<u8>) -> Result<()> {
+    |out| {
+        encode(out);
         Ok(())
     }
 }
@@ -279,10 +284,11 @@ impl TcpStore {
         let started = std::time::Instant::now();
         let store = TcpStore::open_client(host, port, opts.connect_timeout, opts.timeout)?;
         if opts.wait_for_workers.is_some() {
-            store.call("ADD", &[], |c| {
-                c.request(|out| wire::encode_add(out, INIT_KEY, 1))?;
-                Ok(wire::read_i64(&mut c.reader)?)
-            })?;
+            store.ask(
+                "ADD",
+                |out| wire::encode_add(out, INIT_KEY, 1),
+                wire::read_i64,
+            )?;
         }
         log::info!(
             target: crate::logging::STORE,
@@ -350,17 +356,13 @@ impl TcpStore {
         let start = Instant::now();
         let nonce = std::process::id();
         self.call("PING", &[], |c| {
-            c.request(|out| {
-                wire::encode_ping(out, nonce);
-                Ok(())
-            })?;
-            let echoed = wire::read_u32(&mut c.reader)?;
-            if echoed != nonce {
-                return Err(Fail::Protocol(format!(
+            c.request(bare(|out| wire::encode_ping(out, nonce)))?;
+            match wire::read_u32(&mut c.reader)? {
+                echoed if echoed == nonce => Ok(()),
+                echoed => Err(Fail::Protocol(format!(
                     "PING echoed {echoed}, expected {nonce}"
-                )));
+                ))),
             }
-            Ok(())
         })?;
         Ok(start.elapsed())
     }
@@ -387,23 +389,15 @@ impl TcpStore {
 
     /// Number of values in queue `key` (0 when there is no such queue).
     pub fn queue_len(&self, key: &str) -> Result<i64> {
-        self.call("QUEUE_LEN", &[], |c| {
-            c.request(|out| wire::encode_queue_len(out, &user_key(key)))?;
-            Ok(wire::read_i64(&mut c.reader)?)
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_queue_len(out, &user_key(key));
+        self.ask("QUEUE_LEN", encode, wire::read_i64)
     }
 
     /// The user keys in the store (torch >= 2.10), like torch's `list_keys()`: the leading `/` is
     /// removed and keys without it (such as `init/`) are left out. Keys that are not UTF-8 are
     /// converted lossily.
     pub fn list(&self) -> Result<Vec<String>> {
-        let keys = self.call("LIST", &[], |c| {
-            c.request(|out| {
-                wire::encode_list(out);
-                Ok(())
-            })?;
-            Ok(wire::read_list(&mut c.reader)?)
-        })?;
+        let keys = self.ask("LIST", bare(wire::encode_list), wire::read_list)?;
         Ok(keys
             .iter()
             .filter_map(|k| k.strip_prefix(KEY_PREFIX.as_bytes()))
@@ -422,6 +416,19 @@ impl TcpStore {
             conn.broken
                 .get_or_insert_with(|| "a thread panicked during a request".to_owned());
             conn
+        })
+    }
+
+    /// One request and its reply, read by `read`.
+    fn ask<T>(
+        &self,
+        op: &'static str,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+        read: impl FnOnce(&mut BufReader<SocketReader>) -> io::Result<T>,
+    ) -> Result<T> {
+        self.call(op, &[], |c| {
+            c.request(encode)?;
+            Ok(read(&mut c.reader)?)
         })
     }
 
@@ -514,10 +521,8 @@ impl Store for TcpStore {
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.call("ADD", &[], |c| {
-            c.request(|out| wire::encode_add(out, &user_key(key), delta))?;
-            Ok(wire::read_i64(&mut c.reader)?)
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_add(out, &user_key(key), delta);
+        self.ask("ADD", encode, wire::read_i64)
     }
 
     fn check(&self, keys: &[&str]) -> Result<bool> {
@@ -538,27 +543,22 @@ impl Store for TcpStore {
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
-        self.call("DELETE_KEY", &[], |c| {
-            c.request(|out| wire::encode_delete_key(out, &user_key(key)))?;
-            Ok(wire::read_i64(&mut c.reader)? == 1)
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_delete_key(out, &user_key(key));
+        Ok(self.ask("DELETE_KEY", encode, wire::read_i64)? == 1)
     }
 
     fn num_keys(&self) -> Result<i64> {
-        self.call("GETNUMKEYS", &[], |c| {
-            c.request(|out| {
-                wire::encode_get_num_keys(out);
-                Ok(())
-            })?;
-            Ok(wire::read_i64(&mut c.reader)?)
-        })
+        self.ask(
+            "GETNUMKEYS",
+            bare(wire::encode_get_num_keys),
+            wire::read_i64,
+        )
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        self.call("COMPARE_SET", &[], |c| {
-            c.request(|out| wire::encode_compare_set(out, &user_key(key), expected, desired))?;
-            Ok(wire::read_blob(&mut c.reader)?)
-        })
+        let encode =
+            |out: &mut Vec<u8>| wire::encode_compare_set(out, &user_key(key), expected, desired);
+        self.ask("COMPARE_SET", encode, wire::read_blob)
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
