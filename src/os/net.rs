@@ -1,11 +1,6 @@
-//! The store's TCP sockets, made like torch's: name resolution (`getaddrinfo` per address
-//! family), the server's listening socket (SO_REUSEADDR, dual-stack `[::]` with IPV6_V6ONLY=0,
-//! falling back to 0.0.0.0 without IPv6, a large backlog, close-on-exec) and its open-file limit,
-//! `poll` on one socket, errno checks, and what the kernel's socket tables (`/proc/net/tcp`,
-//! `/proc/net/tcp6`) tell about a server of this machine without connecting to it: whether it
-//! still listens (a closing rank makes no request to a host's server that has gone) and whether
-//! it runs in this process with other processes still connected (a rank whose process hosts a
-//! host's store keeps it up until the others are done with it).
+//! The store's TCP sockets, made like torch's: name resolution, the listening socket (dual-stack
+//! `[::]`, SO_REUSEADDR, a large backlog) and its open-file limit, `poll` on one socket, errno
+//! checks, and what `/proc/net/tcp{,6}` tell about a server of this machine without connecting.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
@@ -49,7 +44,6 @@ pub fn resolve(host: &str, port: u16) -> std::result::Result<Vec<SocketAddr>, St
     Ok(addrs)
 }
 
-/// Safe wrapper over `getaddrinfo` for one address family (stream sockets only).
 fn getaddrinfo(
     host: &str,
     port: u16,
@@ -148,9 +142,7 @@ pub fn poll_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> 
     }
 }
 
-/// True when the other end has closed `stream` (or it failed): a non-blocking look that sends
-/// nothing and consumes nothing, so a store client can tell its server is gone without a request
-/// that would fail.
+/// True when the other end has closed `stream` (or it failed), seen without sending or consuming.
 pub fn peer_hung_up(stream: &TcpStream) -> bool {
     let mut pfd = libc::pollfd {
         fd: stream.as_raw_fd(),
@@ -187,14 +179,12 @@ pub fn is_addr_in_use(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EADDRINUSE)
 }
 
-/// The message of an "address in use" error, as `io::Error` words it (for matching errors that
-/// were turned into text).
+/// The text of an "address in use" `io::Error` (to match errors turned into text).
 pub fn addr_in_use_message() -> String {
     io::Error::from_raw_os_error(libc::EADDRINUSE).to_string()
 }
 
-/// True when `e` says the process or system ran out of descriptors or memory for sockets (an
-/// `accept` worth retrying later).
+/// True when `e` says descriptors or socket memory ran out (an `accept` worth retrying later).
 pub fn is_out_of_descriptors(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -303,6 +293,16 @@ fn set_int_option(
 }
 
 fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
+    fn bind<T>(fd: &OwnedFd, sa: &T) -> libc::c_int {
+        // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in or sockaddr_in6.
+        unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (sa as *const T).cast(),
+                mem::size_of::<T>() as libc::socklen_t,
+            )
+        }
+    }
     let rc = match addr {
         SocketAddr::V4(a) => {
             // SAFETY: sockaddr_in is plain old data for which all-zero bytes are valid.
@@ -310,14 +310,7 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
             sa.sin_family = libc::AF_INET as libc::sa_family_t;
             sa.sin_port = a.port().to_be();
             sa.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
-            // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in.
-            unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
+            bind(fd, &sa)
         }
         SocketAddr::V6(a) => {
             // SAFETY: sockaddr_in6 is plain old data for which all-zero bytes are valid.
@@ -327,14 +320,7 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
             sa.sin6_addr.s6_addr = a.ip().octets();
             sa.sin6_flowinfo = a.flowinfo();
             sa.sin6_scope_id = a.scope_id();
-            // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in6.
-            unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sa as *const libc::sockaddr_in6).cast(),
-                    mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
+            bind(fd, &sa)
         }
     };
     if rc != 0 {
@@ -356,10 +342,8 @@ pub fn fd_limits() -> Option<(u64, u64)> {
     Some((lim.rlim_cur, lim.rlim_max))
 }
 
-/// Raises the soft RLIMIT_NOFILE to `wanted` when it is lower and the hard limit allows it (to
-/// the hard limit when that is lower), never beyond `wanted` and never down. Returns the soft
-/// limit now in force; a limit that cannot be raised is not an error: the server then takes
-/// fewer clients at once (see `ServerOptions::max_connections`).
+/// Raises the soft RLIMIT_NOFILE towards `wanted` (never beyond it or the hard limit, never
+/// down); returns the soft limit now in force.
 pub fn raise_fd_limit(wanted: u64) -> u64 {
     let Some((soft, hard)) = fd_limits() else {
         return wanted;
@@ -435,9 +419,8 @@ impl Row {
     }
 }
 
-/// The server on `port` as seen from the process owning the socket inodes `own`. A client of
-/// this process is told apart by its ephemeral port, which the accepted end names as its remote
-/// port (one table may show the client over IPv4 and the server's end over IPv6).
+/// The server on `port` as seen from the process owning the socket inodes `own`. A client of this
+/// process is told apart by its port (a table may show it over IPv4, the server's end over IPv6).
 fn view_of(rows: &[Row], port: u16, own: &std::collections::HashSet<u64>) -> ServerView {
     let ours = |r: &&Row| own.contains(&r.inode);
     let listening = rows
@@ -480,8 +463,7 @@ fn own_socket_inodes() -> Option<std::collections::HashSet<u64>> {
     )
 }
 
-/// Whether `host` names this machine: a loopback name or address, or an address (or a name that
-/// resolves to one) that a socket here can bind to.
+/// Whether `host` names this machine: loopback, or an address (or name of one) a socket can bind.
 pub fn is_this_machine(host: &str) -> bool {
     let bindable = |ip: IpAddr| ip.is_loopback() || UdpSocket::bind((ip, 0)).is_ok();
     if host.eq_ignore_ascii_case("localhost") {

@@ -22,11 +22,9 @@ pub fn thread_id() -> i64 {
     i64::from(unsafe { libc::gettid() })
 }
 
-/// Is `pid` a live process of this pid namespace (or one we may not signal, which also means it
-/// exists)? A zombie (exited, its parent has not reaped it yet) is not: it already released its
-/// memory, descriptors and device contexts, so for every question asked here (may it still map
-/// our memory, hold a board, answer for a rank) it has gone. A launcher that reaps its ranks in
-/// order would otherwise keep an exited rank "alive" until the ranks before it exit.
+/// Is `pid` a live process of this pid namespace (one we may not signal exists too)? A zombie is
+/// not: it already released its memory, descriptors and device contexts (a launcher reaping its
+/// ranks in order would otherwise keep an exited rank "alive").
 pub fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
@@ -40,9 +38,8 @@ pub fn process_alive(pid: u32) -> bool {
     exists && !is_zombie(pid)
 }
 
-/// Whether `/proc/<pid>/stat` shows `pid` exited (`Z`, zombie, or `X`, dead). False when it
-/// cannot tell: no `/proc`, or a `/proc` of another pid namespace (its `self` is not this
-/// process), where the pid would name another process.
+/// Whether `/proc/<pid>/stat` shows `pid` exited (`Z` or `X`); false without a `/proc` of this
+/// pid namespace.
 fn is_zombie(pid: libc::pid_t) -> bool {
     let exited = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
@@ -58,21 +55,19 @@ fn state_of(stat: &str) -> Option<char> {
     stat_fields(stat)?.next()?.chars().next()
 }
 
-/// The fields of a `/proc/<pid>/stat` line from the state (field 3) on: they follow the last
-/// `)`, since the command name in parentheses may hold spaces and parentheses.
+/// The fields of a `/proc/<pid>/stat` line from the state (field 3) on, after the last `)` (the
+/// command name may hold spaces and parentheses).
 fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
     let (_, after_name) = stat.rsplit_once(')')?;
     Some(after_name.split_whitespace())
 }
 
-/// Inode of `/proc/self/ns/<kind>` (`ipc`, `pid`, ...), 0 when unknown: equal for processes of
-/// one namespace.
+/// Inode of `/proc/self/ns/<kind>` (`ipc`, `pid`, ...), 0 when unknown.
 pub fn ns_inode(kind: &str) -> u64 {
     std::fs::metadata(format!("/proc/self/ns/{kind}")).map_or(0, |m| m.ino())
 }
 
-/// Time since this kernel booted (`CLOCK_BOOTTIME`, which counts suspended time too), or `None`
-/// where that clock is missing.
+/// Time since this kernel booted (`CLOCK_BOOTTIME`, suspended time included).
 pub fn since_boot() -> Option<std::time::Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -89,9 +84,7 @@ pub fn since_boot() -> Option<std::time::Duration> {
     ))
 }
 
-/// [`since_boot`] in nanoseconds when this library was loaded (0: not recorded), set by the
-/// loader through `.init_array`: at process start when the program links the library, later when
-/// it loads it at run time.
+/// [`since_boot`] in nanoseconds when this library was loaded (0: not recorded).
 // process-wide: written by the load-time constructor below, before any object exists.
 static LOADED_AT: AtomicU64 = AtomicU64::new(0);
 
@@ -104,18 +97,15 @@ extern "C" fn record_load() {
     }
 }
 
-/// Runs [`record_load`] when the library is loaded. It only reads a clock and stores an atomic,
-/// which needs nothing of the Rust runtime to be set up yet.
+/// Runs [`record_load`] when the library is loaded (it needs nothing of the Rust runtime).
 // process-wide: a load-time constructor is the loader's, run once per process.
 #[used]
 #[link_section = ".init_array"]
 static RECORD_LOAD: extern "C" fn() = record_load;
 
-/// A time since boot (on [`since_boot`]'s clock) by which this process had certainly started:
-/// the earlier of the library's load (exact) and the end of the clock tick in which the process
-/// started (field 22, `starttime`, of `/proc/self/stat`, in `sysconf(_SC_CLK_TCK)` ticks; on the
-/// boot clock from Linux 5.5, before on the monotonic clock, which equals it on machines that
-/// never suspended). `None` when neither is known.
+/// A time since boot by which this process had certainly started: the earlier of the library's
+/// load and the end of the clock tick of `/proc/self/stat`'s `starttime` (on the boot clock from
+/// Linux 5.5, before on the monotonic one).
 pub fn started_by() -> Option<std::time::Duration> {
     let loaded = match LOADED_AT.load(Ordering::Relaxed) {
         0 => None,

@@ -1,19 +1,12 @@
-//! Client for PyTorch's TCPStore wire protocol, behaving on the wire like torch 2.11's C++
-//! client (`c10d::TCPStore`), so it works against torch's servers (libuv and classic) and ours.
+//! Client for PyTorch's TCPStore wire protocol, behaving on the wire like torch 2.11's C++ client
+//! (docs/PROTOCOL.md §1), so it works against torch's servers (libuv and classic) and ours.
 //!
-//! - Connect: `getaddrinfo` (v4-mapped IPv6, then IPv4), a non-blocking connect
-//!   per address retried with jittered backoff until `connect_timeout`, `VALIDATE` + `PING`
-//!   (nonce = pid), then `ADD "init/" 1` when [`ConnectOptions::wait_for_workers`] is set.
-//! - User keys get torch's `/` prefix on the wire (`"init/"` does not).
-//! - `get`, `wait`, `multi_get` and a blocking `queue_pop` send `WAIT` and `poll` for its reply;
-//!   on timeout they send `CANCEL_WAIT` and fail with torch's text (`wait timeout after 1000ms,
-//!   keys: /nokey`). Unlike torch, every reply read is bounded by the store timeout (at least
-//!   [`MIN_REPLY_TIMEOUT`]).
-//! - Requests over the limits of torch's default server are refused with
-//!   [`Status::InvalidArgument`] before anything is sent; the connection stays usable.
-//! - One connection behind a mutex, one request in flight, written with one syscall from a
-//!   reused buffer. After an I/O or protocol error the connection is broken and later calls
-//!   fail at once; call [`TcpStore::reconnect`] or create a new store.
+//! - Waits time out with torch's text (`wait timeout after 1000ms, keys: /nokey`); unlike torch,
+//!   every reply read is bounded by the store timeout (at least [`MIN_REPLY_TIMEOUT`]).
+//! - Requests over the server's limits fail with [`Status::InvalidArgument`] before anything is
+//!   sent; the connection stays usable.
+//! - One connection behind a mutex, one request in flight. After an I/O or protocol error the
+//!   connection is broken and later calls fail at once until [`TcpStore::reconnect`].
 
 use crate::error::{Error, Result, Status};
 use crate::store::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
@@ -44,11 +37,10 @@ const KEYS_IN_MESSAGE: usize = 16;
 pub struct ConnectOptions {
     /// Store timeout: bounds `get`/`wait`/`multi_get` and every reply read. Default 300 s.
     pub timeout: Duration,
-    /// How long to keep retrying the connection (connect, VALIDATE, PING). Default 300 s, the
-    /// same as the store timeout, as in torch.
+    /// How long to keep retrying the connection (connect, VALIDATE, PING). Default 300 s.
     pub connect_timeout: Duration,
-    /// `Some(world_size)`: send `ADD "init/" 1` after connecting, like a torch store created
-    /// with `world_size` and `wait_for_workers=True` (a torch master waits for these).
+    /// `Some(world_size)`: send `ADD "init/" 1` after connecting, like a torch store created with
+    /// `wait_for_workers=True`.
     pub wait_for_workers: Option<usize>,
 }
 
@@ -89,7 +81,6 @@ impl fmt::Debug for TcpStore {
     }
 }
 
-/// Why a request failed, before it is turned into an [`Error`] with the store's address.
 enum Fail {
     /// The request was refused before anything was sent (limits); the connection is fine.
     Invalid(Error),
@@ -108,8 +99,7 @@ impl From<io::Error> for Fail {
 
 type Step<T> = std::result::Result<T, Fail>;
 
-/// Reads from the socket with a per-reply deadline: each `read` is bounded by `SO_RCVTIMEO`, and
-/// a reply that needs several reads fails once the deadline set at its first read has passed.
+/// Reads with a per-reply deadline, set at the reply's first read (each read has `SO_RCVTIMEO`).
 struct SocketReader {
     stream: TcpStream,
     timeout: Duration,
@@ -133,7 +123,6 @@ impl Read for SocketReader {
     }
 }
 
-/// The one connection: socket, reused request and reply buffers, and whether it is usable.
 struct Conn {
     reader: BufReader<SocketReader>,
     out: Vec<u8>,
@@ -173,8 +162,8 @@ impl Conn {
         Ok(())
     }
 
-    /// Encodes one request into the reused buffer (nothing is sent when encoding fails), writes
-    /// it (one syscall unless the kernel takes it partially) and starts its reply's deadline.
+    /// Encodes one request (nothing is sent when that fails), writes it and starts its reply's
+    /// deadline.
     fn request(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
         self.out.clear();
         encode(&mut self.out).map_err(Fail::Invalid)?;
@@ -190,8 +179,7 @@ impl Conn {
         result.map_err(Fail::Io)
     }
 
-    /// Sends `WAIT keys` and waits up to `timeout` for its reply; on timeout cancels the wait
-    /// (a late `00 01` means the keys arrived: success; `01` returns [`Fail::WaitTimeout`]).
+    /// Sends `WAIT keys` and waits up to `timeout` for its reply (see [`Conn::finish_wait`]).
     fn wait<'k>(
         &mut self,
         keys: impl IntoIterator<Item = Prefixed<'k>>,
@@ -201,7 +189,8 @@ impl Conn {
         self.finish_wait(timeout)
     }
 
-    /// Waits up to `timeout` for the reply of a WAIT already sent, cancelling it on timeout.
+    /// Waits up to `timeout` for the reply of a WAIT already sent; on timeout cancels it (a late
+    /// `00 01` means the keys arrived: success; `01` returns [`Fail::WaitTimeout`]).
     fn finish_wait(&mut self, timeout: Duration) -> Step<()> {
         if self.reader.buffer().is_empty()
             && !crate::os::net::poll_readable(self.stream(), timeout)?
@@ -270,9 +259,7 @@ fn describe_keys(keys: &[&str]) -> String {
 }
 
 impl TcpStore {
-    /// Connects to the TCPStore server at `host:port` (retrying until `opts.connect_timeout`),
-    /// validates the connection like torch's client, and sends `ADD "init/" 1` when
-    /// `opts.wait_for_workers` is set.
+    /// Connects to the TCPStore server at `host:port` like torch's client (see [`ConnectOptions`]).
     pub fn connect(host: &str, port: u16, opts: &ConnectOptions) -> Result<TcpStore> {
         if opts.wait_for_workers == Some(0) {
             return Err(Error::invalid(format!(
@@ -298,13 +285,11 @@ impl TcpStore {
         Ok(store)
     }
 
-    /// Another client of the same store with a connection of its own (connect, VALIDATE, PING;
-    /// no `ADD "init/"`: it is not a new worker), with this one's timeouts.
+    /// Another client of the same store on a connection of its own (no `ADD "init/"`).
     pub fn duplicate(&self) -> Result<TcpStore> {
         TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout())
     }
 
-    /// A client over a new connection (connect, VALIDATE, PING), announcing nothing.
     fn open_client(
         host: &str,
         port: u16,
@@ -320,8 +305,7 @@ impl TcpStore {
         })
     }
 
-    /// Replaces the connection with a new one (connect, VALIDATE, PING; no `ADD "init/"`),
-    /// e.g. after an error left the old one unusable.
+    /// Replaces the connection with a new one (no `ADD "init/"`), e.g. after an error.
     pub fn reconnect(&self) -> Result<()> {
         let fresh = open(&self.host, self.port, self.connect_timeout, self.timeout())?;
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
@@ -330,17 +314,14 @@ impl TcpStore {
         Ok(())
     }
 
-    /// The host name this store was connected with.
     pub fn host(&self) -> &str {
         &self.host
     }
 
-    /// The port this store was connected with.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// The store timeout.
     pub fn timeout(&self) -> Duration {
         Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
     }
@@ -367,8 +348,7 @@ impl TcpStore {
         Ok(start.elapsed())
     }
 
-    /// Appends `value` to the FIFO queue `key` (torch >= 2.8, libuv server only: a classic
-    /// server closes the connection).
+    /// Appends `value` to the FIFO queue `key` (torch >= 2.8, libuv server only).
     pub fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
         self.call("QUEUE_PUSH", &[], |c| {
             c.request(|out| wire::encode_queue_push(out, &user_key(key), value))
@@ -393,9 +373,8 @@ impl TcpStore {
         self.ask("QUEUE_LEN", encode, wire::read_i64)
     }
 
-    /// The user keys in the store (torch >= 2.10), like torch's `list_keys()`: the leading `/` is
-    /// removed and keys without it (such as `init/`) are left out. Keys that are not UTF-8 are
-    /// converted lossily.
+    /// The user keys in the store (torch >= 2.10), like torch's `list_keys()` (keys without the
+    /// `/` prefix, such as `init/`, are left out; non-UTF-8 keys are converted lossily).
     pub fn list(&self) -> Result<Vec<String>> {
         let keys = self.ask("LIST", bare(wire::encode_list), wire::read_list)?;
         Ok(keys
@@ -432,9 +411,8 @@ impl TcpStore {
         })
     }
 
-    /// Runs one operation on the connection and turns its failure into an [`Error`] naming
-    /// the store and operation; any failure other than a clean timeout or a refused request
-    /// marks the connection broken. `wait_keys` are the keys named by a wait timeout.
+    /// Runs one operation on the connection; any failure but a clean wait timeout (naming
+    /// `wait_keys`) or a refused request marks the connection broken.
     fn call<T>(
         &self,
         op: &'static str,
@@ -635,10 +613,6 @@ impl Store for TcpStore {
     }
 }
 
-// Connection set-up: name resolution (`getaddrinfo`, v4-mapped IPv6 then IPv4), one
-// non-blocking connect per address retried with jittered exponential backoff until the connect
-// timeout, then torch's `VALIDATE` + `PING` handshake.
-
 /// First connect retry delay; short because ranks usually start at the same time as the server.
 const BACKOFF_INITIAL: Duration = Duration::from_millis(10);
 const BACKOFF_FACTOR: f64 = 1.5;
@@ -684,9 +658,8 @@ fn open(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> 
     }
 }
 
-/// One connection attempt to one address, including the handshake. std creates the socket with
-/// `SOCK_CLOEXEC` and connects it non-blocking with `poll(POLLOUT)`, then makes it blocking
-/// again, as torch does.
+/// One connection attempt to one address, with the handshake (std connects non-blocking with
+/// `poll(POLLOUT)`, as torch does).
 fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Result<Conn> {
     let stream = TcpStream::connect_timeout(&addr, left)?;
     stream.set_nodelay(true)?;
