@@ -1,17 +1,13 @@
-//! Anonymous shared files (`memfd_create`) and their shared mappings: the memory of host buffers
-//! and host semaphore slabs, shared with peers by passing the descriptor (`crate::fdpass`).
-//!
-//! Unlike a named `/dev/shm` segment, a memfd has no name to leak: the kernel frees it when the
-//! last descriptor and mapping are gone, whether the process exits, is terminated or killed. Its
-//! pages are not limited by the size of `/dev/shm` (Docker's default is 64 MiB), only by memory.
+//! Anonymous shared files (`memfd_create`) and their mappings: the memory of host buffers and
+//! slabs, shared by passing the descriptor. Unlike a `/dev/shm` segment, a memfd has no name to
+//! leak and is not limited by the size of `/dev/shm` (Docker's default is 64 MiB).
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-/// `memfd_create(name, MFD_CLOEXEC)`: an empty anonymous file (`name` only shows in
-/// `/proc/<pid>/fd`).
+/// `memfd_create(name, MFD_CLOEXEC)`: an empty anonymous file.
 pub fn create(name: &str) -> io::Result<OwnedFd> {
     let name = CString::new(name.replace('\0', "_"))
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name"))?;
@@ -24,8 +20,8 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// An anonymous file of `bytes` bytes, every page reserved (so a lack of memory is an error here,
-/// never a SIGBUS at the first write), mapped read-write and shared.
+/// An anonymous file of `bytes` bytes, every page reserved (a lack of memory is an error here,
+/// not a SIGBUS later), mapped read-write and shared.
 pub fn create_mapped(name: &str, bytes: u64) -> Result<SharedMapping> {
     SharedMapping::map(create_reserved(name, bytes)?, bytes, name)
 }
@@ -54,8 +50,7 @@ pub fn create_reserved(name: &str, bytes: u64) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// A descriptor's file mapped read-write and shared, unmapped on drop. Keeps the descriptor, so
-/// it can be passed on.
+/// A descriptor's file mapped read-write and shared, unmapped on drop; keeps the descriptor.
 #[derive(Debug)]
 pub struct SharedMapping {
     fd: OwnedFd,
@@ -64,8 +59,7 @@ pub struct SharedMapping {
 }
 
 impl SharedMapping {
-    /// Maps the first `len` bytes of `fd`, which must be at least that long (a peer's descriptor:
-    /// a shorter file would SIGBUS at the first access past its end).
+    /// Maps the first `len` bytes of `fd`, which must be at least that long (else a SIGBUS).
     pub fn map(fd: OwnedFd, len: u64, what: &str) -> Result<SharedMapping> {
         let size = super::mmap::file_size(fd.as_fd())
             .map_err(|e| Error::from_io(format!("fstat of the shared file {what}"), &e))?;
@@ -79,7 +73,6 @@ impl SharedMapping {
         Ok(SharedMapping { fd, addr, len })
     }
 
-    /// Address of the mapping in this process.
     pub fn addr(&self) -> u64 {
         self.addr
     }
@@ -92,7 +85,6 @@ impl SharedMapping {
         self.len == 0
     }
 
-    /// The file's descriptor (for passing to peers).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -107,8 +99,7 @@ impl Drop for SharedMapping {
     }
 }
 
-/// Memory a new anonymous file can take: the kernel's `MemAvailable` and, inside a memory
-/// cgroup (v2) with a limit, what is left below that limit.
+/// Memory a new anonymous file can take: `MemAvailable`, and what is left below a cgroup limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Headroom {
     pub available: Option<u64>,
@@ -142,7 +133,6 @@ impl Headroom {
     }
 }
 
-/// Reads the current [`Headroom`].
 pub fn memory_headroom() -> Headroom {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let cgroup_left = super::process::cgroup_dir("memory").and_then(|dir| {
@@ -155,7 +145,7 @@ pub fn memory_headroom() -> Headroom {
     }
 }
 
-/// Refuses an allocation that cannot fit: reserving it would otherwise wake the OOM killer.
+/// Refuses an allocation that cannot fit (reserving it would wake the OOM killer).
 fn check_memory_for(name: &str, bytes: u64) -> Result<()> {
     let headroom = memory_headroom();
     match headroom.bytes() {
