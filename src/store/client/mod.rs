@@ -557,7 +557,10 @@ impl Store for TcpStore {
         self.call("MULTI_GET", keys, |c| {
             c.wait(user_keys(keys), timeout)?;
             c.request(|out| wire::encode_multi_get(out, user_keys(keys)))?;
-            Ok(wire::read_blobs(&mut c.reader, keys.len())?)
+            Ok(keys
+                .iter()
+                .map(|_| wire::read_blob(&mut c.reader))
+                .collect::<io::Result<_>>()?)
         })
     }
 

@@ -44,7 +44,7 @@ pub(super) struct Shard {
     mail: Mutex<Vec<ConnId>>,
     has_mail: AtomicBool,
     arrivals: Mutex<Vec<TcpStream>>,
-    waker: Waker,
+    pub(super) waker: Waker,
 }
 
 impl Shard {
@@ -56,14 +56,10 @@ impl Shard {
             waker,
         }
     }
-
-    pub(super) fn wake(&self) -> io::Result<()> {
-        self.waker.wake()
-    }
 }
 
 pub(super) struct EventLoop {
-    index: usize,
+    pub(super) index: usize,
     poll: Poll,
     /// The first loop accepts and deals the connections out in turn.
     listener: Option<TcpListener>,
@@ -131,10 +127,6 @@ impl EventLoop {
             last_limit_log: None,
             last_bad_client_log: None,
         })
-    }
-
-    pub(super) fn index(&self) -> usize {
-        self.index
     }
 
     /// Runs until the stop flag is set (or polling itself fails, which is recorded).
@@ -312,7 +304,7 @@ impl EventLoop {
             return;
         }
         lock(&shards[target].arrivals).push(stream);
-        if let Err(e) = shards[target].wake() {
+        if let Err(e) = shards[target].waker.wake() {
             self.shared
                 .record_error(format!("store server: cannot wake loop {target}: {e}"));
         }
@@ -602,7 +594,7 @@ impl EventLoop {
     fn wake_loops(&mut self) {
         for shard in 0..self.to_wake.len() {
             if std::mem::take(&mut self.to_wake[shard]) {
-                if let Err(e) = self.shared.shards[shard].wake() {
+                if let Err(e) = self.shared.shards[shard].waker.wake() {
                     self.shared
                         .record_error(format!("store server: cannot wake loop {shard}: {e}"));
                 }

@@ -136,7 +136,7 @@ impl Shared {
     fn stop_all(&self) {
         self.stop.store(true, Ordering::Release);
         for shard in &self.shards {
-            if let Err(e) = shard.wake() {
+            if let Err(e) = shard.waker.wake() {
                 self.record_error(format!("store server: cannot wake a thread to stop: {e}"));
             }
         }
@@ -239,7 +239,7 @@ impl StoreServer {
         }
         let mut handles = Vec::with_capacity(threads);
         for event_loop in loops {
-            let index = event_loop.index();
+            let index = event_loop.index;
             let exit = LoopExit {
                 shared: shared.clone(),
                 first: index == 0,

@@ -76,35 +76,26 @@ impl WireBytes for Prefixed<'_> {
 // Request encoders. Each appends one whole request to `out`; the ones with keys or values check
 // the server's limits first and leave `out` untouched when a limit is exceeded.
 
-fn check_len(command: Command, field: &str, len: usize, limit: usize) -> Result<()> {
+/// `u64 len ‖ bytes` of a key (`field` "key") or a value, checked against the server's limit.
+pub(super) fn put_field<V: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    command: Command,
+    field: &str,
+    value: &V,
+) -> Result<()> {
+    let len = value.wire_len();
+    let limit = if field == "key" {
+        MAX_KEY_LEN
+    } else {
+        MAX_VALUE_LEN
+    };
     if len > limit {
         return Err(Error::invalid(format!(
             "TCPStore {command} {field} is {len} bytes, over the server limit of {limit} bytes \
              (torch's default server closes the connection); use a shorter {field}"
         )));
     }
-    Ok(())
-}
-
-pub(super) fn put_key<K: WireBytes + ?Sized>(
-    out: &mut Vec<u8>,
-    command: Command,
-    key: &K,
-) -> Result<()> {
-    check_len(command, "key", key.wire_len(), MAX_KEY_LEN)?;
-    put_u64(out, key.wire_len() as u64);
-    key.write_bytes(out);
-    Ok(())
-}
-
-fn put_value<V: WireBytes + ?Sized>(
-    out: &mut Vec<u8>,
-    command: Command,
-    field: &str,
-    value: &V,
-) -> Result<()> {
-    check_len(command, field, value.wire_len(), MAX_VALUE_LEN)?;
-    put_u64(out, value.wire_len() as u64);
+    put_u64(out, len as u64);
     value.write_bytes(out);
     Ok(())
 }
@@ -173,7 +164,9 @@ macro_rules! encoders {
     (key: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
         $(#[$doc])*
         pub fn $name<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
-            framed(out, Command::$command, |out| put_key(out, Command::$command, key))
+            framed(out, Command::$command, |out| {
+                put_field(out, Command::$command, "key", key)
+            })
         }
     )*};
     (key_value: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
@@ -184,17 +177,21 @@ macro_rules! encoders {
             V: WireBytes + ?Sized,
         {
             framed(out, Command::$command, |out| {
-                put_key(out, Command::$command, key)?;
-                put_value(out, Command::$command, "value", value)
+                put_field(out, Command::$command, "key", key)?;
+                put_field(out, Command::$command, "value", value)
             })
         }
     )*};
     (keys: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
         $(#[$doc])*
-        pub fn $name<K: WireBytes>(out: &mut Vec<u8>, keys: impl IntoIterator<Item = K>) -> Result<()> {
+        pub fn $name<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
+        where
+            I: IntoIterator<Item = K>,
+            K: WireBytes,
+        {
             framed(out, Command::$command, |out| {
                 put_counted(out, Command::$command, "keys", keys, |out, key| {
-                    put_key(out, Command::$command, &key)
+                    put_field(out, Command::$command, "key", &key)
                 })
             })
         }
@@ -252,16 +249,16 @@ where
     D: WireBytes + ?Sized,
 {
     framed(out, Command::CompareSet, |out| {
-        put_key(out, Command::CompareSet, key)?;
-        put_value(out, Command::CompareSet, "expected value", expected)?;
-        put_value(out, Command::CompareSet, "desired value", desired)
+        put_field(out, Command::CompareSet, "key", key)?;
+        put_field(out, Command::CompareSet, "expected value", expected)?;
+        put_field(out, Command::CompareSet, "desired value", desired)
     })
 }
 
 /// `ADD key delta`; reply: the new value as i64.
 pub fn encode_add<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K, delta: i64) -> Result<()> {
     framed(out, Command::Add, |out| {
-        put_key(out, Command::Add, key)?;
+        put_field(out, Command::Add, "key", key)?;
         put_i64(out, delta);
         Ok(())
     })
@@ -281,8 +278,8 @@ where
             "pairs",
             pairs,
             |out, (key, value)| {
-                put_key(out, Command::MultiSet, &key)?;
-                put_value(out, Command::MultiSet, "value", &value)
+                put_field(out, Command::MultiSet, "key", &key)?;
+                put_field(out, Command::MultiSet, "value", &value)
             },
         )
     })

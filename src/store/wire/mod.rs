@@ -162,27 +162,22 @@ pub struct ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cmd = self.command.map_or("?", Command::name);
+        let (cmd, field) = (self.command.map_or("?", Command::name), self.field);
+        f.write_str("malformed TCPStore frame: ")?;
         match self.kind {
-            ParseErrorKind::UnknownCommand(byte) => write!(
-                f,
-                "malformed TCPStore frame: unknown command byte {byte} (known commands are 0..=17)"
-            ),
-            ParseErrorKind::TooLong { len, limit } => write!(
-                f,
-                "malformed TCPStore frame: {cmd} {} is {len} bytes, over the limit of {limit} bytes",
-                self.field
-            ),
-            ParseErrorKind::TooMany { count, limit } => write!(
-                f,
-                "malformed TCPStore frame: {cmd} {} is {count}, over the limit of {limit}",
-                self.field
-            ),
-            ParseErrorKind::Negative(v) => write!(
-                f,
-                "malformed TCPStore frame: {cmd} {} is negative ({v})",
-                self.field
-            ),
+            ParseErrorKind::UnknownCommand(byte) => {
+                write!(f, "unknown command byte {byte} (known commands are 0..=17)")
+            }
+            ParseErrorKind::TooLong { len, limit } => {
+                write!(
+                    f,
+                    "{cmd} {field} is {len} bytes, over the limit of {limit} bytes"
+                )
+            }
+            ParseErrorKind::TooMany { count, limit } => {
+                write!(f, "{cmd} {field} is {count}, over the limit of {limit}")
+            }
+            ParseErrorKind::Negative(v) => write!(f, "{cmd} {field} is negative ({v})"),
         }
     }
 }

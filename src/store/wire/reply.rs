@@ -55,39 +55,24 @@ pub fn read_blob(r: &mut impl Read) -> io::Result<Vec<u8>> {
     Ok(v)
 }
 
-/// MULTI_GET reply: `n` blobs.
-pub fn read_blobs(r: &mut impl Read, n: usize) -> io::Result<Vec<Vec<u8>>> {
-    (0..n).map(|_| read_blob(r)).collect()
+/// A count of a reply, which must not be negative.
+fn read_count(r: &mut impl Read, command: Command, field: &'static str) -> io::Result<u64> {
+    let count = read_i64(r)?;
+    u64::try_from(count)
+        .map_err(|_| reply_error(command, field, ParseErrorKind::Negative(count)).into())
 }
 
 /// QUEUE_POP reply: `Some(value)`, or `None` when the queue was empty.
 pub fn read_queue_pop(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
-    let len_before = read_i64(r)?;
-    if len_before < 0 {
-        return Err(reply_error(
-            Command::QueuePop,
-            "reply queue length",
-            ParseErrorKind::Negative(len_before),
-        )
-        .into());
+    match read_count(r, Command::QueuePop, "reply queue length")? {
+        0 => Ok(None),
+        _ => read_blob(r).map(Some),
     }
-    if len_before == 0 {
-        return Ok(None);
-    }
-    read_blob(r).map(Some)
 }
 
 /// LIST reply: keys in wire form.
 pub fn read_list(r: &mut impl Read) -> io::Result<Vec<Vec<u8>>> {
-    let count = read_i64(r)?;
-    if count < 0 {
-        return Err(reply_error(
-            Command::List,
-            "reply key count",
-            ParseErrorKind::Negative(count),
-        )
-        .into());
-    }
+    let count = read_count(r, Command::List, "reply key count")?;
     let mut keys = Vec::with_capacity((count as usize).min(MAX_KEY_COUNT));
     for _ in 0..count {
         keys.push(read_blob(r)?);

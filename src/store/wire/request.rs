@@ -71,12 +71,6 @@ pub struct PairList<'a> {
 }
 
 impl<'a> PairList<'a> {
-    pub fn len(&self) -> usize {
-        self.count
-    }
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
     /// The (key, value) pairs, in wire order.
     pub fn iter(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
         let mut blobs = BlobIter {
