@@ -43,8 +43,7 @@ pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(u64::try_from(fstat(fd)?.st_size).unwrap_or(0))
 }
 
-/// Returns glibc's free heap memory to the system (a server that held large replies would
-/// otherwise stay that large); nothing on other C libraries.
+/// Returns glibc's free heap memory to the system (after a server's large replies).
 pub fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers; it walks the allocator's own free lists under the

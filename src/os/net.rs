@@ -17,14 +17,9 @@ use std::time::{Duration, Instant};
 pub fn resolve(host: &str, port: u16) -> std::result::Result<Vec<SocketAddr>, String> {
     let mut addrs = Vec::new();
     let mut errors = Vec::new();
-    for family in [libc::AF_INET6, libc::AF_INET] {
-        let flags = libc::AI_NUMERICSERV
-            | if family == libc::AF_INET6 {
-                libc::AI_V4MAPPED | libc::AI_ALL
-            } else {
-                0
-            };
-        match getaddrinfo(host, port, family, flags) {
+    let v4_mapped = libc::AI_V4MAPPED | libc::AI_ALL;
+    for (family, flags) in [(libc::AF_INET6, v4_mapped), (libc::AF_INET, 0)] {
+        match getaddrinfo(host, port, family, libc::AI_NUMERICSERV | flags) {
             Ok(found) => {
                 for a in found {
                     if !addrs.contains(&a) {
@@ -381,8 +376,7 @@ pub struct ServerView {
     pub other_clients: usize,
 }
 
-/// How this process sees the TCP server on `port` (see [`ServerView`]); `None` when the tables
-/// or this process's descriptors cannot be read.
+/// How this process sees the TCP server on `port`; `None` when `/proc` cannot tell.
 pub fn server_view(port: u16) -> Option<ServerView> {
     let own = own_socket_inodes()?;
     let mut rows = Vec::new();

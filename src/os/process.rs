@@ -133,8 +133,7 @@ fn start_ticks(stat: &str) -> Option<u64> {
     stat_fields(stat)?.nth(22 - 3)?.parse().ok()
 }
 
-/// This process's cgroup directory for `controller` (`pids`, `memory`): its cgroup v2
-/// directory, or v1's hierarchy of that controller, whichever `/proc/self/cgroup` names first.
+/// This process's cgroup directory for `controller`: v2's, or v1's of that controller.
 pub fn cgroup_dir(controller: &str) -> Option<String> {
     cgroup_dir_in(
         &std::fs::read_to_string("/proc/self/cgroup").ok()?,

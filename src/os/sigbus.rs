@@ -13,8 +13,7 @@
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Ranges guarded at once in a process (boards of all caches and peers); past this, a new range
-/// is mapped unguarded ([`Guard::is_guarded`] says so).
+/// Ranges guarded at once in a process; past this, a new range is unguarded.
 pub const MAX_RANGES: usize = 1024;
 
 struct Slot {

@@ -22,8 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 pub const INIT_KEY: &str = "init/";
 /// Prefix torch's client puts before every user key.
 const KEY_PREFIX: &str = "/";
-/// Reply reads never time out faster than this, even with a store timeout of 0 (which, as in
-/// torch, only means "do not wait" for `WAIT`-based operations).
+/// Reply reads never time out faster than this (a store timeout of 0 only means "do not wait").
 pub const MIN_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Size of the reused reply buffer; larger values are read straight into the result.
 const READ_BUFFER_SIZE: usize = 64 * 1024;
@@ -167,16 +166,16 @@ impl Conn {
     fn request(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
         self.out.clear();
         encode(&mut self.out).map_err(Fail::Invalid)?;
-        self.send()
+        self.send().map_err(Fail::Io)
     }
 
-    fn send(&mut self) -> Step<()> {
+    fn send(&mut self) -> io::Result<()> {
         let result = self.stream().write_all(&self.out);
         if self.out.capacity() > KEEP_OUT_CAPACITY {
             self.out = Vec::with_capacity(4096);
         }
         self.reader.get_mut().deadline = None;
-        result.map_err(Fail::Io)
+        result
     }
 
     /// Sends `WAIT keys` and waits up to `timeout` for its reply (see [`Conn::finish_wait`]).
@@ -244,14 +243,12 @@ fn user_keys<'k>(keys: &'k [&'k str]) -> impl Iterator<Item = Prefixed<'k>> + 'k
 
 /// Wire keys joined like torch's timeout message (`/a, /b`), shortened for long lists.
 fn describe_keys(keys: &[&str]) -> String {
-    let mut s = String::new();
-    for (i, k) in keys.iter().take(KEYS_IN_MESSAGE).enumerate() {
-        if i > 0 {
-            s.push_str(", ");
-        }
-        s.push_str(KEY_PREFIX);
-        s.push_str(k);
-    }
+    let shown: Vec<String> = keys
+        .iter()
+        .take(KEYS_IN_MESSAGE)
+        .map(|k| format!("{KEY_PREFIX}{k}"))
+        .collect();
+    let mut s = shown.join(", ");
     if keys.len() > KEYS_IN_MESSAGE {
         s.push_str(&format!(", ... ({} more)", keys.len() - KEYS_IN_MESSAGE));
     }
@@ -676,11 +673,7 @@ fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Resul
     conn.out.clear();
     wire::encode_validate(&mut conn.out);
     wire::encode_ping(&mut conn.out, nonce);
-    match conn.send() {
-        Ok(()) => {}
-        Err(Fail::Io(e)) => return Err(e),
-        Err(_) => return Err(io::Error::other("handshake could not be sent")),
-    }
+    conn.send()?;
     let echoed = wire::read_u32(&mut conn.reader)?;
     if echoed != nonce {
         return Err(io::Error::new(

@@ -255,8 +255,7 @@ impl Conn {
     }
 }
 
-/// Buffers at least this large are pooled, not kept by an idle connection: idle clients cost
-/// little, and a large request reuses pages already mapped instead of faulting in new ones.
+/// Buffers at least this large are pooled, not kept by an idle connection (and reused mapped).
 pub(super) const LARGE: usize = 256 * 1024;
 /// Total capacity the pool holds at most; buffers beyond it are freed.
 const POOL_BYTES: usize = 64 << 20;

@@ -35,8 +35,7 @@ const PARKED_RETRY: Duration = Duration::from_millis(5);
 /// Reply budget given back after which freed heap memory is returned to the system.
 const TRIM_AFTER: usize = 8 << 20;
 
-// Every structure guarded here stays consistent between statements, so `lock` may ignore
-// poisoning.
+// Every structure guarded here stays consistent between statements: `lock` ignores poisoning.
 
 /// What other threads hand to one loop: STOP_WAITING bytes owed to its connections, new ones.
 pub(super) struct Shard {

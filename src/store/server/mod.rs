@@ -37,15 +37,13 @@ pub struct ServerOptions {
     pub threads: usize,
 }
 
-/// Event-loop threads when [`ServerOptions::threads`] is 0: one per four cores, between one
-/// and four (the store is shared, so more threads mostly add contention).
+/// Event-loop threads when [`ServerOptions::threads`] is 0: one per four cores, one to four.
 pub fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / 4).clamp(1, 4)
 }
 
-/// Descriptors left to the rest of the process when the connection limit comes from
-/// RLIMIT_NOFILE.
+/// Descriptors left to the rest of the process when the limit comes from RLIMIT_NOFILE.
 pub const FD_RESERVE: usize = 64;
 /// The fewest clients a server takes at once, however low RLIMIT_NOFILE is.
 pub const MIN_CONNECTIONS: usize = 16;

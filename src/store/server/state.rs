@@ -9,8 +9,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-/// Values and keys are shared so that a large reply can be streamed out of them (see
-/// [`StoreState::stream_reply`]) instead of being copied whole into memory.
+/// Shared, so that a large reply can be streamed out of them (see [`StoreState::stream_reply`]).
 pub(crate) type Value = Arc<Vec<u8>>;
 pub(crate) type Key = Arc<[u8]>;
 
@@ -121,8 +120,7 @@ pub(crate) struct KeySnapshot {
     _charge: Charge,
 }
 
-/// What a streamed reply still has to write, in units: a unit is `prefix ‖ data`, and `pos`
-/// counts its bytes already written.
+/// What a streamed reply still has to write, in units of `prefix ‖ data` (`pos` bytes written).
 pub(crate) enum StreamPart {
     /// A value (or key) with its 8-byte length, as it was when the request was applied.
     Blob { data: Value, pos: usize },
@@ -140,8 +138,7 @@ pub(crate) enum StreamPart {
     },
 }
 
-/// One unit of a streamed reply: its prefix (a length, or raw bytes), the prefix's length and
-/// the data after it.
+/// One unit of a streamed reply: prefix (a length or raw bytes), the prefix's length, data.
 type Unit<'a> = ([u8; 8], usize, &'a [u8]);
 
 impl StreamPart {

@@ -3,9 +3,6 @@
 use super::*;
 use crate::error::Result;
 
-// ---------------------------------------------------------------------------------------------
-// Raw field encoders (requests and replies).
-
 pub fn put_u8(out: &mut Vec<u8>, v: u8) {
     out.push(v);
 }
@@ -72,9 +69,7 @@ impl WireBytes for Prefixed<'_> {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Request encoders. Each appends one whole request to `out`; the ones with keys or values check
-// the server's limits first and leave `out` untouched when a limit is exceeded.
+// Request encoders append one whole request to `out`, or check a limit and leave it untouched.
 
 /// `u64 len ‖ bytes` of a key (`field` "key") or a value, checked against the server's limit.
 pub(super) fn put_field<V: WireBytes + ?Sized>(
@@ -152,8 +147,7 @@ pub fn encode_ping(out: &mut Vec<u8>, nonce: u32) {
     put_u32(out, nonce);
 }
 
-/// Declares the encoders of requests of one shape: no arguments, one key, a key and a value, or
-/// a key list.
+/// Declares the encoders of requests of one shape: bare, key, key and value, or key list.
 macro_rules! encoders {
     (bare: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
         $(#[$doc])*

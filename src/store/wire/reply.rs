@@ -1,5 +1,4 @@
-//! Blocking reply readers for a client on a `Read` (a socket). Errors are `io::Error`s; a corrupt
-//! length is `InvalidData`, a closed connection `UnexpectedEof`.
+//! Blocking reply readers on a `Read`: a corrupt length is `InvalidData`, EOF `UnexpectedEof`.
 
 use super::*;
 use std::io::{self, Read};
@@ -22,8 +21,7 @@ pub fn read_i64(r: &mut impl Read) -> io::Result<i64> {
     Ok(i64::from_le_bytes(b))
 }
 
-/// Reads one blob into `out` (cleared first), growing it as bytes arrive so that a corrupt
-/// length cannot force a huge allocation up front.
+/// Reads one blob into `out` (cleared first), growing it as bytes arrive (not by the length).
 pub fn read_blob_into(r: &mut impl Read, out: &mut Vec<u8>) -> io::Result<()> {
     let len = read_i64(r)? as u64;
     if len > MAX_REPLY_BLOB_LEN {
