@@ -157,7 +157,6 @@ pub fn allow_any_ptracer() -> io::Result<()> {
     Ok(())
 }
 
-/// The effective uid of this process.
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid takes no arguments, cannot fail and touches no memory.
     unsafe { libc::geteuid() }

@@ -27,7 +27,6 @@ pub fn map_shared(fd: BorrowedFd<'_>, len: u64, what: &str) -> Result<u64> {
     Ok(ptr as u64)
 }
 
-/// `fstat(fd)`.
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     // SAFETY: an all-zero `stat` is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -38,7 +37,6 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-/// The size of `fd`'s file in bytes.
 pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(u64::try_from(fstat(fd)?.st_size).unwrap_or(0))
 }

@@ -112,46 +112,40 @@ pub fn poll_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> 
         let left = deadline.saturating_duration_since(Instant::now());
         // Round up so that a sub-millisecond remainder still waits instead of spinning.
         let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int;
-        let mut pfd = libc::pollfd {
-            fd: stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the
-        // count passed is 1; the fd belongs to `stream`, which outlives the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc > 0 {
+        match poll_one(stream, libc::POLLIN, ms) {
+            Ok(0) if Instant::now() >= deadline => return Ok(false),
+            Ok(0) => {}
             // POLLHUP/POLLERR also count: the following read reports what happened.
-            return Ok(true);
-        }
-        if rc == 0 {
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
-            continue;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// True when the other end has closed `stream` (or it failed), seen without sending or consuming.
-pub fn peer_hung_up(stream: &TcpStream) -> bool {
+/// `poll` of `events` on `stream` for at most `ms` milliseconds; the `revents` (0: timed out).
+fn poll_one(stream: &TcpStream, events: i16, ms: libc::c_int) -> io::Result<i16> {
     let mut pfd = libc::pollfd {
         fd: stream.as_raw_fd(),
-        events: libc::POLLIN | libc::POLLRDHUP,
+        events,
         revents: 0,
     };
     // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the count
-    // passed is 1; the fd belongs to `stream`, which outlives the call. Timeout 0: never blocks.
-    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if rc <= 0 {
-        // Nothing to read and no hang-up (or poll itself failed: nothing is known).
-        return false;
+    // passed is 1; the fd belongs to `stream`, which outlives the call.
+    if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+        return Err(io::Error::last_os_error());
     }
-    if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0 {
+    Ok(pfd.revents)
+}
+
+/// True when the other end has closed `stream` (or it failed), seen without sending or consuming.
+pub fn peer_hung_up(stream: &TcpStream) -> bool {
+    let revents = match poll_one(stream, libc::POLLIN | libc::POLLRDHUP, 0) {
+        // Nothing to read and no hang-up (or poll itself failed: nothing is known).
+        Ok(0) | Err(_) => return false,
+        Ok(revents) => revents,
+    };
+    if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0 {
         return true;
     }
     let mut byte = 0u8;

@@ -31,7 +31,6 @@ const KEEP_OUT_CAPACITY: usize = 1 << 20;
 /// At most this many keys are named in a wait-timeout message.
 const KEYS_IN_MESSAGE: usize = 16;
 
-/// How to connect to a TCPStore server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Store timeout: bounds `get`/`wait`/`multi_get` and every reply read. Default 300 s.
@@ -282,11 +281,6 @@ impl TcpStore {
         Ok(store)
     }
 
-    /// Another client of the same store on a connection of its own (no `ADD "init/"`).
-    pub fn duplicate(&self) -> Result<TcpStore> {
-        TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout())
-    }
-
     fn open_client(
         host: &str,
         port: u16,
@@ -309,10 +303,6 @@ impl TcpStore {
         // The new connection is clean even if a panic poisoned the lock of the old one.
         self.conn.clear_poison();
         Ok(())
-    }
-
-    pub fn host(&self) -> &str {
-        &self.host
     }
 
     pub fn port(&self) -> u16 {
@@ -608,8 +598,10 @@ impl Store for TcpStore {
     }
 
     fn separate_connection(&self) -> Option<std::sync::Arc<dyn Store>> {
-        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(self.duplicate().ok()?);
-        Some(store)
+        // Another client of the same store on a connection of its own (no `ADD "init/"`).
+        let duplicate =
+            TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout());
+        Some(std::sync::Arc::new(duplicate.ok()?))
     }
 }
 

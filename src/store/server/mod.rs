@@ -292,12 +292,10 @@ impl StoreServer {
         self.shared.connected.load(Ordering::Acquire)
     }
 
-    /// Whether the server is still serving.
     pub fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Acquire)
     }
 
-    /// Counters since the server started.
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.stats;
         ServerStats {

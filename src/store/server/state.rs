@@ -243,7 +243,6 @@ struct Waiter {
     wait_id: u64,
 }
 
-/// A WAIT that is not yet satisfied.
 #[derive(Debug)]
 struct PendingWait {
     id: u64,
@@ -706,7 +705,6 @@ fn format_i64(value: i64, buf: &mut [u8; I64_DECIMAL_MAX]) -> &[u8] {
     &buf[start..]
 }
 
-/// Where a request's effects go.
 struct Effects<'a> {
     conn: ConnId,
     out: &'a mut Vec<u8>,

@@ -52,7 +52,6 @@ pub const CHECK_READY: u8 = 0x00;
 pub const CHECK_NOT_READY: u8 = 0x01;
 /// WAIT reply: every awaited key exists now.
 pub const WAIT_STOP_WAITING: u8 = 0x00;
-/// CANCEL_WAIT reply.
 pub const WAIT_CANCELED: u8 = 0x01;
 
 /// Declares [`Command`] (wire byte, torch's upper-case name) and [`Request`] (its fields).
@@ -137,7 +136,6 @@ impl fmt::Display for Command {
     }
 }
 
-/// What was wrong with a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParseErrorKind {
     /// The command byte is not a known command.

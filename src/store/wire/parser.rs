@@ -3,7 +3,6 @@
 
 use super::*;
 
-/// Result of [`parse_frame`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parsed<'a> {
     /// A whole request and the number of bytes it used.
