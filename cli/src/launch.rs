@@ -151,13 +151,78 @@ fn spawn_reader(
 /// when it cannot.
 pub fn check_capacity(ranks: usize) -> Result<(), String> {
     let needed = (ranks as u64).saturating_mul(TASKS_PER_RANK);
-    match nvfuser_ipc::os::process::task_headroom() {
+    match task_headroom() {
         Some((room, why)) if needed > room => Err(format!(
             "{ranks} ranks need about {needed} processes and threads, more than this machine \
              lets this program start ({room} more: {why}); use fewer ranks"
         )),
         _ => Ok(()),
     }
+}
+
+/// How many more tasks (processes and threads) this process can start, as far as the system
+/// says, and the limit that bounds it: the soft RLIMIT_NPROC of this user (not for root, whom the
+/// kernel exempts; the user's tasks that already run are not counted), and the tasks left under
+/// `kernel.threads-max` and `kernel.pid_max`, and the tasks left under this process's cgroup
+/// `pids.max` (a container's usual limit). `None` when nothing bounds it.
+fn task_headroom() -> Option<(u64, String)> {
+    let mut bounds: Vec<(u64, String)> = Vec::new();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we pass; geteuid takes no arguments.
+    let (nproc, root) = unsafe {
+        (
+            libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) == 0,
+            libc::geteuid() == 0,
+        )
+    };
+    if nproc && !root && lim.rlim_cur != libc::RLIM_INFINITY {
+        bounds.push((
+            lim.rlim_cur,
+            format!(
+                "the process limit of this user (ulimit -u {})",
+                lim.rlim_cur
+            ),
+        ));
+    }
+    let read_number =
+        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    // The fourth field of /proc/loadavg is "running/total" tasks of the system.
+    let tasks_now = std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| {
+        s.split_whitespace()
+            .nth(3)?
+            .split('/')
+            .nth(1)?
+            .parse::<u64>()
+            .ok()
+    });
+    if let Some(now) = tasks_now {
+        for (path, name) in [
+            ("/proc/sys/kernel/threads-max", "kernel.threads-max"),
+            ("/proc/sys/kernel/pid_max", "kernel.pid_max"),
+        ] {
+            if let Some(max) = read_number(path) {
+                bounds.push((
+                    max.saturating_sub(now),
+                    format!("{name} = {max} with {now} tasks running"),
+                ));
+            }
+        }
+    }
+    // Tasks left under the cgroup's `pids` controller, when it sets a limit.
+    let pids = || -> Option<(u64, String)> {
+        let dir = nvfuser_ipc::os::process::cgroup_dir("pids")?;
+        let max: u64 = read_number(&format!("{dir}/pids.max"))?;
+        let current: u64 = read_number(&format!("{dir}/pids.current"))?;
+        Some((
+            max.saturating_sub(current),
+            format!("the cgroup's pids.max = {max} with {current} tasks in it"),
+        ))
+    };
+    bounds.extend(pids());
+    bounds.into_iter().min_by_key(|(n, _)| *n)
 }
 
 /// Whether an error starting a rank means the machine ran out of processes, threads or memory.

@@ -246,7 +246,7 @@ pub fn primary_context(device: i32) -> Result<Context> {
 /// rank modulo the number of devices (the device nvFuser selects for the rank), else device 0.
 pub fn default_device() -> Result<i32> {
     let count = device_count()?.max(1) as usize;
-    let local = crate::os::launcher::local_rank().unwrap_or(0);
+    let local = crate::os::launcher::local_rank_from(crate::config::process_env_utf8).unwrap_or(0);
     Ok((local % count) as i32)
 }
 

@@ -1,14 +1,10 @@
-//! Nothing of a finished job stays in `/dev/shm` (only node-local boards live there; host buffers
-//! are anonymous files, see `os::memfd`) or in the fd transport's socket directory.
+//! Nothing of a finished job stays in `/dev/shm` or in the fd transport's socket directory.
 //!
 //! Every shm name and socket file this process creates is registered in a fixed, lock-free table
-//! until it is unlinked. At normal exit (`atexit`) and on SIGTERM, SIGINT or SIGHUP (only where
-//! the disposition was the default: a host's own handlers are left alone) the registered paths
-//! are unlinked with the async-signal-safe `unlink(2)`; the signal then takes its default action.
-//! Peers that mapped a segment keep their mapping. A slot holds the creating pid too, so a forked
-//! child never unlinks its parent's files. A process killed with SIGKILL runs nothing: others
-//! reclaim its boards (`exchange::board::reclaim_dead`) and sockets
-//! (`fdpass::naming::reclaim_dead_sockets`) by the pid they record.
+//! until it is unlinked. At exit and on SIGTERM, SIGINT or SIGHUP (where the disposition was the
+//! default) the registered paths are unlinked with `unlink(2)` and the signal then takes its
+//! default action. A slot holds the creating pid, so a forked child never unlinks its parent's
+//! files. After a SIGKILL, others reclaim the boards and sockets by the pid they record.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -51,8 +47,8 @@ static AT_EXIT: AtExit = AtExit {
 /// Signals whose default action would leave the names behind.
 const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 
-/// Registers the shm `name` (with its leading `/`) for removal at exit or on a fatal signal.
-/// Returns the slot to give back to [`unregister`] once the name is unlinked.
+/// Registers the shm `name` for removal at exit or on a fatal signal; returns the slot to give
+/// back to [`unregister`] once the name is unlinked.
 pub fn register(name: &str) -> Option<usize> {
     register_path(Path::new(&format!("/dev/shm{name}")))
 }
@@ -89,8 +85,7 @@ pub fn unregister(slot: usize) {
     }
 }
 
-/// Unlinks every name this process registered and has not unlinked yet. Async-signal-safe: no
-/// allocation, no lock, only atomics and `unlink(2)`.
+/// Unlinks every name this process registered. Async-signal-safe: only atomics and `unlink(2)`.
 fn unlink_registered() {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u32;

@@ -1,7 +1,5 @@
-//! Every OS call of the fd transport that std does not offer, written once with its SAFETY note:
-//! `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `pidfd_open`/`pidfd_getfd`, `prctl(PR_SET_PTRACER)`,
-//! `fstat`, `geteuid` and `SO_PEERCRED` (socket files are unlinked at exit by `os::cleanup`).
-//! `crate::fdpass` has no `libc::` and no `unsafe` of its own.
+//! Every OS call of the fd transport that std does not offer (`SCM_RIGHTS`, pidfds,
+//! `PR_SET_PTRACER`, `SO_PEERCRED`): `crate::fdpass` has no `libc::` and no `unsafe` of its own.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -23,9 +21,8 @@ fn control_buffer(n: usize) -> Vec<u64> {
     vec![0u64; cmsg_space(n).div_ceil(8)]
 }
 
-/// Sends `bytes` on the connected stream socket `sock`, with `fd` attached as `SCM_RIGHTS` when
-/// given (attached to the first byte, so the receiver gets it with the start of the frame).
-/// `MSG_NOSIGNAL`: a closed peer gives EPIPE, never SIGPIPE. Returns the bytes sent.
+/// Sends `bytes` on the stream socket `sock`, with `fd` as `SCM_RIGHTS` on the first byte when
+/// given (`MSG_NOSIGNAL`: a closed peer gives EPIPE). Returns the bytes sent.
 pub fn send_with_fd(
     sock: BorrowedFd<'_>,
     bytes: &[u8],
@@ -63,9 +60,8 @@ pub fn send_with_fd(
     Ok(n as usize)
 }
 
-/// Receives into `buf` from the stream socket `sock`; returns the byte count (0: the peer
-/// closed) and the first fd that came with them (`MSG_CMSG_CLOEXEC`, owned by the caller; any
-/// further fds are closed). An fd cut off by a too-small control buffer is an error.
+/// Receives into `buf` from the stream socket `sock`; returns the byte count (0: the peer closed)
+/// and the first fd that came with them (further fds are closed; cut-off ones are an error).
 pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -117,8 +113,7 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
     Ok((n as usize, first))
 }
 
-/// `pidfd_open(pid, 0)` (Linux >= 5.3): a descriptor naming the process `pid` of this pid
-/// namespace.
+/// `pidfd_open(pid, 0)` (Linux >= 5.3).
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     let pid = libc::pid_t::try_from(pid)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
@@ -131,8 +126,7 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// `pidfd_getfd(pidfd, target, 0)` (Linux >= 5.6): a duplicate, in this process, of the target
-/// process's descriptor number `target`. Needs PTRACE_MODE_ATTACH_REALCREDS over the target.
+/// `pidfd_getfd(pidfd, target, 0)` (Linux >= 5.6; needs PTRACE_MODE_ATTACH_REALCREDS).
 pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_getfd takes two descriptors numbers and flags by value and returns a new fd
     // (close-on-exec) or -1; `pidfd` is open for the duration of the call.
@@ -144,9 +138,8 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> 
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`: under Yama `ptrace_scope=1`, lets any process
-/// of this user (not only ancestors) attach to this one, which `pidfd_getfd` requires. Only on
-/// explicit request (`NVFIPC_FD_PTRACER=any`): Yama names one pid or any, never a job's pids.
+/// `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`: under Yama `ptrace_scope=1`, lets any process of
+/// this user `pidfd_getfd` from this one (only with `NVFIPC_FD_PTRACER=any`).
 pub fn allow_any_ptracer() -> io::Result<()> {
     // SAFETY: prctl with PR_SET_PTRACER takes its arguments by value and touches no memory.
     let rc = unsafe {
@@ -164,16 +157,13 @@ pub fn allow_any_ptracer() -> io::Result<()> {
     Ok(())
 }
 
-/// The effective uid of this process: whom its responder serves and whose socket files it may
-/// reclaim.
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid takes no arguments, cannot fail and touches no memory.
     unsafe { libc::geteuid() }
 }
 
-/// Who is at the other end of a connected Unix socket, as the kernel recorded it when the peer
-/// connected (`SO_PEERCRED`): its pid (0 when it is in a pid namespace this one cannot see) and
-/// its effective uid and gid (the overflow id 65534 when unmapped in this user namespace).
+/// The peer of a connected Unix socket as recorded at connect (`SO_PEERCRED`): pid 0 when in a
+/// pid namespace this one cannot see, ids 65534 when unmapped in this user namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerCred {
     pub pid: u32,
@@ -217,7 +207,7 @@ pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     })
 }
 
-/// `(st_dev, st_ino)` of the open file `fd`: tells whether two descriptors name one file.
+/// `(st_dev, st_ino)` of the open file `fd`.
 pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     let st = super::mmap::fstat(fd)?;
     Ok((st.st_dev, st.st_ino))

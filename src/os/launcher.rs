@@ -19,10 +19,5 @@ pub fn local_rank_from(lookup: impl Fn(&str) -> Option<String>) -> Option<usize>
         .and_then(|value| value.trim().parse().ok())
 }
 
-/// The launcher's local rank in this process's environment, if set.
-pub fn local_rank() -> Option<usize> {
-    local_rank_from(crate::config::process_env_utf8)
-}
-
 #[cfg(test)]
 mod tests;

@@ -1,15 +1,7 @@
-//! Opening the log file (`NVFIPC_DEBUG_FILE`) for appending, safely for a path in a shared
-//! directory such as `/tmp`, where the `%h`/`%p` names are predictable:
-//!
-//! - never blocking: a FIFO with no reader would otherwise block the open, and with it the
-//!   process's first call into the library (`O_NONBLOCK`, cleared once the file is accepted);
-//! - never following a symbolic link in the last component (`O_NOFOLLOW`), so a link planted in
-//!   `/tmp` cannot make the process create or append to a file elsewhere (as root, anywhere);
-//! - a new file is created with `O_EXCL` (mode 0600), which also refuses a dangling link;
-//! - only a regular file or a terminal is accepted (checked with `fstat` on the opened
-//!   descriptor, so the check and the file written cannot differ).
-//!
-//! Directories above the last component are followed as usual.
+//! Opening the log file (`NVFIPC_DEBUG_FILE`) for appending, safely in a shared directory such
+//! as `/tmp`: never blocking on a FIFO (`O_NONBLOCK`, cleared once accepted), never following a
+//! link in the last component (`O_NOFOLLOW`), creating with `O_EXCL` (mode 0600), and accepting
+//! only a regular file or a terminal (checked with `fstat` on the opened descriptor).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -20,8 +12,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 #[derive(Debug)]
 pub struct Refused(pub String);
 
-/// Opens `path` for appending (created, mode 0600, when it does not exist) under the rules of
-/// the module docs.
+/// Opens `path` for appending (created when missing) under the rules of the module docs.
 pub fn open_append(path: &str) -> Result<File, Refused> {
     let cpath = CString::new(path).map_err(|_| Refused("the path contains a NUL byte".into()))?;
     // O_NOCTTY: a terminal given as the log never becomes the controlling terminal of a session

@@ -1,17 +1,13 @@
-//! Anonymous shared files (`memfd_create`) and their shared mappings: the memory of host buffers
-//! and host semaphore slabs, shared with peers by passing the descriptor (`crate::fdpass`).
-//!
-//! Unlike a named `/dev/shm` segment, a memfd has no name to leak: the kernel frees it when the
-//! last descriptor and mapping are gone, whether the process exits, is terminated or killed. Its
-//! pages are not limited by the size of `/dev/shm` (Docker's default is 64 MiB), only by memory.
+//! Anonymous shared files (`memfd_create`) and their mappings: the memory of host buffers and
+//! slabs, shared by passing the descriptor. Unlike a `/dev/shm` segment, a memfd has no name to
+//! leak and is not limited by the size of `/dev/shm` (Docker's default is 64 MiB).
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-/// `memfd_create(name, MFD_CLOEXEC)`: an empty anonymous file (`name` only shows in
-/// `/proc/<pid>/fd`).
+/// `memfd_create(name, MFD_CLOEXEC)`: an empty anonymous file.
 pub fn create(name: &str) -> io::Result<OwnedFd> {
     let name = CString::new(name.replace('\0', "_"))
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name"))?;
@@ -24,8 +20,8 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// An anonymous file of `bytes` bytes, every page reserved (so a lack of memory is an error here,
-/// never a SIGBUS at the first write), mapped read-write and shared.
+/// An anonymous file of `bytes` bytes, every page reserved (a lack of memory is an error here,
+/// not a SIGBUS later), mapped read-write and shared.
 pub fn create_mapped(name: &str, bytes: u64) -> Result<SharedMapping> {
     SharedMapping::map(create_reserved(name, bytes)?, bytes, name)
 }
@@ -54,8 +50,7 @@ pub fn create_reserved(name: &str, bytes: u64) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// A descriptor's file mapped read-write and shared, unmapped on drop. Keeps the descriptor, so
-/// it can be passed on.
+/// A descriptor's file mapped read-write and shared, unmapped on drop; keeps the descriptor.
 #[derive(Debug)]
 pub struct SharedMapping {
     fd: OwnedFd,
@@ -64,8 +59,7 @@ pub struct SharedMapping {
 }
 
 impl SharedMapping {
-    /// Maps the first `len` bytes of `fd`, which must be at least that long (a peer's descriptor:
-    /// a shorter file would SIGBUS at the first access past its end).
+    /// Maps the first `len` bytes of `fd`, which must be at least that long (else a SIGBUS).
     pub fn map(fd: OwnedFd, len: u64, what: &str) -> Result<SharedMapping> {
         let size = super::mmap::file_size(fd.as_fd())
             .map_err(|e| Error::from_io(format!("fstat of the shared file {what}"), &e))?;
@@ -79,7 +73,6 @@ impl SharedMapping {
         Ok(SharedMapping { fd, addr, len })
     }
 
-    /// Address of the mapping in this process.
     pub fn addr(&self) -> u64 {
         self.addr
     }
@@ -92,7 +85,6 @@ impl SharedMapping {
         self.len == 0
     }
 
-    /// The file's descriptor (for passing to peers).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -107,8 +99,7 @@ impl Drop for SharedMapping {
     }
 }
 
-/// Memory a new anonymous file can take: the kernel's `MemAvailable` and, inside a memory
-/// cgroup (v2) with a limit, what is left below that limit.
+/// Memory a new anonymous file can take: `MemAvailable`, and what is left below a cgroup limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Headroom {
     pub available: Option<u64>,
@@ -142,12 +133,10 @@ impl Headroom {
     }
 }
 
-/// Reads the current [`Headroom`].
 pub fn memory_headroom() -> Headroom {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let cgroup_left = cgroup_v2_dir(&cgroup).and_then(|dir| {
-        let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup{dir}/{f}")).ok();
+    let cgroup_left = super::process::cgroup_dir("memory").and_then(|dir| {
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
         cgroup_left(read("memory.max")?.trim(), read("memory.current")?.trim())
     });
     Headroom {
@@ -156,7 +145,7 @@ pub fn memory_headroom() -> Headroom {
     }
 }
 
-/// Refuses an allocation that cannot fit: reserving it would otherwise wake the OOM killer.
+/// Refuses an allocation that cannot fit (reserving it would wake the OOM killer).
 fn check_memory_for(name: &str, bytes: u64) -> Result<()> {
     let headroom = memory_headroom();
     match headroom.bytes() {
@@ -177,14 +166,6 @@ fn mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
-}
-
-/// The cgroup v2 path of this process (`0::<path>` in `/proc/self/cgroup`).
-fn cgroup_v2_dir(proc_self_cgroup: &str) -> Option<&str> {
-    proc_self_cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::trim)
 }
 
 /// Bytes left below a cgroup v2 `memory.max` (`max` = no limit).

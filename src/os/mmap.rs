@@ -1,14 +1,11 @@
-//! Memory mappings: the shared mapping of a descriptor's file and its `fstat` (what the named
-//! segments of `shm` and the anonymous files of `memfd` both map), reserved address ranges with
-//! files mapped at fixed places (the contiguous views of host buffers), and freed heap memory
-//! handed back to the system.
+//! Memory mappings: a descriptor's file mapped shared (for `shm` and `memfd`), reserved ranges
+//! with files mapped at fixed places (host views), and freed heap memory handed back.
 
 use crate::error::{Error, Result};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Maps the first `len` bytes of `fd`'s file read-write and shared; returns the address.
-/// `what` names the file in the error.
 pub fn map_shared(fd: BorrowedFd<'_>, len: u64, what: &str) -> Result<u64> {
     let size = usize::try_from(len)
         .map_err(|_| Error::invalid(format!("shared memory {what}: size {len} too large")))?;
@@ -30,7 +27,6 @@ pub fn map_shared(fd: BorrowedFd<'_>, len: u64, what: &str) -> Result<u64> {
     Ok(ptr as u64)
 }
 
-/// `fstat(fd)`.
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     // SAFETY: an all-zero `stat` is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -41,15 +37,11 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-/// The size of `fd`'s file in bytes.
 pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(u64::try_from(fstat(fd)?.st_size).unwrap_or(0))
 }
 
-/// Returns the allocator's free memory (at the top of each heap and whole free pages inside it,
-/// in every arena) to the system: glibc keeps freed memory for reuse, so a server that held
-/// large replies for many clients would otherwise stay that large after they left. Does nothing
-/// on other C libraries.
+/// Returns glibc's free heap memory to the system (after a server's large replies).
 pub fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers; it walks the allocator's own free lists under the
@@ -74,8 +66,7 @@ pub struct ReservedRange {
 }
 
 impl ReservedRange {
-    /// Reserves `len` bytes (a multiple of the page size) that nothing can use until a file is
-    /// mapped into them.
+    /// Reserves `len` bytes (a page multiple) of addresses, unusable until a file is mapped in.
     pub fn reserve(len: u64) -> Result<ReservedRange> {
         let size = usize::try_from(len)
             .ok()
@@ -117,9 +108,8 @@ impl ReservedRange {
         self.len == 0
     }
 
-    /// Maps `len` bytes of `fd`'s file from `file_offset` (both page multiples), read-write and
-    /// shared, `at` bytes into the range (a page multiple), replacing the reservation there.
-    /// `what` names the file in the error.
+    /// Maps `len` bytes of `fd`'s file from `file_offset`, read-write and shared, `at` bytes into
+    /// the range (all page multiples), replacing the reservation there.
     pub fn map_file(
         &self,
         at: u64,

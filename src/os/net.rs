@@ -1,11 +1,6 @@
-//! The store's TCP sockets, made like torch's: name resolution (`getaddrinfo` per address
-//! family), the server's listening socket (SO_REUSEADDR, dual-stack `[::]` with IPV6_V6ONLY=0,
-//! falling back to 0.0.0.0 without IPv6, a large backlog, close-on-exec) and its open-file limit,
-//! `poll` on one socket, errno checks, and what the kernel's socket tables (`/proc/net/tcp`,
-//! `/proc/net/tcp6`) tell about a server of this machine without connecting to it: whether it
-//! still listens (a closing rank makes no request to a host's server that has gone) and whether
-//! it runs in this process with other processes still connected (a rank whose process hosts a
-//! host's store keeps it up until the others are done with it).
+//! The store's TCP sockets, made like torch's: name resolution, the listening socket (dual-stack
+//! `[::]`, SO_REUSEADDR, a large backlog) and its open-file limit, `poll` on one socket, errno
+//! checks, and what `/proc/net/tcp{,6}` tell about a server of this machine without connecting.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
@@ -22,14 +17,9 @@ use std::time::{Duration, Instant};
 pub fn resolve(host: &str, port: u16) -> std::result::Result<Vec<SocketAddr>, String> {
     let mut addrs = Vec::new();
     let mut errors = Vec::new();
-    for family in [libc::AF_INET6, libc::AF_INET] {
-        let flags = libc::AI_NUMERICSERV
-            | if family == libc::AF_INET6 {
-                libc::AI_V4MAPPED | libc::AI_ALL
-            } else {
-                0
-            };
-        match getaddrinfo(host, port, family, flags) {
+    let v4_mapped = libc::AI_V4MAPPED | libc::AI_ALL;
+    for (family, flags) in [(libc::AF_INET6, v4_mapped), (libc::AF_INET, 0)] {
+        match getaddrinfo(host, port, family, libc::AI_NUMERICSERV | flags) {
             Ok(found) => {
                 for a in found {
                     if !addrs.contains(&a) {
@@ -49,7 +39,6 @@ pub fn resolve(host: &str, port: u16) -> std::result::Result<Vec<SocketAddr>, St
     Ok(addrs)
 }
 
-/// Safe wrapper over `getaddrinfo` for one address family (stream sockets only).
 fn getaddrinfo(
     host: &str,
     port: u16,
@@ -123,48 +112,40 @@ pub fn poll_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> 
         let left = deadline.saturating_duration_since(Instant::now());
         // Round up so that a sub-millisecond remainder still waits instead of spinning.
         let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int;
-        let mut pfd = libc::pollfd {
-            fd: stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the
-        // count passed is 1; the fd belongs to `stream`, which outlives the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc > 0 {
+        match poll_one(stream, libc::POLLIN, ms) {
+            Ok(0) if Instant::now() >= deadline => return Ok(false),
+            Ok(0) => {}
             // POLLHUP/POLLERR also count: the following read reports what happened.
-            return Ok(true);
-        }
-        if rc == 0 {
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
-            continue;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// True when the other end has closed `stream` (or it failed): a non-blocking look that sends
-/// nothing and consumes nothing, so a store client can tell its server is gone without a request
-/// that would fail.
-pub fn peer_hung_up(stream: &TcpStream) -> bool {
+/// `poll` of `events` on `stream` for at most `ms` milliseconds; the `revents` (0: timed out).
+fn poll_one(stream: &TcpStream, events: i16, ms: libc::c_int) -> io::Result<i16> {
     let mut pfd = libc::pollfd {
         fd: stream.as_raw_fd(),
-        events: libc::POLLIN | libc::POLLRDHUP,
+        events,
         revents: 0,
     };
     // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the count
-    // passed is 1; the fd belongs to `stream`, which outlives the call. Timeout 0: never blocks.
-    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if rc <= 0 {
-        // Nothing to read and no hang-up (or poll itself failed: nothing is known).
-        return false;
+    // passed is 1; the fd belongs to `stream`, which outlives the call.
+    if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+        return Err(io::Error::last_os_error());
     }
-    if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0 {
+    Ok(pfd.revents)
+}
+
+/// True when the other end has closed `stream` (or it failed), seen without sending or consuming.
+pub fn peer_hung_up(stream: &TcpStream) -> bool {
+    let revents = match poll_one(stream, libc::POLLIN | libc::POLLRDHUP, 0) {
+        // Nothing to read and no hang-up (or poll itself failed: nothing is known).
+        Ok(0) | Err(_) => return false,
+        Ok(revents) => revents,
+    };
+    if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0 {
         return true;
     }
     let mut byte = 0u8;
@@ -187,14 +168,12 @@ pub fn is_addr_in_use(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EADDRINUSE)
 }
 
-/// The message of an "address in use" error, as `io::Error` words it (for matching errors that
-/// were turned into text).
+/// The text of an "address in use" `io::Error` (to match errors turned into text).
 pub fn addr_in_use_message() -> String {
     io::Error::from_raw_os_error(libc::EADDRINUSE).to_string()
 }
 
-/// True when `e` says the process or system ran out of descriptors or memory for sockets (an
-/// `accept` worth retrying later).
+/// True when `e` says descriptors or socket memory ran out (an `accept` worth retrying later).
 pub fn is_out_of_descriptors(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -303,6 +282,16 @@ fn set_int_option(
 }
 
 fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
+    fn bind<T>(fd: &OwnedFd, sa: &T) -> libc::c_int {
+        // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in or sockaddr_in6.
+        unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (sa as *const T).cast(),
+                mem::size_of::<T>() as libc::socklen_t,
+            )
+        }
+    }
     let rc = match addr {
         SocketAddr::V4(a) => {
             // SAFETY: sockaddr_in is plain old data for which all-zero bytes are valid.
@@ -310,14 +299,7 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
             sa.sin_family = libc::AF_INET as libc::sa_family_t;
             sa.sin_port = a.port().to_be();
             sa.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
-            // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in.
-            unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
+            bind(fd, &sa)
         }
         SocketAddr::V6(a) => {
             // SAFETY: sockaddr_in6 is plain old data for which all-zero bytes are valid.
@@ -327,14 +309,7 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
             sa.sin6_addr.s6_addr = a.ip().octets();
             sa.sin6_flowinfo = a.flowinfo();
             sa.sin6_scope_id = a.scope_id();
-            // SAFETY: the pointer and length describe `sa`, a valid sockaddr_in6.
-            unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sa as *const libc::sockaddr_in6).cast(),
-                    mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
+            bind(fd, &sa)
         }
     };
     if rc != 0 {
@@ -356,10 +331,8 @@ pub fn fd_limits() -> Option<(u64, u64)> {
     Some((lim.rlim_cur, lim.rlim_max))
 }
 
-/// Raises the soft RLIMIT_NOFILE to `wanted` when it is lower and the hard limit allows it (to
-/// the hard limit when that is lower), never beyond `wanted` and never down. Returns the soft
-/// limit now in force; a limit that cannot be raised is not an error: the server then takes
-/// fewer clients at once (see `ServerOptions::max_connections`).
+/// Raises the soft RLIMIT_NOFILE towards `wanted` (never beyond it or the hard limit, never
+/// down); returns the soft limit now in force.
 pub fn raise_fd_limit(wanted: u64) -> u64 {
     let Some((soft, hard)) = fd_limits() else {
         return wanted;
@@ -397,8 +370,7 @@ pub struct ServerView {
     pub other_clients: usize,
 }
 
-/// How this process sees the TCP server on `port` (see [`ServerView`]); `None` when the tables
-/// or this process's descriptors cannot be read.
+/// How this process sees the TCP server on `port`; `None` when `/proc` cannot tell.
 pub fn server_view(port: u16) -> Option<ServerView> {
     let own = own_socket_inodes()?;
     let mut rows = Vec::new();
@@ -435,9 +407,8 @@ impl Row {
     }
 }
 
-/// The server on `port` as seen from the process owning the socket inodes `own`. A client of
-/// this process is told apart by its ephemeral port, which the accepted end names as its remote
-/// port (one table may show the client over IPv4 and the server's end over IPv6).
+/// The server on `port` as seen from the process owning the socket inodes `own`. A client of this
+/// process is told apart by its port (a table may show it over IPv4, the server's end over IPv6).
 fn view_of(rows: &[Row], port: u16, own: &std::collections::HashSet<u64>) -> ServerView {
     let ours = |r: &&Row| own.contains(&r.inode);
     let listening = rows
@@ -480,8 +451,7 @@ fn own_socket_inodes() -> Option<std::collections::HashSet<u64>> {
     )
 }
 
-/// Whether `host` names this machine: a loopback name or address, or an address (or a name that
-/// resolves to one) that a socket here can bind to.
+/// Whether `host` names this machine: loopback, or an address (or name of one) a socket can bind.
 pub fn is_this_machine(host: &str) -> bool {
     let bindable = |ip: IpAddr| ip.is_loopback() || UdpSocket::bind((ip, 0)).is_ok();
     if host.eq_ignore_ascii_case("localhost") {

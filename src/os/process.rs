@@ -22,11 +22,9 @@ pub fn thread_id() -> i64 {
     i64::from(unsafe { libc::gettid() })
 }
 
-/// Is `pid` a live process of this pid namespace (or one we may not signal, which also means it
-/// exists)? A zombie (exited, its parent has not reaped it yet) is not: it already released its
-/// memory, descriptors and device contexts, so for every question asked here (may it still map
-/// our memory, hold a board, answer for a rank) it has gone. A launcher that reaps its ranks in
-/// order would otherwise keep an exited rank "alive" until the ranks before it exit.
+/// Is `pid` a live process of this pid namespace (one we may not signal exists too)? A zombie is
+/// not: it already released its memory, descriptors and device contexts (a launcher reaping its
+/// ranks in order would otherwise keep an exited rank "alive").
 pub fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
@@ -40,9 +38,8 @@ pub fn process_alive(pid: u32) -> bool {
     exists && !is_zombie(pid)
 }
 
-/// Whether `/proc/<pid>/stat` shows `pid` exited (`Z`, zombie, or `X`, dead). False when it
-/// cannot tell: no `/proc`, or a `/proc` of another pid namespace (its `self` is not this
-/// process), where the pid would name another process.
+/// Whether `/proc/<pid>/stat` shows `pid` exited (`Z` or `X`); false without a `/proc` of this
+/// pid namespace.
 fn is_zombie(pid: libc::pid_t) -> bool {
     let exited = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
@@ -58,21 +55,19 @@ fn state_of(stat: &str) -> Option<char> {
     stat_fields(stat)?.next()?.chars().next()
 }
 
-/// The fields of a `/proc/<pid>/stat` line from the state (field 3) on: they follow the last
-/// `)`, since the command name in parentheses may hold spaces and parentheses.
+/// The fields of a `/proc/<pid>/stat` line from the state (field 3) on, after the last `)` (the
+/// command name may hold spaces and parentheses).
 fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
     let (_, after_name) = stat.rsplit_once(')')?;
     Some(after_name.split_whitespace())
 }
 
-/// Inode of `/proc/self/ns/<kind>` (`ipc`, `pid`, ...), 0 when unknown: equal for processes of
-/// one namespace.
+/// Inode of `/proc/self/ns/<kind>` (`ipc`, `pid`, ...), 0 when unknown.
 pub fn ns_inode(kind: &str) -> u64 {
     std::fs::metadata(format!("/proc/self/ns/{kind}")).map_or(0, |m| m.ino())
 }
 
-/// Time since this kernel booted (`CLOCK_BOOTTIME`, which counts suspended time too), or `None`
-/// where that clock is missing.
+/// Time since this kernel booted (`CLOCK_BOOTTIME`, suspended time included).
 pub fn since_boot() -> Option<std::time::Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -89,9 +84,7 @@ pub fn since_boot() -> Option<std::time::Duration> {
     ))
 }
 
-/// [`since_boot`] in nanoseconds when this library was loaded (0: not recorded), set by the
-/// loader through `.init_array`: at process start when the program links the library, later when
-/// it loads it at run time.
+/// [`since_boot`] in nanoseconds when this library was loaded (0: not recorded).
 // process-wide: written by the load-time constructor below, before any object exists.
 static LOADED_AT: AtomicU64 = AtomicU64::new(0);
 
@@ -104,18 +97,15 @@ extern "C" fn record_load() {
     }
 }
 
-/// Runs [`record_load`] when the library is loaded. It only reads a clock and stores an atomic,
-/// which needs nothing of the Rust runtime to be set up yet.
+/// Runs [`record_load`] when the library is loaded (it needs nothing of the Rust runtime).
 // process-wide: a load-time constructor is the loader's, run once per process.
 #[used]
 #[link_section = ".init_array"]
 static RECORD_LOAD: extern "C" fn() = record_load;
 
-/// A time since boot (on [`since_boot`]'s clock) by which this process had certainly started:
-/// the earlier of the library's load (exact) and the end of the clock tick in which the process
-/// started (field 22, `starttime`, of `/proc/self/stat`, in `sysconf(_SC_CLK_TCK)` ticks; on the
-/// boot clock from Linux 5.5, before on the monotonic clock, which equals it on machines that
-/// never suspended). `None` when neither is known.
+/// A time since boot by which this process had certainly started: the earlier of the library's
+/// load and the end of the clock tick of `/proc/self/stat`'s `starttime` (on the boot clock from
+/// Linux 5.5, before on the monotonic one).
 pub fn started_by() -> Option<std::time::Duration> {
     let loaded = match LOADED_AT.load(Ordering::Relaxed) {
         0 => None,
@@ -143,83 +133,26 @@ fn start_ticks(stat: &str) -> Option<u64> {
     stat_fields(stat)?.nth(22 - 3)?.parse().ok()
 }
 
-/// How many more tasks (processes and threads) this process can start, as far as the system
-/// says, and the limit that bounds it: the soft RLIMIT_NPROC of this user (not for root, whom the
-/// kernel exempts; the user's tasks that already run are not counted), and the tasks left under
-/// `kernel.threads-max` and `kernel.pid_max`, and the tasks left under this process's cgroup
-/// `pids.max` (a container's usual limit). `None` when nothing bounds it.
-pub fn task_headroom() -> Option<(u64, String)> {
-    let mut bounds: Vec<(u64, String)> = Vec::new();
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into the struct we pass; geteuid takes no arguments.
-    let (nproc, root) = unsafe {
-        (
-            libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) == 0,
-            libc::geteuid() == 0,
-        )
-    };
-    if nproc && !root && lim.rlim_cur != libc::RLIM_INFINITY {
-        bounds.push((
-            lim.rlim_cur,
-            format!(
-                "the process limit of this user (ulimit -u {})",
-                lim.rlim_cur
-            ),
-        ));
-    }
-    let read_number =
-        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
-    // The fourth field of /proc/loadavg is "running/total" tasks of the system.
-    let tasks_now = std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| {
-        s.split_whitespace()
-            .nth(3)?
-            .split('/')
-            .nth(1)?
-            .parse::<u64>()
-            .ok()
-    });
-    if let Some(now) = tasks_now {
-        for (path, name) in [
-            ("/proc/sys/kernel/threads-max", "kernel.threads-max"),
-            ("/proc/sys/kernel/pid_max", "kernel.pid_max"),
-        ] {
-            if let Some(max) = read_number(path) {
-                bounds.push((
-                    max.saturating_sub(now),
-                    format!("{name} = {max} with {now} tasks running"),
-                ));
-            }
-        }
-    }
-    if let Some(bound) = cgroup_pids_headroom() {
-        bounds.push(bound);
-    }
-    bounds.into_iter().min_by_key(|(n, _)| *n)
+/// This process's cgroup directory for `controller`: v2's, or v1's of that controller.
+pub fn cgroup_dir(controller: &str) -> Option<String> {
+    cgroup_dir_in(
+        &std::fs::read_to_string("/proc/self/cgroup").ok()?,
+        controller,
+    )
 }
 
-/// Tasks left under the `pids` controller of this process's cgroup (v2, or v1's `pids`
-/// hierarchy), when it sets a limit.
-fn cgroup_pids_headroom() -> Option<(u64, String)> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let dir = text.lines().find_map(|line| {
+fn cgroup_dir_in(proc_self_cgroup: &str, controller: &str) -> Option<String> {
+    proc_self_cgroup.lines().find_map(|line| {
         let mut fields = line.splitn(3, ':');
-        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?.trim());
         match controllers {
             "" => Some(format!("/sys/fs/cgroup{path}")),
-            c if c.split(',').any(|c| c == "pids") => Some(format!("/sys/fs/cgroup/pids{path}")),
+            c if c.split(',').any(|c| c == controller) => {
+                Some(format!("/sys/fs/cgroup/{controller}{path}"))
+            }
             _ => None,
         }
-    })?;
-    let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
-    let max: u64 = read("pids.max")?.trim().parse().ok()?;
-    let current: u64 = read("pids.current")?.trim().parse().ok()?;
-    Some((
-        max.saturating_sub(current),
-        format!("the cgroup's pids.max = {max} with {current} tasks in it"),
-    ))
+    })
 }
 
 #[cfg(test)]

@@ -1,16 +1,11 @@
-//! A POSIX shared-memory segment (`shm_open` + `mmap`), owned or opened.
-//!
-//! The creator unlinks the name when it is done ([`ShmSegment::unlink`], or on drop when it still
-//! owns the name); openers only unmap. Mapped memory stays valid in every process that mapped it
-//! until that process unmaps it, even after the name is unlinked.
+//! A POSIX shared-memory segment (`shm_open` + `mmap`), owned or opened. The creator unlinks the
+//! name ([`ShmSegment::unlink`], or on drop); openers only unmap. Mappings outlive the name.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-/// One mapped segment. Unmapped on drop; unlinked on drop if this process created it and has not
-/// unlinked it yet.
 #[derive(Debug)]
 pub struct ShmSegment {
     name: String,
@@ -29,7 +24,7 @@ pub fn shm_space() -> String {
     }
 }
 
-/// Free and total bytes of the file system at `/dev/shm`, when it can be read.
+/// Free and total bytes of `/dev/shm`.
 pub fn shm_free_and_total() -> Option<(u64, u64)> {
     // SAFETY: an all-zero `statvfs` is a valid value to be overwritten.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -103,8 +98,7 @@ impl ShmSegment {
                 &err,
             ));
         }
-        // ftruncate is sparse: on a full tmpfs the first write past its capacity would kill the
-        // process with SIGBUS. Reserve every page now so a lack of space is an error here.
+        // ftruncate is sparse: reserve every page now, so a full tmpfs is an error, not a SIGBUS.
         // SAFETY: `fd` is an open shm descriptor; the range is within the size just set.
         let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, off_len) };
         if rc != 0 {
@@ -127,8 +121,7 @@ impl ShmSegment {
         Self::open_inner(name, min_len, false)
     }
 
-    /// Like [`open`](Self::open), but a segment that is still shorter than `min_len` (its creator
-    /// has not sized it yet) also gives `Ok(None)`.
+    /// Like [`open`](Self::open), but a segment not yet sized to `min_len` also gives `Ok(None)`.
     pub fn open_when_sized(name: &str, min_len: u64) -> Result<Option<ShmSegment>> {
         Self::open_inner(name, min_len, true)
     }

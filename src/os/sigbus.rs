@@ -1,30 +1,19 @@
-//! A process-wide SIGBUS guard for shared mappings that another process may shrink.
+//! A process-wide SIGBUS guard for shared mappings that another process may shrink (a board in
+//! `/dev/shm`; docs/PROTOCOL.md §4). In a guarded range the handler replaces the whole range with
+//! private zero pages (as Wayland compositors do for shm pools), marks it truncated and returns,
+//! so the access is retried on the zero pages; the owner turns the mark into an error
+//! ([`Guard::truncated`]). Unlike an `fstat` before each access, this is race-free and costs
+//! nothing until a fault. Any other SIGBUS goes to the previous handler (or the default).
 //!
-//! A shared file mapped here (a rank's board in `/dev/shm`) can be truncated by any process of
-//! the same uid; the next access past the new end raises SIGBUS, which kills by default. In a
-//! guarded range the handler instead replaces the whole range with private zero pages
-//! (`mmap(MAP_FIXED | MAP_ANONYMOUS)`, as Wayland compositors do for clients' shm pools), marks
-//! it truncated and returns, so the access is retried on the zero pages; the range's owner turns
-//! the mark into an error at its next check ([`Guard::truncated`]).
-//!
-//! Why not a size check (`fstat`) before each access: it is racy (the file can shrink right
-//! after), costs a syscall per exchange and needs the descriptor kept open; the guard costs
-//! nothing until a fault, and checking the mark is one atomic load.
-//!
-//! Any other SIGBUS (outside every guarded range, or sent with `kill`) goes to the previous
-//! handler, or, when that was the default, the default is restored and the signal raised again.
-//!
-//! The handler is async-signal-safe: a fixed table of atomics (no allocation, no lock), `mmap`,
-//! and `errno` saved and restored. Each slot is a seqlock, so a slot being written while the
-//! handler reads it is skipped. A range is released (its [`Guard`] dropped) before it is
-//! unmapped, and a fault comes from an access to a live range, so its owner cannot release it
+//! The handler is async-signal-safe: a fixed table of atomics, `mmap`, `errno` saved and
+//! restored. Each slot is a seqlock (a slot being written is skipped). A range is released before
+//! it is unmapped, and a fault comes from an access to a live range, so it cannot be released
 //! concurrently.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Ranges guarded at once in a process (boards of all caches and peers); past this, a new range
-/// is mapped unguarded ([`Guard::is_guarded`] says so).
+/// Ranges guarded at once in a process; past this, a new range is unguarded.
 pub const MAX_RANGES: usize = 1024;
 
 struct Slot {
@@ -51,10 +40,9 @@ const EMPTY: Slot = Slot {
 /// The handler's table and what installing it found.
 struct Handler {
     slots: [Slot; MAX_RANGES],
-    /// Whether the handler was installed (set once, on the first guard).
+    /// Whether the handler was installed (on the first guard).
     installed: OnceLock<bool>,
-    /// The SIGBUS action found when the guard was installed: where other faults go. Set before
-    /// ours is installed, so the handler always finds it.
+    /// The SIGBUS action ours replaced (set first): where other faults go.
     previous: OnceLock<libc::sigaction>,
 }
 
@@ -71,9 +59,8 @@ pub struct Guard {
     slot: Option<usize>,
 }
 
-/// Guards `len` bytes at `addr` (a shared mapping of this process) against a shrinking file.
-/// The returned guard is unguarded when the handler could not be installed or every slot is
-/// taken: then a truncation kills the process as before.
+/// Guards `len` bytes at `addr` (a shared mapping of this process) against a shrinking file;
+/// unguarded when the handler could not be installed or every slot is taken.
 pub fn guard(addr: u64, len: u64) -> Guard {
     if !install() || len == 0 {
         return Guard { slot: None };
@@ -101,8 +88,7 @@ fn write_range(s: &Slot, start: usize, len: usize) {
 }
 
 impl Guard {
-    /// Whether a SIGBUS in the range was absorbed: the file behind it was truncated or shrunk,
-    /// and the range now holds private zero pages.
+    /// Whether a SIGBUS in the range was absorbed (the range now holds private zero pages).
     pub fn truncated(&self) -> bool {
         self.slot
             .is_some_and(|i| HANDLER.slots[i].truncated.load(Ordering::Acquire))
@@ -146,7 +132,7 @@ fn install() -> bool {
     })
 }
 
-/// The guarded slot whose range holds `addr`, with that range (start, len) as read consistently.
+/// The guarded slot whose range holds `addr`, with that range (start, len).
 fn find(addr: usize) -> Option<(&'static Slot, usize, usize)> {
     HANDLER.slots.iter().find_map(|s| {
         let before = s.seq.load(Ordering::Acquire);

@@ -1,15 +1,10 @@
-//! Bounded waiting on values in shared memory: spin briefly (the common case is a peer that is a
-//! few hundred nanoseconds behind), then yield, then sleep with a growing interval capped at
-//! [`MAX_SLEEP`], always bounded by a deadline. No wake-up call is needed from the writer. Slower
-//! waits (a peer closing) use the same routine at the [`SLEEPING`] pace.
+//! Bounded waiting on values in shared memory: spin briefly (a peer is usually a few hundred
+//! nanoseconds behind), then yield, then sleep up to [`MAX_SLEEP`] at a time until a deadline.
 //!
-//! Where the writer wakes its waiters (the exchange's boards: [`futex_wait`] and
-//! [`futex_wake_all`] on a word of a shared mapping, the shared kind, not
-//! `FUTEX_PRIVATE_FLAG`), [`wait_blocking`] blocks after the spins instead of sleeping, and
-//! [`blocking_pace`] chooses how long it spins: long while every runnable thread has a core of
-//! its own ([`usable_cores`]; a wake-up costs far more than a peer a few microseconds late),
-//! hardly at all when the node is [`oversubscribed`] (a spinning waiter then takes the core its
-//! peer needs to get there).
+//! Where the writer wakes its waiters (the boards: [`futex_wait`] and [`futex_wake_all`] on a
+//! word of a shared mapping), [`wait_blocking`] blocks instead of sleeping, and [`blocking_pace`]
+//! spins long while every runnable thread has a core, hardly at all when the node is
+//! [`oversubscribed`] (a spinning waiter then takes the core its peer needs).
 
 use once_cell::sync::Lazy;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -24,8 +19,7 @@ pub struct Pace {
     pub max_sleep: Duration,
 }
 
-/// Longest sleep between two checks of [`wait_until`], which bounds the extra latency of a slow
-/// wait.
+/// Longest sleep between two checks of [`wait_until`].
 pub const MAX_SLEEP: Duration = Duration::from_micros(500);
 
 /// For a value a peer is about to write: spin briefly, then yield, then sleep up to [`MAX_SLEEP`].
@@ -44,8 +38,7 @@ pub const SLEEPING: Pace = Pace {
     max_sleep: Duration::from_millis(5),
 };
 
-/// How a blocking wait polls: `spins`, then `yields`, then blocks at most `slice` at a time
-/// (between two slices the caller's check runs again, e.g. whether the peer still lives).
+/// How a blocking wait polls: `spins`, then `yields`, then blocks at most `slice` at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockingPace {
     pub spins: u32,
@@ -53,8 +46,7 @@ pub struct BlockingPace {
     pub slice: Duration,
 }
 
-/// Longest block of a [`wait_blocking`] between two checks, when no wake comes: bounds how late
-/// a peer that died without waking anyone is noticed.
+/// Longest block of a [`wait_blocking`] between two checks (how late a dead peer is noticed).
 pub const BLOCK_SLICE: Duration = Duration::from_millis(20);
 
 /// Every waiter has a core: spin for a peer tens of microseconds late, yield a little, block.
@@ -64,19 +56,16 @@ pub const SPIN_THEN_BLOCK: BlockingPace = BlockingPace {
     slice: BLOCK_SLICE,
 };
 
-/// More runnable threads than cores: stop spinning almost at once (a spin keeps the core the
-/// peer needs) but yield a while before blocking: a yield hands the core to a runnable peer at
-/// once, while a futex wake-up costs tens to hundreds of microseconds on an oversubscribed
-/// node (measured on 2 cores: 2 yields before blocking put the 4-rank warm call at 11 us, 200 at
-/// 2 us, with the 8-rank pool call at 45 us either way).
+/// More runnable threads than cores: hardly spin (it keeps the core the peer needs) but yield a
+/// while before blocking, as a futex wake-up costs far more there (measured on 2 cores: 2 yields
+/// put the 4-rank warm call at 11 us, 200 at 2 us).
 pub const BLOCK_SOON: BlockingPace = BlockingPace {
     spins: 50,
     yields: 200,
     slice: BLOCK_SLICE,
 };
 
-/// The pace of a wait on a peer where `local_ranks` ranks share the node (see
-/// [`oversubscribed`], which also counts the other runnable threads of the node).
+/// The pace of a wait on a peer where `local_ranks` ranks share the node.
 pub fn blocking_pace(local_ranks: usize) -> BlockingPace {
     if oversubscribed(local_ranks) {
         BLOCK_SOON
@@ -86,9 +75,8 @@ pub fn blocking_pace(local_ranks: usize) -> BlockingPace {
 }
 
 /// Calls `attempt(None)` (check now) until it returns `Some` or `timeout` has passed (then
-/// `None`), spinning then yielding as `pace` says; after that calls `attempt(Some(slice))`,
-/// which may block up to `slice` (until its writer wakes it) before it checks. With a zero
-/// timeout `attempt(None)` is called exactly once.
+/// `None`), spinning then yielding as `pace` says, then `attempt(Some(slice))`, which may block
+/// up to `slice` before it checks. A zero timeout checks exactly once.
 pub fn wait_blocking<T>(
     pace: BlockingPace,
     timeout: Duration,
@@ -124,52 +112,31 @@ pub fn wait_blocking<T>(
     }
 }
 
-/// Calls `ready` until it returns `Some` or `timeout` has passed (then `None`), at the
-/// [`SHARED_MEMORY`] pace. With a zero timeout `ready` is checked exactly once.
+/// Calls `ready` until it returns `Some` or `timeout` has passed, at the [`SHARED_MEMORY`] pace.
 pub fn wait_until<T>(timeout: Duration, ready: impl FnMut() -> Option<T>) -> Option<T> {
     wait_paced(SHARED_MEMORY, timeout, ready)
 }
 
-/// [`wait_until`] at another pace. The one place where "a zero timeout checks once" is made.
+/// [`wait_until`] at another pace: [`wait_blocking`] whose block is a sleep, growing from
+/// `first_sleep` to `max_sleep`.
 pub fn wait_paced<T>(
     pace: Pace,
     timeout: Duration,
     mut ready: impl FnMut() -> Option<T>,
 ) -> Option<T> {
-    if let Some(v) = ready() {
-        return Some(v);
-    }
-    if timeout.is_zero() {
-        return None;
-    }
-    for _ in 0..pace.spins {
-        std::hint::spin_loop();
-        if let Some(v) = ready() {
-            return Some(v);
-        }
-    }
-    let deadline = Instant::now() + timeout;
-    for _ in 0..pace.yields {
-        std::thread::yield_now();
-        if let Some(v) = ready() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-    }
+    let blocking = BlockingPace {
+        spins: pace.spins,
+        yields: pace.yields,
+        slice: pace.max_sleep,
+    };
     let mut sleep = pace.first_sleep;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return ready();
+    wait_blocking(blocking, timeout, |block| {
+        if let Some(max) = block {
+            std::thread::sleep(sleep.min(max));
+            sleep = (sleep * 2).min(pace.max_sleep);
         }
-        std::thread::sleep(sleep.min(deadline - now));
-        sleep = (sleep * 2).min(pace.max_sleep);
-        if let Some(v) = ready() {
-            return Some(v);
-        }
-    }
+        ready()
+    })
 }
 
 /// What [`usable_cores`] and [`oversubscribed`] read once and cache.
@@ -177,8 +144,7 @@ struct Cpu {
     /// Cores in this process's affinity mask, at least 1.
     cores: usize,
     start: Instant,
-    /// Bit 63: the last answer of [`oversubscribed`]; the rest: when it was read (ns since
-    /// `start`, +1 so 0 = never).
+    /// Bit 63: the last answer of [`oversubscribed`]; the rest: when (ns since `start`, +1).
     last: AtomicU64,
 }
 
@@ -203,8 +169,7 @@ pub fn usable_cores() -> usize {
     CPU.cores
 }
 
-/// Threads runnable on the node right now (the fourth field of `/proc/loadavg`, `R/T`), or
-/// `None` where it cannot be read.
+/// Threads runnable on the node right now (`R` of `/proc/loadavg`'s `R/T`).
 pub fn runnable_threads() -> Option<usize> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     parse_runnable(&text)
@@ -223,8 +188,8 @@ fn parse_runnable(loadavg: &str) -> Option<usize> {
 /// How long a reading of [`runnable_threads`] is reused (reading it costs a few microseconds).
 const REFRESH_NS: u64 = 50_000_000;
 
-/// Whether more threads are runnable than this process has cores, read at most every 50 ms.
-/// `local_ranks` is a lower bound of the runnable threads (ranks sharing the node).
+/// Whether more threads are runnable than this process has cores (`local_ranks` at least), read
+/// at most every 50 ms.
 pub fn oversubscribed(local_ranks: usize) -> bool {
     let cores = CPU.cores;
     if local_ranks > cores {
@@ -244,8 +209,7 @@ pub fn oversubscribed(local_ranks: usize) -> bool {
     over
 }
 
-/// Blocks while `word` holds `expected`, at most `max` (spurious returns are allowed: callers
-/// check their condition again).
+/// Blocks while `word` holds `expected`, at most `max` (spurious returns are allowed).
 pub fn futex_wait(word: &AtomicU32, expected: u32, max: Duration) {
     let ts = libc::timespec {
         tv_sec: max.as_secs().min(i64::MAX as u64) as libc::time_t,

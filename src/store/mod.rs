@@ -1,9 +1,6 @@
 //! Key-value stores: the [`Store`] trait that the barrier and the exchange use, a client and an
-//! embedded server for PyTorch's TCPStore wire protocol. (A store backed by host callbacks is
-//! the C boundary's business: `ffi::store_callbacks` implements [`Store`] over a C vtable.)
-//!
-//! Keys given to a [`Store`] are *user keys*, as in `c10d::Store`: the TCP client puts the `/`
-//! prefix on the wire exactly like torch's client, so Python code sees the same keys.
+//! embedded server for PyTorch's TCPStore wire protocol (`ffi::store_callbacks` implements
+//! [`Store`] over a host's C vtable). Keys are *user keys*, as in `c10d::Store`.
 
 pub mod client;
 #[cfg(test)]
@@ -21,24 +18,19 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// What a store can tell about its server without sending a request (see [`Store::liveness`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Liveness {
-    /// Reachable as far as can be seen: the server is in this process, or the connection to it
-    /// is open and the server has not closed it.
+    /// Reachable as far as can be seen: the server is here, or the connection to it is open.
     Alive,
     /// The server closed the connection or the connection failed: every request would fail.
     Gone,
     /// The store cannot tell without a request (a store implemented by the host, for example).
     Unknown,
-    /// The server runs in this process although this library did not start it (a host's store
-    /// created as the server, as nvFuser's rank 0 creates its `c10d::TCPStore`), and
-    /// `other_clients` connections of other processes are still open to it: it is reachable,
-    /// and it goes when this process exits.
+    /// A host's server runs in this process (nvFuser's rank 0 `c10d::TCPStore`) with
+    /// `other_clients` connections of other processes open: it goes when this process exits.
     ServedHere { other_clients: usize },
 }
 
-/// A key-value store with the semantics of `c10d::Store`.
-///
-/// Implementations are shared between threads; each call is atomic with respect to the others
-/// on the same object. Only the waiting operations (`get`, `wait`, `multi_get`) take a timeout.
+/// A key-value store with the semantics of `c10d::Store`, shared between threads; each call is
+/// atomic. Only the waiting operations (`get`, `wait`, `multi_get`) take a timeout.
 pub trait Store: Send + Sync {
     /// Upserts `key`; wakes waiters of `key`.
     fn set(&self, key: &str, value: &[u8]) -> Result<()>;
@@ -74,9 +66,7 @@ pub trait Store: Send + Sync {
     }
 
     /// Deletes every key of `delete` (missing ones are fine), sets `set` when given, then waits
-    /// for every key of `wait` (none: returns at once). The TCP client sends all of it in one
-    /// message; a SET has no reply, so a caller that only sets and waits is woken once, when
-    /// the wait ends.
+    /// for every key of `wait`. The TCP client sends it all in one message.
     fn update_then_wait(
         &self,
         delete: &[&str],
@@ -101,16 +91,14 @@ pub trait Store: Send + Sync {
         DEFAULT_TIMEOUT
     }
 
-    /// Whether the store can still be reached, as far as can be seen without a request: used at
-    /// teardown, where a request to a server that has gone would fail (and a host's store may
-    /// print warnings when it does).
+    /// Whether the store can still be reached, seen without a request (for teardown, where a
+    /// request to a server that has gone would fail).
     fn liveness(&self) -> Liveness {
         Liveness::Unknown
     }
 
-    /// A second connection to the same store, for a background user whose round trips must not
-    /// hold this one's requests back (the exchange's key collector); `None` when the store
-    /// cannot open one (then the caller shares this one).
+    /// A second connection to the same store, for a background user (the exchange's key
+    /// collector); `None` when the store cannot open one.
     fn separate_connection(&self) -> Option<std::sync::Arc<dyn Store>> {
         None
     }

@@ -39,3 +39,16 @@ fn this_process_started_before_now_and_the_load_was_recorded() {
     assert_ne!(LOADED_AT.load(Ordering::Relaxed), 0);
     assert!(started_by().unwrap() <= since_boot().unwrap());
 }
+
+#[test]
+fn cgroup_dirs_are_found_for_v2_and_v1() {
+    assert_eq!(
+        cgroup_dir_in("0::/user.slice/x\n", "memory").as_deref(),
+        Some("/sys/fs/cgroup/user.slice/x")
+    );
+    assert_eq!(
+        cgroup_dir_in("3:cpu,pids:/a\n0::/b\n", "pids").as_deref(),
+        Some("/sys/fs/cgroup/pids/a")
+    );
+    assert_eq!(cgroup_dir_in("1:memory:/a\n", "pids"), None);
+}

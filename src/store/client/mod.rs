@@ -1,19 +1,12 @@
-//! Client for PyTorch's TCPStore wire protocol, behaving on the wire like torch 2.11's C++
-//! client (`c10d::TCPStore`), so it works against torch's servers (libuv and classic) and ours.
+//! Client for PyTorch's TCPStore wire protocol, behaving on the wire like torch 2.11's C++ client
+//! (docs/PROTOCOL.md §1), so it works against torch's servers (libuv and classic) and ours.
 //!
-//! - Connect: `getaddrinfo` (v4-mapped IPv6, then IPv4), a non-blocking connect
-//!   per address retried with jittered backoff until `connect_timeout`, `VALIDATE` + `PING`
-//!   (nonce = pid), then `ADD "init/" 1` when [`ConnectOptions::wait_for_workers`] is set.
-//! - User keys get torch's `/` prefix on the wire (`"init/"` does not).
-//! - `get`, `wait`, `multi_get` and a blocking `queue_pop` send `WAIT` and `poll` for its reply;
-//!   on timeout they send `CANCEL_WAIT` and fail with torch's text (`wait timeout after 1000ms,
-//!   keys: /nokey`). Unlike torch, every reply read is bounded by the store timeout (at least
-//!   [`MIN_REPLY_TIMEOUT`]).
-//! - Requests over the limits of torch's default server are refused with
-//!   [`Status::InvalidArgument`] before anything is sent; the connection stays usable.
-//! - One connection behind a mutex, one request in flight, written with one syscall from a
-//!   reused buffer. After an I/O or protocol error the connection is broken and later calls
-//!   fail at once; call [`TcpStore::reconnect`] or create a new store.
+//! - Waits time out with torch's text (`wait timeout after 1000ms, keys: /nokey`); unlike torch,
+//!   every reply read is bounded by the store timeout (at least [`MIN_REPLY_TIMEOUT`]).
+//! - Requests over the server's limits fail with [`Status::InvalidArgument`] before anything is
+//!   sent; the connection stays usable.
+//! - One connection behind a mutex, one request in flight. After an I/O or protocol error the
+//!   connection is broken and later calls fail at once until [`TcpStore::reconnect`].
 
 use crate::error::{Error, Result, Status};
 use crate::store::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
@@ -29,8 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 pub const INIT_KEY: &str = "init/";
 /// Prefix torch's client puts before every user key.
 const KEY_PREFIX: &str = "/";
-/// Reply reads never time out faster than this, even with a store timeout of 0 (which, as in
-/// torch, only means "do not wait" for `WAIT`-based operations).
+/// Reply reads never time out faster than this (a store timeout of 0 only means "do not wait").
 pub const MIN_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Size of the reused reply buffer; larger values are read straight into the result.
 const READ_BUFFER_SIZE: usize = 64 * 1024;
@@ -39,16 +31,14 @@ const KEEP_OUT_CAPACITY: usize = 1 << 20;
 /// At most this many keys are named in a wait-timeout message.
 const KEYS_IN_MESSAGE: usize = 16;
 
-/// How to connect to a TCPStore server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Store timeout: bounds `get`/`wait`/`multi_get` and every reply read. Default 300 s.
     pub timeout: Duration,
-    /// How long to keep retrying the connection (connect, VALIDATE, PING). Default 300 s, the
-    /// same as the store timeout, as in torch.
+    /// How long to keep retrying the connection (connect, VALIDATE, PING). Default 300 s.
     pub connect_timeout: Duration,
-    /// `Some(world_size)`: send `ADD "init/" 1` after connecting, like a torch store created
-    /// with `world_size` and `wait_for_workers=True` (a torch master waits for these).
+    /// `Some(world_size)`: send `ADD "init/" 1` after connecting, like a torch store created with
+    /// `wait_for_workers=True`.
     pub wait_for_workers: Option<usize>,
 }
 
@@ -89,7 +79,6 @@ impl fmt::Debug for TcpStore {
     }
 }
 
-/// Why a request failed, before it is turned into an [`Error`] with the store's address.
 enum Fail {
     /// The request was refused before anything was sent (limits); the connection is fine.
     Invalid(Error),
@@ -108,8 +97,7 @@ impl From<io::Error> for Fail {
 
 type Step<T> = std::result::Result<T, Fail>;
 
-/// Reads from the socket with a per-reply deadline: each `read` is bounded by `SO_RCVTIMEO`, and
-/// a reply that needs several reads fails once the deadline set at its first read has passed.
+/// Reads with a per-reply deadline, set at the reply's first read (each read has `SO_RCVTIMEO`).
 struct SocketReader {
     stream: TcpStream,
     timeout: Duration,
@@ -133,7 +121,6 @@ impl Read for SocketReader {
     }
 }
 
-/// The one connection: socket, reused request and reply buffers, and whether it is usable.
 struct Conn {
     reader: BufReader<SocketReader>,
     out: Vec<u8>,
@@ -173,25 +160,24 @@ impl Conn {
         Ok(())
     }
 
-    /// Encodes one request into the reused buffer (nothing is sent when encoding fails), writes
-    /// it (one syscall unless the kernel takes it partially) and starts its reply's deadline.
+    /// Encodes one request (nothing is sent when that fails), writes it and starts its reply's
+    /// deadline.
     fn request(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Step<()> {
         self.out.clear();
         encode(&mut self.out).map_err(Fail::Invalid)?;
-        self.send()
+        self.send().map_err(Fail::Io)
     }
 
-    fn send(&mut self) -> Step<()> {
+    fn send(&mut self) -> io::Result<()> {
         let result = self.stream().write_all(&self.out);
         if self.out.capacity() > KEEP_OUT_CAPACITY {
             self.out = Vec::with_capacity(4096);
         }
         self.reader.get_mut().deadline = None;
-        result.map_err(Fail::Io)
+        result
     }
 
-    /// Sends `WAIT keys` and waits up to `timeout` for its reply; on timeout cancels the wait
-    /// (a late `00 01` means the keys arrived: success; `01` returns [`Fail::WaitTimeout`]).
+    /// Sends `WAIT keys` and waits up to `timeout` for its reply (see [`Conn::finish_wait`]).
     fn wait<'k>(
         &mut self,
         keys: impl IntoIterator<Item = Prefixed<'k>>,
@@ -201,15 +187,13 @@ impl Conn {
         self.finish_wait(timeout)
     }
 
-    /// Waits up to `timeout` for the reply of a WAIT already sent, cancelling it on timeout.
+    /// Waits up to `timeout` for the reply of a WAIT already sent; on timeout cancels it (a late
+    /// `00 01` means the keys arrived: success; `01` returns [`Fail::WaitTimeout`]).
     fn finish_wait(&mut self, timeout: Duration) -> Step<()> {
         if self.reader.buffer().is_empty()
             && !crate::os::net::poll_readable(self.stream(), timeout)?
         {
-            self.request(|out| {
-                wire::encode_cancel_wait(out);
-                Ok(())
-            })?;
+            self.request(bare(wire::encode_cancel_wait))?;
             let first = wire::read_u8(&mut self.reader)?;
             // `00 01`: every key arrived just before the cancel. The wait was satisfied, so
             // report success (torch reports a timeout here; its callers then retry or fail).
@@ -239,6 +223,14 @@ impl Conn {
     }
 }
 
+/// An encoder of a request that cannot exceed a limit.
+fn bare(encode: impl FnOnce(&mut Vec<u8>)) -> impl FnOnce(&mut Vec<u8>) -> Result<()> {
+    |out| {
+        encode(out);
+        Ok(())
+    }
+}
+
 /// A user key as torch puts it on the wire.
 fn user_key(key: &str) -> Prefixed<'_> {
     Prefixed::new(KEY_PREFIX, key)
@@ -250,14 +242,12 @@ fn user_keys<'k>(keys: &'k [&'k str]) -> impl Iterator<Item = Prefixed<'k>> + 'k
 
 /// Wire keys joined like torch's timeout message (`/a, /b`), shortened for long lists.
 fn describe_keys(keys: &[&str]) -> String {
-    let mut s = String::new();
-    for (i, k) in keys.iter().take(KEYS_IN_MESSAGE).enumerate() {
-        if i > 0 {
-            s.push_str(", ");
-        }
-        s.push_str(KEY_PREFIX);
-        s.push_str(k);
-    }
+    let shown: Vec<String> = keys
+        .iter()
+        .take(KEYS_IN_MESSAGE)
+        .map(|k| format!("{KEY_PREFIX}{k}"))
+        .collect();
+    let mut s = shown.join(", ");
     if keys.len() > KEYS_IN_MESSAGE {
         s.push_str(&format!(", ... ({} more)", keys.len() - KEYS_IN_MESSAGE));
     }
@@ -265,9 +255,7 @@ fn describe_keys(keys: &[&str]) -> String {
 }
 
 impl TcpStore {
-    /// Connects to the TCPStore server at `host:port` (retrying until `opts.connect_timeout`),
-    /// validates the connection like torch's client, and sends `ADD "init/" 1` when
-    /// `opts.wait_for_workers` is set.
+    /// Connects to the TCPStore server at `host:port` like torch's client (see [`ConnectOptions`]).
     pub fn connect(host: &str, port: u16, opts: &ConnectOptions) -> Result<TcpStore> {
         if opts.wait_for_workers == Some(0) {
             return Err(Error::invalid(format!(
@@ -279,10 +267,11 @@ impl TcpStore {
         let started = std::time::Instant::now();
         let store = TcpStore::open_client(host, port, opts.connect_timeout, opts.timeout)?;
         if opts.wait_for_workers.is_some() {
-            store.call("ADD", &[], |c| {
-                c.request(|out| wire::encode_add(out, INIT_KEY, 1))?;
-                Ok(wire::read_i64(&mut c.reader)?)
-            })?;
+            store.ask(
+                "ADD",
+                |out| wire::encode_add(out, INIT_KEY, 1),
+                wire::read_i64,
+            )?;
         }
         log::info!(
             target: crate::logging::STORE,
@@ -292,13 +281,6 @@ impl TcpStore {
         Ok(store)
     }
 
-    /// Another client of the same store with a connection of its own (connect, VALIDATE, PING;
-    /// no `ADD "init/"`: it is not a new worker), with this one's timeouts.
-    pub fn duplicate(&self) -> Result<TcpStore> {
-        TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout())
-    }
-
-    /// A client over a new connection (connect, VALIDATE, PING), announcing nothing.
     fn open_client(
         host: &str,
         port: u16,
@@ -314,8 +296,7 @@ impl TcpStore {
         })
     }
 
-    /// Replaces the connection with a new one (connect, VALIDATE, PING; no `ADD "init/"`),
-    /// e.g. after an error left the old one unusable.
+    /// Replaces the connection with a new one (no `ADD "init/"`), e.g. after an error.
     pub fn reconnect(&self) -> Result<()> {
         let fresh = open(&self.host, self.port, self.connect_timeout, self.timeout())?;
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
@@ -324,17 +305,10 @@ impl TcpStore {
         Ok(())
     }
 
-    /// The host name this store was connected with.
-    pub fn host(&self) -> &str {
-        &self.host
-    }
-
-    /// The port this store was connected with.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// The store timeout.
     pub fn timeout(&self) -> Duration {
         Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
     }
@@ -350,23 +324,18 @@ impl TcpStore {
         let start = Instant::now();
         let nonce = std::process::id();
         self.call("PING", &[], |c| {
-            c.request(|out| {
-                wire::encode_ping(out, nonce);
-                Ok(())
-            })?;
-            let echoed = wire::read_u32(&mut c.reader)?;
-            if echoed != nonce {
-                return Err(Fail::Protocol(format!(
+            c.request(bare(|out| wire::encode_ping(out, nonce)))?;
+            match wire::read_u32(&mut c.reader)? {
+                echoed if echoed == nonce => Ok(()),
+                echoed => Err(Fail::Protocol(format!(
                     "PING echoed {echoed}, expected {nonce}"
-                )));
+                ))),
             }
-            Ok(())
         })?;
         Ok(start.elapsed())
     }
 
-    /// Appends `value` to the FIFO queue `key` (torch >= 2.8, libuv server only: a classic
-    /// server closes the connection).
+    /// Appends `value` to the FIFO queue `key` (torch >= 2.8, libuv server only).
     pub fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
         self.call("QUEUE_PUSH", &[], |c| {
             c.request(|out| wire::encode_queue_push(out, &user_key(key), value))
@@ -387,23 +356,14 @@ impl TcpStore {
 
     /// Number of values in queue `key` (0 when there is no such queue).
     pub fn queue_len(&self, key: &str) -> Result<i64> {
-        self.call("QUEUE_LEN", &[], |c| {
-            c.request(|out| wire::encode_queue_len(out, &user_key(key)))?;
-            Ok(wire::read_i64(&mut c.reader)?)
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_queue_len(out, &user_key(key));
+        self.ask("QUEUE_LEN", encode, wire::read_i64)
     }
 
-    /// The user keys in the store (torch >= 2.10), like torch's `list_keys()`: the leading `/` is
-    /// removed and keys without it (such as `init/`) are left out. Keys that are not UTF-8 are
-    /// converted lossily.
+    /// The user keys in the store (torch >= 2.10), like torch's `list_keys()` (keys without the
+    /// `/` prefix, such as `init/`, are left out; non-UTF-8 keys are converted lossily).
     pub fn list(&self) -> Result<Vec<String>> {
-        let keys = self.call("LIST", &[], |c| {
-            c.request(|out| {
-                wire::encode_list(out);
-                Ok(())
-            })?;
-            Ok(wire::read_list(&mut c.reader)?)
-        })?;
+        let keys = self.ask("LIST", bare(wire::encode_list), wire::read_list)?;
         Ok(keys
             .iter()
             .filter_map(|k| k.strip_prefix(KEY_PREFIX.as_bytes()))
@@ -425,9 +385,21 @@ impl TcpStore {
         })
     }
 
-    /// Runs one operation on the connection and turns its failure into an [`Error`] naming
-    /// the store and operation; any failure other than a clean timeout or a refused request
-    /// marks the connection broken. `wait_keys` are the keys named by a wait timeout.
+    /// One request and its reply, read by `read`.
+    fn ask<T>(
+        &self,
+        op: &'static str,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+        read: impl FnOnce(&mut BufReader<SocketReader>) -> io::Result<T>,
+    ) -> Result<T> {
+        self.call(op, &[], |c| {
+            c.request(encode)?;
+            Ok(read(&mut c.reader)?)
+        })
+    }
+
+    /// Runs one operation on the connection; any failure but a clean wait timeout (naming
+    /// `wait_keys`) or a refused request marks the connection broken.
     fn call<T>(
         &self,
         op: &'static str,
@@ -514,10 +486,8 @@ impl Store for TcpStore {
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.call("ADD", &[], |c| {
-            c.request(|out| wire::encode_add(out, &user_key(key), delta))?;
-            Ok(wire::read_i64(&mut c.reader)?)
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_add(out, &user_key(key), delta);
+        self.ask("ADD", encode, wire::read_i64)
     }
 
     fn check(&self, keys: &[&str]) -> Result<bool> {
@@ -538,27 +508,22 @@ impl Store for TcpStore {
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
-        self.call("DELETE_KEY", &[], |c| {
-            c.request(|out| wire::encode_delete_key(out, &user_key(key)))?;
-            Ok(wire::read_i64(&mut c.reader)? == 1)
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_delete_key(out, &user_key(key));
+        Ok(self.ask("DELETE_KEY", encode, wire::read_i64)? == 1)
     }
 
     fn num_keys(&self) -> Result<i64> {
-        self.call("GETNUMKEYS", &[], |c| {
-            c.request(|out| {
-                wire::encode_get_num_keys(out);
-                Ok(())
-            })?;
-            Ok(wire::read_i64(&mut c.reader)?)
-        })
+        self.ask(
+            "GETNUMKEYS",
+            bare(wire::encode_get_num_keys),
+            wire::read_i64,
+        )
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        self.call("COMPARE_SET", &[], |c| {
-            c.request(|out| wire::encode_compare_set(out, &user_key(key), expected, desired))?;
-            Ok(wire::read_blob(&mut c.reader)?)
-        })
+        let encode =
+            |out: &mut Vec<u8>| wire::encode_compare_set(out, &user_key(key), expected, desired);
+        self.ask("COMPARE_SET", encode, wire::read_blob)
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
@@ -579,7 +544,10 @@ impl Store for TcpStore {
         self.call("MULTI_GET", keys, |c| {
             c.wait(user_keys(keys), timeout)?;
             c.request(|out| wire::encode_multi_get(out, user_keys(keys)))?;
-            Ok(wire::read_blobs(&mut c.reader, keys.len())?)
+            Ok(keys
+                .iter()
+                .map(|_| wire::read_blob(&mut c.reader))
+                .collect::<io::Result<_>>()?)
         })
     }
 
@@ -630,14 +598,12 @@ impl Store for TcpStore {
     }
 
     fn separate_connection(&self) -> Option<std::sync::Arc<dyn Store>> {
-        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(self.duplicate().ok()?);
-        Some(store)
+        // Another client of the same store on a connection of its own (no `ADD "init/"`).
+        let duplicate =
+            TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout());
+        Some(std::sync::Arc::new(duplicate.ok()?))
     }
 }
-
-// Connection set-up: name resolution (`getaddrinfo`, v4-mapped IPv6 then IPv4), one
-// non-blocking connect per address retried with jittered exponential backoff until the connect
-// timeout, then torch's `VALIDATE` + `PING` handshake.
 
 /// First connect retry delay; short because ranks usually start at the same time as the server.
 const BACKOFF_INITIAL: Duration = Duration::from_millis(10);
@@ -684,9 +650,8 @@ fn open(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> 
     }
 }
 
-/// One connection attempt to one address, including the handshake. std creates the socket with
-/// `SOCK_CLOEXEC` and connects it non-blocking with `poll(POLLOUT)`, then makes it blocking
-/// again, as torch does.
+/// One connection attempt to one address, with the handshake (std connects non-blocking with
+/// `poll(POLLOUT)`, as torch does).
 fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Result<Conn> {
     let stream = TcpStream::connect_timeout(&addr, left)?;
     stream.set_nodelay(true)?;
@@ -700,11 +665,7 @@ fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Resul
     conn.out.clear();
     wire::encode_validate(&mut conn.out);
     wire::encode_ping(&mut conn.out, nonce);
-    match conn.send() {
-        Ok(()) => {}
-        Err(Fail::Io(e)) => return Err(e),
-        Err(_) => return Err(io::Error::other("handshake could not be sent")),
-    }
+    conn.send()?;
     let echoed = wire::read_u32(&mut conn.reader)?;
     if echoed != nonce {
         return Err(io::Error::new(

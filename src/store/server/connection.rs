@@ -1,6 +1,5 @@
-//! One client connection of the store server: its socket, buffers, streamed replies and why it
-//! was closed, and the pool of large buffers. The event loop (`event_loop.rs`) owns the
-//! connections and drives them.
+//! One client connection of the store server (socket, buffers, streamed reply) and the pool of
+//! large buffers; `event_loop.rs` owns and drives them.
 
 use super::state::{Charge, ConnId, Refusal, ReplyBudget, StreamPart};
 use crate::store::wire::ParseError;
@@ -14,20 +13,17 @@ pub(super) const MIN_READ: usize = 4096;
 pub(super) const READ_BUDGET: usize = 4 << 20;
 /// Unsent reply bytes above which a connection's input is left unprocessed until it drains.
 pub(super) const OUT_HIGH_WATER: usize = 4 << 20;
-/// Unsent reply bytes a connection holds without taking any of the server's reply budget; above
-/// it, its input waits while the budget is spent.
+/// Unsent reply bytes a connection holds without taking any of the server's reply budget.
 pub(super) const OUT_ALLOWANCE: usize = 32 * 1024;
 /// Most slices one write of a streamed reply gathers.
 const MAX_SLICES: usize = 256;
-/// Bytes of lengths and small keys or values copied per write of a streamed reply (on the
-/// stack: a streamed reply holds no buffer of its own).
+/// Bytes of lengths and small keys or values copied (on the stack) per write of a streamed reply.
 const GATHER_BYTES: usize = 16 * 1024;
 /// Data at least this long is written from where it is stored rather than copied.
 const DIRECT_MIN: usize = 2048;
 /// Most bytes offered to one write of a streamed reply.
 const WRITE_MAX: usize = 4 << 20;
 
-/// Why a connection was closed.
 pub(super) enum Close {
     PeerClosed,
     Io,
@@ -41,8 +37,7 @@ pub(super) enum Close {
 pub(super) struct Conn {
     pub(super) stream: TcpStream,
     pub(super) id: ConnId,
-    /// Input bytes live in `inbuf[in_start..in_end]`; the tail after `in_end` is zeroed space
-    /// kept for the next read, so the buffer is not re-initialised before every read.
+    /// Input is `inbuf[in_start..in_end]`; the zeroed tail is kept for the next read.
     pub(super) inbuf: Vec<u8>,
     pub(super) in_start: usize,
     pub(super) in_end: usize,
@@ -51,8 +46,7 @@ pub(super) struct Conn {
     pub(super) outbuf: Vec<u8>,
     /// Bytes of `outbuf` already written.
     pub(super) out_pos: usize,
-    /// The rest of a streamed reply, written after `outbuf` straight from the store's values
-    /// and keys; nothing else of this connection is handled until it is empty.
+    /// The rest of a streamed reply, written after `outbuf`; input waits until it is empty.
     pub(super) streaming: VecDeque<StreamPart>,
     /// The reply budget the streamed reply holds (its references), until it is sent.
     pub(super) stream_charge: Option<Charge>,
@@ -62,8 +56,8 @@ pub(super) struct Conn {
     pub(super) parked: bool,
     pub(super) validated: bool,
     pub(super) eof: bool,
-    /// The poller reported the peer's FIN or an error: read until EOF, never stop at a short
-    /// read (the FIN may sit behind the data with no further edge to come).
+    /// The poller reported the peer's FIN or an error: read until EOF, not to a short read (no
+    /// further edge may come for the FIN behind the data).
     pub(super) peer_closing: bool,
     /// Already in the loop's `dirty` list.
     pub(super) dirty: bool,
@@ -76,8 +70,8 @@ impl Conn {
         self.outbuf.len() - self.out_pos
     }
 
-    /// Whether this connection's input must wait: too much unsent output (more than its
-    /// allowance while the server's reply budget is spent), or a streamed reply still going out.
+    /// Whether this connection's input must wait: output over the high-water mark, or over the
+    /// allowance while the budget is spent, or a streamed reply still going out.
     pub(super) fn blocked(&self, budget: &ReplyBudget) -> bool {
         let backlog = self.backlog();
         backlog > OUT_HIGH_WATER
@@ -100,9 +94,8 @@ impl Conn {
             .set(self.backlog().saturating_sub(OUT_ALLOWANCE));
     }
 
-    /// One write of the streamed reply: gathers what comes next (lengths and small keys or
-    /// values copied into a stack buffer, larger data as it is stored) and returns how many
-    /// bytes the socket took.
+    /// One write of the streamed reply (lengths and small data copied into a stack buffer, larger
+    /// data written where it is stored); returns how many bytes the socket took.
     fn write_streamed(&mut self) -> io::Result<usize> {
         #[derive(Clone, Copy)]
         enum Piece<'a> {
@@ -163,7 +156,6 @@ impl Conn {
         self.stream.write_vectored(&slices[..count])
     }
 
-    /// Marks `n` bytes of the streamed reply written.
     fn advance_streamed(&mut self, mut n: usize) {
         while let Some(front) = self.streaming.front_mut() {
             match front.advance(n) {
@@ -176,8 +168,7 @@ impl Conn {
         }
     }
 
-    /// Writes as much pending output as the socket takes, continuing with the streamed reply
-    /// if there is one; a large drained buffer goes back to the pool.
+    /// Writes what the socket takes of the output, then of the streamed reply.
     pub(super) fn flush(&mut self, pool: &mut BufPool) -> io::Result<()> {
         let result = self.write_out(pool);
         if self.streaming.is_empty() {
@@ -216,10 +207,9 @@ impl Conn {
         Ok(())
     }
 
-    /// One read into the input buffer's free tail, growing it (from the pool when large) for a
-    /// large pending request. Returns the bytes read and whether the socket is now drained: a
-    /// short read on a stream socket emptied its receive queue, and data arriving later raises
-    /// a new edge, so the usual extra read that would only return EAGAIN can be skipped.
+    /// One read into the input buffer's free tail, grown (from the pool when large) for a large
+    /// pending request. Returns the bytes read and whether the socket is drained: a short read
+    /// emptied its queue and later data raises a new edge, so the read giving EAGAIN is skipped.
     pub(super) fn read_some(&mut self, pool: &mut BufPool) -> io::Result<(usize, bool)> {
         let pending = self.in_end - self.in_start;
         let want = self
@@ -249,8 +239,7 @@ impl Conn {
         Ok((n, n > 0 && n < offered && !self.peer_closing))
     }
 
-    /// Drops parsed bytes from the front of the input buffer; a large empty buffer goes back to
-    /// the pool.
+    /// Drops parsed bytes from the front of the input buffer.
     pub(super) fn compact_input(&mut self, pool: &mut BufPool) {
         if self.in_start == self.in_end {
             self.in_start = 0;
@@ -266,15 +255,11 @@ impl Conn {
     }
 }
 
-/// Buffers at least this large are pooled instead of kept by an idle connection: connections
-/// keep small buffers while idle, so a thousand clients cost little memory, and a large request
-/// (up to 8 MiB) reuses a pooled buffer whose pages are already mapped instead of a fresh
-/// allocation, page faults and zero-filling.
+/// Buffers at least this large are pooled, not kept by an idle connection (and reused mapped).
 pub(super) const LARGE: usize = 256 * 1024;
 /// Total capacity the pool holds at most; buffers beyond it are freed.
 const POOL_BYTES: usize = 64 << 20;
 
-/// A small, bounded pool of large buffers shared by the connections of one loop.
 #[derive(Default)]
 pub(super) struct BufPool {
     bufs: Vec<Vec<u8>>,
@@ -286,7 +271,7 @@ impl BufPool {
         self.bufs.is_empty()
     }
 
-    /// Keeps `buf` (its length and initialized bytes included) if the pool has room.
+    /// Keeps `buf` (with its initialized bytes) if the pool has room.
     pub fn give(&mut self, buf: Vec<u8>) {
         let cap = buf.capacity();
         if cap >= LARGE && self.bytes + cap <= POOL_BYTES {
@@ -310,8 +295,7 @@ impl BufPool {
     }
 }
 
-/// Before a request whose reply will be large: moves the pending output into a pooled buffer
-/// with room for the reply, instead of growing a small buffer.
+/// Before a large reply: moves the pending output into a pooled buffer with room for it.
 pub(super) fn reserve_output(
     outbuf: &mut Vec<u8>,
     out_pos: &mut usize,

@@ -1,24 +1,11 @@
-//! A server thread: one mio poll loop (edge-triggered) over its share of the clients (and, for
-//! the first loop, the listener).
+//! A server thread: one edge-triggered mio loop over its share of the clients (the first loop
+//! also accepts). Requests are applied under the store's mutex, one batch per connection turn;
+//! streaming, the high-water mark and the reply budget are described in docs/PROTOCOL.md §1.
 //!
-//! Requests are applied under the store's mutex, one batch per connection turn. A WAIT that a
-//! write completes may belong to a connection of another loop: its STOP_WAITING byte goes into
-//! that loop's mailbox while the writer still holds the store, and every loop empties its
-//! mailbox under the store before applying anything, so the byte always precedes any later reply
-//! to that connection (a CANCEL_WAIT answered `00 01`, never `01` then `00`).
-//!
-//! Each connection buffers partial and pipelined input and unsent replies; every complete request
-//! is handled per readable event and the replies go out in one write. A peer that stops reading
-//! stops being read once its unsent output passes a high-water mark. A large reply of stored data
-//! (GET, MULTI_GET, LIST, a COMPARE_SET returning the stored value) is not built: the connection
-//! keeps references to the values (for LIST, one snapshot of the keys shared by every LIST of the
-//! same keys) and writes them straight from the store as the peer reads, handling nothing else
-//! of that connection meanwhile.
-//!
-//! What replies hold beyond the stored data (snapshots, references, unsent output above a small
-//! per-connection allowance) is charged to one budget for the whole server. A connection whose
-//! next reply cannot get budget, or whose unsent output is above its allowance while the budget
-//! is spent, is parked until budget is given back; small replies never wait for it.
+//! A WAIT completed for a connection of another loop: its STOP_WAITING byte goes into that loop's
+//! mailbox while the writer still holds the store, and every loop empties its mailbox under the
+//! store before applying anything, so the byte precedes any later reply to that connection (a
+//! CANCEL_WAIT answered `00 01`, never `01` then `00`).
 
 use super::state::{ConnId, StoreState, StreamPart};
 use super::{ServerOptions, Shared};
@@ -42,25 +29,21 @@ pub(super) const LISTENER: Token = Token(0);
 pub(super) const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
 
-/// How long to stop accepting after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How often connections waiting for reply budget look whether some was given back.
 const PARKED_RETRY: Duration = Duration::from_millis(5);
-/// Reply budget given back since the last trim after which freed heap memory is returned to the
-/// system.
+/// Reply budget given back after which freed heap memory is returned to the system.
 const TRIM_AFTER: usize = 8 << 20;
 
-// Every structure guarded here stays consistent between statements, so `lock` may ignore
-// poisoning.
+// Every structure guarded here stays consistent between statements: `lock` ignores poisoning.
 
-/// What other threads hand to one loop: STOP_WAITING bytes owed to its connections and newly
-/// accepted connections.
+/// What other threads hand to one loop: STOP_WAITING bytes owed to its connections, new ones.
 pub(super) struct Shard {
     /// Pushed only while holding the store's mutex (see the module docs).
     mail: Mutex<Vec<ConnId>>,
     has_mail: AtomicBool,
     arrivals: Mutex<Vec<TcpStream>>,
-    waker: Waker,
+    pub(super) waker: Waker,
 }
 
 impl Shard {
@@ -72,14 +55,10 @@ impl Shard {
             waker,
         }
     }
-
-    pub(super) fn wake(&self) -> io::Result<()> {
-        self.waker.wake()
-    }
 }
 
 pub(super) struct EventLoop {
-    index: usize,
+    pub(super) index: usize,
     poll: Poll,
     /// The first loop accepts and deals the connections out in turn.
     listener: Option<TcpListener>,
@@ -147,10 +126,6 @@ impl EventLoop {
             last_limit_log: None,
             last_bad_client_log: None,
         })
-    }
-
-    pub(super) fn index(&self) -> usize {
-        self.index
     }
 
     /// Runs until the stop flag is set (or polling itself fails, which is recorded).
@@ -318,13 +293,6 @@ impl EventLoop {
         self.shared.record_error(message);
     }
 
-    /// A connection closed for a protocol problem: as [`Self::limit_log`], for broken or
-    /// hostile clients.
-    fn bad_client(&mut self, message: String) {
-        warn_at_most_every_second(&mut self.last_bad_client_log, &message);
-        self.shared.record_error(message);
-    }
-
     /// Gives a new connection to the next loop in turn.
     fn deal(&mut self, stream: TcpStream) {
         let shards = &self.shared.shards;
@@ -335,7 +303,7 @@ impl EventLoop {
             return;
         }
         lock(&shards[target].arrivals).push(stream);
-        if let Err(e) = shards[target].wake() {
+        if let Err(e) = shards[target].waker.wake() {
             self.shared
                 .record_error(format!("store server: cannot wake loop {target}: {e}"));
         }
@@ -625,7 +593,7 @@ impl EventLoop {
     fn wake_loops(&mut self) {
         for shard in 0..self.to_wake.len() {
             if std::mem::take(&mut self.to_wake[shard]) {
-                if let Err(e) = self.shared.shards[shard].wake() {
+                if let Err(e) = self.shared.shards[shard].waker.wake() {
                     self.shared
                         .record_error(format!("store server: cannot wake loop {shard}: {e}"));
                 }
@@ -736,29 +704,19 @@ impl EventLoop {
             Some(Close::Malformed(_) | Close::Refused(_)) => &stats.closed_malformed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        match reason {
-            None | Some(Close::PeerClosed | Close::Io) => {}
-            Some(Close::Handshake) => {
-                self.bad_client(
-                    "store server: a client's first message was not the TCPStore VALIDATE \
-                     handshake (not a c10d client?); connection closed"
-                        .to_string(),
-                );
-            }
-            Some(Close::HandshakeTimeout) => {
-                self.bad_client(
-                    "store server: a client sent no complete handshake in time; connection \
-                     closed"
-                        .to_string(),
-                );
-            }
-            Some(Close::Malformed(e)) => {
-                self.bad_client(format!("store server: {e}; connection closed"))
-            }
-            Some(Close::Refused(r)) => {
-                self.bad_client(format!("store server: {r}; connection closed"))
-            }
-        }
+        let why = match reason {
+            None | Some(Close::PeerClosed | Close::Io) => return,
+            Some(Close::Handshake) => "a client's first message was not the TCPStore VALIDATE \
+                                       handshake (not a c10d client?)"
+                .to_string(),
+            Some(Close::HandshakeTimeout) => "a client sent no complete handshake in time".into(),
+            Some(Close::Malformed(e)) => e.to_string(),
+            Some(Close::Refused(r)) => r.to_string(),
+        };
+        // A broken or hostile client: logged like `limit_log`.
+        let message = format!("store server: {why}; connection closed");
+        warn_at_most_every_second(&mut self.last_bad_client_log, &message);
+        self.shared.record_error(message);
     }
 }
 

@@ -1,12 +1,9 @@
 //! Embedded TCPStore server, byte-compatible with torch's default (libuv) server.
 //!
-//! [`StoreServer::bind`] starts one or more threads, each running an edge-triggered mio loop
-//! (`event_loop`) over its share of the connections; the first also accepts and hands new
-//! connections out in turn. The store (`state`) sits behind one mutex, taken once per batch of
-//! requests, so the socket work (which dominates) runs in parallel while every request still
-//! applies atomically and in order. Per-connection problems (a peer sending garbage,
-//! disconnecting, never saying hello) close only that connection and are counted in
-//! [`StoreServer::stats`] (and logged, at most once a second).
+//! [`StoreServer::bind`] starts one or more threads, each an edge-triggered mio loop
+//! (`event_loop`) over its share of the connections. The store (`state`) sits behind one mutex,
+//! taken once per batch of requests: socket work runs in parallel, requests apply in order. A
+//! misbehaving peer closes only its connection, counted in [`StoreServer::stats`].
 
 mod connection;
 mod event_loop;
@@ -26,40 +23,27 @@ pub struct ServerOptions {
     /// Close connections that have not completed the VALIDATE handshake within this time.
     /// `None` (the default, like torch) lets a silent client sit; it costs one descriptor.
     pub handshake_timeout: Option<Duration>,
-    /// Most clients connected at once. The soft RLIMIT_NOFILE is raised (never beyond the
-    /// hard limit, and never further than this plus [`FD_RESERVE`]) so that they fit; when the
-    /// limit in force is lower, the server takes `limit - FD_RESERVE` clients (at least
-    /// [`MIN_CONNECTIONS`]). A client beyond the limit is refused (accepted and closed at once,
-    /// with a line on stderr at most once a second); when descriptors run out anyway, accepting
-    /// pauses briefly and the pending clients wait in the listen backlog.
+    /// Most clients connected at once, within the open-file limit (raised towards this plus
+    /// [`FD_RESERVE`]; at least [`MIN_CONNECTIONS`]); see docs/PROTOCOL.md §1.
     pub max_connections: usize,
-    /// After handling a request, keep polling without sleeping for this long before blocking:
-    /// a client's next request within that window is picked up without the thread wake-up
-    /// (several microseconds), at the price of that much CPU after each burst. Zero disables.
+    /// After handling a request, keep polling without sleeping for this long, sparing a client's
+    /// next request the thread wake-up at the price of that much CPU. Zero disables.
     pub busy_poll: Duration,
-    /// Bytes that replies may hold beyond the stored data, across all connections: snapshots
-    /// of the keys for LIST, the references of a streamed MULTI_GET, and unsent output above a
-    /// small allowance per connection. A connection whose reply cannot get budget waits (its
-    /// input is not read) until other replies have been sent or their clients have gone; small
-    /// replies never wait for it. A single reply larger than the whole budget is served when
-    /// nothing else holds any.
+    /// Bytes that replies may hold beyond the stored data, across all connections (the reply
+    /// budget of docs/PROTOCOL.md §1).
     pub reply_budget: usize,
-    /// Event-loop threads; 0 picks [`default_threads`]. The default is one: a server embedded
-    /// in a rank's process (the context's, `nvfipc_store_serve`) stays on one thread unless
-    /// `NVFIPC_STORE_THREADS` says otherwise; `nvfipc serve` picks [`default_threads`].
+    /// Event-loop threads; 0 picks [`default_threads`]. The default is one (a server embedded in
+    /// a rank's process); `nvfipc serve` picks [`default_threads`].
     pub threads: usize,
 }
 
-/// Event-loop threads when [`ServerOptions::threads`] is 0: one per four cores, between one
-/// and four (the store is shared, so more threads mostly add contention).
+/// Event-loop threads when [`ServerOptions::threads`] is 0: one per four cores, one to four.
 pub fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / 4).clamp(1, 4)
 }
 
-/// Descriptors left to the rest of the process (the listener, the loops' epoll and eventfd
-/// descriptors, and whatever the embedding program opens) when the connection limit is derived
-/// from RLIMIT_NOFILE.
+/// Descriptors left to the rest of the process when the limit comes from RLIMIT_NOFILE.
 pub const FD_RESERVE: usize = 64;
 /// The fewest clients a server takes at once, however low RLIMIT_NOFILE is.
 pub const MIN_CONNECTIONS: usize = 16;
@@ -150,16 +134,15 @@ impl Shared {
     fn stop_all(&self) {
         self.stop.store(true, Ordering::Release);
         for shard in &self.shards {
-            if let Err(e) = shard.wake() {
+            if let Err(e) = shard.waker.wake() {
                 self.record_error(format!("store server: cannot wake a thread to stop: {e}"));
             }
         }
     }
 }
 
-/// Runs when a loop's thread ends, however it ends: stops the other loops (a loop that failed
-/// takes the server down rather than leave its connections unserved), then, for the first loop
-/// (which owns the listener: the server runs as long as it does), marks the server stopped.
+/// Runs when a loop's thread ends, however it ends: stops the other loops (rather than leave
+/// connections unserved) and, for the first loop (the listener's), marks the server stopped.
 struct LoopExit {
     shared: Arc<Shared>,
     first: bool,
@@ -183,8 +166,7 @@ pub struct StoreServer {
 
 impl StoreServer {
     /// Listens on `host:port` (port 0 picks a free port) with default options. `""` and `"::"`
-    /// listen on every IPv6 and IPv4 address (falling back to 0.0.0.0 without IPv6);
-    /// other hosts (addresses or names) are bound as given.
+    /// listen on every IPv6 and IPv4 address (0.0.0.0 without IPv6).
     pub fn bind(host: &str, port: u16) -> Result<StoreServer> {
         Self::bind_with(host, port, &ServerOptions::default())
     }
@@ -246,8 +228,7 @@ impl StoreServer {
              clients)"
         );
         if max_connections < wanted {
-            // INFO: common in containers and harmless until that many clients come; refusing
-            // one is a WARN of the event loop.
+            // INFO: common in containers; refusing a client is the event loop's WARN.
             log::info!(
                 target: crate::logging::SERVER,
                 "store server on {addr}: the open-file limit allows {max_connections} clients, \
@@ -256,7 +237,7 @@ impl StoreServer {
         }
         let mut handles = Vec::with_capacity(threads);
         for event_loop in loops {
-            let index = event_loop.index();
+            let index = event_loop.index;
             let exit = LoopExit {
                 shared: shared.clone(),
                 first: index == 0,
@@ -311,12 +292,10 @@ impl StoreServer {
         self.shared.connected.load(Ordering::Acquire)
     }
 
-    /// Whether the server is still serving.
     pub fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Acquire)
     }
 
-    /// Counters since the server started.
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.stats;
         ServerStats {
@@ -355,9 +334,7 @@ impl StoreServer {
         self.shared.shards.len()
     }
 
-    /// Waits until no client is connected (at most `timeout`), then stops. Returns a timeout
-    /// error naming how many clients were still connected when the time ran out; the server
-    /// is stopped in both cases.
+    /// Waits until no client is connected (at most `timeout`, else a timeout error), then stops.
     pub fn shutdown_when_idle(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         loop {

@@ -9,29 +9,20 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-/// A stored value. Shared so that a large reply can be streamed out of the values it names (see
-/// [`StoreState::stream_reply`]) instead of being copied whole into memory.
+/// Shared, so that a large reply can be streamed out of them (see [`StoreState::stream_reply`]).
 pub(crate) type Value = Arc<Vec<u8>>;
-
-/// A stored key. Shared so that a LIST reply can be streamed out of a snapshot of the keys.
 pub(crate) type Key = Arc<[u8]>;
 
-/// Replies to GET, MULTI_GET, COMPARE_SET and LIST at least this long are streamed rather than
-/// built in memory.
+/// Replies at least this long are streamed rather than built (see [`StoreState::should_stream`]).
 pub(crate) const STREAM_REPLY_MIN: usize = 32 * 1024;
 
-/// The byte budget of replies, shared by every connection of one server: the memory replies
-/// hold beyond what is stored (LIST snapshots, the references of a streamed MULTI_GET, unsent
-/// output above a connection's free allowance). A connection that cannot get budget is not
-/// served until some frees; the values and keys a streamed reply names are the store's own and
-/// are not counted.
+/// The reply budget of one server (docs/PROTOCOL.md §1): what replies hold beyond the stored data.
 pub(crate) struct ReplyBudget {
     limit: usize,
     used: AtomicUsize,
-    /// Bytes released since the last [`ReplyBudget::take_freed`], so a loop can hand memory
-    /// back to the system after large frees.
+    /// Bytes released since the last [`ReplyBudget::take_freed`] (to trim the heap after).
     freed: AtomicUsize,
-    /// How many times budget was given back, so waiting connections know when to try again.
+    /// How many times budget was given back (parked connections then try again).
     releases: AtomicU64,
 }
 
@@ -68,7 +59,6 @@ impl ReplyBudget {
         }
     }
 
-    /// Whether the budget is spent.
     pub fn spent(&self) -> bool {
         self.used.load(Ordering::Acquire) >= self.limit
     }
@@ -77,7 +67,6 @@ impl ReplyBudget {
         self.used.load(Ordering::Acquire)
     }
 
-    /// Bytes given back since the last [`ReplyBudget::take_freed`].
     pub fn freed(&self) -> usize {
         self.freed.load(Ordering::Acquire)
     }
@@ -86,7 +75,6 @@ impl ReplyBudget {
         self.freed.swap(0, Ordering::AcqRel)
     }
 
-    /// How many times budget was given back so far.
     pub fn releases(&self) -> u64 {
         self.releases.load(Ordering::Acquire)
     }
@@ -126,15 +114,13 @@ impl Drop for Charge {
     }
 }
 
-/// Every key of the store at one moment, shared by the LIST replies that asked then (one copy
-/// of the references however many connections list the same keys).
+/// Every key of the store at one moment, shared by the LIST replies of the same keys.
 pub(crate) struct KeySnapshot {
     keys: Vec<Key>,
     _charge: Charge,
 }
 
-/// What a streamed reply still has to write, in units: a unit is `prefix ‖ data`, and `pos`
-/// counts its bytes already written.
+/// What a streamed reply still has to write, in units of `prefix ‖ data` (`pos` bytes written).
 pub(crate) enum StreamPart {
     /// A value (or key) with its 8-byte length, as it was when the request was applied.
     Blob { data: Value, pos: usize },
@@ -152,8 +138,7 @@ pub(crate) enum StreamPart {
     },
 }
 
-/// One unit of a streamed reply: its prefix (a length, or raw bytes), the prefix's length and
-/// the data after it.
+/// One unit of a streamed reply: prefix (a length or raw bytes), the prefix's length, data.
 type Unit<'a> = ([u8; 8], usize, &'a [u8]);
 
 impl StreamPart {
@@ -168,8 +153,7 @@ impl StreamPart {
         }
     }
 
-    /// The units still to write, the first one from its `pos`: (prefix, prefix length, data,
-    /// bytes of the unit already written).
+    /// The units still to write: (prefix, prefix length, data, bytes of it already written).
     pub fn units(&self) -> impl Iterator<Item = ([u8; 8], usize, &[u8], usize)> + '_ {
         let (one, keys, pos): (Option<Unit<'_>>, &[Key], usize) = match self {
             StreamPart::Blob { data, pos } => (
@@ -219,8 +203,7 @@ impl StreamPart {
     }
 }
 
-/// A connection, as the event loops name it: the loop serving it, a slot index in that loop and
-/// a generation, so a slot reused by a later connection is never confused with the earlier one.
+/// A connection: its loop, its slot there, and a generation telling apart a slot's connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ConnId {
     pub shard: u32,
@@ -233,8 +216,7 @@ pub(crate) struct ConnId {
 pub(crate) enum Refusal {
     /// VALIDATE carried the wrong magic.
     BadMagic(u32),
-    /// ADD or BARRIER hit a value that `std::stoll` rejects (no digits, or out of the i64
-    /// range).
+    /// ADD or BARRIER hit a value that `std::stoll` rejects.
     AddNotANumber { key: Vec<u8> },
 }
 
@@ -255,14 +237,12 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// One registration of a WAIT under one missing key.
 #[derive(Clone, Copy, Debug)]
 struct Waiter {
     conn: ConnId,
     wait_id: u64,
 }
 
-/// A WAIT that is not yet satisfied.
 #[derive(Debug)]
 struct PendingWait {
     id: u64,
@@ -275,8 +255,7 @@ struct PendingWait {
 #[derive(Default)]
 pub(crate) struct StoreState {
     kv: FastMap<Key, Value>,
-    /// The snapshot of the keys that LIST replies stream from, while one is still being sent
-    /// and no key was added or removed since.
+    /// The keys LIST replies stream from, while one is being sent and no key came or went.
     keys_snapshot: Weak<KeySnapshot>,
     /// Non-empty queues only (an emptied queue is removed, so presence means "has items").
     queues: FastMap<Vec<u8>, VecDeque<Vec<u8>>>,
@@ -390,11 +369,9 @@ impl StoreState {
         Ok(())
     }
 
-    /// Whether the reply to `req` is at least [`STREAM_REPLY_MIN`] bytes and made of stored
-    /// keys or values (GET, MULTI_GET, LIST, and COMPARE_SET when it returns the stored value),
-    /// so it should be streamed with [`StoreState::stream_reply`]: one MULTI_GET naming an
-    /// 8 MiB key 131072 times asks for a terabyte, and a one-byte LIST for every key, which must
-    /// never be built in memory, once per asking connection.
+    /// Whether the reply to `req` is at least [`STREAM_REPLY_MIN`] bytes of stored keys or
+    /// values (GET, MULTI_GET, LIST, a COMPARE_SET returning the stored value), to be streamed
+    /// with [`StoreState::stream_reply`] (a MULTI_GET can ask for a terabyte).
     pub fn should_stream(&self, req: &Request<'_>) -> bool {
         let value_len = |key: &[u8]| 8 + self.kv.get(key).map_or(0, |v| v.len());
         match *req {
@@ -411,9 +388,8 @@ impl StoreState {
         }
     }
 
-    /// Budget bytes that streaming `req` takes (see [`ReplyBudget`]): the references of a
-    /// MULTI_GET, and for a LIST a new snapshot of the keys unless the last one is still being
-    /// sent and no key was added or removed since.
+    /// Budget bytes that streaming `req` takes: the references of a MULTI_GET, or a LIST's new
+    /// snapshot of the keys.
     pub fn stream_cost(&self, req: &Request<'_>) -> usize {
         match *req {
             Request::MultiGet { keys } => keys.len() * std::mem::size_of::<StreamPart>(),
@@ -424,13 +400,10 @@ impl StoreState {
         }
     }
 
-    /// The reply to a request [`StoreState::should_stream`] chose, as the values or keys it
-    /// names as they are now (the same atomic snapshot a built reply would hold, at the cost of
-    /// one reference per value, and one shared list of references to the keys for every LIST
-    /// of the same keys). `charge` holds [`StoreState::stream_cost`] bytes: a new snapshot
-    /// keeps it; otherwise it is returned, for the connection to hold until the reply is sent.
-    /// A COMPARE_SET streamed here writes nothing (the stored value differs from the expected
-    /// one), so it needs no wake-ups.
+    /// The reply to a request [`StoreState::should_stream`] chose, as references to the values
+    /// or keys it names as they are now. `charge` holds [`StoreState::stream_cost`] bytes: a new
+    /// snapshot keeps it, else it is returned for the connection to hold until the reply is
+    /// sent. A COMPARE_SET streamed here writes nothing, so it wakes no one.
     pub fn stream_reply(
         &mut self,
         req: &Request<'_>,
@@ -469,8 +442,7 @@ impl StoreState {
         Some(charge)
     }
 
-    /// About how many reply bytes `req` will produce (0 for small or no replies), so the caller
-    /// can provide a large enough buffer up front.
+    /// About how many reply bytes `req` will produce (0 for small or no replies).
     pub fn reply_len_hint(&self, req: &Request<'_>) -> usize {
         let value_len = |key: &[u8]| 8 + self.kv.get(key).map_or(0, |v| v.len());
         match *req {
@@ -507,8 +479,6 @@ impl StoreState {
         self.kv.get(key).map_or(&[][..], |v| v.as_slice())
     }
 
-    /// Upsert that reuses the existing value's allocation unless a streamed reply still
-    /// holds it.
     fn set(&mut self, key: &[u8], value: &[u8]) {
         match self.kv.get_mut(key) {
             Some(existing) => overwrite(existing, value),
@@ -571,7 +541,7 @@ impl StoreState {
         self.register_wait(fx.conn, registered);
     }
 
-    /// Registers a WAIT of `conn` on `keys` (each missing), answered once all are written.
+    /// Registers a WAIT of `conn` on `keys` (each missing).
     fn register_wait(&mut self, conn: ConnId, keys: Vec<Vec<u8>>) {
         let id = self.next_wait_id;
         self.next_wait_id += 1;
@@ -591,9 +561,7 @@ impl StoreState {
         });
     }
 
-    /// BARRIER: counts one arrival at `key` (decimal text, as ADD stores it). The arrival that
-    /// reaches `world_size` releases every earlier one (as a write to `key` does) and is answered
-    /// at once; an earlier one waits, as a WAIT on `key` would, until then or CANCEL_WAIT.
+    /// BARRIER, as docs/PROTOCOL.md §1 describes it.
     fn barrier(&mut self, key: &[u8], world_size: i64, fx: &mut Effects) -> Result<(), Refusal> {
         let count = self.add(key, 1)?;
         if count >= world_size {
@@ -655,8 +623,7 @@ impl StoreState {
         if pending[i].missing > 0 {
             return;
         }
-        // The connection's (now maybe empty) list stays, so its next WAIT reuses the allocation;
-        // `drop_waits` removes it when the connection goes.
+        // The (maybe empty) list stays for the connection's next WAIT to reuse.
         pending.remove(i);
         if waiter.conn == fx.conn {
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
@@ -697,7 +664,6 @@ impl StoreState {
     }
 }
 
-/// Whether the lengths add up to [`STREAM_REPLY_MIN`] (stops adding once they do).
 fn reaches_stream_min(mut lens: impl Iterator<Item = usize>) -> bool {
     let mut total = 0;
     lens.any(|len| {
@@ -720,8 +686,7 @@ fn overwrite(stored: &mut Value, bytes: &[u8]) {
 /// Longest decimal form of an i64 (`-9223372036854775808`).
 const I64_DECIMAL_MAX: usize = 20;
 
-/// Writes `value` in decimal (as `std::to_string` does) into the end of `buf` and returns it;
-/// the hot path of ADD, without the formatting machinery.
+/// `value` in decimal (as `std::to_string`), at the end of `buf`: ADD's hot path, without `fmt`.
 fn format_i64(value: i64, buf: &mut [u8; I64_DECIMAL_MAX]) -> &[u8] {
     let mut magnitude = value.unsigned_abs();
     let mut start = buf.len();
@@ -740,15 +705,13 @@ fn format_i64(value: i64, buf: &mut [u8; I64_DECIMAL_MAX]) -> &[u8] {
     &buf[start..]
 }
 
-/// Where a request's effects go.
 struct Effects<'a> {
     conn: ConnId,
     out: &'a mut Vec<u8>,
     woken: &'a mut Vec<ConnId>,
 }
 
-/// `std::stoll(s)` (base 10): optional leading whitespace, an optional sign, at least one digit;
-/// anything after the digits is ignored. `None` for no digits or a value outside i64.
+/// `std::stoll(s)` (base 10): leading whitespace, a sign, at least one digit, anything after.
 pub(crate) fn parse_stoll(s: &[u8]) -> Option<i64> {
     let mut i = 0;
     while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r') {

@@ -3,9 +3,6 @@
 use super::*;
 use crate::error::Result;
 
-// ---------------------------------------------------------------------------------------------
-// Raw field encoders (requests and replies).
-
 pub fn put_u8(out: &mut Vec<u8>, v: u8) {
     out.push(v);
 }
@@ -72,39 +69,28 @@ impl WireBytes for Prefixed<'_> {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Request encoders. Each appends one whole request to `out`; the ones with keys or values check
-// the server's limits first and leave `out` untouched when a limit is exceeded.
+// Request encoders append one whole request to `out`, or check a limit and leave it untouched.
 
-fn check_len(command: Command, field: &str, len: usize, limit: usize) -> Result<()> {
+/// `u64 len ‖ bytes` of a key (`field` "key") or a value, checked against the server's limit.
+pub(super) fn put_field<V: WireBytes + ?Sized>(
+    out: &mut Vec<u8>,
+    command: Command,
+    field: &str,
+    value: &V,
+) -> Result<()> {
+    let len = value.wire_len();
+    let limit = if field == "key" {
+        MAX_KEY_LEN
+    } else {
+        MAX_VALUE_LEN
+    };
     if len > limit {
         return Err(Error::invalid(format!(
             "TCPStore {command} {field} is {len} bytes, over the server limit of {limit} bytes \
              (torch's default server closes the connection); use a shorter {field}"
         )));
     }
-    Ok(())
-}
-
-pub(super) fn put_key<K: WireBytes + ?Sized>(
-    out: &mut Vec<u8>,
-    command: Command,
-    key: &K,
-) -> Result<()> {
-    check_len(command, "key", key.wire_len(), MAX_KEY_LEN)?;
-    put_u64(out, key.wire_len() as u64);
-    key.write_bytes(out);
-    Ok(())
-}
-
-fn put_value<V: WireBytes + ?Sized>(
-    out: &mut Vec<u8>,
-    command: Command,
-    field: &str,
-    value: &V,
-) -> Result<()> {
-    check_len(command, field, value.wire_len(), MAX_VALUE_LEN)?;
-    put_u64(out, value.wire_len() as u64);
+    put_u64(out, len as u64);
     value.write_bytes(out);
     Ok(())
 }
@@ -149,16 +135,6 @@ fn put_counted<T>(
     Ok(())
 }
 
-fn put_key_list<K: WireBytes>(
-    out: &mut Vec<u8>,
-    command: Command,
-    keys: impl IntoIterator<Item = K>,
-) -> Result<()> {
-    put_counted(out, command, "keys", keys, |out, key| {
-        put_key(out, command, &key)
-    })
-}
-
 /// `VALIDATE` with [`VALIDATE_MAGIC`]; must be the first request on a connection. No reply.
 pub fn encode_validate(out: &mut Vec<u8>) {
     out.push(Command::Validate.byte());
@@ -171,16 +147,87 @@ pub fn encode_ping(out: &mut Vec<u8>, nonce: u32) {
     put_u32(out, nonce);
 }
 
-/// `SET key value`. No reply.
-pub fn encode_set<K, V>(out: &mut Vec<u8>, key: &K, value: &V) -> Result<()>
-where
-    K: WireBytes + ?Sized,
-    V: WireBytes + ?Sized,
-{
-    framed(out, Command::Set, |out| {
-        put_key(out, Command::Set, key)?;
-        put_value(out, Command::Set, "value", value)
-    })
+/// Declares the encoders of requests of one shape: bare, key, key and value, or key list.
+macro_rules! encoders {
+    (bare: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(out: &mut Vec<u8>) {
+            out.push(Command::$command.byte());
+        }
+    )*};
+    (key: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
+            framed(out, Command::$command, |out| {
+                put_field(out, Command::$command, "key", key)
+            })
+        }
+    )*};
+    (key_value: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name<K, V>(out: &mut Vec<u8>, key: &K, value: &V) -> Result<()>
+        where
+            K: WireBytes + ?Sized,
+            V: WireBytes + ?Sized,
+        {
+            framed(out, Command::$command, |out| {
+                put_field(out, Command::$command, "key", key)?;
+                put_field(out, Command::$command, "value", value)
+            })
+        }
+    )*};
+    (keys: $($(#[$doc:meta])* $name:ident = $command:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
+        where
+            I: IntoIterator<Item = K>,
+            K: WireBytes,
+        {
+            framed(out, Command::$command, |out| {
+                put_counted(out, Command::$command, "keys", keys, |out, key| {
+                    put_field(out, Command::$command, "key", &key)
+                })
+            })
+        }
+    )*};
+}
+
+encoders! {bare:
+    /// `GETNUMKEYS`; reply: i64.
+    encode_get_num_keys = GetNumKeys;
+    /// `CANCEL_WAIT`; reply: [`WAIT_CANCELED`] (possibly preceded by a late [`WAIT_STOP_WAITING`]).
+    encode_cancel_wait = CancelWait;
+    /// `LIST`; reply: i64 count and that many keys (wire form).
+    encode_list = List;
+}
+
+encoders! {key:
+    /// `GET key`; reply: a blob (empty when the key is missing on a libuv server).
+    encode_get = Get;
+    /// `DELETE_KEY key`; reply: i64 0 or 1.
+    encode_delete_key = DeleteKey;
+    /// `QUEUE_POP key`; reply: i64 length before the pop, then a blob when it was positive.
+    encode_queue_pop = QueuePop;
+    /// `QUEUE_LEN key`; reply: i64.
+    encode_queue_len = QueueLen;
+}
+
+encoders! {key_value:
+    /// `SET key value`. No reply.
+    encode_set = Set;
+    /// `APPEND key data`. No reply.
+    encode_append = Append;
+    /// `QUEUE_PUSH key value`. No reply.
+    encode_queue_push = QueuePush;
+}
+
+encoders! {keys:
+    /// `CHECK keys`; reply: [`CHECK_READY`] or [`CHECK_NOT_READY`].
+    encode_check = Check;
+    /// `WAIT keys`; reply: [`WAIT_STOP_WAITING`] once every key exists.
+    encode_wait = Wait;
+    /// `MULTI_GET keys`; reply: one blob per key, in order.
+    encode_multi_get = MultiGet;
 }
 
 /// `COMPARE_SET key expected desired`; reply: a blob.
@@ -196,80 +243,18 @@ where
     D: WireBytes + ?Sized,
 {
     framed(out, Command::CompareSet, |out| {
-        put_key(out, Command::CompareSet, key)?;
-        put_value(out, Command::CompareSet, "expected value", expected)?;
-        put_value(out, Command::CompareSet, "desired value", desired)
+        put_field(out, Command::CompareSet, "key", key)?;
+        put_field(out, Command::CompareSet, "expected value", expected)?;
+        put_field(out, Command::CompareSet, "desired value", desired)
     })
-}
-
-/// `GET key`; reply: a blob (empty when the key is missing on a libuv server).
-pub fn encode_get<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
-    framed(out, Command::Get, |out| put_key(out, Command::Get, key))
 }
 
 /// `ADD key delta`; reply: the new value as i64.
 pub fn encode_add<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K, delta: i64) -> Result<()> {
     framed(out, Command::Add, |out| {
-        put_key(out, Command::Add, key)?;
+        put_field(out, Command::Add, "key", key)?;
         put_i64(out, delta);
         Ok(())
-    })
-}
-
-/// `CHECK keys`; reply: [`CHECK_READY`] or [`CHECK_NOT_READY`].
-pub fn encode_check<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
-where
-    I: IntoIterator<Item = K>,
-    K: WireBytes,
-{
-    framed(out, Command::Check, |out| {
-        put_key_list(out, Command::Check, keys)
-    })
-}
-
-/// `WAIT keys`; reply: [`WAIT_STOP_WAITING`] once every key exists.
-pub fn encode_wait<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
-where
-    I: IntoIterator<Item = K>,
-    K: WireBytes,
-{
-    framed(out, Command::Wait, |out| {
-        put_key_list(out, Command::Wait, keys)
-    })
-}
-
-/// `GETNUMKEYS`; reply: i64.
-pub fn encode_get_num_keys(out: &mut Vec<u8>) {
-    out.push(Command::GetNumKeys.byte());
-}
-
-/// `DELETE_KEY key`; reply: i64 0 or 1.
-pub fn encode_delete_key<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
-    framed(out, Command::DeleteKey, |out| {
-        put_key(out, Command::DeleteKey, key)
-    })
-}
-
-/// `APPEND key data`. No reply.
-pub fn encode_append<K, V>(out: &mut Vec<u8>, key: &K, value: &V) -> Result<()>
-where
-    K: WireBytes + ?Sized,
-    V: WireBytes + ?Sized,
-{
-    framed(out, Command::Append, |out| {
-        put_key(out, Command::Append, key)?;
-        put_value(out, Command::Append, "value", value)
-    })
-}
-
-/// `MULTI_GET keys`; reply: one blob per key, in order.
-pub fn encode_multi_get<I, K>(out: &mut Vec<u8>, keys: I) -> Result<()>
-where
-    I: IntoIterator<Item = K>,
-    K: WireBytes,
-{
-    framed(out, Command::MultiGet, |out| {
-        put_key_list(out, Command::MultiGet, keys)
     })
 }
 
@@ -287,45 +272,9 @@ where
             "pairs",
             pairs,
             |out, (key, value)| {
-                put_key(out, Command::MultiSet, &key)?;
-                put_value(out, Command::MultiSet, "value", &value)
+                put_field(out, Command::MultiSet, "key", &key)?;
+                put_field(out, Command::MultiSet, "value", &value)
             },
         )
     })
-}
-
-/// `CANCEL_WAIT`; reply: [`WAIT_CANCELED`] (possibly preceded by a late [`WAIT_STOP_WAITING`]).
-pub fn encode_cancel_wait(out: &mut Vec<u8>) {
-    out.push(Command::CancelWait.byte());
-}
-
-/// `QUEUE_PUSH key value`. No reply.
-pub fn encode_queue_push<K, V>(out: &mut Vec<u8>, key: &K, value: &V) -> Result<()>
-where
-    K: WireBytes + ?Sized,
-    V: WireBytes + ?Sized,
-{
-    framed(out, Command::QueuePush, |out| {
-        put_key(out, Command::QueuePush, key)?;
-        put_value(out, Command::QueuePush, "value", value)
-    })
-}
-
-/// `QUEUE_POP key`; reply: i64 length before the pop, then a blob when it was positive.
-pub fn encode_queue_pop<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
-    framed(out, Command::QueuePop, |out| {
-        put_key(out, Command::QueuePop, key)
-    })
-}
-
-/// `QUEUE_LEN key`; reply: i64.
-pub fn encode_queue_len<K: WireBytes + ?Sized>(out: &mut Vec<u8>, key: &K) -> Result<()> {
-    framed(out, Command::QueueLen, |out| {
-        put_key(out, Command::QueueLen, key)
-    })
-}
-
-/// `LIST`; reply: i64 count and that many keys (wire form).
-pub fn encode_list(out: &mut Vec<u8>) {
-    out.push(Command::List.byte());
 }

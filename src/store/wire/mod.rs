@@ -7,8 +7,8 @@
 //! requests. The limits are those of torch's default (libuv) server, which closes the connection
 //! when a request exceeds them.
 //!
-//! Files: this one (limits, reply codes, [`Command`], [`ParseError`]); `request.rs` (a parsed,
-//! zero-copy [`Request`]); `parser.rs` (the incremental parser the server runs and the fuzz
+//! Files: this one (limits, reply codes, [`Command`] and [`Request`], [`ParseError`]);
+//! `request.rs` (zero-copy key lists, re-encoding); `parser.rs` (the incremental parser the server runs and the fuzz
 //! target drives); `encode.rs` (limit-checked `encode_*` requests, `put_*` fields for replies);
 //! `reply.rs` (the client's blocking `read_*` reply readers). Tests decode replies from slices
 //! with `tests/support.rs`.
@@ -52,12 +52,12 @@ pub const CHECK_READY: u8 = 0x00;
 pub const CHECK_NOT_READY: u8 = 0x01;
 /// WAIT reply: every awaited key exists now.
 pub const WAIT_STOP_WAITING: u8 = 0x00;
-/// CANCEL_WAIT reply.
 pub const WAIT_CANCELED: u8 = 0x01;
 
-/// Declares [`Command`] with its wire byte and torch's upper-case name.
+/// Declares [`Command`] (wire byte, torch's upper-case name) and [`Request`] (its fields).
 macro_rules! commands {
-    ($($command:ident = $byte:literal $name:literal,)*) => {
+    ($($(#[$doc:meta])* $command:ident = $byte:literal $name:literal
+        $({ $($field:ident: $ty:ty),* })?,)*) => {
         /// Command bytes (`c10d::detail::QueryType`), current numbering.
         #[repr(u8)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,29 +76,46 @@ macro_rules! commands {
                 }
             }
         }
+
+        /// One parsed request. Byte fields borrow from the input buffer.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Request<'a> {
+            $($(#[$doc])* $command $({ $($field: $ty),* })?,)*
+        }
+
+        impl Request<'_> {
+            pub fn command(&self) -> Command {
+                match self {
+                    $(Request::$command { .. } => Command::$command,)*
+                }
+            }
+        }
     };
 }
 
 commands! {
-    Validate = 0 "VALIDATE",
-    Set = 1 "SET",
-    CompareSet = 2 "COMPARE_SET",
-    Get = 3 "GET",
-    Add = 4 "ADD",
-    Check = 5 "CHECK",
-    Wait = 6 "WAIT",
+    Validate = 0 "VALIDATE" { magic: u32 },
+    Set = 1 "SET" { key: &'a [u8], value: &'a [u8] },
+    CompareSet = 2 "COMPARE_SET" { key: &'a [u8], expected: &'a [u8], desired: &'a [u8] },
+    Get = 3 "GET" { key: &'a [u8] },
+    Add = 4 "ADD" { key: &'a [u8], delta: i64 },
+    Check = 5 "CHECK" { keys: KeyList<'a> },
+    Wait = 6 "WAIT" { keys: KeyList<'a> },
     GetNumKeys = 7 "GETNUMKEYS",
-    DeleteKey = 8 "DELETE_KEY",
-    Append = 9 "APPEND",
-    MultiGet = 10 "MULTI_GET",
-    MultiSet = 11 "MULTI_SET",
+    DeleteKey = 8 "DELETE_KEY" { key: &'a [u8] },
+    Append = 9 "APPEND" { key: &'a [u8], value: &'a [u8] },
+    MultiGet = 10 "MULTI_GET" { keys: KeyList<'a> },
+    MultiSet = 11 "MULTI_SET" { pairs: PairList<'a> },
     CancelWait = 12 "CANCEL_WAIT",
-    Ping = 13 "PING",
-    QueuePush = 14 "QUEUE_PUSH",
-    QueuePop = 15 "QUEUE_POP",
-    QueueLen = 16 "QUEUE_LEN",
+    Ping = 13 "PING" { nonce: u32 },
+    QueuePush = 14 "QUEUE_PUSH" { key: &'a [u8], value: &'a [u8] },
+    QueuePop = 15 "QUEUE_POP" { key: &'a [u8] },
+    QueueLen = 16 "QUEUE_LEN" { key: &'a [u8] },
     List = 17 "LIST",
-    Barrier = 18 "BARRIER",
+    /// Counts one arrival at `key` (stored as decimal text, like ADD); answered with
+    /// STOP_WAITING once `world_size` arrivals were counted, until then a pending wait that
+    /// CANCEL_WAIT cancels.
+    Barrier = 18 "BARRIER" { key: &'a [u8], world_size: i64 },
 }
 
 impl Command {
@@ -119,7 +136,6 @@ impl fmt::Display for Command {
     }
 }
 
-/// What was wrong with a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParseErrorKind {
     /// The command byte is not a known command.
@@ -144,27 +160,22 @@ pub struct ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cmd = self.command.map_or("?", Command::name);
+        let (cmd, field) = (self.command.map_or("?", Command::name), self.field);
+        f.write_str("malformed TCPStore frame: ")?;
         match self.kind {
-            ParseErrorKind::UnknownCommand(byte) => write!(
-                f,
-                "malformed TCPStore frame: unknown command byte {byte} (known commands are 0..=17)"
-            ),
-            ParseErrorKind::TooLong { len, limit } => write!(
-                f,
-                "malformed TCPStore frame: {cmd} {} is {len} bytes, over the limit of {limit} bytes",
-                self.field
-            ),
-            ParseErrorKind::TooMany { count, limit } => write!(
-                f,
-                "malformed TCPStore frame: {cmd} {} is {count}, over the limit of {limit}",
-                self.field
-            ),
-            ParseErrorKind::Negative(v) => write!(
-                f,
-                "malformed TCPStore frame: {cmd} {} is negative ({v})",
-                self.field
-            ),
+            ParseErrorKind::UnknownCommand(byte) => {
+                write!(f, "unknown command byte {byte} (known commands are 0..=17)")
+            }
+            ParseErrorKind::TooLong { len, limit } => {
+                write!(
+                    f,
+                    "{cmd} {field} is {len} bytes, over the limit of {limit} bytes"
+                )
+            }
+            ParseErrorKind::TooMany { count, limit } => {
+                write!(f, "{cmd} {field} is {count}, over the limit of {limit}")
+            }
+            ParseErrorKind::Negative(v) => write!(f, "{cmd} {field} is negative ({v})"),
         }
     }
 }

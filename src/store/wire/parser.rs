@@ -1,24 +1,18 @@
-//! The incremental, zero-copy request parser: `Ok(None)` (or [`Parsed::Incomplete`]) until a
-//! whole request has arrived; a request over the limits is an error before it is buffered.
+//! The incremental, zero-copy request parser. Limits are checked as soon as a length is read, so
+//! an over-limit request is an error before its payload arrives.
 
 use super::*;
 
-/// Result of [`parse_frame`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parsed<'a> {
     /// A whole request and the number of bytes it used.
     Request(Request<'a>, usize),
-    /// The buffer holds only the start of a request; nothing can be parsed until it holds at
-    /// least `needed` bytes (a lower bound, so a caller may skip re-parsing until then).
+    /// The buffer holds only the start of a request, which needs at least `needed` bytes.
     Incomplete { needed: usize },
 }
 
-/// Parses the first request in `buf`.
-///
-/// `Ok(Some((request, consumed)))` for a whole request, `Ok(None)` when more bytes are needed,
-/// `Err` when the bytes can never become a valid request (unknown command, over-limit length or
-/// count). Limits are checked as soon as a length is read, so an over-limit request is rejected
-/// before its payload arrives.
+/// Parses the first request in `buf`: `Ok(Some((request, consumed)))`, `Ok(None)` when more
+/// bytes are needed, `Err` when the bytes can never become a valid request.
 pub fn parse_request(buf: &[u8]) -> std::result::Result<Option<(Request<'_>, usize)>, ParseError> {
     match parse_frame(buf)? {
         Parsed::Request(req, used) => Ok(Some((req, used))),

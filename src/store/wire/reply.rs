@@ -1,5 +1,4 @@
-//! Blocking reply readers for a client on a `Read` (a socket). Errors are `io::Error`s; a corrupt
-//! length is `InvalidData`, a closed connection `UnexpectedEof`.
+//! Blocking reply readers on a `Read`: a corrupt length is `InvalidData`, EOF `UnexpectedEof`.
 
 use super::*;
 use std::io::{self, Read};
@@ -22,8 +21,7 @@ pub fn read_i64(r: &mut impl Read) -> io::Result<i64> {
     Ok(i64::from_le_bytes(b))
 }
 
-/// Reads one blob into `out` (cleared first), growing it as bytes arrive so that a corrupt
-/// length cannot force a huge allocation up front.
+/// Reads one blob into `out` (cleared first), growing it as bytes arrive (not by the length).
 pub fn read_blob_into(r: &mut impl Read, out: &mut Vec<u8>) -> io::Result<()> {
     let len = read_i64(r)? as u64;
     if len > MAX_REPLY_BLOB_LEN {
@@ -55,39 +53,24 @@ pub fn read_blob(r: &mut impl Read) -> io::Result<Vec<u8>> {
     Ok(v)
 }
 
-/// MULTI_GET reply: `n` blobs.
-pub fn read_blobs(r: &mut impl Read, n: usize) -> io::Result<Vec<Vec<u8>>> {
-    (0..n).map(|_| read_blob(r)).collect()
+/// A count of a reply, which must not be negative.
+fn read_count(r: &mut impl Read, command: Command, field: &'static str) -> io::Result<u64> {
+    let count = read_i64(r)?;
+    u64::try_from(count)
+        .map_err(|_| reply_error(command, field, ParseErrorKind::Negative(count)).into())
 }
 
 /// QUEUE_POP reply: `Some(value)`, or `None` when the queue was empty.
 pub fn read_queue_pop(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
-    let len_before = read_i64(r)?;
-    if len_before < 0 {
-        return Err(reply_error(
-            Command::QueuePop,
-            "reply queue length",
-            ParseErrorKind::Negative(len_before),
-        )
-        .into());
+    match read_count(r, Command::QueuePop, "reply queue length")? {
+        0 => Ok(None),
+        _ => read_blob(r).map(Some),
     }
-    if len_before == 0 {
-        return Ok(None);
-    }
-    read_blob(r).map(Some)
 }
 
 /// LIST reply: keys in wire form.
 pub fn read_list(r: &mut impl Read) -> io::Result<Vec<Vec<u8>>> {
-    let count = read_i64(r)?;
-    if count < 0 {
-        return Err(reply_error(
-            Command::List,
-            "reply key count",
-            ParseErrorKind::Negative(count),
-        )
-        .into());
-    }
+    let count = read_count(r, Command::List, "reply key count")?;
     let mut keys = Vec::with_capacity((count as usize).min(MAX_KEY_COUNT));
     for _ in 0..count {
         keys.push(read_blob(r)?);

@@ -1,4 +1,5 @@
-//! A parsed request: the [`Request`] enum over borrowed bytes and its key and pair lists.
+//! A parsed request's key and pair lists, and its re-encoding ([`Request`] is declared with
+//! [`Command`] in `mod.rs`).
 
 use super::*;
 
@@ -70,12 +71,6 @@ pub struct PairList<'a> {
 }
 
 impl<'a> PairList<'a> {
-    pub fn len(&self) -> usize {
-        self.count
-    }
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
     /// The (key, value) pairs, in wire order.
     pub fn iter(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
         let mut blobs = BlobIter {
@@ -86,97 +81,7 @@ impl<'a> PairList<'a> {
     }
 }
 
-/// One parsed request. Byte fields borrow from the input buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Request<'a> {
-    Validate {
-        magic: u32,
-    },
-    Set {
-        key: &'a [u8],
-        value: &'a [u8],
-    },
-    CompareSet {
-        key: &'a [u8],
-        expected: &'a [u8],
-        desired: &'a [u8],
-    },
-    Get {
-        key: &'a [u8],
-    },
-    Add {
-        key: &'a [u8],
-        delta: i64,
-    },
-    Check {
-        keys: KeyList<'a>,
-    },
-    Wait {
-        keys: KeyList<'a>,
-    },
-    GetNumKeys,
-    DeleteKey {
-        key: &'a [u8],
-    },
-    Append {
-        key: &'a [u8],
-        value: &'a [u8],
-    },
-    MultiGet {
-        keys: KeyList<'a>,
-    },
-    MultiSet {
-        pairs: PairList<'a>,
-    },
-    CancelWait,
-    Ping {
-        nonce: u32,
-    },
-    QueuePush {
-        key: &'a [u8],
-        value: &'a [u8],
-    },
-    QueuePop {
-        key: &'a [u8],
-    },
-    QueueLen {
-        key: &'a [u8],
-    },
-    List,
-    /// Counts one arrival at `key` (stored as decimal text, like ADD); answered with
-    /// STOP_WAITING once `world_size` arrivals were counted, until then a pending wait that
-    /// CANCEL_WAIT cancels.
-    Barrier {
-        key: &'a [u8],
-        world_size: i64,
-    },
-}
-
-impl<'a> Request<'a> {
-    pub fn command(&self) -> Command {
-        match self {
-            Request::Validate { .. } => Command::Validate,
-            Request::Set { .. } => Command::Set,
-            Request::CompareSet { .. } => Command::CompareSet,
-            Request::Get { .. } => Command::Get,
-            Request::Add { .. } => Command::Add,
-            Request::Check { .. } => Command::Check,
-            Request::Wait { .. } => Command::Wait,
-            Request::GetNumKeys => Command::GetNumKeys,
-            Request::DeleteKey { .. } => Command::DeleteKey,
-            Request::Append { .. } => Command::Append,
-            Request::MultiGet { .. } => Command::MultiGet,
-            Request::MultiSet { .. } => Command::MultiSet,
-            Request::CancelWait => Command::CancelWait,
-            Request::Ping { .. } => Command::Ping,
-            Request::QueuePush { .. } => Command::QueuePush,
-            Request::QueuePop { .. } => Command::QueuePop,
-            Request::QueueLen { .. } => Command::QueueLen,
-            Request::List => Command::List,
-            Request::Barrier { .. } => Command::Barrier,
-        }
-    }
-
+impl Request<'_> {
     /// Appends this request's exact wire bytes to `out`. A parsed request re-encodes to the bytes
     /// it was parsed from; no limits are checked here (use the `encode_*` functions for that).
     pub fn encode(&self, out: &mut Vec<u8>) {

@@ -109,7 +109,7 @@ pub fn encode_barrier<K: WireBytes + ?Sized>(
     world_size: i64,
 ) -> Result<()> {
     framed(out, Command::Barrier, |out| {
-        put_key(out, Command::Barrier, key)?;
+        put_field(out, Command::Barrier, "key", key)?;
         put_i64(out, world_size);
         Ok(())
     })
