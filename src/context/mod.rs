@@ -1,21 +1,11 @@
 //! A rank's view of the job: who it is, the store everyone shares, a job-unique id and barriers.
 //!
-//! Store hosting: without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master
-//! address as its own is a candidate; each tries to listen on the master port and the one whose
-//! bind succeeds hosts the store (the others find the port taken and connect, like every other
-//! rank). So exactly one process hosts it even when several nodes (containers sharing the host
-//! network) all see the master address as theirs.
-//!
-//! Store lifetime: a rank hosting the store in-process does not pull it from under the others
-//! when its [`Context`] closes: it waits, bounded by the host linger, until every rank has closed,
-//! or every rank has connected once and all have since disconnected, then stops the server.
-//!
-//! Keys (under `nvfipc/context/`, listed in docs/PROTOCOL.md section 2): a job is its tag
-//! ([`crate::config::JOB_TAG_VARS`], `default` without one) and world size; a store that outlives
-//! one run numbers the runs of each. Each rank claims its slot in a run atomically (`claim`), the
-//! ranks of a run agree on a job id, and an untagged rank checks that it is not a rank of a
-//! concurrent job (`collision`). Then `<job>/joined/<rank>` holds the rank's node identity, and
-//! `<job>/closed` and `<job>/all_closed` count the closes.
+//! Without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master address as its own
+//! is a candidate host: the one whose bind on the master port succeeds hosts the store, the others
+//! connect like every other rank (so one process hosts it even when containers share the network).
+//! A hosting rank's close waits, bounded by the host linger, for the other ranks before it stops
+//! the server. The keys (`nvfipc/context/`: rank claims in `claim`, `collision`, the job id and
+//! close counting) are listed in docs/PROTOCOL.md section 2.
 
 use crate::barrier::{self, BarrierState};
 use crate::config::{self, EnvConfig, RankInfo, StoreSource};
@@ -279,25 +269,6 @@ impl Context {
         })
     }
 
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-    pub fn world_size(&self) -> usize {
-        self.world_size
-    }
-    pub fn local_rank(&self) -> usize {
-        self.local_rank
-    }
-    pub fn local_world_size(&self) -> usize {
-        self.local_world_size
-    }
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-    pub fn job_id(&self) -> &str {
-        &self.job_id
-    }
-
     /// Default timeout of barriers and of the store operations done for this context.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -420,39 +391,31 @@ impl Context {
     fn keep_serving_until_others_close(&self) -> Result<()> {
         let all_closed = names::job(&self.job_id, "all_closed");
         let deadline = Instant::now() + self.host_linger;
-        loop {
-            let others = match self.store.liveness() {
-                Liveness::ServedHere { other_clients } => other_clients,
-                // Served elsewhere, or (on a later look) the host stopped its server.
-                _ => return Ok(()),
-            };
-            if others == 0 {
-                return Ok(());
-            }
-            if self.store.check(&[&all_closed]).unwrap_or(true) {
-                // The server may not have written the reply to that last request yet: give
-                // the others a moment to hang up (they usually exit right after closing).
-                let grace = Instant::now() + SERVED_REPLY_GRACE;
-                while Instant::now() < grace.min(deadline)
-                    && matches!(self.store.liveness(), Liveness::ServedHere { other_clients } if other_clients > 0)
-                {
-                    std::thread::sleep(LINGER_POLL);
-                }
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::timeout(format!(
-                    "rank {} serves the store (its server runs in this process) and stopped \
-                     waiting after {} ms for the other ranks to close their contexts ({others} \
-                     connections of other processes still open): their last store requests may \
-                     fail once this process exits. Close every rank's context, or raise the \
-                     host linger",
-                    self.rank,
-                    self.host_linger.as_millis(),
-                )));
-            }
-            std::thread::sleep(LINGER_POLL);
+        // Served elsewhere, or (on a later look) the host stopped its server: 0.
+        let others = || match self.store.liveness() {
+            Liveness::ServedHere { other_clients } => other_clients,
+            _ => 0,
+        };
+        let done = poll_until(deadline, || {
+            others() == 0 || self.store.check(&[&all_closed]).unwrap_or(true)
+        });
+        if done {
+            // The server may not have written the reply to that last request yet: give the
+            // others a moment to hang up (they usually exit right after closing).
+            poll_until(deadline.min(Instant::now() + SERVED_REPLY_GRACE), || {
+                others() == 0
+            });
+            return Ok(());
         }
+        Err(Error::timeout(format!(
+            "rank {} serves the store (its server runs in this process) and stopped waiting after \
+             {} ms for the other ranks to close their contexts ({} connections of other processes \
+             still open): their last store requests may fail once this process exits. Close every \
+             rank's context, or raise the host linger",
+            self.rank,
+            self.host_linger.as_millis(),
+            others()
+        )))
     }
 
     /// Fails when another process claimed this rank of this run after this one did (two jobs
@@ -471,26 +434,22 @@ impl Context {
             .map(|r| names::joined(&self.job_id, r))
             .collect();
         let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
-        loop {
-            // This rank's own connection is the one client allowed to remain.
-            let others_gone = server.connected_clients() <= 1;
-            if self.store.check(&[&all_closed]).unwrap_or(false)
-                || (others_gone && self.store.check(&joined).unwrap_or(false))
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::timeout(format!(
-                    "rank {} hosts the store and stopped it after waiting {} ms for the other \
-                     ranks to close their contexts ({} clients still connected); raise the host \
-                     linger or close every rank's context",
-                    self.rank,
-                    self.host_linger.as_millis(),
-                    server.connected_clients().saturating_sub(1)
-                )));
-            }
-            std::thread::sleep(LINGER_POLL);
+        // This rank's own connection is the one client allowed to remain.
+        let done = poll_until(deadline, || {
+            self.store.check(&[&all_closed]).unwrap_or(false)
+                || (server.connected_clients() <= 1 && self.store.check(&joined).unwrap_or(false))
+        });
+        if done {
+            return Ok(());
         }
+        Err(Error::timeout(format!(
+            "rank {} hosts the store and stopped it after waiting {} ms for the other ranks to \
+             close their contexts ({} clients still connected); raise the host linger or close \
+             every rank's context",
+            self.rank,
+            self.host_linger.as_millis(),
+            server.connected_clients().saturating_sub(1)
+        )))
     }
 
     fn lock_server(&self) -> std::sync::MutexGuard<'_, Option<StoreServer>> {
@@ -528,7 +487,19 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// True when `e` is a bind failure because the address is in use.
+/// Polls `done` until it holds (true) or `deadline` passes (false).
+fn poll_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(LINGER_POLL);
+    }
+}
+
 fn is_addr_in_use(e: &Error) -> bool {
     e.message.contains(&crate::os::net::addr_in_use_message())
 }
