@@ -41,9 +41,8 @@ const SERVED_REPLY_GRACE: Duration = Duration::from_millis(100);
 /// Whether a rank hosts the store it connects to.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Hosting {
-    /// Connect only.
     Connect,
-    /// Host it; failing to listen is an error.
+    /// Failing to listen is an error.
     Host,
     /// Host it if this rank wins the election (its bind succeeds); connect otherwise.
     Candidate,
@@ -119,11 +118,9 @@ impl Context {
         timeout: Duration,
     ) -> Result<Context> {
         let ranks = RankInfo::new(rank, world_size, rank, world_size)?;
-        let hosting = if host_store {
-            Hosting::Host
-        } else {
-            Hosting::Connect
-        };
+        let hosting = host_store
+            .then_some(Hosting::Host)
+            .unwrap_or(Hosting::Connect);
         Self::open(ranks, host, port, hosting, timeout, DEFAULT_JOB_TAG)
     }
 
@@ -279,9 +276,6 @@ impl Context {
 
     /// How long a hosting rank waits for the others when it closes (by default the timeout
     /// the context was created with, at most [`DEFAULT_HOST_LINGER`]).
-    pub fn host_linger(&self) -> Duration {
-        self.host_linger
-    }
     pub fn set_host_linger(&mut self, linger: Duration) {
         self.host_linger = linger;
     }
@@ -302,10 +296,14 @@ impl Context {
             members,
             timeout.unwrap_or(self.timeout),
         )?;
-        // A rank claimed twice before the first barrier completed is seen here, on both
-        // processes, before the job goes on; one claimed later is seen at close.
+        // A rank claimed twice (two jobs on one store without distinct job tags) before the
+        // first barrier completed is seen here, on both processes, before the job goes on; one
+        // claimed later is seen at close.
         if gen == 0 && !self.claim_checked.swap(true, Ordering::Relaxed) {
-            self.check_rank_claim()?;
+            let who = format!("rank {} of {}", self.rank, self.world_size);
+            self.claim
+                .check_duplicate(&*self.store)
+                .map_err(|e| e.context(who))?;
         }
         Ok(gen)
     }
@@ -416,14 +414,6 @@ impl Context {
             self.host_linger.as_millis(),
             others()
         )))
-    }
-
-    /// Fails when another process claimed this rank of this run after this one did (two jobs
-    /// on one store without distinct job tags); checked by the first barrier and at close.
-    pub fn check_rank_claim(&self) -> Result<()> {
-        self.claim
-            .check_duplicate(&*self.store)
-            .map_err(|e| e.context(format!("rank {} of {}", self.rank, self.world_size)))
     }
 
     /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
