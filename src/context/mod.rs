@@ -118,9 +118,11 @@ impl Context {
         timeout: Duration,
     ) -> Result<Context> {
         let ranks = RankInfo::new(rank, world_size, rank, world_size)?;
-        let hosting = host_store
-            .then_some(Hosting::Host)
-            .unwrap_or(Hosting::Connect);
+        let hosting = if host_store {
+            Hosting::Host
+        } else {
+            Hosting::Connect
+        };
         Self::open(ranks, host, port, hosting, timeout, DEFAULT_JOB_TAG)
     }
 
