@@ -482,7 +482,7 @@ impl LogConfig {
                 problems.push(format!(
                     "{DEBUG_SUBSYS_VAR}={v:?}: {bad:?} is not a subsystem (one of {}, or ALL); \
                      logging every subsystem",
-                    Subsystem::names().join(", ")
+                    Subsystem::ALL.map(Subsystem::name).join(", ")
                 ));
                 Subsystem::ALL_MASK
             }),
