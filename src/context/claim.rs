@@ -101,11 +101,6 @@ impl RankClaim {
     pub(super) fn last_close_key(&self) -> String {
         names::run(&self.base, self.run, "last_close")
     }
-    /// The value of [`last_close_key`](Self::last_close_key): now.
-    pub(super) fn close_moment() -> String {
-        Moment::now().encode()
-    }
-
     /// Fails, naming the other process, when another process tried to claim this rank of this
     /// run while this one held it, or (untagged jobs) a process of another job found this run
     /// taken while it was live.

@@ -1,12 +1,6 @@
-//! Untagged jobs that share a store: telling a later run of one job from a rank of another job
-//! that started at the same time, by time (docs/PROTOCOL.md section 2 says what it can and cannot
-//! tell). Every run records when it was opened (`<run>/open`) and when a rank last closed it
-//! (`<run>/last_close`); an untagged rank that passes over a run (does not join it) fails when
-//! its own process started before either moment, or when its slot there is held by a live
-//! process that has not closed (other than its own), and marks the run (`<run>/collision`) so
-//! that the run's ranks still open fail at their first barrier or at close. A process start is
-//! known from the library's load or `/proc` (10 ms ticks); across hosts wall clocks are compared,
-//! allowing [`CLOCK_SKEW`].
+//! Untagged jobs that share a store, told apart by time (docs/PROTOCOL.md section 2: the
+//! `collision` key and what it can and cannot tell): an untagged rank that passes over a run fails,
+//! and marks the run, when its process was already running while the run was live.
 
 use crate::error::{Error, Result};
 use crate::names::context as names;

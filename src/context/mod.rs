@@ -353,7 +353,7 @@ impl Context {
         self.store
             .set(
                 &self.claim.last_close_key(),
-                RankClaim::close_moment().as_bytes(),
+                collision::Moment::now().encode().as_bytes(),
             )
             .and_then(|()| self.store.set(&self.claim.closed_key(), b"1"))
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
