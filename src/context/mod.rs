@@ -350,23 +350,17 @@ impl Context {
         }
         let duplicate = self.claim.check_duplicate(&*self.store);
         // The moment first: a rank that sees this slot closed finds it (see `collision`).
-        self.store
-            .set(
-                &self.claim.last_close_key(),
-                collision::Moment::now().encode().as_bytes(),
-            )
-            .and_then(|()| self.store.set(&self.claim.closed_key(), b"1"))
-            .map_err(|e| e.context(format!("{who}: announcing close")))?;
-        let closed = self
-            .store
-            .add(&names::job(&self.job_id, "closed"), 1)
+        let moment = collision::Moment::now().encode();
+        let store = &self.store;
+        let closed = (store.set(&self.claim.last_close_key(), moment.as_bytes()))
+            .and_then(|()| store.set(&self.claim.closed_key(), b"1"))
+            .and_then(|()| store.add(&names::job(&self.job_id, "closed"), 1))
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         if closed == self.world_size as i64 {
             // The job's last request: a rank serving the store waits for it (see
             // `keep_serving_until_others_close`).
-            self.store.delete_key(&self.job_key)?;
-            self.store
-                .set(&names::job(&self.job_id, "all_closed"), b"1")?;
+            store.delete_key(&self.job_key)?;
+            store.set(&names::job(&self.job_id, "all_closed"), b"1")?;
         }
         duplicate.map_err(|e| e.context(who))
     }
