@@ -126,34 +126,25 @@ pub fn format_ranks(ranks: &[usize]) -> String {
 /// Per-process barrier state: per member set this rank has used, the next generation and the
 /// set's keys, formatted once. Every rank keeps its own; they stay in step because every member
 /// calls the same barriers.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct BarrierState {
-    prefix: String,
+    scope: Option<String>,
     sets: Mutex<HashMap<String, (u64, Arc<BarrierKeys>)>>,
-}
-
-impl Default for BarrierState {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl BarrierState {
     /// State whose keys live under `nvfipc/barrier/`.
     pub fn new() -> BarrierState {
-        Self::with_prefix(BarrierKeys::prefix(None))
+        Self::default()
     }
 
     /// State whose keys live under `nvfipc/barrier/<scope>/`, so that several jobs (or several
     /// independent groups of barriers) can share one store without sharing counters.
     pub fn scoped(scope: &str) -> BarrierState {
-        Self::with_prefix(BarrierKeys::prefix(Some(scope)))
-    }
-
-    fn with_prefix(prefix: String) -> BarrierState {
+        let scope = Some(scope.to_string());
         BarrierState {
-            prefix,
-            sets: Mutex::new(HashMap::new()),
+            scope,
+            ..Self::default()
         }
     }
 
@@ -163,9 +154,12 @@ impl BarrierState {
         let mut map = lock(&self.sets);
         let (next, keys) = match map.get_mut(set.id()) {
             Some(slot) => slot,
-            None => map
-                .entry(set.id().to_string())
-                .or_insert_with(|| (0, Arc::new(BarrierKeys::new(&self.prefix, set.id())))),
+            None => map.entry(set.id().to_string()).or_insert_with(|| {
+                (
+                    0,
+                    Arc::new(BarrierKeys::new(self.scope.as_deref(), set.id())),
+                )
+            }),
         };
         *next += 1;
         (*next - 1, Arc::clone(keys))

@@ -149,18 +149,12 @@ pub(crate) struct BarrierKeys {
 }
 
 impl BarrierKeys {
-    /// The prefix of a barrier state's keys: `nvfipc/barrier`, or `nvfipc/barrier/<scope>`.
-    pub(crate) fn prefix(scope: Option<&str>) -> String {
-        match scope {
-            Some(scope) => format!("nvfipc/barrier/{scope}"),
-            None => "nvfipc/barrier".to_string(),
-        }
-    }
-
-    pub(crate) fn new(prefix: &str, set_id: &str) -> BarrierKeys {
-        BarrierKeys {
-            base: format!("{prefix}/{set_id}"),
-        }
+    pub(crate) fn new(scope: Option<&str>, set_id: &str) -> BarrierKeys {
+        let base = match scope {
+            Some(scope) => format!("nvfipc/barrier/{scope}/{set_id}"),
+            None => format!("nvfipc/barrier/{set_id}"),
+        };
+        BarrierKeys { base }
     }
 
     pub(crate) fn arrival(&self, gen: u64, rank: usize) -> String {
