@@ -31,8 +31,7 @@ pub struct MemberSet {
 
 impl MemberSet {
     /// Validates `members` (the whole world when `None`) for a barrier called by `rank`: members
-    /// must be unique, below `world`, and include `rank`; `world` is at most
-    /// [`MAX_WORLD_SIZE`].
+    /// must be unique, below `world`, and include `rank`; `world` is at most [`MAX_WORLD_SIZE`].
     pub fn new(rank: usize, world: usize, members: Option<&[usize]>) -> Result<MemberSet> {
         if world == 0 {
             return Err(Error::invalid("barrier: world size is 0"));

@@ -227,8 +227,7 @@ pub mod generations {
     }
 }
 
-/// Whether a `/dev/shm` entry (no leading slash) is named like a board (see
-/// [`CacheNames::board`]).
+/// Whether a `/dev/shm` entry (no leading slash) is named like a board (see [`CacheNames::board`]).
 pub fn is_board_name(entry: &str) -> bool {
     entry.starts_with("nvfipc-")
         && entry

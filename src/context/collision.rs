@@ -31,9 +31,8 @@ impl Moment {
         }
     }
 
-    /// A moment by which this process had certainly started (see `os::process::started_by`);
-    /// `None` where neither `/proc` nor the load time tells: then nothing is ever found to
-    /// overlap.
+    /// A moment by which this process had certainly started (see `os::process::started_by`); `None`
+    /// where neither `/proc` nor the load time tells: then nothing is ever found to overlap.
     pub(super) fn process_start() -> Option<Moment> {
         let start = started_by()?;
         let now = since_boot()?;

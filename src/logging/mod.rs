@@ -87,7 +87,8 @@ struct Logger {
     sink: OnceLock<Sink>,
 }
 
-struct Sink {
+/// The installed logger's output and settings (see [`init`]).
+pub struct Sink {
     subsystems: AtomicU32,
     /// Rank of this process once a context or cache knows it; -1 before.
     rank: AtomicI64,
@@ -106,7 +107,7 @@ static LOGGER: Logger = Logger {
 
 /// Reads the environment and installs the library's logger, once per process. Called by every
 /// constructor that can be a process's first call into the library.
-pub fn init() {
+pub fn init() -> &'static Sink {
     let sink = LOGGER.sink.get_or_init(|| {
         let host = crate::os::process::host_name();
         let pid = std::process::id();
@@ -147,14 +148,12 @@ pub fn init() {
     for p in problems {
         log::warn!(target: STORE, "{p}");
     }
+    sink
 }
 
 /// Records this process's rank for the lines' prefix (the last context or cache created wins).
 pub fn set_rank(rank: i64) {
-    init();
-    if let Some(s) = LOGGER.sink.get() {
-        s.rank.store(rank, Ordering::Relaxed);
-    }
+    init().rank.store(rank, Ordering::Relaxed);
 }
 
 /// Sets the most verbose level written, overriding `NVFIPC_DEBUG`.
@@ -166,10 +165,7 @@ pub fn set_level(level: LevelFilter) {
 /// Sends lines to `callback` instead of stderr or the file; `None` restores them. A line being
 /// written while the callback is replaced may still reach the previous one.
 pub fn set_callback(callback: Option<LineCallback>) {
-    init();
-    if let Some(s) = LOGGER.sink.get() {
-        *s.callback.write().unwrap_or_else(|p| p.into_inner()) = callback;
-    }
+    *init().callback.write().unwrap_or_else(|p| p.into_inner()) = callback;
 }
 
 impl Log for Logger {
