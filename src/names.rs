@@ -170,13 +170,13 @@ impl BarrierKeys {
 /// gives its number back, so a retried one still pairs with the peers' caches.
 pub mod generations {
     use crate::sync::lock;
-    use std::collections::HashMap;
+    use std::collections::BTreeMap;
     use std::sync::Mutex;
 
     type Key = (String, String, usize);
 
     // process-wide: generations count the caches this process created, whoever created them.
-    static LAST: Mutex<Option<HashMap<Key, u64>>> = Mutex::new(None);
+    static LAST: Mutex<BTreeMap<Key, u64>> = Mutex::new(BTreeMap::new());
 
     /// A generation being created: [`Reserved::commit`] keeps it; dropping it uncommitted gives
     /// it back when no later one was handed out meanwhile.
@@ -201,8 +201,7 @@ pub mod generations {
             if self.committed {
                 return;
             }
-            let mut last = lock(&LAST);
-            if let Some(g) = last.get_or_insert_with(HashMap::new).get_mut(&self.key) {
+            if let Some(g) = lock(&LAST).get_mut(&self.key) {
                 if *g == self.generation {
                     *g -= 1;
                 }
@@ -214,10 +213,7 @@ pub mod generations {
     pub fn reserve(job_id: &str, scope: &str, rank: usize) -> Reserved {
         let key = (job_id.to_string(), scope.to_string(), rank);
         let mut last = lock(&LAST);
-        let g = last
-            .get_or_insert_with(HashMap::new)
-            .entry(key.clone())
-            .or_insert(0);
+        let g = last.entry(key.clone()).or_insert(0);
         *g += 1;
         Reserved {
             key,
