@@ -136,12 +136,10 @@ fn read_if_set(store: &dyn Store, key: &str) -> Result<Option<Vec<u8>>> {
     Ok(set.then(|| store.get(key, Duration::from_secs(1)).unwrap_or_default()))
 }
 
-/// Claims this rank's place in a run of `<tag>/w<world>` atomically (COMPARE_SET of
-/// `<run>/rank/<rank>` with this process's nonce), so that all ranks of a job land in one run
-/// whatever their order of arrival and a run half-claimed by a dead job is never joined (the
-/// rules: docs/PROTOCOL.md section 2). A slot held by another live process means one rank claimed
-/// twice: both are refused (the holder sees the `duplicate` key this writes after its first
-/// barrier or at close). An untagged rank that passes over a run checks `collision`.
+/// Claims this rank's place in a run of `<tag>/w<world>` atomically, so that all ranks of a job
+/// land in one run whatever their order of arrival and a run half-claimed by a dead job is never
+/// joined (the rules: docs/PROTOCOL.md section 2). A slot held by another live process means one
+/// rank claimed twice: both are refused. An untagged rank passing over a run checks `collision`.
 pub(super) fn claim_rank(
     store: &dyn Store,
     ranks: &RankInfo,

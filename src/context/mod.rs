@@ -365,12 +365,9 @@ impl Context {
         duplicate.map_err(|e| e.context(who))
     }
 
-    /// Why closing must not talk to the store, if it must not (a hosting rank always talks to
-    /// its own server): its server closed the connection, or the store cannot tell whether it
-    /// is still there (a host's store through callbacks) and every other rank has left (see
-    /// `crate::departures`), so the store may have left with them and nobody would read what
-    /// this rank writes. The claim is then not released either: a later run finds its holder
-    /// exited (where its pid can be checked) and passes over it.
+    /// Why closing must not talk to the store, if it must not (a hosting rank always talks to its
+    /// own server): the store may be gone and nobody would read it (see `crate::departures`). The
+    /// claim is then not released either: a later run finds its holder exited and passes over it.
     fn quiet_close(&self) -> Option<String> {
         if self.lock_server().is_some() {
             return None;
