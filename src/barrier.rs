@@ -187,10 +187,6 @@ impl Call<'_> {
         )
     }
 
-    fn coordinator(&self) -> usize {
-        self.set.ranks()[0]
-    }
-
     /// The members other than the caller.
     fn others(&self) -> impl Iterator<Item = usize> + '_ {
         self.set.ranks().iter().copied().filter(|&m| m != self.rank)
@@ -275,7 +271,7 @@ impl Call<'_> {
             Ok((absent, 0)) if absent.is_empty() => Error::timeout(format!(
                 "{head}: every rank arrived but the coordinator, rank {}, did not release them; \
                  it may have died or lost its store connection",
-                self.coordinator()
+                self.set.ranks()[0]
             )),
             Ok((absent, unchecked)) => {
                 let ranks: Vec<usize> = absent.iter().map(|a| a.0).collect();
@@ -364,7 +360,7 @@ pub fn barrier(
     };
     let own_arrival = keys.arrival(gen, rank);
     let start = logging::clock(logging::BARRIER, log::Level::Info);
-    let coordinator = rank == call.coordinator();
+    let coordinator = rank == set.ranks()[0];
     log::debug!(
         target: logging::BARRIER,
         "{}: arriving ({}, key {own_arrival:?})",
