@@ -1,22 +1,12 @@
 //! Reusable barriers over the world or any subset of ranks, built on a [`Store`].
 //!
-//! Protocol for generation `g` of a member set (keys under `nvfipc/barrier/.../<set>/`); the
-//! set's lowest rank is its coordinator:
-//! 1. every member SETs `arrived/<g>/<rank>`; a member other than the coordinator then WAITs for
-//!    `release/<g>`; the coordinator instead WAITs for every other member's arrival key, and in
-//!    the same message first DELETEs the arrival keys of `g-1` (every member has left `g-1`,
-//!    which the coordinator released, and nobody writes them again). On the TCP store each of
-//!    these is one message, and a SET has no reply, so a member is woken once, when the barrier
-//!    completes;
-//! 2. once every arrival key exists, the coordinator DELETEs `release/<g-1>` (nobody can still
-//!    be waiting on it: every member has arrived at `g`) and SETs `release/<g>`: one message,
-//!    with no other work between the last arrival and the release.
-//!
-//! A barrier therefore costs the server one read per member and one write per member, about a
-//! third of a torch-style ADD, ADD, WAIT barrier. The store holds, per member set, the arrival
-//! keys of at most one generation and at most two release keys. On timeout the arrival keys say
-//! exactly who is missing, and a missing member found waiting in the next generation is reported
-//! as such (the members called different numbers of barriers over the set).
+//! Generation `g` of a member set (keys in docs/PROTOCOL.md section 2): every member SETs
+//! `arrived/<g>/<rank>`; the set's lowest rank, its coordinator, WAITs for the others' arrival
+//! keys (deleting generation `g-1`'s in the same message) and then, in one message, DELETEs
+//! `release/<g-1>` and SETs `release/<g>`, which every other member WAITs for (sent with its
+//! arrival, so each is woken once). The server does one read and one write per member, a third of
+//! a torch-style ADD, ADD, WAIT barrier; on timeout the arrival keys name who is missing, and a
+//! member found waiting in the next generation called a different number of barriers.
 
 use crate::config::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
@@ -41,8 +31,7 @@ pub struct MemberSet {
 
 impl MemberSet {
     /// Validates `members` (the whole world when `None`) for a barrier called by `rank`: members
-    /// must be unique, below `world`, and include `rank`; `world` is at most
-    /// [`MAX_WORLD_SIZE`].
+    /// must be unique, below `world`, and include `rank`; `world` is at most [`MAX_WORLD_SIZE`].
     pub fn new(rank: usize, world: usize, members: Option<&[usize]>) -> Result<MemberSet> {
         if world == 0 {
             return Err(Error::invalid("barrier: world size is 0"));
@@ -92,10 +81,15 @@ impl MemberSet {
                 sorted
             }
         };
+        // FNV-1a over the ranks as little-endian u64: stable across processes and builds.
+        let mut hash = Fnv1a::new();
+        ranks
+            .iter()
+            .for_each(|&r| hash.write(&(r as u64).to_le_bytes()));
         let id = if ranks.len() == world {
             format!("w{world}")
         } else {
-            format!("s{}-{:016x}", ranks.len(), fnv1a_ranks(&ranks))
+            format!("s{}-{:016x}", ranks.len(), hash.finish())
         };
         Ok(MemberSet { ranks, id })
     }
@@ -109,23 +103,6 @@ impl MemberSet {
     pub fn id(&self) -> &str {
         &self.id
     }
-
-    pub fn len(&self) -> usize {
-        self.ranks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ranks.is_empty()
-    }
-}
-
-/// 64-bit FNV-1a over the ranks as little-endian u64: stable across processes and builds.
-fn fnv1a_ranks(ranks: &[usize]) -> u64 {
-    let mut hash = Fnv1a::new();
-    for &r in ranks {
-        hash.write(&(r as u64).to_le_bytes());
-    }
-    hash.finish()
 }
 
 /// Formats ranks for messages: `[0,1,2,3]`, or ranges such as `[0-31,33,35-63]` for long lists.
@@ -145,73 +122,46 @@ pub fn format_ranks(ranks: &[usize]) -> String {
     format!("[{}]", parts.join(","))
 }
 
-/// Per-process barrier state: the next generation of every member set this rank has used.
-///
-/// Every rank keeps its own; they stay in step because every member calls the same barriers.
-#[derive(Debug)]
+/// Per-process barrier state: per member set this rank has used, the next generation and the
+/// set's keys, formatted once. Every rank keeps its own; they stay in step because every member
+/// calls the same barriers.
+#[derive(Debug, Default)]
 pub struct BarrierState {
-    prefix: String,
-    sets: Mutex<HashMap<String, SetSlot>>,
-}
-
-/// What the state keeps per member set: the next generation and the set's keys, formatted once.
-#[derive(Debug)]
-struct SetSlot {
-    next_generation: u64,
-    keys: Arc<BarrierKeys>,
-}
-
-impl Default for BarrierState {
-    fn default() -> Self {
-        Self::new()
-    }
+    scope: Option<String>,
+    sets: Mutex<HashMap<String, (u64, Arc<BarrierKeys>)>>,
 }
 
 impl BarrierState {
     /// State whose keys live under `nvfipc/barrier/`.
     pub fn new() -> BarrierState {
-        Self::with_prefix(BarrierKeys::prefix(None))
+        Self::default()
     }
 
     /// State whose keys live under `nvfipc/barrier/<scope>/`, so that several jobs (or several
     /// independent groups of barriers) can share one store without sharing counters.
     pub fn scoped(scope: &str) -> BarrierState {
-        Self::with_prefix(BarrierKeys::prefix(Some(scope)))
-    }
-
-    fn with_prefix(prefix: String) -> BarrierState {
+        let scope = Some(scope.to_string());
         BarrierState {
-            prefix,
-            sets: Mutex::new(HashMap::new()),
+            scope,
+            ..Self::default()
         }
-    }
-
-    /// The key prefix of this state's barriers.
-    pub fn key_prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The generation the next barrier over `set` will use.
-    pub fn next_generation(&self, set: &MemberSet) -> u64 {
-        lock(&self.sets)
-            .get(set.id())
-            .map_or(0, |slot| slot.next_generation)
     }
 
     /// Returns the generation for this call and the set's keys, and advances the counter.
     fn take_generation(&self, set: &MemberSet) -> (u64, Arc<BarrierKeys>) {
         // The map holds plain counters, so a panic elsewhere cannot leave it inconsistent.
         let mut map = lock(&self.sets);
-        let slot = match map.get_mut(set.id()) {
+        let (next, keys) = match map.get_mut(set.id()) {
             Some(slot) => slot,
-            None => map.entry(set.id().to_string()).or_insert_with(|| SetSlot {
-                next_generation: 0,
-                keys: Arc::new(BarrierKeys::new(&self.prefix, set.id())),
+            None => map.entry(set.id().to_string()).or_insert_with(|| {
+                (
+                    0,
+                    Arc::new(BarrierKeys::new(self.scope.as_deref(), set.id())),
+                )
             }),
         };
-        let gen = slot.next_generation;
-        slot.next_generation += 1;
-        (gen, Arc::clone(&slot.keys))
+        *next += 1;
+        (*next - 1, Arc::clone(keys))
     }
 }
 
@@ -235,10 +185,6 @@ impl Call<'_> {
             format_ranks(self.set.ranks()),
             self.rank
         )
-    }
-
-    fn coordinator(&self) -> usize {
-        self.set.ranks()[0]
     }
 
     /// The members other than the caller.
@@ -325,7 +271,7 @@ impl Call<'_> {
             Ok((absent, 0)) if absent.is_empty() => Error::timeout(format!(
                 "{head}: every rank arrived but the coordinator, rank {}, did not release them; \
                  it may have died or lost its store connection",
-                self.coordinator()
+                self.set.ranks()[0]
             )),
             Ok((absent, unchecked)) => {
                 let ranks: Vec<usize> = absent.iter().map(|a| a.0).collect();
@@ -371,7 +317,7 @@ impl Call<'_> {
         let mut absent = Vec::new();
         for (checked, member) in self.others().enumerate() {
             if Instant::now() >= deadline {
-                return Ok((absent, self.set.len() - 1 - checked));
+                return Ok((absent, self.set.ranks().len() - 1 - checked));
             }
             if self.store.check(&[&self.keys.arrival(self.gen, member)])? {
                 continue;
@@ -401,7 +347,7 @@ pub fn barrier(
 ) -> Result<u64> {
     let set = MemberSet::new(rank, world, members)?;
     let (gen, keys) = state.take_generation(&set);
-    if set.len() == 1 {
+    if set.ranks().len() == 1 {
         // Nobody to wait for.
         return Ok(gen);
     }
@@ -414,7 +360,7 @@ pub fn barrier(
     };
     let own_arrival = keys.arrival(gen, rank);
     let start = logging::clock(logging::BARRIER, log::Level::Info);
-    let coordinator = rank == call.coordinator();
+    let coordinator = rank == set.ranks()[0];
     log::debug!(
         target: logging::BARRIER,
         "{}: arriving ({}, key {own_arrival:?})",

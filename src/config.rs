@@ -1,15 +1,8 @@
 //! Every environment variable the library reads, read here and nowhere else; docs/CONFIGURATION.md
-//! lists each one (default, meaning, reader).
-//!
-//! The launcher's variables: nvFuser's (Open MPI, `WORLD_*`, SLURM, `NVFUSER_MASTER_*`) and
-//! torchrun's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
-//! `MASTER_PORT`). In each list the first variable that is set wins, as in nvFuser's communicator;
-//! torchrun's names come before SLURM's (under `srun torchrun` the SLURM ids describe the node's
-//! task, not the worker). Then the library's own `NVFIPC_*` settings, the log's and the fd
-//! transport's.
-//!
-//! Parsers take a lookup closure (variable name to value), so they are tested without touching
-//! the process environment; `from_env` functions pass `process_env`.
+//! lists each one (default, meaning, reader). In each list of the launchers' variables the first
+//! set wins, as in nvFuser's communicator; torchrun's names come before SLURM's (under `srun
+//! torchrun` the SLURM ids describe the node's task, not the worker). Parsers take a lookup
+//! closure (variable name to value), so they are tested without touching the process environment.
 
 use crate::error::{Error, Result};
 use crate::fdpass::Rung;
@@ -322,19 +315,19 @@ pub fn master_from_lookup(
     Ok(HostPort::new(host, port))
 }
 
-/// `var` as a number that `ok` accepts, `None` when unset; otherwise an error
-/// `<var>=<value> is not <what>`.
+/// `var` as a number in `range`, `None` when unset; otherwise an error `<var>=<value> is not
+/// <what>`.
 fn number(
     lookup: impl Fn(&str) -> Option<String>,
     var: &str,
-    ok: impl Fn(u64) -> bool,
+    range: std::ops::RangeInclusive<u64>,
     what: &str,
 ) -> Result<Option<u64>> {
     let Some(value) = lookup(var) else {
         return Ok(None);
     };
     match value.trim().parse::<u64>() {
-        Ok(n) if ok(n) => Ok(Some(n)),
+        Ok(n) if range.contains(&n) => Ok(Some(n)),
         _ => Err(Error::invalid(format!("{var}={value:?} is not {what}"))),
     }
 }
@@ -343,7 +336,7 @@ fn number(
 pub fn store_threads_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<usize> {
     let what =
         format!("a thread count: expected 1 to {MAX_STORE_THREADS}, or 0 for one per four cores");
-    let n = number(lookup, STORE_THREADS_VAR, |n| n <= MAX_STORE_THREADS, &what)?;
+    let n = number(lookup, STORE_THREADS_VAR, 0..=MAX_STORE_THREADS, &what)?;
     Ok(n.map_or(1, |n| n as usize))
 }
 
@@ -361,19 +354,14 @@ pub fn vmm_window_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result
         "a window: expected 0 (each VMM buffer exported as the allocations it spans) to \
          {MAX_VMM_WINDOW_MIB} MiB (default {DEFAULT_VMM_WINDOW_MIB})"
     );
-    let mib = number(
-        lookup,
-        VMM_WINDOW_MIB_VAR,
-        |n| n <= MAX_VMM_WINDOW_MIB,
-        &what,
-    )?;
+    let mib = number(lookup, VMM_WINDOW_MIB_VAR, 0..=MAX_VMM_WINDOW_MIB, &what)?;
     Ok(mib.unwrap_or(DEFAULT_VMM_WINDOW_MIB) << 20)
 }
 
 /// `NVFIPC_TIMEOUT_MS` as a duration (at least 1 ms), or `None` when unset.
 pub fn timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
     let what = "a timeout: expected a positive number of milliseconds";
-    Ok(number(lookup, TIMEOUT_MS_VAR, |ms| ms > 0, what)?.map(Duration::from_millis))
+    Ok(number(lookup, TIMEOUT_MS_VAR, 1..=u64::MAX, what)?.map(Duration::from_millis))
 }
 
 /// `NVFIPC_JOB_ID`: the job named in host segments allocated without a job (`host::alloc`),
@@ -494,7 +482,7 @@ impl LogConfig {
                 problems.push(format!(
                     "{DEBUG_SUBSYS_VAR}={v:?}: {bad:?} is not a subsystem (one of {}, or ALL); \
                      logging every subsystem",
-                    Subsystem::names().join(", ")
+                    Subsystem::ALL.map(Subsystem::name).join(", ")
                 ));
                 Subsystem::ALL_MASK
             }),
@@ -556,19 +544,11 @@ pub fn expand_path(pattern: &str, host: &str, pid: u32) -> String {
     let mut out = String::with_capacity(pattern.len() + 16);
     let mut chars = pattern.chars();
     while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
+        match (c == '%').then(|| chars.next()).flatten() {
             Some('h') => out.push_str(host),
             Some('p') => out.push_str(&pid.to_string()),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
+            Some('%') | None => out.push(c),
+            Some(other) => out.extend(['%', other]),
         }
     }
     out
@@ -607,7 +587,11 @@ pub struct FdPassConfig {
 impl Default for FdPassConfig {
     fn default() -> Self {
         FdPassConfig {
-            socket_dir: Some(default_socket_dir()),
+            // `$XDG_RUNTIME_DIR` when it is an absolute directory, else `/tmp`.
+            socket_dir: std::env::var_os("XDG_RUNTIME_DIR")
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute() && p.is_dir())
+                .or_else(|| Some(PathBuf::from("/tmp"))),
             rungs: vec![Rung::Abstract, Rung::Path, Rung::Pidfd],
             allow_ptracer: false,
             connect_retry: Duration::from_secs(1),
@@ -615,14 +599,6 @@ impl Default for FdPassConfig {
             max_connections: 1024,
         }
     }
-}
-
-/// `$XDG_RUNTIME_DIR` when it is an absolute directory, else `/tmp`.
-fn default_socket_dir() -> PathBuf {
-    std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute() && p.is_dir())
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
 }
 
 impl FdPassConfig {

@@ -36,7 +36,7 @@ pub fn cache(cfg: CacheConfig) -> Result<HandleCache> {
 /// in the names of host buffers allocated from now on (`host::alloc`), as shown in
 /// `/proc/<pid>/fd`.
 pub fn cache_from_context(ctx: &Context) -> Result<HandleCache> {
-    crate::host::alloc::set_default_job(ctx.job_id());
+    crate::host::alloc::set_default_job(&ctx.job_id);
     cache(CacheConfig::from_context(ctx))
 }
 
@@ -46,10 +46,10 @@ impl CacheConfig {
     /// The configuration of `ctx` (its rank, world, store, job id and timeout), scope "".
     pub fn from_context(ctx: &Context) -> CacheConfig {
         CacheConfig {
-            rank: ctx.rank(),
-            world_size: ctx.world_size(),
-            store: ctx.store().clone(),
-            job_id: ctx.job_id().to_string(),
+            rank: ctx.rank,
+            world_size: ctx.world_size,
+            store: ctx.store.clone(),
+            job_id: ctx.job_id.clone(),
             scope: String::new(),
             timeout: ctx.timeout(),
         }

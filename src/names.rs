@@ -10,8 +10,7 @@ pub const MAX_SOCKET_NAME: usize = 107;
 /// Job names longer than this are shortened (prefix + hash) inside socket names.
 const MAX_JOB_IN_NAME: usize = 32;
 
-/// Turns a job id into the short, name-safe tag used in shm names (at most 16 characters of
-/// `[A-Za-z0-9_]`, or a hash when the id has other characters or is longer).
+/// The job id as shm names carry it: itself when it is 1 to 16 of `[A-Za-z0-9_]`, else its hash.
 pub fn job_tag(job_id: &str) -> String {
     let safe = !job_id.is_empty()
         && job_id.len() <= 16
@@ -25,8 +24,7 @@ pub fn job_tag(job_id: &str) -> String {
     }
 }
 
-/// The shm-name prefix of everything this library creates for `job_id` in any process
-/// (e.g. `nvfipc-job1-`; `/dev/shm` entries have no leading slash).
+/// The shm-name prefix of everything made for `job_id` (`nvfipc-job1-`, no leading slash).
 pub fn job_prefix(job_id: &str) -> String {
     format!("nvfipc-{}-", job_tag(job_id))
 }
@@ -41,10 +39,8 @@ pub fn host_slab(job_tag: &str) -> String {
     format!("nvfipc-{job_tag}-slab")
 }
 
-/// The names of one cache's shared state: its board of each rank, its node identity keys and its
-/// record keys, for a job, a scope and a *generation* (the n-th cache of one rank talks to the
-/// n-th cache of its peers and never reads what an older one left behind: docs/PROTOCOL.md
-/// section 2).
+/// The names of one cache's shared state (boards, node identity keys, record keys) for a job, a
+/// scope and a generation (docs/PROTOCOL.md section 2).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheNames {
     job_id: String,
@@ -53,7 +49,6 @@ pub struct CacheNames {
 }
 
 impl CacheNames {
-    /// The names of generation `generation` (from 1) of a job's caches of `scope`.
     pub fn new(job_id: &str, scope: &str, generation: u64) -> CacheNames {
         CacheNames {
             job_id: job_id.to_string(),
@@ -62,7 +57,6 @@ impl CacheNames {
         }
     }
 
-    /// The job these names belong to.
     pub fn job_id(&self) -> &str {
         &self.job_id
     }
@@ -78,9 +72,8 @@ impl CacheNames {
         }
     }
 
-    /// Store key of the record that `exporter` published at buffer `version` on the channel
-    /// described by `channel` (`src/dst/tag#occurrence`). Unique per (cache generation, channel,
-    /// exporter, version), so a newer export never overwrites an unread one.
+    /// Store key of the record `exporter` published at buffer `version` on the channel
+    /// `(src, dst, tag, occurrence)`: a newer export never overwrites an unread one.
     pub fn record_key(
         &self,
         channel: (usize, usize, &str, u32),
@@ -94,7 +87,6 @@ impl CacheNames {
         )
     }
 
-    /// The store key where `rank`'s cache publishes its node identity.
     pub fn node_key(&self, rank: usize) -> String {
         format!("{}/node/{rank}", self.key_prefix())
     }
@@ -157,18 +149,12 @@ pub(crate) struct BarrierKeys {
 }
 
 impl BarrierKeys {
-    /// The prefix of a barrier state's keys: `nvfipc/barrier`, or `nvfipc/barrier/<scope>`.
-    pub(crate) fn prefix(scope: Option<&str>) -> String {
-        match scope {
-            Some(scope) => format!("nvfipc/barrier/{scope}"),
-            None => "nvfipc/barrier".to_string(),
-        }
-    }
-
-    pub(crate) fn new(prefix: &str, set_id: &str) -> BarrierKeys {
-        BarrierKeys {
-            base: format!("{prefix}/{set_id}"),
-        }
+    pub(crate) fn new(scope: Option<&str>, set_id: &str) -> BarrierKeys {
+        let base = match scope {
+            Some(scope) => format!("nvfipc/barrier/{scope}/{set_id}"),
+            None => format!("nvfipc/barrier/{set_id}"),
+        };
+        BarrierKeys { base }
     }
 
     pub(crate) fn arrival(&self, gen: u64, rank: usize) -> String {
@@ -180,18 +166,17 @@ impl BarrierKeys {
     }
 }
 
-/// Hands out cache generations: per (job, scope, rank), the number of caches this process has
-/// created, counting only creations that succeeded (a failed one gives its number back, so a
-/// retried creation still pairs with the peers' caches).
+/// Cache generations: per (job, scope, rank), the caches this process created; a failed creation
+/// gives its number back, so a retried one still pairs with the peers' caches.
 pub mod generations {
     use crate::sync::lock;
-    use std::collections::HashMap;
+    use std::collections::BTreeMap;
     use std::sync::Mutex;
 
     type Key = (String, String, usize);
 
     // process-wide: generations count the caches this process created, whoever created them.
-    static LAST: Mutex<Option<HashMap<Key, u64>>> = Mutex::new(None);
+    static LAST: Mutex<BTreeMap<Key, u64>> = Mutex::new(BTreeMap::new());
 
     /// A generation being created: [`Reserved::commit`] keeps it; dropping it uncommitted gives
     /// it back when no later one was handed out meanwhile.
@@ -216,8 +201,7 @@ pub mod generations {
             if self.committed {
                 return;
             }
-            let mut last = lock(&LAST);
-            if let Some(g) = last.get_or_insert_with(HashMap::new).get_mut(&self.key) {
+            if let Some(g) = lock(&LAST).get_mut(&self.key) {
                 if *g == self.generation {
                     *g -= 1;
                 }
@@ -229,10 +213,7 @@ pub mod generations {
     pub fn reserve(job_id: &str, scope: &str, rank: usize) -> Reserved {
         let key = (job_id.to_string(), scope.to_string(), rank);
         let mut last = lock(&LAST);
-        let g = last
-            .get_or_insert_with(HashMap::new)
-            .entry(key.clone())
-            .or_insert(0);
+        let g = last.entry(key.clone()).or_insert(0);
         *g += 1;
         Reserved {
             key,
@@ -242,8 +223,7 @@ pub mod generations {
     }
 }
 
-/// Whether a `/dev/shm` entry (no leading slash) is named like a board (see
-/// [`CacheNames::board`]).
+/// Whether a `/dev/shm` entry (no leading slash) is named like a board (see [`CacheNames::board`]).
 pub fn is_board_name(entry: &str) -> bool {
     entry.starts_with("nvfipc-")
         && entry
@@ -251,8 +231,7 @@ pub fn is_board_name(entry: &str) -> bool {
             .is_some_and(|(_, r)| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// The store prefix under which the fd transport of a job publishes each rank's responder
-/// (see [`fdpass_record_key`]).
+/// The store prefix of a job's fd responder records.
 pub fn fdpass_prefix(job_id: &str) -> String {
     format!("nvfipc/{job_id}")
 }
@@ -270,14 +249,12 @@ pub fn name_safe(text: &str) -> String {
         .collect()
 }
 
-/// The job as it appears in socket names: `[A-Za-z0-9_.-]` kept, others `_`; long ones cut to a
-/// prefix plus a hash of the whole.
+/// The job in socket names: [`name_safe`], long ones cut to a prefix plus a hash of the whole.
 pub fn job_in_name(job: &str) -> String {
     let clean = name_safe(job);
     if clean.len() <= MAX_JOB_IN_NAME && !clean.is_empty() {
         return clean;
     }
-    // FNV-1a of the original job: stable across processes and builds.
     let h = fnv1a64(job.as_bytes());
     format!("{}~{:08x}", &clean[..clean.len().min(16)], h as u32)
 }
@@ -287,8 +264,8 @@ pub fn abstract_name(job: &str, rank: usize, nonce: u64) -> String {
     format!("nvfipc-{}-{rank}-{nonce:016x}", job_in_name(job))
 }
 
-/// The path of `rank`'s socket in `dir` for the process `pid` of pid namespace `pid_ns`, or why
-/// it cannot be one (too long for `sun_path`).
+/// The path of `rank`'s socket in `dir` for process `pid` of pid namespace `pid_ns`, or why it
+/// cannot be one (too long for `sun_path`).
 pub fn socket_path(
     dir: &Path,
     job: &str,

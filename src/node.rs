@@ -1,13 +1,8 @@
-//! Which processes can map each other's memory, and whose pids this process can check.
-//!
-//! CUDA IPC and the shared-memory host transport are node-local: two processes can map each
-//! other's buffers only when they run on one kernel (same boot id), in one IPC namespace, and see
-//! the same `/dev/shm`. Containers on one machine may share the kernel but not the other two
-//! (`--ipc=host` and a shared `/dev/shm` are needed). A pid names a process only inside its pid
-//! namespace on its kernel, so liveness checks (`kill(pid, 0)`) are made only there.
-//!
-//! Every rank publishes its [`NodeIdentity`] when it joins a job (see `context`); a rank compares
-//! a peer's with its own before it waits for anything node-local of that peer.
+//! Which processes can map each other's memory, and whose pids this process can check: mapping
+//! needs one kernel (boot id), one IPC namespace and one `/dev/shm` (containers on one machine
+//! need `--ipc=host` and a shared `/dev/shm`); a pid means something only in its pid namespace on
+//! its kernel. Every rank publishes its [`NodeIdentity`] when it joins a job (see `context`) and
+//! compares a peer's with its own before it waits for anything node-local of that peer.
 
 use crate::os::process::ns_inode;
 pub use crate::os::process::{host_name, process_alive};
@@ -39,19 +34,15 @@ pub enum Reach {
     Unmappable(String),
 }
 
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 // process-wide: where this process runs, read from /proc once.
 static LOCAL: Lazy<NodeIdentity> = Lazy::new(|| {
     let shm = std::fs::metadata("/dev/shm").ok();
     NodeIdentity {
         host_name: host_name(),
-        boot_id: boot_id(),
+        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
         ipc_ns: ns_inode("ipc"),
         pid_ns: ns_inode("pid"),
         shm_dev: shm.as_ref().map_or(0, |m| m.dev()),

@@ -4,6 +4,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+impl BarrierState {
+    /// The generation the next barrier over `set` will use.
+    fn next_generation(&self, set: &MemberSet) -> u64 {
+        lock(&self.sets).get(set.id()).map_or(0, |slot| slot.0)
+    }
+}
+
 const LONG: Duration = Duration::from_secs(20);
 
 /// A small deterministic generator so every "rank" computes the same subsets.

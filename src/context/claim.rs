@@ -101,30 +101,23 @@ impl RankClaim {
     pub(super) fn last_close_key(&self) -> String {
         names::run(&self.base, self.run, "last_close")
     }
-    /// The value of [`last_close_key`](Self::last_close_key): now.
-    pub(super) fn close_moment() -> String {
-        Moment::now().encode()
-    }
-
     /// Fails, naming the other process, when another process tried to claim this rank of this
     /// run while this one held it, or (untagged jobs) a process of another job found this run
     /// taken while it was live.
     pub(super) fn check_duplicate(&self, store: &dyn Store) -> Result<()> {
         if self.untagged {
-            collision::check_marked(store, &self.base, self.run, self.rank, |v| {
-                Holder::parse(v).describe()
-            })?;
+            let mark = names::run(&self.base, self.run, "collision");
+            if let Some(other) = read_if_set(store, &mark)? {
+                let other = Holder::parse(&other).describe();
+                return Err(collision::marked_error(&other, self.rank, &mark));
+            }
         }
         let key = names::slot(&self.base, self.run, "duplicate", self.rank);
-        if !store.check(&[&key])? {
+        let Some(other) = read_if_set(store, &key)? else {
             return Ok(());
-        }
-        let other = store.get(&key, Duration::from_secs(1)).unwrap_or_default();
+        };
         Err(Error::state(format!(
-            "another process ({}) also claimed rank {} of this job (store key {}): two jobs \
-             use one store without distinct job tags, or one rank was started twice; their \
-             ranks cannot be told apart, so both are refused. Give each job its own \
-             NVFIPC_JOB_TAG (or its own store)",
+            "another process ({}) also claimed rank {} of this job (store key {}): {CLAIMED_TWICE}",
             Holder::parse(&other).describe(),
             self.rank,
             self.key(),
@@ -132,12 +125,21 @@ impl RankClaim {
     }
 }
 
-/// Claims this rank's place in a run of `<tag>/w<world>` atomically (COMPARE_SET of
-/// `<run>/rank/<rank>` with this process's nonce), so that all ranks of a job land in one run
-/// whatever their order of arrival and a run half-claimed by a dead job is never joined (the
-/// rules: docs/PROTOCOL.md section 2). A slot held by another live process means one rank claimed
-/// twice: both are refused (the holder sees the `duplicate` key this writes after its first
-/// barrier or at close). An untagged rank that passes over a run checks `collision`.
+/// The end of the errors for a rank claimed twice.
+const CLAIMED_TWICE: &str = "two jobs use one store without distinct job tags, or one rank was \
+    started twice; their ranks cannot be told apart, so both are refused. Give each job its own \
+    NVFIPC_JOB_TAG (or its own store)";
+
+/// `key`'s value (empty when it cannot be read), or `None` when `key` is not set.
+fn read_if_set(store: &dyn Store, key: &str) -> Result<Option<Vec<u8>>> {
+    let set = store.check(&[key])?;
+    Ok(set.then(|| store.get(key, Duration::from_secs(1)).unwrap_or_default()))
+}
+
+/// Claims this rank's place in a run of `<tag>/w<world>` atomically, so that all ranks of a job
+/// land in one run whatever their order of arrival and a run half-claimed by a dead job is never
+/// joined (the rules: docs/PROTOCOL.md section 2). A slot held by another live process means one
+/// rank claimed twice: both are refused. An untagged rank passing over a run checks `collision`.
 pub(super) fn claim_rank(
     store: &dyn Store,
     ranks: &RankInfo,
@@ -155,19 +157,12 @@ pub(super) fn claim_rank(
     let current_key = names::current(&base);
     let open_key = |run: u64| names::run(&base, run, "open");
     let deadline = Instant::now() + timeout;
-    let slot_done = |run: u64, rank: usize, holder: &Holder| -> Result<bool> {
-        Ok(holder.nonce == THIS_PROCESS.nonce
-            || store.check(&[&names::slot(&base, run, "closed", rank)])?
-            || holder.alive() == Some(false))
-    };
     let refuse = |run: u64, holder: &Holder| -> Result<RankClaim> {
         let dup = names::slot(&base, run, "duplicate", ranks.rank);
         store.set(&dup, value.as_bytes())?;
         Err(Error::state(format!(
             "rank {} is already claimed in this store by another live process ({}; store key \
-             {base}/{run}/rank/{}): two jobs use one store without distinct job tags, or one \
-             rank was started twice; their ranks cannot be told apart, so both are refused. Give \
-             each job its own NVFIPC_JOB_TAG (or its own store)",
+             {base}/{run}/rank/{}): {CLAIMED_TWICE}",
             ranks.rank,
             holder.describe(),
             ranks.rank,
@@ -201,59 +196,50 @@ pub(super) fn claim_rank(
             }
             check_passed_over(store, &base, run, ranks.rank, holder, &value)
         };
-        if ranks.rank == 0 {
+        // Rank 0 opens the runs; the others join this one unless the rank 0 that opened it is
+        // dead (a run a dead job left half claimed).
+        let leader_dead = ranks.rank != 0
+            && Holder::parse(&store.get(&names::slot(&base, run, "rank", 0), timeout)?).alive()
+                == Some(false);
+        if leader_dead {
+            passed_over(SlotHolder::Unknown)?;
+        } else {
             let held = try_claim(store, &claim.key(), value.as_bytes())?;
             if held == value.as_bytes() {
-                store.set(&open_key(run), Moment::now().encode().as_bytes())?;
-                store.set(&current_key, run.to_string().as_bytes())?;
+                if ranks.rank == 0 {
+                    store.set(&open_key(run), Moment::now().encode().as_bytes())?;
+                    store.set(&current_key, run.to_string().as_bytes())?;
+                }
                 return Ok(claim);
             }
             let holder = Holder::parse(&held);
-            if !slot_done(run, 0, &holder)? {
+            let mine = holder.nonce == THIS_PROCESS.nonce;
+            let closed = store.check(&[&claim.closed_key()])?;
+            // A rank 0 that already closed (it may have failed early) still lets its ranks join;
+            // but a live holder of this slot is then the previous job finishing, not a rank
+            // claimed twice.
+            let leader_closed =
+                ranks.rank != 0 && store.check(&[&names::slot(&base, run, "closed", 0)])?;
+            if !(mine || closed || holder.alive() == Some(false) || leader_closed) {
                 return refuse(run, &holder);
             }
-            if holder.nonce != THIS_PROCESS.nonce {
-                passed_over(SlotHolder::Other {
-                    describe: &holder.describe(),
-                    live: false,
-                })?;
-            }
-            run += 1;
-            continue;
-        }
-        // Join this run unless the rank 0 that opened it is dead (a run a dead job left half
-        // claimed). A rank 0 that already closed (it may have failed early) still lets its ranks
-        // join; but a live holder of this slot is then the previous job finishing, not a rank
-        // claimed twice.
-        let leader = Holder::parse(&store.get(&names::slot(&base, run, "rank", 0), timeout)?);
-        if leader.alive() != Some(false) {
-            let held = try_claim(store, &claim.key(), value.as_bytes())?;
-            if held == value.as_bytes() {
-                return Ok(claim);
-            }
-            let holder = Holder::parse(&held);
-            let leader_closed = store.check(&[&names::slot(&base, run, "closed", 0)])?;
-            if !slot_done(run, ranks.rank, &holder)? && !leader_closed {
-                return refuse(run, &holder);
-            }
-            if holder.nonce != THIS_PROCESS.nonce {
-                let closed = store.check(&[&names::slot(&base, run, "closed", ranks.rank)])?;
+            if !mine {
                 passed_over(SlotHolder::Other {
                     describe: &holder.describe(),
                     live: !closed && holder.alive() == Some(true),
                 })?;
             }
-        } else {
-            passed_over(SlotHolder::Unknown)?;
         }
-        let next = open_key(run + 1);
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        store.wait(&[&next], remaining).map_err(|e| {
-            e.context(format!(
-                "the last run of this job on the store ({run}) is over or taken; waiting for \
-                 rank 0 to open the next one (key {next})"
-            ))
-        })?;
+        if ranks.rank != 0 {
+            let next = open_key(run + 1);
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            store.wait(&[&next], remaining).map_err(|e| {
+                e.context(format!(
+                    "the last run of this job on the store ({run}) is over or taken; waiting \
+                     for rank 0 to open the next one (key {next})"
+                ))
+            })?;
+        }
         run += 1;
     }
 }

@@ -1,12 +1,6 @@
-//! Untagged jobs that share a store: telling a later run of one job from a rank of another job
-//! that started at the same time, by time (docs/PROTOCOL.md section 2 says what it can and cannot
-//! tell). Every run records when it was opened (`<run>/open`) and when a rank last closed it
-//! (`<run>/last_close`); an untagged rank that passes over a run (does not join it) fails when
-//! its own process started before either moment, or when its slot there is held by a live
-//! process that has not closed (other than its own), and marks the run (`<run>/collision`) so
-//! that the run's ranks still open fail at their first barrier or at close. A process start is
-//! known from the library's load or `/proc` (10 ms ticks); across hosts wall clocks are compared,
-//! allowing [`CLOCK_SKEW`].
+//! Untagged jobs that share a store, told apart by time (docs/PROTOCOL.md section 2: the
+//! `collision` key and what it can and cannot tell): an untagged rank that passes over a run fails,
+//! and marks the run, when its process was already running while the run was live.
 
 use crate::error::{Error, Result};
 use crate::names::context as names;
@@ -37,9 +31,8 @@ impl Moment {
         }
     }
 
-    /// A moment by which this process had certainly started (see `os::process::started_by`);
-    /// `None` where neither `/proc` nor the load time tells: then nothing is ever found to
-    /// overlap.
+    /// A moment by which this process had certainly started (see `os::process::started_by`); `None`
+    /// where neither `/proc` nor the load time tells: then nothing is ever found to overlap.
     pub(super) fn process_start() -> Option<Moment> {
         let start = started_by()?;
         let now = since_boot()?;
@@ -138,14 +131,17 @@ pub(super) fn check_passed_over(
     store.set(&mark, me.as_bytes())?;
     Err(Error::state(format!(
         "this process was already running while run {run} of this untagged job on the store was \
-         live ({why}), yet it is not part of that run: two jobs use one store without distinct \
-         job tags, and pairing their ranks by order of arrival would mix them, so the ranks of \
-         both are refused (this mark, {mark}, refuses the ranks of run {run} still open). Give \
-         each job its own NVFIPC_JOB_TAG, start it with a launcher whose job id the library \
-         reads (mpirun, srun, torchrun with --rdzv-id or --standalone, nvfipc launch), or give \
-         it its own store"
+         live ({why}), yet it is not part of that run: {MIXED} (this mark, {mark}, refuses the \
+         ranks of run {run} still open). {ADVICE}"
     )))
 }
+
+/// The errors of a collision: what happened and what to do.
+const MIXED: &str = "two jobs use one store without distinct job tags, and pairing their ranks \
+    by order of arrival would mix them, so the ranks of both are refused";
+const ADVICE: &str = "Give each job its own NVFIPC_JOB_TAG, start it with a launcher whose job id \
+    the library reads (mpirun, srun, torchrun with --rdzv-id or --standalone, nvfipc launch), or \
+    give it its own store";
 
 /// Why this process overlapped run `run`, from the moments the run recorded; `None` if it did
 /// not (or nothing was recorded).
@@ -170,29 +166,13 @@ fn overlap(store: &dyn Store, base: &str, run: u64) -> Result<Option<String>> {
     Ok(None)
 }
 
-/// The error for a rank of run `run` that a process of another job marked (see
-/// [`check_passed_over`]); `None` when the run carries no mark.
-pub(super) fn check_marked(
-    store: &dyn Store,
-    base: &str,
-    run: u64,
-    rank: usize,
-    describe: impl Fn(&[u8]) -> String,
-) -> Result<()> {
-    let mark = names::run(base, run, "collision");
-    if !store.check(&[&mark])? {
-        return Ok(());
-    }
-    let other = store.get(&mark, Duration::from_secs(1)).unwrap_or_default();
-    Err(Error::state(format!(
-        "another process ({}) that was already running while this run was live, as rank {rank}'s \
-         job mates were, found this run taken (store key {mark}): two jobs use one store without \
-         distinct job tags, and pairing their ranks by order of arrival would mix them, so the \
-         ranks of both are refused. Give each job its own NVFIPC_JOB_TAG, start it with a \
-         launcher whose job id the library reads (mpirun, srun, torchrun with --rdzv-id or \
-         --standalone, nvfipc launch), or give it its own store",
-        describe(&other)
-    )))
+/// The error for rank `rank` of a run that another process (`other`) marked with `mark` (see
+/// [`check_passed_over`]).
+pub(super) fn marked_error(other: &str, rank: usize, mark: &str) -> Error {
+    Error::state(format!(
+        "another process ({other}) that was already running while this run was live, as rank \
+         {rank}'s job mates were, found this run taken (store key {mark}): {MIXED}. {ADVICE}"
+    ))
 }
 
 #[cfg(test)]

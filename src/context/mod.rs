@@ -1,21 +1,11 @@
 //! A rank's view of the job: who it is, the store everyone shares, a job-unique id and barriers.
 //!
-//! Store hosting: without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master
-//! address as its own is a candidate; each tries to listen on the master port and the one whose
-//! bind succeeds hosts the store (the others find the port taken and connect, like every other
-//! rank). So exactly one process hosts it even when several nodes (containers sharing the host
-//! network) all see the master address as theirs.
-//!
-//! Store lifetime: a rank hosting the store in-process does not pull it from under the others
-//! when its [`Context`] closes: it waits, bounded by the host linger, until every rank has closed,
-//! or every rank has connected once and all have since disconnected, then stops the server.
-//!
-//! Keys (under `nvfipc/context/`, listed in docs/PROTOCOL.md section 2): a job is its tag
-//! ([`crate::config::JOB_TAG_VARS`], `default` without one) and world size; a store that outlives
-//! one run numbers the runs of each. Each rank claims its slot in a run atomically (`claim`), the
-//! ranks of a run agree on a job id, and an untagged rank checks that it is not a rank of a
-//! concurrent job (`collision`). Then `<job>/joined/<rank>` holds the rank's node identity, and
-//! `<job>/closed` and `<job>/all_closed` count the closes.
+//! Without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master address as its own
+//! is a candidate host: the one whose bind on the master port succeeds hosts the store, the others
+//! connect like every other rank (so one process hosts it even when containers share the network).
+//! A hosting rank's close waits, bounded by the host linger, for the other ranks before it stops
+//! the server. The keys (`nvfipc/context/`: rank claims in `claim`, `collision`, the job id and
+//! close counting) are listed in docs/PROTOCOL.md section 2.
 
 use crate::barrier::{self, BarrierState};
 use crate::config::{self, EnvConfig, RankInfo, StoreSource};
@@ -51,9 +41,8 @@ const SERVED_REPLY_GRACE: Duration = Duration::from_millis(100);
 /// Whether a rank hosts the store it connects to.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Hosting {
-    /// Connect only.
     Connect,
-    /// Host it; failing to listen is an error.
+    /// Failing to listen is an error.
     Host,
     /// Host it if this rank wins the election (its bind succeeds); connect otherwise.
     Candidate,
@@ -279,25 +268,6 @@ impl Context {
         })
     }
 
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-    pub fn world_size(&self) -> usize {
-        self.world_size
-    }
-    pub fn local_rank(&self) -> usize {
-        self.local_rank
-    }
-    pub fn local_world_size(&self) -> usize {
-        self.local_world_size
-    }
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-    pub fn job_id(&self) -> &str {
-        &self.job_id
-    }
-
     /// Default timeout of barriers and of the store operations done for this context.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -308,9 +278,6 @@ impl Context {
 
     /// How long a hosting rank waits for the others when it closes (by default the timeout
     /// the context was created with, at most [`DEFAULT_HOST_LINGER`]).
-    pub fn host_linger(&self) -> Duration {
-        self.host_linger
-    }
     pub fn set_host_linger(&mut self, linger: Duration) {
         self.host_linger = linger;
     }
@@ -331,10 +298,14 @@ impl Context {
             members,
             timeout.unwrap_or(self.timeout),
         )?;
-        // A rank claimed twice before the first barrier completed is seen here, on both
-        // processes, before the job goes on; one claimed later is seen at close.
+        // A rank claimed twice (two jobs on one store without distinct job tags) before the
+        // first barrier completed is seen here, on both processes, before the job goes on; one
+        // claimed later is seen at close.
         if gen == 0 && !self.claim_checked.swap(true, Ordering::Relaxed) {
-            self.check_rank_claim()?;
+            let who = format!("rank {} of {}", self.rank, self.world_size);
+            self.claim
+                .check_duplicate(&*self.store)
+                .map_err(|e| e.context(who))?;
         }
         Ok(gen)
     }
@@ -379,33 +350,24 @@ impl Context {
         }
         let duplicate = self.claim.check_duplicate(&*self.store);
         // The moment first: a rank that sees this slot closed finds it (see `collision`).
-        self.store
-            .set(
-                &self.claim.last_close_key(),
-                RankClaim::close_moment().as_bytes(),
-            )
-            .and_then(|()| self.store.set(&self.claim.closed_key(), b"1"))
-            .map_err(|e| e.context(format!("{who}: announcing close")))?;
-        let closed = self
-            .store
-            .add(&names::job(&self.job_id, "closed"), 1)
+        let moment = collision::Moment::now().encode();
+        let store = &self.store;
+        let closed = (store.set(&self.claim.last_close_key(), moment.as_bytes()))
+            .and_then(|()| store.set(&self.claim.closed_key(), b"1"))
+            .and_then(|()| store.add(&names::job(&self.job_id, "closed"), 1))
             .map_err(|e| e.context(format!("{who}: announcing close")))?;
         if closed == self.world_size as i64 {
             // The job's last request: a rank serving the store waits for it (see
             // `keep_serving_until_others_close`).
-            self.store.delete_key(&self.job_key)?;
-            self.store
-                .set(&names::job(&self.job_id, "all_closed"), b"1")?;
+            store.delete_key(&self.job_key)?;
+            store.set(&names::job(&self.job_id, "all_closed"), b"1")?;
         }
         duplicate.map_err(|e| e.context(who))
     }
 
-    /// Why closing must not talk to the store, if it must not (a hosting rank always talks to
-    /// its own server): its server closed the connection, or the store cannot tell whether it
-    /// is still there (a host's store through callbacks) and every other rank has left (see
-    /// `crate::departures`), so the store may have left with them and nobody would read what
-    /// this rank writes. The claim is then not released either: a later run finds its holder
-    /// exited (where its pid can be checked) and passes over it.
+    /// Why closing must not talk to the store, if it must not (a hosting rank always talks to its
+    /// own server): the store may be gone and nobody would read it (see `crate::departures`). The
+    /// claim is then not released either: a later run finds its holder exited and passes over it.
     fn quiet_close(&self) -> Option<String> {
         if self.lock_server().is_some() {
             return None;
@@ -420,47 +382,31 @@ impl Context {
     fn keep_serving_until_others_close(&self) -> Result<()> {
         let all_closed = names::job(&self.job_id, "all_closed");
         let deadline = Instant::now() + self.host_linger;
-        loop {
-            let others = match self.store.liveness() {
-                Liveness::ServedHere { other_clients } => other_clients,
-                // Served elsewhere, or (on a later look) the host stopped its server.
-                _ => return Ok(()),
-            };
-            if others == 0 {
-                return Ok(());
-            }
-            if self.store.check(&[&all_closed]).unwrap_or(true) {
-                // The server may not have written the reply to that last request yet: give
-                // the others a moment to hang up (they usually exit right after closing).
-                let grace = Instant::now() + SERVED_REPLY_GRACE;
-                while Instant::now() < grace.min(deadline)
-                    && matches!(self.store.liveness(), Liveness::ServedHere { other_clients } if other_clients > 0)
-                {
-                    std::thread::sleep(LINGER_POLL);
-                }
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::timeout(format!(
-                    "rank {} serves the store (its server runs in this process) and stopped \
-                     waiting after {} ms for the other ranks to close their contexts ({others} \
-                     connections of other processes still open): their last store requests may \
-                     fail once this process exits. Close every rank's context, or raise the \
-                     host linger",
-                    self.rank,
-                    self.host_linger.as_millis(),
-                )));
-            }
-            std::thread::sleep(LINGER_POLL);
+        // Served elsewhere, or (on a later look) the host stopped its server: 0.
+        let others = || match self.store.liveness() {
+            Liveness::ServedHere { other_clients } => other_clients,
+            _ => 0,
+        };
+        let done = poll_until(deadline, || {
+            others() == 0 || self.store.check(&[&all_closed]).unwrap_or(true)
+        });
+        if done {
+            // The server may not have written the reply to that last request yet: give the
+            // others a moment to hang up (they usually exit right after closing).
+            poll_until(deadline.min(Instant::now() + SERVED_REPLY_GRACE), || {
+                others() == 0
+            });
+            return Ok(());
         }
-    }
-
-    /// Fails when another process claimed this rank of this run after this one did (two jobs
-    /// on one store without distinct job tags); checked by the first barrier and at close.
-    pub fn check_rank_claim(&self) -> Result<()> {
-        self.claim
-            .check_duplicate(&*self.store)
-            .map_err(|e| e.context(format!("rank {} of {}", self.rank, self.world_size)))
+        Err(Error::timeout(format!(
+            "rank {} serves the store (its server runs in this process) and stopped waiting after \
+             {} ms for the other ranks to close their contexts ({} connections of other processes \
+             still open): their last store requests may fail once this process exits. Close every \
+             rank's context, or raise the host linger",
+            self.rank,
+            self.host_linger.as_millis(),
+            others()
+        )))
     }
 
     /// Hosting rank: waits until every rank closed, or every rank joined and no other client is
@@ -471,26 +417,22 @@ impl Context {
             .map(|r| names::joined(&self.job_id, r))
             .collect();
         let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
-        loop {
-            // This rank's own connection is the one client allowed to remain.
-            let others_gone = server.connected_clients() <= 1;
-            if self.store.check(&[&all_closed]).unwrap_or(false)
-                || (others_gone && self.store.check(&joined).unwrap_or(false))
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::timeout(format!(
-                    "rank {} hosts the store and stopped it after waiting {} ms for the other \
-                     ranks to close their contexts ({} clients still connected); raise the host \
-                     linger or close every rank's context",
-                    self.rank,
-                    self.host_linger.as_millis(),
-                    server.connected_clients().saturating_sub(1)
-                )));
-            }
-            std::thread::sleep(LINGER_POLL);
+        // This rank's own connection is the one client allowed to remain.
+        let done = poll_until(deadline, || {
+            self.store.check(&[&all_closed]).unwrap_or(false)
+                || (server.connected_clients() <= 1 && self.store.check(&joined).unwrap_or(false))
+        });
+        if done {
+            return Ok(());
         }
+        Err(Error::timeout(format!(
+            "rank {} hosts the store and stopped it after waiting {} ms for the other ranks to \
+             close their contexts ({} clients still connected); raise the host linger or close \
+             every rank's context",
+            self.rank,
+            self.host_linger.as_millis(),
+            server.connected_clients().saturating_sub(1)
+        )))
     }
 
     fn lock_server(&self) -> std::sync::MutexGuard<'_, Option<StoreServer>> {
@@ -528,7 +470,19 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// True when `e` is a bind failure because the address is in use.
+/// Polls `done` until it holds (true) or `deadline` passes (false).
+fn poll_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(LINGER_POLL);
+    }
+}
+
 fn is_addr_in_use(e: &Error) -> bool {
     e.message.contains(&crate::os::net::addr_in_use_message())
 }

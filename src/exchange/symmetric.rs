@@ -89,7 +89,7 @@ impl HandleCache {
         let reqs = requests(rank, &group, tag, ptr, bytes, kind);
         self.exchange_resolved_as(&reqs, timeout, Resolution::Exact)
             .map_err(|e| e.context(format!("symmetric rendezvous {tag:?}")))?;
-        let mut out = Vec::with_capacity(group.len());
+        let mut out = Vec::with_capacity(group.ranks().len());
         let members = group.ranks().to_vec();
         lock(&self.symmetric).record(
             tag,

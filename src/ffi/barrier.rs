@@ -49,7 +49,7 @@ pub extern "C" fn nvfipc_barrier(
 ) -> Status {
     ffi_call("nvfipc_barrier", || {
         let ctx = context_arg(ctx)?;
-        let members = members_arg(ranks, n_ranks, ctx.world_size())?;
+        let members = members_arg(ranks, n_ranks, ctx.world_size)?;
         let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
         ctx.barrier(members.as_deref(), timeout)?;
         Ok(())

@@ -37,7 +37,7 @@ impl Handle for nvfipc_context {
 
 impl nvfipc_context {
     fn new(ctx: Context) -> Self {
-        let job_id = Arc::new(CString::new(ctx.job_id().to_owned()).unwrap_or_default());
+        let job_id = Arc::new(CString::new(ctx.job_id.clone()).unwrap_or_default());
         nvfipc_context {
             ctx: Arc::new(ctx),
             job_id,
@@ -166,7 +166,7 @@ pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> 
 #[no_mangle]
 pub extern "C" fn nvfipc_context_rank(ctx: *const nvfipc_context, out_rank: *mut i64) -> Status {
     ffi_call("nvfipc_context_rank", || {
-        write_out(out_rank, "out_rank", context_arg(ctx)?.rank() as i64)
+        write_out(out_rank, "out_rank", context_arg(ctx)?.rank as i64)
     })
 }
 
@@ -180,7 +180,7 @@ pub extern "C" fn nvfipc_context_world_size(
         write_out(
             out_world_size,
             "out_world_size",
-            context_arg(ctx)?.world_size() as i64,
+            context_arg(ctx)?.world_size as i64,
         )
     })
 }
@@ -195,7 +195,7 @@ pub extern "C" fn nvfipc_context_local_rank(
         write_out(
             out_local_rank,
             "out_local_rank",
-            context_arg(ctx)?.local_rank() as i64,
+            context_arg(ctx)?.local_rank as i64,
         )
     })
 }
@@ -210,7 +210,7 @@ pub extern "C" fn nvfipc_context_local_world_size(
         write_out(
             out_local_world_size,
             "out_local_world_size",
-            context_arg(ctx)?.local_world_size() as i64,
+            context_arg(ctx)?.local_world_size as i64,
         )
     })
 }
@@ -256,7 +256,7 @@ pub extern "C" fn nvfipc_context_store(
         let ctx = context_arg(ctx)?;
         let out = out_ptr(out_store, "out_store")?;
         out.write(into_handle(nvfipc_store {
-            store: ctx.store().clone(),
+            store: ctx.store.clone(),
             tcp: None,
             callback: None,
         }));

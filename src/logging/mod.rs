@@ -1,13 +1,9 @@
-//! Logs a user can turn on: `NVFIPC_DEBUG=INFO` (or `TRACE`) explains which channel waited on
-//! which peer, which keys went to the store, which handles were opened or released and how long
-//! each step took, one line per event.
-//!
-//! Built on the `log` facade: a disabled call site costs one relaxed atomic load (the facade's
-//! max level), so the warm exchange path pays nothing when the log is off. In the cdylib the
-//! facade is private to this library, so a host program's own Rust logging cannot clash with it.
-//! Library code logs with `log::info!(target: logging::EXCHANGE, ...)`; the target names the
-//! subsystem that `NVFIPC_DEBUG_SUBSYS` filters on. Lines go to stderr, to `NVFIPC_DEBUG_FILE`,
-//! or to a callback the host program installs (`nvfipc_log_set_callback`).
+//! The log `NVFIPC_DEBUG=INFO` (or `TRACE`) turns on: one line per event (which channel waited on
+//! which peer, which keys went to the store, which handles were opened or released, how long each
+//! step took), to stderr, `NVFIPC_DEBUG_FILE` or the host's callback (`nvfipc_log_set_callback`).
+//! Built on the `log` facade (private to the cdylib): a disabled call site costs one relaxed
+//! atomic load, so the warm exchange path pays nothing. Code logs with `log::info!(target:
+//! logging::EXCHANGE, ...)`; the target is the subsystem `NVFIPC_DEBUG_SUBSYS` filters on.
 
 use crate::config::{LogConfig, DEBUG_FILE_VAR};
 use crate::sync::lock;
@@ -69,10 +65,6 @@ impl Subsystem {
         1 << self as u32
     }
 
-    pub fn names() -> Vec<&'static str> {
-        Self::ALL.iter().map(|s| s.name()).collect()
-    }
-
     pub fn from_name(name: &str) -> Option<Subsystem> {
         Self::ALL
             .into_iter()
@@ -95,7 +87,8 @@ struct Logger {
     sink: OnceLock<Sink>,
 }
 
-struct Sink {
+/// The installed logger's output and settings (see [`init`]).
+pub struct Sink {
     subsystems: AtomicU32,
     /// Rank of this process once a context or cache knows it; -1 before.
     rank: AtomicI64,
@@ -112,9 +105,9 @@ static LOGGER: Logger = Logger {
     sink: OnceLock::new(),
 };
 
-/// Reads the environment and installs the library's logger, once per process. Called by every constructor that can be a process's first call into the
-/// library (contexts, stores, servers, caches, transports).
-pub fn init() {
+/// Reads the environment and installs the library's logger, once per process. Called by every
+/// constructor that can be a process's first call into the library.
+pub fn init() -> &'static Sink {
     let sink = LOGGER.sink.get_or_init(|| {
         let host = crate::os::process::host_name();
         let pid = std::process::id();
@@ -155,14 +148,12 @@ pub fn init() {
     for p in problems {
         log::warn!(target: STORE, "{p}");
     }
+    sink
 }
 
 /// Records this process's rank for the lines' prefix (the last context or cache created wins).
 pub fn set_rank(rank: i64) {
-    init();
-    if let Some(s) = LOGGER.sink.get() {
-        s.rank.store(rank, Ordering::Relaxed);
-    }
+    init().rank.store(rank, Ordering::Relaxed);
 }
 
 /// Sets the most verbose level written, overriding `NVFIPC_DEBUG`.
@@ -174,10 +165,7 @@ pub fn set_level(level: LevelFilter) {
 /// Sends lines to `callback` instead of stderr or the file; `None` restores them. A line being
 /// written while the callback is replaced may still reach the previous one.
 pub fn set_callback(callback: Option<LineCallback>) {
-    init();
-    if let Some(s) = LOGGER.sink.get() {
-        *s.callback.write().unwrap_or_else(|p| p.into_inner()) = callback;
-    }
+    *init().callback.write().unwrap_or_else(|p| p.into_inner()) = callback;
 }
 
 impl Log for Logger {
