@@ -1,21 +1,10 @@
 //! The fd transport's frames: what an importer sends to a responder and what comes back. Pure
 //! encoding and validation, no I/O.
 //!
-//! Every frame starts with a 12-byte header, little-endian:
-//! `magic[4] | version u16 | kind u16 | body_len u32`, then `body_len` bytes of body.
-//!
-//! | frame | magic | kind | body |
-//! |---|---|---|---|
-//! | request: fetch | `NVFQ` | 1 | `nonce u64, serial u64, rank u32, pid u32, secret [16]` (40 bytes) |
-//! | reply: fd | `NVFR` | 1 | `serial u64, st_dev u64, st_ino u64` (24 bytes); the fd rides as `SCM_RIGHTS` on the header's bytes |
-//! | reply: error | `NVFR` | 2 | `code u16, serial u64, len u16, message[len]` (UTF-8, at most 512 bytes) |
-//!
-//! A request with another magic, version or kind, or a body of the wrong size, is answered with
-//! an error frame (serial 0) and its connection is closed: a byte stream cannot be resynchronised.
-//!
-//! `nonce` names the responder (it is public: part of its socket names); `secret` proves the
-//! requester read the responder's record from the job's store (it appears in no name and no
-//! file); see `responder` for the checks.
+//! The layout (a 12-byte header, then the body) and the error codes are in docs/PROTOCOL.md
+//! section 7. A request with another magic, version or kind, or a body of the wrong size, is
+//! answered with an error frame (serial 0) and its connection is closed: a byte stream cannot be
+//! resynchronised. The checks on the `nonce` and `secret` are the responder's.
 
 /// Frame format version; a change of any layout above bumps it.
 pub const VERSION: u16 = 2;

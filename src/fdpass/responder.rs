@@ -1,22 +1,14 @@
 //! The responder: one thread per process and job, always ready to hand out registered
 //! descriptors, so no importer waits for a barrier.
 //!
-//! It listens on an abstract name and, when the socket directory is usable, on a socket file
-//! (see `peer`), in one mio loop over both listeners and its connections: readable -> parse
-//! -> queue the replies -> write what the kernel takes. Requests may be pipelined; an fd reply
-//! carries the descriptor as `SCM_RIGHTS` on its first byte. A request that does not parse gets
-//! an error frame and its connection is closed once that is written. A connection silent for
-//! `idle_timeout` is closed, connections beyond `max_connections` get a "busy" frame, and a peer
-//! that stops reading stops being read.
+//! One mio loop over its two listeners (abstract name, socket file) and its connections:
+//! readable -> parse -> queue the replies -> write what the kernel takes. Requests may be
+//! pipelined; an fd reply carries the descriptor as `SCM_RIGHTS` on its first byte. A connection
+//! silent for `idle_timeout` is closed, connections beyond `max_connections` get "busy", and a
+//! peer that stops reading stops being read.
 //!
-//! **Who is served** (PROTOCOL.md section 7): a process of this job under this uid. A peer whose
-//! `SO_PEERCRED` uid is not this process's (root included, unless this process is root) gets a
-//! "denied" frame and is closed before any request is read. Every request must carry the
-//! responder's secret, which only its store record holds (never a name, `/proc` or a file); a
-//! request without it is "denied" and its connection closed. Refusals are logged (rate-limited)
-//! and counted; the checks are local (no store round trip).
-//!
-//! Dropping the [`Responder`] wakes the loop, joins the thread and removes the socket file.
+//! Only processes of this uid (`SO_PEERCRED`) whose requests carry the secret are served
+//! (PROTOCOL.md section 7, "Trust boundary"); refusals are logged (rate-limited) and counted.
 
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
