@@ -1,18 +1,12 @@
 //! Loading the CUDA driver and managing contexts.
 //!
-//! The driver (`libcuda.so.1`) is loaded lazily through cudarc's dynamic loader the first time a
-//! device function is used. cudarc panics when the library or one of its symbols is missing, so
-//! [`driver`] first checks that the library can be opened and that every symbol this crate calls
-//! is exported; a machine without a usable driver gets [`Status::CudaUnavailable`], never a panic.
-//! `cuInit(0)` runs exactly once; the outcome (success or the error) is remembered.
-//!
-//! Contexts: nvFuser selects its device through the runtime API (`cudaSetDevice`) before any of
-//! our calls, so the device's primary context is already current on the calling thread and is
-//! used as is. A thread with no current context gets the primary context of the requested
-//! device (by default the launcher's local rank modulo the device count, as nvFuser picks it)
-//! retained and made current with `cuCtxSetCurrent`, which is what the runtime API itself would
-//! do. Retained primary contexts are kept until the process exits:
-//! releasing them could destroy a context that the host program is still using.
+//! cudarc's loader panics on a missing library or symbol, so [`driver`] first checks both; a
+//! machine without a usable driver gets [`Status::CudaUnavailable`]. `cuInit(0)` runs once and its
+//! outcome is remembered. nvFuser selects its device (`cudaSetDevice`) before our calls, so its
+//! primary context is current and used as is; a thread without one gets the primary context of
+//! the requested device (default: local rank modulo the device count, as nvFuser picks it), made
+//! current as the runtime API would. Retained primary contexts are never released: the host
+//! program may still use them.
 
 use crate::error::{Error, Result, Status};
 use cudarc::driver::sys;

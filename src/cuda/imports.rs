@@ -1,36 +1,16 @@
 //! The import table of peer device memory (legacy IPC, VMM runs, pool allocations) and the
-//! releaser thread that closes what it no longer holds.
+//! releaser thread that closes what it no longer holds; why a thread, and the bounds on it:
+//! ARCHITECTURE.md, "Replacing buffers".
 //!
-//! A peer allocation is mapped into this process at most once per identity (its key: for legacy
-//! IPC the handle bytes and the importing device; for VMM the exporter pid, device and segment
-//! ids; for pools the exporter pid, device and the pointer's export data), since CUDA maps an
-//! allocation only once per context. The table counts references per key:
-//!
-//! * [`ImportTable::acquire`] takes another reference on a live import; else takes a mapping
-//!   still queued for its close back from the releaser, still mapped; else waits (bounded) for a
-//!   close in progress and opens afresh with the kind's open step, under the table lock, so two
-//!   importers of one key never open it twice;
-//! * dropping the [`Import`] guard it returns (or [`Import::release`]) drops the reference; the
-//!   last one hands the mapping to the kind's [`Releaser`]. Nothing is closed on the caller's
-//!   thread, except by [`ImportTable::close_now`] (the low-level C API's synchronous close).
-//!
-//! Why a thread: measured on an H200 (driver 580), `cuIpcCloseMemHandle` blocks until *all* work
-//! queued in the importing context has finished, not only the work that uses the mapping.
-//! Closing a replaced mapping inside `exchange_handles` stalled the exchange behind unrelated
-//! copies, and deadlocked it when queued work waited (`cuStreamWaitValue32`) on a flag set only
-//! after the exchange returns (nvFuser's pipelined loops). So the releaser makes the mapping's
-//! context current, waits for its queued work (`cuCtxSynchronize`: every use of the mapping
-//! enqueued before its release has finished; [`Phase::Draining`], the mapping still intact and
-//! revivable) and only then closes it ([`Phase::Closing`]). At most `max_pending` mappings of one
-//! peer may wait ([`ImportTable::wait_room`]: the exchange that queues more waits, bounded), and
-//! freeing a handle cache waits, bounded by its linger, until every close so far has run
-//! ([`ImportTable::flush`]). The queue logic is generic over its steps, so it is unit-tested
-//! without a GPU.
-//!
-//! What is specific to a kind (how to open and close, a sub-table such as VMM's imported
-//! segments or the imported pools) lives in its module behind [`ImportKind`]; the sub-table
-//! ([`ImportKind::Side`]) is kept under the table's lock, so the open step and the post-close
-//! bookkeeping see one consistent state.
+//! A peer allocation is mapped at most once per key (CUDA maps an allocation once per context),
+//! with a reference count. [`ImportTable::acquire`] takes a reference on a live import, else takes
+//! a mapping queued for its close back from the releaser, else waits (bounded) for a close in
+//! progress and opens afresh under the table lock, so two importers of one key never open it
+//! twice. The last reference hands the mapping to the [`Releaser`], which waits for the context's
+//! queued work ([`Phase::Draining`], still revivable) and then closes it ([`Phase::Closing`]);
+//! nothing is closed on the caller's thread except by [`ImportTable::close_now`] (the low-level C
+//! API). What is specific to a kind (open, close, a sub-table kept under the table's lock) is its
+//! [`ImportKind`]; the queue logic is generic, so it is unit-tested without a GPU.
 
 use super::driver::Context;
 use crate::error::{Error, Result};

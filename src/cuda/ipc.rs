@@ -1,20 +1,9 @@
-//! Legacy CUDA IPC: exporting allocations and opening peers' allocations, each exactly once.
-//!
-//! Export: `cuIpcGetMemHandle` on the allocation base, cached in the [`Runtime`] per (base,
-//! buffer id) so the same allocation always yields the same handle bytes and a new allocation at
-//! a recycled address gets a fresh one.
-//!
-//! Import: `cuIpcOpenMemHandle` with lazy peer access, once per (importing device, handle bytes)
-//! in the runtime's import table (`super::imports`), which also closes it on its releaser thread
-//! after the last reference goes (`cuIpcCloseMemHandle` waits for all work queued in the
-//! context). A handle this process exported itself cannot be opened by the driver; it resolves
-//! to the local allocation. [`close`] is the synchronous close of the low-level C API.
-//!
-//! This module pins nothing in the exporting process (a `cudaMalloc` allocation cannot be
-//! retained by a library): the exporter keeps a buffer allocated until every peer that mapped it
-//! has replaced it and finished the work that used it. The GPU test
-//! `GpuRelease.ExporterFreesMappedBuffer` checks that an importer of a freed buffer reads the old
-//! contents or gets an error, never another allocation's data.
+//! Legacy CUDA IPC: `cuIpcGetMemHandle` exports cached in the [`Runtime`] per (base, buffer id),
+//! and peers' allocations opened with `cuIpcOpenMemHandle` once per (importing device, handle
+//! bytes) in the runtime's import table (`super::imports`), closed on its releaser thread. A handle
+//! this process exported itself resolves to the local allocation. [`open`]/[`close`] are the
+//! low-level C API's references. Nothing pins the exporter's memory (see ARCHITECTURE.md,
+//! "Replacing buffers"; checked by the GPU test `GpuRelease.ExporterFreesMappedBuffer`).
 
 use super::driver::{self, describe, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened as TableOpened};

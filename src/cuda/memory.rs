@@ -1,13 +1,7 @@
-//! What a device pointer is: one `cuPointerGetAttributes` call gives the allocation range, its
-//! unique buffer id, the memory type, the device and whether legacy CUDA IPC can export it.
-//! [`classify`] (pure, unit-tested) turns those attributes into an exportable
-//! [`DeviceAllocation`] or an error that says what the pointer is and what to do.
-//!
-//! The export choice is made here, per buffer: legacy CUDA IPC for `cudaMalloc` memory
-//! ([`DeviceMemoryKind::Legacy`]), the physical allocations' POSIX fds or FABRIC handles for VMM
-//! mappings such as PyTorch's expandable segments ([`DeviceMemoryKind::Vmm`], see `vmm`), the
-//! pool plus per-pointer export data for stream-ordered pools ([`DeviceMemoryKind::Pool`], see
-//! `pool`); anything else is refused with the allocator setting to change.
+//! What a device pointer is: one `cuPointerGetAttributes` call gives the allocation range, buffer
+//! id, memory type, device and export capabilities, and [`classify`] (pure, unit-tested) turns
+//! them into an exportable [`DeviceAllocation`] (legacy IPC, VMM or pool) or an error that says
+//! what the pointer is and which allocator setting to change.
 
 use super::driver::{self, check};
 use super::result;

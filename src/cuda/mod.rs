@@ -1,18 +1,12 @@
-//! Everything that touches the CUDA driver: loading it, its errors, contexts and devices
-//! ([`driver`]), the raw driver calls made once each ([`result`]), inspecting device pointers
-//! ([`memory`]), legacy IPC export/import ([`ipc`]), VMM buffers exported per physical allocation
-//! ([`vmm`]), widened for exchanges to aligned windows (`vmm_runs`) and mapped back to back
-//! (`vmm_map`), stream-ordered pool buffers (`pool`), the import table that refcounts every
-//! kind's peer mappings and its releaser thread (`imports`), the per-process semaphore slab
-//! ([`semaphore`]), the stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by
-//! the exchange, and the contiguous views of symmetric VMM buffers ([`view`]). Owned device
-//! buffers for programs and tests, and the probes of `nvfipc doctor`, are the CLI's
-//! (`cli/src/device_buffer.rs`, `cli/src/doctor/probe.rs`).
+//! Everything that touches the CUDA driver: loading it, contexts and devices ([`driver`]), each
+//! raw call made once ([`result`]), what a device pointer is ([`memory`]), legacy IPC ([`ipc`]),
+//! VMM buffers ([`vmm`]; widened in `vmm_runs`, imported in `vmm_map`), pool buffers (`pool`), the
+//! import table and its releaser (`imports`), the semaphore slab ([`semaphore`]), the P2P protocol
+//! ([`p2p`]), the device [`transport`] and contiguous views ([`view`]). Device buffers and probes
+//! for programs and `nvfipc doctor` are the CLI's.
 //!
-//! What is shared by every transport of the process is one [`Runtime`]: CUDA opens a peer's
-//! allocation only once per context and retains a device's primary context once, so imports,
-//! legacy exports and contexts are the process's. Each transport holds the runtime and its
-//! import and export paths take it from there.
+//! What every transport of the process shares is one [`Runtime`]: CUDA opens a peer's allocation
+//! once per context and retains a primary context once per device.
 
 pub mod driver;
 pub(crate) mod imports;

@@ -1,14 +1,9 @@
 //! The zero-copy "get" protocol (`transport::epoch`) of nvFuser's `cuda_p2p.cpp` on a CUDA
-//! stream: [`send_post`] signals the receiver, [`recv_post`] waits for it, pulls the bytes with
-//! `cuMemcpyDtoDAsync` and signals "done", [`send_wait`] waits for that; the `channel_*` forms
-//! number the transfers of a cached channel.
-//!
-//! Everything is enqueued on the caller's stream and returns at once: the host never blocks.
-//! Writes use `cuStreamWriteValue32` with the default flags, i.e. with a memory barrier, so work
-//! queued earlier on the stream is visible before the signal; waits use
-//! `CU_STREAM_WAIT_VALUE_GEQ`, a wrapping comparison, so a sender that runs ahead can never make
-//! the receiver miss a signal. Stream memory operations are on by default from driver 11.7 on
-//! (checked when the driver is loaded); a device that still refuses them gets `Unsupported`.
+//! stream: [`send_post`], [`recv_post`] (pulls the bytes with `cuMemcpyDtoDAsync`), [`send_wait`];
+//! the `channel_*` forms number the transfers of a cached channel. Everything is enqueued on the
+//! caller's stream: the host never blocks. Writes use the default flags (a memory barrier: work
+//! queued earlier is visible before the signal); a device that refuses stream memory operations
+//! (on by default from driver 11.7) gets `Unsupported`.
 
 use super::driver::{self, describe};
 use super::result;

@@ -1,14 +1,9 @@
-//! Buffers of stream-ordered memory pools (`cudaMallocFromPoolAsync`, `cuMemAllocFromPoolAsync`).
-//!
-//! Exporter: the pool is exported once per transport as a POSIX fd (offered through the fd
-//! transport, `crate::fdpass`), each allocation's `CUmemPoolPtrExportData` once per (base, buffer
-//! id). Only pools created with POSIX fd handles can be exported, never the device's default pool
-//! (`cudaMallocAsync`, PyTorch's `backend:cudaMallocAsync`).
-//!
-//! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this kind's
-//! sub-table, each allocation once per (exporter pid, export data, device) in the import table
-//! ([`super::imports`]); the releaser frees an allocation, and a pool is destroyed with its last
-//! imported allocation.
+//! Buffers of stream-ordered memory pools (`cudaMallocFromPoolAsync`). The exporter offers the
+//! pool once per transport as a POSIX fd (only pools created with POSIX fd handles, never the
+//! device's default pool) and each allocation's `CUmemPoolPtrExportData` once per (base, buffer
+//! id). The importer imports a peer's pool once per (exporter pid, pool, device) in this kind's
+//! sub-table and each allocation once per (exporter pid, export data, device) in the import table;
+//! the releaser frees an allocation, and a pool is destroyed with its last allocation.
 
 use super::driver::{self, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened};

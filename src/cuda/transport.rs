@@ -1,17 +1,10 @@
 //! [`Transport`] for device memory, choosing the export per buffer from its pointer attributes
-//! (`memory::classify`): legacy CUDA IPC for `cudaMalloc` allocations ([`ipc`]), the physical
-//! allocations' POSIX fds or FABRIC handles for VMM buffers ([`vmm`] exports, `vmm_map`
-//! imports), the pool and per-pointer export data for stream-ordered pool buffers (`pool`);
-//! plus the device semaphore slab.
-//!
-//! The transport holds the process's [`Runtime`], whose import tables open a peer allocation
-//! once however many channels and caches use it; it keeps its own imports per (peer, exporter
-//! buffer id, base mapped here), one table guard per import not yet released. Dropping the
-//! transport releases whatever is still imported, withdraws its VMM and pool offers, and then
-//! frees the semaphore slab; the handle cache drops it only after its teardown has waited for
-//! its peers to close (see [`super::semaphore`]). VMM and pool buffers travel as fds through the
-//! fd transport (`crate::fdpass`) given to [`CudaTransport::with_fdpass`]; without one only
-//! legacy and FABRIC buffers can be shared.
+//! (`memory::classify`): legacy IPC ([`ipc`]), VMM segments as POSIX fds or FABRIC handles
+//! ([`vmm`] exports, `vmm_map` imports), stream-ordered pools (`pool`); plus the device semaphore
+//! slab. Imports go through the process's [`Runtime`] tables; the transport keeps one guard per
+//! import not yet released, released on drop before its offers are withdrawn and its slab freed.
+//! VMM and pool buffers travel as fds through the fd transport given to
+//! [`CudaTransport::with_fdpass`]; without one only legacy and FABRIC buffers can be shared.
 
 use super::driver;
 use super::ipc;

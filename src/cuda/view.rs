@@ -1,14 +1,9 @@
-//! Contiguous views of VMM device buffers, the device backing of `transport::view`: one VA range
-//! is reserved and each member's physical allocations are mapped again into its slot, whole (the
-//! driver cannot map part of one), with read-write access for this device.
-//!
-//! This rank's own allocations are mapped through handles taken with
-//! `cuMemRetainAllocationHandle` and dropped once mapped; a peer's through the handles its VMM
-//! import already holds (`vmm_map`), looked up under the import table's lock, so nothing is
-//! imported twice. A mapping holds its physical memory by itself, so the view outlives the
-//! imports until it is dropped: then every slot is unmapped (`cuMemUnmap` waits for the device
-//! work using it, as the driver documents) and the range freed. Other device memory
-//! (`cudaMalloc`, stream-ordered pools) cannot be mapped again: `Unsupported`.
+//! Contiguous views of VMM device buffers, the device backing of `transport::view` (PROTOCOL.md
+//! section 5, "Symmetric memory"): each member's physical allocations mapped again, whole, into its
+//! slot of one reserved range. This rank's allocations are mapped through handles retained for the
+//! purpose, a peer's through the handles its VMM import holds (`vmm_map`, under the import table's
+//! lock). A mapping holds its memory by itself, so the view outlives the imports; dropping it
+//! unmaps every slot (`cuMemUnmap` waits for the device work using it) and frees the range.
 
 use super::driver::{self, Context, ContextGuard};
 use super::memory::{self, DeviceMemoryKind};

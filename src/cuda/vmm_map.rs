@@ -1,17 +1,10 @@
-//! Importing peers' VMM buffers: the importer's half of [`super::vmm`].
-//!
-//! A record lists the buffer's physical allocations (segments). Importing it:
-//! 1. each segment not imported yet is fetched (all of a record's missing fds in one request to
-//!    the exporter's responder, `crate::fdpass`) and imported with
-//!    `cuMemImportFromShareableHandle`, once per (exporter pid, segment id, device) in this
-//!    kind's sub-table, whatever the buffers and caches that use it;
-//! 2. the run of segments is mapped: one VA range of the run's size reserved, each segment mapped
-//!    back to back (a partial `cuMemMap` is not supported), access set for the importing device.
-//!    Runs are mapped once per (exporter pid, device, segment list) in the import table
-//!    ([`super::imports`]); a buffer over segments that a mapped run holds back to back is served
-//!    by that mapping with no driver call.
-//!
-//! The releaser unmaps a run and frees its range; a segment is released when no run maps it.
+//! Importing peers' VMM buffers: the importer's half of [`super::vmm`]. Each segment (physical
+//! allocation) not imported yet is fetched (all of a record's missing fds in one request) and
+//! imported once per (exporter pid, segment id, device) in this kind's sub-table; the run of
+//! segments is mapped back to back into one reserved VA range (a partial `cuMemMap` is not
+//! supported), once per (exporter pid, device, segment list), and a buffer over segments that a
+//! mapped run holds is served by that mapping. The releaser unmaps a run and frees its range; a
+//! segment is released when no run maps it.
 
 use super::driver::{self, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened, Tables};

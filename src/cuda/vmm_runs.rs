@@ -1,20 +1,12 @@
-//! Widened runs of exchanged VMM buffers, so that the caching-allocator pattern over PyTorch's
-//! expandable segments costs no store round trip.
+//! Widened runs of exchanged VMM buffers (PROTOCOL.md section 3, "Widened runs"), so that the
+//! caching-allocator pattern over PyTorch's expandable segments costs no store round trip: a
+//! tensor's exact run changes from tensor to tensor, a widened run (every segment mapped with the
+//! buffer's inside its aligned windows) is one allocation the peer holds after the first exchange.
 //!
-//! A tensor's exact run (`vmm::resolve_run`) changes from tensor to tensor ([s1], then [s1, s2]
-//! across a segment boundary, then [s2]), and each new run is a new allocation to the peer, one
-//! record through the store. Exchanged buffers are therefore resolved to a *widened* run: every
-//! segment mapped contiguously with the buffer's own inside the aligned windows it overlaps (32
-//! MiB unless `NVFIPC_VMM_WINDOW_MIB` says otherwise; 0 turns widening off) and inside its
-//! reserved range. Buffers of one window share one run, which the peer holds after the first
-//! exchange, so later ones go through the board alone (`exchange::peers`).
-//!
-//! [`WideRuns`] remembers the runs it widened (a bounded most-recently-used list), so a cached
-//! call costs no more driver calls than the exact resolution: a remembered run serves a buffer
-//! when it holds every segment of the buffer's exact run, unchanged. Its other segments may have
-//! been unmapped since; serving it to a peer that holds it already is still right (the buffer's
-//! bytes lie in segments just checked, the peer's mapping holds its own references). Before a
-//! run is exported, [`WideRuns::refresh`] checks every segment and widens again if one changed.
+//! [`WideRuns`] remembers the runs it widened (a bounded most-recently-used list): a remembered run
+//! serves a buffer when it holds every segment of the buffer's exact run, unchanged, and
+//! [`WideRuns::refresh`] checks every segment before a run is exported, widening again if one
+//! changed.
 
 use super::vmm::{LocalSegment, Run};
 use crate::sync::lock;

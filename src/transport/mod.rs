@@ -1,22 +1,13 @@
-//! The contract between the exchange and the memory transports (device memory in `crate::cuda`,
-//! host shared memory in `crate::host`): the exchange never names a concrete transport and a
-//! transport never knows the exchange.
+//! The contract between the exchange and the memory transports (`crate::cuda`, `crate::host`):
+//! the exchange never names a concrete transport and a transport never knows the exchange.
+//! [`record`] is the wire record, [`epoch`] the P2P protocol both run, [`peer_maps`] refcounted
+//! peer mappings, [`slab`] the semaphore slab, [`set`] the transports a cache is handed, [`view`]
+//! contiguous views.
 //!
-//! - [`record`]: the versioned little-endian wire record of one exported buffer;
-//! - [`epoch`]: the P2P protocol both transports run, and [`P2pHandles`];
-//! - [`peer_maps`]: peers' memory mapped here, refcounted, opened once per key;
-//! - [`slab`]: [`SemaphoreSlab`], written once over each backend's slab memory;
-//! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
-//! - [`view`]: [`ContiguousView`](view::ContiguousView), a symmetric allocation's buffers mapped
-//!   back to back (the layout and its checks);
-//! - this module: [`Transport`] and the types it exchanges.
-//!
-//! The exchange never touches memory: a [`Transport`] resolves a user pointer into its
-//! allocation, exports that allocation into the handle of a [`Record`], imports a peer's record
-//! into a local mapping and releases the mapping. A release never waits for device work (the
-//! device transport unmaps on a releaser thread, see `cuda::imports`). Each transport also owns
-//! one [`SemaphoreSlab`] per process, exported once, so a peer opens one slab per rank rather
-//! than one semaphore per buffer. All methods take `&self` and may be called from any thread.
+//! A [`Transport`] resolves a user pointer into its allocation, exports it into a [`Record`]'s
+//! handle, imports a peer's record into a local mapping and releases it, never waiting for device
+//! work. Each transport owns one [`SemaphoreSlab`] per process, exported once. All methods take
+//! `&self` and may be called from any thread.
 
 pub mod epoch;
 pub mod peer_maps;

@@ -1,14 +1,8 @@
-//! Contiguous views of a symmetric allocation: every member's buffer mapped again, in rank
-//! order, in one reserved virtual address range, member i's buffer at `base + i * stride`.
-//!
-//! A transport maps whole pieces of memory at a granularity (a page of a host file, a physical
-//! allocation of device memory), so each member's buffer is mapped as the piece that holds it:
-//! `lead` bytes of the piece come before the buffer, and the piece spans `span` bytes. Every
-//! member gets the same slot, `stride` bytes (the largest span rounded up to the granularity), so
-//! the buffers line up only when they have the same size and the same lead: [`plan`] checks that
-//! and names the members that differ. The arithmetic and the view are here; what is mapped where
-//! is the transport's business ([`Transport::contiguous_view`](super::Transport::contiguous_view):
-//! host pages in `host::transport`, device allocations in `cuda::view`).
+//! Contiguous views of a symmetric allocation: every member's buffer mapped again, in rank order,
+//! in one reserved range, member i's buffer at `base + i * stride` (the layout: PROTOCOL.md section
+//! 5, "Symmetric memory"). The arithmetic, [`plan`] (which names the members whose size or lead
+//! differ) and the view are here; what is mapped where is the transport's
+//! ([`Transport::contiguous_view`](super::Transport::contiguous_view)).
 
 use super::record::Record;
 use super::{LocalBuffer, Mapping};
