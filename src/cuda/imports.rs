@@ -261,13 +261,21 @@ impl<K: ImportKind> ImportTable<K> {
     /// Back-pressure: waits, at most `timeout`, until at most the releaser's bound of closes of
     /// `peer`'s mappings wait (see [`Releaser::wait_below`]).
     pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
-        self.inner.releaser.wait_room(peer, timeout)
+        let releaser = &self.inner.releaser;
+        releaser.wait_below(peer, releaser.max_pending, timeout)
     }
 
     /// Waits, at most `timeout`, until every close queued before this call has run; a `Timeout`
     /// saying how many are left otherwise (they stay queued).
     pub fn flush(&self, timeout: Duration) -> Result<()> {
-        self.inner.releaser.flush_within(timeout, K::PENDING)
+        self.inner.releaser.flush(timeout).map_err(|left| {
+            Error::timeout(format!(
+                "{left} {} after {timeout:?}: a close waits until all work queued on the device \
+                 context has finished (is a stream still waiting for a peer?); they stay mapped \
+                 until that work finishes or the process exits",
+                K::PENDING
+            ))
+        })
     }
 
     /// Reads the table, the kind's state and the releaser's counters under the table's lock (an
@@ -429,7 +437,7 @@ pub struct Releaser<K, T> {
     drain: Box<StepFn<K, T>>,
     close: Box<StepFn<K, T>>,
     name: &'static str,
-    /// Most closes of one peer that may wait before [`wait_room`](Self::wait_room) waits.
+    /// Most closes of one peer that may wait before [`ImportTable::wait_room`] waits.
     max_pending: usize,
 }
 
@@ -579,23 +587,6 @@ where
         st.revived += 1;
         self.changed.notify_all();
         Revive::Queued(taken.1)
-    }
-
-    /// [`flush`](Self::flush) as a `Timeout` naming `what` waits (e.g. "VMM mapping(s) ... to
-    /// be unmapped").
-    pub fn flush_within(&self, timeout: Duration, what: &str) -> Result<()> {
-        self.flush(timeout).map_err(|left| {
-            Error::timeout(format!(
-                "{left} {what} after {timeout:?}: a close waits until all work queued on the \
-                 device context has finished (is a stream still waiting for a peer?); they stay \
-                 mapped until that work finishes or the process exits"
-            ))
-        })
-    }
-
-    /// [`wait_below`](Self::wait_below) with this releaser's bound.
-    pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
-        self.wait_below(peer, self.max_pending, timeout)
     }
 
     /// Waits, at most `timeout`, until `ready` holds; on timeout, the state as it is then.

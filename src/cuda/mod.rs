@@ -150,11 +150,6 @@ pub struct VmmCounters {
     pub inside_mapped: u64,
 }
 
-/// [`Runtime::vmm_counters`] of the process's runtime.
-pub fn vmm_counters() -> VmmCounters {
-    runtime().vmm_counters()
-}
-
 /// How the exchange exports the device buffer `[ptr, ptr + bytes)`: fails as
 /// [`memory::resolve`] does, and for a VMM buffer that is not contiguous or spans more physical
 /// allocations than a record holds.
