@@ -421,9 +421,8 @@ struct State<K, T> {
     /// Jobs submitted and jobs retired (closed, failed or revived) since creation.
     submitted: u64,
     retired: u64,
-    finished: u64,
-    revived: u64,
-    errors: u64,
+    /// `pending` unused: it is `submitted - retired`.
+    counts: ReleaseCounters,
     thread: bool,
 }
 
@@ -462,9 +461,7 @@ where
                 per_peer: HashMap::new(),
                 submitted: 0,
                 retired: 0,
-                finished: 0,
-                revived: 0,
-                errors: 0,
+                counts: ReleaseCounters::default(),
                 thread: false,
             }),
             changed: Condvar::new(),
@@ -537,9 +534,9 @@ where
             st.running = None;
             if !revived {
                 Self::retire(&mut st, job.peer);
-                st.finished += 1;
+                st.counts.finished += 1;
                 if result.is_err() {
-                    st.errors += 1;
+                    st.counts.errors += 1;
                 }
             }
             self.changed.notify_all();
@@ -569,7 +566,7 @@ where
         if let Some(i) = st.queue.iter().position(|j| &j.key == key) {
             let job = st.queue.remove(i).expect("index from position");
             Self::retire(&mut st, job.peer);
-            st.revived += 1;
+            st.counts.revived += 1;
             self.changed.notify_all();
             return Revive::Queued(job.target);
         }
@@ -584,7 +581,7 @@ where
             _ => return Revive::Absent,
         };
         Self::retire(&mut st, taken.0);
-        st.revived += 1;
+        st.counts.revived += 1;
         self.changed.notify_all();
         Revive::Queued(taken.1)
     }
@@ -674,11 +671,10 @@ where
 
     pub fn counters(&self) -> ReleaseCounters {
         let st = lock(&self.state);
+        let pending = st.submitted - st.retired;
         ReleaseCounters {
-            pending: (st.submitted - st.retired),
-            finished: st.finished,
-            revived: st.revived,
-            errors: st.errors,
+            pending,
+            ..st.counts
         }
     }
 

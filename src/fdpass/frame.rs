@@ -22,14 +22,12 @@ const KIND_ERROR: u16 = 2;
 const FETCH_BODY: usize = 40;
 const FD_BODY: usize = 24;
 
-/// A responder's 128-bit secret: random per responder, published only in its store record, and
-/// carried by every request. Its `Debug` never shows the value.
+/// A responder's 128-bit secret, published only in its store record; `Debug` never shows it.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct Secret(pub u128);
 
 impl Secret {
-    /// Whether `other` is this secret, comparing every bit (no early exit on the first
-    /// difference).
+    /// Whether `other` is this secret, comparing every bit (no early exit).
     pub fn matches(&self, other: &Secret) -> bool {
         let diff = self.0 ^ other.0;
         (diff.to_le_bytes().iter().fold(0u8, |acc, b| acc | b)) == 0
@@ -54,9 +52,8 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// An importer's request for the object registered under `serial` at the responder whose
-/// published nonce is `nonce` and whose secret is `secret`. `rank` and `pid` say who asks (for
-/// the responder's messages; the responder trusts the kernel's `SO_PEERCRED`, not these).
+/// An importer's request for the object registered under `serial`; `rank` and `pid` are for
+/// messages only (the responder trusts `SO_PEERCRED`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FetchRequest {
     pub nonce: u64,
@@ -170,8 +167,7 @@ fn malformed(message: impl Into<String>) -> FrameError {
     bad(ErrorCode::Malformed, message)
 }
 
-/// Checks the header of `bytes` against `magic`; returns (kind, body length) or why not.
-/// `Ok(None)`: fewer than [`HEADER_LEN`] bytes so far.
+/// (kind, body length) of the header of `bytes`, `None` before [`HEADER_LEN`] bytes, or why not.
 fn parse_header(bytes: &[u8], magic: [u8; 4]) -> Result<Option<(u16, usize)>, FrameError> {
     // A wrong magic is told as soon as its bytes are there, before a whole header arrives.
     let seen = bytes.len().min(4);

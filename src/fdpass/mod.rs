@@ -102,8 +102,8 @@ pub struct FdPass {
     registry: Arc<Registry>,
     running: Mutex<Option<Running>>,
     peers: Mutex<HashMap<usize, PeerRecord>>,
-    /// One connection per peer responder (by route, whose name carries the responder's nonce),
-    /// kept between fetches; a responder closes it after `idle_timeout` of silence.
+    /// One connection per peer responder (by route, which carries its nonce), kept between
+    /// fetches.
     connections: Mutex<HashMap<String, UnixStream>>,
 }
 
@@ -237,8 +237,7 @@ impl FdPass {
         self.register(dup)
     }
 
-    /// Closes the registered descriptor; importers asking later get "revoked". False when `id`
-    /// was not registered here.
+    /// Closes the registered descriptor (later requests get "revoked"); false when unknown.
     pub fn unregister(&self, id: &FdId) -> bool {
         self.registry.unregister(id)
     }
@@ -322,9 +321,8 @@ impl FdPass {
             .map_err(FetchFailure::into_error)
     }
 
-    /// [`fetch_many`](Self::fetch_many), saying which rung delivered and which failed before
-    /// it (a fallback is never silent); on failure every rung's gate as a [`Diagnosis`], to
-    /// which a caller with more rungs (FABRIC) adds its own before turning it into the error.
+    /// [`fetch_many`](Self::fetch_many), saying which rung delivered and which failed before it;
+    /// on failure a [`Diagnosis`], to which a caller with more rungs (FABRIC) adds its own.
     pub fn fetch_diagnosed(
         &self,
         peer: usize,
@@ -450,8 +448,7 @@ impl FdPass {
             .ok()
     }
 
-    /// One socket route: `Some(Ok)` delivered, `Some(Err)` a definitive refusal (recorded),
-    /// `None` go on with the next rung (recorded).
+    /// One socket route: `Some(Ok)` delivered, `Some(Err)` a definitive refusal, `None` go on.
     fn try_route(
         &self,
         route: &Route,
@@ -575,8 +572,7 @@ fn connect_gate(route: &Route, e: &io::Error) -> Gate {
     }
 }
 
-/// Connects to `route`, retrying until `retry_until` (a responder that is not listening yet, or
-/// whose backlog is full); non-blocking, so no attempt outlasts the deadline.
+/// Connects to `route`, retrying until `retry_until` (not listening yet, or backlog full).
 fn connect(route: &Route, retry_until: Instant) -> Result<UnixStream, Gate> {
     let addr = match route {
         Route::Abstract(name) => SocketAddr::from_abstract_name(name.as_bytes()),
@@ -610,9 +606,8 @@ fn timed_out(what: &str, e: &io::Error) -> Gate {
     }
 }
 
-/// Asks the responder on `stream` for `ids` (pipelined) and returns their descriptors in order,
-/// with the connection when it is in step for further requests (every reply read, nothing left
-/// over, so a later request cannot read a stale reply); the first failure ends it with its gate.
+/// Asks the responder on `stream` for `ids` (pipelined): their descriptors in order, and the
+/// connection when it is in step (every reply read, nothing left over) for the next request.
 fn fetch_on(
     stream: UnixStream,
     request: FetchRequest,
@@ -734,8 +729,7 @@ fn refusal_waiting(stream: &UnixStream) -> Option<Gate> {
     }
 }
 
-/// Whether a gate from a socket rung is the exporter's own answer about the object (unknown or
-/// revoked): then no other rung can do better.
+/// Whether the exporter itself said the object is unknown or revoked: no other rung can do better.
 fn is_definitive(gate: &Gate) -> bool {
     matches!(
         gate,
@@ -746,8 +740,8 @@ fn is_definitive(gate: &Gate) -> bool {
     )
 }
 
-/// Takes descriptor `id.fd` of process `pid` with `pidfd_getfd`, and checks it is the same file
-/// that was registered (a number reused after an unregister is refused).
+/// Takes descriptor `id.fd` of process `pid` with `pidfd_getfd`, checking it is the registered
+/// file (a number reused after an unregister is refused).
 fn fetch_with_pidfd(pid: u32, id: &FdId, exporter_ptracer: &str) -> Result<OwnedFd, Gate> {
     let pidfd = sys::pidfd_open(pid).map_err(|e| pidfd_gate_of(&e, exporter_ptracer, pid))?;
     let fd = sys::pidfd_getfd(pidfd.as_fd(), id.fd)

@@ -52,8 +52,7 @@ pub struct PeerRecord {
     pub abstract_name: String,
     /// The path socket, or why there is none (the directory could not be used).
     pub path: Result<PathBuf, String>,
-    /// Whether the exporter let any process of its user attach (Yama `PR_SET_PTRACER`, only
-    /// with `NVFIPC_FD_PTRACER=any`).
+    /// What the exporter did about Yama's `PR_SET_PTRACER`.
     pub ptracer: PtracerState,
 }
 
@@ -163,13 +162,10 @@ impl PeerRecord {
     }
 }
 
-/// The directory that holds this process's socket file, given the configured socket directory
-/// `dir`: `dir` itself when only `uid` can enter it (owned by `uid`, no group or other
-/// permissions), else `dir/nvfipc-<uid>`, created `0700` (a missing `dir` is created `0700`
-/// and used). A subdirectory that is not a real directory of `uid` (a symlink, a file, a
-/// directory of another user planted in a shared `/tmp`) is refused, never used or removed;
-/// one of `uid` with wider permissions is narrowed to `0700`. `Err` says why there is none,
-/// for the published record.
+/// The directory for this process's socket file: `dir` itself when only `uid` can enter it, else
+/// `dir/nvfipc-<uid>`, created `0700` (a missing `dir` is created `0700` and used). Anything else
+/// there (a symlink, a file, another user's directory) is refused, never used or removed (rules:
+/// PROTOCOL.md section 7, "Trust boundary"); `Err` says why, for the published record.
 pub fn private_socket_dir(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     let private = |m: &std::fs::Metadata| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0;
     // The configured directory is followed if it is a symlink: whoever set it chose it.
@@ -233,9 +229,8 @@ fn private_socket_dir_checked(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
-/// Removes the sockets in `dir` left by processes of this pid namespace that no longer exist
-/// (killed before their exit handler ran): only sockets (not followed if symlinks) whose owner
-/// is `uid`, named as [`crate::names::socket_path`] names them. Returns how many were removed.
+/// Removes the sockets of `uid` in `dir` left by dead processes of this pid namespace (named as
+/// [`crate::names::socket_path`] names them; symlinks not followed); returns how many.
 pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64, uid: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;

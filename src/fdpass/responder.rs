@@ -69,9 +69,8 @@ fn listen(addr: &SocketAddr) -> io::Result<UnixListener> {
     Ok(UnixListener::from_std(l))
 }
 
-/// Binds the socket file at `path`, whose directory `peer::private_socket_dir` prepared (a
-/// leftover socket of the same name replaced only when this uid owns it), and makes it `0600`;
-/// `Err` says why it could not be, for the published record.
+/// Binds the socket file at `path` (replacing a leftover socket of this uid) and makes it `0600`;
+/// `Err` says why not, for the published record.
 fn listen_path(path: &Path, uid: u32) -> std::result::Result<UnixListener, String> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     if let Ok(m) = std::fs::symlink_metadata(path) {
@@ -92,8 +91,8 @@ fn listen_path(path: &Path, uid: u32) -> std::result::Result<UnixListener, Strin
 }
 
 impl Responder {
-    /// Starts listening on `abstract_name` (required) and `path` (when given and usable) and
-    /// spawns the serving thread. Returns the responder and the path it listens on, or why not.
+    /// Listens on `abstract_name` and `path` (when usable), spawns the serving thread; returns
+    /// the responder and the path it listens on, or why not.
     pub fn start(
         registry: Arc<Registry>,
         nonce: u64,
@@ -366,9 +365,8 @@ struct Guard {
     log: RefusalLog,
 }
 
-/// Refusals logged as warnings, at most [`LOGGED_REFUSALS`] per [`REFUSAL_WINDOW`], so a process
-/// that knocks in a loop cannot flood the log; the count of those not shown comes with the next
-/// line.
+/// Refusals logged as warnings, at most [`LOGGED_REFUSALS`] per [`REFUSAL_WINDOW`]; the count of
+/// those not shown comes with the next line.
 #[derive(Default)]
 struct RefusalLog {
     window: Option<Instant>,
@@ -401,8 +399,7 @@ impl RefusalLog {
     }
 }
 
-/// Writes what the kernel takes; true when everything queued is written, `Err` when the
-/// connection broke.
+/// Writes what the kernel takes; true when all is written, `Err` when the connection broke.
 fn flush(conn: &mut Conn) -> std::result::Result<bool, ()> {
     while let Some((bytes, done, fd)) = conn.output.front_mut() {
         let fd_now = if *done == 0 {
@@ -426,8 +423,7 @@ fn flush(conn: &mut Conn) -> std::result::Result<bool, ()> {
     Ok(true)
 }
 
-/// Serves one connection as far as it can go now: flush, parse, answer, read more. True: close
-/// it.
+/// Serves one connection as far as it can go now (flush, parse, answer, read); true: close it.
 fn serve(conn: &mut Conn, registry: &Registry, guard: &mut Guard, stats: &ResponderStats) -> bool {
     loop {
         match flush(conn) {
@@ -489,8 +485,7 @@ fn serve(conn: &mut Conn, registry: &Registry, guard: &mut Guard, stats: &Respon
             Ok(n) => {
                 conn.last_active = Instant::now();
                 if conn.input.len() + n > MAX_INPUT {
-                    // Cannot happen with whole requests being answered as they come; a peer
-                    // that sends this much without completing one is not speaking the protocol.
+                    // A peer that sends this much without completing a request is not ours.
                     return true;
                 }
                 conn.input.extend_from_slice(&buf[..n]);
