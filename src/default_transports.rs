@@ -32,9 +32,8 @@ pub fn cache(cfg: CacheConfig) -> Result<HandleCache> {
     HandleCache::new(cfg, transports)
 }
 
-/// A cache for `ctx` with the library's own transports. Also makes the context's job id the one
-/// in the names of host buffers allocated from now on (`host::alloc`), as shown in
-/// `/proc/<pid>/fd`.
+/// A cache for `ctx` with the library's own transports; host buffers allocated from now on are
+/// named after its job.
 pub fn cache_from_context(ctx: &Context) -> Result<HandleCache> {
     crate::host::alloc::set_default_job(ctx.job_id());
     cache(CacheConfig::from_context(ctx))

@@ -80,9 +80,8 @@ pub enum DeviceMemoryKind {
     },
 }
 
-/// An exportable device allocation, and the user's range inside it. For VMM memory `base` and
-/// `size` are the physical allocation that holds `ptr`; the buffer may continue into the next
-/// ones (`vmm::resolve_run` walks them).
+/// An exportable device allocation, and the user's range inside it (for VMM memory, the physical
+/// allocation that holds `ptr`: `vmm::resolve_run` walks the next ones).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DeviceAllocation {
     pub ptr: u64,
@@ -274,9 +273,8 @@ pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
     })
 }
 
-/// A VMM mapping: exportable when its physical allocation was created with a shareable handle
-/// type. Its range is the physical allocation holding `ptr`; whether the buffer fits in the
-/// following ones is checked by the segment walk.
+/// A VMM mapping, exportable when created with a shareable handle type; its range is the physical
+/// allocation holding `ptr` (the segment walk checks the following ones).
 fn classify_vmm(info: &PointerInfo, at: u64) -> Result<DeviceAllocation> {
     let ptr = info.ptr;
     let handle_types = (info.allowed_handle_types as u32)

@@ -37,8 +37,7 @@ use std::time::Duration;
 pub const DEFAULT_MAX_PENDING_PER_PEER: usize = 32;
 
 /// This process's CUDA state: the import tables of the three kinds of peer memory (each with its
-/// releaser thread and its counters), the legacy IPC exports, and what is queried once per
-/// device.
+/// releaser), the legacy IPC exports, and what is queried once per device.
 pub struct Runtime {
     pub(crate) ipc: ImportTable<ipc::Legacy>,
     pub(crate) vmm: ImportTable<vmm_map::Vmm>,
@@ -77,17 +76,15 @@ impl Runtime {
         }
     }
 
-    /// Waits, at most `timeout`, until every peer mapping released so far (every kind) has been
-    /// closed by its releaser thread; a `Timeout` saying how many are left otherwise (they stay
-    /// queued and are closed later).
+    /// Waits, at most `timeout`, until every peer mapping released so far (every kind) is closed;
+    /// a `Timeout` saying how many are left otherwise (they stay queued).
     pub fn flush_releases(&self, timeout: Duration) -> Result<()> {
         self.ipc.flush(timeout)?;
         self.vmm.flush(timeout)?;
         self.pool.flush(timeout)
     }
 
-    /// Back-pressure of the releases of `peer`'s mappings: waits, at most `timeout`, until no
-    /// kind has more than the per-peer bound of closes waiting.
+    /// Waits, at most `timeout`, until no kind has more than its bound of `peer`'s closes waiting.
     pub(crate) fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
         self.ipc.wait_room(peer, timeout)?;
         self.vmm.wait_room(peer, timeout)?;
@@ -150,9 +147,8 @@ pub struct VmmCounters {
     pub inside_mapped: u64,
 }
 
-/// How the exchange exports the device buffer `[ptr, ptr + bytes)`: fails as
-/// [`memory::resolve`] does, and for a VMM buffer that is not contiguous or spans more physical
-/// allocations than a record holds.
+/// How the exchange exports the device buffer `[ptr, ptr + bytes)`; fails as [`memory::resolve`]
+/// does, and for a VMM buffer that is not contiguous or spans too many physical allocations.
 pub fn export_kind(ptr: u64, bytes: u64) -> Result<DeviceMemoryKind> {
     let alloc = memory::resolve(ptr, bytes)?;
     if let DeviceMemoryKind::Vmm { .. } = alloc.kind {

@@ -73,8 +73,7 @@ pub fn send_post(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
     )
 }
 
-/// Receiver, transfer `n`: waits for the sender's signal, pulls `bytes` from the sender's buffer
-/// into the local buffer and tells the sender it may reuse its buffer.
+/// Receiver, transfer `n`: waits for the sender's signal, pulls `bytes` and signals "done".
 pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()> {
     ep.check_fits(bytes)?;
     prepare(ep, n)?;
@@ -122,8 +121,8 @@ pub fn send_wait(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
     )
 }
 
-/// [`send_post`] for the next transfer of a cached channel; returns its number. The channel's
-/// counters advance only when the arguments are valid, so both sides stay in step.
+/// [`send_post`] for the next transfer of a cached channel; returns its number (counted only
+/// when the arguments are valid, so both sides stay in step).
 pub fn channel_send_post(h: &P2pHandles, stream: Stream) -> Result<u64> {
     let ep = h.endpoint(MemKind::Device)?;
     driver::ensure_context(None)?;

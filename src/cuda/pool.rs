@@ -208,8 +208,7 @@ impl ImportKind for Pool {
 /// A reference on an imported pool allocation (dropping it releases it).
 pub(crate) type PoolImport = Import<Pool>;
 
-/// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`); the
-/// guard says where it is mapped and releases it when dropped.
+/// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`).
 pub(crate) fn import(
     rt: &Runtime,
     peer: usize,
@@ -253,8 +252,7 @@ pub(crate) fn import(
     )
 }
 
-/// Imports the allocation of `rec` (not imported yet), importing its pool first when needed,
-/// with the importing context current.
+/// Imports the allocation of `rec` (and its pool first when needed), the context current.
 #[allow(clippy::too_many_arguments)]
 fn open_pointer(
     pools: &mut HashMap<PoolKey, ImportedPool>,
@@ -285,8 +283,7 @@ fn open_pointer(
                 &format!("cuMemPoolImportFromShareableHandle of {who}'s pool"),
             )
         })?;
-        // Another device than the pool's needs access granted (its own device has it already,
-        // and a driver may refuse to set it again: that is only logged).
+        // Another device than the pool's needs access (a refusal to set it again is only logged).
         if let Err(rc) = result::mem_pool_set_access_rw(handle, device) {
             log::debug!(
                 target: crate::logging::CUDA,

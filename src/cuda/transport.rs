@@ -24,8 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One reference on a peer allocation in the import table of its kind (dropping it releases
-/// it).
+/// One reference on a peer allocation in the import table of its kind.
 #[derive(Debug)]
 enum Held {
     Legacy(ipc::IpcImport),
@@ -77,11 +76,9 @@ pub struct CudaTransport {
     window: u64,
     pool_exports: PoolExports,
     slab: SemaphoreSlab,
-    /// Peer allocations imported through this transport: one reference per import not yet
-    /// released, all on the same import. The place is part of the key because one peer buffer
-    /// can be served by several mappings at once (a VMM buffer over one segment, by whichever
-    /// mapped run of the peer holds it when it is imported), each released to the run that
-    /// served it.
+    /// One reference per import not yet released, all on the same import. The base is part of
+    /// the key: one peer buffer can be served by several mapped runs at once, each released to
+    /// the run that served it.
     imports: Mutex<HashMap<ImportKey, Vec<Held>>>,
 }
 
@@ -108,9 +105,8 @@ fn vmm_segment_at(at: u64, handle_types: u32) -> Option<LocalSegment> {
 }
 
 impl CudaTransport {
-    /// A transport working on `device`, or on the device current at each call (`None`, the usual
-    /// case under nvFuser, which selects the device itself), without an fd transport (legacy
-    /// and FABRIC buffers only). Fails with `CudaUnavailable` when there is no usable driver.
+    /// A transport on `device` (`None`: the current one at each call, as under nvFuser), without
+    /// an fd transport (legacy and FABRIC buffers only); `CudaUnavailable` without a driver.
     pub fn new(device: Option<i32>) -> Result<Arc<CudaTransport>> {
         Self::with_fdpass(device, None)
     }
@@ -167,9 +163,8 @@ impl CudaTransport {
         self.window > 0
     }
 
-    /// The VMM run `buf` was resolved to: a widened run remembered (checked by `refresh` before
-    /// an export), else the buffer's exact run (symmetric rendezvous), else its run widened again
-    /// (one no longer remembered); an error if none is the one `buf` names.
+    /// The VMM run `buf` was resolved to: remembered, exact (symmetric rendezvous) or widened
+    /// again; an error if none is the one `buf` names.
     fn run_of(&self, buf: &LocalBuffer, alloc: &DeviceAllocation) -> Result<Run> {
         if let Some(run) = self.wide_runs.get(buf.base, buf.buffer_id) {
             return Ok((*run).clone());

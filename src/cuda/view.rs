@@ -58,8 +58,7 @@ fn require_vmm(rank: usize, handle_type: HandleType) -> Result<()> {
     )))
 }
 
-/// Maps `members` (in the view's order) into one reserved range, on the device of this rank's
-/// own buffer (else `device`, else the current one).
+/// Maps `members` into one reserved range, on the device of this rank's buffer (else `device`).
 pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<ContiguousView> {
     let mut sources = Vec::with_capacity(members.len());
     let mut extents = Vec::with_capacity(members.len());

@@ -75,8 +75,7 @@ impl Run {
     }
 }
 
-/// Walks the segments of the VMM buffer `alloc` (classified as VMM, its range being the segment
-/// that holds the pointer) until its end.
+/// Walks the segments of the VMM buffer `alloc` from the one that holds its pointer to its end.
 pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
     let first = LocalSegment::of(alloc)
         .ok_or_else(|| Error::internal(format!("pointer {:#x} is not VMM memory", alloc.ptr)))?;
@@ -91,8 +90,7 @@ pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
     })
 }
 
-/// The segment walk itself, over a lookup of "the segment mapped at this address" (pure, so it
-/// is unit-tested without a GPU).
+/// The segment walk over a lookup of "the segment mapped here" (pure: unit-tested without a GPU).
 fn walk(
     ptr: u64,
     bytes: u64,
@@ -177,8 +175,8 @@ impl VmmExports {
         }
     }
 
-    /// The record handle of `run`: every segment exported (once), as POSIX fds when all of them
-    /// allow it, else as FABRIC handles.
+    /// The record handle of `run`: every segment exported once, as POSIX fds when all allow it,
+    /// else as FABRIC handles.
     pub fn export(&self, run: &Run) -> Result<ExportedHandle> {
         let all = |bit: u32| run.segments.iter().all(|s| s.handle_types & bit != 0);
         let handle_type = if all(HANDLE_TYPE_POSIX_FD) && self.fdpass.is_some() {

@@ -61,9 +61,7 @@ impl Segments {
     }
 }
 
-/// VMM runs in the import table ([`super::imports`]): a run is opened by importing its missing
-/// segments and mapping them back to back, closed by unmapping it; its segments are released
-/// when no run maps them any more.
+/// VMM runs in the import table (see the module docs).
 #[derive(Default)]
 pub(crate) struct Vmm {
     /// Physical allocations imported, and released.
@@ -105,8 +103,7 @@ impl ImportKind for Vmm {
         Ok(())
     }
 
-    /// Drops the unmapped run's references on its segments, releasing those no run maps any
-    /// more.
+    /// Drops the unmapped run's references on its segments, releasing those no run maps.
     fn closed(&self, segments: &mut Segments, run: &MappedRun) {
         for (k, _) in &run.segments {
             let drop_it = match segments.0.get_mut(k) {
@@ -147,9 +144,8 @@ pub(crate) fn run_key(rec: &Record, device: i32) -> RunKey {
     }
 }
 
-/// Maps the VMM buffer of `rec` (from rank `peer`) on `device` (the current one when `None`);
-/// the guard says where its first segment starts and releases it when dropped. Fetches missing
-/// fds through `fdpass`.
+/// Maps the VMM buffer of `rec` (from rank `peer`) on `device` (current when `None`), fetching
+/// missing fds through `fdpass`.
 pub(crate) fn import(
     rt: &Runtime,
     peer: usize,
@@ -187,14 +183,12 @@ fn open_run(
     wait: Duration,
     who: &str,
 ) -> Result<Opened<RunKey, MappedRun>> {
-    // A buffer over segments that a mapped run holds back to back (a tensor inside a larger
-    // buffer imported before) is served by that run's mapping: no import, no map.
+    // A tensor inside a larger buffer imported before is served by that run's mapping.
     if let Some((outer, offset)) = containing_run(tables, rec, device) {
         vmm.inside_mapped.fetch_add(1, Ordering::Relaxed);
         return Ok(Opened::Within { key: outer, offset });
     }
-    // Fetch and import the segments this process has not imported yet. The lock is held across
-    // the fetch so that two caches never import one segment twice; a fetch is one round trip.
+    // The lock is held across the fetch (one round trip): two caches never import one segment.
     let seg_key = |s: &Segment| SegmentKey {
         pid: rec.pid,
         device,
@@ -406,10 +400,8 @@ fn release_unused_segments(vmm: &Vmm, segments: &mut HashMap<SegmentKey, Importe
     }
 }
 
-/// Runs `f` with a lookup of the physical allocations imported here, by (exporter pid, importing
-/// device, segment id), under the import table's lock: a handle it returns stays valid until `f`
-/// returns (a contiguous view maps peers' segments again with it, without importing them twice).
-/// The view holds no runtime: the process's is read.
+/// Runs `f` with a lookup of the segments imported here by (exporter pid, device, id), under the
+/// import table's lock, so a handle it returns stays valid until `f` returns (for views).
 pub(crate) fn with_imported_segments<R>(
     f: impl FnOnce(&dyn Fn(u32, i32, u64) -> Option<sys::CUmemGenericAllocationHandle>) -> R,
 ) -> R {

@@ -20,11 +20,9 @@ pub const MAX_WIDE_SEGMENTS: usize = 64;
 const REMEMBERED: usize = 64;
 
 /// Widens `run`, the exact run of `[ptr, ptr + bytes)`, to the segments mapped contiguously with
-/// it that overlap the aligned windows of `window` bytes (> 0; 32 MiB by default: 16 segments of
-/// 2 MiB, or two of PyTorch's 20 MiB large-pool segments) the buffer overlaps, without leaving
-/// `[range_lo, range_hi)` (the reserved range). `segment_at(addr)` is the exportable segment
-/// mapped at `addr` with the run's handle types, or `None` (unmapped, or of another kind), which
-/// ends the widening on that side. Pure: unit-tested without a GPU.
+/// it in the aligned windows of `window` bytes the buffer overlaps, inside the reserved range
+/// `[range_lo, range_hi)`. `segment_at(addr)` is the segment mapped at `addr` with the run's
+/// handle types, or `None`, which ends the widening on that side. Pure: unit-tested.
 pub fn widen(
     run: Run,
     ptr: u64,
@@ -97,9 +95,8 @@ impl WideRuns {
             .cloned()
     }
 
-    /// Remembers `run` first, forgetting the least recently used beyond the bound. Runs may
-    /// overlap: buffers that span other windows widen to other runs over the same segments, and
-    /// each buffer of a call must find its own run again when it is exported.
+    /// Remembers `run` first, forgetting the least recently used beyond the bound (runs may
+    /// overlap: each buffer of a call must find its own again when it is exported).
     pub fn remember(&self, run: Run) -> Arc<Run> {
         let run = Arc::new(run);
         let mut runs = lock(&self.runs);
@@ -114,8 +111,7 @@ impl WideRuns {
         lock(&self.runs).retain(|r| !(r.base() == base && r.id() == id));
     }
 
-    /// The run an exchange resolves a buffer to, given `exact`, the segments the buffer spans
-    /// (just walked): a remembered run that holds them, else `widen(exact)`, remembered.
+    /// A remembered run that holds `exact` (the buffer's segments), else `widen(exact)`.
     pub fn resolve(&self, exact: Run, widen: impl FnOnce(Run) -> Run) -> Arc<Run> {
         match self.covering(&exact) {
             Some(run) => run,
@@ -123,10 +119,8 @@ impl WideRuns {
         }
     }
 
-    /// Before the run named (`base`, `id`) is exported for a buffer: `None` while it stands as
-    /// resolved (remembered and every segment still `current`, or the buffer's `exact` run
-    /// itself), else the run to export instead, widened afresh from the buffer's exact run and
-    /// remembered (so the export finds it).
+    /// Before the run (`base`, `id`) is exported: `None` while it stands (remembered with every
+    /// segment `current`, or the exact run itself), else the run widened afresh, remembered.
     pub fn refresh(
         &self,
         base: u64,

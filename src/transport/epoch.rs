@@ -26,8 +26,8 @@ pub fn reached(current: u32, target: u32) -> bool {
     (current.wrapping_sub(target) as i32) >= 0
 }
 
-/// Per-channel transfer counters of one rank. Shared (through an `Arc`) by every handle that
-/// `HandleCache::get` returns for the channel, so the numbering survives buffer changes.
+/// Per-channel transfer counters of one rank, shared by every handle of the channel (so the
+/// numbering survives buffer changes).
 #[derive(Debug, Default)]
 pub struct TransferEpochs {
     sends: AtomicU64,
@@ -98,8 +98,7 @@ impl Endpoint {
     }
 }
 
-/// What the exchange hands the primitives for one channel, as nvFuser's `P2pIpcHandle`: the
-/// local buffer and semaphore, and the peer's, mapped in this process.
+/// What the exchange hands the primitives for one channel, as nvFuser's `P2pIpcHandle`.
 #[derive(Clone, Debug)]
 pub struct P2pHandles {
     pub kind: MemKind,

@@ -98,8 +98,7 @@ impl HandleType {
 pub struct Segment {
     /// Size of the physical allocation (0 for a pool).
     pub bytes: u64,
-    /// Its identity in the exporter, unique for the exporter's lifetime (CUDA `BUFFER_ID` of a
-    /// VMM mapping, the pool's handle): importers open each (exporter, id) once.
+    /// Its identity in the exporter, unique for its lifetime: importers open each once.
     pub id: u64,
     /// Transport-specific handle bytes (see [`HandleType`]).
     pub handle: [u8; PAYLOAD_LEN],
@@ -148,10 +147,8 @@ pub struct Record {
     pub segments: Vec<Segment>,
 }
 
-/// Identity of this node as far as mapping memory goes: a 64-bit hash of the kernel boot id, the
-/// IPC namespace and the `/dev/shm` directory (see `crate::node`), so processes that cannot map
-/// each other's memory (other hosts, containers without a shared IPC namespace and `/dev/shm`)
-/// never match, and a reboot changes it.
+/// Identity of this node as far as mapping memory goes (a hash of `NodeIdentity::mapping_key`:
+/// equal exactly where memory can be mapped, changed by a reboot).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostIdentity {
     pub id: u64,
@@ -234,12 +231,8 @@ impl Record {
         Self::decode_for_host(bytes, &local_host())
     }
 
-    /// Decodes and validates a record that must be opened on `host`.
-    ///
-    /// Structural problems (length, magic, version, types, flags, ranges) are
-    /// [`Status::Protocol`](crate::error::Status::Protocol); a record from another machine is
-    /// [`Status::Unsupported`](crate::error::Status::Unsupported), because CUDA IPC and shared
-    /// memory are node-local.
+    /// Decodes and validates a record that must be opened on `host`: `Protocol` for a
+    /// structural problem, `Unsupported` for a record from another machine.
     pub fn decode_for_host(bytes: &[u8], host: &HostIdentity) -> Result<Record> {
         let got = bytes.len();
         if got < 8 {

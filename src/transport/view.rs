@@ -131,10 +131,8 @@ fn differing(extents: &[Extent], value: impl Fn(&Extent) -> u64) -> Option<Strin
     Some(parts.join("; "))
 }
 
-/// A contiguous view mapped in this process, member i's buffer at `base() + i * stride()`. Its
-/// backing is the transport's mapping of the reserved range (host pages or device allocations):
-/// dropping the view drops it, which unmaps every slot and frees the range (the members' buffers
-/// themselves are not touched).
+/// A contiguous view mapped in this process, member i's buffer at `base() + i * stride()`;
+/// dropping it drops the transport's backing, which unmaps every slot and frees the range.
 pub struct ContiguousView {
     start: u64,
     layout: Layout,
