@@ -42,8 +42,7 @@ pub const MIN_DRIVER_VERSION: i32 = 11070;
 // process-wide: the process loads libcuda and runs cuInit once.
 static DRIVER: OnceCell<Result<Driver>> = OnceCell::new();
 
-/// The loaded and initialised driver, or why there is none (`CudaUnavailable`).
-/// Thread-safe; the work is done once per process.
+/// The loaded and initialised driver (once per process), or why there is none.
 pub fn driver() -> Result<&'static Driver> {
     match DRIVER.get_or_init(|| load(library_present, missing_symbols)) {
         Ok(driver) => Ok(driver),
@@ -209,8 +208,7 @@ pub fn current_context() -> Result<Option<Context>> {
     Ok((!ctx.is_null()).then(|| Context::from_raw(ctx)))
 }
 
-/// The primary context of `device`, retained once per process (kept in the process's
-/// [`Runtime`](super::Runtime)) and never released.
+/// The primary context of `device`, retained once per process and never released.
 pub fn primary_context(device: i32) -> Result<Context> {
     driver()?;
     let count = device_count()?;
@@ -244,9 +242,8 @@ pub fn default_device() -> Result<i32> {
     Ok((local % count) as i32)
 }
 
-/// Makes sure a context is current on this thread and returns it: the current one when there is
-/// one, else the primary context of `default_device` (or of [`default_device()`] when `None`),
-/// made current for good.
+/// The context current on this thread, else the primary context of `default_device` (or of
+/// [`default_device()`]) made current for good.
 pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
     if let Some(ctx) = current_context()? {
         return Ok(ctx);

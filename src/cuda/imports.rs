@@ -226,7 +226,7 @@ impl<K: ImportKind> ImportTable<K> {
     }
 
     /// Drops one reference of `key` taken for `peer`; the last one hands the mapping to the
-    /// releaser (never waits for device work).
+    /// releaser.
     pub fn release(&self, key: &K::Key, peer: usize, what: impl FnOnce() -> String) -> Result<()> {
         let mut t = lock(&self.inner.state);
         match Self::drop_reference(&mut t, key, what)? {
@@ -258,8 +258,7 @@ impl<K: ImportKind> ImportTable<K> {
         }
     }
 
-    /// Back-pressure: waits, at most `timeout`, until at most the releaser's bound of closes of
-    /// `peer`'s mappings wait (see [`Releaser::wait_below`]).
+    /// Back-pressure: [`Releaser::wait_below`] with the releaser's bound.
     pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
         let releaser = &self.inner.releaser;
         releaser.wait_below(peer, releaser.max_pending, timeout)
@@ -278,8 +277,8 @@ impl<K: ImportKind> ImportTable<K> {
         })
     }
 
-    /// Reads the table, the kind's state and the releaser's counters under the table's lock (an
-    /// entry is never counted both live and pending).
+    /// Reads the table and the releaser's counters under the table's lock (an entry is never
+    /// counted both live and pending).
     pub fn inspect<R>(&self, f: impl FnOnce(&Tables<K>, ReleaseCounters) -> R) -> R {
         let t = lock(&self.inner.state);
         f(&t, self.inner.releaser.counters())
@@ -472,8 +471,8 @@ where
         })
     }
 
-    /// Queues `target` (mapping `key` of `peer`) to be closed by the thread. Never blocks on
-    /// device work; fails only when the thread cannot be started.
+    /// Queues `target` (mapping `key` of `peer`) to be closed by the thread; fails only when the
+    /// thread cannot be started.
     pub fn submit(self: &Arc<Self>, key: K, peer: usize, target: T) -> Result<()> {
         let mut st = lock(&self.state);
         if !st.thread {
@@ -655,8 +654,8 @@ where
         )))
     }
 
-    /// Waits, at most `timeout`, until every close submitted before this call has run (or was
-    /// taken back). Returns how many are still pending on timeout.
+    /// Waits, at most `timeout`, until every close submitted before this call has run or was
+    /// taken back; how many are still pending on timeout.
     pub fn flush(&self, timeout: Duration) -> std::result::Result<(), usize> {
         // Jobs are numbered in submission order; those submitted later do not count.
         let target = lock(&self.state).submitted;

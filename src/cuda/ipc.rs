@@ -27,8 +27,7 @@ pub(crate) struct Export {
     handle: HandleBytes,
 }
 
-/// A peer allocation as imported here: its handle and the importing device (the driver maps
-/// an allocation once per context, whatever the rank that sent the handle).
+/// A peer allocation as imported here (once per context, whatever the rank that sent it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct IpcKey {
     device: i32,
@@ -45,8 +44,7 @@ impl std::fmt::Debug for IpcKey {
     }
 }
 
-/// Where an allocation is mapped here, and the context it was opened in (`None`: this
-/// process's own allocation, nothing to close).
+/// Where an allocation is mapped here, and its context (`None`: our own, nothing to close).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mapped {
     base: u64,
@@ -146,9 +144,7 @@ pub struct Opened {
     pub device: i32,
 }
 
-/// Opens (or re-references) the allocation of rank `peer` described by `handle` in the context
-/// of `device` (the current context when `None`) and returns where it is mapped, as a reference
-/// that [`close`] drops (the low-level C API; the library itself holds `import`'s guards).
+/// `import` for the low-level C API: a reference without a guard, which [`close`] drops.
 pub fn open(
     peer: usize,
     pid: Option<u32>,
@@ -164,8 +160,7 @@ pub fn open(
 }
 
 /// Imports (or re-references) the allocation of rank `peer` (process `pid` when known) described
-/// by `handle` in the context of `device` (the current one when `None`); dropping the guard
-/// releases it. A handle of this process maps to the local allocation.
+/// by `handle` on `device` (current when `None`); a handle of this process maps to its own.
 pub(crate) fn import(
     rt: &Runtime,
     peer: usize,
@@ -256,9 +251,8 @@ fn open_error(rc: sys::CUresult, who: &str, device: i32) -> Error {
     )
 }
 
-/// Drops one reference taken by [`open`] and, when it was the last one, closes the mapping on
-/// this thread, under the table's lock (the low-level C API's close: its caller promises that no
-/// stream still uses the mapping).
+/// Drops one reference taken by [`open`], closing the last one on this thread (the caller
+/// promises that no stream still uses the mapping).
 pub fn close(peer: usize, handle: &HandleBytes, device: i32) -> Result<()> {
     let key = IpcKey {
         device,

@@ -165,27 +165,13 @@ impl DeviceRange {
         device: i32,
     ) -> Result<()> {
         let mut len = 0u64;
-        for &(handle, size) in handles {
-            // SAFETY: [at + len, + size) lies in a slot of the range reserved for this view (the
-            // plan made the stride at least the member's span), where nothing is mapped yet.
-            if let Err(rc) = unsafe { result::mem_map(at + len, size, handle) } {
-                if len > 0 {
-                    self.mapped.push((at, len));
-                }
-                return Err(driver::error(
-                    rc,
-                    &format!("cuMemMap({:#x}, {size}) for the view", at + len),
-                ));
-            }
-            len += size;
+        // SAFETY: the slot at `at` lies in the range reserved for this view (the plan made the
+        // stride at least the member's span), where nothing is mapped yet.
+        let done = unsafe { vmm_map::map_back_to_back(at, handles, device, &mut len) };
+        if len > 0 {
+            self.mapped.push((at, len));
         }
-        self.mapped.push((at, len));
-        result::mem_set_access_rw(at, len, device).map_err(|rc| {
-            driver::error(
-                rc,
-                &format!("cuMemSetAccess({at:#x}, {len}) for device {device}"),
-            )
-        })
+        done
     }
 }
 

@@ -347,41 +347,46 @@ fn map_run(
     let base = result::mem_address_reserve(size, 0)
         .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({size})")))?;
     let mut mapped = 0u64;
-    let mut failure = None;
-    for (handle, seg_size) in handles {
-        // SAFETY: [base + mapped, + seg_size) lies in the range reserved above, where nothing
-        // is mapped yet (segments are mapped in order, back to back).
-        if let Err(rc) = unsafe { result::mem_map(base + mapped, *seg_size, *handle) } {
-            failure = Some(driver::error(
-                rc,
-                &format!("cuMemMap({:#x}, {seg_size})", base + mapped),
-            ));
-            break;
-        }
-        mapped += seg_size;
-    }
-    if failure.is_none() {
-        if let Err(rc) = result::mem_set_access_rw(base, size, device) {
-            failure = Some(driver::error(
-                rc,
-                &format!("cuMemSetAccess({base:#x}, {size}) for device {device}"),
-            ));
-        }
-    }
-    match failure {
-        None => Ok((base, size)),
-        Some(e) => {
-            // SAFETY: [base, base + mapped) was mapped above and nothing has used it yet; the
-            // range was reserved above and is freed once.
-            unsafe {
-                if mapped > 0 {
-                    let _ = result::mem_unmap(base, mapped);
-                }
-                let _ = result::mem_address_free(base, size);
+    // SAFETY: [base, base + size) was reserved above and nothing is mapped in it yet.
+    if let Err(e) = unsafe { map_back_to_back(base, handles, device, &mut mapped) } {
+        // SAFETY: [base, base + mapped) was mapped above and nothing has used it yet; the
+        // range was reserved above and is freed once.
+        unsafe {
+            if mapped > 0 {
+                let _ = result::mem_unmap(base, mapped);
             }
-            Err(e)
+            let _ = result::mem_address_free(base, size);
         }
+        return Err(e);
     }
+    Ok((base, size))
+}
+
+/// Maps `handles` (segment handle, size) back to back at `at` and grants `device` access to all
+/// of them; `mapped` counts the bytes mapped from `at`, for the caller to undo on failure.
+///
+/// # Safety
+/// `[at, at + their total size)` lies in a range reserved by this process, with nothing mapped.
+pub(crate) unsafe fn map_back_to_back(
+    at: u64,
+    handles: &[(sys::CUmemGenericAllocationHandle, u64)],
+    device: i32,
+    mapped: &mut u64,
+) -> Result<()> {
+    for &(handle, size) in handles {
+        let here = at + *mapped;
+        // SAFETY: [here, here + size) lies in the caller's reserved range, where nothing is
+        // mapped yet (segments are mapped in order, back to back).
+        unsafe { result::mem_map(here, size, handle) }
+            .map_err(|rc| driver::error(rc, &format!("cuMemMap({here:#x}, {size})")))?;
+        *mapped += size;
+    }
+    result::mem_set_access_rw(at, *mapped, device).map_err(|rc| {
+        driver::error(
+            rc,
+            &format!("cuMemSetAccess({at:#x}, {mapped}) for device {device}"),
+        )
+    })
 }
 
 /// Releases imported segments that no run maps (after a failed map).
