@@ -98,8 +98,7 @@ impl ImportKind for Legacy {
 /// A reference on an imported peer allocation (dropping it releases it).
 pub(crate) type IpcImport = Import<Legacy>;
 
-// The export registry is updated by one insert or remove at a time, so `lock` may ignore
-// poisoning.
+// The export registry is updated by one insert or remove at a time, so `lock` may ignore poisoning.
 
 /// Exports the allocation that starts at `base` (cached per (base, buffer id)).
 pub(crate) fn export(rt: &Runtime, base: u64, buffer_id: u64) -> Result<HandleBytes> {

@@ -56,8 +56,7 @@ pub struct Runtime {
 // device, so the imports, exports and contexts of every transport are the process's.
 static RUNTIME: Lazy<Runtime> = Lazy::new(|| Runtime::new(DEFAULT_MAX_PENDING_PER_PEER));
 
-/// The process's runtime (cheap; starts no thread and needs no driver until something is
-/// imported).
+/// The process's runtime (cheap; starts no thread and needs no driver until something is imported).
 pub fn runtime() -> &'static Runtime {
     &RUNTIME
 }

@@ -115,10 +115,9 @@ impl ImportKind for Vmm {
             };
             if drop_it {
                 let s = segments.0.remove(k).expect("present under the lock");
-                // SAFETY: imported by this module and released once (it leaves the sub-table
-                // here); the last run that mapped it is unmapped. Should that unmap have failed,
-                // releasing is still allowed: the driver frees the memory once its last mapping
-                // is gone.
+                // SAFETY: imported by this module and released once (it leaves the sub-table here);
+                // the last run that mapped it is unmapped. Should that unmap have failed, releasing
+                // is still allowed: the driver frees the memory once its last mapping is gone.
                 let _ = unsafe { result::mem_release(s.handle) };
                 self.segment_releases.fetch_add(1, Ordering::Relaxed);
             }

@@ -102,8 +102,7 @@ pub struct FdPass {
     registry: Arc<Registry>,
     running: Mutex<Option<Running>>,
     peers: Mutex<HashMap<usize, PeerRecord>>,
-    /// One connection per peer responder (by route, which carries its nonce), kept between
-    /// fetches.
+    /// One connection per peer responder (by route, which carries its nonce), kept between fetches.
     connections: Mutex<HashMap<String, UnixStream>>,
 }
 

@@ -34,8 +34,7 @@ pub struct Extent {
     pub span: u64,
 }
 
-/// The shape of a view: `members` slots of `stride` bytes, each buffer `lead` bytes into its
-/// slot.
+/// The shape of a view: `members` slots of `stride` bytes, each buffer `lead` bytes into its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub members: usize,
