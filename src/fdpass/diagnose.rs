@@ -19,7 +19,7 @@ pub enum Rung {
     Fabric,
 }
 
-/// Each rung with its name (in `NVFIPC_FD_RUNGS`) and its title (in messages).
+/// Each rung (in discriminant order) with its name (in `NVFIPC_FD_RUNGS`) and its title.
 const RUNGS: [(Rung, &str, &str); 4] = [
     (Rung::Abstract, "abstract", "abstract socket"),
     (Rung::Path, "path", "socket path"),
@@ -28,15 +28,8 @@ const RUNGS: [(Rung, &str, &str); 4] = [
 ];
 
 impl Rung {
-    fn entry(self) -> &'static (Rung, &'static str, &'static str) {
-        RUNGS
-            .iter()
-            .find(|(r, ..)| *r == self)
-            .expect("every rung is listed")
-    }
-
     pub fn name(self) -> &'static str {
-        self.entry().1
+        RUNGS[self as usize].1
     }
 
     pub fn parse(s: &str) -> Option<Rung> {
@@ -47,7 +40,7 @@ impl Rung {
     }
 
     fn title(self) -> &'static str {
-        self.entry().2
+        RUNGS[self as usize].2
     }
 }
 

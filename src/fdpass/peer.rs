@@ -70,6 +70,7 @@ pub enum PtracerState {
 }
 
 impl PtracerState {
+    /// In discriminant order.
     const NAMES: [(PtracerState, &'static str); 4] = [
         (PtracerState::NotNeeded, "unneeded"),
         (PtracerState::Any, "any"),
@@ -78,10 +79,7 @@ impl PtracerState {
     ];
 
     pub fn as_str(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(s, _)| *s == self)
-            .map_or("", |(_, n)| n)
+        Self::NAMES[self as usize].1
     }
 
     fn parse(name: &str) -> Option<PtracerState> {

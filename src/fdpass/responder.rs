@@ -102,16 +102,15 @@ impl Responder {
         config: &FdPassConfig,
         who: &str,
     ) -> Result<(Responder, std::result::Result<PathBuf, String>)> {
+        let failed = |what: &str| {
+            let what = format!("{who}: {what}");
+            move |e: io::Error| Error::from_io(what, &e)
+        };
         let addr = SocketAddr::from_abstract_name(abstract_name.as_bytes())
-            .map_err(|e| Error::from_io(format!("{who}: abstract name @{abstract_name}"), &e))?;
-        let mut abs = listen(&addr).map_err(|e| {
-            Error::from_io(
-                format!(
-                    "{who}: fd transport cannot listen on the abstract socket @{abstract_name}"
-                ),
-                &e,
-            )
-        })?;
+            .map_err(failed(&format!("abstract name @{abstract_name}")))?;
+        let mut abs = listen(&addr).map_err(failed(&format!(
+            "fd transport cannot listen on the abstract socket @{abstract_name}"
+        )))?;
         let uid = sys::effective_uid();
         let mut file = None;
         let path = path.and_then(|p| {
@@ -121,17 +120,15 @@ impl Responder {
         });
         let cleanup =
             (path.as_ref().ok()).map(|p| (p.clone(), crate::os::cleanup::register_path(p)));
-        let poll = Poll::new().map_err(|e| Error::from_io(format!("{who}: epoll"), &e))?;
+        let poll = Poll::new().map_err(failed("epoll"))?;
         let reg = poll.registry();
         reg.register(&mut abs, ABSTRACT, Interest::READABLE)
-            .map_err(|e| Error::from_io(format!("{who}: epoll_ctl"), &e))?;
+            .map_err(failed("epoll_ctl"))?;
         if let Some(l) = file.as_mut() {
             reg.register(l, PATH, Interest::READABLE)
-                .map_err(|e| Error::from_io(format!("{who}: epoll_ctl"), &e))?;
+                .map_err(failed("epoll_ctl"))?;
         }
-        let waker = Arc::new(
-            Waker::new(reg, WAKER).map_err(|e| Error::from_io(format!("{who}: eventfd"), &e))?,
-        );
+        let waker = Arc::new(Waker::new(reg, WAKER).map_err(failed("eventfd"))?);
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ResponderStats::default());
         let mut serve = Loop {
@@ -155,7 +152,7 @@ impl Responder {
         let thread = std::thread::Builder::new()
             .name("nvfipc-fdpass".into())
             .spawn(move || serve.run())
-            .map_err(|e| Error::from_io(format!("{who}: spawning the fd responder thread"), &e))?;
+            .map_err(failed("spawning the fd responder thread"))?;
         let responder = Responder {
             stop,
             waker,
