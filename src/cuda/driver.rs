@@ -180,7 +180,6 @@ impl Context {
         Context(ctx as usize)
     }
 
-    /// The device ordinal of this context.
     pub fn device(self) -> Result<i32> {
         let _guard = ContextGuard::enter(self)?;
         let mut device = 0;
@@ -248,11 +247,7 @@ pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
     if let Some(ctx) = current_context()? {
         return Ok(ctx);
     }
-    let device = match default_device {
-        Some(device) => device,
-        None => self::default_device()?,
-    };
-    let ctx = primary_context(device)?;
+    let ctx = primary_context(default_device.map_or_else(self::default_device, Ok)?)?;
     // SAFETY: a retained primary context is a valid context handle.
     check(
         unsafe { sys::cuCtxSetCurrent(ctx.raw()) },
@@ -317,7 +312,6 @@ impl Drop for ContextGuard {
     }
 }
 
-/// Number of visible devices.
 pub fn device_count() -> Result<i32> {
     driver()?;
     let mut count = 0;

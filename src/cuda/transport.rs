@@ -51,7 +51,6 @@ impl Held {
         }
     }
 
-    /// Releases the reference, reporting an error.
     fn release(self) -> Result<()> {
         match self {
             Held::Legacy(i) => i.release(),

@@ -241,7 +241,6 @@ impl FdPass {
         self.registry.unregister(id)
     }
 
-    /// Descriptors registered now.
     pub fn registered(&self) -> usize {
         self.registry.len()
     }
@@ -271,7 +270,6 @@ impl FdPass {
         Some(s.denied.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Whether the responder thread runs.
     pub fn responder_running(&self) -> bool {
         lock(&self.running)
             .as_ref()

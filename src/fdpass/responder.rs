@@ -548,7 +548,6 @@ fn answer(
     }
 }
 
-/// The bytes of an error reply.
 fn error_frame(code: ErrorCode, serial: u64, message: String) -> Vec<u8> {
     Reply::Error {
         code,

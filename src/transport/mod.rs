@@ -104,7 +104,6 @@ pub struct Mapping {
 
 /// Exports, imports and releases buffers of one memory kind.
 pub trait Transport: Send + Sync {
-    /// The memory kind this transport handles.
     fn kind(&self) -> MemKind;
 
     /// Finds the exportable allocation that contains `[ptr, ptr + bytes)`; `InvalidArgument`

@@ -66,7 +66,6 @@ impl Transports {
         }
     }
 
-    /// The transports that exist now.
     pub fn existing(&self) -> impl Iterator<Item = &Arc<dyn Transport>> {
         self.ready.iter().filter_map(OnceCell::get)
     }

@@ -71,7 +71,6 @@ impl SemaphoreSlab {
         }
     }
 
-    /// Number of peer slabs currently mapped.
     pub fn live_peer_slabs(&self) -> usize {
         self.peers.len()
     }
