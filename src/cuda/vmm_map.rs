@@ -270,6 +270,12 @@ fn import_segments(
     }
     let clock = logging::clock(logging::CUDA, log::Level::Info);
     let mut handles = Vec::with_capacity(missing.len());
+    let mut import = |got: result::DriverResult<_>, how: &str, hint: &str| {
+        got.map(|h| handles.push(h)).map_err(|rc| {
+            let call = format!("cuMemImportFromShareableHandle({how}) of a segment of {who}{hint}");
+            driver::error(rc, &call)
+        })
+    };
     let outcome = match rec.handle_type {
         HandleType::CudaVmmFd => {
             let fdpass = fdpass.ok_or_else(|| {
@@ -289,29 +295,12 @@ fn import_segments(
             let fds = fdpass
                 .fetch_many(peer, &ids, wait)
                 .map_err(|e| e.context(format!("fetching the fds of a VMM buffer of {who}")))?;
-            fds.iter().try_for_each(|fd| {
-                let h = result::mem_import_fd(fd.as_fd()).map_err(|rc| {
-                    driver::error(
-                        rc,
-                        &format!("cuMemImportFromShareableHandle(POSIX fd) of a segment of {who}"),
-                    )
-                })?;
-                handles.push(h);
-                Ok(())
-            })
+            fds.iter()
+                .try_for_each(|fd| import(result::mem_import_fd(fd.as_fd()), "POSIX fd", ""))
         }
         HandleType::CudaVmmFabric => missing.iter().try_for_each(|s| {
-            let h = result::mem_import_fabric(&s.handle).map_err(|rc| {
-                driver::error(
-                    rc,
-                    &format!(
-                        "cuMemImportFromShareableHandle(FABRIC) of a segment of {who} (FABRIC \
-                         needs IMEX / the fabric manager on both sides)"
-                    ),
-                )
-            })?;
-            handles.push(h);
-            Ok(())
+            let hint = " (FABRIC needs IMEX / the fabric manager on both sides)";
+            import(result::mem_import_fabric(&s.handle), "FABRIC", hint)
         }),
         other => Err(Error::invalid(format!(
             "record of {who} holds a {} handle, not a VMM one",
