@@ -256,9 +256,8 @@ pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
     Ok(ctx)
 }
 
-/// Enters a context for work on `device`: with `Some(d)`, the current context when it belongs to
-/// `d`, else `d`'s primary context (pushed until the guard drops); with `None`, the current
-/// context or, when there is none, device 0's primary context (see [`ensure_context`]).
+/// Enters a context for work on `device`: the current one when it belongs to `d`, else `d`'s
+/// primary context (pushed until the guard drops); with `None`, [`ensure_context`]'s.
 pub fn enter_device(device: Option<i32>) -> Result<(Context, ContextGuard)> {
     match device {
         Some(d) => {
@@ -359,9 +358,8 @@ pub fn can_access_peer(ordinal: i32, peer: i32) -> Result<bool> {
     Ok(can != 0)
 }
 
-/// A device attribute given by its number, for attributes newer than the bindings this crate is
-/// built with (e.g. 128, `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`, CUDA 12.3). A
-/// driver older than the attribute answers `CUDA_ERROR_INVALID_VALUE`.
+/// A device attribute by number, for attributes newer than the bindings (e.g. 128, FABRIC
+/// support, CUDA 12.3); an older driver answers `CUDA_ERROR_INVALID_VALUE`.
 pub fn device_attribute_code(ordinal: i32, code: i32) -> Result<i32> {
     let dev = device_handle(ordinal)?;
     type GetAttribute =

@@ -149,11 +149,9 @@ impl<K: ImportKind> ImportTable<K> {
         &self.inner.kind
     }
 
-    /// Takes a reference on the import of `key` for rank `peer`: a live one; else one still
-    /// queued for its close (or whose device work is being waited for), taken back still mapped;
-    /// else, once a close of `key` in progress has finished (waited for at most `wait`, with the
-    /// table unlocked; `what` names the allocation in the timeout), what `open` does under the
-    /// table's lock. Releases submit under that lock, so nothing reaches the releaser meanwhile.
+    /// Takes a reference on the import of `key` for rank `peer` (see the module docs): `wait`
+    /// bounds the wait for a close in progress (`what` names the allocation in the timeout), and
+    /// `open` runs under the table's lock, under which releases submit too.
     pub fn acquire(
         &self,
         key: K::Key,
@@ -238,9 +236,8 @@ impl<K: ImportKind> ImportTable<K> {
         }
     }
 
-    /// Drops one reference of `key` and, when it was the last one, closes the mapping on this
-    /// thread, under the table's lock (no import of the same key runs before it is closed). The
-    /// caller promises that no device work still uses it.
+    /// Drops one reference of `key`, closing the last one on this thread under the table's lock;
+    /// the caller promises that no device work still uses it.
     pub fn close_now(
         &self,
         key: &K::Key,
@@ -444,9 +441,8 @@ where
     K: Copy + Eq + Hash + Send + 'static,
     T: Clone + Send + 'static,
 {
-    /// A releaser whose thread (named `name`, started on the first submit) runs `drain` and
-    /// then, unless the job was taken back meanwhile, `close` for every job; `max_pending` (at
-    /// least 1) bounds the closes of one peer waiting.
+    /// A releaser whose thread (started on the first submit) runs `drain`, then `close` unless
+    /// the job was taken back meanwhile; `max_pending` bounds the closes of one peer waiting.
     pub fn new(
         name: &'static str,
         max_pending: usize,
@@ -622,9 +618,8 @@ where
         st.per_peer.get(&peer).copied().unwrap_or(0)
     }
 
-    /// Back-pressure: waits, at most `timeout`, until at most `limit` closes of `peer`'s
-    /// mappings are queued or running. On timeout the closes stay queued (nothing is lost) and
-    /// the error says how many wait, since when, and what the thread is doing.
+    /// Waits, at most `timeout`, until at most `limit` closes of `peer`'s mappings are queued or
+    /// running; on timeout they stay queued and the error says how many, since when, and why.
     pub fn wait_below(&self, peer: usize, limit: usize, timeout: Duration) -> Result<()> {
         let st = match self.wait_for(timeout, |st| Self::pending_of(st, peer) <= limit) {
             Ok(()) => return Ok(()),
