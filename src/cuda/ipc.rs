@@ -21,12 +21,6 @@ pub const HANDLE_LEN: usize = 64;
 /// The raw bytes of a legacy IPC handle.
 pub type HandleBytes = [u8; HANDLE_LEN];
 
-/// An allocation exported (by base address, in the runtime).
-pub(crate) struct Export {
-    buffer_id: u64,
-    handle: HandleBytes,
-}
-
 /// A peer allocation as imported here (once per context, whatever the rank that sent it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct IpcKey {
@@ -104,15 +98,13 @@ pub(crate) type IpcImport = Import<Legacy>;
 pub(crate) fn export(rt: &Runtime, base: u64, buffer_id: u64) -> Result<HandleBytes> {
     driver::driver()?;
     let mut exports = lock(&rt.exports);
-    if let Some(entry) = exports.get(&base) {
-        if entry.buffer_id == buffer_id {
-            return Ok(entry.handle);
-        }
+    if let Some(&(_, handle)) = exports.get(&base).filter(|(id, _)| *id == buffer_id) {
+        return Ok(handle);
     }
     let handle = result::ipc_get_mem_handle(base)
         .map_err(|rc| driver::error(rc, &format!("cuIpcGetMemHandle({base:#x})")))?;
     let handle = handle.reserved.map(|b| b as u8);
-    exports.insert(base, Export { buffer_id, handle });
+    exports.insert(base, (buffer_id, handle));
     Ok(handle)
 }
 
@@ -130,7 +122,7 @@ pub(crate) fn forget_export(rt: &Runtime, base: u64) {
 fn own_base(rt: &Runtime, handle: &HandleBytes) -> Option<u64> {
     lock(&rt.exports)
         .iter()
-        .find(|(_, e)| &e.handle == handle)
+        .find(|(_, (_, h))| h == handle)
         .map(|(base, _)| *base)
 }
 

@@ -42,8 +42,8 @@ pub struct Runtime {
     pub(crate) ipc: ImportTable<ipc::Legacy>,
     pub(crate) vmm: ImportTable<vmm_map::Vmm>,
     pub(crate) pool: ImportTable<pool::Pool>,
-    /// Legacy IPC exports by allocation base (one live allocation per base at a time).
-    pub(crate) exports: Mutex<HashMap<u64, ipc::Export>>,
+    /// Legacy IPC exports, (buffer id, handle) by allocation base (one live allocation per base).
+    pub(crate) exports: Mutex<HashMap<u64, (u64, ipc::HandleBytes)>>,
     /// VMM physical allocations exported (each once per transport).
     pub(crate) segment_exports: AtomicU64,
     /// Device UUIDs by ordinal.
