@@ -158,10 +158,6 @@ impl CudaTransport {
         })
     }
 
-    fn widens(&self) -> bool {
-        self.window > 0
-    }
-
     /// The VMM run `buf` was resolved to: remembered, exact (symmetric rendezvous) or widened
     /// again; an error if none is the one `buf` names.
     fn run_of(&self, buf: &LocalBuffer, alloc: &DeviceAllocation) -> Result<Run> {
@@ -230,7 +226,7 @@ impl Transport for CudaTransport {
     }
 
     fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
-        if ptr == 0 || !self.widens() {
+        if ptr == 0 || self.window == 0 {
             return self.resolve(ptr, bytes);
         }
         let info = memory::query(ptr)?;
@@ -246,7 +242,7 @@ impl Transport for CudaTransport {
     }
 
     fn refresh(&self, buf: &LocalBuffer) -> Result<LocalBuffer> {
-        if !self.widens() {
+        if self.window == 0 {
             return Ok(*buf);
         }
         let info = memory::query(buf.ptr)?;
