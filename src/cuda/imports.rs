@@ -558,27 +558,25 @@ where
     /// (then the thread skips its close).
     pub fn revive(&self, key: &K) -> Revive<T> {
         let mut st = lock(&self.state);
-        if let Some(i) = st.queue.iter().position(|j| &j.key == key) {
+        let (peer, target) = if let Some(i) = st.queue.iter().position(|j| &j.key == key) {
             let job = st.queue.remove(i).expect("index from position");
-            Self::retire(&mut st, job.peer);
-            st.counts.revived += 1;
-            self.changed.notify_all();
-            return Revive::Queued(job.target);
-        }
-        let taken = match st.running.as_mut() {
-            Some(r) if &r.job.key == key && !r.revived => {
-                if r.phase == Phase::Closing {
-                    return Revive::Closing;
+            (job.peer, job.target)
+        } else {
+            match st.running.as_mut() {
+                Some(r) if &r.job.key == key && !r.revived => {
+                    if r.phase == Phase::Closing {
+                        return Revive::Closing;
+                    }
+                    r.revived = true;
+                    (r.job.peer, r.job.target.clone())
                 }
-                r.revived = true;
-                (r.job.peer, r.job.target.clone())
+                _ => return Revive::Absent,
             }
-            _ => return Revive::Absent,
         };
-        Self::retire(&mut st, taken.0);
+        Self::retire(&mut st, peer);
         st.counts.revived += 1;
         self.changed.notify_all();
-        Revive::Queued(taken.1)
+        Revive::Queued(target)
     }
 
     /// Waits, at most `timeout`, until `ready` holds; on timeout, the state as it is then.
