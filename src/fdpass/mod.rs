@@ -134,8 +134,7 @@ impl FdPass {
         }
     }
 
-    /// The one transport of this process for (`prefix`, `job`, `rank`): the live one, else a new
-    /// one.
+    /// The process's one transport for (`prefix`, `job`, `rank`), made when there is none.
     pub fn for_job(
         store: Arc<dyn Store>,
         prefix: &str,
@@ -216,8 +215,7 @@ impl FdPass {
         Ok(record)
     }
 
-    /// Offers `fd` to the job's importers (starting the responder when needed); it stays open
-    /// until [`unregister`](Self::unregister) or drop.
+    /// Offers `fd` to the job's importers; it stays open until [`unregister`](Self::unregister).
     pub fn register(&self, fd: OwnedFd) -> Result<FdId> {
         self.start()?;
         self.registry
@@ -525,8 +523,7 @@ impl Drop for FdPass {
     fn drop(&mut self) {
         let running = lock(&self.running).take();
         if let Some(r) = running {
-            // Stop serving first (the socket file goes), then withdraw the record if it is
-            // still ours (best effort: the store may be gone already).
+            // Stop serving (the socket file goes), then withdraw the record if still ours.
             drop(r.responder);
             let key = record_key(&self.prefix, self.rank);
             // Only peers read the record (see `departures::quiet_reason`).
@@ -699,8 +696,7 @@ fn fetch_on(
     Ok((fds, in_step.then_some(stream)))
 }
 
-/// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a responder that closed gives EPIPE, never
-/// a SIGPIPE that would kill a host process whose SIGPIPE disposition is the default.
+/// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a closed responder gives EPIPE, not SIGPIPE.
 fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         match sys::send_with_fd(stream.as_fd(), bytes, None) {
