@@ -10,9 +10,10 @@ use crate::host::HostTransport;
 use crate::transport::{MemKind, Transport, Transports};
 use std::sync::Arc;
 
-/// The host transport of `cfg`'s rank and job, and the CUDA transport made on first use; both
-/// pass fds (host buffers, VMM and pool device buffers) through the job's one fd transport.
-pub fn for_cache(cfg: &CacheConfig) -> Result<Transports> {
+/// A cache for `cfg` with the library's own transports: its rank's host transport, and the CUDA
+/// transport made on first use; both pass fds (host buffers, VMM and pool device buffers) through
+/// the job's one fd transport.
+pub fn cache(cfg: CacheConfig) -> Result<HandleCache> {
     let host = HostTransport::new(cfg.store.clone(), &cfg.job_id, cfg.rank)?;
     let fdpass = host.fdpass().clone();
     let mut set = Transports::of(vec![host as Arc<dyn Transport>])?;
@@ -23,18 +24,11 @@ pub fn for_cache(cfg: &CacheConfig) -> Result<Transports> {
             Ok(t)
         }),
     );
-    Ok(set)
+    HandleCache::new(cfg, set)
 }
 
-/// A cache for `cfg` with the library's own transports.
-pub fn cache(cfg: CacheConfig) -> Result<HandleCache> {
-    let transports = for_cache(&cfg)?;
-    HandleCache::new(cfg, transports)
-}
-
-/// A cache for `ctx` with the library's own transports. Also makes the context's job id the one
-/// in the names of host buffers allocated from now on (`host::alloc`), as shown in
-/// `/proc/<pid>/fd`.
+/// A cache for `ctx` with the library's own transports; host buffers allocated from now on are
+/// named after its job.
 pub fn cache_from_context(ctx: &Context) -> Result<HandleCache> {
     crate::host::alloc::set_default_job(&ctx.job_id);
     cache(CacheConfig::from_context(ctx))

@@ -1,18 +1,12 @@
 //! Loading the CUDA driver and managing contexts.
 //!
-//! The driver (`libcuda.so.1`) is loaded lazily through cudarc's dynamic loader the first time a
-//! device function is used. cudarc panics when the library or one of its symbols is missing, so
-//! [`driver`] first checks that the library can be opened and that every symbol this crate calls
-//! is exported; a machine without a usable driver gets [`Status::CudaUnavailable`], never a panic.
-//! `cuInit(0)` runs exactly once; the outcome (success or the error) is remembered.
-//!
-//! Contexts: nvFuser selects its device through the runtime API (`cudaSetDevice`) before any of
-//! our calls, so the device's primary context is already current on the calling thread and is
-//! used as is. A thread with no current context gets the primary context of the requested
-//! device (by default the launcher's local rank modulo the device count, as nvFuser picks it)
-//! retained and made current with `cuCtxSetCurrent`, which is what the runtime API itself would
-//! do. Retained primary contexts are kept until the process exits:
-//! releasing them could destroy a context that the host program is still using.
+//! cudarc's loader panics on a missing library or symbol, so [`driver`] first checks both; a
+//! machine without a usable driver gets [`Status::CudaUnavailable`]. `cuInit(0)` runs once and its
+//! outcome is remembered. nvFuser selects its device (`cudaSetDevice`) before our calls, so its
+//! primary context is current and used as is; a thread without one gets the primary context of
+//! the requested device (default: local rank modulo the device count, as nvFuser picks it), made
+//! current as the runtime API would. Retained primary contexts are never released: the host
+//! program may still use them.
 
 use crate::error::{Error, Result, Status};
 use cudarc::driver::sys;
@@ -48,8 +42,7 @@ pub const MIN_DRIVER_VERSION: i32 = 11070;
 // process-wide: the process loads libcuda and runs cuInit once.
 static DRIVER: OnceCell<Result<Driver>> = OnceCell::new();
 
-/// The loaded and initialised driver, or why there is none (`CudaUnavailable`).
-/// Thread-safe; the work is done once per process.
+/// The loaded and initialised driver (once per process), or why there is none.
 pub fn driver() -> Result<&'static Driver> {
     match DRIVER.get_or_init(|| load(library_present, missing_symbols)) {
         Ok(driver) => Ok(driver),
@@ -187,7 +180,6 @@ impl Context {
         Context(ctx as usize)
     }
 
-    /// The device ordinal of this context.
     pub fn device(self) -> Result<i32> {
         let _guard = ContextGuard::enter(self)?;
         let mut device = 0;
@@ -215,8 +207,7 @@ pub fn current_context() -> Result<Option<Context>> {
     Ok((!ctx.is_null()).then(|| Context::from_raw(ctx)))
 }
 
-/// The primary context of `device`, retained once per process (kept in the process's
-/// [`Runtime`](super::Runtime)) and never released.
+/// The primary context of `device`, retained once per process and never released.
 pub fn primary_context(device: i32) -> Result<Context> {
     driver()?;
     let count = device_count()?;
@@ -250,18 +241,13 @@ pub fn default_device() -> Result<i32> {
     Ok((local % count) as i32)
 }
 
-/// Makes sure a context is current on this thread and returns it: the current one when there is
-/// one, else the primary context of `default_device` (or of [`default_device()`] when `None`),
-/// made current for good.
+/// The context current on this thread, else the primary context of `default_device` (or of
+/// [`default_device()`]) made current for good.
 pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
     if let Some(ctx) = current_context()? {
         return Ok(ctx);
     }
-    let device = match default_device {
-        Some(device) => device,
-        None => self::default_device()?,
-    };
-    let ctx = primary_context(device)?;
+    let ctx = primary_context(default_device.map_or_else(self::default_device, Ok)?)?;
     // SAFETY: a retained primary context is a valid context handle.
     check(
         unsafe { sys::cuCtxSetCurrent(ctx.raw()) },
@@ -270,9 +256,8 @@ pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
     Ok(ctx)
 }
 
-/// Enters a context for work on `device`: with `Some(d)`, the current context when it belongs to
-/// `d`, else `d`'s primary context (pushed until the guard drops); with `None`, the current
-/// context or, when there is none, device 0's primary context (see [`ensure_context`]).
+/// Enters a context for work on `device`: the current one when it belongs to `d`, else `d`'s
+/// primary context (pushed until the guard drops); with `None`, [`ensure_context`]'s.
 pub fn enter_device(device: Option<i32>) -> Result<(Context, ContextGuard)> {
     match device {
         Some(d) => {
@@ -326,7 +311,6 @@ impl Drop for ContextGuard {
     }
 }
 
-/// Number of visible devices.
 pub fn device_count() -> Result<i32> {
     driver()?;
     let mut count = 0;
@@ -374,9 +358,8 @@ pub fn can_access_peer(ordinal: i32, peer: i32) -> Result<bool> {
     Ok(can != 0)
 }
 
-/// A device attribute given by its number, for attributes newer than the bindings this crate is
-/// built with (e.g. 128, `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`, CUDA 12.3). A
-/// driver older than the attribute answers `CUDA_ERROR_INVALID_VALUE`.
+/// A device attribute by number, for attributes newer than the bindings (e.g. 128, FABRIC
+/// support, CUDA 12.3); an older driver answers `CUDA_ERROR_INVALID_VALUE`.
 pub fn device_attribute_code(ordinal: i32, code: i32) -> Result<i32> {
     let dev = device_handle(ordinal)?;
     type GetAttribute =

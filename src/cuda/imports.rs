@@ -1,36 +1,16 @@
 //! The import table of peer device memory (legacy IPC, VMM runs, pool allocations) and the
-//! releaser thread that closes what it no longer holds.
+//! releaser thread that closes what it no longer holds; why a thread, and the bounds on it:
+//! ARCHITECTURE.md, "Replacing buffers".
 //!
-//! A peer allocation is mapped into this process at most once per identity (its key: for legacy
-//! IPC the handle bytes and the importing device; for VMM the exporter pid, device and segment
-//! ids; for pools the exporter pid, device and the pointer's export data), since CUDA maps an
-//! allocation only once per context. The table counts references per key:
-//!
-//! * [`ImportTable::acquire`] takes another reference on a live import; else takes a mapping
-//!   still queued for its close back from the releaser, still mapped; else waits (bounded) for a
-//!   close in progress and opens afresh with the kind's open step, under the table lock, so two
-//!   importers of one key never open it twice;
-//! * dropping the [`Import`] guard it returns (or [`Import::release`]) drops the reference; the
-//!   last one hands the mapping to the kind's [`Releaser`]. Nothing is closed on the caller's
-//!   thread, except by [`ImportTable::close_now`] (the low-level C API's synchronous close).
-//!
-//! Why a thread: measured on an H200 (driver 580), `cuIpcCloseMemHandle` blocks until *all* work
-//! queued in the importing context has finished, not only the work that uses the mapping.
-//! Closing a replaced mapping inside `exchange_handles` stalled the exchange behind unrelated
-//! copies, and deadlocked it when queued work waited (`cuStreamWaitValue32`) on a flag set only
-//! after the exchange returns (nvFuser's pipelined loops). So the releaser makes the mapping's
-//! context current, waits for its queued work (`cuCtxSynchronize`: every use of the mapping
-//! enqueued before its release has finished; [`Phase::Draining`], the mapping still intact and
-//! revivable) and only then closes it ([`Phase::Closing`]). At most `max_pending` mappings of one
-//! peer may wait ([`ImportTable::wait_room`]: the exchange that queues more waits, bounded), and
-//! freeing a handle cache waits, bounded by its linger, until every close so far has run
-//! ([`ImportTable::flush`]). The queue logic is generic over its steps, so it is unit-tested
-//! without a GPU.
-//!
-//! What is specific to a kind (how to open and close, a sub-table such as VMM's imported
-//! segments or the imported pools) lives in its module behind [`ImportKind`]; the sub-table
-//! ([`ImportKind::Side`]) is kept under the table's lock, so the open step and the post-close
-//! bookkeeping see one consistent state.
+//! A peer allocation is mapped at most once per key (CUDA maps an allocation once per context),
+//! with a reference count. [`ImportTable::acquire`] takes a reference on a live import, else takes
+//! a mapping queued for its close back from the releaser, else waits (bounded) for a close in
+//! progress and opens afresh under the table lock, so two importers of one key never open it
+//! twice. The last reference hands the mapping to the [`Releaser`], which waits for the context's
+//! queued work ([`Phase::Draining`], still revivable) and then closes it ([`Phase::Closing`]);
+//! nothing is closed on the caller's thread except by [`ImportTable::close_now`] (the low-level C
+//! API). What is specific to a kind (open, close, a sub-table kept under the table's lock) is its
+//! [`ImportKind`]; the queue logic is generic, so it is unit-tested without a GPU.
 
 use super::driver::Context;
 use crate::error::{Error, Result};
@@ -169,11 +149,9 @@ impl<K: ImportKind> ImportTable<K> {
         &self.inner.kind
     }
 
-    /// Takes a reference on the import of `key` for rank `peer`: a live one; else one still
-    /// queued for its close (or whose device work is being waited for), taken back still mapped;
-    /// else, once a close of `key` in progress has finished (waited for at most `wait`, with the
-    /// table unlocked; `what` names the allocation in the timeout), what `open` does under the
-    /// table's lock. Releases submit under that lock, so nothing reaches the releaser meanwhile.
+    /// Takes a reference on the import of `key` for rank `peer` (see the module docs): `wait`
+    /// bounds the wait for a close in progress (`what` names the allocation in the timeout), and
+    /// `open` runs under the table's lock, under which releases submit too.
     pub fn acquire(
         &self,
         key: K::Key,
@@ -246,7 +224,7 @@ impl<K: ImportKind> ImportTable<K> {
     }
 
     /// Drops one reference of `key` taken for `peer`; the last one hands the mapping to the
-    /// releaser (never waits for device work).
+    /// releaser.
     pub fn release(&self, key: &K::Key, peer: usize, what: impl FnOnce() -> String) -> Result<()> {
         let mut t = lock(&self.inner.state);
         match Self::drop_reference(&mut t, key, what)? {
@@ -258,9 +236,8 @@ impl<K: ImportKind> ImportTable<K> {
         }
     }
 
-    /// Drops one reference of `key` and, when it was the last one, closes the mapping on this
-    /// thread, under the table's lock (no import of the same key runs before it is closed). The
-    /// caller promises that no device work still uses it.
+    /// Drops one reference of `key`, closing the last one on this thread under the table's lock;
+    /// the caller promises that no device work still uses it.
     pub fn close_now(
         &self,
         key: &K::Key,
@@ -278,20 +255,27 @@ impl<K: ImportKind> ImportTable<K> {
         }
     }
 
-    /// Back-pressure: waits, at most `timeout`, until at most the releaser's bound of closes of
-    /// `peer`'s mappings wait (see [`Releaser::wait_below`]).
+    /// Back-pressure: [`Releaser::wait_below`] with the releaser's bound.
     pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
-        self.inner.releaser.wait_room(peer, timeout)
+        let releaser = &self.inner.releaser;
+        releaser.wait_below(peer, releaser.max_pending, timeout)
     }
 
     /// Waits, at most `timeout`, until every close queued before this call has run; a `Timeout`
     /// saying how many are left otherwise (they stay queued).
     pub fn flush(&self, timeout: Duration) -> Result<()> {
-        self.inner.releaser.flush_within(timeout, K::PENDING)
+        self.inner.releaser.flush(timeout).map_err(|left| {
+            Error::timeout(format!(
+                "{left} {} after {timeout:?}: a close waits until all work queued on the device \
+                 context has finished (is a stream still waiting for a peer?); they stay mapped \
+                 until that work finishes or the process exits",
+                K::PENDING
+            ))
+        })
     }
 
-    /// Reads the table, the kind's state and the releaser's counters under the table's lock (an
-    /// entry is never counted both live and pending).
+    /// Reads the table and the releaser's counters under the table's lock (an entry is never
+    /// counted both live and pending).
     pub fn inspect<R>(&self, f: impl FnOnce(&Tables<K>, ReleaseCounters) -> R) -> R {
         let t = lock(&self.inner.state);
         f(&t, self.inner.releaser.counters())
@@ -433,9 +417,8 @@ struct State<K, T> {
     /// Jobs submitted and jobs retired (closed, failed or revived) since creation.
     submitted: u64,
     retired: u64,
-    finished: u64,
-    revived: u64,
-    errors: u64,
+    /// `pending` unused: it is `submitted - retired`.
+    counts: ReleaseCounters,
     thread: bool,
 }
 
@@ -449,7 +432,7 @@ pub struct Releaser<K, T> {
     drain: Box<StepFn<K, T>>,
     close: Box<StepFn<K, T>>,
     name: &'static str,
-    /// Most closes of one peer that may wait before [`wait_room`](Self::wait_room) waits.
+    /// Most closes of one peer that may wait before [`ImportTable::wait_room`] waits.
     max_pending: usize,
 }
 
@@ -458,9 +441,8 @@ where
     K: Copy + Eq + Hash + Send + 'static,
     T: Clone + Send + 'static,
 {
-    /// A releaser whose thread (named `name`, started on the first submit) runs `drain` and
-    /// then, unless the job was taken back meanwhile, `close` for every job; `max_pending` (at
-    /// least 1) bounds the closes of one peer waiting.
+    /// A releaser whose thread (started on the first submit) runs `drain`, then `close` unless
+    /// the job was taken back meanwhile; `max_pending` bounds the closes of one peer waiting.
     pub fn new(
         name: &'static str,
         max_pending: usize,
@@ -474,9 +456,7 @@ where
                 per_peer: HashMap::new(),
                 submitted: 0,
                 retired: 0,
-                finished: 0,
-                revived: 0,
-                errors: 0,
+                counts: ReleaseCounters::default(),
                 thread: false,
             }),
             changed: Condvar::new(),
@@ -487,8 +467,8 @@ where
         })
     }
 
-    /// Queues `target` (mapping `key` of `peer`) to be closed by the thread. Never blocks on
-    /// device work; fails only when the thread cannot be started.
+    /// Queues `target` (mapping `key` of `peer`) to be closed by the thread; fails only when the
+    /// thread cannot be started.
     pub fn submit(self: &Arc<Self>, key: K, peer: usize, target: T) -> Result<()> {
         let mut st = lock(&self.state);
         if !st.thread {
@@ -549,9 +529,9 @@ where
             st.running = None;
             if !revived {
                 Self::retire(&mut st, job.peer);
-                st.finished += 1;
+                st.counts.finished += 1;
                 if result.is_err() {
-                    st.errors += 1;
+                    st.counts.errors += 1;
                 }
             }
             self.changed.notify_all();
@@ -578,44 +558,25 @@ where
     /// (then the thread skips its close).
     pub fn revive(&self, key: &K) -> Revive<T> {
         let mut st = lock(&self.state);
-        if let Some(i) = st.queue.iter().position(|j| &j.key == key) {
+        let (peer, target) = if let Some(i) = st.queue.iter().position(|j| &j.key == key) {
             let job = st.queue.remove(i).expect("index from position");
-            Self::retire(&mut st, job.peer);
-            st.revived += 1;
-            self.changed.notify_all();
-            return Revive::Queued(job.target);
-        }
-        let taken = match st.running.as_mut() {
-            Some(r) if &r.job.key == key && !r.revived => {
-                if r.phase == Phase::Closing {
-                    return Revive::Closing;
+            (job.peer, job.target)
+        } else {
+            match st.running.as_mut() {
+                Some(r) if &r.job.key == key && !r.revived => {
+                    if r.phase == Phase::Closing {
+                        return Revive::Closing;
+                    }
+                    r.revived = true;
+                    (r.job.peer, r.job.target.clone())
                 }
-                r.revived = true;
-                (r.job.peer, r.job.target.clone())
+                _ => return Revive::Absent,
             }
-            _ => return Revive::Absent,
         };
-        Self::retire(&mut st, taken.0);
-        st.revived += 1;
+        Self::retire(&mut st, peer);
+        st.counts.revived += 1;
         self.changed.notify_all();
-        Revive::Queued(taken.1)
-    }
-
-    /// [`flush`](Self::flush) as a `Timeout` naming `what` waits (e.g. "VMM mapping(s) ... to
-    /// be unmapped").
-    pub fn flush_within(&self, timeout: Duration, what: &str) -> Result<()> {
-        self.flush(timeout).map_err(|left| {
-            Error::timeout(format!(
-                "{left} {what} after {timeout:?}: a close waits until all work queued on the \
-                 device context has finished (is a stream still waiting for a peer?); they stay \
-                 mapped until that work finishes or the process exits"
-            ))
-        })
-    }
-
-    /// [`wait_below`](Self::wait_below) with this releaser's bound.
-    pub fn wait_room(&self, peer: usize, timeout: Duration) -> Result<()> {
-        self.wait_below(peer, self.max_pending, timeout)
+        Revive::Queued(target)
     }
 
     /// Waits, at most `timeout`, until `ready` holds; on timeout, the state as it is then.
@@ -655,9 +616,8 @@ where
         st.per_peer.get(&peer).copied().unwrap_or(0)
     }
 
-    /// Back-pressure: waits, at most `timeout`, until at most `limit` closes of `peer`'s
-    /// mappings are queued or running. On timeout the closes stay queued (nothing is lost) and
-    /// the error says how many wait, since when, and what the thread is doing.
+    /// Waits, at most `timeout`, until at most `limit` closes of `peer`'s mappings are queued or
+    /// running; on timeout they stay queued and the error says how many, since when, and why.
     pub fn wait_below(&self, peer: usize, limit: usize, timeout: Duration) -> Result<()> {
         let st = match self.wait_for(timeout, |st| Self::pending_of(st, peer) <= limit) {
             Ok(()) => return Ok(()),
@@ -687,8 +647,8 @@ where
         )))
     }
 
-    /// Waits, at most `timeout`, until every close submitted before this call has run (or was
-    /// taken back). Returns how many are still pending on timeout.
+    /// Waits, at most `timeout`, until every close submitted before this call has run or was
+    /// taken back; how many are still pending on timeout.
     pub fn flush(&self, timeout: Duration) -> std::result::Result<(), usize> {
         // Jobs are numbered in submission order; those submitted later do not count.
         let target = lock(&self.state).submitted;
@@ -703,11 +663,10 @@ where
 
     pub fn counters(&self) -> ReleaseCounters {
         let st = lock(&self.state);
+        let pending = st.submitted - st.retired;
         ReleaseCounters {
-            pending: (st.submitted - st.retired),
-            finished: st.finished,
-            revived: st.revived,
-            errors: st.errors,
+            pending,
+            ..st.counts
         }
     }
 

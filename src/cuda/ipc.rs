@@ -1,20 +1,9 @@
-//! Legacy CUDA IPC: exporting allocations and opening peers' allocations, each exactly once.
-//!
-//! Export: `cuIpcGetMemHandle` on the allocation base, cached in the [`Runtime`] per (base,
-//! buffer id) so the same allocation always yields the same handle bytes and a new allocation at
-//! a recycled address gets a fresh one.
-//!
-//! Import: `cuIpcOpenMemHandle` with lazy peer access, once per (importing device, handle bytes)
-//! in the runtime's import table (`super::imports`), which also closes it on its releaser thread
-//! after the last reference goes (`cuIpcCloseMemHandle` waits for all work queued in the
-//! context). A handle this process exported itself cannot be opened by the driver; it resolves
-//! to the local allocation. [`close`] is the synchronous close of the low-level C API.
-//!
-//! This module pins nothing in the exporting process (a `cudaMalloc` allocation cannot be
-//! retained by a library): the exporter keeps a buffer allocated until every peer that mapped it
-//! has replaced it and finished the work that used it. The GPU test
-//! `GpuRelease.ExporterFreesMappedBuffer` checks that an importer of a freed buffer reads the old
-//! contents or gets an error, never another allocation's data.
+//! Legacy CUDA IPC: `cuIpcGetMemHandle` exports cached in the [`Runtime`] per (base, buffer id),
+//! and peers' allocations opened with `cuIpcOpenMemHandle` once per (importing device, handle
+//! bytes) in the runtime's import table (`super::imports`), closed on its releaser thread. A handle
+//! this process exported itself resolves to the local allocation. [`open`]/[`close`] are the
+//! low-level C API's references. Nothing pins the exporter's memory (see ARCHITECTURE.md,
+//! "Replacing buffers"; checked by the GPU test `GpuRelease.ExporterFreesMappedBuffer`).
 
 use super::driver::{self, describe, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened as TableOpened};
@@ -32,14 +21,7 @@ pub const HANDLE_LEN: usize = 64;
 /// The raw bytes of a legacy IPC handle.
 pub type HandleBytes = [u8; HANDLE_LEN];
 
-/// An allocation exported (by base address, in the runtime).
-pub(crate) struct Export {
-    buffer_id: u64,
-    handle: HandleBytes,
-}
-
-/// A peer allocation as imported here: its handle and the importing device (the driver maps
-/// an allocation once per context, whatever the rank that sent the handle).
+/// A peer allocation as imported here (once per context, whatever the rank that sent it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct IpcKey {
     device: i32,
@@ -56,8 +38,7 @@ impl std::fmt::Debug for IpcKey {
     }
 }
 
-/// Where an allocation is mapped here, and the context it was opened in (`None`: this
-/// process's own allocation, nothing to close).
+/// Where an allocation is mapped here, and its context (`None`: our own, nothing to close).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mapped {
     base: u64,
@@ -111,22 +92,19 @@ impl ImportKind for Legacy {
 /// A reference on an imported peer allocation (dropping it releases it).
 pub(crate) type IpcImport = Import<Legacy>;
 
-// The export registry is updated by one insert or remove at a time, so `lock` may ignore
-// poisoning.
+// The export registry is updated by one insert or remove at a time, so `lock` may ignore poisoning.
 
 /// Exports the allocation that starts at `base` (cached per (base, buffer id)).
 pub(crate) fn export(rt: &Runtime, base: u64, buffer_id: u64) -> Result<HandleBytes> {
     driver::driver()?;
     let mut exports = lock(&rt.exports);
-    if let Some(entry) = exports.get(&base) {
-        if entry.buffer_id == buffer_id {
-            return Ok(entry.handle);
-        }
+    if let Some(&(_, handle)) = exports.get(&base).filter(|(id, _)| *id == buffer_id) {
+        return Ok(handle);
     }
     let handle = result::ipc_get_mem_handle(base)
         .map_err(|rc| driver::error(rc, &format!("cuIpcGetMemHandle({base:#x})")))?;
     let handle = handle.reserved.map(|b| b as u8);
-    exports.insert(base, Export { buffer_id, handle });
+    exports.insert(base, (buffer_id, handle));
     Ok(handle)
 }
 
@@ -144,7 +122,7 @@ pub(crate) fn forget_export(rt: &Runtime, base: u64) {
 fn own_base(rt: &Runtime, handle: &HandleBytes) -> Option<u64> {
     lock(&rt.exports)
         .iter()
-        .find(|(_, e)| &e.handle == handle)
+        .find(|(_, (_, h))| h == handle)
         .map(|(base, _)| *base)
 }
 
@@ -157,9 +135,7 @@ pub struct Opened {
     pub device: i32,
 }
 
-/// Opens (or re-references) the allocation of rank `peer` described by `handle` in the context
-/// of `device` (the current context when `None`) and returns where it is mapped, as a reference
-/// that [`close`] drops (the low-level C API; the library itself holds `import`'s guards).
+/// `import` for the low-level C API: a reference without a guard, which [`close`] drops.
 pub fn open(
     peer: usize,
     pid: Option<u32>,
@@ -175,8 +151,7 @@ pub fn open(
 }
 
 /// Imports (or re-references) the allocation of rank `peer` (process `pid` when known) described
-/// by `handle` in the context of `device` (the current one when `None`); dropping the guard
-/// releases it. A handle of this process maps to the local allocation.
+/// by `handle` on `device` (current when `None`); a handle of this process maps to its own.
 pub(crate) fn import(
     rt: &Runtime,
     peer: usize,
@@ -267,9 +242,8 @@ fn open_error(rc: sys::CUresult, who: &str, device: i32) -> Error {
     )
 }
 
-/// Drops one reference taken by [`open`] and, when it was the last one, closes the mapping on
-/// this thread, under the table's lock (the low-level C API's close: its caller promises that no
-/// stream still uses the mapping).
+/// Drops one reference taken by [`open`], closing the last one on this thread (the caller
+/// promises that no stream still uses the mapping).
 pub fn close(peer: usize, handle: &HandleBytes, device: i32) -> Result<()> {
     let key = IpcKey {
         device,

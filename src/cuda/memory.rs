@@ -1,13 +1,7 @@
-//! What a device pointer is: one `cuPointerGetAttributes` call gives the allocation range, its
-//! unique buffer id, the memory type, the device and whether legacy CUDA IPC can export it.
-//! [`classify`] (pure, unit-tested) turns those attributes into an exportable
-//! [`DeviceAllocation`] or an error that says what the pointer is and what to do.
-//!
-//! The export choice is made here, per buffer: legacy CUDA IPC for `cudaMalloc` memory
-//! ([`DeviceMemoryKind::Legacy`]), the physical allocations' POSIX fds or FABRIC handles for VMM
-//! mappings such as PyTorch's expandable segments ([`DeviceMemoryKind::Vmm`], see `vmm`), the
-//! pool plus per-pointer export data for stream-ordered pools ([`DeviceMemoryKind::Pool`], see
-//! `pool`); anything else is refused with the allocator setting to change.
+//! What a device pointer is: one `cuPointerGetAttributes` call gives the allocation range, buffer
+//! id, memory type, device and export capabilities, and [`classify`] (pure, unit-tested) turns
+//! them into an exportable [`DeviceAllocation`] (legacy IPC, VMM or pool) or an error that says
+//! what the pointer is and which allocator setting to change.
 
 use super::driver::{self, check};
 use super::result;
@@ -86,9 +80,8 @@ pub enum DeviceMemoryKind {
     },
 }
 
-/// An exportable device allocation, and the user's range inside it. For VMM memory `base` and
-/// `size` are the physical allocation that holds `ptr`; the buffer may continue into the next
-/// ones (`vmm::resolve_run` walks them).
+/// An exportable device allocation, and the user's range inside it (for VMM memory, the physical
+/// allocation that holds `ptr`: `vmm::resolve_run` walks the next ones).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DeviceAllocation {
     pub ptr: u64,
@@ -280,9 +273,8 @@ pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
     })
 }
 
-/// A VMM mapping: exportable when its physical allocation was created with a shareable handle
-/// type. Its range is the physical allocation holding `ptr`; whether the buffer fits in the
-/// following ones is checked by the segment walk.
+/// A VMM mapping, exportable when created with a shareable handle type; its range is the physical
+/// allocation holding `ptr` (the segment walk checks the following ones).
 fn classify_vmm(info: &PointerInfo, at: u64) -> Result<DeviceAllocation> {
     let ptr = info.ptr;
     let handle_types = (info.allowed_handle_types as u32)

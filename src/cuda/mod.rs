@@ -1,18 +1,12 @@
-//! Everything that touches the CUDA driver: loading it, its errors, contexts and devices
-//! ([`driver`]), the raw driver calls made once each ([`result`]), inspecting device pointers
-//! ([`memory`]), legacy IPC export/import ([`ipc`]), VMM buffers exported per physical allocation
-//! ([`vmm`]), widened for exchanges to aligned windows (`vmm_runs`) and mapped back to back
-//! (`vmm_map`), stream-ordered pool buffers (`pool`), the import table that refcounts every
-//! kind's peer mappings and its releaser thread (`imports`), the per-process semaphore slab
-//! ([`semaphore`]), the stream-ordered P2P protocol ([`p2p`]), the device [`transport`] used by
-//! the exchange, and the contiguous views of symmetric VMM buffers ([`view`]). Owned device
-//! buffers for programs and tests, and the probes of `nvfipc doctor`, are the CLI's
-//! (`cli/src/device_buffer.rs`, `cli/src/doctor/probe.rs`).
+//! Everything that touches the CUDA driver: loading it, contexts and devices ([`driver`]), each
+//! raw call made once ([`result`]), what a device pointer is ([`memory`]), legacy IPC ([`ipc`]),
+//! VMM buffers ([`vmm`]; widened in `vmm_runs`, imported in `vmm_map`), pool buffers (`pool`), the
+//! import table and its releaser (`imports`), the semaphore slab ([`semaphore`]), the P2P protocol
+//! ([`p2p`]), the device [`transport`] and contiguous views ([`view`]). Device buffers and probes
+//! for programs and `nvfipc doctor` are the CLI's.
 //!
-//! What is shared by every transport of the process is one [`Runtime`]: CUDA opens a peer's
-//! allocation only once per context and retains a device's primary context once, so imports,
-//! legacy exports and contexts are the process's. Each transport holds the runtime and its
-//! import and export paths take it from there.
+//! What every transport of the process shares is one [`Runtime`]: CUDA opens a peer's allocation
+//! once per context and retains a primary context once per device.
 
 pub mod driver;
 pub(crate) mod imports;
@@ -43,14 +37,13 @@ use std::time::Duration;
 pub const DEFAULT_MAX_PENDING_PER_PEER: usize = 32;
 
 /// This process's CUDA state: the import tables of the three kinds of peer memory (each with its
-/// releaser thread and its counters), the legacy IPC exports, and what is queried once per
-/// device.
+/// releaser), the legacy IPC exports, and what is queried once per device.
 pub struct Runtime {
     pub(crate) ipc: ImportTable<ipc::Legacy>,
     pub(crate) vmm: ImportTable<vmm_map::Vmm>,
     pub(crate) pool: ImportTable<pool::Pool>,
-    /// Legacy IPC exports by allocation base (one live allocation per base at a time).
-    pub(crate) exports: Mutex<HashMap<u64, ipc::Export>>,
+    /// Legacy IPC exports, (buffer id, handle) by allocation base (one live allocation per base).
+    pub(crate) exports: Mutex<HashMap<u64, (u64, ipc::HandleBytes)>>,
     /// VMM physical allocations exported (each once per transport).
     pub(crate) segment_exports: AtomicU64,
     /// Device UUIDs by ordinal.
@@ -63,8 +56,7 @@ pub struct Runtime {
 // device, so the imports, exports and contexts of every transport are the process's.
 static RUNTIME: Lazy<Runtime> = Lazy::new(|| Runtime::new(DEFAULT_MAX_PENDING_PER_PEER));
 
-/// The process's runtime (cheap; starts no thread and needs no driver until something is
-/// imported).
+/// The process's runtime (cheap; starts no thread and needs no driver until something is imported).
 pub fn runtime() -> &'static Runtime {
     &RUNTIME
 }
@@ -83,17 +75,15 @@ impl Runtime {
         }
     }
 
-    /// Waits, at most `timeout`, until every peer mapping released so far (every kind) has been
-    /// closed by its releaser thread; a `Timeout` saying how many are left otherwise (they stay
-    /// queued and are closed later).
+    /// Waits, at most `timeout`, until every peer mapping released so far (every kind) is closed;
+    /// a `Timeout` saying how many are left otherwise (they stay queued).
     pub fn flush_releases(&self, timeout: Duration) -> Result<()> {
         self.ipc.flush(timeout)?;
         self.vmm.flush(timeout)?;
         self.pool.flush(timeout)
     }
 
-    /// Back-pressure of the releases of `peer`'s mappings: waits, at most `timeout`, until no
-    /// kind has more than the per-peer bound of closes waiting.
+    /// Waits, at most `timeout`, until no kind has more than its bound of `peer`'s closes waiting.
     pub(crate) fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
         self.ipc.wait_room(peer, timeout)?;
         self.vmm.wait_room(peer, timeout)?;
@@ -156,14 +146,8 @@ pub struct VmmCounters {
     pub inside_mapped: u64,
 }
 
-/// [`Runtime::vmm_counters`] of the process's runtime.
-pub fn vmm_counters() -> VmmCounters {
-    runtime().vmm_counters()
-}
-
-/// How the exchange exports the device buffer `[ptr, ptr + bytes)`: fails as
-/// [`memory::resolve`] does, and for a VMM buffer that is not contiguous or spans more physical
-/// allocations than a record holds.
+/// How the exchange exports the device buffer `[ptr, ptr + bytes)`; fails as [`memory::resolve`]
+/// does, and for a VMM buffer that is not contiguous or spans too many physical allocations.
 pub fn export_kind(ptr: u64, bytes: u64) -> Result<DeviceMemoryKind> {
     let alloc = memory::resolve(ptr, bytes)?;
     if let DeviceMemoryKind::Vmm { .. } = alloc.kind {

@@ -1,14 +1,9 @@
 //! The zero-copy "get" protocol (`transport::epoch`) of nvFuser's `cuda_p2p.cpp` on a CUDA
-//! stream: [`send_post`] signals the receiver, [`recv_post`] waits for it, pulls the bytes with
-//! `cuMemcpyDtoDAsync` and signals "done", [`send_wait`] waits for that; the `channel_*` forms
-//! number the transfers of a cached channel.
-//!
-//! Everything is enqueued on the caller's stream and returns at once: the host never blocks.
-//! Writes use `cuStreamWriteValue32` with the default flags, i.e. with a memory barrier, so work
-//! queued earlier on the stream is visible before the signal; waits use
-//! `CU_STREAM_WAIT_VALUE_GEQ`, a wrapping comparison, so a sender that runs ahead can never make
-//! the receiver miss a signal. Stream memory operations are on by default from driver 11.7 on
-//! (checked when the driver is loaded); a device that still refuses them gets `Unsupported`.
+//! stream: [`send_post`], [`recv_post`] (pulls the bytes with `cuMemcpyDtoDAsync`), [`send_wait`];
+//! the `channel_*` forms number the transfers of a cached channel. Everything is enqueued on the
+//! caller's stream: the host never blocks. Writes use the default flags (a memory barrier: work
+//! queued earlier is visible before the signal); a device that refuses stream memory operations
+//! (on by default from driver 11.7) gets `Unsupported`.
 
 use super::driver::{self, describe};
 use super::result;
@@ -78,8 +73,7 @@ pub fn send_post(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
     )
 }
 
-/// Receiver, transfer `n`: waits for the sender's signal, pulls `bytes` from the sender's buffer
-/// into the local buffer and tells the sender it may reuse its buffer.
+/// Receiver, transfer `n`: waits for the sender's signal, pulls `bytes` and signals "done".
 pub fn recv_post(ep: &Endpoint, n: u64, bytes: u64, stream: Stream) -> Result<()> {
     ep.check_fits(bytes)?;
     prepare(ep, n)?;
@@ -127,8 +121,8 @@ pub fn send_wait(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
     )
 }
 
-/// [`send_post`] for the next transfer of a cached channel; returns its number. The channel's
-/// counters advance only when the arguments are valid, so both sides stay in step.
+/// [`send_post`] for the next transfer of a cached channel; returns its number (counted only
+/// when the arguments are valid, so both sides stay in step).
 pub fn channel_send_post(h: &P2pHandles, stream: Stream) -> Result<u64> {
     let ep = h.endpoint(MemKind::Device)?;
     driver::ensure_context(None)?;

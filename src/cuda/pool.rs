@@ -1,14 +1,9 @@
-//! Buffers of stream-ordered memory pools (`cudaMallocFromPoolAsync`, `cuMemAllocFromPoolAsync`).
-//!
-//! Exporter: the pool is exported once per transport as a POSIX fd (offered through the fd
-//! transport, `crate::fdpass`), each allocation's `CUmemPoolPtrExportData` once per (base, buffer
-//! id). Only pools created with POSIX fd handles can be exported, never the device's default pool
-//! (`cudaMallocAsync`, PyTorch's `backend:cudaMallocAsync`).
-//!
-//! Importer: a peer's pool is imported once per (exporter pid, pool, device) in this kind's
-//! sub-table, each allocation once per (exporter pid, export data, device) in the import table
-//! ([`super::imports`]); the releaser frees an allocation, and a pool is destroyed with its last
-//! imported allocation.
+//! Buffers of stream-ordered memory pools (`cudaMallocFromPoolAsync`). The exporter offers the
+//! pool once per transport as a POSIX fd (only pools created with POSIX fd handles, never the
+//! device's default pool) and each allocation's `CUmemPoolPtrExportData` once per (base, buffer
+//! id). The importer imports a peer's pool once per (exporter pid, pool, device) in this kind's
+//! sub-table and each allocation once per (exporter pid, export data, device) in the import table;
+//! the releaser frees an allocation, and a pool is destroyed with its last allocation.
 
 use super::driver::{self, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened};
@@ -20,23 +15,19 @@ use crate::fdpass::{FdId, FdPass};
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Record, Segment, PAYLOAD_LEN};
 use crate::transport::ExportedHandle;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-struct PointerExport {
-    buffer_id: u64,
-    data: [u8; POOL_PTR_EXPORT_LEN],
-}
-
 /// The pool exports of one device transport.
 pub struct PoolExports {
     fdpass: Option<Arc<FdPass>>,
     pools: Mutex<HashMap<u64, FdId>>,
-    /// By allocation base.
-    pointers: Mutex<HashMap<u64, PointerExport>>,
+    /// (buffer id, export data) by allocation base.
+    pointers: Mutex<HashMap<u64, (u64, [u8; POOL_PTR_EXPORT_LEN])>>,
 }
 
 impl PoolExports {
@@ -63,45 +54,34 @@ impl PoolExports {
                 alloc.base
             ))
         })?;
-        let pool_id = {
-            let mut pools = lock(&self.pools);
-            match pools.get(&pool) {
-                Some(id) => *id,
-                None => {
-                    let fd = result::mem_pool_export_fd(pool).map_err(|rc| {
-                        Error::unsupported(format!(
-                            "allocation at {:#x} (pointer {:#x}) comes from a stream-ordered \
-                             memory pool that is not IPC-capable ({}): the device's default pool \
-                             (cudaMallocAsync) never is; allocate from a pool created with \
-                             cudaMemPoolCreate(handleTypes = cudaMemHandleTypePosixFileDescriptor), \
-                             or with cudaMalloc (PyTorch: do not set \
-                             PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)",
-                            alloc.base,
-                            alloc.ptr,
-                            driver::describe(rc)
-                        ))
-                    })?;
-                    let id = fdpass.register(fd)?;
-                    pools.insert(pool, id);
-                    id
-                }
+        let pool_id = match lock(&self.pools).entry(pool) {
+            Entry::Occupied(id) => *id.get(),
+            Entry::Vacant(slot) => {
+                let fd = result::mem_pool_export_fd(pool).map_err(|rc| {
+                    Error::unsupported(format!(
+                        "allocation at {:#x} (pointer {:#x}) comes from a stream-ordered memory \
+                         pool that is not IPC-capable ({}): the device's default pool \
+                         (cudaMallocAsync) never is; allocate from a pool created with \
+                         cudaMemPoolCreate(handleTypes = cudaMemHandleTypePosixFileDescriptor), or \
+                         with cudaMalloc (PyTorch: do not set \
+                         PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)",
+                        alloc.base,
+                        alloc.ptr,
+                        driver::describe(rc)
+                    ))
+                })?;
+                *slot.insert(fdpass.register(fd)?)
             }
         };
         let data = {
             let mut pointers = lock(&self.pointers);
             match pointers.get(&alloc.base) {
-                Some(e) if e.buffer_id == alloc.buffer_id => e.data,
+                Some(&(id, data)) if id == alloc.buffer_id => data,
                 _ => {
                     let data = result::mem_pool_export_pointer(alloc.base).map_err(|rc| {
                         driver::error(rc, &format!("cuMemPoolExportPointer({:#x})", alloc.base))
                     })?;
-                    pointers.insert(
-                        alloc.base,
-                        PointerExport {
-                            buffer_id: alloc.buffer_id,
-                            data,
-                        },
-                    );
+                    pointers.insert(alloc.base, (alloc.buffer_id, data));
                     data
                 }
             }
@@ -213,8 +193,7 @@ impl ImportKind for Pool {
 /// A reference on an imported pool allocation (dropping it releases it).
 pub(crate) type PoolImport = Import<Pool>;
 
-/// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`); the
-/// guard says where it is mapped and releases it when dropped.
+/// Imports the pool allocation of `rec` (rank `peer`) on `device` (current when `None`).
 pub(crate) fn import(
     rt: &Runtime,
     peer: usize,
@@ -258,8 +237,7 @@ pub(crate) fn import(
     )
 }
 
-/// Imports the allocation of `rec` (not imported yet), importing its pool first when needed,
-/// with the importing context current.
+/// Imports the allocation of `rec` (and its pool first when needed), the context current.
 #[allow(clippy::too_many_arguments)]
 fn open_pointer(
     pools: &mut HashMap<PoolKey, ImportedPool>,
@@ -272,7 +250,7 @@ fn open_pointer(
     who: &str,
 ) -> Result<u64> {
     let device = pool_key.device;
-    if let std::collections::hash_map::Entry::Vacant(slot) = pools.entry(pool_key) {
+    if let Entry::Vacant(slot) = pools.entry(pool_key) {
         let fdpass = fdpass.ok_or_else(|| {
             Error::unsupported(format!(
                 "a pool buffer of {who} is shared through the fd transport, which this transport \
@@ -290,8 +268,7 @@ fn open_pointer(
                 &format!("cuMemPoolImportFromShareableHandle of {who}'s pool"),
             )
         })?;
-        // Another device than the pool's needs access granted (its own device has it already,
-        // and a driver may refuse to set it again: that is only logged).
+        // Another device than the pool's needs access (a refusal to set it again is only logged).
         if let Err(rc) = result::mem_pool_set_access_rw(handle, device) {
             log::debug!(
                 target: crate::logging::CUDA,

@@ -54,8 +54,7 @@ struct DeviceSlabMemory {
     alloc: Mutex<Option<Allocation>>,
 }
 
-/// A slab on `device`, or on the device current when it is first used (`None`). Nothing is
-/// allocated until the first call that needs device memory.
+/// A slab on `device` (`None`: the device current at first use), allocated on first use.
 pub fn new_slab(rt: &'static Runtime, device: Option<i32>) -> SemaphoreSlab {
     SemaphoreSlab::new(DeviceSlabMemory {
         rt,

@@ -1,17 +1,10 @@
 //! [`Transport`] for device memory, choosing the export per buffer from its pointer attributes
-//! (`memory::classify`): legacy CUDA IPC for `cudaMalloc` allocations ([`ipc`]), the physical
-//! allocations' POSIX fds or FABRIC handles for VMM buffers ([`vmm`] exports, `vmm_map`
-//! imports), the pool and per-pointer export data for stream-ordered pool buffers (`pool`);
-//! plus the device semaphore slab.
-//!
-//! The transport holds the process's [`Runtime`], whose import tables open a peer allocation
-//! once however many channels and caches use it; it keeps its own imports per (peer, exporter
-//! buffer id, base mapped here), one table guard per import not yet released. Dropping the
-//! transport releases whatever is still imported, withdraws its VMM and pool offers, and then
-//! frees the semaphore slab; the handle cache drops it only after its teardown has waited for
-//! its peers to close (see [`super::semaphore`]). VMM and pool buffers travel as fds through the
-//! fd transport (`crate::fdpass`) given to [`CudaTransport::with_fdpass`]; without one only
-//! legacy and FABRIC buffers can be shared.
+//! (`memory::classify`): legacy IPC ([`ipc`]), VMM segments as POSIX fds or FABRIC handles
+//! ([`vmm`] exports, `vmm_map` imports), stream-ordered pools (`pool`); plus the device semaphore
+//! slab. Imports go through the process's [`Runtime`] tables; the transport keeps one guard per
+//! import not yet released, released on drop before its offers are withdrawn and its slab freed.
+//! VMM and pool buffers travel as fds through the fd transport given to
+//! [`CudaTransport::with_fdpass`]; without one only legacy and FABRIC buffers can be shared.
 
 use super::driver;
 use super::ipc;
@@ -31,8 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One reference on a peer allocation in the import table of its kind (dropping it releases
-/// it).
+/// One reference on a peer allocation in the import table of its kind.
 #[derive(Debug)]
 enum Held {
     Legacy(ipc::IpcImport),
@@ -59,7 +51,6 @@ impl Held {
         }
     }
 
-    /// Releases the reference, reporting an error.
     fn release(self) -> Result<()> {
         match self {
             Held::Legacy(i) => i.release(),
@@ -84,11 +75,9 @@ pub struct CudaTransport {
     window: u64,
     pool_exports: PoolExports,
     slab: SemaphoreSlab,
-    /// Peer allocations imported through this transport: one reference per import not yet
-    /// released, all on the same import. The place is part of the key because one peer buffer
-    /// can be served by several mappings at once (a VMM buffer over one segment, by whichever
-    /// mapped run of the peer holds it when it is imported), each released to the run that
-    /// served it.
+    /// One reference per import not yet released, all on the same import. The base is part of
+    /// the key: one peer buffer can be served by several mapped runs at once, each released to
+    /// the run that served it.
     imports: Mutex<HashMap<ImportKey, Vec<Held>>>,
 }
 
@@ -115,9 +104,8 @@ fn vmm_segment_at(at: u64, handle_types: u32) -> Option<LocalSegment> {
 }
 
 impl CudaTransport {
-    /// A transport working on `device`, or on the device current at each call (`None`, the usual
-    /// case under nvFuser, which selects the device itself), without an fd transport (legacy
-    /// and FABRIC buffers only). Fails with `CudaUnavailable` when there is no usable driver.
+    /// A transport on `device` (`None`: the current one at each call, as under nvFuser), without
+    /// an fd transport (legacy and FABRIC buffers only); `CudaUnavailable` without a driver.
     pub fn new(device: Option<i32>) -> Result<Arc<CudaTransport>> {
         Self::with_fdpass(device, None)
     }
@@ -170,13 +158,8 @@ impl CudaTransport {
         })
     }
 
-    fn widens(&self) -> bool {
-        self.window > 0
-    }
-
-    /// The VMM run `buf` was resolved to: a widened run remembered (checked by `refresh` before
-    /// an export), else the buffer's exact run (symmetric rendezvous), else its run widened again
-    /// (one no longer remembered); an error if none is the one `buf` names.
+    /// The VMM run `buf` was resolved to: remembered, exact (symmetric rendezvous) or widened
+    /// again; an error if none is the one `buf` names.
     fn run_of(&self, buf: &LocalBuffer, alloc: &DeviceAllocation) -> Result<Run> {
         if let Some(run) = self.wide_runs.get(buf.base, buf.buffer_id) {
             return Ok((*run).clone());
@@ -243,7 +226,7 @@ impl Transport for CudaTransport {
     }
 
     fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
-        if ptr == 0 || !self.widens() {
+        if ptr == 0 || self.window == 0 {
             return self.resolve(ptr, bytes);
         }
         let info = memory::query(ptr)?;
@@ -259,7 +242,7 @@ impl Transport for CudaTransport {
     }
 
     fn refresh(&self, buf: &LocalBuffer) -> Result<LocalBuffer> {
-        if !self.widens() {
+        if self.window == 0 {
             return Ok(*buf);
         }
         let info = memory::query(buf.ptr)?;

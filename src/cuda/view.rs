@@ -1,14 +1,9 @@
-//! Contiguous views of VMM device buffers, the device backing of `transport::view`: one VA range
-//! is reserved and each member's physical allocations are mapped again into its slot, whole (the
-//! driver cannot map part of one), with read-write access for this device.
-//!
-//! This rank's own allocations are mapped through handles taken with
-//! `cuMemRetainAllocationHandle` and dropped once mapped; a peer's through the handles its VMM
-//! import already holds (`vmm_map`), looked up under the import table's lock, so nothing is
-//! imported twice. A mapping holds its physical memory by itself, so the view outlives the
-//! imports until it is dropped: then every slot is unmapped (`cuMemUnmap` waits for the device
-//! work using it, as the driver documents) and the range freed. Other device memory
-//! (`cudaMalloc`, stream-ordered pools) cannot be mapped again: `Unsupported`.
+//! Contiguous views of VMM device buffers, the device backing of `transport::view` (PROTOCOL.md
+//! section 5, "Symmetric memory"): each member's physical allocations mapped again, whole, into its
+//! slot of one reserved range. This rank's allocations are mapped through handles retained for the
+//! purpose, a peer's through the handles its VMM import holds (`vmm_map`, under the import table's
+//! lock). A mapping holds its memory by itself, so the view outlives the imports; dropping it
+//! unmaps every slot (`cuMemUnmap` waits for the device work using it) and frees the range.
 
 use super::driver::{self, Context, ContextGuard};
 use super::memory::{self, DeviceMemoryKind};
@@ -63,8 +58,7 @@ fn require_vmm(rank: usize, handle_type: HandleType) -> Result<()> {
     )))
 }
 
-/// Maps `members` (in the view's order) into one reserved range, on the device of this rank's
-/// own buffer (else `device`, else the current one).
+/// Maps `members` into one reserved range, on the device of this rank's buffer (else `device`).
 pub fn map(members: &[ViewMember<'_>], device: Option<i32>) -> Result<ContiguousView> {
     let mut sources = Vec::with_capacity(members.len());
     let mut extents = Vec::with_capacity(members.len());
@@ -171,27 +165,13 @@ impl DeviceRange {
         device: i32,
     ) -> Result<()> {
         let mut len = 0u64;
-        for &(handle, size) in handles {
-            // SAFETY: [at + len, + size) lies in a slot of the range reserved for this view (the
-            // plan made the stride at least the member's span), where nothing is mapped yet.
-            if let Err(rc) = unsafe { result::mem_map(at + len, size, handle) } {
-                if len > 0 {
-                    self.mapped.push((at, len));
-                }
-                return Err(driver::error(
-                    rc,
-                    &format!("cuMemMap({:#x}, {size}) for the view", at + len),
-                ));
-            }
-            len += size;
+        // SAFETY: the slot at `at` lies in the range reserved for this view (the plan made the
+        // stride at least the member's span), where nothing is mapped yet.
+        let done = unsafe { vmm_map::map_back_to_back(at, handles, device, &mut len) };
+        if len > 0 {
+            self.mapped.push((at, len));
         }
-        self.mapped.push((at, len));
-        result::mem_set_access_rw(at, len, device).map_err(|rc| {
-            driver::error(
-                rc,
-                &format!("cuMemSetAccess({at:#x}, {len}) for device {device}"),
-            )
-        })
+        done
     }
 }
 

@@ -1,16 +1,11 @@
 //! Exporting VMM buffers (`cuMemCreate` + `cuMemMap`: PyTorch's expandable segments, nvFuser's
 //! symmetric memory): the exporter's half; the importer's is `super::vmm_map`.
 //!
-//! A VMM buffer may span several physical allocations ("segments", mapped back to back in one
-//! reserved range). [`resolve_run`] walks them in address order with the pointer attributes
-//! `MAPPING_BASE_ADDR`/`MAPPING_SIZE`, from the one that holds the pointer to the buffer's end; a
-//! segment's id is its `MEMORY_BLOCK_ID`.
-//!
-//! [`VmmExports`] exports each segment once (`cuMemRetainAllocationHandle`, then
-//! `cuMemExportToShareableHandle` as a POSIX fd offered through `crate::fdpass`, or as a FABRIC
-//! handle for allocations that allow only FABRIC), cached per (segment base, segment id). Offers
-//! of segments replaced or no longer mapped (checked on every export miss) are withdrawn, as are
-//! all offers when the exports are dropped; an offered fd keeps its memory alive until then.
+//! [`resolve_run`] walks the buffer's physical allocations ("segments", back to back in one
+//! reserved range) in address order with `MAPPING_BASE_ADDR`/`MAPPING_SIZE`; a segment's id is its
+//! `MEMORY_BLOCK_ID`. [`VmmExports`] exports each segment once, per (base, id), as a POSIX fd
+//! offered through `crate::fdpass` or as a FABRIC handle; offers of segments replaced or unmapped
+//! (checked on every export miss) are withdrawn, as are all when the exports are dropped.
 
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, FABRIC_HANDLE_LEN, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
@@ -80,8 +75,7 @@ impl Run {
     }
 }
 
-/// Walks the segments of the VMM buffer `alloc` (classified as VMM, its range being the segment
-/// that holds the pointer) until its end.
+/// Walks the segments of the VMM buffer `alloc` from the one that holds its pointer to its end.
 pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
     let first = LocalSegment::of(alloc)
         .ok_or_else(|| Error::internal(format!("pointer {:#x} is not VMM memory", alloc.ptr)))?;
@@ -96,8 +90,7 @@ pub fn resolve_run(alloc: &DeviceAllocation) -> Result<Run> {
     })
 }
 
-/// The segment walk itself, over a lookup of "the segment mapped at this address" (pure, so it
-/// is unit-tested without a GPU).
+/// The segment walk over a lookup of "the segment mapped here" (pure: unit-tested without a GPU).
 fn walk(
     ptr: u64,
     bytes: u64,
@@ -182,8 +175,8 @@ impl VmmExports {
         }
     }
 
-    /// The record handle of `run`: every segment exported (once), as POSIX fds when all of them
-    /// allow it, else as FABRIC handles.
+    /// The record handle of `run`: every segment exported once, as POSIX fds when all allow it,
+    /// else as FABRIC handles.
     pub fn export(&self, run: &Run) -> Result<ExportedHandle> {
         let all = |bit: u32| run.segments.iter().all(|s| s.handle_types & bit != 0);
         let handle_type = if all(HANDLE_TYPE_POSIX_FD) && self.fdpass.is_some() {

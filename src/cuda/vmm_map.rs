@@ -1,17 +1,10 @@
-//! Importing peers' VMM buffers: the importer's half of [`super::vmm`].
-//!
-//! A record lists the buffer's physical allocations (segments). Importing it:
-//! 1. each segment not imported yet is fetched (all of a record's missing fds in one request to
-//!    the exporter's responder, `crate::fdpass`) and imported with
-//!    `cuMemImportFromShareableHandle`, once per (exporter pid, segment id, device) in this
-//!    kind's sub-table, whatever the buffers and caches that use it;
-//! 2. the run of segments is mapped: one VA range of the run's size reserved, each segment mapped
-//!    back to back (a partial `cuMemMap` is not supported), access set for the importing device.
-//!    Runs are mapped once per (exporter pid, device, segment list) in the import table
-//!    ([`super::imports`]); a buffer over segments that a mapped run holds back to back is served
-//!    by that mapping with no driver call.
-//!
-//! The releaser unmaps a run and frees its range; a segment is released when no run maps it.
+//! Importing peers' VMM buffers: the importer's half of [`super::vmm`]. Each segment (physical
+//! allocation) not imported yet is fetched (all of a record's missing fds in one request) and
+//! imported once per (exporter pid, segment id, device) in this kind's sub-table; the run of
+//! segments is mapped back to back into one reserved VA range (a partial `cuMemMap` is not
+//! supported), once per (exporter pid, device, segment list), and a buffer over segments that a
+//! mapped run holds is served by that mapping. The releaser unmaps a run and frees its range; a
+//! segment is released when no run maps it.
 
 use super::driver::{self, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened, Tables};
@@ -68,9 +61,7 @@ impl Segments {
     }
 }
 
-/// VMM runs in the import table ([`super::imports`]): a run is opened by importing its missing
-/// segments and mapping them back to back, closed by unmapping it; its segments are released
-/// when no run maps them any more.
+/// VMM runs in the import table (see the module docs).
 #[derive(Default)]
 pub(crate) struct Vmm {
     /// Physical allocations imported, and released.
@@ -112,8 +103,7 @@ impl ImportKind for Vmm {
         Ok(())
     }
 
-    /// Drops the unmapped run's references on its segments, releasing those no run maps any
-    /// more.
+    /// Drops the unmapped run's references on its segments, releasing those no run maps.
     fn closed(&self, segments: &mut Segments, run: &MappedRun) {
         for (k, _) in &run.segments {
             let drop_it = match segments.0.get_mut(k) {
@@ -125,10 +115,9 @@ impl ImportKind for Vmm {
             };
             if drop_it {
                 let s = segments.0.remove(k).expect("present under the lock");
-                // SAFETY: imported by this module and released once (it leaves the sub-table
-                // here); the last run that mapped it is unmapped. Should that unmap have failed,
-                // releasing is still allowed: the driver frees the memory once its last mapping
-                // is gone.
+                // SAFETY: imported by this module and released once (it leaves the sub-table here);
+                // the last run that mapped it is unmapped. Should that unmap have failed, releasing
+                // is still allowed: the driver frees the memory once its last mapping is gone.
                 let _ = unsafe { result::mem_release(s.handle) };
                 self.segment_releases.fetch_add(1, Ordering::Relaxed);
             }
@@ -154,9 +143,8 @@ pub(crate) fn run_key(rec: &Record, device: i32) -> RunKey {
     }
 }
 
-/// Maps the VMM buffer of `rec` (from rank `peer`) on `device` (the current one when `None`);
-/// the guard says where its first segment starts and releases it when dropped. Fetches missing
-/// fds through `fdpass`.
+/// Maps the VMM buffer of `rec` (from rank `peer`) on `device` (current when `None`), fetching
+/// missing fds through `fdpass`.
 pub(crate) fn import(
     rt: &Runtime,
     peer: usize,
@@ -194,14 +182,12 @@ fn open_run(
     wait: Duration,
     who: &str,
 ) -> Result<Opened<RunKey, MappedRun>> {
-    // A buffer over segments that a mapped run holds back to back (a tensor inside a larger
-    // buffer imported before) is served by that run's mapping: no import, no map.
+    // A tensor inside a larger buffer imported before is served by that run's mapping.
     if let Some((outer, offset)) = containing_run(tables, rec, device) {
         vmm.inside_mapped.fetch_add(1, Ordering::Relaxed);
         return Ok(Opened::Within { key: outer, offset });
     }
-    // Fetch and import the segments this process has not imported yet. The lock is held across
-    // the fetch so that two caches never import one segment twice; a fetch is one round trip.
+    // The lock is held across the fetch (one round trip): two caches never import one segment.
     let seg_key = |s: &Segment| SegmentKey {
         pid: rec.pid,
         device,
@@ -284,6 +270,12 @@ fn import_segments(
     }
     let clock = logging::clock(logging::CUDA, log::Level::Info);
     let mut handles = Vec::with_capacity(missing.len());
+    let mut import = |got: result::DriverResult<_>, how: &str, hint: &str| {
+        got.map(|h| handles.push(h)).map_err(|rc| {
+            let call = format!("cuMemImportFromShareableHandle({how}) of a segment of {who}{hint}");
+            driver::error(rc, &call)
+        })
+    };
     let outcome = match rec.handle_type {
         HandleType::CudaVmmFd => {
             let fdpass = fdpass.ok_or_else(|| {
@@ -303,29 +295,12 @@ fn import_segments(
             let fds = fdpass
                 .fetch_many(peer, &ids, wait)
                 .map_err(|e| e.context(format!("fetching the fds of a VMM buffer of {who}")))?;
-            fds.iter().try_for_each(|fd| {
-                let h = result::mem_import_fd(fd.as_fd()).map_err(|rc| {
-                    driver::error(
-                        rc,
-                        &format!("cuMemImportFromShareableHandle(POSIX fd) of a segment of {who}"),
-                    )
-                })?;
-                handles.push(h);
-                Ok(())
-            })
+            fds.iter()
+                .try_for_each(|fd| import(result::mem_import_fd(fd.as_fd()), "POSIX fd", ""))
         }
         HandleType::CudaVmmFabric => missing.iter().try_for_each(|s| {
-            let h = result::mem_import_fabric(&s.handle).map_err(|rc| {
-                driver::error(
-                    rc,
-                    &format!(
-                        "cuMemImportFromShareableHandle(FABRIC) of a segment of {who} (FABRIC \
-                         needs IMEX / the fabric manager on both sides)"
-                    ),
-                )
-            })?;
-            handles.push(h);
-            Ok(())
+            let hint = " (FABRIC needs IMEX / the fabric manager on both sides)";
+            import(result::mem_import_fabric(&s.handle), "FABRIC", hint)
         }),
         other => Err(Error::invalid(format!(
             "record of {who} holds a {} handle, not a VMM one",
@@ -360,41 +335,46 @@ fn map_run(
     let base = result::mem_address_reserve(size, 0)
         .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({size})")))?;
     let mut mapped = 0u64;
-    let mut failure = None;
-    for (handle, seg_size) in handles {
-        // SAFETY: [base + mapped, + seg_size) lies in the range reserved above, where nothing
-        // is mapped yet (segments are mapped in order, back to back).
-        if let Err(rc) = unsafe { result::mem_map(base + mapped, *seg_size, *handle) } {
-            failure = Some(driver::error(
-                rc,
-                &format!("cuMemMap({:#x}, {seg_size})", base + mapped),
-            ));
-            break;
-        }
-        mapped += seg_size;
-    }
-    if failure.is_none() {
-        if let Err(rc) = result::mem_set_access_rw(base, size, device) {
-            failure = Some(driver::error(
-                rc,
-                &format!("cuMemSetAccess({base:#x}, {size}) for device {device}"),
-            ));
-        }
-    }
-    match failure {
-        None => Ok((base, size)),
-        Some(e) => {
-            // SAFETY: [base, base + mapped) was mapped above and nothing has used it yet; the
-            // range was reserved above and is freed once.
-            unsafe {
-                if mapped > 0 {
-                    let _ = result::mem_unmap(base, mapped);
-                }
-                let _ = result::mem_address_free(base, size);
+    // SAFETY: [base, base + size) was reserved above and nothing is mapped in it yet.
+    if let Err(e) = unsafe { map_back_to_back(base, handles, device, &mut mapped) } {
+        // SAFETY: [base, base + mapped) was mapped above and nothing has used it yet; the
+        // range was reserved above and is freed once.
+        unsafe {
+            if mapped > 0 {
+                let _ = result::mem_unmap(base, mapped);
             }
-            Err(e)
+            let _ = result::mem_address_free(base, size);
         }
+        return Err(e);
     }
+    Ok((base, size))
+}
+
+/// Maps `handles` (segment handle, size) back to back at `at` and grants `device` access to all
+/// of them; `mapped` counts the bytes mapped from `at`, for the caller to undo on failure.
+///
+/// # Safety
+/// `[at, at + their total size)` lies in a range reserved by this process, with nothing mapped.
+pub(crate) unsafe fn map_back_to_back(
+    at: u64,
+    handles: &[(sys::CUmemGenericAllocationHandle, u64)],
+    device: i32,
+    mapped: &mut u64,
+) -> Result<()> {
+    for &(handle, size) in handles {
+        let here = at + *mapped;
+        // SAFETY: [here, here + size) lies in the caller's reserved range, where nothing is
+        // mapped yet (segments are mapped in order, back to back).
+        unsafe { result::mem_map(here, size, handle) }
+            .map_err(|rc| driver::error(rc, &format!("cuMemMap({here:#x}, {size})")))?;
+        *mapped += size;
+    }
+    result::mem_set_access_rw(at, *mapped, device).map_err(|rc| {
+        driver::error(
+            rc,
+            &format!("cuMemSetAccess({at:#x}, {mapped}) for device {device}"),
+        )
+    })
 }
 
 /// Releases imported segments that no run maps (after a failed map).
@@ -413,10 +393,8 @@ fn release_unused_segments(vmm: &Vmm, segments: &mut HashMap<SegmentKey, Importe
     }
 }
 
-/// Runs `f` with a lookup of the physical allocations imported here, by (exporter pid, importing
-/// device, segment id), under the import table's lock: a handle it returns stays valid until `f`
-/// returns (a contiguous view maps peers' segments again with it, without importing them twice).
-/// The view holds no runtime: the process's is read.
+/// Runs `f` with a lookup of the segments imported here by (exporter pid, device, id), under the
+/// import table's lock, so a handle it returns stays valid until `f` returns (for views).
 pub(crate) fn with_imported_segments<R>(
     f: impl FnOnce(&dyn Fn(u32, i32, u64) -> Option<sys::CUmemGenericAllocationHandle>) -> R,
 ) -> R {

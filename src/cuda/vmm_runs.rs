@@ -1,20 +1,12 @@
-//! Widened runs of exchanged VMM buffers, so that the caching-allocator pattern over PyTorch's
-//! expandable segments costs no store round trip.
+//! Widened runs of exchanged VMM buffers (PROTOCOL.md section 3, "Widened runs"), so that the
+//! caching-allocator pattern over PyTorch's expandable segments costs no store round trip: a
+//! tensor's exact run changes from tensor to tensor, a widened run (every segment mapped with the
+//! buffer's inside its aligned windows) is one allocation the peer holds after the first exchange.
 //!
-//! A tensor's exact run (`vmm::resolve_run`) changes from tensor to tensor ([s1], then [s1, s2]
-//! across a segment boundary, then [s2]), and each new run is a new allocation to the peer, one
-//! record through the store. Exchanged buffers are therefore resolved to a *widened* run: every
-//! segment mapped contiguously with the buffer's own inside the aligned windows it overlaps (32
-//! MiB unless `NVFIPC_VMM_WINDOW_MIB` says otherwise; 0 turns widening off) and inside its
-//! reserved range. Buffers of one window share one run, which the peer holds after the first
-//! exchange, so later ones go through the board alone (`exchange::peers`).
-//!
-//! [`WideRuns`] remembers the runs it widened (a bounded most-recently-used list), so a cached
-//! call costs no more driver calls than the exact resolution: a remembered run serves a buffer
-//! when it holds every segment of the buffer's exact run, unchanged. Its other segments may have
-//! been unmapped since; serving it to a peer that holds it already is still right (the buffer's
-//! bytes lie in segments just checked, the peer's mapping holds its own references). Before a
-//! run is exported, [`WideRuns::refresh`] checks every segment and widens again if one changed.
+//! [`WideRuns`] remembers the runs it widened (a bounded most-recently-used list): a remembered run
+//! serves a buffer when it holds every segment of the buffer's exact run, unchanged, and
+//! [`WideRuns::refresh`] checks every segment before a run is exported, widening again if one
+//! changed.
 
 use super::vmm::{LocalSegment, Run};
 use crate::sync::lock;
@@ -28,11 +20,9 @@ pub const MAX_WIDE_SEGMENTS: usize = 64;
 const REMEMBERED: usize = 64;
 
 /// Widens `run`, the exact run of `[ptr, ptr + bytes)`, to the segments mapped contiguously with
-/// it that overlap the aligned windows of `window` bytes (> 0; 32 MiB by default: 16 segments of
-/// 2 MiB, or two of PyTorch's 20 MiB large-pool segments) the buffer overlaps, without leaving
-/// `[range_lo, range_hi)` (the reserved range). `segment_at(addr)` is the exportable segment
-/// mapped at `addr` with the run's handle types, or `None` (unmapped, or of another kind), which
-/// ends the widening on that side. Pure: unit-tested without a GPU.
+/// it in the aligned windows of `window` bytes the buffer overlaps, inside the reserved range
+/// `[range_lo, range_hi)`. `segment_at(addr)` is the segment mapped at `addr` with the run's
+/// handle types, or `None`, which ends the widening on that side. Pure: unit-tested.
 pub fn widen(
     run: Run,
     ptr: u64,
@@ -105,9 +95,8 @@ impl WideRuns {
             .cloned()
     }
 
-    /// Remembers `run` first, forgetting the least recently used beyond the bound. Runs may
-    /// overlap: buffers that span other windows widen to other runs over the same segments, and
-    /// each buffer of a call must find its own run again when it is exported.
+    /// Remembers `run` first, forgetting the least recently used beyond the bound (runs may
+    /// overlap: each buffer of a call must find its own again when it is exported).
     pub fn remember(&self, run: Run) -> Arc<Run> {
         let run = Arc::new(run);
         let mut runs = lock(&self.runs);
@@ -122,8 +111,7 @@ impl WideRuns {
         lock(&self.runs).retain(|r| !(r.base() == base && r.id() == id));
     }
 
-    /// The run an exchange resolves a buffer to, given `exact`, the segments the buffer spans
-    /// (just walked): a remembered run that holds them, else `widen(exact)`, remembered.
+    /// A remembered run that holds `exact` (the buffer's segments), else `widen(exact)`.
     pub fn resolve(&self, exact: Run, widen: impl FnOnce(Run) -> Run) -> Arc<Run> {
         match self.covering(&exact) {
             Some(run) => run,
@@ -131,10 +119,8 @@ impl WideRuns {
         }
     }
 
-    /// Before the run named (`base`, `id`) is exported for a buffer: `None` while it stands as
-    /// resolved (remembered and every segment still `current`, or the buffer's `exact` run
-    /// itself), else the run to export instead, widened afresh from the buffer's exact run and
-    /// remembered (so the export finds it).
+    /// Before the run (`base`, `id`) is exported: `None` while it stands (remembered with every
+    /// segment `current`, or the exact run itself), else the run widened afresh, remembered.
     pub fn refresh(
         &self,
         base: u64,

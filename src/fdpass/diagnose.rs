@@ -1,5 +1,4 @@
-//! The rungs of the fd ladder, the gates that close them, and the one error that names, for each
-//! rung tried, which gate failed and what to change.
+//! The rungs of the fd ladder, the gates that close them, and the error naming each rung's gate.
 
 use super::frame::ErrorCode;
 use crate::error::{Error, Status};
@@ -16,12 +15,11 @@ pub enum Rung {
     Path,
     /// `pidfd_open` + `pidfd_getfd` (ptrace rights over the peer).
     Pidfd,
-    /// A CUDA FABRIC handle: not an fd. The VMM transport tries it itself and adds its outcome
-    /// to the [`Diagnosis`] with [`Diagnosis::add`]; the fd transport never tries it.
+    /// A CUDA FABRIC handle: not an fd; the VMM transport tries it and adds its outcome.
     Fabric,
 }
 
-/// Each rung with its name (in `NVFIPC_FD_RUNGS`) and its title (in messages).
+/// Each rung (in discriminant order) with its name (in `NVFIPC_FD_RUNGS`) and its title.
 const RUNGS: [(Rung, &str, &str); 4] = [
     (Rung::Abstract, "abstract", "abstract socket"),
     (Rung::Path, "path", "socket path"),
@@ -30,15 +28,8 @@ const RUNGS: [(Rung, &str, &str); 4] = [
 ];
 
 impl Rung {
-    fn entry(self) -> &'static (Rung, &'static str, &'static str) {
-        RUNGS
-            .iter()
-            .find(|(r, ..)| *r == self)
-            .expect("every rung is listed")
-    }
-
     pub fn name(self) -> &'static str {
-        self.entry().1
+        RUNGS[self as usize].1
     }
 
     pub fn parse(s: &str) -> Option<Rung> {
@@ -49,7 +40,7 @@ impl Rung {
     }
 
     fn title(self) -> &'static str {
-        self.entry().2
+        RUNGS[self as usize].2
     }
 }
 
@@ -210,8 +201,7 @@ impl PtraceFacts {
         }
     }
 
-    /// Which of seccomp, a missing capability, Yama or another user closed `pidfd_getfd` with
-    /// EPERM, given what the exporter published about `PR_SET_PTRACER`, and what to change.
+    /// Which of seccomp, capability, Yama (given the exporter's `ptracer`) or uid gave EPERM.
     pub fn explain_eperm(&self, exporter_ptracer: &str) -> String {
         let cap = self.cap_sys_ptrace;
         let mut why = Vec::new();
@@ -312,8 +302,7 @@ impl Diagnosis {
             .map(|(_, _, g)| g)
     }
 
-    /// The error: the most telling status among the rungs actually tried (a refusal by the
-    /// peer, then a timeout, then the first), and one line per rung.
+    /// The error: the most telling status of the rungs tried (refusal, timeout, else the first).
     pub fn into_error(self) -> Error {
         let tried: Vec<Status> = (self.rungs.iter())
             .filter(|(_, _, g)| *g != Gate::Disabled)

@@ -1,21 +1,10 @@
 //! The fd transport's frames: what an importer sends to a responder and what comes back. Pure
 //! encoding and validation, no I/O.
 //!
-//! Every frame starts with a 12-byte header, little-endian:
-//! `magic[4] | version u16 | kind u16 | body_len u32`, then `body_len` bytes of body.
-//!
-//! | frame | magic | kind | body |
-//! |---|---|---|---|
-//! | request: fetch | `NVFQ` | 1 | `nonce u64, serial u64, rank u32, pid u32, secret [16]` (40 bytes) |
-//! | reply: fd | `NVFR` | 1 | `serial u64, st_dev u64, st_ino u64` (24 bytes); the fd rides as `SCM_RIGHTS` on the header's bytes |
-//! | reply: error | `NVFR` | 2 | `code u16, serial u64, len u16, message[len]` (UTF-8, at most 512 bytes) |
-//!
-//! A request with another magic, version or kind, or a body of the wrong size, is answered with
-//! an error frame (serial 0) and its connection is closed: a byte stream cannot be resynchronised.
-//!
-//! `nonce` names the responder (it is public: part of its socket names); `secret` proves the
-//! requester read the responder's record from the job's store (it appears in no name and no
-//! file); see `responder` for the checks.
+//! The layout (a 12-byte header, then the body) and the error codes are in docs/PROTOCOL.md
+//! section 7. A request with another magic, version or kind, or a body of the wrong size, is
+//! answered with an error frame (serial 0) and its connection is closed: a byte stream cannot be
+//! resynchronised. The checks on the `nonce` and `secret` are the responder's.
 
 /// Frame format version; a change of any layout above bumps it.
 pub const VERSION: u16 = 2;
@@ -33,14 +22,12 @@ const KIND_ERROR: u16 = 2;
 const FETCH_BODY: usize = 40;
 const FD_BODY: usize = 24;
 
-/// A responder's 128-bit secret: random per responder, published only in its store record, and
-/// carried by every request. Its `Debug` never shows the value.
+/// A responder's 128-bit secret, published only in its store record; `Debug` never shows it.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct Secret(pub u128);
 
 impl Secret {
-    /// Whether `other` is this secret, comparing every bit (no early exit on the first
-    /// difference).
+    /// Whether `other` is this secret, comparing every bit (no early exit).
     pub fn matches(&self, other: &Secret) -> bool {
         let diff = self.0 ^ other.0;
         (diff.to_le_bytes().iter().fold(0u8, |acc, b| acc | b)) == 0
@@ -65,9 +52,8 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// An importer's request for the object registered under `serial` at the responder whose
-/// published nonce is `nonce` and whose secret is `secret`. `rank` and `pid` say who asks (for
-/// the responder's messages; the responder trusts the kernel's `SO_PEERCRED`, not these).
+/// An importer's request for the object registered under `serial`; `rank` and `pid` are for
+/// messages only (the responder trusts `SO_PEERCRED`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FetchRequest {
     pub nonce: u64,
@@ -181,8 +167,7 @@ fn malformed(message: impl Into<String>) -> FrameError {
     bad(ErrorCode::Malformed, message)
 }
 
-/// Checks the header of `bytes` against `magic`; returns (kind, body length) or why not.
-/// `Ok(None)`: fewer than [`HEADER_LEN`] bytes so far.
+/// (kind, body length) of the header of `bytes`, `None` before [`HEADER_LEN`] bytes, or why not.
 fn parse_header(bytes: &[u8], magic: [u8; 4]) -> Result<Option<(u16, usize)>, FrameError> {
     // A wrong magic is told as soon as its bytes are there, before a whole header arrives.
     let seen = bytes.len().min(4);

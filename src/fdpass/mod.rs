@@ -1,39 +1,28 @@
 //! Passing file descriptors between the processes of a job without ptrace rights.
 //!
-//! A process that exports an object (a VMM allocation's POSIX fd, a memfd holding a host
-//! buffer) registers its descriptor with [`FdPass::register`] and puts the returned [`FdId`] in
-//! the record it publishes. An importer calls [`FdPass::fetch`] with the exporter's rank and that
-//! id and gets its own descriptor of the same open file. Rungs, tried in order
-//! (`NVFIPC_FD_RUNGS`):
+//! An exporter registers a descriptor ([`FdPass::register`]) and publishes the returned [`FdId`]
+//! in its record; an importer calls [`FdPass::fetch`] with the exporter's rank and that id and
+//! gets its own descriptor of the same open file. Rungs, tried in order (`NVFIPC_FD_RUNGS`):
 //!
-//! 1. **abstract**: the exporter's responder on `\0nvfipc-<job>-<rank>-<nonce>`, only when both
-//!    share a kernel and a network namespace; `SCM_RIGHTS`, no ptrace rights needed.
-//! 2. **path**: the same responder on `<NVFIPC_SOCKET_DIR>/nvfipc-<job>-<rank>-<pid>p<pidns>-
-//!    <nonce>.sock`, for peers in another network namespace that see the same directory.
-//! 3. **pidfd**: `pidfd_open` + `pidfd_getfd` (same kernel and pid namespace; ptrace rights:
-//!    under Yama `ptrace_scope=1` only when the exporter opted in with `NVFIPC_FD_PTRACER=any`,
-//!    since Yama can name one pid or any process, never a job's pids).
+//! 1. **abstract**: the exporter's responder on its abstract socket (same kernel and network
+//!    namespace); `SCM_RIGHTS`, no ptrace rights needed.
+//! 2. **path**: the same responder on its socket file, for peers in another network namespace
+//!    that see the same socket directory.
+//! 3. **pidfd**: `pidfd_open` + `pidfd_getfd` (same kernel and pid namespace, ptrace rights).
 //! 4. **fabric**: not an fd; the VMM transport tries it and adds its outcome to the
 //!    [`Diagnosis`] from [`FdPass::fetch_diagnosed`].
 //!
-//! When every rung fails the error names each rung's gate (other host, network or PID
-//! namespace, socket directory not shared, seccomp/capability/Yama EPERM, ...) and what to
-//! change.
+//! When every rung fails the error names each rung's gate and what to change. Who is served,
+//! and why: docs/PROTOCOL.md section 7, "Trust boundary".
 //!
-//! The responder serves only processes of its uid that present its secret, which travels only
-//! in its store record (see `responder` and PROTOCOL.md section 7, "Trust boundary"); serials
-//! are unguessable; the socket file lives in a directory only its owner can enter.
+//! The responder starts at the first `register`, once per process, job and rank
+//! ([`FdPass::for_job`]), and publishes `<prefix>/fdpass/<rank>` = [`PeerRecord`] only once it
+//! listens, so there is no readiness barrier. Dropping the last handle stops the thread, removes
+//! the socket file and deletes the record.
 //!
-//! The responder starts at the first `register` (or [`FdPass::start`]), once per process, job
-//! and rank ([`FdPass::for_job`] hands out the one instance), and publishes
-//! `<prefix>/fdpass/<rank>` = [`PeerRecord`] only once it listens: an importer that has an id
-//! finds the responder ready, so there is no readiness barrier. Dropping the last handle stops
-//! the thread, removes the socket file and deletes the record.
-//!
-//! Layout: this file (the transport and the importer's rungs), `os::fd_passing` (every libc
-//! call), `frame` (wire frames), `peer` (records, route choice; socket names in `crate::names`), `registry` (the id
-//! table), `responder` (the serving thread), `diagnose` (gates and the final error), settings in
-//! `crate::config`.
+//! Layout: this file (the transport and the importer's rungs), `frame` (wire frames), `peer`
+//! (records, route choice), `registry` (the id table), `responder` (the serving thread),
+//! `diagnose` (gates and the final error); every libc call in `os::fd_passing`.
 
 pub mod diagnose;
 pub mod frame;
@@ -70,8 +59,7 @@ const BUSY_PAUSE: Duration = Duration::from_millis(10);
 
 pub use crate::names::fdpass_record_key as record_key;
 
-/// A random nonce (public: it names the responder) and secret (private: it admits requests)
-/// from the kernel's generator.
+/// A random nonce (public: it names the responder) and secret (private: it admits requests).
 fn random_nonce_and_secret() -> Result<(u64, Secret)> {
     let mut b = [0u8; 24];
     std::fs::File::open("/dev/urandom")
@@ -82,9 +70,8 @@ fn random_nonce_and_secret() -> Result<(u64, Secret)> {
     Ok((nonce.max(1), Secret(secret)))
 }
 
-/// Under Yama `ptrace_scope=1`, lets importers attach (for the pidfd rung) when the
-/// configuration opted in (`NVFIPC_FD_PTRACER=any`): Yama's `PR_SET_PTRACER` names one pid or
-/// any process of this user, never the several pids of a job, so the default grants nothing.
+/// Under Yama `ptrace_scope=1`, lets any process of this user attach (for the pidfd rung) only
+/// when opted in (`NVFIPC_FD_PTRACER=any`; why: PROTOCOL.md section 7, "Trust boundary").
 fn set_ptracer(allow: bool) -> PtracerState {
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
         .ok()
@@ -115,8 +102,7 @@ pub struct FdPass {
     registry: Arc<Registry>,
     running: Mutex<Option<Running>>,
     peers: Mutex<HashMap<usize, PeerRecord>>,
-    /// One connection per peer responder (by route, whose name carries the responder's nonce),
-    /// kept between fetches; a responder closes it after `idle_timeout` of silence.
+    /// One connection per peer responder (by route, which carries its nonce), kept between fetches.
     connections: Mutex<HashMap<String, UnixStream>>,
 }
 
@@ -126,8 +112,7 @@ static INSTANCES: Lazy<Mutex<HashMap<InstanceKey, Weak<FdPass>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
 
 impl FdPass {
-    /// A transport that publishes under `prefix` in `store` (e.g. `nvfipc/<job id>`) as `rank`
-    /// of `job`. Starts nothing yet.
+    /// A transport that publishes under `prefix` in `store` as `rank` of `job`; starts nothing.
     pub fn new(
         store: Arc<dyn Store>,
         prefix: &str,
@@ -149,8 +134,7 @@ impl FdPass {
         }
     }
 
-    /// The one transport of this process for (`prefix`, `job`, `rank`): the live one when there
-    /// is one, else a new one (configured by `config`).
+    /// The process's one transport for (`prefix`, `job`, `rank`), made when there is none.
     pub fn for_job(
         store: Arc<dyn Store>,
         prefix: &str,
@@ -178,8 +162,7 @@ impl FdPass {
         format!("rank {} of job {}", self.rank, self.job)
     }
 
-    /// Starts the responder and publishes this process's record, once; later calls return the
-    /// record.
+    /// Starts the responder and publishes this process's record, once.
     pub fn start(&self) -> Result<PeerRecord> {
         let mut running = lock(&self.running);
         if let Some(r) = running.as_ref() {
@@ -232,8 +215,7 @@ impl FdPass {
         Ok(record)
     }
 
-    /// Offers `fd` to the job's importers (starting the responder when needed). The descriptor
-    /// stays open, owned here, until [`unregister`](Self::unregister) or drop.
+    /// Offers `fd` to the job's importers; it stays open until [`unregister`](Self::unregister).
     pub fn register(&self, fd: OwnedFd) -> Result<FdId> {
         self.start()?;
         self.registry
@@ -252,13 +234,11 @@ impl FdPass {
         self.register(dup)
     }
 
-    /// Closes the registered descriptor; importers asking later get "revoked". False when `id`
-    /// was not registered here.
+    /// Closes the registered descriptor (later requests get "revoked"); false when unknown.
     pub fn unregister(&self, id: &FdId) -> bool {
         self.registry.unregister(id)
     }
 
-    /// Descriptors registered now.
     pub fn registered(&self) -> usize {
         self.registry.len()
     }
@@ -288,7 +268,6 @@ impl FdPass {
         Some(s.denied.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Whether the responder thread runs.
     pub fn responder_running(&self) -> bool {
         lock(&self.running)
             .as_ref()
@@ -337,9 +316,8 @@ impl FdPass {
             .map_err(FetchFailure::into_error)
     }
 
-    /// [`fetch_many`](Self::fetch_many), saying which rung delivered and which failed before
-    /// it (a fallback is never silent); on failure every rung's gate as a [`Diagnosis`], to
-    /// which a caller with more rungs (FABRIC) adds its own before turning it into the error.
+    /// [`fetch_many`](Self::fetch_many), saying which rung delivered and which failed before it;
+    /// on failure a [`Diagnosis`], to which a caller with more rungs (FABRIC) adds its own.
     pub fn fetch_diagnosed(
         &self,
         peer: usize,
@@ -465,8 +443,7 @@ impl FdPass {
             .ok()
     }
 
-    /// One socket route: `Some(Ok)` delivered, `Some(Err)` a definitive refusal (recorded),
-    /// `None` go on with the next rung (recorded).
+    /// One socket route: `Some(Ok)` delivered, `Some(Err)` a definitive refusal, `None` go on.
     fn try_route(
         &self,
         route: &Route,
@@ -475,29 +452,26 @@ impl FdPass {
         deadline: Instant,
         diag: &mut Diagnosis,
     ) -> Option<std::result::Result<Vec<OwnedFd>, ()>> {
-        let kept = lock(&self.connections).remove(&route.describe());
-        if let Some(stream) = kept {
-            // A connection that fails (the responder closed it when idle, or restarted) is
-            // replaced by a new one below; the responder's own refusal is its answer.
-            match fetch_on(stream, request, ids, deadline) {
-                Ok((fds, stream)) => {
-                    self.keep_connection(route, stream);
-                    return Some(Ok(fds));
-                }
-                Err(gate) if is_definitive(&gate) => {
-                    diag.add(route.rung(), route.describe(), gate);
-                    return Some(Err(()));
-                }
-                Err(_) => {}
-            }
-        }
+        // A kept connection that fails (the responder closed it when idle, or restarted) is
+        // replaced by a new one; the responder's own refusal is its answer.
+        let mut kept = lock(&self.connections).remove(&route.describe());
         let retry_until = Instant::now() + self.config.connect_retry;
         loop {
-            let fetched = connect(route, retry_until.min(deadline))
-                .and_then(|stream| fetch_on(stream, request, ids, deadline));
+            let fetched = match kept.take() {
+                Some(stream) => match fetch_on(stream, request, ids, deadline) {
+                    Err(gate) if !is_definitive(&gate) => continue,
+                    fetched => fetched,
+                },
+                None => connect(route, retry_until.min(deadline))
+                    .and_then(|stream| fetch_on(stream, request, ids, deadline)),
+            };
             match fetched {
                 Ok((fds, stream)) => {
-                    self.keep_connection(route, stream);
+                    // In step for the next fetch from the same responder: a connect and an
+                    // accept less per import.
+                    if let Some(stream) = stream {
+                        lock(&self.connections).insert(route.describe(), stream);
+                    }
                     return Some(Ok(fds));
                 }
                 // A responder at its connection limit: retry like a connect that failed.
@@ -515,16 +489,7 @@ impl FdPass {
             }
         }
     }
-
-    /// Keeps a connection that is in step for the next fetch from the same responder: a
-    /// connect and an accept less per import.
-    fn keep_connection(&self, route: &Route, stream: Option<UnixStream>) {
-        if let Some(stream) = stream {
-            lock(&self.connections).insert(route.describe(), stream);
-        }
-    }
 }
-
 /// What [`FdPass::fetch_diagnosed`] delivered.
 #[derive(Debug)]
 pub struct Fetched {
@@ -558,8 +523,7 @@ impl Drop for FdPass {
     fn drop(&mut self) {
         let running = lock(&self.running).take();
         if let Some(r) = running {
-            // Stop serving first (the socket file goes), then withdraw the record if it is
-            // still ours (best effort: the store may be gone already).
+            // Stop serving (the socket file goes), then withdraw the record if still ours.
             drop(r.responder);
             let key = record_key(&self.prefix, self.rank);
             // Only peers read the record (see `departures::quiet_reason`).
@@ -583,8 +547,8 @@ impl Drop for FdPass {
     }
 }
 
-// The importer's side: one request over one socket route, and the `pidfd_getfd` rung. Every step
-// is bounded by the caller's deadline; each failure becomes the [`Gate`] that closed the rung.
+// The importer's side: every step is bounded by the caller's deadline; each failure becomes the
+// [`Gate`] that closed the rung.
 
 /// Pause between connection attempts to a socket that is not (yet) there.
 const RETRY_PAUSE: Duration = Duration::from_millis(10);
@@ -602,8 +566,7 @@ fn connect_gate(route: &Route, e: &io::Error) -> Gate {
     }
 }
 
-/// Connects to `route`, retrying until `retry_until` (a responder that is not listening yet, or
-/// whose backlog is full); non-blocking, so no attempt outlasts the deadline.
+/// Connects to `route`, retrying until `retry_until` (not listening yet, or backlog full).
 fn connect(route: &Route, retry_until: Instant) -> Result<UnixStream, Gate> {
     let addr = match route {
         Route::Abstract(name) => SocketAddr::from_abstract_name(name.as_bytes()),
@@ -637,9 +600,8 @@ fn timed_out(what: &str, e: &io::Error) -> Gate {
     }
 }
 
-/// Asks the responder on `stream` for `ids` (pipelined) and returns their descriptors in order,
-/// with the connection when it is in step for further requests (every reply read, nothing left
-/// over, so a later request cannot read a stale reply); the first failure ends it with its gate.
+/// Asks the responder on `stream` for `ids` (pipelined): their descriptors in order, and the
+/// connection when it is in step (every reply read, nothing left over) for the next request.
 fn fetch_on(
     stream: UnixStream,
     request: FetchRequest,
@@ -734,8 +696,7 @@ fn fetch_on(
     Ok((fds, in_step.then_some(stream)))
 }
 
-/// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a responder that closed gives EPIPE, never
-/// a SIGPIPE that would kill a host process whose SIGPIPE disposition is the default.
+/// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a closed responder gives EPIPE, not SIGPIPE.
 fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         match sys::send_with_fd(stream.as_fd(), bytes, None) {
@@ -761,8 +722,7 @@ fn refusal_waiting(stream: &UnixStream) -> Option<Gate> {
     }
 }
 
-/// Whether a gate from a socket rung is the exporter's own answer about the object (unknown or
-/// revoked): then no other rung can do better.
+/// Whether the exporter itself said the object is unknown or revoked: no other rung can do better.
 fn is_definitive(gate: &Gate) -> bool {
     matches!(
         gate,
@@ -773,8 +733,8 @@ fn is_definitive(gate: &Gate) -> bool {
     )
 }
 
-/// Takes descriptor `id.fd` of process `pid` with `pidfd_getfd`, and checks it is the same file
-/// that was registered (a number reused after an unregister is refused).
+/// Takes descriptor `id.fd` of process `pid` with `pidfd_getfd`, checking it is the registered
+/// file (a number reused after an unregister is refused).
 fn fetch_with_pidfd(pid: u32, id: &FdId, exporter_ptracer: &str) -> Result<OwnedFd, Gate> {
     let pidfd = sys::pidfd_open(pid).map_err(|e| pidfd_gate_of(&e, exporter_ptracer, pid))?;
     let fd = sys::pidfd_getfd(pidfd.as_fd(), id.fd)

@@ -1,23 +1,12 @@
-//! What a process's responder publishes about itself, which socket an importer tries for a
-//! given peer, and the private socket directory with the scan that reclaims sockets of dead
+//! What a process's responder publishes about itself ([`PeerRecord`]), which of a peer's two
+//! sockets (an abstract name, one network namespace only; a file in the private socket directory
+//! of [`private_socket_dir`]) an importer tries, and the scan that reclaims sockets of dead
 //! processes. The socket names are made in `crate::names`.
-//!
-//! A responder listens on two sockets at once:
-//! - an abstract name `\0nvfipc-<job>-<rank>-<nonce>`: no file, gone with the process, but it
-//!   exists only inside one network namespace;
-//! - a path `<dir>/nvfipc-<job>-<rank>-<pid>p<pidns>-<nonce>.sock` in the socket directory
-//!   (`NVFIPC_SOCKET_DIR`, else `$XDG_RUNTIME_DIR`, else `/tmp`): reachable from any network
-//!   namespace whose processes see the same directory (a shared mount). The file goes into a
-//!   directory only its owner can enter: the socket directory itself when it is one (owned by
-//!   this uid, no group or other permissions, as `$XDG_RUNTIME_DIR` is), else its subdirectory
-//!   `nvfipc-<uid>`, created `0700` (see [`private_socket_dir`]).
-//!
-//! The importer reads the peer's [`PeerRecord`] and tries the abstract name only when both share
-//! a kernel and a network namespace, then the path.
 
 use super::diagnose::{Gate, Rung};
 use super::frame::Secret;
 use crate::node::{process_alive, NodeIdentity};
+use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -63,8 +52,7 @@ pub struct PeerRecord {
     pub abstract_name: String,
     /// The path socket, or why there is none (the directory could not be used).
     pub path: Result<PathBuf, String>,
-    /// Whether the exporter let any process of its user attach (Yama `PR_SET_PTRACER`, only
-    /// with `NVFIPC_FD_PTRACER=any`).
+    /// What the exporter did about Yama's `PR_SET_PTRACER`.
     pub ptracer: PtracerState,
 }
 
@@ -82,6 +70,7 @@ pub enum PtracerState {
 }
 
 impl PtracerState {
+    /// In discriminant order.
     const NAMES: [(PtracerState, &'static str); 4] = [
         (PtracerState::NotNeeded, "unneeded"),
         (PtracerState::Any, "any"),
@@ -90,10 +79,7 @@ impl PtracerState {
     ];
 
     pub fn as_str(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(s, _)| *s == self)
-            .map_or("", |(_, n)| n)
+        Self::NAMES[self as usize].1
     }
 
     fn parse(name: &str) -> Option<PtracerState> {
@@ -145,37 +131,21 @@ impl PeerRecord {
         if fields.next()? != RECORD_TAG {
             return None;
         }
-        let (mut pid, mut boot, mut net, mut pidns, mut nonce) = (None, None, None, None, None);
-        let mut secret = None;
-        let (mut abs, mut path, mut path_error, mut ptracer) = (None, None, None, None);
-        for field in fields {
-            let (k, v) = field.split_once('=')?;
-            match k {
-                "pid" => pid = Some(v.parse().ok()?),
-                "boot" => boot = Some(unescape(v)),
-                "netns" => net = Some(v.parse().ok()?),
-                "pidns" => pidns = Some(v.parse().ok()?),
-                "nonce" => nonce = Some(u64::from_str_radix(v, 16).ok()?),
-                "secret" => secret = Some(Secret::from_hex(v)?),
-                "abstract" => abs = Some(unescape(v)),
-                "path" => path = Some(unescape(v)),
-                "path_error" => path_error = Some(unescape(v)),
-                "ptracer" => ptracer = Some(PtracerState::parse(v)?),
-                _ => {}
-            }
-        }
-        let path = path?;
-        let path_error = path_error.unwrap_or_default();
+        let fields: HashMap<&str, &str> =
+            fields.map(|f| f.split_once('=')).collect::<Option<_>>()?;
+        let get = |key: &str| fields.get(key).copied();
+        let path = unescape(get("path")?);
+        let path_error = get("path_error").map(unescape).unwrap_or_default();
         Some(PeerRecord {
             who: LocalIdentity {
-                pid: pid?,
-                boot_id: boot?,
-                net_ns: net?,
-                pid_ns: pidns?,
+                pid: get("pid")?.parse().ok()?,
+                boot_id: unescape(get("boot")?),
+                net_ns: get("netns")?.parse().ok()?,
+                pid_ns: get("pidns")?.parse().ok()?,
             },
-            nonce: nonce?,
-            secret: secret?,
-            abstract_name: abs?,
+            nonce: u64::from_str_radix(get("nonce")?, 16).ok()?,
+            secret: Secret::from_hex(get("secret")?)?,
+            abstract_name: unescape(get("abstract")?),
             path: if path.is_empty() {
                 Err(if path_error.is_empty() {
                     "the exporter published no socket path".to_string()
@@ -185,18 +155,15 @@ impl PeerRecord {
             } else {
                 Ok(PathBuf::from(path))
             },
-            ptracer: ptracer?,
+            ptracer: PtracerState::parse(get("ptracer")?)?,
         })
     }
 }
 
-/// The directory that holds this process's socket file, given the configured socket directory
-/// `dir`: `dir` itself when only `uid` can enter it (owned by `uid`, no group or other
-/// permissions), else `dir/nvfipc-<uid>`, created `0700` (a missing `dir` is created `0700`
-/// and used). A subdirectory that is not a real directory of `uid` (a symlink, a file, a
-/// directory of another user planted in a shared `/tmp`) is refused, never used or removed;
-/// one of `uid` with wider permissions is narrowed to `0700`. `Err` says why there is none,
-/// for the published record.
+/// The directory for this process's socket file: `dir` itself when only `uid` can enter it, else
+/// `dir/nvfipc-<uid>`, created `0700` (a missing `dir` is created `0700` and used). Anything else
+/// there (a symlink, a file, another user's directory) is refused, never used or removed (rules:
+/// PROTOCOL.md section 7, "Trust boundary"); `Err` says why, for the published record.
 pub fn private_socket_dir(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     let private = |m: &std::fs::Metadata| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0;
     // The configured directory is followed if it is a symlink: whoever set it chose it.
@@ -260,9 +227,8 @@ fn private_socket_dir_checked(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
-/// Removes the sockets in `dir` left by processes of this pid namespace that no longer exist
-/// (killed before their exit handler ran): only sockets (not followed if symlinks) whose owner
-/// is `uid`, named as [`crate::names::socket_path`] names them. Returns how many were removed.
+/// Removes the sockets of `uid` in `dir` left by dead processes of this pid namespace (named as
+/// [`crate::names::socket_path`] names them; symlinks not followed); returns how many.
 pub fn reclaim_dead_sockets(dir: &Path, pid_ns: u64, uid: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -317,39 +283,38 @@ pub fn socket_routes(
     peer: &PeerRecord,
     rungs: &[Rung],
 ) -> (Vec<Route>, Vec<(Rung, String, Gate)>) {
-    let mut routes = Vec::new();
-    let mut ruled_out = Vec::new();
-    let same_kernel = local.boot_id == peer.who.boot_id;
-    let abs = format!("@{}", peer.abstract_name);
-    if !rungs.contains(&Rung::Abstract) {
-        ruled_out.push((Rung::Abstract, abs, Gate::Disabled));
-    } else if !same_kernel {
-        ruled_out.push((Rung::Abstract, abs, Gate::OtherHost));
-    } else if local.net_ns != peer.who.net_ns || local.net_ns == 0 {
-        ruled_out.push((
-            Rung::Abstract,
-            abs,
-            Gate::OtherNetNamespace {
-                here: local.net_ns,
-                there: peer.who.net_ns,
-            },
-        ));
+    let abs = if local.net_ns != peer.who.net_ns || local.net_ns == 0 {
+        Err(Gate::OtherNetNamespace {
+            here: local.net_ns,
+            there: peer.who.net_ns,
+        })
     } else {
-        routes.push(Route::Abstract(peer.abstract_name.clone()));
-    }
-    let path_name = match &peer.path {
-        Ok(p) => p.display().to_string(),
-        Err(_) => "(no path)".to_string(),
+        Ok(Route::Abstract(peer.abstract_name.clone()))
     };
-    if !rungs.contains(&Rung::Path) {
-        ruled_out.push((Rung::Path, path_name, Gate::Disabled));
-    } else if !same_kernel {
-        ruled_out.push((Rung::Path, path_name, Gate::OtherHost));
-    } else {
-        match &peer.path {
-            Ok(p) => routes.push(Route::Path(p.clone())),
-            Err(why) => ruled_out.push((Rung::Path, path_name, Gate::NoPath(why.clone()))),
-        }
+    let (path, path_name) = match &peer.path {
+        Ok(p) => (Ok(Route::Path(p.clone())), p.display().to_string()),
+        Err(why) => (Err(Gate::NoPath(why.clone())), "(no path)".to_string()),
+    };
+    let (mut routes, mut ruled_out) = (Vec::new(), Vec::new());
+    let abs_name = format!("@{}", peer.abstract_name);
+    for (rung, target, route) in [
+        (Rung::Abstract, abs_name, abs),
+        (Rung::Path, path_name, path),
+    ] {
+        let gate = if !rungs.contains(&rung) {
+            Gate::Disabled
+        } else if local.boot_id != peer.who.boot_id {
+            Gate::OtherHost
+        } else {
+            match route {
+                Ok(route) => {
+                    routes.push(route);
+                    continue;
+                }
+                Err(gate) => gate,
+            }
+        };
+        ruled_out.push((rung, target, gate));
     }
     (routes, ruled_out)
 }

@@ -10,10 +10,8 @@ use std::hash::BuildHasher;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
-/// Names one registered descriptor of one process. It travels inside a transport's record (see
-/// [`FdId::encode`]): `serial` is what the responder looks up; `fd` (the descriptor number in
-/// the exporter) and `dev`/`ino` (its `fstat`) serve the `pidfd_getfd` rung, which takes a
-/// number and checks that what it got is the same file.
+/// Names one registered descriptor of one process, in a transport's record: the responder looks
+/// up `serial`; the pidfd rung takes `fd` (the number in the exporter) and checks `dev`/`ino`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FdId {
     pub serial: u64,
@@ -59,11 +57,9 @@ impl std::fmt::Display for FdId {
     }
 }
 
-/// Turns the registry's counter (1, 2, 3, ...) into serials that look random and back: a
-/// 4-round Feistel network over the two 32-bit halves, whose round function is SipHash under
-/// keys drawn at random per registry (std's `RandomState`). A bijection, so each counter has one
-/// serial and a serial tells which counter (if any) it came from, without a table of every
-/// serial ever issued; without the keys, a serial is as hard to guess as a random 64-bit number.
+/// Turns the registry's counter into serials that look random, and back: a 4-round Feistel
+/// network keyed at random per registry (PROTOCOL.md section 7). A bijection, so a serial tells
+/// its counter without a table of every serial issued.
 struct SerialKeys(RandomState);
 
 impl SerialKeys {
@@ -98,10 +94,8 @@ struct Table {
     entries: HashMap<u64, Arc<OwnedFd>>,
 }
 
-/// Registered descriptors, shared by the owner (register/unregister) and the responder thread
-/// (lookup). A lookup hands out a reference, so an unregister during a send closes the
-/// descriptor only once the send is done. Serials are unguessable (see [`SerialKeys`]): knowing
-/// one, or the order of registration, says nothing of the others.
+/// Registered descriptors, shared by the owner and the responder thread. A lookup hands out a
+/// reference, so an unregister during a send closes the descriptor once the send is done.
 pub struct Registry {
     table: Mutex<Table>,
 }
@@ -147,8 +141,7 @@ impl Registry {
         })
     }
 
-    /// Closes the descriptor of `id` (once no send holds it); later requests get "revoked".
-    /// False when it was not registered.
+    /// Closes the descriptor of `id` once no send holds it; false when it was not registered.
     pub fn unregister(&self, id: &FdId) -> bool {
         let mut t = lock(&self.table);
         if id.serial == 0 {

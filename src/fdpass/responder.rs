@@ -1,22 +1,14 @@
 //! The responder: one thread per process and job, always ready to hand out registered
 //! descriptors, so no importer waits for a barrier.
 //!
-//! It listens on an abstract name and, when the socket directory is usable, on a socket file
-//! (see `peer`), in one mio loop over both listeners and its connections: readable -> parse
-//! -> queue the replies -> write what the kernel takes. Requests may be pipelined; an fd reply
-//! carries the descriptor as `SCM_RIGHTS` on its first byte. A request that does not parse gets
-//! an error frame and its connection is closed once that is written. A connection silent for
-//! `idle_timeout` is closed, connections beyond `max_connections` get a "busy" frame, and a peer
-//! that stops reading stops being read.
+//! One mio loop over its two listeners (abstract name, socket file) and its connections:
+//! readable -> parse -> queue the replies -> write what the kernel takes. Requests may be
+//! pipelined; an fd reply carries the descriptor as `SCM_RIGHTS` on its first byte. A connection
+//! silent for `idle_timeout` is closed, connections beyond `max_connections` get "busy", and a
+//! peer that stops reading stops being read.
 //!
-//! **Who is served** (PROTOCOL.md section 7): a process of this job under this uid. A peer whose
-//! `SO_PEERCRED` uid is not this process's (root included, unless this process is root) gets a
-//! "denied" frame and is closed before any request is read. Every request must carry the
-//! responder's secret, which only its store record holds (never a name, `/proc` or a file); a
-//! request without it is "denied" and its connection closed. Refusals are logged (rate-limited)
-//! and counted; the checks are local (no store round trip).
-//!
-//! Dropping the [`Responder`] wakes the loop, joins the thread and removes the socket file.
+//! Only processes of this uid (`SO_PEERCRED`) whose requests carry the secret are served
+//! (PROTOCOL.md section 7, "Trust boundary"); refusals are logged (rate-limited) and counted.
 
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
@@ -77,9 +69,8 @@ fn listen(addr: &SocketAddr) -> io::Result<UnixListener> {
     Ok(UnixListener::from_std(l))
 }
 
-/// Binds the socket file at `path`, whose directory `peer::private_socket_dir` prepared (a
-/// leftover socket of the same name replaced only when this uid owns it), and makes it `0600`;
-/// `Err` says why it could not be, for the published record.
+/// Binds the socket file at `path` (replacing a leftover socket of this uid) and makes it `0600`;
+/// `Err` says why not, for the published record.
 fn listen_path(path: &Path, uid: u32) -> std::result::Result<UnixListener, String> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     if let Ok(m) = std::fs::symlink_metadata(path) {
@@ -100,8 +91,8 @@ fn listen_path(path: &Path, uid: u32) -> std::result::Result<UnixListener, Strin
 }
 
 impl Responder {
-    /// Starts listening on `abstract_name` (required) and `path` (when given and usable) and
-    /// spawns the serving thread. Returns the responder and the path it listens on, or why not.
+    /// Listens on `abstract_name` and `path` (when usable), spawns the serving thread; returns
+    /// the responder and the path it listens on, or why not.
     pub fn start(
         registry: Arc<Registry>,
         nonce: u64,
@@ -111,16 +102,15 @@ impl Responder {
         config: &FdPassConfig,
         who: &str,
     ) -> Result<(Responder, std::result::Result<PathBuf, String>)> {
+        let failed = |what: &str| {
+            let what = format!("{who}: {what}");
+            move |e: io::Error| Error::from_io(what, &e)
+        };
         let addr = SocketAddr::from_abstract_name(abstract_name.as_bytes())
-            .map_err(|e| Error::from_io(format!("{who}: abstract name @{abstract_name}"), &e))?;
-        let mut abs = listen(&addr).map_err(|e| {
-            Error::from_io(
-                format!(
-                    "{who}: fd transport cannot listen on the abstract socket @{abstract_name}"
-                ),
-                &e,
-            )
-        })?;
+            .map_err(failed(&format!("abstract name @{abstract_name}")))?;
+        let mut abs = listen(&addr).map_err(failed(&format!(
+            "fd transport cannot listen on the abstract socket @{abstract_name}"
+        )))?;
         let uid = sys::effective_uid();
         let mut file = None;
         let path = path.and_then(|p| {
@@ -130,17 +120,15 @@ impl Responder {
         });
         let cleanup =
             (path.as_ref().ok()).map(|p| (p.clone(), crate::os::cleanup::register_path(p)));
-        let poll = Poll::new().map_err(|e| Error::from_io(format!("{who}: epoll"), &e))?;
+        let poll = Poll::new().map_err(failed("epoll"))?;
         let reg = poll.registry();
         reg.register(&mut abs, ABSTRACT, Interest::READABLE)
-            .map_err(|e| Error::from_io(format!("{who}: epoll_ctl"), &e))?;
+            .map_err(failed("epoll_ctl"))?;
         if let Some(l) = file.as_mut() {
             reg.register(l, PATH, Interest::READABLE)
-                .map_err(|e| Error::from_io(format!("{who}: epoll_ctl"), &e))?;
+                .map_err(failed("epoll_ctl"))?;
         }
-        let waker = Arc::new(
-            Waker::new(reg, WAKER).map_err(|e| Error::from_io(format!("{who}: eventfd"), &e))?,
-        );
+        let waker = Arc::new(Waker::new(reg, WAKER).map_err(failed("eventfd"))?);
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ResponderStats::default());
         let mut serve = Loop {
@@ -164,7 +152,7 @@ impl Responder {
         let thread = std::thread::Builder::new()
             .name("nvfipc-fdpass".into())
             .spawn(move || serve.run())
-            .map_err(|e| Error::from_io(format!("{who}: spawning the fd responder thread"), &e))?;
+            .map_err(failed("spawning the fd responder thread"))?;
         let responder = Responder {
             stop,
             waker,
@@ -374,9 +362,8 @@ struct Guard {
     log: RefusalLog,
 }
 
-/// Refusals logged as warnings, at most [`LOGGED_REFUSALS`] per [`REFUSAL_WINDOW`], so a process
-/// that knocks in a loop cannot flood the log; the count of those not shown comes with the next
-/// line.
+/// Refusals logged as warnings, at most [`LOGGED_REFUSALS`] per [`REFUSAL_WINDOW`]; the count of
+/// those not shown comes with the next line.
 #[derive(Default)]
 struct RefusalLog {
     window: Option<Instant>,
@@ -409,8 +396,7 @@ impl RefusalLog {
     }
 }
 
-/// Writes what the kernel takes; true when everything queued is written, `Err` when the
-/// connection broke.
+/// Writes what the kernel takes; true when all is written, `Err` when the connection broke.
 fn flush(conn: &mut Conn) -> std::result::Result<bool, ()> {
     while let Some((bytes, done, fd)) = conn.output.front_mut() {
         let fd_now = if *done == 0 {
@@ -434,8 +420,7 @@ fn flush(conn: &mut Conn) -> std::result::Result<bool, ()> {
     Ok(true)
 }
 
-/// Serves one connection as far as it can go now: flush, parse, answer, read more. True: close
-/// it.
+/// Serves one connection as far as it can go now (flush, parse, answer, read); true: close it.
 fn serve(conn: &mut Conn, registry: &Registry, guard: &mut Guard, stats: &ResponderStats) -> bool {
     loop {
         match flush(conn) {
@@ -497,8 +482,7 @@ fn serve(conn: &mut Conn, registry: &Registry, guard: &mut Guard, stats: &Respon
             Ok(n) => {
                 conn.last_active = Instant::now();
                 if conn.input.len() + n > MAX_INPUT {
-                    // Cannot happen with whole requests being answered as they come; a peer
-                    // that sends this much without completing one is not speaking the protocol.
+                    // A peer that sends this much without completing a request is not ours.
                     return true;
                 }
                 conn.input.extend_from_slice(&buf[..n]);
@@ -564,7 +548,6 @@ fn answer(
     }
 }
 
-/// The bytes of an error reply.
 fn error_frame(code: ErrorCode, serial: u64, message: String) -> Vec<u8> {
     Reply::Error {
         code,

@@ -173,7 +173,7 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counters) -> Status {
     ffi_call("nvfipc_cuda_vmm_counters_get", || {
         let out = out_ptr(out, "out")?;
-        let v = cuda::vmm_counters();
+        let v = cuda::runtime().vmm_counters();
         out.write(nvfipc_cuda_vmm_counters {
             segment_exports: v.segment_exports,
             segment_imports: v.segment_imports,

@@ -35,8 +35,7 @@ pub trait FreeListener: Send + Sync {
     fn freed(&self, id: u64);
 }
 
-/// The segment table and what goes with it. Nothing panics while holding its locks; `lock`
-/// tolerates poisoning anyway.
+/// The segment table and what goes with it.
 #[derive(Default)]
 struct Allocator {
     /// Live segments by base address, with their ids.
@@ -182,8 +181,7 @@ pub fn free(ptr: u64) -> Result<()> {
     Ok(())
 }
 
-/// Registers `listener` to be told about every buffer freed from now on, for as long as it
-/// lives.
+/// Registers `listener` to be told about every buffer freed from now on, while it lives.
 pub fn on_free(listener: Weak<dyn FreeListener>) {
     lock(&ALLOCATOR.listeners).push(listener);
 }

@@ -1,12 +1,8 @@
 //! The host transport: CPU buffers in anonymous shared files passed between processes by file
 //! descriptor (`crate::fdpass`), so the whole exchange protocol, fd passing included, runs across
 //! real processes on machines without a GPU.
-//!
-//! - [`alloc`](mod@alloc): the shared-memory allocator and its table of live buffers;
-//! - [`transport`]: the [`Transport`](crate::transport::Transport) of host memory, and its views;
-//! - [`slab`]: the per-process semaphore slab in shared memory;
-//! - [`p2p`]: the get-zcopy primitives (send post, recv post, send wait) on host memory;
-//! - this module: host handles on the wire (fd ids).
+//! [`alloc`](mod@alloc) is the allocator, [`transport`] the transport and its views, [`slab`] the
+//! semaphore slab, [`p2p`] the get-zcopy primitives; this module, host handles on the wire.
 
 pub mod alloc;
 pub mod p2p;

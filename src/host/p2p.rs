@@ -37,9 +37,8 @@ fn semaphore(addr: u64) -> &'static AtomicU32 {
     unsafe { &*(addr as *const AtomicU32) }
 }
 
-/// Waits until this side's semaphore has reached `target`: `Io` naming the peer when it has
-/// exited first, `Timeout` past `timeout`. For messages (made only on failure): `call` waits for
-/// what `awaited` says, which the peer makes with `peer_call`.
+/// Waits until this side's semaphore has reached `target`: `Io` when the peer exited first,
+/// `Timeout` past `timeout`; messages say `call` waits for `awaited`, made by `peer_call`.
 fn wait_for(
     h: &P2pHandles,
     target: u32,
@@ -91,9 +90,8 @@ pub fn send_post(h: &P2pHandles) -> Result<u64> {
     Ok(n)
 }
 
-/// Receiver: waits (at most `timeout`) for the next transfer, copies `bytes` (> 0) from the
-/// peer's buffer into the local one, and tells the sender it is done. Returns the transfer
-/// number, which advances only when the transfer is done.
+/// Receiver: waits (at most `timeout`) for the next transfer, copies `bytes` (> 0) and signals
+/// "done"; returns the transfer number, which advances only then.
 pub fn recv_post(h: &P2pHandles, bytes: u64, timeout: Duration) -> Result<u64> {
     let ep = endpoint(h)?;
     if bytes == 0 {

@@ -19,8 +19,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-/// The host transport. One per cache is typical; each owns its semaphore slab, and all of a
-/// process's transports of one job and rank share one fd responder.
+/// The host transport: each owns its semaphore slab; those of one job and rank share one fd
+/// responder.
 pub struct HostTransport {
     fdpass: Arc<FdPass>,
     slab: SemaphoreSlab,
@@ -31,8 +31,7 @@ pub struct HostTransport {
 }
 
 impl HostTransport {
-    /// A transport for `rank` of `job_id`, whose descriptors are offered through the fd
-    /// transport's record in `store` (settings from the environment, see `crate::config`).
+    /// A transport for `rank` of `job_id`, offering descriptors through the job's fd transport.
     pub fn new(store: Arc<dyn Store>, job_id: &str, rank: usize) -> Result<Arc<HostTransport>> {
         let config = FdPassConfig::from_env()?;
         Self::with_fdpass(FdPass::for_job(
@@ -44,8 +43,7 @@ impl HostTransport {
         ))
     }
 
-    /// The fd transport this transport offers its buffers through (for the device transport of
-    /// the same job and rank).
+    /// The fd transport this transport offers its buffers through.
     pub fn fdpass(&self) -> &Arc<FdPass> {
         &self.fdpass
     }
@@ -67,8 +65,7 @@ impl HostTransport {
 
 impl Drop for HostTransport {
     fn drop(&mut self) {
-        // The fd transport may outlive this one (other caches of the job share it): what this
-        // one offered goes with it, so a buffer freed later is not kept alive by its offer.
+        // The fd transport may outlive this one: withdraw what this one offered.
         for (_, id) in lock(&self.offered).drain() {
             self.fdpass.unregister(&id);
         }
@@ -195,8 +192,7 @@ impl Transport for HostTransport {
 }
 
 impl HostTransport {
-    /// The file and place of one member's buffer: this rank's from the allocator, a peer's from
-    /// the mapping this transport imported (never fetched again).
+    /// The file and place of one member's buffer (a peer's from the mapping imported here).
     fn view_member(&self, member: &ViewMember<'_>) -> Result<HostMember> {
         match *member {
             ViewMember::Own { rank, buffer } => {
@@ -229,8 +225,7 @@ impl HostTransport {
     }
 }
 
-/// One member of a host view: the descriptor of its buffer's file and where the buffer lies in
-/// that file.
+/// One member of a host view: its buffer's file and where the buffer lies in it.
 struct HostMember {
     rank: usize,
     fd: OwnedFd,
@@ -239,9 +234,8 @@ struct HostMember {
     bytes: u64,
 }
 
-/// Maps each member's file again, at page granularity, into one reserved range: only the pages
-/// that hold its buffer, so the buffers line up whenever they have the same size and the same
-/// offset in their page. The reserved range is the view's backing (dropping it unmaps it all).
+/// Maps the pages of each member's file that hold its buffer into one reserved range, the view's
+/// backing.
 fn map_view(members: &[HostMember]) -> Result<ContiguousView> {
     let page = page_size();
     let extents: Vec<Extent> = members

@@ -1,20 +1,8 @@
-//! The zero-copy "get" protocol (nvFuser's `get_zcopy`) as both transports run it, the host's
-//! (`host::p2p`, host threads) and the device's (`cuda::p2p`, stream memory operations): the
-//! epoch values of its semaphores, a channel's transfer counters, and the handles and checks
-//! both take.
-//!
-//! nvFuser's semaphores take two values (ready / in use), so a producer that runs a whole phase
-//! ahead can overwrite a signal the consumer has not read yet. Here every transfer on a channel has
-//! a number `n` (1, 2, ...), counted independently but identically by both sides, and a semaphore
-//! only ever moves forward:
-//!
-//! - `send_post(n)`: the sender writes [`posted(n)`](posted) into the *receiver's* semaphore;
-//! - `recv_post(n)`: the receiver waits until its own semaphore has [`reached`] `posted(n)`, pulls
-//!   the data from the sender's buffer, then writes [`done(n)`](done) into the *sender's* semaphore;
-//! - `send_wait(n)`: the sender waits until its own semaphore has reached `done(n)`.
-//!
-//! Waits are "greater or equal" in wrapping 32-bit arithmetic, so a later signal satisfies an
-//! earlier wait and no signal can be lost. Semaphores start at zero (= `done(0)`).
+//! The zero-copy "get" protocol (nvFuser's `get_zcopy`) as both transports run it (`host::p2p`,
+//! `cuda::p2p`): the epoch values of its semaphores (PROTOCOL.md section 6), a channel's transfer
+//! counters, and the handles and checks both take. Unlike nvFuser's two-valued semaphores, a
+//! semaphore here only moves forward and waits are wrapping "greater or equal", so a producer that
+//! runs a phase ahead cannot overwrite a signal not read yet. Semaphores start at zero (`done(0)`).
 
 use super::MemKind;
 use crate::error::{Error, Result};
@@ -38,8 +26,8 @@ pub fn reached(current: u32, target: u32) -> bool {
     (current.wrapping_sub(target) as i32) >= 0
 }
 
-/// Per-channel transfer counters of one rank. Shared (through an `Arc`) by every handle that
-/// `HandleCache::get` returns for the channel, so the numbering survives buffer changes.
+/// Per-channel transfer counters of one rank, shared by every handle of the channel (so the
+/// numbering survives buffer changes).
 #[derive(Debug, Default)]
 pub struct TransferEpochs {
     sends: AtomicU64,
@@ -110,8 +98,7 @@ impl Endpoint {
     }
 }
 
-/// What the exchange hands the primitives for one channel, as nvFuser's `P2pIpcHandle`: the
-/// local buffer and semaphore, and the peer's, mapped in this process.
+/// What the exchange hands the primitives for one channel, as nvFuser's `P2pIpcHandle`.
 #[derive(Clone, Debug)]
 pub struct P2pHandles {
     pub kind: MemKind,

@@ -1,22 +1,13 @@
-//! The contract between the exchange and the memory transports (device memory in `crate::cuda`,
-//! host shared memory in `crate::host`): the exchange never names a concrete transport and a
-//! transport never knows the exchange.
+//! The contract between the exchange and the memory transports (`crate::cuda`, `crate::host`):
+//! the exchange never names a concrete transport and a transport never knows the exchange.
+//! [`record`] is the wire record, [`epoch`] the P2P protocol both run, [`peer_maps`] refcounted
+//! peer mappings, [`slab`] the semaphore slab, [`set`] the transports a cache is handed, [`view`]
+//! contiguous views.
 //!
-//! - [`record`]: the versioned little-endian wire record of one exported buffer;
-//! - [`epoch`]: the P2P protocol both transports run, and [`P2pHandles`];
-//! - [`peer_maps`]: peers' memory mapped here, refcounted, opened once per key;
-//! - [`slab`]: [`SemaphoreSlab`], written once over each backend's slab memory;
-//! - [`set`]: [`Transports`], the transports a cache is handed (one per memory kind);
-//! - [`view`]: [`ContiguousView`](view::ContiguousView), a symmetric allocation's buffers mapped
-//!   back to back (the layout and its checks);
-//! - this module: [`Transport`] and the types it exchanges.
-//!
-//! The exchange never touches memory: a [`Transport`] resolves a user pointer into its
-//! allocation, exports that allocation into the handle of a [`Record`], imports a peer's record
-//! into a local mapping and releases the mapping. A release never waits for device work (the
-//! device transport unmaps on a releaser thread, see `cuda::imports`). Each transport also owns
-//! one [`SemaphoreSlab`] per process, exported once, so a peer opens one slab per rank rather
-//! than one semaphore per buffer. All methods take `&self` and may be called from any thread.
+//! A [`Transport`] resolves a user pointer into its allocation, exports it into a [`Record`]'s
+//! handle, imports a peer's record into a local mapping and releases it, never waiting for device
+//! work. Each transport owns one [`SemaphoreSlab`] per process, exported once. All methods take
+//! `&self` and may be called from any thread.
 
 pub mod epoch;
 pub mod peer_maps;
@@ -37,8 +28,7 @@ use std::time::Duration;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemKind {
-    /// CUDA device memory: `cudaMalloc` (legacy IPC), VMM mappings such as PyTorch's expandable
-    /// segments, buffers of IPC-capable stream-ordered pools.
+    /// CUDA device memory: `cudaMalloc`, VMM mappings, buffers of IPC-capable pools.
     Device = 0,
     /// Host memory from the shared-memory allocator (`host::alloc`).
     Host = 1,
@@ -64,8 +54,7 @@ pub struct LocalBuffer {
     pub base: u64,
     /// Size of that allocation.
     pub alloc_bytes: u64,
-    /// Unique id of the allocation in this process (CUDA `BUFFER_ID`, or the host buffer's id):
-    /// a new allocation at a recycled address differs from the old one.
+    /// Unique id of the allocation in this process (CUDA `BUFFER_ID`, or the host buffer's id).
     pub buffer_id: u64,
     /// UUID of the device holding the allocation; zero for host memory.
     pub device_uuid: [u8; 16],
@@ -83,8 +72,7 @@ impl LocalBuffer {
 pub struct ExportedHandle {
     pub handle_type: HandleType,
     pub payload: [u8; PAYLOAD_LEN],
-    /// The physical allocations behind the buffer, for handle types that list them (VMM,
-    /// pools); empty otherwise.
+    /// The physical allocations behind the buffer (VMM, pools); empty otherwise.
     pub segments: Vec<Segment>,
 }
 
@@ -99,8 +87,7 @@ impl ExportedHandle {
     }
 }
 
-/// A peer allocation mapped into this process, from [`Transport::import`], handed back to
-/// [`Transport::release`] once.
+/// A peer allocation mapped here by [`Transport::import`], handed to [`Transport::release`] once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Mapping {
     /// The exporting rank.
@@ -117,18 +104,14 @@ pub struct Mapping {
 
 /// Exports, imports and releases buffers of one memory kind.
 pub trait Transport: Send + Sync {
-    /// The memory kind this transport handles.
     fn kind(&self) -> MemKind;
 
-    /// Finds the exportable allocation that contains `[ptr, ptr + bytes)`.
-    ///
-    /// `InvalidArgument`, naming the pointer, when it is NULL, of the other memory kind, unknown,
-    /// or when the range does not fit inside one allocation.
+    /// Finds the exportable allocation that contains `[ptr, ptr + bytes)`; `InvalidArgument`
+    /// naming the pointer when it is NULL, of the other kind, unknown, or the range does not fit.
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer>;
 
     /// [`resolve`](Transport::resolve) for a point-to-point exchange, which may name a larger
-    /// allocation around the buffer (device memory: the widened VMM run of `cuda::vmm_runs`), so
-    /// that buffers carved nearby share one allocation that the peer maps once.
+    /// allocation around the buffer (`cuda::vmm_runs`) that the peer maps once.
     fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
         self.resolve(ptr, bytes)
     }
@@ -140,27 +123,24 @@ pub trait Transport: Send + Sync {
         Ok(*buf)
     }
 
-    /// Exports the allocation of `buf`. Cached per (base, buffer_id): exporting the same
-    /// allocation again returns the same handle without new driver or OS calls.
+    /// Exports the allocation of `buf`, cached per (base, buffer_id).
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle>;
 
-    /// Maps the allocation of `rec` (validated by `Record::decode`): one real open per (exporter,
-    /// allocation), further imports bump a refcount. Waits at most `wait` (for a previous
-    /// mapping of the same allocation still being closed).
+    /// Maps the allocation of `rec` once per (exporter, allocation), refcounted; waits at most
+    /// `wait` for a previous mapping of it still being closed.
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping>;
 
-    /// Drops one reference taken by [`import`](Transport::import); unmaps at zero, at once or,
-    /// for device memory, on a releaser thread once the work queued before this call finished.
+    /// Drops one reference taken by [`import`](Transport::import); unmaps at zero (device memory:
+    /// on a releaser thread, never waiting here).
     fn release(&self, mapping: &Mapping) -> Result<()>;
 
-    /// Waits, at most `timeout`, until no more of `peer`'s released mappings wait to be unmapped
-    /// than the transport allows; `Timeout` naming the peer otherwise. Immediate by default.
+    /// Waits, at most `timeout`, until few enough of `peer`'s released mappings wait to be
+    /// unmapped; `Timeout` naming the peer otherwise.
     fn wait_release_room(&self, _peer: usize, _timeout: Duration) -> Result<()> {
         Ok(())
     }
 
-    /// Waits, at most `timeout`, until every mapping released so far is unmapped. Immediate by
-    /// default.
+    /// Waits, at most `timeout`, until every mapping released so far is unmapped.
     fn flush_releases(&self, _timeout: Duration) -> Result<()> {
         Ok(())
     }
@@ -171,9 +151,8 @@ pub trait Transport: Send + Sync {
     /// Number of peer allocations currently mapped (each counted once, whatever its refcount).
     fn live_mappings(&self) -> usize;
 
-    /// Maps `members` (this rank's buffer and peers' buffers this transport imported, in the
-    /// view's order) again, back to back in one reserved range (see [`view`]). The imports must
-    /// stay held while this runs; the view holds the memory on its own. `Unsupported` by default.
+    /// Maps `members` (this rank's buffer and the peers' this transport imported, held while this
+    /// runs) again into one reserved range (see [`view`]); the view holds the memory on its own.
     fn contiguous_view(&self, _members: &[view::ViewMember<'_>]) -> Result<view::ContiguousView> {
         Err(Error::unsupported(format!(
             "contiguous views of {} memory are not supported by this transport",

@@ -27,9 +27,8 @@ impl<K, M> Default for PeerMappings<K, M> {
 }
 
 impl<K: Eq + Hash + Copy, M> PeerMappings<K, M> {
-    /// Takes a reference to the mapping of `key` and returns its address, calling `open` (the
-    /// mapping and its address) when it is not mapped yet. `open` runs without the table's lock:
-    /// a peer's answer may take a while, and other keys must not wait for it.
+    /// Takes a reference to the mapping of `key` and returns its address, calling `open` when it
+    /// is not mapped yet (without the table's lock: other keys must not wait for a peer).
     pub fn acquire(&self, key: K, open: impl FnOnce() -> Result<(M, u64)>) -> Result<u64> {
         if let Some(h) = lock(&self.held).get_mut(&key) {
             h.refs += 1;

@@ -1,40 +1,10 @@
 //! The handle record: a versioned, fixed-size, little-endian description of one exported buffer
 //! (and the exporter's semaphore slot) that travels through the store.
 //!
-//! Nothing native is ever copied raw: every field is written at a fixed offset in little-endian
-//! order, unused bytes are zero, and [`Record::decode`] validates every field before a transport
-//! is allowed to open anything. Layout (offsets in bytes):
-//!
-//! | off | field | type |
-//! |---|---|---|
-//! | 0 | magic `"NVFI"` | u32 |
-//! | 4 | format version | u16 |
-//! | 6 | record length | u16 |
-//! | 8 | handle type | u8 |
-//! | 9 | flags | u8 |
-//! | 10 | semaphore handle type | u8 |
-//! | 11 | reserved (0) | u8 |
-//! | 12 | semaphore slot | u32 |
-//! | 16 | offset from allocation base | u64 |
-//! | 24 | byte count | u64 |
-//! | 32 | allocation size | u64 |
-//! | 40 | buffer id | u64 |
-//! | 48 | host identity | u64 |
-//! | 56 | buffer version (channel) | u64 |
-//! | 64 | device UUID | 16 bytes |
-//! | 80 | exporter pid | u32 |
-//! | 84 | exporter rank | u32 |
-//! | 88 | host name (NUL padded, for messages) | 32 bytes |
-//! | 120 | handle payload | 64 bytes |
-//! | 184 | semaphore slab payload | 64 bytes |
-//! | 248 | segment count *n* | u32 |
-//! | 252 | reserved (0) | u32 |
-//! | 256 | *n* segments of [`SEGMENT_LEN`] bytes: size u64, id u64, handle 64 bytes | |
-//!
-//! Segments describe the physical allocations behind a buffer when one handle is not enough:
-//! a VMM buffer (PyTorch's expandable segments) lists every physical allocation its range
-//! spans, in address order; a stream-ordered pool buffer lists its pool. Other handle types
-//! have none. A record is [`RECORD_LEN`] + *n* x [`SEGMENT_LEN`] bytes, *n* <= [`MAX_SEGMENTS`].
+//! Nothing native is ever copied raw: every field sits at a fixed offset, unused bytes are zero,
+//! and [`Record::decode`] validates every field before a transport opens anything. The layout,
+//! and the segments (one per physical allocation behind a VMM buffer, one naming a pool), are in
+//! docs/PROTOCOL.md section 3.
 
 use crate::error::{Error, Result};
 use crate::hash::fnv1a64;
@@ -128,8 +98,7 @@ impl HandleType {
 pub struct Segment {
     /// Size of the physical allocation (0 for a pool).
     pub bytes: u64,
-    /// Its identity in the exporter, unique for the exporter's lifetime (CUDA `BUFFER_ID` of a
-    /// VMM mapping, the pool's handle): importers open each (exporter, id) once.
+    /// Its identity in the exporter, unique for its lifetime: importers open each once.
     pub id: u64,
     /// Transport-specific handle bytes (see [`HandleType`]).
     pub handle: [u8; PAYLOAD_LEN],
@@ -178,10 +147,8 @@ pub struct Record {
     pub segments: Vec<Segment>,
 }
 
-/// Identity of this node as far as mapping memory goes: a 64-bit hash of the kernel boot id, the
-/// IPC namespace and the `/dev/shm` directory (see `crate::node`), so processes that cannot map
-/// each other's memory (other hosts, containers without a shared IPC namespace and `/dev/shm`)
-/// never match, and a reboot changes it.
+/// Identity of this node as far as mapping memory goes (a hash of `NodeIdentity::mapping_key`:
+/// equal exactly where memory can be mapped, changed by a reboot).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostIdentity {
     pub id: u64,
@@ -264,12 +231,8 @@ impl Record {
         Self::decode_for_host(bytes, &local_host())
     }
 
-    /// Decodes and validates a record that must be opened on `host`.
-    ///
-    /// Structural problems (length, magic, version, types, flags, ranges) are
-    /// [`Status::Protocol`](crate::error::Status::Protocol); a record from another machine is
-    /// [`Status::Unsupported`](crate::error::Status::Unsupported), because CUDA IPC and shared
-    /// memory are node-local.
+    /// Decodes and validates a record that must be opened on `host`: `Protocol` for a
+    /// structural problem, `Unsupported` for a record from another machine.
     pub fn decode_for_host(bytes: &[u8], host: &HostIdentity) -> Result<Record> {
         let got = bytes.len();
         if got < 8 {

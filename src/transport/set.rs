@@ -10,12 +10,7 @@ use std::sync::Arc;
 /// Makes a transport the first time its memory kind is used.
 pub type TransportFactory = Box<dyn Fn() -> Result<Arc<dyn Transport>> + Send + Sync>;
 
-/// Index of a memory kind in the arrays below (its discriminant).
-fn index(kind: MemKind) -> usize {
-    kind as usize
-}
-
-/// At most one transport per memory kind.
+/// At most one transport per memory kind, indexed by its discriminant.
 #[derive(Default)]
 pub struct Transports {
     ready: [OnceCell<Arc<dyn Transport>>; 2],
@@ -28,7 +23,7 @@ impl Transports {
         let set = Transports::default();
         for t in list {
             let kind = t.kind();
-            if set.ready[index(kind)].set(t).is_err() {
+            if set.ready[kind as usize].set(t).is_err() {
                 return Err(Error::invalid(format!(
                     "two transports given for {} memory",
                     kind.name()
@@ -40,29 +35,29 @@ impl Transports {
 
     /// Adds, or replaces, the transport of its memory kind.
     pub fn set(&mut self, t: Arc<dyn Transport>) {
-        let i = index(t.kind());
+        let i = t.kind() as usize;
         self.ready[i] = OnceCell::with_value(t);
         self.on_first_use[i] = None;
     }
 
     /// Makes the transport of `kind` with `make` when first needed, unless one is given.
     pub fn set_on_first_use(&mut self, kind: MemKind, make: TransportFactory) {
-        self.on_first_use[index(kind)] = Some(make);
+        self.on_first_use[kind as usize] = Some(make);
     }
 
     /// The transport of `kind`, if it exists already.
     pub fn get(&self, kind: MemKind) -> Option<&Arc<dyn Transport>> {
-        self.ready[index(kind)].get()
+        self.ready[kind as usize].get()
     }
 
     /// The transport of `kind`, made now when it is made on first use; `Unsupported` when there
     /// is none for `kind`.
     pub fn get_or_make(&self, kind: MemKind) -> Result<&Arc<dyn Transport>> {
-        let cell = &self.ready[index(kind)];
+        let cell = &self.ready[kind as usize];
         if let Some(t) = cell.get() {
             return Ok(t);
         }
-        match &self.on_first_use[index(kind)] {
+        match &self.on_first_use[kind as usize] {
             Some(make) => cell.get_or_try_init(make),
             None => Err(Error::unsupported(format!(
                 "this cache has no {} transport",
@@ -71,7 +66,6 @@ impl Transports {
         }
     }
 
-    /// The transports that exist now.
     pub fn existing(&self) -> impl Iterator<Item = &Arc<dyn Transport>> {
         self.ready.iter().filter_map(OnceCell::get)
     }

@@ -55,8 +55,7 @@ pub trait SlabMemory: Send + Sync {
 /// A peer's slab as [`SlabMemory::open_peer`] opened it, and its base here.
 pub type Opened = (Box<dyn Send>, u64);
 
-/// A per-process block of [`SLAB_SLOTS`] zero-initialised semaphores over a backend's memory,
-/// shared with peers through a single handle. Peers' slabs are closed before its own memory goes.
+/// A per-process slab over a backend's memory; peers' slabs are closed before its own goes.
 pub struct SemaphoreSlab {
     peers: PeerMappings<(usize, [u8; PAYLOAD_LEN]), Box<dyn Send>>,
     in_use: Mutex<Vec<bool>>,
@@ -72,7 +71,6 @@ impl SemaphoreSlab {
         }
     }
 
-    /// Number of peer slabs currently mapped.
     pub fn live_peer_slabs(&self) -> usize {
         self.peers.len()
     }
@@ -116,8 +114,7 @@ impl SemaphoreSlab {
         self.mem.export()
     }
 
-    /// Maps the slab of rank `peer` and returns its base here; one real open per (peer, handle),
-    /// refcounted. Waits at most `wait` (for a previous mapping of it still being closed).
+    /// Maps the slab of rank `peer` once per (peer, handle), refcounted, and returns its base.
     pub fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
         self.peers.acquire((peer, handle.payload), || {
             self.mem.open_peer(peer, handle, wait)

@@ -1,14 +1,8 @@
-//! Contiguous views of a symmetric allocation: every member's buffer mapped again, in rank
-//! order, in one reserved virtual address range, member i's buffer at `base + i * stride`.
-//!
-//! A transport maps whole pieces of memory at a granularity (a page of a host file, a physical
-//! allocation of device memory), so each member's buffer is mapped as the piece that holds it:
-//! `lead` bytes of the piece come before the buffer, and the piece spans `span` bytes. Every
-//! member gets the same slot, `stride` bytes (the largest span rounded up to the granularity), so
-//! the buffers line up only when they have the same size and the same lead: [`plan`] checks that
-//! and names the members that differ. The arithmetic and the view are here; what is mapped where
-//! is the transport's business ([`Transport::contiguous_view`](super::Transport::contiguous_view):
-//! host pages in `host::transport`, device allocations in `cuda::view`).
+//! Contiguous views of a symmetric allocation: every member's buffer mapped again, in rank order,
+//! in one reserved range, member i's buffer at `base + i * stride` (the layout: PROTOCOL.md section
+//! 5, "Symmetric memory"). The arithmetic, [`plan`] (which names the members whose size or lead
+//! differ) and the view are here; what is mapped where is the transport's
+//! ([`Transport::contiguous_view`](super::Transport::contiguous_view)).
 
 use super::record::Record;
 use super::{LocalBuffer, Mapping};
@@ -40,8 +34,7 @@ pub struct Extent {
     pub span: u64,
 }
 
-/// The shape of a view: `members` slots of `stride` bytes, each buffer `lead` bytes into its
-/// slot.
+/// The shape of a view: `members` slots of `stride` bytes, each buffer `lead` bytes into its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub members: usize,
@@ -137,10 +130,8 @@ fn differing(extents: &[Extent], value: impl Fn(&Extent) -> u64) -> Option<Strin
     Some(parts.join("; "))
 }
 
-/// A contiguous view mapped in this process, member i's buffer at `base() + i * stride()`. Its
-/// backing is the transport's mapping of the reserved range (host pages or device allocations):
-/// dropping the view drops it, which unmaps every slot and frees the range (the members' buffers
-/// themselves are not touched).
+/// A contiguous view mapped in this process, member i's buffer at `base() + i * stride()`;
+/// dropping it drops the transport's backing, which unmaps every slot and frees the range.
 pub struct ContiguousView {
     start: u64,
     layout: Layout,

@@ -237,3 +237,12 @@ fn socket_files_go_where_only_their_owner_can_enter() {
     let _ = std::fs::remove_dir_all(&own);
     let _ = std::fs::remove_dir_all(&shared);
 }
+
+#[test]
+fn the_ptracer_names_are_in_discriminant_order() {
+    for (i, (state, name)) in PtracerState::NAMES.iter().enumerate() {
+        assert_eq!(*state as usize, i);
+        assert_eq!(state.as_str(), *name);
+        assert_eq!(PtracerState::parse(name), Some(*state));
+    }
+}
