@@ -629,6 +629,14 @@ fn open(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> 
                     attempted = true;
                     match try_connect(addr, left.max(Duration::from_millis(1)), timeout) {
                         Ok(conn) => return Ok(conn),
+                        // Another kind of server will not turn into a store by waiting.
+                        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                            return Err(Error::protocol(format!(
+                                "({host}, {port}) at {addr} is not a PyTorch TCPStore server: {e}. \
+                                 Check the store address (MASTER_ADDR and MASTER_PORT, or the \
+                                 address passed in): another service listens on that port"
+                            )));
+                        }
                         Err(e) => last_error = Some(format!("{addr}: {e}")),
                     }
                 }
@@ -666,17 +674,66 @@ fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Resul
     wire::encode_validate(&mut conn.out);
     wire::encode_ping(&mut conn.out, nonce);
     conn.send()?;
-    let echoed = wire::read_u32(&mut conn.reader)?;
-    if echoed != nonce {
+    let mut echoed = [0u8; 4];
+    if let Err(e) = conn.reader.read_exact(&mut echoed) {
+        return Err(match e.kind() {
+            io::ErrorKind::UnexpectedEof => io::Error::new(
+                e.kind(),
+                "the server closed the connection without answering the TCPStore handshake",
+            ),
+            _ => e,
+        });
+    }
+    if u32::from_le_bytes(echoed) != nonce {
+        // A TCPStore echoes the nonce: whatever else answered says more in its next bytes.
+        let mut head = echoed.to_vec();
+        let _ = conn
+            .stream()
+            .set_read_timeout(Some(Duration::from_millis(100)));
+        let mut more = [0u8; 124];
+        if let Ok(n) = conn.reader.read(&mut more) {
+            head.extend_from_slice(&more[..n]);
+        }
+        if head.len() == 4 && !head.starts_with(b"HTTP") && !head.starts_with(b"SSH-") {
+            // Four bytes and nothing else: a store's wrong echo, retried as torch does.
+            let got = u32::from_le_bytes(echoed);
+            return Err(io::Error::other(format!(
+                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {got}"
+            )));
+        }
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {echoed}"
-            ),
+            what_answered(&head),
         ));
     }
     conn.apply_reply_timeout(reply_timeout)?;
     Ok(conn)
+}
+
+/// Names the kind of server whose first reply bytes are `head` (it answered the TCPStore
+/// handshake with something else than the echo).
+fn what_answered(head: &[u8]) -> String {
+    let text = String::from_utf8_lossy(head);
+    let first_line = text.lines().next().unwrap_or("").trim();
+    if head.starts_with(b"HTTP/") {
+        format!("an HTTP server answered (\"{first_line}\")")
+    } else if head.starts_with(b"SSH-") {
+        format!("an SSH server answered (\"{first_line}\")")
+    } else if matches!(head, [0x15 | 0x16, 0x03, ..]) {
+        "a TLS server answered (a TLS record instead of the echo)".to_string()
+    } else if !first_line.is_empty()
+        && head
+            .iter()
+            .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace())
+    {
+        format!("the server answered text (\"{first_line}\") instead of echoing the handshake")
+    } else {
+        let hex: Vec<String> = head.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        format!(
+            "the server answered bytes {} instead of echoing the handshake",
+            hex.join(" ")
+        )
+    }
 }
 
 /// Exponential backoff with ±50 % jitter, so ranks started together do not retry in lockstep.

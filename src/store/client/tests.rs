@@ -447,3 +447,48 @@ fn separate_connection_is_another_client_that_is_not_a_new_worker() {
     drop(second);
     server.shutdown();
 }
+
+/// A server that answers the handshake with `reply` and closes.
+fn answering(reply: &'static [u8]) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        while let Ok((mut sock, _)) = listener.accept() {
+            let mut request = [0u8; 64];
+            let _ = sock.read(&mut request);
+            let _ = sock.write_all(reply);
+        }
+    });
+    port
+}
+
+#[test]
+fn another_kind_of_server_is_named_at_once() {
+    let cases: [(&[u8], &str); 4] = [
+        (
+            b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            "an HTTP server answered (\"HTTP/1.1 400 Bad Request\")",
+        ),
+        (b"\x15\x03\x01\x00\x02\x02\x32", "a TLS server answered"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "an SSH server answered"),
+        (b"\x01\x02\x03\x04\x05", "answered bytes 01 02 03 04 05"),
+    ];
+    for (reply, expected) in cases {
+        let port = answering(reply);
+        let start = Instant::now();
+        let err = TcpStore::connect("127.0.0.1", port, &opts(30_000)).unwrap_err();
+        assert_eq!(err.status, Status::Protocol, "{err}");
+        assert!(
+            err.message.contains("is not a PyTorch TCPStore server"),
+            "{err}"
+        );
+        assert!(err.message.contains(expected), "{err}");
+        assert!(err.message.contains("MASTER_ADDR"), "{err}");
+        // Named at once, not after the 30 s connect timeout.
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}
