@@ -5,9 +5,6 @@
 //! closure (variable name to value), so they are tested without touching the process environment.
 
 use crate::error::{Error, Result};
-use crate::fdpass::Rung;
-use crate::logging::Subsystem;
-use crate::store::server::ServerOptions;
 use log::LevelFilter;
 use std::fmt;
 use std::path::PathBuf;
@@ -340,14 +337,6 @@ pub fn store_threads_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Res
     Ok(n.map_or(1, |n| n as usize))
 }
 
-/// Options for a store server embedded in this process, from the environment.
-pub fn embedded_server_options() -> Result<ServerOptions> {
-    Ok(ServerOptions {
-        threads: store_threads_from_lookup(process_env)?,
-        ..ServerOptions::default()
-    })
-}
-
 /// `NVFIPC_VMM_WINDOW_MIB` in bytes (default [`DEFAULT_VMM_WINDOW_MIB`]); 0 turns widening off.
 pub fn vmm_window_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<u64> {
     let what = format!(
@@ -650,6 +639,108 @@ impl FdPassConfig {
             };
         }
         Ok(config)
+    }
+}
+
+// The vocabularies of NVFIPC_DEBUG_SUBSYS and NVFIPC_FD_RUNGS.
+
+/// Targets of the library's log lines, one per subsystem.
+pub const STORE: &str = "nvfipc::store";
+pub const BARRIER: &str = "nvfipc::barrier";
+pub const EXCHANGE: &str = "nvfipc::exchange";
+pub const CUDA: &str = "nvfipc::cuda";
+pub const HOST: &str = "nvfipc::host";
+pub const SERVER: &str = "nvfipc::server";
+
+/// A part of the library whose lines can be selected with `NVFIPC_DEBUG_SUBSYS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Subsystem {
+    /// Store client traffic: connections, keys set and read, waits.
+    Store = 0,
+    /// Barriers: arrivals, releases, who is missing.
+    Barrier = 1,
+    /// The handle exchange: channels, steps, versions, records, opens and releases.
+    Exchange = 2,
+    /// The CUDA transport: driver loading, IPC export/open/close, the releaser.
+    Cuda = 3,
+    /// The host transport: shared-memory segments and their cleanup.
+    Host = 4,
+    /// The embedded store server: connections accepted and refused, limits, bad frames.
+    Server = 5,
+}
+
+impl Subsystem {
+    pub const ALL: [Subsystem; 6] = [
+        Subsystem::Store,
+        Subsystem::Barrier,
+        Subsystem::Exchange,
+        Subsystem::Cuda,
+        Subsystem::Host,
+        Subsystem::Server,
+    ];
+    pub const ALL_MASK: u32 = (1 << Self::ALL.len()) - 1;
+
+    /// `store`, `barrier`, ...: the target without its `nvfipc::`.
+    pub fn name(self) -> &'static str {
+        &self.target()["nvfipc::".len()..]
+    }
+
+    pub fn target(self) -> &'static str {
+        [STORE, BARRIER, EXCHANGE, CUDA, HOST, SERVER][self as usize]
+    }
+
+    pub fn bit(self) -> u32 {
+        1 << self as u32
+    }
+
+    pub fn from_name(name: &str) -> Option<Subsystem> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The subsystem of a log target; `None` for targets outside this library (dependencies).
+    pub fn from_target(target: &str) -> Option<Subsystem> {
+        Self::ALL.into_iter().find(|s| s.target() == target)
+    }
+}
+
+/// One way to obtain a peer's descriptor, in the order they are tried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rung {
+    /// The peer's responder on its abstract socket (same network namespace only).
+    Abstract,
+    /// The peer's responder on its socket file in the socket directory.
+    Path,
+    /// `pidfd_open` + `pidfd_getfd` (ptrace rights over the peer).
+    Pidfd,
+    /// A CUDA FABRIC handle: not an fd; the VMM transport tries it and adds its outcome.
+    Fabric,
+}
+
+/// Each rung (in discriminant order) with its name (in `NVFIPC_FD_RUNGS`) and its title.
+const RUNGS: [(Rung, &str, &str); 4] = [
+    (Rung::Abstract, "abstract", "abstract socket"),
+    (Rung::Path, "path", "socket path"),
+    (Rung::Pidfd, "pidfd", "pidfd_getfd"),
+    (Rung::Fabric, "fabric", "FABRIC handle"),
+];
+
+impl Rung {
+    pub fn name(self) -> &'static str {
+        RUNGS[self as usize].1
+    }
+
+    pub fn parse(s: &str) -> Option<Rung> {
+        RUNGS
+            .iter()
+            .find(|(_, name, _)| *name == s.trim())
+            .map(|(r, ..)| *r)
+    }
+
+    pub(crate) fn title(self) -> &'static str {
+        RUNGS[self as usize].2
     }
 }
 

@@ -424,3 +424,12 @@ mod fdpass {
         }
     }
 }
+
+#[test]
+fn the_rung_table_is_in_discriminant_order() {
+    for (i, (rung, name, _)) in RUNGS.iter().enumerate() {
+        assert_eq!(*rung as usize, i);
+        assert_eq!(rung.name(), *name);
+        assert_eq!(Rung::parse(name), Some(*rung));
+    }
+}

@@ -194,7 +194,8 @@ pub(super) fn claim_rank(
             if !untagged {
                 return Ok(());
             }
-            check_passed_over(store, &base, run, ranks.rank, holder, &value)
+            let started = THIS_PROCESS.started.as_ref();
+            check_passed_over(store, (&base, run, ranks.rank), holder, &value, started)
         };
         // Rank 0 opens the runs; the others join this one unless the rank 0 that opened it is
         // dead (a run a dead job left half claimed).

@@ -83,10 +83,10 @@ fn wall_now() -> Duration {
         .unwrap_or_default()
 }
 
-/// True when this process certainly started before `moment`: on this kernel, by its boot clock;
-/// on another, by the wall clocks, allowing [`CLOCK_SKEW`] between them.
-fn started_before(moment: &Moment) -> bool {
-    let Some(me) = &super::claim::THIS_PROCESS.started else {
+/// True when this process, started at `started`, certainly started before `moment`: on this
+/// kernel, by its boot clock; on another, by the wall clocks, allowing [`CLOCK_SKEW`] between them.
+fn started_before(started: Option<&Moment>, moment: &Moment) -> bool {
+    let Some(me) = started else {
         return false;
     };
     if !me.boot_id.is_empty() && me.boot_id == moment.boot_id {
@@ -106,14 +106,14 @@ pub(super) enum SlotHolder<'a> {
 
 /// An untagged rank passes over run `run` (it will not be part of it): fails, after marking
 /// the run, when this process was already running while the run was live (see the module
-/// documentation). `me` is this rank's claim value, written into the mark.
+/// documentation). `me` is this rank's claim value, written into the mark; `started` when this
+/// process started.
 pub(super) fn check_passed_over(
     store: &dyn Store,
-    base: &str,
-    run: u64,
-    rank: usize,
+    (base, run, rank): (&str, u64, usize),
     holder: SlotHolder<'_>,
     me: &str,
+    started: Option<&Moment>,
 ) -> Result<()> {
     let why = match holder {
         SlotHolder::Other {
@@ -122,7 +122,7 @@ pub(super) fn check_passed_over(
         } => Some(format!(
             "its rank {rank} is held by {describe}, which is alive and has not closed"
         )),
-        _ => overlap(store, base, run)?,
+        _ => overlap(store, base, run, started)?,
     };
     let Some(why) = why else {
         return Ok(());
@@ -145,7 +145,12 @@ const ADVICE: &str = "Give each job its own NVFIPC_JOB_TAG, start it with a laun
 
 /// Why this process overlapped run `run`, from the moments the run recorded; `None` if it did
 /// not (or nothing was recorded).
-fn overlap(store: &dyn Store, base: &str, run: u64) -> Result<Option<String>> {
+fn overlap(
+    store: &dyn Store,
+    base: &str,
+    run: u64,
+    started: Option<&Moment>,
+) -> Result<Option<String>> {
     for (name, what) in [
         ("last_close", "a rank of it closed"),
         ("open", "its rank 0 opened it"),
@@ -156,7 +161,7 @@ fn overlap(store: &dyn Store, base: &str, run: u64) -> Result<Option<String>> {
         }
         let value = store.get(&key, Duration::from_secs(1))?;
         if let Some(moment) = Moment::decode(&value) {
-            if started_before(&moment) {
+            if started_before(started, &moment) {
                 return Ok(Some(format!(
                     "this process started before {what}: key {key}"
                 )));

@@ -14,7 +14,7 @@ use crate::logging;
 use crate::names::context as names;
 use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
-use crate::store::server::StoreServer;
+use crate::store::server::{ServerOptions, StoreServer};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use claim::{agree_on_job_id, claim_rank, RankClaim};
 use std::collections::hash_map::RandomState;
@@ -171,7 +171,7 @@ impl Context {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
         // Election (see the module documentation): the candidate whose bind succeeds hosts.
         let server = if hosting != Hosting::Connect {
-            match StoreServer::bind_with("", port, &config::embedded_server_options()?) {
+            match StoreServer::bind_with("", port, &ServerOptions::embedded()?) {
                 Ok(server) => Some(server),
                 Err(e) if hosting == Hosting::Candidate && port != 0 && is_addr_in_use(&e) => None,
                 Err(e) => {

@@ -6,43 +6,7 @@ use crate::os::fd_passing::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
 use std::fmt;
 use std::io;
 
-/// One way to obtain a peer's descriptor, in the order they are tried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Rung {
-    /// The peer's responder on its abstract socket (same network namespace only).
-    Abstract,
-    /// The peer's responder on its socket file in the socket directory.
-    Path,
-    /// `pidfd_open` + `pidfd_getfd` (ptrace rights over the peer).
-    Pidfd,
-    /// A CUDA FABRIC handle: not an fd; the VMM transport tries it and adds its outcome.
-    Fabric,
-}
-
-/// Each rung (in discriminant order) with its name (in `NVFIPC_FD_RUNGS`) and its title.
-const RUNGS: [(Rung, &str, &str); 4] = [
-    (Rung::Abstract, "abstract", "abstract socket"),
-    (Rung::Path, "path", "socket path"),
-    (Rung::Pidfd, "pidfd", "pidfd_getfd"),
-    (Rung::Fabric, "fabric", "FABRIC handle"),
-];
-
-impl Rung {
-    pub fn name(self) -> &'static str {
-        RUNGS[self as usize].1
-    }
-
-    pub fn parse(s: &str) -> Option<Rung> {
-        RUNGS
-            .iter()
-            .find(|(_, name, _)| *name == s.trim())
-            .map(|(r, ..)| *r)
-    }
-
-    fn title(self) -> &'static str {
-        RUNGS[self as usize].2
-    }
-}
+pub use crate::config::Rung;
 
 /// Why one rung did not deliver.
 #[derive(Clone, Debug, PartialEq, Eq)]

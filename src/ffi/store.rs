@@ -8,10 +8,9 @@ use super::args::{
 use super::boundary::ffi_call;
 use super::registry::{free_buffer, handle_ref, into_buffer, into_handle, take_handle, Handle};
 use super::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
-use crate::config;
 use crate::error::{Error, Result, Status};
 use crate::store::client::{ConnectOptions, TcpStore};
-use crate::store::server::StoreServer;
+use crate::store::server::{ServerOptions, StoreServer};
 use crate::store::{Store, DEFAULT_TIMEOUT};
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -563,7 +562,7 @@ pub extern "C" fn nvfipc_store_serve(
         let host = c_str_arg(bind_host, "bind_host")?;
         let out_port = optional_out_ptr(out_port, "out_port")?;
         let out = out_ptr(out_server, "out_server")?;
-        let server = StoreServer::bind_with(host, port, &config::embedded_server_options()?)?;
+        let server = StoreServer::bind_with(host, port, &ServerOptions::embedded()?)?;
         if let Some(p) = out_port {
             p.write(server.port());
         }

@@ -6,6 +6,7 @@
 //! logging::EXCHANGE, ...)`; the target is the subsystem `NVFIPC_DEBUG_SUBSYS` filters on.
 
 use crate::config::{LogConfig, DEBUG_FILE_VAR};
+pub use crate::config::{Subsystem, BARRIER, CUDA, EXCHANGE, HOST, SERVER, STORE};
 use crate::sync::lock;
 pub use log::Level;
 use log::{LevelFilter, Log, Metadata, Record};
@@ -14,68 +15,6 @@ use std::io::Write;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::SystemTime;
-
-/// Targets of the library's log lines, one per subsystem.
-pub const STORE: &str = "nvfipc::store";
-pub const BARRIER: &str = "nvfipc::barrier";
-pub const EXCHANGE: &str = "nvfipc::exchange";
-pub const CUDA: &str = "nvfipc::cuda";
-pub const HOST: &str = "nvfipc::host";
-pub const SERVER: &str = "nvfipc::server";
-
-/// A part of the library whose lines can be selected with `NVFIPC_DEBUG_SUBSYS`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Subsystem {
-    /// Store client traffic: connections, keys set and read, waits.
-    Store = 0,
-    /// Barriers: arrivals, releases, who is missing.
-    Barrier = 1,
-    /// The handle exchange: channels, steps, versions, records, opens and releases.
-    Exchange = 2,
-    /// The CUDA transport: driver loading, IPC export/open/close, the releaser.
-    Cuda = 3,
-    /// The host transport: shared-memory segments and their cleanup.
-    Host = 4,
-    /// The embedded store server: connections accepted and refused, limits, bad frames.
-    Server = 5,
-}
-
-impl Subsystem {
-    pub const ALL: [Subsystem; 6] = [
-        Subsystem::Store,
-        Subsystem::Barrier,
-        Subsystem::Exchange,
-        Subsystem::Cuda,
-        Subsystem::Host,
-        Subsystem::Server,
-    ];
-    pub const ALL_MASK: u32 = (1 << Self::ALL.len()) - 1;
-
-    /// `store`, `barrier`, ...: the target without its `nvfipc::`.
-    pub fn name(self) -> &'static str {
-        &self.target()["nvfipc::".len()..]
-    }
-
-    pub fn target(self) -> &'static str {
-        [STORE, BARRIER, EXCHANGE, CUDA, HOST, SERVER][self as usize]
-    }
-
-    pub fn bit(self) -> u32 {
-        1 << self as u32
-    }
-
-    pub fn from_name(name: &str) -> Option<Subsystem> {
-        Self::ALL
-            .into_iter()
-            .find(|s| s.name().eq_ignore_ascii_case(name))
-    }
-
-    /// The subsystem of a log target; `None` for targets outside this library (dependencies).
-    pub fn from_target(target: &str) -> Option<Subsystem> {
-        Self::ALL.into_iter().find(|s| s.target() == target)
-    }
-}
 
 /// Receives each line (without its newline) instead of stderr or the file. Called from any
 /// thread of the library, the releaser's and the store server's included.

@@ -10,22 +10,24 @@ fn moments_round_trip_and_old_values_are_ignored() {
 
 #[test]
 fn this_process_started_before_now_but_not_before_its_start() {
-    assert!(super::super::claim::THIS_PROCESS.started.is_some());
+    let me = super::super::claim::THIS_PROCESS.started.as_ref();
+    assert!(me.is_some());
     let later = Moment {
         since_boot: Moment::now().since_boot + Duration::from_millis(20),
         ..Moment::now()
     };
-    assert!(started_before(&later));
+    assert!(started_before(me, &later));
     let start = super::super::claim::THIS_PROCESS.started.as_ref().unwrap();
-    assert!(!started_before(start));
+    assert!(!started_before(me, start));
     // Another host: wall clocks, with the allowed skew.
     let elsewhere = |wall: Duration| Moment {
         boot_id: "another-boot".into(),
         since_boot: Duration::ZERO,
         wall,
     };
-    assert!(!started_before(&elsewhere(start.wall + CLOCK_SKEW / 2)));
-    assert!(started_before(&elsewhere(
-        start.wall + CLOCK_SKEW + Duration::from_secs(1)
-    )));
+    assert!(!started_before(me, &elsewhere(start.wall + CLOCK_SKEW / 2)));
+    assert!(started_before(
+        me,
+        &elsewhere(start.wall + CLOCK_SKEW + Duration::from_secs(1))
+    ));
 }

@@ -37,6 +37,16 @@ pub struct ServerOptions {
     pub threads: usize,
 }
 
+impl ServerOptions {
+    /// Options for a store server embedded in this process (`NVFIPC_STORE_THREADS`).
+    pub fn embedded() -> Result<ServerOptions> {
+        Ok(ServerOptions {
+            threads: crate::config::store_threads_from_lookup(crate::config::process_env)?,
+            ..ServerOptions::default()
+        })
+    }
+}
+
 /// Event-loop threads when [`ServerOptions::threads`] is 0: one per four cores, one to four.
 pub fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
