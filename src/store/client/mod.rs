@@ -375,7 +375,7 @@ impl TcpStore {
         format!("{}:{}", self.host, self.port)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Conn> {
+    fn connection(&self) -> MutexGuard<'_, Conn> {
         // A panic while holding the lock could have left a request half written.
         self.conn.lock().unwrap_or_else(|poisoned| {
             let mut conn = poisoned.into_inner();
@@ -407,7 +407,7 @@ impl TcpStore {
         body: impl FnOnce(&mut Conn) -> Step<T>,
     ) -> Result<T> {
         let timeout = self.timeout();
-        let mut conn = self.lock();
+        let mut conn = self.connection();
         if let Some(reason) = &conn.broken {
             return Err(Error::state(format!(
                 "store {}: {op} refused: the connection is unusable after an earlier error \

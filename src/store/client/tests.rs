@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 impl TcpStore {
     /// The address the connection actually reached (after name resolution).
     fn peer_addr(&self) -> Result<SocketAddr> {
-        let conn = self.lock();
+        let conn = self.connection();
         conn.stream().peer_addr().map_err(|e| {
             Error::from_io(
                 format!("store {}:{}: peer address", self.host, self.port),
