@@ -2,16 +2,17 @@
 //! references, and C integers become ranks, counts and timeouts.
 //!
 //! Safety contract: these helpers must only be given pointers that a C caller passed to an
-//! `nvfipc_*` function. The documented C contract (each pointer is NULL or valid for the stated
-//! length, strings are NUL-terminated) is what makes their `unsafe` blocks sound; the helpers
-//! check everything that can be checked (NULL, alignment, UTF-8, lengths).
+//! `nvfipc_*` function; the documented C contract (each pointer is NULL or valid for the stated
+//! length, strings are NUL-terminated) makes their `unsafe` blocks sound. They check what can be
+//! checked (NULL, alignment, UTF-8, lengths).
 //!
-//! Argument names are `impl Display` so that a caller can pass `format_args!("{name}.peer")`:
-//! the name is only formatted when a message needs it, never on the success path (a warm
-//! `nvfipc_cache_get` spent most of its time formatting names it never used).
+//! Argument names are `impl Display` (e.g. `format_args!("{name}.peer")`) so that a name is only
+//! formatted when a message needs it (a warm `nvfipc_cache_get` once spent most of its time
+//! formatting names it never used).
 
+use crate::cuda::p2p::Stream;
 use crate::error::{Error, Result};
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::fmt::Display;
 use std::time::Duration;
 
@@ -38,8 +39,8 @@ pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'
     })
 }
 
-/// Checks an array argument of `len` items at `ptr` (input or output) for what Rust needs of
-/// it: non-NULL, aligned and of a representable size; anything goes when `len` is 0.
+/// Checks an array of `len` items (input or output): non-NULL, aligned and of a representable
+/// size; anything goes when `len` is 0.
 fn check_array<T>(ptr: *const T, len: usize, name: &str) -> Result<()> {
     if len == 0 {
         return Ok(());
@@ -117,45 +118,54 @@ pub(crate) fn c_str_array_arg<'a>(
         .collect()
 }
 
-/// An output argument that has been checked to be non-NULL. Check outputs before doing any work
-/// so that nothing is created (and leaked) when the caller gave no place to put it.
+/// A checked output argument (NULL only when optional: then nothing is written). Check outputs
+/// before doing any work so that nothing is created (and leaked) when the caller gave no place
+/// to put it.
 pub(crate) struct OutPtr<T> {
     ptr: *mut T,
 }
 
 impl<T> OutPtr<T> {
-    /// Stores `value` in the caller's variable.
-    pub(crate) fn write(self, value: T) {
-        // SAFETY: non-NULL (checked in `out_ptr`); the C contract says output pointers point to
-        // writable storage for one `T`. `write` does not drop the (possibly uninitialised) old value.
-        unsafe { self.ptr.write(value) }
+    /// Stores `value` in the caller's variable; returns `Ok` so that it can end a body.
+    pub(crate) fn write(self, value: T) -> Result<()> {
+        if !self.ptr.is_null() {
+            // SAFETY: non-NULL and aligned (checked in `out_ptr`); the C contract says output
+            // pointers point to writable storage for one `T`. `write` does not drop the
+            // (possibly uninitialised) old value.
+            unsafe { self.ptr.write(value) }
+        }
+        Ok(())
     }
 }
 
 /// Checks an output pointer argument.
 pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> Result<OutPtr<T>> {
-    check_not_null(ptr, name)?;
-    if !ptr.is_aligned() {
-        return Err(Error::invalid(format!(
-            "argument `{name}` ({ptr:p}) is not aligned for its type"
-        )));
-    }
+    check_array(ptr.cast_const(), 1, name)?;
     Ok(OutPtr { ptr })
 }
 
-/// Checks the output pointer argument `ptr` and stores `value` in it (a getter's result).
-pub(crate) fn write_out<T>(ptr: *mut T, name: &str, value: T) -> Result<()> {
-    out_ptr(ptr, name)?.write(value);
-    Ok(())
+/// An optional output argument: NULL means the caller does not want the value.
+pub(crate) fn optional_out_ptr<T>(ptr: *mut T, name: &str) -> Result<OutPtr<T>> {
+    if ptr.is_null() {
+        Ok(OutPtr { ptr })
+    } else {
+        out_ptr(ptr, name)
+    }
 }
 
-/// An optional output argument: NULL means the caller does not want the value.
-pub(crate) fn optional_out_ptr<T>(ptr: *mut T, name: &str) -> Result<Option<OutPtr<T>>> {
-    if ptr.is_null() {
-        Ok(None)
-    } else {
-        out_ptr(ptr, name).map(Some)
-    }
+/// `$ty { f: $src.f, .. }` for a C struct that mirrors a Rust one field by field, plus
+/// `extra: value` fields the Rust one lacks.
+macro_rules! copy_fields {
+    ($src:expr => $ty:ident { $($field:ident),+ $(,)? } $(, $extra:ident: $value:expr)*) => {{
+        let src = $src;
+        $ty { $($field: src.$field,)+ $($extra: $value,)* }
+    }};
+}
+pub(crate) use copy_fields;
+
+/// A stream argument (`CUstream` or `cudaStream_t`; NULL is the legacy default stream).
+pub(crate) fn stream_arg(stream: *mut c_void) -> Stream {
+    Stream(stream as usize)
 }
 
 /// Converts a C timeout: negative means `default`, 0 means "do not wait", otherwise milliseconds.

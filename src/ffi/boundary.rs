@@ -28,8 +28,8 @@ thread_local! {
     });
 }
 
-/// Turns a message into a C string; interior NUL bytes (never expected) are made visible.
-fn to_c_message(message: &str) -> CString {
+/// Turns a message into a C string; interior NUL bytes (from a key or tag) are made visible.
+pub(crate) fn to_c_message(message: &str) -> CString {
     CString::new(message.replace('\0', "\\0")).unwrap_or_default()
 }
 
@@ -83,14 +83,15 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Runs the body of the C function `function`: `Ok` gives [`Status::Ok`]; an error or a panic is
-/// recorded as the thread's last error (message prefixed with `function`) and its status returned.
-/// A success leaves the previous last error in place, like `errno`.
-pub(crate) fn ffi_call(function: &'static str, body: impl FnOnce() -> Result<()>) -> Status {
+/// Runs the body of the C function `function`: `Ok` gives [`Status::Ok`] (its value, if any, is
+/// dropped: results go through output pointers); an error or a panic is recorded as the thread's
+/// last error (message prefixed with `function`) and its status returned. A success leaves the
+/// previous last error in place, like `errno`.
+pub(crate) fn ffi_call<R>(function: &'static str, body: impl FnOnce() -> Result<R>) -> Status {
     // AssertUnwindSafe: after a panic the caller only gets a status; objects the body touched are
     // documented as possibly unusable (Status::Panic), and shared state uses poison-tolerant locks.
     let err = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => return Status::Ok,
+        Ok(Ok(_)) => return Status::Ok,
         Ok(Err(err)) => err,
         Err(payload) => Error::new(
             Status::Panic,

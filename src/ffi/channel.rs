@@ -48,8 +48,7 @@ pub extern "C" fn nvfipc_channel_open(
         let cache = cache_arg(cache)?;
         let req = single_request(&cache, req)?;
         let ch = cache.open_channel(&req)?;
-        out.write(into_handle(nvfipc_channel { ch: Arc::new(ch) }));
-        Ok(())
+        out.write(into_handle(nvfipc_channel { ch: Arc::new(ch) }))
     })
 }
 
@@ -57,10 +56,7 @@ pub extern "C" fn nvfipc_channel_open(
 /// its cache is freed; a freed channel is an error (`NVFIPC_STATUS_INVALID_STATE`).
 #[no_mangle]
 pub extern "C" fn nvfipc_channel_free(ch: *mut nvfipc_channel) -> Status {
-    ffi_call("nvfipc_channel_free", || {
-        take_handle(ch, "ch")?;
-        Ok(())
-    })
+    ffi_call("nvfipc_channel_free", || take_handle(ch, "ch"))
 }
 
 /// Writes the channel's handles into `*out`, as `nvfipc_cache_get` gives them, while the channel
@@ -73,8 +69,7 @@ pub extern "C" fn nvfipc_channel_handles(
     ffi_call("nvfipc_channel_handles", || {
         let out = out_ptr(out, "out")?;
         let ch = channel_arg(ch)?;
-        out.write(nvfipc_p2p_handle::from(ch.handles()?));
-        Ok(())
+        out.write(nvfipc_p2p_handle::from(ch.handles()?))
     })
 }
 

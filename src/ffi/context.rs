@@ -1,6 +1,6 @@
 //! C ABI of the job context: who this rank is and which store the job shares.
 
-use super::args::{c_str_arg, out_ptr, positive_arg, rank_arg, timeout_arg, write_out};
+use super::args::{c_str_arg, out_ptr, positive_arg, rank_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use super::store::nvfipc_store;
@@ -48,6 +48,17 @@ impl nvfipc_context {
 /// Borrows the context behind a C pointer (the argument is always named `ctx`).
 pub(crate) fn context_arg(ctx: *const nvfipc_context) -> Result<Arc<Context>> {
     Ok(handle_ref(ctx, "ctx")?.ctx)
+}
+
+/// A rank getter's body: `get` of the context at `ctx`, written to `*out` (named `name`).
+fn get(
+    ctx: *const nvfipc_context,
+    out: *mut i64,
+    name: &str,
+    get: fn(&Context) -> usize,
+) -> Result<()> {
+    let value = get(&*context_arg(ctx)?) as i64;
+    out_ptr(out, name)?.write(value)
 }
 
 /// Converts the four C rank numbers, naming the argument that is wrong.
@@ -106,8 +117,7 @@ pub extern "C" fn nvfipc_context_create(
             local_world_size,
             store: store.store,
         })?;
-        out.write(into_handle(nvfipc_context::new(ctx)));
-        Ok(())
+        out.write(into_handle(nvfipc_context::new(ctx)))
     })
 }
 
@@ -138,8 +148,7 @@ pub extern "C" fn nvfipc_context_connect(
         }
         let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
         let ctx = Context::connect(rank, world_size, host, port, host_store, timeout)?;
-        out.write(into_handle(nvfipc_context::new(ctx)));
-        Ok(())
+        out.write(into_handle(nvfipc_context::new(ctx)))
     })
 }
 
@@ -157,8 +166,7 @@ pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> 
     ffi_call("nvfipc_context_from_env", || {
         let out = out_ptr(out_ctx, "out_ctx")?;
         let ctx = Context::from_env(&EnvOptions::default())?;
-        out.write(into_handle(nvfipc_context::new(ctx)));
-        Ok(())
+        out.write(into_handle(nvfipc_context::new(ctx)))
     })
 }
 
@@ -166,7 +174,7 @@ pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> 
 #[no_mangle]
 pub extern "C" fn nvfipc_context_rank(ctx: *const nvfipc_context, out_rank: *mut i64) -> Status {
     ffi_call("nvfipc_context_rank", || {
-        write_out(out_rank, "out_rank", context_arg(ctx)?.rank() as i64)
+        get(ctx, out_rank, "out_rank", Context::rank)
     })
 }
 
@@ -177,11 +185,7 @@ pub extern "C" fn nvfipc_context_world_size(
     out_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_world_size", || {
-        write_out(
-            out_world_size,
-            "out_world_size",
-            context_arg(ctx)?.world_size() as i64,
-        )
+        get(ctx, out_world_size, "out_world_size", Context::world_size)
     })
 }
 
@@ -192,11 +196,7 @@ pub extern "C" fn nvfipc_context_local_rank(
     out_local_rank: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_rank", || {
-        write_out(
-            out_local_rank,
-            "out_local_rank",
-            context_arg(ctx)?.local_rank() as i64,
-        )
+        get(ctx, out_local_rank, "out_local_rank", Context::local_rank)
     })
 }
 
@@ -207,10 +207,11 @@ pub extern "C" fn nvfipc_context_local_world_size(
     out_local_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_world_size", || {
-        write_out(
+        get(
+            ctx,
             out_local_world_size,
             "out_local_world_size",
-            context_arg(ctx)?.local_world_size() as i64,
+            Context::local_world_size,
         )
     })
 }
@@ -225,7 +226,7 @@ pub extern "C" fn nvfipc_context_job_id(
     ffi_call("nvfipc_context_job_id", || {
         // The CString lives in the boxed handle, which stays alive until the context is freed.
         let job_id = handle_ref(ctx, "ctx")?.job_id.as_ptr();
-        write_out(out_job_id, "out_job_id", job_id)
+        out_ptr(out_job_id, "out_job_id")?.write(job_id)
     })
 }
 
@@ -236,11 +237,8 @@ pub extern "C" fn nvfipc_context_hosted_port(
     out_port: *mut u16,
 ) -> Status {
     ffi_call("nvfipc_context_hosted_port", || {
-        write_out(
-            out_port,
-            "out_port",
-            context_arg(ctx)?.hosted_store_port().unwrap_or(0),
-        )
+        let port = context_arg(ctx)?.hosted_store_port().unwrap_or(0);
+        out_ptr(out_port, "out_port")?.write(port)
     })
 }
 
@@ -259,8 +257,7 @@ pub extern "C" fn nvfipc_context_store(
             store: ctx.store().clone(),
             tcp: None,
             callback: None,
-        }));
-        Ok(())
+        }))
     })
 }
 

@@ -11,12 +11,12 @@
 //! Streams are passed as `void*` (a `CUstream` or `cudaStream_t`; NULL is the legacy default
 //! stream). Every primitive only enqueues work on the stream and returns at once.
 
-use super::args::{out_ptr, ref_arg, timeout_arg};
+use super::args::{copy_fields, optional_out_ptr, out_ptr, ref_arg, stream_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::channel::{channel_arg, nvfipc_channel};
 use super::exchange::{nvfipc_cache, nvfipc_request, p2p_handles};
 use crate::cuda::memory::DeviceMemoryKind;
-use crate::cuda::p2p::{self, Endpoint, Stream};
+use crate::cuda::p2p::{self, Endpoint};
 use crate::cuda::{self, driver, ipc, memory};
 use crate::error::{Error, Result, Status};
 use crate::exchange::MemKind;
@@ -41,21 +41,10 @@ pub struct nvfipc_p2p_endpoint {
     pub peer_semaphore: u64,
 }
 
-impl From<&nvfipc_p2p_endpoint> for Endpoint {
-    fn from(e: &nvfipc_p2p_endpoint) -> Endpoint {
-        Endpoint {
-            local_ptr: e.local_ptr,
-            local_bytes: e.local_bytes,
-            local_semaphore: e.local_semaphore,
-            peer_ptr: e.peer_ptr,
-            peer_bytes: e.peer_bytes,
-            peer_semaphore: e.peer_semaphore,
-        }
-    }
-}
-
 fn endpoint_arg(ptr: *const nvfipc_p2p_endpoint) -> Result<Endpoint> {
-    Ok(Endpoint::from(ref_arg(ptr, "endpoint")?))
+    Ok(copy_fields!(ref_arg(ptr, "endpoint")? => Endpoint {
+        local_ptr, local_bytes, local_semaphore, peer_ptr, peer_bytes, peer_semaphore
+    }))
 }
 
 /// Counters of real driver-level IPC opens and closes in this process.
@@ -112,8 +101,7 @@ pub struct nvfipc_cuda_vmm_counters {
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_available(out: *mut bool) -> Status {
     ffi_call("nvfipc_cuda_available", || {
-        out_ptr(out, "out")?.write(driver::is_available());
-        Ok(())
+        out_ptr(out, "out")?.write(driver::is_available())
     })
 }
 
@@ -121,7 +109,7 @@ pub extern "C" fn nvfipc_cuda_available(out: *mut bool) -> Status {
 /// with the reason in the last error message, when there is no usable driver.
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_check() -> Status {
-    ffi_call("nvfipc_cuda_check", || driver::driver().map(|_| ()))
+    ffi_call("nvfipc_cuda_check", driver::driver)
 }
 
 /// Checks that `[ptr, ptr + bytes)` is device memory that legacy CUDA IPC can export.
@@ -139,10 +127,7 @@ pub extern "C" fn nvfipc_cuda_check_pointer(
 ) -> Status {
     ffi_call("nvfipc_cuda_check_pointer", || {
         let alloc = memory::resolve(ptr as u64, bytes)?;
-        if !out_base.is_null() {
-            out_ptr(out_base, "out_base")?.write(alloc.base);
-        }
-        Ok(())
+        optional_out_ptr(out_base, "out_base")?.write(alloc.base)
     })
 }
 
@@ -162,8 +147,7 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
             DeviceMemoryKind::Vmm { .. } => NVFIPC_DEVICE_MEMORY_VMM,
             DeviceMemoryKind::Pool { .. } => NVFIPC_DEVICE_MEMORY_POOL,
         };
-        out.write(kind);
-        Ok(())
+        out.write(kind)
     })
 }
 
@@ -172,21 +156,12 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counters) -> Status {
     ffi_call("nvfipc_cuda_vmm_counters_get", || {
-        let out = out_ptr(out, "out")?;
-        let v = cuda::vmm_counters();
-        out.write(nvfipc_cuda_vmm_counters {
-            segment_exports: v.segment_exports,
-            segment_imports: v.segment_imports,
-            segment_releases: v.segment_releases,
-            maps: v.maps,
-            unmaps: v.unmaps,
-            live_segments: v.live_segments,
-            live_maps: v.live_maps,
-            pool_imports: v.pool_imports,
-            pool_frees: v.pool_frees,
-            inside_mapped: v.inside_mapped,
-        });
-        Ok(())
+        out_ptr(out, "out")?.write(
+            copy_fields!(cuda::vmm_counters() => nvfipc_cuda_vmm_counters {
+                segment_exports, segment_imports, segment_releases, maps, unmaps, live_segments,
+                live_maps, pool_imports, pool_frees, inside_mapped
+            }),
+        )
     })
 }
 
@@ -195,15 +170,9 @@ pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counter
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counters) -> Status {
     ffi_call("nvfipc_cuda_ipc_counters_get", || {
-        let c = ipc::counters();
-        out_ptr(out, "out")?.write(nvfipc_cuda_ipc_counters {
-            opens: c.opens,
-            closes: c.closes,
-            live: c.live,
-            pending_closes: c.pending_closes,
-            close_errors: c.close_errors,
-        });
-        Ok(())
+        out_ptr(out, "out")?.write(copy_fields!(ipc::counters() => nvfipc_cuda_ipc_counters {
+            opens, closes, live, pending_closes, close_errors
+        }))
     })
 }
 
@@ -252,9 +221,8 @@ pub extern "C" fn nvfipc_cuda_ipc_export(
             )));
         }
         let bytes = ipc::export_allocation(&alloc)?;
-        out_handle.write(nvfipc_cuda_ipc_handle { bytes });
-        out_offset.write(alloc.offset());
-        Ok(())
+        out_handle.write(nvfipc_cuda_ipc_handle { bytes })?;
+        out_offset.write(alloc.offset())
     })
 }
 
@@ -263,8 +231,7 @@ fn handle_arg(handle: *const nvfipc_cuda_ipc_handle) -> Result<ipc::HandleBytes>
 }
 
 fn peer_arg(peer: i64) -> Result<usize> {
-    usize::try_from(peer)
-        .map_err(|_| crate::error::Error::invalid(format!("peer rank {peer} is negative")))
+    usize::try_from(peer).map_err(|_| Error::invalid(format!("peer rank {peer} is negative")))
 }
 
 /// Opens the legacy IPC `handle` exported by rank `peer` in the current context (with
@@ -287,8 +254,7 @@ pub extern "C" fn nvfipc_cuda_ipc_open(
             None,
             DEFAULT_TIMEOUT,
         )?;
-        out.write(opened.base);
-        Ok(())
+        out.write(opened.base)
     })
 }
 
@@ -316,7 +282,7 @@ pub extern "C" fn nvfipc_cuda_endpoint_send_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_endpoint_send_post", || {
-        p2p::send_post(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
+        p2p::send_post(&endpoint_arg(endpoint)?, transfer, stream_arg(stream))
     })
 }
 
@@ -334,7 +300,7 @@ pub extern "C" fn nvfipc_cuda_endpoint_recv_post(
             &endpoint_arg(endpoint)?,
             transfer,
             bytes,
-            Stream(stream as usize),
+            stream_arg(stream),
         )
     })
 }
@@ -348,7 +314,7 @@ pub extern "C" fn nvfipc_cuda_endpoint_send_wait(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_endpoint_send_wait", || {
-        p2p::send_wait(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
+        p2p::send_wait(&endpoint_arg(endpoint)?, transfer, stream_arg(stream))
     })
 }
 
@@ -371,7 +337,7 @@ pub extern "C" fn nvfipc_cuda_p2p_send_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_p2p_send_post", || {
-        p2p::channel_send_post(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_post(&device_handles(cache, req)?, stream_arg(stream))
     })
 }
 
@@ -386,8 +352,7 @@ pub extern "C" fn nvfipc_cuda_p2p_recv_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_p2p_recv_post", || {
-        p2p::channel_recv_post(&device_handles(cache, req)?, bytes, Stream(stream as usize))
-            .map(|_| ())
+        p2p::channel_recv_post(&device_handles(cache, req)?, bytes, stream_arg(stream))
     })
 }
 
@@ -401,7 +366,7 @@ pub extern "C" fn nvfipc_cuda_p2p_send_wait(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_p2p_send_wait", || {
-        p2p::channel_send_wait(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_wait(&device_handles(cache, req)?, stream_arg(stream))
     })
 }
 
@@ -415,7 +380,7 @@ pub extern "C" fn nvfipc_cuda_channel_send_post(
 ) -> Status {
     ffi_call("nvfipc_cuda_channel_send_post", || {
         let ch = channel_arg(ch)?;
-        p2p::channel_send_post(ch.handles()?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_post(ch.handles()?, stream_arg(stream))
     })
 }
 
@@ -430,7 +395,7 @@ pub extern "C" fn nvfipc_cuda_channel_recv_post(
 ) -> Status {
     ffi_call("nvfipc_cuda_channel_recv_post", || {
         let ch = channel_arg(ch)?;
-        p2p::channel_recv_post(ch.handles()?, bytes, Stream(stream as usize)).map(|_| ())
+        p2p::channel_recv_post(ch.handles()?, bytes, stream_arg(stream))
     })
 }
 
@@ -444,7 +409,7 @@ pub extern "C" fn nvfipc_cuda_channel_send_wait(
 ) -> Status {
     ffi_call("nvfipc_cuda_channel_send_wait", || {
         let ch = channel_arg(ch)?;
-        p2p::channel_send_wait(ch.handles()?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_wait(ch.handles()?, stream_arg(stream))
     })
 }
 

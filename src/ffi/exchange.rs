@@ -1,6 +1,6 @@
 //! C ABI of the handle cache: exchange P2P handles for a batch of requests and look them up.
 
-use super::args::{c_str_arg, out_ptr, rank_arg, slice_arg, timeout_arg};
+use super::args::{c_str_arg, copy_fields, out_ptr, rank_arg, ref_arg, slice_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::context::context_arg;
 use super::context::nvfipc_context;
@@ -91,18 +91,13 @@ pub struct nvfipc_p2p_handle {
 
 impl From<&P2pHandles> for nvfipc_p2p_handle {
     fn from(h: &P2pHandles) -> nvfipc_p2p_handle {
-        nvfipc_p2p_handle {
-            local_ptr: h.local_ptr,
-            local_bytes: h.local_bytes,
-            local_semaphore: h.local_semaphore,
-            peer_ptr: h.peer_ptr,
-            peer_bytes: h.peer_bytes,
-            peer_semaphore: h.peer_semaphore,
-            kind: match h.kind {
-                MemKind::Device => NVFIPC_MEM_DEVICE,
-                MemKind::Host => NVFIPC_MEM_HOST,
-            },
-        }
+        let kind = match h.kind {
+            MemKind::Device => NVFIPC_MEM_DEVICE,
+            MemKind::Host => NVFIPC_MEM_HOST,
+        };
+        copy_fields!(h => nvfipc_p2p_handle {
+            local_ptr, local_bytes, local_semaphore, peer_ptr, peer_bytes, peer_semaphore
+        }, kind: kind)
     }
 }
 
@@ -144,8 +139,7 @@ pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: impl Display) 
 
 /// Borrows the single request argument `req` of a cache call.
 pub(crate) fn single_request(cache: &HandleCache, req: *const nvfipc_request) -> Result<Request> {
-    let reqs = slice_arg(req, 1, "req")?;
-    request_arg(&reqs[0], cache.world_size(), "req")
+    request_arg(ref_arg(req, "req")?, cache.world_size(), "req")
 }
 
 /// The cache and the handles of `req` for a P2P call of one transport: a request of another
@@ -179,8 +173,7 @@ fn create(
         cfg.scope = scope.to_string();
         crate::default_transports::cache(cfg)?
     };
-    out.write(nvfipc_cache::into_raw(cache));
-    Ok(())
+    out.write(nvfipc_cache::into_raw(cache))
 }
 
 /// Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
@@ -232,12 +225,9 @@ pub extern "C" fn nvfipc_cache_free(cache: *mut nvfipc_cache) -> Status {
             return Ok(());
         };
         match Arc::try_unwrap(handle.cache) {
-            Ok(cache) => cache.try_close().map(|_| ()),
+            Ok(cache) => cache.try_close().map(drop),
             // Another thread holds it mid-call: the last reference tears it down.
-            Err(shared) => {
-                drop(shared);
-                Ok(())
-            }
+            Err(_shared) => Ok(()),
         }
     })
 }
@@ -316,8 +306,7 @@ pub extern "C" fn nvfipc_cache_get(
         let out = out_ptr(out, "out")?;
         let cache = cache_arg(cache)?;
         let req = single_request(&cache, req)?;
-        out.write(nvfipc_p2p_handle::from(&cache.get(&req)?));
-        Ok(())
+        out.write(nvfipc_p2p_handle::from(&cache.get(&req)?))
     })
 }
 
@@ -327,8 +316,7 @@ pub extern "C" fn nvfipc_cache_get(
 pub extern "C" fn nvfipc_cache_stats(cache: *const nvfipc_cache, out: *mut CacheStats) -> Status {
     ffi_call("nvfipc_cache_stats", || {
         let out = out_ptr(out, "out")?;
-        out.write(cache_arg(cache)?.stats());
-        Ok(())
+        out.write(cache_arg(cache)?.stats())
     })
 }
 

@@ -21,8 +21,7 @@ pub extern "C" fn nvfipc_host_alloc(bytes: usize, out_ptr_arg: *mut *mut c_void)
     ffi_call("nvfipc_host_alloc", || {
         let out = out_ptr(out_ptr_arg, "out_ptr")?;
         let buf = host::alloc(bytes as u64)?;
-        out.write(buf.into_raw() as *mut c_void);
-        Ok(())
+        out.write(buf.into_raw() as *mut c_void)
     })
 }
 
@@ -58,7 +57,7 @@ pub extern "C" fn nvfipc_host_p2p_send_post(
     req: *const nvfipc_request,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_send_post", || {
-        p2p::send_post(&handles_of(cache, req)?.1).map(|_| ())
+        p2p::send_post(&handles_of(cache, req)?.1)
     })
 }
 
@@ -77,7 +76,7 @@ pub extern "C" fn nvfipc_host_p2p_recv_post(
     ffi_call("nvfipc_host_p2p_recv_post", || {
         let (cache, h) = handles_of(cache, req)?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
-        p2p::recv_post(&h, bytes, timeout).map(|_| ())
+        p2p::recv_post(&h, bytes, timeout)
     })
 }
 
@@ -93,7 +92,7 @@ pub extern "C" fn nvfipc_host_p2p_send_wait(
     ffi_call("nvfipc_host_p2p_send_wait", || {
         let (cache, h) = handles_of(cache, req)?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
-        p2p::send_wait(&h, timeout).map(|_| ())
+        p2p::send_wait(&h, timeout)
     })
 }
 
@@ -102,7 +101,7 @@ pub extern "C" fn nvfipc_host_p2p_send_wait(
 #[no_mangle]
 pub extern "C" fn nvfipc_host_channel_send_post(ch: *const nvfipc_channel) -> Status {
     ffi_call("nvfipc_host_channel_send_post", || {
-        p2p::send_post(channel_arg(ch)?.handles()?).map(|_| ())
+        p2p::send_post(channel_arg(ch)?.handles()?)
     })
 }
 
@@ -118,7 +117,7 @@ pub extern "C" fn nvfipc_host_channel_recv_post(
     ffi_call("nvfipc_host_channel_recv_post", || {
         let ch = channel_arg(ch)?;
         let timeout = timeout_arg(timeout_ms, ch.timeout());
-        p2p::recv_post(ch.handles()?, bytes, timeout).map(|_| ())
+        p2p::recv_post(ch.handles()?, bytes, timeout)
     })
 }
 
@@ -132,7 +131,7 @@ pub extern "C" fn nvfipc_host_channel_send_wait(
     ffi_call("nvfipc_host_channel_send_wait", || {
         let ch = channel_arg(ch)?;
         let timeout = timeout_arg(timeout_ms, ch.timeout());
-        p2p::send_wait(ch.handles()?, timeout).map(|_| ())
+        p2p::send_wait(ch.handles()?, timeout)
     })
 }
 

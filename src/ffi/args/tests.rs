@@ -34,9 +34,10 @@ fn out_pointers_are_checked_and_written() {
     assert!(out_ptr::<i64>(std::ptr::null_mut(), "out").is_err());
     assert!(optional_out_ptr::<i64>(std::ptr::null_mut(), "out")
         .unwrap()
-        .is_none());
+        .ptr
+        .is_null());
     let mut v = 0i64;
-    out_ptr(&mut v, "out").unwrap().write(42);
+    out_ptr(&mut v, "out").unwrap().write(42).unwrap();
     assert_eq!(v, 42);
 }
 

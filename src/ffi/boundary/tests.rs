@@ -14,12 +14,12 @@ fn last_error_is_empty_before_any_failure_and_survives_success() {
     std::thread::spawn(|| {
         assert_eq!(message_of_last_error(), "");
         assert_eq!(nvfipc_last_error_status(), Status::Ok);
-        let st = ffi_call("nvfipc_x", || {
+        let st = ffi_call::<()>("nvfipc_x", || {
             Err(Error::timeout("waited 5 ms for key 'k'"))
         });
         assert_eq!(st, Status::Timeout);
         assert_eq!(message_of_last_error(), "nvfipc_x: waited 5 ms for key 'k'");
-        assert_eq!(ffi_call("nvfipc_y", || Ok(())), Status::Ok);
+        assert_eq!(ffi_call::<()>("nvfipc_y", || Ok(())), Status::Ok);
         assert_eq!(nvfipc_last_error_status(), Status::Timeout);
         assert_eq!(last_error_message(), "nvfipc_x: waited 5 ms for key 'k'");
         nvfipc_last_error_clear();
@@ -32,10 +32,10 @@ fn last_error_is_empty_before_any_failure_and_survives_success() {
 
 #[test]
 fn last_error_is_per_thread() {
-    ffi_call("nvfipc_main", || Err(Error::io("main thread failure")));
+    ffi_call::<()>("nvfipc_main", || Err(Error::io("main thread failure")));
     std::thread::spawn(|| {
         assert_eq!(message_of_last_error(), "");
-        ffi_call("nvfipc_other", || Err(Error::not_found("other")));
+        ffi_call::<()>("nvfipc_other", || Err(Error::not_found("other")));
     })
     .join()
     .unwrap();
@@ -44,21 +44,21 @@ fn last_error_is_per_thread() {
 
 #[test]
 fn panics_become_status_panic_with_message() {
-    let st = ffi_call("nvfipc_boom", || panic!("exploded at step {}", 3));
+    let st = ffi_call::<()>("nvfipc_boom", || panic!("exploded at step {}", 3));
     assert_eq!(st, Status::Panic);
     let msg = message_of_last_error();
     assert!(
         msg.starts_with("nvfipc_boom: internal panic: exploded at step 3"),
         "{msg}"
     );
-    let st = ffi_call("nvfipc_boom2", || std::panic::panic_any(17u32));
+    let st = ffi_call::<()>("nvfipc_boom2", || std::panic::panic_any(17u32));
     assert_eq!(st, Status::Panic);
     assert!(message_of_last_error().contains("non-string panic payload"));
 }
 
 #[test]
 fn interior_nul_in_message_is_escaped() {
-    ffi_call("nvfipc_n", || Err(Error::protocol("a\0b")));
+    ffi_call::<()>("nvfipc_n", || Err(Error::protocol("a\0b")));
     assert_eq!(message_of_last_error(), "nvfipc_n: a\\0b");
 }
 
