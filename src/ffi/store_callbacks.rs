@@ -10,6 +10,7 @@ use crate::error::{Error, Result, Status};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use crate::sync::lock;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::fmt::Display;
 use std::ptr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -177,8 +178,7 @@ pub struct CallbackStore {
     cb: nvfipc_store_callbacks,
     timeout: Duration,
     /// The port of the store's server when the host said (`nvfipc_store_set_server_address`)
-    /// and it is on this machine, where whether it listens can be seen: what
-    /// [`Store::liveness`] looks at.
+    /// and it is on this machine: what [`Store::liveness`] looks at.
     server_port: Mutex<Option<u16>>,
 }
 
@@ -192,19 +192,10 @@ unsafe impl Sync for CallbackStore {}
 
 type SetFn = unsafe extern "C" fn(*mut c_void, *const c_char, usize, *const u8, usize) -> c_int;
 
-/// Keys laid out as the parallel pointer/length arrays the callbacks take.
-struct KeyArrays {
-    ptrs: Vec<*const c_char>,
-    lens: Vec<usize>,
-}
-
-impl KeyArrays {
-    fn new(keys: &[&str]) -> Self {
-        KeyArrays {
-            ptrs: keys.iter().map(|k| k.as_ptr().cast::<c_char>()).collect(),
-            lens: keys.iter().map(|k| k.len()).collect(),
-        }
-    }
+/// Keys as the parallel pointer and length arrays the callbacks take.
+fn key_arrays(keys: &[&str]) -> (Vec<*const c_char>, Vec<usize>) {
+    let ptrs = keys.iter().map(|k| k.as_ptr().cast::<c_char>()).collect();
+    (ptrs, keys.iter().map(|k| k.len()).collect())
 }
 
 /// A host-owned value returned through `out_value`/`out_len`; released exactly once on drop.
@@ -263,6 +254,20 @@ fn status_of(rc: c_int) -> Status {
     }
 }
 
+/// A required callback (`new` checked that it is set).
+fn required<T>(f: Option<T>, name: &str) -> Result<T> {
+    f.ok_or_else(|| Error::internal(format!("nvfipc_store_callbacks.{name} became NULL")))
+}
+
+/// An optional callback; a NULL one makes the operation (`what`) unsupported.
+fn optional<T>(f: Option<T>, name: &str, what: impl Display) -> Result<T> {
+    f.ok_or_else(|| {
+        Error::unsupported(format!(
+            "{what}: the host store has no {name} callback (it is NULL)"
+        ))
+    })
+}
+
 impl CallbackStore {
     /// Wraps a host vtable after checking that every required callback is set.
     pub fn new(callbacks: nvfipc_store_callbacks) -> Result<CallbackStore> {
@@ -301,8 +306,14 @@ impl CallbackStore {
         self
     }
 
-    /// Turns a callback's return code into a result, with the host's message when it has one.
-    fn check_rc(&self, rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
+    /// Calls a callback with the host's `ctx` and turns its return code into a result, with the
+    /// host's message when it has one; `what` describes the call for that message.
+    fn call(
+        &self,
+        what: impl FnOnce() -> String,
+        call: impl FnOnce(*mut c_void) -> c_int,
+    ) -> Result<()> {
+        let rc = call(self.cb.ctx);
         if rc == 0 {
             return Ok(());
         }
@@ -323,41 +334,27 @@ impl CallbackStore {
         Err(Error::new(status_of(rc), message))
     }
 
-    fn required<T>(f: Option<T>, name: &str) -> Result<T> {
-        f.ok_or_else(|| Error::internal(format!("nvfipc_store_callbacks.{name} became NULL")))
-    }
-
-    /// Calls `call` with the `(out_value, out_len)` pair of a callback that returns a value, and
-    /// copies the value out (the host's buffer is released when it was handed over).
+    /// [`Self::call`] for a callback that returns a value through `(out_value, out_len)`: copies
+    /// the value out (the host's buffer is released when it was handed over).
     fn call_value(
         &self,
-        call: impl FnOnce(*mut *mut u8, *mut usize) -> c_int,
         what: impl FnOnce() -> String,
+        call: impl FnOnce(*mut c_void, *mut *mut u8, *mut usize) -> c_int,
     ) -> Result<Vec<u8>> {
         let (mut ptr, mut len) = (ptr::null_mut::<u8>(), 0usize);
-        let rc = call(&mut ptr, &mut len);
-        self.check_rc(rc, what)?;
-        HostValue {
-            cb: &self.cb,
-            ptr,
-            len,
-        }
-        .to_vec()
+        self.call(what, |ctx| call(ctx, &mut ptr, &mut len))?;
+        let cb = &self.cb;
+        HostValue { cb, ptr, len }.to_vec()
     }
 
     fn call_set(&self, f: SetFn, name: &str, key: &str, value: &[u8]) -> Result<()> {
-        // SAFETY: the key and value pointers are valid for their lengths during the call; ctx
-        // is the host's, per the vtable contract.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                key.as_ptr().cast(),
-                key.len(),
-                value.as_ptr(),
-                value.len(),
-            )
-        };
-        self.check_rc(rc, || format!("{name}(key {key:?})"))
+        let (k, v) = (key.as_ptr().cast(), value.as_ptr());
+        self.call(
+            || format!("{name}(key {key:?})"),
+            // SAFETY: the key and value pointers are valid for their lengths during the call;
+            // ctx is the host's, per the vtable contract.
+            |ctx| unsafe { f(ctx, k, key.len(), v, value.len()) },
+        )
     }
 }
 
@@ -377,25 +374,27 @@ impl Store for CallbackStore {
     }
 
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call_set(Self::required(self.cb.set, "set")?, "set", key, value)
+        self.call_set(required(self.cb.set, "set")?, "set", key, value)
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let f = Self::required(self.cb.get, "get")?;
-        let (key_ptr, ms) = (key.as_ptr().cast(), timeout_ms(timeout));
+        let f = required(self.cb.get, "get")?;
+        let (k, ms) = (key.as_ptr().cast(), timeout_ms(timeout));
         self.call_value(
+            || format!("get(key {key:?}, timeout {ms}ms)"),
             // SAFETY: key is valid for key.len() bytes; the out-pointers are valid locals.
-            |out, len| unsafe { f(self.cb.ctx, key_ptr, key.len(), ms, out, len) },
-            || format!("get(key {key:?}, timeout {}ms)", timeout.as_millis()),
+            |ctx, out, len| unsafe { f(ctx, k, key.len(), ms, out, len) },
         )
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let f = Self::required(self.cb.add, "add")?;
+        let f = required(self.cb.add, "add")?;
         let mut out = 0i64;
-        // SAFETY: key is valid for key.len() bytes; `out` is a valid local.
-        let rc = unsafe { f(self.cb.ctx, key.as_ptr().cast(), key.len(), delta, &mut out) };
-        self.check_rc(rc, || format!("add(key {key:?}, {delta})"))?;
+        self.call(
+            || format!("add(key {key:?}, {delta})"),
+            // SAFETY: key is valid for key.len() bytes; `out` is a valid local.
+            |ctx| unsafe { f(ctx, key.as_ptr().cast(), key.len(), delta, &mut out) },
+        )?;
         Ok(out)
     }
 
@@ -403,21 +402,15 @@ impl Store for CallbackStore {
         if keys.is_empty() {
             return Ok(true);
         }
-        let f = Self::required(self.cb.check, "check")?;
-        let arrays = KeyArrays::new(keys);
+        let f = required(self.cb.check, "check")?;
+        let (ptrs, lens) = key_arrays(keys);
         let mut ready = false;
-        // SAFETY: both arrays hold `keys.len()` entries describing live key bytes; `ready` is a
-        // valid local.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
-                keys.len(),
-                &mut ready,
-            )
-        };
-        self.check_rc(rc, || format!("check(keys {keys:?})"))?;
+        self.call(
+            || format!("check(keys {keys:?})"),
+            // SAFETY: both arrays hold `keys.len()` entries describing live key bytes; `ready`
+            // is a valid local.
+            |ctx| unsafe { f(ctx, ptrs.as_ptr(), lens.as_ptr(), keys.len(), &mut ready) },
+        )?;
         Ok(ready)
     }
 
@@ -425,75 +418,58 @@ impl Store for CallbackStore {
         if keys.is_empty() {
             return Ok(());
         }
-        let f = Self::required(self.cb.wait, "wait")?;
-        let arrays = KeyArrays::new(keys);
-        // SAFETY: both arrays hold `keys.len()` entries describing live key bytes.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
-                keys.len(),
-                timeout_ms(timeout),
-            )
-        };
-        self.check_rc(rc, || {
-            format!("wait(keys {keys:?}, timeout {}ms)", timeout.as_millis())
-        })
+        let f = required(self.cb.wait, "wait")?;
+        let (ptrs, lens) = key_arrays(keys);
+        let ms = timeout_ms(timeout);
+        self.call(
+            || format!("wait(keys {keys:?}, timeout {ms}ms)"),
+            // SAFETY: both arrays hold `keys.len()` entries describing live key bytes.
+            |ctx| unsafe { f(ctx, ptrs.as_ptr(), lens.as_ptr(), keys.len(), ms) },
+        )
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
-        let f = Self::required(self.cb.delete_key, "delete_key")?;
+        let f = required(self.cb.delete_key, "delete_key")?;
         let mut deleted = false;
-        // SAFETY: key is valid for key.len() bytes; `deleted` is a valid local.
-        let rc = unsafe { f(self.cb.ctx, key.as_ptr().cast(), key.len(), &mut deleted) };
-        self.check_rc(rc, || format!("delete_key(key {key:?})"))?;
+        self.call(
+            || format!("delete_key(key {key:?})"),
+            // SAFETY: key is valid for key.len() bytes; `deleted` is a valid local.
+            |ctx| unsafe { f(ctx, key.as_ptr().cast(), key.len(), &mut deleted) },
+        )?;
         Ok(deleted)
     }
 
     fn num_keys(&self) -> Result<i64> {
-        let f = self.cb.num_keys.ok_or_else(|| {
-            Error::unsupported("the host store has no num_keys callback (it is NULL)")
-        })?;
+        let f = optional(self.cb.num_keys, "num_keys", "num_keys()")?;
         let mut count = 0i64;
         // SAFETY: `count` is a valid local.
-        let rc = unsafe { f(self.cb.ctx, &mut count) };
-        self.check_rc(rc, || "num_keys()".to_owned())?;
+        self.call(|| "num_keys()".into(), |ctx| unsafe { f(ctx, &mut count) })?;
         Ok(count)
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        let f = self.cb.compare_set.ok_or_else(|| {
-            Error::unsupported(format!(
-                "compare_set(key {key:?}): the host store has no compare_set callback"
-            ))
-        })?;
-        self.call_value(
-            // SAFETY: key, expected and desired are valid for their lengths; the out-pointers
-            // are valid locals.
-            |out, len| unsafe {
-                f(
-                    self.cb.ctx,
-                    key.as_ptr().cast(),
-                    key.len(),
-                    expected.as_ptr(),
-                    expected.len(),
-                    desired.as_ptr(),
-                    desired.len(),
-                    out,
-                    len,
-                )
-            },
-            || format!("compare_set(key {key:?})"),
-        )
+        let what = || format!("compare_set(key {key:?})");
+        let f = optional(self.cb.compare_set, "compare_set", what())?;
+        // SAFETY: key, expected and desired are valid for their lengths; the out-pointers are
+        // valid locals.
+        self.call_value(what, |ctx, out, len| unsafe {
+            f(
+                ctx,
+                key.as_ptr().cast(),
+                key.len(),
+                expected.as_ptr(),
+                expected.len(),
+                desired.as_ptr(),
+                desired.len(),
+                out,
+                len,
+            )
+        })
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        let f = self.cb.append.ok_or_else(|| {
-            Error::unsupported(format!(
-                "append(key {key:?}): the host store has no append callback"
-            ))
-        })?;
+        let what = format_args!("append(key {key:?})");
+        let f = optional(self.cb.append, "append", what)?;
         self.call_set(f, "append", key, value)
     }
 
@@ -505,23 +481,15 @@ impl Store for CallbackStore {
             return Ok(());
         }
         let keys: Vec<&str> = pairs.iter().map(|(k, _)| *k).collect();
-        let arrays = KeyArrays::new(&keys);
+        let (ptrs, lens) = key_arrays(&keys);
         let values: Vec<*const u8> = pairs.iter().map(|(_, v)| v.as_ptr()).collect();
         let value_lens: Vec<usize> = pairs.iter().map(|(_, v)| v.len()).collect();
-        // SAFETY: all four arrays hold `pairs.len()` entries describing live bytes.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
-                values.as_ptr(),
-                value_lens.as_ptr(),
-                pairs.len(),
-            )
-        };
-        self.check_rc(rc, || {
-            format!("multi_set({} keys, first {:?})", keys.len(), keys[0])
-        })
+        let (v, vl) = (values.as_ptr(), value_lens.as_ptr());
+        self.call(
+            || format!("multi_set({} keys, first {:?})", keys.len(), keys[0]),
+            // SAFETY: all four arrays hold `pairs.len()` entries describing live bytes.
+            |ctx| unsafe { f(ctx, ptrs.as_ptr(), lens.as_ptr(), v, vl, pairs.len()) },
+        )
     }
 
     fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
@@ -532,37 +500,28 @@ impl Store for CallbackStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let arrays = KeyArrays::new(keys);
+        let (ptrs, lens) = key_arrays(keys);
         let mut out_ptrs = vec![ptr::null_mut::<u8>(); keys.len()];
         let mut out_lens = vec![0usize; keys.len()];
+        let ms = timeout_ms(timeout);
+        let what = || format!("multi_get(keys {keys:?}, timeout {ms}ms)");
         // SAFETY: the key arrays describe live bytes; the output arrays have `keys.len()`
         // writable entries.
-        let rc = unsafe {
+        self.call(what, |ctx| unsafe {
             f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
+                ctx,
+                ptrs.as_ptr(),
+                lens.as_ptr(),
                 keys.len(),
-                timeout_ms(timeout),
+                ms,
                 out_ptrs.as_mut_ptr(),
                 out_lens.as_mut_ptr(),
             )
-        };
-        self.check_rc(rc, || {
-            format!(
-                "multi_get(keys {keys:?}, timeout {}ms)",
-                timeout.as_millis()
-            )
         })?;
         // Take ownership of every value first, so all are released even if one is invalid.
-        let owned: Vec<HostValue<'_>> = out_ptrs
-            .iter()
-            .zip(&out_lens)
-            .map(|(&ptr, &len)| HostValue {
-                cb: &self.cb,
-                ptr,
-                len,
-            })
+        let cb = &self.cb;
+        let owned: Vec<HostValue<'_>> = (out_ptrs.iter().zip(&out_lens))
+            .map(|(&ptr, &len)| HostValue { cb, ptr, len })
             .collect();
         owned.iter().map(HostValue::to_vec).collect()
     }
