@@ -11,10 +11,6 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-// ---------------------------------------------------------------------------------------------
-// Last error
-// ---------------------------------------------------------------------------------------------
-
 struct LastError {
     status: Status,
     message: CString,
@@ -45,32 +41,6 @@ pub(crate) fn set_last_error(err: &Error) {
         }
     });
 }
-
-/// This thread's last error status (`Ok` when no call has failed yet, or after a clear).
-pub(crate) fn last_error_status() -> Status {
-    LAST_ERROR
-        .try_with(|slot| slot.borrow().status)
-        .unwrap_or(Status::Ok)
-}
-
-/// A copy of this thread's last error message ("" when none).
-#[cfg(test)]
-pub(crate) fn last_error_message() -> String {
-    LAST_ERROR.with(|slot| slot.borrow().message.to_string_lossy().into_owned())
-}
-
-fn clear_last_error() {
-    let _ = LAST_ERROR.try_with(|slot| {
-        *slot.borrow_mut() = LastError {
-            status: Status::Ok,
-            message: CString::default(),
-        }
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
-// Panic boundary
-// ---------------------------------------------------------------------------------------------
 
 /// Extracts the text of a panic payload (`panic!("...")` gives a `&str` or a `String`).
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -106,10 +76,6 @@ pub(crate) fn ffi_call<R>(function: &'static str, body: impl FnOnce() -> Result<
     err.status
 }
 
-// ---------------------------------------------------------------------------------------------
-// Exported error functions
-// ---------------------------------------------------------------------------------------------
-
 /// The message of the last failed call on this thread, or "" when none has failed. Never NULL.
 /// The pointer stays valid until the next failing `nvfipc_*` call on the same thread; copy it to
 /// keep it. A successful call does not clear it (like `errno`). Thread-safe (per thread).
@@ -123,14 +89,16 @@ pub extern "C" fn nvfipc_last_error_message() -> *const c_char {
 /// The status of the last failed call on this thread (`NVFIPC_STATUS_OK` when none has failed).
 #[no_mangle]
 pub extern "C" fn nvfipc_last_error_status() -> Status {
-    last_error_status()
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().status)
+        .unwrap_or(Status::Ok)
 }
 
 /// Forgets the last error of this thread, so a later check of `nvfipc_last_error_status` only
 /// sees failures after this point.
 #[no_mangle]
 pub extern "C" fn nvfipc_last_error_clear() {
-    clear_last_error()
+    set_last_error(&Error::new(Status::Ok, ""));
 }
 
 /// A short, static, lower-case name for a status value (e.g. "timeout"); "unknown status" for a

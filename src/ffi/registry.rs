@@ -13,7 +13,7 @@ use crate::error::{Error, Result, Status};
 use once_cell::sync::Lazy;
 use std::any::TypeId;
 use std::collections::HashMap;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{RwLock, RwLockWriteGuard};
 
 #[derive(Clone, Copy)]
 enum Live {
@@ -37,16 +37,10 @@ fn live() -> RwLockWriteGuard<'static, HashMap<usize, Live>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Locks the registry for a lookup.
-fn live_read() -> RwLockReadGuard<'static, HashMap<usize, Live>> {
-    LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn describe(entry: Option<&Live>) -> String {
+fn describe(entry: &Live) -> String {
     match entry {
-        Some(Live::Handle { c_name, .. }) => format!("a live {c_name}"),
-        Some(Live::Buffer { len }) => format!("a buffer of {len} bytes"),
-        None => "not a live object (already freed, or not created by this library)".to_string(),
+        Live::Handle { c_name, .. } => format!("a live {c_name}"),
+        Live::Buffer { len } => format!("a buffer of {len} bytes"),
     }
 }
 
@@ -78,13 +72,11 @@ fn check_handle<T: Handle>(
 ) -> Result<()> {
     match registry.get(&(ptr as usize)) {
         Some(Live::Handle { type_id, .. }) if *type_id == TypeId::of::<T>() => Ok(()),
-        Some(other @ Live::Handle { .. }) | Some(other @ Live::Buffer { .. }) => {
-            Err(Error::invalid(format!(
-                "argument `{name}` ({ptr:p}) is {}, not a {}",
-                describe(Some(other)),
-                T::C_NAME
-            )))
-        }
+        Some(other) => Err(Error::invalid(format!(
+            "argument `{name}` ({ptr:p}) is {}, not a {}",
+            describe(other),
+            T::C_NAME
+        ))),
         None => Err(Error::state(format!(
             "argument `{name}` ({ptr:p}) is not a live {} (already freed, or not created by \
              this library)",
@@ -97,7 +89,7 @@ fn check_handle<T: Handle>(
 /// another type.
 pub(crate) fn handle_ref<T: Handle>(ptr: *const T, name: &str) -> Result<T> {
     check_not_null(ptr, name)?;
-    let registry = live_read();
+    let registry = LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     check_handle(&registry, ptr, name)?;
     // SAFETY: the registry says `ptr` came from `into_handle::<T>` and has not been freed; frees
     // remove it from the registry under the write lock before dropping, which cannot be taken
@@ -147,10 +139,10 @@ pub(crate) fn free_buffer(ptr: *mut u8, len: usize) -> Result<()> {
         other => {
             return Err(Error::state(format!(
                 "argument `data` ({ptr:p}) is {}, not a buffer allocated by this library",
-                match other {
-                    None => "not live (already freed, or not created by this library)".into(),
-                    some => describe(some),
-                }
+                other.map_or_else(
+                    || "not live (already freed, or not created by this library)".into(),
+                    describe
+                )
             )))
         }
     }

@@ -2,8 +2,16 @@
 //! ABI change that breaks the header (a name clash, a type C cannot express) fails `cargo test`
 //! rather than only the CMake suites. Skipped when no C/C++ compiler is installed.
 
+use std::ffi::CStr;
 use std::path::Path;
 use std::process::Command;
+
+/// A copy of this thread's last error message ("" when none).
+pub(crate) fn last_error_message() -> String {
+    // SAFETY: never NULL; the string lives until the next failing call on this thread.
+    let message = unsafe { CStr::from_ptr(super::boundary::nvfipc_last_error_message()) };
+    message.to_string_lossy().into_owned()
+}
 
 fn compile_header(compiler: &str, args: &[&str]) {
     let header = Path::new(env!("CARGO_MANIFEST_DIR")).join("include/nvfuser_ipc.h");

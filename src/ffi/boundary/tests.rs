@@ -1,13 +1,7 @@
 use super::*;
 use std::ffi::CStr;
 
-fn message_of_last_error() -> String {
-    // SAFETY: nvfipc_last_error_message never returns NULL and the string lives until the
-    // next failing call on this thread; we copy it at once.
-    unsafe { CStr::from_ptr(nvfipc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
+use crate::ffi::tests::last_error_message as message_of_last_error;
 
 #[test]
 fn last_error_is_empty_before_any_failure_and_survives_success() {
@@ -21,7 +15,7 @@ fn last_error_is_empty_before_any_failure_and_survives_success() {
         assert_eq!(message_of_last_error(), "nvfipc_x: waited 5 ms for key 'k'");
         assert_eq!(ffi_call::<()>("nvfipc_y", || Ok(())), Status::Ok);
         assert_eq!(nvfipc_last_error_status(), Status::Timeout);
-        assert_eq!(last_error_message(), "nvfipc_x: waited 5 ms for key 'k'");
+        assert_eq!(message_of_last_error(), "nvfipc_x: waited 5 ms for key 'k'");
         nvfipc_last_error_clear();
         assert_eq!(nvfipc_last_error_status(), Status::Ok);
         assert_eq!(message_of_last_error(), "");

@@ -1,5 +1,5 @@
 use super::*;
-use crate::ffi::boundary::last_error_message;
+use crate::ffi::tests::last_error_message;
 
 #[test]
 fn cache_primitives_check_their_arguments() {

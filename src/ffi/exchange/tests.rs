@@ -1,5 +1,5 @@
 use super::*;
-use crate::ffi::boundary::last_error_message;
+use crate::ffi::tests::last_error_message;
 
 #[test]
 fn null_and_freed_arguments_are_errors() {
