@@ -18,7 +18,6 @@ use std::sync::Arc;
 /// Thread safety: as for the cache's P2P calls, one thread per side of a channel at a time, and
 /// no transfer on a channel while an exchange that includes it (or `nvfipc_cache_free`) runs.
 /// `nvfipc_channel_free` must not race with other calls on the same channel.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_channel {
     pub(crate) ch: Arc<OpenChannel>,

@@ -23,7 +23,6 @@ const _: () = assert!(NVFIPC_MAX_WORLD_SIZE as usize == MAX_WORLD_SIZE);
 /// rank set must enter its barriers in the same order, and a waiting barrier occupies the
 /// context's store (a TCP store sends one request at a time), delaying other threads' barriers
 /// and store calls until it returns. `nvfipc_context_free` must not race with other calls on it.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_context {
     pub(crate) ctx: Arc<Context>,

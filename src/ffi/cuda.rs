@@ -1,15 +1,7 @@
 //! C ABI of the device side: whether CUDA is usable, pointer checks, IPC counters and the
-//! stream-ordered P2P primitives (`send_post`, `recv_post`, `send_wait`) of nvFuser's zero-copy
-//! "get" protocol with epoch-valued semaphores.
-//!
-//! P2P names say the memory, then what the call is given: `nvfipc_cuda_p2p_*` work on a cached
-//! channel (cache + request, transfer numbers kept by the cache) as `nvfipc_host_p2p_*` do for
-//! host memory; `nvfipc_cuda_endpoint_*` work on a raw `nvfipc_p2p_endpoint` with explicit
-//! transfer numbers. (The old names `nvfipc_p2p_*`, `nvfipc_cuda_{send,recv}_post`... remain as
-//! deprecated macros at the end of the header.)
-//!
-//! Streams are passed as `void*` (a `CUstream` or `cudaStream_t`; NULL is the legacy default
-//! stream). Every primitive only enqueues work on the stream and returns at once.
+//! stream-ordered P2P primitives of nvFuser's zero-copy "get" protocol, on a cached channel
+//! (`nvfipc_cuda_p2p_*`), an opened one (`nvfipc_cuda_channel_*`) or a raw endpoint with explicit
+//! transfer numbers (`nvfipc_cuda_endpoint_*`). Every primitive only enqueues work on its stream.
 
 use super::args::{copy_fields, optional_out_ptr, out_ptr, ref_arg, stream_arg, timeout_arg};
 use super::boundary::ffi_call;
@@ -19,7 +11,7 @@ use crate::cuda::memory::DeviceMemoryKind;
 use crate::cuda::p2p::{self, Endpoint};
 use crate::cuda::{self, driver, ipc, memory};
 use crate::error::{Error, Result, Status};
-use crate::exchange::MemKind;
+use crate::exchange::{MemKind, P2pHandles};
 use crate::store::DEFAULT_TIMEOUT;
 use std::ffi::c_void;
 
@@ -318,13 +310,8 @@ pub extern "C" fn nvfipc_cuda_endpoint_send_wait(
     })
 }
 
-fn device_handles(
-    cache: *const nvfipc_cache,
-    req: *const nvfipc_request,
-) -> Result<crate::exchange::P2pHandles> {
-    let wrong_kind = "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use \
-                      nvfipc_host_p2p_* for host buffers)";
-    Ok(p2p_handles(cache, req, MemKind::Device, wrong_kind)?.1)
+fn device_handles(cache: *const nvfipc_cache, req: *const nvfipc_request) -> Result<P2pHandles> {
+    Ok(p2p_handles(cache, req, MemKind::Device)?.1)
 }
 
 /// Sender side of the next transfer on the channel of `req` (a SEND request already exchanged):

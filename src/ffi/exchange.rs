@@ -29,7 +29,6 @@ pub const NVFIPC_MEM_HOST: i32 = 1;
 /// Thread safety: all functions may be called from several threads at once; concurrent
 /// `nvfipc_exchange_handles` calls must not include the same channel (that call fails with
 /// `NVFIPC_STATUS_INVALID_STATE`). `nvfipc_cache_free` must not race with other calls on it.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_cache {
     pub(crate) cache: Arc<HandleCache>,
@@ -50,7 +49,6 @@ impl nvfipc_cache {
 }
 
 /// One point-to-point communication of a batch.
-#[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct nvfipc_request {
@@ -71,7 +69,6 @@ pub struct nvfipc_request {
 
 /// Handles of one channel, as nvFuser's `P2pIpcHandle`. Valid until the next
 /// `nvfipc_exchange_handles` that changes the channel's buffers, or until the cache is freed.
-#[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct nvfipc_p2p_handle {
@@ -142,18 +139,22 @@ pub(crate) fn single_request(cache: &HandleCache, req: *const nvfipc_request) ->
     request_arg(ref_arg(req, "req")?, cache.world_size(), "req")
 }
 
-/// The cache and the handles of `req` for a P2P call of one transport: a request of another
-/// memory `kind` fails with `wrong_kind`.
+/// The cache and the handles of `req` for a P2P call of the `kind` transport.
 pub(crate) fn p2p_handles(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
     kind: MemKind,
-    wrong_kind: &'static str,
 ) -> Result<(Arc<HandleCache>, P2pHandles)> {
     let cache = cache_arg(cache)?;
     let req = single_request(&cache, req)?;
     if req.kind != kind {
-        return Err(Error::invalid(wrong_kind));
+        return Err(Error::invalid(match kind {
+            MemKind::Device => {
+                "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use \
+                                nvfipc_host_p2p_* for host buffers)"
+            }
+            MemKind::Host => "host P2P primitives need a NVFIPC_MEM_HOST request",
+        }));
     }
     let handles = cache.get(&req)?;
     Ok((cache, handles))

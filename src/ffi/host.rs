@@ -5,10 +5,9 @@ use super::boundary::ffi_call;
 use super::channel::{channel_arg, nvfipc_channel};
 use super::exchange::{nvfipc_cache, nvfipc_request, p2p_handles};
 use crate::error::Status;
-use crate::exchange::{HandleCache, MemKind, P2pHandles};
+use crate::exchange::MemKind;
 use crate::host::{self, p2p};
 use std::ffi::c_void;
-use std::sync::Arc;
 
 /// Allocates `bytes` (> 0) of zero-filled host memory that peers can map through
 /// `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the address; free it
@@ -37,18 +36,6 @@ pub extern "C" fn nvfipc_host_free(ptr: *mut c_void) -> Status {
     })
 }
 
-fn handles_of(
-    cache: *const nvfipc_cache,
-    req: *const nvfipc_request,
-) -> crate::Result<(Arc<HandleCache>, P2pHandles)> {
-    p2p_handles(
-        cache,
-        req,
-        MemKind::Host,
-        "host P2P primitives need a NVFIPC_MEM_HOST request",
-    )
-}
-
 /// Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
 /// the receiver that the next transfer's data is ready. Never blocks.
 #[no_mangle]
@@ -57,7 +44,7 @@ pub extern "C" fn nvfipc_host_p2p_send_post(
     req: *const nvfipc_request,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_send_post", || {
-        p2p::send_post(&handles_of(cache, req)?.1)
+        p2p::send_post(&p2p_handles(cache, req, MemKind::Host)?.1)
     })
 }
 
@@ -74,7 +61,7 @@ pub extern "C" fn nvfipc_host_p2p_recv_post(
     timeout_ms: i64,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_recv_post", || {
-        let (cache, h) = handles_of(cache, req)?;
+        let (cache, h) = p2p_handles(cache, req, MemKind::Host)?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
         p2p::recv_post(&h, bytes, timeout)
     })
@@ -90,7 +77,7 @@ pub extern "C" fn nvfipc_host_p2p_send_wait(
     timeout_ms: i64,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_send_wait", || {
-        let (cache, h) = handles_of(cache, req)?;
+        let (cache, h) = p2p_handles(cache, req, MemKind::Host)?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
         p2p::send_wait(&h, timeout)
     })

@@ -27,7 +27,6 @@ pub const NVFIPC_LOG_TRACE: i32 = 4;
 /// `nvfipc_log_set_callback`. Both strings are valid only during the call. Called from any
 /// thread, the library's own threads included, possibly concurrently: it must be thread-safe, must
 /// not block for long, and must not call `nvfipc_log_set_callback`.
-#[allow(non_camel_case_types)]
 pub type nvfipc_log_fn = Option<
     unsafe extern "C" fn(
         level: i32,

@@ -8,6 +8,9 @@
 //! opaque objects, ranks and timeouts) head the generated header: `after_includes` in
 //! cbindgen.toml.
 
+// The C names of the ABI's types (`nvfipc_store`, ...) are the Rust names.
+#![allow(non_camel_case_types)]
+
 pub(crate) mod args;
 pub mod barrier;
 pub mod boundary;

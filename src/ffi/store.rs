@@ -25,7 +25,6 @@ use std::time::Duration;
 /// delays other threads' calls on the same store; connect one store per thread when several
 /// threads need independent blocking waits. `nvfipc_store_free` must not race with calls on the
 /// same store from other threads (such races are detected where possible, never relied upon).
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_store {
     pub(crate) store: Arc<dyn Store>,
@@ -381,7 +380,6 @@ pub extern "C" fn nvfipc_store_free(store: *mut nvfipc_store) -> Status {
 ///
 /// Thread safety: `nvfipc_server_port` and `nvfipc_server_num_clients` may be called from any
 /// thread at once; `nvfipc_server_free` must not race with them.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_server {
     server: Arc<StoreServer>,

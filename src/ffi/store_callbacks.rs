@@ -41,7 +41,6 @@ use std::time::Duration;
 /// `compare_set`, `append`, `num_keys` (the operation then fails with
 /// `NVFIPC_STATUS_UNSUPPORTED`), `multi_set` and `multi_get` (then done key by key with
 /// `set`, and `wait` + `get`), `free_value` and `error_message`.
-#[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct nvfipc_store_callbacks {
