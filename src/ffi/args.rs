@@ -70,35 +70,6 @@ pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
-/// An output array of `len` items at `ptr` (NULL only when `len` is 0), checked before any work
-/// is done; written with [`OutSlice::write`] on success only.
-pub(crate) struct OutSlice<T> {
-    ptr: *mut T,
-    len: usize,
-}
-
-impl<T> OutSlice<T> {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Stores `values` (at most `len`) at the start of the caller's array.
-    pub(crate) fn write(self, values: impl IntoIterator<Item = T>) {
-        for (i, v) in values.into_iter().take(self.len).enumerate() {
-            // SAFETY: `i < len`; the array is non-NULL, aligned and of a representable size
-            // (checked in `out_slice_arg`), and the C contract says it is writable for `len`
-            // items. `write` does not drop the (possibly uninitialised) old value.
-            unsafe { self.ptr.add(i).write(v) }
-        }
-    }
-}
-
-/// Checks an output array argument of `len` items.
-pub(crate) fn out_slice_arg<T>(ptr: *mut T, len: usize, name: &str) -> Result<OutSlice<T>> {
-    check_array(ptr.cast_const(), len, name)?;
-    Ok(OutSlice { ptr, len })
-}
-
 /// Borrows one `T` at `ptr` (an input struct such as a vtable).
 pub(crate) fn ref_arg<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
     Ok(&slice_arg(ptr, 1, name)?[0])
@@ -118,39 +89,47 @@ pub(crate) fn c_str_array_arg<'a>(
         .collect()
 }
 
-/// A checked output argument (NULL only when optional: then nothing is written). Check outputs
-/// before doing any work so that nothing is created (and leaked) when the caller gave no place
-/// to put it.
-pub(crate) struct OutPtr<T> {
+/// A checked output argument of `len` items at `ptr` (NULL only with `len` 0: an omitted
+/// optional output). Check outputs before doing any work, so that nothing is created (and leaked)
+/// when the caller gave no place to put it; write them on success only.
+pub(crate) struct Out<T> {
     ptr: *mut T,
+    len: usize,
 }
 
-impl<T> OutPtr<T> {
-    /// Stores `value` in the caller's variable; returns `Ok` so that it can end a body.
-    pub(crate) fn write(self, value: T) -> Result<()> {
-        if !self.ptr.is_null() {
-            // SAFETY: non-NULL and aligned (checked in `out_ptr`); the C contract says output
-            // pointers point to writable storage for one `T`. `write` does not drop the
-            // (possibly uninitialised) old value.
-            unsafe { self.ptr.write(value) }
+impl<T> Out<T> {
+    /// Stores `values` (at most `len`) at the start of the caller's array.
+    pub(crate) fn write_all(self, values: impl IntoIterator<Item = T>) {
+        for (i, v) in values.into_iter().take(self.len).enumerate() {
+            // SAFETY: `i < len`; the array is non-NULL, aligned and of a representable size
+            // (checked in `out_slice_arg`), and the C contract says it is writable for `len`
+            // items. `write` does not drop the (possibly uninitialised) old value.
+            unsafe { self.ptr.add(i).write(v) }
         }
+    }
+
+    /// Stores `value` in the caller's variable (nothing for an omitted optional output); `Ok`,
+    /// so that it can end a body.
+    pub(crate) fn write(self, value: T) -> Result<()> {
+        self.write_all([value]);
         Ok(())
     }
 }
 
+/// Checks an output array argument of `len` items.
+pub(crate) fn out_slice_arg<T>(ptr: *mut T, len: usize, name: &str) -> Result<Out<T>> {
+    check_array(ptr.cast_const(), len, name)?;
+    Ok(Out { ptr, len })
+}
+
 /// Checks an output pointer argument.
-pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> Result<OutPtr<T>> {
-    check_array(ptr.cast_const(), 1, name)?;
-    Ok(OutPtr { ptr })
+pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> Result<Out<T>> {
+    out_slice_arg(ptr, 1, name)
 }
 
 /// An optional output argument: NULL means the caller does not want the value.
-pub(crate) fn optional_out_ptr<T>(ptr: *mut T, name: &str) -> Result<OutPtr<T>> {
-    if ptr.is_null() {
-        Ok(OutPtr { ptr })
-    } else {
-        out_ptr(ptr, name)
-    }
+pub(crate) fn optional_out_ptr<T>(ptr: *mut T, name: &str) -> Result<Out<T>> {
+    out_slice_arg(ptr, usize::from(!ptr.is_null()), name)
 }
 
 /// `$ty { f: $src.f, .. }` for a C struct that mirrors a Rust one field by field, plus

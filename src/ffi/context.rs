@@ -49,17 +49,6 @@ pub(crate) fn context_arg(ctx: *const nvfipc_context) -> Result<Arc<Context>> {
     Ok(handle_ref(ctx, "ctx")?.ctx)
 }
 
-/// A rank getter's body: `get` of the context at `ctx`, written to `*out` (named `name`).
-fn get(
-    ctx: *const nvfipc_context,
-    out: *mut i64,
-    name: &str,
-    get: fn(&Context) -> usize,
-) -> Result<()> {
-    let value = get(&*context_arg(ctx)?) as i64;
-    out_ptr(out, name)?.write(value)
-}
-
 /// Converts the four C rank numbers, naming the argument that is wrong.
 fn rank_layout(
     rank: i64,
@@ -173,7 +162,8 @@ pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> 
 #[no_mangle]
 pub extern "C" fn nvfipc_context_rank(ctx: *const nvfipc_context, out_rank: *mut i64) -> Status {
     ffi_call("nvfipc_context_rank", || {
-        get(ctx, out_rank, "out_rank", Context::rank)
+        let value = context_arg(ctx)?.rank() as i64;
+        out_ptr(out_rank, "out_rank")?.write(value)
     })
 }
 
@@ -184,7 +174,8 @@ pub extern "C" fn nvfipc_context_world_size(
     out_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_world_size", || {
-        get(ctx, out_world_size, "out_world_size", Context::world_size)
+        let value = context_arg(ctx)?.world_size() as i64;
+        out_ptr(out_world_size, "out_world_size")?.write(value)
     })
 }
 
@@ -195,7 +186,8 @@ pub extern "C" fn nvfipc_context_local_rank(
     out_local_rank: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_rank", || {
-        get(ctx, out_local_rank, "out_local_rank", Context::local_rank)
+        let value = context_arg(ctx)?.local_rank() as i64;
+        out_ptr(out_local_rank, "out_local_rank")?.write(value)
     })
 }
 
@@ -206,12 +198,8 @@ pub extern "C" fn nvfipc_context_local_world_size(
     out_local_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_world_size", || {
-        get(
-            ctx,
-            out_local_world_size,
-            "out_local_world_size",
-            Context::local_world_size,
-        )
+        let value = context_arg(ctx)?.local_world_size() as i64;
+        out_ptr(out_local_world_size, "out_local_world_size")?.write(value)
     })
 }
 

@@ -150,8 +150,8 @@ pub(crate) fn p2p_handles(
     if req.kind != kind {
         return Err(Error::invalid(match kind {
             MemKind::Device => {
-                "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use \
-                                nvfipc_host_p2p_* for host buffers)"
+                "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use nvfipc_host_p2p_* \
+                 for host buffers)"
             }
             MemKind::Host => "host P2P primitives need a NVFIPC_MEM_HOST request",
         }));

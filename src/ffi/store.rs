@@ -3,7 +3,7 @@
 
 use super::args::{
     c_str_arg, c_str_array_arg, optional_out_ptr, out_ptr, out_slice_arg, positive_arg, ref_arg,
-    slice_arg, timeout_arg, OutPtr,
+    slice_arg, timeout_arg, Out,
 };
 use super::boundary::ffi_call;
 use super::registry::{free_buffer, handle_ref, into_buffer, into_handle, take_handle, Handle};
@@ -96,7 +96,7 @@ fn wait_bound(store: &dyn Store, keys: &[&str], timeout_ms: i64) -> Result<Durat
 }
 
 /// Hands a value to C through the `(out_value, out_len)` pair.
-fn write_buffer(value: Vec<u8>, out_value: OutPtr<*mut u8>, out_len: OutPtr<usize>) -> Result<()> {
+fn write_buffer(value: Vec<u8>, out_value: Out<*mut u8>, out_len: Out<usize>) -> Result<()> {
     let (data, len) = into_buffer(value);
     out_value.write(data)?;
     out_len.write(len)
@@ -319,7 +319,7 @@ pub extern "C" fn nvfipc_store_multi_get(
                 values.len()
             )));
         }
-        outs.write(values.into_iter().map(|value| {
+        outs.write_all(values.into_iter().map(|value| {
             let (data, len) = into_buffer(value);
             nvfipc_buffer { data, len }
         }));
@@ -336,7 +336,7 @@ pub extern "C" fn nvfipc_buffers_free(values: *mut nvfipc_buffer, n: usize) -> S
         let entries = slice_arg(values.cast_const(), n, "values")?.to_vec();
         let outs = out_slice_arg(values, n, "values")?;
         let mut first_error = None;
-        outs.write(entries.into_iter().enumerate().map(|(i, entry)| {
+        outs.write_all(entries.into_iter().enumerate().map(|(i, entry)| {
             match free_buffer(entry.data, entry.len) {
                 Ok(()) => nvfipc_buffer {
                     data: std::ptr::null_mut(),

@@ -51,15 +51,13 @@ pub extern "C" fn nvfipc_symmetric_rendezvous(
             )));
         }
         let out_ptrs = out_slice_arg(out_ptrs, n_out, "out_ptrs")?;
-        // Optional: a NULL `out_bytes` is an empty array.
-        let n_bytes = if out_bytes.is_null() { 0 } else { n_out };
+        let n_bytes = if out_bytes.is_null() { 0 } else { n_out }; // optional
         let out_bytes = out_slice_arg(out_bytes, n_bytes, "out_bytes")?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
         let peers =
             cache.symmetric_rendezvous(tag, ptr, bytes, kind, members.as_deref(), timeout)?;
-        debug_assert!(peers.len() <= out_ptrs.len());
-        out_ptrs.write(peers.iter().map(|p| p.ptr));
-        out_bytes.write(peers.iter().map(|p| p.bytes));
+        out_ptrs.write_all(peers.iter().map(|p| p.ptr));
+        out_bytes.write_all(peers.iter().map(|p| p.bytes));
         Ok(())
     })
 }
