@@ -11,17 +11,10 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-struct LastError {
-    status: Status,
-    message: CString,
-}
-
 thread_local! {
     // process-wide: errno-style, one slot per C thread; read back by the caller on its own thread.
-    static LAST_ERROR: RefCell<LastError> = RefCell::new(LastError {
-        status: Status::Ok,
-        message: CString::default(),
-    });
+    // Holds the status and the message of the thread's last failed call.
+    static LAST_ERROR: RefCell<(Status, CString)> = RefCell::new((Status::Ok, CString::default()));
 }
 
 /// Turns a message into a C string; interior NUL bytes (from a key or tag) are made visible.
@@ -34,12 +27,7 @@ pub(crate) fn set_last_error(err: &Error) {
     let message = to_c_message(&err.message);
     // try_with: during thread teardown (a C thread-local destructor calling in) the slot may be
     // gone; losing the message then is better than aborting.
-    let _ = LAST_ERROR.try_with(|slot| {
-        *slot.borrow_mut() = LastError {
-            status: err.status,
-            message,
-        }
-    });
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = (err.status, message));
 }
 
 /// Extracts the text of a panic payload (`panic!("...")` gives a `&str` or a `String`).
@@ -82,7 +70,7 @@ pub(crate) fn ffi_call<R>(function: &'static str, body: impl FnOnce() -> Result<
 #[no_mangle]
 pub extern "C" fn nvfipc_last_error_message() -> *const c_char {
     LAST_ERROR
-        .try_with(|slot| slot.borrow().message.as_ptr())
+        .try_with(|slot| slot.borrow().1.as_ptr())
         .unwrap_or(c"".as_ptr())
 }
 
@@ -90,7 +78,7 @@ pub extern "C" fn nvfipc_last_error_message() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn nvfipc_last_error_status() -> Status {
     LAST_ERROR
-        .try_with(|slot| slot.borrow().status)
+        .try_with(|slot| slot.borrow().0)
         .unwrap_or(Status::Ok)
 }
 

@@ -134,12 +134,11 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 ) -> Status {
     ffi_call("nvfipc_cuda_pointer_memory", || {
         let out = out_ptr(out_memory, "out_memory")?;
-        let kind = match cuda::export_kind(ptr as u64, bytes)? {
+        out.write(match cuda::export_kind(ptr as u64, bytes)? {
             DeviceMemoryKind::Legacy => NVFIPC_DEVICE_MEMORY_LEGACY,
             DeviceMemoryKind::Vmm { .. } => NVFIPC_DEVICE_MEMORY_VMM,
             DeviceMemoryKind::Pool { .. } => NVFIPC_DEVICE_MEMORY_POOL,
-        };
-        out.write(kind)
+        })
     })
 }
 
@@ -148,7 +147,8 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counters) -> Status {
     ffi_call("nvfipc_cuda_vmm_counters_get", || {
-        out_ptr(out, "out")?.write(
+        let out = out_ptr(out, "out")?;
+        out.write(
             copy_fields!(cuda::vmm_counters() => nvfipc_cuda_vmm_counters {
                 segment_exports, segment_imports, segment_releases, maps, unmaps, live_segments,
                 live_maps, pool_imports, pool_frees, inside_mapped
@@ -239,14 +239,8 @@ pub extern "C" fn nvfipc_cuda_ipc_open(
 ) -> Status {
     ffi_call("nvfipc_cuda_ipc_open", || {
         let out = out_ptr(out_base, "out_base")?;
-        let opened = ipc::open(
-            peer_arg(peer)?,
-            None,
-            &handle_arg(handle)?,
-            None,
-            DEFAULT_TIMEOUT,
-        )?;
-        out.write(opened.base)
+        let peer = peer_arg(peer)?;
+        out.write(ipc::open(peer, None, &handle_arg(handle)?, None, DEFAULT_TIMEOUT)?.base)
     })
 }
 
@@ -288,12 +282,8 @@ pub extern "C" fn nvfipc_cuda_endpoint_recv_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_endpoint_recv_post", || {
-        p2p::recv_post(
-            &endpoint_arg(endpoint)?,
-            transfer,
-            bytes,
-            stream_arg(stream),
-        )
+        let endpoint = endpoint_arg(endpoint)?;
+        p2p::recv_post(&endpoint, transfer, bytes, stream_arg(stream))
     })
 }
 

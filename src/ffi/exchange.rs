@@ -114,19 +114,18 @@ pub(crate) fn kind_arg(kind: i32, name: impl Display) -> Result<MemKind> {
 
 /// Converts one C request (named `name` in messages).
 pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: impl Display) -> Result<Request> {
-    let direction = match r.direction {
-        NVFIPC_DIRECTION_SEND => Direction::Send,
-        NVFIPC_DIRECTION_RECV => Direction::Recv,
-        other => {
-            return Err(Error::invalid(format!(
-                "`{name}.direction` = {other} is not NVFIPC_DIRECTION_SEND (0) or \
-                 NVFIPC_DIRECTION_RECV (1)"
-            )))
-        }
-    };
     Ok(Request {
+        direction: match r.direction {
+            NVFIPC_DIRECTION_SEND => Direction::Send,
+            NVFIPC_DIRECTION_RECV => Direction::Recv,
+            other => {
+                return Err(Error::invalid(format!(
+                    "`{name}.direction` = {other} is not NVFIPC_DIRECTION_SEND (0) or \
+                     NVFIPC_DIRECTION_RECV (1)"
+                )))
+            }
+        },
         peer: rank_arg(r.peer, world, format_args!("{name}.peer"))?,
-        direction,
         tag: c_str_arg(r.tag, format_args!("{name}.tag"))?.to_string(),
         ptr: r.ptr,
         bytes: r.bytes,
