@@ -19,10 +19,9 @@ use std::time::Duration;
 /// Fails with `InvalidArgument` naming `name` when `ptr` is NULL.
 pub(crate) fn check_not_null<T>(ptr: *const T, name: impl Display) -> Result<()> {
     if ptr.is_null() {
-        Err(Error::invalid(format!("argument `{name}` is NULL")))
-    } else {
-        Ok(())
+        return Err(Error::invalid(format!("argument `{name}` is NULL")));
     }
+    Ok(())
 }
 
 /// Borrows a NUL-terminated UTF-8 C string argument.
@@ -149,11 +148,7 @@ pub(crate) fn stream_arg(stream: *mut c_void) -> Stream {
 
 /// Converts a C timeout: negative means `default`, 0 means "do not wait", otherwise milliseconds.
 pub(crate) fn timeout_arg(timeout_ms: i64, default: Duration) -> Duration {
-    if timeout_ms < 0 {
-        default
-    } else {
-        Duration::from_millis(timeout_ms as u64)
-    }
+    u64::try_from(timeout_ms).map_or(default, Duration::from_millis)
 }
 
 /// Converts a C rank (`int64_t`) into an index in `0..world_size`.

@@ -95,18 +95,12 @@ pub extern "C" fn nvfipc_log_set_callback(callback: nvfipc_log_fn, user: *mut c_
         let user = user as usize;
         logging::set_callback(Some(std::sync::Arc::new(
             move |level: Level, sub: Subsystem, line: &str| {
-                let subsystem = CString::new(sub.name()).unwrap_or_default();
+                let level = level_code(level.to_level_filter());
+                let sub = CString::new(sub.name()).unwrap_or_default();
                 let line = to_c_message(line);
                 // SAFETY: `callback` is a function pointer the caller gave for this purpose; both
                 // strings are NUL-terminated and outlive the call; `user` is passed back as given.
-                unsafe {
-                    callback(
-                        level_code(level.to_level_filter()),
-                        subsystem.as_ptr(),
-                        line.as_ptr(),
-                        user as *mut c_void,
-                    )
-                };
+                unsafe { callback(level, sub.as_ptr(), line.as_ptr(), user as *mut c_void) };
             },
         )));
         Ok(())

@@ -317,17 +317,17 @@ impl CallbackStore {
             return Ok(());
         }
         let mut message = format!("host store callback {} failed with code {rc}", what());
-        if let Some(error_message) = self.cb.error_message {
-            // SAFETY: a host callback called with its own ctx; it returns NULL or a
-            // NUL-terminated string valid until its next call, which we copy right away.
-            let text = unsafe { error_message(self.cb.ctx) };
-            if !text.is_null() {
-                // SAFETY: non-NULL, NUL-terminated per the contract above.
-                let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-                if !text.is_empty() {
-                    message.push_str(": ");
-                    message.push_str(&text);
-                }
+        // SAFETY: a host callback called with its own ctx; it returns NULL or a NUL-terminated
+        // string valid until its next call, which we copy right away.
+        let text = self
+            .cb
+            .error_message
+            .map_or(ptr::null(), |f| unsafe { f(self.cb.ctx) });
+        if !text.is_null() {
+            // SAFETY: non-NULL, NUL-terminated per the contract above.
+            let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+            if !text.is_empty() {
+                message = format!("{message}: {text}");
             }
         }
         Err(Error::new(status_of(rc), message))
