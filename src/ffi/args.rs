@@ -40,11 +40,11 @@ pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'
 
 /// Checks an array of `len` items (input or output): non-NULL, aligned and of a representable
 /// size; anything goes when `len` is 0.
-fn check_array<T>(ptr: *const T, len: usize, name: &str) -> Result<()> {
+fn check_array<T>(ptr: *const T, len: usize, name: impl Display) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
-    check_not_null(ptr, name)?;
+    check_not_null(ptr, &name)?;
     if !ptr.is_aligned() {
         return Err(Error::invalid(format!(
             "argument `{name}` ({ptr:p}) is not aligned for its element type"
@@ -59,7 +59,7 @@ fn check_array<T>(ptr: *const T, len: usize, name: &str) -> Result<()> {
 }
 
 /// Borrows `len` items at `ptr`; NULL is accepted only when `len` is 0.
-pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: impl Display) -> Result<&'a [T]> {
     check_array(ptr, len, name)?;
     if len == 0 {
         return Ok(&[]);

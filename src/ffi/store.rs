@@ -243,11 +243,8 @@ pub extern "C" fn nvfipc_store_compare_set(
         let desired = slice_arg(desired, desired_len, "desired")?;
         let out_value = out_ptr(out_value, "out_value")?;
         let out_len = out_ptr(out_len, "out_len")?;
-        write_buffer(
-            store.compare_set(key, expected, desired)?,
-            out_value,
-            out_len,
-        )
+        let value = store.compare_set(key, expected, desired)?;
+        write_buffer(value, out_value, out_len)
     })
 }
 
@@ -277,16 +274,8 @@ pub extern "C" fn nvfipc_store_multi_set(
         let store = store_arg(store)?;
         let keys = c_str_array_arg(keys, n, "keys")?;
         let spans = slice_arg(values, n, "values")?;
-        let pairs = keys
-            .iter()
-            .zip(spans)
-            .enumerate()
-            .map(|(i, (&key, span))| {
-                Ok((
-                    key,
-                    slice_arg(span.data, span.len, &format!("values[{i}]"))?,
-                ))
-            })
+        let pairs = (keys.iter().zip(spans).enumerate())
+            .map(|(i, (&key, s))| Ok((key, slice_arg(s.data, s.len, format_args!("values[{i}]"))?)))
             .collect::<Result<Vec<(&str, &[u8])>>>()?;
         store.multi_set(&pairs)
     })
