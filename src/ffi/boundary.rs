@@ -31,14 +31,10 @@ pub(crate) fn set_last_error(err: &Error) {
 }
 
 /// Extracts the text of a panic payload (`panic!("...")` gives a `&str` or a `String`).
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    let text = payload.downcast_ref::<String>().map(String::as_str);
+    text.or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("non-string panic payload")
 }
 
 /// Runs the body of the C function `function`: `Ok` gives [`Status::Ok`] (its value, if any, is

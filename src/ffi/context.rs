@@ -270,12 +270,9 @@ pub extern "C" fn nvfipc_context_free(ctx: *mut nvfipc_context) -> Status {
         let Some(handle) = take_handle(ctx, "ctx")? else {
             return Ok(());
         };
-        match Arc::try_unwrap(handle.ctx) {
-            Ok(ctx) => ctx.close(),
-            // A call on another thread still holds it (a race the caller should not have);
-            // the last reference closes it on drop.
-            Err(_shared) => Ok(()),
-        }
+        // When a call on another thread still holds it (a race the caller should not have), the
+        // last reference closes it on drop.
+        Arc::try_unwrap(handle.ctx).map_or(Ok(()), Context::close)
     })
 }
 

@@ -224,11 +224,8 @@ pub extern "C" fn nvfipc_cache_free(cache: *mut nvfipc_cache) -> Status {
         let Some(handle) = take_handle(cache, "cache")? else {
             return Ok(());
         };
-        match Arc::try_unwrap(handle.cache) {
-            Ok(cache) => cache.try_close().map(drop),
-            // Another thread holds it mid-call: the last reference tears it down.
-            Err(_shared) => Ok(()),
-        }
+        // When another thread holds it mid-call, the last reference tears it down.
+        Arc::try_unwrap(handle.cache).map_or(Ok(()), |cache| cache.try_close().map(drop))
     })
 }
 
