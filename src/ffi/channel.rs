@@ -23,9 +23,7 @@ pub struct nvfipc_channel {
     pub(crate) ch: Arc<OpenChannel>,
 }
 
-impl Handle for nvfipc_channel {
-    const C_NAME: &'static str = "nvfipc_channel";
-}
+impl Handle for nvfipc_channel {}
 
 /// Borrows the channel behind a C pointer (the argument is always named `ch`).
 pub(crate) fn channel_arg(ch: *const nvfipc_channel) -> Result<Arc<OpenChannel>> {

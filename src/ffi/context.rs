@@ -30,9 +30,7 @@ pub struct nvfipc_context {
     job_id: Arc<CString>,
 }
 
-impl Handle for nvfipc_context {
-    const C_NAME: &'static str = "nvfipc_context";
-}
+impl Handle for nvfipc_context {}
 
 impl nvfipc_context {
     fn new(ctx: Context) -> Self {

@@ -34,9 +34,7 @@ pub struct nvfipc_cache {
     pub(crate) cache: Arc<HandleCache>,
 }
 
-impl Handle for nvfipc_cache {
-    const C_NAME: &'static str = "nvfipc_cache";
-}
+impl Handle for nvfipc_cache {}
 
 impl nvfipc_cache {
     /// Hands a cache made in Rust to C code, as `nvfipc_cache_create` would have made it; free

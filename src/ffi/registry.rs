@@ -48,8 +48,11 @@ fn describe(entry: &Live) -> String {
 /// [`handle_ref`] clones the object under the registry lock so that a concurrent free cannot pull
 /// it away during a call.
 pub(crate) trait Handle: Clone + Send + Sync + 'static {
-    /// The C type name, used in error messages.
-    const C_NAME: &'static str;
+    /// The C type name, used in error messages: the Rust type's own name.
+    fn c_name() -> &'static str {
+        let path = std::any::type_name::<Self>();
+        path.rsplit("::").next().unwrap_or(path)
+    }
 }
 
 /// Boxes `obj`, registers it as live and returns the pointer for C.
@@ -59,7 +62,7 @@ pub(crate) fn into_handle<T: Handle>(obj: T) -> *mut T {
         ptr as usize,
         Live::Handle {
             type_id: TypeId::of::<T>(),
-            c_name: T::C_NAME,
+            c_name: T::c_name(),
         },
     );
     ptr
@@ -75,12 +78,12 @@ fn check_handle<T: Handle>(
         Some(other) => Err(Error::invalid(format!(
             "argument `{name}` ({ptr:p}) is {}, not a {}",
             describe(other),
-            T::C_NAME
+            T::c_name()
         ))),
         None => Err(Error::state(format!(
             "argument `{name}` ({ptr:p}) is not a live {} (already freed, or not created by \
              this library)",
-            T::C_NAME
+            T::c_name()
         ))),
     }
 }

@@ -34,9 +34,7 @@ pub struct nvfipc_store {
     pub(crate) callback: Option<Arc<CallbackStore>>,
 }
 
-impl Handle for nvfipc_store {
-    const C_NAME: &'static str = "nvfipc_store";
-}
+impl Handle for nvfipc_store {}
 
 /// An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
 #[repr(C)]
@@ -374,9 +372,7 @@ pub struct nvfipc_server {
     server: Arc<StoreServer>,
 }
 
-impl Handle for nvfipc_server {
-    const C_NAME: &'static str = "nvfipc_server";
-}
+impl Handle for nvfipc_server {}
 
 /// Connects to the TCPStore server at `host`:`port` (a PyTorch `TCPStore` master, an
 /// `nvfipc_store_serve` server, or `nvfipc serve`), retrying until the server answers or

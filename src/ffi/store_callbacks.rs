@@ -253,9 +253,14 @@ fn status_of(rc: c_int) -> Status {
     }
 }
 
-/// A required callback (`new` checked that it is set).
+/// A required callback (checked by `new`, so the vtable a store holds has every one).
 fn required<T>(f: Option<T>, name: &str) -> Result<T> {
-    f.ok_or_else(|| Error::internal(format!("nvfipc_store_callbacks.{name} became NULL")))
+    f.ok_or_else(|| {
+        Error::invalid(format!(
+            "nvfipc_store_callbacks.{name} is NULL; set, get, add, check, delete_key and wait are \
+             required"
+        ))
+    })
 }
 
 /// An optional callback; a NULL one makes the operation (`what`) unsupported.
@@ -270,20 +275,13 @@ fn optional<T>(f: Option<T>, name: &str, what: impl Display) -> Result<T> {
 impl CallbackStore {
     /// Wraps a host vtable after checking that every required callback is set.
     pub fn new(callbacks: nvfipc_store_callbacks) -> Result<CallbackStore> {
-        let required = [
-            ("set", callbacks.set.is_some()),
-            ("get", callbacks.get.is_some()),
-            ("add", callbacks.add.is_some()),
-            ("check", callbacks.check.is_some()),
-            ("delete_key", callbacks.delete_key.is_some()),
-            ("wait", callbacks.wait.is_some()),
-        ];
-        if let Some((name, _)) = required.iter().find(|(_, present)| !present) {
-            return Err(Error::invalid(format!(
-                "nvfipc_store_callbacks.{name} is NULL; set, get, add, check, delete_key and \
-                 wait are required"
-            )));
-        }
+        let cb = &callbacks;
+        required(cb.set, "set")?;
+        required(cb.get, "get")?;
+        required(cb.add, "add")?;
+        required(cb.check, "check")?;
+        required(cb.delete_key, "delete_key")?;
+        required(cb.wait, "wait")?;
         Ok(CallbackStore {
             cb: callbacks,
             timeout: DEFAULT_TIMEOUT,
