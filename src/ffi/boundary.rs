@@ -107,6 +107,3 @@ pub extern "C" fn nvfipc_status_name(status: i32) -> *const c_char {
     };
     name.as_ptr()
 }
-
-#[cfg(test)]
-mod tests;

@@ -69,6 +69,3 @@ pub extern "C" fn nvfipc_channel_handles(
         out.write(nvfipc_p2p_handle::from(ch.handles()?))
     })
 }
-
-#[cfg(test)]
-mod tests;

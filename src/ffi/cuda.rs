@@ -389,6 +389,3 @@ pub extern "C" fn nvfipc_cuda_channel_send_wait(
         p2p::channel_send_wait(ch.handles()?, stream_arg(stream))
     })
 }
-
-#[cfg(test)]
-mod tests;

@@ -331,6 +331,3 @@ pub extern "C" fn nvfipc_cache_set_retained_mappings(
         Ok(())
     })
 }
-
-#[cfg(test)]
-mod tests;

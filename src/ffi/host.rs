@@ -121,6 +121,3 @@ pub extern "C" fn nvfipc_host_channel_send_wait(
         p2p::send_wait(ch.handles()?, timeout)
     })
 }
-
-#[cfg(test)]
-mod tests;

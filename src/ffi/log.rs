@@ -106,6 +106,3 @@ pub extern "C" fn nvfipc_log_set_callback(callback: nvfipc_log_fn, user: *mut c_
         Ok(())
     })
 }
-
-#[cfg(test)]
-mod tests;

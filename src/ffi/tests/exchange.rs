@@ -1,4 +1,6 @@
-use super::*;
+use crate::error::Status;
+use crate::exchange::{CacheStats, Direction};
+use crate::ffi::exchange::*;
 use crate::ffi::tests::last_error_message;
 
 #[test]

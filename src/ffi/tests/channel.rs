@@ -1,4 +1,6 @@
-use super::*;
+use crate::error::Status;
+use crate::ffi::channel::*;
+use crate::ffi::exchange::nvfipc_p2p_handle;
 use crate::ffi::tests::last_error_message;
 
 #[test]

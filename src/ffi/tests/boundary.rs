@@ -1,4 +1,5 @@
-use super::*;
+use crate::error::{Error, Status};
+use crate::ffi::boundary::*;
 use std::ffi::CStr;
 
 use crate::ffi::tests::last_error_message as message_of_last_error;

@@ -1,4 +1,7 @@
-use super::*;
+use crate::cuda::driver;
+use crate::error::Status;
+use crate::ffi::cuda::*;
+use crate::ffi::exchange::nvfipc_request;
 use crate::ffi::tests::last_error_message;
 
 #[test]
