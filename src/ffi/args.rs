@@ -1,14 +1,9 @@
 //! Argument helpers of the C ABI: the one place where raw argument pointers become Rust
-//! references, and C integers become ranks, counts and timeouts.
-//!
-//! Safety contract: these helpers must only be given pointers that a C caller passed to an
-//! `nvfipc_*` function; the documented C contract (each pointer is NULL or valid for the stated
-//! length, strings are NUL-terminated) makes their `unsafe` blocks sound. They check what can be
-//! checked (NULL, alignment, UTF-8, lengths).
-//!
-//! Argument names are `impl Display` (e.g. `format_args!("{name}.peer")`) so that a name is only
-//! formatted when a message needs it (a warm `nvfipc_cache_get` once spent most of its time
-//! formatting names it never used).
+//! references, and C integers become ranks, counts and timeouts. They must only be given pointers
+//! a C caller passed to an `nvfipc_*` function: the C contract (each pointer NULL or valid for the
+//! stated length, strings NUL-terminated) makes their `unsafe` blocks sound; they check what can
+//! be checked (NULL, alignment, UTF-8, lengths). Names are `impl Display`, formatted only when a
+//! message needs them (a warm `nvfipc_cache_get` once spent most of its time formatting names).
 
 use crate::cuda::p2p::Stream;
 use crate::error::{Error, Result};
@@ -80,12 +75,11 @@ pub(crate) fn c_str_array_arg<'a>(
     n: usize,
     name: &str,
 ) -> Result<Vec<&'a str>> {
-    let items = slice_arg(ptr, n, name)?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, &item)| c_str_arg(item, format_args!("{name}[{i}]")))
-        .collect()
+    let mut strs = Vec::with_capacity(n);
+    for (i, &item) in slice_arg(ptr, n, name)?.iter().enumerate() {
+        strs.push(c_str_arg(item, format_args!("{name}[{i}]"))?);
+    }
+    Ok(strs)
 }
 
 /// A checked output argument of `len` items at `ptr` (NULL only with `len` 0: an omitted

@@ -1,9 +1,7 @@
-//! The panic boundary and the per-thread last error of the C ABI.
-//!
-//! Every exported `nvfipc_*` function body runs inside [`ffi_call`]: it returns a [`Status`],
-//! stores the error message in a thread-local slot on failure and turns a Rust panic into
-//! [`Status::Panic`] instead of unwinding into C. The functions that read the last error back
-//! (`nvfipc_last_error_*`, `nvfipc_status_name`) are exported here too.
+//! The panic boundary and the per-thread last error of the C ABI. Every exported function body
+//! runs inside [`ffi_call`], which returns a [`Status`], records the message of a failure and turns
+//! a panic into [`Status::Panic`] instead of unwinding into C; the readers of the last error
+//! (`nvfipc_last_error_*`, `nvfipc_status_name`) are here too.
 
 use crate::error::{Error, Result, Status};
 use std::any::Any;

@@ -157,12 +157,8 @@ pub(crate) fn p2p_handles(
     Ok((cache, handles))
 }
 
-fn create(
-    ctx: *const nvfipc_context,
-    scope: &str,
-    out_cache: *mut *mut nvfipc_cache,
-) -> Result<()> {
-    let out = out_ptr(out_cache, "out_cache")?;
+fn create(ctx: *const nvfipc_context, scope: &str, out: *mut *mut nvfipc_cache) -> Result<()> {
+    let out = out_ptr(out, "out_cache")?;
     let ctx = context_arg(ctx)?;
     let cache = if scope.is_empty() {
         crate::default_transports::cache_from_context(&ctx)?
@@ -234,12 +230,14 @@ fn exchange(
     timeout_ms: i64,
 ) -> Result<()> {
     let cache = cache_arg(cache)?;
-    let items = slice_arg(reqs, n, "reqs")?;
-    let requests = items
-        .iter()
-        .enumerate()
-        .map(|(i, r)| request_arg(r, cache.world_size(), format_args!("reqs[{i}]")))
-        .collect::<Result<Vec<_>>>()?;
+    let mut requests = Vec::with_capacity(n);
+    for (i, r) in slice_arg(reqs, n, "reqs")?.iter().enumerate() {
+        requests.push(request_arg(
+            r,
+            cache.world_size(),
+            format_args!("reqs[{i}]"),
+        )?);
+    }
     cache.exchange_handles_timeout(&requests, timeout_arg(timeout_ms, cache.timeout()))
 }
 

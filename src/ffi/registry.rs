@@ -1,11 +1,8 @@
 //! The registry of live objects handed to C: handles (boxed Rust values) and library-owned byte
-//! buffers.
-//!
-//! A pointer is only dereferenced after the registry has confirmed that it is a live object of
-//! the expected type, so a double free, a use after free or a pointer of the wrong type is
-//! reported as an error instead of touching freed memory. (A magic field inside the object could
-//! not do that: reading it from a freed pointer is already the bug.) The only case that cannot be
-//! detected is a freed address that a new object of the same type happens to reuse.
+//! buffers. A pointer is dereferenced only once the registry confirms it is a live object of the
+//! expected type, so a double free, a use after free or a wrong type is an error rather than a
+//! touch of freed memory (a magic field could not do that: reading it from a freed pointer is the
+//! bug). Undetectable: a freed address reused by a new object of the same type.
 
 use super::args::check_not_null;
 use super::boundary::ffi_call;
@@ -58,13 +55,11 @@ pub(crate) trait Handle: Clone + Send + Sync + 'static {
 /// Boxes `obj`, registers it as live and returns the pointer for C.
 pub(crate) fn into_handle<T: Handle>(obj: T) -> *mut T {
     let ptr = Box::into_raw(Box::new(obj));
-    live().insert(
-        ptr as usize,
-        Live::Handle {
-            type_id: TypeId::of::<T>(),
-            c_name: T::c_name(),
-        },
-    );
+    let entry = Live::Handle {
+        type_id: TypeId::of::<T>(),
+        c_name: T::c_name(),
+    };
+    live().insert(ptr as usize, entry);
     ptr
 }
 

@@ -28,9 +28,9 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct nvfipc_store {
     pub(crate) store: Arc<dyn Store>,
-    /// The same store when it is a TCP client, for the operations only TCP stores have.
+    // The same store again when it is a TCP client or calls host callbacks, for the operations
+    // only those have.
     pub(crate) tcp: Option<Arc<TcpStore>>,
-    /// The same store when it calls host callbacks, for the operations only those have.
     pub(crate) callback: Option<Arc<CallbackStore>>,
 }
 
@@ -272,9 +272,10 @@ pub extern "C" fn nvfipc_store_multi_set(
         let store = store_arg(store)?;
         let keys = c_str_array_arg(keys, n, "keys")?;
         let spans = slice_arg(values, n, "values")?;
-        let pairs = (keys.iter().zip(spans).enumerate())
-            .map(|(i, (&key, s))| Ok((key, slice_arg(s.data, s.len, format_args!("values[{i}]"))?)))
-            .collect::<Result<Vec<(&str, &[u8])>>>()?;
+        let mut pairs = Vec::with_capacity(n);
+        for (i, (&key, s)) in keys.iter().zip(spans).enumerate() {
+            pairs.push((key, slice_arg(s.data, s.len, format_args!("values[{i}]"))?));
+        }
         store.multi_set(&pairs)
     })
 }
@@ -456,12 +457,12 @@ pub extern "C" fn nvfipc_store_set_server_address(
                 "server address {host:?}:{port}: a host name and a port in 1..=65535 are needed"
             )));
         }
-        let Some(callback) = &store.callback else {
-            return Err(Error::unsupported(
+        let callback = store.callback.as_ref().ok_or_else(|| {
+            Error::unsupported(
                 "only stores over host callbacks (nvfipc_store_from_callbacks) take a server \
                  address; the library's own stores know theirs",
-            ));
-        };
+            )
+        })?;
         callback.set_server_address(host, port);
         Ok(())
     })
@@ -475,11 +476,9 @@ pub extern "C" fn nvfipc_store_set_timeout(store: *const nvfipc_store, timeout_m
     ffi_call("nvfipc_store_set_timeout", || {
         let store = handle_ref(store, "store")?;
         let ms = positive_arg(timeout_ms, "timeout_ms")?;
-        let Some(tcp) = &store.tcp else {
-            return Err(Error::unsupported(
-                "only TCP stores (nvfipc_store_connect) have a settable timeout",
-            ));
-        };
+        let tcp = store.tcp.as_ref().ok_or_else(|| {
+            Error::unsupported("only TCP stores (nvfipc_store_connect) have a settable timeout")
+        })?;
         tcp.set_timeout(Duration::from_millis(ms as u64));
         Ok(())
     })
@@ -493,11 +492,10 @@ pub extern "C" fn nvfipc_store_ping(store: *const nvfipc_store, out_rtt_us: *mut
     ffi_call("nvfipc_store_ping", || {
         let store = handle_ref(store, "store")?;
         let out = optional_out_ptr(out_rtt_us, "out_rtt_us")?;
-        let Some(tcp) = &store.tcp else {
-            return Err(Error::unsupported(
-                "ping needs a TCP store (nvfipc_store_connect)",
-            ));
-        };
+        let tcp = store
+            .tcp
+            .as_ref()
+            .ok_or_else(|| Error::unsupported("ping needs a TCP store (nvfipc_store_connect)"))?;
         out.write(i64::try_from(tcp.ping()?.as_micros()).unwrap_or(i64::MAX))
     })
 }

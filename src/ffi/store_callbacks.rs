@@ -1,10 +1,7 @@
-//! The C side of a store implemented by the host (for example nvFuser wrapping its own
-//! `c10d::Store`): the vtable [`nvfipc_store_callbacks`] and [`CallbackStore`], which implements
-//! the store layer's safe [`Store`] trait by calling it. Every unsafe call into host code is here,
-//! at the C boundary; the store layer itself never sees a C pointer.
-//!
-//! Keys are handed to the host exactly as the library's callers give them (user keys, no `/`
-//! prefix, not NUL-terminated). Values are byte strings that may contain NUL bytes.
+//! The C side of a store implemented by the host (e.g. nvFuser wrapping its `c10d::Store`): the
+//! vtable [`nvfipc_store_callbacks`] and [`CallbackStore`], which implements the safe [`Store`]
+//! trait by calling it, so every unsafe call into host code is at the C boundary. Keys go to the
+//! host as callers give them (no `/` prefix, not NUL-terminated); values may contain NUL bytes.
 
 use crate::error::{Error, Result, Status};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
@@ -181,10 +178,9 @@ pub struct CallbackStore {
     server_port: Mutex<Option<u16>>,
 }
 
-// SAFETY: the vtable is plain data (a context pointer and C function pointers). The host
-// promises, as documented on `nvfipc_store_callbacks`, that the callbacks are thread-safe and that
-// `ctx` stays valid for the life of the store, so calling them from any thread, concurrently, is
-// sound.
+// SAFETY: the vtable is plain data (a context pointer and C function pointers); the host promises
+// (see `nvfipc_store_callbacks`) thread-safe callbacks and a `ctx` valid for the life of the
+// store, so calling them from any thread, concurrently, is sound.
 unsafe impl Send for CallbackStore {}
 // SAFETY: see `Send`; `&CallbackStore` only reads the vtable and calls the thread-safe callbacks.
 unsafe impl Sync for CallbackStore {}
@@ -265,11 +261,7 @@ fn required<T>(f: Option<T>, name: &str) -> Result<T> {
 
 /// An optional callback; a NULL one makes the operation (`what`) unsupported.
 fn optional<T>(f: Option<T>, name: &str, what: impl Display) -> Result<T> {
-    f.ok_or_else(|| {
-        Error::unsupported(format!(
-            "{what}: the host store has no {name} callback (it is NULL)"
-        ))
-    })
+    f.ok_or_else(|| Error::unsupported(format!("{what}: the host store has no {name} callback")))
 }
 
 impl CallbackStore {
@@ -517,7 +509,9 @@ impl Store for CallbackStore {
         })?;
         // Take ownership of every value first, so all are released even if one is invalid.
         let cb = &self.cb;
-        let owned: Vec<HostValue<'_>> = (out_ptrs.iter().zip(&out_lens))
+        let owned: Vec<HostValue<'_>> = out_ptrs
+            .iter()
+            .zip(&out_lens)
             .map(|(&ptr, &len)| HostValue { cb, ptr, len })
             .collect();
         owned.iter().map(HostValue::to_vec).collect()
