@@ -60,11 +60,8 @@ fn store_arg(store: *const nvfipc_store) -> Result<Arc<dyn Store>> {
 }
 
 /// The store and key arguments every keyed operation begins with.
-fn store_key<'a>(
-    store: *const nvfipc_store,
-    key: *const c_char,
-) -> Result<(Arc<dyn Store>, &'a str)> {
-    Ok((store_arg(store)?, c_str_arg(key, "key")?))
+fn store_key<'a>(s: *const nvfipc_store, key: *const c_char) -> Result<(Arc<dyn Store>, &'a str)> {
+    Ok((store_arg(s)?, c_str_arg(key, "key")?))
 }
 
 /// How long a waiting operation may block. `timeout_ms == 0` ("do not wait") is answered here
