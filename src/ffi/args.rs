@@ -1,27 +1,22 @@
 //! Argument helpers of the C ABI: the one place where raw argument pointers become Rust
-//! references, and C integers become ranks, counts and timeouts.
-//!
-//! Safety contract: these helpers must only be given pointers that a C caller passed to an
-//! `nvfipc_*` function. The documented C contract (each pointer is NULL or valid for the stated
-//! length, strings are NUL-terminated) is what makes their `unsafe` blocks sound; the helpers
-//! check everything that can be checked (NULL, alignment, UTF-8, lengths).
-//!
-//! Argument names are `impl Display` so that a caller can pass `format_args!("{name}.peer")`:
-//! the name is only formatted when a message needs it, never on the success path (a warm
-//! `nvfipc_cache_get` spent most of its time formatting names it never used).
+//! references, and C integers become ranks, counts and timeouts. They must only be given pointers
+//! a C caller passed to an `nvfipc_*` function: the C contract (each pointer NULL or valid for the
+//! stated length, strings NUL-terminated) makes their `unsafe` blocks sound; they check what can
+//! be checked (NULL, alignment, UTF-8, lengths). Names are `impl Display`, formatted only when a
+//! message needs them (a warm `nvfipc_cache_get` once spent most of its time formatting names).
 
+use crate::cuda::p2p::Stream;
 use crate::error::{Error, Result};
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::fmt::Display;
 use std::time::Duration;
 
 /// Fails with `InvalidArgument` naming `name` when `ptr` is NULL.
 pub(crate) fn check_not_null<T>(ptr: *const T, name: impl Display) -> Result<()> {
     if ptr.is_null() {
-        Err(Error::invalid(format!("argument `{name}` is NULL")))
-    } else {
-        Ok(())
+        return Err(Error::invalid(format!("argument `{name}` is NULL")));
     }
+    Ok(())
 }
 
 /// Borrows a NUL-terminated UTF-8 C string argument.
@@ -38,13 +33,13 @@ pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'
     })
 }
 
-/// Checks an array argument of `len` items at `ptr` (input or output) for what Rust needs of
-/// it: non-NULL, aligned and of a representable size; anything goes when `len` is 0.
-fn check_array<T>(ptr: *const T, len: usize, name: &str) -> Result<()> {
+/// Checks an array of `len` items (input or output): non-NULL, aligned and of a representable
+/// size; anything goes when `len` is 0.
+fn check_array<T>(ptr: *const T, len: usize, name: impl Display) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
-    check_not_null(ptr, name)?;
+    check_not_null(ptr, &name)?;
     if !ptr.is_aligned() {
         return Err(Error::invalid(format!(
             "argument `{name}` ({ptr:p}) is not aligned for its element type"
@@ -59,7 +54,7 @@ fn check_array<T>(ptr: *const T, len: usize, name: &str) -> Result<()> {
 }
 
 /// Borrows `len` items at `ptr`; NULL is accepted only when `len` is 0.
-pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: impl Display) -> Result<&'a [T]> {
     check_array(ptr, len, name)?;
     if len == 0 {
         return Ok(&[]);
@@ -67,35 +62,6 @@ pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<
     // SAFETY: non-NULL, aligned and of a representable size (checked above); the C contract says
     // `ptr` points to `len` initialised items that stay valid and unmodified during the call.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
-}
-
-/// An output array of `len` items at `ptr` (NULL only when `len` is 0), checked before any work
-/// is done; written with [`OutSlice::write`] on success only.
-pub(crate) struct OutSlice<T> {
-    ptr: *mut T,
-    len: usize,
-}
-
-impl<T> OutSlice<T> {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Stores `values` (at most `len`) at the start of the caller's array.
-    pub(crate) fn write(self, values: impl IntoIterator<Item = T>) {
-        for (i, v) in values.into_iter().take(self.len).enumerate() {
-            // SAFETY: `i < len`; the array is non-NULL, aligned and of a representable size
-            // (checked in `out_slice_arg`), and the C contract says it is writable for `len`
-            // items. `write` does not drop the (possibly uninitialised) old value.
-            unsafe { self.ptr.add(i).write(v) }
-        }
-    }
-}
-
-/// Checks an output array argument of `len` items.
-pub(crate) fn out_slice_arg<T>(ptr: *mut T, len: usize, name: &str) -> Result<OutSlice<T>> {
-    check_array(ptr.cast_const(), len, name)?;
-    Ok(OutSlice { ptr, len })
 }
 
 /// Borrows one `T` at `ptr` (an input struct such as a vtable).
@@ -109,62 +75,74 @@ pub(crate) fn c_str_array_arg<'a>(
     n: usize,
     name: &str,
 ) -> Result<Vec<&'a str>> {
-    let items = slice_arg(ptr, n, name)?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, &item)| c_str_arg(item, format_args!("{name}[{i}]")))
-        .collect()
-}
-
-/// An output argument that has been checked to be non-NULL. Check outputs before doing any work
-/// so that nothing is created (and leaked) when the caller gave no place to put it.
-pub(crate) struct OutPtr<T> {
-    ptr: *mut T,
-}
-
-impl<T> OutPtr<T> {
-    /// Stores `value` in the caller's variable.
-    pub(crate) fn write(self, value: T) {
-        // SAFETY: non-NULL (checked in `out_ptr`); the C contract says output pointers point to
-        // writable storage for one `T`. `write` does not drop the (possibly uninitialised) old value.
-        unsafe { self.ptr.write(value) }
+    let mut strs = Vec::with_capacity(n);
+    for (i, &item) in slice_arg(ptr, n, name)?.iter().enumerate() {
+        strs.push(c_str_arg(item, format_args!("{name}[{i}]"))?);
     }
+    Ok(strs)
+}
+
+/// A checked output argument of `len` items at `ptr` (NULL only with `len` 0: an omitted
+/// optional output). Check outputs before doing any work, so that nothing is created (and leaked)
+/// when the caller gave no place to put it; write them on success only.
+pub(crate) struct Out<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> Out<T> {
+    /// Stores `values` (at most `len`) at the start of the caller's array.
+    pub(crate) fn write_all(self, values: impl IntoIterator<Item = T>) {
+        for (i, v) in values.into_iter().take(self.len).enumerate() {
+            // SAFETY: `i < len`; the array is non-NULL, aligned and of a representable size
+            // (checked in `out_slice_arg`), and the C contract says it is writable for `len`
+            // items. `write` does not drop the (possibly uninitialised) old value.
+            unsafe { self.ptr.add(i).write(v) }
+        }
+    }
+
+    /// Stores `value` in the caller's variable (nothing for an omitted optional output); `Ok`,
+    /// so that it can end a body.
+    pub(crate) fn write(self, value: T) -> Result<()> {
+        self.write_all([value]);
+        Ok(())
+    }
+}
+
+/// Checks an output array argument of `len` items.
+pub(crate) fn out_slice_arg<T>(ptr: *mut T, len: usize, name: &str) -> Result<Out<T>> {
+    check_array(ptr.cast_const(), len, name)?;
+    Ok(Out { ptr, len })
 }
 
 /// Checks an output pointer argument.
-pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> Result<OutPtr<T>> {
-    check_not_null(ptr, name)?;
-    if !ptr.is_aligned() {
-        return Err(Error::invalid(format!(
-            "argument `{name}` ({ptr:p}) is not aligned for its type"
-        )));
-    }
-    Ok(OutPtr { ptr })
-}
-
-/// Checks the output pointer argument `ptr` and stores `value` in it (a getter's result).
-pub(crate) fn write_out<T>(ptr: *mut T, name: &str, value: T) -> Result<()> {
-    out_ptr(ptr, name)?.write(value);
-    Ok(())
+pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> Result<Out<T>> {
+    out_slice_arg(ptr, 1, name)
 }
 
 /// An optional output argument: NULL means the caller does not want the value.
-pub(crate) fn optional_out_ptr<T>(ptr: *mut T, name: &str) -> Result<Option<OutPtr<T>>> {
-    if ptr.is_null() {
-        Ok(None)
-    } else {
-        out_ptr(ptr, name).map(Some)
-    }
+pub(crate) fn optional_out_ptr<T>(ptr: *mut T, name: &str) -> Result<Out<T>> {
+    out_slice_arg(ptr, usize::from(!ptr.is_null()), name)
+}
+
+/// `$ty { f: $src.f, .. }` for a C struct that mirrors a Rust one field by field, plus
+/// `extra: value` fields the Rust one lacks.
+macro_rules! copy_fields {
+    ($src:expr => $ty:ident { $($field:ident),+ $(,)? } $(, $extra:ident: $value:expr)*) => {{
+        let src = $src;
+        $ty { $($field: src.$field,)+ $($extra: $value,)* }
+    }};
+}
+pub(crate) use copy_fields;
+
+/// A stream argument (`CUstream` or `cudaStream_t`; NULL is the legacy default stream).
+pub(crate) fn stream_arg(stream: *mut c_void) -> Stream {
+    Stream(stream as usize)
 }
 
 /// Converts a C timeout: negative means `default`, 0 means "do not wait", otherwise milliseconds.
 pub(crate) fn timeout_arg(timeout_ms: i64, default: Duration) -> Duration {
-    if timeout_ms < 0 {
-        default
-    } else {
-        Duration::from_millis(timeout_ms as u64)
-    }
+    u64::try_from(timeout_ms).map_or(default, Duration::from_millis)
 }
 
 /// Converts a C rank (`int64_t`) into an index in `0..world_size`.

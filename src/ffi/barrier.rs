@@ -8,27 +8,22 @@ use crate::error::{Error, Result, Status};
 use std::time::Duration;
 
 /// Converts the C rank list; `None` (the world) when it is empty.
-pub(crate) fn members_arg(
-    ranks: *const i64,
-    n_ranks: usize,
-    world_size: usize,
-) -> Result<Option<Vec<usize>>> {
-    if n_ranks == 0 {
+pub(crate) fn members_arg(ranks: *const i64, n: usize, world: usize) -> Result<Option<Vec<usize>>> {
+    if n == 0 {
         return Ok(None);
     }
     // Checked before the list is read: no world has more members.
-    if n_ranks > MAX_WORLD_SIZE && !ranks.is_null() {
+    if n > MAX_WORLD_SIZE && !ranks.is_null() {
         return Err(Error::invalid(format!(
-            "argument `n_ranks` = {n_ranks} is above the limit of NVFIPC_MAX_WORLD_SIZE = \
+            "argument `n_ranks` = {n} is above the limit of NVFIPC_MAX_WORLD_SIZE = \
              {MAX_WORLD_SIZE} ranks"
         )));
     }
-    slice_arg(ranks, n_ranks, "ranks")?
-        .iter()
-        .enumerate()
-        .map(|(i, &r)| rank_arg(r, world_size, format_args!("ranks[{i}]")))
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
+    let mut members = Vec::with_capacity(n);
+    for (i, &r) in slice_arg(ranks, n, "ranks")?.iter().enumerate() {
+        members.push(rank_arg(r, world, format_args!("ranks[{i}]"))?);
+    }
+    Ok(Some(members))
 }
 
 /// Blocks until every rank of `ranks[0..n_ranks]` (the whole world when `n_ranks` is 0; `ranks`

@@ -18,15 +18,12 @@ use std::sync::Arc;
 /// Thread safety: as for the cache's P2P calls, one thread per side of a channel at a time, and
 /// no transfer on a channel while an exchange that includes it (or `nvfipc_cache_free`) runs.
 /// `nvfipc_channel_free` must not race with other calls on the same channel.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_channel {
     pub(crate) ch: Arc<OpenChannel>,
 }
 
-impl Handle for nvfipc_channel {
-    const C_NAME: &'static str = "nvfipc_channel";
-}
+impl Handle for nvfipc_channel {}
 
 /// Borrows the channel behind a C pointer (the argument is always named `ch`).
 pub(crate) fn channel_arg(ch: *const nvfipc_channel) -> Result<Arc<OpenChannel>> {
@@ -48,8 +45,7 @@ pub extern "C" fn nvfipc_channel_open(
         let cache = cache_arg(cache)?;
         let req = single_request(&cache, req)?;
         let ch = cache.open_channel(&req)?;
-        out.write(into_handle(nvfipc_channel { ch: Arc::new(ch) }));
-        Ok(())
+        out.write(into_handle(nvfipc_channel { ch: Arc::new(ch) }))
     })
 }
 
@@ -57,10 +53,7 @@ pub extern "C" fn nvfipc_channel_open(
 /// its cache is freed; a freed channel is an error (`NVFIPC_STATUS_INVALID_STATE`).
 #[no_mangle]
 pub extern "C" fn nvfipc_channel_free(ch: *mut nvfipc_channel) -> Status {
-    ffi_call("nvfipc_channel_free", || {
-        take_handle(ch, "ch")?;
-        Ok(())
-    })
+    ffi_call("nvfipc_channel_free", || take_handle(ch, "ch"))
 }
 
 /// Writes the channel's handles into `*out`, as `nvfipc_cache_get` gives them, while the channel
@@ -73,10 +66,6 @@ pub extern "C" fn nvfipc_channel_handles(
     ffi_call("nvfipc_channel_handles", || {
         let out = out_ptr(out, "out")?;
         let ch = channel_arg(ch)?;
-        out.write(nvfipc_p2p_handle::from(ch.handles()?));
-        Ok(())
+        out.write(nvfipc_p2p_handle::from(ch.handles()?))
     })
 }
-
-#[cfg(test)]
-mod tests;

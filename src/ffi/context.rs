@@ -1,6 +1,6 @@
 //! C ABI of the job context: who this rank is and which store the job shares.
 
-use super::args::{c_str_arg, out_ptr, positive_arg, rank_arg, timeout_arg, write_out};
+use super::args::{c_str_arg, out_ptr, positive_arg, rank_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::registry::{handle_ref, into_handle, take_handle, Handle};
 use super::store::nvfipc_store;
@@ -23,7 +23,6 @@ const _: () = assert!(NVFIPC_MAX_WORLD_SIZE as usize == MAX_WORLD_SIZE);
 /// rank set must enter its barriers in the same order, and a waiting barrier occupies the
 /// context's store (a TCP store sends one request at a time), delaying other threads' barriers
 /// and store calls until it returns. `nvfipc_context_free` must not race with other calls on it.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_context {
     pub(crate) ctx: Arc<Context>,
@@ -31,9 +30,7 @@ pub struct nvfipc_context {
     job_id: Arc<CString>,
 }
 
-impl Handle for nvfipc_context {
-    const C_NAME: &'static str = "nvfipc_context";
-}
+impl Handle for nvfipc_context {}
 
 impl nvfipc_context {
     fn new(ctx: Context) -> Self {
@@ -106,8 +103,7 @@ pub extern "C" fn nvfipc_context_create(
             local_world_size,
             store: store.store,
         })?;
-        out.write(into_handle(nvfipc_context::new(ctx)));
-        Ok(())
+        out.write(into_handle(nvfipc_context::new(ctx)))
     })
 }
 
@@ -138,8 +134,7 @@ pub extern "C" fn nvfipc_context_connect(
         }
         let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
         let ctx = Context::connect(rank, world_size, host, port, host_store, timeout)?;
-        out.write(into_handle(nvfipc_context::new(ctx)));
-        Ok(())
+        out.write(into_handle(nvfipc_context::new(ctx)))
     })
 }
 
@@ -157,8 +152,7 @@ pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> 
     ffi_call("nvfipc_context_from_env", || {
         let out = out_ptr(out_ctx, "out_ctx")?;
         let ctx = Context::from_env(&EnvOptions::default())?;
-        out.write(into_handle(nvfipc_context::new(ctx)));
-        Ok(())
+        out.write(into_handle(nvfipc_context::new(ctx)))
     })
 }
 
@@ -166,7 +160,8 @@ pub extern "C" fn nvfipc_context_from_env(out_ctx: *mut *mut nvfipc_context) -> 
 #[no_mangle]
 pub extern "C" fn nvfipc_context_rank(ctx: *const nvfipc_context, out_rank: *mut i64) -> Status {
     ffi_call("nvfipc_context_rank", || {
-        write_out(out_rank, "out_rank", context_arg(ctx)?.rank as i64)
+        let value = context_arg(ctx)?.rank as i64;
+        out_ptr(out_rank, "out_rank")?.write(value)
     })
 }
 
@@ -177,11 +172,8 @@ pub extern "C" fn nvfipc_context_world_size(
     out_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_world_size", || {
-        write_out(
-            out_world_size,
-            "out_world_size",
-            context_arg(ctx)?.world_size as i64,
-        )
+        let value = context_arg(ctx)?.world_size as i64;
+        out_ptr(out_world_size, "out_world_size")?.write(value)
     })
 }
 
@@ -192,11 +184,8 @@ pub extern "C" fn nvfipc_context_local_rank(
     out_local_rank: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_rank", || {
-        write_out(
-            out_local_rank,
-            "out_local_rank",
-            context_arg(ctx)?.local_rank as i64,
-        )
+        let value = context_arg(ctx)?.local_rank as i64;
+        out_ptr(out_local_rank, "out_local_rank")?.write(value)
     })
 }
 
@@ -207,11 +196,8 @@ pub extern "C" fn nvfipc_context_local_world_size(
     out_local_world_size: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_context_local_world_size", || {
-        write_out(
-            out_local_world_size,
-            "out_local_world_size",
-            context_arg(ctx)?.local_world_size as i64,
-        )
+        let value = context_arg(ctx)?.local_world_size as i64;
+        out_ptr(out_local_world_size, "out_local_world_size")?.write(value)
     })
 }
 
@@ -225,7 +211,7 @@ pub extern "C" fn nvfipc_context_job_id(
     ffi_call("nvfipc_context_job_id", || {
         // The CString lives in the boxed handle, which stays alive until the context is freed.
         let job_id = handle_ref(ctx, "ctx")?.job_id.as_ptr();
-        write_out(out_job_id, "out_job_id", job_id)
+        out_ptr(out_job_id, "out_job_id")?.write(job_id)
     })
 }
 
@@ -236,11 +222,8 @@ pub extern "C" fn nvfipc_context_hosted_port(
     out_port: *mut u16,
 ) -> Status {
     ffi_call("nvfipc_context_hosted_port", || {
-        write_out(
-            out_port,
-            "out_port",
-            context_arg(ctx)?.hosted_store_port().unwrap_or(0),
-        )
+        let port = context_arg(ctx)?.hosted_store_port().unwrap_or(0);
+        out_ptr(out_port, "out_port")?.write(port)
     })
 }
 
@@ -259,8 +242,7 @@ pub extern "C" fn nvfipc_context_store(
             store: ctx.store.clone(),
             tcp: None,
             callback: None,
-        }));
-        Ok(())
+        }))
     })
 }
 
@@ -286,12 +268,9 @@ pub extern "C" fn nvfipc_context_free(ctx: *mut nvfipc_context) -> Status {
         let Some(handle) = take_handle(ctx, "ctx")? else {
             return Ok(());
         };
-        match Arc::try_unwrap(handle.ctx) {
-            Ok(ctx) => ctx.close(),
-            // A call on another thread still holds it (a race the caller should not have);
-            // the last reference closes it on drop.
-            Err(_shared) => Ok(()),
-        }
+        // When a call on another thread still holds it (a race the caller should not have), the
+        // last reference closes it on drop.
+        Arc::try_unwrap(handle.ctx).map_or(Ok(()), Context::close)
     })
 }
 

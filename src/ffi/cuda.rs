@@ -1,25 +1,17 @@
 //! C ABI of the device side: whether CUDA is usable, pointer checks, IPC counters and the
-//! stream-ordered P2P primitives (`send_post`, `recv_post`, `send_wait`) of nvFuser's zero-copy
-//! "get" protocol with epoch-valued semaphores.
-//!
-//! P2P names say the memory, then what the call is given: `nvfipc_cuda_p2p_*` work on a cached
-//! channel (cache + request, transfer numbers kept by the cache) as `nvfipc_host_p2p_*` do for
-//! host memory; `nvfipc_cuda_endpoint_*` work on a raw `nvfipc_p2p_endpoint` with explicit
-//! transfer numbers. (The old names `nvfipc_p2p_*`, `nvfipc_cuda_{send,recv}_post`... remain as
-//! deprecated macros at the end of the header.)
-//!
-//! Streams are passed as `void*` (a `CUstream` or `cudaStream_t`; NULL is the legacy default
-//! stream). Every primitive only enqueues work on the stream and returns at once.
+//! stream-ordered P2P primitives of nvFuser's zero-copy "get" protocol, on a cached channel
+//! (`nvfipc_cuda_p2p_*`), an opened one (`nvfipc_cuda_channel_*`) or a raw endpoint with explicit
+//! transfer numbers (`nvfipc_cuda_endpoint_*`). Every primitive only enqueues work on its stream.
 
-use super::args::{out_ptr, ref_arg, timeout_arg};
+use super::args::{copy_fields, optional_out_ptr, out_ptr, ref_arg, stream_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::channel::{channel_arg, nvfipc_channel};
 use super::exchange::{nvfipc_cache, nvfipc_request, p2p_handles};
 use crate::cuda::memory::DeviceMemoryKind;
-use crate::cuda::p2p::{self, Endpoint, Stream};
+use crate::cuda::p2p::{self, Endpoint};
 use crate::cuda::{self, driver, ipc, memory};
 use crate::error::{Error, Result, Status};
-use crate::exchange::MemKind;
+use crate::exchange::{MemKind, P2pHandles};
 use crate::store::DEFAULT_TIMEOUT;
 use std::ffi::c_void;
 
@@ -41,21 +33,10 @@ pub struct nvfipc_p2p_endpoint {
     pub peer_semaphore: u64,
 }
 
-impl From<&nvfipc_p2p_endpoint> for Endpoint {
-    fn from(e: &nvfipc_p2p_endpoint) -> Endpoint {
-        Endpoint {
-            local_ptr: e.local_ptr,
-            local_bytes: e.local_bytes,
-            local_semaphore: e.local_semaphore,
-            peer_ptr: e.peer_ptr,
-            peer_bytes: e.peer_bytes,
-            peer_semaphore: e.peer_semaphore,
-        }
-    }
-}
-
 fn endpoint_arg(ptr: *const nvfipc_p2p_endpoint) -> Result<Endpoint> {
-    Ok(Endpoint::from(ref_arg(ptr, "endpoint")?))
+    Ok(copy_fields!(ref_arg(ptr, "endpoint")? => Endpoint {
+        local_ptr, local_bytes, local_semaphore, peer_ptr, peer_bytes, peer_semaphore
+    }))
 }
 
 /// Counters of real driver-level IPC opens and closes in this process.
@@ -112,8 +93,7 @@ pub struct nvfipc_cuda_vmm_counters {
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_available(out: *mut bool) -> Status {
     ffi_call("nvfipc_cuda_available", || {
-        out_ptr(out, "out")?.write(driver::is_available());
-        Ok(())
+        out_ptr(out, "out")?.write(driver::is_available())
     })
 }
 
@@ -121,7 +101,7 @@ pub extern "C" fn nvfipc_cuda_available(out: *mut bool) -> Status {
 /// with the reason in the last error message, when there is no usable driver.
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_check() -> Status {
-    ffi_call("nvfipc_cuda_check", || driver::driver().map(|_| ()))
+    ffi_call("nvfipc_cuda_check", driver::driver)
 }
 
 /// Checks that `[ptr, ptr + bytes)` is device memory that legacy CUDA IPC can export.
@@ -139,10 +119,7 @@ pub extern "C" fn nvfipc_cuda_check_pointer(
 ) -> Status {
     ffi_call("nvfipc_cuda_check_pointer", || {
         let alloc = memory::resolve(ptr as u64, bytes)?;
-        if !out_base.is_null() {
-            out_ptr(out_base, "out_base")?.write(alloc.base);
-        }
-        Ok(())
+        optional_out_ptr(out_base, "out_base")?.write(alloc.base)
     })
 }
 
@@ -157,13 +134,11 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 ) -> Status {
     ffi_call("nvfipc_cuda_pointer_memory", || {
         let out = out_ptr(out_memory, "out_memory")?;
-        let kind = match cuda::export_kind(ptr as u64, bytes)? {
+        out.write(match cuda::export_kind(ptr as u64, bytes)? {
             DeviceMemoryKind::Legacy => NVFIPC_DEVICE_MEMORY_LEGACY,
             DeviceMemoryKind::Vmm { .. } => NVFIPC_DEVICE_MEMORY_VMM,
             DeviceMemoryKind::Pool { .. } => NVFIPC_DEVICE_MEMORY_POOL,
-        };
-        out.write(kind);
-        Ok(())
+        })
     })
 }
 
@@ -173,20 +148,12 @@ pub extern "C" fn nvfipc_cuda_pointer_memory(
 pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counters) -> Status {
     ffi_call("nvfipc_cuda_vmm_counters_get", || {
         let out = out_ptr(out, "out")?;
-        let v = cuda::runtime().vmm_counters();
-        out.write(nvfipc_cuda_vmm_counters {
-            segment_exports: v.segment_exports,
-            segment_imports: v.segment_imports,
-            segment_releases: v.segment_releases,
-            maps: v.maps,
-            unmaps: v.unmaps,
-            live_segments: v.live_segments,
-            live_maps: v.live_maps,
-            pool_imports: v.pool_imports,
-            pool_frees: v.pool_frees,
-            inside_mapped: v.inside_mapped,
-        });
-        Ok(())
+        out.write(
+            copy_fields!(cuda::runtime().vmm_counters() => nvfipc_cuda_vmm_counters {
+                segment_exports, segment_imports, segment_releases, maps, unmaps, live_segments,
+                live_maps, pool_imports, pool_frees, inside_mapped
+            }),
+        )
     })
 }
 
@@ -195,15 +162,9 @@ pub extern "C" fn nvfipc_cuda_vmm_counters_get(out: *mut nvfipc_cuda_vmm_counter
 #[no_mangle]
 pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counters) -> Status {
     ffi_call("nvfipc_cuda_ipc_counters_get", || {
-        let c = ipc::counters();
-        out_ptr(out, "out")?.write(nvfipc_cuda_ipc_counters {
-            opens: c.opens,
-            closes: c.closes,
-            live: c.live,
-            pending_closes: c.pending_closes,
-            close_errors: c.close_errors,
-        });
-        Ok(())
+        out_ptr(out, "out")?.write(copy_fields!(ipc::counters() => nvfipc_cuda_ipc_counters {
+            opens, closes, live, pending_closes, close_errors
+        }))
     })
 }
 
@@ -252,9 +213,8 @@ pub extern "C" fn nvfipc_cuda_ipc_export(
             )));
         }
         let bytes = ipc::export_allocation(&alloc)?;
-        out_handle.write(nvfipc_cuda_ipc_handle { bytes });
-        out_offset.write(alloc.offset());
-        Ok(())
+        out_handle.write(nvfipc_cuda_ipc_handle { bytes })?;
+        out_offset.write(alloc.offset())
     })
 }
 
@@ -263,8 +223,7 @@ fn handle_arg(handle: *const nvfipc_cuda_ipc_handle) -> Result<ipc::HandleBytes>
 }
 
 fn peer_arg(peer: i64) -> Result<usize> {
-    usize::try_from(peer)
-        .map_err(|_| crate::error::Error::invalid(format!("peer rank {peer} is negative")))
+    usize::try_from(peer).map_err(|_| Error::invalid(format!("peer rank {peer} is negative")))
 }
 
 /// Opens the legacy IPC `handle` exported by rank `peer` in the current context (with
@@ -280,15 +239,8 @@ pub extern "C" fn nvfipc_cuda_ipc_open(
 ) -> Status {
     ffi_call("nvfipc_cuda_ipc_open", || {
         let out = out_ptr(out_base, "out_base")?;
-        let opened = ipc::open(
-            peer_arg(peer)?,
-            None,
-            &handle_arg(handle)?,
-            None,
-            DEFAULT_TIMEOUT,
-        )?;
-        out.write(opened.base);
-        Ok(())
+        let peer = peer_arg(peer)?;
+        out.write(ipc::open(peer, None, &handle_arg(handle)?, None, DEFAULT_TIMEOUT)?.base)
     })
 }
 
@@ -316,7 +268,7 @@ pub extern "C" fn nvfipc_cuda_endpoint_send_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_endpoint_send_post", || {
-        p2p::send_post(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
+        p2p::send_post(&endpoint_arg(endpoint)?, transfer, stream_arg(stream))
     })
 }
 
@@ -330,12 +282,8 @@ pub extern "C" fn nvfipc_cuda_endpoint_recv_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_endpoint_recv_post", || {
-        p2p::recv_post(
-            &endpoint_arg(endpoint)?,
-            transfer,
-            bytes,
-            Stream(stream as usize),
-        )
+        let endpoint = endpoint_arg(endpoint)?;
+        p2p::recv_post(&endpoint, transfer, bytes, stream_arg(stream))
     })
 }
 
@@ -348,17 +296,12 @@ pub extern "C" fn nvfipc_cuda_endpoint_send_wait(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_endpoint_send_wait", || {
-        p2p::send_wait(&endpoint_arg(endpoint)?, transfer, Stream(stream as usize))
+        p2p::send_wait(&endpoint_arg(endpoint)?, transfer, stream_arg(stream))
     })
 }
 
-fn device_handles(
-    cache: *const nvfipc_cache,
-    req: *const nvfipc_request,
-) -> Result<crate::exchange::P2pHandles> {
-    let wrong_kind = "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use \
-                      nvfipc_host_p2p_* for host buffers)";
-    Ok(p2p_handles(cache, req, MemKind::Device, wrong_kind)?.1)
+fn device_handles(cache: *const nvfipc_cache, req: *const nvfipc_request) -> Result<P2pHandles> {
+    Ok(p2p_handles(cache, req, MemKind::Device)?.1)
 }
 
 /// Sender side of the next transfer on the channel of `req` (a SEND request already exchanged):
@@ -371,7 +314,7 @@ pub extern "C" fn nvfipc_cuda_p2p_send_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_p2p_send_post", || {
-        p2p::channel_send_post(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_post(&device_handles(cache, req)?, stream_arg(stream))
     })
 }
 
@@ -386,8 +329,7 @@ pub extern "C" fn nvfipc_cuda_p2p_recv_post(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_p2p_recv_post", || {
-        p2p::channel_recv_post(&device_handles(cache, req)?, bytes, Stream(stream as usize))
-            .map(|_| ())
+        p2p::channel_recv_post(&device_handles(cache, req)?, bytes, stream_arg(stream))
     })
 }
 
@@ -401,7 +343,7 @@ pub extern "C" fn nvfipc_cuda_p2p_send_wait(
     stream: *mut c_void,
 ) -> Status {
     ffi_call("nvfipc_cuda_p2p_send_wait", || {
-        p2p::channel_send_wait(&device_handles(cache, req)?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_wait(&device_handles(cache, req)?, stream_arg(stream))
     })
 }
 
@@ -415,7 +357,7 @@ pub extern "C" fn nvfipc_cuda_channel_send_post(
 ) -> Status {
     ffi_call("nvfipc_cuda_channel_send_post", || {
         let ch = channel_arg(ch)?;
-        p2p::channel_send_post(ch.handles()?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_post(ch.handles()?, stream_arg(stream))
     })
 }
 
@@ -430,7 +372,7 @@ pub extern "C" fn nvfipc_cuda_channel_recv_post(
 ) -> Status {
     ffi_call("nvfipc_cuda_channel_recv_post", || {
         let ch = channel_arg(ch)?;
-        p2p::channel_recv_post(ch.handles()?, bytes, Stream(stream as usize)).map(|_| ())
+        p2p::channel_recv_post(ch.handles()?, bytes, stream_arg(stream))
     })
 }
 
@@ -444,9 +386,6 @@ pub extern "C" fn nvfipc_cuda_channel_send_wait(
 ) -> Status {
     ffi_call("nvfipc_cuda_channel_send_wait", || {
         let ch = channel_arg(ch)?;
-        p2p::channel_send_wait(ch.handles()?, Stream(stream as usize)).map(|_| ())
+        p2p::channel_send_wait(ch.handles()?, stream_arg(stream))
     })
 }
-
-#[cfg(test)]
-mod tests;

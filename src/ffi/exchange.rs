@@ -1,6 +1,6 @@
 //! C ABI of the handle cache: exchange P2P handles for a batch of requests and look them up.
 
-use super::args::{c_str_arg, out_ptr, rank_arg, slice_arg, timeout_arg};
+use super::args::{c_str_arg, copy_fields, out_ptr, rank_arg, ref_arg, slice_arg, timeout_arg};
 use super::boundary::ffi_call;
 use super::context::context_arg;
 use super::context::nvfipc_context;
@@ -29,15 +29,12 @@ pub const NVFIPC_MEM_HOST: i32 = 1;
 /// Thread safety: all functions may be called from several threads at once; concurrent
 /// `nvfipc_exchange_handles` calls must not include the same channel (that call fails with
 /// `NVFIPC_STATUS_INVALID_STATE`). `nvfipc_cache_free` must not race with other calls on it.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_cache {
     pub(crate) cache: Arc<HandleCache>,
 }
 
-impl Handle for nvfipc_cache {
-    const C_NAME: &'static str = "nvfipc_cache";
-}
+impl Handle for nvfipc_cache {}
 
 impl nvfipc_cache {
     /// Hands a cache made in Rust to C code, as `nvfipc_cache_create` would have made it; free
@@ -50,7 +47,6 @@ impl nvfipc_cache {
 }
 
 /// One point-to-point communication of a batch.
-#[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct nvfipc_request {
@@ -71,7 +67,6 @@ pub struct nvfipc_request {
 
 /// Handles of one channel, as nvFuser's `P2pIpcHandle`. Valid until the next
 /// `nvfipc_exchange_handles` that changes the channel's buffers, or until the cache is freed.
-#[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct nvfipc_p2p_handle {
@@ -91,18 +86,13 @@ pub struct nvfipc_p2p_handle {
 
 impl From<&P2pHandles> for nvfipc_p2p_handle {
     fn from(h: &P2pHandles) -> nvfipc_p2p_handle {
-        nvfipc_p2p_handle {
-            local_ptr: h.local_ptr,
-            local_bytes: h.local_bytes,
-            local_semaphore: h.local_semaphore,
-            peer_ptr: h.peer_ptr,
-            peer_bytes: h.peer_bytes,
-            peer_semaphore: h.peer_semaphore,
-            kind: match h.kind {
-                MemKind::Device => NVFIPC_MEM_DEVICE,
-                MemKind::Host => NVFIPC_MEM_HOST,
-            },
-        }
+        let kind = match h.kind {
+            MemKind::Device => NVFIPC_MEM_DEVICE,
+            MemKind::Host => NVFIPC_MEM_HOST,
+        };
+        copy_fields!(h => nvfipc_p2p_handle {
+            local_ptr, local_bytes, local_semaphore, peer_ptr, peer_bytes, peer_semaphore
+        }, kind: kind)
     }
 }
 
@@ -122,19 +112,18 @@ pub(crate) fn kind_arg(kind: i32, name: impl Display) -> Result<MemKind> {
 
 /// Converts one C request (named `name` in messages).
 pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: impl Display) -> Result<Request> {
-    let direction = match r.direction {
-        NVFIPC_DIRECTION_SEND => Direction::Send,
-        NVFIPC_DIRECTION_RECV => Direction::Recv,
-        other => {
-            return Err(Error::invalid(format!(
-                "`{name}.direction` = {other} is not NVFIPC_DIRECTION_SEND (0) or \
-                 NVFIPC_DIRECTION_RECV (1)"
-            )))
-        }
-    };
     Ok(Request {
+        direction: match r.direction {
+            NVFIPC_DIRECTION_SEND => Direction::Send,
+            NVFIPC_DIRECTION_RECV => Direction::Recv,
+            other => {
+                return Err(Error::invalid(format!(
+                    "`{name}.direction` = {other} is not NVFIPC_DIRECTION_SEND (0) or \
+                     NVFIPC_DIRECTION_RECV (1)"
+                )))
+            }
+        },
         peer: rank_arg(r.peer, world, format_args!("{name}.peer"))?,
-        direction,
         tag: c_str_arg(r.tag, format_args!("{name}.tag"))?.to_string(),
         ptr: r.ptr,
         bytes: r.bytes,
@@ -144,33 +133,32 @@ pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: impl Display) 
 
 /// Borrows the single request argument `req` of a cache call.
 pub(crate) fn single_request(cache: &HandleCache, req: *const nvfipc_request) -> Result<Request> {
-    let reqs = slice_arg(req, 1, "req")?;
-    request_arg(&reqs[0], cache.world_size(), "req")
+    request_arg(ref_arg(req, "req")?, cache.world_size(), "req")
 }
 
-/// The cache and the handles of `req` for a P2P call of one transport: a request of another
-/// memory `kind` fails with `wrong_kind`.
+/// The cache and the handles of `req` for a P2P call of the `kind` transport.
 pub(crate) fn p2p_handles(
     cache: *const nvfipc_cache,
     req: *const nvfipc_request,
     kind: MemKind,
-    wrong_kind: &'static str,
 ) -> Result<(Arc<HandleCache>, P2pHandles)> {
     let cache = cache_arg(cache)?;
     let req = single_request(&cache, req)?;
     if req.kind != kind {
-        return Err(Error::invalid(wrong_kind));
+        return Err(Error::invalid(match kind {
+            MemKind::Device => {
+                "the CUDA P2P primitives need a NVFIPC_MEM_DEVICE request (use nvfipc_host_p2p_* \
+                 for host buffers)"
+            }
+            MemKind::Host => "host P2P primitives need a NVFIPC_MEM_HOST request",
+        }));
     }
     let handles = cache.get(&req)?;
     Ok((cache, handles))
 }
 
-fn create(
-    ctx: *const nvfipc_context,
-    scope: &str,
-    out_cache: *mut *mut nvfipc_cache,
-) -> Result<()> {
-    let out = out_ptr(out_cache, "out_cache")?;
+fn create(ctx: *const nvfipc_context, scope: &str, out: *mut *mut nvfipc_cache) -> Result<()> {
+    let out = out_ptr(out, "out_cache")?;
     let ctx = context_arg(ctx)?;
     let cache = if scope.is_empty() {
         crate::default_transports::cache_from_context(&ctx)?
@@ -179,8 +167,7 @@ fn create(
         cfg.scope = scope.to_string();
         crate::default_transports::cache(cfg)?
     };
-    out.write(nvfipc_cache::into_raw(cache));
-    Ok(())
+    out.write(nvfipc_cache::into_raw(cache))
 }
 
 /// Creates a handle cache for the rank of `ctx` (its store, job id and timeout). Host requests use
@@ -231,14 +218,8 @@ pub extern "C" fn nvfipc_cache_free(cache: *mut nvfipc_cache) -> Status {
         let Some(handle) = take_handle(cache, "cache")? else {
             return Ok(());
         };
-        match Arc::try_unwrap(handle.cache) {
-            Ok(cache) => cache.try_close().map(|_| ()),
-            // Another thread holds it mid-call: the last reference tears it down.
-            Err(shared) => {
-                drop(shared);
-                Ok(())
-            }
-        }
+        // When another thread holds it mid-call, the last reference tears it down.
+        Arc::try_unwrap(handle.cache).map_or(Ok(()), |cache| cache.try_close().map(drop))
     })
 }
 
@@ -249,12 +230,14 @@ fn exchange(
     timeout_ms: i64,
 ) -> Result<()> {
     let cache = cache_arg(cache)?;
-    let items = slice_arg(reqs, n, "reqs")?;
-    let requests = items
-        .iter()
-        .enumerate()
-        .map(|(i, r)| request_arg(r, cache.world_size(), format_args!("reqs[{i}]")))
-        .collect::<Result<Vec<_>>>()?;
+    let mut requests = Vec::with_capacity(n);
+    for (i, r) in slice_arg(reqs, n, "reqs")?.iter().enumerate() {
+        requests.push(request_arg(
+            r,
+            cache.world_size(),
+            format_args!("reqs[{i}]"),
+        )?);
+    }
     cache.exchange_handles_timeout(&requests, timeout_arg(timeout_ms, cache.timeout()))
 }
 
@@ -316,8 +299,7 @@ pub extern "C" fn nvfipc_cache_get(
         let out = out_ptr(out, "out")?;
         let cache = cache_arg(cache)?;
         let req = single_request(&cache, req)?;
-        out.write(nvfipc_p2p_handle::from(&cache.get(&req)?));
-        Ok(())
+        out.write(nvfipc_p2p_handle::from(&cache.get(&req)?))
     })
 }
 
@@ -327,8 +309,7 @@ pub extern "C" fn nvfipc_cache_get(
 pub extern "C" fn nvfipc_cache_stats(cache: *const nvfipc_cache, out: *mut CacheStats) -> Status {
     ffi_call("nvfipc_cache_stats", || {
         let out = out_ptr(out, "out")?;
-        out.write(cache_arg(cache)?.stats());
-        Ok(())
+        out.write(cache_arg(cache)?.stats())
     })
 }
 
@@ -348,6 +329,3 @@ pub extern "C" fn nvfipc_cache_set_retained_mappings(
         Ok(())
     })
 }
-
-#[cfg(test)]
-mod tests;

@@ -5,10 +5,9 @@ use super::boundary::ffi_call;
 use super::channel::{channel_arg, nvfipc_channel};
 use super::exchange::{nvfipc_cache, nvfipc_request, p2p_handles};
 use crate::error::Status;
-use crate::exchange::{HandleCache, MemKind, P2pHandles};
+use crate::exchange::MemKind;
 use crate::host::{self, p2p};
 use std::ffi::c_void;
-use std::sync::Arc;
 
 /// Allocates `bytes` (> 0) of zero-filled host memory that peers can map through
 /// `nvfipc_exchange_handles` (with `NVFIPC_MEM_HOST`). `*out_ptr` receives the address; free it
@@ -21,8 +20,7 @@ pub extern "C" fn nvfipc_host_alloc(bytes: usize, out_ptr_arg: *mut *mut c_void)
     ffi_call("nvfipc_host_alloc", || {
         let out = out_ptr(out_ptr_arg, "out_ptr")?;
         let buf = host::alloc(bytes as u64)?;
-        out.write(buf.into_raw() as *mut c_void);
-        Ok(())
+        out.write(buf.into_raw() as *mut c_void)
     })
 }
 
@@ -38,18 +36,6 @@ pub extern "C" fn nvfipc_host_free(ptr: *mut c_void) -> Status {
     })
 }
 
-fn handles_of(
-    cache: *const nvfipc_cache,
-    req: *const nvfipc_request,
-) -> crate::Result<(Arc<HandleCache>, P2pHandles)> {
-    p2p_handles(
-        cache,
-        req,
-        MemKind::Host,
-        "host P2P primitives need a NVFIPC_MEM_HOST request",
-    )
-}
-
 /// Sender side of a transfer on the channel of `req` (a SEND request already exchanged): tells
 /// the receiver that the next transfer's data is ready. Never blocks.
 #[no_mangle]
@@ -58,7 +44,7 @@ pub extern "C" fn nvfipc_host_p2p_send_post(
     req: *const nvfipc_request,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_send_post", || {
-        p2p::send_post(&handles_of(cache, req)?.1).map(|_| ())
+        p2p::send_post(&p2p_handles(cache, req, MemKind::Host)?.1)
     })
 }
 
@@ -75,9 +61,9 @@ pub extern "C" fn nvfipc_host_p2p_recv_post(
     timeout_ms: i64,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_recv_post", || {
-        let (cache, h) = handles_of(cache, req)?;
+        let (cache, h) = p2p_handles(cache, req, MemKind::Host)?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
-        p2p::recv_post(&h, bytes, timeout).map(|_| ())
+        p2p::recv_post(&h, bytes, timeout)
     })
 }
 
@@ -91,9 +77,9 @@ pub extern "C" fn nvfipc_host_p2p_send_wait(
     timeout_ms: i64,
 ) -> Status {
     ffi_call("nvfipc_host_p2p_send_wait", || {
-        let (cache, h) = handles_of(cache, req)?;
+        let (cache, h) = p2p_handles(cache, req, MemKind::Host)?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
-        p2p::send_wait(&h, timeout).map(|_| ())
+        p2p::send_wait(&h, timeout)
     })
 }
 
@@ -102,7 +88,7 @@ pub extern "C" fn nvfipc_host_p2p_send_wait(
 #[no_mangle]
 pub extern "C" fn nvfipc_host_channel_send_post(ch: *const nvfipc_channel) -> Status {
     ffi_call("nvfipc_host_channel_send_post", || {
-        p2p::send_post(channel_arg(ch)?.handles()?).map(|_| ())
+        p2p::send_post(channel_arg(ch)?.handles()?)
     })
 }
 
@@ -118,7 +104,7 @@ pub extern "C" fn nvfipc_host_channel_recv_post(
     ffi_call("nvfipc_host_channel_recv_post", || {
         let ch = channel_arg(ch)?;
         let timeout = timeout_arg(timeout_ms, ch.timeout());
-        p2p::recv_post(ch.handles()?, bytes, timeout).map(|_| ())
+        p2p::recv_post(ch.handles()?, bytes, timeout)
     })
 }
 
@@ -132,9 +118,6 @@ pub extern "C" fn nvfipc_host_channel_send_wait(
     ffi_call("nvfipc_host_channel_send_wait", || {
         let ch = channel_arg(ch)?;
         let timeout = timeout_arg(timeout_ms, ch.timeout());
-        p2p::send_wait(ch.handles()?, timeout).map(|_| ())
+        p2p::send_wait(ch.handles()?, timeout)
     })
 }
-
-#[cfg(test)]
-mod tests;

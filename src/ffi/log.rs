@@ -3,7 +3,7 @@
 //! `NVFIPC_DEBUG_SUBSYS`, `NVFIPC_DEBUG_FILE`) configures the same log without code.
 
 use super::args::out_ptr;
-use super::boundary::ffi_call;
+use super::boundary::{ffi_call, to_c_message};
 use crate::logging::{self, Level, Subsystem};
 use crate::{Error, Status};
 use log::LevelFilter;
@@ -27,7 +27,6 @@ pub const NVFIPC_LOG_TRACE: i32 = 4;
 /// `nvfipc_log_set_callback`. Both strings are valid only during the call. Called from any
 /// thread, the library's own threads included, possibly concurrently: it must be thread-safe, must
 /// not block for long, and must not call `nvfipc_log_set_callback`.
-#[allow(non_camel_case_types)]
 pub type nvfipc_log_fn = Option<
     unsafe extern "C" fn(
         level: i32,
@@ -76,8 +75,7 @@ pub extern "C" fn nvfipc_log_get_level(out_level: *mut i32) -> Status {
     ffi_call("nvfipc_log_get_level", || {
         let out = out_ptr(out_level, "out_level")?;
         logging::init();
-        out.write(level_code(log::max_level()));
-        Ok(())
+        out.write(level_code(log::max_level()))
     })
 }
 
@@ -97,24 +95,14 @@ pub extern "C" fn nvfipc_log_set_callback(callback: nvfipc_log_fn, user: *mut c_
         let user = user as usize;
         logging::set_callback(Some(std::sync::Arc::new(
             move |level: Level, sub: Subsystem, line: &str| {
-                let subsystem = CString::new(sub.name()).unwrap_or_default();
-                // A NUL inside a message (from a key or tag) would cut the C string: replace it.
-                let line = CString::new(line.replace('\0', "\\0")).unwrap_or_default();
+                let level = level_code(level.to_level_filter());
+                let sub = CString::new(sub.name()).unwrap_or_default();
+                let line = to_c_message(line);
                 // SAFETY: `callback` is a function pointer the caller gave for this purpose; both
                 // strings are NUL-terminated and outlive the call; `user` is passed back as given.
-                unsafe {
-                    callback(
-                        level_code(level.to_level_filter()),
-                        subsystem.as_ptr(),
-                        line.as_ptr(),
-                        user as *mut c_void,
-                    )
-                };
+                unsafe { callback(level, sub.as_ptr(), line.as_ptr(), user as *mut c_void) };
             },
         )));
         Ok(())
     })
 }
-
-#[cfg(test)]
-mod tests;

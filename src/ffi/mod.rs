@@ -1,12 +1,12 @@
-//! The C ABI (`nvfipc_*`): a thin layer that checks arguments, calls the Rust API and maps
-//! errors to [`crate::Status`] plus a thread-local message. Three modules hold everything unsafe or
-//! shared: [`boundary`] (the panic boundary and the last error), [`args`] (raw argument pointers to
-//! Rust references) and [`registry`] (live handles and library-owned buffers); the other modules,
-//! one per C object family, only convert and call.
-//!
-//! The conventions every function follows (status returns, outputs written only on success,
-//! opaque objects, ranks and timeouts) head the generated header: `after_includes` in
-//! cbindgen.toml.
+//! The C ABI (`nvfipc_*`): a thin layer that checks arguments, calls the Rust API and maps errors
+//! to [`crate::Status`] plus a thread-local message. Everything unsafe or shared is in
+//! [`boundary`] (panic boundary, last error), [`args`] (argument pointers to Rust references) and
+//! [`registry`] (live handles and library-owned buffers); the modules of the C object families
+//! only convert and call. The conventions of every function head the generated header
+//! (`after_includes` in cbindgen.toml).
+
+// The C names of the ABI's types (`nvfipc_store`, ...) are the Rust names.
+#![allow(non_camel_case_types)]
 
 pub(crate) mod args;
 pub mod barrier;

@@ -1,11 +1,8 @@
 //! The registry of live objects handed to C: handles (boxed Rust values) and library-owned byte
-//! buffers.
-//!
-//! A pointer is only dereferenced after the registry has confirmed that it is a live object of
-//! the expected type, so a double free, a use after free or a pointer of the wrong type is
-//! reported as an error instead of touching freed memory. (A magic field inside the object could
-//! not do that: reading it from a freed pointer is already the bug.) The only case that cannot be
-//! detected is a freed address that a new object of the same type happens to reuse.
+//! buffers. A pointer is dereferenced only once the registry confirms it is a live object of the
+//! expected type, so a double free, a use after free or a wrong type is an error rather than a
+//! touch of freed memory (a magic field could not do that: reading it from a freed pointer is the
+//! bug). Undetectable: a freed address reused by a new object of the same type.
 
 use super::args::check_not_null;
 use super::boundary::ffi_call;
@@ -13,7 +10,7 @@ use crate::error::{Error, Result, Status};
 use once_cell::sync::Lazy;
 use std::any::TypeId;
 use std::collections::HashMap;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{RwLock, RwLockWriteGuard};
 
 #[derive(Clone, Copy)]
 enum Live {
@@ -37,16 +34,10 @@ fn live() -> RwLockWriteGuard<'static, HashMap<usize, Live>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Locks the registry for a lookup.
-fn live_read() -> RwLockReadGuard<'static, HashMap<usize, Live>> {
-    LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn describe(entry: Option<&Live>) -> String {
+fn describe(entry: &Live) -> String {
     match entry {
-        Some(Live::Handle { c_name, .. }) => format!("a live {c_name}"),
-        Some(Live::Buffer { len }) => format!("a buffer of {len} bytes"),
-        None => "not a live object (already freed, or not created by this library)".to_string(),
+        Live::Handle { c_name, .. } => format!("a live {c_name}"),
+        Live::Buffer { len } => format!("a buffer of {len} bytes"),
     }
 }
 
@@ -54,20 +45,21 @@ fn describe(entry: Option<&Live>) -> String {
 /// [`handle_ref`] clones the object under the registry lock so that a concurrent free cannot pull
 /// it away during a call.
 pub(crate) trait Handle: Clone + Send + Sync + 'static {
-    /// The C type name, used in error messages.
-    const C_NAME: &'static str;
+    /// The C type name, used in error messages: the Rust type's own name.
+    fn c_name() -> &'static str {
+        let path = std::any::type_name::<Self>();
+        path.rsplit("::").next().unwrap_or(path)
+    }
 }
 
 /// Boxes `obj`, registers it as live and returns the pointer for C.
 pub(crate) fn into_handle<T: Handle>(obj: T) -> *mut T {
     let ptr = Box::into_raw(Box::new(obj));
-    live().insert(
-        ptr as usize,
-        Live::Handle {
-            type_id: TypeId::of::<T>(),
-            c_name: T::C_NAME,
-        },
-    );
+    let entry = Live::Handle {
+        type_id: TypeId::of::<T>(),
+        c_name: T::c_name(),
+    };
+    live().insert(ptr as usize, entry);
     ptr
 }
 
@@ -78,17 +70,15 @@ fn check_handle<T: Handle>(
 ) -> Result<()> {
     match registry.get(&(ptr as usize)) {
         Some(Live::Handle { type_id, .. }) if *type_id == TypeId::of::<T>() => Ok(()),
-        Some(other @ Live::Handle { .. }) | Some(other @ Live::Buffer { .. }) => {
-            Err(Error::invalid(format!(
-                "argument `{name}` ({ptr:p}) is {}, not a {}",
-                describe(Some(other)),
-                T::C_NAME
-            )))
-        }
+        Some(other) => Err(Error::invalid(format!(
+            "argument `{name}` ({ptr:p}) is {}, not a {}",
+            describe(other),
+            T::c_name()
+        ))),
         None => Err(Error::state(format!(
             "argument `{name}` ({ptr:p}) is not a live {} (already freed, or not created by \
              this library)",
-            T::C_NAME
+            T::c_name()
         ))),
     }
 }
@@ -97,7 +87,7 @@ fn check_handle<T: Handle>(
 /// another type.
 pub(crate) fn handle_ref<T: Handle>(ptr: *const T, name: &str) -> Result<T> {
     check_not_null(ptr, name)?;
-    let registry = live_read();
+    let registry = LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     check_handle(&registry, ptr, name)?;
     // SAFETY: the registry says `ptr` came from `into_handle::<T>` and has not been freed; frees
     // remove it from the registry under the write lock before dropping, which cannot be taken
@@ -147,10 +137,10 @@ pub(crate) fn free_buffer(ptr: *mut u8, len: usize) -> Result<()> {
         other => {
             return Err(Error::state(format!(
                 "argument `data` ({ptr:p}) is {}, not a buffer allocated by this library",
-                match other {
-                    None => "not live (already freed, or not created by this library)".into(),
-                    some => describe(some),
-                }
+                other.map_or_else(
+                    || "not live (already freed, or not created by this library)".into(),
+                    describe
+                )
             )))
         }
     }

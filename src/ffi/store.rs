@@ -3,7 +3,7 @@
 
 use super::args::{
     c_str_arg, c_str_array_arg, optional_out_ptr, out_ptr, out_slice_arg, positive_arg, ref_arg,
-    slice_arg, timeout_arg, write_out, OutPtr,
+    slice_arg, timeout_arg, Out,
 };
 use super::boundary::ffi_call;
 use super::registry::{free_buffer, handle_ref, into_buffer, into_handle, take_handle, Handle};
@@ -24,19 +24,16 @@ use std::time::Duration;
 /// delays other threads' calls on the same store; connect one store per thread when several
 /// threads need independent blocking waits. `nvfipc_store_free` must not race with calls on the
 /// same store from other threads (such races are detected where possible, never relied upon).
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_store {
     pub(crate) store: Arc<dyn Store>,
-    /// The same store when it is a TCP client, for the operations only TCP stores have.
+    // The same store again when it is a TCP client or calls host callbacks, for the operations
+    // only those have.
     pub(crate) tcp: Option<Arc<TcpStore>>,
-    /// The same store when it calls host callbacks, for the operations only those have.
     pub(crate) callback: Option<Arc<CallbackStore>>,
 }
 
-impl Handle for nvfipc_store {
-    const C_NAME: &'static str = "nvfipc_store";
-}
+impl Handle for nvfipc_store {}
 
 /// An input byte span: `len` bytes at `data` (`data` may be NULL when `len` is 0).
 #[repr(C)]
@@ -57,8 +54,13 @@ pub struct nvfipc_buffer {
 }
 
 /// Borrows the store behind a C pointer (the argument is always named `store`).
-fn store_arg(store: *const nvfipc_store) -> Result<nvfipc_store> {
-    handle_ref(store, "store")
+fn store_arg(store: *const nvfipc_store) -> Result<Arc<dyn Store>> {
+    Ok(handle_ref(store, "store")?.store)
+}
+
+/// The store and key arguments every keyed operation begins with.
+fn store_key<'a>(s: *const nvfipc_store, key: *const c_char) -> Result<(Arc<dyn Store>, &'a str)> {
+    Ok((store_arg(s)?, c_str_arg(key, "key")?))
 }
 
 /// How long a waiting operation may block. `timeout_ms == 0` ("do not wait") is answered here
@@ -88,10 +90,10 @@ fn wait_bound(store: &dyn Store, keys: &[&str], timeout_ms: i64) -> Result<Durat
 }
 
 /// Hands a value to C through the `(out_value, out_len)` pair.
-fn write_buffer(value: Vec<u8>, out_value: OutPtr<*mut u8>, out_len: OutPtr<usize>) {
+fn write_buffer(value: Vec<u8>, out_value: Out<*mut u8>, out_len: Out<usize>) -> Result<()> {
     let (data, len) = into_buffer(value);
-    out_value.write(data);
-    out_len.write(len);
+    out_value.write(data)?;
+    out_len.write(len)
 }
 
 /// Sets `key` to the `value_len` bytes at `value`, replacing any previous value, and wakes
@@ -104,10 +106,8 @@ pub extern "C" fn nvfipc_store_set(
     value_len: usize,
 ) -> Status {
     ffi_call("nvfipc_store_set", || {
-        let store = store_arg(store)?;
-        let key = c_str_arg(key, "key")?;
-        let value = slice_arg(value, value_len, "value")?;
-        store.store.set(key, value)
+        let (store, key) = store_key(store, key)?;
+        store.set(key, slice_arg(value, value_len, "value")?)
     })
 }
 
@@ -123,14 +123,11 @@ pub extern "C" fn nvfipc_store_get(
     out_len: *mut usize,
 ) -> Status {
     ffi_call("nvfipc_store_get", || {
-        let store = store_arg(store)?;
-        let key = c_str_arg(key, "key")?;
+        let (store, key) = store_key(store, key)?;
         let out_value = out_ptr(out_value, "out_value")?;
         let out_len = out_ptr(out_len, "out_len")?;
-        let timeout = wait_bound(&*store.store, &[key], timeout_ms)?;
-        let value = store.store.get(key, timeout)?;
-        write_buffer(value, out_value, out_len);
-        Ok(())
+        let timeout = wait_bound(&*store, &[key], timeout_ms)?;
+        write_buffer(store.get(key, timeout)?, out_value, out_len)
     })
 }
 
@@ -144,14 +141,9 @@ pub extern "C" fn nvfipc_store_add(
     out_value: *mut i64,
 ) -> Status {
     ffi_call("nvfipc_store_add", || {
-        let store = store_arg(store)?;
-        let key = c_str_arg(key, "key")?;
+        let (store, key) = store_key(store, key)?;
         let out_value = optional_out_ptr(out_value, "out_value")?;
-        let value = store.store.add(key, delta)?;
-        if let Some(out) = out_value {
-            out.write(value);
-        }
-        Ok(())
+        out_value.write(store.add(key, delta)?)
     })
 }
 
@@ -168,8 +160,7 @@ pub extern "C" fn nvfipc_store_check(
         let keys = c_str_array_arg(keys, n_keys, "keys")?;
         let out = out_ptr(out_all_exist, "out_all_exist")?;
         // All of no keys exist; not every backend accepts an empty list.
-        out.write(keys.is_empty() || store.store.check(&keys)?);
-        Ok(())
+        out.write(keys.is_empty() || store.check(&keys)?)
     })
 }
 
@@ -191,12 +182,9 @@ pub extern "C" fn nvfipc_store_wait(
         }
         if timeout_ms == 0 {
             // wait_bound has checked that every key exists.
-            return wait_bound(&*store.store, &keys, 0).map(drop);
+            return wait_bound(&*store, &keys, 0).map(drop);
         }
-        store.store.wait(
-            &keys,
-            timeout_arg(timeout_ms, store.store.default_timeout()),
-        )
+        store.wait(&keys, timeout_arg(timeout_ms, store.default_timeout()))
     })
 }
 
@@ -208,14 +196,9 @@ pub extern "C" fn nvfipc_store_delete_key(
     out_deleted: *mut bool,
 ) -> Status {
     ffi_call("nvfipc_store_delete_key", || {
-        let store = store_arg(store)?;
-        let key = c_str_arg(key, "key")?;
+        let (store, key) = store_key(store, key)?;
         let out = optional_out_ptr(out_deleted, "out_deleted")?;
-        let deleted = store.store.delete_key(key)?;
-        if let Some(out) = out {
-            out.write(deleted);
-        }
-        Ok(())
+        out.write(store.delete_key(key)?)
     })
 }
 
@@ -229,8 +212,7 @@ pub extern "C" fn nvfipc_store_num_keys(
     ffi_call("nvfipc_store_num_keys", || {
         let store = store_arg(store)?;
         let out = out_ptr(out_num_keys, "out_num_keys")?;
-        out.write(store.store.num_keys()?);
-        Ok(())
+        out.write(store.num_keys()?)
     })
 }
 
@@ -250,15 +232,13 @@ pub extern "C" fn nvfipc_store_compare_set(
     out_len: *mut usize,
 ) -> Status {
     ffi_call("nvfipc_store_compare_set", || {
-        let store = store_arg(store)?;
-        let key = c_str_arg(key, "key")?;
+        let (store, key) = store_key(store, key)?;
         let expected = slice_arg(expected, expected_len, "expected")?;
         let desired = slice_arg(desired, desired_len, "desired")?;
         let out_value = out_ptr(out_value, "out_value")?;
         let out_len = out_ptr(out_len, "out_len")?;
-        let value = store.store.compare_set(key, expected, desired)?;
-        write_buffer(value, out_value, out_len);
-        Ok(())
+        let value = store.compare_set(key, expected, desired)?;
+        write_buffer(value, out_value, out_len)
     })
 }
 
@@ -271,10 +251,8 @@ pub extern "C" fn nvfipc_store_append(
     value_len: usize,
 ) -> Status {
     ffi_call("nvfipc_store_append", || {
-        let store = store_arg(store)?;
-        let key = c_str_arg(key, "key")?;
-        let value = slice_arg(value, value_len, "value")?;
-        store.store.append(key, value)
+        let (store, key) = store_key(store, key)?;
+        store.append(key, slice_arg(value, value_len, "value")?)
     })
 }
 
@@ -290,18 +268,11 @@ pub extern "C" fn nvfipc_store_multi_set(
         let store = store_arg(store)?;
         let keys = c_str_array_arg(keys, n, "keys")?;
         let spans = slice_arg(values, n, "values")?;
-        let pairs = keys
-            .iter()
-            .zip(spans)
-            .enumerate()
-            .map(|(i, (&key, span))| {
-                Ok((
-                    key,
-                    slice_arg(span.data, span.len, &format!("values[{i}]"))?,
-                ))
-            })
-            .collect::<Result<Vec<(&str, &[u8])>>>()?;
-        store.store.multi_set(&pairs)
+        let mut pairs = Vec::with_capacity(n);
+        for (i, (&key, s)) in keys.iter().zip(spans).enumerate() {
+            pairs.push((key, slice_arg(s.data, s.len, format_args!("values[{i}]"))?));
+        }
+        store.multi_set(&pairs)
     })
 }
 
@@ -324,15 +295,15 @@ pub extern "C" fn nvfipc_store_multi_get(
         if keys.is_empty() {
             return Ok(());
         }
-        let timeout = wait_bound(&*store.store, &keys, timeout_ms)?;
-        let values = store.store.multi_get(&keys, timeout)?;
+        let timeout = wait_bound(&*store, &keys, timeout_ms)?;
+        let values = store.multi_get(&keys, timeout)?;
         if values.len() != n {
             return Err(Error::internal(format!(
                 "the store returned {} values for {n} keys",
                 values.len()
             )));
         }
-        outs.write(values.into_iter().map(|value| {
+        outs.write_all(values.into_iter().map(|value| {
             let (data, len) = into_buffer(value);
             nvfipc_buffer { data, len }
         }));
@@ -349,7 +320,7 @@ pub extern "C" fn nvfipc_buffers_free(values: *mut nvfipc_buffer, n: usize) -> S
         let entries = slice_arg(values.cast_const(), n, "values")?.to_vec();
         let outs = out_slice_arg(values, n, "values")?;
         let mut first_error = None;
-        outs.write(entries.into_iter().enumerate().map(|(i, entry)| {
+        outs.write_all(entries.into_iter().enumerate().map(|(i, entry)| {
             match free_buffer(entry.data, entry.len) {
                 Ok(()) => nvfipc_buffer {
                     data: std::ptr::null_mut(),
@@ -375,9 +346,8 @@ pub extern "C" fn nvfipc_store_default_timeout_ms(
     ffi_call("nvfipc_store_default_timeout_ms", || {
         let store = store_arg(store)?;
         let out = out_ptr(out_timeout_ms, "out_timeout_ms")?;
-        let ms = store.store.default_timeout().as_millis();
-        out.write(i64::try_from(ms).unwrap_or(i64::MAX));
-        Ok(())
+        let ms = store.default_timeout().as_millis();
+        out.write(i64::try_from(ms).unwrap_or(i64::MAX))
     })
 }
 
@@ -386,10 +356,7 @@ pub extern "C" fn nvfipc_store_default_timeout_ms(
 /// last user is gone. NULL is a no-op; a second free gives `NVFIPC_STATUS_INVALID_STATE`.
 #[no_mangle]
 pub extern "C" fn nvfipc_store_free(store: *mut nvfipc_store) -> Status {
-    ffi_call("nvfipc_store_free", || {
-        take_handle(store, "store")?;
-        Ok(())
-    })
+    ffi_call("nvfipc_store_free", || take_handle(store, "store"))
 }
 
 /// An embedded TCPStore server (PyTorch's wire protocol) running on a background thread of this
@@ -397,15 +364,12 @@ pub extern "C" fn nvfipc_store_free(store: *mut nvfipc_store) -> Status {
 ///
 /// Thread safety: `nvfipc_server_port` and `nvfipc_server_num_clients` may be called from any
 /// thread at once; `nvfipc_server_free` must not race with them.
-#[allow(non_camel_case_types)]
 #[derive(Clone)]
 pub struct nvfipc_server {
     server: Arc<StoreServer>,
 }
 
-impl Handle for nvfipc_server {
-    const C_NAME: &'static str = "nvfipc_server";
-}
+impl Handle for nvfipc_server {}
 
 /// Connects to the TCPStore server at `host`:`port` (a PyTorch `TCPStore` master, an
 /// `nvfipc_store_serve` server, or `nvfipc serve`), retrying until the server answers or
@@ -441,8 +405,7 @@ pub extern "C" fn nvfipc_store_connect(
             store: tcp.clone(),
             tcp: Some(tcp),
             callback: None,
-        }));
-        Ok(())
+        }))
     })
 }
 
@@ -463,8 +426,7 @@ pub extern "C" fn nvfipc_store_from_callbacks(
             store: callback.clone(),
             tcp: None,
             callback: Some(callback),
-        }));
-        Ok(())
+        }))
     })
 }
 
@@ -484,23 +446,21 @@ pub extern "C" fn nvfipc_store_set_server_address(
     port: u16,
 ) -> Status {
     ffi_call("nvfipc_store_set_server_address", || {
-        let store = store_arg(store)?;
+        let store = handle_ref(store, "store")?;
         let host = c_str_arg(host, "host")?;
         if host.is_empty() || port == 0 {
             return Err(Error::invalid(format!(
                 "server address {host:?}:{port}: a host name and a port in 1..=65535 are needed"
             )));
         }
-        match &store.callback {
-            Some(callback) => {
-                callback.set_server_address(host, port);
-                Ok(())
-            }
-            None => Err(Error::unsupported(
+        let callback = store.callback.as_ref().ok_or_else(|| {
+            Error::unsupported(
                 "only stores over host callbacks (nvfipc_store_from_callbacks) take a server \
                  address; the library's own stores know theirs",
-            )),
-        }
+            )
+        })?;
+        callback.set_server_address(host, port);
+        Ok(())
     })
 }
 
@@ -510,17 +470,13 @@ pub extern "C" fn nvfipc_store_set_server_address(
 #[no_mangle]
 pub extern "C" fn nvfipc_store_set_timeout(store: *const nvfipc_store, timeout_ms: i64) -> Status {
     ffi_call("nvfipc_store_set_timeout", || {
-        let store = store_arg(store)?;
+        let store = handle_ref(store, "store")?;
         let ms = positive_arg(timeout_ms, "timeout_ms")?;
-        match &store.tcp {
-            Some(tcp) => {
-                tcp.set_timeout(std::time::Duration::from_millis(ms as u64));
-                Ok(())
-            }
-            None => Err(Error::unsupported(
-                "only TCP stores (nvfipc_store_connect) have a settable timeout",
-            )),
-        }
+        let tcp = store.tcp.as_ref().ok_or_else(|| {
+            Error::unsupported("only TCP stores (nvfipc_store_connect) have a settable timeout")
+        })?;
+        tcp.set_timeout(Duration::from_millis(ms as u64));
+        Ok(())
     })
 }
 
@@ -530,18 +486,13 @@ pub extern "C" fn nvfipc_store_set_timeout(store: *const nvfipc_store, timeout_m
 #[no_mangle]
 pub extern "C" fn nvfipc_store_ping(store: *const nvfipc_store, out_rtt_us: *mut i64) -> Status {
     ffi_call("nvfipc_store_ping", || {
-        let store = store_arg(store)?;
+        let store = handle_ref(store, "store")?;
         let out = optional_out_ptr(out_rtt_us, "out_rtt_us")?;
-        let Some(tcp) = &store.tcp else {
-            return Err(Error::unsupported(
-                "ping needs a TCP store (nvfipc_store_connect)",
-            ));
-        };
-        let rtt = tcp.ping()?;
-        if let Some(out) = out {
-            out.write(i64::try_from(rtt.as_micros()).unwrap_or(i64::MAX));
-        }
-        Ok(())
+        let tcp = store
+            .tcp
+            .as_ref()
+            .ok_or_else(|| Error::unsupported("ping needs a TCP store (nvfipc_store_connect)"))?;
+        out.write(i64::try_from(tcp.ping()?.as_micros()).unwrap_or(i64::MAX))
     })
 }
 
@@ -563,13 +514,10 @@ pub extern "C" fn nvfipc_store_serve(
         let out_port = optional_out_ptr(out_port, "out_port")?;
         let out = out_ptr(out_server, "out_server")?;
         let server = StoreServer::bind_with(host, port, &ServerOptions::embedded()?)?;
-        if let Some(p) = out_port {
-            p.write(server.port());
-        }
+        out_port.write(server.port())?;
         out.write(into_handle(nvfipc_server {
             server: Arc::new(server),
-        }));
-        Ok(())
+        }))
     })
 }
 
@@ -577,11 +525,8 @@ pub extern "C" fn nvfipc_store_serve(
 #[no_mangle]
 pub extern "C" fn nvfipc_server_port(server: *const nvfipc_server, out_port: *mut u16) -> Status {
     ffi_call("nvfipc_server_port", || {
-        write_out(
-            out_port,
-            "out_port",
-            handle_ref(server, "server")?.server.port(),
-        )
+        let port = handle_ref(server, "server")?.server.port();
+        out_ptr(out_port, "out_port")?.write(port)
     })
 }
 
@@ -593,11 +538,7 @@ pub extern "C" fn nvfipc_server_num_clients(
 ) -> Status {
     ffi_call("nvfipc_server_num_clients", || {
         let server = handle_ref(server, "server")?;
-        write_out(
-            out_clients,
-            "out_clients",
-            server.server.connected_clients(),
-        )
+        out_ptr(out_clients, "out_clients")?.write(server.server.connected_clients())
     })
 }
 

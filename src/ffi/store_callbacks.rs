@@ -1,15 +1,13 @@
-//! The C side of a store implemented by the host (for example nvFuser wrapping its own
-//! `c10d::Store`): the vtable [`nvfipc_store_callbacks`] and [`CallbackStore`], which implements
-//! the store layer's safe [`Store`] trait by calling it. Every unsafe call into host code is here,
-//! at the C boundary; the store layer itself never sees a C pointer.
-//!
-//! Keys are handed to the host exactly as the library's callers give them (user keys, no `/`
-//! prefix, not NUL-terminated). Values are byte strings that may contain NUL bytes.
+//! The C side of a store implemented by the host (e.g. nvFuser wrapping its `c10d::Store`): the
+//! vtable [`nvfipc_store_callbacks`] and [`CallbackStore`], which implements the safe [`Store`]
+//! trait by calling it, so every unsafe call into host code is at the C boundary. Keys go to the
+//! host as callers give them (no `/` prefix, not NUL-terminated); values may contain NUL bytes.
 
 use crate::error::{Error, Result, Status};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use crate::sync::lock;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::fmt::Display;
 use std::ptr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -40,7 +38,6 @@ use std::time::Duration;
 /// `compare_set`, `append`, `num_keys` (the operation then fails with
 /// `NVFIPC_STATUS_UNSUPPORTED`), `multi_set` and `multi_get` (then done key by key with
 /// `set`, and `wait` + `get`), `free_value` and `error_message`.
-#[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct nvfipc_store_callbacks {
@@ -177,34 +174,23 @@ pub struct CallbackStore {
     cb: nvfipc_store_callbacks,
     timeout: Duration,
     /// The port of the store's server when the host said (`nvfipc_store_set_server_address`)
-    /// and it is on this machine, where whether it listens can be seen: what
-    /// [`Store::liveness`] looks at.
+    /// and it is on this machine: what [`Store::liveness`] looks at.
     server_port: Mutex<Option<u16>>,
 }
 
-// SAFETY: the vtable is plain data (a context pointer and C function pointers). The host
-// promises, as documented on `nvfipc_store_callbacks`, that the callbacks are thread-safe and that
-// `ctx` stays valid for the life of the store, so calling them from any thread, concurrently, is
-// sound.
+// SAFETY: the vtable is plain data (a context pointer and C function pointers); the host promises
+// (see `nvfipc_store_callbacks`) thread-safe callbacks and a `ctx` valid for the life of the
+// store, so calling them from any thread, concurrently, is sound.
 unsafe impl Send for CallbackStore {}
 // SAFETY: see `Send`; `&CallbackStore` only reads the vtable and calls the thread-safe callbacks.
 unsafe impl Sync for CallbackStore {}
 
 type SetFn = unsafe extern "C" fn(*mut c_void, *const c_char, usize, *const u8, usize) -> c_int;
 
-/// Keys laid out as the parallel pointer/length arrays the callbacks take.
-struct KeyArrays {
-    ptrs: Vec<*const c_char>,
-    lens: Vec<usize>,
-}
-
-impl KeyArrays {
-    fn new(keys: &[&str]) -> Self {
-        KeyArrays {
-            ptrs: keys.iter().map(|k| k.as_ptr().cast::<c_char>()).collect(),
-            lens: keys.iter().map(|k| k.len()).collect(),
-        }
-    }
+/// Keys as the parallel pointer and length arrays the callbacks take.
+fn key_arrays(keys: &[&str]) -> (Vec<*const c_char>, Vec<usize>) {
+    let ptrs = keys.iter().map(|k| k.as_ptr().cast::<c_char>()).collect();
+    (ptrs, keys.iter().map(|k| k.len()).collect())
 }
 
 /// A host-owned value returned through `out_value`/`out_len`; released exactly once on drop.
@@ -263,23 +249,31 @@ fn status_of(rc: c_int) -> Status {
     }
 }
 
+/// A required callback (checked by `new`, so the vtable a store holds has every one).
+fn required<T>(f: Option<T>, name: &str) -> Result<T> {
+    f.ok_or_else(|| {
+        Error::invalid(format!(
+            "nvfipc_store_callbacks.{name} is NULL; set, get, add, check, delete_key and wait are \
+             required"
+        ))
+    })
+}
+
+/// An optional callback; a NULL one makes the operation (`what`) unsupported.
+fn optional<T>(f: Option<T>, name: &str, what: impl Display) -> Result<T> {
+    f.ok_or_else(|| Error::unsupported(format!("{what}: the host store has no {name} callback")))
+}
+
 impl CallbackStore {
     /// Wraps a host vtable after checking that every required callback is set.
     pub fn new(callbacks: nvfipc_store_callbacks) -> Result<CallbackStore> {
-        let required = [
-            ("set", callbacks.set.is_some()),
-            ("get", callbacks.get.is_some()),
-            ("add", callbacks.add.is_some()),
-            ("check", callbacks.check.is_some()),
-            ("delete_key", callbacks.delete_key.is_some()),
-            ("wait", callbacks.wait.is_some()),
-        ];
-        if let Some((name, _)) = required.iter().find(|(_, present)| !present) {
-            return Err(Error::invalid(format!(
-                "nvfipc_store_callbacks.{name} is NULL; set, get, add, check, delete_key and \
-                 wait are required"
-            )));
-        }
+        let cb = &callbacks;
+        required(cb.set, "set")?;
+        required(cb.get, "get")?;
+        required(cb.add, "add")?;
+        required(cb.check, "check")?;
+        required(cb.delete_key, "delete_key")?;
+        required(cb.wait, "wait")?;
         Ok(CallbackStore {
             cb: callbacks,
             timeout: DEFAULT_TIMEOUT,
@@ -301,63 +295,55 @@ impl CallbackStore {
         self
     }
 
-    /// Turns a callback's return code into a result, with the host's message when it has one.
-    fn check_rc(&self, rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
+    /// Calls a callback with the host's `ctx` and turns its return code into a result, with the
+    /// host's message when it has one; `what` describes the call for that message.
+    fn call(
+        &self,
+        what: impl FnOnce() -> String,
+        call: impl FnOnce(*mut c_void) -> c_int,
+    ) -> Result<()> {
+        let rc = call(self.cb.ctx);
         if rc == 0 {
             return Ok(());
         }
         let mut message = format!("host store callback {} failed with code {rc}", what());
-        if let Some(error_message) = self.cb.error_message {
-            // SAFETY: a host callback called with its own ctx; it returns NULL or a
-            // NUL-terminated string valid until its next call, which we copy right away.
-            let text = unsafe { error_message(self.cb.ctx) };
-            if !text.is_null() {
-                // SAFETY: non-NULL, NUL-terminated per the contract above.
-                let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-                if !text.is_empty() {
-                    message.push_str(": ");
-                    message.push_str(&text);
-                }
+        // SAFETY: a host callback called with its own ctx; it returns NULL or a NUL-terminated
+        // string valid until its next call, which we copy right away.
+        let text = self
+            .cb
+            .error_message
+            .map_or(ptr::null(), |f| unsafe { f(self.cb.ctx) });
+        if !text.is_null() {
+            // SAFETY: non-NULL, NUL-terminated per the contract above.
+            let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+            if !text.is_empty() {
+                message = format!("{message}: {text}");
             }
         }
         Err(Error::new(status_of(rc), message))
     }
 
-    fn required<T>(f: Option<T>, name: &str) -> Result<T> {
-        f.ok_or_else(|| Error::internal(format!("nvfipc_store_callbacks.{name} became NULL")))
-    }
-
-    /// Calls `call` with the `(out_value, out_len)` pair of a callback that returns a value, and
-    /// copies the value out (the host's buffer is released when it was handed over).
+    /// [`Self::call`] for a callback that returns a value through `(out_value, out_len)`: copies
+    /// the value out (the host's buffer is released when it was handed over).
     fn call_value(
         &self,
-        call: impl FnOnce(*mut *mut u8, *mut usize) -> c_int,
         what: impl FnOnce() -> String,
+        call: impl FnOnce(*mut c_void, *mut *mut u8, *mut usize) -> c_int,
     ) -> Result<Vec<u8>> {
         let (mut ptr, mut len) = (ptr::null_mut::<u8>(), 0usize);
-        let rc = call(&mut ptr, &mut len);
-        self.check_rc(rc, what)?;
-        HostValue {
-            cb: &self.cb,
-            ptr,
-            len,
-        }
-        .to_vec()
+        self.call(what, |ctx| call(ctx, &mut ptr, &mut len))?;
+        let cb = &self.cb;
+        HostValue { cb, ptr, len }.to_vec()
     }
 
     fn call_set(&self, f: SetFn, name: &str, key: &str, value: &[u8]) -> Result<()> {
-        // SAFETY: the key and value pointers are valid for their lengths during the call; ctx
-        // is the host's, per the vtable contract.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                key.as_ptr().cast(),
-                key.len(),
-                value.as_ptr(),
-                value.len(),
-            )
-        };
-        self.check_rc(rc, || format!("{name}(key {key:?})"))
+        let (k, v) = (key.as_ptr().cast(), value.as_ptr());
+        self.call(
+            || format!("{name}(key {key:?})"),
+            // SAFETY: the key and value pointers are valid for their lengths during the call;
+            // ctx is the host's, per the vtable contract.
+            |ctx| unsafe { f(ctx, k, key.len(), v, value.len()) },
+        )
     }
 }
 
@@ -377,25 +363,27 @@ impl Store for CallbackStore {
     }
 
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call_set(Self::required(self.cb.set, "set")?, "set", key, value)
+        self.call_set(required(self.cb.set, "set")?, "set", key, value)
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let f = Self::required(self.cb.get, "get")?;
-        let (key_ptr, ms) = (key.as_ptr().cast(), timeout_ms(timeout));
+        let f = required(self.cb.get, "get")?;
+        let (k, ms) = (key.as_ptr().cast(), timeout_ms(timeout));
         self.call_value(
+            || format!("get(key {key:?}, timeout {ms}ms)"),
             // SAFETY: key is valid for key.len() bytes; the out-pointers are valid locals.
-            |out, len| unsafe { f(self.cb.ctx, key_ptr, key.len(), ms, out, len) },
-            || format!("get(key {key:?}, timeout {}ms)", timeout.as_millis()),
+            |ctx, out, len| unsafe { f(ctx, k, key.len(), ms, out, len) },
         )
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let f = Self::required(self.cb.add, "add")?;
+        let f = required(self.cb.add, "add")?;
         let mut out = 0i64;
-        // SAFETY: key is valid for key.len() bytes; `out` is a valid local.
-        let rc = unsafe { f(self.cb.ctx, key.as_ptr().cast(), key.len(), delta, &mut out) };
-        self.check_rc(rc, || format!("add(key {key:?}, {delta})"))?;
+        self.call(
+            || format!("add(key {key:?}, {delta})"),
+            // SAFETY: key is valid for key.len() bytes; `out` is a valid local.
+            |ctx| unsafe { f(ctx, key.as_ptr().cast(), key.len(), delta, &mut out) },
+        )?;
         Ok(out)
     }
 
@@ -403,21 +391,15 @@ impl Store for CallbackStore {
         if keys.is_empty() {
             return Ok(true);
         }
-        let f = Self::required(self.cb.check, "check")?;
-        let arrays = KeyArrays::new(keys);
+        let f = required(self.cb.check, "check")?;
+        let (ptrs, lens) = key_arrays(keys);
         let mut ready = false;
-        // SAFETY: both arrays hold `keys.len()` entries describing live key bytes; `ready` is a
-        // valid local.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
-                keys.len(),
-                &mut ready,
-            )
-        };
-        self.check_rc(rc, || format!("check(keys {keys:?})"))?;
+        self.call(
+            || format!("check(keys {keys:?})"),
+            // SAFETY: both arrays hold `keys.len()` entries describing live key bytes; `ready`
+            // is a valid local.
+            |ctx| unsafe { f(ctx, ptrs.as_ptr(), lens.as_ptr(), keys.len(), &mut ready) },
+        )?;
         Ok(ready)
     }
 
@@ -425,75 +407,58 @@ impl Store for CallbackStore {
         if keys.is_empty() {
             return Ok(());
         }
-        let f = Self::required(self.cb.wait, "wait")?;
-        let arrays = KeyArrays::new(keys);
-        // SAFETY: both arrays hold `keys.len()` entries describing live key bytes.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
-                keys.len(),
-                timeout_ms(timeout),
-            )
-        };
-        self.check_rc(rc, || {
-            format!("wait(keys {keys:?}, timeout {}ms)", timeout.as_millis())
-        })
+        let f = required(self.cb.wait, "wait")?;
+        let (ptrs, lens) = key_arrays(keys);
+        let ms = timeout_ms(timeout);
+        self.call(
+            || format!("wait(keys {keys:?}, timeout {ms}ms)"),
+            // SAFETY: both arrays hold `keys.len()` entries describing live key bytes.
+            |ctx| unsafe { f(ctx, ptrs.as_ptr(), lens.as_ptr(), keys.len(), ms) },
+        )
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
-        let f = Self::required(self.cb.delete_key, "delete_key")?;
+        let f = required(self.cb.delete_key, "delete_key")?;
         let mut deleted = false;
-        // SAFETY: key is valid for key.len() bytes; `deleted` is a valid local.
-        let rc = unsafe { f(self.cb.ctx, key.as_ptr().cast(), key.len(), &mut deleted) };
-        self.check_rc(rc, || format!("delete_key(key {key:?})"))?;
+        self.call(
+            || format!("delete_key(key {key:?})"),
+            // SAFETY: key is valid for key.len() bytes; `deleted` is a valid local.
+            |ctx| unsafe { f(ctx, key.as_ptr().cast(), key.len(), &mut deleted) },
+        )?;
         Ok(deleted)
     }
 
     fn num_keys(&self) -> Result<i64> {
-        let f = self.cb.num_keys.ok_or_else(|| {
-            Error::unsupported("the host store has no num_keys callback (it is NULL)")
-        })?;
+        let f = optional(self.cb.num_keys, "num_keys", "num_keys()")?;
         let mut count = 0i64;
         // SAFETY: `count` is a valid local.
-        let rc = unsafe { f(self.cb.ctx, &mut count) };
-        self.check_rc(rc, || "num_keys()".to_owned())?;
+        self.call(|| "num_keys()".into(), |ctx| unsafe { f(ctx, &mut count) })?;
         Ok(count)
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        let f = self.cb.compare_set.ok_or_else(|| {
-            Error::unsupported(format!(
-                "compare_set(key {key:?}): the host store has no compare_set callback"
-            ))
-        })?;
-        self.call_value(
-            // SAFETY: key, expected and desired are valid for their lengths; the out-pointers
-            // are valid locals.
-            |out, len| unsafe {
-                f(
-                    self.cb.ctx,
-                    key.as_ptr().cast(),
-                    key.len(),
-                    expected.as_ptr(),
-                    expected.len(),
-                    desired.as_ptr(),
-                    desired.len(),
-                    out,
-                    len,
-                )
-            },
-            || format!("compare_set(key {key:?})"),
-        )
+        let what = || format!("compare_set(key {key:?})");
+        let f = optional(self.cb.compare_set, "compare_set", what())?;
+        // SAFETY: key, expected and desired are valid for their lengths; the out-pointers are
+        // valid locals.
+        self.call_value(what, |ctx, out, len| unsafe {
+            f(
+                ctx,
+                key.as_ptr().cast(),
+                key.len(),
+                expected.as_ptr(),
+                expected.len(),
+                desired.as_ptr(),
+                desired.len(),
+                out,
+                len,
+            )
+        })
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        let f = self.cb.append.ok_or_else(|| {
-            Error::unsupported(format!(
-                "append(key {key:?}): the host store has no append callback"
-            ))
-        })?;
+        let what = format_args!("append(key {key:?})");
+        let f = optional(self.cb.append, "append", what)?;
         self.call_set(f, "append", key, value)
     }
 
@@ -505,23 +470,15 @@ impl Store for CallbackStore {
             return Ok(());
         }
         let keys: Vec<&str> = pairs.iter().map(|(k, _)| *k).collect();
-        let arrays = KeyArrays::new(&keys);
+        let (ptrs, lens) = key_arrays(&keys);
         let values: Vec<*const u8> = pairs.iter().map(|(_, v)| v.as_ptr()).collect();
         let value_lens: Vec<usize> = pairs.iter().map(|(_, v)| v.len()).collect();
-        // SAFETY: all four arrays hold `pairs.len()` entries describing live bytes.
-        let rc = unsafe {
-            f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
-                values.as_ptr(),
-                value_lens.as_ptr(),
-                pairs.len(),
-            )
-        };
-        self.check_rc(rc, || {
-            format!("multi_set({} keys, first {:?})", keys.len(), keys[0])
-        })
+        let (v, vl) = (values.as_ptr(), value_lens.as_ptr());
+        self.call(
+            || format!("multi_set({} keys, first {:?})", keys.len(), keys[0]),
+            // SAFETY: all four arrays hold `pairs.len()` entries describing live bytes.
+            |ctx| unsafe { f(ctx, ptrs.as_ptr(), lens.as_ptr(), v, vl, pairs.len()) },
+        )
     }
 
     fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
@@ -532,37 +489,30 @@ impl Store for CallbackStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let arrays = KeyArrays::new(keys);
+        let (ptrs, lens) = key_arrays(keys);
         let mut out_ptrs = vec![ptr::null_mut::<u8>(); keys.len()];
         let mut out_lens = vec![0usize; keys.len()];
+        let ms = timeout_ms(timeout);
+        let what = || format!("multi_get(keys {keys:?}, timeout {ms}ms)");
         // SAFETY: the key arrays describe live bytes; the output arrays have `keys.len()`
         // writable entries.
-        let rc = unsafe {
+        self.call(what, |ctx| unsafe {
             f(
-                self.cb.ctx,
-                arrays.ptrs.as_ptr(),
-                arrays.lens.as_ptr(),
+                ctx,
+                ptrs.as_ptr(),
+                lens.as_ptr(),
                 keys.len(),
-                timeout_ms(timeout),
+                ms,
                 out_ptrs.as_mut_ptr(),
                 out_lens.as_mut_ptr(),
             )
-        };
-        self.check_rc(rc, || {
-            format!(
-                "multi_get(keys {keys:?}, timeout {}ms)",
-                timeout.as_millis()
-            )
         })?;
         // Take ownership of every value first, so all are released even if one is invalid.
+        let cb = &self.cb;
         let owned: Vec<HostValue<'_>> = out_ptrs
             .iter()
             .zip(&out_lens)
-            .map(|(&ptr, &len)| HostValue {
-                cb: &self.cb,
-                ptr,
-                len,
-            })
+            .map(|(&ptr, &len)| HostValue { cb, ptr, len })
             .collect();
         owned.iter().map(HostValue::to_vec).collect()
     }

@@ -5,7 +5,7 @@ use super::args::{c_str_arg, out_ptr, out_slice_arg, timeout_arg};
 use super::barrier::members_arg;
 use super::boundary::ffi_call;
 use super::exchange::{cache_arg, kind_arg, nvfipc_cache};
-use crate::error::Error;
+use crate::error::{Error, Status};
 use std::ffi::c_char;
 
 /// Maps every other member's buffer of a symmetric allocation named `tag` (equal on every
@@ -38,7 +38,7 @@ pub extern "C" fn nvfipc_symmetric_rendezvous(
     out_ptrs: *mut u64,
     out_bytes: *mut u64,
     n_out: usize,
-) -> crate::error::Status {
+) -> Status {
     ffi_call("nvfipc_symmetric_rendezvous", || {
         let cache = cache_arg(cache)?;
         let tag = c_str_arg(tag, "tag")?;
@@ -51,19 +51,13 @@ pub extern "C" fn nvfipc_symmetric_rendezvous(
             )));
         }
         let out_ptrs = out_slice_arg(out_ptrs, n_out, "out_ptrs")?;
-        let out_bytes = if out_bytes.is_null() {
-            None
-        } else {
-            Some(out_slice_arg(out_bytes, n_out, "out_bytes")?)
-        };
+        let n_bytes = if out_bytes.is_null() { 0 } else { n_out }; // optional
+        let out_bytes = out_slice_arg(out_bytes, n_bytes, "out_bytes")?;
         let timeout = timeout_arg(timeout_ms, cache.timeout());
         let peers =
             cache.symmetric_rendezvous(tag, ptr, bytes, kind, members.as_deref(), timeout)?;
-        debug_assert!(peers.len() <= out_ptrs.len());
-        out_ptrs.write(peers.iter().map(|p| p.ptr));
-        if let Some(out) = out_bytes {
-            out.write(peers.iter().map(|p| p.bytes));
-        }
+        out_ptrs.write_all(peers.iter().map(|p| p.ptr));
+        out_bytes.write_all(peers.iter().map(|p| p.bytes));
         Ok(())
     })
 }
@@ -93,16 +87,15 @@ pub extern "C" fn nvfipc_symmetric_contiguous_view(
     tag: *const c_char,
     out_base: *mut u64,
     out_stride: *mut u64,
-) -> crate::error::Status {
+) -> Status {
     ffi_call("nvfipc_symmetric_contiguous_view", || {
         let cache = cache_arg(cache)?;
         let tag = c_str_arg(tag, "tag")?;
         let out_base = out_ptr(out_base, "out_base")?;
         let out_stride = out_ptr(out_stride, "out_stride")?;
         let (base, stride) = cache.symmetric_contiguous_view(tag)?;
-        out_base.write(base);
-        out_stride.write(stride);
-        Ok(())
+        out_base.write(base)?;
+        out_stride.write(stride)
     })
 }
 
@@ -119,7 +112,7 @@ pub extern "C" fn nvfipc_symmetric_contiguous_view(
 pub extern "C" fn nvfipc_symmetric_release(
     cache: *const nvfipc_cache,
     tag: *const c_char,
-) -> crate::error::Status {
+) -> Status {
     ffi_call("nvfipc_symmetric_release", || {
         let cache = cache_arg(cache)?;
         let tag = c_str_arg(tag, "tag")?;

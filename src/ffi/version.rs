@@ -12,6 +12,3 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 pub extern "C" fn nvfipc_version() -> *const c_char {
     VERSION.as_ptr().cast()
 }
-
-#[cfg(test)]
-mod tests;

@@ -32,11 +32,14 @@ fn spans_accept_null_only_when_empty() {
 #[test]
 fn out_pointers_are_checked_and_written() {
     assert!(out_ptr::<i64>(std::ptr::null_mut(), "out").is_err());
-    assert!(optional_out_ptr::<i64>(std::ptr::null_mut(), "out")
-        .unwrap()
-        .is_none());
+    assert!(
+        optional_out_ptr::<i64>(std::ptr::null_mut(), "out")
+            .unwrap()
+            .len
+            == 0
+    );
     let mut v = 0i64;
-    out_ptr(&mut v, "out").unwrap().write(42);
+    out_ptr(&mut v, "out").unwrap().write(42).unwrap();
     assert_eq!(v, 42);
 }
 

@@ -14,12 +14,16 @@ fn message_of_last_error() -> String {
 #[derive(Clone, Debug)]
 struct Apple(Arc<u32>);
 impl Handle for Apple {
-    const C_NAME: &'static str = "test_apple";
+    fn c_name() -> &'static str {
+        "test_apple"
+    }
 }
 #[derive(Clone, Debug)]
 struct Pear;
 impl Handle for Pear {
-    const C_NAME: &'static str = "test_pear";
+    fn c_name() -> &'static str {
+        "test_pear"
+    }
 }
 
 #[test]

@@ -1,4 +1,6 @@
-use super::*;
+use crate::error::Status;
+use crate::ffi::host::*;
+use std::ffi::c_void;
 
 #[test]
 fn alloc_and_free_check_arguments() {

@@ -1,5 +1,7 @@
-use super::*;
-use crate::ffi::boundary::last_error_message;
+use crate::error::Status;
+use crate::exchange::{CacheStats, Direction};
+use crate::ffi::exchange::*;
+use crate::ffi::tests::last_error_message;
 
 #[test]
 fn null_and_freed_arguments_are_errors() {

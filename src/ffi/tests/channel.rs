@@ -1,5 +1,7 @@
-use super::*;
-use crate::ffi::boundary::last_error_message;
+use crate::error::Status;
+use crate::ffi::channel::*;
+use crate::ffi::exchange::nvfipc_p2p_handle;
+use crate::ffi::tests::last_error_message;
 
 #[test]
 fn null_and_foreign_arguments_are_errors() {

@@ -1,5 +1,8 @@
-use super::*;
+use crate::error::Status;
+use crate::ffi::log::*;
+use crate::logging;
 use std::ffi::CStr;
+use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 static LINES: Mutex<Vec<(i32, String, String, usize)>> = Mutex::new(Vec::new());

@@ -1,27 +1,22 @@
-use super::*;
+use crate::error::{Error, Status};
+use crate::ffi::boundary::*;
 use std::ffi::CStr;
 
-fn message_of_last_error() -> String {
-    // SAFETY: nvfipc_last_error_message never returns NULL and the string lives until the
-    // next failing call on this thread; we copy it at once.
-    unsafe { CStr::from_ptr(nvfipc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
+use crate::ffi::tests::last_error_message as message_of_last_error;
 
 #[test]
 fn last_error_is_empty_before_any_failure_and_survives_success() {
     std::thread::spawn(|| {
         assert_eq!(message_of_last_error(), "");
         assert_eq!(nvfipc_last_error_status(), Status::Ok);
-        let st = ffi_call("nvfipc_x", || {
+        let st = ffi_call::<()>("nvfipc_x", || {
             Err(Error::timeout("waited 5 ms for key 'k'"))
         });
         assert_eq!(st, Status::Timeout);
         assert_eq!(message_of_last_error(), "nvfipc_x: waited 5 ms for key 'k'");
-        assert_eq!(ffi_call("nvfipc_y", || Ok(())), Status::Ok);
+        assert_eq!(ffi_call::<()>("nvfipc_y", || Ok(())), Status::Ok);
         assert_eq!(nvfipc_last_error_status(), Status::Timeout);
-        assert_eq!(last_error_message(), "nvfipc_x: waited 5 ms for key 'k'");
+        assert_eq!(message_of_last_error(), "nvfipc_x: waited 5 ms for key 'k'");
         nvfipc_last_error_clear();
         assert_eq!(nvfipc_last_error_status(), Status::Ok);
         assert_eq!(message_of_last_error(), "");
@@ -32,10 +27,10 @@ fn last_error_is_empty_before_any_failure_and_survives_success() {
 
 #[test]
 fn last_error_is_per_thread() {
-    ffi_call("nvfipc_main", || Err(Error::io("main thread failure")));
+    ffi_call::<()>("nvfipc_main", || Err(Error::io("main thread failure")));
     std::thread::spawn(|| {
         assert_eq!(message_of_last_error(), "");
-        ffi_call("nvfipc_other", || Err(Error::not_found("other")));
+        ffi_call::<()>("nvfipc_other", || Err(Error::not_found("other")));
     })
     .join()
     .unwrap();
@@ -44,21 +39,21 @@ fn last_error_is_per_thread() {
 
 #[test]
 fn panics_become_status_panic_with_message() {
-    let st = ffi_call("nvfipc_boom", || panic!("exploded at step {}", 3));
+    let st = ffi_call::<()>("nvfipc_boom", || panic!("exploded at step {}", 3));
     assert_eq!(st, Status::Panic);
     let msg = message_of_last_error();
     assert!(
         msg.starts_with("nvfipc_boom: internal panic: exploded at step 3"),
         "{msg}"
     );
-    let st = ffi_call("nvfipc_boom2", || std::panic::panic_any(17u32));
+    let st = ffi_call::<()>("nvfipc_boom2", || std::panic::panic_any(17u32));
     assert_eq!(st, Status::Panic);
     assert!(message_of_last_error().contains("non-string panic payload"));
 }
 
 #[test]
 fn interior_nul_in_message_is_escaped() {
-    ffi_call("nvfipc_n", || Err(Error::protocol("a\0b")));
+    ffi_call::<()>("nvfipc_n", || Err(Error::protocol("a\0b")));
     assert_eq!(message_of_last_error(), "nvfipc_n: a\\0b");
 }
 

@@ -1,5 +1,8 @@
-use super::*;
-use crate::ffi::boundary::last_error_message;
+use crate::cuda::driver;
+use crate::error::Status;
+use crate::ffi::cuda::*;
+use crate::ffi::exchange::nvfipc_request;
+use crate::ffi::tests::last_error_message;
 
 #[test]
 fn cache_primitives_check_their_arguments() {

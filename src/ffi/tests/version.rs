@@ -1,4 +1,4 @@
-use super::*;
+use crate::ffi::version::*;
 use std::ffi::CStr;
 
 #[test]
