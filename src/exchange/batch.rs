@@ -1,36 +1,16 @@
-//! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs.
+//! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs (its
+//! steps numbered as in docs/PROTOCOL.md, section 5).
 //!
 //! Per channel every rank keeps a buffer *version* (bumped when the resolved identity of its
-//! buffer changes) and a *step* (how many calls included the channel). One call:
-//!
-//! 1. resolves every request to its allocation, claims the channels ([`Batch::begin`], moving
-//!    each channel's progress out of the table) and bumps step (and version, on change);
-//! 2. when its version changed since it last published, sends its new records with one
-//!    `multi_set` (fire-and-forget; the key contains the version, so it never overwrites an
-//!    unread one), then publishes `(step, version, where the buffer lies)` on its
-//!    [board](super::board); a buffer carved from an allocation whose record the peer holds for
-//!    the channel (its board says so, see `peers`) sends no record;
-//! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
-//!    version for that step: both ranks now agree on what changed, without a barrier;
-//! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
-//!    it has opened (none for an allocation whose record it holds), imports them, publishes the
-//!    versions it opened, and waits until the peer has opened every buffer this rank published;
-//! 5. commits: installs the new mappings and releases the replaced ones (never waiting for device
-//!    work: the device transport closes them on its releaser thread, and the call waits for that
-//!    thread only when more than its bound of one peer's mappings wait), and hands the keys it
-//!    read to the collector.
-//!
-//! A hit on both sides costs a few shared-memory loads, no store operation, no allocation and no
-//! syscall (per-call buffers are reused per thread; the clock is read only when a peer is not
-//! there yet). A wait spins, then blocks on the peer's board until the peer publishes. A call that
-//! times out because a peer is not there yet leaves its channels *suspended* in that step: calling
-//! again with the same batch resumes it (so a zero timeout checks once). Any other failure (a
-//! peer that closed or died, a bad record, a store error) *fails* the batch: its channels refuse
-//! every later call (`InvalidState`: create a new cache). Where a call's time goes is measured per
-//! [`Phase`] when asked for; its log lines (subsystem `exchange`) say what it moved and, while it
-//! waits, which peer it waits for.
+//! buffer changes) and a *step* (how many calls included the channel). A hit on both sides costs a
+//! few shared-memory loads, no store operation, no allocation and no syscall (per-call buffers are
+//! reused per thread; the clock is read only when a peer is not there yet). A call that times out
+//! because a peer is not there yet leaves its channels *suspended* in that step: calling again with
+//! the same batch resumes it (so a zero timeout checks once). Any other failure *fails* the batch:
+//! its channels refuse every later call (`InvalidState`: create a new cache). Where a call's time
+//! goes is measured per [`Phase`] when asked for.
 
-use super::board::BufferAt;
+use super::board::{BufferAt, PeerBoard};
 use super::channel::{
     fingerprint_of, occurrence, Channel, ChannelInfo, ChannelKey, ChannelTable, Imported, PeerSide,
     Progress, Request, Resume,
@@ -47,72 +27,54 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The phases of one `exchange_handles` call, in the order they run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Step 1: each request resolved to its allocation (the buffer's identity).
-    Resolve,
-    /// Step 1: channels found or made, steps and versions bumped, progress taken out.
-    Claim,
-    /// Peers' node identities read from the store (a first exchange with a peer only).
-    Lookup,
-    /// Records built (the buffers exported), when a buffer changed.
-    Export,
-    /// Records sent (`MULTI_SET`).
-    Records,
-    /// `(step, version, where)` written on this rank's board.
-    Publish,
-    /// Waiting on the peers' boards for the same step.
-    WaitPeers,
-    /// Records built from allocations seen before and imported (no store).
-    ImportKnown,
-    /// Records fetched from the store (`WAIT` + `MULTI_GET`).
-    Fetch,
-    /// Fetched records imported (mapped).
-    Import,
-    /// Peers' semaphore slabs mapped, `opened` published.
-    Slabs,
-    /// Waiting until the peers opened this rank's new buffers.
-    WaitOpened,
-    /// New mappings installed, replaced ones released or kept, progress given back.
-    Commit,
+macro_rules! phases {
+    ($($(#[$doc:meta])* $phase:ident => $name:literal,)*) => {
+        /// The phases of one `exchange_handles` call, in the order they run.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Phase {
+            $($(#[$doc])* $phase,)*
+        }
+
+        /// Every phase, in order.
+        pub const PHASES: [Phase; Phase::Commit as usize + 1] = [$(Phase::$phase),*];
+
+        impl Phase {
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Phase::$phase => $name,)*
+                }
+            }
+        }
+    };
 }
 
-/// Every phase, in order.
-pub const PHASES: [Phase; 13] = [
-    Phase::Resolve,
-    Phase::Claim,
-    Phase::Lookup,
-    Phase::Export,
-    Phase::Records,
-    Phase::Publish,
-    Phase::WaitPeers,
-    Phase::ImportKnown,
-    Phase::Fetch,
-    Phase::Import,
-    Phase::Slabs,
-    Phase::WaitOpened,
-    Phase::Commit,
-];
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Resolve => "resolve",
-            Phase::Claim => "claim",
-            Phase::Lookup => "lookup",
-            Phase::Export => "export",
-            Phase::Records => "records",
-            Phase::Publish => "publish",
-            Phase::WaitPeers => "wait_peers",
-            Phase::ImportKnown => "import_known",
-            Phase::Fetch => "fetch",
-            Phase::Import => "import",
-            Phase::Slabs => "slabs",
-            Phase::WaitOpened => "wait_opened",
-            Phase::Commit => "commit",
-        }
-    }
+phases! {
+    /// Step 1: each request resolved to its allocation (the buffer's identity).
+    Resolve => "resolve",
+    /// Step 1: channels found or made, steps and versions bumped, progress taken out.
+    Claim => "claim",
+    /// Peers' node identities read from the store (a first exchange with a peer only).
+    Lookup => "lookup",
+    /// Records built (the buffers exported), when a buffer changed.
+    Export => "export",
+    /// Records sent (`MULTI_SET`).
+    Records => "records",
+    /// `(step, version, where)` written on this rank's board.
+    Publish => "publish",
+    /// Waiting on the peers' boards for the same step.
+    WaitPeers => "wait_peers",
+    /// Records built from allocations seen before and imported (no store).
+    ImportKnown => "import_known",
+    /// Records fetched from the store (`WAIT` + `MULTI_GET`).
+    Fetch => "fetch",
+    /// Fetched records imported (mapped).
+    Import => "import",
+    /// Peers' semaphore slabs mapped, `opened` published.
+    Slabs => "slabs",
+    /// Waiting until the peers opened this rank's new buffers.
+    WaitOpened => "wait_opened",
+    /// New mappings installed, replaced ones released or kept, progress given back.
+    Commit => "commit",
 }
 
 /// Time spent per phase over the calls timed so far.
@@ -243,7 +205,7 @@ fn some_keys<S: AsRef<str>>(keys: &[S], limit: usize) -> String {
 }
 
 /// What a wait awaits of the peers: their step, or their open of this rank's buffer.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Stage {
     Step,
     Open,
@@ -494,7 +456,7 @@ impl<'a> Batch<'a> {
         Ok(Batch { cx, table, items })
     }
 
-    /// Steps 2-5: runs the protocol on the batch's channels and ends the batch.
+    /// Steps 2-7: runs the protocol on the batch's channels and ends the batch.
     pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Option<Lap<'_>>) -> Result<()> {
         // A cached call is logged at TRACE, one that moved records (or failed) at INFO.
         let clock = clock(Level::Info);
@@ -509,18 +471,11 @@ impl<'a> Batch<'a> {
                 }
                 done
             }
-            Err(RunError::NotReady(err, imports)) => {
-                self.suspend(imports, clock, &err);
-                Err(err)
-            }
-            Err(RunError::Fatal(err)) => {
-                self.fail(clock, &err);
-                Err(err)
-            }
+            Err(e) => Err(self.abort(e, clock)),
         }
     }
 
-    /// Step 5: installs the new peer mappings, releasing (or retaining) the ones they replace,
+    /// Step 6, its end: installs the new peer mappings, releasing (or retaining) the ones they replace,
     /// and gives every channel its progress back.
     fn commit(
         self,
@@ -640,51 +595,47 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// A peer was not there in time: the channels keep their step, version and what was opened,
-    /// for the next call with the same batch to resume.
-    fn suspend(self, imports: Vec<Option<Imported>>, clock: Option<Instant>, err: &Error) {
-        {
-            let mut st = lock(self.table);
-            let mut imports = imports.into_iter();
-            for it in self.items.iter_mut() {
-                let mut progress = std::mem::take(&mut it.progress);
-                progress.resume = Some(Box::new(Resume {
-                    publish: it.publish,
-                    sent: it.sent,
-                    known_to_peer: it.known_to_peer,
-                    staged: imports.next().flatten(),
-                }));
-                st.channels[it.channel].progress = Some(progress);
+    /// A peer was not there in time (`NotReady`): the channels keep their step, version and what
+    /// was opened, for the next call with the same batch to resume. Any other failure: the
+    /// channels' state is unknown, so they refuse every later call. Returns the error.
+    fn abort(self, e: RunError, clock: Option<Instant>) -> Error {
+        let (err, staged) = match e {
+            RunError::NotReady(err, staged) => (err, Some(staged)),
+            RunError::Fatal(err) => (err, None),
+        };
+        let suspended = staged.is_some();
+        let mut staged = staged.into_iter().flatten();
+        let mut st = lock(self.table);
+        for it in self.items.iter_mut() {
+            let ch = &mut st.channels[it.channel];
+            if !suspended {
+                ch.validity.fail();
+                ch.failed = Some(err.clone());
+                continue;
             }
+            let mut progress = std::mem::take(&mut it.progress);
+            progress.resume = Some(Box::new(Resume {
+                publish: it.publish,
+                sent: it.sent,
+                known_to_peer: it.known_to_peer,
+                staged: staged.next().flatten(),
+            }));
+            ch.progress = Some(progress);
         }
+        drop(st);
+        let (what, then) = match suspended {
+            true => ("suspended", "resumable with the same batch"),
+            false => ("failed", "its channels are unusable"),
+        };
         log::info!(
             target: logging::EXCHANGE,
-            "rank {}: exchange of {} channel(s) suspended after {}, resumable with the same \
-             batch: {}",
+            "rank {}: exchange of {} channel(s) {what} after {}, {then}: {}",
             self.cx.rank,
             self.items.len(),
             since(clock),
             err.message
         );
-    }
-
-    /// Any other failure: the channels' state is unknown, so they refuse every later call.
-    fn fail(self, clock: Option<Instant>, err: &Error) {
-        {
-            let mut st = lock(self.table);
-            for it in self.items.iter() {
-                st.channels[it.channel].validity.fail();
-                st.channels[it.channel].failed = Some(err.clone());
-            }
-        }
-        log::info!(
-            target: logging::EXCHANGE,
-            "rank {}: exchange of {} channel(s) failed after {}, its channels are unusable: {}",
-            self.cx.rank,
-            self.items.len(),
-            since(clock),
-            err.message
-        );
+        err
     }
 }
 
@@ -736,21 +687,11 @@ pub(super) struct Item {
     pub staged: Option<Imported>,
 }
 
-/// Why a call's steps 2-4 failed: a peer not there in time (the step can be resumed), or
+/// Why a call's steps 2-6 failed: a peer not there in time (the step can be resumed), or
 /// anything else (the channels are poisoned).
 pub(super) enum RunError {
     NotReady(Error, Vec<Option<Imported>>),
     Fatal(Error),
-}
-
-impl RunError {
-    fn classify(e: Error, staged: Vec<Option<Imported>>) -> RunError {
-        if e.status == Status::Timeout {
-            RunError::NotReady(e, staged)
-        } else {
-            RunError::Fatal(e)
-        }
-    }
 }
 
 /// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
@@ -767,7 +708,7 @@ fn liveness_check_due(polls: u32) -> bool {
     polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
 }
 
-/// Steps 2-4 of a call, over the cache's context.
+/// Steps 2-6 of a call, over the cache's context.
 impl Context {
     fn run(
         &self,
@@ -803,7 +744,7 @@ impl Context {
                     &unknown,
                     deadline.remaining(),
                 )
-                .map_err(|e| RunError::classify(e, Vec::new()))?;
+                .map_err(|e| self.give_up(e, Vec::new()))?;
         }
         mark(lap, Phase::Lookup);
         // Records go out before the step is visible on the board: a peer that sees the step
@@ -825,28 +766,16 @@ impl Context {
                 .publish(it.ch.entry, it.progress.step, it.progress.version, at);
         }
         mark(lap, Phase::Publish);
-        if let Err(e) = self.wait_peers(items, deadline) {
-            let staged = items.iter_mut().map(|it| it.staged.take()).collect();
-            return Err(RunError::classify(e, staged));
+        let staged = |items: &mut [Item]| items.iter_mut().map(|it| it.staged.take()).collect();
+        if let Err(e) = self.wait(items, Stage::Step, deadline) {
+            return Err(self.give_up(e, staged(items)));
         }
         mark(lap, Phase::WaitPeers);
-        let mut imports = match self.fetch_records(items, deadline, lap) {
-            Ok(imports) => imports,
-            Err(e) if e.status == Status::Timeout => {
-                // Records are sent without waiting for the store's reply, so a peer's step can be
-                // visible before its records are: a zero timeout may miss them. Retryable.
-                let staged = items.iter_mut().map(|it| it.staged.take()).collect();
-                return Err(RunError::NotReady(e, staged));
-            }
-            Err(e) => {
-                for it in items.iter_mut() {
-                    if let Some(imp) = it.staged.take() {
-                        self.release_mapping(imp.kind, &imp.mapping);
-                    }
-                }
-                return Err(RunError::Fatal(e));
-            }
-        };
+        // Records are sent without waiting for the store's reply, so a peer's step can be visible
+        // before its records are: a zero timeout may miss them, which is retryable.
+        let mut imports = self
+            .fetch_records(items, deadline, lap)
+            .map_err(|e| self.give_up(e, staged(items)))?;
         mark(lap, Phase::Import);
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
@@ -864,15 +793,20 @@ impl Context {
             }
         }
         mark(lap, Phase::Slabs);
-        if let Err(e) = self.wait_opened(items, deadline) {
-            if e.status == Status::Timeout {
-                return Err(RunError::NotReady(e, imports));
-            }
-            self.release_imports(imports);
-            return Err(RunError::Fatal(e));
+        if let Err(e) = self.wait(items, Stage::Open, deadline) {
+            return Err(self.give_up(e, imports));
         }
         mark(lap, Phase::WaitOpened);
         Ok(imports)
+    }
+
+    /// A timeout leaves `imports` to the step that resumes; any other failure releases them.
+    fn give_up(&self, e: Error, imports: Vec<Option<Imported>>) -> RunError {
+        if e.status == Status::Timeout {
+            return RunError::NotReady(e, imports);
+        }
+        self.release_imports(imports);
+        RunError::Fatal(e)
     }
 
     fn send_records(&self, items: &mut [Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
@@ -1030,21 +964,21 @@ impl Context {
         Ok(())
     }
 
-    /// Waits, within `deadline`, until `ready` holds for every item marked `waiting`, clearing
-    /// the mark of each that gets ready. Now and then (about every 100 ms once sleeping) it makes
-    /// sure the awaited peers still exist and have not closed their caches, so a crashed or
-    /// closed peer is reported at once rather than at the timeout. Returns whether every item got
-    /// ready; `false` when the deadline ran out (the items still marked are the late ones).
-    fn wait_items(
-        &self,
-        items: &mut [Item],
-        stage: Stage,
-        deadline: &mut Deadline,
-        mut ready: impl FnMut(&Self, &mut Item) -> Result<bool>,
-    ) -> Result<bool> {
-        let mut left = items.iter().filter(|it| it.waiting).count();
+    /// Step 4 (`Step`): waits until every peer has reached this call's step on its channel, and
+    /// reads the peer's version for that step. Step 6 (`Open`): for every channel where this
+    /// rank published a new buffer, waits until the peer has opened it, so that when a call
+    /// returns both sides hold handles to each other's current buffers (and the exporter may free
+    /// an old buffer without racing the peer's open). Now and then (about every 100 ms once
+    /// sleeping) it makes sure the awaited peers still exist and have not closed their caches, so
+    /// a crashed or closed peer is reported at once rather than at the timeout.
+    fn wait(&self, items: &mut [Item], stage: Stage, deadline: &mut Deadline) -> Result<()> {
+        let mut left = 0;
+        for it in items.iter_mut() {
+            it.waiting = stage == Stage::Step || it.publish;
+            left += usize::from(it.waiting);
+        }
         if left == 0 {
-            return Ok(true);
+            return Ok(());
         }
         let mut error: Option<Error> = None;
         let mut polls: u32 = 0;
@@ -1062,7 +996,7 @@ impl Context {
                 None
             };
             for it in items.iter_mut().filter(|it| it.waiting) {
-                match ready(self, it) {
+                match self.ready(it, stage) {
                     Ok(true) => {
                         it.waiting = false;
                         left -= 1;
@@ -1085,140 +1019,111 @@ impl Context {
             (left == 0 || error.is_some()).then_some(())
         };
         // Peers usually are there already: then the clock is never read.
-        let done = match poll(false, items) {
-            Some(()) => Some(()),
-            None => {
-                let pace = blocking_pace(lock(&self.peer_boards).len() + 1);
-                wait_blocking(pace, deadline.remaining(), |block| {
-                    let Some(max) = block else {
-                        return poll(false, items);
-                    };
-                    // Blocks on the board of the first peer still awaited, until it publishes;
-                    // the others are checked when it wakes this rank.
-                    let board = items
-                        .iter()
-                        .find(|it| it.waiting)
-                        .and_then(|it| it.progress.link.board.clone());
-                    let mut done = None;
-                    match board {
-                        Some(b) => b.block(max, || {
-                            done = poll(false, items);
-                            done.is_none()
-                        }),
-                        // Its board is not there yet: nothing to block on.
-                        None => std::thread::sleep(max.min(NO_BOARD_SLEEP)),
-                    }
-                    done.or_else(|| poll(true, items))
-                })
-            }
-        };
+        if poll(false, items).is_none() {
+            let pace = blocking_pace(lock(&self.peer_boards).len() + 1);
+            wait_blocking(pace, deadline.remaining(), |block| {
+                let Some(max) = block else {
+                    return poll(false, items);
+                };
+                // Blocks on the board of the first peer still awaited, until it publishes; the
+                // others are checked when it wakes this rank.
+                let board = items
+                    .iter()
+                    .find(|it| it.waiting)
+                    .and_then(|it| it.progress.link.board.clone());
+                let mut done = None;
+                match board {
+                    Some(b) => b.block(max, || {
+                        done = poll(false, items);
+                        done.is_none()
+                    }),
+                    // Its board is not there yet: nothing to block on.
+                    None => std::thread::sleep(max.min(NO_BOARD_SLEEP)),
+                }
+                done.or_else(|| poll(true, items))
+            });
+        }
         if let Some(e) = error {
             return Err(e);
         }
         // A wait that timed out may have seen the last item get ready in its final check.
-        Ok(done.is_some() || items.iter().all(|it| !it.waiting))
-    }
-
-    /// Step 3: waits until every peer has reached this call's step on its channel, and reads
-    /// the peer's version for that step.
-    fn wait_peers(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
-        for it in items.iter_mut() {
-            it.waiting = true;
-        }
-        let rank = self.rank;
-        let all_there = self.wait_items(items, Stage::Step, deadline, |call, it| {
-            if it.progress.link.board.is_none() {
-                it.progress.link.board = call
-                    .peer_board(it.ch.peer)
-                    .map_err(|e| e.context(format!("rank {rank}")))?;
-            }
-            let Some(board) = &it.progress.link.board else {
-                return Ok(false);
-            };
-            if it.progress.link.entry.is_none() {
-                it.progress.link.entry = board.find(it.ch.fp);
-            }
-            let Some(entry) = it.progress.link.entry else {
-                return Ok(false);
-            };
-            match board.read(entry, it.progress.step) {
-                Some((version, at)) => {
-                    it.peer_version = version;
-                    it.peer_at = at;
-                    Ok(true)
-                }
-                None => Ok(false),
-            }
-        })?;
-        if all_there {
-            return Ok(());
-        }
         let pending = items.iter().filter(|it| it.waiting).count();
-        let it = items
-            .iter()
-            .find(|it| it.waiting)
-            .expect("a wait that timed out left an item pending");
-        let name = self.names.board(it.ch.peer);
-        let seen = match (self.peer_board(it.ch.peer), it.progress.link.entry) {
-            (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
-            (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
-            _ => "its board does not exist yet (has it created its cache?)".to_string(),
-        };
-        Err(Error::timeout(format!(
-            "rank {} timed out after {:?} waiting for peer rank {} on {} at step {}: board \
-             entry {} of {} not at step {} ({seen}); {} other channel(s) also pending. Does \
-             rank {} call exchange_handles with the matching request?",
-            self.rank,
-            deadline.timeout(),
-            it.ch.peer,
-            it.ch.key,
-            it.progress.step,
-            it.ch.key.describe(),
-            name,
-            it.progress.step,
-            pending - 1,
-            it.ch.peer,
-        )))
+        match items.iter().find(|it| it.waiting) {
+            None => Ok(()),
+            Some(it) => Err(self.late(it, stage, pending, deadline.timeout())),
+        }
     }
 
-    /// Step 4b: for every channel where this rank published a new buffer, waits until the peer
-    /// has opened it. So when a call returns, both sides hold handles to each other's current
-    /// buffers, and the exporter may free an old buffer without racing the peer's open.
-    fn wait_opened(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
-        for it in items.iter_mut() {
-            it.waiting = it.publish;
-        }
-        let all_opened = self.wait_items(items, Stage::Open, deadline, |_, it| {
-            Ok(match (&it.progress.link.board, it.progress.link.entry) {
+    /// Whether the peer of `it` has reached `stage`; at `Step`, finds the peer's board and entry
+    /// first, and reads the peer's version.
+    fn ready(&self, it: &mut Item, stage: Stage) -> Result<bool> {
+        let link = &mut it.progress.link;
+        if stage == Stage::Open {
+            return Ok(match (&link.board, link.entry) {
                 (Some(b), Some(e)) => b.opened(e) >= it.progress.version,
                 _ => false,
-            })
-        })?;
-        if all_opened {
-            return Ok(());
+            });
         }
-        let it = items
-            .iter()
-            .find(|it| it.waiting)
-            .expect("a wait that timed out left an item pending");
-        let opened = match (&it.progress.link.board, it.progress.link.entry) {
-            (Some(b), Some(e)) => b.opened(e),
-            _ => 0,
+        if link.board.is_none() {
+            link.board = self
+                .peer_board(it.ch.peer)
+                .map_err(|e| e.context(format!("rank {}", self.rank)))?;
+        }
+        let Some(board) = &link.board else {
+            return Ok(false);
         };
-        Err(Error::timeout(format!(
-            "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this \
-             rank's buffer on {} at step {} (board entry {} of {} shows version {opened} \
-             opened; key {:?}); did the peer fail in exchange_handles?",
-            self.rank,
-            deadline.timeout(),
-            it.ch.peer,
-            it.progress.version,
-            it.ch.key,
-            it.progress.step,
-            it.ch.key.describe(),
-            self.names.board(it.ch.peer),
-            self.own_record_key(it),
-        )))
+        if link.entry.is_none() {
+            link.entry = board.find(it.ch.fp);
+        }
+        let Some((version, at)) = link.entry.and_then(|e| board.read(e, it.progress.step)) else {
+            return Ok(false);
+        };
+        it.peer_version = version;
+        it.peer_at = at;
+        Ok(true)
+    }
+
+    /// The error of a wait that timed out with `it` the first of `pending` items still late.
+    fn late(&self, it: &Item, stage: Stage, pending: usize, timeout: Duration) -> Error {
+        let board = self.names.board(it.ch.peer);
+        let (step, key) = (it.progress.step, it.ch.key.describe());
+        Error::timeout(match stage {
+            Stage::Step => {
+                let seen = match (self.peer_board(it.ch.peer), it.progress.link.entry) {
+                    (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
+                    (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
+                    _ => "its board does not exist yet (has it created its cache?)".to_string(),
+                };
+                format!(
+                    "rank {} timed out after {timeout:?} waiting for peer rank {} on {} at step \
+                     {step}: board entry {key} of {board} not at step {step} ({seen}); {} other \
+                     channel(s) also pending. Does rank {} call exchange_handles with the \
+                     matching request?",
+                    self.rank,
+                    it.ch.peer,
+                    it.ch.key,
+                    pending - 1,
+                    it.ch.peer,
+                )
+            }
+            Stage::Open => {
+                let opened = match (&it.progress.link.board, it.progress.link.entry) {
+                    (Some(b), Some(e)) => b.opened(e),
+                    _ => 0,
+                };
+                format!(
+                    "rank {} timed out after {timeout:?} waiting for peer rank {} to open version \
+                     {} of this rank's buffer on {} at step {step} (board entry {key} of {board} \
+                     shows version {opened} opened; key {:?}); did the peer fail in \
+                     exchange_handles?",
+                    self.rank,
+                    it.ch.peer,
+                    it.progress.version,
+                    it.ch.key,
+                    self.own_record_key(it),
+                )
+            }
+        })
     }
 
     /// Fails when this rank's board, or the board of a peer still awaited, was truncated or
@@ -1246,14 +1151,14 @@ impl Context {
             if !it.waiting {
                 return None;
             }
+            let (who, key, step) = (it.ch.peer, &it.ch.key, it.progress.step);
             let waited_for = || match stage {
-                Stage::Step => format!("reaching step {} on {}", it.progress.step, it.ch.key),
+                Stage::Step => format!("reaching step {step} on {key}"),
                 Stage::Open => format!(
-                    "opening version {} of this rank's buffer on {} at step {}",
-                    it.progress.version, it.ch.key, it.progress.step
+                    "opening version {} of this rank's buffer on {key} at step {step}",
+                    it.progress.version
                 ),
             };
-            let who = it.ch.peer;
             let Some(board) = it.progress.link.board.as_ref() else {
                 // Its board was never seen here (it may have died before this rank looked, and
                 // its board gone with it): its process, as its cache published it.
@@ -1268,46 +1173,46 @@ impl Context {
                     )),
                 ));
             };
-            let closed = board.closed();
-            if !closed && board.owner_alive() {
-                return None;
+            if board.closed() {
+                return Some((i, self.closed_peer(it, board, &waited_for())));
             }
-            let waited_for = waited_for();
-            let pid = board.owner_pid();
-            let err = if closed {
-                Error::state(format!(
-                    "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
-                     a closed cache takes no part in exchanges (create new caches on both ranks)",
-                    self.rank
-                ))
-            } else {
-                Error::io(format!(
-                    "rank {}: peer rank {who} (pid {pid}) exited before {waited_for}",
-                    self.rank
-                ))
-            };
-            Some((i, err))
+            (!board.owner_alive()).then(|| {
+                let msg = format!(
+                    "rank {}: peer rank {who} (pid {}) exited before {}",
+                    self.rank,
+                    board.owner_pid(),
+                    waited_for()
+                );
+                (i, Error::io(msg))
+            })
         })
+    }
+
+    /// The error of a peer whose board says it closed its cache before `what`.
+    fn closed_peer(&self, it: &Item, board: &PeerBoard, what: &str) -> Error {
+        Error::state(format!(
+            "rank {}: peer rank {} (pid {}) closed its cache before {what}; a closed cache takes \
+             no part in exchanges (create new caches on both ranks)",
+            self.rank,
+            it.ch.peer,
+            board.owner_pid(),
+        ))
     }
 
     /// Refuses to import a record of a peer that has closed its cache: it may free that memory
     /// as soon as the ranks it waits for have closed.
     fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
         match &it.progress.link.board {
-            Some(b) if b.closed() => Err(Error::state(format!(
-                "rank {}: peer rank {} (pid {}) closed its cache before this rank opened its \
-                 record {key:?} for {}; a closed cache takes no part in exchanges (create new \
-                 caches on both ranks)",
-                self.rank,
-                it.ch.peer,
-                b.owner_pid(),
-                it.ch.key
-            ))),
+            Some(b) if b.closed() => Err(self.closed_peer(
+                it,
+                b,
+                &format!("this rank opened its record {key:?} for {}", it.ch.key),
+            )),
             _ => Ok(()),
         }
     }
 
-    /// Step 4: fetches and imports the records of peers whose version changed.
+    /// Step 5: fetches and imports the records of peers whose version changed.
     /// Returns the imports by item index; empty (nothing imported) when every peer is cached.
     fn fetch_records(
         &self,
