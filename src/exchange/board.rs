@@ -3,32 +3,10 @@
 //! *version* at each step. Peers read it with plain atomic loads, so two ranks can agree on
 //! whether a channel needs a store exchange without any store traffic.
 //!
-//! Layout (magic `NVFIBRD4`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
-//! `closed`, the owner's pid namespace, `sleepers`, `wake`), then `capacity` entries of 256 bytes
-//! in an insert-only open-addressing table keyed by the channel's 128-bit fingerprint: `{state,
-//! fingerprint, step, version[2], opened, at[2], known[8]}`, where `at` is where the buffer of
-//! that version lies (allocation id, offset, bytes, flags: see [`BufferAt`]) and `known` the
-//! peer's allocations whose records the owner holds for the channel (see `peers`). Only the owner
-//! writes. An entry is published by writing the fingerprint first and `state` last (Release); a
-//! step is published by writing `version[step % 2]` and `at[step % 2]` first and `step` last
-//! (Release).
-//!
-//! Waking: a peer that finds nothing new after its spins blocks on the owner's `wake` word (a
-//! futex): it counts itself in `sleepers`, reads `wake`, checks again, and sleeps while `wake`
-//! is unchanged. Every publish (step, opened, closed) is followed by a sequentially consistent
-//! fence and a load of `sleepers`; only when someone sleeps does the owner bump `wake` and make
-//! the `FUTEX_WAKE` call, so a publish nobody waits for costs no syscall. The fences on both
-//! sides make sure that either the sleeper sees the publish or the owner sees the sleeper.
-//!
-//! Why two version slots suffice: a rank at step `s` waits until its peer's step is `>= s`, so
-//! while one rank reads step `s` its peer is at step `s` or `s + 1` and never overwrites the slot
-//! of parity `s`.
-//!
-//! `closed` goes from 0 to 1, once, when the owner's cache is being torn down and has released
-//! every peer mapping and peer semaphore slab it held: from then on the owner maps nothing of its
-//! peers, and its peers must not import anything of the owner's any more. The store of `closed`
-//! and the peers' loads of it are sequentially consistent (with a fence on each side), so an
-//! importer that saw `closed == 0` right before importing is sure to be waited for by the owner.
+//! docs/PROTOCOL.md, section 4, gives the layout (magic `NVFIBRD4`), the publication order, why
+//! two version slots suffice, how a waiter blocks on the `wake` futex word and is woken only when
+//! it counts itself in `sleepers`, and the meaning of `closed` (set once, when the owner has
+//! released every peer mapping and slab it held: from then on its peers import nothing of it).
 
 use crate::error::{Error, Result};
 use crate::hash::Fnv1a;
@@ -55,6 +33,9 @@ const AT_KNOWN_TO_PEER: u64 = 1;
 pub const CAPACITY: u32 = 4096;
 const BOARD_BYTES: u64 = HEADER + ENTRY * CAPACITY as u64;
 
+/// The byte hashed before the description in the high half of a fingerprint.
+const FINGERPRINT_SALT: u8 = 0x5a;
+
 /// 128-bit fingerprint of a channel (two independent 64-bit FNV-1a hashes of its description).
 pub fn fingerprint(description: &str) -> u128 {
     let mut f = Fingerprinter::new();
@@ -62,11 +43,8 @@ pub fn fingerprint(description: &str) -> u128 {
     f.finish()
 }
 
-/// The byte hashed before the description in the high half of a fingerprint.
-const FINGERPRINT_SALT: u8 = 0x5a;
-
-/// [`fingerprint`] of a description fed in pieces, so a channel's fingerprint can be computed
-/// from its parts without formatting the description into a new string.
+/// [`fingerprint`] of a description fed in pieces, so that it is computed from the channel's
+/// parts without formatting a string.
 #[derive(Clone, Copy)]
 pub(super) struct Fingerprinter {
     lo: Fnv1a,
@@ -172,14 +150,9 @@ pub struct BufferAt {
     pub known_to_peer: bool,
 }
 
-/// Shared view of a mapped board (own or peer's).
-///
-/// The mapping is guarded against SIGBUS (`os::sigbus`): a process of the same uid can truncate
-/// the board's file under its owner and its peers, and the next access past the new end would
-/// kill them. Guarded, that access reads zeros instead (every check of the protocol treats zeros
-/// as "not there yet") and the truncation is marked; [`Table::check`], called at every wait,
-/// turns the mark into an error. A size check (`fstat`) before each access would instead cost a
-/// syscall per access on the exchange's hot path and still race with the truncation.
+/// Shared view of a mapped board (own or peer's), guarded against SIGBUS: an access past the end
+/// of a file truncated under it reads zeros and marks it, which [`Table::check`], called at every
+/// wait, turns into an error (docs/PROTOCOL.md, "A board truncated under its readers").
 struct Table {
     /// Declared before `seg`: released before the segment is unmapped.
     guard: Guard,
@@ -236,13 +209,19 @@ impl Table {
         unsafe { &*((self.seg.addr() + HEADER + ENTRY * u64::from(index)) as *const Entry) }
     }
 
+    /// The entries where `fp` may lie, in probing order.
+    fn probe(&self, fp: u128) -> impl Iterator<Item = (u32, &Entry)> {
+        let start = (fp as u64 % u64::from(CAPACITY)) as u32;
+        (0..CAPACITY).map(move |i| {
+            let index = (start + i) % CAPACITY;
+            (index, self.entry(index))
+        })
+    }
+
     /// Finds the published entry of `fp`.
     fn find(&self, fp: u128) -> Option<u32> {
         let (lo, hi) = (fp as u64, (fp >> 64) as u64);
-        let start = (lo % u64::from(CAPACITY)) as u32;
-        for i in 0..CAPACITY {
-            let index = (start + i) % CAPACITY;
-            let e = self.entry(index);
+        for (index, e) in self.probe(fp) {
             if e.state.load(Ordering::Acquire) == 0 {
                 return None;
             }
@@ -269,13 +248,9 @@ pub fn reclaim_dead() -> usize {
     let mut removed = 0;
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(name) = name.to_str() else {
+        let Some(name) = name.to_str().filter(|n| crate::names::is_board_name(n)) else {
             continue;
         };
-        let is_board = crate::names::is_board_name(name);
-        if !is_board {
-            continue;
-        }
         let path = format!("/{name}");
         let Ok(Some(seg)) = ShmSegment::open_when_sized(&path, HEADER) else {
             continue;
@@ -392,24 +367,19 @@ impl OwnBoard {
         if let Some(&i) = index.get(&fp) {
             return Ok(i);
         }
-        let (lo, hi) = (fp as u64, (fp >> 64) as u64);
-        let start = (lo % u64::from(CAPACITY)) as u32;
-        for i in 0..CAPACITY {
-            let slot = (start + i) % CAPACITY;
-            let e = self.table.entry(slot);
-            if e.state.load(Ordering::Relaxed) == 0 {
-                e.fp_lo.store(lo, Ordering::Relaxed);
-                e.fp_hi.store(hi, Ordering::Relaxed);
-                e.step.store(0, Ordering::Relaxed);
-                e.opened.store(0, Ordering::Relaxed);
-                e.state.store(1, Ordering::Release);
-                index.insert(fp, slot);
-                return Ok(slot);
-            }
-        }
-        Err(Error::state(format!(
-            "the board is full ({CAPACITY} channels): use fewer distinct tags per cache"
-        )))
+        let mut probe = self.table.probe(fp);
+        let Some((slot, e)) = probe.find(|(_, e)| e.state.load(Ordering::Relaxed) == 0) else {
+            return Err(Error::state(format!(
+                "the board is full ({CAPACITY} channels): use fewer distinct tags per cache"
+            )));
+        };
+        e.fp_lo.store(fp as u64, Ordering::Relaxed);
+        e.fp_hi.store((fp >> 64) as u64, Ordering::Relaxed);
+        e.step.store(0, Ordering::Relaxed);
+        e.opened.store(0, Ordering::Relaxed);
+        e.state.store(1, Ordering::Release);
+        index.insert(fp, slot);
+        Ok(slot)
     }
 
     /// Publishes `version`, whose buffer lies `at`, as this rank's buffer version at `step` of

@@ -150,17 +150,6 @@ impl HandleCache {
         })
     }
 
-    /// Adds (or replaces before first use) the transport of its memory kind, e.g. the device one.
-    pub fn with_transport(mut self, t: Arc<dyn Transport>) -> Result<HandleCache> {
-        if !lock(&self.table).channels.is_empty() {
-            return Err(Error::state(
-                "transports must be set before the first exchange",
-            ));
-        }
-        self.cx.transports.set(t);
-        Ok(self)
-    }
-
     pub fn rank(&self) -> usize {
         self.cx.rank
     }

@@ -516,11 +516,6 @@ impl OpenChannel {
         }
     }
 
-    /// Whether [`handles`](Self::handles) would succeed now.
-    pub fn is_current(&self) -> bool {
-        self.validity.current() == self.opened_at
-    }
-
     #[cold]
     fn stale(&self, now: u64) -> Error {
         let what = match now {

@@ -180,49 +180,34 @@ pub struct CacheStats {
     pub records_known: u64,
 }
 
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) exchanges: AtomicU64,
-    pub(crate) hits: AtomicU64,
-    pub(crate) misses: AtomicU64,
-    pub(crate) store_round_trips: AtomicU64,
-    pub(crate) records_sent: AtomicU64,
-    pub(crate) record_bytes_sent: AtomicU64,
-    pub(crate) records_received: AtomicU64,
-    pub(crate) opens: AtomicU64,
-    pub(crate) closes: AtomicU64,
-    pub(crate) keys_deleted: Arc<AtomicU64>,
-    pub(crate) peers_unclosed: AtomicU64,
-    pub(crate) leaked_slabs: AtomicU64,
-    pub(crate) peer_lookups: AtomicU64,
-    pub(crate) records_known: AtomicU64,
-    /// Time per phase of a call, when asked for.
-    pub(crate) phases: PhaseClock,
+/// The live counters: one atomic per field of [`CacheStats`], and the phase clock.
+macro_rules! counters {
+    ($($name:ident),*) => {
+        #[derive(Default)]
+        pub(crate) struct Counters {
+            $(pub(crate) $name: AtomicU64,)*
+            /// Shared with the collector's thread.
+            pub(crate) keys_deleted: Arc<AtomicU64>,
+            /// Time per phase of a call, when asked for.
+            pub(crate) phases: PhaseClock,
+        }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self) -> CacheStats {
+                CacheStats {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                    keys_deleted: self.keys_deleted.load(Ordering::Relaxed),
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    exchanges, hits, misses, store_round_trips, records_sent, record_bytes_sent, records_received,
+    opens, closes, peers_unclosed, leaked_slabs, peer_lookups, records_known
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
-}
-
-impl Counters {
-    /// A snapshot of the counters.
-    pub(crate) fn snapshot(&self) -> CacheStats {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        CacheStats {
-            exchanges: l(&self.exchanges),
-            hits: l(&self.hits),
-            misses: l(&self.misses),
-            store_round_trips: l(&self.store_round_trips),
-            records_sent: l(&self.records_sent),
-            record_bytes_sent: l(&self.record_bytes_sent),
-            records_received: l(&self.records_received),
-            opens: l(&self.opens),
-            closes: l(&self.closes),
-            keys_deleted: l(&self.keys_deleted),
-            peers_unclosed: l(&self.peers_unclosed),
-            leaked_slabs: l(&self.leaked_slabs),
-            peer_lookups: l(&self.peer_lookups),
-            records_known: l(&self.records_known),
-        }
-    }
 }
