@@ -1,13 +1,9 @@
 //! Which ranks of this process's jobs have left, as far as this process can see without asking
 //! the store.
 //!
-//! A rank that closes after its peers must not talk to the store for them: nobody reads what it
-//! would write, and when one of them hosted the store (nvFuser's rank 0 hosts a `c10d::TCPStore`)
-//! every request fails, and the host's store may print warnings. What this process sees of a
-//! peer without the store is its node-local board: the exchange registers each peer board it
-//! opens here, and a peer whose board says closed, or whose process has exited, has left. Peers
-//! with no board here (other nodes, namespaces) are never known to have left. Whether boards are
-//! visible is decided by node identities, never by local ranks.
+//! A rank that closes after its peers must not talk to the store for them (docs/PROTOCOL.md,
+//! "Closing after the peers"). What this process sees of a peer without the store is the board
+//! the exchange registers here for it; peers with no board here are never known to have left.
 
 use crate::names::job_tag;
 use crate::store::Liveness;

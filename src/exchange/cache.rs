@@ -8,14 +8,7 @@
 //! `get` and `stats` may run at any time.
 //!
 //! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
-//! barrier: the cache releases everything it imported, waits (bounded by the linger) until the
-//! transports have unmapped it, marks itself closed on its board, then waits, bounded by what is
-//! left of the linger, until every peer of its channels has closed too, exited, or has no board;
-//! only then are the transports (with this rank's semaphore slab) dropped. Releasing first means
-//! two ranks closing together never wait on each other. When the linger runs out, the device
-//! transport is kept alive on purpose (its slab leaked rather than freed under a peer's mapping).
-//! Its only store traffic, cleanup for peers still open (the collector's last deletes and this
-//! rank's node key), is skipped when `departures::quiet_reason` says nobody would read it.
+//! barrier: docs/PROTOCOL.md, "Closing a cache" and "Closing after the peers".
 
 use super::batch::{self, Batch, Deadline, Item, Resolution};
 use super::batch::{mark, Phase, PhaseTimes};
@@ -402,8 +395,7 @@ impl Context {
         match departures::quiet_reason(self.store.liveness(), self.names.job_id(), self.rank) {
             None => {
                 lock(&self.collector).finish();
-                self.peer_nodes
-                    .unpublish(&*self.store, &self.names, self.rank);
+                let _ = self.store.delete_key(&self.names.node_key(self.rank));
             }
             Some(why) => {
                 lock(&self.collector).abandon();

@@ -1,36 +1,26 @@
 //! Channels: what a request names, the cache's table of channels, and a channel opened for its
 //! transfers ([`OpenChannel`]).
 //!
-//! A *channel* is one direction of one communication between two ranks:
-//! `(src, dst, tag, occurrence)`. A SEND request of rank `r` to `p` is channel `(r, p, tag, k)`,
-//! the matching RECV request of `p` is `(r, p, tag, k)` as well, where `k` counts earlier requests
-//! with the same (peer, direction, tag) in the same batch. Both ranks therefore name the channel
-//! identically whatever the order of their batches.
-//!
-//! Per channel the table keeps what is fixed at its creation, this rank's buffer and the peer's
-//! buffer mapped here, and its progress (step, version, what was published and opened, the step
-//! a timed-out call left suspended), which the batch exchanging the channel takes out and puts
-//! back.
+//! A *channel* is one direction of one communication between two ranks, `(src, dst, tag,
+//! occurrence)`, named identically by both whatever the order of their batches (the occurrence
+//! counts earlier requests with the same peer, direction and tag in the batch).
 //!
 //! An opened channel keeps the channel's resolved handles and its [`Validity`] as of the open, so
 //! that a post costs no request conversion, table lock or fingerprint. Every change of what the
-//! handles point to (this rank's buffer replaced at the start of an exchange, the peer's mapping
-//! replaced at its commit), a failed exchange and the cache's teardown move the channel's
-//! generation on *before* the old mappings are released; a post compares generations (one atomic
-//! load) and touches nothing when they differ. As for the handles of `HandleCache::get`, posts on
-//! a channel must not run while an exchange of that channel or the cache's teardown runs.
+//! handles point to, a failed exchange and the cache's teardown move the channel's generation on
+//! *before* the old mappings are released; a post compares generations (one atomic load). Posts
+//! on a channel must not run while an exchange of that channel or the cache's teardown runs.
 
 use super::board::{Fingerprinter, PeerBoard};
 use super::context::{Context, Settings};
 use super::peers::HeldRecords;
 use crate::error::{Error, Result};
+use crate::hash::FastMap;
 use crate::names::CacheNames;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles};
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -309,35 +299,13 @@ impl Channel {
     }
 }
 
-/// Hashes a channel fingerprint, already uniformly distributed, by folding it (no SipHash on
-/// the exchange path).
-#[derive(Default)]
-pub(super) struct FingerprintHasher(u64);
-
-impl Hasher for FingerprintHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u128(&mut self, n: u128) {
-        self.0 = (n as u64) ^ ((n >> 64) as u64);
-    }
-}
-
-pub(super) type ByFingerprint = HashMap<u128, usize, BuildHasherDefault<FingerprintHasher>>;
-
 /// A cache's channels, under one lock (what it holds per peer is in the context).
 #[derive(Default)]
 pub(super) struct ChannelTable {
     pub channels: Vec<Channel>,
-    /// Channel index by fingerprint (the channel's key is compared too).
-    pub by_fp: ByFingerprint,
+    /// Channel index by fingerprint (the channel's key is compared too; no SipHash on the
+    /// exchange path).
+    pub by_fp: FastMap<u128, usize>,
 }
 
 impl ChannelTable {

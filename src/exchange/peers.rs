@@ -5,23 +5,15 @@
 //! and refuses a peer on another host or container (one that can never have a board here) at
 //! once, instead of timing out.
 //!
-//! Allocations: nvFuser's buffers come from PyTorch's caching allocator, every iteration's tensors
-//! carved at new offsets from a few large segments, and each rank publishes on its board where
-//! each buffer version lies (allocation id, offset, bytes). So a rank keeps
-//! - the records of peer allocations it imported ([`KnownAllocations`]): a buffer in one of them
-//!   is imported from the kept record, without waiting for the store (the exporter still sends
-//!   its record; the collector deletes it);
-//! - per channel, the records it lists on its board entry ([`HeldRecords`]): the exporter of a
-//!   buffer in a listed allocation sends no record at all. The list is exact: it changes only
-//!   when the importer imports a new version, before it publishes `opened` (which the exporter
-//!   awaits before another step), or shrinks when an allocation's mapping is released; records go
-//!   only at an import, and only those no longer listed;
-//! - replaced mappings, up to a bound of allocations per (peer, kind), least recently replaced
-//!   first out ([`Retained`]): a buffer moving back costs a reference count, not a driver open
-//!   (the exporter's memory stays mapped here until evicted or the cache freed).
-//!
-//! Allocation ids are never reused within a process and records are keyed by the exporter's pid
-//! too, so a kept record never describes another allocation.
+//! Allocations: nvFuser's buffers come from PyTorch's caching allocator, carved at new offsets
+//! from a few large segments, and the board says where each buffer version lies. So a rank keeps
+//! the records of peer allocations it imported ([`KnownAllocations`]: no store wait for a buffer
+//! in one), per channel the records it lists on its board entry ([`HeldRecords`]: the exporter
+//! sends no record at all; why the list is exact: docs/PROTOCOL.md, section 4), and replaced
+//! mappings, a bounded number per (peer, kind) ([`Retained`]: a buffer moving back costs a
+//! reference count, not a driver open). Allocation ids are never reused within a process and
+//! records are keyed by the exporter's pid too, so a kept record never describes another
+//! allocation.
 
 use super::board::KNOWN_PER_CHANNEL;
 use crate::error::{Error, Result};
@@ -115,11 +107,6 @@ impl PeerNodes {
             }
         }
         Ok(())
-    }
-
-    /// Deletes this rank's identity key (at close).
-    pub fn unpublish(&self, store: &dyn Store, names: &CacheNames, rank: usize) {
-        let _ = store.delete_key(&names.node_key(rank));
     }
 }
 

@@ -1,17 +1,9 @@
 //! Symmetric memory: every rank of a group maps every other rank's buffer, with no group-wide
 //! synchronisation.
 //!
-//! A rendezvous of a group is one exchange in which each pair of the group talks over one
-//! channel: the lower rank of the pair sends, the higher receives, both with their own buffer.
-//! So a rank waits only for the peers it maps, never for a barrier, and inherits everything the
-//! cache does (a second rendezvous of the same buffers is a cache hit). The cache remembers each
-//! rendezvous by tag ([`SymmetricTable`]), so that
-//! - a *contiguous view* maps every member's buffer again, in rank order, into one reserved
-//!   range (`transport::view`);
-//! - a *release* drops, in this process only, the view and the peers' mappings of the tag's
-//!   channels, with no store traffic and no waiting for peers: the channels keep their protocol
-//!   state, so a later rendezvous of the tag works whatever the order in which the members
-//!   released and came back.
+//! A rendezvous is one exchange in which each pair of the group talks over one channel (the
+//! lower rank sends); the cache remembers each by tag ([`SymmetricTable`]) for its contiguous
+//! view and its release (docs/PROTOCOL.md, "Symmetric memory").
 
 use super::batch::Resolution;
 use super::cache::HandleCache;
