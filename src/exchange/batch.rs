@@ -106,12 +106,9 @@ impl PhaseClock {
         self.enabled.store(on, Ordering::Relaxed);
     }
 
-    /// A lap for one call, or `None` when timing is off.
-    pub fn start(&self) -> Option<Lap<'_>> {
-        self.enabled.load(Ordering::Relaxed).then(|| Lap {
-            clock: self,
-            at: Instant::now(),
-        })
+    /// A lap for one call, which marks nothing when timing is off.
+    pub fn start(&self) -> Lap<'_> {
+        Lap((self.enabled.load(Ordering::Relaxed)).then(|| (self, Instant::now())))
     }
 
     pub fn snapshot(&self) -> PhaseTimes {
@@ -133,31 +130,24 @@ impl PhaseClock {
     }
 }
 
-/// One call's timing: each [`mark`](Lap::mark) charges the time since the previous one to a
-/// phase.
-pub(crate) struct Lap<'a> {
-    clock: &'a PhaseClock,
-    at: Instant,
-}
+/// One call's timing: each mark charges the time since the previous one to a phase.
+pub(crate) struct Lap<'a>(Option<(&'a PhaseClock, Instant)>);
 
 impl Lap<'_> {
     pub fn mark(&mut self, phase: Phase) {
-        let now = Instant::now();
-        let ns = u64::try_from(now.duration_since(self.at).as_nanos()).unwrap_or(u64::MAX);
-        self.clock.nanos[phase as usize].fetch_add(ns, Ordering::Relaxed);
-        self.at = now;
+        if let Some((clock, at)) = &mut self.0 {
+            let now = Instant::now();
+            let ns = u64::try_from(now.duration_since(*at).as_nanos()).unwrap_or(u64::MAX);
+            clock.nanos[phase as usize].fetch_add(ns, Ordering::Relaxed);
+            *at = now;
+        }
     }
 
     /// The call ran to its end.
     pub fn finish(self) {
-        self.clock.calls.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Marks `phase` on an optional lap.
-pub(crate) fn mark(lap: &mut Option<Lap<'_>>, phase: Phase) {
-    if let Some(l) = lap {
-        l.mark(phase);
+        if let Some((clock, _)) = self.0 {
+            clock.calls.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -184,11 +174,6 @@ impl Deadline {
         let at = *self.at.get_or_insert_with(|| Instant::now() + timeout);
         at.saturating_duration_since(Instant::now())
     }
-}
-
-/// The clock, read only when an exchange line at `level` will use it.
-fn clock(level: Level) -> Option<Instant> {
-    logging::clock(logging::EXCHANGE, level)
 }
 
 /// At most `limit` keys, then how many more (keys can be many in a large batch).
@@ -269,9 +254,8 @@ impl StuckReport {
     }
 }
 
-/// The channels of one call, claimed from the table until the batch ends. Its items live in a
-/// vector the caller lends (reused per thread, so a warm call allocates nothing); ending the
-/// batch leaves it empty.
+/// The channels of one call, claimed from the table until the batch ends, in items the caller
+/// lends (reused per thread, so a warm call allocates nothing).
 pub(super) struct Batch<'a> {
     cx: &'a Context,
     table: &'a Mutex<ChannelTable>,
@@ -335,9 +319,8 @@ fn resolve(cx: &Context, r: &Request, resolution: Resolution) -> Result<LocalBuf
 }
 
 impl<'a> Batch<'a> {
-    /// Step 1: claims the channels of `requests` (whose buffers `resolved` holds, in order) and
-    /// advances their step (and version), or resumes the step a timed-out call left. Nothing is
-    /// claimed on failure. `indices` is scratch space.
+    /// Step 1: claims the channels of `requests` (whose buffers `resolved` holds) and advances
+    /// their step (and version), or resumes a suspended step. Nothing is claimed on failure.
     pub(super) fn begin(
         cx: &'a Context,
         table: &'a Mutex<ChannelTable>,
@@ -457,17 +440,15 @@ impl<'a> Batch<'a> {
     }
 
     /// Steps 2-7: runs the protocol on the batch's channels and ends the batch.
-    pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Option<Lap<'_>>) -> Result<()> {
+    pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Lap<'_>) -> Result<()> {
         // A cached call is logged at TRACE, one that moved records (or failed) at INFO.
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         match self.cx.run(&mut self.items[..], deadline, &mut lap) {
             Ok(imports) => {
                 let done = self.commit(imports, clock, deadline);
-                if let Some(mut lap) = lap {
-                    lap.mark(Phase::Commit);
-                    if done.is_ok() {
-                        lap.finish();
-                    }
+                lap.mark(Phase::Commit);
+                if done.is_ok() {
+                    lap.finish();
                 }
                 done
             }
@@ -563,9 +544,9 @@ impl<'a> Batch<'a> {
         self.wait_release_room(replaced, deadline)
     }
 
-    /// Back-pressure on released mappings (see the module docs), bounded by the call's timeout.
-    /// A timeout fails the call without poisoning its channels: the new handles are installed
-    /// and the replaced mappings stay queued.
+    /// Back-pressure: the device transport closes released mappings on its releaser thread, and
+    /// the call waits for it, within its timeout, only when more than its bound of one peer's
+    /// wait. A timeout fails the call without poisoning its channels (its handles are current).
     fn wait_release_room(&self, replaced: usize, deadline: &mut Deadline) -> Result<()> {
         if replaced == 0 {
             return Ok(());
@@ -662,8 +643,7 @@ fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mappin
     }
 }
 
-/// Work of one request in one call. What the channel is comes through one `Arc`; its progress
-/// is moved out of the table and back; the rest is this call's own.
+/// Work of one request in one call; its progress is moved out of the table and back.
 pub(super) struct Item {
     /// The channel's index in the table.
     pub channel: usize,
@@ -694,9 +674,8 @@ pub(super) enum RunError {
     Fatal(Error),
 }
 
-/// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
-/// syscall), so a peer a few microseconds late costs none; once the wait blocks, every wake-up
-/// makes one.
+/// Polls of a board wait before the first liveness check of the peers (a syscall), so that a peer
+/// a few microseconds late costs none; once the wait blocks, every wake-up makes one.
 const FIRST_LIVENESS_POLL: u32 = 2048;
 /// Polls between two liveness checks while spinning past that.
 const LIVENESS_EVERY: u32 = 256;
@@ -714,13 +693,10 @@ impl Context {
         &self,
         items: &mut [Item],
         deadline: &mut Deadline,
-        lap: &mut Option<Lap<'_>>,
+        lap: &mut Lap<'_>,
     ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
-        // A channel that has not found its peer's board yet may have a peer that can never
-        // have one here (another host or container): refuse it before anything is published.
-        // A board found on this node's /dev/shm settles it (an IPC namespace it does not share
-        // is still refused when its records are imported); so the lookup, one store round trip,
-        // happens only for a peer whose board is not there yet.
+        // A peer whose board is not here yet may never have one here (another host or
+        // container): refuse it before anything is published (one store round trip, per peer).
         let mut unknown: Vec<usize> = Vec::new();
         for it in items
             .iter_mut()
@@ -746,7 +722,7 @@ impl Context {
                 )
                 .map_err(|e| self.give_up(e, Vec::new()))?;
         }
-        mark(lap, Phase::Lookup);
+        lap.mark(Phase::Lookup);
         // Records go out before the step is visible on the board: a peer that sees the step
         // knows the records are already on their way to the store, so its multi_get never waits
         // on this rank's progress (which matters when several threads share one store client).
@@ -754,7 +730,7 @@ impl Context {
         for it in items.iter_mut() {
             it.sent = true;
         }
-        mark(lap, Phase::Records);
+        lap.mark(Phase::Records);
         for it in items.iter() {
             let at = BufferAt {
                 alloc_id: it.local.buffer_id,
@@ -765,18 +741,18 @@ impl Context {
             self.board
                 .publish(it.ch.entry, it.progress.step, it.progress.version, at);
         }
-        mark(lap, Phase::Publish);
+        lap.mark(Phase::Publish);
         let staged = |items: &mut [Item]| items.iter_mut().map(|it| it.staged.take()).collect();
         if let Err(e) = self.wait(items, Stage::Step, deadline) {
             return Err(self.give_up(e, staged(items)));
         }
-        mark(lap, Phase::WaitPeers);
+        lap.mark(Phase::WaitPeers);
         // Records are sent without waiting for the store's reply, so a peer's step can be visible
         // before its records are: a zero timeout may miss them, which is retryable.
         let mut imports = self
             .fetch_records(items, deadline, lap)
             .map_err(|e| self.give_up(e, staged(items)))?;
-        mark(lap, Phase::Import);
+        lap.mark(Phase::Import);
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
         if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
@@ -792,11 +768,11 @@ impl Context {
                 self.board.publish_opened(it.ch.entry, it.peer_version);
             }
         }
-        mark(lap, Phase::Slabs);
+        lap.mark(Phase::Slabs);
         if let Err(e) = self.wait(items, Stage::Open, deadline) {
             return Err(self.give_up(e, imports));
         }
-        mark(lap, Phase::WaitOpened);
+        lap.mark(Phase::WaitOpened);
         Ok(imports)
     }
 
@@ -809,7 +785,7 @@ impl Context {
         RunError::Fatal(e)
     }
 
-    fn send_records(&self, items: &mut [Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
+    fn send_records(&self, items: &mut [Item], lap: &mut Lap<'_>) -> Result<()> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
         for it in items.iter_mut().filter(|it| it.publish && !it.sent) {
             // Read before this step is published, so exact (see `peers`).
@@ -847,7 +823,7 @@ impl Context {
             })?;
             pairs.push((self.own_record_key(it), rec.encode()));
         }
-        mark(lap, Phase::Export);
+        lap.mark(Phase::Export);
         if pairs.is_empty() {
             return Ok(());
         }
@@ -856,7 +832,7 @@ impl Context {
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
         bump(&self.counters.store_round_trips, 1);
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         self.store.multi_set(&refs).map_err(|e| {
             e.context(format!(
                 "rank {}: publishing {} record(s) (first key {})",
@@ -965,12 +941,9 @@ impl Context {
     }
 
     /// Step 4 (`Step`): waits until every peer has reached this call's step on its channel, and
-    /// reads the peer's version for that step. Step 6 (`Open`): for every channel where this
-    /// rank published a new buffer, waits until the peer has opened it, so that when a call
-    /// returns both sides hold handles to each other's current buffers (and the exporter may free
-    /// an old buffer without racing the peer's open). Now and then (about every 100 ms once
-    /// sleeping) it makes sure the awaited peers still exist and have not closed their caches, so
-    /// a crashed or closed peer is reported at once rather than at the timeout.
+    /// reads its version; step 6 (`Open`): until the peer has opened every buffer this rank
+    /// published. Now and then (about every 100 ms once sleeping) it checks that the awaited peers
+    /// still exist and have not closed their caches, so that it fails at once when one has.
     fn wait(&self, items: &mut [Item], stage: Stage, deadline: &mut Deadline) -> Result<()> {
         let mut left = 0;
         for it in items.iter_mut() {
@@ -1126,11 +1099,8 @@ impl Context {
         })
     }
 
-    /// Fails when this rank's board, or the board of a peer still awaited, was truncated or
-    /// shrunk by another process: it reads zeros from then on (see `board`), so a wait on it
-    /// would otherwise last until the timeout, or its peers' would. At every poll, what this
-    /// rank's accesses ran into (one atomic load per board); with `probe`, at the pace of the
-    /// liveness checks, a shrink that no access ran into yet.
+    /// Fails when this rank's board, or the board of a peer still awaited, was truncated (it reads
+    /// zeros from then on, so a wait on it would last until the timeout); `probe`: see `board`.
     fn boards_intact(&self, items: &[Item], probe: bool) -> Result<()> {
         self.board
             .check(probe)
@@ -1212,13 +1182,15 @@ impl Context {
         }
     }
 
-    /// Step 5: fetches and imports the records of peers whose version changed.
-    /// Returns the imports by item index; empty (nothing imported) when every peer is cached.
+    /// Step 5: fetches and imports the records of peers whose version changed. Returns the
+    /// imports by item index; empty (nothing imported) when every peer is cached. On failure,
+    /// what was opened goes to its item: a timeout suspends the step with it, any other failure
+    /// releases it.
     fn fetch_records(
         &self,
         items: &mut [Item],
         deadline: &mut Deadline,
-        lap: &mut Option<Lap<'_>>,
+        lap: &mut Lap<'_>,
     ) -> Result<Vec<Option<Imported>>> {
         if items
             .iter()
@@ -1226,31 +1198,37 @@ impl Context {
         {
             return Ok(Vec::new());
         }
-        let mut imports: Vec<Option<Imported>> = items.iter().map(|_| None).collect();
         // A resumed step already opened these (the peer's version at a step never changes).
-        for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
-            if it.staged.is_some() {
-                *imp = it.staged.take();
+        let mut imports: Vec<Option<Imported>> =
+            items.iter_mut().map(|it| it.staged.take()).collect();
+        let done = self.import_wanted(items, &mut imports, deadline, lap);
+        if done.is_err() {
+            for (it, imp) in items.iter_mut().zip(&mut imports) {
+                it.staged = imp.take();
             }
         }
+        done.map(|()| imports)
+    }
+
+    fn import_wanted(
+        &self,
+        items: &[Item],
+        imports: &mut [Option<Imported>],
+        deadline: &mut Deadline,
+        lap: &mut Lap<'_>,
+    ) -> Result<()> {
         let wanted: Vec<usize> = (0..items.len())
             .filter(|&i| {
                 items[i].peer_version != items[i].progress.peer_opened && imports[i].is_none()
             })
             .collect();
         if wanted.is_empty() {
-            return Ok(imports);
+            return Ok(());
         }
-        let wanted = match self.import_known(items, &wanted, &mut imports, deadline) {
-            Ok(rest) => rest,
-            Err(e) => {
-                self.release_imports(imports);
-                return Err(e);
-            }
-        };
-        mark(lap, Phase::ImportKnown);
+        let wanted = self.import_known(items, &wanted, imports, deadline)?;
+        lap.mark(Phase::ImportKnown);
         if wanted.is_empty() {
-            return Ok(imports);
+            return Ok(());
         }
         let keys: Vec<String> = wanted
             .iter()
@@ -1259,9 +1237,9 @@ impl Context {
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         bump(&self.counters.store_round_trips, 1);
         let remaining = deadline.remaining();
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         let fetched = self.store.multi_get(&key_refs, remaining);
-        mark(lap, Phase::Fetch);
+        lap.mark(Phase::Fetch);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,
@@ -1276,15 +1254,6 @@ impl Context {
                 },
                 some_keys(&keys, 4)
             );
-        }
-        if fetched.is_err() {
-            // What a resumed step had opened goes back to its item: a timeout suspends the step
-            // with it, any other failure releases it.
-            for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
-                if imp.is_some() {
-                    it.staged = imp.take();
-                }
-            }
         }
         let values = fetched.map_err(|e| {
             let it = &items[wanted[0]];
@@ -1316,25 +1285,16 @@ impl Context {
         lock(&self.collector).delete(keys.clone());
         let wait = deadline.remaining();
         for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
-            let imported = self
-                .refuse_closed_peer(&items[i], key)
-                .and_then(|()| self.import(&items[i], value, key, wait));
-            match imported {
-                Ok(imp) => imports[i] = Some(imp),
-                Err(e) => {
-                    self.release_imports(imports);
-                    return Err(e);
-                }
-            }
+            self.refuse_closed_peer(&items[i], key)?;
+            imports[i] = Some(self.import(&items[i], value, key, wait)?);
         }
         bump(&self.counters.records_received, wanted.len() as u64);
-        Ok(imports)
+        Ok(())
     }
 
     /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
-    /// whose record this rank already holds (see `peers`); their records, which the peer sent
-    /// all the same, are deleted by the collector once they arrive. Returns the items left to
-    /// fetch from the store.
+    /// whose record this rank already holds (see `peers`); the collector deletes the records the
+    /// peer sent all the same. Returns the items left to fetch from the store.
     fn import_known(
         &self,
         items: &[Item],
@@ -1463,7 +1423,7 @@ impl Context {
             )));
         }
         let t = self.channel_transport(it.ch.kind);
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
         bump(&self.counters.opens, 1);
         if clock.is_some() {

@@ -11,7 +11,7 @@
 //! barrier: docs/PROTOCOL.md, "Closing a cache" and "Closing after the peers".
 
 use super::batch::{self, Batch, Deadline, Item, Resolution};
-use super::batch::{mark, Phase, PhaseTimes};
+use super::batch::{Phase, PhaseTimes};
 use super::board::OwnBoard;
 use super::channel::{Channel, ChannelTable, OpenChannel, Request};
 use super::collector::Collector;
@@ -223,7 +223,7 @@ impl HandleCache {
         let run = |scratch: &mut Scratch| {
             let mut lap = self.cx.counters.phases.start();
             batch::resolve_all(&self.cx, requests, resolution, &mut scratch.resolved)?;
-            mark(&mut lap, Phase::Resolve);
+            lap.mark(Phase::Resolve);
             let batch = Batch::begin(
                 &self.cx,
                 &self.table,
@@ -232,7 +232,7 @@ impl HandleCache {
                 &mut scratch.channels,
                 &mut scratch.items,
             )?;
-            mark(&mut lap, Phase::Claim);
+            lap.mark(Phase::Claim);
             batch.exchange(&mut Deadline::new(timeout), lap)
         };
         let result = run(&mut scratch);
