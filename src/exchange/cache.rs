@@ -415,11 +415,24 @@ impl Context {
         let start = Instant::now();
         // Only once the transports have unmapped what they released (the device one waits for
         // the work queued before) does this rank say it let go of its peers' memory.
-        let flushed = self.flush_releases(linger);
+        let flushed = self.transports.existing().try_for_each(|t| {
+            t.flush_releases(linger).map_err(|e| {
+                e.context(format!(
+                    "rank {}: closing the cache (this rank has not marked itself closed, so its \
+                     peers keep the memory it may still map)",
+                    self.rank
+                ))
+            })
+        });
         if flushed.is_ok() {
             self.board.mark_closed();
         }
-        let unclosed = self.wait_for_peers_to_close(peers, linger.saturating_sub(start.elapsed()));
+        // Waits until every peer has let go of this rank's memory.
+        let mut unclosed = peers;
+        wait_paced(SLEEPING, linger.saturating_sub(start.elapsed()), || {
+            unclosed.retain(|&(peer, _)| !self.peer_let_go(peer));
+            unclosed.is_empty().then_some(())
+        });
         // What dead processes of this node left in /dev/shm: their boards (the survivors clean up).
         super::board::reclaim_dead();
         let names: Vec<String> = {
@@ -466,20 +479,6 @@ impl Context {
         )))
     }
 
-    /// Waits, at most `linger`, until every transport has unmapped what it released.
-    fn flush_releases(&self, linger: Duration) -> Result<()> {
-        for t in self.transports.existing() {
-            t.flush_releases(linger).map_err(|e| {
-                e.context(format!(
-                    "rank {}: closing the cache (this rank has not marked itself closed, so its \
-                     peers keep the memory it may still map)",
-                    self.rank
-                ))
-            })?;
-        }
-        Ok(())
-    }
-
     /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers
     /// of the channels, each with whether a device channel connects them.
     fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
@@ -509,19 +508,5 @@ impl Context {
             }
         }
         peers.into_iter().collect()
-    }
-
-    /// Waits, at most `linger`, until every peer has let go of this rank's memory; returns the
-    /// ones that have not.
-    fn wait_for_peers_to_close(
-        &self,
-        mut pending: Vec<(usize, bool)>,
-        linger: Duration,
-    ) -> Vec<(usize, bool)> {
-        wait_paced(SLEEPING, linger, || {
-            pending.retain(|&(peer, _)| !self.peer_let_go(peer));
-            pending.is_empty().then_some(())
-        });
-        pending
     }
 }

@@ -165,9 +165,8 @@ impl fmt::Display for ChannelKey {
     }
 }
 
-/// The board fingerprint of the channel of `req` issued by `rank` as its `occurrence`-th such
-/// request: `board::fingerprint(&ChannelKey::of(rank, req, occurrence).describe())`, fed piece by
-/// piece without building the key (the exchange computes it for every request of every call).
+/// `board::fingerprint(&ChannelKey::of(rank, req, occurrence).describe())`, without building the
+/// key (the exchange computes it for every request of every call).
 pub fn fingerprint_of(rank: usize, req: &Request, occurrence: u32) -> u128 {
     let (src, dst) = req.ends(rank);
     let mut f = Fingerprinter::new();
@@ -192,8 +191,7 @@ pub fn occurrence(requests: &[Request], i: usize) -> u32 {
         .count() as u32
 }
 
-/// What a channel is, fixed when it is created. A call holds it through one `Arc`, so taking a
-/// channel into a call copies nothing of it.
+/// What a channel is, fixed when it is created (a call holds it through one `Arc`).
 pub(super) struct ChannelInfo {
     pub key: ChannelKey,
     pub peer: usize,
@@ -232,9 +230,8 @@ pub(super) struct Imported {
     pub record: Record,
 }
 
-/// What a call that timed out waiting for a peer leaves for the next call on its channel: the
-/// step and version stay; records already sent are not sent again; a peer buffer already opened
-/// is kept.
+/// What a call that timed out waiting for a peer leaves for the next call on its channel (its
+/// step and version stay in its progress).
 pub(super) struct Resume {
     pub publish: bool,
     pub sent: bool,
@@ -243,9 +240,8 @@ pub(super) struct Resume {
     pub staged: Option<Imported>,
 }
 
-/// A channel's progress through its steps, out of the table while a batch exchanges the channel
-/// (the channel is busy). Kept small (what only misses and suspended steps need is boxed), so a
-/// warm call moves little.
+/// A channel's progress, out of the table while a batch exchanges the channel. Kept small (what
+/// only misses and suspended steps need is boxed), so that a warm call moves little.
 #[derive(Default)]
 pub(super) struct Progress {
     pub step: u64,
@@ -254,8 +250,7 @@ pub(super) struct Progress {
     pub published: u64,
     /// The peer's version this rank last opened.
     pub peer_opened: u64,
-    /// The record of the peer's buffer mapped in `peer_side` (its semaphore fields hold for
-    /// every version of the channel).
+    /// The record of the peer's buffer mapped in `peer_side` (its semaphore fields hold for all).
     pub peer_record: Option<Box<Record>>,
     /// Records of the peer's allocations held for the channel, listed on the board.
     pub held: HeldRecords,
@@ -266,8 +261,7 @@ pub(super) struct Progress {
 
 pub(super) struct Channel {
     pub info: Arc<ChannelInfo>,
-    /// This rank's buffer as last given to `exchange_handles`; with `peer_side`, what `get`
-    /// hands out.
+    /// This rank's buffer as last given to `exchange_handles`.
     pub local: Option<LocalBuffer>,
     pub peer_side: Option<PeerSide>,
     pub epochs: Arc<TransferEpochs>,
@@ -291,8 +285,7 @@ impl Channel {
         }
     }
 
-    /// Whether `local` has the identity of this channel's buffer (whose change bumps the
-    /// channel's version).
+    /// Whether `local` has the identity of this channel's buffer (a change bumps the version).
     pub(super) fn holds(&self, local: &LocalBuffer) -> bool {
         let id = |l: &LocalBuffer| (l.base, l.buffer_id, l.offset(), l.bytes);
         self.local.as_ref().map(id) == Some(id(local))
@@ -303,8 +296,7 @@ impl Channel {
 #[derive(Default)]
 pub(super) struct ChannelTable {
     pub channels: Vec<Channel>,
-    /// Channel index by fingerprint (the channel's key is compared too; no SipHash on the
-    /// exchange path).
+    /// Channel index by fingerprint (the channel's key is compared too).
     pub by_fp: FastMap<u128, usize>,
 }
 
@@ -315,9 +307,8 @@ impl ChannelTable {
         self.channels[i].info.key.is_of(rank, req, occ).then_some(i)
     }
 
-    /// The peers' buffers that the channels of `reqs` (each the only one of its peer, direction
-    /// and tag: occurrence 0) map, with their records: what a symmetric rendezvous of `tag`
-    /// left. Fails when a channel no longer maps its peer (released) or is being exchanged.
+    /// The peers' buffers, with their records, that the channels of the symmetric rendezvous
+    /// `reqs` of `tag` map. Fails when one no longer maps its peer or is being exchanged.
     pub(super) fn peer_buffers(
         &self,
         rank: usize,
@@ -346,11 +337,9 @@ impl ChannelTable {
             .collect()
     }
 
-    /// Releases the peers' mappings that the channels of `reqs` hold; returns how many. A channel
-    /// keeps its step, versions and the peer's record (the peer may still hold this rank's
-    /// buffer and go on from the same state), and marks the peer's buffer as not opened, so its
-    /// next exchange imports it again, from the kept record when it has not changed. Nothing is
-    /// released when one of them is being exchanged or suspended in a timed-out step.
+    /// Releases the peers' mappings that the channels of `reqs` hold; returns how many. Each
+    /// keeps its protocol state and marks the peer's buffer as not opened (docs/PROTOCOL.md,
+    /// "Symmetric memory"). Nothing is released when one of them is busy or suspended.
     pub(super) fn release_peers(
         &mut self,
         cx: &Context,
@@ -403,8 +392,8 @@ const CLOSED: u64 = u64::MAX;
 /// Generation of a channel whose last exchange failed.
 const FAILED: u64 = u64::MAX - 1;
 
-/// The generation of one channel's handles, shared by the channel and every handle opened on it.
-/// Changed only under the cache's table lock; read without any lock.
+/// The generation of one channel's handles, shared with every handle opened on it: changed only
+/// under the cache's table lock, read without any lock.
 #[derive(Debug, Default)]
 pub(super) struct Validity {
     generation: AtomicU64,
@@ -441,8 +430,7 @@ impl Validity {
 }
 
 /// One channel's handles (`HandleCache::open_channel`), usable for transfers until the channel's
-/// buffers change (see the module docs). Does not keep the cache alive: after the cache is freed
-/// every use is an `InvalidState` error.
+/// buffers change or the cache is freed (then every use is an `InvalidState` error).
 pub struct OpenChannel {
     handles: P2pHandles,
     info: Arc<ChannelInfo>,
@@ -453,8 +441,7 @@ pub struct OpenChannel {
 }
 
 impl OpenChannel {
-    /// Reads the channel's generation now: call with the table lock held, with the handles
-    /// resolved under the same lock.
+    /// Call with the table lock held, under which the handles were resolved.
     pub(super) fn new(
         handles: P2pHandles,
         info: Arc<ChannelInfo>,
@@ -526,8 +513,7 @@ impl OpenChannel {
         self.info.key.src == self.rank
     }
 
-    /// The timeout of the cache the channel was opened from, as set now (host transfers use it
-    /// when given none).
+    /// The timeout of the cache the channel was opened from, as set now.
     pub fn timeout(&self) -> Duration {
         self.settings.timeout()
     }
