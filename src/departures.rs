@@ -88,12 +88,7 @@ fn store_host_left(job_id: &str, me: usize) -> Option<String> {
 }
 
 /// Why a closing rank of `job_id` must make no store request that only its peers would need, if
-/// it must: the store's server has gone (every request would fail); or the store cannot tell
-/// whether it is there (no server address, or a server on another machine: see
-/// `nvfipc_store_set_server_address`) and either every other rank has left (nobody would read
-/// what this rank wrote), or rank 0, which hosts the store in c10d's and nvFuser's launchers, has
-/// left (a rank that exchanged only with some peers cannot see the others leave). A store that
-/// can tell it is there is used as before, keeping a store that outlives the job clean.
+/// it must (docs/PROTOCOL.md, "Closing after the peers").
 pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
     match store {
         Liveness::Alive | Liveness::ServedHere { .. } => None,

@@ -1146,11 +1146,11 @@ impl Context {
             if board.closed() {
                 return Some((i, self.closed_peer(it, board, &waited_for())));
             }
-            (!board.owner_alive()).then(|| {
+            (board.owner().is_dead()).then(|| {
                 let msg = format!(
                     "rank {}: peer rank {who} (pid {}) exited before {}",
                     self.rank,
-                    board.owner_pid(),
+                    board.owner().pid,
                     waited_for()
                 );
                 (i, Error::io(msg))
@@ -1165,7 +1165,7 @@ impl Context {
              no part in exchanges (create new caches on both ranks)",
             self.rank,
             it.ch.peer,
-            board.owner_pid(),
+            board.owner().pid,
         ))
     }
 
@@ -1319,7 +1319,7 @@ impl Context {
                             .record_for(at.alloc_id, at.offset, at.bytes, it.peer_version, channel)
                             .map(|rec| (rec, true));
                     }
-                    let pid = it.progress.link.board.as_ref()?.owner_pid();
+                    let pid = it.progress.link.board.as_ref()?.owner().pid;
                     // The version this channel last imported, whose mapping was released since
                     // (`symmetric_release`): its record was read and deleted already.
                     if channel.version == it.peer_version && channel.pid == pid {

@@ -18,16 +18,12 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Version 2 added `closed` to the header, version 3 where each version's buffer lies, version 4
-/// the wake word, the step flags and the allocations each entry's owner holds records of.
 const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD4");
 const HEADER: u64 = 64;
 const ENTRY: u64 = 256;
-/// Peer allocations one entry can say its owner holds records of (the pool pattern cycles
-/// through a few segments per peer; as many as a cache keeps mapped by default).
+/// Peer allocations one entry can say its owner holds records of (as many as a cache keeps).
 pub const KNOWN_PER_CHANNEL: usize = 8;
-/// `at[i][3]` flag: the exporter sent no record of this version; the importer builds it from
-/// the allocation's record it holds for the channel (its `known` list said so).
+/// `at[i][3]` flag: the exporter sent no record of this version (see [`BufferAt`]).
 const AT_KNOWN_TO_PEER: u64 = 1;
 /// Channels one rank can publish (per cache).
 pub const CAPACITY: u32 = 4096;
@@ -136,17 +132,15 @@ struct Entry {
     known: [AtomicU64; KNOWN_PER_CHANNEL],
 }
 
-/// Where a channel's buffer lies in its exporter's allocation, as the board carries it: enough
-/// for a peer that already holds the allocation's record to import the buffer without fetching
-/// a new record from the store.
+/// Where a channel's buffer lies in its exporter's allocation: enough for a peer that holds the
+/// allocation's record to import the buffer without a store fetch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BufferAt {
     /// The exporter's allocation id (`LocalBuffer::buffer_id`).
     pub alloc_id: u64,
     pub offset: u64,
     pub bytes: u64,
-    /// The exporter sent no record to the store: the importer holds the allocation's record
-    /// for this channel (it said so on its board).
+    /// The exporter sent no record: the importer holds the allocation's (its board said so).
     pub known_to_peer: bool,
 }
 
@@ -165,11 +159,9 @@ impl Table {
         Table { guard, seg }
     }
 
-    /// Whether an access to the board ran into its file truncated or shrunk. With `probe`, the
-    /// first and the last page are touched first, so a shrink that no access has run into yet is
-    /// found too (to the page: a shrink inside the last page, which holds only the end of the
-    /// last entry, is not). Without, one atomic load: what the rank's own reads and writes of
-    /// the board ran into.
+    /// Whether an access to the board ran into its file truncated or shrunk (one atomic load).
+    /// With `probe`, the first and the last page are touched first, so that a shrink no access
+    /// ran into yet is found too (to the page).
     fn truncated(&self, probe: bool) -> bool {
         debug_assert!(self.seg.len() >= BOARD_BYTES);
         if probe {
@@ -331,8 +323,7 @@ impl OwnBoard {
         Ok(board)
     }
 
-    /// Warns, once per cache, that a board it maps has no SIGBUS guard (no SIGBUS handler, or
-    /// too many ranges guarded): a process truncating it would kill this one.
+    /// Warns, once per cache, that a board it maps has no SIGBUS guard.
     fn warn_if_unguarded(&self, t: &Table) {
         if !t.guard.is_guarded() && !self.unguarded_said.swap(true, Ordering::Relaxed) {
             log::warn!(
@@ -350,9 +341,7 @@ impl OwnBoard {
         self.warn_if_unguarded(&peer.table);
     }
 
-    /// Fails, naming the board, when its file was truncated or shrunk: the peers no longer see
-    /// what this rank publishes. Called at every wait of an exchange, with `probe` now and then
-    /// (see `Table::truncated`).
+    /// Fails, naming the board, when its file was truncated or shrunk (see `Table::truncated`).
     pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
             probe,
@@ -382,8 +371,7 @@ impl OwnBoard {
         Ok(slot)
     }
 
-    /// Publishes `version`, whose buffer lies `at`, as this rank's buffer version at `step` of
-    /// the channel at `entry`.
+    /// Publishes `version`, whose buffer lies `at`, at `step` of the channel at `entry`.
     pub fn publish(&self, entry: u32, step: u64, version: u64, at: BufferAt) {
         let e = self.table.entry(entry);
         let slot = (step & 1) as usize;
@@ -411,8 +399,7 @@ impl OwnBoard {
         self.wake_sleepers();
     }
 
-    /// Wakes the peers blocked on this board, if any (see module docs): one fence and one load
-    /// when none is.
+    /// Wakes the peers blocked on this board, if any: one fence and one load when none is.
     fn wake_sleepers(&self) {
         fence(Ordering::SeqCst);
         let h = self.table.header();
@@ -453,8 +440,7 @@ impl OwnBoard {
             .collect()
     }
 
-    /// Tells the peers that this rank has released every mapping of theirs and is closing: they
-    /// must import nothing more from it, and it waits for them to close before freeing memory.
+    /// Tells the peers that this rank has released every mapping of theirs and is closing.
     pub fn mark_closed(&self) {
         self.table.header().closed.store(1, Ordering::SeqCst);
         // Orders the store before the loads of the peers' boards that follow (see module docs).
@@ -466,14 +452,12 @@ impl OwnBoard {
 /// A peer's board, mapped read-only in spirit (we never write it).
 pub struct PeerBoard {
     table: Table,
-    /// The owner as found when the board was opened (its header is written once, before
-    /// `ready`): still known after the board is truncated.
+    /// As found at the open (written once, before `ready`): still known after a truncation.
     owner: PeerProcess,
 }
 
 impl PeerBoard {
-    /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise
-    /// (the caller retries until its deadline).
+    /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise.
     pub fn try_open(name: &str, rank: usize) -> Result<Option<PeerBoard>> {
         // A board being created may still be empty: treat it as absent until it is sized.
         let Some(seg) = ShmSegment::open_when_sized(name, BOARD_BYTES)? else {
@@ -507,9 +491,7 @@ impl PeerBoard {
         Ok(Some(PeerBoard { table, owner }))
     }
 
-    /// Fails, naming the board and its owner, when its file was truncated or shrunk: what it
-    /// shows can no longer be trusted. Called at every wait on it, with `probe` now and then
-    /// (see `Table::truncated`).
+    /// Fails, naming the board and its owner, when its file was truncated or shrunk.
     pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
             probe,
@@ -526,8 +508,7 @@ impl PeerBoard {
         self.table.find(fp)
     }
 
-    /// The peer's version at `step`, and where its buffer lies, once its step has reached
-    /// `step`.
+    /// The peer's version at `step`, and where its buffer lies, once it has reached `step`.
     pub fn read(&self, entry: u32, step: u64) -> Option<(u64, BufferAt)> {
         let e = self.table.entry(entry);
         let peer_step = e.step.load(Ordering::Acquire);
@@ -557,9 +538,8 @@ impl PeerBoard {
                 .any(|w| w.load(Ordering::Acquire) == alloc_id)
     }
 
-    /// Blocks, at most `max`, until the owner publishes something, unless `still_waiting`
-    /// (called once this rank counts as a sleeper) says the wait is over already. Returns at
-    /// any publish of the owner (or spuriously): the caller checks again.
+    /// Blocks, at most `max`, until the owner publishes something (or spuriously), unless
+    /// `still_waiting` (called once this rank counts as a sleeper) says the wait is over.
     pub fn block(&self, max: Duration, still_waiting: impl FnOnce() -> bool) {
         let h = self.table.header();
         h.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -582,28 +562,17 @@ impl PeerBoard {
         self.table.entry(entry).step.load(Ordering::Acquire)
     }
 
-    /// Whether the owner has marked itself closed: it holds none of this rank's memory any more,
-    /// and must not be imported from.
+    /// Whether the owner has marked itself closed (it must not be imported from).
     pub fn closed(&self) -> bool {
         // Orders this rank's earlier stores (e.g. its own `closed`) before the load.
         fence(Ordering::SeqCst);
         self.table.header().closed.load(Ordering::SeqCst) != 0
     }
 
-    /// Whether the owning process still exists (one that has exited but is not reaped yet, a
-    /// zombie, does not: see `process_alive`).
-    pub fn owner_alive(&self) -> bool {
-        !self.owner().is_dead()
-    }
-
-    /// The owner as a process whose liveness can be checked where its pid is meaningful.
+    /// The owner as a process whose liveness can be checked where its pid is meaningful (a
+    /// zombie counts as dead).
     pub fn owner(&self) -> PeerProcess {
         self.owner
-    }
-
-    /// The owner's pid (for messages).
-    pub fn owner_pid(&self) -> u32 {
-        self.owner.pid
     }
 }
 
@@ -612,7 +581,7 @@ impl crate::departures::Presence for PeerBoard {
         let (rank, pid) = (self.owner.rank, self.owner.pid);
         if self.closed() {
             Some(format!("rank {rank} (pid {pid}) closed its cache"))
-        } else if !self.owner_alive() {
+        } else if self.owner.is_dead() {
             Some(format!("rank {rank} (pid {pid}) has exited"))
         } else {
             None

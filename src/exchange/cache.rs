@@ -1,6 +1,5 @@
-//! The handle cache: its channel table and its context (transports, board, settings, ...), the
-//! public surface over them, the order of a call (resolve the requests, then a batch, which runs
-//! the protocol and ends in a commit, suspend or failure: `exchange::batch`) and its teardown.
+//! The handle cache: its channel table and its context, the public surface over them, the order
+//! of a call (resolve the requests, then a batch: `exchange::batch`) and its teardown.
 //!
 //! Thread safety: every method takes `&self`. Calls on *different* channels may run concurrently
 //! from several threads (the table lock is never held across a board wait or a store call); a call
@@ -42,8 +41,7 @@ pub struct CacheConfig {
     pub job_id: String,
     /// Distinguishes several caches of one job in one process (equal on all ranks; may be "").
     pub scope: String,
-    /// Bound of every wait of an exchange (board and store), until `set_timeout`: the cache keeps
-    /// it in its settings, not here.
+    /// Bound of every wait of an exchange (board and store), until `set_timeout`.
     pub timeout: Duration,
 }
 
@@ -105,8 +103,7 @@ impl HandleCache {
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &names, cfg.rank)?;
         let counters = Counters::default();
-        // The collector's deletes get a connection of their own where the store can open one, so
-        // that its round trips never hold back an exchange's requests on the shared one.
+        // Where the store can open one, a connection of its own, never holding back exchanges.
         let sweeper_store = cfg
             .store
             .separate_connection()
@@ -211,8 +208,7 @@ impl HandleCache {
         self.exchange_resolved_as(requests, timeout, Resolution::Shared)
     }
 
-    /// An exchange whose buffers resolve as `resolution` says (symmetric rendezvous: exactly,
-    /// since their contiguous views map what the records name).
+    /// An exchange whose buffers resolve as `resolution` says.
     pub(super) fn exchange_resolved_as(
         &self,
         requests: &[Request],
@@ -285,8 +281,7 @@ impl HandleCache {
         ))
     }
 
-    /// The channel of `req` in `st`, exchanged with the request's buffer and not failed, and its
-    /// handles.
+    /// The channel of `req` in `st`, exchanged with the request's buffer, and its handles.
     fn find<'t>(&self, st: &'t ChannelTable, req: &Request) -> Result<(&'t Channel, P2pHandles)> {
         let rank = self.cx.rank;
         if req.peer >= self.cx.world_size || req.peer == rank {
@@ -440,7 +435,7 @@ impl Context {
             let names = unclosed
                 .iter()
                 .map(|&(peer, _)| match boards.get(&peer) {
-                    Some(b) => format!("rank {peer} (pid {})", b.owner_pid()),
+                    Some(b) => format!("rank {peer} (pid {})", b.owner().pid),
                     None => format!("rank {peer}"),
                 })
                 .collect();
@@ -479,8 +474,8 @@ impl Context {
         )))
     }
 
-    /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers
-    /// of the channels, each with whether a device channel connects them.
+    /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers,
+    /// each with whether a device channel connects them.
     fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
         let mut st = lock(table);
         let channels = std::mem::take(&mut st.channels);

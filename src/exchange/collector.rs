@@ -1,11 +1,9 @@
 //! Deletes consumed store records off the hot path: the importer hands the keys it has read to a
 //! background thread, so garbage collection never adds a store round trip to an exchange.
 //!
-//! Keys of records the importer did not need to read (it built the record from one it already
-//! held, see `peers`) may not have reached the store yet: the exporter sends without waiting for
-//! the store. Those are deleted once they are there: a delete that finds nothing is tried again
-//! every [`RETRY`], up to [`TRIES`] times, then given up (a leftover key is harmless: keys are
-//! never reused).
+//! Keys of records the importer did not read may not have reached the store yet: a delete of one
+//! that finds nothing is tried again every [`RETRY`], up to [`TRIES`] times (a leftover key is
+//! harmless: keys are never reused).
 
 use crate::error::{Error, Result};
 use crate::store::Store;

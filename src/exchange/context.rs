@@ -1,8 +1,6 @@
-//! What a batch's protocol and a cache's teardown work with: this rank's place in the job, its
-//! store, names, transports, board, settings and counters, the peers' boards and nodes, and what
-//! this rank holds of its peers across channels. It knows nothing of the channel table nor of the
-//! cache that owns it. Also here: the cache's tunables ([`Settings`]) and counters
-//! ([`CacheStats`], which the C ABI hands out as it is: build.rs feeds this file to cbindgen).
+//! What a batch's protocol and a cache's teardown work with (everything but the channel table),
+//! the cache's tunables ([`Settings`]) and counters ([`CacheStats`], which the C ABI hands out as
+//! it is: build.rs feeds this file to cbindgen).
 
 use super::batch::PhaseClock;
 use super::board::{OwnBoard, PeerBoard};
@@ -63,20 +61,17 @@ impl Context {
     }
 
     /// Whether `peer` can no longer map this rank's memory: it marked its board closed, its
-    /// process has exited, or no live board of it can be found (it never created its cache, its
-    /// board was removed, or it belongs to a dead process). A board of another layout belongs to
-    /// an incompatible version, which could never have exchanged with this one.
+    /// process has exited, or no live board of it (of this version) can be found.
     pub fn peer_let_go(&self, peer: usize) -> bool {
         match self.peer_board(peer) {
-            Ok(Some(b)) => b.closed() || !b.owner_alive(),
+            Ok(Some(b)) => b.closed() || b.owner().is_dead(),
             Ok(None) | Err(_) => true,
         }
     }
 
     pub fn release_mapping(&self, kind: MemKind, m: &Mapping) {
         if let Some(t) = self.transports.get(kind) {
-            // A failed release means the mapping is already gone; count it as closed anyway
-            // so the balance reflects what this cache asked for.
+            // A failed release means the mapping is already gone: counted all the same.
             let _ = t.release(m);
             bump(&self.counters.closes, 1);
         }

@@ -1,9 +1,8 @@
 //! What this rank knows and holds of its peers.
 //!
-//! Nodes ([`PeerNodes`]): each cache publishes its node identity (`crate::node`) under its node
-//! key; a rank about to wait for a peer's board that is not there reads the peer's identity once,
-//! and refuses a peer on another host or container (one that can never have a board here) at
-//! once, instead of timing out.
+//! Nodes ([`PeerNodes`]): each cache publishes its node identity under its node key; a rank about
+//! to wait for a peer's board that is not there reads the peer's identity once, and refuses at
+//! once a peer that can never have a board here.
 //!
 //! Allocations: nvFuser's buffers come from PyTorch's caching allocator, carved at new offsets
 //! from a few large segments, and the board says where each buffer version lies. So a rank keeps
@@ -51,16 +50,14 @@ impl PeerNodes {
     }
 
     /// The pid of `peer`'s process, as its cache published it, when that process has exited and
-    /// its pid can be checked from here. For a peer whose board this rank never opened (it died
-    /// before), the only trace left.
+    /// its pid can be checked from here.
     pub fn exited(&self, peer: usize) -> Option<u32> {
         let pid = (*lock(&self.known).get(&peer)?)?;
         (!crate::os::process::process_alive(pid)).then_some(pid)
     }
 
-    /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory; reads
-    /// the identities of those not known yet in one `WAIT` + `MULTI_GET`, waiting at most
-    /// `timeout` for the peers to publish them.
+    /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory, reading
+    /// the identities of those not known yet in one `WAIT` + `MULTI_GET`.
     pub fn check(
         &self,
         store: &dyn Store,
@@ -143,8 +140,7 @@ impl KnownAllocations {
             .insert((peer, rec.pid, kind, rec.buffer_id), rec.clone());
     }
 
-    /// The record of version `version` of a buffer at `[offset, offset + bytes)` of allocation
-    /// `key`, built from the allocation's kept record (see [`record_at`]).
+    /// [`record_at`] in the kept record of allocation `key`.
     pub fn record_for(
         &self,
         key: Key,
@@ -185,8 +181,7 @@ fn record_at(
     })
 }
 
-/// The records of the peer's allocations one channel's importer holds, most recently imported
-/// first.
+/// The records of the peer's allocations one channel's importer holds, most recent first.
 #[derive(Default)]
 pub(super) struct HeldRecords {
     records: Vec<Record>,
@@ -206,9 +201,8 @@ impl HeldRecords {
         record_at(known, offset, bytes, version, channel)
     }
 
-    /// After the import of `rec` on the channel: keeps the records whose allocation the board
-    /// still lists (`listed`: releases may have taken some off), puts `rec`'s allocation first
-    /// and bounds the list. Returns the allocation ids to list on the board now.
+    /// After the import of `rec`: keeps the records the board still lists (`listed`), puts `rec`'s
+    /// first and bounds the list. Returns the allocation ids to list on the board now.
     pub fn imported(&mut self, listed: &[u64], rec: &Record) -> Vec<u64> {
         let held = self
             .records
@@ -247,9 +241,8 @@ fn same_allocation(a: &Mapping, b: &Mapping) -> bool {
 }
 
 impl Retained {
-    /// Takes over the reference of replaced mapping `m`. Returns the references to release now:
-    /// `m` itself when one of its allocation is already kept or `limit` is zero, else the oldest
-    /// kept ones beyond `limit`.
+    /// Takes over the reference of replaced mapping `m`; returns those to release now (`m` when
+    /// its allocation is kept already or `limit` is zero, else the oldest beyond `limit`).
     pub fn retire(&mut self, kind: MemKind, m: Mapping, limit: usize) -> Vec<Mapping> {
         if limit == 0 {
             return vec![m];
