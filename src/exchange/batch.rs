@@ -154,18 +154,14 @@ impl Lap<'_> {
 /// The bound of a call's waits. The clock starts at the first wait that needs it, so a call whose
 /// peers are already there never reads it. It keeps the call's timeout, for messages.
 pub(super) struct Deadline {
-    timeout: Duration,
+    /// The call's whole timeout.
+    pub(super) timeout: Duration,
     at: Option<Instant>,
 }
 
 impl Deadline {
     pub(super) fn new(timeout: Duration) -> Deadline {
         Deadline { timeout, at: None }
-    }
-
-    /// The call's whole timeout.
-    pub(super) fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     /// What is left of the timeout (zero once it has run out: a wait then checks once).
@@ -199,29 +195,23 @@ enum Stage {
 /// Reports a wait that lasts: first after one second, then each time its length doubles, one
 /// line per pending channel (at most four), so a stuck exchange explains itself in the log
 /// while it hangs, not only when it times out.
+#[derive(Default)]
 struct StuckReport {
     since: Option<Instant>,
-    next: Duration,
+    reported: u32,
 }
 
 impl StuckReport {
-    fn new() -> Self {
-        StuckReport {
-            since: None,
-            next: Duration::from_secs(1),
-        }
-    }
-
     /// Called now and then during a wait (not on its first poll, which usually succeeds).
     fn check(&mut self, rank: usize, items: &[Item], stage: Stage, timeout: Duration) {
         if !log::log_enabled!(target: logging::EXCHANGE, Level::Info) {
             return;
         }
         let waited = self.since.get_or_insert_with(Instant::now).elapsed();
-        if waited < self.next {
+        if waited < Duration::from_secs(1 << self.reported.min(30)) {
             return;
         }
-        self.next *= 2;
+        self.reported += 1;
         let pending: Vec<&Item> = items.iter().filter(|it| it.waiting).collect();
         for it in pending.iter().take(4) {
             let what = match stage {
@@ -370,13 +360,13 @@ impl<'a> Batch<'a> {
                     ch.info.key, err.message
                 )));
             }
-            if ch.progress.is_none() {
+            let Some(progress) = &ch.progress else {
                 return Err(Error::state(format!(
                     "rank {rank}: {} is being exchanged by another thread; calls on the same \
                      channel must not overlap",
                     ch.info.key
                 )));
-            }
+            };
             if ch.info.kind != r.kind {
                 return Err(Error::invalid(format!(
                     "rank {rank}: {} was used with {} memory and now with {}: a channel keeps its \
@@ -386,19 +376,15 @@ impl<'a> Batch<'a> {
                     r.kind.name()
                 )));
             }
-            indices.push(idx);
-        }
-        // A suspended step resumes with the buffer it started with.
-        for (&idx, local) in indices.iter().zip(resolved) {
-            let ch = &st.channels[idx];
-            let progress = ch.progress.as_ref().expect("checked in pass 1");
-            if progress.resume.is_some() && !ch.holds(local) {
+            // A suspended step resumes with the buffer it started with.
+            if progress.resume.is_some() && !ch.holds(&resolved[n]) {
                 return Err(Error::invalid(format!(
                     "rank {rank}: {} timed out waiting for its peer at step {} and must be \
                      resumed with the same buffer; call again with the buffer of that call",
                     ch.info.key, progress.step
                 )));
             }
+            indices.push(idx);
         }
         // Pass 2: advance (or resume), moving each channel's progress into its item.
         for (&idx, &local) in indices.iter().zip(resolved) {
@@ -567,9 +553,7 @@ impl<'a> Batch<'a> {
                     e.context(format!(
                         "rank {}: {} (exchange timeout {:?}; its handles are current, the \
                          replaced mappings stay queued)",
-                        self.cx.rank,
-                        it.ch.key,
-                        deadline.timeout()
+                        self.cx.rank, it.ch.key, deadline.timeout
                     ))
                 })?;
         }
@@ -821,7 +805,7 @@ impl Context {
                     self.rank, it.ch.key
                 ))
             })?;
-            pairs.push((self.own_record_key(it), rec.encode()));
+            pairs.push((self.record_key(it, true), rec.encode()));
         }
         lap.mark(Phase::Export);
         if pairs.is_empty() {
@@ -858,18 +842,14 @@ impl Context {
         Ok(())
     }
 
-    /// The store key of this rank's record of `it` at its version.
-    fn own_record_key(&self, it: &Item) -> String {
-        it.ch
-            .key
-            .record_key(&self.names, self.rank, it.progress.version)
-    }
-
-    /// The store key of the peer's record of `it` at the peer's version.
-    fn peer_record_key(&self, it: &Item) -> String {
-        it.ch
-            .key
-            .record_key(&self.names, it.ch.peer, it.peer_version)
+    /// The store key of this rank's record of `it` at its version, or of the peer's at the
+    /// peer's.
+    fn record_key(&self, it: &Item, own: bool) -> String {
+        let (exporter, version) = match own {
+            true => (self.rank, it.progress.version),
+            false => (it.ch.peer, it.peer_version),
+        };
+        it.ch.key.record_key(&self.names, exporter, version)
     }
 
     fn make_record(&self, it: &Item) -> Result<Record> {
@@ -955,8 +935,8 @@ impl Context {
         }
         let mut error: Option<Error> = None;
         let mut polls: u32 = 0;
-        let mut stuck = StuckReport::new();
-        let timeout = deadline.timeout();
+        let mut stuck = StuckReport::default();
+        let timeout = deadline.timeout;
         let mut poll = |after_block: bool, items: &mut [Item]| {
             polls = polls.wrapping_add(1);
             // Checked before the entries: what a peer published before it closed or exited is
@@ -1023,7 +1003,7 @@ impl Context {
         let pending = items.iter().filter(|it| it.waiting).count();
         match items.iter().find(|it| it.waiting) {
             None => Ok(()),
-            Some(it) => Err(self.late(it, stage, pending, deadline.timeout())),
+            Some(it) => Err(self.late(it, stage, pending, deadline.timeout)),
         }
     }
 
@@ -1093,7 +1073,7 @@ impl Context {
                     it.ch.peer,
                     it.progress.version,
                     it.ch.key,
-                    self.own_record_key(it),
+                    self.record_key(it, true),
                 )
             }
         })
@@ -1232,7 +1212,7 @@ impl Context {
         }
         let keys: Vec<String> = wanted
             .iter()
-            .map(|&i| self.peer_record_key(&items[i]))
+            .map(|&i| self.record_key(&items[i], false))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         bump(&self.counters.store_round_trips, 1);
@@ -1264,7 +1244,7 @@ impl Context {
                      first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
                     self.rank,
                     keys.len(),
-                    deadline.timeout(),
+                    deadline.timeout,
                     it.ch.peer,
                     it.ch.key,
                     it.progress.step,
@@ -1343,7 +1323,7 @@ impl Context {
         let mut board_only = 0;
         for (&i, rec) in wanted.iter().zip(records) {
             let it = &items[i];
-            let key = self.peer_record_key(it);
+            let key = self.record_key(it, false);
             let Some((rec, kept)) = rec else {
                 if it.peer_at.known_to_peer {
                     return Err(self.not_held(it, &key));

@@ -59,30 +59,24 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn new(
-        peer: usize,
-        direction: Direction,
-        tag: impl Into<String>,
-        ptr: u64,
-        bytes: u64,
-        kind: MemKind,
-    ) -> Request {
+    pub fn send(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
+        let tag = tag.into();
+        let direction = Direction::Send;
         Request {
             peer,
             direction,
-            tag: tag.into(),
+            tag,
             ptr,
             bytes,
             kind,
         }
     }
 
-    pub fn send(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
-        Self::new(peer, Direction::Send, tag, ptr, bytes, kind)
-    }
-
     pub fn recv(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
-        Self::new(peer, Direction::Recv, tag, ptr, bytes, kind)
+        Request {
+            direction: Direction::Recv,
+            ..Self::send(peer, tag, ptr, bytes, kind)
+        }
     }
 
     /// The (src, dst) ranks of this request's channel, issued by `rank`.
