@@ -395,17 +395,18 @@ impl<'a> Batch<'a> {
             }
             ch.local = Some(local);
             let mut progress = ch.progress.take().expect("checked in pass 1");
-            let (publish, sent, known_to_peer, staged) = match progress.resume.take() {
-                Some(r) => {
-                    let r = *r;
-                    (r.publish, r.sent, r.known_to_peer, r.staged)
-                }
+            let state = match progress.resume.take() {
+                Some(r) => *r,
                 None => {
                     if changed {
                         progress.version += 1;
                     }
                     progress.step += 1;
-                    (progress.version != progress.published, false, false, None)
+                    let publish = progress.version != progress.published;
+                    Resume {
+                        publish,
+                        ..Resume::default()
+                    }
                 }
             };
             items.push(Item {
@@ -413,13 +414,10 @@ impl<'a> Batch<'a> {
                 ch: ch.info.clone(),
                 local,
                 progress,
-                publish,
                 peer_version: 0,
                 peer_at: Default::default(),
                 waiting: false,
-                sent,
-                known_to_peer,
-                staged,
+                state,
             });
         }
         Ok(Batch { cx, table, items })
@@ -452,7 +450,7 @@ impl<'a> Batch<'a> {
     ) -> Result<()> {
         let cx = self.cx;
         let opened = imports.iter().filter(|i| i.is_some()).count();
-        let published = self.items.iter().filter(|it| it.publish).count();
+        let published = self.items.iter().filter(|it| it.state.publish).count();
         let first = match (clock, self.items.first()) {
             (Some(_), Some(it)) => Some((it.ch.clone(), it.progress.step, it.progress.version)),
             _ => None,
@@ -487,11 +485,11 @@ impl<'a> Batch<'a> {
                         }
                     }
                 }
-                if it.publish {
+                if it.state.publish {
                     it.progress.published = it.progress.version;
                 }
                 ch.progress = Some(std::mem::take(&mut it.progress));
-                if !it.publish && !fetched {
+                if !it.state.publish && !fetched {
                     hits += 1;
                 }
             }
@@ -579,12 +577,8 @@ impl<'a> Batch<'a> {
                 continue;
             }
             let mut progress = std::mem::take(&mut it.progress);
-            progress.resume = Some(Box::new(Resume {
-                publish: it.publish,
-                sent: it.sent,
-                known_to_peer: it.known_to_peer,
-                staged: staged.next().flatten(),
-            }));
+            it.state.staged = staged.next().flatten();
+            progress.resume = Some(Box::new(std::mem::take(&mut it.state)));
             ch.progress = Some(progress);
         }
         drop(st);
@@ -636,19 +630,13 @@ pub(super) struct Item {
     pub local: LocalBuffer,
     /// The channel's progress, this call's until the batch ends.
     pub progress: Progress,
-    /// This call sends new records (the channel's version changed since it last published).
-    pub publish: bool,
     pub peer_version: u64,
     /// Where the peer's buffer of `peer_version` lies (from its board).
     pub peer_at: BufferAt,
     /// Still waited for by the current wait (peer's step, then peer's open).
     pub waiting: bool,
-    /// Resuming a suspended step: its records are already in the store.
-    pub sent: bool,
-    /// This step sends no record: the peer holds the record of the buffer's allocation.
-    pub known_to_peer: bool,
-    /// Resuming a suspended step: the peer's buffer, already opened then.
-    pub staged: Option<Imported>,
+    /// What this step did so far (a suspended step's, when resumed).
+    pub state: Resume,
 }
 
 /// Why a call's steps 2-6 failed: a peer not there in time (the step can be resumed), or
@@ -712,7 +700,7 @@ impl Context {
         // on this rank's progress (which matters when several threads share one store client).
         self.send_records(items, lap).map_err(RunError::Fatal)?;
         for it in items.iter_mut() {
-            it.sent = true;
+            it.state.sent = true;
         }
         lap.mark(Phase::Records);
         for it in items.iter() {
@@ -720,13 +708,14 @@ impl Context {
                 alloc_id: it.local.buffer_id,
                 offset: it.local.offset(),
                 bytes: it.local.bytes,
-                known_to_peer: it.publish && it.known_to_peer,
+                known_to_peer: it.state.publish && it.state.known_to_peer,
             };
             self.board
                 .publish(it.ch.entry, it.progress.step, it.progress.version, at);
         }
         lap.mark(Phase::Publish);
-        let staged = |items: &mut [Item]| items.iter_mut().map(|it| it.staged.take()).collect();
+        let staged =
+            |items: &mut [Item]| items.iter_mut().map(|it| it.state.staged.take()).collect();
         if let Err(e) = self.wait(items, Stage::Step, deadline) {
             return Err(self.give_up(e, staged(items)));
         }
@@ -771,15 +760,18 @@ impl Context {
 
     fn send_records(&self, items: &mut [Item], lap: &mut Lap<'_>) -> Result<()> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
-        for it in items.iter_mut().filter(|it| it.publish && !it.sent) {
+        for it in items
+            .iter_mut()
+            .filter(|it| it.state.publish && !it.state.sent)
+        {
             // Read before this step is published, so exact (see `peers`).
             let knows = |it: &Item, id: u64| match (&it.progress.link.board, it.progress.link.entry)
             {
                 (Some(b), Some(e)) => b.knows(e, id),
                 _ => false,
             };
-            it.known_to_peer = knows(it, it.local.buffer_id);
-            if !it.known_to_peer {
+            it.state.known_to_peer = knows(it, it.local.buffer_id);
+            if !it.state.known_to_peer {
                 // Exported only as mapped now (a widened VMM run may have lost a neighbour
                 // since it was remembered; see `cuda::vmm_runs`).
                 let fresh = self
@@ -793,10 +785,10 @@ impl Context {
                     })?;
                 if fresh != it.local {
                     it.local = fresh;
-                    it.known_to_peer = knows(it, fresh.buffer_id);
+                    it.state.known_to_peer = knows(it, fresh.buffer_id);
                 }
             }
-            if it.known_to_peer {
+            if it.state.known_to_peer {
                 continue;
             }
             let rec = self.make_record(it).map_err(|e| {
@@ -927,7 +919,7 @@ impl Context {
     fn wait(&self, items: &mut [Item], stage: Stage, deadline: &mut Deadline) -> Result<()> {
         let mut left = 0;
         for it in items.iter_mut() {
-            it.waiting = stage == Stage::Step || it.publish;
+            it.waiting = stage == Stage::Step || it.state.publish;
             left += usize::from(it.waiting);
         }
         if left == 0 {
@@ -1174,17 +1166,17 @@ impl Context {
     ) -> Result<Vec<Option<Imported>>> {
         if items
             .iter()
-            .all(|it| it.peer_version == it.progress.peer_opened && it.staged.is_none())
+            .all(|it| it.peer_version == it.progress.peer_opened && it.state.staged.is_none())
         {
             return Ok(Vec::new());
         }
         // A resumed step already opened these (the peer's version at a step never changes).
         let mut imports: Vec<Option<Imported>> =
-            items.iter_mut().map(|it| it.staged.take()).collect();
+            items.iter_mut().map(|it| it.state.staged.take()).collect();
         let done = self.import_wanted(items, &mut imports, deadline, lap);
         if done.is_err() {
             for (it, imp) in items.iter_mut().zip(&mut imports) {
-                it.staged = imp.take();
+                it.state.staged = imp.take();
             }
         }
         done.map(|()| imports)

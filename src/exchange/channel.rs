@@ -224,13 +224,17 @@ pub(super) struct Imported {
     pub record: Record,
 }
 
-/// What a call that timed out waiting for a peer leaves for the next call on its channel (its
-/// step and version stay in its progress).
+/// What a step did so far, which a call that timed out waiting for a peer leaves for the next
+/// call on its channel (its step and version stay in its progress).
+#[derive(Default)]
 pub(super) struct Resume {
+    /// The step sends new records (the channel's version changed since it last published).
     pub publish: bool,
+    /// Its records are in the store already.
     pub sent: bool,
-    /// Its step went through the board alone (no record in the store).
+    /// The step sends no record: the peer holds the record of the buffer's allocation.
     pub known_to_peer: bool,
+    /// The peer's buffer, opened already.
     pub staged: Option<Imported>,
 }
 
