@@ -51,41 +51,25 @@ pub fn note_peer(job_id: &str, rank: usize, presence: Arc<dyn Presence>) {
 /// them may still be there (or cannot be seen from here, or the job's size is not known, or it
 /// has no other rank).
 pub fn all_left(job_id: &str, me: usize) -> Option<Vec<String>> {
-    let peers: Vec<(usize, Arc<dyn Presence>)> = {
+    let peers: Vec<Arc<dyn Presence>> = {
         let jobs = lock(&JOBS);
         let job = jobs.get(&job_tag(job_id))?;
         // A world of one has no peer that could be seen leaving.
         if job.world_size <= 1 {
             return None;
         }
-        let mut peers = Vec::with_capacity(job.world_size.saturating_sub(1));
-        for rank in (0..job.world_size).filter(|&r| r != me) {
-            peers.push((rank, job.peers.get(&rank)?.clone()));
-        }
-        peers
+        let others = (0..job.world_size).filter(|&r| r != me);
+        others
+            .map(|r| job.peers.get(&r).cloned())
+            .collect::<Option<_>>()?
     };
     // Asked outside the lock: a presence looks at shared memory and at processes.
-    peers.iter().map(|(_, p)| p.left()).collect()
+    peers.iter().map(|p| p.left()).collect()
 }
 
 /// The rank that hosts a job's store wherever a rank hosts it: c10d's `env://` rendezvous and
 /// nvFuser's Communicator make rank 0 the store's host, and so do this library's contexts.
 const STORE_HOST_RANK: usize = 0;
-
-/// Why the rank that usually hosts the store (see [`STORE_HOST_RANK`]) has left, when this
-/// process has seen it leave and is not that rank itself.
-fn store_host_left(job_id: &str, me: usize) -> Option<String> {
-    if me == STORE_HOST_RANK {
-        return None;
-    }
-    let host = lock(&JOBS)
-        .get(&job_tag(job_id))?
-        .peers
-        .get(&STORE_HOST_RANK)?
-        .clone();
-    // Asked outside the lock, as in `all_left`.
-    host.left()
-}
 
 /// Why a closing rank of `job_id` must make no store request that only its peers would need, if
 /// it must (docs/PROTOCOL.md, "Closing after the peers").
@@ -105,7 +89,16 @@ pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> 
                     left.join(", ")
                 ));
             }
-            let host = store_host_left(job_id, me)?;
+            if me == STORE_HOST_RANK {
+                return None;
+            }
+            let host = lock(&JOBS)
+                .get(&job_tag(job_id))?
+                .peers
+                .get(&STORE_HOST_RANK)?
+                .clone();
+            // Asked outside the lock, as in `all_left`.
+            let host = host.left()?;
             Some(format!(
                 "the store cannot tell whether it is still there and rank {STORE_HOST_RANK}, \
                  which hosts a job's store in c10d's and nvFuser's launchers, has left ({host})"

@@ -277,30 +277,26 @@ impl OwnBoard {
         let seg = match ShmSegment::create(name, BOARD_BYTES) {
             Ok(seg) => seg,
             Err(first) => {
-                let stale = match ShmSegment::open(name, 0) {
-                    Ok(Some(existing)) => {
-                        let t = Table::new(existing);
-                        let pid = t.header().owner_pid.load(Ordering::Acquire);
-                        if pid == std::process::id() {
-                            return Err(Error::state(format!(
-                                "board {name} of rank {rank} is already owned by another cache \
-                                 in this process: give each cache of a job its own scope"
-                            )));
-                        }
-                        let ns = t.header().owner_pid_ns.load(Ordering::Acquire);
-                        if pid != 0 && (!pid_checkable(ns) || process_alive(pid)) {
-                            return Err(Error::state(format!(
-                                "board {name} of rank {rank} is owned by live process {pid}: \
-                                 two processes claim the same job id and rank"
-                            )));
-                        }
-                        true
-                    }
-                    _ => false,
-                };
-                if !stale {
+                let Ok(Some(existing)) = ShmSegment::open(name, 0) else {
                     return Err(first.context(format!("creating the board of rank {rank}")));
+                };
+                let h = Table::new(existing);
+                let pid = h.header().owner_pid.load(Ordering::Acquire);
+                if pid == std::process::id() {
+                    return Err(Error::state(format!(
+                        "board {name} of rank {rank} is already owned by another cache in this \
+                         process: give each cache of a job its own scope"
+                    )));
                 }
+                let ns = h.header().owner_pid_ns.load(Ordering::Acquire);
+                if pid != 0 && (!pid_checkable(ns) || process_alive(pid)) {
+                    return Err(Error::state(format!(
+                        "board {name} of rank {rank} is owned by live process {pid}: two \
+                         processes claim the same job id and rank"
+                    )));
+                }
+                // A stale board of a dead process.
+                drop(h);
                 crate::os::shm::unlink_name(name);
                 ShmSegment::create(name, BOARD_BYTES)?
             }
