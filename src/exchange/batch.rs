@@ -192,9 +192,8 @@ enum Stage {
     Open,
 }
 
-/// Reports a wait that lasts: first after one second, then each time its length doubles, one
-/// line per pending channel (at most four), so a stuck exchange explains itself in the log
-/// while it hangs, not only when it times out.
+/// Reports a wait that lasts (after one second, then each time its length doubles), so that a
+/// stuck exchange explains itself in the log while it hangs.
 #[derive(Default)]
 struct StuckReport {
     since: Option<Instant>,
@@ -440,8 +439,8 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Step 6, its end: installs the new peer mappings, releasing (or retaining) the ones they replace,
-    /// and gives every channel its progress back.
+    /// Step 6, its end: installs the new peer mappings, releasing (or retaining) the ones they
+    /// replace, and gives every channel its progress back.
     fn commit(
         self,
         imports: Vec<Option<Imported>>,
@@ -451,10 +450,10 @@ impl<'a> Batch<'a> {
         let cx = self.cx;
         let opened = imports.iter().filter(|i| i.is_some()).count();
         let published = self.items.iter().filter(|it| it.state.publish).count();
-        let first = match (clock, self.items.first()) {
-            (Some(_), Some(it)) => Some((it.ch.clone(), it.progress.step, it.progress.version)),
-            _ => None,
-        };
+        let first = clock.and(self.items.first()).map(|it| {
+            let (step, version) = (it.progress.step, it.progress.version);
+            format!(" (first: {} step {step} version {version})", it.ch.key)
+        });
         let mut hits = 0;
         let mut released: Vec<(MemKind, Mapping)> = Vec::new();
         {
@@ -505,10 +504,9 @@ impl<'a> Batch<'a> {
         bump(&cx.counters.exchanges, 1);
         let replaced = released.len();
         if clock.is_some() {
-            let level = if published + opened + replaced == 0 {
-                log::Level::Trace
-            } else {
-                log::Level::Info
+            let level = match published + opened + replaced {
+                0 => Level::Trace,
+                _ => Level::Info,
             };
             log::log!(
                 target: logging::EXCHANGE,
@@ -518,11 +516,7 @@ impl<'a> Batch<'a> {
                 cx.rank,
                 self.items.len(),
                 since(clock),
-                match first {
-                    Some((ch, step, version)) =>
-                        format!(" (first: {} step {step} version {version})", ch.key),
-                    None => String::new(),
-                }
+                first.unwrap_or_default()
             );
         }
         self.wait_release_room(replaced, deadline)
@@ -558,9 +552,8 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// A peer was not there in time (`NotReady`): the channels keep their step, version and what
-    /// was opened, for the next call with the same batch to resume. Any other failure: the
-    /// channels' state is unknown, so they refuse every later call. Returns the error.
+    /// Ends a failed batch: suspended after a `NotReady`, for the next call with the same batch to
+    /// resume; else failed, its channels' state unknown, refusing every later call.
     fn abort(self, e: RunError, clock: Option<Instant>) -> Error {
         let (err, staged) = match e {
             RunError::NotReady(err, staged) => (err, Some(staged)),
@@ -623,12 +616,10 @@ fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mappin
 
 /// Work of one request in one call; its progress is moved out of the table and back.
 pub(super) struct Item {
-    /// The channel's index in the table.
+    /// Index in the table.
     pub channel: usize,
     pub ch: Arc<ChannelInfo>,
-    /// This call's buffer.
     pub local: LocalBuffer,
-    /// The channel's progress, this call's until the batch ends.
     pub progress: Progress,
     pub peer_version: u64,
     /// Where the peer's buffer of `peer_version` lies (from its board).
@@ -639,8 +630,7 @@ pub(super) struct Item {
     pub state: Resume,
 }
 
-/// Why a call's steps 2-6 failed: a peer not there in time (the step can be resumed), or
-/// anything else (the channels are poisoned).
+/// Why a call's steps 2-6 failed: a peer not there in time (resumable), or anything else.
 pub(super) enum RunError {
     NotReady(Error, Vec<Option<Imported>>),
     Fatal(Error),
@@ -695,9 +685,8 @@ impl Context {
                 .map_err(|e| self.give_up(e, Vec::new()))?;
         }
         lap.mark(Phase::Lookup);
-        // Records go out before the step is visible on the board: a peer that sees the step
-        // knows the records are already on their way to the store, so its multi_get never waits
-        // on this rank's progress (which matters when several threads share one store client).
+        // Records go out before the step is visible on the board, so that a peer's multi_get never
+        // waits on this rank's progress (several threads may share one store client).
         self.send_records(items, lap).map_err(RunError::Fatal)?;
         for it in items.iter_mut() {
             it.state.sent = true;
@@ -834,8 +823,7 @@ impl Context {
         Ok(())
     }
 
-    /// The store key of this rank's record of `it` at its version, or of the peer's at the
-    /// peer's.
+    /// The store key of this rank's (`own`) or the peer's record of `it` at its version.
     fn record_key(&self, it: &Item, own: bool) -> String {
         let (exporter, version) = match own {
             true => (self.rank, it.progress.version),
@@ -874,8 +862,7 @@ impl Context {
         })
     }
 
-    /// Maps the semaphore slabs of the peers whose buffers `imports` holds (those not mapped
-    /// yet) and gives each import its peer semaphore's address here.
+    /// Maps the peers' semaphore slabs not mapped yet, and gives each import its semaphore here.
     fn map_peer_slabs(
         &self,
         items: &[Item],
@@ -999,8 +986,7 @@ impl Context {
         }
     }
 
-    /// Whether the peer of `it` has reached `stage`; at `Step`, finds the peer's board and entry
-    /// first, and reads the peer's version.
+    /// Whether the peer of `it` has reached `stage` (at `Step`, reading its version).
     fn ready(&self, it: &mut Item, stage: Stage) -> Result<bool> {
         let link = &mut it.progress.link;
         if stage == Stage::Open {
@@ -1086,8 +1072,7 @@ impl Context {
             .map_err(|e| e.context(format!("rank {}", self.rank)))
     }
 
-    /// The first pending item whose peer has closed its cache or exited, with an error naming
-    /// the peer and what this rank was waiting for.
+    /// The first pending item whose peer has closed its cache or exited, with the error.
     fn gone_peer(&self, items: &[Item], stage: Stage) -> Option<(usize, Error)> {
         items.iter().enumerate().find_map(|(i, it)| {
             if !it.waiting {
@@ -1141,8 +1126,7 @@ impl Context {
         ))
     }
 
-    /// Refuses to import a record of a peer that has closed its cache: it may free that memory
-    /// as soon as the ranks it waits for have closed.
+    /// Refuses to import a record of a peer that has closed its cache (it may free that memory).
     fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
         match &it.progress.link.board {
             Some(b) if b.closed() => Err(self.closed_peer(
@@ -1155,9 +1139,8 @@ impl Context {
     }
 
     /// Step 5: fetches and imports the records of peers whose version changed. Returns the
-    /// imports by item index; empty (nothing imported) when every peer is cached. On failure,
-    /// what was opened goes to its item: a timeout suspends the step with it, any other failure
-    /// releases it.
+    /// imports by item index (none when every peer is cached); on failure, what was opened goes
+    /// back to its item.
     fn fetch_records(
         &self,
         items: &mut [Item],
@@ -1340,7 +1323,7 @@ impl Context {
     }
 
     /// The error of a step the peer sent through the board alone, for an allocation whose record
-    /// this rank does not hold for the channel: the two sides disagree on what it holds.
+    /// this rank does not hold.
     fn not_held(&self, it: &Item, key: &str) -> Error {
         Error::protocol(format!(
             "rank {}: peer rank {} published version {} of its buffer on {} (allocation {}, \

@@ -71,23 +71,11 @@ impl Fingerprinter {
     }
 
     /// Appends the decimal digits of `n` (as `format!("{n}")` writes them).
-    pub fn write_decimal(&mut self, mut n: u64) {
-        // Ranks and occurrences are small: one digit needs no buffer.
-        if n < 10 {
-            self.write_byte(b'0' + n as u8);
-            return;
+    pub fn write_decimal(&mut self, n: u64) {
+        if n >= 10 {
+            self.write_decimal(n / 10);
         }
-        let mut digits = [0u8; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.write(&digits[start..]);
+        self.write_byte(b'0' + (n % 10) as u8);
     }
 
     pub fn finish(self) -> u128 {
