@@ -28,11 +28,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 macro_rules! phases {
-    ($($(#[$doc:meta])* $phase:ident => $name:literal,)*) => {
-        /// The phases of one `exchange_handles` call, in the order they run.
+    ($($phase:ident => $name:literal,)*) => {
+        /// The phases of one `exchange_handles` call, in the order they run (the steps of
+        /// docs/PROTOCOL.md, section 5): resolve and claim (step 1), lookup (2), export, records
+        /// and publish (3), wait_peers (4), import_known (records built from allocations seen
+        /// before), fetch and import (5), slabs (peers' semaphore slabs mapped), wait_opened and
+        /// commit (6).
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Phase {
-            $($(#[$doc])* $phase,)*
+            $($phase,)*
         }
 
         /// Every phase, in order.
@@ -49,31 +53,18 @@ macro_rules! phases {
 }
 
 phases! {
-    /// Step 1: each request resolved to its allocation (the buffer's identity).
     Resolve => "resolve",
-    /// Step 1: channels found or made, steps and versions bumped, progress taken out.
     Claim => "claim",
-    /// Peers' node identities read from the store (a first exchange with a peer only).
     Lookup => "lookup",
-    /// Records built (the buffers exported), when a buffer changed.
     Export => "export",
-    /// Records sent (`MULTI_SET`).
     Records => "records",
-    /// `(step, version, where)` written on this rank's board.
     Publish => "publish",
-    /// Waiting on the peers' boards for the same step.
     WaitPeers => "wait_peers",
-    /// Records built from allocations seen before and imported (no store).
     ImportKnown => "import_known",
-    /// Records fetched from the store (`WAIT` + `MULTI_GET`).
     Fetch => "fetch",
-    /// Fetched records imported (mapped).
     Import => "import",
-    /// Peers' semaphore slabs mapped, `opened` published.
     Slabs => "slabs",
-    /// Waiting until the peers opened this rank's new buffers.
     WaitOpened => "wait_opened",
-    /// New mappings installed, replaced ones released or kept, progress given back.
     Commit => "commit",
 }
 

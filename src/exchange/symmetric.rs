@@ -81,7 +81,6 @@ impl HandleCache {
         let reqs = requests(rank, &group, tag, ptr, bytes, kind);
         self.exchange_resolved_as(&reqs, timeout, Resolution::Exact)
             .map_err(|e| e.context(format!("symmetric rendezvous {tag:?}")))?;
-        let mut out = Vec::with_capacity(group.len());
         let members = group.ranks().to_vec();
         lock(&self.symmetric).record(
             tag,
@@ -94,20 +93,15 @@ impl HandleCache {
             },
         );
         let mut peers = reqs.iter();
-        for &member in group.ranks() {
+        let mut buffer = |member: usize| {
             if member == rank {
-                out.push(PeerBuffer { rank, ptr, bytes });
-                continue;
+                return Ok(PeerBuffer { rank, ptr, bytes });
             }
-            let req = peers.next().expect("one request per other member");
-            let h = self.get(req)?;
-            out.push(PeerBuffer {
-                rank: member,
-                ptr: h.peer_ptr,
-                bytes: h.peer_bytes,
-            });
-        }
-        Ok(out)
+            let h = self.get(peers.next().expect("one request per other member"))?;
+            let (rank, ptr, bytes) = (member, h.peer_ptr, h.peer_bytes);
+            Ok(PeerBuffer { rank, ptr, bytes })
+        };
+        group.ranks().iter().map(|&m| buffer(m)).collect()
     }
 
     /// Maps every member's buffer of the last rendezvous of `tag` again, in increasing rank
