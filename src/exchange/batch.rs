@@ -1,14 +1,10 @@
 //! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs (its
 //! steps numbered as in docs/PROTOCOL.md, section 5).
 //!
-//! Per channel every rank keeps a buffer *version* (bumped when the resolved identity of its
-//! buffer changes) and a *step* (how many calls included the channel). A hit on both sides costs a
-//! few shared-memory loads, no store operation, no allocation and no syscall (per-call buffers are
-//! reused per thread; the clock is read only when a peer is not there yet). A call that times out
-//! because a peer is not there yet leaves its channels *suspended* in that step: calling again with
-//! the same batch resumes it (so a zero timeout checks once). Any other failure *fails* the batch:
-//! its channels refuse every later call (`InvalidState`: create a new cache). Where a call's time
-//! goes is measured per [`Phase`] when asked for.
+//! A hit on both sides costs a few shared-memory loads, no store operation, no allocation and no
+//! syscall. A call that times out because a peer is not there yet leaves its channels *suspended*
+//! in that step: calling again with the same batch resumes it (so a zero timeout checks once). Any
+//! other failure *fails* the batch: its channels refuse every later call (`InvalidState`).
 
 use super::board::{BufferAt, PeerBoard};
 use super::channel::{
@@ -468,7 +464,7 @@ impl<'a> Batch<'a> {
                     });
                     it.progress.peer_opened = it.peer_version;
                     if let Some(old) = old {
-                        let limit = cx.settings.retained_per_peer();
+                        let limit = cx.settings.retained_per_peer.load(Ordering::Relaxed);
                         for m in held.retained.retire(it.ch.kind, old.mapping, limit) {
                             cx.release_mapping(it.ch.kind, &m);
                             released.push((it.ch.kind, m));

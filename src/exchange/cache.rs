@@ -1,13 +1,9 @@
 //! The handle cache: its channel table and its context, the public surface over them, the order
 //! of a call (resolve the requests, then a batch: `exchange::batch`) and its teardown.
 //!
-//! Thread safety: every method takes `&self`. Calls on *different* channels may run concurrently
-//! from several threads (the table lock is never held across a board wait or a store call); a call
-//! that includes a channel already being exchanged by another thread fails with `InvalidState`.
-//! `get` and `stats` may run at any time.
-//!
-//! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
-//! barrier: docs/PROTOCOL.md, "Closing a cache" and "Closing after the peers".
+//! Calls on *different* channels may run concurrently (the table lock is never held across a board
+//! wait or a store call); a call on a channel another thread is exchanging fails (`InvalidState`).
+//! Teardown never frees what a peer may still map (docs/PROTOCOL.md, "Closing a cache").
 
 use super::batch::{self, Batch, Deadline, Item, Resolution};
 use super::batch::{Phase, PhaseTimes};
@@ -28,6 +24,7 @@ use crate::sync::lock;
 use crate::transport::{LocalBuffer, MemKind, P2pHandles, Transport, Transports};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -183,13 +180,16 @@ impl HandleCache {
     /// buffers carved again from them cost no open (default
     /// [`DEFAULT_RETAINED_PER_PEER`](super::DEFAULT_RETAINED_PER_PEER)).
     pub fn retained_per_peer(&self) -> usize {
-        self.cx.settings.retained_per_peer()
+        self.cx.settings.retained_per_peer.load(Ordering::Relaxed)
     }
 
     /// Sets [`retained_per_peer`](Self::retained_per_peer); 0 releases every replaced mapping at
     /// once. Takes effect at the next replacement.
     pub fn set_retained_per_peer(&self, per_peer: usize) {
-        self.cx.settings.set_retained_per_peer(per_peer);
+        self.cx
+            .settings
+            .retained_per_peer
+            .store(per_peer, Ordering::Relaxed);
     }
 
     /// Counters since creation.

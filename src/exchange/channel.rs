@@ -5,11 +5,9 @@
 //! occurrence)`, named identically by both whatever the order of their batches (the occurrence
 //! counts earlier requests with the same peer, direction and tag in the batch).
 //!
-//! An opened channel keeps the channel's resolved handles and its [`Validity`] as of the open, so
-//! that a post costs no request conversion, table lock or fingerprint. Every change of what the
-//! handles point to, a failed exchange and the cache's teardown move the channel's generation on
-//! *before* the old mappings are released; a post compares generations (one atomic load). Posts
-//! on a channel must not run while an exchange of that channel or the cache's teardown runs.
+//! An opened channel keeps the channel's handles and its [`Validity`] as of the open: every change
+//! of what they point to moves the generation on *before* the old mappings are released, and a
+//! post compares generations (one atomic load) instead of looking the channel up.
 
 use super::board::{Fingerprinter, PeerBoard};
 use super::context::{Context, Settings};

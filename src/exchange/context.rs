@@ -97,7 +97,7 @@ pub(super) struct Settings {
     timeout_ns: AtomicU64,
     /// `LINGER_FROM_TIMEOUT` until set.
     linger_ns: AtomicU64,
-    retain_per_peer: AtomicUsize,
+    pub(super) retained_per_peer: AtomicUsize,
 }
 
 impl Settings {
@@ -105,7 +105,7 @@ impl Settings {
         Settings {
             timeout_ns: AtomicU64::new(nanos(timeout)),
             linger_ns: AtomicU64::new(LINGER_FROM_TIMEOUT),
-            retain_per_peer: AtomicUsize::new(DEFAULT_RETAINED_PER_PEER),
+            retained_per_peer: AtomicUsize::new(DEFAULT_RETAINED_PER_PEER),
         }
     }
 
@@ -127,14 +127,6 @@ impl Settings {
     pub(super) fn set_linger(&self, linger: Duration) {
         let ns = linger.as_nanos().min(u128::from(LINGER_FROM_TIMEOUT - 1)) as u64;
         self.linger_ns.store(ns, Ordering::Relaxed);
-    }
-
-    pub(super) fn retained_per_peer(&self) -> usize {
-        self.retain_per_peer.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn set_retained_per_peer(&self, per_peer: usize) {
-        self.retain_per_peer.store(per_peer, Ordering::Relaxed);
     }
 }
 

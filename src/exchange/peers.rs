@@ -1,18 +1,10 @@
-//! What this rank knows and holds of its peers.
-//!
-//! Nodes ([`PeerNodes`]): each cache publishes its node identity under its node key; a rank about
-//! to wait for a peer's board that is not there reads the peer's identity once, and refuses at
-//! once a peer that can never have a board here.
-//!
-//! Allocations: nvFuser's buffers come from PyTorch's caching allocator, carved at new offsets
-//! from a few large segments, and the board says where each buffer version lies. So a rank keeps
-//! the records of peer allocations it imported ([`KnownAllocations`]: no store wait for a buffer
-//! in one), per channel the records it lists on its board entry ([`HeldRecords`]: the exporter
-//! sends no record at all; why the list is exact: docs/PROTOCOL.md, section 4), and replaced
-//! mappings, a bounded number per (peer, kind) ([`Retained`]: a buffer moving back costs a
-//! reference count, not a driver open). Allocation ids are never reused within a process and
-//! records are keyed by the exporter's pid too, so a kept record never describes another
-//! allocation.
+//! What this rank knows and holds of its peers: their nodes ([`PeerNodes`]: a peer that can never
+//! have a board here is refused at once), the records of peer allocations imported
+//! ([`KnownAllocations`]) and, per channel, those listed on its board entry ([`HeldRecords`]): a
+//! buffer carved from one (PyTorch's caching allocator) is imported with no store wait, or no
+//! record at all (docs/PROTOCOL.md, section 4); and replaced mappings ([`Retained`]: a buffer
+//! moving back costs a reference count, not a driver open). Allocation ids are never reused within
+//! a process and records are keyed by the exporter's pid too.
 
 use super::board::KNOWN_PER_CHANNEL;
 use crate::error::{Error, Result};
