@@ -164,8 +164,7 @@ impl HandleCache {
         self.cx.settings.set_timeout(timeout);
     }
 
-    /// The bound of the teardown's wait for peers to close: the value given to
-    /// [`set_linger`](Self::set_linger), else min([`timeout`](Self::timeout),
+    /// The bound of the teardown's wait for peers to close: as set, else min(timeout,
     /// [`DEFAULT_MAX_LINGER`](super::DEFAULT_MAX_LINGER)).
     pub fn linger(&self) -> Duration {
         self.cx.settings.linger()
@@ -177,8 +176,7 @@ impl HandleCache {
     }
 
     /// How many replaced peer allocations the cache keeps mapped per (peer, memory kind), so that
-    /// buffers carved again from them cost no open (default
-    /// [`DEFAULT_RETAINED_PER_PEER`](super::DEFAULT_RETAINED_PER_PEER)).
+    /// buffers carved again from them cost no open (default [`super::DEFAULT_RETAINED_PER_PEER`]).
     pub fn retained_per_peer(&self) -> usize {
         self.cx.settings.retained_per_peer.load(Ordering::Relaxed)
     }
@@ -248,8 +246,7 @@ impl HandleCache {
         self.cx.counters.phases.set_enabled(on);
     }
 
-    /// Time per phase over the calls timed since the last reset (see [`Phase`]); `reset` starts
-    /// over.
+    /// Time per phase over the calls timed since the last reset; `reset` starts over.
     pub fn phase_times(&self, reset: bool) -> PhaseTimes {
         let t = self.cx.counters.phases.snapshot();
         if reset {
@@ -266,8 +263,7 @@ impl HandleCache {
 
     /// The channel of `req`, found as [`get`](Self::get) finds it, opened for transfers: its
     /// handles stay usable without another lookup until an exchange changes the channel's
-    /// buffers or the cache is torn down (then every use is an `InvalidState` error; open it
-    /// again after the exchange).
+    /// buffers or the cache is torn down (then every use is an `InvalidState` error).
     pub fn open_channel(&self, req: &Request) -> Result<OpenChannel> {
         let st = lock(&self.table);
         let (ch, handles) = self.find(&st, req)?;
@@ -430,18 +426,14 @@ impl Context {
         });
         // What dead processes of this node left in /dev/shm: their boards (the survivors clean up).
         super::board::reclaim_dead();
-        let names: Vec<String> = {
-            let mut boards = lock(&self.peer_boards);
-            let names = unclosed
-                .iter()
-                .map(|&(peer, _)| match boards.get(&peer) {
-                    Some(b) => format!("rank {peer} (pid {})", b.owner().pid),
-                    None => format!("rank {peer}"),
-                })
-                .collect();
-            boards.clear();
-            names
-        };
+        let boards = std::mem::take(&mut *lock(&self.peer_boards));
+        let names: Vec<String> = unclosed
+            .iter()
+            .map(|&(peer, _)| match boards.get(&peer) {
+                Some(b) => format!("rank {peer} (pid {})", b.owner().pid),
+                None => format!("rank {peer}"),
+            })
+            .collect();
         if unclosed.is_empty() {
             return flushed;
         }

@@ -333,7 +333,7 @@ impl ChannelTable {
             .collect()
     }
 
-    /// Releases the peers' mappings that the channels of `reqs` hold; returns how many. Each
+    /// Releases the peers' mappings that the channels of `reqs` hold. Each
     /// keeps its protocol state and marks the peer's buffer as not opened (docs/PROTOCOL.md,
     /// "Symmetric memory"). Nothing is released when one of them is busy or suspended.
     pub(super) fn release_peers(
@@ -341,7 +341,7 @@ impl ChannelTable {
         cx: &Context,
         reqs: &[Request],
         tag: &str,
-    ) -> Result<usize> {
+    ) -> Result<()> {
         let found: Vec<(usize, usize)> = reqs
             .iter()
             .filter_map(|r| self.index_of(cx.rank, r, 0).map(|i| (i, r.peer)))
@@ -361,18 +361,16 @@ impl ChannelTable {
                 _ => {}
             }
         }
-        let mut released = 0;
         for (i, _) in found {
             let ch = &mut self.channels[i];
             if let Some(side) = ch.peer_side.take() {
                 cx.release_mapping(ch.info.kind, &side.mapping);
-                released += 1;
             }
             if let Some(p) = ch.progress.as_mut() {
                 p.peer_opened = 0;
             }
         }
-        Ok(released)
+        Ok(())
     }
 }
 

@@ -171,8 +171,7 @@ impl HandleCache {
         let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
         let reqs = requests(self.rank(), &group, tag, r.ptr, r.bytes, r.kind);
         // The view goes first: it maps the memory of the imports released next.
-        let view = table.tags.get_mut(tag).and_then(|r| r.view.take());
-        drop(view);
+        drop(table.tags.get_mut(tag).and_then(|r| r.view.take()));
         lock(&self.table)
             .release_peers(&self.cx, &reqs, tag)
             .map_err(|e| e.context(format!("releasing symmetric allocation {tag:?}")))?;
