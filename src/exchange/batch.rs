@@ -64,10 +64,9 @@ phases! {
     Commit => "commit",
 }
 
-/// Time spent per phase over the calls timed so far.
+/// Time spent per phase over the calls that ran to the end while timing was on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PhaseTimes {
-    /// Calls that ran to the end while timing was on.
     pub calls: u64,
     /// Nanoseconds per phase, indexed like [`PHASES`].
     pub nanos: [u64; PHASES.len()],
@@ -130,7 +129,6 @@ impl Lap<'_> {
         }
     }
 
-    /// The call ran to its end.
     pub fn finish(self) {
         if let Some((clock, _)) = self.0 {
             clock.calls.fetch_add(1, Ordering::Relaxed);
@@ -236,12 +234,6 @@ pub(super) struct Batch<'a> {
     cx: &'a Context,
     table: &'a Mutex<ChannelTable>,
     items: &'a mut Vec<Item>,
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        self.items.clear();
-    }
 }
 
 /// How an exchange resolves its buffers to the allocations it exports.
@@ -506,16 +498,12 @@ impl<'a> Batch<'a> {
                 first.unwrap_or_default()
             );
         }
-        self.wait_release_room(replaced, deadline)
-    }
-
-    /// Back-pressure: the device transport closes released mappings on its releaser thread, and
-    /// the call waits for it, within its timeout, only when more than its bound of one peer's
-    /// wait. A timeout fails the call without poisoning its channels (its handles are current).
-    fn wait_release_room(&self, replaced: usize, deadline: &mut Deadline) -> Result<()> {
         if replaced == 0 {
             return Ok(());
         }
+        // Back-pressure: the device transport closes released mappings on its releaser thread,
+        // and the call waits for it, within its timeout, only when more than its bound of one
+        // peer's wait. A timeout fails the call without poisoning its channels.
         let items = &self.items[..];
         for (i, it) in items.iter().enumerate() {
             // One wait per (kind, peer) of the batch.
@@ -1288,7 +1276,21 @@ impl Context {
             let key = self.record_key(it, false);
             let Some((rec, kept)) = rec else {
                 if it.peer_at.known_to_peer {
-                    return Err(self.not_held(it, &key));
+                    // The two sides disagree on what this rank holds.
+                    return Err(Error::protocol(format!(
+                        "rank {}: peer rank {} published version {} of its buffer on {} \
+                         (allocation {}, offset {}, {} bytes) without a record, as one this rank \
+                         holds, but this rank holds no record of that allocation for the channel \
+                         (no key {key:?} in the store either); all ranks must use the same \
+                         nvfuser-ipc version: create new caches on both ranks",
+                        self.rank,
+                        it.ch.peer,
+                        it.peer_version,
+                        it.ch.key,
+                        it.peer_at.alloc_id,
+                        it.peer_at.offset,
+                        it.peer_at.bytes,
+                    )));
                 }
                 rest.push(i);
                 continue;
@@ -1307,24 +1309,6 @@ impl Context {
             lock(&self.collector).delete_when_written(keys);
         }
         Ok(rest)
-    }
-
-    /// The error of a step the peer sent through the board alone, for an allocation whose record
-    /// this rank does not hold.
-    fn not_held(&self, it: &Item, key: &str) -> Error {
-        Error::protocol(format!(
-            "rank {}: peer rank {} published version {} of its buffer on {} (allocation {}, \
-             offset {}, {} bytes) without a record, as one this rank holds, but this rank holds \
-             no record of that allocation for the channel (no key {key:?} in the store either); \
-             all ranks must use the same nvfuser-ipc version: create new caches on both ranks",
-            self.rank,
-            it.ch.peer,
-            it.peer_version,
-            it.ch.key,
-            it.peer_at.alloc_id,
-            it.peer_at.offset,
-            it.peer_at.bytes,
-        ))
     }
 
     fn record_context(&self, it: &Item, key: &str) -> String {

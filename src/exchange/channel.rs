@@ -88,10 +88,9 @@ impl Request {
 
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let to = if self.direction == Direction::Send {
-            "to"
-        } else {
-            "from"
+        let to = match self.direction {
+            Direction::Send => "to",
+            Direction::Recv => "from",
         };
         write!(
             f,

@@ -23,7 +23,6 @@ pub(super) struct Context {
     pub store: Arc<dyn Store>,
     /// The names of this cache's boards, node keys and record keys (its generation included).
     pub names: CacheNames,
-    /// Handed in by the layer that builds the cache (see `Transports`).
     pub transports: Transports,
     pub board: OwnBoard,
     pub peer_boards: Mutex<HashMap<usize, Arc<PeerBoard>>>,

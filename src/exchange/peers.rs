@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// This rank's view of its peers' nodes.
+#[derive(Default)]
 pub(super) struct PeerNodes {
     /// Peers found mappable: their pid, when it can be checked from here.
     known: Mutex<HashMap<usize, Option<u32>>>,
@@ -31,9 +32,7 @@ impl PeerNodes {
         store
             .set(&key, NodeIdentity::local().encode().as_bytes())
             .map_err(|e| e.context(format!("rank {rank}: publishing its node identity ({key})")))?;
-        Ok(PeerNodes {
-            known: Mutex::new(HashMap::new()),
-        })
+        Ok(PeerNodes::default())
     }
 
     /// True when `peer` was already found mappable (no store traffic).
