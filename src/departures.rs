@@ -1,13 +1,9 @@
 //! Which ranks of this process's jobs have left, as far as this process can see without asking
 //! the store.
 //!
-//! A rank that closes after its peers must not talk to the store for them: nobody reads what it
-//! would write, and when one of them hosted the store (nvFuser's rank 0 hosts a `c10d::TCPStore`)
-//! every request fails, and the host's store may print warnings. What this process sees of a
-//! peer without the store is its node-local board: the exchange registers each peer board it
-//! opens here, and a peer whose board says closed, or whose process has exited, has left. Peers
-//! with no board here (other nodes, namespaces) are never known to have left. Whether boards are
-//! visible is decided by node identities, never by local ranks.
+//! A rank that closes after its peers must not talk to the store for them (docs/PROTOCOL.md,
+//! "Closing after the peers"). What this process sees of a peer without the store is the board
+//! the exchange registers here for it; peers with no board here are never known to have left.
 
 use crate::names::job_tag;
 use crate::store::Liveness;
@@ -55,49 +51,28 @@ pub fn note_peer(job_id: &str, rank: usize, presence: Arc<dyn Presence>) {
 /// them may still be there (or cannot be seen from here, or the job's size is not known, or it
 /// has no other rank).
 pub fn all_left(job_id: &str, me: usize) -> Option<Vec<String>> {
-    let peers: Vec<(usize, Arc<dyn Presence>)> = {
+    let peers: Vec<Arc<dyn Presence>> = {
         let jobs = lock(&JOBS);
         let job = jobs.get(&job_tag(job_id))?;
         // A world of one has no peer that could be seen leaving.
         if job.world_size <= 1 {
             return None;
         }
-        let mut peers = Vec::with_capacity(job.world_size.saturating_sub(1));
-        for rank in (0..job.world_size).filter(|&r| r != me) {
-            peers.push((rank, job.peers.get(&rank)?.clone()));
-        }
-        peers
+        let others = (0..job.world_size).filter(|&r| r != me);
+        others
+            .map(|r| job.peers.get(&r).cloned())
+            .collect::<Option<_>>()?
     };
     // Asked outside the lock: a presence looks at shared memory and at processes.
-    peers.iter().map(|(_, p)| p.left()).collect()
+    peers.iter().map(|p| p.left()).collect()
 }
 
 /// The rank that hosts a job's store wherever a rank hosts it: c10d's `env://` rendezvous and
 /// nvFuser's Communicator make rank 0 the store's host, and so do this library's contexts.
 const STORE_HOST_RANK: usize = 0;
 
-/// Why the rank that usually hosts the store (see [`STORE_HOST_RANK`]) has left, when this
-/// process has seen it leave and is not that rank itself.
-fn store_host_left(job_id: &str, me: usize) -> Option<String> {
-    if me == STORE_HOST_RANK {
-        return None;
-    }
-    let host = lock(&JOBS)
-        .get(&job_tag(job_id))?
-        .peers
-        .get(&STORE_HOST_RANK)?
-        .clone();
-    // Asked outside the lock, as in `all_left`.
-    host.left()
-}
-
 /// Why a closing rank of `job_id` must make no store request that only its peers would need, if
-/// it must: the store's server has gone (every request would fail); or the store cannot tell
-/// whether it is there (no server address, or a server on another machine: see
-/// `nvfipc_store_set_server_address`) and either every other rank has left (nobody would read
-/// what this rank wrote), or rank 0, which hosts the store in c10d's and nvFuser's launchers, has
-/// left (a rank that exchanged only with some peers cannot see the others leave). A store that
-/// can tell it is there is used as before, keeping a store that outlives the job clean.
+/// it must (docs/PROTOCOL.md, "Closing after the peers").
 pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> {
     match store {
         Liveness::Alive | Liveness::ServedHere { .. } => None,
@@ -114,7 +89,16 @@ pub fn quiet_reason(store: Liveness, job_id: &str, me: usize) -> Option<String> 
                     left.join(", ")
                 ));
             }
-            let host = store_host_left(job_id, me)?;
+            if me == STORE_HOST_RANK {
+                return None;
+            }
+            let host = lock(&JOBS)
+                .get(&job_tag(job_id))?
+                .peers
+                .get(&STORE_HOST_RANK)?
+                .clone();
+            // Asked outside the lock, as in `all_left`.
+            let host = host.left()?;
             Some(format!(
                 "the store cannot tell whether it is still there and rank {STORE_HOST_RANK}, \
                  which hosts a job's store in c10d's and nvFuser's launchers, has left ({host})"

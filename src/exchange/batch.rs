@@ -1,36 +1,12 @@
-//! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs.
-//!
-//! Per channel every rank keeps a buffer *version* (bumped when the resolved identity of its
-//! buffer changes) and a *step* (how many calls included the channel). One call:
-//!
-//! 1. resolves every request to its allocation, claims the channels ([`Batch::begin`], moving
-//!    each channel's progress out of the table) and bumps step (and version, on change);
-//! 2. when its version changed since it last published, sends its new records with one
-//!    `multi_set` (fire-and-forget; the key contains the version, so it never overwrites an
-//!    unread one), then publishes `(step, version, where the buffer lies)` on its
-//!    [board](super::board); a buffer carved from an allocation whose record the peer holds for
-//!    the channel (its board says so, see `peers`) sends no record;
-//! 3. waits, on the peers' boards, until each peer has reached the same step and reads the peer's
-//!    version for that step: both ranks now agree on what changed, without a barrier;
-//! 4. fetches, with one `multi_get`, the records of every peer whose version differs from the one
-//!    it has opened (none for an allocation whose record it holds), imports them, publishes the
-//!    versions it opened, and waits until the peer has opened every buffer this rank published;
-//! 5. commits: installs the new mappings and releases the replaced ones (never waiting for device
-//!    work: the device transport closes them on its releaser thread, and the call waits for that
-//!    thread only when more than its bound of one peer's mappings wait), and hands the keys it
-//!    read to the collector.
+//! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs (its
+//! steps numbered as in docs/PROTOCOL.md, section 5).
 //!
 //! A hit on both sides costs a few shared-memory loads, no store operation, no allocation and no
-//! syscall (per-call buffers are reused per thread; the clock is read only when a peer is not
-//! there yet). A wait spins, then blocks on the peer's board until the peer publishes. A call that
-//! times out because a peer is not there yet leaves its channels *suspended* in that step: calling
-//! again with the same batch resumes it (so a zero timeout checks once). Any other failure (a
-//! peer that closed or died, a bad record, a store error) *fails* the batch: its channels refuse
-//! every later call (`InvalidState`: create a new cache). Where a call's time goes is measured per
-//! [`Phase`] when asked for; its log lines (subsystem `exchange`) say what it moved and, while it
-//! waits, which peer it waits for.
+//! syscall. A call that times out because a peer is not there yet leaves its channels *suspended*
+//! in that step: calling again with the same batch resumes it (so a zero timeout checks once). Any
+//! other failure *fails* the batch: its channels refuse every later call (`InvalidState`).
 
-use super::board::BufferAt;
+use super::board::{BufferAt, PeerBoard};
 use super::channel::{
     fingerprint_of, occurrence, Channel, ChannelInfo, ChannelKey, ChannelTable, Imported, PeerSide,
     Progress, Request, Resume,
@@ -47,78 +23,50 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The phases of one `exchange_handles` call, in the order they run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Step 1: each request resolved to its allocation (the buffer's identity).
-    Resolve,
-    /// Step 1: channels found or made, steps and versions bumped, progress taken out.
-    Claim,
-    /// Peers' node identities read from the store (a first exchange with a peer only).
-    Lookup,
-    /// Records built (the buffers exported), when a buffer changed.
-    Export,
-    /// Records sent (`MULTI_SET`).
-    Records,
-    /// `(step, version, where)` written on this rank's board.
-    Publish,
-    /// Waiting on the peers' boards for the same step.
-    WaitPeers,
-    /// Records built from allocations seen before and imported (no store).
-    ImportKnown,
-    /// Records fetched from the store (`WAIT` + `MULTI_GET`).
-    Fetch,
-    /// Fetched records imported (mapped).
-    Import,
-    /// Peers' semaphore slabs mapped, `opened` published.
-    Slabs,
-    /// Waiting until the peers opened this rank's new buffers.
-    WaitOpened,
-    /// New mappings installed, replaced ones released or kept, progress given back.
-    Commit,
-}
-
-/// Every phase, in order.
-pub const PHASES: [Phase; 13] = [
-    Phase::Resolve,
-    Phase::Claim,
-    Phase::Lookup,
-    Phase::Export,
-    Phase::Records,
-    Phase::Publish,
-    Phase::WaitPeers,
-    Phase::ImportKnown,
-    Phase::Fetch,
-    Phase::Import,
-    Phase::Slabs,
-    Phase::WaitOpened,
-    Phase::Commit,
-];
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Resolve => "resolve",
-            Phase::Claim => "claim",
-            Phase::Lookup => "lookup",
-            Phase::Export => "export",
-            Phase::Records => "records",
-            Phase::Publish => "publish",
-            Phase::WaitPeers => "wait_peers",
-            Phase::ImportKnown => "import_known",
-            Phase::Fetch => "fetch",
-            Phase::Import => "import",
-            Phase::Slabs => "slabs",
-            Phase::WaitOpened => "wait_opened",
-            Phase::Commit => "commit",
+macro_rules! phases {
+    ($($phase:ident => $name:literal,)*) => {
+        /// The phases of one `exchange_handles` call, in the order they run (the steps of
+        /// docs/PROTOCOL.md, section 5): resolve and claim (step 1), lookup (2), export, records
+        /// and publish (3), wait_peers (4), import_known (records built from allocations seen
+        /// before), fetch and import (5), slabs (peers' semaphore slabs mapped), wait_opened and
+        /// commit (6).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Phase {
+            $($phase,)*
         }
-    }
+
+        /// Every phase, in order.
+        pub const PHASES: [Phase; Phase::Commit as usize + 1] = [$(Phase::$phase),*];
+
+        impl Phase {
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Phase::$phase => $name,)*
+                }
+            }
+        }
+    };
 }
 
-/// Time spent per phase over the calls timed so far.
+phases! {
+    Resolve => "resolve",
+    Claim => "claim",
+    Lookup => "lookup",
+    Export => "export",
+    Records => "records",
+    Publish => "publish",
+    WaitPeers => "wait_peers",
+    ImportKnown => "import_known",
+    Fetch => "fetch",
+    Import => "import",
+    Slabs => "slabs",
+    WaitOpened => "wait_opened",
+    Commit => "commit",
+}
+
+/// Time spent per phase over the calls that ran to the end while timing was on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PhaseTimes {
-    /// Calls that ran to the end while timing was on.
     pub calls: u64,
     /// Nanoseconds per phase, indexed like [`PHASES`].
     pub nanos: [u64; PHASES.len()],
@@ -144,12 +92,9 @@ impl PhaseClock {
         self.enabled.store(on, Ordering::Relaxed);
     }
 
-    /// A lap for one call, or `None` when timing is off.
-    pub fn start(&self) -> Option<Lap<'_>> {
-        self.enabled.load(Ordering::Relaxed).then(|| Lap {
-            clock: self,
-            at: Instant::now(),
-        })
+    /// A lap for one call, which marks nothing when timing is off.
+    pub fn start(&self) -> Lap<'_> {
+        Lap((self.enabled.load(Ordering::Relaxed)).then(|| (self, Instant::now())))
     }
 
     pub fn snapshot(&self) -> PhaseTimes {
@@ -171,38 +116,31 @@ impl PhaseClock {
     }
 }
 
-/// One call's timing: each [`mark`](Lap::mark) charges the time since the previous one to a
-/// phase.
-pub(crate) struct Lap<'a> {
-    clock: &'a PhaseClock,
-    at: Instant,
-}
+/// One call's timing: each mark charges the time since the previous one to a phase.
+pub(crate) struct Lap<'a>(Option<(&'a PhaseClock, Instant)>);
 
 impl Lap<'_> {
     pub fn mark(&mut self, phase: Phase) {
-        let now = Instant::now();
-        let ns = u64::try_from(now.duration_since(self.at).as_nanos()).unwrap_or(u64::MAX);
-        self.clock.nanos[phase as usize].fetch_add(ns, Ordering::Relaxed);
-        self.at = now;
+        if let Some((clock, at)) = &mut self.0 {
+            let now = Instant::now();
+            let ns = u64::try_from(now.duration_since(*at).as_nanos()).unwrap_or(u64::MAX);
+            clock.nanos[phase as usize].fetch_add(ns, Ordering::Relaxed);
+            *at = now;
+        }
     }
 
-    /// The call ran to its end.
     pub fn finish(self) {
-        self.clock.calls.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Marks `phase` on an optional lap.
-pub(crate) fn mark(lap: &mut Option<Lap<'_>>, phase: Phase) {
-    if let Some(l) = lap {
-        l.mark(phase);
+        if let Some((clock, _)) = self.0 {
+            clock.calls.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
 /// The bound of a call's waits. The clock starts at the first wait that needs it, so a call whose
 /// peers are already there never reads it. It keeps the call's timeout, for messages.
 pub(super) struct Deadline {
-    timeout: Duration,
+    /// The call's whole timeout.
+    pub(super) timeout: Duration,
     at: Option<Instant>,
 }
 
@@ -211,22 +149,12 @@ impl Deadline {
         Deadline { timeout, at: None }
     }
 
-    /// The call's whole timeout.
-    pub(super) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// What is left of the timeout (zero once it has run out: a wait then checks once).
     pub(super) fn remaining(&mut self) -> Duration {
         let timeout = self.timeout;
         let at = *self.at.get_or_insert_with(|| Instant::now() + timeout);
         at.saturating_duration_since(Instant::now())
     }
-}
-
-/// The clock, read only when an exchange line at `level` will use it.
-fn clock(level: Level) -> Option<Instant> {
-    logging::clock(logging::EXCHANGE, level)
 }
 
 /// At most `limit` keys, then how many more (keys can be many in a large batch).
@@ -243,38 +171,31 @@ fn some_keys<S: AsRef<str>>(keys: &[S], limit: usize) -> String {
 }
 
 /// What a wait awaits of the peers: their step, or their open of this rank's buffer.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Stage {
     Step,
     Open,
 }
 
-/// Reports a wait that lasts: first after one second, then each time its length doubles, one
-/// line per pending channel (at most four), so a stuck exchange explains itself in the log
-/// while it hangs, not only when it times out.
+/// Reports a wait that lasts (after one second, then each time its length doubles), so that a
+/// stuck exchange explains itself in the log while it hangs.
+#[derive(Default)]
 struct StuckReport {
     since: Option<Instant>,
-    next: Duration,
+    reported: u32,
 }
 
 impl StuckReport {
-    fn new() -> Self {
-        StuckReport {
-            since: None,
-            next: Duration::from_secs(1),
-        }
-    }
-
     /// Called now and then during a wait (not on its first poll, which usually succeeds).
     fn check(&mut self, rank: usize, items: &[Item], stage: Stage, timeout: Duration) {
         if !log::log_enabled!(target: logging::EXCHANGE, Level::Info) {
             return;
         }
         let waited = self.since.get_or_insert_with(Instant::now).elapsed();
-        if waited < self.next {
+        if waited < Duration::from_secs(1 << self.reported.min(30)) {
             return;
         }
-        self.next *= 2;
+        self.reported += 1;
         let pending: Vec<&Item> = items.iter().filter(|it| it.waiting).collect();
         for it in pending.iter().take(4) {
             let what = match stage {
@@ -307,19 +228,12 @@ impl StuckReport {
     }
 }
 
-/// The channels of one call, claimed from the table until the batch ends. Its items live in a
-/// vector the caller lends (reused per thread, so a warm call allocates nothing); ending the
-/// batch leaves it empty.
+/// The channels of one call, claimed from the table until the batch ends, in items the caller
+/// lends (reused per thread, so a warm call allocates nothing).
 pub(super) struct Batch<'a> {
     cx: &'a Context,
     table: &'a Mutex<ChannelTable>,
     items: &'a mut Vec<Item>,
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        self.items.clear();
-    }
 }
 
 /// How an exchange resolves its buffers to the allocations it exports.
@@ -373,9 +287,8 @@ fn resolve(cx: &Context, r: &Request, resolution: Resolution) -> Result<LocalBuf
 }
 
 impl<'a> Batch<'a> {
-    /// Step 1: claims the channels of `requests` (whose buffers `resolved` holds, in order) and
-    /// advances their step (and version), or resumes the step a timed-out call left. Nothing is
-    /// claimed on failure. `indices` is scratch space.
+    /// Step 1: claims the channels of `requests` (whose buffers `resolved` holds) and advances
+    /// their step (and version), or resumes a suspended step. Nothing is claimed on failure.
     pub(super) fn begin(
         cx: &'a Context,
         table: &'a Mutex<ChannelTable>,
@@ -425,13 +338,13 @@ impl<'a> Batch<'a> {
                     ch.info.key, err.message
                 )));
             }
-            if ch.progress.is_none() {
+            let Some(progress) = &ch.progress else {
                 return Err(Error::state(format!(
                     "rank {rank}: {} is being exchanged by another thread; calls on the same \
                      channel must not overlap",
                     ch.info.key
                 )));
-            }
+            };
             if ch.info.kind != r.kind {
                 return Err(Error::invalid(format!(
                     "rank {rank}: {} was used with {} memory and now with {}: a channel keeps its \
@@ -441,19 +354,15 @@ impl<'a> Batch<'a> {
                     r.kind.name()
                 )));
             }
-            indices.push(idx);
-        }
-        // A suspended step resumes with the buffer it started with.
-        for (&idx, local) in indices.iter().zip(resolved) {
-            let ch = &st.channels[idx];
-            let progress = ch.progress.as_ref().expect("checked in pass 1");
-            if progress.resume.is_some() && !ch.holds(local) {
+            // A suspended step resumes with the buffer it started with.
+            if progress.resume.is_some() && !ch.holds(&resolved[n]) {
                 return Err(Error::invalid(format!(
                     "rank {rank}: {} timed out waiting for its peer at step {} and must be \
                      resumed with the same buffer; call again with the buffer of that call",
                     ch.info.key, progress.step
                 )));
             }
+            indices.push(idx);
         }
         // Pass 2: advance (or resume), moving each channel's progress into its item.
         for (&idx, &local) in indices.iter().zip(resolved) {
@@ -464,17 +373,18 @@ impl<'a> Batch<'a> {
             }
             ch.local = Some(local);
             let mut progress = ch.progress.take().expect("checked in pass 1");
-            let (publish, sent, known_to_peer, staged) = match progress.resume.take() {
-                Some(r) => {
-                    let r = *r;
-                    (r.publish, r.sent, r.known_to_peer, r.staged)
-                }
+            let state = match progress.resume.take() {
+                Some(r) => *r,
                 None => {
                     if changed {
                         progress.version += 1;
                     }
                     progress.step += 1;
-                    (progress.version != progress.published, false, false, None)
+                    let publish = progress.version != progress.published;
+                    Resume {
+                        publish,
+                        ..Resume::default()
+                    }
                 }
             };
             items.push(Item {
@@ -482,46 +392,34 @@ impl<'a> Batch<'a> {
                 ch: ch.info.clone(),
                 local,
                 progress,
-                publish,
                 peer_version: 0,
                 peer_at: Default::default(),
                 waiting: false,
-                sent,
-                known_to_peer,
-                staged,
+                state,
             });
         }
         Ok(Batch { cx, table, items })
     }
 
-    /// Steps 2-5: runs the protocol on the batch's channels and ends the batch.
-    pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Option<Lap<'_>>) -> Result<()> {
+    /// Steps 2-7: runs the protocol on the batch's channels and ends the batch.
+    pub(super) fn exchange(self, deadline: &mut Deadline, mut lap: Lap<'_>) -> Result<()> {
         // A cached call is logged at TRACE, one that moved records (or failed) at INFO.
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         match self.cx.run(&mut self.items[..], deadline, &mut lap) {
             Ok(imports) => {
                 let done = self.commit(imports, clock, deadline);
-                if let Some(mut lap) = lap {
-                    lap.mark(Phase::Commit);
-                    if done.is_ok() {
-                        lap.finish();
-                    }
+                lap.mark(Phase::Commit);
+                if done.is_ok() {
+                    lap.finish();
                 }
                 done
             }
-            Err(RunError::NotReady(err, imports)) => {
-                self.suspend(imports, clock, &err);
-                Err(err)
-            }
-            Err(RunError::Fatal(err)) => {
-                self.fail(clock, &err);
-                Err(err)
-            }
+            Err(e) => Err(self.abort(e, clock)),
         }
     }
 
-    /// Step 5: installs the new peer mappings, releasing (or retaining) the ones they replace,
-    /// and gives every channel its progress back.
+    /// Step 6, its end: installs the new peer mappings, releasing (or retaining) the ones they
+    /// replace, and gives every channel its progress back.
     fn commit(
         self,
         imports: Vec<Option<Imported>>,
@@ -530,11 +428,11 @@ impl<'a> Batch<'a> {
     ) -> Result<()> {
         let cx = self.cx;
         let opened = imports.iter().filter(|i| i.is_some()).count();
-        let published = self.items.iter().filter(|it| it.publish).count();
-        let first = match (clock, self.items.first()) {
-            (Some(_), Some(it)) => Some((it.ch.clone(), it.progress.step, it.progress.version)),
-            _ => None,
-        };
+        let published = self.items.iter().filter(|it| it.state.publish).count();
+        let first = clock.and(self.items.first()).map(|it| {
+            let (step, version) = (it.progress.step, it.progress.version);
+            format!(" (first: {} step {step} version {version})", it.ch.key)
+        });
         let mut hits = 0;
         let mut released: Vec<(MemKind, Mapping)> = Vec::new();
         {
@@ -558,18 +456,18 @@ impl<'a> Batch<'a> {
                     });
                     it.progress.peer_opened = it.peer_version;
                     if let Some(old) = old {
-                        let limit = cx.settings.retained_per_peer();
+                        let limit = cx.settings.retained_per_peer.load(Ordering::Relaxed);
                         for m in held.retained.retire(it.ch.kind, old.mapping, limit) {
                             cx.release_mapping(it.ch.kind, &m);
                             released.push((it.ch.kind, m));
                         }
                     }
                 }
-                if it.publish {
+                if it.state.publish {
                     it.progress.published = it.progress.version;
                 }
                 ch.progress = Some(std::mem::take(&mut it.progress));
-                if !it.publish && !fetched {
+                if !it.state.publish && !fetched {
                     hits += 1;
                 }
             }
@@ -585,10 +483,9 @@ impl<'a> Batch<'a> {
         bump(&cx.counters.exchanges, 1);
         let replaced = released.len();
         if clock.is_some() {
-            let level = if published + opened + replaced == 0 {
-                log::Level::Trace
-            } else {
-                log::Level::Info
+            let level = match published + opened + replaced {
+                0 => Level::Trace,
+                _ => Level::Info,
             };
             log::log!(
                 target: logging::EXCHANGE,
@@ -598,23 +495,15 @@ impl<'a> Batch<'a> {
                 cx.rank,
                 self.items.len(),
                 since(clock),
-                match first {
-                    Some((ch, step, version)) =>
-                        format!(" (first: {} step {step} version {version})", ch.key),
-                    None => String::new(),
-                }
+                first.unwrap_or_default()
             );
         }
-        self.wait_release_room(replaced, deadline)
-    }
-
-    /// Back-pressure on released mappings (see the module docs), bounded by the call's timeout.
-    /// A timeout fails the call without poisoning its channels: the new handles are installed
-    /// and the replaced mappings stay queued.
-    fn wait_release_room(&self, replaced: usize, deadline: &mut Deadline) -> Result<()> {
         if replaced == 0 {
             return Ok(());
         }
+        // Back-pressure: the device transport closes released mappings on its releaser thread,
+        // and the call waits for it, within its timeout, only when more than its bound of one
+        // peer's wait. A timeout fails the call without poisoning its channels.
         let items = &self.items[..];
         for (i, it) in items.iter().enumerate() {
             // One wait per (kind, peer) of the batch.
@@ -631,60 +520,49 @@ impl<'a> Batch<'a> {
                     e.context(format!(
                         "rank {}: {} (exchange timeout {:?}; its handles are current, the \
                          replaced mappings stay queued)",
-                        self.cx.rank,
-                        it.ch.key,
-                        deadline.timeout()
+                        self.cx.rank, it.ch.key, deadline.timeout
                     ))
                 })?;
         }
         Ok(())
     }
 
-    /// A peer was not there in time: the channels keep their step, version and what was opened,
-    /// for the next call with the same batch to resume.
-    fn suspend(self, imports: Vec<Option<Imported>>, clock: Option<Instant>, err: &Error) {
-        {
-            let mut st = lock(self.table);
-            let mut imports = imports.into_iter();
-            for it in self.items.iter_mut() {
-                let mut progress = std::mem::take(&mut it.progress);
-                progress.resume = Some(Box::new(Resume {
-                    publish: it.publish,
-                    sent: it.sent,
-                    known_to_peer: it.known_to_peer,
-                    staged: imports.next().flatten(),
-                }));
-                st.channels[it.channel].progress = Some(progress);
+    /// Ends a failed batch: suspended after a `NotReady`, for the next call with the same batch to
+    /// resume; else failed, its channels' state unknown, refusing every later call.
+    fn abort(self, e: RunError, clock: Option<Instant>) -> Error {
+        let (err, staged) = match e {
+            RunError::NotReady(err, staged) => (err, Some(staged)),
+            RunError::Fatal(err) => (err, None),
+        };
+        let suspended = staged.is_some();
+        let mut staged = staged.into_iter().flatten();
+        let mut st = lock(self.table);
+        for it in self.items.iter_mut() {
+            let ch = &mut st.channels[it.channel];
+            if !suspended {
+                ch.validity.fail();
+                ch.failed = Some(err.clone());
+                continue;
             }
+            let mut progress = std::mem::take(&mut it.progress);
+            it.state.staged = staged.next().flatten();
+            progress.resume = Some(Box::new(std::mem::take(&mut it.state)));
+            ch.progress = Some(progress);
         }
+        drop(st);
+        let (what, then) = match suspended {
+            true => ("suspended", "resumable with the same batch"),
+            false => ("failed", "its channels are unusable"),
+        };
         log::info!(
             target: logging::EXCHANGE,
-            "rank {}: exchange of {} channel(s) suspended after {}, resumable with the same \
-             batch: {}",
+            "rank {}: exchange of {} channel(s) {what} after {}, {then}: {}",
             self.cx.rank,
             self.items.len(),
             since(clock),
             err.message
         );
-    }
-
-    /// Any other failure: the channels' state is unknown, so they refuse every later call.
-    fn fail(self, clock: Option<Instant>, err: &Error) {
-        {
-            let mut st = lock(self.table);
-            for it in self.items.iter() {
-                st.channels[it.channel].validity.fail();
-                st.channels[it.channel].failed = Some(err.clone());
-            }
-        }
-        log::info!(
-            target: logging::EXCHANGE,
-            "rank {}: exchange of {} channel(s) failed after {}, its channels are unusable: {}",
-            self.cx.rank,
-            self.items.len(),
-            since(clock),
-            err.message
-        );
+        err
     }
 }
 
@@ -711,51 +589,30 @@ fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mappin
     }
 }
 
-/// Work of one request in one call. What the channel is comes through one `Arc`; its progress
-/// is moved out of the table and back; the rest is this call's own.
+/// Work of one request in one call; its progress is moved out of the table and back.
 pub(super) struct Item {
-    /// The channel's index in the table.
+    /// Index in the table.
     pub channel: usize,
     pub ch: Arc<ChannelInfo>,
-    /// This call's buffer.
     pub local: LocalBuffer,
-    /// The channel's progress, this call's until the batch ends.
     pub progress: Progress,
-    /// This call sends new records (the channel's version changed since it last published).
-    pub publish: bool,
     pub peer_version: u64,
     /// Where the peer's buffer of `peer_version` lies (from its board).
     pub peer_at: BufferAt,
     /// Still waited for by the current wait (peer's step, then peer's open).
     pub waiting: bool,
-    /// Resuming a suspended step: its records are already in the store.
-    pub sent: bool,
-    /// This step sends no record: the peer holds the record of the buffer's allocation.
-    pub known_to_peer: bool,
-    /// Resuming a suspended step: the peer's buffer, already opened then.
-    pub staged: Option<Imported>,
+    /// What this step did so far (a suspended step's, when resumed).
+    pub state: Resume,
 }
 
-/// Why a call's steps 2-4 failed: a peer not there in time (the step can be resumed), or
-/// anything else (the channels are poisoned).
+/// Why a call's steps 2-6 failed: a peer not there in time (resumable), or anything else.
 pub(super) enum RunError {
     NotReady(Error, Vec<Option<Imported>>),
     Fatal(Error),
 }
 
-impl RunError {
-    fn classify(e: Error, staged: Vec<Option<Imported>>) -> RunError {
-        if e.status == Status::Timeout {
-            RunError::NotReady(e, staged)
-        } else {
-            RunError::Fatal(e)
-        }
-    }
-}
-
-/// Polls of a board wait before the first liveness check of the peers (`kill(pid, 0)`, a
-/// syscall), so a peer a few microseconds late costs none; once the wait blocks, every wake-up
-/// makes one.
+/// Polls of a board wait before the first liveness check of the peers (a syscall), so that a peer
+/// a few microseconds late costs none; once the wait blocks, every wake-up makes one.
 const FIRST_LIVENESS_POLL: u32 = 2048;
 /// Polls between two liveness checks while spinning past that.
 const LIVENESS_EVERY: u32 = 256;
@@ -767,19 +624,16 @@ fn liveness_check_due(polls: u32) -> bool {
     polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
 }
 
-/// Steps 2-4 of a call, over the cache's context.
+/// Steps 2-6 of a call, over the cache's context.
 impl Context {
     fn run(
         &self,
         items: &mut [Item],
         deadline: &mut Deadline,
-        lap: &mut Option<Lap<'_>>,
+        lap: &mut Lap<'_>,
     ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
-        // A channel that has not found its peer's board yet may have a peer that can never
-        // have one here (another host or container): refuse it before anything is published.
-        // A board found on this node's /dev/shm settles it (an IPC namespace it does not share
-        // is still refused when its records are imported); so the lookup, one store round trip,
-        // happens only for a peer whose board is not there yet.
+        // A peer whose board is not here yet may never have one here (another host or
+        // container): refuse it before anything is published (one store round trip, per peer).
         let mut unknown: Vec<usize> = Vec::new();
         for it in items
             .iter_mut()
@@ -803,51 +657,39 @@ impl Context {
                     &unknown,
                     deadline.remaining(),
                 )
-                .map_err(|e| RunError::classify(e, Vec::new()))?;
+                .map_err(|e| self.give_up(e, Vec::new()))?;
         }
-        mark(lap, Phase::Lookup);
-        // Records go out before the step is visible on the board: a peer that sees the step
-        // knows the records are already on their way to the store, so its multi_get never waits
-        // on this rank's progress (which matters when several threads share one store client).
+        lap.mark(Phase::Lookup);
+        // Records go out before the step is visible on the board, so that a peer's multi_get never
+        // waits on this rank's progress (several threads may share one store client).
         self.send_records(items, lap).map_err(RunError::Fatal)?;
         for it in items.iter_mut() {
-            it.sent = true;
+            it.state.sent = true;
         }
-        mark(lap, Phase::Records);
+        lap.mark(Phase::Records);
         for it in items.iter() {
             let at = BufferAt {
                 alloc_id: it.local.buffer_id,
                 offset: it.local.offset(),
                 bytes: it.local.bytes,
-                known_to_peer: it.publish && it.known_to_peer,
+                known_to_peer: it.state.publish && it.state.known_to_peer,
             };
             self.board
                 .publish(it.ch.entry, it.progress.step, it.progress.version, at);
         }
-        mark(lap, Phase::Publish);
-        if let Err(e) = self.wait_peers(items, deadline) {
-            let staged = items.iter_mut().map(|it| it.staged.take()).collect();
-            return Err(RunError::classify(e, staged));
+        lap.mark(Phase::Publish);
+        let staged =
+            |items: &mut [Item]| items.iter_mut().map(|it| it.state.staged.take()).collect();
+        if let Err(e) = self.wait(items, Stage::Step, deadline) {
+            return Err(self.give_up(e, staged(items)));
         }
-        mark(lap, Phase::WaitPeers);
-        let mut imports = match self.fetch_records(items, deadline, lap) {
-            Ok(imports) => imports,
-            Err(e) if e.status == Status::Timeout => {
-                // Records are sent without waiting for the store's reply, so a peer's step can be
-                // visible before its records are: a zero timeout may miss them. Retryable.
-                let staged = items.iter_mut().map(|it| it.staged.take()).collect();
-                return Err(RunError::NotReady(e, staged));
-            }
-            Err(e) => {
-                for it in items.iter_mut() {
-                    if let Some(imp) = it.staged.take() {
-                        self.release_mapping(imp.kind, &imp.mapping);
-                    }
-                }
-                return Err(RunError::Fatal(e));
-            }
-        };
-        mark(lap, Phase::Import);
+        lap.mark(Phase::WaitPeers);
+        // Records are sent without waiting for the store's reply, so a peer's step can be visible
+        // before its records are: a zero timeout may miss them, which is retryable.
+        let mut imports = self
+            .fetch_records(items, deadline, lap)
+            .map_err(|e| self.give_up(e, staged(items)))?;
+        lap.mark(Phase::Import);
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
         if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
@@ -863,29 +705,37 @@ impl Context {
                 self.board.publish_opened(it.ch.entry, it.peer_version);
             }
         }
-        mark(lap, Phase::Slabs);
-        if let Err(e) = self.wait_opened(items, deadline) {
-            if e.status == Status::Timeout {
-                return Err(RunError::NotReady(e, imports));
-            }
-            self.release_imports(imports);
-            return Err(RunError::Fatal(e));
+        lap.mark(Phase::Slabs);
+        if let Err(e) = self.wait(items, Stage::Open, deadline) {
+            return Err(self.give_up(e, imports));
         }
-        mark(lap, Phase::WaitOpened);
+        lap.mark(Phase::WaitOpened);
         Ok(imports)
     }
 
-    fn send_records(&self, items: &mut [Item], lap: &mut Option<Lap<'_>>) -> Result<()> {
+    /// A timeout leaves `imports` to the step that resumes; any other failure releases them.
+    fn give_up(&self, e: Error, imports: Vec<Option<Imported>>) -> RunError {
+        if e.status == Status::Timeout {
+            return RunError::NotReady(e, imports);
+        }
+        self.release_imports(imports);
+        RunError::Fatal(e)
+    }
+
+    fn send_records(&self, items: &mut [Item], lap: &mut Lap<'_>) -> Result<()> {
         let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
-        for it in items.iter_mut().filter(|it| it.publish && !it.sent) {
+        for it in items
+            .iter_mut()
+            .filter(|it| it.state.publish && !it.state.sent)
+        {
             // Read before this step is published, so exact (see `peers`).
             let knows = |it: &Item, id: u64| match (&it.progress.link.board, it.progress.link.entry)
             {
                 (Some(b), Some(e)) => b.knows(e, id),
                 _ => false,
             };
-            it.known_to_peer = knows(it, it.local.buffer_id);
-            if !it.known_to_peer {
+            it.state.known_to_peer = knows(it, it.local.buffer_id);
+            if !it.state.known_to_peer {
                 // Exported only as mapped now (a widened VMM run may have lost a neighbour
                 // since it was remembered; see `cuda::vmm_runs`).
                 let fresh = self
@@ -899,10 +749,10 @@ impl Context {
                     })?;
                 if fresh != it.local {
                     it.local = fresh;
-                    it.known_to_peer = knows(it, fresh.buffer_id);
+                    it.state.known_to_peer = knows(it, fresh.buffer_id);
                 }
             }
-            if it.known_to_peer {
+            if it.state.known_to_peer {
                 continue;
             }
             let rec = self.make_record(it).map_err(|e| {
@@ -911,9 +761,9 @@ impl Context {
                     self.rank, it.ch.key
                 ))
             })?;
-            pairs.push((self.own_record_key(it), rec.encode()));
+            pairs.push((self.record_key(it, true), rec.encode()));
         }
-        mark(lap, Phase::Export);
+        lap.mark(Phase::Export);
         if pairs.is_empty() {
             return Ok(());
         }
@@ -922,7 +772,7 @@ impl Context {
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
         bump(&self.counters.store_round_trips, 1);
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         self.store.multi_set(&refs).map_err(|e| {
             e.context(format!(
                 "rank {}: publishing {} record(s) (first key {})",
@@ -948,18 +798,13 @@ impl Context {
         Ok(())
     }
 
-    /// The store key of this rank's record of `it` at its version.
-    fn own_record_key(&self, it: &Item) -> String {
-        it.ch
-            .key
-            .record_key(&self.names, self.rank, it.progress.version)
-    }
-
-    /// The store key of the peer's record of `it` at the peer's version.
-    fn peer_record_key(&self, it: &Item) -> String {
-        it.ch
-            .key
-            .record_key(&self.names, it.ch.peer, it.peer_version)
+    /// The store key of this rank's (`own`) or the peer's record of `it` at its version.
+    fn record_key(&self, it: &Item, own: bool) -> String {
+        let (exporter, version) = match own {
+            true => (self.rank, it.progress.version),
+            false => (it.ch.peer, it.peer_version),
+        };
+        it.ch.key.record_key(&self.names, exporter, version)
     }
 
     fn make_record(&self, it: &Item) -> Result<Record> {
@@ -992,8 +837,7 @@ impl Context {
         })
     }
 
-    /// Maps the semaphore slabs of the peers whose buffers `imports` holds (those not mapped
-    /// yet) and gives each import its peer semaphore's address here.
+    /// Maps the peers' semaphore slabs not mapped yet, and gives each import its semaphore here.
     fn map_peer_slabs(
         &self,
         items: &[Item],
@@ -1030,26 +874,23 @@ impl Context {
         Ok(())
     }
 
-    /// Waits, within `deadline`, until `ready` holds for every item marked `waiting`, clearing
-    /// the mark of each that gets ready. Now and then (about every 100 ms once sleeping) it makes
-    /// sure the awaited peers still exist and have not closed their caches, so a crashed or
-    /// closed peer is reported at once rather than at the timeout. Returns whether every item got
-    /// ready; `false` when the deadline ran out (the items still marked are the late ones).
-    fn wait_items(
-        &self,
-        items: &mut [Item],
-        stage: Stage,
-        deadline: &mut Deadline,
-        mut ready: impl FnMut(&Self, &mut Item) -> Result<bool>,
-    ) -> Result<bool> {
-        let mut left = items.iter().filter(|it| it.waiting).count();
+    /// Step 4 (`Step`): waits until every peer has reached this call's step on its channel, and
+    /// reads its version; step 6 (`Open`): until the peer has opened every buffer this rank
+    /// published. Now and then (about every 100 ms once sleeping) it checks that the awaited peers
+    /// still exist and have not closed their caches, so that it fails at once when one has.
+    fn wait(&self, items: &mut [Item], stage: Stage, deadline: &mut Deadline) -> Result<()> {
+        let mut left = 0;
+        for it in items.iter_mut() {
+            it.waiting = stage == Stage::Step || it.state.publish;
+            left += usize::from(it.waiting);
+        }
         if left == 0 {
-            return Ok(true);
+            return Ok(());
         }
         let mut error: Option<Error> = None;
         let mut polls: u32 = 0;
-        let mut stuck = StuckReport::new();
-        let timeout = deadline.timeout();
+        let mut stuck = StuckReport::default();
+        let timeout = deadline.timeout;
         let mut poll = |after_block: bool, items: &mut [Item]| {
             polls = polls.wrapping_add(1);
             // Checked before the entries: what a peer published before it closed or exited is
@@ -1062,7 +903,7 @@ impl Context {
                 None
             };
             for it in items.iter_mut().filter(|it| it.waiting) {
-                match ready(self, it) {
+                match self.ready(it, stage) {
                     Ok(true) => {
                         it.waiting = false;
                         left -= 1;
@@ -1085,147 +926,114 @@ impl Context {
             (left == 0 || error.is_some()).then_some(())
         };
         // Peers usually are there already: then the clock is never read.
-        let done = match poll(false, items) {
-            Some(()) => Some(()),
-            None => {
-                let pace = blocking_pace(lock(&self.peer_boards).len() + 1);
-                wait_blocking(pace, deadline.remaining(), |block| {
-                    let Some(max) = block else {
-                        return poll(false, items);
-                    };
-                    // Blocks on the board of the first peer still awaited, until it publishes;
-                    // the others are checked when it wakes this rank.
-                    let board = items
-                        .iter()
-                        .find(|it| it.waiting)
-                        .and_then(|it| it.progress.link.board.clone());
-                    let mut done = None;
-                    match board {
-                        Some(b) => b.block(max, || {
-                            done = poll(false, items);
-                            done.is_none()
-                        }),
-                        // Its board is not there yet: nothing to block on.
-                        None => std::thread::sleep(max.min(NO_BOARD_SLEEP)),
-                    }
-                    done.or_else(|| poll(true, items))
-                })
-            }
-        };
+        if poll(false, items).is_none() {
+            let pace = blocking_pace(lock(&self.peer_boards).len() + 1);
+            wait_blocking(pace, deadline.remaining(), |block| {
+                let Some(max) = block else {
+                    return poll(false, items);
+                };
+                // Blocks on the board of the first peer still awaited, until it publishes; the
+                // others are checked when it wakes this rank.
+                let board = items
+                    .iter()
+                    .find(|it| it.waiting)
+                    .and_then(|it| it.progress.link.board.clone());
+                let mut done = None;
+                match board {
+                    Some(b) => b.block(max, || {
+                        done = poll(false, items);
+                        done.is_none()
+                    }),
+                    // Its board is not there yet: nothing to block on.
+                    None => std::thread::sleep(max.min(NO_BOARD_SLEEP)),
+                }
+                done.or_else(|| poll(true, items))
+            });
+        }
         if let Some(e) = error {
             return Err(e);
         }
         // A wait that timed out may have seen the last item get ready in its final check.
-        Ok(done.is_some() || items.iter().all(|it| !it.waiting))
-    }
-
-    /// Step 3: waits until every peer has reached this call's step on its channel, and reads
-    /// the peer's version for that step.
-    fn wait_peers(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
-        for it in items.iter_mut() {
-            it.waiting = true;
-        }
-        let rank = self.rank;
-        let all_there = self.wait_items(items, Stage::Step, deadline, |call, it| {
-            if it.progress.link.board.is_none() {
-                it.progress.link.board = call
-                    .peer_board(it.ch.peer)
-                    .map_err(|e| e.context(format!("rank {rank}")))?;
-            }
-            let Some(board) = &it.progress.link.board else {
-                return Ok(false);
-            };
-            if it.progress.link.entry.is_none() {
-                it.progress.link.entry = board.find(it.ch.fp);
-            }
-            let Some(entry) = it.progress.link.entry else {
-                return Ok(false);
-            };
-            match board.read(entry, it.progress.step) {
-                Some((version, at)) => {
-                    it.peer_version = version;
-                    it.peer_at = at;
-                    Ok(true)
-                }
-                None => Ok(false),
-            }
-        })?;
-        if all_there {
-            return Ok(());
-        }
         let pending = items.iter().filter(|it| it.waiting).count();
-        let it = items
-            .iter()
-            .find(|it| it.waiting)
-            .expect("a wait that timed out left an item pending");
-        let name = self.names.board(it.ch.peer);
-        let seen = match (self.peer_board(it.ch.peer), it.progress.link.entry) {
-            (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
-            (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
-            _ => "its board does not exist yet (has it created its cache?)".to_string(),
-        };
-        Err(Error::timeout(format!(
-            "rank {} timed out after {:?} waiting for peer rank {} on {} at step {}: board \
-             entry {} of {} not at step {} ({seen}); {} other channel(s) also pending. Does \
-             rank {} call exchange_handles with the matching request?",
-            self.rank,
-            deadline.timeout(),
-            it.ch.peer,
-            it.ch.key,
-            it.progress.step,
-            it.ch.key.describe(),
-            name,
-            it.progress.step,
-            pending - 1,
-            it.ch.peer,
-        )))
+        match items.iter().find(|it| it.waiting) {
+            None => Ok(()),
+            Some(it) => Err(self.late(it, stage, pending, deadline.timeout)),
+        }
     }
 
-    /// Step 4b: for every channel where this rank published a new buffer, waits until the peer
-    /// has opened it. So when a call returns, both sides hold handles to each other's current
-    /// buffers, and the exporter may free an old buffer without racing the peer's open.
-    fn wait_opened(&self, items: &mut [Item], deadline: &mut Deadline) -> Result<()> {
-        for it in items.iter_mut() {
-            it.waiting = it.publish;
-        }
-        let all_opened = self.wait_items(items, Stage::Open, deadline, |_, it| {
-            Ok(match (&it.progress.link.board, it.progress.link.entry) {
+    /// Whether the peer of `it` has reached `stage` (at `Step`, reading its version).
+    fn ready(&self, it: &mut Item, stage: Stage) -> Result<bool> {
+        let link = &mut it.progress.link;
+        if stage == Stage::Open {
+            return Ok(match (&link.board, link.entry) {
                 (Some(b), Some(e)) => b.opened(e) >= it.progress.version,
                 _ => false,
-            })
-        })?;
-        if all_opened {
-            return Ok(());
+            });
         }
-        let it = items
-            .iter()
-            .find(|it| it.waiting)
-            .expect("a wait that timed out left an item pending");
-        let opened = match (&it.progress.link.board, it.progress.link.entry) {
-            (Some(b), Some(e)) => b.opened(e),
-            _ => 0,
+        if link.board.is_none() {
+            link.board = self
+                .peer_board(it.ch.peer)
+                .map_err(|e| e.context(format!("rank {}", self.rank)))?;
+        }
+        let Some(board) = &link.board else {
+            return Ok(false);
         };
-        Err(Error::timeout(format!(
-            "rank {} timed out after {:?} waiting for peer rank {} to open version {} of this \
-             rank's buffer on {} at step {} (board entry {} of {} shows version {opened} \
-             opened; key {:?}); did the peer fail in exchange_handles?",
-            self.rank,
-            deadline.timeout(),
-            it.ch.peer,
-            it.progress.version,
-            it.ch.key,
-            it.progress.step,
-            it.ch.key.describe(),
-            self.names.board(it.ch.peer),
-            self.own_record_key(it),
-        )))
+        if link.entry.is_none() {
+            link.entry = board.find(it.ch.fp);
+        }
+        let Some((version, at)) = link.entry.and_then(|e| board.read(e, it.progress.step)) else {
+            return Ok(false);
+        };
+        it.peer_version = version;
+        it.peer_at = at;
+        Ok(true)
     }
 
-    /// Fails when this rank's board, or the board of a peer still awaited, was truncated or
-    /// shrunk by another process: it reads zeros from then on (see `board`), so a wait on it
-    /// would otherwise last until the timeout, or its peers' would. At every poll, what this
-    /// rank's accesses ran into (one atomic load per board); with `probe`, at the pace of the
-    /// liveness checks, a shrink that no access ran into yet.
+    /// The error of a wait that timed out with `it` the first of `pending` items still late.
+    fn late(&self, it: &Item, stage: Stage, pending: usize, timeout: Duration) -> Error {
+        let board = self.names.board(it.ch.peer);
+        let (step, key) = (it.progress.step, it.ch.key.describe());
+        Error::timeout(match stage {
+            Stage::Step => {
+                let seen = match (self.peer_board(it.ch.peer), it.progress.link.entry) {
+                    (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
+                    (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
+                    _ => "its board does not exist yet (has it created its cache?)".to_string(),
+                };
+                format!(
+                    "rank {} timed out after {timeout:?} waiting for peer rank {} on {} at step \
+                     {step}: board entry {key} of {board} not at step {step} ({seen}); {} other \
+                     channel(s) also pending. Does rank {} call exchange_handles with the \
+                     matching request?",
+                    self.rank,
+                    it.ch.peer,
+                    it.ch.key,
+                    pending - 1,
+                    it.ch.peer,
+                )
+            }
+            Stage::Open => {
+                let opened = match (&it.progress.link.board, it.progress.link.entry) {
+                    (Some(b), Some(e)) => b.opened(e),
+                    _ => 0,
+                };
+                format!(
+                    "rank {} timed out after {timeout:?} waiting for peer rank {} to open version \
+                     {} of this rank's buffer on {} at step {step} (board entry {key} of {board} \
+                     shows version {opened} opened; key {:?}); did the peer fail in \
+                     exchange_handles?",
+                    self.rank,
+                    it.ch.peer,
+                    it.progress.version,
+                    it.ch.key,
+                    self.record_key(it, true),
+                )
+            }
+        })
+    }
+
+    /// Fails when this rank's board, or the board of a peer still awaited, was truncated (it reads
+    /// zeros from then on, so a wait on it would last until the timeout); `probe`: see `board`.
     fn boards_intact(&self, items: &[Item], probe: bool) -> Result<()> {
         self.board
             .check(probe)
@@ -1239,21 +1047,20 @@ impl Context {
             .map_err(|e| e.context(format!("rank {}", self.rank)))
     }
 
-    /// The first pending item whose peer has closed its cache or exited, with an error naming
-    /// the peer and what this rank was waiting for.
+    /// The first pending item whose peer has closed its cache or exited, with the error.
     fn gone_peer(&self, items: &[Item], stage: Stage) -> Option<(usize, Error)> {
         items.iter().enumerate().find_map(|(i, it)| {
             if !it.waiting {
                 return None;
             }
+            let (who, key, step) = (it.ch.peer, &it.ch.key, it.progress.step);
             let waited_for = || match stage {
-                Stage::Step => format!("reaching step {} on {}", it.progress.step, it.ch.key),
+                Stage::Step => format!("reaching step {step} on {key}"),
                 Stage::Open => format!(
-                    "opening version {} of this rank's buffer on {} at step {}",
-                    it.progress.version, it.ch.key, it.progress.step
+                    "opening version {} of this rank's buffer on {key} at step {step}",
+                    it.progress.version
                 ),
             };
-            let who = it.ch.peer;
             let Some(board) = it.progress.link.board.as_ref() else {
                 // Its board was never seen here (it may have died before this rank looked, and
                 // its board gone with it): its process, as its cache published it.
@@ -1268,95 +1075,101 @@ impl Context {
                     )),
                 ));
             };
-            let closed = board.closed();
-            if !closed && board.owner_alive() {
-                return None;
+            if board.closed() {
+                return Some((i, self.closed_peer(it, board, &waited_for())));
             }
-            let waited_for = waited_for();
-            let pid = board.owner_pid();
-            let err = if closed {
-                Error::state(format!(
-                    "rank {}: peer rank {who} (pid {pid}) closed its cache before {waited_for}; \
-                     a closed cache takes no part in exchanges (create new caches on both ranks)",
-                    self.rank
-                ))
-            } else {
-                Error::io(format!(
-                    "rank {}: peer rank {who} (pid {pid}) exited before {waited_for}",
-                    self.rank
-                ))
-            };
-            Some((i, err))
+            (board.owner().is_dead()).then(|| {
+                let msg = format!(
+                    "rank {}: peer rank {who} (pid {}) exited before {}",
+                    self.rank,
+                    board.owner().pid,
+                    waited_for()
+                );
+                (i, Error::io(msg))
+            })
         })
     }
 
-    /// Refuses to import a record of a peer that has closed its cache: it may free that memory
-    /// as soon as the ranks it waits for have closed.
+    /// The error of a peer whose board says it closed its cache before `what`.
+    fn closed_peer(&self, it: &Item, board: &PeerBoard, what: &str) -> Error {
+        Error::state(format!(
+            "rank {}: peer rank {} (pid {}) closed its cache before {what}; a closed cache takes \
+             no part in exchanges (create new caches on both ranks)",
+            self.rank,
+            it.ch.peer,
+            board.owner().pid,
+        ))
+    }
+
+    /// Refuses to import a record of a peer that has closed its cache (it may free that memory).
     fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
         match &it.progress.link.board {
-            Some(b) if b.closed() => Err(Error::state(format!(
-                "rank {}: peer rank {} (pid {}) closed its cache before this rank opened its \
-                 record {key:?} for {}; a closed cache takes no part in exchanges (create new \
-                 caches on both ranks)",
-                self.rank,
-                it.ch.peer,
-                b.owner_pid(),
-                it.ch.key
-            ))),
+            Some(b) if b.closed() => Err(self.closed_peer(
+                it,
+                b,
+                &format!("this rank opened its record {key:?} for {}", it.ch.key),
+            )),
             _ => Ok(()),
         }
     }
 
-    /// Step 4: fetches and imports the records of peers whose version changed.
-    /// Returns the imports by item index; empty (nothing imported) when every peer is cached.
+    /// Step 5: fetches and imports the records of peers whose version changed. Returns the
+    /// imports by item index (none when every peer is cached); on failure, what was opened goes
+    /// back to its item.
     fn fetch_records(
         &self,
         items: &mut [Item],
         deadline: &mut Deadline,
-        lap: &mut Option<Lap<'_>>,
+        lap: &mut Lap<'_>,
     ) -> Result<Vec<Option<Imported>>> {
         if items
             .iter()
-            .all(|it| it.peer_version == it.progress.peer_opened && it.staged.is_none())
+            .all(|it| it.peer_version == it.progress.peer_opened && it.state.staged.is_none())
         {
             return Ok(Vec::new());
         }
-        let mut imports: Vec<Option<Imported>> = items.iter().map(|_| None).collect();
         // A resumed step already opened these (the peer's version at a step never changes).
-        for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
-            if it.staged.is_some() {
-                *imp = it.staged.take();
+        let mut imports: Vec<Option<Imported>> =
+            items.iter_mut().map(|it| it.state.staged.take()).collect();
+        let done = self.import_wanted(items, &mut imports, deadline, lap);
+        if done.is_err() {
+            for (it, imp) in items.iter_mut().zip(&mut imports) {
+                it.state.staged = imp.take();
             }
         }
+        done.map(|()| imports)
+    }
+
+    fn import_wanted(
+        &self,
+        items: &[Item],
+        imports: &mut [Option<Imported>],
+        deadline: &mut Deadline,
+        lap: &mut Lap<'_>,
+    ) -> Result<()> {
         let wanted: Vec<usize> = (0..items.len())
             .filter(|&i| {
                 items[i].peer_version != items[i].progress.peer_opened && imports[i].is_none()
             })
             .collect();
         if wanted.is_empty() {
-            return Ok(imports);
+            return Ok(());
         }
-        let wanted = match self.import_known(items, &wanted, &mut imports, deadline) {
-            Ok(rest) => rest,
-            Err(e) => {
-                self.release_imports(imports);
-                return Err(e);
-            }
-        };
-        mark(lap, Phase::ImportKnown);
+        let wanted = self.import_known(items, &wanted, imports, deadline)?;
+        lap.mark(Phase::ImportKnown);
         if wanted.is_empty() {
-            return Ok(imports);
+            return Ok(());
         }
         let keys: Vec<String> = wanted
             .iter()
-            .map(|&i| self.peer_record_key(&items[i]))
+            .map(|&i| self.record_key(&items[i], false))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         bump(&self.counters.store_round_trips, 1);
         let remaining = deadline.remaining();
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         let fetched = self.store.multi_get(&key_refs, remaining);
-        mark(lap, Phase::Fetch);
+        lap.mark(Phase::Fetch);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,
@@ -1372,15 +1185,6 @@ impl Context {
                 some_keys(&keys, 4)
             );
         }
-        if fetched.is_err() {
-            // What a resumed step had opened goes back to its item: a timeout suspends the step
-            // with it, any other failure releases it.
-            for (it, imp) in items.iter_mut().zip(imports.iter_mut()) {
-                if imp.is_some() {
-                    it.staged = imp.take();
-                }
-            }
-        }
         let values = fetched.map_err(|e| {
             let it = &items[wanted[0]];
             Error::new(
@@ -1390,7 +1194,7 @@ impl Context {
                      first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
                     self.rank,
                     keys.len(),
-                    deadline.timeout(),
+                    deadline.timeout,
                     it.ch.peer,
                     it.ch.key,
                     it.progress.step,
@@ -1411,25 +1215,16 @@ impl Context {
         lock(&self.collector).delete(keys.clone());
         let wait = deadline.remaining();
         for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
-            let imported = self
-                .refuse_closed_peer(&items[i], key)
-                .and_then(|()| self.import(&items[i], value, key, wait));
-            match imported {
-                Ok(imp) => imports[i] = Some(imp),
-                Err(e) => {
-                    self.release_imports(imports);
-                    return Err(e);
-                }
-            }
+            self.refuse_closed_peer(&items[i], key)?;
+            imports[i] = Some(self.import(&items[i], value, key, wait)?);
         }
         bump(&self.counters.records_received, wanted.len() as u64);
-        Ok(imports)
+        Ok(())
     }
 
     /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
-    /// whose record this rank already holds (see `peers`); their records, which the peer sent
-    /// all the same, are deleted by the collector once they arrive. Returns the items left to
-    /// fetch from the store.
+    /// whose record this rank already holds (see `peers`); the collector deletes the records the
+    /// peer sent all the same. Returns the items left to fetch from the store.
     fn import_known(
         &self,
         items: &[Item],
@@ -1454,7 +1249,7 @@ impl Context {
                             .record_for(at.alloc_id, at.offset, at.bytes, it.peer_version, channel)
                             .map(|rec| (rec, true));
                     }
-                    let pid = it.progress.link.board.as_ref()?.owner_pid();
+                    let pid = it.progress.link.board.as_ref()?.owner().pid;
                     // The version this channel last imported, whose mapping was released since
                     // (`symmetric_release`): its record was read and deleted already.
                     if channel.version == it.peer_version && channel.pid == pid {
@@ -1478,10 +1273,24 @@ impl Context {
         let mut board_only = 0;
         for (&i, rec) in wanted.iter().zip(records) {
             let it = &items[i];
-            let key = self.peer_record_key(it);
+            let key = self.record_key(it, false);
             let Some((rec, kept)) = rec else {
                 if it.peer_at.known_to_peer {
-                    return Err(self.not_held(it, &key));
+                    // The two sides disagree on what this rank holds.
+                    return Err(Error::protocol(format!(
+                        "rank {}: peer rank {} published version {} of its buffer on {} \
+                         (allocation {}, offset {}, {} bytes) without a record, as one this rank \
+                         holds, but this rank holds no record of that allocation for the channel \
+                         (no key {key:?} in the store either); all ranks must use the same \
+                         nvfuser-ipc version: create new caches on both ranks",
+                        self.rank,
+                        it.ch.peer,
+                        it.peer_version,
+                        it.ch.key,
+                        it.peer_at.alloc_id,
+                        it.peer_at.offset,
+                        it.peer_at.bytes,
+                    )));
                 }
                 rest.push(i);
                 continue;
@@ -1500,24 +1309,6 @@ impl Context {
             lock(&self.collector).delete_when_written(keys);
         }
         Ok(rest)
-    }
-
-    /// The error of a step the peer sent through the board alone, for an allocation whose record
-    /// this rank does not hold for the channel: the two sides disagree on what it holds.
-    fn not_held(&self, it: &Item, key: &str) -> Error {
-        Error::protocol(format!(
-            "rank {}: peer rank {} published version {} of its buffer on {} (allocation {}, \
-             offset {}, {} bytes) without a record, as one this rank holds, but this rank holds \
-             no record of that allocation for the channel (no key {key:?} in the store either); \
-             all ranks must use the same nvfuser-ipc version: create new caches on both ranks",
-            self.rank,
-            it.ch.peer,
-            it.peer_version,
-            it.ch.key,
-            it.peer_at.alloc_id,
-            it.peer_at.offset,
-            it.peer_at.bytes,
-        ))
     }
 
     fn record_context(&self, it: &Item, key: &str) -> String {
@@ -1558,7 +1349,7 @@ impl Context {
             )));
         }
         let t = self.channel_transport(it.ch.kind);
-        let clock = clock(Level::Info);
+        let clock = logging::clock(logging::EXCHANGE, Level::Info);
         let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
         bump(&self.counters.opens, 1);
         if clock.is_some() {

@@ -3,32 +3,10 @@
 //! *version* at each step. Peers read it with plain atomic loads, so two ranks can agree on
 //! whether a channel needs a store exchange without any store traffic.
 //!
-//! Layout (magic `NVFIBRD4`): a 64-byte header (`magic`, owner pid, rank, capacity, `ready`,
-//! `closed`, the owner's pid namespace, `sleepers`, `wake`), then `capacity` entries of 256 bytes
-//! in an insert-only open-addressing table keyed by the channel's 128-bit fingerprint: `{state,
-//! fingerprint, step, version[2], opened, at[2], known[8]}`, where `at` is where the buffer of
-//! that version lies (allocation id, offset, bytes, flags: see [`BufferAt`]) and `known` the
-//! peer's allocations whose records the owner holds for the channel (see `peers`). Only the owner
-//! writes. An entry is published by writing the fingerprint first and `state` last (Release); a
-//! step is published by writing `version[step % 2]` and `at[step % 2]` first and `step` last
-//! (Release).
-//!
-//! Waking: a peer that finds nothing new after its spins blocks on the owner's `wake` word (a
-//! futex): it counts itself in `sleepers`, reads `wake`, checks again, and sleeps while `wake`
-//! is unchanged. Every publish (step, opened, closed) is followed by a sequentially consistent
-//! fence and a load of `sleepers`; only when someone sleeps does the owner bump `wake` and make
-//! the `FUTEX_WAKE` call, so a publish nobody waits for costs no syscall. The fences on both
-//! sides make sure that either the sleeper sees the publish or the owner sees the sleeper.
-//!
-//! Why two version slots suffice: a rank at step `s` waits until its peer's step is `>= s`, so
-//! while one rank reads step `s` its peer is at step `s` or `s + 1` and never overwrites the slot
-//! of parity `s`.
-//!
-//! `closed` goes from 0 to 1, once, when the owner's cache is being torn down and has released
-//! every peer mapping and peer semaphore slab it held: from then on the owner maps nothing of its
-//! peers, and its peers must not import anything of the owner's any more. The store of `closed`
-//! and the peers' loads of it are sequentially consistent (with a fence on each side), so an
-//! importer that saw `closed == 0` right before importing is sure to be waited for by the owner.
+//! docs/PROTOCOL.md, section 4, gives the layout (magic `NVFIBRD4`), the publication order, why
+//! two version slots suffice, how a waiter blocks on the `wake` futex word and is woken only when
+//! it counts itself in `sleepers`, and the meaning of `closed` (set once, when the owner has
+//! released every peer mapping and slab it held: from then on its peers import nothing of it).
 
 use crate::error::{Error, Result};
 use crate::hash::Fnv1a;
@@ -40,20 +18,19 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Version 2 added `closed` to the header, version 3 where each version's buffer lies, version 4
-/// the wake word, the step flags and the allocations each entry's owner holds records of.
 const MAGIC: u64 = u64::from_le_bytes(*b"NVFIBRD4");
 const HEADER: u64 = 64;
 const ENTRY: u64 = 256;
-/// Peer allocations one entry can say its owner holds records of (the pool pattern cycles
-/// through a few segments per peer; as many as a cache keeps mapped by default).
+/// Peer allocations one entry can say its owner holds records of (as many as a cache keeps).
 pub const KNOWN_PER_CHANNEL: usize = 8;
-/// `at[i][3]` flag: the exporter sent no record of this version; the importer builds it from
-/// the allocation's record it holds for the channel (its `known` list said so).
+/// `at[i][3]` flag: the exporter sent no record of this version (see [`BufferAt`]).
 const AT_KNOWN_TO_PEER: u64 = 1;
 /// Channels one rank can publish (per cache).
 pub const CAPACITY: u32 = 4096;
 const BOARD_BYTES: u64 = HEADER + ENTRY * CAPACITY as u64;
+
+/// The byte hashed before the description in the high half of a fingerprint.
+const FINGERPRINT_SALT: u8 = 0x5a;
 
 /// 128-bit fingerprint of a channel (two independent 64-bit FNV-1a hashes of its description).
 pub fn fingerprint(description: &str) -> u128 {
@@ -62,11 +39,8 @@ pub fn fingerprint(description: &str) -> u128 {
     f.finish()
 }
 
-/// The byte hashed before the description in the high half of a fingerprint.
-const FINGERPRINT_SALT: u8 = 0x5a;
-
-/// [`fingerprint`] of a description fed in pieces, so a channel's fingerprint can be computed
-/// from its parts without formatting the description into a new string.
+/// [`fingerprint`] of a description fed in pieces, so that it is computed from the channel's
+/// parts without formatting a string.
 #[derive(Clone, Copy)]
 pub(super) struct Fingerprinter {
     lo: Fnv1a,
@@ -97,23 +71,11 @@ impl Fingerprinter {
     }
 
     /// Appends the decimal digits of `n` (as `format!("{n}")` writes them).
-    pub fn write_decimal(&mut self, mut n: u64) {
-        // Ranks and occurrences are small: one digit needs no buffer.
-        if n < 10 {
-            self.write_byte(b'0' + n as u8);
-            return;
+    pub fn write_decimal(&mut self, n: u64) {
+        if n >= 10 {
+            self.write_decimal(n / 10);
         }
-        let mut digits = [0u8; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.write(&digits[start..]);
+        self.write_byte(b'0' + (n % 10) as u8);
     }
 
     pub fn finish(self) -> u128 {
@@ -158,28 +120,21 @@ struct Entry {
     known: [AtomicU64; KNOWN_PER_CHANNEL],
 }
 
-/// Where a channel's buffer lies in its exporter's allocation, as the board carries it: enough
-/// for a peer that already holds the allocation's record to import the buffer without fetching
-/// a new record from the store.
+/// Where a channel's buffer lies in its exporter's allocation: enough for a peer that holds the
+/// allocation's record to import the buffer without a store fetch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BufferAt {
     /// The exporter's allocation id (`LocalBuffer::buffer_id`).
     pub alloc_id: u64,
     pub offset: u64,
     pub bytes: u64,
-    /// The exporter sent no record to the store: the importer holds the allocation's record
-    /// for this channel (it said so on its board).
+    /// The exporter sent no record: the importer holds the allocation's (its board said so).
     pub known_to_peer: bool,
 }
 
-/// Shared view of a mapped board (own or peer's).
-///
-/// The mapping is guarded against SIGBUS (`os::sigbus`): a process of the same uid can truncate
-/// the board's file under its owner and its peers, and the next access past the new end would
-/// kill them. Guarded, that access reads zeros instead (every check of the protocol treats zeros
-/// as "not there yet") and the truncation is marked; [`Table::check`], called at every wait,
-/// turns the mark into an error. A size check (`fstat`) before each access would instead cost a
-/// syscall per access on the exchange's hot path and still race with the truncation.
+/// Shared view of a mapped board (own or peer's), guarded against SIGBUS: an access past the end
+/// of a file truncated under it reads zeros and marks it, which [`Table::check`], called at every
+/// wait, turns into an error (docs/PROTOCOL.md, "A board truncated under its readers").
 struct Table {
     /// Declared before `seg`: released before the segment is unmapped.
     guard: Guard,
@@ -192,11 +147,9 @@ impl Table {
         Table { guard, seg }
     }
 
-    /// Whether an access to the board ran into its file truncated or shrunk. With `probe`, the
-    /// first and the last page are touched first, so a shrink that no access has run into yet is
-    /// found too (to the page: a shrink inside the last page, which holds only the end of the
-    /// last entry, is not). Without, one atomic load: what the rank's own reads and writes of
-    /// the board ran into.
+    /// Whether an access to the board ran into its file truncated or shrunk (one atomic load).
+    /// With `probe`, the first and the last page are touched first, so that a shrink no access
+    /// ran into yet is found too (to the page).
     fn truncated(&self, probe: bool) -> bool {
         debug_assert!(self.seg.len() >= BOARD_BYTES);
         if probe {
@@ -236,13 +189,19 @@ impl Table {
         unsafe { &*((self.seg.addr() + HEADER + ENTRY * u64::from(index)) as *const Entry) }
     }
 
+    /// The entries where `fp` may lie, in probing order.
+    fn probe(&self, fp: u128) -> impl Iterator<Item = (u32, &Entry)> {
+        let start = (fp as u64 % u64::from(CAPACITY)) as u32;
+        (0..CAPACITY).map(move |i| {
+            let index = (start + i) % CAPACITY;
+            (index, self.entry(index))
+        })
+    }
+
     /// Finds the published entry of `fp`.
     fn find(&self, fp: u128) -> Option<u32> {
         let (lo, hi) = (fp as u64, (fp >> 64) as u64);
-        let start = (lo % u64::from(CAPACITY)) as u32;
-        for i in 0..CAPACITY {
-            let index = (start + i) % CAPACITY;
-            let e = self.entry(index);
+        for (index, e) in self.probe(fp) {
             if e.state.load(Ordering::Acquire) == 0 {
                 return None;
             }
@@ -269,13 +228,9 @@ pub fn reclaim_dead() -> usize {
     let mut removed = 0;
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(name) = name.to_str() else {
+        let Some(name) = name.to_str().filter(|n| crate::names::is_board_name(n)) else {
             continue;
         };
-        let is_board = crate::names::is_board_name(name);
-        if !is_board {
-            continue;
-        }
         let path = format!("/{name}");
         let Ok(Some(seg)) = ShmSegment::open_when_sized(&path, HEADER) else {
             continue;
@@ -310,30 +265,26 @@ impl OwnBoard {
         let seg = match ShmSegment::create(name, BOARD_BYTES) {
             Ok(seg) => seg,
             Err(first) => {
-                let stale = match ShmSegment::open(name, 0) {
-                    Ok(Some(existing)) => {
-                        let t = Table::new(existing);
-                        let pid = t.header().owner_pid.load(Ordering::Acquire);
-                        if pid == std::process::id() {
-                            return Err(Error::state(format!(
-                                "board {name} of rank {rank} is already owned by another cache \
-                                 in this process: give each cache of a job its own scope"
-                            )));
-                        }
-                        let ns = t.header().owner_pid_ns.load(Ordering::Acquire);
-                        if pid != 0 && (!pid_checkable(ns) || process_alive(pid)) {
-                            return Err(Error::state(format!(
-                                "board {name} of rank {rank} is owned by live process {pid}: \
-                                 two processes claim the same job id and rank"
-                            )));
-                        }
-                        true
-                    }
-                    _ => false,
-                };
-                if !stale {
+                let Ok(Some(existing)) = ShmSegment::open(name, 0) else {
                     return Err(first.context(format!("creating the board of rank {rank}")));
+                };
+                let h = Table::new(existing);
+                let pid = h.header().owner_pid.load(Ordering::Acquire);
+                if pid == std::process::id() {
+                    return Err(Error::state(format!(
+                        "board {name} of rank {rank} is already owned by another cache in this \
+                         process: give each cache of a job its own scope"
+                    )));
                 }
+                let ns = h.header().owner_pid_ns.load(Ordering::Acquire);
+                if pid != 0 && (!pid_checkable(ns) || process_alive(pid)) {
+                    return Err(Error::state(format!(
+                        "board {name} of rank {rank} is owned by live process {pid}: two \
+                         processes claim the same job id and rank"
+                    )));
+                }
+                // A stale board of a dead process.
+                drop(h);
                 crate::os::shm::unlink_name(name);
                 ShmSegment::create(name, BOARD_BYTES)?
             }
@@ -356,8 +307,7 @@ impl OwnBoard {
         Ok(board)
     }
 
-    /// Warns, once per cache, that a board it maps has no SIGBUS guard (no SIGBUS handler, or
-    /// too many ranges guarded): a process truncating it would kill this one.
+    /// Warns, once per cache, that a board it maps has no SIGBUS guard.
     fn warn_if_unguarded(&self, t: &Table) {
         if !t.guard.is_guarded() && !self.unguarded_said.swap(true, Ordering::Relaxed) {
             log::warn!(
@@ -375,9 +325,7 @@ impl OwnBoard {
         self.warn_if_unguarded(&peer.table);
     }
 
-    /// Fails, naming the board, when its file was truncated or shrunk: the peers no longer see
-    /// what this rank publishes. Called at every wait of an exchange, with `probe` now and then
-    /// (see `Table::truncated`).
+    /// Fails, naming the board, when its file was truncated or shrunk (see `Table::truncated`).
     pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
             probe,
@@ -392,28 +340,22 @@ impl OwnBoard {
         if let Some(&i) = index.get(&fp) {
             return Ok(i);
         }
-        let (lo, hi) = (fp as u64, (fp >> 64) as u64);
-        let start = (lo % u64::from(CAPACITY)) as u32;
-        for i in 0..CAPACITY {
-            let slot = (start + i) % CAPACITY;
-            let e = self.table.entry(slot);
-            if e.state.load(Ordering::Relaxed) == 0 {
-                e.fp_lo.store(lo, Ordering::Relaxed);
-                e.fp_hi.store(hi, Ordering::Relaxed);
-                e.step.store(0, Ordering::Relaxed);
-                e.opened.store(0, Ordering::Relaxed);
-                e.state.store(1, Ordering::Release);
-                index.insert(fp, slot);
-                return Ok(slot);
-            }
-        }
-        Err(Error::state(format!(
-            "the board is full ({CAPACITY} channels): use fewer distinct tags per cache"
-        )))
+        let mut probe = self.table.probe(fp);
+        let Some((slot, e)) = probe.find(|(_, e)| e.state.load(Ordering::Relaxed) == 0) else {
+            return Err(Error::state(format!(
+                "the board is full ({CAPACITY} channels): use fewer distinct tags per cache"
+            )));
+        };
+        e.fp_lo.store(fp as u64, Ordering::Relaxed);
+        e.fp_hi.store((fp >> 64) as u64, Ordering::Relaxed);
+        e.step.store(0, Ordering::Relaxed);
+        e.opened.store(0, Ordering::Relaxed);
+        e.state.store(1, Ordering::Release);
+        index.insert(fp, slot);
+        Ok(slot)
     }
 
-    /// Publishes `version`, whose buffer lies `at`, as this rank's buffer version at `step` of
-    /// the channel at `entry`.
+    /// Publishes `version`, whose buffer lies `at`, at `step` of the channel at `entry`.
     pub fn publish(&self, entry: u32, step: u64, version: u64, at: BufferAt) {
         let e = self.table.entry(entry);
         let slot = (step & 1) as usize;
@@ -441,8 +383,7 @@ impl OwnBoard {
         self.wake_sleepers();
     }
 
-    /// Wakes the peers blocked on this board, if any (see module docs): one fence and one load
-    /// when none is.
+    /// Wakes the peers blocked on this board, if any: one fence and one load when none is.
     fn wake_sleepers(&self) {
         fence(Ordering::SeqCst);
         let h = self.table.header();
@@ -483,8 +424,7 @@ impl OwnBoard {
             .collect()
     }
 
-    /// Tells the peers that this rank has released every mapping of theirs and is closing: they
-    /// must import nothing more from it, and it waits for them to close before freeing memory.
+    /// Tells the peers that this rank has released every mapping of theirs and is closing.
     pub fn mark_closed(&self) {
         self.table.header().closed.store(1, Ordering::SeqCst);
         // Orders the store before the loads of the peers' boards that follow (see module docs).
@@ -496,14 +436,12 @@ impl OwnBoard {
 /// A peer's board, mapped read-only in spirit (we never write it).
 pub struct PeerBoard {
     table: Table,
-    /// The owner as found when the board was opened (its header is written once, before
-    /// `ready`): still known after the board is truncated.
+    /// As found at the open (written once, before `ready`): still known after a truncation.
     owner: PeerProcess,
 }
 
 impl PeerBoard {
-    /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise
-    /// (the caller retries until its deadline).
+    /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise.
     pub fn try_open(name: &str, rank: usize) -> Result<Option<PeerBoard>> {
         // A board being created may still be empty: treat it as absent until it is sized.
         let Some(seg) = ShmSegment::open_when_sized(name, BOARD_BYTES)? else {
@@ -537,9 +475,7 @@ impl PeerBoard {
         Ok(Some(PeerBoard { table, owner }))
     }
 
-    /// Fails, naming the board and its owner, when its file was truncated or shrunk: what it
-    /// shows can no longer be trusted. Called at every wait on it, with `probe` now and then
-    /// (see `Table::truncated`).
+    /// Fails, naming the board and its owner, when its file was truncated or shrunk.
     pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
             probe,
@@ -556,8 +492,7 @@ impl PeerBoard {
         self.table.find(fp)
     }
 
-    /// The peer's version at `step`, and where its buffer lies, once its step has reached
-    /// `step`.
+    /// The peer's version at `step`, and where its buffer lies, once it has reached `step`.
     pub fn read(&self, entry: u32, step: u64) -> Option<(u64, BufferAt)> {
         let e = self.table.entry(entry);
         let peer_step = e.step.load(Ordering::Acquire);
@@ -587,9 +522,8 @@ impl PeerBoard {
                 .any(|w| w.load(Ordering::Acquire) == alloc_id)
     }
 
-    /// Blocks, at most `max`, until the owner publishes something, unless `still_waiting`
-    /// (called once this rank counts as a sleeper) says the wait is over already. Returns at
-    /// any publish of the owner (or spuriously): the caller checks again.
+    /// Blocks, at most `max`, until the owner publishes something (or spuriously), unless
+    /// `still_waiting` (called once this rank counts as a sleeper) says the wait is over.
     pub fn block(&self, max: Duration, still_waiting: impl FnOnce() -> bool) {
         let h = self.table.header();
         h.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -612,28 +546,17 @@ impl PeerBoard {
         self.table.entry(entry).step.load(Ordering::Acquire)
     }
 
-    /// Whether the owner has marked itself closed: it holds none of this rank's memory any more,
-    /// and must not be imported from.
+    /// Whether the owner has marked itself closed (it must not be imported from).
     pub fn closed(&self) -> bool {
         // Orders this rank's earlier stores (e.g. its own `closed`) before the load.
         fence(Ordering::SeqCst);
         self.table.header().closed.load(Ordering::SeqCst) != 0
     }
 
-    /// Whether the owning process still exists (one that has exited but is not reaped yet, a
-    /// zombie, does not: see `process_alive`).
-    pub fn owner_alive(&self) -> bool {
-        !self.owner().is_dead()
-    }
-
-    /// The owner as a process whose liveness can be checked where its pid is meaningful.
+    /// The owner as a process whose liveness can be checked where its pid is meaningful (a
+    /// zombie counts as dead).
     pub fn owner(&self) -> PeerProcess {
         self.owner
-    }
-
-    /// The owner's pid (for messages).
-    pub fn owner_pid(&self) -> u32 {
-        self.owner.pid
     }
 }
 
@@ -642,7 +565,7 @@ impl crate::departures::Presence for PeerBoard {
         let (rank, pid) = (self.owner.rank, self.owner.pid);
         if self.closed() {
             Some(format!("rank {rank} (pid {pid}) closed its cache"))
-        } else if !self.owner_alive() {
+        } else if self.owner.is_dead() {
             Some(format!("rank {rank} (pid {pid}) has exited"))
         } else {
             None

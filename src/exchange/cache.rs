@@ -1,24 +1,12 @@
-//! The handle cache: its channel table and its context (transports, board, settings, ...), the
-//! public surface over them, the order of a call (resolve the requests, then a batch, which runs
-//! the protocol and ends in a commit, suspend or failure: `exchange::batch`) and its teardown.
+//! The handle cache: its channel table and its context, the public surface over them, the order
+//! of a call (resolve the requests, then a batch: `exchange::batch`) and its teardown.
 //!
-//! Thread safety: every method takes `&self`. Calls on *different* channels may run concurrently
-//! from several threads (the table lock is never held across a board wait or a store call); a call
-//! that includes a channel already being exchanged by another thread fails with `InvalidState`.
-//! `get` and `stats` may run at any time.
-//!
-//! Teardown (`close`, `try_close`, drop) never frees what a peer may still map, and needs no
-//! barrier: the cache releases everything it imported, waits (bounded by the linger) until the
-//! transports have unmapped it, marks itself closed on its board, then waits, bounded by what is
-//! left of the linger, until every peer of its channels has closed too, exited, or has no board;
-//! only then are the transports (with this rank's semaphore slab) dropped. Releasing first means
-//! two ranks closing together never wait on each other. When the linger runs out, the device
-//! transport is kept alive on purpose (its slab leaked rather than freed under a peer's mapping).
-//! Its only store traffic, cleanup for peers still open (the collector's last deletes and this
-//! rank's node key), is skipped when `departures::quiet_reason` says nobody would read it.
+//! Calls on *different* channels may run concurrently (the table lock is never held across a board
+//! wait or a store call); a call on a channel another thread is exchanging fails (`InvalidState`).
+//! Teardown never frees what a peer may still map (docs/PROTOCOL.md, "Closing a cache").
 
 use super::batch::{self, Batch, Deadline, Item, Resolution};
-use super::batch::{mark, Phase, PhaseTimes};
+use super::batch::{Phase, PhaseTimes};
 use super::board::OwnBoard;
 use super::channel::{Channel, ChannelTable, OpenChannel, Request};
 use super::collector::Collector;
@@ -36,6 +24,7 @@ use crate::sync::lock;
 use crate::transport::{LocalBuffer, MemKind, P2pHandles, Transport, Transports};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,8 +38,7 @@ pub struct CacheConfig {
     pub job_id: String,
     /// Distinguishes several caches of one job in one process (equal on all ranks; may be "").
     pub scope: String,
-    /// Bound of every wait of an exchange (board and store), until `set_timeout`: the cache keeps
-    /// it in its settings, not here.
+    /// Bound of every wait of an exchange (board and store), until `set_timeout`.
     pub timeout: Duration,
 }
 
@@ -112,8 +100,7 @@ impl HandleCache {
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &names, cfg.rank)?;
         let counters = Counters::default();
-        // The collector's deletes get a connection of their own where the store can open one, so
-        // that its round trips never hold back an exchange's requests on the shared one.
+        // Where the store can open one, a connection of its own, never holding back exchanges.
         let sweeper_store = cfg
             .store
             .separate_connection()
@@ -150,17 +137,6 @@ impl HandleCache {
         })
     }
 
-    /// Adds (or replaces before first use) the transport of its memory kind, e.g. the device one.
-    pub fn with_transport(mut self, t: Arc<dyn Transport>) -> Result<HandleCache> {
-        if !lock(&self.table).channels.is_empty() {
-            return Err(Error::state(
-                "transports must be set before the first exchange",
-            ));
-        }
-        self.cx.transports.set(t);
-        Ok(self)
-    }
-
     pub fn rank(&self) -> usize {
         self.cx.rank
     }
@@ -188,8 +164,7 @@ impl HandleCache {
         self.cx.settings.set_timeout(timeout);
     }
 
-    /// The bound of the teardown's wait for peers to close: the value given to
-    /// [`set_linger`](Self::set_linger), else min([`timeout`](Self::timeout),
+    /// The bound of the teardown's wait for peers to close: as set, else min(timeout,
     /// [`DEFAULT_MAX_LINGER`](super::DEFAULT_MAX_LINGER)).
     pub fn linger(&self) -> Duration {
         self.cx.settings.linger()
@@ -201,16 +176,18 @@ impl HandleCache {
     }
 
     /// How many replaced peer allocations the cache keeps mapped per (peer, memory kind), so that
-    /// buffers carved again from them cost no open (default
-    /// [`DEFAULT_RETAINED_PER_PEER`](super::DEFAULT_RETAINED_PER_PEER)).
+    /// buffers carved again from them cost no open (default [`super::DEFAULT_RETAINED_PER_PEER`]).
     pub fn retained_per_peer(&self) -> usize {
-        self.cx.settings.retained_per_peer()
+        self.cx.settings.retained_per_peer.load(Ordering::Relaxed)
     }
 
     /// Sets [`retained_per_peer`](Self::retained_per_peer); 0 releases every replaced mapping at
     /// once. Takes effect at the next replacement.
     pub fn set_retained_per_peer(&self, per_peer: usize) {
-        self.cx.settings.set_retained_per_peer(per_peer);
+        self.cx
+            .settings
+            .retained_per_peer
+            .store(per_peer, Ordering::Relaxed);
     }
 
     /// Counters since creation.
@@ -229,8 +206,7 @@ impl HandleCache {
         self.exchange_resolved_as(requests, timeout, Resolution::Shared)
     }
 
-    /// An exchange whose buffers resolve as `resolution` says (symmetric rendezvous: exactly,
-    /// since their contiguous views map what the records name).
+    /// An exchange whose buffers resolve as `resolution` says.
     pub(super) fn exchange_resolved_as(
         &self,
         requests: &[Request],
@@ -241,7 +217,7 @@ impl HandleCache {
         let run = |scratch: &mut Scratch| {
             let mut lap = self.cx.counters.phases.start();
             batch::resolve_all(&self.cx, requests, resolution, &mut scratch.resolved)?;
-            mark(&mut lap, Phase::Resolve);
+            lap.mark(Phase::Resolve);
             let batch = Batch::begin(
                 &self.cx,
                 &self.table,
@@ -250,7 +226,7 @@ impl HandleCache {
                 &mut scratch.channels,
                 &mut scratch.items,
             )?;
-            mark(&mut lap, Phase::Claim);
+            lap.mark(Phase::Claim);
             batch.exchange(&mut Deadline::new(timeout), lap)
         };
         let result = run(&mut scratch);
@@ -270,8 +246,7 @@ impl HandleCache {
         self.cx.counters.phases.set_enabled(on);
     }
 
-    /// Time per phase over the calls timed since the last reset (see [`Phase`]); `reset` starts
-    /// over.
+    /// Time per phase over the calls timed since the last reset; `reset` starts over.
     pub fn phase_times(&self, reset: bool) -> PhaseTimes {
         let t = self.cx.counters.phases.snapshot();
         if reset {
@@ -288,8 +263,7 @@ impl HandleCache {
 
     /// The channel of `req`, found as [`get`](Self::get) finds it, opened for transfers: its
     /// handles stay usable without another lookup until an exchange changes the channel's
-    /// buffers or the cache is torn down (then every use is an `InvalidState` error; open it
-    /// again after the exchange).
+    /// buffers or the cache is torn down (then every use is an `InvalidState` error).
     pub fn open_channel(&self, req: &Request) -> Result<OpenChannel> {
         let st = lock(&self.table);
         let (ch, handles) = self.find(&st, req)?;
@@ -303,8 +277,7 @@ impl HandleCache {
         ))
     }
 
-    /// The channel of `req` in `st`, exchanged with the request's buffer and not failed, and its
-    /// handles.
+    /// The channel of `req` in `st`, exchanged with the request's buffer, and its handles.
     fn find<'t>(&self, st: &'t ChannelTable, req: &Request) -> Result<(&'t Channel, P2pHandles)> {
         let rank = self.cx.rank;
         if req.peer >= self.cx.world_size || req.peer == rank {
@@ -413,8 +386,7 @@ impl Context {
         match departures::quiet_reason(self.store.liveness(), self.names.job_id(), self.rank) {
             None => {
                 lock(&self.collector).finish();
-                self.peer_nodes
-                    .unpublish(&*self.store, &self.names, self.rank);
+                let _ = self.store.delete_key(&self.names.node_key(self.rank));
             }
             Some(why) => {
                 lock(&self.collector).abandon();
@@ -434,25 +406,34 @@ impl Context {
         let start = Instant::now();
         // Only once the transports have unmapped what they released (the device one waits for
         // the work queued before) does this rank say it let go of its peers' memory.
-        let flushed = self.flush_releases(linger);
+        let flushed = self.transports.existing().try_for_each(|t| {
+            t.flush_releases(linger).map_err(|e| {
+                e.context(format!(
+                    "rank {}: closing the cache (this rank has not marked itself closed, so its \
+                     peers keep the memory it may still map)",
+                    self.rank
+                ))
+            })
+        });
         if flushed.is_ok() {
             self.board.mark_closed();
         }
-        let unclosed = self.wait_for_peers_to_close(peers, linger.saturating_sub(start.elapsed()));
+        // Waits until every peer has let go of this rank's memory.
+        let mut unclosed = peers;
+        wait_paced(SLEEPING, linger.saturating_sub(start.elapsed()), || {
+            unclosed.retain(|&(peer, _)| !self.peer_let_go(peer));
+            unclosed.is_empty().then_some(())
+        });
         // What dead processes of this node left in /dev/shm: their boards (the survivors clean up).
         super::board::reclaim_dead();
-        let names: Vec<String> = {
-            let mut boards = lock(&self.peer_boards);
-            let names = unclosed
-                .iter()
-                .map(|&(peer, _)| match boards.get(&peer) {
-                    Some(b) => format!("rank {peer} (pid {})", b.owner_pid()),
-                    None => format!("rank {peer}"),
-                })
-                .collect();
-            boards.clear();
-            names
-        };
+        let boards = std::mem::take(&mut *lock(&self.peer_boards));
+        let names: Vec<String> = unclosed
+            .iter()
+            .map(|&(peer, _)| match boards.get(&peer) {
+                Some(b) => format!("rank {peer} (pid {})", b.owner().pid),
+                None => format!("rank {peer}"),
+            })
+            .collect();
         if unclosed.is_empty() {
             return flushed;
         }
@@ -485,22 +466,8 @@ impl Context {
         )))
     }
 
-    /// Waits, at most `linger`, until every transport has unmapped what it released.
-    fn flush_releases(&self, linger: Duration) -> Result<()> {
-        for t in self.transports.existing() {
-            t.flush_releases(linger).map_err(|e| {
-                e.context(format!(
-                    "rank {}: closing the cache (this rank has not marked itself closed, so its \
-                     peers keep the memory it may still map)",
-                    self.rank
-                ))
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers
-    /// of the channels, each with whether a device channel connects them.
+    /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers,
+    /// each with whether a device channel connects them.
     fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
         let mut st = lock(table);
         let channels = std::mem::take(&mut st.channels);
@@ -528,19 +495,5 @@ impl Context {
             }
         }
         peers.into_iter().collect()
-    }
-
-    /// Waits, at most `linger`, until every peer has let go of this rank's memory; returns the
-    /// ones that have not.
-    fn wait_for_peers_to_close(
-        &self,
-        mut pending: Vec<(usize, bool)>,
-        linger: Duration,
-    ) -> Vec<(usize, bool)> {
-        wait_paced(SLEEPING, linger, || {
-            pending.retain(|&(peer, _)| !self.peer_let_go(peer));
-            pending.is_empty().then_some(())
-        });
-        pending
     }
 }

@@ -1,36 +1,24 @@
 //! Channels: what a request names, the cache's table of channels, and a channel opened for its
 //! transfers ([`OpenChannel`]).
 //!
-//! A *channel* is one direction of one communication between two ranks:
-//! `(src, dst, tag, occurrence)`. A SEND request of rank `r` to `p` is channel `(r, p, tag, k)`,
-//! the matching RECV request of `p` is `(r, p, tag, k)` as well, where `k` counts earlier requests
-//! with the same (peer, direction, tag) in the same batch. Both ranks therefore name the channel
-//! identically whatever the order of their batches.
+//! A *channel* is one direction of one communication between two ranks, `(src, dst, tag,
+//! occurrence)`, named identically by both whatever the order of their batches (the occurrence
+//! counts earlier requests with the same peer, direction and tag in the batch).
 //!
-//! Per channel the table keeps what is fixed at its creation, this rank's buffer and the peer's
-//! buffer mapped here, and its progress (step, version, what was published and opened, the step
-//! a timed-out call left suspended), which the batch exchanging the channel takes out and puts
-//! back.
-//!
-//! An opened channel keeps the channel's resolved handles and its [`Validity`] as of the open, so
-//! that a post costs no request conversion, table lock or fingerprint. Every change of what the
-//! handles point to (this rank's buffer replaced at the start of an exchange, the peer's mapping
-//! replaced at its commit), a failed exchange and the cache's teardown move the channel's
-//! generation on *before* the old mappings are released; a post compares generations (one atomic
-//! load) and touches nothing when they differ. As for the handles of `HandleCache::get`, posts on
-//! a channel must not run while an exchange of that channel or the cache's teardown runs.
+//! An opened channel keeps the channel's handles and its [`Validity`] as of the open: every change
+//! of what they point to moves the generation on *before* the old mappings are released, and a
+//! post compares generations (one atomic load) instead of looking the channel up.
 
 use super::board::{Fingerprinter, PeerBoard};
 use super::context::{Context, Settings};
 use super::peers::HeldRecords;
 use crate::error::{Error, Result};
+use crate::hash::FastMap;
 use crate::names::CacheNames;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles};
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,30 +57,24 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn new(
-        peer: usize,
-        direction: Direction,
-        tag: impl Into<String>,
-        ptr: u64,
-        bytes: u64,
-        kind: MemKind,
-    ) -> Request {
+    pub fn send(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
+        let tag = tag.into();
+        let direction = Direction::Send;
         Request {
             peer,
             direction,
-            tag: tag.into(),
+            tag,
             ptr,
             bytes,
             kind,
         }
     }
 
-    pub fn send(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
-        Self::new(peer, Direction::Send, tag, ptr, bytes, kind)
-    }
-
     pub fn recv(peer: usize, tag: impl Into<String>, ptr: u64, bytes: u64, kind: MemKind) -> Self {
-        Self::new(peer, Direction::Recv, tag, ptr, bytes, kind)
+        Request {
+            direction: Direction::Recv,
+            ..Self::send(peer, tag, ptr, bytes, kind)
+        }
     }
 
     /// The (src, dst) ranks of this request's channel, issued by `rank`.
@@ -106,10 +88,9 @@ impl Request {
 
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let to = if self.direction == Direction::Send {
-            "to"
-        } else {
-            "from"
+        let to = match self.direction {
+            Direction::Send => "to",
+            Direction::Recv => "from",
         };
         write!(
             f,
@@ -175,9 +156,8 @@ impl fmt::Display for ChannelKey {
     }
 }
 
-/// The board fingerprint of the channel of `req` issued by `rank` as its `occurrence`-th such
-/// request: `board::fingerprint(&ChannelKey::of(rank, req, occurrence).describe())`, fed piece by
-/// piece without building the key (the exchange computes it for every request of every call).
+/// `board::fingerprint(&ChannelKey::of(rank, req, occurrence).describe())`, without building the
+/// key (the exchange computes it for every request of every call).
 pub fn fingerprint_of(rank: usize, req: &Request, occurrence: u32) -> u128 {
     let (src, dst) = req.ends(rank);
     let mut f = Fingerprinter::new();
@@ -202,8 +182,7 @@ pub fn occurrence(requests: &[Request], i: usize) -> u32 {
         .count() as u32
 }
 
-/// What a channel is, fixed when it is created. A call holds it through one `Arc`, so taking a
-/// channel into a call copies nothing of it.
+/// What a channel is, fixed when it is created (a call holds it through one `Arc`).
 pub(super) struct ChannelInfo {
     pub key: ChannelKey,
     pub peer: usize,
@@ -242,20 +221,22 @@ pub(super) struct Imported {
     pub record: Record,
 }
 
-/// What a call that timed out waiting for a peer leaves for the next call on its channel: the
-/// step and version stay; records already sent are not sent again; a peer buffer already opened
-/// is kept.
+/// What a step did so far, which a call that timed out waiting for a peer leaves for the next
+/// call on its channel (its step and version stay in its progress).
+#[derive(Default)]
 pub(super) struct Resume {
+    /// The step sends new records (the channel's version changed since it last published).
     pub publish: bool,
+    /// Its records are in the store already.
     pub sent: bool,
-    /// Its step went through the board alone (no record in the store).
+    /// The step sends no record: the peer holds the record of the buffer's allocation.
     pub known_to_peer: bool,
+    /// The peer's buffer, opened already.
     pub staged: Option<Imported>,
 }
 
-/// A channel's progress through its steps, out of the table while a batch exchanges the channel
-/// (the channel is busy). Kept small (what only misses and suspended steps need is boxed), so a
-/// warm call moves little.
+/// A channel's progress, out of the table while a batch exchanges the channel. Kept small (what
+/// only misses and suspended steps need is boxed), so that a warm call moves little.
 #[derive(Default)]
 pub(super) struct Progress {
     pub step: u64,
@@ -264,8 +245,7 @@ pub(super) struct Progress {
     pub published: u64,
     /// The peer's version this rank last opened.
     pub peer_opened: u64,
-    /// The record of the peer's buffer mapped in `peer_side` (its semaphore fields hold for
-    /// every version of the channel).
+    /// The record of the peer's buffer mapped in `peer_side` (its semaphore fields hold for all).
     pub peer_record: Option<Box<Record>>,
     /// Records of the peer's allocations held for the channel, listed on the board.
     pub held: HeldRecords,
@@ -276,8 +256,7 @@ pub(super) struct Progress {
 
 pub(super) struct Channel {
     pub info: Arc<ChannelInfo>,
-    /// This rank's buffer as last given to `exchange_handles`; with `peer_side`, what `get`
-    /// hands out.
+    /// This rank's buffer as last given to `exchange_handles`.
     pub local: Option<LocalBuffer>,
     pub peer_side: Option<PeerSide>,
     pub epochs: Arc<TransferEpochs>,
@@ -301,43 +280,19 @@ impl Channel {
         }
     }
 
-    /// Whether `local` has the identity of this channel's buffer (whose change bumps the
-    /// channel's version).
+    /// Whether `local` has the identity of this channel's buffer (a change bumps the version).
     pub(super) fn holds(&self, local: &LocalBuffer) -> bool {
         let id = |l: &LocalBuffer| (l.base, l.buffer_id, l.offset(), l.bytes);
         self.local.as_ref().map(id) == Some(id(local))
     }
 }
 
-/// Hashes a channel fingerprint, already uniformly distributed, by folding it (no SipHash on
-/// the exchange path).
-#[derive(Default)]
-pub(super) struct FingerprintHasher(u64);
-
-impl Hasher for FingerprintHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u128(&mut self, n: u128) {
-        self.0 = (n as u64) ^ ((n >> 64) as u64);
-    }
-}
-
-pub(super) type ByFingerprint = HashMap<u128, usize, BuildHasherDefault<FingerprintHasher>>;
-
 /// A cache's channels, under one lock (what it holds per peer is in the context).
 #[derive(Default)]
 pub(super) struct ChannelTable {
     pub channels: Vec<Channel>,
     /// Channel index by fingerprint (the channel's key is compared too).
-    pub by_fp: ByFingerprint,
+    pub by_fp: FastMap<u128, usize>,
 }
 
 impl ChannelTable {
@@ -347,9 +302,8 @@ impl ChannelTable {
         self.channels[i].info.key.is_of(rank, req, occ).then_some(i)
     }
 
-    /// The peers' buffers that the channels of `reqs` (each the only one of its peer, direction
-    /// and tag: occurrence 0) map, with their records: what a symmetric rendezvous of `tag`
-    /// left. Fails when a channel no longer maps its peer (released) or is being exchanged.
+    /// The peers' buffers, with their records, that the channels of the symmetric rendezvous
+    /// `reqs` of `tag` map. Fails when one no longer maps its peer or is being exchanged.
     pub(super) fn peer_buffers(
         &self,
         rank: usize,
@@ -378,17 +332,15 @@ impl ChannelTable {
             .collect()
     }
 
-    /// Releases the peers' mappings that the channels of `reqs` hold; returns how many. A channel
-    /// keeps its step, versions and the peer's record (the peer may still hold this rank's
-    /// buffer and go on from the same state), and marks the peer's buffer as not opened, so its
-    /// next exchange imports it again, from the kept record when it has not changed. Nothing is
-    /// released when one of them is being exchanged or suspended in a timed-out step.
+    /// Releases the peers' mappings that the channels of `reqs` hold. Each
+    /// keeps its protocol state and marks the peer's buffer as not opened (docs/PROTOCOL.md,
+    /// "Symmetric memory"). Nothing is released when one of them is busy or suspended.
     pub(super) fn release_peers(
         &mut self,
         cx: &Context,
         reqs: &[Request],
         tag: &str,
-    ) -> Result<usize> {
+    ) -> Result<()> {
         let found: Vec<(usize, usize)> = reqs
             .iter()
             .filter_map(|r| self.index_of(cx.rank, r, 0).map(|i| (i, r.peer)))
@@ -408,18 +360,16 @@ impl ChannelTable {
                 _ => {}
             }
         }
-        let mut released = 0;
         for (i, _) in found {
             let ch = &mut self.channels[i];
             if let Some(side) = ch.peer_side.take() {
                 cx.release_mapping(ch.info.kind, &side.mapping);
-                released += 1;
             }
             if let Some(p) = ch.progress.as_mut() {
                 p.peer_opened = 0;
             }
         }
-        Ok(released)
+        Ok(())
     }
 }
 
@@ -435,8 +385,8 @@ const CLOSED: u64 = u64::MAX;
 /// Generation of a channel whose last exchange failed.
 const FAILED: u64 = u64::MAX - 1;
 
-/// The generation of one channel's handles, shared by the channel and every handle opened on it.
-/// Changed only under the cache's table lock; read without any lock.
+/// The generation of one channel's handles, shared with every handle opened on it: changed only
+/// under the cache's table lock, read without any lock.
 #[derive(Debug, Default)]
 pub(super) struct Validity {
     generation: AtomicU64,
@@ -473,8 +423,7 @@ impl Validity {
 }
 
 /// One channel's handles (`HandleCache::open_channel`), usable for transfers until the channel's
-/// buffers change (see the module docs). Does not keep the cache alive: after the cache is freed
-/// every use is an `InvalidState` error.
+/// buffers change or the cache is freed (then every use is an `InvalidState` error).
 pub struct OpenChannel {
     handles: P2pHandles,
     info: Arc<ChannelInfo>,
@@ -485,8 +434,7 @@ pub struct OpenChannel {
 }
 
 impl OpenChannel {
-    /// Reads the channel's generation now: call with the table lock held, with the handles
-    /// resolved under the same lock.
+    /// Call with the table lock held, under which the handles were resolved.
     pub(super) fn new(
         handles: P2pHandles,
         info: Arc<ChannelInfo>,
@@ -514,11 +462,6 @@ impl OpenChannel {
         } else {
             Err(self.stale(now))
         }
-    }
-
-    /// Whether [`handles`](Self::handles) would succeed now.
-    pub fn is_current(&self) -> bool {
-        self.validity.current() == self.opened_at
     }
 
     #[cold]
@@ -563,8 +506,7 @@ impl OpenChannel {
         self.info.key.src == self.rank
     }
 
-    /// The timeout of the cache the channel was opened from, as set now (host transfers use it
-    /// when given none).
+    /// The timeout of the cache the channel was opened from, as set now.
     pub fn timeout(&self) -> Duration {
         self.settings.timeout()
     }

@@ -1,11 +1,9 @@
 //! Deletes consumed store records off the hot path: the importer hands the keys it has read to a
 //! background thread, so garbage collection never adds a store round trip to an exchange.
 //!
-//! Keys of records the importer did not need to read (it built the record from one it already
-//! held, see `peers`) may not have reached the store yet: the exporter sends without waiting for
-//! the store. Those are deleted once they are there: a delete that finds nothing is tried again
-//! every [`RETRY`], up to [`TRIES`] times, then given up (a leftover key is harmless: keys are
-//! never reused).
+//! Keys of records the importer did not read may not have reached the store yet: a delete of one
+//! that finds nothing is tried again every [`RETRY`], up to [`TRIES`] times (a leftover key is
+//! harmless: keys are never reused).
 
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -20,12 +18,8 @@ const RETRY: Duration = Duration::from_millis(5);
 /// Deletes of such a key before it is given up (about 1 s).
 const TRIES: u32 = 200;
 
-enum Job {
-    /// Keys read from the store: there.
-    Read(Vec<String>),
-    /// Keys not read: there, or soon.
-    Unread(Vec<String>),
-}
+/// Keys to delete, and whether they were read from the store (else they are there, or soon).
+type Job = (Vec<String>, bool);
 
 /// Deletes consumed records off the hot path.
 pub(crate) struct Collector {
@@ -66,11 +60,7 @@ impl Sweeper {
         }
     }
 
-    fn run(&mut self, job: Job) {
-        let (keys, read) = match job {
-            Job::Read(keys) => (keys, true),
-            Job::Unread(keys) => (keys, false),
-        };
+    fn run(&mut self, (keys, read): Job) {
         for key in keys {
             if !self.delete(&key) && !read {
                 self.late.push((key, 1));
@@ -128,15 +118,17 @@ impl Collector {
 
     /// Deletes keys of records this rank has read.
     pub(crate) fn delete(&self, keys: Vec<String>) {
-        if let Some(q) = &self.queue {
-            let _ = q.send(Job::Read(keys));
-        }
+        self.send((keys, true));
     }
 
     /// Deletes keys of records this rank did not read, once they have reached the store.
     pub(crate) fn delete_when_written(&self, keys: Vec<String>) {
+        self.send((keys, false));
+    }
+
+    fn send(&self, job: Job) {
         if let Some(q) = &self.queue {
-            let _ = q.send(Job::Unread(keys));
+            let _ = q.send(job);
         }
     }
 

@@ -1,8 +1,6 @@
-//! What a batch's protocol and a cache's teardown work with: this rank's place in the job, its
-//! store, names, transports, board, settings and counters, the peers' boards and nodes, and what
-//! this rank holds of its peers across channels. It knows nothing of the channel table nor of the
-//! cache that owns it. Also here: the cache's tunables ([`Settings`]) and counters
-//! ([`CacheStats`], which the C ABI hands out as it is: build.rs feeds this file to cbindgen).
+//! What a batch's protocol and a cache's teardown work with (everything but the channel table),
+//! the cache's tunables ([`Settings`]) and counters ([`CacheStats`], which the C ABI hands out as
+//! it is: build.rs feeds this file to cbindgen).
 
 use super::batch::PhaseClock;
 use super::board::{OwnBoard, PeerBoard};
@@ -25,7 +23,6 @@ pub(super) struct Context {
     pub store: Arc<dyn Store>,
     /// The names of this cache's boards, node keys and record keys (its generation included).
     pub names: CacheNames,
-    /// Handed in by the layer that builds the cache (see `Transports`).
     pub transports: Transports,
     pub board: OwnBoard,
     pub peer_boards: Mutex<HashMap<usize, Arc<PeerBoard>>>,
@@ -63,20 +60,17 @@ impl Context {
     }
 
     /// Whether `peer` can no longer map this rank's memory: it marked its board closed, its
-    /// process has exited, or no live board of it can be found (it never created its cache, its
-    /// board was removed, or it belongs to a dead process). A board of another layout belongs to
-    /// an incompatible version, which could never have exchanged with this one.
+    /// process has exited, or no live board of it (of this version) can be found.
     pub fn peer_let_go(&self, peer: usize) -> bool {
         match self.peer_board(peer) {
-            Ok(Some(b)) => b.closed() || !b.owner_alive(),
+            Ok(Some(b)) => b.closed() || b.owner().is_dead(),
             Ok(None) | Err(_) => true,
         }
     }
 
     pub fn release_mapping(&self, kind: MemKind, m: &Mapping) {
         if let Some(t) = self.transports.get(kind) {
-            // A failed release means the mapping is already gone; count it as closed anyway
-            // so the balance reflects what this cache asked for.
+            // A failed release means the mapping is already gone: counted all the same.
             let _ = t.release(m);
             bump(&self.counters.closes, 1);
         }
@@ -102,7 +96,7 @@ pub(super) struct Settings {
     timeout_ns: AtomicU64,
     /// `LINGER_FROM_TIMEOUT` until set.
     linger_ns: AtomicU64,
-    retain_per_peer: AtomicUsize,
+    pub(super) retained_per_peer: AtomicUsize,
 }
 
 impl Settings {
@@ -110,7 +104,7 @@ impl Settings {
         Settings {
             timeout_ns: AtomicU64::new(nanos(timeout)),
             linger_ns: AtomicU64::new(LINGER_FROM_TIMEOUT),
-            retain_per_peer: AtomicUsize::new(DEFAULT_RETAINED_PER_PEER),
+            retained_per_peer: AtomicUsize::new(DEFAULT_RETAINED_PER_PEER),
         }
     }
 
@@ -132,14 +126,6 @@ impl Settings {
     pub(super) fn set_linger(&self, linger: Duration) {
         let ns = linger.as_nanos().min(u128::from(LINGER_FROM_TIMEOUT - 1)) as u64;
         self.linger_ns.store(ns, Ordering::Relaxed);
-    }
-
-    pub(super) fn retained_per_peer(&self) -> usize {
-        self.retain_per_peer.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn set_retained_per_peer(&self, per_peer: usize) {
-        self.retain_per_peer.store(per_peer, Ordering::Relaxed);
     }
 }
 
@@ -180,49 +166,34 @@ pub struct CacheStats {
     pub records_known: u64,
 }
 
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) exchanges: AtomicU64,
-    pub(crate) hits: AtomicU64,
-    pub(crate) misses: AtomicU64,
-    pub(crate) store_round_trips: AtomicU64,
-    pub(crate) records_sent: AtomicU64,
-    pub(crate) record_bytes_sent: AtomicU64,
-    pub(crate) records_received: AtomicU64,
-    pub(crate) opens: AtomicU64,
-    pub(crate) closes: AtomicU64,
-    pub(crate) keys_deleted: Arc<AtomicU64>,
-    pub(crate) peers_unclosed: AtomicU64,
-    pub(crate) leaked_slabs: AtomicU64,
-    pub(crate) peer_lookups: AtomicU64,
-    pub(crate) records_known: AtomicU64,
-    /// Time per phase of a call, when asked for.
-    pub(crate) phases: PhaseClock,
+/// The live counters: one atomic per field of [`CacheStats`], and the phase clock.
+macro_rules! counters {
+    ($($name:ident),*) => {
+        #[derive(Default)]
+        pub(crate) struct Counters {
+            $(pub(crate) $name: AtomicU64,)*
+            /// Shared with the collector's thread.
+            pub(crate) keys_deleted: Arc<AtomicU64>,
+            /// Time per phase of a call, when asked for.
+            pub(crate) phases: PhaseClock,
+        }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self) -> CacheStats {
+                CacheStats {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                    keys_deleted: self.keys_deleted.load(Ordering::Relaxed),
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    exchanges, hits, misses, store_round_trips, records_sent, record_bytes_sent, records_received,
+    opens, closes, peers_unclosed, leaked_slabs, peer_lookups, records_known
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
-}
-
-impl Counters {
-    /// A snapshot of the counters.
-    pub(crate) fn snapshot(&self) -> CacheStats {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        CacheStats {
-            exchanges: l(&self.exchanges),
-            hits: l(&self.hits),
-            misses: l(&self.misses),
-            store_round_trips: l(&self.store_round_trips),
-            records_sent: l(&self.records_sent),
-            record_bytes_sent: l(&self.record_bytes_sent),
-            records_received: l(&self.records_received),
-            opens: l(&self.opens),
-            closes: l(&self.closes),
-            keys_deleted: l(&self.keys_deleted),
-            peers_unclosed: l(&self.peers_unclosed),
-            leaked_slabs: l(&self.leaked_slabs),
-            peer_lookups: l(&self.peer_lookups),
-            records_known: l(&self.records_known),
-        }
-    }
 }

@@ -1,27 +1,10 @@
-//! What this rank knows and holds of its peers.
-//!
-//! Nodes ([`PeerNodes`]): each cache publishes its node identity (`crate::node`) under its node
-//! key; a rank about to wait for a peer's board that is not there reads the peer's identity once,
-//! and refuses a peer on another host or container (one that can never have a board here) at
-//! once, instead of timing out.
-//!
-//! Allocations: nvFuser's buffers come from PyTorch's caching allocator, every iteration's tensors
-//! carved at new offsets from a few large segments, and each rank publishes on its board where
-//! each buffer version lies (allocation id, offset, bytes). So a rank keeps
-//! - the records of peer allocations it imported ([`KnownAllocations`]): a buffer in one of them
-//!   is imported from the kept record, without waiting for the store (the exporter still sends
-//!   its record; the collector deletes it);
-//! - per channel, the records it lists on its board entry ([`HeldRecords`]): the exporter of a
-//!   buffer in a listed allocation sends no record at all. The list is exact: it changes only
-//!   when the importer imports a new version, before it publishes `opened` (which the exporter
-//!   awaits before another step), or shrinks when an allocation's mapping is released; records go
-//!   only at an import, and only those no longer listed;
-//! - replaced mappings, up to a bound of allocations per (peer, kind), least recently replaced
-//!   first out ([`Retained`]): a buffer moving back costs a reference count, not a driver open
-//!   (the exporter's memory stays mapped here until evicted or the cache freed).
-//!
-//! Allocation ids are never reused within a process and records are keyed by the exporter's pid
-//! too, so a kept record never describes another allocation.
+//! What this rank knows and holds of its peers: their nodes ([`PeerNodes`]: a peer that can never
+//! have a board here is refused at once), the records of peer allocations imported
+//! ([`KnownAllocations`]) and, per channel, those listed on its board entry ([`HeldRecords`]): a
+//! buffer carved from one (PyTorch's caching allocator) is imported with no store wait, or no
+//! record at all (docs/PROTOCOL.md, section 4); and replaced mappings ([`Retained`]: a buffer
+//! moving back costs a reference count, not a driver open). Allocation ids are never reused within
+//! a process and records are keyed by the exporter's pid too.
 
 use super::board::KNOWN_PER_CHANNEL;
 use crate::error::{Error, Result};
@@ -36,6 +19,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// This rank's view of its peers' nodes.
+#[derive(Default)]
 pub(super) struct PeerNodes {
     /// Peers found mappable: their pid, when it can be checked from here.
     known: Mutex<HashMap<usize, Option<u32>>>,
@@ -48,9 +32,7 @@ impl PeerNodes {
         store
             .set(&key, NodeIdentity::local().encode().as_bytes())
             .map_err(|e| e.context(format!("rank {rank}: publishing its node identity ({key})")))?;
-        Ok(PeerNodes {
-            known: Mutex::new(HashMap::new()),
-        })
+        Ok(PeerNodes::default())
     }
 
     /// True when `peer` was already found mappable (no store traffic).
@@ -59,16 +41,14 @@ impl PeerNodes {
     }
 
     /// The pid of `peer`'s process, as its cache published it, when that process has exited and
-    /// its pid can be checked from here. For a peer whose board this rank never opened (it died
-    /// before), the only trace left.
+    /// its pid can be checked from here.
     pub fn exited(&self, peer: usize) -> Option<u32> {
         let pid = (*lock(&self.known).get(&peer)?)?;
         (!crate::os::process::process_alive(pid)).then_some(pid)
     }
 
-    /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory; reads
-    /// the identities of those not known yet in one `WAIT` + `MULTI_GET`, waiting at most
-    /// `timeout` for the peers to publish them.
+    /// Fails at once (`Unsupported`) when one of `peers` cannot map this rank's memory, reading
+    /// the identities of those not known yet in one `WAIT` + `MULTI_GET`.
     pub fn check(
         &self,
         store: &dyn Store,
@@ -116,11 +96,6 @@ impl PeerNodes {
         }
         Ok(())
     }
-
-    /// Deletes this rank's identity key (at close).
-    pub fn unpublish(&self, store: &dyn Store, names: &CacheNames, rank: usize) {
-        let _ = store.delete_key(&names.node_key(rank));
-    }
 }
 
 /// What this rank holds of its peers beyond one channel, under one lock.
@@ -156,8 +131,7 @@ impl KnownAllocations {
             .insert((peer, rec.pid, kind, rec.buffer_id), rec.clone());
     }
 
-    /// The record of version `version` of a buffer at `[offset, offset + bytes)` of allocation
-    /// `key`, built from the allocation's kept record (see [`record_at`]).
+    /// [`record_at`] in the kept record of allocation `key`.
     pub fn record_for(
         &self,
         key: Key,
@@ -198,8 +172,7 @@ fn record_at(
     })
 }
 
-/// The records of the peer's allocations one channel's importer holds, most recently imported
-/// first.
+/// The records of the peer's allocations one channel's importer holds, most recent first.
 #[derive(Default)]
 pub(super) struct HeldRecords {
     records: Vec<Record>,
@@ -219,9 +192,8 @@ impl HeldRecords {
         record_at(known, offset, bytes, version, channel)
     }
 
-    /// After the import of `rec` on the channel: keeps the records whose allocation the board
-    /// still lists (`listed`: releases may have taken some off), puts `rec`'s allocation first
-    /// and bounds the list. Returns the allocation ids to list on the board now.
+    /// After the import of `rec`: keeps the records the board still lists (`listed`), puts `rec`'s
+    /// first and bounds the list. Returns the allocation ids to list on the board now.
     pub fn imported(&mut self, listed: &[u64], rec: &Record) -> Vec<u64> {
         let held = self
             .records
@@ -260,9 +232,8 @@ fn same_allocation(a: &Mapping, b: &Mapping) -> bool {
 }
 
 impl Retained {
-    /// Takes over the reference of replaced mapping `m`. Returns the references to release now:
-    /// `m` itself when one of its allocation is already kept or `limit` is zero, else the oldest
-    /// kept ones beyond `limit`.
+    /// Takes over the reference of replaced mapping `m`; returns those to release now (`m` when
+    /// its allocation is kept already or `limit` is zero, else the oldest beyond `limit`).
     pub fn retire(&mut self, kind: MemKind, m: Mapping, limit: usize) -> Vec<Mapping> {
         if limit == 0 {
             return vec![m];

@@ -1,17 +1,9 @@
 //! Symmetric memory: every rank of a group maps every other rank's buffer, with no group-wide
 //! synchronisation.
 //!
-//! A rendezvous of a group is one exchange in which each pair of the group talks over one
-//! channel: the lower rank of the pair sends, the higher receives, both with their own buffer.
-//! So a rank waits only for the peers it maps, never for a barrier, and inherits everything the
-//! cache does (a second rendezvous of the same buffers is a cache hit). The cache remembers each
-//! rendezvous by tag ([`SymmetricTable`]), so that
-//! - a *contiguous view* maps every member's buffer again, in rank order, into one reserved
-//!   range (`transport::view`);
-//! - a *release* drops, in this process only, the view and the peers' mappings of the tag's
-//!   channels, with no store traffic and no waiting for peers: the channels keep their protocol
-//!   state, so a later rendezvous of the tag works whatever the order in which the members
-//!   released and came back.
+//! A rendezvous is one exchange in which each pair of the group talks over one channel (the
+//! lower rank sends); the cache remembers each by tag ([`SymmetricTable`]) for its contiguous
+//! view and its release (docs/PROTOCOL.md, "Symmetric memory").
 
 use super::batch::Resolution;
 use super::cache::HandleCache;
@@ -89,7 +81,6 @@ impl HandleCache {
         let reqs = requests(rank, &group, tag, ptr, bytes, kind);
         self.exchange_resolved_as(&reqs, timeout, Resolution::Exact)
             .map_err(|e| e.context(format!("symmetric rendezvous {tag:?}")))?;
-        let mut out = Vec::with_capacity(group.ranks().len());
         let members = group.ranks().to_vec();
         lock(&self.symmetric).record(
             tag,
@@ -102,20 +93,15 @@ impl HandleCache {
             },
         );
         let mut peers = reqs.iter();
-        for &member in group.ranks() {
+        let mut buffer = |member: usize| {
             if member == rank {
-                out.push(PeerBuffer { rank, ptr, bytes });
-                continue;
+                return Ok(PeerBuffer { rank, ptr, bytes });
             }
-            let req = peers.next().expect("one request per other member");
-            let h = self.get(req)?;
-            out.push(PeerBuffer {
-                rank: member,
-                ptr: h.peer_ptr,
-                bytes: h.peer_bytes,
-            });
-        }
-        Ok(out)
+            let h = self.get(peers.next().expect("one request per other member"))?;
+            let (rank, ptr, bytes) = (member, h.peer_ptr, h.peer_bytes);
+            Ok(PeerBuffer { rank, ptr, bytes })
+        };
+        group.ranks().iter().map(|&m| buffer(m)).collect()
     }
 
     /// Maps every member's buffer of the last rendezvous of `tag` again, in increasing rank
@@ -185,8 +171,7 @@ impl HandleCache {
         let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
         let reqs = requests(self.rank(), &group, tag, r.ptr, r.bytes, r.kind);
         // The view goes first: it maps the memory of the imports released next.
-        let view = table.tags.get_mut(tag).and_then(|r| r.view.take());
-        drop(view);
+        drop(table.tags.get_mut(tag).and_then(|r| r.view.take()));
         lock(&self.table)
             .release_peers(&self.cx, &reqs, tag)
             .map_err(|e| e.context(format!("releasing symmetric allocation {tag:?}")))?;

@@ -34,8 +34,8 @@ fn publish_and_read_across_mappings() {
     assert_eq!(peer.read(e, 1), Some((10, at(0))));
     assert_eq!(peer.read(e, 2), Some((11, at(128))));
     assert_eq!(peer.step(e), 2);
-    assert_eq!(peer.owner_pid(), std::process::id());
-    assert!(peer.owner_alive());
+    assert_eq!(peer.owner().pid, std::process::id());
+    assert!(!peer.owner().is_dead());
     assert_eq!(peer.opened(e), 0);
     own.publish_opened(e, 4);
     assert_eq!(peer.opened(e), 4);
@@ -201,8 +201,8 @@ fn a_truncated_board_reads_zeros_and_is_an_error_for_owner_and_peer() {
     let err = own.check(false).unwrap_err();
     assert!(err.message.contains("this rank's own board"), "{err}");
     // The owner is still known, from before the truncation.
-    assert_eq!(peer.owner_pid(), std::process::id());
-    assert!(peer.owner_alive());
+    assert_eq!(peer.owner().pid, std::process::id());
+    assert!(!peer.owner().is_dead());
     assert!(!peer.closed());
 }
 
