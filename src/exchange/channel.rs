@@ -10,14 +10,14 @@
 //! post compares generations (one atomic load) instead of looking the channel up.
 
 use super::board::{Fingerprinter, PeerBoard};
-use super::context::{Context, Settings};
+use super::context::{Context, Imported, Settings};
 use super::peers::HeldRecords;
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
 use crate::names::CacheNames;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;
-use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles};
+use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -206,19 +206,6 @@ pub(super) struct PeerSide {
     pub mapping: Mapping,
     pub bytes: u64,
     pub semaphore: u64,
-}
-
-/// A peer buffer opened by a call, not yet installed in its channel.
-pub(super) struct Imported {
-    pub kind: MemKind,
-    pub mapping: Mapping,
-    pub bytes: u64,
-    pub sem_handle: ExportedHandle,
-    pub sem_slot: u32,
-    /// The peer's semaphore for the channel as mapped here; set by `map_peer_slabs` before the
-    /// peer is told the buffer is opened (0 until then).
-    pub semaphore: u64,
-    pub record: Record,
 }
 
 /// What a step did so far, which a call that timed out waiting for a peer leaves for the next

@@ -2,16 +2,16 @@
 //! the cache's tunables ([`Settings`]) and counters ([`CacheStats`], which the C ABI hands out as
 //! it is: build.rs feeds this file to cbindgen).
 
-use super::batch::PhaseClock;
 use super::board::{OwnBoard, PeerBoard};
-use super::channel::Imported;
 use super::collector::Collector;
 use super::peers::{PeerHoldings, PeerNodes, DEFAULT_RETAINED_PER_PEER};
+use super::phases::PhaseClock;
 use crate::error::Result;
 use crate::names::CacheNames;
 use crate::store::Store;
 use crate::sync::lock;
-use crate::transport::{Mapping, MemKind, Transport, Transports};
+use crate::transport::record::Record;
+use crate::transport::{ExportedHandle, Mapping, MemKind, Transport, Transports};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -81,6 +81,19 @@ impl Context {
             self.release_mapping(imp.kind, &imp.mapping);
         }
     }
+}
+
+/// A peer buffer opened by a call, not yet installed in its channel.
+pub(super) struct Imported {
+    pub kind: MemKind,
+    pub mapping: Mapping,
+    pub bytes: u64,
+    pub sem_handle: ExportedHandle,
+    pub sem_slot: u32,
+    /// The peer's semaphore for the channel as mapped here; set by `map_peer_slabs` before the
+    /// peer is told the buffer is opened (0 until then).
+    pub semaphore: u64,
+    pub record: Record,
 }
 
 /// Upper bound of the default [linger](super::HandleCache::linger): min(timeout, this).

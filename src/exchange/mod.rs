@@ -12,15 +12,16 @@ mod channel;
 mod collector;
 mod context;
 mod peers;
+mod phases;
 mod symmetric;
 
 pub use crate::transport::record::{HandleType, Record};
 pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};
-pub use batch::{Phase, PhaseTimes, PHASES};
 pub use cache::{CacheConfig, HandleCache};
 pub use channel::{ChannelKey, Direction, OpenChannel, Request};
 pub use context::{CacheStats, DEFAULT_MAX_LINGER};
 pub use peers::DEFAULT_RETAINED_PER_PEER;
+pub use phases::{Phase, PhaseTimes, PHASES};
 pub use symmetric::{PeerBuffer, TAG_PREFIX};
 
 #[cfg(test)]
