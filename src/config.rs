@@ -63,8 +63,9 @@ pub const JOB_TAG_VARS: &[&str] = &[
 pub const ORTE_JOB_VARS: [&str; 2] = ["OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid"];
 
 /// Most ranks a job may have. A world barrier's coordinator waits for every other rank's key
-/// in one WAIT, and a TCPStore request names at most this many keys.
-pub const MAX_WORLD_SIZE: usize = crate::store::wire::MAX_KEY_COUNT;
+/// in one WAIT, and a TCPStore request names at most this many keys (`store::wire::MAX_KEY_COUNT`,
+/// checked equal there).
+pub const MAX_WORLD_SIZE: usize = 131_072;
 
 /// A rank's place in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
