@@ -23,6 +23,7 @@ pub mod os;
 pub mod store;
 mod sync;
 #[cfg(test)]
+#[path = "tests/rng.rs"]
 mod test_rng;
 pub mod transport;
 
