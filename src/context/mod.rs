@@ -16,6 +16,7 @@ use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::{ServerOptions, StoreServer};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
+use crate::sync::lock;
 use claim::{agree_on_job_id, claim_rank, RankClaim};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -284,7 +285,7 @@ impl Context {
 
     /// The port of the store server this rank hosts, if it hosts one.
     pub fn hosted_store_port(&self) -> Option<u16> {
-        self.lock_server().as_ref().map(StoreServer::port)
+        lock(&self.server).as_ref().map(StoreServer::port)
     }
 
     /// Barrier over the world (`None`) or the listed ranks, which must include this rank.
@@ -323,7 +324,7 @@ impl Context {
         }
         self.closed = true;
         let announced = self.announce_close();
-        let server = self.lock_server().take();
+        let server = lock(&self.server).take();
         let Some(server) = server else {
             return announced.and(self.keep_serving_until_others_close());
         };
@@ -369,7 +370,7 @@ impl Context {
     /// own server): the store may be gone and nobody would read it (see `crate::departures`). The
     /// claim is then not released either: a later run finds its holder exited and passes over it.
     fn quiet_close(&self) -> Option<String> {
-        if self.lock_server().is_some() {
+        if lock(&self.server).is_some() {
             return None;
         }
         crate::departures::quiet_reason(self.store.liveness(), &self.job_id, self.rank)
@@ -434,17 +435,12 @@ impl Context {
             server.connected_clients().saturating_sub(1)
         )))
     }
-
-    fn lock_server(&self) -> std::sync::MutexGuard<'_, Option<StoreServer>> {
-        // The slot only holds the server; a panic elsewhere cannot leave it half-written.
-        crate::sync::lock(&self.server)
-    }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
         // `finish` takes the server this rank hosts: look before.
-        let hosts_server = self.lock_server().is_some();
+        let hosts_server = lock(&self.server).is_some();
         if let Err(e) = self.finish() {
             // Only the store host's problems matter here: other ranks' stores may legitimately
             // be gone already at exit. (Whether this process serves a host's store is read
@@ -464,7 +460,7 @@ impl std::fmt::Debug for Context {
             .field("local_rank", &self.local_rank)
             .field("local_world_size", &self.local_world_size)
             .field("job_id", &self.job_id)
-            .field("hosts_store", &self.lock_server().is_some())
+            .field("hosts_store", &lock(&self.server).is_some())
             .field("timeout", &self.timeout)
             .finish()
     }
