@@ -304,10 +304,9 @@ impl Call<'_> {
         }
     }
 
-    /// Members (other than the caller) without an arrival key for this generation, each with
-    /// the next generation when it was found waiting there, and how many members were left
-    /// unchecked at `deadline`. (The previous generation's keys linger until the coordinator's
-    /// next arrival, so they say nothing.)
+    /// Members (other than the caller) without an arrival key for this generation, each with the
+    /// next generation when found waiting there (a different number of barriers called), and how
+    /// many were left unchecked at `deadline`. The previous generation's keys say nothing.
     fn absent(&self, deadline: Instant) -> Result<(Vec<Absent>, usize)> {
         let mut absent = Vec::new();
         for (checked, member) in self.others().enumerate() {

@@ -1,11 +1,6 @@
 //! A rank's view of the job: who it is, the store everyone shares, a job-unique id and barriers.
-//!
-//! Without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master address as its own
-//! is a candidate host: the one whose bind on the master port succeeds hosts the store, the others
-//! connect like every other rank (so one process hosts it even when containers share the network).
-//! A hosting rank's close waits, bounded by the host linger, for the other ranks before it stops
-//! the server. The keys (`nvfipc/context/`: rank claims in `claim`, `collision`, the job id and
-//! close counting) are listed in docs/PROTOCOL.md section 2.
+//! Who hosts the store: docs/ARCHITECTURE.md, "Who hosts the store"; the keys (`nvfipc/context/`)
+//! are listed in docs/PROTOCOL.md section 2.
 
 use crate::barrier::{self, BarrierState};
 use crate::config::{self, EnvConfig, RankInfo, StoreSource};
@@ -28,15 +23,14 @@ use std::time::{Duration, Instant, SystemTime};
 mod claim;
 mod collision;
 
-/// How long a hosting rank waits, at most, for the other ranks before it stops the store, unless
-/// told otherwise (by default it waits its context's timeout, capped at this).
+/// Cap of how long a hosting rank waits for the others before it stops the store (by default it
+/// waits its context's timeout, capped at this).
 pub const DEFAULT_HOST_LINGER: Duration = Duration::from_secs(30);
 
 const DEFAULT_JOB_TAG: &str = "default";
 /// Poll interval of the hosting rank while it waits for the others to finish.
 const LINGER_POLL: Duration = Duration::from_millis(10);
-/// How long a rank serving a host's store still waits, once every rank has closed, for the
-/// others to hang up (see `Context::keep_serving_until_others_close`).
+/// How long a rank serving a host's store waits, once every rank closed, for the others to hang up.
 const SERVED_REPLY_GRACE: Duration = Duration::from_millis(100);
 
 /// Whether a rank hosts the store it connects to.
@@ -170,7 +164,7 @@ impl Context {
         tag: &str,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        // Election (see the module documentation): the candidate whose bind succeeds hosts.
+        // Election: the candidate whose bind succeeds hosts.
         let server = if hosting != Hosting::Connect {
             match StoreServer::bind_with("", port, &ServerOptions::embedded()?) {
                 Ok(server) => Some(server),

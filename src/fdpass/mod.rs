@@ -521,8 +521,7 @@ impl Drop for FdPass {
     }
 }
 
-// The importer's side: every step is bounded by the caller's deadline; each failure becomes the
-// [`Gate`] that closed the rung.
+// The importer's side: each step is bounded by the caller's deadline; a failure is its [`Gate`].
 
 /// Pause between connection attempts to a socket that is not (yet) there.
 const RETRY_PAUSE: Duration = Duration::from_millis(10);
