@@ -1,12 +1,7 @@
-//! Reusable barriers over the world or any subset of ranks, built on a [`Store`].
-//!
-//! Generation `g` of a member set (keys in docs/PROTOCOL.md section 2): every member SETs
-//! `arrived/<g>/<rank>`; the set's lowest rank, its coordinator, WAITs for the others' arrival
-//! keys (deleting generation `g-1`'s in the same message) and then, in one message, DELETEs
-//! `release/<g-1>` and SETs `release/<g>`, which every other member WAITs for (sent with its
-//! arrival, so each is woken once). The server does one read and one write per member, a third of
-//! a torch-style ADD, ADD, WAIT barrier; on timeout the arrival keys name who is missing, and a
-//! member found waiting in the next generation called a different number of barriers.
+//! Reusable barriers over the world or any subset of ranks, built on a [`Store`]: per generation,
+//! arrival keys WAITed for by the set's lowest rank and one release key (docs/PROTOCOL.md section
+//! 2). The server does one read and one write per member, a third of a torch-style ADD, ADD, WAIT
+//! barrier; on timeout the arrival keys name who is missing.
 
 use crate::config::MAX_WORLD_SIZE;
 use crate::error::{Error, Result, Status};
@@ -309,10 +304,9 @@ impl Call<'_> {
         }
     }
 
-    /// Members (other than the caller) without an arrival key for this generation, each with
-    /// the next generation when it was found waiting there, and how many members were left
-    /// unchecked at `deadline`. (The previous generation's keys linger until the coordinator's
-    /// next arrival, so they say nothing.)
+    /// Members (other than the caller) without an arrival key for this generation, each with the
+    /// next generation when found waiting there (a different number of barriers called), and how
+    /// many were left unchecked at `deadline`. The previous generation's keys say nothing.
     fn absent(&self, deadline: Instant) -> Result<(Vec<Absent>, usize)> {
         let mut absent = Vec::new();
         for (checked, member) in self.others().enumerate() {

@@ -37,8 +37,7 @@ pub const TIMEOUT_MS_VAR: &str = "NVFIPC_TIMEOUT_MS";
 /// Event-loop threads of a store server embedded in this process (0: one per four cores).
 pub const STORE_THREADS_VAR: &str = "NVFIPC_STORE_THREADS";
 const MAX_STORE_THREADS: u64 = 64;
-/// Span in MiB of the aligned windows an exchanged VMM buffer's run is widened to
-/// (`crate::cuda::vmm_runs`); 0 exports each buffer's exact run.
+/// MiB of the aligned windows a VMM buffer's run is widened to (`crate::cuda::vmm_runs`); 0: none.
 pub const VMM_WINDOW_MIB_VAR: &str = "NVFIPC_VMM_WINDOW_MIB";
 pub const DEFAULT_VMM_WINDOW_MIB: u64 = 32;
 pub const MAX_VMM_WINDOW_MIB: u64 = 4096;
@@ -48,10 +47,8 @@ pub const HOST_JOB_ID_VAR: &str = "NVFIPC_JOB_ID";
 pub const JOB_TAG_VAR: &str = "NVFIPC_JOB_TAG";
 /// The id `nvfipc launch` gives each job it starts (random, one per launch).
 pub const LAUNCH_ID_VAR: &str = "NVFIPC_LAUNCH_ID";
-/// Variables that name one run of a job, first set wins: the user's tag, then the launchers'
-/// ids, innermost launcher first: `nvfipc launch`'s, torchrun's run id (its default `none` names
-/// nothing and is skipped), the PMIx namespace (Open MPI 5, Open MPI 4 with PMIx, `srun
-/// --mpi=pmix`). Then Open MPI's ORTE job ([`ORTE_JOB_VARS`]) and last SLURM's job and step ids.
+/// Variables that name one run of a job, first set wins: the user's tag, then the launchers' ids,
+/// innermost first (torchrun's default `none` is skipped; PMIx: Open MPI 4/5, `srun --mpi=pmix`).
 pub const JOB_TAG_VARS: &[&str] = &[
     JOB_TAG_VAR,
     LAUNCH_ID_VAR,
@@ -62,9 +59,8 @@ pub const JOB_TAG_VARS: &[&str] = &[
 /// port: unique among the mpiruns alive at one time) and the job id under that mpirun.
 pub const ORTE_JOB_VARS: [&str; 2] = ["OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid"];
 
-/// Most ranks a job may have. A world barrier's coordinator waits for every other rank's key
-/// in one WAIT, and a TCPStore request names at most this many keys (`store::wire::MAX_KEY_COUNT`,
-/// checked equal there).
+/// Most ranks a job may have: a world barrier's coordinator WAITs for every other rank's key in
+/// one request, which names at most `store::wire::MAX_KEY_COUNT` keys (checked equal there).
 pub const MAX_WORLD_SIZE: usize = 131_072;
 
 /// A rank's place in the job.
@@ -427,15 +423,12 @@ fn parse_port_value(value: &str) -> Option<u16> {
 
 /// The log's level: `OFF`, `WARN` (the default), `INFO`, `DEBUG` or `TRACE`, any case.
 pub const DEBUG_VAR: &str = "NVFIPC_DEBUG";
-/// The log's subsystems: a comma list (`store,exchange`), `ALL`, or `^` and a list to exclude
-/// (`^server,cuda`), as `NCCL_DEBUG_SUBSYS` reads.
+/// The log's subsystems: `store,exchange`, `ALL`, or `^server,cuda` to exclude (as NCCL reads).
 pub const DEBUG_SUBSYS_VAR: &str = "NVFIPC_DEBUG_SUBSYS";
-/// The log's file (appended) instead of stderr; `%h`: the host name, `%p`: the pid. Only a
-/// regular file or a terminal is used, never through a symbolic link (see `os::logfile`).
+/// The log's file (appended) instead of stderr; `%h`: the host name, `%p`: the pid.
 pub const DEBUG_FILE_VAR: &str = "NVFIPC_DEBUG_FILE";
 
-/// The log's configuration as read from the environment. Malformed values are reported as the
-/// log's first lines, not refused.
+/// The log's configuration; malformed values become the log's first lines, not errors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogConfig {
     pub level: LevelFilter,
@@ -550,8 +543,7 @@ pub fn expand_path(pattern: &str, host: &str, pid: u32) -> String {
 pub const SOCKET_DIR_VAR: &str = "NVFIPC_SOCKET_DIR";
 /// Rungs an importer tries, in order, comma-separated (default `abstract,path,pidfd`).
 pub const RUNGS_VAR: &str = "NVFIPC_FD_RUNGS";
-/// `any`: under Yama `ptrace_scope=1`, let any process of this user attach
-/// (`PR_SET_PTRACER_ANY`) so that the pidfd rung can work; `none` (the default): never.
+/// `any`: `PR_SET_PTRACER_ANY` under Yama `ptrace_scope=1`, for the pidfd rung; `none`: never.
 pub const PTRACER_VAR: &str = "NVFIPC_FD_PTRACER";
 
 /// The fd transport's settings, from the environment or set by hand.
@@ -559,14 +551,11 @@ pub const PTRACER_VAR: &str = "NVFIPC_FD_PTRACER";
 pub struct FdPassConfig {
     /// Where the path socket goes; `None`: abstract socket only.
     pub socket_dir: Option<PathBuf>,
-    /// Rungs the importer tries, in this order ([`Rung::Fabric`] is ignored here: the VMM
-    /// transport tries it).
+    /// Rungs the importer tries, in order ([`Rung::Fabric`] is the VMM transport's).
     pub rungs: Vec<Rung>,
-    /// Under Yama `ptrace_scope=1`, call `PR_SET_PTRACER_ANY` when the responder starts (off
-    /// by default: it lets every process of this user attach, not only the job's).
+    /// [`PTRACER_VAR`]: off by default, it lets every process of this user attach.
     pub allow_ptracer: bool,
-    /// How long an importer keeps retrying to connect to one socket (within its own timeout)
-    /// before it moves to the next rung.
+    /// How long an importer retries connecting to one socket before the next rung.
     pub connect_retry: Duration,
     /// A responder closes a connection that has been silent this long.
     pub idle_timeout: Duration,

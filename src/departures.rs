@@ -1,9 +1,6 @@
-//! Which ranks of this process's jobs have left, as far as this process can see without asking
-//! the store.
-//!
-//! A rank that closes after its peers must not talk to the store for them (docs/PROTOCOL.md,
-//! "Closing after the peers"). What this process sees of a peer without the store is the board
-//! the exchange registers here for it; peers with no board here are never known to have left.
+//! Which ranks of this process's jobs have left, seen without the store (docs/PROTOCOL.md,
+//! "Closing after the peers"): through the board the exchange registers here for each peer; peers
+//! with no board here are never known to have left.
 
 use crate::names::job_tag;
 use crate::store::Liveness;

@@ -590,7 +590,7 @@ fn ring(r: Rank) {
         r.rank,
         FdPassConfig::from_env().unwrap(),
     );
-    let (_, fds_sent, _, _) = fdpass.responder_stats().expect("the transport's responder");
+    let (_, fds_sent, _, _, _) = fdpass.responder_stats().expect("the transport's responder");
     assert!(fds_sent >= 2, "rank {}: {fds_sent} fds sent", r.rank);
     let names = shm_entries(&r.job);
     assert!(names.iter().all(|n| names::is_board_name(n)), "{names:?}");

@@ -372,7 +372,7 @@ fn a_busy_responder_is_retried_and_a_restarted_peer_is_found_again() {
     release.join().unwrap();
     assert_eq!(got.rung, Rung::Abstract, "{}", got.fell_back);
     assert_eq!(read_all(&got.fds[0], 4096), pattern(3, 4096));
-    let (_, sent, refused, _) = exporter.responder_stats().unwrap();
+    let (_, sent, refused, _, _) = exporter.responder_stats().unwrap();
     assert_eq!(sent, 1);
     assert!(refused >= 1, "the importer was told busy at least once");
 
@@ -587,7 +587,7 @@ fn scenario_many(r: &Rank) {
         r.publish("ids", &ids);
         r.publish("gone", &[gone]);
         r.done();
-        let (accepted, sent, refused, malformed) = fp.responder_stats().unwrap();
+        let (accepted, sent, refused, malformed, _) = fp.responder_stats().unwrap();
         println!(
             "accepted {accepted}, served {sent} fds, refused {refused}, malformed {malformed}"
         );
@@ -687,7 +687,7 @@ fn scenario_malformed(r: &Rank) {
         let id = fp.register_dup(&file).unwrap();
         r.publish("id", &[id]);
         r.done();
-        let (_, sent, refused, malformed) = fp.responder_stats().unwrap();
+        let (_, sent, refused, malformed, _) = fp.responder_stats().unwrap();
         println!("sent={sent} refused={refused} malformed={malformed}");
         assert!(fp.responder_running());
     } else {
@@ -946,8 +946,7 @@ fn scenario_guarded(r: &Rank) {
         );
         r.publish("id", &[id]);
         r.done();
-        let (_, sent, _, malformed) = fp.responder_stats().unwrap();
-        let denied = fp.responder_denied().unwrap();
+        let (_, sent, _, malformed, denied) = fp.responder_stats().unwrap();
         println!("sent={sent} denied={denied} malformed={malformed}");
         assert_eq!(sent, 1, "only the job's own fetch got a descriptor");
         let expected = if is_root() { DENIED } else { DENIED - 1 };

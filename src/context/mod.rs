@@ -1,11 +1,6 @@
 //! A rank's view of the job: who it is, the store everyone shares, a job-unique id and barriers.
-//!
-//! Without `NVFIPC_STORE_ADDR`, local rank 0 of every node that sees the master address as its own
-//! is a candidate host: the one whose bind on the master port succeeds hosts the store, the others
-//! connect like every other rank (so one process hosts it even when containers share the network).
-//! A hosting rank's close waits, bounded by the host linger, for the other ranks before it stops
-//! the server. The keys (`nvfipc/context/`: rank claims in `claim`, `collision`, the job id and
-//! close counting) are listed in docs/PROTOCOL.md section 2.
+//! Who hosts the store: docs/ARCHITECTURE.md, "Who hosts the store"; the keys (`nvfipc/context/`)
+//! are listed in docs/PROTOCOL.md section 2.
 
 use crate::barrier::{self, BarrierState};
 use crate::config::{self, EnvConfig, RankInfo, StoreSource};
@@ -16,6 +11,7 @@ use crate::node::NodeIdentity;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::{ServerOptions, StoreServer};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
+use crate::sync::lock;
 use claim::{agree_on_job_id, claim_rank, RankClaim};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -27,15 +23,14 @@ use std::time::{Duration, Instant, SystemTime};
 mod claim;
 mod collision;
 
-/// How long a hosting rank waits, at most, for the other ranks before it stops the store, unless
-/// told otherwise (by default it waits its context's timeout, capped at this).
+/// Cap of how long a hosting rank waits for the others before it stops the store (by default it
+/// waits its context's timeout, capped at this).
 pub const DEFAULT_HOST_LINGER: Duration = Duration::from_secs(30);
 
 const DEFAULT_JOB_TAG: &str = "default";
 /// Poll interval of the hosting rank while it waits for the others to finish.
 const LINGER_POLL: Duration = Duration::from_millis(10);
-/// How long a rank serving a host's store still waits, once every rank has closed, for the
-/// others to hang up (see `Context::keep_serving_until_others_close`).
+/// How long a rank serving a host's store waits, once every rank closed, for the others to hang up.
 const SERVED_REPLY_GRACE: Duration = Duration::from_millis(100);
 
 /// Whether a rank hosts the store it connects to.
@@ -169,7 +164,7 @@ impl Context {
         tag: &str,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        // Election (see the module documentation): the candidate whose bind succeeds hosts.
+        // Election: the candidate whose bind succeeds hosts.
         let server = if hosting != Hosting::Connect {
             match StoreServer::bind_with("", port, &ServerOptions::embedded()?) {
                 Ok(server) => Some(server),
@@ -284,7 +279,7 @@ impl Context {
 
     /// The port of the store server this rank hosts, if it hosts one.
     pub fn hosted_store_port(&self) -> Option<u16> {
-        self.lock_server().as_ref().map(StoreServer::port)
+        lock(&self.server).as_ref().map(StoreServer::port)
     }
 
     /// Barrier over the world (`None`) or the listed ranks, which must include this rank.
@@ -323,7 +318,7 @@ impl Context {
         }
         self.closed = true;
         let announced = self.announce_close();
-        let server = self.lock_server().take();
+        let server = lock(&self.server).take();
         let Some(server) = server else {
             return announced.and(self.keep_serving_until_others_close());
         };
@@ -369,7 +364,7 @@ impl Context {
     /// own server): the store may be gone and nobody would read it (see `crate::departures`). The
     /// claim is then not released either: a later run finds its holder exited and passes over it.
     fn quiet_close(&self) -> Option<String> {
-        if self.lock_server().is_some() {
+        if lock(&self.server).is_some() {
             return None;
         }
         crate::departures::quiet_reason(self.store.liveness(), &self.job_id, self.rank)
@@ -434,17 +429,12 @@ impl Context {
             server.connected_clients().saturating_sub(1)
         )))
     }
-
-    fn lock_server(&self) -> std::sync::MutexGuard<'_, Option<StoreServer>> {
-        // The slot only holds the server; a panic elsewhere cannot leave it half-written.
-        crate::sync::lock(&self.server)
-    }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
         // `finish` takes the server this rank hosts: look before.
-        let hosts_server = self.lock_server().is_some();
+        let hosts_server = lock(&self.server).is_some();
         if let Err(e) = self.finish() {
             // Only the store host's problems matter here: other ranks' stores may legitimately
             // be gone already at exit. (Whether this process serves a host's store is read
@@ -464,7 +454,7 @@ impl std::fmt::Debug for Context {
             .field("local_rank", &self.local_rank)
             .field("local_world_size", &self.local_world_size)
             .field("job_id", &self.job_id)
-            .field("hosts_store", &self.lock_server().is_some())
+            .field("hosts_store", &lock(&self.server).is_some())
             .field("timeout", &self.timeout)
             .finish()
     }

@@ -1,10 +1,6 @@
-//! The fd transport's frames: what an importer sends to a responder and what comes back. Pure
-//! encoding and validation, no I/O.
-//!
-//! The layout (a 12-byte header, then the body) and the error codes are in docs/PROTOCOL.md
-//! section 7. A request with another magic, version or kind, or a body of the wrong size, is
-//! answered with an error frame (serial 0) and its connection is closed: a byte stream cannot be
-//! resynchronised. The checks on the `nonce` and `secret` are the responder's.
+//! The fd transport's frames (layout and error codes: docs/PROTOCOL.md section 7): encoding and
+//! validation, no I/O. A malformed request is answered with an error frame (serial 0) and its
+//! connection closed: a byte stream cannot be resynchronised.
 
 /// Frame format version; a change of any layout above bumps it.
 pub const VERSION: u16 = 2;

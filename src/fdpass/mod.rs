@@ -1,28 +1,7 @@
-//! Passing file descriptors between the processes of a job without ptrace rights.
-//!
-//! An exporter registers a descriptor ([`FdPass::register`]) and publishes the returned [`FdId`]
-//! in its record; an importer calls [`FdPass::fetch`] with the exporter's rank and that id and
-//! gets its own descriptor of the same open file. Rungs, tried in order (`NVFIPC_FD_RUNGS`):
-//!
-//! 1. **abstract**: the exporter's responder on its abstract socket (same kernel and network
-//!    namespace); `SCM_RIGHTS`, no ptrace rights needed.
-//! 2. **path**: the same responder on its socket file, for peers in another network namespace
-//!    that see the same socket directory.
-//! 3. **pidfd**: `pidfd_open` + `pidfd_getfd` (same kernel and pid namespace, ptrace rights).
-//! 4. **fabric**: not an fd; the VMM transport tries it and adds its outcome to the
-//!    [`Diagnosis`] from [`FdPass::fetch_diagnosed`].
-//!
-//! When every rung fails the error names each rung's gate and what to change. Who is served,
-//! and why: docs/PROTOCOL.md section 7, "Trust boundary".
-//!
-//! The responder starts at the first `register`, once per process, job and rank
-//! ([`FdPass::for_job`]), and publishes `<prefix>/fdpass/<rank>` = [`PeerRecord`] only once it
-//! listens, so there is no readiness barrier. Dropping the last handle stops the thread, removes
-//! the socket file and deletes the record.
-//!
-//! Layout: this file (the transport and the importer's rungs), `frame` (wire frames), `peer`
-//! (records, route choice), `registry` (the id table), `responder` (the serving thread),
-//! `diagnose` (gates and the final error); every libc call in `os::fd_passing`.
+//! Passing file descriptors between the processes of a job without ptrace rights: rungs
+//! abstract socket, socket file, pidfd (`NVFIPC_FD_RUNGS`), the responder and the final error are
+//! described in docs/ARCHITECTURE.md, "Passing file descriptors"; frames and who is served in
+//! docs/PROTOCOL.md section 7. Every libc call is in `os::fd_passing`.
 
 pub mod diagnose;
 pub mod frame;
@@ -248,8 +227,9 @@ impl FdPass {
         lock(&self.running).as_ref().map(|r| r.record.clone())
     }
 
-    /// Counters of this process's responder (zeros before it starts).
-    pub fn responder_stats(&self) -> Option<(u64, u64, u64, u64)> {
+    /// Counters of this process's responder: accepted, fds sent, refused, malformed, denied
+    /// (another uid, or no secret).
+    pub fn responder_stats(&self) -> Option<(u64, u64, u64, u64, u64)> {
         let running = lock(&self.running);
         let s: &ResponderStats = running.as_ref()?.responder.stats();
         use std::sync::atomic::Ordering::Relaxed;
@@ -258,14 +238,8 @@ impl FdPass {
             s.fds_sent.load(Relaxed),
             s.refused.load(Relaxed),
             s.malformed.load(Relaxed),
+            s.denied.load(Relaxed),
         ))
-    }
-
-    /// Connections and requests this process's responder denied (another uid, or no secret).
-    pub fn responder_denied(&self) -> Option<u64> {
-        let running = lock(&self.running);
-        let s: &ResponderStats = running.as_ref()?.responder.stats();
-        Some(s.denied.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     pub fn responder_running(&self) -> bool {
@@ -547,8 +521,7 @@ impl Drop for FdPass {
     }
 }
 
-// The importer's side: every step is bounded by the caller's deadline; each failure becomes the
-// [`Gate`] that closed the rung.
+// The importer's side: each step is bounded by the caller's deadline; a failure is its [`Gate`].
 
 /// Pause between connection attempts to a socket that is not (yet) there.
 const RETRY_PAUSE: Duration = Duration::from_millis(10);

@@ -1,7 +1,5 @@
-//! What a process's responder publishes about itself ([`PeerRecord`]), which of a peer's two
-//! sockets (an abstract name, one network namespace only; a file in the private socket directory
-//! of [`private_socket_dir`]) an importer tries, and the scan that reclaims sockets of dead
-//! processes. The socket names are made in `crate::names`.
+//! What a responder publishes ([`PeerRecord`]), which of a peer's sockets (abstract name, file in
+//! [`private_socket_dir`]) an importer tries, and the scan that reclaims dead processes' sockets.
 
 use super::diagnose::{Gate, Rung};
 use super::frame::Secret;

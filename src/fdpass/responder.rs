@@ -1,14 +1,6 @@
-//! The responder: one thread per process and job, always ready to hand out registered
-//! descriptors, so no importer waits for a barrier.
-//!
-//! One mio loop over its two listeners (abstract name, socket file) and its connections:
-//! readable -> parse -> queue the replies -> write what the kernel takes. Requests may be
-//! pipelined; an fd reply carries the descriptor as `SCM_RIGHTS` on its first byte. A connection
-//! silent for `idle_timeout` is closed, connections beyond `max_connections` get "busy", and a
-//! peer that stops reading stops being read.
-//!
-//! Only processes of this uid (`SO_PEERCRED`) whose requests carry the secret are served
-//! (PROTOCOL.md section 7, "Trust boundary"); refusals are logged (rate-limited) and counted.
+//! The responder: one thread per process and job running a mio loop over its two listeners and
+//! its connections, always ready to hand out registered descriptors (docs/ARCHITECTURE.md,
+//! "Passing file descriptors"; who is served: PROTOCOL.md section 7, "Trust boundary").
 
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
