@@ -13,10 +13,7 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
     let name = CString::new(name.replace('\0', "_"))
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name"))?;
     // SAFETY: `name` is a NUL-terminated string alive for the call; flags by value.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = super::cvt(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) })?;
     // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -132,9 +132,7 @@ fn poll_one(stream: &TcpStream, events: i16, ms: libc::c_int) -> io::Result<i16>
     };
     // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the count
     // passed is 1; the fd belongs to `stream`, which outlives the call.
-    if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    super::cvt(unsafe { libc::poll(&mut pfd, 1, ms) })?;
     Ok(pfd.revents)
 }
 
@@ -241,10 +239,8 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
         libc::AF_INET
     };
     // SAFETY: socket(2) takes no pointers; the result is checked before use.
-    let raw = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let raw =
+        super::cvt(unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     set_int_option(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
@@ -253,9 +249,7 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
     }
     bind_fd(&fd, &addr)?;
     // SAFETY: listen(2) on a descriptor we own; no pointers.
-    if unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    super::cvt(unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) })?;
     Ok(TcpListener::from(fd))
 }
 
@@ -266,7 +260,7 @@ fn set_int_option(
     value: libc::c_int,
 ) -> io::Result<()> {
     // SAFETY: the pointer and length describe `value`, a live c_int, for the whole call.
-    let rc = unsafe {
+    super::cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             level,
@@ -274,10 +268,7 @@ fn set_int_option(
             (&value as *const libc::c_int).cast(),
             mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    })?;
     Ok(())
 }
 
@@ -312,9 +303,7 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
             bind(fd, &sa)
         }
     };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    super::cvt(rc)?;
     Ok(())
 }
 

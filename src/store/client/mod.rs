@@ -337,9 +337,8 @@ impl TcpStore {
 
     /// Appends `value` to the FIFO queue `key` (torch >= 2.8, libuv server only).
     pub fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call("QUEUE_PUSH", &[], |c| {
-            c.request(|out| wire::encode_queue_push(out, &user_key(key), value))
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_queue_push(out, &user_key(key), value);
+        self.ask("QUEUE_PUSH", encode, |_| Ok(()))
     }
 
     /// Pops the oldest value of queue `key`. With `Some(timeout)` it first waits (like torch's
@@ -472,9 +471,8 @@ fn io_error(addr: &str, op: &str, e: &io::Error) -> Error {
 
 impl Store for TcpStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call("SET", &[], |c| {
-            c.request(|out| wire::encode_set(out, &user_key(key), value))
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_set(out, &user_key(key), value);
+        self.ask("SET", encode, |_| Ok(()))
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
@@ -527,9 +525,8 @@ impl Store for TcpStore {
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call("APPEND", &[], |c| {
-            c.request(|out| wire::encode_append(out, &user_key(key), value))
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_append(out, &user_key(key), value);
+        self.ask("APPEND", encode, |_| Ok(()))
     }
 
     fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
