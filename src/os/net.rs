@@ -19,15 +19,8 @@ pub fn resolve(host: &str, port: u16) -> std::result::Result<Vec<SocketAddr>, St
     let mut errors = Vec::new();
     let v4_mapped = libc::AI_V4MAPPED | libc::AI_ALL;
     for (family, flags) in [(libc::AF_INET6, v4_mapped), (libc::AF_INET, 0)] {
-        match getaddrinfo(host, port, family, libc::AI_NUMERICSERV | flags) {
-            Ok(found) => {
-                for a in found {
-                    if !addrs.contains(&a) {
-                        addrs.push(a);
-                    }
-                }
-            }
-            Err(e) => errors.push(e),
+        if let Err(e) = getaddrinfo(host, port, family, libc::AI_NUMERICSERV | flags, &mut addrs) {
+            errors.push(e);
         }
     }
     if addrs.is_empty() {
@@ -44,7 +37,8 @@ fn getaddrinfo(
     port: u16,
     family: libc::c_int,
     flags: libc::c_int,
-) -> std::result::Result<Vec<SocketAddr>, String> {
+    out: &mut Vec<SocketAddr>,
+) -> std::result::Result<(), String> {
     let c_host = CString::new(host).map_err(|_| format!("host name {host:?} contains NUL"))?;
     let c_port = CString::new(port.to_string()).expect("digits contain no NUL");
     // SAFETY: addrinfo is a plain C struct for which all-zero is a valid "no hints" value.
@@ -61,19 +55,18 @@ fn getaddrinfo(
         let msg = unsafe { std::ffi::CStr::from_ptr(libc::gai_strerror(rc)) };
         return Err(msg.to_string_lossy().into_owned());
     }
-    let mut out = Vec::new();
     let mut cur = list;
     while !cur.is_null() {
         // SAFETY: `cur` is a node of the list getaddrinfo returned, not yet freed.
         let ai = unsafe { &*cur };
-        if let Some(addr) = sockaddr_to_std(ai) {
+        if let Some(addr) = sockaddr_to_std(ai).filter(|a| !out.contains(a)) {
             out.push(addr);
         }
         cur = ai.ai_next;
     }
     // SAFETY: `list` came from a successful getaddrinfo and is freed exactly once.
     unsafe { libc::freeaddrinfo(list) };
-    Ok(out)
+    Ok(())
 }
 
 fn sockaddr_to_std(ai: &libc::addrinfo) -> Option<SocketAddr> {

@@ -231,7 +231,6 @@ fn bare(encode: impl FnOnce(&mut Vec<u8>)) -> impl FnOnce(&mut Vec<u8>) -> Resul
     }
 }
 
-/// A user key as torch puts it on the wire.
 fn user_key(key: &str) -> Prefixed<'_> {
     Prefixed::new(KEY_PREFIX, key)
 }
@@ -384,7 +383,6 @@ impl TcpStore {
         })
     }
 
-    /// One request and its reply, read by `read`.
     fn ask<T>(
         &self,
         op: &'static str,
