@@ -7,7 +7,7 @@ use super::{fd_handle, fd_id, with_addr};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
 use crate::os::memfd::SharedMapping;
-use crate::os::mmap::{page_size, ReservedRange};
+use crate::os::mmap::{page_size, MappedRange};
 use crate::store::Store;
 use crate::sync::lock;
 use crate::transport::peer_maps::PeerMappings;
@@ -257,7 +257,7 @@ fn map_view(members: &[HostMember]) -> Result<ContiguousView> {
         })
         .collect::<Result<_>>()?;
     let layout = plan(&extents, page)?;
-    let range = ReservedRange::reserve(layout.reserved_bytes())?;
+    let range = MappedRange::reserve(layout.reserved_bytes())?;
     for (i, (m, e)) in members.iter().zip(&extents).enumerate() {
         let what = format!("the host buffer of rank {}", m.rank);
         range.map_file(

@@ -53,10 +53,7 @@ pub fn send_with_fd(
     }
     // SAFETY: `msg` points to `iov` (valid for `bytes.len()` readable bytes) and to `control`
     // (initialised above), both alive for the call; the kernel only reads them.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = super::cvt(unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })?;
     Ok(n as usize)
 }
 
@@ -76,10 +73,8 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
     msg.msg_controllen = cmsg_space(CMSG_SPACE_FDS) as _;
     // SAFETY: `iov` covers `buf` (writable for its length) and msg_control covers `control`
     // (writable for msg_controllen bytes); both outlive the call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n =
+        super::cvt(unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) })?;
     let mut fds = Vec::new();
     // SAFETY: the kernel filled `control` and set msg_controllen; CMSG_FIRSTHDR/CMSG_NXTHDR walk
     // only headers inside that length, and each SCM_RIGHTS header's data holds
@@ -118,10 +113,7 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     let pid = libc::pid_t::try_from(pid)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
     // SAFETY: pidfd_open takes a pid and flags by value and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = super::cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
     // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
@@ -130,10 +122,8 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_getfd takes two descriptors numbers and flags by value and returns a new fd
     // (close-on-exec) or -1; `pidfd` is open for the duration of the call.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd =
+        super::cvt(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) })?;
     // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
@@ -142,7 +132,7 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> 
 /// this user `pidfd_getfd` from this one (only with `NVFIPC_FD_PTRACER=any`).
 pub fn allow_any_ptracer() -> io::Result<()> {
     // SAFETY: prctl with PR_SET_PTRACER takes its arguments by value and touches no memory.
-    let rc = unsafe {
+    super::cvt(unsafe {
         libc::prctl(
             libc::PR_SET_PTRACER,
             libc::PR_SET_PTRACER_ANY as libc::c_ulong,
@@ -150,10 +140,7 @@ pub fn allow_any_ptracer() -> io::Result<()> {
             0,
             0,
         )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    })?;
     Ok(())
 }
 
@@ -182,7 +169,7 @@ pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     // SAFETY: `cred` is a writable `ucred` of `len` bytes that outlives the call; the kernel
     // writes at most `len` bytes into it and stores the length it wrote in `len`; `sock` is
     // open for the call.
-    let rc = unsafe {
+    super::cvt(unsafe {
         libc::getsockopt(
             sock.as_raw_fd(),
             libc::SOL_SOCKET,
@@ -190,10 +177,7 @@ pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
             (&mut cred as *mut libc::ucred).cast(),
             &mut len,
         )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    })?;
     if len as usize != std::mem::size_of::<libc::ucred>() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,

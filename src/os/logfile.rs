@@ -41,16 +41,13 @@ pub fn open_append(path: &str) -> Result<File, Refused> {
 
 fn open(path: &CString, flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: `path` is a valid NUL-terminated string; the mode is read only with O_CREAT.
-    let fd = unsafe {
+    let fd = super::cvt(unsafe {
         libc::open(
             path.as_ptr(),
             flags | libc::O_CLOEXEC,
             0o600 as libc::c_uint,
         )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    })?;
     // SAFETY: `fd` was just returned by open and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

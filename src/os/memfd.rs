@@ -2,6 +2,7 @@
 //! slabs, shared by passing the descriptor. Unlike a `/dev/shm` segment, a memfd has no name to
 //! leak and is not limited by the size of `/dev/shm` (Docker's default is 64 MiB).
 
+use super::mmap::MappedRange;
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
@@ -12,10 +13,7 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
     let name = CString::new(name.replace('\0', "_"))
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name"))?;
     // SAFETY: `name` is a NUL-terminated string alive for the call; flags by value.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = super::cvt(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) })?;
     // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -54,8 +52,7 @@ pub fn create_reserved(name: &str, bytes: u64) -> Result<OwnedFd> {
 #[derive(Debug)]
 pub struct SharedMapping {
     fd: OwnedFd,
-    addr: u64,
-    len: u64,
+    map: MappedRange,
 }
 
 impl SharedMapping {
@@ -69,20 +66,8 @@ impl SharedMapping {
                  or truncated)"
             )));
         }
-        let addr = super::mmap::map_shared(fd.as_fd(), len, what)?;
-        Ok(SharedMapping { fd, addr, len })
-    }
-
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+        let map = super::mmap::map_shared(fd.as_fd(), len, what)?;
+        Ok(SharedMapping { fd, map })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -90,12 +75,10 @@ impl SharedMapping {
     }
 }
 
-impl Drop for SharedMapping {
-    fn drop(&mut self) {
-        // SAFETY: `addr`/`len` describe the mapping made in `map` and not unmapped before; users
-        // hold raw addresses under the documented contract that they stop using them once the
-        // buffer is freed or released.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
+impl std::ops::Deref for SharedMapping {
+    type Target = MappedRange;
+    fn deref(&self) -> &MappedRange {
+        &self.map
     }
 }
 

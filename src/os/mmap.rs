@@ -5,8 +5,8 @@ use crate::error::{Error, Result};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-/// Maps the first `len` bytes of `fd`'s file read-write and shared; returns the address.
-pub fn map_shared(fd: BorrowedFd<'_>, len: u64, what: &str) -> Result<u64> {
+/// Maps the first `len` bytes of `fd`'s file read-write and shared.
+pub fn map_shared(fd: BorrowedFd<'_>, len: u64, what: &str) -> Result<MappedRange> {
     let size = usize::try_from(len)
         .map_err(|_| Error::invalid(format!("shared memory {what}: size {len} too large")))?;
     // SAFETY: mapping a fresh region (addr NULL) of an open descriptor; the kernel checks the rest.
@@ -24,16 +24,17 @@ pub fn map_shared(fd: BorrowedFd<'_>, len: u64, what: &str) -> Result<u64> {
         let err = io::Error::last_os_error();
         return Err(Error::from_io(format!("mmap({what}, {len} bytes)"), &err));
     }
-    Ok(ptr as u64)
+    Ok(MappedRange {
+        addr: ptr as u64,
+        len,
+    })
 }
 
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     // SAFETY: an all-zero `stat` is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is open for the call and `st` is a valid out pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    super::cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
     Ok(st)
 }
 
@@ -58,16 +59,16 @@ pub fn page_size() -> u64 {
     u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
-/// A reserved range; dropping it unmaps the whole range, whatever was mapped into it.
+/// A mapped (or reserved) range, unmapped whole on drop, whatever was mapped into it.
 #[derive(Debug)]
-pub struct ReservedRange {
+pub struct MappedRange {
     addr: u64,
     len: u64,
 }
 
-impl ReservedRange {
+impl MappedRange {
     /// Reserves `len` bytes (a page multiple) of addresses, unusable until a file is mapped in.
-    pub fn reserve(len: u64) -> Result<ReservedRange> {
+    pub fn reserve(len: u64) -> Result<MappedRange> {
         let size = usize::try_from(len)
             .ok()
             .filter(|&s| s > 0)
@@ -90,7 +91,7 @@ impl ReservedRange {
                 &err,
             ));
         }
-        Ok(ReservedRange {
+        Ok(MappedRange {
             addr: ptr as u64,
             len,
         })
@@ -150,11 +151,11 @@ impl ReservedRange {
     }
 }
 
-impl Drop for ReservedRange {
+impl Drop for MappedRange {
     fn drop(&mut self) {
-        // SAFETY: the range was reserved by `reserve` and is unmapped once, here; what was mapped
-        // into it goes with it. Users hold raw addresses under the documented contract that they
-        // stop using them once the view is released.
+        // SAFETY: the range was mapped by `reserve` or `map_shared` and is unmapped once, here;
+        // what was mapped into it goes with it. Users hold raw addresses under the documented
+        // contract that they stop using them once the view or buffer is released.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
     }
 }

@@ -16,3 +16,11 @@ pub mod process;
 pub mod shm;
 pub mod sigbus;
 pub mod wait;
+
+/// `rc` of a libc call that succeeded (non-negative), else the `errno` it left.
+pub(crate) fn cvt<T: Default + PartialOrd>(rc: T) -> std::io::Result<T> {
+    if rc < T::default() {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(rc)
+}

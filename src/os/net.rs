@@ -19,15 +19,8 @@ pub fn resolve(host: &str, port: u16) -> std::result::Result<Vec<SocketAddr>, St
     let mut errors = Vec::new();
     let v4_mapped = libc::AI_V4MAPPED | libc::AI_ALL;
     for (family, flags) in [(libc::AF_INET6, v4_mapped), (libc::AF_INET, 0)] {
-        match getaddrinfo(host, port, family, libc::AI_NUMERICSERV | flags) {
-            Ok(found) => {
-                for a in found {
-                    if !addrs.contains(&a) {
-                        addrs.push(a);
-                    }
-                }
-            }
-            Err(e) => errors.push(e),
+        if let Err(e) = getaddrinfo(host, port, family, libc::AI_NUMERICSERV | flags, &mut addrs) {
+            errors.push(e);
         }
     }
     if addrs.is_empty() {
@@ -44,7 +37,8 @@ fn getaddrinfo(
     port: u16,
     family: libc::c_int,
     flags: libc::c_int,
-) -> std::result::Result<Vec<SocketAddr>, String> {
+    out: &mut Vec<SocketAddr>,
+) -> std::result::Result<(), String> {
     let c_host = CString::new(host).map_err(|_| format!("host name {host:?} contains NUL"))?;
     let c_port = CString::new(port.to_string()).expect("digits contain no NUL");
     // SAFETY: addrinfo is a plain C struct for which all-zero is a valid "no hints" value.
@@ -61,19 +55,18 @@ fn getaddrinfo(
         let msg = unsafe { std::ffi::CStr::from_ptr(libc::gai_strerror(rc)) };
         return Err(msg.to_string_lossy().into_owned());
     }
-    let mut out = Vec::new();
     let mut cur = list;
     while !cur.is_null() {
         // SAFETY: `cur` is a node of the list getaddrinfo returned, not yet freed.
         let ai = unsafe { &*cur };
-        if let Some(addr) = sockaddr_to_std(ai) {
+        if let Some(addr) = sockaddr_to_std(ai).filter(|a| !out.contains(a)) {
             out.push(addr);
         }
         cur = ai.ai_next;
     }
     // SAFETY: `list` came from a successful getaddrinfo and is freed exactly once.
     unsafe { libc::freeaddrinfo(list) };
-    Ok(out)
+    Ok(())
 }
 
 fn sockaddr_to_std(ai: &libc::addrinfo) -> Option<SocketAddr> {
@@ -132,9 +125,7 @@ fn poll_one(stream: &TcpStream, events: i16, ms: libc::c_int) -> io::Result<i16>
     };
     // SAFETY: `pfd` is one valid, initialized pollfd that lives across the call, and the count
     // passed is 1; the fd belongs to `stream`, which outlives the call.
-    if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    super::cvt(unsafe { libc::poll(&mut pfd, 1, ms) })?;
     Ok(pfd.revents)
 }
 
@@ -241,10 +232,8 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
         libc::AF_INET
     };
     // SAFETY: socket(2) takes no pointers; the result is checked before use.
-    let raw = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let raw =
+        super::cvt(unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     set_int_option(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
@@ -253,9 +242,7 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
     }
     bind_fd(&fd, &addr)?;
     // SAFETY: listen(2) on a descriptor we own; no pointers.
-    if unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    super::cvt(unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) })?;
     Ok(TcpListener::from(fd))
 }
 
@@ -266,7 +253,7 @@ fn set_int_option(
     value: libc::c_int,
 ) -> io::Result<()> {
     // SAFETY: the pointer and length describe `value`, a live c_int, for the whole call.
-    let rc = unsafe {
+    super::cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             level,
@@ -274,10 +261,7 @@ fn set_int_option(
             (&value as *const libc::c_int).cast(),
             mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    })?;
     Ok(())
 }
 
@@ -312,9 +296,7 @@ fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
             bind(fd, &sa)
         }
     };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    super::cvt(rc)?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! A POSIX shared-memory segment (`shm_open` + `mmap`), owned or opened. The creator unlinks the
 //! name ([`ShmSegment::unlink`], or on drop); openers only unmap. Mappings outlive the name.
 
+use super::mmap::MappedRange;
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
@@ -9,8 +10,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 #[derive(Debug)]
 pub struct ShmSegment {
     name: String,
-    addr: u64,
-    len: u64,
+    map: MappedRange,
     owns_name: bool,
     /// This name's slot in the exit-time cleanup table (see `os::cleanup`).
     cleanup_slot: Option<usize>,
@@ -72,10 +72,9 @@ impl ShmSegment {
         // return (a mapping keeps its own reference).
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         match Self::truncate_and_map(fd.as_fd(), name, len) {
-            Ok(addr) => Ok(ShmSegment {
+            Ok(map) => Ok(ShmSegment {
                 name: name.to_string(),
-                addr,
-                len,
+                map,
                 owns_name: true,
                 cleanup_slot: super::cleanup::register(name),
             }),
@@ -87,7 +86,7 @@ impl ShmSegment {
         }
     }
 
-    fn truncate_and_map(fd: BorrowedFd<'_>, name: &str, len: u64) -> Result<u64> {
+    fn truncate_and_map(fd: BorrowedFd<'_>, name: &str, len: u64) -> Result<MappedRange> {
         let off_len = libc::off_t::try_from(len)
             .map_err(|_| Error::invalid(format!("shm segment {name}: size {len} too large")))?;
         // SAFETY: `fd` is an open shm descriptor.
@@ -152,8 +151,7 @@ impl ShmSegment {
         }
         Ok(Some(ShmSegment {
             name: name.to_string(),
-            addr: super::mmap::map_shared(fd.as_fd(), len, name)?,
-            len,
+            map: super::mmap::map_shared(fd.as_fd(), len, name)?,
             owns_name: false,
             cleanup_slot: None,
         }))
@@ -161,19 +159,6 @@ impl ShmSegment {
 
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Address of the mapping in this process.
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Removes the name (idempotent); the mapping stays valid.
@@ -196,12 +181,15 @@ pub fn unlink_name(name: &str) {
     }
 }
 
+impl std::ops::Deref for ShmSegment {
+    type Target = MappedRange;
+    fn deref(&self) -> &MappedRange {
+        &self.map
+    }
+}
+
 impl Drop for ShmSegment {
     fn drop(&mut self) {
-        // SAFETY: `addr`/`len` describe a mapping made by `map` and not unmapped before; nothing
-        // borrowed from it outlives the segment (users hold raw addresses under the documented
-        // contract that they stop using them once the buffer is freed or released).
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
         self.unlink();
     }
 }

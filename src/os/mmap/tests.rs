@@ -5,7 +5,7 @@ use crate::os::memfd;
 fn a_file_mapped_twice_into_a_range_shows_the_same_bytes() {
     let page = page_size();
     let file = memfd::create_mapped("unit-vrange", 3 * page).unwrap();
-    let range = ReservedRange::reserve(4 * page).unwrap();
+    let range = MappedRange::reserve(4 * page).unwrap();
     range
         .map_file(0, file.fd(), page, page, "unit-vrange")
         .unwrap();
@@ -23,5 +23,5 @@ fn a_file_mapped_twice_into_a_range_shows_the_same_bytes() {
     assert!(range
         .map_file(3 * page, file.fd(), 0, 2 * page, "x")
         .is_err());
-    assert!(ReservedRange::reserve(0).is_err());
+    assert!(MappedRange::reserve(0).is_err());
 }

@@ -231,7 +231,6 @@ fn bare(encode: impl FnOnce(&mut Vec<u8>)) -> impl FnOnce(&mut Vec<u8>) -> Resul
     }
 }
 
-/// A user key as torch puts it on the wire.
 fn user_key(key: &str) -> Prefixed<'_> {
     Prefixed::new(KEY_PREFIX, key)
 }
@@ -337,9 +336,8 @@ impl TcpStore {
 
     /// Appends `value` to the FIFO queue `key` (torch >= 2.8, libuv server only).
     pub fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call("QUEUE_PUSH", &[], |c| {
-            c.request(|out| wire::encode_queue_push(out, &user_key(key), value))
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_queue_push(out, &user_key(key), value);
+        self.ask("QUEUE_PUSH", encode, |_| Ok(()))
     }
 
     /// Pops the oldest value of queue `key`. With `Some(timeout)` it first waits (like torch's
@@ -385,7 +383,6 @@ impl TcpStore {
         })
     }
 
-    /// One request and its reply, read by `read`.
     fn ask<T>(
         &self,
         op: &'static str,
@@ -472,9 +469,8 @@ fn io_error(addr: &str, op: &str, e: &io::Error) -> Error {
 
 impl Store for TcpStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call("SET", &[], |c| {
-            c.request(|out| wire::encode_set(out, &user_key(key), value))
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_set(out, &user_key(key), value);
+        self.ask("SET", encode, |_| Ok(()))
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
@@ -527,9 +523,8 @@ impl Store for TcpStore {
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call("APPEND", &[], |c| {
-            c.request(|out| wire::encode_append(out, &user_key(key), value))
-        })
+        let encode = |out: &mut Vec<u8>| wire::encode_append(out, &user_key(key), value);
+        self.ask("APPEND", encode, |_| Ok(()))
     }
 
     fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {

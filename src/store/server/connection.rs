@@ -239,7 +239,6 @@ impl Conn {
         Ok((n, n > 0 && n < offered && !self.peer_closing))
     }
 
-    /// Drops parsed bytes from the front of the input buffer.
     pub(super) fn compact_input(&mut self, pool: &mut BufPool) {
         if self.in_start == self.in_end {
             self.in_start = 0;

@@ -154,7 +154,11 @@ impl EventLoop {
                 match event.token() {
                     LISTENER => self.accept_all(),
                     WAKER => {
-                        self.take_arrivals();
+                        let arrivals = &self.shared.shards[self.index].arrivals;
+                        let arrived = std::mem::take(&mut *lock(arrivals));
+                        for stream in arrived {
+                            self.add_connection(stream);
+                        }
                         if self.shared.shards[self.index]
                             .has_mail
                             .load(Ordering::Acquire)
@@ -306,14 +310,6 @@ impl EventLoop {
         if let Err(e) = shards[target].waker.wake() {
             self.shared
                 .record_error(format!("store server: cannot wake loop {target}: {e}"));
-        }
-    }
-
-    /// Takes the connections the accepting loop dealt to this one.
-    fn take_arrivals(&mut self) {
-        let arrived = std::mem::take(&mut *lock(&self.shared.shards[self.index].arrivals));
-        for stream in arrived {
-            self.add_connection(stream);
         }
     }
 
@@ -728,7 +724,6 @@ fn warn_at_most_every_second(last: &mut Option<Instant>, message: &str) {
     }
 }
 
-/// Puts `slot` on `list` unless `on_list` says it is there already.
 fn enlist(on_list: &mut bool, list: &mut Vec<usize>, slot: usize) {
     if !std::mem::replace(on_list, true) {
         list.push(slot);

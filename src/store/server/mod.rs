@@ -140,7 +140,6 @@ impl Shared {
         }
     }
 
-    /// Asks every loop to stop.
     fn stop_all(&self) {
         self.stop.store(true, Ordering::Release);
         for shard in &self.shards {

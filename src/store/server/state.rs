@@ -541,7 +541,6 @@ impl StoreState {
         self.register_wait(fx.conn, registered);
     }
 
-    /// Registers a WAIT of `conn` on `keys` (each missing).
     fn register_wait(&mut self, conn: ConnId, keys: Vec<Vec<u8>>) {
         let id = self.next_wait_id;
         self.next_wait_id += 1;
