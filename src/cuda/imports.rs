@@ -34,22 +34,19 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
     const THREAD: &'static str;
     const PENDING: &'static str;
 
-    /// Where the mapping starts in this process.
-    fn base(&self, mapped: &Self::Mapped) -> u64;
-
-    /// The context the mapping was opened in; `None` when nothing was opened (this process's
-    /// own allocation): nothing is closed, and the entry is not counted as mapped.
-    fn context(&self, mapped: &Self::Mapped) -> Option<Context>;
+    /// Where the mapping starts in this process, and the context it was opened in; `None` when
+    /// nothing was opened (this process's own allocation): nothing is closed, nor counted mapped.
+    fn at(&self, mapped: &Self::Mapped) -> (u64, Option<Context>);
 
     /// Whether the last release must close the mapping.
     fn closes(&self, mapped: &Self::Mapped) -> bool {
-        self.context(mapped).is_some()
+        self.at(mapped).1.is_some()
     }
 
     /// Waits for the device work queued before the release (all of the mapping's context); the
     /// mapping stays intact (and may still be taken back).
     fn drain(&self, _peer: usize, mapped: &Self::Mapped) -> Result<()> {
-        self.context(mapped).map_or(Ok(()), Context::synchronize)
+        self.at(mapped).1.map_or(Ok(()), Context::synchronize)
     }
 
     /// Closes the mapping (without the table's lock on the releaser thread).
@@ -165,7 +162,7 @@ impl<K: ImportKind> ImportTable<K> {
         let (held, base) = loop {
             if let Some(e) = t.entries.get_mut(&key) {
                 e.refs += 1;
-                break (key, kind.base(&e.mapped));
+                break (key, kind.at(&e.mapped).0);
             }
             let mapped = match releaser.revive(&key) {
                 Revive::Queued(mapped) => mapped,
@@ -190,11 +187,11 @@ impl<K: ImportKind> ImportTable<K> {
                             Error::internal(format!("{outer:?} serves {key:?} but is not imported"))
                         })?;
                         e.refs += 1;
-                        break (outer, kind.base(&e.mapped) + offset);
+                        break (outer, kind.at(&e.mapped).0 + offset);
                     }
                 },
             };
-            let base = kind.base(&mapped);
+            let base = kind.at(&mapped).0;
             t.entries.insert(key, Entry { mapped, refs: 1 });
             break (key, base);
         };

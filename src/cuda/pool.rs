@@ -157,12 +157,8 @@ impl ImportKind for Pool {
     const THREAD: &'static str = "nvfipc-pool-free";
     const PENDING: &'static str = "imported pool allocation(s) were still waiting to be freed";
 
-    fn base(&self, p: &ImportedPointer) -> u64 {
-        p.ptr
-    }
-
-    fn context(&self, p: &ImportedPointer) -> Option<Context> {
-        Some(p.context)
+    fn at(&self, p: &ImportedPointer) -> (u64, Option<Context>) {
+        (p.ptr, Some(p.context))
     }
 
     fn close(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {

@@ -81,12 +81,8 @@ impl ImportKind for Vmm {
     const THREAD: &'static str = "nvfipc-vmm-unmap";
     const PENDING: &'static str = "VMM mapping(s) were still waiting to be unmapped";
 
-    fn base(&self, run: &MappedRun) -> u64 {
-        run.base
-    }
-
-    fn context(&self, run: &MappedRun) -> Option<Context> {
-        Some(run.context)
+    fn at(&self, run: &MappedRun) -> (u64, Option<Context>) {
+        (run.base, Some(run.context))
     }
 
     fn close(&self, _peer: usize, run: &MappedRun) -> Result<()> {
