@@ -204,33 +204,10 @@ impl<K: ImportKind> ImportTable<K> {
         })
     }
 
-    /// Drops one reference of `key`; the entry, removed, when it was the last one.
-    fn drop_reference(
-        t: &mut Tables<K>,
-        key: &K::Key,
-        what: impl FnOnce() -> String,
-    ) -> Result<Option<K::Mapped>> {
-        let entry = t.entries.get_mut(key).ok_or_else(|| {
-            Error::not_found(format!("{} is not imported (released twice?)", what()))
-        })?;
-        entry.refs -= 1;
-        if entry.refs > 0 {
-            return Ok(None);
-        }
-        Ok(t.entries.remove(key).map(|e| e.mapped))
-    }
-
     /// Drops one reference of `key` taken for `peer`; the last one hands the mapping to the
     /// releaser.
     pub fn release(&self, key: &K::Key, peer: usize, what: impl FnOnce() -> String) -> Result<()> {
-        let mut t = lock(&self.inner.state);
-        match Self::drop_reference(&mut t, key, what)? {
-            // Submitted under the table's lock: `acquire` never misses a mapping in between.
-            Some(mapped) if self.inner.kind.closes(&mapped) => {
-                self.inner.releaser.submit(*key, peer, mapped)
-            }
-            _ => Ok(()),
-        }
+        self.drop_reference(key, peer, what, false)
     }
 
     /// Drops one reference of `key`, closing the last one on this thread under the table's lock;
@@ -241,13 +218,34 @@ impl<K: ImportKind> ImportTable<K> {
         peer: usize,
         what: impl FnOnce() -> String,
     ) -> Result<()> {
+        self.drop_reference(key, peer, what, true)
+    }
+
+    /// Drops one reference of `key`; the last one is closed `now`, or handed to the releaser.
+    fn drop_reference(
+        &self,
+        key: &K::Key,
+        peer: usize,
+        what: impl FnOnce() -> String,
+        now: bool,
+    ) -> Result<()> {
         let mut t = lock(&self.inner.state);
-        match Self::drop_reference(&mut t, key, what)? {
-            Some(mapped) if self.inner.kind.closes(&mapped) => {
-                let closed = self.inner.kind.close(peer, &mapped);
-                self.inner.kind.closed(&mut t.side, &mapped);
+        let entry = t.entries.get_mut(key).ok_or_else(|| {
+            Error::not_found(format!("{} is not imported (released twice?)", what()))
+        })?;
+        entry.refs -= 1;
+        if entry.refs > 0 {
+            return Ok(());
+        }
+        let kind = &*self.inner.kind;
+        match t.entries.remove(key).map(|e| e.mapped) {
+            Some(mapped) if kind.closes(&mapped) && now => {
+                let closed = kind.close(peer, &mapped);
+                kind.closed(&mut t.side, &mapped);
                 closed
             }
+            // Submitted under the table's lock: `acquire` never misses a mapping in between.
+            Some(mapped) if kind.closes(&mapped) => self.inner.releaser.submit(*key, peer, mapped),
             _ => Ok(()),
         }
     }

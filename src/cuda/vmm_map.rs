@@ -102,14 +102,11 @@ impl ImportKind for Vmm {
     /// Drops the unmapped run's references on its segments, releasing those no run maps.
     fn closed(&self, segments: &mut Segments, run: &MappedRun) {
         for (k, _) in &run.segments {
-            let drop_it = match segments.0.get_mut(k) {
-                Some(s) => {
-                    s.runs = s.runs.saturating_sub(1);
-                    s.runs == 0
-                }
-                None => false,
+            let Some(s) = segments.0.get_mut(k) else {
+                continue;
             };
-            if drop_it {
+            s.runs = s.runs.saturating_sub(1);
+            if s.runs == 0 {
                 let s = segments.0.remove(k).expect("present under the lock");
                 // SAFETY: imported by this module and released once (it leaves the sub-table here);
                 // the last run that mapped it is unmapped. Should that unmap have failed, releasing
