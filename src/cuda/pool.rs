@@ -142,10 +142,9 @@ pub(crate) struct ImportedPointer {
 #[derive(Default)]
 pub(crate) struct Pools(HashMap<PoolKey, ImportedPool>);
 
-/// Pool allocations in the import table.
+/// Pool allocations in the import table, and how many were imported and freed so far.
 #[derive(Default)]
 pub(crate) struct Pool {
-    /// Allocations imported and freed so far.
     pub imports: AtomicU64,
     pub frees: AtomicU64,
 }

@@ -61,16 +61,13 @@ impl Segments {
     }
 }
 
-/// VMM runs in the import table (see the module docs).
+/// VMM runs in the import table (see the module docs), and their [`super::VmmCounters`].
 #[derive(Default)]
 pub(crate) struct Vmm {
-    /// Physical allocations imported, and released.
     pub segment_imports: AtomicU64,
     pub segment_releases: AtomicU64,
-    /// Runs mapped, and unmapped.
     pub maps: AtomicU64,
     pub unmaps: AtomicU64,
-    /// Buffers served by the mapping of a larger run that holds their segments.
     pub inside_mapped: AtomicU64,
 }
 
