@@ -447,14 +447,9 @@ pub fn mem_create(
 pub fn mem_granularity(device: i32) -> DriverResult<u64> {
     let prop = device_prop(device);
     let mut granularity = 0usize;
+    let minimum = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
     // SAFETY: valid out pointer and properties.
-    let rc = unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut granularity,
-            &prop,
-            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        )
-    };
+    let rc = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, minimum) };
     to_result(rc, granularity as u64)
 }
 
