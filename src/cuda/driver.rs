@@ -103,10 +103,8 @@ fn load(present: impl Fn() -> bool, missing: impl Fn() -> Vec<&'static str>) -> 
     }
     let mut version = 0;
     // SAFETY: `version` is a valid out pointer.
-    check(
-        unsafe { sys::cuDriverGetVersion(&mut version) },
-        "cuDriverGetVersion",
-    )?;
+    let rc = unsafe { sys::cuDriverGetVersion(&mut version) };
+    check(rc, "cuDriverGetVersion")?;
     if version < MIN_DRIVER_VERSION {
         return Err(unavailable(format!(
             "CUDA driver {} is too old: {} or newer is required",
@@ -184,10 +182,8 @@ impl Context {
         let _guard = ContextGuard::enter(self)?;
         let mut device = 0;
         // SAFETY: valid out pointer; the context is current (guard above).
-        check(
-            unsafe { sys::cuCtxGetDevice(&mut device) },
-            "cuCtxGetDevice",
-        )?;
+        let rc = unsafe { sys::cuCtxGetDevice(&mut device) };
+        check(rc, "cuCtxGetDevice")?;
         Ok(device)
     }
 
@@ -224,10 +220,8 @@ pub fn primary_context(device: i32) -> Result<Context> {
     let dev = device_handle(device)?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out pointer and a device handle from cuDeviceGet.
-    check(
-        unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
-        &format!("cuDevicePrimaryCtxRetain(device {device})"),
-    )?;
+    let rc = unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) };
+    check(rc, &format!("cuDevicePrimaryCtxRetain(device {device})"))?;
     let ctx = Context::from_raw(ctx);
     map.insert(device, ctx);
     Ok(ctx)
@@ -249,10 +243,8 @@ pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
     }
     let ctx = primary_context(default_device.map_or_else(self::default_device, Ok)?)?;
     // SAFETY: a retained primary context is a valid context handle.
-    check(
-        unsafe { sys::cuCtxSetCurrent(ctx.raw()) },
-        "cuCtxSetCurrent",
-    )?;
+    let rc = unsafe { sys::cuCtxSetCurrent(ctx.raw()) };
+    check(rc, "cuCtxSetCurrent")?;
     Ok(ctx)
 }
 
@@ -282,10 +274,8 @@ impl ContextGuard {
             return Ok(ContextGuard { pushed: false });
         }
         // SAFETY: `ctx` came from the driver (current or retained primary context).
-        check(
-            unsafe { sys::cuCtxPushCurrent_v2(ctx.raw()) },
-            "cuCtxPushCurrent",
-        )?;
+        let rc = unsafe { sys::cuCtxPushCurrent_v2(ctx.raw()) };
+        check(rc, "cuCtxPushCurrent")?;
         Ok(ContextGuard { pushed: true })
     }
 
@@ -315,10 +305,8 @@ pub fn device_count() -> Result<i32> {
     driver()?;
     let mut count = 0;
     // SAFETY: valid out pointer.
-    check(
-        unsafe { sys::cuDeviceGetCount(&mut count) },
-        "cuDeviceGetCount",
-    )?;
+    let rc = unsafe { sys::cuDeviceGetCount(&mut count) };
+    check(rc, "cuDeviceGetCount")?;
     Ok(count)
 }
 
@@ -326,10 +314,8 @@ fn device_handle(ordinal: i32) -> Result<sys::CUdevice> {
     driver()?;
     let mut dev: sys::CUdevice = 0;
     // SAFETY: valid out pointer.
-    check(
-        unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
-        &format!("cuDeviceGet({ordinal})"),
-    )?;
+    let rc = unsafe { sys::cuDeviceGet(&mut dev, ordinal) };
+    check(rc, &format!("cuDeviceGet({ordinal})"))?;
     Ok(dev)
 }
 
@@ -338,10 +324,8 @@ pub fn device_uuid(ordinal: i32) -> Result<[u8; 16]> {
     let dev = device_handle(ordinal)?;
     let mut uuid = sys::CUuuid { bytes: [0; 16] };
     // SAFETY: valid out pointer and device handle.
-    check(
-        unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
-        &format!("cuDeviceGetUuid(device {ordinal})"),
-    )?;
+    let rc = unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) };
+    check(rc, &format!("cuDeviceGetUuid(device {ordinal})"))?;
     Ok(uuid.bytes.map(|b| b as u8))
 }
 
@@ -351,8 +335,9 @@ pub fn can_access_peer(ordinal: i32, peer: i32) -> Result<bool> {
     let other = device_handle(peer)?;
     let mut can = 0;
     // SAFETY: valid out pointer and device handles.
+    let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, other) };
     check(
-        unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, other) },
+        rc,
         &format!("cuDeviceCanAccessPeer(device {ordinal}, device {peer})"),
     )?;
     Ok(can != 0)
@@ -371,8 +356,9 @@ pub fn device_attribute_code(ordinal: i32, code: i32) -> Result<i32> {
         .map_err(|e| unavailable(format!("cuDeviceGetAttribute not found: {e}")))?;
     let mut value = 0;
     // SAFETY: valid out pointer and device handle; the driver validates the attribute number.
+    let rc = unsafe { get(&mut value, code, dev) };
     check(
-        unsafe { get(&mut value, code, dev) },
+        rc,
         &format!("cuDeviceGetAttribute({code}, device {ordinal})"),
     )?;
     Ok(value)

@@ -34,22 +34,19 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
     const THREAD: &'static str;
     const PENDING: &'static str;
 
-    /// Where the mapping starts in this process.
-    fn base(&self, mapped: &Self::Mapped) -> u64;
-
-    /// The context the mapping was opened in; `None` when nothing was opened (this process's
-    /// own allocation): nothing is closed, and the entry is not counted as mapped.
-    fn context(&self, mapped: &Self::Mapped) -> Option<Context>;
+    /// Where the mapping starts in this process, and the context it was opened in; `None` when
+    /// nothing was opened (this process's own allocation): nothing is closed, nor counted mapped.
+    fn at(&self, mapped: &Self::Mapped) -> (u64, Option<Context>);
 
     /// Whether the last release must close the mapping.
     fn closes(&self, mapped: &Self::Mapped) -> bool {
-        self.context(mapped).is_some()
+        self.at(mapped).1.is_some()
     }
 
     /// Waits for the device work queued before the release (all of the mapping's context); the
     /// mapping stays intact (and may still be taken back).
     fn drain(&self, _peer: usize, mapped: &Self::Mapped) -> Result<()> {
-        self.context(mapped).map_or(Ok(()), Context::synchronize)
+        self.at(mapped).1.map_or(Ok(()), Context::synchronize)
     }
 
     /// Closes the mapping (without the table's lock on the releaser thread).
@@ -165,7 +162,7 @@ impl<K: ImportKind> ImportTable<K> {
         let (held, base) = loop {
             if let Some(e) = t.entries.get_mut(&key) {
                 e.refs += 1;
-                break (key, kind.base(&e.mapped));
+                break (key, kind.at(&e.mapped).0);
             }
             let mapped = match releaser.revive(&key) {
                 Revive::Queued(mapped) => mapped,
@@ -190,11 +187,11 @@ impl<K: ImportKind> ImportTable<K> {
                             Error::internal(format!("{outer:?} serves {key:?} but is not imported"))
                         })?;
                         e.refs += 1;
-                        break (outer, kind.base(&e.mapped) + offset);
+                        break (outer, kind.at(&e.mapped).0 + offset);
                     }
                 },
             };
-            let base = kind.base(&mapped);
+            let base = kind.at(&mapped).0;
             t.entries.insert(key, Entry { mapped, refs: 1 });
             break (key, base);
         };
@@ -207,33 +204,10 @@ impl<K: ImportKind> ImportTable<K> {
         })
     }
 
-    /// Drops one reference of `key`; the entry, removed, when it was the last one.
-    fn drop_reference(
-        t: &mut Tables<K>,
-        key: &K::Key,
-        what: impl FnOnce() -> String,
-    ) -> Result<Option<K::Mapped>> {
-        let entry = t.entries.get_mut(key).ok_or_else(|| {
-            Error::not_found(format!("{} is not imported (released twice?)", what()))
-        })?;
-        entry.refs -= 1;
-        if entry.refs > 0 {
-            return Ok(None);
-        }
-        Ok(t.entries.remove(key).map(|e| e.mapped))
-    }
-
     /// Drops one reference of `key` taken for `peer`; the last one hands the mapping to the
     /// releaser.
     pub fn release(&self, key: &K::Key, peer: usize, what: impl FnOnce() -> String) -> Result<()> {
-        let mut t = lock(&self.inner.state);
-        match Self::drop_reference(&mut t, key, what)? {
-            // Submitted under the table's lock: `acquire` never misses a mapping in between.
-            Some(mapped) if self.inner.kind.closes(&mapped) => {
-                self.inner.releaser.submit(*key, peer, mapped)
-            }
-            _ => Ok(()),
-        }
+        self.drop_reference(key, peer, what, false)
     }
 
     /// Drops one reference of `key`, closing the last one on this thread under the table's lock;
@@ -244,13 +218,34 @@ impl<K: ImportKind> ImportTable<K> {
         peer: usize,
         what: impl FnOnce() -> String,
     ) -> Result<()> {
+        self.drop_reference(key, peer, what, true)
+    }
+
+    /// Drops one reference of `key`; the last one is closed `now`, or handed to the releaser.
+    fn drop_reference(
+        &self,
+        key: &K::Key,
+        peer: usize,
+        what: impl FnOnce() -> String,
+        now: bool,
+    ) -> Result<()> {
         let mut t = lock(&self.inner.state);
-        match Self::drop_reference(&mut t, key, what)? {
-            Some(mapped) if self.inner.kind.closes(&mapped) => {
-                let closed = self.inner.kind.close(peer, &mapped);
-                self.inner.kind.closed(&mut t.side, &mapped);
+        let entry = t.entries.get_mut(key).ok_or_else(|| {
+            Error::not_found(format!("{} is not imported (released twice?)", what()))
+        })?;
+        entry.refs -= 1;
+        if entry.refs > 0 {
+            return Ok(());
+        }
+        let kind = &*self.inner.kind;
+        match t.entries.remove(key).map(|e| e.mapped) {
+            Some(mapped) if kind.closes(&mapped) && now => {
+                let closed = kind.close(peer, &mapped);
+                kind.closed(&mut t.side, &mapped);
                 closed
             }
+            // Submitted under the table's lock: `acquire` never misses a mapping in between.
+            Some(mapped) if kind.closes(&mapped) => self.inner.releaser.submit(*key, peer, mapped),
             _ => Ok(()),
         }
     }

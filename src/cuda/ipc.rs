@@ -59,12 +59,8 @@ impl ImportKind for Legacy {
     const THREAD: &'static str = "nvfipc-ipc-close";
     const PENDING: &'static str = "peer mapping(s) were still waiting to be closed";
 
-    fn base(&self, mapped: &Mapped) -> u64 {
-        mapped.base
-    }
-
-    fn context(&self, mapped: &Mapped) -> Option<Context> {
-        mapped.context
+    fn at(&self, mapped: &Mapped) -> (u64, Option<Context>) {
+        (mapped.base, mapped.context)
     }
 
     fn close(&self, peer: usize, mapped: &Mapped) -> Result<()> {

@@ -124,25 +124,20 @@ pub fn flush_releases(timeout: Duration) -> Result<()> {
     runtime().flush_releases(timeout)
 }
 
-/// Counters of VMM and pool imports in this process.
+/// Counters of VMM and pool imports in this process, the fields of the C ABI's
+/// `nvfipc_cuda_vmm_counters` (documented there); `live_maps` leaves out runs waiting for their
+/// unmap, `live_segments` does not.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VmmCounters {
-    /// VMM physical allocations exported (each once per transport).
     pub segment_exports: u64,
-    /// Peer physical allocations imported, and released.
     pub segment_imports: u64,
     pub segment_releases: u64,
-    /// Runs of peer segments mapped, and unmapped.
     pub maps: u64,
     pub unmaps: u64,
-    /// Peer segments imported and runs mapped now (runs waiting for their unmap are not
-    /// counted; their segments are).
     pub live_segments: u64,
     pub live_maps: u64,
-    /// Peer pool allocations imported, and freed.
     pub pool_imports: u64,
     pub pool_frees: u64,
-    /// Peer VMM buffers served by the mapping of a larger run that holds their segments.
     pub inside_mapped: u64,
 }
 

@@ -142,10 +142,9 @@ pub(crate) struct ImportedPointer {
 #[derive(Default)]
 pub(crate) struct Pools(HashMap<PoolKey, ImportedPool>);
 
-/// Pool allocations in the import table.
+/// Pool allocations in the import table, and how many were imported and freed so far.
 #[derive(Default)]
 pub(crate) struct Pool {
-    /// Allocations imported and freed so far.
     pub imports: AtomicU64,
     pub frees: AtomicU64,
 }
@@ -157,12 +156,8 @@ impl ImportKind for Pool {
     const THREAD: &'static str = "nvfipc-pool-free";
     const PENDING: &'static str = "imported pool allocation(s) were still waiting to be freed";
 
-    fn base(&self, p: &ImportedPointer) -> u64 {
-        p.ptr
-    }
-
-    fn context(&self, p: &ImportedPointer) -> Option<Context> {
-        Some(p.context)
+    fn at(&self, p: &ImportedPointer) -> (u64, Option<Context>) {
+        (p.ptr, Some(p.context))
     }
 
     fn close(&self, _peer: usize, p: &ImportedPointer) -> Result<()> {

@@ -244,21 +244,20 @@ pub unsafe fn mem_release(handle: sys::CUmemGenericAllocationHandle) -> DriverRe
     to_result(rc, ())
 }
 
-/// `cuMemExportToShareableHandle` as a POSIX fd, owned by the caller.
-pub fn mem_export_fd(handle: sys::CUmemGenericAllocationHandle) -> DriverResult<OwnedFd> {
+/// The fd an export call writes through its out pointer (an int for POSIX fds), owned by the
+/// caller.
+fn exported_fd(export: impl FnOnce(*mut c_void) -> sys::CUresult) -> DriverResult<OwnedFd> {
     let mut fd: std::ffi::c_int = -1;
-    // SAFETY: for POSIX fds the out value is an int; the driver validates the handle.
-    let rc = unsafe {
-        sys::cuMemExportToShareableHandle(
-            (&mut fd as *mut std::ffi::c_int).cast(),
-            handle,
-            sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
-            0,
-        )
-    };
-    to_result(rc, ())?;
+    to_result(export((&mut fd as *mut std::ffi::c_int).cast()), ())?;
     // SAFETY: on success the driver returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `cuMemExportToShareableHandle` as a POSIX fd, owned by the caller.
+pub fn mem_export_fd(handle: sys::CUmemGenericAllocationHandle) -> DriverResult<OwnedFd> {
+    let posix = sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD);
+    // SAFETY: `out` points to the int a POSIX fd is written to; the driver validates the handle.
+    exported_fd(|out| unsafe { sys::cuMemExportToShareableHandle(out, handle, posix, 0) })
 }
 
 /// `cuMemExportToShareableHandle` as a FABRIC handle.
@@ -376,19 +375,10 @@ pub const POOL_PTR_EXPORT_LEN: usize = 64;
 /// `cuMemPoolExportToShareableHandle` as a POSIX fd, owned by the caller. Fails unless the pool
 /// was created with POSIX fd handles (the device's default pool never is).
 pub fn mem_pool_export_fd(pool: u64) -> DriverResult<OwnedFd> {
-    let mut fd: std::ffi::c_int = -1;
-    // SAFETY: for POSIX fds the out value is an int; the driver validates the pool.
-    let rc = unsafe {
-        sys::cuMemPoolExportToShareableHandle(
-            (&mut fd as *mut std::ffi::c_int).cast(),
-            pool as sys::CUmemoryPool,
-            sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
-            0,
-        )
-    };
-    to_result(rc, ())?;
-    // SAFETY: on success the driver returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let pool = pool as sys::CUmemoryPool;
+    let posix = sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD);
+    // SAFETY: `out` points to the int a POSIX fd is written to; the driver validates the pool.
+    exported_fd(|out| unsafe { sys::cuMemPoolExportToShareableHandle(out, pool, posix, 0) })
 }
 
 /// `cuMemPoolExportPointer`: the data a peer needs to import the pool allocation at `ptr`.
@@ -457,14 +447,9 @@ pub fn mem_create(
 pub fn mem_granularity(device: i32) -> DriverResult<u64> {
     let prop = device_prop(device);
     let mut granularity = 0usize;
+    let minimum = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
     // SAFETY: valid out pointer and properties.
-    let rc = unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut granularity,
-            &prop,
-            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        )
-    };
+    let rc = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, minimum) };
     to_result(rc, granularity as u64)
 }
 

@@ -104,14 +104,9 @@ fn vmm_segment_at(at: u64, handle_types: u32) -> Option<LocalSegment> {
 }
 
 impl CudaTransport {
-    /// A transport on `device` (`None`: the current one at each call, as under nvFuser), without
-    /// an fd transport (legacy and FABRIC buffers only); `CudaUnavailable` without a driver.
-    pub fn new(device: Option<i32>) -> Result<Arc<CudaTransport>> {
-        Self::with_fdpass(device, None)
-    }
-
-    /// [`new`](Self::new), sharing VMM and pool buffers as fds through `fdpass` (the job's fd
-    /// transport, shared with the host transport).
+    /// A transport on `device` (`None`: the current one at each call, as under nvFuser), sharing
+    /// VMM and pool buffers as fds through `fdpass` (the job's fd transport, shared with the host
+    /// transport; without one, legacy and FABRIC buffers only); `CudaUnavailable` without a driver.
     pub fn with_fdpass(
         device: Option<i32>,
         fdpass: Option<Arc<FdPass>>,

@@ -61,16 +61,13 @@ impl Segments {
     }
 }
 
-/// VMM runs in the import table (see the module docs).
+/// VMM runs in the import table (see the module docs), and their [`super::VmmCounters`].
 #[derive(Default)]
 pub(crate) struct Vmm {
-    /// Physical allocations imported, and released.
     pub segment_imports: AtomicU64,
     pub segment_releases: AtomicU64,
-    /// Runs mapped, and unmapped.
     pub maps: AtomicU64,
     pub unmaps: AtomicU64,
-    /// Buffers served by the mapping of a larger run that holds their segments.
     pub inside_mapped: AtomicU64,
 }
 
@@ -81,12 +78,8 @@ impl ImportKind for Vmm {
     const THREAD: &'static str = "nvfipc-vmm-unmap";
     const PENDING: &'static str = "VMM mapping(s) were still waiting to be unmapped";
 
-    fn base(&self, run: &MappedRun) -> u64 {
-        run.base
-    }
-
-    fn context(&self, run: &MappedRun) -> Option<Context> {
-        Some(run.context)
+    fn at(&self, run: &MappedRun) -> (u64, Option<Context>) {
+        (run.base, Some(run.context))
     }
 
     fn close(&self, _peer: usize, run: &MappedRun) -> Result<()> {
@@ -106,14 +99,11 @@ impl ImportKind for Vmm {
     /// Drops the unmapped run's references on its segments, releasing those no run maps.
     fn closed(&self, segments: &mut Segments, run: &MappedRun) {
         for (k, _) in &run.segments {
-            let drop_it = match segments.0.get_mut(k) {
-                Some(s) => {
-                    s.runs = s.runs.saturating_sub(1);
-                    s.runs == 0
-                }
-                None => false,
+            let Some(s) = segments.0.get_mut(k) else {
+                continue;
             };
-            if drop_it {
+            s.runs = s.runs.saturating_sub(1);
+            if s.runs == 0 {
                 let s = segments.0.remove(k).expect("present under the lock");
                 // SAFETY: imported by this module and released once (it leaves the sub-table here);
                 // the last run that mapped it is unmapped. Should that unmap have failed, releasing

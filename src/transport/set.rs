@@ -33,13 +33,6 @@ impl Transports {
         Ok(set)
     }
 
-    /// Adds, or replaces, the transport of its memory kind.
-    pub fn set(&mut self, t: Arc<dyn Transport>) {
-        let i = t.kind() as usize;
-        self.ready[i] = OnceCell::with_value(t);
-        self.on_first_use[i] = None;
-    }
-
     /// Makes the transport of `kind` with `make` when first needed, unless one is given.
     pub fn set_on_first_use(&mut self, kind: MemKind, make: TransportFactory) {
         self.on_first_use[kind as usize] = Some(make);

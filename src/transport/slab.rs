@@ -57,7 +57,7 @@ pub type Opened = (Box<dyn Send>, u64);
 
 /// A per-process slab over a backend's memory; peers' slabs are closed before its own goes.
 pub struct SemaphoreSlab {
-    peers: PeerMappings<(usize, [u8; PAYLOAD_LEN]), Box<dyn Send>>,
+    pub(super) peers: PeerMappings<(usize, [u8; PAYLOAD_LEN]), Box<dyn Send>>,
     in_use: Mutex<Vec<bool>>,
     mem: Box<dyn SlabMemory>,
 }
@@ -69,10 +69,6 @@ impl SemaphoreSlab {
             in_use: Mutex::new(vec![false; SLAB_SLOTS as usize]),
             mem: Box::new(mem),
         }
-    }
-
-    pub fn live_peer_slabs(&self) -> usize {
-        self.peers.len()
     }
 
     /// Reserves a free slot (its semaphore reads zero); `InvalidState` when all are in use.

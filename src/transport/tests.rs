@@ -19,3 +19,9 @@ fn offset_is_from_base() {
     };
     assert_eq!(b.offset(), 0x40);
 }
+
+impl SemaphoreSlab {
+    pub(crate) fn live_peer_slabs(&self) -> usize {
+        self.peers.len()
+    }
+}

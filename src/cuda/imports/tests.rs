@@ -25,11 +25,8 @@ impl ImportKind for Fake {
     const THREAD: &'static str = "nvfipc-test-imports";
     const PENDING: &'static str = "test mapping(s) were still waiting to be closed";
 
-    fn base(&self, mapped: &(u64, bool)) -> u64 {
-        mapped.0
-    }
-    fn context(&self, _mapped: &(u64, bool)) -> Option<Context> {
-        None
+    fn at(&self, mapped: &(u64, bool)) -> (u64, Option<Context>) {
+        (mapped.0, None)
     }
     fn closes(&self, mapped: &(u64, bool)) -> bool {
         mapped.1
@@ -376,11 +373,8 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
         type Side = ();
         const THREAD: &'static str = "nvfipc-test-imports-slow";
         const PENDING: &'static str = "slow mapping(s)";
-        fn base(&self, m: &(u64, bool)) -> u64 {
-            m.0
-        }
-        fn context(&self, _: &(u64, bool)) -> Option<Context> {
-            None
+        fn at(&self, m: &(u64, bool)) -> (u64, Option<Context>) {
+            (m.0, None)
         }
         fn closes(&self, _: &(u64, bool)) -> bool {
             true

@@ -7,7 +7,9 @@ fn without_driver_the_transport_is_unavailable() {
     if driver::is_available() {
         return;
     }
-    let err = CudaTransport::new(None).err().expect("no driver here");
+    let err = CudaTransport::with_fdpass(None, None)
+        .err()
+        .expect("no driver here");
     assert_eq!(err.status, Status::CudaUnavailable);
     assert!(err.message.contains("libcuda.so.1"), "{err}");
 }
