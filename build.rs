@@ -12,7 +12,7 @@ use std::path::PathBuf;
 /// the `#[repr(C)]` library types the ABI hands out as they are, so that C sees the Rust type
 /// itself rather than a copy kept in step by hand: `Status` and `CacheStats` (renamed to their C
 /// names in cbindgen.toml). Neither defines a function or a vtable: the C boundary is src/ffi.
-const ABI_SOURCES: &[&str] = &["src/error.rs", "src/exchange/context.rs", "src/ffi/mod.rs"];
+const ABI_SOURCES: &[&str] = &["src/error.rs", "src/exchange/session.rs", "src/ffi/mod.rs"];
 
 /// Version macros, from Cargo.toml so that they can never disagree with `nvfipc_version()`.
 fn version_defines() -> String {

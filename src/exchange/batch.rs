@@ -11,8 +11,8 @@ use super::channel::{
     fingerprint_of, occurrence, Channel, ChannelInfo, ChannelKey, ChannelTable, PeerSide, Progress,
     Request, Resume,
 };
-use super::context::{bump, Context, Imported};
 use super::phases::{Lap, Phase};
+use super::session::{bump, Imported, Session};
 use crate::error::{Error, Result, Status};
 use crate::logging::{self, since};
 use crate::os::wait::{blocking_pace, wait_blocking};
@@ -119,7 +119,7 @@ impl StuckReport {
 /// The channels of one call, claimed from the table until the batch ends, in items the caller
 /// lends (reused per thread, so a warm call allocates nothing).
 pub(super) struct Batch<'a> {
-    cx: &'a Context,
+    cx: &'a Session,
     table: &'a Mutex<ChannelTable>,
     items: &'a mut Vec<Item>,
 }
@@ -136,7 +136,7 @@ pub(super) enum Resolution {
 
 /// Checks every request and resolves its buffer into `out`; nothing is changed on failure.
 pub(super) fn resolve_all(
-    cx: &Context,
+    cx: &Session,
     requests: &[Request],
     resolution: Resolution,
     out: &mut Vec<LocalBuffer>,
@@ -149,7 +149,7 @@ pub(super) fn resolve_all(
     Ok(())
 }
 
-fn resolve(cx: &Context, r: &Request, resolution: Resolution) -> Result<LocalBuffer> {
+fn resolve(cx: &Session, r: &Request, resolution: Resolution) -> Result<LocalBuffer> {
     if r.peer >= cx.world_size {
         return Err(Error::invalid(format!(
             "peer {} is not a rank of this world of {}",
@@ -178,7 +178,7 @@ impl<'a> Batch<'a> {
     /// Step 1: claims the channels of `requests` (whose buffers `resolved` holds) and advances
     /// their step (and version), or resumes a suspended step. Nothing is claimed on failure.
     pub(super) fn begin(
-        cx: &'a Context,
+        cx: &'a Session,
         table: &'a Mutex<ChannelTable>,
         requests: &[Request],
         resolved: &[LocalBuffer],
@@ -456,7 +456,7 @@ impl<'a> Batch<'a> {
 
 /// Takes the allocations whose last mapping here was just released off the board lists of the
 /// channels of their peer: the peer sends records of them through the store again.
-fn forget_released(cx: &Context, st: &ChannelTable, released: &[(MemKind, Mapping)]) {
+fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Mapping)]) {
     let held = lock(&cx.holdings);
     for (kind, m) in released {
         let same = |o: &Mapping| o.peer == m.peer && o.buffer_id == m.buffer_id;
@@ -513,7 +513,7 @@ fn liveness_check_due(polls: u32) -> bool {
 }
 
 /// Steps 2-6 of a call, over the cache's context.
-impl Context {
+impl Session {
     fn run(
         &self,
         items: &mut [Item],

@@ -1,4 +1,4 @@
-//! The handle cache: its channel table and its context, the public surface over them, the order
+//! The handle cache: its channel table and its session, the public surface over them, the order
 //! of a call (resolve the requests, then a batch: `exchange::batch`) and its teardown.
 //!
 //! Calls on *different* channels may run concurrently (the table lock is never held across a board
@@ -9,9 +9,9 @@ use super::batch::{self, Batch, Deadline, Item, Resolution};
 use super::board::OwnBoard;
 use super::channel::{Channel, ChannelTable, OpenChannel, Request};
 use super::collector::Collector;
-use super::context::{bump, CacheStats, Context, Counters, Settings};
 use super::peers::PeerNodes;
 use super::phases::{Phase, PhaseTimes};
+use super::session::{bump, CacheStats, Counters, Session, Settings};
 use super::symmetric::{
     member_id, not_rendezvoused, requests, HeldView, MemberId, PeerBuffer, Rendezvous,
     SymmetricTable,
@@ -71,7 +71,7 @@ thread_local! {
 
 /// Exchanges and caches P2P handles between the ranks of one job.
 pub struct HandleCache {
-    pub(super) cx: Context,
+    pub(super) cx: Session,
     pub(super) table: Mutex<ChannelTable>,
     /// What each symmetric rendezvous left (members, contiguous view), by tag.
     pub(super) symmetric: Mutex<SymmetricTable>,
@@ -122,7 +122,7 @@ impl HandleCache {
         );
         generation.commit();
         Ok(HandleCache {
-            cx: Context {
+            cx: Session {
                 rank: cfg.rank,
                 world_size: cfg.world_size,
                 store: cfg.store,
@@ -386,7 +386,7 @@ impl Drop for HandleCache {
 }
 
 /// A cache's teardown (see the module docs), run once per cache.
-impl Context {
+impl Session {
     fn teardown(&self, table: &Mutex<ChannelTable>) -> Result<()> {
         match departures::quiet_reason(self.store.liveness(), self.names.job_id(), self.rank) {
             None => {

@@ -10,8 +10,8 @@
 //! post compares generations (one atomic load) instead of looking the channel up.
 
 use super::board::{Fingerprinter, PeerBoard};
-use super::context::{Context, Imported, Settings};
 use super::peers::HeldRecords;
+use super::session::{Imported, Session, Settings};
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
 use crate::names::CacheNames;
@@ -274,7 +274,7 @@ impl Channel {
     }
 }
 
-/// A cache's channels, under one lock (what it holds per peer is in the context).
+/// A cache's channels, under one lock (what it holds per peer is in the session).
 #[derive(Default)]
 pub(super) struct ChannelTable {
     pub channels: Vec<Channel>,
@@ -324,7 +324,7 @@ impl ChannelTable {
     /// "Symmetric memory"). Nothing is released when one of them is busy or suspended.
     pub(super) fn release_peers(
         &mut self,
-        cx: &Context,
+        cx: &Session,
         reqs: &[Request],
         tag: &str,
     ) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Handle exchange between ranks, over the transport contract ([`crate::transport`]) and a
 //! [`Store`](crate::store::Store); it never names a concrete transport. [`HandleCache`] (`cache`)
-//! is the public surface; `batch` runs one call's protocol over the `context`, on the channels of
+//! is the public surface; `batch` runs one call's protocol over the `session` (what a cache shares with its peers: store, boards, transports), on the channels of
 //! the `channel` table and the node-local [`board`]; `peers` keeps what this rank knows and holds
 //! of its peers, `collector` deletes consumed store records in the background, and `symmetric`
 //! maps every member's buffer of a group as one exchange.
@@ -10,18 +10,18 @@ pub mod board;
 mod cache;
 mod channel;
 mod collector;
-mod context;
 mod peers;
 mod phases;
+mod session;
 mod symmetric;
 
 pub use crate::transport::record::{HandleType, Record};
 pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};
 pub use cache::{CacheConfig, HandleCache};
 pub use channel::{ChannelKey, Direction, OpenChannel, Request};
-pub use context::{CacheStats, DEFAULT_MAX_LINGER};
 pub use peers::DEFAULT_RETAINED_PER_PEER;
 pub use phases::{Phase, PhaseTimes, PHASES};
+pub use session::{CacheStats, DEFAULT_MAX_LINGER};
 pub use symmetric::{PeerBuffer, TAG_PREFIX};
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub(super) struct Context {
+pub(super) struct Session {
     pub rank: usize,
     pub world_size: usize,
     pub store: Arc<dyn Store>,
@@ -34,7 +34,7 @@ pub(super) struct Context {
     pub settings: Arc<Settings>,
 }
 
-impl Context {
+impl Session {
     /// The transport of a channel's kind (a channel is only created with one).
     pub fn channel_transport(&self, kind: MemKind) -> &Arc<dyn Transport> {
         self.transports
