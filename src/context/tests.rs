@@ -254,11 +254,7 @@ fn the_candidate_whose_bind_fails_connects_to_the_winner() {
         return;
     };
     // Two ranks that are both local rank 0 of a node owning the master address.
-    let probe = std::net::TcpListener::bind("[::]:0")
-        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
-        .unwrap();
-    let port = probe.local_addr().unwrap().port();
-    drop(probe);
+    let port = free_port_below_ephemeral();
     let options = EnvOptions {
         timeout: Some(Duration::from_secs(20)),
         ..EnvOptions::default()
@@ -365,4 +361,26 @@ fn a_rank_serving_the_store_waits_no_longer_than_its_host_linger() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// A port free now, below Linux's ephemeral range (32768 and up), so that no other test's server
+/// or connection (which take ephemeral ports) can take it between this probe and its use.
+fn free_port_below_ephemeral() -> u16 {
+    let seed = u64::from(std::process::id())
+        ^ u64::from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos(),
+        );
+    (0..1000u64)
+        .map(|i| {
+            20_000 + ((seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7_919)) % 12_000) as u16
+        })
+        .find(|&port| {
+            std::net::TcpListener::bind(("::", port))
+                .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port)))
+                .is_ok()
+        })
+        .expect("a free port between 20000 and 32000")
 }
