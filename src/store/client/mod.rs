@@ -689,31 +689,31 @@ fn try_connect(addr: SocketAddr, left: Duration, timeout: Duration) -> io::Resul
         if let Ok(n) = conn.reader.read(&mut more) {
             head.extend_from_slice(&more[..n]);
         }
-        if head.len() == 4 && !head.starts_with(b"HTTP") && !head.starts_with(b"SSH-") {
-            // Four bytes and nothing else: a store's wrong echo, retried as torch does.
-            let got = u32::from_le_bytes(echoed);
-            return Err(io::Error::other(format!(
-                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {got}"
-            )));
-        }
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            what_answered(&head),
-        ));
+        return Err(match what_answered(&head) {
+            Some(other) => io::Error::new(io::ErrorKind::InvalidData, other),
+            // A store's wrong echo, retried as torch does.
+            None => io::Error::other(format!(
+                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {}",
+                u32::from_le_bytes(echoed)
+            )),
+        });
     }
     conn.apply_reply_timeout(reply_timeout)?;
     Ok(conn)
 }
 
 /// Names the kind of server whose first reply bytes are `head` (it answered the TCPStore
-/// handshake with something else than the echo).
-fn what_answered(head: &[u8]) -> String {
+/// handshake with something else than the echo); `None` for four bytes and nothing else that
+/// name no protocol: a TCPStore's wrong echo.
+fn what_answered(head: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(head);
     let first_line = text.lines().next().unwrap_or("").trim();
-    if head.starts_with(b"HTTP/") {
+    Some(if head.starts_with(b"HTTP/") {
         format!("an HTTP server answered (\"{first_line}\")")
     } else if head.starts_with(b"SSH-") {
         format!("an SSH server answered (\"{first_line}\")")
+    } else if head.len() == 4 && !head.starts_with(b"HTTP") {
+        return None;
     } else if matches!(head, [0x15 | 0x16, 0x03, ..]) {
         "a TLS server answered (a TLS record instead of the echo)".to_string()
     } else if !first_line.is_empty()
@@ -728,7 +728,7 @@ fn what_answered(head: &[u8]) -> String {
             "the server answered bytes {} instead of echoing the handshake",
             hex.join(" ")
         )
-    }
+    })
 }
 
 /// Exponential backoff with ±50 % jitter, so ranks started together do not retry in lockstep.
