@@ -23,6 +23,9 @@ pub mod os;
 pub mod store;
 mod sync;
 #[cfg(test)]
+#[path = "tests/ports.rs"]
+mod test_ports;
+#[cfg(test)]
 #[path = "tests/rng.rs"]
 mod test_rng;
 pub mod transport;

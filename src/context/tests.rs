@@ -363,24 +363,11 @@ fn a_rank_serving_the_store_waits_no_longer_than_its_host_linger() {
     );
 }
 
-/// A port free now, below Linux's ephemeral range (32768 and up), so that no other test's server
-/// or connection (which take ephemeral ports) can take it between this probe and its use.
+/// A port free now on every address (see `crate::test_ports`).
 fn free_port_below_ephemeral() -> u16 {
-    let seed = u64::from(std::process::id())
-        ^ u64::from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos(),
-        );
-    (0..1000u64)
-        .map(|i| {
-            20_000 + ((seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7_919)) % 12_000) as u16
-        })
-        .find(|&port| {
-            std::net::TcpListener::bind(("::", port))
-                .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port)))
-                .is_ok()
-        })
-        .expect("a free port between 20000 and 32000")
+    crate::test_ports::port_below_ephemeral(|port| {
+        std::net::TcpListener::bind(("::", port))
+            .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port)))
+            .is_ok()
+    })
 }

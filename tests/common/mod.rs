@@ -79,23 +79,13 @@ pub fn seeds_from_env(var: &str, default: Vec<u64>) -> Vec<u64> {
         .collect()
 }
 
-/// A TCP port of the loopback interface that is free right now, below Linux's ephemeral range
-/// (32768 and up): the servers and connections of tests running beside this one take ephemeral
-/// ports, so none of them can take this one before the rank that is told it binds it.
+#[path = "../../src/tests/ports.rs"]
+mod ports;
+
+/// A TCP port of the loopback interface that is free right now, below the ephemeral range (see
+/// `src/tests/ports.rs`).
 pub fn free_port() -> u16 {
-    let seed = u64::from(std::process::id())
-        ^ u64::from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos(),
-        );
-    (0..1000u64)
-        .map(|i| {
-            20_000 + (seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7_919) % 12_000) as u16
-        })
-        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
-        .expect("a free loopback port between 20000 and 32000")
+    ports::port_below_ephemeral(|port| TcpListener::bind(("127.0.0.1", port)).is_ok())
 }
 
 /// The number in the environment variable `name` (a rank's setting; panics when unset).
