@@ -98,6 +98,12 @@ impl DeviceBuffer {
         self.ptr
     }
 
+    /// A VMM buffer's physical allocations and their size each, in address order.
+    #[allow(dead_code)] // the integration tests that include this file do not use it
+    pub fn vmm_segments(&self) -> Option<(&[sys::CUmemGenericAllocationHandle], u64)> {
+        self.vmm.as_ref().map(|v| (v.handles.as_slice(), v.segment))
+    }
+
     fn check_range(&self, offset: u64, n: usize) -> Result<()> {
         if offset
             .checked_add(n as u64)

@@ -307,7 +307,8 @@ fn bench_symmetric_smoke() {
     let out = &run.stdout;
     for needle in [
         "== Symmetric rendezvous, host (shared memory)",
-        "symmetric at W=3, where the first rendezvous goes",
+        "symmetric at W=3, where a fresh rendezvous goes",
+        "symmetric at W=3, where the first contact goes (median over ranks, the slowest rank in brackets): setup",
         "symmetric at W=3, where the cache hit goes",
         "symmetric rendezvous at W=3: per-peer cost vs W=2",
     ] {

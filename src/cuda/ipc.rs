@@ -5,6 +5,7 @@
 //! low-level C API's references. Nothing pins the exporter's memory (see ARCHITECTURE.md,
 //! "Replacing buffers"; checked by the GPU test `GpuRelease.ExporterFreesMappedBuffer`).
 
+use super::clock::DriverCall;
 use super::driver::{self, describe, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened as TableOpened};
 use super::memory::DeviceAllocation;
@@ -97,7 +98,8 @@ pub(crate) fn export(rt: &Runtime, base: u64, buffer_id: u64) -> Result<HandleBy
     if let Some(&(_, handle)) = exports.get(&base).filter(|(id, _)| *id == buffer_id) {
         return Ok(handle);
     }
-    let handle = result::ipc_get_mem_handle(base)
+    let handle = (rt.clock)
+        .time(DriverCall::Export, || result::ipc_get_mem_handle(base))
         .map_err(|rc| driver::error(rc, &format!("cuIpcGetMemHandle({base:#x})")))?;
     let handle = handle.reserved.map(|b| b as u8);
     exports.insert(base, (buffer_id, handle));
@@ -195,7 +197,7 @@ fn open_mapping(
         reserved: key.handle.map(|b| b as std::ffi::c_char),
     };
     let clock = logging::clock(logging::CUDA, log::Level::Info);
-    let opened = result::ipc_open_mem_handle(raw);
+    let opened = (rt.clock).time(DriverCall::Import, || result::ipc_open_mem_handle(raw));
     let who = match pid {
         Some(pid) => format!("rank {peer} (pid {pid})"),
         None => format!("rank {peer}"),

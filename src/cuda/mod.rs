@@ -8,6 +8,7 @@
 //! What every transport of the process shares is one [`Runtime`]: CUDA opens a peer's allocation
 //! once per context and retains a primary context once per device.
 
+pub mod clock;
 pub mod driver;
 pub(crate) mod imports;
 pub mod ipc;
@@ -50,6 +51,8 @@ pub struct Runtime {
     uuids: Mutex<HashMap<i32, [u8; 16]>>,
     /// Primary contexts retained, by device; never released (the host program may use them).
     pub(crate) primary: Mutex<HashMap<i32, Context>>,
+    /// Time spent in the driver's cold-path calls, when switched on.
+    pub clock: clock::DriverClock,
 }
 
 // process-wide: CUDA maps a peer allocation once per context and a primary context once per
@@ -72,6 +75,7 @@ impl Runtime {
             segment_exports: AtomicU64::new(0),
             uuids: Mutex::new(HashMap::new()),
             primary: Mutex::new(HashMap::new()),
+            clock: clock::DriverClock::default(),
         }
     }
 

@@ -7,6 +7,7 @@
 //! offered through `crate::fdpass` or as a FABRIC handle; offers of segments replaced or unmapped
 //! (checked on every export miss) are withdrawn, as are all when the exports are dropped.
 
+use super::clock::DriverCall;
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, FABRIC_HANDLE_LEN, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
 use super::{driver, Runtime};
@@ -258,6 +259,10 @@ impl VmmExports {
     }
 
     fn export_segment(&self, seg: &LocalSegment, handle_type: HandleType) -> Result<Offer> {
+        (self.rt.clock).time(DriverCall::Export, || self.export_once(seg, handle_type))
+    }
+
+    fn export_once(&self, seg: &LocalSegment, handle_type: HandleType) -> Result<Offer> {
         let clock = logging::clock(logging::CUDA, log::Level::Info);
         let handle = result::mem_retain_allocation_handle(seg.base).map_err(|rc| {
             driver::error(rc, &format!("cuMemRetainAllocationHandle({:#x})", seg.base))

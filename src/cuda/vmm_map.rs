@@ -6,6 +6,7 @@
 //! mapped run holds is served by that mapping. The releaser unmaps a run and frees its range; a
 //! segment is released when no run maps it.
 
+use super::clock::DriverCall;
 use super::driver::{self, Context, ContextGuard};
 use super::imports::{Import, ImportKind, Opened, Tables};
 use super::{result, Runtime};
@@ -282,11 +283,14 @@ fn import_segments(
                     })
                 })
                 .collect::<Result<_>>()?;
-            let fds = fdpass
-                .fetch_many(peer, &ids, wait)
+            let clock = &super::runtime().clock;
+            let fds = clock
+                .time(DriverCall::FdPass, || fdpass.fetch_many(peer, &ids, wait))
                 .map_err(|e| e.context(format!("fetching the fds of a VMM buffer of {who}")))?;
-            fds.iter()
-                .try_for_each(|fd| import(result::mem_import_fd(fd.as_fd()), "POSIX fd", ""))
+            fds.iter().try_for_each(|fd| {
+                let got = clock.time(DriverCall::Import, || result::mem_import_fd(fd.as_fd()));
+                import(got, "POSIX fd", "")
+            })
         }
         HandleType::CudaVmmFabric => missing.iter().try_for_each(|s| {
             let hint = " (FABRIC needs IMEX / the fabric manager on both sides)";
@@ -322,7 +326,8 @@ fn map_run(
     device: i32,
 ) -> Result<(u64, u64)> {
     let size: u64 = handles.iter().map(|(_, s)| s).sum();
-    let base = result::mem_address_reserve(size, 0)
+    let clock = &super::runtime().clock;
+    let base = (clock.time(DriverCall::Reserve, || result::mem_address_reserve(size, 0)))
         .map_err(|rc| driver::error(rc, &format!("cuMemAddressReserve({size})")))?;
     let mut mapped = 0u64;
     // SAFETY: [base, base + size) was reserved above and nothing is mapped in it yet.
@@ -351,15 +356,18 @@ pub(crate) unsafe fn map_back_to_back(
     device: i32,
     mapped: &mut u64,
 ) -> Result<()> {
+    let clock = &super::runtime().clock;
     for &(handle, size) in handles {
         let here = at + *mapped;
         // SAFETY: [here, here + size) lies in the caller's reserved range, where nothing is
         // mapped yet (segments are mapped in order, back to back).
-        unsafe { result::mem_map(here, size, handle) }
+        let mapped_here = || unsafe { result::mem_map(here, size, handle) };
+        (clock.time(DriverCall::Map, mapped_here))
             .map_err(|rc| driver::error(rc, &format!("cuMemMap({here:#x}, {size})")))?;
         *mapped += size;
     }
-    result::mem_set_access_rw(at, *mapped, device).map_err(|rc| {
+    let granted = || result::mem_set_access_rw(at, *mapped, device);
+    (clock.time(DriverCall::SetAccess, granted)).map_err(|rc| {
         driver::error(
             rc,
             &format!("cuMemSetAccess({at:#x}, {mapped}) for device {device}"),

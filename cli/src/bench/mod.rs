@@ -15,6 +15,7 @@ mod seed;
 mod store_load;
 mod svg;
 mod symmetric;
+mod symmetric_floor;
 
 use crate::args::{positive, positive_count};
 use crate::launch::{self, JobSpec, StoreHost};
@@ -210,6 +211,9 @@ pub struct RankArgs {
     pub timeout: Duration,
     #[arg(long, value_enum, default_value_t = DeviceMemory::Legacy)]
     pub device_memory: DeviceMemory,
+    /// Symmetric over device memory: measure the floor (the driver calls alone) instead
+    #[arg(long)]
+    pub floor: bool,
 }
 
 /// Milliseconds, 0 read as 1.
@@ -235,6 +239,9 @@ impl RankArgs {
             "--device-memory".into(),
             self.device_memory.name().into(),
         ]
+        .into_iter()
+        .chain(self.floor.then(|| "--floor".to_string()))
+        .collect()
     }
 }
 
@@ -324,19 +331,27 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
         let device = enter_rank_device(args.kind, ctx.local_rank)?;
         // The transports outlive every cache and import, and are dropped only after the last
         // barrier: peers may map this rank's semaphore slab until then.
-        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-        if matches!(args.role, Part::Exchange | Part::Symmetric) {
+        let make_transports = || -> Result<Vec<Arc<dyn Transport>>> {
             let host = HostTransport::new(ctx.store.clone(), &ctx.job_id, ctx.rank)?;
             let fdpass = host.fdpass().clone();
-            transports.push(host);
+            let mut transports: Vec<Arc<dyn Transport>> = vec![host];
             if args.kind == MemKind::Device {
                 transports.push(CudaTransport::with_fdpass(None, Some(fdpass))?);
             }
-        }
-        let series = match args.role {
-            Part::Post => post::run(ctx, args)?,
-            Part::Symmetric => symmetric::run(ctx, args, args.kind, &transports)?,
-            _ => exchange::run(ctx, args, args.kind, &transports)?,
+            Ok(transports)
+        };
+        let (series, transports) = match args.role {
+            Part::Post => (post::run(ctx, args)?, Vec::new()),
+            Part::Symmetric if args.floor => (
+                symmetric_floor::run(ctx, args, args.device_memory)?,
+                Vec::new(),
+            ),
+            Part::Symmetric => symmetric::run(ctx, args, args.kind, &make_transports)?,
+            _ => {
+                let transports = make_transports()?;
+                let series = exchange::run(ctx, args, args.kind, &transports)?;
+                (series, transports)
+            }
         };
         ctx.barrier(None, None)?;
         drop(transports);
@@ -473,6 +488,7 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
         out: PathBuf::new(),
         timeout: plan.rank_timeout,
         device_memory: args.device_memory,
+        floor: false,
     };
     if args.parts.contains(&Part::Exchange) {
         let kind = kind()?;
@@ -511,7 +527,17 @@ fn run_parent(args: &BenchArgs) -> Result<bool> {
         let worlds = args.ranks.as_ref().unwrap_or(default);
         let job = rank_args(Part::Symmetric, plan.symmetric_rounds, plan.bytes, kind);
         let what = "symmetric rendezvous";
-        results.symmetric = run_worlds(&exe, &scratch.0, worlds, job, what, &mut results);
+        results.symmetric = run_worlds(&exe, &scratch.0, worlds, job.clone(), what, &mut results);
+        if kind == MemKind::Device {
+            // The floor: the same buffers shared by the driver calls alone, in fresh processes.
+            let floor = RankArgs { floor: true, ..job };
+            let what = "symmetric floor (driver calls alone)";
+            for (w, series) in run_worlds(&exe, &scratch.0, worlds, floor, what, &mut results) {
+                if let Some((_, mine)) = results.symmetric.iter_mut().find(|(m, _)| *m == w) {
+                    mine.extend(series);
+                }
+            }
+        }
     }
     print!("{}", results.text());
     if let Some(path) = &args.json {

@@ -3,6 +3,7 @@
 use super::exchange::floor_ns;
 use super::svg::{Chart, Series as Line};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
+use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
 use nvfuser_ipc::exchange::PHASES;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -89,19 +90,34 @@ pub(super) fn phases(
     map: &BTreeMap<String, Vec<u64>>,
     prefix: &str,
 ) -> Vec<(&'static str, u64, u64)> {
-    PHASES
+    let names: Vec<&'static str> = PHASES.iter().map(|p| p.name()).collect();
+    parts_of(map, prefix, &names)
+}
+
+/// The series `<prefix>.<name>` of each of `names` that took time: (name, median, max).
+pub(super) fn parts_of(
+    map: &BTreeMap<String, Vec<u64>>,
+    prefix: &str,
+    names: &[&'static str],
+) -> Vec<(&'static str, u64, u64)> {
+    names
         .iter()
-        .filter_map(|p| {
-            let v = series(map, &format!("{prefix}.{}", p.name()));
+        .filter_map(|&name| {
+            let v = series(map, &format!("{prefix}.{name}"));
             let (mid, max) = (median(v)?, v.iter().copied().max()?);
-            (max > 0).then_some((p.name(), mid, max))
+            (max > 0).then_some((name, mid, max))
         })
         .collect()
 }
 
 /// [`phases`] as "name median (slowest), ..."; empty when none took time.
 pub(super) fn phases_text(map: &BTreeMap<String, Vec<u64>>, prefix: &str) -> String {
-    let parts: Vec<String> = phases(map, prefix)
+    parts_text(&phases(map, prefix))
+}
+
+/// Parts as "name median (slowest), ...".
+pub(super) fn parts_text(parts: &[(&'static str, u64, u64)]) -> String {
+    let parts: Vec<String> = parts
         .iter()
         .map(|(name, mid, max)| format!("{name} {} ({})", fmt_ns(*mid), fmt_ns(*max)))
         .collect();
@@ -786,11 +802,26 @@ const TARGET_WORLD: usize = 8;
 /// number of peers mapped, more says the rendezvous gets slower per peer as the group grows.
 const PER_PEER_GROWTH_LIMIT: f64 = 2.0;
 
+/// The first contact's rendezvous vs its floor: the process's first rendezvous at W = 8 (or the
+/// largest group below it) within this many times the driver calls alone.
+const FIRST_CONTACT_FLOOR_LIMIT: f64 = 2.0;
+
+/// The parts of a process's first rendezvous: making its transports and cache, then the phases.
+fn contact_parts() -> Vec<&'static str> {
+    std::iter::once("setup")
+        .chain(PHASES.iter().map(|p| p.name()))
+        .collect()
+}
+
+fn driver_calls() -> Vec<&'static str> {
+    DRIVER_CALLS.iter().map(|c| c.name()).collect()
+}
+
 /// What one group size measured, over ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Row {
     pub world: usize,
-    /// First rendezvous of a fresh buffer: median over ranks, and the slowest rank.
+    /// Rendezvous of a fresh buffer after the first: median over ranks, and the slowest rank.
     pub first: Option<u64>,
     pub slowest: Option<u64>,
     /// `first` over the peers mapped (W - 1).
@@ -800,8 +831,11 @@ pub struct Row {
     /// CPU time of a rank's process during its first rendezvous, over the peers mapped,
     /// median over ranks.
     pub cpu_per_peer: Option<u64>,
-    /// The very first rendezvous of a rank with its peers (untimed round), median over ranks.
+    /// The process's first rendezvous (transports and cache made, first contact with every
+    /// peer), median over ranks.
     pub first_contact: Option<u64>,
+    /// The same sharing by the driver calls alone in fresh processes (device memory only).
+    pub floor: Option<u64>,
 }
 
 impl Row {
@@ -816,6 +850,7 @@ impl Row {
             cpu_per_peer: median(series(map, "symm.first_cpu")).map(|c| c / peers),
             hit: median(series(map, "symm.hit")),
             first_contact: median(series(map, "symm.first_contact")),
+            floor: median(series(map, "symm.floor")),
         }
     }
 }
@@ -829,65 +864,113 @@ pub fn symmetric_text(results: &[(usize, Samples)], transport: &str, rounds: usi
     );
     let mut rows = vec![header(&[
         "W",
-        "first p50",
+        "first contact p50",
+        "floor p50",
+        "vs floor",
+        "fresh p50",
         "slowest rank",
         "per peer",
         "CPU per peer",
         "cache hit p50",
-        "first contact p50",
     ])];
     for (w, map) in results {
         let r = Row::of(*w, map);
         rows.push(vec![
             w.to_string(),
+            fmt_opt_ns(r.first_contact),
+            fmt_opt_ns(r.floor),
+            ratio(r.first_contact, r.floor).map_or("-".into(), |x| format!("{x:.2}x")),
             fmt_opt_ns(r.first),
             fmt_opt_ns(r.slowest),
             fmt_opt_ns(r.per_peer),
             fmt_opt_ns(r.cpu_per_peer),
             fmt_opt_ns(r.hit),
-            fmt_opt_ns(r.first_contact),
         ]);
     }
     s.push_str(&format_table(&rows));
-    for (which, what) in [
-        ("phase", "the first rendezvous"),
-        ("hit_phase", "the cache hit"),
-        ("contact_phase", "the first contact"),
+    let (contact, calls) = (contact_parts(), driver_calls());
+    let floor_parts = super::symmetric_floor::PARTS;
+    for (prefix, names, what) in [
+        ("symm.contact_phase", &contact[..], "the first contact goes"),
+        (
+            "symm.contact_driver",
+            &calls[..],
+            "the first contact's driver calls go",
+        ),
+        ("symm.floor_part", &floor_parts[..], "the floor goes"),
+        (
+            "symm.phase",
+            &PHASES.map(|p| p.name())[..],
+            "a fresh rendezvous goes",
+        ),
+        (
+            "symm.driver",
+            &calls[..],
+            "a fresh rendezvous's driver calls go",
+        ),
+        (
+            "symm.hit_phase",
+            &PHASES.map(|p| p.name())[..],
+            "the cache hit goes",
+        ),
     ] {
         for (w, map) in results {
-            let parts = phases_text(map, &format!("symm.{which}"));
+            let parts = parts_text(&parts_of(map, prefix, names));
             if !parts.is_empty() {
                 let _ = writeln!(
                     s,
-                    "symmetric at W={w}, where {what} goes (median over ranks, the slowest rank \
-                     in brackets): {parts}"
+                    "symmetric at W={w}, where {what} (median over ranks, the slowest rank in \
+                     brackets): {parts}"
                 );
             }
         }
     }
+    for (w, map) in results {
+        let counts: Vec<String> = calls
+            .iter()
+            .filter_map(|c| {
+                let n = series(map, &format!("symm.contact_calls.{c}"))
+                    .iter()
+                    .max()?;
+                (*n > 0).then(|| format!("{c} {n}"))
+            })
+            .collect();
+        if !counts.is_empty() {
+            let _ = writeln!(
+                s,
+                "symmetric at W={w}, driver calls of the first contact (most on one rank): {}",
+                counts.join(", ")
+            );
+        }
+    }
     s.push_str(
-        "first: a fresh buffer and tag on every rank, after a barrier of the bench (no start-up \
-         skew); per peer: first / (W - 1); CPU per peer: CPU time of the rank's process (all its \
-         threads) during the first rendezvous / (W - 1); cache hit: the same buffers again, \
-         after another barrier; first contact: the untimed first round (peer boards, semaphore \
-         slabs, fd connections)\n",
+        "first contact: the process's first rendezvous, from a barrier of the bench: its \
+         transports and cache made (setup), every peer's board, semaphore slab and fd responder \
+         met, every peer's buffer mapped; floor: the same buffers shared by the driver calls \
+         alone (export, handles over a Unix socket, import, reserve, map, set access), one fresh \
+         process per rank, all at once; fresh: a fresh buffer and tag on every rank after the \
+         first contact, after a barrier (no start-up skew); per peer: fresh / (W - 1); CPU per \
+         peer: CPU time of the rank's process (all its threads) during the fresh rendezvous / \
+         (W - 1); cache hit: the same buffers again, after another barrier\n",
     );
     s
 }
 
 pub fn symmetric_json(results: &[(usize, Samples)]) -> Vec<Value> {
+    let (contact, calls) = (contact_parts(), driver_calls());
     results
         .iter()
         .map(|(w, map)| {
             let r = Row::of(*w, map);
-            let phases = |which| -> Map<String, Value> {
-                phases(map, &format!("symm.{which}"))
+            let parts = |prefix: &str, names: &[&'static str]| -> Map<String, Value> {
+                parts_of(map, prefix, names)
                     .into_iter()
                     .map(|(name, mid, max)| {
                         (name.to_string(), json!({"median_ns": mid, "max_ns": max}))
                     })
                     .collect()
             };
+            let phase_names = PHASES.map(|p| p.name());
             json!({
                 "world": w,
                 "first_median_ns": r.first,
@@ -896,9 +979,13 @@ pub fn symmetric_json(results: &[(usize, Samples)]) -> Vec<Value> {
                 "cpu_per_peer_ns": r.cpu_per_peer,
                 "hit_median_ns": r.hit,
                 "first_contact_median_ns": r.first_contact,
-                "first_phases": phases("phase"),
-                "hit_phases": phases("hit_phase"),
-                "first_contact_phases": phases("contact_phase"),
+                "floor_median_ns": r.floor,
+                "first_phases": parts("symm.phase", &phase_names),
+                "first_driver": parts("symm.driver", &calls),
+                "hit_phases": parts("symm.hit_phase", &phase_names),
+                "first_contact_phases": parts("symm.contact_phase", &contact),
+                "first_contact_driver": parts("symm.contact_driver", &calls),
+                "floor_parts": parts("symm.floor_part", &super::symmetric_floor::PARTS),
             })
         })
         .collect()
@@ -920,7 +1007,9 @@ pub fn symmetric_chart(results: &[(usize, Samples)], transport: &str) -> String 
         x_label: "ranks (W)".into(),
         y_label: "microseconds".into(),
         series: vec![
-            line("first rendezvous", |r| r.first, false, 0),
+            line("first contact", |r| r.first_contact, false, 3),
+            line("its floor (driver calls alone)", |r| r.floor, true, 3),
+            line("fresh rendezvous", |r| r.first, false, 0),
             line("slowest rank", |r| r.slowest, true, 0),
             line("per peer (first / (W-1))", |r| r.per_peer, false, 1),
             line("CPU per peer", |r| r.cpu_per_peer, true, 1),
@@ -932,7 +1021,14 @@ pub fn symmetric_chart(results: &[(usize, Samples)], transport: &str) -> String 
 
 /// Per-peer growth from the smallest group to W = 8 (or the largest below it). Indicative
 /// only where the machine has fewer cores than ranks: then it reports no verdict.
-pub fn symmetric_target(results: &[(usize, Samples)]) -> Option<Target> {
+pub fn symmetric_target(results: &[(usize, Samples)]) -> Vec<Target> {
+    [per_peer_target(results), floor_target(results)]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+fn per_peer_target(results: &[(usize, Samples)]) -> Option<Target> {
     let rows: Vec<Row> = results.iter().map(|(w, m)| Row::of(*w, m)).collect();
     let base = rows.iter().min_by_key(|r| r.world)?;
     let at = rows
@@ -965,6 +1061,30 @@ pub fn symmetric_target(results: &[(usize, Samples)]) -> Option<Target> {
         met: ratio
             .filter(|_| !oversubscribed)
             .map(|r| r <= PER_PEER_GROWTH_LIMIT),
+    })
+}
+
+/// The process's first rendezvous at W = 8 (or the largest group below it) against its floor.
+fn floor_target(results: &[(usize, Samples)]) -> Option<Target> {
+    let at = results
+        .iter()
+        .map(|(w, m)| Row::of(*w, m))
+        .filter(|r| r.world <= TARGET_WORLD && r.floor.is_some())
+        .max_by_key(|r| r.world)?;
+    let ratio = ratio(at.first_contact, at.floor);
+    Some(Target {
+        name: format!(
+            "first rendezvous of a process at W={} vs its floor",
+            at.world
+        ),
+        measured: format!(
+            "{} / {}",
+            fmt_opt_ns(at.first_contact),
+            fmt_opt_ns(at.floor)
+        ),
+        ratio,
+        limit: FIRST_CONTACT_FLOOR_LIMIT,
+        met: ratio.map(|r| r <= FIRST_CONTACT_FLOOR_LIMIT),
     })
 }
 

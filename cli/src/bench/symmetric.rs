@@ -1,8 +1,10 @@
 //! Rank side of the symmetric benchmark: what `HandleCache::symmetric_rendezvous` costs as the
 //! group grows (every rank maps every other rank's buffer, W - 1 peers).
 //!
-//! One untimed round first: its rendezvous is each rank's first contact with every peer (boards
-//! found, semaphore slabs mapped, fd responders connected), reported on its own. Then per round:
+//! The process's first rendezvous first, timed from a barrier of the bench: the rank's
+//! transports and cache are made then (what a process pays on its first call), and its
+//! rendezvous is each rank's first contact with every peer (boards found, semaphore slabs
+//! mapped, fd responders connected), reported on its own with its driver calls. Then per round:
 //! a fresh buffer holding a pattern of this rank, one barrier of the bench (start-up skew is not
 //! counted), the timed first rendezvous of a fresh tag (every peer's buffer is new) and the CPU
 //! time the process used meanwhile, another barrier, the timed second one of the same buffers (a
@@ -14,6 +16,7 @@ use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
 use nvfuser_ipc::context::Context;
+use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
 use nvfuser_ipc::cuda::{driver, result};
 use nvfuser_ipc::exchange::PeerBuffer;
 use nvfuser_ipc::exchange::PHASES;
@@ -23,10 +26,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes of the pattern written to each buffer and checked in every peer's mapping.
-const PATTERN_BYTES: usize = 16;
+pub(super) const PATTERN_BYTES: usize = 16;
 
 /// The pattern `rank` writes into its buffer of `round`.
-fn pattern(rank: usize, round: usize) -> [u8; PATTERN_BYTES] {
+pub(super) fn pattern(rank: usize, round: usize) -> [u8; PATTERN_BYTES] {
     let mut p = [0u8; PATTERN_BYTES];
     for (i, b) in p.iter_mut().enumerate() {
         *b = (rank.wrapping_mul(31) ^ round.wrapping_mul(7) ^ i.wrapping_mul(13)) as u8;
@@ -98,33 +101,63 @@ struct Timings {
     /// (indexed like `PHASES`).
     phases: Vec<[u64; PHASES.len()]>,
     hit_phases: Vec<[u64; PHASES.len()]>,
+    /// Per round, nanoseconds of each kind of driver call (indexed like `DRIVER_CALLS`).
+    driver: Vec<[u64; DRIVER_CALLS.len()]>,
 }
 
-/// Runs the untimed round and `args.steps` timed rounds; rank 0 gets everyone's medians.
+/// A rank's transports.
+pub type Transports = Vec<Arc<dyn Transport>>;
+
+/// Makes the transports a rank's cache uses, when the rank's first rendezvous starts.
+pub type MakeTransports<'a> = &'a dyn Fn() -> Result<Transports>;
+
+/// Runs the process's first rendezvous and `args.steps` timed rounds; rank 0 gets everyone's
+/// medians. Returns the transports too, which the caller drops after its last barrier.
 pub fn run(
     ctx: &Context,
     args: &RankArgs,
     kind: MemKind,
-    transports: &[Arc<dyn Transport>],
-) -> Result<Vec<Series>> {
-    let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
-    cache.set_phase_timing(true);
+    make_transports: MakeTransports<'_>,
+) -> Result<(Vec<Series>, Transports)> {
+    let clock = &nvfuser_ipc::cuda::runtime().clock;
     let mut buffers = Vec::with_capacity(args.steps + 1);
-    let mut first_contact = 0;
-    let mut contact_phases = [0; PHASES.len()];
+    let first_buf = Buffer::alloc(kind, &ctx.job_id, args.bytes)?;
+    first_buf.write(&pattern(ctx.rank, 0))?;
+    let first_addr = first_buf.addr();
+    buffers.push(first_buf);
+    // The process's first rendezvous, from a context alone: the transports and the cache are
+    // made (fd responder, semaphore slab), the peers' boards found, every peer's buffer mapped.
+    ctx.barrier(None, None)?;
+    clock.set_enabled(true);
+    clock.take();
+    let (start, cpu) = (Instant::now(), process_cpu_ns());
+    let transports = make_transports()?;
+    let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.clone())?;
+    cache.set_phase_timing(true);
+    cache.phase_times(true);
+    let setup = nanos(start.elapsed());
+    let peers =
+        cache.symmetric_rendezvous("bench-0", first_addr, args.bytes, kind, None, args.timeout)?;
+    let first_contact = nanos(start.elapsed());
+    let contact_cpu = process_cpu_ns().saturating_sub(cpu);
+    let contact_phases = cache.phase_times(true).nanos;
+    let contact_driver = clock.take();
+    check_peers(kind, ctx.rank, 0, &peers)?;
     let mut t = Timings::default();
-    for round in 0..=args.steps {
+    for round in 1..=args.steps {
         let buf = Buffer::alloc(kind, &ctx.job_id, args.bytes)?;
         buf.write(&pattern(ctx.rank, round))?;
         let (addr, tag) = (buf.addr(), format!("bench-{round}"));
         buffers.push(buf);
         ctx.barrier(None, None)?;
         cache.phase_times(true);
+        clock.take();
         let (start, cpu) = (Instant::now(), process_cpu_ns());
         let peers = cache.symmetric_rendezvous(&tag, addr, args.bytes, kind, None, args.timeout)?;
         let first = nanos(start.elapsed());
         let first_cpu = process_cpu_ns().saturating_sub(cpu);
         let phases = cache.phase_times(true).nanos;
+        let driver = clock.take();
         // The hit is timed from a common start too: otherwise it measures how late the slowest
         // peer finished its first rendezvous.
         ctx.barrier(None, None)?;
@@ -139,17 +172,14 @@ pub fn run(
             )));
         }
         check_peers(kind, ctx.rank, round, &peers)?;
-        if round == 0 {
-            first_contact = first;
-            contact_phases = phases;
-            continue;
-        }
         t.first.push(first);
         t.first_cpu.push(first_cpu);
         t.hit.push(hit);
         t.phases.push(phases);
         t.hit_phases.push(hit_phases);
+        t.driver.push(driver.map(|(ns, _)| ns));
     }
+    clock.set_enabled(false);
     cache.set_phase_timing(false);
     let per_rank = |v: &[u64]| vec![median(v).unwrap_or(0)];
     let mut mine = vec![
@@ -157,6 +187,8 @@ pub fn run(
         ("symm.first_cpu".to_string(), per_rank(&t.first_cpu)),
         ("symm.hit".to_string(), per_rank(&t.hit)),
         ("symm.first_contact".to_string(), vec![first_contact]),
+        ("symm.contact_cpu".to_string(), vec![contact_cpu]),
+        ("symm.contact_phase.setup".to_string(), vec![setup]),
     ];
     for (i, phase) in PHASES.iter().enumerate() {
         for (which, rounds) in [("phase", &t.phases), ("hit_phase", &t.hit_phases)] {
@@ -169,6 +201,13 @@ pub fn run(
         let contact = vec![contact_phases[i]];
         mine.push((format!("symm.contact_phase.{}", phase.name()), contact));
     }
+    for (i, call) in DRIVER_CALLS.iter().enumerate() {
+        let of_call: Vec<u64> = t.driver.iter().map(|d| d[i]).collect();
+        mine.push((format!("symm.driver.{}", call.name()), per_rank(&of_call)));
+        let (ns, calls) = contact_driver[i];
+        mine.push((format!("symm.contact_driver.{}", call.name()), vec![ns]));
+        mine.push((format!("symm.contact_calls.{}", call.name()), vec![calls]));
+    }
     let out = gather(ctx, mine)?;
     // Nobody frees a buffer before every peer has closed its mappings of it (device mappings
     // are closed on the library's releaser threads: wait for them).
@@ -179,7 +218,7 @@ pub fn run(
     }
     ctx.barrier(None, None)?;
     drop(buffers);
-    Ok(out)
+    Ok((out, transports))
 }
 
 #[cfg(test)]

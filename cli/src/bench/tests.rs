@@ -39,10 +39,13 @@ fn rank_args_round_trip() {
         out: PathBuf::from("/tmp/x"),
         timeout: Duration::from_millis(1500),
         device_memory: DeviceMemory::Vmm,
+        floor: false,
     };
-    let args = a.to_args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert_eq!(parse::<RankArgs>(&args).unwrap(), a);
+    for a in [a.clone(), RankArgs { floor: true, ..a }] {
+        let args = a.to_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(parse::<RankArgs>(&args).unwrap(), a);
+    }
     assert!(parse::<RankArgs>(&["--role", "x", "--out", "f"]).is_err());
     assert!(parse::<RankArgs>(&["--out", "f"]).is_err());
     assert!(parse::<RankArgs>(&["--role", "barrier", "--out", "f", "--steps=0"]).is_err());

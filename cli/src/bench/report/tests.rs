@@ -140,7 +140,9 @@ fn rows_phases_json_chart_and_target() {
     assert_eq!(rows[1]["first_slowest_ns"], 1400);
     assert_eq!(rows[0]["first_phases"]["fetch"]["max_ns"], 50);
     assert!(symmetric_chart(&results, "host").contains("<polyline"));
-    let t = symmetric_target(&results).unwrap();
+    let targets = symmetric_target(&results);
+    assert_eq!(targets.len(), 1, "no floor measured: no floor target");
+    let t = &targets[0];
     assert!(
         t.name.contains("W=8") && t.name.contains("W=2"),
         "{}",
@@ -148,5 +150,31 @@ fn rows_phases_json_chart_and_target() {
     );
     let ratio = t.ratio.unwrap();
     assert!((ratio - (128.0 / 100.0)).abs() < 1e-9, "{ratio}");
-    assert!(symmetric_target(&results[..1]).is_none());
+    assert!(symmetric_target(&results[..1]).is_empty());
+}
+
+#[test]
+fn the_first_contact_is_set_against_its_floor() {
+    let mut map = Samples::new();
+    map.insert("symm.first_contact".into(), vec![3000, 3200, 3400]);
+    map.insert("symm.floor".into(), vec![1000, 1100, 1200]);
+    map.insert("symm.contact_phase.setup".into(), vec![100, 200, 300]);
+    map.insert("symm.contact_driver.import".into(), vec![700, 800, 900]);
+    map.insert("symm.contact_calls.import".into(), vec![7, 7, 6]);
+    map.insert("symm.floor_part.map".into(), vec![20, 30, 40]);
+    let results = vec![(4, map.clone()), (8, map)];
+    let targets = symmetric_target(&results);
+    let t = targets.iter().find(|t| t.name.contains("floor")).unwrap();
+    assert!(t.name.contains("W=8"), "{}", t.name);
+    assert!((t.ratio.unwrap() - 3200.0 / 1100.0).abs() < 1e-9);
+    assert_eq!(t.met, Some(false));
+    let text = symmetric_text(&results, "device", 3);
+    assert!(text.contains("2.91x"), "{text}");
+    assert!(text.contains("setup 200 ns (300 ns)"), "{text}");
+    assert!(text.contains("import 800 ns (900 ns)"), "{text}");
+    assert!(text.contains("map 30 ns (40 ns)"), "{text}");
+    assert!(text.contains("driver calls of the first contact (most on one rank): import 7"));
+    let rows = symmetric_json(&results);
+    assert_eq!(rows[1]["floor_median_ns"], 1100);
+    assert_eq!(rows[1]["first_contact_driver"]["import"]["median_ns"], 800);
 }
