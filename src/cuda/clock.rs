@@ -16,16 +16,19 @@ pub enum DriverCall {
     Reserve,
     Map,
     SetAccess,
+    /// A released peer mapping closed (on the releaser's threads).
+    Close,
 }
 
 /// Every kind of call, in order.
-pub const DRIVER_CALLS: [DriverCall; 6] = [
+pub const DRIVER_CALLS: [DriverCall; 7] = [
     DriverCall::Export,
     DriverCall::FdPass,
     DriverCall::Import,
     DriverCall::Reserve,
     DriverCall::Map,
     DriverCall::SetAccess,
+    DriverCall::Close,
 ];
 
 impl DriverCall {
@@ -37,6 +40,7 @@ impl DriverCall {
             DriverCall::Reserve => "reserve",
             DriverCall::Map => "map",
             DriverCall::SetAccess => "set_access",
+            DriverCall::Close => "close",
         }
     }
 }

@@ -12,6 +12,7 @@
 //! API). What is specific to a kind (open, close, a sub-table kept under the table's lock) is its
 //! [`ImportKind`]; the queue logic is generic, so it is unit-tested without a GPU.
 
+use super::clock::DriverCall;
 use super::driver::Context;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -127,7 +128,8 @@ impl<K: ImportKind> ImportTable<K> {
                 max_pending,
                 move |job: &Job<K::Key, K::Mapped>| drain_kind.drain(job.peer, &job.target),
                 move |job: &Job<K::Key, K::Mapped>| {
-                    let closed = close_kind.close(job.peer, &job.target);
+                    let close = || close_kind.close(job.peer, &job.target);
+                    let closed = super::runtime().clock.time(DriverCall::Close, close);
                     close_kind.closed(&mut lock(&close_state).side, &job.target);
                     closed
                 },

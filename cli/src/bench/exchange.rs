@@ -21,6 +21,7 @@ use super::seed::{make_record, Importer, SeedExchange};
 use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
+use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
 use nvfuser_ipc::context::Context;
 use nvfuser_ipc::exchange::DEFAULT_RETAINED_PER_PEER;
 use nvfuser_ipc::exchange::PHASES;
@@ -246,11 +247,13 @@ pub fn run(
     let mut out: Vec<Series> = Vec::new();
     let mut add = |name: String, samples: Vec<u64>| out.push((name, samples));
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
+    let clock = &nvfuser_ipc::cuda::runtime().clock;
     for scenario in SCENARIOS {
         // The pool and cold_large scenarios also say where their time goes, phase by phase
         // (mean per call and rank), and how many store round trips their timed calls made.
         let phased = matches!(scenario, Scenario::Pool | Scenario::ColdLarge);
         cache.set_phase_timing(phased);
+        clock.set_enabled(phased);
         let (samples, opens, trips) = ours(ctx, &cache, args, kind, scenario)?;
         let name = format!("ours.{}", scenario.name());
         add(name.clone(), samples);
@@ -263,10 +266,14 @@ pub fn run(
                 let mean = t.of(phase) / t.calls.max(1);
                 add(format!("{name}.phase.{}", phase.name()), vec![mean]);
             }
+            for (call, (ns, _)) in DRIVER_CALLS.iter().zip(clock.take()) {
+                add(format!("{name}.driver.{}", call.name()), vec![ns / t.calls.max(1)]);
+            }
             add(format!("{name}.store_round_trips"), vec![trips]);
         }
     }
     cache.set_phase_timing(false);
+    clock.set_enabled(false);
     ctx.barrier(None, None)?;
     cache.close();
     for scenario in SCENARIOS {
@@ -343,6 +350,7 @@ fn ours(
         trips = cache.stats().store_round_trips;
         // The phases of the timed calls only: the untimed ones open every segment.
         cache.phase_times(true);
+        nvfuser_ipc::cuda::runtime().clock.take();
     };
     let exchange = |_, requests: &[Request; 2]| cache.exchange_handles(requests);
     let (samples, opens) = scenario_calls(ctx, args, kind, scenario, at_timed, exchange)?;

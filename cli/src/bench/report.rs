@@ -402,6 +402,15 @@ impl Results {
                              trips during the timed calls, all ranks: {trips}"
                         );
                     }
+                    let prefix = format!("ours.{scenario}.driver");
+                    let calls = parts_text(&parts_of(map, &prefix, &driver_calls()));
+                    if !calls.is_empty() {
+                        let _ = writeln!(
+                            s,
+                            "{scenario} at W={w}, time in the driver's calls (mean per call, all \
+                             the process's threads, the releaser's closes included): {calls}"
+                        );
+                    }
                 }
             }
             s.push_str(
