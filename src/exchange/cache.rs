@@ -97,7 +97,6 @@ impl HandleCache {
         if cfg.world_size > u32::MAX as usize {
             return Err(Error::invalid("world size does not fit 32 bits"));
         }
-        super::board::reclaim_dead();
         crate::departures::note_world(&cfg.job_id, cfg.world_size);
         let generation = generations::reserve(&cfg.job_id, &cfg.scope, cfg.rank);
         let names = CacheNames::new(&cfg.job_id, &cfg.scope, generation.generation());
@@ -105,12 +104,7 @@ impl HandleCache {
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &names, cfg.rank)?;
         let counters = Counters::default();
-        // Where the store can open one, a connection of its own, never holding back exchanges.
-        let sweeper_store = cfg
-            .store
-            .separate_connection()
-            .unwrap_or_else(|| cfg.store.clone());
-        let collector = Collector::start(sweeper_store, counters.keys_deleted.clone())?;
+        let collector = Collector::start(cfg.store.clone(), counters.keys_deleted.clone())?;
         let settings = Arc::new(Settings::new(cfg.timeout));
         logging::set_rank(cfg.rank as i64);
         log::info!(

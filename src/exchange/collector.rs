@@ -92,19 +92,27 @@ impl Collector {
         };
         let thread = std::thread::Builder::new()
             .name("nvfipc-gc".into())
-            .spawn(move || loop {
-                let job = if sweeper.late.is_empty() {
-                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
-                } else {
-                    rx.recv_timeout(RETRY)
-                };
-                match job {
-                    Ok(job) => sweeper.run(job),
-                    Err(RecvTimeoutError::Timeout) => sweeper.retry_late(),
-                    Err(RecvTimeoutError::Disconnected) => {
-                        // The cache is closing: one last try for what is late.
-                        sweeper.retry_late();
-                        return;
+            .spawn(move || {
+                // Off the caller's path: a connection of its own where the store can open one
+                // (never holding back exchanges), and the boards of dead processes removed.
+                if let Some(own) = sweeper.store.separate_connection() {
+                    sweeper.store = own;
+                }
+                super::board::reclaim_dead();
+                loop {
+                    let job = if sweeper.late.is_empty() {
+                        rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                    } else {
+                        rx.recv_timeout(RETRY)
+                    };
+                    match job {
+                        Ok(job) => sweeper.run(job),
+                        Err(RecvTimeoutError::Timeout) => sweeper.retry_late(),
+                        Err(RecvTimeoutError::Disconnected) => {
+                            // The cache is closing: one last try for what is late.
+                            sweeper.retry_late();
+                            return;
+                        }
                     }
                 }
             })

@@ -21,8 +21,8 @@ use super::seed::{make_record, Importer, SeedExchange};
 use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
-use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
 use nvfuser_ipc::context::Context;
+use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
 use nvfuser_ipc::exchange::DEFAULT_RETAINED_PER_PEER;
 use nvfuser_ipc::exchange::PHASES;
 use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request, Transport};
@@ -267,7 +267,10 @@ pub fn run(
                 add(format!("{name}.phase.{}", phase.name()), vec![mean]);
             }
             for (call, (ns, _)) in DRIVER_CALLS.iter().zip(clock.take()) {
-                add(format!("{name}.driver.{}", call.name()), vec![ns / t.calls.max(1)]);
+                add(
+                    format!("{name}.driver.{}", call.name()),
+                    vec![ns / t.calls.max(1)],
+                );
             }
             add(format!("{name}.store_round_trips"), vec![trips]);
         }
