@@ -298,10 +298,12 @@ impl FdPass {
         ids: &[FdId],
         timeout: Duration,
     ) -> std::result::Result<Fetched, FetchFailure> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
         let record = self
             .peer_record(peer, deadline)
             .map_err(FetchFailure::Record)?;
+        let found = start.elapsed();
         let what = match ids {
             [] => "no fd ids".to_string(),
             [one] => one.to_string(),
@@ -320,7 +322,19 @@ impl FdPass {
             });
         }
         let diag = match self.climb(&record, ids, deadline, diag) {
-            Ok(fetched) => return Ok(fetched),
+            Ok(fetched) => {
+                log::info!(
+                    target: crate::logging::HOST,
+                    "{}: fetched {} fd(s) of rank {peer} through the {} rung in {} (its record \
+                     found in {})",
+                    self.who(),
+                    ids.len(),
+                    fetched.rung.name(),
+                    crate::logging::took(start.elapsed()),
+                    crate::logging::took(found)
+                );
+                return Ok(fetched);
+            }
             Err(diag) => diag,
         };
         // The record may be stale (the peer restarted its transport): read it again, and when it

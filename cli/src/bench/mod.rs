@@ -370,6 +370,16 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where a bench job's store runs: in rank 0 (as under torchrun or nvFuser), or in this
+/// launcher's process with `NVFIPC_BENCH_STORE=launcher` (to tell the store's host apart from
+/// the rank's own work).
+fn store_host() -> StoreHost {
+    match std::env::var("NVFIPC_BENCH_STORE").as_deref() {
+        Ok("launcher") => StoreHost::Launcher { port: 0 },
+        _ => StoreHost::Rank0 { port: 0 },
+    }
+}
+
 /// Runs a job of `world` bench ranks; returns rank 0's series by name.
 fn run_ranks(
     exe: &str,
@@ -385,7 +395,7 @@ fn run_ranks(
         ranks: world,
         command,
         grace: Duration::from_secs(3),
-        store: StoreHost::Rank0 { port: 0 },
+        store: store_host(),
         plain_rank0_stdout: false,
         env: Vec::new(),
     });
