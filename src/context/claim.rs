@@ -1,7 +1,7 @@
 //! Rank claims and the job id: how each rank of a job lands in one run of the store, and how
 //! the ranks of a run agree on a job id.
 
-use super::collision::{self, check_passed_over, Moment, SlotHolder};
+use super::collision::{self, check_passed_over, Moment, SlotHolder, CLOCK_SKEW};
 use super::*;
 
 /// Agrees on the job id of the run `claim` belongs to; returns the key and the agreed value.
@@ -45,6 +45,202 @@ pub(super) static THIS_PROCESS: once_cell::sync::Lazy<Claimant> =
         started: Moment::process_start(),
         claims_made: AtomicU64::new(0),
     });
+
+/// What a rank says of its job, and where each value came from (a variable, or the caller).
+pub(super) struct Said {
+    pub(super) tag: String,
+    pub(super) tag_from: &'static str,
+    pub(super) world_from: &'static str,
+}
+
+impl Said {
+    /// An untagged job whose world size the caller gave.
+    pub(super) fn caller() -> Said {
+        let (tag, tag_from) = (DEFAULT_JOB_TAG.to_string(), "no tag given");
+        let world_from = "the caller";
+        Said {
+            tag,
+            tag_from,
+            world_from,
+        }
+    }
+}
+
+/// How long ranks must go on disagreeing before they are told: two jobs that start together on
+/// one store may meet under one hello key that long, until each job's ranks hold their places.
+const DISAGREEMENT_GRACE: Duration = Duration::from_secs(1);
+/// How often a waiting rank reads what its job mates say, for each 64 ranks it reads about.
+const HEARING_SLICE: Duration = Duration::from_millis(100);
+
+/// What this rank said of its job (the world size, the job tag and the library version) under
+/// keys that do not depend on what it says, `hello/tag/<tag>/<rank>` and `hello/world/<world>/
+/// <rank>`, so that ranks that disagree are told at once instead of each waiting out its timeout
+/// for keys that never meet (docs/PROTOCOL.md section 2).
+pub(super) struct Hello {
+    rank: usize,
+    world: usize,
+    tag: String,
+    /// `hello1|<world>|<from>|<tag>|<from>|<version>|<moment, ',' for ';'>|open;<node identity>`.
+    value: String,
+    timeout: Duration,
+    disagreeing_since: Mutex<Option<Instant>>,
+}
+
+impl Hello {
+    fn keys(tag: &str, world: usize, rank: usize) -> [String; 2] {
+        let space = [format!("tag/{tag}"), format!("world/{world}")];
+        space.map(|space| names::hello(&space, rank))
+    }
+
+    /// Writes this rank's hello.
+    pub(super) fn say(
+        store: &dyn Store,
+        ranks: &RankInfo,
+        said: &Said,
+        timeout: Duration,
+    ) -> Result<Hello> {
+        let moment = Moment::now().encode().replace(';', ",");
+        let value = format!(
+            "hello1|{}|{}|{}|{}|{}|{moment}|open;{}",
+            ranks.world_size,
+            said.world_from,
+            said.tag,
+            said.tag_from,
+            env!("CARGO_PKG_VERSION"),
+            NodeIdentity::local().encode()
+        );
+        for key in Self::keys(&said.tag, ranks.world_size, ranks.rank) {
+            store.set(&key, value.as_bytes())?;
+        }
+        let disagreeing_since = Mutex::new(None);
+        let (rank, world, tag) = (ranks.rank, ranks.world_size, said.tag.clone());
+        Ok(Hello {
+            rank,
+            world,
+            tag,
+            value,
+            timeout,
+            disagreeing_since,
+        })
+    }
+
+    /// Marks this rank's hello closed where it still stands, so that later jobs pass over it
+    /// (on stores without COMPARE_SET it stays open, and counts until it is a timeout old).
+    pub(super) fn close(&self, store: &dyn Store) {
+        let closed = self.value.replacen("|open;", "|closed;", 1);
+        for key in Self::keys(&self.tag, self.world, self.rank) {
+            let _ = store.compare_set(&key, self.value.as_bytes(), closed.as_bytes());
+        }
+    }
+
+    /// Waits until `keys` are set, or fails once `deadline` passes or one of `peers` disagrees.
+    pub(super) fn wait(
+        &self,
+        store: &dyn Store,
+        keys: &[&str],
+        peers: &[usize],
+        deadline: Instant,
+    ) -> Result<()> {
+        let slice = HEARING_SLICE * (peers.len() as u32 / 64).max(1);
+        loop {
+            self.check(store, peers)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match store.wait(keys, left.min(slice)) {
+                Err(e) if e.status == Status::Timeout && left > slice => {}
+                Err(e) if e.status == Status::Timeout => {
+                    let keys = keys.join(", ");
+                    return Err(Error::timeout(format!(
+                        "the timeout ran out before {keys} was set"
+                    )));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Fails when one of `peers` (the first 8) has gone on saying something else of the job for
+    /// [`DISAGREEMENT_GRACE`], in a hello that counts (see [`disagreement`](Self::disagreement)).
+    fn check(&self, store: &dyn Store, peers: &[usize]) -> Result<()> {
+        let mut found = None;
+        for &peer in peers.iter().filter(|&&p| p != self.rank).take(8) {
+            for key in Self::keys(&self.tag, self.world, peer) {
+                if let (None, Some(value)) = (&found, read_if_set(store, &key)?) {
+                    found = self.disagreement(store, peer, &value)?;
+                }
+            }
+        }
+        let mut since = lock(&self.disagreeing_since);
+        let Some(found) = found else {
+            *since = None;
+            return Ok(());
+        };
+        if since.get_or_insert_with(Instant::now).elapsed() < DISAGREEMENT_GRACE {
+            return Ok(());
+        }
+        Err(Error::invalid(found))
+    }
+
+    /// What `peer`'s hello `value` says otherwise, if it counts: it is open, at most a timeout
+    /// old, and (when its tag or world differ from this rank's) its job has not given this rank's
+    /// place to another process: then it is another job, whose keys meet this one's here.
+    fn disagreement(&self, store: &dyn Store, peer: usize, value: &[u8]) -> Result<Option<String>> {
+        let value = String::from_utf8_lossy(value);
+        let fields = |v: &'_ str| -> Vec<String> {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .split('|')
+                .map(str::to_string)
+                .collect()
+        };
+        let (theirs, mine) = (fields(&value), fields(&self.value));
+        let fresh = theirs.len() == mine.len() && theirs[0] == mine[0] && theirs[7] == "open";
+        let fresh = fresh
+            && Moment::decode(theirs[6].replace(',', ";").as_bytes())
+                .is_some_and(|m| m.elapsed() <= self.timeout + CLOCK_SKEW);
+        let said = |f: &[String], at: usize, from: usize| match from == at {
+            true => f[at].clone(),
+            false => format!("{} (from {})", f[at], f[from]),
+        };
+        let differ: Vec<String> = [
+            ("world size", 1, 2),
+            ("job tag", 3, 4),
+            ("library version", 5, 5),
+        ]
+        .into_iter()
+        .filter(|&(_, at, _)| fresh && theirs[at] != mine[at])
+        .map(|(what, at, from)| {
+            format!(
+                "{what} {} where this rank says {}",
+                said(&theirs, at, from),
+                said(&mine, at, from)
+            )
+        })
+        .collect();
+        if differ.is_empty() {
+            return Ok(None);
+        }
+        if (&theirs[1], &theirs[3]) != (&mine[1], &mine[3]) {
+            let base = names::runs(&theirs[3], theirs[1].parse().unwrap_or(0));
+            if let Some(run) = read_if_set(store, &names::current(&base))? {
+                let slot = names::slot(&base, parse_run(&run), "rank", self.rank);
+                if store.check(&[&slot])? {
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(format!(
+            "rank {peer} ({}) says {}: {DISAGREE}",
+            Holder::parse(value.as_bytes()).describe(),
+            differ.join(", and ")
+        )))
+    }
+}
+
+/// The end of the errors for ranks that disagree.
+const DISAGREE: &str = "the ranks of one job must agree on these; start them with one launcher \
+    command and environment and one build of the library. If these are two jobs, not one, give \
+    each its own store (or, for untagged jobs, its own NVFIPC_JOB_TAG)";
 
 /// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
 #[derive(Debug)]
@@ -144,6 +340,7 @@ pub(super) fn claim_rank(
     store: &dyn Store,
     ranks: &RankInfo,
     tag: &str,
+    hello: &Hello,
     timeout: Duration,
 ) -> Result<RankClaim> {
     let untagged = tag == DEFAULT_JOB_TAG;
@@ -175,13 +372,12 @@ pub(super) fn claim_rank(
             0
         }
     } else {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let current = store.get(&current_key, remaining).map_err(|e| {
+        (hello.wait(store, &[&current_key], &[0], deadline)).map_err(|e| {
             e.context(format!(
                 "waiting for rank 0 to open a run of this job (key {current_key})"
             ))
         })?;
-        parse_run(&current)
+        parse_run(&store.get(&current_key, timeout)?)
     };
     loop {
         let claim = RankClaim {
@@ -233,8 +429,7 @@ pub(super) fn claim_rank(
         }
         if ranks.rank != 0 {
             let next = open_key(run + 1);
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            store.wait(&[&next], remaining).map_err(|e| {
+            hello.wait(store, &[&next], &[0], deadline).map_err(|e| {
                 e.context(format!(
                     "the last run of this job on the store ({run}) is over or taken; waiting \
                      for rank 0 to open the next one (key {next})"
