@@ -54,86 +54,80 @@ pub(super) struct Said {
 }
 
 impl Said {
-    /// An untagged job whose world size the caller gave.
     pub(super) fn caller() -> Said {
-        let (tag, tag_from) = (DEFAULT_JOB_TAG.to_string(), "no tag given");
-        let world_from = "the caller";
+        let tag = DEFAULT_JOB_TAG.to_string();
         Said {
             tag,
-            tag_from,
-            world_from,
+            tag_from: "no tag given",
+            world_from: "the caller",
         }
     }
 }
 
-/// How long ranks must go on disagreeing before they are told: two jobs that start together on
-/// one store may meet under one hello key that long, until each job's ranks hold their places.
+/// Ranks are told once they disagreed that long: two jobs starting together on one store may
+/// meet under a hello key until each one's ranks hold their places.
 const DISAGREEMENT_GRACE: Duration = Duration::from_secs(1);
-/// How often a waiting rank reads what its job mates say, for each 64 ranks it reads about.
-const HEARING_SLICE: Duration = Duration::from_millis(100);
 
-/// What this rank said of its job (the world size, the job tag and the library version) under
-/// keys that do not depend on what it says, `hello/tag/<tag>/<rank>` and `hello/world/<world>/
-/// <rank>`, so that ranks that disagree are told at once instead of each waiting out its timeout
-/// for keys that never meet (docs/PROTOCOL.md section 2).
+/// This rank's word on its job under `hello/tag/<tag>/<rank>` and `hello/world/<world>/<rank>`
+/// (docs/PROTOCOL.md section 2): where keys that depend on the tag or the world size never meet,
+/// a waiting rank reads its mates' words, and is told at once when they disagree.
 pub(super) struct Hello {
     rank: usize,
-    world: usize,
-    tag: String,
     /// `hello1|<world>|<from>|<tag>|<from>|<version>|<moment, ',' for ';'>|open;<node identity>`.
     value: String,
     timeout: Duration,
     disagreeing_since: Mutex<Option<Instant>>,
 }
 
-impl Hello {
-    fn keys(tag: &str, world: usize, rank: usize) -> [String; 2] {
-        let space = [format!("tag/{tag}"), format!("world/{world}")];
-        space.map(|space| names::hello(&space, rank))
-    }
+fn fields(value: &str) -> Vec<&str> {
+    value.split(';').next().unwrap_or("").split('|').collect()
+}
 
-    /// Writes this rank's hello.
+impl Hello {
     pub(super) fn say(
         store: &dyn Store,
-        ranks: &RankInfo,
-        said: &Said,
+        r: &RankInfo,
+        s: &Said,
         timeout: Duration,
     ) -> Result<Hello> {
-        let moment = Moment::now().encode().replace(';', ",");
+        let (version, moment) = (env!("CARGO_PKG_VERSION"), Moment::now().encode());
         let value = format!(
-            "hello1|{}|{}|{}|{}|{}|{moment}|open;{}",
-            ranks.world_size,
-            said.world_from,
-            said.tag,
-            said.tag_from,
-            env!("CARGO_PKG_VERSION"),
+            "hello1|{}|{}|{}|{}|{version}|{}|open;{}",
+            r.world_size,
+            s.world_from,
+            s.tag,
+            s.tag_from,
+            moment.replace(';', ","),
             NodeIdentity::local().encode()
         );
-        for key in Self::keys(&said.tag, ranks.world_size, ranks.rank) {
-            store.set(&key, value.as_bytes())?;
-        }
         let disagreeing_since = Mutex::new(None);
-        let (rank, world, tag) = (ranks.rank, ranks.world_size, said.tag.clone());
-        Ok(Hello {
-            rank,
-            world,
-            tag,
+        let hello = Hello {
+            rank: r.rank,
             value,
             timeout,
             disagreeing_since,
-        })
+        };
+        for key in hello.keys(r.rank) {
+            store.set(&key, hello.value.as_bytes())?;
+        }
+        Ok(hello)
     }
 
-    /// Marks this rank's hello closed where it still stands, so that later jobs pass over it
-    /// (on stores without COMPARE_SET it stays open, and counts until it is a timeout old).
+    fn keys(&self, rank: usize) -> [String; 2] {
+        let f = fields(&self.value);
+        [format!("tag/{}", f[3]), format!("world/{}", f[1])].map(|s| names::hello(&s, rank))
+    }
+
+    /// Marks this rank's word closed where it still stands, so that later jobs pass over it.
     pub(super) fn close(&self, store: &dyn Store) {
         let closed = self.value.replacen("|open;", "|closed;", 1);
-        for key in Self::keys(&self.tag, self.world, self.rank) {
+        for key in self.keys(self.rank) {
             let _ = store.compare_set(&key, self.value.as_bytes(), closed.as_bytes());
         }
     }
 
-    /// Waits until `keys` are set, or fails once `deadline` passes or one of `peers` disagrees.
+    /// Waits until `keys` are set, or `deadline`; fails at once when one of `peers` (the first
+    /// eight) has disagreed for [`DISAGREEMENT_GRACE`] in a word that counts (see `disagreement`).
     pub(super) fn wait(
         &self,
         store: &dyn Store,
@@ -141,65 +135,47 @@ impl Hello {
         peers: &[usize],
         deadline: Instant,
     ) -> Result<()> {
-        let slice = HEARING_SLICE * (peers.len() as u32 / 64).max(1);
+        let slice = Duration::from_millis(100) * (peers.len() as u32 / 64).max(1);
         loop {
-            self.check(store, peers)?;
+            let mut found = None;
+            for &peer in peers.iter().filter(|&&p| p != self.rank).take(8) {
+                for key in self.keys(peer) {
+                    if let (None, Some(value)) = (&found, read_if_set(store, &key)?) {
+                        found = self.disagreement(store, peer, &String::from_utf8_lossy(&value))?;
+                    }
+                }
+            }
+            let mut since = lock(&self.disagreeing_since);
+            match found {
+                None => *since = None,
+                Some(f)
+                    if since.get_or_insert_with(Instant::now).elapsed() >= DISAGREEMENT_GRACE =>
+                {
+                    return Err(Error::invalid(f))
+                }
+                Some(_) => {}
+            }
+            drop(since);
             let left = deadline.saturating_duration_since(Instant::now());
             match store.wait(keys, left.min(slice)) {
                 Err(e) if e.status == Status::Timeout && left > slice => {}
-                Err(e) if e.status == Status::Timeout => {
-                    let keys = keys.join(", ");
-                    return Err(Error::timeout(format!(
-                        "the timeout ran out before {keys} was set"
-                    )));
-                }
                 other => return other,
             }
         }
     }
 
-    /// Fails when one of `peers` (the first 8) has gone on saying something else of the job for
-    /// [`DISAGREEMENT_GRACE`], in a hello that counts (see [`disagreement`](Self::disagreement)).
-    fn check(&self, store: &dyn Store, peers: &[usize]) -> Result<()> {
-        let mut found = None;
-        for &peer in peers.iter().filter(|&&p| p != self.rank).take(8) {
-            for key in Self::keys(&self.tag, self.world, peer) {
-                if let (None, Some(value)) = (&found, read_if_set(store, &key)?) {
-                    found = self.disagreement(store, peer, &value)?;
-                }
-            }
-        }
-        let mut since = lock(&self.disagreeing_since);
-        let Some(found) = found else {
-            *since = None;
-            return Ok(());
-        };
-        if since.get_or_insert_with(Instant::now).elapsed() < DISAGREEMENT_GRACE {
-            return Ok(());
-        }
-        Err(Error::invalid(found))
-    }
-
-    /// What `peer`'s hello `value` says otherwise, if it counts: it is open, at most a timeout
-    /// old, and (when its tag or world differ from this rank's) its job has not given this rank's
-    /// place to another process: then it is another job, whose keys meet this one's here.
-    fn disagreement(&self, store: &dyn Store, peer: usize, value: &[u8]) -> Result<Option<String>> {
-        let value = String::from_utf8_lossy(value);
-        let fields = |v: &'_ str| -> Vec<String> {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .split('|')
-                .map(str::to_string)
-                .collect()
-        };
-        let (theirs, mine) = (fields(&value), fields(&self.value));
-        let fresh = theirs.len() == mine.len() && theirs[0] == mine[0] && theirs[7] == "open";
-        let fresh = fresh
-            && Moment::decode(theirs[6].replace(',', ";").as_bytes())
-                .is_some_and(|m| m.elapsed() <= self.timeout + CLOCK_SKEW);
-        let said = |f: &[String], at: usize, from: usize| match from == at {
-            true => f[at].clone(),
+    /// What `peer`'s word `value` says otherwise, if it counts: it is open, at most a timeout old
+    /// and, where its tag or world differ, its job has not given this rank's place to another
+    /// process (else it is another job, whose keys meet this one's here).
+    fn disagreement(&self, store: &dyn Store, peer: usize, value: &str) -> Result<Option<String>> {
+        let (theirs, mine) = (fields(value), fields(&self.value));
+        let moment = || Moment::decode(theirs[6].replace(',', ";").as_bytes());
+        let fresh = theirs.len() == mine.len()
+            && theirs[0] == mine[0]
+            && theirs[7] == "open"
+            && moment().is_some_and(|m| m.elapsed() <= self.timeout + CLOCK_SKEW);
+        let said = |f: &[&str], at: usize, from: usize| match from == at {
+            true => f[at].to_string(),
             false => format!("{} (from {})", f[at], f[from]),
         };
         let differ: Vec<String> = [
@@ -217,30 +193,31 @@ impl Hello {
             )
         })
         .collect();
-        if differ.is_empty() {
-            return Ok(None);
-        }
-        if (&theirs[1], &theirs[3]) != (&mine[1], &mine[3]) {
-            let base = names::runs(&theirs[3], theirs[1].parse().unwrap_or(0));
-            if let Some(run) = read_if_set(store, &names::current(&base))? {
-                let slot = names::slot(&base, parse_run(&run), "rank", self.rank);
-                if store.check(&[&slot])? {
-                    return Ok(None);
-                }
+        let base = names::runs(
+            theirs.get(3).unwrap_or(&""),
+            theirs.get(1).and_then(|w| w.parse().ok()).unwrap_or(0),
+        );
+        let other_job = (theirs.get(1), theirs.get(3)) != (mine.get(1), mine.get(3));
+        let holds_me = match read_if_set(store, &names::current(&base))? {
+            Some(run) if other_job && !differ.is_empty() => {
+                store.check(&[&names::slot(&base, parse_run(&run), "rank", self.rank)])?
             }
-        }
-        Ok(Some(format!(
-            "rank {peer} ({}) says {}: {DISAGREE}",
-            Holder::parse(value.as_bytes()).describe(),
-            differ.join(", and ")
-        )))
+            _ => false,
+        };
+        Ok((!differ.is_empty() && !holds_me).then(|| {
+            let who = Holder::parse(value.as_bytes()).describe();
+            format!(
+                "rank {peer} ({who}) says {}: {DISAGREE}",
+                differ.join(", and ")
+            )
+        }))
     }
 }
 
 /// The end of the errors for ranks that disagree.
-const DISAGREE: &str = "the ranks of one job must agree on these; start them with one launcher \
-    command and environment and one build of the library. If these are two jobs, not one, give \
-    each its own store (or, for untagged jobs, its own NVFIPC_JOB_TAG)";
+const DISAGREE: &str = "the ranks of one job must agree on these: start them with one launcher \
+    command, one environment and one build of the library (two jobs that share a store need \
+    distinct job tags or stores)";
 
 /// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
 #[derive(Debug)]
@@ -374,7 +351,8 @@ pub(super) fn claim_rank(
     } else {
         (hello.wait(store, &[&current_key], &[0], deadline)).map_err(|e| {
             e.context(format!(
-                "waiting for rank 0 to open a run of this job (key {current_key})"
+                "waiting for rank 0 to open a run of this job (key {current_key}, timeout {} ms)",
+                timeout.as_millis()
             ))
         })?;
         parse_run(&store.get(&current_key, timeout)?)
