@@ -191,6 +191,12 @@ fn malformed_values_name_variable_and_value() {
         err.message.contains("none of OMPI_COMM_WORLD_LOCAL_RANK"),
         "{err}"
     );
+    // The local size alone missing: named, with what it means and how to set it.
+    let err = err_of(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")]);
+    let needle = "the number of ranks on this node (none of OMPI_COMM_WORLD_LOCAL_SIZE/\
+        WORLD_LOCAL_SIZE/LOCAL_WORLD_SIZE/SLURM_NTASKS_PER_NODE is set) missing; set one";
+    assert!(err.message.contains(needle), "{err}");
+    assert!(err.message.contains("local size and rank equal"), "{err}");
 }
 
 #[test]

@@ -335,10 +335,12 @@ pub(super) fn claim_rank(
         let dup = names::slot(&base, run, "duplicate", ranks.rank);
         store.set(&dup, value.as_bytes())?;
         Err(Error::state(format!(
-            "rank {} is already claimed in this store by another live process ({}; store key \
-             {base}/{run}/rank/{}): {CLAIMED_TWICE}",
+            "rank {} is already claimed in this store by another live process ({}; this one is \
+             pid {} on host {:?}; store key {base}/{run}/rank/{}): {CLAIMED_TWICE}",
             ranks.rank,
             holder.describe(),
+            std::process::id(),
+            NodeIdentity::local().host_name,
             ranks.rank,
         )))
     };
