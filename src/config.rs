@@ -120,15 +120,15 @@ impl RankInfo {
     /// Reads the four numbers through `lookup` (variable name to value).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
         let lists = [
-            RANK_VARS,
-            WORLD_SIZE_VARS,
-            LOCAL_RANK_VARS,
-            LOCAL_WORLD_SIZE_VARS,
+            (RANK_VARS, "this process's rank"),
+            (WORLD_SIZE_VARS, "the number of ranks"),
+            (LOCAL_RANK_VARS, "its rank on this node"),
+            (LOCAL_WORLD_SIZE_VARS, "the number of ranks on this node"),
         ];
-        let found = lists.map(|vars| first_set(&lookup, vars));
+        let found = lists.map(|(vars, _)| first_set(&lookup, vars));
         let missing: Vec<String> = (lists.iter().zip(&found))
             .filter(|(_, f)| f.is_none())
-            .map(|(vars, _)| vars.join("/"))
+            .map(|((vars, what), _)| format!("{what} (none of {} is set)", vars.join("/")))
             .collect();
         if missing.len() == lists.len() {
             return Err(Error::not_found(format!(
@@ -139,8 +139,10 @@ impl RankInfo {
         }
         if !missing.is_empty() {
             return Err(Error::invalid(format!(
-                "incomplete rank environment: none of {} is set",
-                missing.join(", and none of ")
+                "incomplete rank environment: {} missing; set one variable of each list (mpirun, \
+                 srun, torchrun and `nvfipc launch` set them all; on one node, the local size and \
+                 rank equal the world size and rank)",
+                missing.join(" and ")
             )));
         }
         let mut numbers = [0usize; 4];
@@ -235,8 +237,11 @@ pub struct EnvConfig {
     pub store: StoreSource,
     /// `NVFIPC_TIMEOUT_MS`, when set.
     pub timeout: Option<Duration>,
-    /// A name for this run of the job from the launcher, when it gives one (see [`JOB_TAG_VARS`]).
-    pub job_tag: Option<String>,
+    /// A name for this run of the job from the launcher, when it gives one (see [`JOB_TAG_VARS`]),
+    /// and the variable it came from.
+    pub job_tag: Option<(String, &'static str)>,
+    /// The variable the world size came from.
+    pub world_from: &'static str,
 }
 
 impl EnvConfig {
@@ -257,6 +262,7 @@ impl EnvConfig {
             store,
             timeout: timeout_from_lookup(&lookup)?,
             job_tag: job_tag_from_lookup(&lookup),
+            world_from: first_set(&lookup, WORLD_SIZE_VARS).map_or("", |(var, _)| var),
         })
     }
 }
@@ -358,35 +364,33 @@ pub fn host_job_id() -> String {
 
 /// The launcher's name for this run (see [`JOB_TAG_VARS`], then [`ORTE_JOB_VARS`], then
 /// `SLURM_JOB_ID.SLURM_STEP_ID`), reduced to `[A-Za-z0-9._-]` so that it can be part of a store
-/// key; `None` when there is none (the job is untagged).
-pub fn job_tag_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
+/// key, with the variable it came from; `None` when there is none (the job is untagged).
+pub fn job_tag_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Option<(String, &'static str)> {
     let named = |var: &str| {
         lookup(var).map(|v| v.trim().to_string()).filter(|v| {
             let torchrun_default = var == "TORCHELASTIC_RUN_ID" && v == "none";
             !v.is_empty() && !torchrun_default
         })
     };
-    let raw = JOB_TAG_VARS
+    let (raw, var) = JOB_TAG_VARS
         .iter()
-        .find_map(|var| named(var))
+        .find_map(|&var| Some((named(var)?, var)))
         .or_else(|| {
             // The URI may be long and list several addresses: its hash keeps the key short.
             let uri = named(ORTE_JOB_VARS[0])?;
             let job = named(ORTE_JOB_VARS[1]).unwrap_or_default();
-            Some(format!(
-                "ompi-{job}-{:016x}",
-                crate::hash::fnv1a64(uri.as_bytes())
-            ))
+            let hash = crate::hash::fnv1a64(uri.as_bytes());
+            Some((format!("ompi-{job}-{hash:016x}"), ORTE_JOB_VARS[0]))
         })
         .or_else(|| {
             let job = named("SLURM_JOB_ID")?;
-            Some(match named("SLURM_STEP_ID") {
-                Some(step) => format!("{job}.{step}"),
-                None => job,
-            })
+            let step = named("SLURM_STEP_ID").map_or(String::new(), |s| format!(".{s}"));
+            Some((format!("{job}{step}"), "SLURM_JOB_ID"))
         })?;
     let tag = crate::names::name_safe(&raw);
-    (!tag.is_empty()).then_some(tag)
+    (!tag.is_empty()).then_some((tag, var))
 }
 
 /// True for names that always mean this machine's loopback interface.

@@ -116,6 +116,12 @@ pub mod context {
         format!("{PREFIX}/{tag}/w{world}")
     }
 
+    /// `hello/<space>/<rank>`: what `rank` says of its job; `space` is `tag/<tag>` or
+    /// `world/<world>` (see `context::claim::Hello`).
+    pub fn hello(space: &str, rank: usize) -> String {
+        format!("{PREFIX}/hello/{space}/{rank}")
+    }
+
     /// `<runs>/current`: the run rank 0 opened last.
     pub fn current(runs: &str) -> String {
         format!("{runs}/current")

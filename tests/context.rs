@@ -101,6 +101,23 @@ fn rank_process() {
         );
         return;
     }
+    if role == "disagree" {
+        // Long enough that only being told at once passes.
+        let options = EnvOptions {
+            timeout: Some(Duration::from_secs(120)),
+            ..EnvOptions::default()
+        };
+        let start = Instant::now();
+        let told = |e: nvfuser_ipc::Error| {
+            println!("refused after {} ms: {e}", start.elapsed().as_millis())
+        };
+        // A hosting rank 0 lingers at close for the others: told before that.
+        match Context::from_env(&options) {
+            Ok(ctx) => told(ctx.barrier(None, None).unwrap_err()),
+            Err(e) => told(e),
+        }
+        return;
+    }
     let options = EnvOptions {
         timeout: Some(TIMEOUT),
         ..EnvOptions::default()
@@ -342,4 +359,46 @@ fn connect_reports_an_unreachable_store() {
     assert!(start.elapsed() < Duration::from_secs(10));
     assert!(err.message.contains("rank 1 of 2"), "{err}");
     assert!(err.message.contains(&port.to_string()), "{err}");
+}
+
+#[test]
+fn ranks_started_with_different_world_sizes_are_told_at_once() {
+    let port = free_port();
+    let master = [
+        ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ("MASTER_PORT", port.to_string()),
+    ];
+    let zero = spawn_rank("disagree", 0, 2, &master);
+    let one = spawn_rank("disagree", 1, 3, &master);
+    let (zero, one) = (
+        text(&finish(zero, TIMEOUT * 3)),
+        text(&finish(one, TIMEOUT * 3)),
+    );
+    for (out, says) in [
+        (&zero, "rank 0 of 2: rank 1 (pid "),
+        (
+            &zero,
+            "says world size 3 (from WORLD_SIZE) where this rank says 2 (from WORLD_SIZE)",
+        ),
+        (&one, "rank 1 of 3: waiting for rank 0 to open a run"),
+        (&one, ": rank 0 (pid "),
+        (
+            &one,
+            "says world size 2 (from WORLD_SIZE) where this rank says 3 (from WORLD_SIZE)",
+        ),
+    ] {
+        assert!(out.contains(says), "{says:?} not in\n{out}");
+    }
+    for out in [&zero, &one] {
+        let ms: u64 = out
+            .split("refused after ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(ms < 20_000, "told after {ms} ms, not at once:\n{out}");
+    }
 }

@@ -191,6 +191,12 @@ fn malformed_values_name_variable_and_value() {
         err.message.contains("none of OMPI_COMM_WORLD_LOCAL_RANK"),
         "{err}"
     );
+    // The local size alone missing: named, with what it means and how to set it.
+    let err = err_of(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")]);
+    let needle = "the number of ranks on this node (none of OMPI_COMM_WORLD_LOCAL_SIZE/\
+        WORLD_LOCAL_SIZE/LOCAL_WORLD_SIZE/SLURM_NTASKS_PER_NODE is set) missing; set one";
+    assert!(err.message.contains(needle), "{err}");
+    assert!(err.message.contains("local size and rank equal"), "{err}");
 }
 
 #[test]
@@ -234,21 +240,21 @@ fn job_tags() {
     assert_eq!(job_tag_from_lookup(env(&[])), None);
     assert_eq!(
         job_tag_from_lookup(env(&[("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "2")])),
-        Some("77.2".into())
+        Some(("77.2".into(), "SLURM_JOB_ID"))
     );
     assert_eq!(
         job_tag_from_lookup(env(&[
             ("SLURM_JOB_ID", "77"),
             ("PMIX_NAMESPACE", "prterun-node0-1234@1")
         ])),
-        Some("prterun-node0-1234_1".into())
+        Some(("prterun-node0-1234_1".into(), "PMIX_NAMESPACE"))
     );
     assert_eq!(
         job_tag_from_lookup(env(&[
             ("NVFIPC_JOB_TAG", "a/b"),
             ("TORCHELASTIC_RUN_ID", "x")
         ])),
-        Some("a_b".into())
+        Some(("a_b".into(), "NVFIPC_JOB_TAG"))
     );
     // nvfipc launch's id comes before an outer launcher's.
     assert_eq!(
@@ -257,7 +263,7 @@ fn job_tags() {
             ("PMIX_NAMESPACE", "outer"),
             ("SLURM_JOB_ID", "77")
         ])),
-        Some("5f3a".into())
+        Some(("5f3a".into(), "NVFIPC_LAUNCH_ID"))
     );
     // torchrun's default run id names no run.
     assert_eq!(
@@ -269,7 +275,7 @@ fn job_tags() {
             ("TORCHELASTIC_RUN_ID", "none"),
             ("SLURM_JOB_ID", "9")
         ])),
-        Some("9".into())
+        Some(("9".into(), "SLURM_JOB_ID"))
     );
     // Open MPI under ORTE: two mpiruns differ by their URI, two jobs of one by the job id.
     let orte = |uri: &str, job: &str| {
@@ -278,6 +284,7 @@ fn job_tags() {
             ("OMPI_MCA_ess_base_jobid", job),
         ]))
         .unwrap()
+        .0
     };
     let a = orte("3181903872.0;tcp://10.0.0.1:45687", "3181903873");
     assert!(a.starts_with("ompi-3181903873-"), "{a}");

@@ -1,7 +1,7 @@
 //! Rank claims and the job id: how each rank of a job lands in one run of the store, and how
 //! the ranks of a run agree on a job id.
 
-use super::collision::{self, check_passed_over, Moment, SlotHolder};
+use super::collision::{self, check_passed_over, Moment, SlotHolder, CLOCK_SKEW};
 use super::*;
 
 /// Agrees on the job id of the run `claim` belongs to; returns the key and the agreed value.
@@ -45,6 +45,179 @@ pub(super) static THIS_PROCESS: once_cell::sync::Lazy<Claimant> =
         started: Moment::process_start(),
         claims_made: AtomicU64::new(0),
     });
+
+/// What a rank says of its job, and where each value came from (a variable, or the caller).
+pub(super) struct Said {
+    pub(super) tag: String,
+    pub(super) tag_from: &'static str,
+    pub(super) world_from: &'static str,
+}
+
+impl Said {
+    pub(super) fn caller() -> Said {
+        let tag = DEFAULT_JOB_TAG.to_string();
+        Said {
+            tag,
+            tag_from: "no tag given",
+            world_from: "the caller",
+        }
+    }
+}
+
+/// Ranks are told once they disagreed that long: two jobs starting together on one store may
+/// meet under a hello key until each one's ranks hold their places.
+const DISAGREEMENT_GRACE: Duration = Duration::from_secs(1);
+
+/// This rank's word on its job under `hello/tag/<tag>/<rank>` and `hello/world/<world>/<rank>`
+/// (docs/PROTOCOL.md section 2): where keys that depend on the tag or the world size never meet,
+/// a waiting rank reads its mates' words, and is told at once when they disagree.
+pub(super) struct Hello {
+    rank: usize,
+    /// `hello1|<world>|<from>|<tag>|<from>|<version>|<moment, ',' for ';'>|open;<node identity>`.
+    value: String,
+    timeout: Duration,
+    disagreeing_since: Mutex<Option<Instant>>,
+}
+
+fn fields(value: &str) -> Vec<&str> {
+    value.split(';').next().unwrap_or("").split('|').collect()
+}
+
+impl Hello {
+    pub(super) fn say(
+        store: &dyn Store,
+        r: &RankInfo,
+        s: &Said,
+        timeout: Duration,
+    ) -> Result<Hello> {
+        let (version, moment) = (env!("CARGO_PKG_VERSION"), Moment::now().encode());
+        let value = format!(
+            "hello1|{}|{}|{}|{}|{version}|{}|open;{}",
+            r.world_size,
+            s.world_from,
+            s.tag,
+            s.tag_from,
+            moment.replace(';', ","),
+            NodeIdentity::local().encode()
+        );
+        let disagreeing_since = Mutex::new(None);
+        let hello = Hello {
+            rank: r.rank,
+            value,
+            timeout,
+            disagreeing_since,
+        };
+        for key in hello.keys(r.rank) {
+            store.set(&key, hello.value.as_bytes())?;
+        }
+        Ok(hello)
+    }
+
+    fn keys(&self, rank: usize) -> [String; 2] {
+        let f = fields(&self.value);
+        [format!("tag/{}", f[3]), format!("world/{}", f[1])].map(|s| names::hello(&s, rank))
+    }
+
+    /// Marks this rank's word closed where it still stands, so that later jobs pass over it.
+    pub(super) fn close(&self, store: &dyn Store) {
+        let closed = self.value.replacen("|open;", "|closed;", 1);
+        for key in self.keys(self.rank) {
+            let _ = store.compare_set(&key, self.value.as_bytes(), closed.as_bytes());
+        }
+    }
+
+    /// Waits until `keys` are set, or `deadline`; fails at once when one of `peers` (the first
+    /// eight) has disagreed for [`DISAGREEMENT_GRACE`] in a word that counts (see `disagreement`).
+    pub(super) fn wait(
+        &self,
+        store: &dyn Store,
+        keys: &[&str],
+        peers: &[usize],
+        deadline: Instant,
+    ) -> Result<()> {
+        let slice = Duration::from_millis(100) * (peers.len() as u32 / 64).max(1);
+        loop {
+            let mut found = None;
+            for &peer in peers.iter().filter(|&&p| p != self.rank).take(8) {
+                for key in self.keys(peer) {
+                    if let (None, Some(value)) = (&found, read_if_set(store, &key)?) {
+                        found = self.disagreement(store, peer, &String::from_utf8_lossy(&value))?;
+                    }
+                }
+            }
+            let mut since = lock(&self.disagreeing_since);
+            match found {
+                None => *since = None,
+                Some(f)
+                    if since.get_or_insert_with(Instant::now).elapsed() >= DISAGREEMENT_GRACE =>
+                {
+                    return Err(Error::invalid(f))
+                }
+                Some(_) => {}
+            }
+            drop(since);
+            let left = deadline.saturating_duration_since(Instant::now());
+            match store.wait(keys, left.min(slice)) {
+                Err(e) if e.status == Status::Timeout && left > slice => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// What `peer`'s word `value` says otherwise, if it counts: it is open, at most a timeout old
+    /// and, where its tag or world differ, its job has not given this rank's place to another
+    /// process (else it is another job, whose keys meet this one's here).
+    fn disagreement(&self, store: &dyn Store, peer: usize, value: &str) -> Result<Option<String>> {
+        let (theirs, mine) = (fields(value), fields(&self.value));
+        let moment = || Moment::decode(theirs[6].replace(',', ";").as_bytes());
+        let fresh = theirs.len() == mine.len()
+            && theirs[0] == mine[0]
+            && theirs[7] == "open"
+            && moment().is_some_and(|m| m.elapsed() <= self.timeout + CLOCK_SKEW);
+        let said = |f: &[&str], at: usize, from: usize| match from == at {
+            true => f[at].to_string(),
+            false => format!("{} (from {})", f[at], f[from]),
+        };
+        let differ: Vec<String> = [
+            ("world size", 1, 2),
+            ("job tag", 3, 4),
+            ("library version", 5, 5),
+        ]
+        .into_iter()
+        .filter(|&(_, at, _)| fresh && theirs[at] != mine[at])
+        .map(|(what, at, from)| {
+            format!(
+                "{what} {} where this rank says {}",
+                said(&theirs, at, from),
+                said(&mine, at, from)
+            )
+        })
+        .collect();
+        let base = names::runs(
+            theirs.get(3).unwrap_or(&""),
+            theirs.get(1).and_then(|w| w.parse().ok()).unwrap_or(0),
+        );
+        let other_job = (theirs.get(1), theirs.get(3)) != (mine.get(1), mine.get(3));
+        let holds_me = match read_if_set(store, &names::current(&base))? {
+            Some(run) if other_job && !differ.is_empty() => {
+                store.check(&[&names::slot(&base, parse_run(&run), "rank", self.rank)])?
+            }
+            _ => false,
+        };
+        Ok((!differ.is_empty() && !holds_me).then(|| {
+            let who = Holder::parse(value.as_bytes()).describe();
+            format!(
+                "rank {peer} ({who}) says {}: {DISAGREE}",
+                differ.join(", and ")
+            )
+        }))
+    }
+}
+
+/// The end of the errors for ranks that disagree.
+const DISAGREE: &str = "the ranks of one job must agree on these: start them with one launcher \
+    command, one environment and one build of the library (two jobs that share a store need \
+    distinct job tags or stores)";
 
 /// One rank's claim of its place in one run of a job (`<base>/<run>/rank/<rank>`).
 #[derive(Debug)]
@@ -144,6 +317,7 @@ pub(super) fn claim_rank(
     store: &dyn Store,
     ranks: &RankInfo,
     tag: &str,
+    hello: &Hello,
     timeout: Duration,
 ) -> Result<RankClaim> {
     let untagged = tag == DEFAULT_JOB_TAG;
@@ -161,10 +335,12 @@ pub(super) fn claim_rank(
         let dup = names::slot(&base, run, "duplicate", ranks.rank);
         store.set(&dup, value.as_bytes())?;
         Err(Error::state(format!(
-            "rank {} is already claimed in this store by another live process ({}; store key \
-             {base}/{run}/rank/{}): {CLAIMED_TWICE}",
+            "rank {} is already claimed in this store by another live process ({}; this one is \
+             pid {} on host {:?}; store key {base}/{run}/rank/{}): {CLAIMED_TWICE}",
             ranks.rank,
             holder.describe(),
+            std::process::id(),
+            NodeIdentity::local().host_name,
             ranks.rank,
         )))
     };
@@ -175,13 +351,13 @@ pub(super) fn claim_rank(
             0
         }
     } else {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let current = store.get(&current_key, remaining).map_err(|e| {
+        (hello.wait(store, &[&current_key], &[0], deadline)).map_err(|e| {
             e.context(format!(
-                "waiting for rank 0 to open a run of this job (key {current_key})"
+                "waiting for rank 0 to open a run of this job (key {current_key}, timeout {} ms)",
+                timeout.as_millis()
             ))
         })?;
-        parse_run(&current)
+        parse_run(&store.get(&current_key, timeout)?)
     };
     loop {
         let claim = RankClaim {
@@ -233,8 +409,7 @@ pub(super) fn claim_rank(
         }
         if ranks.rank != 0 {
             let next = open_key(run + 1);
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            store.wait(&[&next], remaining).map_err(|e| {
+            hello.wait(store, &[&next], &[0], deadline).map_err(|e| {
                 e.context(format!(
                     "the last run of this job on the store ({run}) is over or taken; waiting \
                      for rank 0 to open the next one (key {next})"

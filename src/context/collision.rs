@@ -44,6 +44,15 @@ impl Moment {
         })
     }
 
+    /// How long ago this moment was: by the boot clock on its kernel, else by the wall clocks.
+    pub(super) fn elapsed(&self) -> Duration {
+        let now = Moment::now();
+        if !self.boot_id.is_empty() && self.boot_id == now.boot_id {
+            return now.since_boot.saturating_sub(self.since_boot);
+        }
+        now.wall.saturating_sub(self.wall)
+    }
+
     /// `t1;boot=<boot id>;up=<ns since boot>;wall=<ns since the epoch>`.
     pub(super) fn encode(&self) -> String {
         format!(

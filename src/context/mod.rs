@@ -12,7 +12,7 @@ use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::{ServerOptions, StoreServer};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use crate::sync::lock;
-use claim::{agree_on_job_id, claim_rank, RankClaim};
+use claim::{agree_on_job_id, claim_rank, Hello, RankClaim, Said};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{ToSocketAddrs, UdpSocket};
@@ -78,8 +78,9 @@ pub struct Context {
     server: Mutex<Option<StoreServer>>,
     /// The key that holds `job_id`; deleted by the last rank to close.
     job_key: String,
-    /// This rank's claim of its place in the run.
+    /// This rank's claim of its place in the run, and what it said of the job before.
     claim: RankClaim,
+    hello: Hello,
     /// Set once a barrier has checked the claim.
     claim_checked: AtomicBool,
     timeout: Duration,
@@ -98,7 +99,7 @@ impl Context {
             options.local_world_size,
         )?;
         let timeout = options.store.default_timeout();
-        Self::start(ranks, options.store, None, DEFAULT_JOB_TAG, timeout)
+        Self::start(ranks, options.store, None, Said::caller(), timeout)
     }
 
     /// Connects to the store at `host:port`; with `host_store`, first hosts it here (listening
@@ -118,7 +119,7 @@ impl Context {
         } else {
             Hosting::Connect
         };
-        Self::open(ranks, host, port, hosting, timeout, DEFAULT_JOB_TAG)
+        Self::open(ranks, host, port, hosting, timeout, Said::caller())
     }
 
     /// Builds the context from the launcher's environment (see [`crate::config`]). Without
@@ -134,11 +135,14 @@ impl Context {
             .timeout
             .or(config.timeout)
             .unwrap_or(DEFAULT_TIMEOUT);
-        let tag = options
-            .job_tag
-            .clone()
+        let (tag, tag_from) = (options.job_tag.clone().map(|t| (t, "EnvOptions")))
             .or_else(|| config.job_tag.clone())
-            .unwrap_or_else(|| DEFAULT_JOB_TAG.to_string());
+            .unwrap_or_else(|| (DEFAULT_JOB_TAG.to_string(), "no tag or launcher job id"));
+        let said = Said {
+            tag,
+            tag_from,
+            world_from: config.world_from,
+        };
         let hosting = match &config.store {
             StoreSource::Master(addr)
                 if config.ranks.local_rank == 0 && is_this_host(&addr.host) =>
@@ -148,7 +152,7 @@ impl Context {
             _ => Hosting::Connect,
         };
         let addr = config.store.addr();
-        let mut ctx = Self::open(config.ranks, &addr.host, addr.port, hosting, timeout, &tag)?;
+        let mut ctx = Self::open(config.ranks, &addr.host, addr.port, hosting, timeout, said)?;
         if let Some(linger) = options.host_linger {
             ctx.host_linger = linger;
         }
@@ -161,7 +165,7 @@ impl Context {
         port: u16,
         hosting: Hosting,
         timeout: Duration,
-        tag: &str,
+        said: Said,
     ) -> Result<Context> {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
         // Election: the candidate whose bind succeeds hosts.
@@ -201,22 +205,25 @@ impl Context {
                 "{who}: connecting to the store at {host}:{port}{why}"
             ))
         })?;
-        Self::start(ranks, Arc::new(store), server, tag, timeout)
+        Self::start(ranks, Arc::new(store), server, said, timeout)
     }
 
-    /// Agrees on the job id and announces this rank.
+    /// Says what this rank takes the job to be, claims its place, agrees on the job id and
+    /// announces this rank.
     fn start(
         ranks: RankInfo,
         store: Arc<dyn Store>,
         server: Option<StoreServer>,
-        tag: &str,
+        said: Said,
         timeout: Duration,
     ) -> Result<Context> {
         logging::set_rank(ranks.rank as i64);
         let started = std::time::Instant::now();
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
-        let claim =
-            claim_rank(&*store, &ranks, tag, timeout).map_err(|e| e.context(who.clone()))?;
+        let tag = &said.tag;
+        let hello = Hello::say(&*store, &ranks, &said, timeout)
+            .and_then(|hello| Ok((claim_rank(&*store, &ranks, tag, &hello, timeout)?, hello)));
+        let (claim, hello) = hello.map_err(|e| e.context(who.clone()))?;
         let (job_key, agreed) = agree_on_job_id(&*store, &claim, &ranks, timeout)
             .map_err(|e| e.context(format!("{who}: agreeing on the job id")))?;
         let job_id = String::from_utf8(agreed)
@@ -256,6 +263,7 @@ impl Context {
             server: Mutex::new(server),
             job_key,
             claim,
+            hello,
             claim_checked: AtomicBool::new(false),
             timeout,
             host_linger: timeout.min(DEFAULT_HOST_LINGER),
@@ -285,22 +293,43 @@ impl Context {
     /// Barrier over the world (`None`) or the listed ranks, which must include this rank.
     /// `timeout` `None` uses the context's default. Returns the generation that completed.
     pub fn barrier(&self, members: Option<&[usize]>, timeout: Option<Duration>) -> Result<u64> {
+        let who = format!("rank {} of {}", self.rank, self.world_size);
+        let (mut skip, limit) = (false, timeout.unwrap_or(self.timeout));
+        // The first barrier first waits for its members to join, reading what they said of the
+        // job, so that ranks that disagree on it are told at once (see `claim::Hello`).
+        if !self.claim_checked.load(Ordering::Relaxed) {
+            let set = barrier::MemberSet::new(self.rank, self.world_size, members)?;
+            let joined = |r: &usize| names::joined(&self.job_id, *r);
+            let joined: Vec<String> = set.ranks().iter().map(joined).collect();
+            let keys: Vec<&str> = joined.iter().map(String::as_str).collect();
+            let waited = self
+                .hello
+                .wait(&*self.store, &keys, set.ranks(), Instant::now() + limit);
+            // A timeout is left for the barrier to diagnose (it names the missing ranks).
+            match waited {
+                Err(e) if e.status == Status::Timeout => skip = true,
+                waited => waited.map_err(|e| e.context(&who))?,
+            }
+        }
         let gen = barrier::barrier(
             &*self.store,
             &self.barriers,
             self.rank,
             self.world_size,
             members,
-            timeout.unwrap_or(self.timeout),
-        )?;
+            if skip { Duration::ZERO } else { limit },
+        )
+        .map_err(|e| match skip {
+            true => e.context(format!("{who}: waited {} ms for them", limit.as_millis())),
+            false => e,
+        })?;
         // A rank claimed twice (two jobs on one store without distinct job tags) before the
         // first barrier completed is seen here, on both processes, before the job goes on; one
         // claimed later is seen at close.
         if gen == 0 && !self.claim_checked.swap(true, Ordering::Relaxed) {
-            let who = format!("rank {} of {}", self.rank, self.world_size);
             self.claim
                 .check_duplicate(&*self.store)
-                .map_err(|e| e.context(who))?;
+                .map_err(|e| e.context(&who))?;
         }
         Ok(gen)
     }
@@ -344,6 +373,10 @@ impl Context {
             return Ok(());
         }
         let duplicate = self.claim.check_duplicate(&*self.store);
+        // Kept open by a rank that never met its mates: one may not have read it yet.
+        if self.claim_checked.load(Ordering::Relaxed) {
+            self.hello.close(&*self.store);
+        }
         // The moment first: a rank that sees this slot closed finds it (see `collision`).
         let moment = collision::Moment::now().encode();
         let store = &self.store;

@@ -371,3 +371,136 @@ fn free_port_below_ephemeral() -> u16 {
             .is_ok()
     })
 }
+
+/// Rank `rank` of `world` in a job tagged `tag`, as the environment would give it.
+fn start(rank: usize, world: usize, tag: &str, store: &Arc<MemoryStore>) -> Result<Context> {
+    let ranks = RankInfo::new(rank, world, rank, world).unwrap();
+    let said = Said {
+        tag: tag.to_string(),
+        tag_from: "NVFIPC_JOB_TAG",
+        world_from: "WORLD_SIZE",
+    };
+    let store = Arc::clone(store) as Arc<dyn Store>;
+    Context::start(ranks, store, None, said, DEFAULT_TIMEOUT)
+}
+
+/// Starts each `(rank, world, tag)` on a thread over one store (each rank that gets a context
+/// calls a barrier); returns each one's error, and how long the slowest took.
+fn disagreeing(ranks: &[(usize, usize, &'static str)]) -> (Vec<Error>, Duration) {
+    let store = Arc::new(MemoryStore::new());
+    let begin = Instant::now();
+    let threads: Vec<_> = (ranks.iter().copied())
+        .map(|(rank, world, tag)| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let ctx = start(rank, world, tag, &store)?;
+                ctx.barrier(None, None)
+            })
+        })
+        .collect();
+    let errors = threads.into_iter().map(|t| t.join().unwrap().unwrap_err());
+    (errors.collect(), begin.elapsed())
+}
+
+#[test]
+fn ranks_that_disagree_on_the_world_size_are_told_at_once() {
+    let (errors, took) = disagreeing(&[(0, 2, "t"), (1, 3, "t")]);
+    // The store's timeout is 300 s.
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let [zero, one] = &errors[..] else { panic!() };
+    assert_eq!(zero.status, Status::InvalidArgument, "{zero}");
+    assert!(
+        zero.message.contains("rank 0 of 2: rank 1 (pid ")
+            && zero.message.contains(
+                "says world size 3 (from WORLD_SIZE) where this rank says 2 (from WORLD_SIZE)"
+            ),
+        "{zero}"
+    );
+    assert!(
+        one.message.contains("rank 1 of 3")
+            && one.message.contains("rank 0 (pid ")
+            && one
+                .message
+                .contains("world size 2 (from WORLD_SIZE) where this rank says 3"),
+        "{one}"
+    );
+}
+
+#[test]
+fn ranks_that_disagree_on_the_job_tag_are_told_at_once() {
+    let (errors, took) = disagreeing(&[(0, 2, "a"), (1, 2, "b")]);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(errors[0]
+        .message
+        .contains("job tag b (from NVFIPC_JOB_TAG) where this rank says a"));
+    assert!(errors[1]
+        .message
+        .contains("job tag a (from NVFIPC_JOB_TAG) where this rank says b"));
+}
+
+#[test]
+fn a_rank_of_another_library_version_is_named() {
+    let store = Arc::new(MemoryStore::new());
+    let other = format!(
+        "hello1|2|WORLD_SIZE|t|NVFIPC_JOB_TAG|0.0.1|{}|open;{}",
+        collision::Moment::now().encode().replace(';', ","),
+        NodeIdentity::local().encode()
+    );
+    store
+        .set(&names::hello("tag/t", 0), other.as_bytes())
+        .unwrap();
+    let begin = Instant::now();
+    let err = start(1, 2, "t", &store).unwrap_err();
+    assert!(begin.elapsed() < Duration::from_secs(10));
+    let mine = env!("CARGO_PKG_VERSION");
+    let said = format!("library version 0.0.1 where this rank says {mine}");
+    assert!(err.message.contains(&said), "{err}");
+    // A closed hello, or one older than the timeout, is passed over (this rank waits instead).
+    for old in [
+        other.replace("|open;", "|closed;"),
+        other.replace("wall=", "wall=1").replace("up=", "up=1"),
+    ] {
+        store
+            .set(&names::hello("tag/t", 0), old.as_bytes())
+            .unwrap();
+        let ranks = RankInfo::new(1, 2, 1, 2).unwrap();
+        let said = Said::caller();
+        let store = Arc::clone(&store) as Arc<dyn Store>;
+        let timeout = Duration::from_millis(1500);
+        let err = Context::start(ranks, store, None, said, timeout).unwrap_err();
+        assert_eq!(err.status, Status::Timeout, "{err}");
+    }
+}
+
+#[test]
+fn two_tagged_jobs_and_a_closed_job_of_another_size_on_one_store_are_not_taken_to_disagree() {
+    let store = Arc::new(MemoryStore::new());
+    // A job of two ranks that closed.
+    let run = |ranks: Vec<(usize, usize, &'static str, u64)>| {
+        let threads: Vec<_> = (ranks.into_iter())
+            .map(|(rank, world, tag, late_ms)| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(late_ms));
+                    let ctx = start(rank, world, tag, &store)?;
+                    ctx.barrier(None, None)?;
+                    Ok::<_, Error>(ctx)
+                })
+            })
+            .collect();
+        let contexts = threads.into_iter().map(|t| t.join().unwrap().unwrap());
+        contexts.collect::<Vec<_>>()
+    };
+    for ctx in run(vec![(0, 2, "default", 0), (1, 2, "default", 0)]) {
+        ctx.close().unwrap();
+    }
+    // An untagged job of three ranks whose rank 0 is late, next to a job of two ranks tagged
+    // `a` (live), and a job of two ranks tagged `b` whose rank 0 is late.
+    let a = run(vec![(0, 2, "a", 0), (1, 2, "a", 0)]);
+    let three = (0..3).map(|r| (r, 3, "default", if r == 0 { 1500 } else { 0 }));
+    let late_b = [(0, 2, "b", 1500), (1, 2, "b", 0)];
+    let others = run(three.chain(late_b).collect());
+    for ctx in a.into_iter().chain(others) {
+        ctx.close().unwrap();
+    }
+}

@@ -214,8 +214,8 @@ pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
         MemoryType::Device => {}
         MemoryType::Unknown => {
             return Err(Error::invalid(format!(
-                "pointer {ptr:#x} is not device memory known to CUDA: a host pointer, a freed \
-                 allocation or a bad address; pass a live cudaMalloc'd device pointer"
+                "pointer {ptr:#x} is not memory from cudaMalloc, VMM (cuMemCreate) or a pool: \
+                 was it freed, or is it on the stack or a host buffer? Pass live device memory"
             )))
         }
         MemoryType::Host => {

@@ -221,8 +221,9 @@ fn find(
         .filter(|(&base, (seg, _))| ptr < base + seg.len())
     else {
         return Err(Error::invalid(format!(
-            "host pointer {ptr:#x} is not a shared-memory buffer from nvfipc_host_alloc or \
-             already freed"
+            "host pointer {ptr:#x} is not a shared-memory buffer from nvfipc_host_alloc: was \
+             it freed, or is it on the stack or from malloc? Exchange host buffers that \
+             nvfipc_host_alloc made, and free them only after the exchange"
         )));
     };
     let len = seg.len();

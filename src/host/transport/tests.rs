@@ -106,6 +106,10 @@ fn resolve_rejects_bad_pointers() {
     let stack = 5u64;
     let err = t.resolve(&stack as *const u64 as u64, 8).unwrap_err();
     assert!(err.message.contains("not a shared-memory buffer"), "{err}");
+    assert!(
+        err.message.contains("freed, or is it on the stack"),
+        "{err}"
+    );
     let buf = alloc::alloc_for_job("unit_tr", 64).unwrap();
     assert!(t.resolve(buf.addr(), 0).is_err());
     assert!(t.resolve(buf.addr(), 65).is_err());
