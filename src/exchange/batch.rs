@@ -18,6 +18,7 @@ use crate::logging::{self, since};
 use crate::os::wait::{blocking_pace, wait_blocking};
 use crate::sync::lock;
 use crate::transport::record::{self, flags, local_host, Record};
+use crate::transport::slab::NO_SLOT;
 use crate::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind};
 use log::Level;
 use std::sync::atomic::Ordering;
@@ -124,13 +125,17 @@ pub(super) struct Batch<'a> {
     items: &'a mut Vec<Item>,
 }
 
-/// How an exchange resolves its buffers to the allocations it exports.
+/// What an exchange is for, which decides how it resolves its buffers and whether its channels
+/// carry semaphores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Resolution {
-    /// The allocation the transport shares for buffers carved nearby (a widened VMM run), so
-    /// that a peer maps it once for all of them: point-to-point exchanges.
+    /// Point-to-point exchanges: each buffer resolves to the allocation the transport shares for
+    /// buffers carved nearby (a widened VMM run), so that a peer maps it once for all of them;
+    /// each channel has a semaphore slot, which the peer maps (its P2P handles carry both).
     Shared,
-    /// The buffer's own allocation: symmetric rendezvous, whose views map what records name.
+    /// Symmetric rendezvous: the buffer's own allocation (views map what records name), and no
+    /// semaphores (nothing posts on these channels), so a process that only rendezvous never
+    /// allocates a semaphore slab nor maps its peers'.
     Exact,
 }
 
@@ -181,7 +186,7 @@ impl<'a> Batch<'a> {
         cx: &'a Session,
         table: &'a Mutex<ChannelTable>,
         requests: &[Request],
-        resolved: &[LocalBuffer],
+        (resolved, resolution): (&[LocalBuffer], Resolution),
         indices: &mut Vec<usize>,
         items: &'a mut Vec<Item>,
     ) -> Result<Batch<'a>> {
@@ -205,7 +210,12 @@ impl<'a> Batch<'a> {
                 }
                 None => {
                     let entry = cx.board.insert(fp)?;
-                    let slot = cx.channel_transport(r.kind).semaphores().allocate_slot()?;
+                    let slot = match resolution {
+                        Resolution::Shared => {
+                            cx.channel_transport(r.kind).semaphores().allocate_slot()?
+                        }
+                        Resolution::Exact => NO_SLOT,
+                    };
                     st.channels.push(Channel::new(ChannelInfo {
                         key: ChannelKey::of(rank, r, occ),
                         peer: r.peer,
@@ -698,7 +708,10 @@ impl Session {
     fn make_record(&self, it: &Item) -> Result<Record> {
         let t = self.channel_transport(it.ch.kind);
         let handle = t.export(&it.local)?;
-        let slab = t.semaphores().export()?;
+        let slab = match it.ch.slot {
+            NO_SLOT => ExportedHandle::plain(handle.handle_type, [0; record::PAYLOAD_LEN]),
+            _ => t.semaphores().export()?,
+        };
         let host = local_host();
         Ok(Record {
             handle_type: handle.handle_type,
@@ -734,7 +747,9 @@ impl Session {
     ) -> Result<()> {
         let mut held = lock(&self.holdings);
         for (it, imp) in items.iter().zip(imports.iter_mut()) {
-            let Some(imp) = imp else { continue };
+            let Some(imp) = imp.as_mut().filter(|imp| imp.sem_slot != NO_SLOT) else {
+                continue;
+            };
             let key = (it.ch.peer, it.ch.kind);
             let base = match held.slabs.get(&key) {
                 Some((h, base)) if *h == imp.sem_handle => *base,

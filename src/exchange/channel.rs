@@ -187,7 +187,7 @@ pub(super) struct ChannelInfo {
     pub key: ChannelKey,
     pub peer: usize,
     pub kind: MemKind,
-    /// This rank's semaphore slot for the channel.
+    /// This rank's semaphore slot for the channel (`NO_SLOT`: none, a symmetric rendezvous).
     pub slot: u32,
     /// The channel's entry in this rank's board.
     pub entry: u32,

@@ -108,6 +108,37 @@ fn step(c: &[HandleCache], r0: &[Request], r1: &[Request]) -> (Result<()>, Resul
     })
 }
 
+/// A symmetric rendezvous's channels carry no semaphore: the peer's buffer is mapped, its
+/// semaphore slab is not, and a point-to-point exchange after it still gets both.
+#[test]
+fn a_symmetric_rendezvous_maps_no_semaphore_slab() {
+    const T: Duration = Duration::from_secs(10);
+    let (_store, c) = caches("ut_symm_slab", 2);
+    let (a, b) = (buf("ut_symm_slab", 1), buf("ut_symm_slab", 2));
+    let (x, y) = std::thread::scope(|s| {
+        let t = s.spawn(|| c[1].symmetric_rendezvous("w", b.addr(), 64, MemKind::Host, None, T));
+        let x = c[0].symmetric_rendezvous("w", a.addr(), 64, MemKind::Host, None, T);
+        (x, t.join().unwrap())
+    });
+    let (x, y) = (x.unwrap(), y.unwrap());
+    // SAFETY: each peer pointer maps at least one byte of the peer's live buffer.
+    assert_eq!(unsafe { *(x[1].ptr as *const u8) }, 2);
+    assert_eq!(unsafe { *(y[0].ptr as *const u8) }, 1);
+    for s in [c[0].stats(), c[1].stats()] {
+        assert_eq!(s.opens, 1, "the peer's buffer alone: {s:?}");
+    }
+    let r0 = [Request::send(1, "x", a.addr(), 64, MemKind::Host)];
+    let r1 = [Request::recv(0, "x", b.addr(), 64, MemKind::Host)];
+    let (x, y) = step(&c, &r0, &r1);
+    x.unwrap();
+    y.unwrap();
+    let h = c[0].get(&r0[0]).unwrap();
+    assert!(h.local_semaphore != 0 && h.peer_semaphore != 0, "{h:?}");
+    for s in &close_all(c) {
+        assert_eq!(s.opens, s.closes);
+    }
+}
+
 /// Buffers carved at new offsets from allocations a peer has seen (the caching allocator's
 /// pattern) are imported from the board's "where it lies" and the record already held: no store
 /// operation at all (the exporter sees on the peer's board that it holds the allocation's

@@ -374,7 +374,9 @@ impl Record {
                 );
             }
         }
-        if (!vmm && empty(&self.payload)) || empty(&self.sem_payload) {
+        // A channel without a semaphore (NO_SLOT) has no slab to share.
+        let no_slab = self.sem_slot == crate::transport::slab::NO_SLOT;
+        if (!vmm && empty(&self.payload)) || (!no_slab && empty(&self.sem_payload)) {
             bail!("{who}: empty handle payload");
         }
         if self.host_id != host.id {

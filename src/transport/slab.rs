@@ -27,7 +27,11 @@ pub fn slot_address(base: u64, slot: u32) -> u64 {
     base + u64::from(slot) * SEMAPHORE_STRIDE
 }
 
+/// The slot of a channel that carries no semaphore (a symmetric rendezvous's).
+pub const NO_SLOT: u32 = u32::MAX;
+
 /// `InvalidArgument` unless `slot` is a slot of a slab.
+
 pub fn check_slot(slot: u32) -> Result<()> {
     if slot >= SLAB_SLOTS {
         return Err(Error::invalid(format!(
