@@ -31,7 +31,6 @@ pub fn slot_address(base: u64, slot: u32) -> u64 {
 pub const NO_SLOT: u32 = u32::MAX;
 
 /// `InvalidArgument` unless `slot` is a slot of a slab.
-
 pub fn check_slot(slot: u32) -> Result<()> {
     if slot >= SLAB_SLOTS {
         return Err(Error::invalid(format!(
