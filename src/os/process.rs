@@ -95,6 +95,40 @@ extern "C" fn record_load() {
             Ordering::Relaxed,
         );
     }
+    presize_fd_table();
+}
+
+/// Descriptor numbers the table is grown to hold at load (at most `RLIMIT_NOFILE`).
+const FD_TABLE_SIZE: libc::rlim_t = 4096;
+
+/// Grows this process's descriptor table once, at load. Linux grows it by doubling, and while it
+/// grows a multithreaded process waits out an RCU grace period (tens of milliseconds in a VM),
+/// every thread that opens, accepts or receives a descriptor blocked meanwhile. An exchange makes
+/// many (VMM exports, peers' fds, responder and store connections), so an unsized table grew in a
+/// process's first rendezvous and stalled the responders and the store its peers waited on. At
+/// load a process is usually single-threaded, and growing is then free.
+fn presize_fd_table() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out pointer for the duration of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    let top = limit.rlim_cur.min(FD_TABLE_SIZE) as libc::c_int - 1;
+    // SAFETY: plain calls on the two descriptors made here, each closed once.
+    unsafe {
+        let fd = libc::eventfd(0, libc::EFD_CLOEXEC);
+        if fd < 0 {
+            return;
+        }
+        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, top);
+        if high >= 0 {
+            libc::close(high);
+        }
+        libc::close(fd);
+    }
 }
 
 /// Runs [`record_load`] when the library is loaded (it needs nothing of the Rust runtime).

@@ -52,3 +52,21 @@ fn cgroup_dirs_are_found_for_v2_and_v1() {
     );
     assert_eq!(cgroup_dir_in("1:memory:/a\n", "pids"), None);
 }
+
+/// The load-time constructor grew the descriptor table, so no rendezvous has to.
+#[test]
+fn the_descriptor_table_is_grown_at_load() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out pointer for the duration of the call.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let size: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("FDSize:"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap();
+    assert!(size >= limit.rlim_cur.min(super::FD_TABLE_SIZE), "{size}");
+}
