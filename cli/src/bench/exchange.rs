@@ -293,9 +293,10 @@ pub fn run(
         ..args.clone()
     };
     for (prefix, args) in [("floor", args), ("floor_large", &large)] {
-        let (exports, opens, rtts) = floor(ctx, &transport, args, kind)?;
+        let [exports, opens, closes, rtts] = floor(ctx, &transport, args, kind)?;
         add(format!("{prefix}.exports"), exports);
         add(format!("{prefix}.opens"), opens);
+        add(format!("{prefix}.closes"), closes);
         add(format!("{prefix}.rtt"), rtts);
     }
     // The floor of the pool scenario: its two signal rounds alone (no store, no CUDA).
@@ -398,15 +399,17 @@ fn seed(
     scenario_calls(ctx, args, kind, scenario, || {}, exchange)
 }
 
-/// The floor of a cold call: exporting the two fresh local buffers (`floor.exports`), opening
+/// The floor of a cold call (exports, opens, closes, round trips): exporting the two fresh local buffers (`floor.exports`), opening
 /// the two peer records (decode, fetch fds for VMM, import, map the buffer, release the previous
-/// mappings; `floor.opens`) per step, and the store round trip (ADD) measured on its own.
+/// mappings; `floor.opens`) per step, and the store round trip (ADD) measured on its own. Also,
+/// after another barrier, the closes of the released mappings (`floor.closes`), all ranks at
+/// once: work a cold call of fresh allocations also causes, which the floor leaves out.
 fn floor(
     ctx: &Context,
     transport: &Arc<dyn Transport>,
     args: &RankArgs,
     kind: MemKind,
-) -> Result<(Vec<u64>, Vec<u64>, Vec<u64>)> {
+) -> Result<[Vec<u64>; 4]> {
     let (rank, world) = (ctx.rank, ctx.world_size);
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     let slot = transport.semaphores().allocate_slot()?;
@@ -418,6 +421,7 @@ fn floor(
     let mut mapped = Vec::new();
     let mut opens = Vec::with_capacity(args.steps);
     let mut exports = Vec::with_capacity(args.steps);
+    let mut closes = Vec::with_capacity(args.steps);
     for step in 0..=args.steps {
         let addrs = buffers.step(step, true)?;
         let [send, recv] = ring_requests(ctx, "floor", addrs, args.bytes, kind);
@@ -456,6 +460,12 @@ fn floor(
             opens.push(nanos(start.elapsed()));
         }
         ctx.barrier(None, None)?;
+        let start = Instant::now();
+        transport.flush_releases(ctx.timeout())?;
+        if step > 0 {
+            closes.push(nanos(start.elapsed()));
+        }
+        ctx.barrier(None, None)?;
     }
     for old in mapped {
         importer.release(&old)?;
@@ -470,7 +480,7 @@ fn floor(
         rtts.push(nanos(start.elapsed()));
     }
     ctx.barrier(None, None)?;
-    Ok((exports, opens, rtts))
+    Ok([exports, opens, closes, rtts])
 }
 
 /// Floor of one call: median export cost (when measured) plus median open cost plus two median

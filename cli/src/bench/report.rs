@@ -360,6 +360,19 @@ impl Results {
                         fmt_opt_ns(median(series(map, "floor_large.rtt")))
                     );
                 }
+                if let Some(closes) = median(series(map, "floor_large.closes")) {
+                    let with = Self::floor(map, "floor_large").map(|f| f + closes);
+                    let cold = median(series(map, "ours.cold_large"));
+                    let _ = writeln!(
+                        s,
+                        "closes a cold_large call causes at W={w}: the two released mappings \
+                         {}, every rank at once; cold_large p50 {} vs floor + closes {}: {}",
+                        fmt_ns(closes),
+                        fmt_opt_ns(cold),
+                        fmt_opt_ns(with),
+                        ratio(cold, with).map_or("-".into(), |r| format!("{r:.2}x"))
+                    );
+                }
             }
             for (w, map) in &self.exchange {
                 if let Some(floor) = median(series(map, "floor.pool")) {
