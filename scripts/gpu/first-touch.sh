@@ -78,10 +78,8 @@ if want torch; then
   done
 fi
 if want exchange; then
-  largest="${RANKS##*,}"
-  [ "$largest" -gt 8 ] && largest=8
-  step exchange timeout 300 "$bin" bench --scenario exchange --transport device --ranks "$largest" \
+  step exchange timeout 300 "$bin" bench --scenario exchange --transport device --ranks "$RANKS" \
     --json "$OUT/exchange.json"
-  grep -E "cold_large|floor" "$OUT/exchange.log" | head -20
+  grep -E "^[0-9]+ +(ours|floor)|cold_large|floor|closes" "$OUT/exchange.log" | head -40
 fi
 exit "$fail"
