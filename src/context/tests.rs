@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::store::memory::MemoryStore;
+use std::net::UdpSocket;
 use std::sync::atomic::AtomicUsize;
 
 fn assert_send_sync<T: Send + Sync>() {}
