@@ -1,6 +1,7 @@
 //! One error type for the whole library. Every error carries a [`Status`] (what the C ABI returns)
 //! and a message that says what failed, for whom (rank, peer, key) and what to do about it.
 
+use std::ffi::CStr;
 use std::fmt;
 
 /// Status codes returned by every exported C function. `Ok` is zero; everything else is an error
@@ -34,23 +35,27 @@ pub enum Status {
     Internal = 11,
 }
 
+/// A short, stable, lower-case name for each status, in code order (`nvfipc_status_name` hands
+/// them to C as they are).
+pub(crate) const STATUS_NAMES: [&CStr; 12] = [
+    c"ok",
+    c"invalid argument",
+    c"timeout",
+    c"i/o error",
+    c"protocol error",
+    c"not found",
+    c"CUDA error",
+    c"CUDA driver not available",
+    c"unsupported",
+    c"invalid state",
+    c"panic",
+    c"internal error",
+];
+
 impl Status {
     /// A short, stable, lower-case name for the status.
     pub fn name(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::InvalidArgument => "invalid argument",
-            Status::Timeout => "timeout",
-            Status::Io => "i/o error",
-            Status::Protocol => "protocol error",
-            Status::NotFound => "not found",
-            Status::Cuda => "CUDA error",
-            Status::CudaUnavailable => "CUDA driver not available",
-            Status::Unsupported => "unsupported",
-            Status::InvalidState => "invalid state",
-            Status::Panic => "panic",
-            Status::Internal => "internal error",
-        }
+        STATUS_NAMES[self as usize].to_str().unwrap_or_default()
     }
 }
 

@@ -86,7 +86,8 @@ impl Moment {
     }
 }
 
-fn wall_now() -> Duration {
+/// Since the Unix epoch.
+pub(super) fn wall_now() -> Duration {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()

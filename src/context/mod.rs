@@ -8,6 +8,7 @@ use crate::error::{Error, Result, Status};
 use crate::logging;
 use crate::names::context as names;
 use crate::node::NodeIdentity;
+use crate::os::net::is_this_machine;
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::{ServerOptions, StoreServer};
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
@@ -15,10 +16,9 @@ use crate::sync::lock;
 use claim::{agree_on_job_id, claim_rank, Hello, RankClaim, Said};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::net::{ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 mod claim;
 mod collision;
@@ -145,7 +145,7 @@ impl Context {
         };
         let hosting = match &config.store {
             StoreSource::Master(addr)
-                if config.ranks.local_rank == 0 && is_this_host(&addr.host) =>
+                if config.ranks.local_rank == 0 && is_this_machine(&addr.host) =>
             {
                 Hosting::Candidate
             }
@@ -185,11 +185,7 @@ impl Context {
             None
         };
         let port = server.as_ref().map_or(port, StoreServer::port);
-        let connect = ConnectOptions {
-            timeout,
-            connect_timeout: timeout,
-            wait_for_workers: None,
-        };
+        let connect = ConnectOptions::with_timeout(timeout);
         let lost_election = hosting == Hosting::Candidate && server.is_none();
         let store = TcpStore::connect(host, port, &connect).map_err(|e| {
             let why = if lost_election {
@@ -516,65 +512,33 @@ fn propose_job_id(rank: usize) -> String {
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());
     hasher.write_usize(rank);
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    hasher.write_u128(now.as_nanos());
+    hasher.write_u128(collision::wall_now().as_nanos());
     format!("{:016x}", hasher.finish())
 }
 
-/// True when `host` names this machine: a loopback name, or an address that resolves to one
-/// of this machine's interfaces (binding to it succeeds only then).
-pub fn is_this_host(host: &str) -> bool {
-    if config::is_loopback_name(host) {
-        return true;
-    }
-    let Ok(addrs) = (host, 0u16).to_socket_addrs() else {
-        return false;
-    };
-    addrs
-        .into_iter()
-        .any(|a| a.ip().is_loopback() || UdpSocket::bind((a.ip(), 0)).is_ok())
-}
-
-/// Stands in for the store after the context closed it.
+/// Stands in for the store after the context closed it: every operation fails.
 struct ClosedStore;
 
-impl ClosedStore {
-    fn closed<T>(&self) -> Result<T> {
-        Err(Error::state(
-            "the context was closed; its store connection is gone",
-        ))
-    }
+/// The [`Store`] operations of [`ClosedStore`], each failing the same way.
+macro_rules! closed {
+    ($($op:ident($($arg:ty),*) -> $out:ty;)*) => {$(
+        fn $op(&self, $(_: $arg),*) -> Result<$out> {
+            Err(Error::state("the context was closed; its store connection is gone"))
+        }
+    )*};
 }
 
 impl Store for ClosedStore {
-    fn set(&self, _: &str, _: &[u8]) -> Result<()> {
-        self.closed()
-    }
-    fn get(&self, _: &str, _: Duration) -> Result<Vec<u8>> {
-        self.closed()
-    }
-    fn add(&self, _: &str, _: i64) -> Result<i64> {
-        self.closed()
-    }
-    fn check(&self, _: &[&str]) -> Result<bool> {
-        self.closed()
-    }
-    fn wait(&self, _: &[&str], _: Duration) -> Result<()> {
-        self.closed()
-    }
-    fn delete_key(&self, _: &str) -> Result<bool> {
-        self.closed()
-    }
-    fn num_keys(&self) -> Result<i64> {
-        self.closed()
-    }
-    fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>> {
-        self.closed()
-    }
-    fn append(&self, _: &str, _: &[u8]) -> Result<()> {
-        self.closed()
+    closed! {
+        set(&str, &[u8]) -> ();
+        get(&str, Duration) -> Vec<u8>;
+        add(&str, i64) -> i64;
+        check(&[&str]) -> bool;
+        wait(&[&str], Duration) -> ();
+        delete_key(&str) -> bool;
+        num_keys() -> i64;
+        compare_set(&str, &[u8], &[u8]) -> Vec<u8>;
+        append(&str, &[u8]) -> ();
     }
 }
 

@@ -3,7 +3,7 @@
 //! a panic into [`Status::Panic`] instead of unwinding into C; the readers of the last error
 //! (`nvfipc_last_error_*`, `nvfipc_status_name`) are here too.
 
-use crate::error::{Error, Result, Status};
+use crate::error::{Error, Result, Status, STATUS_NAMES};
 use std::any::Any;
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -87,21 +87,8 @@ pub extern "C" fn nvfipc_last_error_clear() {
 /// value that is not an `nvfipc_status`. Never NULL; never freed.
 #[no_mangle]
 pub extern "C" fn nvfipc_status_name(status: i32) -> *const c_char {
-    // The names of `Status::name`, as C literals (a test holds the two together).
-    let name = match status {
-        0 => c"ok",
-        1 => c"invalid argument",
-        2 => c"timeout",
-        3 => c"i/o error",
-        4 => c"protocol error",
-        5 => c"not found",
-        6 => c"CUDA error",
-        7 => c"CUDA driver not available",
-        8 => c"unsupported",
-        9 => c"invalid state",
-        10 => c"panic",
-        11 => c"internal error",
-        _ => c"unknown status",
-    };
-    name.as_ptr()
+    let name = usize::try_from(status)
+        .ok()
+        .and_then(|i| STATUS_NAMES.get(i));
+    name.map_or(c"unknown status", |name| name).as_ptr()
 }

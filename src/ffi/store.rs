@@ -394,11 +394,9 @@ pub extern "C" fn nvfipc_store_connect(
                 "port 0 is not a server port (connecting to {host})"
             )));
         }
-        let timeout = timeout_arg(timeout_ms, DEFAULT_TIMEOUT);
         let options = ConnectOptions {
-            timeout,
-            connect_timeout: timeout,
             wait_for_workers: usize::try_from(wait_for_workers).ok().filter(|&n| n > 0),
+            ..ConnectOptions::with_timeout(timeout_arg(timeout_ms, DEFAULT_TIMEOUT))
         };
         let tcp = Arc::new(TcpStore::connect(host, port, &options)?);
         out.write(into_handle(nvfipc_store {
