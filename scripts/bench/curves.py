@@ -10,6 +10,11 @@ library needed): time against the number of ranks, log-log, one line per series.
         the symmetric set-up inside nvFuser main, stock `setupRemoteHandles` against ours
         (DRIVERS/driver-{stock,ours}-wW-round-2.txt, RESULT lines of nvfipc_main_driver), and the
         library's own first rendezvous over VMM buffers (DIR/symmetric-vmm.json)
+    python3 scripts/bench/curves.py first-touch DIR STOCK.csv OUT.svg
+        first touches against W: a process's first VMM rendezvous, its floor and a fresh
+        rendezvous (DIR/symmetric-vmm.json), cold exchanges of fresh 8 MiB allocations, their
+        floor and floor + the closes they cause (DIR/exchange.json), and stock nvFuser main's
+        symmetric set-up (STOCK.csv: lines "world,milliseconds")
 """
 import glob
 import json
@@ -99,10 +104,31 @@ def symmetric(d, drivers, out):
     ], out)
 
 
+def first_touch(d, stock, out):
+    rows = json.load(open(os.path.join(d, "symmetric-vmm.json")))["symmetric"]
+    symm = lambda key: [(r["world"], r[key] * 1e-9) for r in rows if r.get(key)]
+    ex = json.load(open(os.path.join(d, "exchange.json")))["exchange"]
+    med = lambda r, k: r["series"].get(k, {}).get("median_ns")
+    closes = [(r["world"], (r["floor_large_ns"] + med(r, "floor_large.closes")) * 1e-9)
+              for r in ex if r.get("floor_large_ns") and med(r, "floor_large.closes")]
+    nvf = [(int(w), float(ms) * 1e-3) for w, ms in
+           (line.strip().split(",") for line in open(stock) if line[:1].isdigit())]
+    svg("First touches against W (one H200)", "time (median over ranks)", [
+        ("first VMM rendezvous", False, symm("first_contact_median_ns")),
+        ("its floor", True, symm("floor_median_ns")),
+        ("fresh VMM rendezvous", False, symm("first_median_ns")),
+        ("cold 8 MiB exchange", False, exchange_points([os.path.join(d, "exchange.json")], "ours.cold_large")),
+        ("its floor + closes", True, closes),
+        ("nvFuser main, stock set-up", True, nvf),
+    ], out)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "scale" and len(sys.argv) == 4:
         scale(sys.argv[2], sys.argv[3])
+    elif what == "first-touch" and len(sys.argv) == 5:
+        first_touch(sys.argv[2], sys.argv[3], sys.argv[4])
     elif what == "symmetric" and len(sys.argv) == 5:
         symmetric(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The library's weight budget: lines of src/ outside test files, and process-wide statics.
 
-Test files are `tests.rs` and anything under a `tests/` folder. Every `static` must be preceded
+Test files are `tests.rs` and anything under a `tests/` folder. The line budget was 25,000 when
+the library was consolidated; it is 25,300 since ranks that disagree on their job are told at once
+(the context's hello records, about 230 lines) and the driver's cold-path calls are timed for
+`nvfipc bench` (about 80). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
 """
@@ -9,7 +12,7 @@ import os
 import re
 import sys
 
-MAX_LINES = 25_000
+MAX_LINES = 25_300
 MAX_STATICS = 20
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")

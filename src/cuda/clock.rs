@@ -4,45 +4,40 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-/// The driver work a first exchange of fresh buffers does, in the order it happens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DriverCall {
-    /// `cuIpcGetMemHandle`, or `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`.
-    Export,
-    /// A peer's descriptors fetched from its fd responder.
-    FdPass,
-    /// `cuIpcOpenMemHandle`, or `cuMemImportFromShareableHandle`.
-    Import,
-    Reserve,
-    Map,
-    SetAccess,
-    /// A released peer mapping closed (on the releaser's threads).
-    Close,
+macro_rules! driver_calls {
+    ($($(#[$doc:meta])* $call:ident => $name:literal,)*) => {
+        /// The driver work a first exchange of fresh buffers does, in the order it happens.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum DriverCall {
+            $($(#[$doc])* $call,)*
+        }
+
+        /// Every kind of call, in order.
+        pub const DRIVER_CALLS: [DriverCall; DriverCall::Close as usize + 1] =
+            [$(DriverCall::$call),*];
+
+        impl DriverCall {
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(DriverCall::$call => $name,)*
+                }
+            }
+        }
+    };
 }
 
-/// Every kind of call, in order.
-pub const DRIVER_CALLS: [DriverCall; 7] = [
-    DriverCall::Export,
-    DriverCall::FdPass,
-    DriverCall::Import,
-    DriverCall::Reserve,
-    DriverCall::Map,
-    DriverCall::SetAccess,
-    DriverCall::Close,
-];
-
-impl DriverCall {
-    pub fn name(self) -> &'static str {
-        match self {
-            DriverCall::Export => "export",
-            DriverCall::FdPass => "fd_pass",
-            DriverCall::Import => "import",
-            DriverCall::Reserve => "reserve",
-            DriverCall::Map => "map",
-            DriverCall::SetAccess => "set_access",
-            DriverCall::Close => "close",
-        }
-    }
+driver_calls! {
+    /// `cuIpcGetMemHandle`, or `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`.
+    Export => "export",
+    /// A peer's descriptors fetched from its fd responder.
+    FdPass => "fd_pass",
+    /// `cuIpcOpenMemHandle`, or `cuMemImportFromShareableHandle`.
+    Import => "import",
+    Reserve => "reserve",
+    Map => "map",
+    SetAccess => "set_access",
+    /// A released peer mapping closed (on the releaser's threads).
+    Close => "close",
 }
 
 /// Nanoseconds and calls per [`DriverCall`], summed over every thread of the process.
@@ -73,13 +68,7 @@ impl DriverClock {
 
     /// (nanoseconds, calls) per kind of call since the last take, indexed like [`DRIVER_CALLS`].
     pub fn take(&self) -> [(u64, u64); DRIVER_CALLS.len()] {
-        let mut out = [(0, 0); DRIVER_CALLS.len()];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = (
-                self.nanos[i].swap(0, Ordering::Relaxed),
-                self.calls[i].swap(0, Ordering::Relaxed),
-            );
-        }
-        out
+        let swap = |a: &AtomicU64| a.swap(0, Ordering::Relaxed);
+        std::array::from_fn(|i| (swap(&self.nanos[i]), swap(&self.calls[i])))
     }
 }
