@@ -70,13 +70,17 @@ const DISAGREEMENT_GRACE: Duration = Duration::from_secs(1);
 
 /// This rank's word on its job under `hello/tag/<tag>/<rank>` and `hello/world/<world>/<rank>`
 /// (docs/PROTOCOL.md section 2): where keys that depend on the tag or the world size never meet,
-/// a waiting rank reads its mates' words, and is told at once when they disagree.
+/// a waiting rank reads its mates' words, and is told at once when they disagree on the world
+/// size or the library version. A word of another tag may be another job's (jobs with distinct
+/// tags may share a store), so it only adds a hint to a wait that times out.
 pub(super) struct Hello {
     rank: usize,
     /// `hello1|<world>|<from>|<tag>|<from>|<version>|<moment, ',' for ';'>|open;<node identity>`.
     value: String,
     timeout: Duration,
     disagreeing_since: Mutex<Option<Instant>>,
+    /// The last word of another tag seen under this rank's world key.
+    other_tag: Mutex<Option<String>>,
 }
 
 fn fields(value: &str) -> Vec<&str> {
@@ -106,6 +110,7 @@ impl Hello {
             value,
             timeout,
             disagreeing_since,
+            other_tag: Mutex::new(None),
         };
         for key in hello.keys(r.rank) {
             store.set(&key, hello.value.as_bytes())?;
@@ -159,6 +164,13 @@ impl Hello {
             let left = deadline.saturating_duration_since(Instant::now());
             match store.wait(keys, left.min(slice)) {
                 Err(e) if e.status == Status::Timeout && left > slice => {}
+                Err(e) if e.status == Status::Timeout => {
+                    let hint = lock(&self.other_tag).take();
+                    return Err(match hint {
+                        Some(h) => Error::new(e.status, format!("{}; {h}", e.message)),
+                        None => e,
+                    });
+                }
                 other => return other,
             }
         }
@@ -178,9 +190,19 @@ impl Hello {
             true => f[at].to_string(),
             false => format!("{} (from {})", f[at], f[from]),
         };
+        if fresh && theirs[3] != mine[3] {
+            // Another tag may be another job sharing the store: a hint for a timeout, no error.
+            *lock(&self.other_tag) = Some(format!(
+                "rank {peer} ({}) of a job with tag {} was seen where this rank's tag is {}: if \
+                 they are meant to be one job, give them one tag",
+                Holder::parse(value.as_bytes()).describe(),
+                said(&theirs, 3, 4),
+                said(&mine, 3, 4)
+            ));
+            return Ok(None);
+        }
         let differ: Vec<String> = [
             ("world size", 1, 2),
-            ("job tag", 3, 4),
             ("library version", 5, 5),
         ]
         .into_iter()
