@@ -214,8 +214,9 @@ pub fn classify(info: &PointerInfo, bytes: u64) -> Result<DeviceAllocation> {
         MemoryType::Device => {}
         MemoryType::Unknown => {
             return Err(Error::invalid(format!(
-                "pointer {ptr:#x} is not memory from cudaMalloc, VMM (cuMemCreate) or a pool: \
-                 was it freed, or is it on the stack or a host buffer? Pass live device memory"
+                "pointer {ptr:#x} is not device memory from cudaMalloc, VMM (cuMemCreate) or a \
+                 pool: was it freed, or is it on the stack or a host buffer? Pass live device \
+                 memory"
             )))
         }
         MemoryType::Host => {
