@@ -55,9 +55,8 @@ pub(super) struct Said {
 
 impl Said {
     pub(super) fn caller() -> Said {
-        let tag = DEFAULT_JOB_TAG.to_string();
         Said {
-            tag,
+            tag: DEFAULT_JOB_TAG.to_string(),
             tag_from: "no tag given",
             world_from: "the caller",
         }
@@ -104,12 +103,11 @@ impl Hello {
             moment.replace(';', ","),
             NodeIdentity::local().encode()
         );
-        let disagreeing_since = Mutex::new(None);
         let hello = Hello {
             rank: r.rank,
             value,
             timeout,
-            disagreeing_since,
+            disagreeing_since: Mutex::new(None),
             other_tag: Mutex::new(None),
         };
         for key in hello.keys(r.rank) {
@@ -201,20 +199,17 @@ impl Hello {
             ));
             return Ok(None);
         }
-        let differ: Vec<String> = [
-            ("world size", 1, 2),
-            ("library version", 5, 5),
-        ]
-        .into_iter()
-        .filter(|&(_, at, _)| fresh && theirs[at] != mine[at])
-        .map(|(what, at, from)| {
-            format!(
-                "{what} {} where this rank says {}",
-                said(&theirs, at, from),
-                said(&mine, at, from)
-            )
-        })
-        .collect();
+        let differ: Vec<String> = [("world size", 1, 2), ("library version", 5, 5)]
+            .into_iter()
+            .filter(|&(_, at, _)| fresh && theirs[at] != mine[at])
+            .map(|(what, at, from)| {
+                format!(
+                    "{what} {} where this rank says {}",
+                    said(&theirs, at, from),
+                    said(&mine, at, from)
+                )
+            })
+            .collect();
         let base = names::runs(
             theirs.get(3).unwrap_or(&""),
             theirs.get(1).and_then(|w| w.parse().ok()).unwrap_or(0),

@@ -25,7 +25,6 @@ use crate::node::PeerProcess;
 use crate::os::wait::{wait_paced, SLEEPING};
 use crate::store::Store;
 use crate::sync::lock;
-use crate::transport::slab::NO_SLOT;
 use crate::transport::view::ViewMember;
 use crate::transport::{LocalBuffer, MemKind, P2pHandles, Transport, Transports};
 use std::cell::Cell;
@@ -310,10 +309,7 @@ impl HandleCache {
                     kind: ch.info.kind,
                     local_ptr: local.ptr,
                     local_bytes: local.bytes,
-                    local_semaphore: match ch.info.slot {
-                        NO_SLOT => 0,
-                        slot => t.semaphores().local(slot)?,
-                    },
+                    local_semaphore: t.semaphores().local(ch.info.slot)?,
                     peer_ptr: peer.mapping.ptr,
                     peer_bytes: peer.bytes,
                     peer_semaphore: peer.semaphore,
@@ -485,9 +481,8 @@ impl Session {
             if let Some(imp) = ch.progress.and_then(|p| p.resume).and_then(|r| r.staged) {
                 self.release_mapping(imp.kind, &imp.mapping);
             }
-            if ch.info.slot != NO_SLOT {
-                let _ = t.semaphores().free_slot(ch.info.slot);
-            }
+            // A symmetric channel's NO_SLOT is refused as out of range, and ignored here.
+            let _ = t.semaphores().free_slot(ch.info.slot);
         }
         let mut held = lock(&self.holdings);
         for (kind, m) in held.retained.drain() {

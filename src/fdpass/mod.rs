@@ -323,15 +323,13 @@ impl FdPass {
         }
         let diag = match self.climb(&record, ids, deadline, diag) {
             Ok(fetched) => {
+                let (took, n) = (crate::logging::took(start.elapsed()), ids.len());
+                let (rung, found) = (fetched.rung.name(), crate::logging::took(found));
                 log::info!(
                     target: crate::logging::HOST,
-                    "{}: fetched {} fd(s) of rank {peer} through the {} rung in {} (its record \
-                     found in {})",
-                    self.who(),
-                    ids.len(),
-                    fetched.rung.name(),
-                    crate::logging::took(start.elapsed()),
-                    crate::logging::took(found)
+                    "{}: fetched {n} fd(s) of rank {peer} through the {rung} rung in {took} (its \
+                     record found in {found})",
+                    self.who()
                 );
                 return Ok(fetched);
             }

@@ -102,8 +102,11 @@ impl SemaphoreSlab {
         Ok(())
     }
 
-    /// Address of `slot` in this process (a device address for device slabs).
+    /// Address of `slot` in this process (a device address for device slabs; 0 for `NO_SLOT`).
     pub fn local(&self, slot: u32) -> Result<u64> {
+        if slot == NO_SLOT {
+            return Ok(0);
+        }
         check_slot(slot)?;
         Ok(slot_address(self.mem.base()?, slot))
     }
