@@ -31,6 +31,9 @@ pub const PAYLOAD_LEN: usize = 64;
 /// Bytes of host name kept in a record (for error messages only; identity is `host_id`).
 pub const HOST_NAME_LEN: usize = 32;
 
+/// The semaphore slot of a channel that carries no semaphore (a symmetric rendezvous's).
+pub const NO_SLOT: u32 = u32::MAX;
+
 /// How a buffer (or a semaphore slab) is shared with peers.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -375,7 +378,7 @@ impl Record {
             }
         }
         // A channel without a semaphore (NO_SLOT) has no slab to share.
-        let no_slab = self.sem_slot == crate::transport::slab::NO_SLOT;
+        let no_slab = self.sem_slot == NO_SLOT;
         if (!vmm && empty(&self.payload)) || (!no_slab && empty(&self.sem_payload)) {
             bail!("{who}: empty handle payload");
         }

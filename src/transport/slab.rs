@@ -7,7 +7,7 @@
 //! `cuda::semaphore`.
 
 use super::peer_maps::PeerMappings;
-use super::record::PAYLOAD_LEN;
+use super::record::{NO_SLOT, PAYLOAD_LEN};
 use super::ExportedHandle;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -26,9 +26,6 @@ pub const SLAB_BYTES: u64 = SEMAPHORE_STRIDE * SLAB_SLOTS as u64;
 pub fn slot_address(base: u64, slot: u32) -> u64 {
     base + u64::from(slot) * SEMAPHORE_STRIDE
 }
-
-/// The slot of a channel that carries no semaphore (a symmetric rendezvous's).
-pub const NO_SLOT: u32 = u32::MAX;
 
 /// `InvalidArgument` unless `slot` is a slot of a slab.
 pub fn check_slot(slot: u32) -> Result<()> {
