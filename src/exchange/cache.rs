@@ -97,6 +97,7 @@ impl HandleCache {
         if cfg.world_size > u32::MAX as usize {
             return Err(Error::invalid("world size does not fit 32 bits"));
         }
+        super::board::reclaim_dead();
         crate::departures::note_world(&cfg.job_id, cfg.world_size);
         let generation = generations::reserve(&cfg.job_id, &cfg.scope, cfg.rank);
         let names = CacheNames::new(&cfg.job_id, &cfg.scope, generation.generation());

@@ -94,11 +94,10 @@ impl Collector {
             .name("nvfipc-gc".into())
             .spawn(move || {
                 // Off the caller's path: a connection of its own where the store can open one
-                // (never holding back exchanges), and the boards of dead processes removed.
+                // (never holding back exchanges).
                 if let Some(own) = sweeper.store.separate_connection() {
                     sweeper.store = own;
                 }
-                super::board::reclaim_dead();
                 loop {
                     let job = if sweeper.late.is_empty() {
                         rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
