@@ -295,8 +295,8 @@ impl Context {
         // job, so that ranks that disagree on it are told at once (see `claim::Hello`).
         if !self.claim_checked.load(Ordering::Relaxed) {
             let set = barrier::MemberSet::new(self.rank, self.world_size, members)?;
-            let joined = |r: &usize| names::joined(&self.job_id, *r);
-            let joined: Vec<String> = set.ranks().iter().map(joined).collect();
+            let joined: Vec<String> =
+                (set.ranks().iter().map(|r| names::joined(&self.job_id, *r))).collect();
             let keys: Vec<&str> = joined.iter().map(String::as_str).collect();
             let waited = self
                 .hello
@@ -316,7 +316,10 @@ impl Context {
             if skip { Duration::ZERO } else { limit },
         )
         .map_err(|e| match skip {
-            true => e.context(format!("{who}: waited {} ms for them", limit.as_millis())),
+            true => {
+                let took = format!("after {} ms", limit.as_millis()); // the wait before took it
+                Error::new(e.status, e.message.replacen("after 0 ms", &took, 1)).context(&who)
+            }
             false => e,
         })?;
         // A rank claimed twice (two jobs on one store without distinct job tags) before the

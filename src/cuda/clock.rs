@@ -31,12 +31,11 @@ driver_calls! {
     Export => "export",
     /// A peer's descriptors fetched from its fd responder.
     FdPass => "fd_pass",
-    /// `cuIpcOpenMemHandle`, or `cuMemImportFromShareableHandle`.
+    /// `cuIpcOpenMemHandle`, or `cuMemImportFromShareableHandle` (`Close`: a released mapping closed).
     Import => "import",
     Reserve => "reserve",
     Map => "map",
     SetAccess => "set_access",
-    /// A released peer mapping closed (on the releaser's threads).
     Close => "close",
 }
 
