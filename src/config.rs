@@ -549,6 +549,84 @@ pub const SOCKET_DIR_VAR: &str = "NVFIPC_SOCKET_DIR";
 pub const RUNGS_VAR: &str = "NVFIPC_FD_RUNGS";
 /// `any`: `PR_SET_PTRACER_ANY` under Yama `ptrace_scope=1`, for the pidfd rung; `none`: never.
 pub const PTRACER_VAR: &str = "NVFIPC_FD_PTRACER";
+/// Uids, besides this process's own, whose processes may serve this job memory and receive it.
+pub const TRUSTED_UIDS_VAR: &str = "NVFIPC_TRUSTED_UIDS";
+/// Most uids [`TRUSTED_UIDS_VAR`] may name.
+const MAX_TRUSTED_UIDS: usize = 64;
+
+/// The uids whose processes are inside a job's trust boundary (docs/PROTOCOL.md section 7,
+/// "Trust boundary"): this process's effective uid, and those [`TRUSTED_UIDS_VAR`] adds for a
+/// job whose ranks run as several users. The kernel's word about a peer (`SO_PEERCRED`, a file's
+/// owner, a board's owner) is checked against it; nothing read from the store is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrustedUids {
+    own: u32,
+    extra: Vec<u32>,
+}
+
+impl TrustedUids {
+    /// This process's effective uid alone.
+    pub fn own() -> TrustedUids {
+        TrustedUids {
+            own: crate::os::fd_passing::effective_uid(),
+            extra: Vec::new(),
+        }
+    }
+
+    /// Reads [`TRUSTED_UIDS_VAR`] from the process environment.
+    pub fn from_env() -> Result<TrustedUids> {
+        Self::from_lookup(crate::os::fd_passing::effective_uid(), process_env_utf8)
+    }
+
+    /// `own` and the comma-separated uids of [`TRUSTED_UIDS_VAR`] in `lookup`.
+    pub fn from_lookup(own: u32, lookup: impl Fn(&str) -> Option<String>) -> Result<TrustedUids> {
+        let mut extra = Vec::new();
+        let Some(list) = lookup(TRUSTED_UIDS_VAR).filter(|s| !s.trim().is_empty()) else {
+            return Ok(TrustedUids { own, extra });
+        };
+        for item in list.split(',').map(str::trim) {
+            let uid = item.parse::<u32>().ok().filter(|&u| u != u32::MAX);
+            let Some(uid) = uid else {
+                return Err(Error::invalid(format!(
+                    "{TRUSTED_UIDS_VAR}={list:?}: {item:?} is not a uid; give the numeric uids \
+                     of the job's other users, comma-separated (e.g. 1001,1002)"
+                )));
+            };
+            if uid != own && !extra.contains(&uid) {
+                extra.push(uid);
+            }
+        }
+        if extra.len() > MAX_TRUSTED_UIDS {
+            return Err(Error::invalid(format!(
+                "{TRUSTED_UIDS_VAR} names {} uids; at most {MAX_TRUSTED_UIDS} are allowed",
+                extra.len()
+            )));
+        }
+        Ok(TrustedUids { own, extra })
+    }
+
+    /// Whether a process (or file) of `uid` is inside the boundary.
+    pub fn admits(&self, uid: u32) -> bool {
+        uid == self.own || self.extra.contains(&uid)
+    }
+
+    /// This process's effective uid.
+    pub fn own_uid(&self) -> u32 {
+        self.own
+    }
+
+    /// The admitted uids for messages: `uid 1000`, or `uids 1000, 1001 (NVFIPC_TRUSTED_UIDS)`.
+    pub fn describe(&self) -> String {
+        if self.extra.is_empty() {
+            return format!("uid {}", self.own);
+        }
+        let all: Vec<String> = std::iter::once(self.own)
+            .chain(self.extra.iter().copied())
+            .map(|u| u.to_string())
+            .collect();
+        format!("uids {} ({TRUSTED_UIDS_VAR})", all.join(", "))
+    }
+}
 
 /// The fd transport's settings, from the environment or set by hand.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -565,6 +643,8 @@ pub struct FdPassConfig {
     pub idle_timeout: Duration,
     /// Connections a responder serves at once; more are answered "busy" and closed.
     pub max_connections: usize,
+    /// Whose processes a responder serves and an importer accepts descriptors from.
+    pub trusted: TrustedUids,
 }
 
 impl Default for FdPassConfig {
@@ -580,6 +660,7 @@ impl Default for FdPassConfig {
             connect_retry: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            trusted: TrustedUids::own(),
         }
     }
 }
@@ -591,7 +672,10 @@ impl FdPassConfig {
     }
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<FdPassConfig> {
-        let mut config = FdPassConfig::default();
+        let mut config = FdPassConfig {
+            trusted: TrustedUids::from_lookup(crate::os::fd_passing::effective_uid(), &lookup)?,
+            ..FdPassConfig::default()
+        };
         if let Some(dir) = lookup(SOCKET_DIR_VAR).filter(|s| !s.is_empty()) {
             config.socket_dir = if dir == "none" {
                 None

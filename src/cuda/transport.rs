@@ -19,7 +19,9 @@ use crate::fdpass::FdPass;
 use crate::sync::lock;
 use crate::transport::record::{HandleType, Record};
 use crate::transport::view::{ContiguousView, ViewMember};
-use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
+use crate::transport::{
+    ExportedHandle, LocalBuffer, Mapping, MemKind, RecordSeal, SemaphoreSlab, Transport,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -181,6 +183,18 @@ impl CudaTransport {
         )))
     }
 
+    /// The fd transport that carries this transport's records: a CUDA IPC or FABRIC handle is a
+    /// capability any process can open, so records never travel without it.
+    fn private_channel(&self) -> Result<&Arc<FdPass>> {
+        self.fdpass.as_ref().ok_or_else(|| {
+            Error::unsupported(
+                "this CUDA transport was made without an fd transport, and handle records \
+                 travel only through one (never through the store, which other users can \
+                 read): make it with CudaTransport::with_fdpass(device, Some(fdpass))",
+            )
+        })
+    }
+
     /// Opens `rec` with the module of its handle type.
     fn open(&self, peer: usize, rec: &Record, wait: Duration) -> Result<Held> {
         let fdpass = self.fdpass.as_deref();
@@ -304,6 +318,21 @@ impl Transport for CudaTransport {
             alloc_bytes: rec.alloc_bytes,
             buffer_id: rec.buffer_id,
         })
+    }
+
+    fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
+        let (notice, sealed) = self.private_channel()?.seal_record(key, record)?;
+        Ok((notice.to_vec(), Box::new(sealed)))
+    }
+
+    fn open_record(
+        &self,
+        peer: usize,
+        key: &str,
+        notice: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<u8>> {
+        self.private_channel()?.open_record(peer, key, notice, wait)
     }
 
     fn release(&self, mapping: &Mapping) -> Result<()> {

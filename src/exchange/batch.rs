@@ -658,7 +658,13 @@ impl Session {
                     self.rank, it.ch.key
                 ))
             })?;
-            pairs.push((self.record_key(it, true), rec.encode()));
+            let key = self.record_key(it, true);
+            let (notice, sealed) = self
+                .channel_transport(it.ch.kind)
+                .seal_record(&key, &rec.encode())
+                .map_err(|e| e.context(format!("rank {}: offering the record {key}", self.rank)))?;
+            it.progress.sealed = Some(sealed);
+            pairs.push((key, notice));
         }
         lap.mark(Phase::Export);
         if pairs.is_empty() {
@@ -1223,7 +1229,12 @@ impl Session {
 
     fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
         let ctx = || self.record_context(it, key);
-        let rec = Record::decode(value).map_err(|e| e.context(ctx()))?;
+        // The store holds only a notice: the record comes from the peer's own process.
+        let bytes = self
+            .channel_transport(it.ch.kind)
+            .open_record(it.ch.peer, key, value, wait)
+            .map_err(|e| e.context(ctx()))?;
+        let rec = Record::decode(&bytes).map_err(|e| e.context(ctx()))?;
         if rec.rank as usize != it.ch.peer || rec.version != it.peer_version {
             return Err(Error::protocol(format!(
                 "{}: holds rank {} version {}, expected rank {} version {}",

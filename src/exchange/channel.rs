@@ -17,7 +17,7 @@ use crate::hash::FastMap;
 use crate::names::CacheNames;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;
-use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles};
+use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, RecordSeal};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -239,6 +239,9 @@ pub(super) struct Progress {
     pub link: PeerLink,
     /// Set when a call timed out waiting for the peer: the step it left unfinished.
     pub resume: Option<Box<Resume>>,
+    /// The record of this rank's buffer last sent on the channel, offered to the peer until the
+    /// next one replaces it (the peer has opened it by then: a miss waits for that).
+    pub sealed: Option<RecordSeal>,
 }
 
 pub(super) struct Channel {

@@ -11,8 +11,8 @@ use crate::host::{HostBuffer, HostTransport};
 use crate::store::Store;
 use crate::transport::record::Record;
 use crate::transport::record::{from_fixed, HandleType, Segment};
-use crate::transport::SemaphoreSlab;
 use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles, Transport};
+use crate::transport::{RecordSeal, SemaphoreSlab};
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
@@ -589,6 +589,18 @@ impl Transport for DeviceLike {
         host.handle_type = HandleType::PosixFd;
         self.inner.import(&host, wait)
     }
+    fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
+        self.inner.seal_record(key, record)
+    }
+    fn open_record(
+        &self,
+        peer: usize,
+        key: &str,
+        notice: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<u8>> {
+        self.inner.open_record(peer, key, notice, wait)
+    }
     fn release(&self, mapping: &Mapping) -> Result<()> {
         self.inner.release(mapping)
     }
@@ -713,6 +725,18 @@ impl Transport for Backlogged {
     }
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
         self.inner.import(rec, wait)
+    }
+    fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
+        self.inner.seal_record(key, record)
+    }
+    fn open_record(
+        &self,
+        peer: usize,
+        key: &str,
+        notice: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<u8>> {
+        self.inner.open_record(peer, key, notice, wait)
     }
     fn release(&self, mapping: &Mapping) -> Result<()> {
         self.inner.release(mapping)
@@ -885,6 +909,18 @@ impl Transport for SegmentedLike {
         host.payload = handle;
         host.segments.clear();
         self.inner.import(&host, wait)
+    }
+    fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
+        self.inner.seal_record(key, record)
+    }
+    fn open_record(
+        &self,
+        peer: usize,
+        key: &str,
+        notice: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<u8>> {
+        self.inner.open_record(peer, key, notice, wait)
     }
     fn release(&self, mapping: &Mapping) -> Result<()> {
         self.inner.release(mapping)

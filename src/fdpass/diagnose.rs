@@ -41,6 +41,9 @@ pub enum Gate {
     ProcessGone,
     /// The descriptor number is not (or no longer) the registered object.
     NotTheObject(String),
+    /// The kernel does not vouch for the process there (another uid, another pid than the
+    /// record's): nothing is taken from it and no other rung is tried.
+    Untrusted(String),
     /// Anything else, with its text.
     Other(String),
 }
@@ -92,6 +95,7 @@ impl Gate {
             Gate::PtraceDenied(detail) => format!("EPERM: {detail}"),
             Gate::ProcessGone => "the peer process no longer exists".to_string(),
             Gate::NotTheObject(e) => e.clone(),
+            Gate::Untrusted(e) => e.clone(),
             Gate::Other(e) => e.clone(),
         }
     }
@@ -108,7 +112,7 @@ impl Gate {
                 ErrorCode::Busy | ErrorCode::Internal => Status::Io,
                 ErrorCode::Denied => Status::Unsupported,
             },
-            Gate::Broken(_) => Status::Protocol,
+            Gate::Broken(_) | Gate::Untrusted(_) => Status::Protocol,
             Gate::NotTheObject(_) => Status::NotFound,
             Gate::OtherHost | Gate::NoKernelSupport(_) => Status::Unsupported,
             _ => Status::Io,

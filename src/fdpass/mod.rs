@@ -8,11 +8,14 @@ pub mod frame;
 pub mod peer;
 pub mod registry;
 pub mod responder;
+pub mod sealed;
+pub mod vouch;
 
 pub use crate::config::FdPassConfig;
 pub use diagnose::{Diagnosis, Gate, Rung};
 pub use peer::{LocalIdentity, PeerRecord, PtracerState};
 pub use registry::FdId;
+pub use sealed::SealedRecord;
 
 use crate::error::{Error, Result};
 use crate::os::fd_passing as sys;
@@ -218,6 +221,11 @@ impl FdPass {
         self.registry.unregister(id)
     }
 
+    /// Whose processes this transport serves and takes descriptors from.
+    pub fn trusted(&self) -> &crate::config::TrustedUids {
+        &self.config.trusted
+    }
+
     pub fn registered(&self) -> usize {
         self.registry.len()
     }
@@ -380,7 +388,7 @@ impl FdPass {
             } else {
                 let mut fds = None;
                 for route in routes.iter().filter(|r| r.rung() == rung) {
-                    match self.try_route(route, request, ids, deadline, &mut diag) {
+                    match self.try_route(record, route, request, ids, deadline, &mut diag) {
                         Some(Ok(got)) => fds = Some(got),
                         Some(Err(())) => return Err(diag),
                         None => continue,
@@ -422,7 +430,7 @@ impl FdPass {
         }
         ids.iter()
             .map(|id| {
-                fetch_with_pidfd(pid, id, record.ptracer.as_str())
+                fetch_with_pidfd(pid, id, record.ptracer.as_str(), &self.config.trusted)
                     .map_err(|gate| diag.add(Rung::Pidfd, format!("pid {pid} fd {}", id.fd), gate))
             })
             .collect::<std::result::Result<Vec<_>, ()>>()
@@ -432,6 +440,7 @@ impl FdPass {
     /// One socket route: `Some(Ok)` delivered, `Some(Err)` a definitive refusal, `None` go on.
     fn try_route(
         &self,
+        record: &PeerRecord,
         route: &Route,
         request: FetchRequest,
         ids: &[FdId],
@@ -449,6 +458,10 @@ impl FdPass {
                     fetched => fetched,
                 },
                 None => connect(route, retry_until.min(deadline))
+                    .and_then(|stream| {
+                        vouch::responder(stream.as_fd(), record, &self.local, &self.config.trusted)
+                            .map(|()| stream)
+                    })
                     .and_then(|stream| fetch_on(stream, request, ids, deadline)),
             };
             match fetched {
@@ -714,14 +727,21 @@ fn is_definitive(gate: &Gate) -> bool {
         Gate::Refused {
             code: ErrorCode::UnknownId | ErrorCode::Revoked,
             ..
-        }
+        } | Gate::Untrusted(_)
     )
 }
 
 /// Takes descriptor `id.fd` of process `pid` with `pidfd_getfd`, checking it is the registered
 /// file (a number reused after an unregister is refused).
-fn fetch_with_pidfd(pid: u32, id: &FdId, exporter_ptracer: &str) -> Result<OwnedFd, Gate> {
+fn fetch_with_pidfd(
+    pid: u32,
+    id: &FdId,
+    exporter_ptracer: &str,
+    trusted: &crate::config::TrustedUids,
+) -> Result<OwnedFd, Gate> {
     let pidfd = sys::pidfd_open(pid).map_err(|e| pidfd_gate_of(&e, exporter_ptracer, pid))?;
+    // Checked with the pidfd open: a `pidfd_getfd` that then succeeds took from this process.
+    vouch::process(pid, trusted)?;
     let fd = sys::pidfd_getfd(pidfd.as_fd(), id.fd)
         .map_err(|e| pidfd_gate_of(&e, exporter_ptracer, pid))?;
     let got = sys::file_identity(fd.as_fd()).map_err(|e| Gate::Other(format!("fstat: {e}")))?;

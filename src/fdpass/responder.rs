@@ -132,7 +132,7 @@ impl Responder {
             guard: Guard {
                 nonce,
                 secret,
-                uid,
+                trusted: config.trusted.clone(),
                 who: who.to_string(),
                 log: RefusalLog::default(),
             },
@@ -270,13 +270,16 @@ impl Loop {
             };
             self.stats.accepted.fetch_add(1, Ordering::Relaxed);
             let peer = match sys::peer_credentials(stream.as_fd()) {
-                Ok(peer) if peer.uid == self.guard.uid => peer,
+                Ok(peer) if self.guard.trusted.admits(peer.uid) => peer,
                 seen => {
                     let why = match seen {
                         Ok(peer) => format!(
                             "pid {} runs as uid {}; this responder serves only processes of \
-                             its own uid {} (run every rank of a job as one user)",
-                            peer.pid, peer.uid, self.guard.uid
+                             {} (run every rank of a job as one user, or list the job's \
+                             other users in NVFIPC_TRUSTED_UIDS)",
+                            peer.pid,
+                            peer.uid,
+                            self.guard.trusted.describe()
                         ),
                         Err(e) => format!("the peer's credentials cannot be read ({e})"),
                     };
@@ -348,7 +351,8 @@ impl Loop {
 struct Guard {
     nonce: u64,
     secret: Secret,
-    uid: u32,
+    /// Whose processes are served.
+    trusted: crate::config::TrustedUids,
     /// "rank 0 of job j", for log lines.
     who: String,
     log: RefusalLog,

@@ -8,6 +8,7 @@ use crate::os::memfd::{self, SharedMapping};
 use crate::transport::slab::{Opened, SemaphoreSlab, SlabMemory};
 use crate::transport::{ExportedHandle, SLAB_BYTES};
 use once_cell::sync::OnceCell;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +69,8 @@ impl SlabMemory for HostSlabMemory {
             .fdpass
             .fetch(peer, &id, wait)
             .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
-        let (mem, addr) = SharedMapping::map(fd, SLAB_BYTES, &what).map(with_addr)?;
+        crate::fdpass::vouch::file_owner(fd.as_fd(), self.fdpass.trusted(), &what)?;
+        let (mem, addr) = SharedMapping::map_peer(fd, SLAB_BYTES, &what).map(with_addr)?;
         Ok((Box::new(mem), addr))
     }
 }

@@ -13,7 +13,9 @@ use crate::sync::lock;
 use crate::transport::peer_maps::PeerMappings;
 use crate::transport::record::Record;
 use crate::transport::view::{plan, round_up, ContiguousView, Extent, ViewMember};
-use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, SemaphoreSlab, Transport};
+use crate::transport::{
+    ExportedHandle, LocalBuffer, Mapping, MemKind, RecordSeal, SemaphoreSlab, Transport,
+};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
@@ -150,7 +152,8 @@ impl Transport for HostTransport {
                     e.context(format!("opening {what}"))
                 }
             })?;
-            SharedMapping::map(fd, rec.alloc_bytes, &what).map(with_addr)
+            crate::fdpass::vouch::file_owner(fd.as_fd(), self.fdpass.trusted(), &what)?;
+            SharedMapping::map_peer(fd, rec.alloc_bytes, &what).map(with_addr)
         })?;
         Ok(Mapping {
             peer,
@@ -159,6 +162,21 @@ impl Transport for HostTransport {
             alloc_bytes: rec.alloc_bytes,
             buffer_id: rec.buffer_id,
         })
+    }
+
+    fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
+        let (notice, sealed) = self.fdpass.seal_record(key, record)?;
+        Ok((notice.to_vec(), Box::new(sealed)))
+    }
+
+    fn open_record(
+        &self,
+        peer: usize,
+        key: &str,
+        notice: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<u8>> {
+        self.fdpass.open_record(peer, key, notice, wait)
     }
 
     fn release(&self, m: &Mapping) -> Result<()> {

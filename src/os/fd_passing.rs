@@ -191,6 +191,18 @@ pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     })
 }
 
+/// The owner (`st_uid`) of the open file `fd`.
+pub fn file_owner(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    Ok(super::mmap::fstat(fd)?.st_uid)
+}
+
+/// The uid process `pid` runs as: the owner of `/proc/<pid>` (its effective uid while it is
+/// dumpable, root's otherwise, which is refused unless the job runs as root).
+pub fn process_uid(pid: u32) -> io::Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata(format!("/proc/{pid}"))?.uid())
+}
+
 /// `(st_dev, st_ino)` of the open file `fd`.
 pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     let st = super::mmap::fstat(fd)?;

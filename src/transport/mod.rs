@@ -102,6 +102,9 @@ pub struct Mapping {
     pub buffer_id: u64,
 }
 
+/// A record a transport offers to peers ([`Transport::seal_record`]); dropping it withdraws it.
+pub type RecordSeal = Box<dyn std::any::Any + Send + Sync>;
+
 /// Exports, imports and releases buffers of one memory kind.
 pub trait Transport: Send + Sync {
     fn kind(&self) -> MemKind;
@@ -129,6 +132,17 @@ pub trait Transport: Send + Sync {
     /// Maps the allocation of `rec` once per (exporter, allocation), refcounted; waits at most
     /// `wait` for a previous mapping of it still being closed.
     fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping>;
+
+    /// Offers the encoded `record`, published under the store key `key`, to peers through a
+    /// channel that only processes the kernel vouches for reach (a record can name memory that
+    /// any process could open); returns what goes into the store in its place, which names no
+    /// memory, and the guard that keeps the record offered.
+    fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)>;
+
+    /// The encoded record that `peer` sealed for the store key `key`, found from the `notice`
+    /// read there (untrusted: the store is not), within `wait`.
+    fn open_record(&self, peer: usize, key: &str, notice: &[u8], wait: Duration)
+        -> Result<Vec<u8>>;
 
     /// Drops one reference taken by [`import`](Transport::import); unmaps at zero (device memory:
     /// on a releaser thread, never waiting here).

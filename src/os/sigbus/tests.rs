@@ -1,8 +1,16 @@
 use super::*;
-use crate::os::memfd::{create_mapped, SharedMapping};
+use crate::os::memfd::{create, SharedMapping};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
+
+/// A mapped file without the size seals the library's own files carry, so that it can shrink.
+fn create_mapped(name: &str, len: u64) -> crate::Result<SharedMapping> {
+    let fd = create(name).unwrap();
+    // SAFETY: `fd` is an open memfd.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as i64) }, 0);
+    SharedMapping::map(fd, len, name)
+}
 
 fn shrink(m: &SharedMapping, len: i64) {
     // SAFETY: the mapping's descriptor is open.
