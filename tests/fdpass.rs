@@ -1003,6 +1003,24 @@ fn is_root() -> bool {
 /// Runs the `stranger` role in a new process: as `uid` (and its gid, no supplementary groups)
 /// from a copy of this binary that uid can execute, or as this uid; returns its output.
 fn run_stranger(uid: Option<u32>, env: &[(&str, String)]) -> String {
+    let results = Ranks {
+        children: vec![stranger_command(uid, "stranger", env)
+            .spawn()
+            .expect("spawn the stranger")],
+    }
+    .collect(Duration::from_secs(60));
+    if uid.is_some() {
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("nvfipc-stranger-{}", std::process::id())),
+        );
+    }
+    let (ok, out) = results.into_iter().next().unwrap();
+    assert!(ok, "the stranger failed:\n{out}");
+    out
+}
+
+/// The command of a process in `role`, as `uid` when given (see [`run_stranger`]).
+fn stranger_command(uid: Option<u32>, role: &str, env: &[(&str, String)]) -> Command {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().expect("test binary path");
@@ -1032,24 +1050,87 @@ fn run_stranger(uid: Option<u32>, env: &[(&str, String)]) -> String {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(ROLE, "stranger")
+        .env(ROLE, role)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let results = Ranks {
-        children: vec![cmd.spawn().expect("spawn the stranger")],
+    cmd
+}
+
+/// The attack of a process of another uid that knows only the store's port: it takes rank 0's
+/// place in the store (its own responder's record under `fdpass/0`, serving anyone), offers its
+/// own memory, and writes a record notice under a key rank 1 reads. Rank 1 (this process) takes
+/// nothing from it, by any rung: the kernel says the responder runs as another uid.
+#[test]
+fn an_impostor_of_another_uid_named_by_the_store_feeds_no_record_and_no_memory() {
+    if !is_root() {
+        println!("SKIPPED: not root, cannot start a process of another uid");
+        return;
     }
-    .collect(Duration::from_secs(60));
-    if uid.is_some() {
-        let _ = std::fs::remove_dir_all(
-            std::env::temp_dir().join(format!("nvfipc-stranger-{}", std::process::id())),
-        );
+    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
+    let job = job_id("impostor");
+    let key = format!("{}/g1/h/0/1/0/2/x#0", prefix(&job));
+    let env = [
+        ("NVFIPC_T_PORT", server.port().to_string()),
+        ("NVFIPC_T_JOB", job.clone()),
+        ("NVFIPC_T_KEY", key.clone()),
+        // Its responder serves root (this process): the impostor wants to be asked.
+        ("NVFIPC_TRUSTED_UIDS", "0".to_string()),
+        ("NVFIPC_SOCKET_DIR", "none".to_string()),
+    ];
+    let mut impostor = Ranks {
+        children: vec![stranger_command(Some(65534), "impostor", &env)
+            .spawn()
+            .expect("spawn the impostor")],
+    };
+    let store: Arc<dyn Store> = Arc::new(client(server.port()));
+    let notice = store.get(&key, T).expect("the impostor's notice");
+    let memfd_id = FdId::decode(&store.get(&format!("{key}/memfd"), T).unwrap()).unwrap();
+    for rungs in [
+        vec![Rung::Abstract, Rung::Path, Rung::Pidfd],
+        vec![Rung::Pidfd],
+    ] {
+        let config = FdPassConfig {
+            rungs: rungs.clone(),
+            ..FdPassConfig::default()
+        };
+        let victim = FdPass::new(store.clone(), &prefix(&job), &job, 1, config);
+        let err = victim.open_record(0, &key, &notice, T).unwrap_err();
+        assert_eq!(err.status, Status::Protocol, "{rungs:?}: {}", err.message);
+        assert!(err.message.contains("runs as uid 65534"), "{}", err.message);
+        let err = victim.fetch(0, &memfd_id, T).unwrap_err();
+        assert!(err.message.contains("runs as uid 65534"), "{}", err.message);
+        println!("{rungs:?}: refused: {}", err.message);
     }
-    let (ok, out) = results.into_iter().next().unwrap();
-    assert!(ok, "the stranger failed:\n{out}");
-    out
+    store.set(&format!("{key}/done"), b"1").unwrap();
+    let (ok, out) = impostor.collect(Duration::from_secs(60)).remove(0);
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("nvfipc-stranger-{}", std::process::id())),
+    );
+    assert!(ok && out.contains("impostor in place"), "{out}");
+}
+
+/// The impostor of the test above, running as another uid.
+fn impostor() {
+    let var = |k: &str| std::env::var(k).unwrap();
+    let job = var("NVFIPC_T_JOB");
+    let key = var("NVFIPC_T_KEY");
+    let store: Arc<dyn Store> = Arc::new(client(var("NVFIPC_T_PORT").parse().unwrap()));
+    let config = FdPassConfig::from_env().unwrap();
+    let fp = Arc::new(FdPass::new(store.clone(), &prefix(&job), &job, 0, config));
+    fp.start().unwrap();
+    let mem = memfd::create_reserved("pwned", 4096).unwrap();
+    File::from(mem.try_clone().unwrap())
+        .write_all_at(b"PWNED-by-uid-65534", 0)
+        .unwrap();
+    let id = fp.register(mem).unwrap();
+    let (notice, _sealed) = fp.seal_record(&key, b"a forged record").unwrap();
+    store.set(&format!("{key}/memfd"), &id.encode()).unwrap();
+    store.set(&key, &notice).unwrap();
+    println!("impostor in place");
+    store.get(&format!("{key}/done"), T).unwrap();
 }
 
 /// What came back on one connection: the replies and how many descriptors rode with them.
@@ -1240,6 +1321,9 @@ fn child() {
     };
     if scenario == "stranger" {
         return stranger();
+    }
+    if scenario == "impostor" {
+        return impostor();
     }
     let var = |k: &str| std::env::var(k).unwrap();
     let port: u16 = var("NVFIPC_T_PORT").parse().unwrap();

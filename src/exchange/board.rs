@@ -268,6 +268,7 @@ impl OwnBoard {
                 let Ok(Some(existing)) = ShmSegment::open(name, 0) else {
                     return Err(first.context(format!("creating the board of rank {rank}")));
                 };
+                check_owner(&existing, rank)?;
                 let h = Table::new(existing);
                 let pid = h.header().owner_pid.load(Ordering::Acquire);
                 if pid == std::process::id() {
@@ -433,6 +434,23 @@ impl OwnBoard {
     }
 }
 
+/// A board is believed only when a trusted uid owns its file (the kernel's word): `/dev/shm` is
+/// shared by every user, and anyone may create a file under a board's name first.
+fn check_owner(seg: &ShmSegment, rank: usize) -> Result<()> {
+    let trusted = crate::config::TrustedUids::from_env()?;
+    if trusted.admits(seg.owner()) {
+        return Ok(());
+    }
+    Err(Error::protocol(format!(
+        "the board {} of rank {rank} is a file of uid {}, not of {}: another user created it \
+         under this job's name; it is not read. Remove it (as root or its owner) and give the \
+         job a tag of its own (NVFIPC_JOB_TAG)",
+        seg.name(),
+        seg.owner(),
+        trusted.describe()
+    )))
+}
+
 /// A peer's board, mapped read-only in spirit (we never write it).
 pub struct PeerBoard {
     table: Table,
@@ -447,6 +465,7 @@ impl PeerBoard {
         let Some(seg) = ShmSegment::open_when_sized(name, BOARD_BYTES)? else {
             return Ok(None);
         };
+        check_owner(&seg, rank)?;
         let table = Table::new(seg);
         let h = table.header();
         if h.ready.load(Ordering::Acquire) != 1 {

@@ -1045,3 +1045,88 @@ fn opened_channels_go_stale_exactly_when_their_buffers_change() {
         assert!(err.message.contains("was freed"), "{err}");
     }
 }
+
+/// A store that keeps a copy of every value written to it.
+struct Recording(Arc<MemStore>, std::sync::Mutex<Vec<(String, Vec<u8>)>>);
+
+impl Store for Recording {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        crate::sync::lock(&self.1).push((key.to_string(), value.to_vec()));
+        self.0.set(key, value)
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.0.get(key, timeout)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.0.add(key, delta)
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.0.check(keys)
+    }
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.0.wait(keys, timeout)
+    }
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        self.0.delete_key(key)
+    }
+    fn num_keys(&self) -> Result<i64> {
+        self.0.num_keys()
+    }
+    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
+        crate::sync::lock(&self.1).push((k.to_string(), d.to_vec()));
+        self.0.compare_set(k, e, d)
+    }
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        crate::sync::lock(&self.1).push((key.to_string(), value.to_vec()));
+        self.0.append(key, value)
+    }
+}
+
+/// Nothing that names memory reaches the store (which anyone who reaches its port can read):
+/// records travel sealed from the exporter's process, the store holds notices of them only.
+#[test]
+fn no_record_and_no_memory_handle_reaches_the_store() {
+    let recording = Arc::new(Recording(Arc::new(MemStore::default()), Default::default()));
+    let job = format!("ut_private{}", std::process::id());
+    let c: Vec<HandleCache> = (0..2)
+        .map(|rank| {
+            default_transports::cache(CacheConfig {
+                rank,
+                world_size: 2,
+                store: recording.clone(),
+                job_id: job.clone(),
+                scope: String::new(),
+                timeout: Duration::from_secs(10),
+            })
+            .unwrap()
+        })
+        .collect();
+    let (a, b) = (buf(&job, 1), buf(&job, 2));
+    let r0 = [Request::send(1, "x", a.addr(), 64, MemKind::Host)];
+    let r1 = [Request::recv(0, "x", b.addr(), 64, MemKind::Host)];
+    let (x, y) = step(&c, &r0, &r1);
+    x.unwrap();
+    y.unwrap();
+    assert_eq!(peer_byte(&c[1].get(&r1[0]).unwrap()), 1);
+    let t = c[0].transport(MemKind::Host).unwrap().clone();
+    let buffer_handle = t.export(&t.resolve(a.addr(), 64).unwrap()).unwrap().payload;
+    let fd_id = &buffer_handle[..crate::fdpass::registry::FD_ID_LEN];
+    let written = crate::sync::lock(&recording.1).clone();
+    let records: Vec<_> = written.iter().filter(|(k, _)| k.contains("/h/")).collect();
+    assert_eq!(records.len(), 2, "one record each way: {written:?}");
+    for (key, value) in &written {
+        assert!(
+            !value.starts_with(b"NVFI"),
+            "a record in the store under {key}"
+        );
+        assert!(
+            !value.windows(fd_id.len()).any(|w| w == fd_id),
+            "the buffer's handle in the store under {key}"
+        );
+    }
+    for (key, value) in records {
+        crate::fdpass::sealed::Notice::decode(value, key).unwrap();
+    }
+    drop(t);
+    close_all(c);
+}

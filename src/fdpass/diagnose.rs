@@ -276,7 +276,14 @@ impl Diagnosis {
             .filter(|(_, _, g)| *g != Gate::Disabled)
             .map(|(_, _, g)| g.status())
             .collect();
-        let status = [Status::NotFound, Status::Timeout]
+        // A process the kernel does not vouch for says the most: someone forged the job's keys.
+        let untrusted = (self.rungs.iter()).any(|(_, _, g)| matches!(g, Gate::Untrusted(_)));
+        let first = if untrusted {
+            [Status::Protocol, Status::Protocol]
+        } else {
+            [Status::NotFound, Status::Timeout]
+        };
+        let status = first
             .into_iter()
             .find(|s| tried.contains(s))
             .or(tried.first().copied())

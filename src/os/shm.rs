@@ -14,6 +14,8 @@ pub struct ShmSegment {
     owns_name: bool,
     /// This name's slot in the exit-time cleanup table (see `os::cleanup`).
     cleanup_slot: Option<usize>,
+    /// The file's owner (`st_uid`) as the kernel reports it.
+    owner: u32,
 }
 
 /// "/dev/shm has F of T bytes free", for messages.
@@ -77,6 +79,7 @@ impl ShmSegment {
                 map,
                 owns_name: true,
                 cleanup_slot: super::cleanup::register(name),
+                owner: super::fd_passing::effective_uid(),
             }),
             Err(e) => {
                 // SAFETY: `cname` is valid; we created the name above and nobody else owns it.
@@ -138,8 +141,9 @@ impl ShmSegment {
         }
         // SAFETY: as in `create`.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let len = super::mmap::file_size(fd.as_fd())
+        let st = super::mmap::fstat(fd.as_fd())
             .map_err(|e| Error::from_io(format!("fstat({name})"), &e))?;
+        let len = u64::try_from(st.st_size).unwrap_or(0);
         if len < min_len || len == 0 {
             if short_is_absent {
                 return Ok(None);
@@ -154,7 +158,13 @@ impl ShmSegment {
             map: super::mmap::map_shared(fd.as_fd(), len, name)?,
             owns_name: false,
             cleanup_slot: None,
+            owner: st.st_uid,
         }))
+    }
+
+    /// The uid that owns the segment's file.
+    pub fn owner(&self) -> u32 {
+        self.owner
     }
 
     pub fn name(&self) -> &str {

@@ -225,3 +225,20 @@ fn fingerprints_differ() {
     assert_ne!(fingerprint("0/1/a/0"), fingerprint("1/0/a/0"));
     assert_ne!(fingerprint("0/1/a/0"), fingerprint("0/1/a/1"));
 }
+
+#[test]
+fn a_board_file_of_another_user_is_never_read() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED: not root, cannot give a file to another uid");
+        return;
+    }
+    let n = name("foreign");
+    let own = OwnBoard::create(&n, 2).unwrap();
+    let path = format!("/dev/shm{n}");
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    let err = PeerBoard::try_open(&n, 2).err().expect("refused");
+    assert_eq!(err.status, crate::error::Status::Protocol);
+    assert!(err.message.contains("uid 65534"), "{}", err.message);
+    drop(own);
+}
