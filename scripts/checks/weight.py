@@ -4,7 +4,9 @@
 Test files are `tests.rs` and anything under a `tests/` folder. The line budget was 25,000 when
 the library was consolidated; it is 25,300 since ranks that disagree on their job are told at once
 (the context's hello records, about 230 lines) and the driver's cold-path calls are timed for
-`nvfipc bench` (about 80). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
+`nvfipc bench` (about 80), and 26,000 since the store is treated as public (records sealed
+in memfds offered by the responder, the kernel's checks of responders, processes, files and
+boards: about 640). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
 """
@@ -12,7 +14,7 @@ import os
 import re
 import sys
 
-MAX_LINES = 25_300
+MAX_LINES = 26_000
 MAX_STATICS = 20
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
