@@ -1230,10 +1230,26 @@ impl Session {
     fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
         let ctx = || self.record_context(it, key);
         // The store holds only a notice: the record comes from the peer's own process.
-        let bytes = self
+        let opened = self
             .channel_transport(it.ch.kind)
-            .open_record(it.ch.peer, key, value, wait)
-            .map_err(|e| e.context(ctx()))?;
+            .open_record(it.ch.peer, key, value, wait);
+        let bytes = match opened {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // Say the cause where it is known: the peer closed its cache or exited meanwhile.
+                self.refuse_closed_peer(it, key)?;
+                if let Some(pid) = self.peer_nodes.exited(it.ch.peer) {
+                    return Err(Error::io(format!(
+                        "{}: peer rank {} (pid {pid}) exited before this rank read its record \
+                         ({})",
+                        ctx(),
+                        it.ch.peer,
+                        e.message
+                    )));
+                }
+                return Err(e.context(ctx()));
+            }
+        };
         let rec = Record::decode(&bytes).map_err(|e| e.context(ctx()))?;
         if rec.rank as usize != it.ch.peer || rec.version != it.peer_version {
             return Err(Error::protocol(format!(

@@ -172,3 +172,35 @@ fn buffers_at_the_same_place_of_their_page_line_up() {
     let err = map_view(&other).err().unwrap();
     assert!(err.message.contains("rank 1: 16"), "{err}");
 }
+
+/// A peer's file that could shrink under the mapping (no size seals) is never mapped, and the
+/// library's own buffers cannot be truncated by anyone holding their descriptor.
+#[test]
+fn unsealed_files_are_refused_and_own_buffers_cannot_shrink() {
+    let (fa, fb) = test_fdpass_pair("unit_seal");
+    let exporter = HostTransport::with_fdpass(fa.clone()).unwrap();
+    let importer = HostTransport::with_fdpass(fb).unwrap();
+    let buf = alloc::alloc_for_job("unit_seal", 4096).unwrap();
+    let local = exporter.resolve(buf.addr(), 4096).unwrap();
+    let slab = exporter.semaphores().export().unwrap();
+    // The library's buffer: sealed, so its descriptor cannot truncate it.
+    let seg = alloc::lookup(buf.addr(), 1).unwrap();
+    let file = std::fs::File::from(seg.fd);
+    assert!(file.set_len(0).is_err(), "a host buffer's file shrank");
+    let handle = exporter.export(&local).unwrap();
+    importer
+        .import(&record_for(&local, &handle, &slab), T)
+        .unwrap();
+    // A file without seals, offered under a record of the same shape: refused, not mapped.
+    let plain = memfd::create("unit-unsealed").unwrap();
+    std::fs::File::from(plain.try_clone().unwrap())
+        .set_len(4096)
+        .unwrap();
+    let id = fa.register(plain).unwrap();
+    let mut rec = record_for(&local, &crate::host::fd_handle(&id), &slab);
+    rec.buffer_id += 1;
+    let err = importer.import(&rec, T).unwrap_err();
+    assert_eq!(err.status, Status::Protocol, "{err}");
+    assert!(err.message.contains("not sealed"), "{err}");
+    assert_eq!(importer.live_mappings(), 1);
+}
