@@ -1,5 +1,6 @@
-// Misuse of the C API: NULL objects and strings, bad ranks, bad timeouts, double frees and
-// pointers of the wrong type. Each must return a status and a message, never crash.
+// Misuse of the C API: NULL objects and strings, bad ranks, bad timeouts, counts and lengths
+// above their limits, double frees and pointers of the wrong type. Each must return a status and
+// a message, never crash.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -153,19 +154,70 @@ TEST_F(MisuseTest, BadRanks) {
                       NVFIPC_STATUS_INVALID_ARGUMENT, "local_world_size");
   EXPECT_EQ(ctx, nullptr);
 
-  const int64_t out_of_range[] = {0, 7};
-  NVFIPC_EXPECT_ERROR(nvfipc_barrier(ctx_, out_of_range, 2, 100), NVFIPC_STATUS_INVALID_ARGUMENT,
-                      "`ranks[1]` = 7");
+  const int64_t out_of_range[] = {7};
+  NVFIPC_EXPECT_ERROR(nvfipc_barrier(ctx_, out_of_range, 1, 100), NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "`ranks[0]` = 7");
   const int64_t negative[] = {-3};
   NVFIPC_EXPECT_ERROR(nvfipc_barrier(ctx_, negative, 1, 100), NVFIPC_STATUS_INVALID_ARGUMENT,
                       "`ranks[0]` = -3");
   const int64_t duplicate[] = {0, 0};
   NVFIPC_EXPECT_ERROR(nvfipc_barrier(ctx_, duplicate, 2, 100), NVFIPC_STATUS_INVALID_ARGUMENT,
-                      "nvfipc_barrier");
+                      "`n_ranks` = 2 is above the limit of the world size = 1");
   NVFIPC_EXPECT_ERROR(nvfipc_barrier(ctx_, nullptr, 3, 100), NVFIPC_STATUS_INVALID_ARGUMENT,
                       "`ranks` is NULL");
   NVFIPC_EXPECT_ERROR(nvfipc_barrier(nullptr, nullptr, 0, 100), NVFIPC_STATUS_INVALID_ARGUMENT,
                       "`ctx` is NULL");
+}
+
+TEST_F(MisuseTest, CountsAndLengthsAboveTheirLimits) {
+  // Each count below exceeds the array it describes: the library refuses it before reading the
+  // array or allocating anything for it.
+  const size_t huge = size_t{1} << 40;
+  nvfipc_cache* cache = nullptr;
+  NVFIPC_ASSERT_OK(nvfipc_cache_create(ctx_, &cache));
+  int word = 0;
+  const nvfipc_request req = {1, NVFIPC_DIRECTION_SEND, NVFIPC_MEM_HOST, "t",
+                              reinterpret_cast<uint64_t>(&word), sizeof word};
+  const nvfipc_request two[] = {req, req};
+  NVFIPC_EXPECT_ERROR(nvfipc_exchange_handles(cache, two, huge), NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "`n` = 1099511627776 is above the limit of NVFIPC_MAX_REQUESTS = 4096");
+  NVFIPC_EXPECT_ERROR(nvfipc_exchange_handles_timeout(cache, two, NVFIPC_MAX_REQUESTS + 1, 0),
+                      NVFIPC_STATUS_INVALID_ARGUMENT, "NVFIPC_MAX_REQUESTS");
+  NVFIPC_EXPECT_OK(nvfipc_cache_free(cache));
+
+  const int64_t one[] = {0};
+  NVFIPC_EXPECT_ERROR(nvfipc_barrier(ctx_, one, huge, 0), NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "`n_ranks` = 1099511627776 is above the limit of the world size = 1");
+  NVFIPC_EXPECT_OK(nvfipc_barrier(ctx_, one, 1, 0));
+
+  const char* keys[] = {"a", "b"};
+  bool all = false;
+  NVFIPC_EXPECT_ERROR(nvfipc_store_check(store_, keys, huge, &all),
+                      NVFIPC_STATUS_INVALID_ARGUMENT, "above the limit of NVFIPC_MAX_KEYS");
+  NVFIPC_EXPECT_ERROR(nvfipc_store_wait(store_, keys, huge, 0), NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "`n_keys` = 1099511627776");
+  nvfipc_buffer outs[2] = {};
+  NVFIPC_EXPECT_ERROR(nvfipc_store_multi_get(store_, keys, huge, 0, outs),
+                      NVFIPC_STATUS_INVALID_ARGUMENT, "NVFIPC_MAX_KEYS");
+  NVFIPC_EXPECT_ERROR(nvfipc_buffers_free(outs, huge), NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "NVFIPC_MAX_KEYS");
+  const auto* x = reinterpret_cast<const uint8_t*>("x");
+  NVFIPC_EXPECT_ERROR(nvfipc_store_set(store_, "k", x, NVFIPC_MAX_VALUE_LEN + 1),
+                      NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "`value` has a length of 8388609 bytes, above the limit of "
+                      "NVFIPC_MAX_VALUE_LEN");
+  const nvfipc_bytes spans[] = {{x, huge}};
+  NVFIPC_EXPECT_ERROR(nvfipc_store_multi_set(store_, keys, spans, 1),
+                      NVFIPC_STATUS_INVALID_ARGUMENT, "`values[0]` has a length of");
+  const std::string long_key(NVFIPC_MAX_STRING_LEN + 1, 'k');
+  NVFIPC_EXPECT_ERROR(nvfipc_store_set(store_, long_key.c_str(), x, 1),
+                      NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "`key` is longer than NVFIPC_MAX_STRING_LEN = 8192 bytes");
+  nvfipc_store* store = nullptr;
+  NVFIPC_EXPECT_ERROR(nvfipc_store_connect("127.0.0.1", server_.port(), 1000,
+                                           NVFIPC_MAX_WORLD_SIZE + 1, &store),
+                      NVFIPC_STATUS_INVALID_ARGUMENT, "`wait_for_workers` = 131073");
+  EXPECT_EQ(store, nullptr);
 }
 
 TEST_F(MisuseTest, BarrierWithoutThisRank) {
@@ -175,6 +227,9 @@ TEST_F(MisuseTest, BarrierWithoutThisRank) {
   nvfipc_status st = nvfipc_barrier(ctx, others, 2, 100);
   EXPECT_EQ(st, NVFIPC_STATUS_INVALID_ARGUMENT) << LastError();
   EXPECT_NE(LastError().find("0"), std::string::npos) << LastError();
+  const int64_t duplicate[] = {0, 1, 0};
+  NVFIPC_EXPECT_ERROR(nvfipc_barrier(ctx, duplicate, 3, 100), NVFIPC_STATUS_INVALID_ARGUMENT,
+                      "rank 0 is listed twice");
   NVFIPC_EXPECT_OK(nvfipc_context_free(ctx));
 }
 

@@ -20,8 +20,13 @@
  *   pointer not made by this library is reported (NVFIPC_STATUS_INVALID_STATE or
  *   NVFIPC_STATUS_INVALID_ARGUMENT) rather than crashing, unless the library has reused the
  *   address for a new object of the same type.
- * - Strings are NUL-terminated UTF-8. Byte values are (pointer, length) spans; NULL is allowed
- *   for length 0. Buffers returned by the library are freed with nvfipc_buffer_free.
+ * - Strings are NUL-terminated UTF-8 of at most NVFIPC_MAX_STRING_LEN bytes. Byte values are
+ *   (pointer, length) spans; NULL is allowed for length 0. Buffers returned by the library are
+ *   freed with nvfipc_buffer_free.
+ * - Counts and lengths are checked against their limits (NVFIPC_MAX_REQUESTS, NVFIPC_MAX_KEYS,
+ *   NVFIPC_MAX_VALUE_LEN, the world size, ...) before anything is read or allocated with them:
+ *   a larger one gives NVFIPC_STATUS_INVALID_ARGUMENT naming the argument, its value and the
+ *   limit.
  * - Ranks are int64_t. timeout_ms < 0 means the object's default timeout; 0 means "check once,
  *   do not wait"; a positive value is a bound in milliseconds.
  * - Thread safety is stated per object type below. Errors are recorded per thread.
@@ -49,6 +54,10 @@
 #define NVFIPC_VERSION_MINOR 5
 #define NVFIPC_VERSION_PATCH 0
 
+
+// Longest string argument (a key, tag, scope or host name), in bytes without its NUL: the
+// longest key a TCPStore server accepts. A string argument is never read beyond it.
+#define NVFIPC_MAX_STRING_LEN 8192
 
 // Most ranks a job may have (`world_size` of every context, members of every barrier): a world
 // barrier waits for every other rank's key in one store request, which names at most this many.
@@ -78,6 +87,9 @@
 // `nvfipc_request.kind`: host memory from `nvfipc_host_alloc`.
 #define NVFIPC_MEM_HOST 1
 
+// Most requests in one `nvfipc_exchange_handles` call: the channels a cache can hold.
+#define NVFIPC_MAX_REQUESTS 4096
+
 // Log level: nothing.
 #define NVFIPC_LOG_OFF 0
 
@@ -93,6 +105,13 @@
 
 // Log level: everything, cached (free) exchanges included.
 #define NVFIPC_LOG_TRACE 4
+
+// Most keys in one call (`nvfipc_store_check`, `_wait`, `_multi_set`, `_multi_get`,
+// `nvfipc_buffers_free`): the most a TCPStore request names.
+#define NVFIPC_MAX_KEYS 131072
+
+// Longest value given to a store operation, in bytes: the longest a TCPStore server accepts.
+#define NVFIPC_MAX_VALUE_LEN 8388608
 
 // Status codes returned by every exported C function. `Ok` is zero; everything else is an error
 // whose details are in the thread-local last-error message.
@@ -417,8 +436,9 @@ extern "C" {
 
 // Blocks until every rank of `ranks[0..n_ranks]` (the whole world when `n_ranks` is 0; `ranks`
 // may then be NULL) has entered the same barrier. The list must contain this rank, no
-// duplicates, and only ranks below the world size; its order does not matter. Barriers are
-// reusable: the members of a set must simply call the same number of barriers on it.
+// duplicates, and only ranks below the world size (so `n_ranks` is at most the world size); its
+// order does not matter. Barriers are reusable: the members of a set must simply call the same
+// number of barriers on it.
 // `timeout_ms` < 0 uses the context's default, 0 checks once without waiting. On timeout the
 // status is `NVFIPC_STATUS_TIMEOUT` and the message names the ranks that did not arrive; the
 // job should then stop, as the set's barrier state is out of step. The context's first barrier
@@ -700,9 +720,10 @@ enum nvfipc_status nvfipc_cache_create_scoped(const struct nvfipc_context *ctx,
 // returns, and this call returns OK.
 enum nvfipc_status nvfipc_cache_free(struct nvfipc_cache *cache);
 
-// Exchanges handles for the `n` requests at `reqs` with every peer they name. Each peer must make
-// the matching call (same tags; any order of requests). Costs no store traffic when neither
-// side's buffers changed, at most one multi-set and one multi-get otherwise; never a barrier.
+// Exchanges handles for the `n` requests at `reqs` (at most `NVFIPC_MAX_REQUESTS`) with every
+// peer they name. Each peer must make the matching call (same tags; any order of requests).
+// Costs no store traffic when neither side's buffers changed, at most one multi-set and one
+// multi-get otherwise; never a barrier.
 // Fails with `NVFIPC_STATUS_TIMEOUT` (naming rank, peer, tag, step and key) when a peer does not
 // arrive within the cache's timeout. A timed-out call leaves its channels in the step it began:
 // calling again with the same requests (same buffers) resumes that step, and the peer sees

@@ -98,7 +98,8 @@ fn c_abi_refuses_worlds_above_the_limit() {
         assert!(start.elapsed() < Duration::from_secs(5));
     }
 
-    // A real context of one: a member count above the limit is refused before the list is read.
+    // A real context of one: a member count above its world size is refused before the list is
+    // read.
     let mut ctx = std::ptr::null_mut();
     assert_eq!(
         nvfipc_context_connect(0, 1, host.as_ptr(), 0, true, 2000, &mut ctx),
@@ -113,17 +114,20 @@ fn c_abi_refuses_worlds_above_the_limit() {
             Status::InvalidArgument
         );
         assert!(
-            last_error().contains("NVFIPC_MAX_WORLD_SIZE"),
+            last_error().contains(&format!(
+                "`n_ranks` = {n} is above the limit of the world size = 1"
+            )),
             "{}",
             last_error()
         );
     }
-    // Within the limit, the list itself is checked (here: a rank listed twice).
-    let twice = [0i64, 0];
+    // Within the limit, the list itself is checked (here: a rank outside the world).
+    let outside = [3i64];
     assert_eq!(
-        nvfipc_barrier(ctx, twice.as_ptr(), 2, 0),
+        nvfipc_barrier(ctx, outside.as_ptr(), 1, 0),
         Status::InvalidArgument
     );
+    assert!(last_error().contains("`ranks[0]` = 3"), "{}", last_error());
     assert_eq!(nvfipc_barrier(ctx, one.as_ptr(), 1, 0), Status::Ok);
     assert_eq!(nvfipc_context_free(ctx), Status::Ok);
 }

@@ -3,12 +3,21 @@
 Every call that fails raises :class:`NvfipcError` with the library's status and message. The
 library is loaded on first use from :func:`nvfuser_ipc.library_path`. Calls into the library
 release the GIL (ctypes.CDLL), so other Python threads run while an exchange or barrier waits.
+Every integer is checked against its range before it reaches ctypes, which would wrap it silently
+(peer ``2**64 + 1`` would become peer 1): a value out of range raises
+:class:`NvfipcInvalidArgument` (a ``ValueError``) naming it, a value of the wrong type
+``TypeError``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
+import math
+import numbers
+import operator
 import threading
+import weakref
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -40,7 +49,17 @@ MEM_DEVICE = 0
 MEM_HOST = 1
 LOG_OFF, LOG_WARN, LOG_INFO, LOG_DEBUG, LOG_TRACE = range(5)
 
+# nvfipc_status values (the header's enum) that the Python side raises itself.
+_STATUS_INVALID_ARGUMENT = 1
 _STATUS_TIMEOUT = 2
+_STATUS_INVALID_STATE = 9
+
+# The header's limits (NVFIPC_MAX_WORLD_SIZE, NVFIPC_MAX_STRING_LEN) and the C integer ranges.
+_MAX_WORLD_SIZE = 131072
+_MAX_STRING_LEN = 8192
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_I64_MAX = (1 << 63) - 1
+_U64_MAX = (1 << 64) - 1
 
 
 class NvfipcError(RuntimeError):
@@ -57,6 +76,12 @@ class NvfipcError(RuntimeError):
 
 class NvfipcTimeout(NvfipcError):
     """``NVFIPC_STATUS_TIMEOUT``: a peer did not arrive in time (the message names it)."""
+
+
+class NvfipcInvalidArgument(NvfipcError, ValueError):
+    """``NVFIPC_STATUS_INVALID_ARGUMENT``: an argument out of range or unusable, refused by the
+    library or, before it reaches ctypes, by this module (the message names the argument, its
+    value and what it must be). Also a ``ValueError``."""
 
 
 # ---- C structures (the header's, field for field) ----
@@ -202,14 +227,49 @@ def _load() -> ctypes.CDLL:
         return lib
 
 
+def _error(call: str, status: int, message: str) -> NvfipcError:
+    """The exception of ``status`` (its name as the library gives it) for ``call``."""
+    name = (_load().nvfipc_status_name(status) or b"?").decode()
+    classes = {_STATUS_TIMEOUT: NvfipcTimeout, _STATUS_INVALID_ARGUMENT: NvfipcInvalidArgument}
+    return classes.get(status, NvfipcError)(call, status, name, message)
+
+
+def _invalid(call: str, message: str) -> NvfipcError:
+    return _error(call, _STATUS_INVALID_ARGUMENT, f"{call}: {message}")
+
+
 def _check(status: int, call: str) -> None:
     if status == 0:
         return
-    lib = _load()
-    name = (lib.nvfipc_status_name(status) or b"?").decode()
-    message = (lib.nvfipc_last_error_message() or b"").decode(errors="replace")
-    cls = NvfipcTimeout if status == _STATUS_TIMEOUT else NvfipcError
-    raise cls(call, status, name, message)
+    message = (_load().nvfipc_last_error_message() or b"").decode(errors="replace")
+    raise _error(call, status, message)
+
+
+def _int(call: str, name: str, value: Any, lo: int, hi: int, meaning: str = "") -> int:
+    """``value`` as an int in ``lo..hi`` (checked here: ctypes would wrap it silently)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{call}: {name} must be an integer, not {type(value).__name__}") from None
+    if not lo <= v <= hi:
+        raise _invalid(call, f"{name} = {v} is out of range: expected {lo}..{hi}{meaning}")
+    return v
+
+
+def _rank(call: str, name: str, value: Any) -> int:
+    return _int(call, name, value, 0, _MAX_WORLD_SIZE - 1,
+                f" (a rank; a world has at most NVFIPC_MAX_WORLD_SIZE = {_MAX_WORLD_SIZE})")
+
+
+def _c_str(call: str, name: str, value: Any) -> bytes:
+    """A string argument as the C API takes it: UTF-8, no NUL, at most NVFIPC_MAX_STRING_LEN."""
+    if not isinstance(value, str):
+        raise TypeError(f"{call}: {name} must be a str, not {type(value).__name__}")
+    data = value.encode(errors="surrogatepass")
+    if b"\0" in data or len(data) > _MAX_STRING_LEN:
+        raise _invalid(call, f"{name} ({len(data)} bytes) must hold no NUL character and at most "
+                             f"NVFIPC_MAX_STRING_LEN = {_MAX_STRING_LEN} bytes")
+    return data
 
 
 def _call(name: str, *args: Any) -> None:
@@ -221,13 +281,19 @@ def version() -> str:
     return _load().nvfipc_version().decode()
 
 
-def _ms(timeout: Optional[Union[float, timedelta]]) -> int:
-    """Seconds (or a timedelta) to the C API's milliseconds; None: the default (-1)."""
+def _ms(call: str, timeout: Optional[Union[float, timedelta]]) -> int:
+    """Seconds (or a timedelta) to the C API's milliseconds; None: the default (-1); 0 checks
+    once without waiting."""
     if timeout is None:
         return -1
-    if isinstance(timeout, timedelta):
-        timeout = timeout.total_seconds()
-    return max(0, int(timeout * 1000))
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"{call}: timeout must be a number of seconds, a timedelta or None, not "
+                        f"{type(timeout).__name__}")
+    if not (0 <= seconds and math.isfinite(seconds)):  # NaN fails both
+        raise _invalid(call, f"timeout = {timeout!r} must be a finite number of seconds >= 0, "
+                             f"or None for the default")
+    return min(int(seconds * 1000), _I64_MAX)
 
 
 # ---- the log hook ----
@@ -238,7 +304,7 @@ _log_hook: Optional[Any] = None  # keeps the C callback alive
 def set_log_level(level: int) -> None:
     """Sets the most verbose level logged (``LOG_OFF`` .. ``LOG_TRACE``), overriding
     ``NVFIPC_DEBUG``."""
-    _call("nvfipc_log_set_level", level)
+    _call("nvfipc_log_set_level", _int("set_log_level", "level", level, *_I32))
 
 
 def set_log_callback(callback: Optional[Callable[[int, str, str], None]]) -> None:
@@ -410,9 +476,12 @@ class Context:
                 timeout: Optional[float] = None) -> "Context":
         """The context of ``rank`` of ``world_size`` (one node) over the TCPStore at
         ``host:port``; ``host_store`` starts the store server in this process (port 0: any)."""
+        call = "Context.connect"
+        args = (_rank(call, "rank", rank), _int(call, "world_size", world_size, 1, _MAX_WORLD_SIZE),
+                _c_str(call, "host", host), _int(call, "port", port, 0, 65535), bool(host_store),
+                _ms(call, timeout))
         out = c_void_p()
-        _call("nvfipc_context_connect", rank, world_size, host.encode(), port, host_store,
-              _ms(timeout), byref(out))
+        _call("nvfipc_context_connect", *args, byref(out))
         return cls(out.value)
 
     @classmethod
@@ -422,6 +491,12 @@ class Context:
         """The context of ``rank`` of ``world_size`` over a ``torch.distributed.Store`` (e.g.
         ``torch.distributed.distributed_c10d._get_default_store()``, or a ``TCPStore``). The
         local rank and size default to the rank and world size (one node)."""
+        call = "Context.from_torch_store"
+        rank = _rank(call, "rank", rank)
+        world_size = _int(call, "world_size", world_size, 1, _MAX_WORLD_SIZE)
+        local_rank = rank if local_rank is None else _rank(call, "local_rank", local_rank)
+        local_world_size = (world_size if local_world_size is None else
+                            _int(call, "local_world_size", local_world_size, 1, _MAX_WORLD_SIZE))
         bridge = _TorchStoreBridge(store)
         st = c_void_p()
         _call("nvfipc_store_from_callbacks", byref(bridge.callbacks), byref(st))
@@ -430,17 +505,16 @@ class Context:
             address = _tcp_server_address(store)
             if address is not None:
                 _call("nvfipc_store_set_server_address", st, address[0].encode(), address[1])
-            _call("nvfipc_context_create", rank, world_size,
-                  rank if local_rank is None else local_rank,
-                  world_size if local_world_size is None else local_world_size,
-                  st, byref(out))
+            _call("nvfipc_context_create", rank, world_size, local_rank, local_world_size, st,
+                  byref(out))
         finally:
             _call("nvfipc_store_free", st)
         return cls(out.value, keep=bridge)
 
     def _h(self) -> int:
         if self._handle is None:
-            raise NvfipcError("Context", 4, "NVFIPC_STATUS_INVALID_STATE", "the context is closed")
+            raise _error("Context", _STATUS_INVALID_STATE,
+                         "this nv.Context is closed (close() or its with block); make a new one")
         return self._handle
 
     def _int(self, name: str) -> int:
@@ -474,9 +548,9 @@ class Context:
                 timeout: Optional[float] = None) -> None:
         """Waits until every rank of ``ranks`` (default: the world) has entered the same
         barrier; ``timeout`` in seconds (default: the context's)."""
-        members = list(ranks or [])
+        members = [_rank("Context.barrier", f"ranks[{i}]", r) for i, r in enumerate(ranks or [])]
         arr = (c_int64 * len(members))(*members) if members else None
-        _call("nvfipc_barrier", self._h(), arr, len(members), _ms(timeout))
+        _call("nvfipc_barrier", self._h(), arr, len(members), _ms("Context.barrier", timeout))
 
     def close(self) -> None:
         """Closes the context (the rank hosting the store waits, bounded, for the others)."""
@@ -503,21 +577,57 @@ class Context:
 
 class HostBuffer:
     """Host memory that peers can map (``nvfipc_host_alloc``: an anonymous shared file passed
-    by descriptor), zero-filled; ``view()`` is a writable memoryview of it."""
+    by descriptor), zero-filled; ``view()`` is a writable memoryview of it. As ``mmap.close()``,
+    :meth:`free` refuses with ``BufferError`` while views of it exist, so no view outlives the
+    memory it shows."""
 
     def __init__(self, nbytes: int) -> None:
+        nbytes = _int("HostBuffer", "nbytes", nbytes, 0, _U64_MAX)
         ptr = c_void_p()
         _call("nvfipc_host_alloc", nbytes, byref(ptr))
         self.ptr: int = ptr.value or 0
         self.nbytes = nbytes
+        self._address = self.ptr
+        # Each view exports its own instance of this type; a weak reference to each tells which
+        # are still alive (a memoryview keeps its exporter alive until it is released).
+        self._type = type("HostBytes", (ctypes.c_ubyte * nbytes,), {})
+        self._exports: List[weakref.ref] = []
+
+    def __repr__(self) -> str:
+        where = f"at {self.ptr:#x}" if self.ptr else f"freed, was at {self._address:#x}"
+        return f"HostBuffer({self.nbytes} bytes, {where})"
+
+    def _live(self, call: str) -> int:
+        """The address, or the library's INVALID_STATE error once freed."""
+        if not self.ptr:
+            raise _error(call, _STATUS_INVALID_STATE, f"{call}: {self!r} is freed; allocate a new "
+                                                      f"nv.HostBuffer")
+        return self.ptr
 
     def view(self) -> memoryview:
-        return memoryview((ctypes.c_ubyte * self.nbytes).from_address(self.ptr)).cast("B")
+        """A writable memoryview of the buffer. Release it (``view.release()``, or ``with
+        buf.view() as v:``) or drop it before :meth:`free`."""
+        exporter = self._type.from_address(self._live("HostBuffer.view"))
+        self._exports = [r for r in self._exports if r() is not None]
+        self._exports.append(weakref.ref(exporter))
+        return memoryview(exporter).cast("B")
+
+    def _views(self) -> int:
+        return sum(r() is not None for r in self._exports)
 
     def free(self) -> None:
-        if self.ptr:
-            p, self.ptr = self.ptr, 0
-            _call("nvfipc_host_free", c_void_p(p))
+        """Frees the buffer (peers that mapped it keep their mapping); a freed buffer is left
+        as it is. ``BufferError`` while a view of it exists (nothing is freed then)."""
+        if not self.ptr:
+            return
+        if self._views():
+            gc.collect()  # views only kept alive by reference cycles
+        views = self._views()
+        if views:
+            raise BufferError(f"cannot free {self!r}: {views} view(s) of it still exist; release "
+                              f"them (view.release(), or `with buf.view() as v:`) first")
+        p, self.ptr = self.ptr, 0
+        _call("nvfipc_host_free", c_void_p(p))
 
 
 class _CudaArray:
@@ -544,15 +654,28 @@ class Request:
     tag: str
     buffer: Buffer
 
+    def __post_init__(self) -> None:
+        self._c()  # refuses a bad peer, direction, tag or buffer (device, layout) here
+
     def _c(self) -> _Request:
-        if isinstance(self.buffer, HostBuffer):
-            kind, ptr, nbytes = MEM_HOST, self.buffer.ptr, self.buffer.nbytes
-        else:
-            t = self.buffer
-            if not t.is_cuda or not t.is_contiguous():
-                raise ValueError("a tensor request needs a contiguous CUDA tensor")
-            kind, ptr, nbytes = MEM_DEVICE, t.data_ptr(), t.numel() * t.element_size()
-        return _Request(self.peer, self.direction, kind, self.tag.encode(), ptr, nbytes)
+        call = f"Request(peer={self.peer!r}, tag={str(self.tag)[:64]!r})"
+        peer = _rank(call, "peer", self.peer)
+        direction = _int(call, "direction", self.direction, SEND, RECV, " (nv.SEND or nv.RECV)")
+        tag = _c_str(call, "tag", self.tag)
+        t = self.buffer
+        if isinstance(t, HostBuffer):
+            return _Request(peer, direction, MEM_HOST, tag, t._live(call), t.nbytes)
+        if not all(hasattr(t, a) for a in ("data_ptr", "is_contiguous", "element_size")):
+            raise TypeError(f"{call}: buffer must be an nv.HostBuffer or a torch.Tensor on a CUDA "
+                            f"device, not {type(t).__name__}")
+        if not getattr(t, "is_cuda", False):
+            raise _invalid(call, f"buffer is a tensor on {getattr(t, 'device', '?')}: a device "
+                                 f"request needs a CUDA tensor (host memory: nv.HostBuffer)")
+        if not t.is_contiguous():
+            raise _invalid(call, f"buffer is a non-contiguous tensor (shape {tuple(t.shape)}, "
+                                 f"strides {t.stride()}): pass t.contiguous()")
+        nbytes = t.numel() * t.element_size()
+        return _Request(peer, direction, MEM_DEVICE, tag, t.data_ptr(), nbytes)
 
 
 @dataclass
@@ -579,13 +702,15 @@ class Cache:
         if scope is None:
             _call("nvfipc_cache_create", ctx._h(), byref(out))
         else:
-            _call("nvfipc_cache_create_scoped", ctx._h(), scope.encode(), byref(out))
+            scope_arg = _c_str("Cache", "scope", scope)
+            _call("nvfipc_cache_create_scoped", ctx._h(), scope_arg, byref(out))
         self._handle: Optional[int] = out.value
         self._ctx = ctx
 
     def _h(self) -> int:
         if self._handle is None:
-            raise NvfipcError("Cache", 4, "NVFIPC_STATUS_INVALID_STATE", "the cache is closed")
+            raise _error("Cache", _STATUS_INVALID_STATE,
+                         "this nv.Cache is closed (close() or its with block); make a new one")
         return self._handle
 
     def exchange(self, requests: Sequence[Request],
@@ -595,7 +720,8 @@ class Cache:
         the context's); on :class:`NvfipcTimeout` the same call can be retried."""
         reqs = [r._c() for r in requests]
         arr = (_Request * len(reqs))(*reqs)
-        _call("nvfipc_exchange_handles_timeout", self._h(), arr, len(reqs), _ms(timeout))
+        _call("nvfipc_exchange_handles_timeout", self._h(), arr, len(reqs),
+              _ms("Cache.exchange", timeout))
         out = []
         for req, c in zip(requests, arr):
             h = _P2pHandle()
@@ -626,26 +752,31 @@ class Cache:
     def host_recv_post(self, request: Request, nbytes: Optional[int] = None,
                        timeout: Optional[float] = None) -> None:
         """Waits for the sender's post, copies its buffer into the local one, signals it."""
-        c = request._c()
-        _call("nvfipc_host_p2p_recv_post", self._h(), byref(c),
-              c.bytes if nbytes is None else nbytes, _ms(timeout))
+        c, call = request._c(), "Cache.host_recv_post"
+        _call("nvfipc_host_p2p_recv_post", self._h(), byref(c), _nbytes(call, c, nbytes),
+              _ms(call, timeout))
 
     def host_send_wait(self, request: Request, timeout: Optional[float] = None) -> None:
         """Waits until the receiver has copied the last posted transfer."""
-        _call("nvfipc_host_p2p_send_wait", self._h(), byref(request._c()), _ms(timeout))
+        _call("nvfipc_host_p2p_send_wait", self._h(), byref(request._c()),
+              _ms("Cache.host_send_wait", timeout))
 
     # Device transfers, enqueued on a CUDA stream (default: torch's current stream).
     def cuda_send_post(self, request: Request, stream: Optional[Any] = None) -> None:
-        _call("nvfipc_cuda_p2p_send_post", self._h(), byref(request._c()), _stream(stream))
+        c = request._c()
+        _call("nvfipc_cuda_p2p_send_post", self._h(), byref(c),
+              _stream("Cache.cuda_send_post", c, stream))
 
     def cuda_recv_post(self, request: Request, nbytes: Optional[int] = None,
                        stream: Optional[Any] = None) -> None:
-        c = request._c()
-        _call("nvfipc_cuda_p2p_recv_post", self._h(), byref(c),
-              c.bytes if nbytes is None else nbytes, _stream(stream))
+        c, call = request._c(), "Cache.cuda_recv_post"
+        _call("nvfipc_cuda_p2p_recv_post", self._h(), byref(c), _nbytes(call, c, nbytes),
+              _stream(call, c, stream))
 
     def cuda_send_wait(self, request: Request, stream: Optional[Any] = None) -> None:
-        _call("nvfipc_cuda_p2p_send_wait", self._h(), byref(request._c()), _stream(stream))
+        c = request._c()
+        _call("nvfipc_cuda_p2p_send_wait", self._h(), byref(c),
+              _stream("Cache.cuda_send_wait", c, stream))
 
     def counters(self) -> Dict[str, int]:
         """The cache's counters (exchanges, hits, misses, store round trips, opens, ...)."""
@@ -665,12 +796,22 @@ class Cache:
         self.close()
 
 
-def _stream(stream: Optional[Any]) -> Optional[int]:
+def _nbytes(call: str, c: _Request, nbytes: Optional[int]) -> int:
+    """A transfer's byte count (default: the whole request)."""
+    return c.bytes if nbytes is None else _int(call, "nbytes", nbytes, 0, _U64_MAX)
+
+
+def _stream(call: str, c: _Request, stream: Optional[Any]) -> Optional[int]:
+    """The stream of a device request (default: torch's current stream). A host request gets
+    NULL without asking torch (which may have no GPU to look at): the library refuses it with
+    its own message."""
+    if c.kind != MEM_DEVICE:
+        return None
     if stream is None:
         import torch
 
         stream = torch.cuda.current_stream()
-    return getattr(stream, "cuda_stream", stream)
+    return _int(call, "stream", getattr(stream, "cuda_stream", stream), 0, _U64_MAX)
 
 
 def cuda_available() -> bool:

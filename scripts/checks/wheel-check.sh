@@ -6,7 +6,10 @@
 #   targets; pkg-config finds nvfuser-ipc.pc;
 # - the `nvfipc` script (`nvfipc doctor --local --json` parses);
 # - the Python API across processes with host buffers (tests/python/host_exchange.py under
-#   `nvfipc launch -n 3`) and the host-callback store bridge (tests/python/store_bridge.py).
+#   `nvfipc launch -n 3`), the README's host example (examples/python/host_exchange.py under
+#   `nvfipc launch -n 2`, as printed there), the host-callback store bridge
+#   (tests/python/store_bridge.py) and misuse of the API (tests/python/api_misuse.py; again with
+#   real torch tensors when NVFIPC_PYTHON names a python with torch, as scripts/test.sh sets it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 src="$PWD"
@@ -52,6 +55,16 @@ echo "== the nvfipc script"
 "$work/venv/bin/nvfipc" doctor --local --json >doctor.json || true
 "$py" -c 'import json; r = json.load(open("doctor.json")); print("nvfipc doctor:", r["summary"])'
 
-echo "== Python API: host buffers across 3 processes, and the store bridge"
+echo "== Python API: host buffers across 3 processes, the README's host example, the store bridge"
 "$work/venv/bin/nvfipc" launch -n 3 -- "$py" "$src/tests/python/host_exchange.py" env
+"$work/venv/bin/nvfipc" launch -n 2 -- "$py" "$src/examples/python/host_exchange.py"
 "$py" "$src/tests/python/store_bridge.py"
+
+echo "== Python API misuse: exceptions that say what is wrong, never a crash"
+"$py" "$src/tests/python/api_misuse.py"
+if [ -n "${NVFIPC_PYTHON:-}" ]; then
+  # The package from the source tree over the wheel's library, in the python that has torch.
+  lib="$("$py" -c 'import nvfuser_ipc; print(nvfuser_ipc.library_path())')"
+  PYTHONPATH="$src/python" NVFIPC_LIBRARY="$lib" \
+    "$NVFIPC_PYTHON" "$src/tests/python/api_misuse.py" --require-torch
+fi

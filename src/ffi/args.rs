@@ -7,7 +7,7 @@
 
 use crate::cuda::p2p::Stream;
 use crate::error::{Error, Result};
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use std::fmt::Display;
 use std::time::Duration;
 
@@ -19,18 +19,43 @@ pub(crate) fn check_not_null<T>(ptr: *const T, name: impl Display) -> Result<()>
     Ok(())
 }
 
-/// Borrows a NUL-terminated UTF-8 C string argument.
+/// Longest string argument (a key, tag, scope or host name), in bytes without its NUL: the
+/// longest key a TCPStore server accepts. A string argument is never read beyond it.
+pub const NVFIPC_MAX_STRING_LEN: usize = 8192;
+const _: () = assert!(NVFIPC_MAX_STRING_LEN == crate::store::wire::MAX_KEY_LEN);
+
+/// Borrows a NUL-terminated UTF-8 C string argument of at most `NVFIPC_MAX_STRING_LEN` bytes.
 pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'a str> {
     check_not_null(ptr, &name)?;
     // SAFETY: non-NULL (checked above); the C contract says string arguments are NUL-terminated
-    // and stay valid for the duration of the call, which outlives every use of the result.
-    let c_str = unsafe { CStr::from_ptr(ptr) };
-    c_str.to_str().map_err(|e| {
+    // and stay valid during the call; strnlen reads no further than the NUL or the limit + 1.
+    let len = unsafe { libc::strnlen(ptr, NVFIPC_MAX_STRING_LEN + 1) };
+    if len > NVFIPC_MAX_STRING_LEN {
+        return Err(Error::invalid(format!(
+            "argument `{name}` is longer than NVFIPC_MAX_STRING_LEN = {NVFIPC_MAX_STRING_LEN} \
+             bytes (or lacks its NUL terminator)"
+        )));
+    }
+    // SAFETY: the `len` bytes before the NUL that strnlen found are readable and stay valid
+    // during the call, which outlives every use of the result.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    std::str::from_utf8(bytes).map_err(|e| {
         Error::invalid(format!(
             "argument `{name}` is not valid UTF-8 (invalid byte at offset {})",
             e.valid_up_to()
         ))
     })
+}
+
+/// Checks a count or length argument against its documented limit (`limit` = `max`, e.g.
+/// "NVFIPC_MAX_REQUESTS"), before anything is read or allocated with it.
+pub(crate) fn count_arg(value: usize, name: &str, limit: &str, max: usize) -> Result<usize> {
+    if value > max {
+        return Err(Error::invalid(format!(
+            "argument `{name}` = {value} is above the limit of {limit} = {max}"
+        )));
+    }
+    Ok(value)
 }
 
 /// Checks an array of `len` items (input or output): non-NULL, aligned and of a representable
@@ -69,13 +94,16 @@ pub(crate) fn ref_arg<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
     Ok(&slice_arg(ptr, 1, name)?[0])
 }
 
-/// Borrows an array of `n` C strings (NULL allowed when `n` is 0).
+/// Borrows an array of `n` C strings (NULL allowed when `n` is 0): a list of keys, so at most
+/// `NVFIPC_MAX_KEYS`, given by the argument named `count`.
 pub(crate) fn c_str_array_arg<'a>(
     ptr: *const *const c_char,
     n: usize,
     name: &str,
+    count: &str,
 ) -> Result<Vec<&'a str>> {
-    let mut strs = Vec::with_capacity(n);
+    let max = super::store::NVFIPC_MAX_KEYS;
+    let mut strs = Vec::with_capacity(count_arg(n, count, "NVFIPC_MAX_KEYS", max)?);
     for (i, &item) in slice_arg(ptr, n, name)?.iter().enumerate() {
         strs.push(c_str_arg(item, format_args!("{name}[{i}]"))?);
     }

@@ -3,7 +3,9 @@
 //! (`nvfipc_cuda_p2p_*`), an opened one (`nvfipc_cuda_channel_*`) or a raw endpoint with explicit
 //! transfer numbers (`nvfipc_cuda_endpoint_*`). Every primitive only enqueues work on its stream.
 
-use super::args::{copy_fields, optional_out_ptr, out_ptr, ref_arg, stream_arg, timeout_arg};
+use super::args::{
+    copy_fields, optional_out_ptr, out_ptr, rank_arg, ref_arg, stream_arg, timeout_arg,
+};
 use super::boundary::ffi_call;
 use super::channel::{channel_arg, nvfipc_channel};
 use super::exchange::{nvfipc_cache, nvfipc_request, p2p_handles};
@@ -223,7 +225,7 @@ fn handle_arg(handle: *const nvfipc_cuda_ipc_handle) -> Result<ipc::HandleBytes>
 }
 
 fn peer_arg(peer: i64) -> Result<usize> {
-    usize::try_from(peer).map_err(|_| Error::invalid(format!("peer rank {peer} is negative")))
+    rank_arg(peer, crate::config::MAX_WORLD_SIZE, "peer")
 }
 
 /// Opens the legacy IPC `handle` exported by rank `peer` in the current context (with
@@ -253,9 +255,9 @@ pub extern "C" fn nvfipc_cuda_ipc_close(
     handle: *const nvfipc_cuda_ipc_handle,
 ) -> Status {
     ffi_call("nvfipc_cuda_ipc_close", || {
-        let handle = handle_arg(handle)?;
+        let (peer, handle) = (peer_arg(peer)?, handle_arg(handle)?);
         let device = driver::ensure_context(None)?.device()?;
-        ipc::close(peer_arg(peer)?, &handle, device)
+        ipc::close(peer, &handle, device)
     })
 }
 

@@ -1,6 +1,8 @@
 //! C ABI of the handle cache: exchange P2P handles for a batch of requests and look them up.
 
-use super::args::{c_str_arg, copy_fields, out_ptr, rank_arg, ref_arg, slice_arg, timeout_arg};
+use super::args::{
+    c_str_arg, copy_fields, count_arg, out_ptr, rank_arg, ref_arg, slice_arg, timeout_arg,
+};
 use super::boundary::ffi_call;
 use super::context::context_arg;
 use super::context::nvfipc_context;
@@ -23,6 +25,9 @@ pub const NVFIPC_DIRECTION_RECV: i32 = 1;
 pub const NVFIPC_MEM_DEVICE: i32 = 0;
 /// `nvfipc_request.kind`: host memory from `nvfipc_host_alloc`.
 pub const NVFIPC_MEM_HOST: i32 = 1;
+/// Most requests in one `nvfipc_exchange_handles` call: the channels a cache can hold.
+pub const NVFIPC_MAX_REQUESTS: usize = 4096;
+const _: () = assert!(NVFIPC_MAX_REQUESTS == crate::exchange::board::CAPACITY as usize);
 
 /// Caches P2P handles (own buffer and semaphore, peer's buffer and semaphore) per channel.
 ///
@@ -230,6 +235,7 @@ fn exchange(
     timeout_ms: i64,
 ) -> Result<()> {
     let cache = cache_arg(cache)?;
+    let n = count_arg(n, "n", "NVFIPC_MAX_REQUESTS", NVFIPC_MAX_REQUESTS)?;
     let mut requests = Vec::with_capacity(n);
     for (i, r) in slice_arg(reqs, n, "reqs")?.iter().enumerate() {
         requests.push(request_arg(
@@ -241,9 +247,10 @@ fn exchange(
     cache.exchange_handles_timeout(&requests, timeout_arg(timeout_ms, cache.timeout()))
 }
 
-/// Exchanges handles for the `n` requests at `reqs` with every peer they name. Each peer must make
-/// the matching call (same tags; any order of requests). Costs no store traffic when neither
-/// side's buffers changed, at most one multi-set and one multi-get otherwise; never a barrier.
+/// Exchanges handles for the `n` requests at `reqs` (at most `NVFIPC_MAX_REQUESTS`) with every
+/// peer they name. Each peer must make the matching call (same tags; any order of requests).
+/// Costs no store traffic when neither side's buffers changed, at most one multi-set and one
+/// multi-get otherwise; never a barrier.
 /// Fails with `NVFIPC_STATUS_TIMEOUT` (naming rank, peer, tag, step and key) when a peer does not
 /// arrive within the cache's timeout. A timed-out call leaves its channels in the step it began:
 /// calling again with the same requests (same buffers) resumes that step, and the peer sees

@@ -2,8 +2,8 @@
 //! [`Store`] operation on it, library-owned buffers, and the embedded server (`nvfipc_server`).
 
 use super::args::{
-    c_str_arg, c_str_array_arg, optional_out_ptr, out_ptr, out_slice_arg, positive_arg, ref_arg,
-    slice_arg, timeout_arg, Out,
+    c_str_arg, c_str_array_arg, count_arg, optional_out_ptr, out_ptr, out_slice_arg, positive_arg,
+    ref_arg, slice_arg, timeout_arg, Out,
 };
 use super::boundary::ffi_call;
 use super::registry::{free_buffer, handle_ref, into_buffer, into_handle, take_handle, Handle};
@@ -11,10 +11,19 @@ use super::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
 use crate::error::{Error, Result, Status};
 use crate::store::client::{ConnectOptions, TcpStore};
 use crate::store::server::{ServerOptions, StoreServer};
-use crate::store::{Store, DEFAULT_TIMEOUT};
+use crate::store::{wire, Store, DEFAULT_TIMEOUT};
 use std::ffi::c_char;
+use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Most keys in one call (`nvfipc_store_check`, `_wait`, `_multi_set`, `_multi_get`,
+/// `nvfipc_buffers_free`): the most a TCPStore request names.
+pub const NVFIPC_MAX_KEYS: usize = 131_072;
+const _: () = assert!(NVFIPC_MAX_KEYS == wire::MAX_KEY_COUNT);
+/// Longest value given to a store operation, in bytes: the longest a TCPStore server accepts.
+pub const NVFIPC_MAX_VALUE_LEN: usize = 8_388_608;
+const _: () = assert!(NVFIPC_MAX_VALUE_LEN == wire::MAX_VALUE_LEN);
 
 /// A key-value store with the semantics of PyTorch's `c10d::Store`: a TCPStore client
 /// (`nvfipc_store_connect`) or a store backed by host callbacks (`nvfipc_store_from_callbacks`).
@@ -89,6 +98,17 @@ fn wait_bound(store: &dyn Store, keys: &[&str], timeout_ms: i64) -> Result<Durat
     )))
 }
 
+/// Borrows a value argument of `len` bytes, at most `NVFIPC_MAX_VALUE_LEN`.
+fn value_arg<'a>(ptr: *const u8, len: usize, name: impl Display) -> Result<&'a [u8]> {
+    if len > NVFIPC_MAX_VALUE_LEN {
+        return Err(Error::invalid(format!(
+            "argument `{name}` has a length of {len} bytes, above the limit of \
+             NVFIPC_MAX_VALUE_LEN = {NVFIPC_MAX_VALUE_LEN} bytes"
+        )));
+    }
+    slice_arg(ptr, len, name)
+}
+
 /// Hands a value to C through the `(out_value, out_len)` pair.
 fn write_buffer(value: Vec<u8>, out_value: Out<*mut u8>, out_len: Out<usize>) -> Result<()> {
     let (data, len) = into_buffer(value);
@@ -107,7 +127,7 @@ pub extern "C" fn nvfipc_store_set(
 ) -> Status {
     ffi_call("nvfipc_store_set", || {
         let (store, key) = store_key(store, key)?;
-        store.set(key, slice_arg(value, value_len, "value")?)
+        store.set(key, value_arg(value, value_len, "value")?)
     })
 }
 
@@ -157,7 +177,7 @@ pub extern "C" fn nvfipc_store_check(
 ) -> Status {
     ffi_call("nvfipc_store_check", || {
         let store = store_arg(store)?;
-        let keys = c_str_array_arg(keys, n_keys, "keys")?;
+        let keys = c_str_array_arg(keys, n_keys, "keys", "n_keys")?;
         let out = out_ptr(out_all_exist, "out_all_exist")?;
         // All of no keys exist; not every backend accepts an empty list.
         out.write(keys.is_empty() || store.check(&keys)?)
@@ -175,7 +195,7 @@ pub extern "C" fn nvfipc_store_wait(
 ) -> Status {
     ffi_call("nvfipc_store_wait", || {
         let store = store_arg(store)?;
-        let keys = c_str_array_arg(keys, n_keys, "keys")?;
+        let keys = c_str_array_arg(keys, n_keys, "keys", "n_keys")?;
         if keys.is_empty() {
             // Nothing to wait for; not every backend accepts an empty list.
             return Ok(());
@@ -233,8 +253,8 @@ pub extern "C" fn nvfipc_store_compare_set(
 ) -> Status {
     ffi_call("nvfipc_store_compare_set", || {
         let (store, key) = store_key(store, key)?;
-        let expected = slice_arg(expected, expected_len, "expected")?;
-        let desired = slice_arg(desired, desired_len, "desired")?;
+        let expected = value_arg(expected, expected_len, "expected")?;
+        let desired = value_arg(desired, desired_len, "desired")?;
         let out_value = out_ptr(out_value, "out_value")?;
         let out_len = out_ptr(out_len, "out_len")?;
         let value = store.compare_set(key, expected, desired)?;
@@ -252,7 +272,7 @@ pub extern "C" fn nvfipc_store_append(
 ) -> Status {
     ffi_call("nvfipc_store_append", || {
         let (store, key) = store_key(store, key)?;
-        store.append(key, slice_arg(value, value_len, "value")?)
+        store.append(key, value_arg(value, value_len, "value")?)
     })
 }
 
@@ -266,11 +286,11 @@ pub extern "C" fn nvfipc_store_multi_set(
 ) -> Status {
     ffi_call("nvfipc_store_multi_set", || {
         let store = store_arg(store)?;
-        let keys = c_str_array_arg(keys, n, "keys")?;
+        let keys = c_str_array_arg(keys, n, "keys", "n")?;
         let spans = slice_arg(values, n, "values")?;
         let mut pairs = Vec::with_capacity(n);
         for (i, (&key, s)) in keys.iter().zip(spans).enumerate() {
-            pairs.push((key, slice_arg(s.data, s.len, format_args!("values[{i}]"))?));
+            pairs.push((key, value_arg(s.data, s.len, format_args!("values[{i}]"))?));
         }
         store.multi_set(&pairs)
     })
@@ -290,7 +310,7 @@ pub extern "C" fn nvfipc_store_multi_get(
 ) -> Status {
     ffi_call("nvfipc_store_multi_get", || {
         let store = store_arg(store)?;
-        let keys = c_str_array_arg(keys, n, "keys")?;
+        let keys = c_str_array_arg(keys, n, "keys", "n")?;
         let outs = out_slice_arg(out_values, n, "out_values")?;
         if keys.is_empty() {
             return Ok(());
@@ -317,6 +337,7 @@ pub extern "C" fn nvfipc_store_multi_get(
 #[no_mangle]
 pub extern "C" fn nvfipc_buffers_free(values: *mut nvfipc_buffer, n: usize) -> Status {
     ffi_call("nvfipc_buffers_free", || {
+        count_arg(n, "n", "NVFIPC_MAX_KEYS", NVFIPC_MAX_KEYS)?;
         let entries = slice_arg(values.cast_const(), n, "values")?.to_vec();
         let outs = out_slice_arg(values, n, "values")?;
         let mut first_error = None;
@@ -394,8 +415,11 @@ pub extern "C" fn nvfipc_store_connect(
                 "port 0 is not a server port (connecting to {host})"
             )));
         }
+        let (limit, max) = ("NVFIPC_MAX_WORLD_SIZE", crate::config::MAX_WORLD_SIZE);
+        let workers = usize::try_from(wait_for_workers).ok().filter(|&n| n > 0);
+        let workers = workers.map(|n| count_arg(n, "wait_for_workers", limit, max));
         let options = ConnectOptions {
-            wait_for_workers: usize::try_from(wait_for_workers).ok().filter(|&n| n > 0),
+            wait_for_workers: workers.transpose()?,
             ..ConnectOptions::with_timeout(timeout_arg(timeout_ms, DEFAULT_TIMEOUT))
         };
         let tcp = Arc::new(TcpStore::connect(host, port, &options)?);

@@ -4,6 +4,7 @@
 //! host as callers give them (no `/` prefix, not NUL-terminated); values may contain NUL bytes.
 
 use crate::error::{Error, Result, Status};
+use crate::store::wire::MAX_REPLY_BLOB_LEN;
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use crate::sync::lock;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -205,15 +206,25 @@ impl HostValue<'_> {
         if self.len == 0 {
             return Ok(Vec::new());
         }
-        if self.ptr.is_null() {
+        if self.ptr.is_null() || self.len as u64 > MAX_REPLY_BLOB_LEN {
             return Err(Error::protocol(format!(
-                "host store callback returned a NULL value with length {}",
-                self.len
+                "host store callback returned a value of {} bytes at {:p} (NULL, or above the \
+                 limit of {MAX_REPLY_BLOB_LEN} bytes on what a store may return)",
+                self.len, self.ptr
             )));
         }
         // SAFETY: the host promised `ptr` points to `len` readable bytes that it handed over to
         // us; we copy them before they are released in `drop`.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) }.to_vec())
+        let value = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
+        let mut copy = Vec::new();
+        copy.try_reserve_exact(value.len()).map_err(|e| {
+            Error::io(format!(
+                "copying a host store value of {} bytes: {e}",
+                value.len()
+            ))
+        })?;
+        copy.extend_from_slice(value);
+        Ok(copy)
     }
 }
 

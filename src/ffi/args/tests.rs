@@ -11,12 +11,47 @@ fn string_arguments_are_checked() {
     assert!(err.message.contains("not valid UTF-8"), "{}", err.message);
     assert_eq!(c_str_arg(c"hello".as_ptr(), "key").unwrap(), "hello");
     let arr = [c"a".as_ptr(), std::ptr::null()];
-    let err = c_str_array_arg(arr.as_ptr(), 2, "keys").unwrap_err();
+    let err = c_str_array_arg(arr.as_ptr(), 2, "keys", "n").unwrap_err();
     assert!(err.message.contains("`keys[1]` is NULL"), "{}", err.message);
-    assert_eq!(c_str_array_arg(arr.as_ptr(), 1, "keys").unwrap(), ["a"]);
-    assert!(c_str_array_arg(std::ptr::null(), 0, "keys")
+    assert_eq!(
+        c_str_array_arg(arr.as_ptr(), 1, "keys", "n").unwrap(),
+        ["a"]
+    );
+    assert!(c_str_array_arg(std::ptr::null(), 0, "keys", "n")
         .unwrap()
         .is_empty());
+    // The count is checked before the array is read or anything allocated for it.
+    let err = c_str_array_arg(arr.as_ptr(), usize::MAX, "keys", "n").unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(
+        err.message.contains("`n` = 18446744073709551615"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn string_lengths_are_bounded() {
+    let at_limit = std::ffi::CString::new(vec![b'x'; NVFIPC_MAX_STRING_LEN]).unwrap();
+    assert_eq!(
+        c_str_arg(at_limit.as_ptr(), "tag").unwrap().len(),
+        NVFIPC_MAX_STRING_LEN
+    );
+    // One byte more: refused, having read no further than the limit and one byte.
+    let over = std::ffi::CString::new(vec![b'x'; NVFIPC_MAX_STRING_LEN + 1]).unwrap();
+    let err = c_str_arg(over.as_ptr(), "tag").unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert_eq!(
+        err.message,
+        "argument `tag` is longer than NVFIPC_MAX_STRING_LEN = 8192 bytes (or lacks its NUL \
+         terminator)"
+    );
+    assert_eq!(count_arg(3, "n", "LIMIT", 3).unwrap(), 3);
+    let err = count_arg(4, "n", "LIMIT", 3).unwrap_err();
+    assert_eq!(
+        err.message,
+        "argument `n` = 4 is above the limit of LIMIT = 3"
+    );
 }
 
 #[test]

@@ -48,3 +48,26 @@ fn rank_layout_names_the_bad_argument() {
     assert!(err(0, 2, 0, 3).contains("larger than world_size"));
     assert_eq!(rank_layout(1, 4, 1, 2).unwrap(), (1, 4, 1, 2));
 }
+
+#[test]
+fn barrier_member_counts_above_the_world_size_are_refused_before_the_list_is_read() {
+    let store = mem_store();
+    let mut ctx = std::ptr::null_mut();
+    assert_eq!(
+        nvfipc_context_create(0, 1, 0, 1, store, &mut ctx),
+        Status::Ok
+    );
+    let two = [0i64, 0];
+    for n in [2usize, 1 << 40, usize::MAX] {
+        assert_eq!(
+            nvfipc_barrier(ctx, two.as_ptr(), n, 0),
+            Status::InvalidArgument
+        );
+        let message = crate::ffi::tests::last_error_message();
+        let expected = format!("`n_ranks` = {n} is above the limit of the world size = 1");
+        assert!(message.contains(&expected), "{message}");
+    }
+    assert_eq!(nvfipc_barrier(ctx, two.as_ptr(), 1, 0), Status::Ok);
+    assert_eq!(nvfipc_context_free(ctx), Status::Ok);
+    assert_eq!(nvfipc_store_free(store), Status::Ok);
+}

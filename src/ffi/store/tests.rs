@@ -1,4 +1,5 @@
 use super::*;
+use crate::ffi::args::NVFIPC_MAX_STRING_LEN;
 use crate::ffi::registry::into_handle;
 use crate::store::memory::MemoryStore;
 use std::ffi::CStr;
@@ -206,4 +207,78 @@ fn misuse_is_reported_not_crashed() {
         Status::InvalidState
     );
     assert_eq!(nvfipc_store_free(std::ptr::null_mut()), Status::Ok);
+}
+
+#[test]
+fn counts_and_lengths_above_their_limits_are_refused_before_anything_is_read() {
+    let s = mem_store();
+    let huge = 1usize << 40;
+    let expect = |status: Status, text: &str| {
+        assert_eq!(status, Status::InvalidArgument, "{text}");
+        assert!(last_message().contains(text), "{}", last_message());
+    };
+    // Two real keys, a count that is not: the array is never read.
+    let keys = [c"a".as_ptr(), c"b".as_ptr()];
+    let mut all = false;
+    let keys_limit = format!("`n_keys` = {huge} is above the limit of NVFIPC_MAX_KEYS = 131072");
+    expect(
+        nvfipc_store_check(s, keys.as_ptr(), huge, &mut all),
+        &keys_limit,
+    );
+    expect(nvfipc_store_wait(s, keys.as_ptr(), huge, 0), &keys_limit);
+    let n_limit = format!("`n` = {huge} is above the limit of NVFIPC_MAX_KEYS = 131072");
+    let mut outs = [nvfipc_buffer {
+        data: std::ptr::null_mut(),
+        len: 0,
+    }; 2];
+    expect(
+        nvfipc_store_multi_get(s, keys.as_ptr(), huge, 0, outs.as_mut_ptr()),
+        &n_limit,
+    );
+    expect(nvfipc_buffers_free(outs.as_mut_ptr(), huge), &n_limit);
+    let values = [nvfipc_bytes {
+        data: b"x".as_ptr(),
+        len: 1,
+    }; 2];
+    expect(
+        nvfipc_store_multi_set(s, keys.as_ptr(), values.as_ptr(), NVFIPC_MAX_KEYS + 1),
+        "`n` = 131073 is above the limit of NVFIPC_MAX_KEYS",
+    );
+    // Value lengths.
+    let too_long = format!(
+        "has a length of {huge} bytes, above the limit of NVFIPC_MAX_VALUE_LEN = 8388608 bytes"
+    );
+    let x = b"x".as_ptr();
+    expect(nvfipc_store_set(s, c"k".as_ptr(), x, huge), &too_long);
+    expect(nvfipc_store_append(s, c"k".as_ptr(), x, huge), &too_long);
+    let (mut data, mut len) = (std::ptr::null_mut(), 0usize);
+    expect(
+        nvfipc_store_compare_set(s, c"k".as_ptr(), x, 1, x, huge, &mut data, &mut len),
+        &format!("argument `desired` {too_long}"),
+    );
+    let spans = [nvfipc_bytes { data: x, len: huge }];
+    expect(
+        nvfipc_store_multi_set(s, keys.as_ptr(), spans.as_ptr(), 1),
+        &format!("argument `values[0]` {too_long}"),
+    );
+    // Key lengths: the limit itself is accepted, one byte more is not.
+    let at_limit = std::ffi::CString::new(vec![b'k'; NVFIPC_MAX_STRING_LEN]).unwrap();
+    assert_eq!(nvfipc_store_set(s, at_limit.as_ptr(), x, 1), Status::Ok);
+    let over = std::ffi::CString::new(vec![b'k'; NVFIPC_MAX_STRING_LEN + 1]).unwrap();
+    expect(
+        nvfipc_store_set(s, over.as_ptr(), x, 1),
+        "argument `key` is longer than NVFIPC_MAX_STRING_LEN = 8192 bytes",
+    );
+    // Nothing was written by the refused calls.
+    let mut num = 0i64;
+    assert_eq!(nvfipc_store_num_keys(s, &mut num), Status::Ok);
+    assert_eq!(num, 1);
+    // A worker count is a world size (checked before any connection is tried).
+    let mut out = std::ptr::null_mut();
+    expect(
+        nvfipc_store_connect(c"127.0.0.1".as_ptr(), 1, 10, i64::MAX, &mut out),
+        "`wait_for_workers` = 9223372036854775807 is above the limit of NVFIPC_MAX_WORLD_SIZE",
+    );
+    assert!(out.is_null());
+    assert_eq!(nvfipc_store_free(s), Status::Ok);
 }

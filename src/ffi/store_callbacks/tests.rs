@@ -523,3 +523,36 @@ fn liveness_follows_a_server_of_this_machine_and_is_unknown_elsewhere() {
     store.set_server_address("192.0.2.1", port);
     assert_eq!(store.liveness(), Liveness::Unknown);
 }
+
+unsafe extern "C" fn cb_get_huge(
+    ctx: *mut c_void,
+    _key: *const c_char,
+    _key_len: usize,
+    _timeout_ms: i64,
+    out_value: *mut *mut u8,
+    out_len: *mut usize,
+) -> c_int {
+    guarded(ctx, |_| {
+        *out_value = malloc_copy(b"x");
+        *out_len = 1 << 40;
+        0
+    })
+}
+
+#[test]
+fn a_returned_length_above_the_limit_is_refused_unread_and_the_value_released() {
+    let host = Arc::new(Host::default());
+    let store = CallbackStore::new(nvfipc_store_callbacks {
+        get: Some(cb_get_huge),
+        ..full(&host)
+    })
+    .unwrap();
+    let err = store.get("k", Duration::ZERO).unwrap_err();
+    assert_eq!(err.status, Status::Protocol);
+    assert!(
+        err.message.contains("a value of 1099511627776 bytes"),
+        "{}",
+        err.message
+    );
+    assert_eq!(host.freed.load(Ordering::SeqCst), 1);
+}

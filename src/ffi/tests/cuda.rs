@@ -96,3 +96,25 @@ fn bad_arguments_give_statuses() {
     assert_eq!(nvfipc_cuda_ipc_counters_get(&mut counters), Status::Ok);
     assert_eq!(counters.opens, counters.closes + counters.live);
 }
+
+#[test]
+fn ipc_peers_are_ranks_of_a_possible_world() {
+    let handle = nvfipc_cuda_ipc_handle { bytes: [0; 64] };
+    let mut base = 0u64;
+    for peer in [-1i64, 1 << 40] {
+        assert_eq!(
+            nvfipc_cuda_ipc_open(peer, &handle, &mut base),
+            Status::InvalidArgument
+        );
+        let expected = format!("`peer` = {peer} is not a rank of a world of size 131072");
+        assert!(
+            last_error_message().contains(&expected),
+            "{}",
+            last_error_message()
+        );
+        assert_eq!(
+            nvfipc_cuda_ipc_close(peer, &handle),
+            Status::InvalidArgument
+        );
+    }
+}

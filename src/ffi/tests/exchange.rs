@@ -56,3 +56,73 @@ fn requests_are_validated() {
         assert_eq!(err.status, Status::InvalidArgument, "{err}");
     }
 }
+
+#[test]
+fn request_counts_above_the_limit_are_refused_before_the_array_is_read() {
+    use crate::ffi::context::{nvfipc_context_create, nvfipc_context_free};
+    use crate::ffi::store::{nvfipc_store_free, tests::mem_store};
+    let store = mem_store();
+    let (mut ctx, mut cache) = (std::ptr::null_mut(), std::ptr::null_mut());
+    assert_eq!(
+        nvfipc_context_create(0, 1, 0, 1, store, &mut ctx),
+        Status::Ok
+    );
+    assert_eq!(nvfipc_cache_create(ctx, &mut cache), Status::Ok);
+    let req = nvfipc_request {
+        peer: 0,
+        direction: NVFIPC_DIRECTION_SEND,
+        kind: NVFIPC_MEM_HOST,
+        tag: c"t".as_ptr(),
+        ptr: 0x1000,
+        bytes: 8,
+    };
+    let two = [req, req];
+    for n in [1usize << 40, NVFIPC_MAX_REQUESTS + 1, usize::MAX] {
+        assert_eq!(
+            nvfipc_exchange_handles(cache, two.as_ptr(), n),
+            Status::InvalidArgument
+        );
+        let message = last_error_message();
+        assert!(
+            message.contains(&format!(
+                "`n` = {n} is above the limit of NVFIPC_MAX_REQUESTS = 4096"
+            )),
+            "{message}"
+        );
+    }
+    // Within the limit the requests themselves are read and checked (peer 0 is this rank).
+    assert_eq!(
+        nvfipc_exchange_handles_timeout(cache, two.as_ptr(), 2, 0),
+        Status::InvalidArgument
+    );
+    assert!(
+        last_error_message().contains("peer"),
+        "{}",
+        last_error_message()
+    );
+    assert_eq!(nvfipc_cache_free(cache), Status::Ok);
+    assert_eq!(nvfipc_context_free(ctx), Status::Ok);
+    assert_eq!(nvfipc_store_free(store), Status::Ok);
+}
+
+#[test]
+fn tags_longer_than_the_string_limit_are_refused() {
+    use crate::ffi::args::NVFIPC_MAX_STRING_LEN;
+    let long = std::ffi::CString::new(vec![b'a'; NVFIPC_MAX_STRING_LEN + 1]).unwrap();
+    let req = nvfipc_request {
+        peer: 1,
+        direction: NVFIPC_DIRECTION_SEND,
+        kind: NVFIPC_MEM_HOST,
+        tag: long.as_ptr(),
+        ptr: 0x1000,
+        bytes: 8,
+    };
+    let err = request_arg(&req, 2, "req").unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(
+        err.message
+            .contains("`req.tag` is longer than NVFIPC_MAX_STRING_LEN = 8192"),
+        "{}",
+        err.message
+    );
+}
