@@ -615,17 +615,15 @@ fn wait_registrations_are_bounded_and_given_back_when_waiters_leave() {
             && line.contains("connection closed"),
         "{line}"
     );
-    // Clients with one such WAIT each, within the budget.
-    let mut waiters: Vec<Client> = (0..FITTING)
-        .map(|w| non_reader(server.port, &wait_frame(&format!("/w{w}/"), KEYS, 100)))
+    // Clients with one such WAIT each, within the budget (one after the other, so that they
+    // take turns with one input buffer of the server's pool).
+    let mut waiters: Vec<Client> = (0..FITTING as u32)
+        .map(|w| {
+            let mut c = non_reader(server.port, &wait_frame(&format!("/w{w}/"), KEYS, 100));
+            assert_eq!(c.ping(w).unwrap(), w, "waiter {w} was refused");
+            c
+        })
         .collect();
-    for (i, w) in waiters.iter_mut().enumerate() {
-        assert_eq!(
-            w.ping(i as u32).unwrap(),
-            i as u32,
-            "waiter {i} was refused"
-        );
-    }
     let peak = settled_rss_kib(&server);
 
     // One more WAIT that would fit a client but not what is left of the budget.

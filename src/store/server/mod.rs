@@ -103,7 +103,7 @@ pub struct ServerStats {
     /// Connections closed for a bad or missing handshake (including the handshake timeout).
     pub closed_handshake: u64,
     /// Connections closed for a malformed or refused request (unknown command, over-limit
-    /// field, ADD on a non-number).
+    /// field, ADD on a non-number, over a pending limit).
     pub closed_malformed: u64,
     /// Connections closed after a socket error.
     pub closed_io: u64,
