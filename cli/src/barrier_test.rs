@@ -2,7 +2,7 @@
 //! world or over pseudo-random subsets that every rank derives from the same seed, and checks
 //! through the store that no barrier releases a rank before every member arrived.
 
-use crate::args::positive_ms;
+use crate::args::{millis, positive_ms};
 use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::Result;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// leaves before every member arrived). Exits non-zero on any failure.
 #[derive(clap::Args, Debug, PartialEq, Eq)]
 #[command(
-    override_usage = "nvfipc barrier-test --rounds R [--subset-seed S] [--timeout-ms MS]\n                      [--absent-rank A]"
+    override_usage = "nvfipc barrier-test --rounds R [--subset-seed S] [--timeout-ms MS]\n                      [--barrier-timeout-ms MS] [--absent-rank A]\n                      [--late-rank L --late-ms MS]"
 )]
 pub struct BarrierTestArgs {
     /// Number of barriers
@@ -23,13 +23,23 @@ pub struct BarrierTestArgs {
     /// Barriers over seeded random subsets of the ranks instead of the world
     #[arg(long, value_name = "S")]
     pub subset_seed: Option<u64>,
-    /// Timeout of each barrier (default: the library's)
+    /// The context's timeout, the default of its store operations and barriers (default: the
+    /// library's)
     #[arg(long = "timeout-ms", value_name = "MS", value_parser = positive_ms)]
     pub timeout: Option<Duration>,
+    /// The timeout given to each round's barrier call (default: the context's)
+    #[arg(long = "barrier-timeout-ms", value_name = "MS", value_parser = positive_ms)]
+    pub barrier_timeout: Option<Duration>,
     /// This rank creates its context but never joins a barrier (the others must time out naming
     /// it)
     #[arg(long, value_name = "A")]
     pub absent_rank: Option<usize>,
+    /// This rank arrives late at each round's barrier, by --late-ms
+    #[arg(long, value_name = "L", requires = "late")]
+    pub late_rank: Option<usize>,
+    /// How late the late rank arrives
+    #[arg(long = "late-ms", id = "late", value_name = "MS", value_parser = millis)]
+    pub late: Option<Duration>,
 }
 
 /// SplitMix64: a tiny deterministic generator, identical on every rank.
@@ -102,7 +112,10 @@ fn rounds(ctx: &Context, args: &BarrierTestArgs) -> Result<()> {
         let expected = members.as_ref().map_or(ctx.world_size, Vec::len) as i64;
         let key = format!("nvfipc-test/{}/round/{round}", ctx.job_id);
         ctx.store.add(&key, 1)?;
-        ctx.barrier(members.as_deref(), None)?;
+        if args.late_rank == Some(ctx.rank) {
+            std::thread::sleep(args.late.unwrap_or_default());
+        }
+        ctx.barrier(members.as_deref(), args.barrier_timeout)?;
         let arrived = ctx.store.add(&key, 0)?;
         if arrived != expected {
             return Err(nvfuser_ipc::Error::internal(format!(

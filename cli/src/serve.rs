@@ -3,7 +3,8 @@
 use crate::signals::Signals;
 use nvfuser_ipc::config::DEFAULT_MASTER_PORT;
 use nvfuser_ipc::store::server::{
-    ServerOptions, StoreServer, DEFAULT_BUSY_POLL, DEFAULT_REPLY_BUDGET,
+    ServerOptions, StoreServer, DEFAULT_BUSY_POLL, DEFAULT_PENDING_BUDGET,
+    DEFAULT_PENDING_PER_CLIENT, DEFAULT_REPLY_BUDGET,
 };
 use std::io::Write;
 use std::time::Duration;
@@ -18,9 +19,12 @@ const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 /// clients beyond the limit with a line on stderr. What replies hold beyond the stored data
 /// (LIST snapshots, streamed MULTI_GET references, unsent output) is bounded by
 /// --reply-budget-mib across all clients: a reply that does not fit waits until others are sent.
+/// What requests not yet answered hold (WAIT registrations, partly read requests) is bounded per
+/// client by --pending-per-client-mib and across all clients by --pending-budget-mib: a request
+/// beyond either closes its client's connection, with a line on stderr.
 #[derive(clap::Args, Debug, PartialEq, Eq)]
 #[command(
-    override_usage = "nvfipc serve [--host H] [--port P] [--threads N] [--busy-poll-us US]\n               [--max-connections C] [--reply-budget-mib M]"
+    override_usage = "nvfipc serve [--host H] [--port P] [--threads N] [--busy-poll-us US]\n               [--max-connections C] [--reply-budget-mib M]\n               [--pending-budget-mib M] [--pending-per-client-mib M]"
 )]
 pub struct ServeArgs {
     /// Address to listen on (:: is every IPv6 and IPv4 address)
@@ -42,6 +46,19 @@ pub struct ServeArgs {
     #[arg(long, value_name = "M", default_value_t = (DEFAULT_REPLY_BUDGET >> 20) as u64,
           value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     pub reply_budget_mib: u64,
+    /// MiB that requests not yet answered may hold, across all clients (at least 1)
+    #[arg(long, value_name = "M", default_value_t = (DEFAULT_PENDING_BUDGET >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub pending_budget_mib: u64,
+    /// MiB that one client's requests not yet answered may hold (at least 1)
+    #[arg(long, value_name = "M", default_value_t = (DEFAULT_PENDING_PER_CLIENT >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub pending_per_client_mib: u64,
+}
+
+/// `mib` MiB in bytes.
+fn mib(mib: u64) -> usize {
+    usize::try_from(mib << 20).unwrap_or(usize::MAX)
 }
 
 /// Runs the server; returns the exit status.
@@ -58,7 +75,9 @@ pub fn run(args: &ServeArgs) -> i32 {
         busy_poll: Duration::from_micros(args.busy_poll_us),
         threads: args.threads,
         max_connections: args.max_connections,
-        reply_budget: usize::try_from(args.reply_budget_mib << 20).unwrap_or(usize::MAX),
+        reply_budget: mib(args.reply_budget_mib),
+        pending_budget: mib(args.pending_budget_mib),
+        pending_per_client: mib(args.pending_per_client_mib),
         ..ServerOptions::default()
     };
     let server = match StoreServer::bind_with(&args.host, args.port, &opts) {

@@ -22,6 +22,16 @@ struct Finished {
 
 /// Runs `nvfipc launch -n ranks -- nvfipc barrier-test ARGS`, killing it past `limit`.
 fn launch_barrier_test(ranks: usize, args: &[&str], limit: Duration) -> Finished {
+    launch_barrier_test_with(ranks, args, &[], limit)
+}
+
+/// [`launch_barrier_test`] with more environment variables.
+fn launch_barrier_test_with(
+    ranks: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Finished {
     let start = Instant::now();
     let mut child = Command::new(NVFIPC)
         .args([
@@ -33,6 +43,7 @@ fn launch_barrier_test(ranks: usize, args: &[&str], limit: Duration) -> Finished
             "barrier-test",
         ])
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -141,6 +152,35 @@ fn a_missing_rank_is_named_in_the_timeout_error() {
         );
     }
     assert!(run.elapsed < Duration::from_secs(20), "{:?}", run.elapsed);
+}
+
+/// A barrier call's own timeout governs every store operation of the call, on every rank: with a
+/// store timeout of 2 s (`NVFIPC_TIMEOUT_MS`), barriers given 20 s and one rank 4 s late to each
+/// succeed, the coordinator's (which also deletes the previous generation's keys) included.
+#[test]
+fn an_explicit_barrier_timeout_outlasts_the_store_timeout_on_every_rank() {
+    let run = launch_barrier_test_with(
+        3,
+        &[
+            "--rounds",
+            "2",
+            "--barrier-timeout-ms",
+            "20000",
+            "--late-rank",
+            "2",
+            "--late-ms",
+            "4000",
+        ],
+        &[("NVFIPC_TIMEOUT_MS", "2000")],
+        Duration::from_secs(90),
+    );
+    assert_eq!(run.status.code(), Some(0), "stderr:\n{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("[rank 0] barrier-test: 3 ranks, 2 rounds, rank 0 joined 2"),
+        "{}",
+        run.stdout
+    );
 }
 
 /// Four threads, each with its own connection and barrier state (as separate processes would

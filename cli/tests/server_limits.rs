@@ -546,3 +546,132 @@ fn unread_list_replies_stay_within_the_server_budget() {
         "the server holds {after} KiB after the clients left (it held {base} KiB before them)"
     );
 }
+
+const WAIT: u8 = 6;
+
+/// A WAIT frame naming `count` keys of `len` bytes each, all starting with `prefix`.
+fn wait_frame(prefix: &str, count: u32, len: usize) -> Vec<u8> {
+    let mut frame = vec![WAIT];
+    frame.extend_from_slice(&u64::from(count).to_le_bytes());
+    for i in 0..count {
+        let mut key = format!("{prefix}{i:08}/").into_bytes();
+        key.resize(len, b'k');
+        blob(&mut frame, &key);
+    }
+    frame
+}
+
+/// Reads until the server closes the connection (failing if it does not within the timeout).
+fn expect_closed(c: &mut Client, what: &str) {
+    let mut rest = Vec::new();
+    match c.0.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("{what}: the server did not close the connection: {e}"),
+    }
+}
+
+/// The first stderr line of the server containing `needle`, within the timeout.
+fn stderr_line(server: &Server, needle: &str) -> String {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let mut said = Vec::new();
+    while Instant::now() < deadline {
+        if let Ok(line) = server.stderr.recv_timeout(Duration::from_millis(100)) {
+            if line.contains(needle) {
+                return line;
+            }
+            said.push(line);
+        }
+    }
+    panic!("no line with {needle:?} on the server's stderr: {said:?}");
+}
+
+/// WAITs on 131072 missing keys (a legal request) from many clients: a client whose WAITs would
+/// hold more than `--pending-per-client-mib`, or one whose WAIT finds `--pending-budget-mib`
+/// spent, is closed with a WARN line naming it and the limit, while the others keep being
+/// served; a request whose length fields alone exceed the per-client limit is closed before it
+/// is read; and the memory the waiters held is given back once they leave.
+#[test]
+fn wait_registrations_are_bounded_and_given_back_when_waiters_leave() {
+    const KEYS: u32 = 131_072;
+    const FITTING: usize = 6;
+    let mut server = Server::start_with(
+        "true",
+        "--pending-budget-mib 192 --pending-per-client-mib 48",
+    );
+    let mut other = Client::connect(server.port);
+    let base = settled_rss_kib(&server);
+
+    // Two WAITs on 131072 keys of 100 bytes on one connection, each about 28 MiB of the pending
+    // budget: the second is over the per-client limit.
+    let mut greedy = non_reader(server.port, &wait_frame("/g1/", KEYS, 100));
+    let _ = greedy.0.write_all(&wait_frame("/g2/", KEYS, 100)); // closed while it is sent
+    expect_closed(&mut greedy, "two WAITs over the per-client limit");
+    let line = stderr_line(&server, "per-client limit");
+    assert!(
+        line.contains("NVFIPC WARN server: store server: client 127.0.0.1:")
+            && line.contains("a WAIT on 131072 missing keys")
+            && line.contains(&format!("limit of {}", 48 << 20))
+            && line.contains("connection closed"),
+        "{line}"
+    );
+    // Clients with one such WAIT each, within the budget (one after the other, so that they
+    // take turns with one input buffer of the server's pool).
+    let mut waiters: Vec<Client> = (0..FITTING as u32)
+        .map(|w| {
+            let mut c = non_reader(server.port, &wait_frame(&format!("/w{w}/"), KEYS, 100));
+            assert_eq!(c.ping(w).unwrap(), w, "waiter {w} was refused");
+            c
+        })
+        .collect();
+    let peak = settled_rss_kib(&server);
+
+    // One more WAIT that would fit a client but not what is left of the budget.
+    let mut late = non_reader(server.port, &wait_frame("/late/", KEYS, 100));
+    expect_closed(&mut late, "a WAIT over the pending budget");
+    // A WAIT of 131072 keys of 8 KiB (1 GiB), sent as it is made: refused once its length fields
+    // pass the per-client limit, long before all of it was sent.
+    let mut big = Client::connect(server.port);
+    let mut sent = 0usize;
+    let mut chunk = vec![WAIT];
+    chunk.extend_from_slice(&u64::from(KEYS).to_le_bytes());
+    for i in 0..KEYS {
+        blob(&mut chunk, &[b'/', (i % 251) as u8].repeat(4096));
+        if chunk.len() >= 1 << 20 || i + 1 == KEYS {
+            if big.0.write_all(&chunk).is_err() {
+                break;
+            }
+            sent += chunk.len();
+            chunk.clear();
+        }
+    }
+    expect_closed(&mut big, "a 1 GiB WAIT");
+    assert!(
+        sent < 256 << 20,
+        "the server read {sent} bytes of a 1 GiB WAIT"
+    );
+    // Everyone else is served all along.
+    assert_eq!(other.ping(77).unwrap(), 77);
+    other.set(b"/during", b"v");
+    assert_eq!(other.get(b"/during"), b"v");
+    for (i, w) in waiters.iter_mut().enumerate() {
+        assert_eq!(w.ping(100 + i as u32).unwrap(), 100 + i as u32);
+    }
+    assert!(server.alive(), "the server died");
+
+    drop(waiters);
+    assert_eq!(other.ping(78).unwrap(), 78);
+    let after = settled_rss_kib(&server);
+    eprintln!(
+        "server RSS: {base} KiB before, {peak} KiB with {FITTING} waiters, {after} KiB after"
+    );
+    assert!(
+        peak > base + 64 * 1024,
+        "{FITTING} WAITs on {KEYS} keys took the server only from {base} KiB to {peak} KiB"
+    );
+    assert!(
+        after < base + (peak - base) / 4,
+        "the server holds {after} KiB after the waiters left (it held {base} KiB before them \
+         and {peak} KiB with them)"
+    );
+}

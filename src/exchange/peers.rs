@@ -6,7 +6,8 @@
 //! moving back costs a reference count, not a driver open). Allocation ids are never reused within
 //! a process and records are keyed by the exporter's pid too.
 
-use super::board::KNOWN_PER_CHANNEL;
+use super::board::{PeerBoard, KNOWN_PER_CHANNEL};
+use crate::departures::Presence;
 use crate::error::{Error, Result};
 use crate::names::CacheNames;
 use crate::node::{NodeIdentity, Reach};
@@ -75,6 +76,9 @@ impl PeerNodes {
         })?;
         let me = NodeIdentity::local();
         for ((peer, key), value) in unknown.iter().zip(&keys).zip(&values) {
+            if value.is_empty() {
+                return Err(deleted_node_key(rank, *peer, key, names));
+            }
             let node = NodeIdentity::decode(&String::from_utf8_lossy(value)).ok_or_else(|| {
                 Error::protocol(format!(
                     "rank {rank}: store key {key} does not hold a node identity; all ranks must \
@@ -96,6 +100,23 @@ impl PeerNodes {
         }
         Ok(())
     }
+}
+
+/// The error of a peer whose node key was deleted between this rank's wait for it and its read
+/// (a store reads a missing key as empty): the peer closed that cache or exited, as its board
+/// tells when one is still here.
+fn deleted_node_key(rank: usize, peer: usize, key: &str, names: &CacheNames) -> Error {
+    let board = PeerBoard::try_open(&names.board(peer), peer).ok().flatten();
+    let seen = match (board.as_ref().and_then(|b| b.left()), board.is_some()) {
+        (Some(why), _) => why,
+        (None, true) => format!("its board is open: rank {peer} may be creating the cache again"),
+        (None, false) => "no live board of it is here".to_string(),
+    };
+    Error::state(format!(
+        "rank {rank}: peer rank {peer} deleted its node key {key} as this rank read it: it closed \
+         its cache of {names} or exited ({seen}); a closed cache takes no part in exchanges: \
+         create new caches on both ranks, or find out why rank {peer} left"
+    ))
 }
 
 /// What this rank holds of its peers beyond one channel, under one lock.

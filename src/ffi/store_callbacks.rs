@@ -494,8 +494,7 @@ impl Store for CallbackStore {
 
     fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         let Some(f) = self.cb.multi_get else {
-            self.wait(keys, timeout)?;
-            return keys.iter().map(|k| self.get(k, timeout)).collect();
+            return crate::store::wait_then_get(self, keys, timeout);
         };
         if keys.is_empty() {
             return Ok(Vec::new());

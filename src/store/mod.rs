@@ -10,7 +10,7 @@ pub mod server;
 pub mod wire;
 
 use crate::error::Result;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// PyTorch's default store timeout (`Store::kDefaultTimeout`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -29,8 +29,23 @@ pub enum Liveness {
     ServedHere { other_clients: usize },
 }
 
+/// [`Store::multi_get`] as a `wait` then a `get` of each key, all within `timeout`.
+pub(crate) fn wait_then_get<S: Store + ?Sized>(
+    store: &S,
+    keys: &[&str],
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>> {
+    let deadline = Instant::now() + timeout;
+    store.wait(keys, timeout)?;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    keys.iter().map(|k| store.get(k, left())).collect()
+}
+
 /// A key-value store with the semantics of `c10d::Store`, shared between threads; each call is
-/// atomic. Only the waiting operations (`get`, `wait`, `multi_get`) take a timeout.
+/// atomic. Only the waiting operations (`get`, `wait`, `multi_get`, `update_then_wait`) take a
+/// timeout, and it bounds the whole call, whatever the store's default: a wait that lasts up to
+/// it is never cut short by the default, nor are the other replies of the call. The other
+/// operations are bounded by [`Store::default_timeout`].
 pub trait Store: Send + Sync {
     /// Upserts `key`; wakes waiters of `key`.
     fn set(&self, key: &str, value: &[u8]) -> Result<()>;
@@ -61,8 +76,7 @@ pub trait Store: Send + Sync {
 
     /// Waits for every key, then returns the values in request order.
     fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        self.wait(keys, timeout)?;
-        keys.iter().map(|k| self.get(k, timeout)).collect()
+        wait_then_get(self, keys, timeout)
     }
 
     /// Deletes every key of `delete` (missing ones are fine), sets `set` when given, then waits

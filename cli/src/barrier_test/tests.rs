@@ -20,4 +20,17 @@ fn parses_options() {
     assert_eq!(a.timeout, Some(Duration::from_millis(500)));
     assert!(crate::args::parse::<BarrierTestArgs>(&[]).is_err());
     assert!(crate::args::parse::<BarrierTestArgs>(&["--rounds=1", "--timeout-ms=0"]).is_err());
+    let a: BarrierTestArgs = crate::args::parse(&[
+        "--rounds=2",
+        "--barrier-timeout-ms=20000",
+        "--late-rank=1",
+        "--late-ms=4000",
+    ])
+    .unwrap();
+    assert_eq!(a.barrier_timeout, Some(Duration::from_secs(20)));
+    assert_eq!(
+        (a.late_rank, a.late),
+        (Some(1), Some(Duration::from_secs(4)))
+    );
+    assert!(crate::args::parse::<BarrierTestArgs>(&["--rounds=1", "--late-rank=1"]).is_err());
 }

@@ -12,6 +12,8 @@ fn parses_host_and_port() {
             threads: 0,
             max_connections: 16384,
             reply_budget_mib: 256,
+            pending_budget_mib: 256,
+            pending_per_client_mib: 64,
         }
     );
     assert_eq!(
@@ -25,6 +27,8 @@ fn parses_host_and_port() {
             "--max-connections=100",
             "--reply-budget-mib",
             "64",
+            "--pending-budget-mib=512",
+            "--pending-per-client-mib=8",
         ])
         .unwrap(),
         ServeArgs {
@@ -34,6 +38,8 @@ fn parses_host_and_port() {
             threads: 3,
             max_connections: 100,
             reply_budget_mib: 64,
+            pending_budget_mib: 512,
+            pending_per_client_mib: 8,
         }
     );
     assert!(parse::<ServeArgs>(&["--port", "99999"]).is_err());
@@ -44,4 +50,5 @@ fn parses_host_and_port() {
     );
     assert!(parse::<ServeArgs>(&["--busy-poll-us", "-1"]).is_err());
     assert!(parse::<ServeArgs>(&["--reply-budget-mib", "0"]).is_err());
+    assert!(parse::<ServeArgs>(&["--pending-per-client-mib", "0"]).is_err());
 }

@@ -130,3 +130,61 @@ fn a_bound_of_zero_keeps_nothing() {
     assert_eq!(r.retire(MemKind::Host, m(0, 5, 0), 0), vec![m(0, 5, 0)]);
     assert!(len(&r) == 0);
 }
+
+/// A store of one peer's node key holding `value`, and the names of its cache (unique to the
+/// test, so its board name is too).
+fn node_key_holding(test: &str, value: &[u8]) -> (crate::store::memory::MemoryStore, CacheNames) {
+    let names = CacheNames::new(&format!("peers-{}-{test}", std::process::id()), "", 1);
+    let store = crate::store::memory::MemoryStore::new();
+    store.set(&names.node_key(1), value).unwrap();
+    (store, names)
+}
+
+fn check_peer_1(store: &dyn Store, names: &CacheNames) -> Error {
+    let nodes = PeerNodes::default();
+    let err = nodes.check(store, names, 0, &[1], Duration::from_secs(5));
+    err.unwrap_err()
+}
+
+/// A peer that closes its cache deletes its node key: read between the peer's set and delete,
+/// it is empty (what a store's GET gives for a missing key), and the error says the peer left.
+#[test]
+fn a_node_key_deleted_under_the_reader_says_the_peer_left() {
+    let (store, names) = node_key_holding("deleted", b"");
+    let err = check_peer_1(&store, &names);
+    assert_eq!(err.status, crate::Status::InvalidState, "{err}");
+    let head = format!(
+        "rank 0: peer rank 1 deleted its node key {} as this rank read it: it closed its cache \
+         of {names} or exited (no live board of it is here)",
+        names.node_key(1)
+    );
+    assert!(err.message.starts_with(&head), "{}", err.message);
+    assert!(
+        err.message.contains("create new caches on both ranks"),
+        "{}",
+        err.message
+    );
+    assert!(!err.message.contains("version"), "{}", err.message);
+    // Its board, still here and marked closed, says which.
+    let board = super::super::board::OwnBoard::create(&names.board(1), 1).unwrap();
+    board.mark_closed();
+    let err = check_peer_1(&store, &names);
+    let closed = format!("(rank 1 (pid {}) closed its cache)", std::process::id());
+    assert!(err.message.contains(&closed), "{}", err.message);
+}
+
+/// Bytes that are there but are no node identity: another version of the library wrote them.
+#[test]
+fn a_node_key_of_another_format_names_the_version() {
+    let (store, names) = node_key_holding("garbled", b"node0;what");
+    let err = check_peer_1(&store, &names);
+    assert_eq!(err.status, crate::Status::Protocol, "{err}");
+    assert_eq!(
+        err.message,
+        format!(
+            "rank 0: store key {} does not hold a node identity; all ranks must use the same \
+             nvfuser-ipc version",
+            names.node_key(1)
+        )
+    );
+}

@@ -16,6 +16,8 @@ struct Host {
     changed: Condvar,
     last_error: Mutex<CString>,
     freed: AtomicUsize,
+    /// The timeout of every `get` called.
+    get_timeouts: Mutex<Vec<i64>>,
 }
 
 /// Runs a callback body; a panic becomes an error code instead of unwinding into C.
@@ -102,6 +104,7 @@ unsafe extern "C" fn cb_get(
     out_len: *mut usize,
 ) -> c_int {
     guarded(ctx, |h| {
+        h.get_timeouts.lock().unwrap().push(timeout_ms);
         let k = bytes(key as *const u8, key_len).to_vec();
         if !wait_until(h, timeout_ms, |m| m.contains_key(&k)) {
             return fail(h, 2, "key did not appear");
@@ -418,6 +421,12 @@ fn missing_optional_callbacks_are_unsupported_or_emulated() {
         .multi_get(&["b", "a"], Duration::from_secs(1))
         .unwrap();
     assert_eq!(got, vec![b"2".to_vec(), b"1".to_vec()]);
+    // The gets have what the wait left of the call's timeout, not all of it again.
+    let gets = host.get_timeouts.lock().unwrap().clone();
+    assert!(
+        gets.len() == 2 && gets.iter().all(|&ms| ms < 1000),
+        "{gets:?}"
+    );
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! (docs/PROTOCOL.md §1), so it works against torch's servers (libuv and classic) and ours.
 //!
 //! - Waits time out with torch's text (`wait timeout after 1000ms, keys: /nokey`); unlike torch,
-//!   every reply read is bounded by the store timeout (at least [`MIN_REPLY_TIMEOUT`]).
+//!   every reply read is bounded (at least [`MIN_REPLY_TIMEOUT`]): by the call's own timeout when
+//!   it takes one (a wait's, so a wait longer than the store timeout is not cut short), else by
+//!   the store timeout; a WAIT's reply from when it arrives.
 //! - Requests over the server's limits fail with [`Status::InvalidArgument`] before anything is
 //!   sent; the connection stays usable.
 //! - One connection behind a mutex, one request in flight. After an I/O or protocol error the
@@ -33,7 +35,8 @@ const KEYS_IN_MESSAGE: usize = 16;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
-    /// Store timeout: bounds `get`/`wait`/`multi_get` and every reply read. Default 300 s.
+    /// Store timeout: the default of the calls that take a timeout, and the bound of the reply
+    /// reads of those that do not. Default 300 s.
     pub timeout: Duration,
     /// How long to keep retrying the connection (connect, VALIDATE, PING). Default 300 s.
     pub connect_timeout: Duration,
@@ -213,6 +216,9 @@ impl Conn {
             }
             return Err(Fail::WaitTimeout(timeout));
         }
+        // The wait was the call's timeout's to bound; the reply's own deadline starts now, not
+        // when the replies before it (a DELETE_KEY's) were read.
+        self.reader.get_mut().deadline = None;
         let got = wire::read_u8(&mut self.reader)?;
         if got != WAIT_STOP_WAITING {
             return Err(Fail::Protocol(format!(
@@ -322,7 +328,7 @@ impl TcpStore {
     pub fn ping(&self) -> Result<Duration> {
         let start = Instant::now();
         let nonce = std::process::id();
-        self.call("PING", &[], |c| {
+        self.call("PING", &[], None, |c| {
             c.request(bare(|out| wire::encode_ping(out, nonce)))?;
             match wire::read_u32(&mut c.reader)? {
                 echoed if echoed == nonce => Ok(()),
@@ -343,7 +349,7 @@ impl TcpStore {
     /// Pops the oldest value of queue `key`. With `Some(timeout)` it first waits (like torch's
     /// `block=True`) until the queue is non-empty; `Ok(None)` means the queue was empty.
     pub fn queue_pop(&self, key: &str, wait: Option<Duration>) -> Result<Option<Vec<u8>>> {
-        self.call("QUEUE_POP", &[key], |c| {
+        self.call("QUEUE_POP", &[key], wait, |c| {
             if let Some(timeout) = wait {
                 c.wait(std::iter::once(user_key(key)), timeout)?;
             }
@@ -389,21 +395,23 @@ impl TcpStore {
         encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
         read: impl FnOnce(&mut BufReader<SocketReader>) -> io::Result<T>,
     ) -> Result<T> {
-        self.call(op, &[], |c| {
+        self.call(op, &[], None, |c| {
             c.request(encode)?;
             Ok(read(&mut c.reader)?)
         })
     }
 
-    /// Runs one operation on the connection; any failure but a clean wait timeout (naming
-    /// `wait_keys`) or a refused request marks the connection broken.
+    /// Runs one operation on the connection, its replies bounded by `timeout` (the call's own,
+    /// else the store timeout); any failure but a clean wait timeout (naming `wait_keys`) or a
+    /// refused request marks the connection broken.
     fn call<T>(
         &self,
         op: &'static str,
         wait_keys: &[&str],
+        timeout: Option<Duration>,
         body: impl FnOnce(&mut Conn) -> Step<T>,
     ) -> Result<T> {
-        let timeout = self.timeout();
+        let timeout = timeout.unwrap_or_else(|| self.timeout());
         let mut conn = self.connection();
         if let Some(reason) = &conn.broken {
             return Err(Error::state(format!(
@@ -474,7 +482,7 @@ impl Store for TcpStore {
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.call("GET", &[key], |c| {
+        self.call("GET", &[key], Some(timeout), |c| {
             c.wait(std::iter::once(user_key(key)), timeout)?;
             c.request(|out| wire::encode_get(out, &user_key(key)))?;
             Ok(wire::read_blob(&mut c.reader)?)
@@ -487,7 +495,7 @@ impl Store for TcpStore {
     }
 
     fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.call("CHECK", &[], |c| {
+        self.call("CHECK", &[], None, |c| {
             c.request(|out| wire::encode_check(out, user_keys(keys)))?;
             match wire::read_u8(&mut c.reader)? {
                 wire::CHECK_READY => Ok(true),
@@ -500,7 +508,9 @@ impl Store for TcpStore {
     }
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.call("WAIT", keys, |c| c.wait(user_keys(keys), timeout))
+        self.call("WAIT", keys, Some(timeout), |c| {
+            c.wait(user_keys(keys), timeout)
+        })
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
@@ -528,7 +538,7 @@ impl Store for TcpStore {
     }
 
     fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
-        self.call("MULTI_SET", &[], |c| {
+        self.call("MULTI_SET", &[], None, |c| {
             c.request(|out| {
                 wire::encode_multi_set(out, pairs.iter().map(|(k, v)| (user_key(k), *v)))
             })
@@ -536,7 +546,7 @@ impl Store for TcpStore {
     }
 
     fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        self.call("MULTI_GET", keys, |c| {
+        self.call("MULTI_GET", keys, Some(timeout), |c| {
             c.wait(user_keys(keys), timeout)?;
             c.request(|out| wire::encode_multi_get(out, user_keys(keys)))?;
             Ok(keys
@@ -553,7 +563,7 @@ impl Store for TcpStore {
         wait: &[&str],
         timeout: Duration,
     ) -> Result<()> {
-        self.call("DELETE_KEY/SET/WAIT", wait, |c| {
+        self.call("DELETE_KEY/SET/WAIT", wait, Some(timeout), |c| {
             c.request(|out| {
                 for old in delete {
                     wire::encode_delete_key(out, &user_key(old))?;

@@ -170,6 +170,50 @@ fn wait_timeout_cancels_and_accepts_late_stop_waiting() {
     }
 }
 
+/// A call's own timeout bounds all of it, not the store timeout: the coordinator's barrier step
+/// (DELETE_KEY, SET and WAIT in one message) whose DELETE_KEY is answered at once and whose WAIT
+/// is answered after more than the store timeout, within the call's, succeeds and leaves the
+/// connection in step.
+#[test]
+fn a_wait_within_the_calls_timeout_outlasts_the_store_timeout() {
+    let mut request = Vec::new();
+    wire::encode_delete_key(&mut request, &user_key("old")).unwrap();
+    wire::encode_set(&mut request, &user_key("mine"), b"1").unwrap();
+    wire::encode_wait(&mut request, user_keys(&["theirs"])).unwrap();
+    let ping: Vec<u8> = hex("0d").into_iter().chain(echo()).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        for (expect, reply) in [
+            (handshake_bytes(), echo()),
+            (request, hex("0100000000000000")),
+        ] {
+            let mut got = vec![0u8; expect.len()];
+            sock.read_exact(&mut got).unwrap();
+            assert_eq!(got, expect);
+            sock.write_all(&reply).unwrap();
+        }
+        // The other ranks arrive after more than the store timeout.
+        std::thread::sleep(MIN_REPLY_TIMEOUT * 5 / 2);
+        sock.write_all(&[WAIT_STOP_WAITING]).unwrap();
+        let mut got = vec![0u8; ping.len()];
+        sock.read_exact(&mut got).unwrap();
+        sock.write_all(&echo()).unwrap();
+    });
+    let s = TcpStore::connect(
+        "127.0.0.1",
+        port,
+        &opts(MIN_REPLY_TIMEOUT.as_millis() as u64),
+    )
+    .unwrap();
+    let call_timeout = Duration::from_secs(30);
+    s.update_then_wait(&["old"], Some(("mine", b"1")), &["theirs"], call_timeout)
+        .unwrap();
+    s.ping().unwrap();
+    server.join().unwrap();
+}
+
 #[test]
 fn wait_for_workers_sends_add_init_without_prefix() {
     let steps = vec![

@@ -1,7 +1,7 @@
 //! One client connection of the store server (socket, buffers, streamed reply) and the pool of
 //! large buffers; `event_loop.rs` owns and drives them.
 
-use super::state::{Charge, ConnId, Refusal, ReplyBudget, StreamPart};
+use super::state::{Budget, Charge, ConnId, PendingLimits, Refusal, StreamPart};
 use crate::store::wire::ParseError;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
@@ -15,6 +15,8 @@ pub(super) const READ_BUDGET: usize = 4 << 20;
 pub(super) const OUT_HIGH_WATER: usize = 4 << 20;
 /// Unsent reply bytes a connection holds without taking any of the server's reply budget.
 pub(super) const OUT_ALLOWANCE: usize = 32 * 1024;
+/// Input buffer bytes a connection holds without taking any of the server's pending budget.
+const IN_ALLOWANCE: usize = 32 * 1024;
 /// Most slices one write of a streamed reply gathers.
 const MAX_SLICES: usize = 256;
 /// Bytes of lengths and small keys or values copied (on the stack) per write of a streamed reply.
@@ -43,6 +45,8 @@ pub(super) struct Conn {
     pub(super) in_end: usize,
     /// Bytes (from `in_start`) the pending partial request needs before it is worth re-parsing.
     pub(super) need: usize,
+    /// The pending budget the input buffer holds above [`IN_ALLOWANCE`].
+    pub(super) in_charge: Charge,
     pub(super) outbuf: Vec<u8>,
     /// Bytes of `outbuf` already written.
     pub(super) out_pos: usize,
@@ -72,7 +76,7 @@ impl Conn {
 
     /// Whether this connection's input must wait: output over the high-water mark, or over the
     /// allowance while the budget is spent, or a streamed reply still going out.
-    pub(super) fn blocked(&self, budget: &ReplyBudget) -> bool {
+    pub(super) fn blocked(&self, budget: &Budget) -> bool {
         let backlog = self.backlog();
         backlog > OUT_HIGH_WATER
             || !self.streaming.is_empty()
@@ -80,7 +84,7 @@ impl Conn {
     }
 
     /// Whether its input waits for reply budget (no write readiness will resume it).
-    pub(super) fn waits_for_budget(&self, budget: &ReplyBudget) -> bool {
+    pub(super) fn waits_for_budget(&self, budget: &Budget) -> bool {
         let backlog = self.backlog();
         self.streaming.is_empty()
             && backlog <= OUT_HIGH_WATER
@@ -207,32 +211,51 @@ impl Conn {
         Ok(())
     }
 
-    /// One read into the input buffer's free tail, grown (from the pool when large) for a large
-    /// pending request. Returns the bytes read and whether the socket is drained: a short read
-    /// emptied its queue and later data raises a new edge, so the read giving EAGAIN is skipped.
-    pub(super) fn read_some(&mut self, pool: &mut BufPool) -> io::Result<(usize, bool)> {
+    /// Grows the input buffer (from the pool when large) when a large pending request needs
+    /// room, charging what it will hold above [`IN_ALLOWANCE`] to the pending budget first.
+    pub(super) fn make_room(
+        &mut self,
+        pool: &mut BufPool,
+        limits: &PendingLimits,
+    ) -> Result<(), Refusal> {
         let pending = self.in_end - self.in_start;
         let want = self
             .need
             .saturating_sub(pending)
             .clamp(MIN_READ, READ_BUDGET);
-        if self.inbuf.len() - self.in_end < want {
-            // At least double, so a burst of small requests grows the buffer geometrically.
-            let grow = want.max(self.inbuf.len()).min(READ_BUDGET);
-            let target = pending + grow;
-            match pool.take(target).filter(|_| target >= LARGE) {
-                Some(mut bigger) => {
-                    if bigger.len() < target {
-                        bigger.resize(target, 0);
-                    }
-                    bigger[..pending].copy_from_slice(&self.inbuf[self.in_start..self.in_end]);
-                    pool.give(std::mem::replace(&mut self.inbuf, bigger));
-                    self.in_start = 0;
-                    self.in_end = pending;
-                }
-                None => self.inbuf.resize(self.in_end + grow, 0),
-            }
+        if self.inbuf.len() - self.in_end >= want {
+            return Ok(());
         }
+        // At least double, so a burst of small requests grows the buffer geometrically.
+        let grow = want.max(self.inbuf.len()).min(READ_BUDGET);
+        let held = (self.in_end + grow).saturating_sub(IN_ALLOWANCE);
+        if let Some(more) = held.checked_sub(self.in_charge.bytes()).filter(|&m| m > 0) {
+            let need = self.need.max(pending);
+            let what = || format!("a partly read request of at least {need} bytes");
+            limits.grow(&mut self.in_charge, more, what)?;
+        }
+        let target = pending + grow;
+        match pool.take(target).filter(|_| target >= LARGE) {
+            Some(mut bigger) => {
+                if bigger.len() < target {
+                    bigger.resize(target, 0);
+                }
+                bigger[..pending].copy_from_slice(&self.inbuf[self.in_start..self.in_end]);
+                pool.give(std::mem::replace(&mut self.inbuf, bigger));
+                self.in_start = 0;
+                self.in_end = pending;
+            }
+            None => self.inbuf.resize(self.in_end + grow, 0),
+        }
+        self.in_charge
+            .set(self.inbuf.len().saturating_sub(IN_ALLOWANCE));
+        Ok(())
+    }
+
+    /// One read into the input buffer's free tail ([`Conn::make_room`] sized it). Returns the
+    /// bytes read and whether the socket is drained: a short read emptied its queue and later
+    /// data raises a new edge, so the read giving EAGAIN is skipped.
+    pub(super) fn read_some(&mut self) -> io::Result<(usize, bool)> {
         let offered = self.inbuf.len() - self.in_end;
         let n = self.stream.read(&mut self.inbuf[self.in_end..])?;
         self.in_end += n;
@@ -251,6 +274,8 @@ impl Conn {
             self.in_end -= self.in_start;
             self.in_start = 0;
         }
+        self.in_charge
+            .set(self.inbuf.len().saturating_sub(IN_ALLOWANCE));
     }
 }
 
@@ -258,6 +283,9 @@ impl Conn {
 pub(super) const LARGE: usize = 256 * 1024;
 /// Total capacity the pool holds at most; buffers beyond it are freed.
 const POOL_BYTES: usize = 64 << 20;
+/// Largest buffer pooled (a SET of the largest value fits): a larger one, read for a rare huge
+/// request, is freed at once.
+const POOL_BUF_MAX: usize = 16 << 20;
 
 #[derive(Default)]
 pub(super) struct BufPool {
@@ -273,7 +301,7 @@ impl BufPool {
     /// Keeps `buf` (with its initialized bytes) if the pool has room.
     pub fn give(&mut self, buf: Vec<u8>) {
         let cap = buf.capacity();
-        if cap >= LARGE && self.bytes + cap <= POOL_BYTES {
+        if (LARGE..=POOL_BUF_MAX).contains(&cap) && self.bytes + cap <= POOL_BYTES {
             self.bytes += cap;
             self.bufs.push(buf);
         }

@@ -32,7 +32,7 @@ const FIRST_CONN: usize = 2;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How often connections waiting for reply budget look whether some was given back.
 const PARKED_RETRY: Duration = Duration::from_millis(5);
-/// Reply budget given back after which freed heap memory is returned to the system.
+/// Reply or pending budget given back after which freed heap memory is returned to the system.
 const TRIM_AFTER: usize = 8 << 20;
 
 // Every structure guarded here stays consistent between statements: `lock` ignores poisoning.
@@ -186,9 +186,11 @@ impl EventLoop {
                 }
             }
             self.retry_parked();
-            if self.shared.budget.freed() >= TRIM_AFTER {
-                self.shared.budget.take_freed();
-                crate::os::mmap::release_free_heap();
+            for budget in [&self.shared.budget, &self.shared.pending.budget] {
+                if budget.freed() >= TRIM_AFTER {
+                    budget.take_freed();
+                    crate::os::mmap::release_free_heap();
+                }
             }
             self.expire_handshakes();
             if self
@@ -349,6 +351,7 @@ impl EventLoop {
             in_start: 0,
             in_end: 0,
             need: 0,
+            in_charge: self.shared.pending.budget.charge(),
             outbuf: Vec::new(),
             out_pos: 0,
             streaming: VecDeque::new(),
@@ -413,7 +416,11 @@ impl EventLoop {
                 self.mark_dirty(slot);
                 return;
             }
-            match conn.read_some(&mut self.pool) {
+            if let Err(refusal) = conn.make_room(&mut self.pool, &self.shared.pending) {
+                self.close(slot, Some(Close::Refused(refusal)));
+                return;
+            }
+            match conn.read_some() {
                 Ok((0, _)) => conn.eof = true,
                 Ok((n, drained)) => {
                     budget = budget.saturating_sub(n);
@@ -543,6 +550,10 @@ impl EventLoop {
                     }
                 }
                 Ok(Parsed::Incomplete { needed }) => {
+                    let command = Command::from_byte(avail[0]).map_or("?", Command::name);
+                    if let Err(refusal) = shared.pending.frame(command, needed) {
+                        result = Err(Close::Refused(refusal));
+                    }
                     conn.need = needed;
                     break;
                 }
@@ -689,6 +700,7 @@ impl EventLoop {
         };
         let _ = self.poll.registry().deregister(&mut conn.stream);
         lock(&self.shared.state).drop_connection(conn.id);
+        let client = conn.stream.peer_addr();
         self.free_slots.push(slot);
         self.shared.connected.fetch_sub(1, Ordering::AcqRel);
         let stats = &self.shared.stats;
@@ -710,7 +722,8 @@ impl EventLoop {
             Some(Close::Refused(r)) => r.to_string(),
         };
         // A broken or hostile client: logged like `limit_log`.
-        let message = format!("store server: {why}; connection closed");
+        let client = client.map_or_else(|e| format!("(address unknown: {e})"), |a| a.to_string());
+        let message = format!("store server: client {client}: {why}; connection closed");
         warn_at_most_every_second(&mut self.last_bad_client_log, &message);
         self.shared.record_error(message);
     }

@@ -5,6 +5,7 @@
 //! taken once per batch of requests: socket work runs in parallel, requests apply in order. A
 //! misbehaving peer closes only its connection, counted in [`StoreServer::stats`].
 
+mod budget;
 mod connection;
 mod event_loop;
 pub(crate) mod state;
@@ -32,6 +33,12 @@ pub struct ServerOptions {
     /// Bytes that replies may hold beyond the stored data, across all connections (the reply
     /// budget of docs/PROTOCOL.md §1).
     pub reply_budget: usize,
+    /// Bytes that requests not yet answered (WAIT registrations, partly read requests) may hold
+    /// across all connections (the pending budget of docs/PROTOCOL.md §1).
+    pub pending_budget: usize,
+    /// The most of the pending budget one connection may hold; a request that would take it
+    /// further closes the connection.
+    pub pending_per_client: usize,
     /// Event-loop threads; 0 picks [`default_threads`]. The default is one (a server embedded in
     /// a rank's process); `nvfipc serve` picks [`default_threads`].
     pub threads: usize,
@@ -61,6 +68,12 @@ pub const MIN_CONNECTIONS: usize = 16;
 /// Default of [`ServerOptions::reply_budget`]: 256 MiB.
 pub const DEFAULT_REPLY_BUDGET: usize = 256 << 20;
 
+/// Default of [`ServerOptions::pending_budget`]: 256 MiB.
+pub const DEFAULT_PENDING_BUDGET: usize = 256 << 20;
+/// Default of [`ServerOptions::pending_per_client`]: 64 MiB (twice what a world barrier's WAIT on
+/// 131072 keys holds).
+pub const DEFAULT_PENDING_PER_CLIENT: usize = 64 << 20;
+
 /// Default of [`ServerOptions::busy_poll`].
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
@@ -71,6 +84,8 @@ impl Default for ServerOptions {
             max_connections: 16384,
             busy_poll: DEFAULT_BUSY_POLL,
             reply_budget: DEFAULT_REPLY_BUDGET,
+            pending_budget: DEFAULT_PENDING_BUDGET,
+            pending_per_client: DEFAULT_PENDING_PER_CLIENT,
             threads: 1,
         }
     }
@@ -88,7 +103,7 @@ pub struct ServerStats {
     /// Connections closed for a bad or missing handshake (including the handshake timeout).
     pub closed_handshake: u64,
     /// Connections closed for a malformed or refused request (unknown command, over-limit
-    /// field, ADD on a non-number).
+    /// field, ADD on a non-number, over a pending limit).
     pub closed_malformed: u64,
     /// Connections closed after a socket error.
     pub closed_io: u64,
@@ -100,6 +115,8 @@ pub struct ServerStats {
     pub max_connections: usize,
     /// Bytes of the reply budget held right now (see [`ServerOptions::reply_budget`]).
     pub reply_bytes_held: usize,
+    /// Bytes of the pending budget held right now (see [`ServerOptions::pending_budget`]).
+    pub pending_bytes_held: usize,
     /// The most recent of those problems, in words.
     pub last_error: Option<String>,
 }
@@ -128,7 +145,9 @@ struct Shared {
     /// The store, taken by a loop once per batch of requests.
     state: Mutex<state::StoreState>,
     /// What replies hold beyond the stored data, across every connection.
-    budget: Arc<state::ReplyBudget>,
+    budget: Arc<state::Budget>,
+    /// What requests not yet answered hold, per connection and across every one.
+    pending: state::PendingLimits,
     /// One per event-loop thread, in thread order.
     shards: Vec<event_loop::Shard>,
 }
@@ -211,6 +230,10 @@ impl StoreServer {
             shards.push(event_loop::Shard::new(waker));
             polls.push(poll);
         }
+        let pending = state::PendingLimits {
+            budget: state::Budget::new(opts.pending_budget),
+            per_client: opts.pending_per_client,
+        };
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             running: AtomicBool::new(false),
@@ -218,8 +241,9 @@ impl StoreServer {
             max_connections,
             stats: Counters::default(),
             last_error: Mutex::new(None),
-            state: Mutex::new(state::StoreState::default()),
-            budget: state::ReplyBudget::new(opts.reply_budget),
+            state: Mutex::new(state::StoreState::new(pending.clone())),
+            budget: state::Budget::new(opts.reply_budget),
+            pending,
             shards,
         });
         let mut loops = Vec::with_capacity(threads);
@@ -318,6 +342,7 @@ impl StoreServer {
             refused: c.refused.load(Ordering::Relaxed),
             max_connections: self.shared.max_connections,
             reply_bytes_held: self.shared.budget.used(),
+            pending_bytes_held: self.shared.pending.budget.used(),
             last_error: self.shared.last_error.lock().ok().and_then(|e| e.clone()),
         }
     }

@@ -2,11 +2,12 @@
 //! torch's libuv TCPStore server. Pure logic, no sockets: a request goes in, reply bytes come
 //! out, and the connections whose WAIT completed are reported so the event loop can notify them.
 
+pub(crate) use super::budget::{Budget, Charge, PendingLimits};
 use crate::hash::FastMap;
 use crate::store::wire::{self, Request};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::hash::Hash;
 use std::sync::{Arc, Weak};
 
 /// Shared, so that a large reply can be streamed out of them (see [`StoreState::stream_reply`]).
@@ -16,103 +17,13 @@ pub(crate) type Key = Arc<[u8]>;
 /// Replies at least this long are streamed rather than built (see [`StoreState::should_stream`]).
 pub(crate) const STREAM_REPLY_MIN: usize = 32 * 1024;
 
-/// The reply budget of one server (docs/PROTOCOL.md §1): what replies hold beyond the stored data.
-pub(crate) struct ReplyBudget {
-    limit: usize,
-    used: AtomicUsize,
-    /// Bytes released since the last [`ReplyBudget::take_freed`] (to trim the heap after).
-    freed: AtomicUsize,
-    /// How many times budget was given back (parked connections then try again).
-    releases: AtomicU64,
-}
+/// Pending budget one key of a WAIT registration takes beyond the key's own bytes: an estimate,
+/// rounded up, of its shared copy's header, its slot in the waiters' map, its waiter list and its
+/// place in the wait, with the allocator's overhead.
+pub(crate) const WAIT_KEY_COST: usize = 128;
 
-impl ReplyBudget {
-    pub fn new(limit: usize) -> Arc<ReplyBudget> {
-        Arc::new(ReplyBudget {
-            limit,
-            used: AtomicUsize::new(0),
-            freed: AtomicUsize::new(0),
-            releases: AtomicU64::new(0),
-        })
-    }
-
-    /// `bytes` of the budget if they fit under the limit, or if nothing else is held (so a
-    /// request larger than the whole budget is served alone rather than never).
-    pub fn try_take(self: &Arc<Self>, bytes: usize) -> Option<Charge> {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used == 0 || used.saturating_add(bytes) <= self.limit).then(|| used + bytes)
-            })
-            .ok()?;
-        Some(Charge {
-            budget: Arc::clone(self),
-            bytes,
-        })
-    }
-
-    /// An empty charge that [`Charge::set`] grows whatever the budget holds (memory that is
-    /// already there, such as unsent output).
-    pub fn charge(self: &Arc<Self>) -> Charge {
-        Charge {
-            budget: Arc::clone(self),
-            bytes: 0,
-        }
-    }
-
-    pub fn spent(&self) -> bool {
-        self.used.load(Ordering::Acquire) >= self.limit
-    }
-
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::Acquire)
-    }
-
-    pub fn freed(&self) -> usize {
-        self.freed.load(Ordering::Acquire)
-    }
-
-    pub fn take_freed(&self) -> usize {
-        self.freed.swap(0, Ordering::AcqRel)
-    }
-
-    pub fn releases(&self) -> u64 {
-        self.releases.load(Ordering::Acquire)
-    }
-
-    fn release(&self, bytes: usize) {
-        if bytes > 0 {
-            self.used.fetch_sub(bytes, Ordering::AcqRel);
-            self.freed.fetch_add(bytes, Ordering::AcqRel);
-            self.releases.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-}
-
-/// Bytes held of a [`ReplyBudget`], given back when dropped.
-pub(crate) struct Charge {
-    budget: Arc<ReplyBudget>,
-    bytes: usize,
-}
-
-impl Charge {
-    /// Holds `bytes` from now on, whatever the budget holds.
-    pub fn set(&mut self, bytes: usize) {
-        if bytes > self.bytes {
-            self.budget
-                .used
-                .fetch_add(bytes - self.bytes, Ordering::AcqRel);
-        } else {
-            self.budget.release(self.bytes - bytes);
-        }
-        self.bytes = bytes;
-    }
-}
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        self.budget.release(self.bytes);
-    }
-}
+/// Maps of at least this many slots give back most of their table once three quarters are free.
+const SHRINK_MIN: usize = 1024;
 
 /// Every key of the store at one moment, shared by the LIST replies of the same keys.
 pub(crate) struct KeySnapshot {
@@ -218,6 +129,14 @@ pub(crate) enum Refusal {
     BadMagic(u32),
     /// ADD or BARRIER hit a value that `std::stoll` rejects.
     AddNotANumber { key: Vec<u8> },
+    /// `what` (a request) would take the client's pending requests, or all clients' with
+    /// `all_clients`, to `bytes`, over `limit` (docs/PROTOCOL.md §1, "Pending budget").
+    Pending {
+        what: String,
+        bytes: usize,
+        limit: usize,
+        all_clients: bool,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -233,6 +152,22 @@ impl fmt::Display for Refusal {
                 "ADD or BARRIER on key {:?} whose value is not a decimal i64",
                 String::from_utf8_lossy(key)
             ),
+            Refusal::Pending {
+                what,
+                bytes,
+                limit,
+                all_clients,
+            } => {
+                let (whose, which, flag) = match all_clients {
+                    true => ("all clients'", "server's pending budget", "budget"),
+                    false => ("the client's", "per-client limit", "per-client"),
+                };
+                write!(
+                    f,
+                    "{what} would make {whose} pending requests {bytes} bytes, over the {which} \
+                     of {limit} (raise `nvfipc serve --pending-{flag}-mib` if clients need it)"
+                )
+            }
         }
     }
 }
@@ -249,7 +184,15 @@ struct PendingWait {
     /// Registrations not yet consumed by a write to their key.
     missing: usize,
     /// The keys it is registered under, to unregister on CANCEL_WAIT or disconnect.
-    keys: Vec<Vec<u8>>,
+    keys: Vec<Key>,
+    /// Pending budget it holds (part of its connection's charge).
+    cost: usize,
+}
+
+/// A connection's unsatisfied WAITs and the pending budget they hold.
+struct ConnWaits {
+    list: Vec<PendingWait>,
+    charge: Charge,
 }
 
 #[derive(Default)]
@@ -259,14 +202,24 @@ pub(crate) struct StoreState {
     keys_snapshot: Weak<KeySnapshot>,
     /// Non-empty queues only (an emptied queue is removed, so presence means "has items").
     queues: FastMap<Vec<u8>, VecDeque<Vec<u8>>>,
-    waiters: FastMap<Vec<u8>, Vec<Waiter>>,
-    waits: FastMap<ConnId, Vec<PendingWait>>,
+    waiters: FastMap<Key, Vec<Waiter>>,
+    waits: FastMap<ConnId, ConnWaits>,
     next_wait_id: u64,
     /// The value of every missing key in a streamed reply.
     empty: Value,
+    /// What WAIT registrations may hold.
+    limits: PendingLimits,
 }
 
 impl StoreState {
+    /// An empty store whose WAIT registrations are charged to `limits`.
+    pub fn new(limits: PendingLimits) -> StoreState {
+        StoreState {
+            limits,
+            ..StoreState::default()
+        }
+    }
+
     /// Applies one request from `conn`. Reply bytes (including a STOP_WAITING for `conn` itself)
     /// are appended to `out`; other connections whose WAIT completed are pushed to `woken`, each
     /// owed one [`wire::WAIT_STOP_WAITING`] byte.
@@ -309,12 +262,13 @@ impl StoreState {
                 };
                 wire::put_u8(fx.out, code);
             }
-            Request::Wait { keys } => self.wait(keys, &mut fx),
+            Request::Wait { keys } => self.wait(keys, &mut fx)?,
             Request::GetNumKeys => wire::put_i64(fx.out, self.kv.len() as i64),
             Request::DeleteKey { key } => {
                 let removed = self.kv.remove(key).is_some();
                 if removed {
                     self.keys_changed();
+                    shrink_sparse(&mut self.kv);
                 }
                 wire::put_i64(fx.out, i64::from(removed))
             }
@@ -529,35 +483,62 @@ impl StoreState {
         Ok(value)
     }
 
-    fn wait(&mut self, keys: wire::KeyList<'_>, fx: &mut Effects) {
-        // Counted first so that a satisfied WAIT (the common case) allocates nothing.
-        let missing = keys.iter().filter(|k| !self.present(k)).count();
+    fn wait(&mut self, keys: wire::KeyList<'_>, fx: &mut Effects) -> Result<(), Refusal> {
+        // Counted first so that a satisfied WAIT (the common case) allocates nothing, and one
+        // over the pending limits allocates nothing either.
+        let (mut missing, mut cost) = (0, 0);
+        for key in keys.iter().filter(|k| !self.present(k)) {
+            missing += 1;
+            cost += WAIT_KEY_COST + key.len();
+        }
         if missing == 0 {
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
-            return;
+            return Ok(());
         }
+        let what = || format!("a WAIT on {missing} missing keys");
+        self.charge_wait(fx.conn, cost, what)?;
         let mut registered = Vec::with_capacity(missing);
-        registered.extend(keys.iter().filter(|k| !self.present(k)).map(<[u8]>::to_vec));
-        self.register_wait(fx.conn, registered);
+        registered.extend(keys.iter().filter(|k| !self.present(k)).map(Key::from));
+        self.register_wait(fx.conn, registered, cost);
+        Ok(())
     }
 
-    fn register_wait(&mut self, conn: ConnId, keys: Vec<Vec<u8>>) {
+    /// Charges a WAIT registration of `cost` bytes to `conn`'s pending limits.
+    fn charge_wait(
+        &mut self,
+        conn: ConnId,
+        cost: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), Refusal> {
+        let budget = &self.limits.budget;
+        let waits = self.waits.entry(conn).or_insert_with(|| ConnWaits {
+            list: Vec::new(),
+            charge: budget.charge(),
+        });
+        self.limits.grow(&mut waits.charge, cost, what)
+    }
+
+    /// Registers a WAIT already charged ([`StoreState::charge_wait`]).
+    fn register_wait(&mut self, conn: ConnId, keys: Vec<Key>, cost: usize) {
         let id = self.next_wait_id;
         self.next_wait_id += 1;
         let waiter = Waiter { conn, wait_id: id };
         for key in &keys {
-            match self.waiters.get_mut(key.as_slice()) {
+            match self.waiters.get_mut(&key[..]) {
                 Some(list) => list.push(waiter),
                 None => {
-                    self.waiters.insert(key.clone(), vec![waiter]);
+                    self.waiters.insert(Arc::clone(key), vec![waiter]);
                 }
             }
         }
-        self.waits.entry(conn).or_default().push(PendingWait {
-            id,
-            missing: keys.len(),
-            keys,
-        });
+        if let Some(waits) = self.waits.get_mut(&conn) {
+            waits.list.push(PendingWait {
+                id,
+                missing: keys.len(),
+                keys,
+                cost,
+            });
+        }
     }
 
     /// BARRIER, as docs/PROTOCOL.md §1 describes it.
@@ -568,7 +549,9 @@ impl StoreState {
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
             return Ok(());
         }
-        self.register_wait(fx.conn, vec![key.to_vec()]);
+        let cost = WAIT_KEY_COST + key.len();
+        self.charge_wait(fx.conn, cost, || "a BARRIER arrival".to_string())?;
+        self.register_wait(fx.conn, vec![Key::from(key)], cost);
         Ok(())
     }
 
@@ -578,6 +561,7 @@ impl StoreState {
             return;
         }
         if let Some(list) = self.waiters.remove(key) {
+            shrink_sparse(&mut self.waiters);
             for waiter in list {
                 self.count_down(waiter, fx);
             }
@@ -593,7 +577,7 @@ impl StoreState {
         let is_live = |w: &Waiter| {
             waits
                 .get(&w.conn)
-                .is_some_and(|pending| pending.iter().any(|p| p.id == w.wait_id))
+                .is_some_and(|pending| pending.list.iter().any(|p| p.id == w.wait_id))
         };
         let mut next = None;
         while !list.is_empty() {
@@ -612,9 +596,10 @@ impl StoreState {
     }
 
     fn count_down(&mut self, waiter: Waiter, fx: &mut Effects) {
-        let Some(pending) = self.waits.get_mut(&waiter.conn) else {
+        let Some(waits) = self.waits.get_mut(&waiter.conn) else {
             return;
         };
+        let pending = &mut waits.list;
         let Some(i) = pending.iter().position(|w| w.id == waiter.wait_id) else {
             return;
         };
@@ -623,7 +608,8 @@ impl StoreState {
             return;
         }
         // The (maybe empty) list stays for the connection's next WAIT to reuse.
-        pending.remove(i);
+        let done = pending.remove(i);
+        waits.charge.set(waits.charge.bytes() - done.cost);
         if waiter.conn == fx.conn {
             wire::put_u8(fx.out, wire::WAIT_STOP_WAITING);
         } else {
@@ -633,10 +619,10 @@ impl StoreState {
 
     /// Forgets every WAIT registration of `conn` (CANCEL_WAIT, or the connection went away).
     pub fn drop_connection(&mut self, conn: ConnId) {
-        let Some(pending) = self.waits.remove(&conn) else {
+        let Some(waits) = self.waits.remove(&conn) else {
             return;
         };
-        for wait in pending {
+        for wait in waits.list {
             for key in wait.keys {
                 if let Some(list) = self.waiters.get_mut(&key) {
                     list.retain(|w| w.conn != conn);
@@ -646,6 +632,8 @@ impl StoreState {
                 }
             }
         }
+        shrink_sparse(&mut self.waiters);
+        shrink_sparse(&mut self.waits);
     }
 
     fn queue_pop(&mut self, key: &[u8], out: &mut Vec<u8>) {
@@ -657,9 +645,18 @@ impl StoreState {
         let item = queue.pop_front().unwrap_or_default();
         if queue.is_empty() {
             self.queues.remove(key);
+            shrink_sparse(&mut self.queues);
         }
         wire::put_i64(out, len_before as i64);
         wire::put_blob(out, &item);
+    }
+}
+
+/// Gives back most of a map's table once it is three quarters empty: a map that grew for many
+/// WAITs or keys would otherwise keep its size after they have gone.
+fn shrink_sparse<K: Eq + Hash, V>(map: &mut FastMap<K, V>) {
+    if map.capacity() >= SHRINK_MIN && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }
 

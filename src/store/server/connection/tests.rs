@@ -5,6 +5,7 @@ fn takes_the_smallest_fitting_buffer_and_stays_bounded() {
     let mut pool = BufPool::default();
     assert!(pool.take(1).is_none());
     pool.give(Vec::with_capacity(16)); // too small to pool
+    pool.give(Vec::with_capacity(POOL_BUF_MAX + 1)); // a rare huge request's: freed at once
     assert!(pool.is_empty());
     pool.give(Vec::with_capacity(4 << 20));
     pool.give(Vec::with_capacity(1 << 20));

@@ -11,7 +11,7 @@ impl StoreState {
 
     /// Connections with at least one unsatisfied WAIT.
     fn waiting_connections(&self) -> usize {
-        self.waits.values().filter(|p| !p.is_empty()).count()
+        self.waits.values().filter(|p| !p.list.is_empty()).count()
     }
 }
 
@@ -433,7 +433,7 @@ fn drain(parts: &mut VecDeque<StreamPart>, step: usize) -> Vec<u8> {
 
 #[test]
 fn list_snapshots_are_shared_until_the_keys_change_and_charged_to_the_budget() {
-    let budget = ReplyBudget::new(1 << 20);
+    let budget = Budget::new(1 << 20);
     let mut s = StoreState::default();
     for i in 0..100 {
         ok(&mut s, A, |o| encode_set(o, &format!("/k{i:03}"), "v"));
@@ -476,7 +476,7 @@ fn list_snapshots_are_shared_until_the_keys_change_and_charged_to_the_budget() {
 
 #[test]
 fn the_budget_refuses_beyond_its_limit_unless_nothing_is_held() {
-    let budget = ReplyBudget::new(100);
+    let budget = Budget::new(100);
     let a = budget.try_take(60).unwrap();
     assert!(budget.try_take(50).is_none());
     let b = budget.try_take(40).unwrap();
@@ -493,4 +493,174 @@ fn the_budget_refuses_beyond_its_limit_unless_nothing_is_held() {
     out.set(10);
     assert!(budget.try_take(90).is_some());
     assert!(budget.releases() >= 3 && budget.take_freed() > 0);
+}
+
+/// A store whose WAIT registrations are charged to a budget of `all` bytes, `per_client` each.
+fn limited(all: usize, per_client: usize) -> (StoreState, Arc<Budget>) {
+    let budget = Budget::new(all);
+    let limits = PendingLimits {
+        budget: Arc::clone(&budget),
+        per_client,
+    };
+    (StoreState::new(limits), budget)
+}
+
+/// What a WAIT registration of `keys` is charged.
+fn cost(keys: &[&str]) -> usize {
+    keys.iter().map(|k| WAIT_KEY_COST + k.len()).sum()
+}
+
+#[test]
+fn wait_registrations_hold_pending_budget_until_satisfied_cancelled_or_gone() {
+    let (mut s, budget) = limited(1 << 20, 1 << 20);
+    ok(&mut s, C, |o| encode_set(o, "/have", "1"));
+    // Only the missing keys are charged; a satisfied WAIT holds nothing.
+    ok(&mut s, A, |o| encode_wait(o, ["/have"]));
+    assert_eq!(budget.used(), 0);
+    ok(&mut s, A, |o| encode_wait(o, ["/have", "/a", "/b"]));
+    assert_eq!(budget.used(), cost(&["/a", "/b"]));
+    // Held until the WAIT completes, then given back whole.
+    ok(&mut s, C, |o| encode_set(o, "/a", "x"));
+    assert_eq!(budget.used(), cost(&["/a", "/b"]));
+    assert_eq!(run(&mut s, C, |o| encode_set(o, "/b", "x")).unwrap().1, [A]);
+    assert_eq!(budget.used(), 0);
+    // CANCEL_WAIT and a connection gone give back what their WAITs held.
+    ok(&mut s, A, |o| encode_wait(o, ["/c"]));
+    ok(&mut s, B, |o| encode_wait(o, ["/c", "/d"]));
+    assert_eq!(budget.used(), cost(&["/c", "/c", "/d"]));
+    ok(&mut s, A, |o| {
+        encode_cancel_wait(o);
+        Ok(())
+    });
+    assert_eq!(budget.used(), cost(&["/c", "/d"]));
+    s.drop_connection(B);
+    assert_eq!(budget.used(), 0);
+    // A waiting BARRIER arrival is charged like a WAIT on its key.
+    ok(&mut s, A, |o| encode_barrier(o, "/bar", 2));
+    assert_eq!(budget.used(), cost(&["/bar"]));
+    assert_eq!(
+        run(&mut s, B, |o| encode_barrier(o, "/bar", 2)).unwrap().1,
+        [A]
+    );
+    assert_eq!(budget.used(), 0);
+    assert!(s.waiters.is_empty());
+}
+
+#[test]
+fn a_wait_over_a_pending_limit_is_refused_and_registers_nothing() {
+    let two = cost(&["/k0", "/k1"]);
+    let (mut s, budget) = limited(2 * two, two);
+    // Per client: a second WAIT of the same connection counts with its first.
+    ok(&mut s, A, |o| encode_wait(o, ["/k0"]));
+    let refused = run(&mut s, A, |o| encode_wait(o, ["/k1", "/k2"])).unwrap_err();
+    let Refusal::Pending {
+        bytes,
+        limit,
+        all_clients: false,
+        ..
+    } = &refused
+    else {
+        panic!("{refused:?}");
+    };
+    assert_eq!((*bytes, *limit), (cost(&["/k0", "/k1", "/k2"]), two));
+    let message = refused.to_string();
+    assert!(
+        message.starts_with("a WAIT on 2 missing keys would make the client's pending requests")
+            && message.contains(&format!("per-client limit of {two}"))
+            && message.contains("--pending-per-client-mib"),
+        "{message}"
+    );
+    assert_eq!(budget.used(), cost(&["/k0"]));
+    assert!(!s.waiters.contains_key(&b"/k1"[..]));
+    // Across clients: the budget.
+    ok(&mut s, B, |o| encode_wait(o, ["/k1", "/k2"]));
+    ok(&mut s, C, |o| encode_wait(o, ["/k3"]));
+    let refused = run(&mut s, C, |o| encode_wait(o, ["/k4"])).unwrap_err();
+    assert!(
+        matches!(refused, Refusal::Pending { all_clients: true, limit, .. } if limit == 2 * two),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("--pending-budget-mib"),
+        "{refused}"
+    );
+    assert!(!s.waiters.contains_key(&b"/k4"[..]));
+    // A request that its length fields say is longer than one client may hold.
+    assert!(s.limits.frame("WAIT", two).is_ok());
+    let refused = s.limits.frame("WAIT", two + 1).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .starts_with(&format!("a WAIT request of at least {} bytes", two + 1)),
+        "{refused}"
+    );
+}
+
+#[test]
+fn maps_give_their_memory_back_once_the_waiters_leave() {
+    let mut s = StoreState::default();
+    let conns: Vec<ConnId> = (0..5000)
+        .map(|i| ConnId {
+            shard: 0,
+            slot: i,
+            gen: 1,
+        })
+        .collect();
+    for (i, &conn) in conns.iter().enumerate() {
+        ok(&mut s, conn, |o| {
+            encode_wait(o, [format!("/k{i}").as_str(), "/shared"])
+        });
+    }
+    assert!(s.waiters.capacity() >= 5001 && s.waits.capacity() >= 5000);
+    for &conn in &conns {
+        s.drop_connection(conn);
+    }
+    assert!(s.waiters.is_empty() && s.waits.is_empty());
+    assert!(
+        s.waiters.capacity() < SHRINK_MIN && s.waits.capacity() < SHRINK_MIN,
+        "{} and {} slots kept",
+        s.waiters.capacity(),
+        s.waits.capacity()
+    );
+    // Keys deleted: the same.
+    for i in 0..5000 {
+        ok(&mut s, A, |o| encode_set(o, &format!("/v{i}"), "x"));
+    }
+    for i in 0..5000 {
+        ok(&mut s, A, |o| encode_delete_key(o, &format!("/v{i}")));
+    }
+    assert!(
+        s.kv.capacity() < SHRINK_MIN,
+        "{} slots kept",
+        s.kv.capacity()
+    );
+}
+
+/// The coordinator of a world barrier of the most ranks, in a job with a 64-byte id, WAITs on
+/// 131072 keys in one request: the frame and its registrations fit the default per-client limit.
+#[test]
+fn a_world_barrier_fits_the_default_pending_limits() {
+    use crate::config::MAX_WORLD_SIZE;
+    use crate::store::server::{DEFAULT_PENDING_BUDGET, DEFAULT_PENDING_PER_CLIENT};
+    let keys = crate::names::BarrierKeys::new(Some(&"j".repeat(64)), "w131072");
+    let waited: Vec<String> = (1..MAX_WORLD_SIZE)
+        .map(|r| format!("/{}", keys.arrival(u64::from(u32::MAX), r)))
+        .collect();
+    let mut frame = Vec::new();
+    encode_wait(&mut frame, waited.iter().map(String::as_str)).unwrap();
+    let limits = PendingLimits {
+        budget: Budget::new(DEFAULT_PENDING_BUDGET),
+        per_client: DEFAULT_PENDING_PER_CLIENT,
+    };
+    let mut s = StoreState::new(limits.clone());
+    let (req, _) = parse_request(&frame).unwrap().unwrap();
+    s.apply(A, &req, &mut Vec::new(), &mut Vec::new()).unwrap();
+    let held = limits.budget.used();
+    eprintln!("frame {} bytes, registrations {held} bytes", frame.len());
+    assert!(
+        frame.len() < DEFAULT_PENDING_PER_CLIENT / 4,
+        "{}",
+        frame.len()
+    );
+    assert!(held < DEFAULT_PENDING_PER_CLIENT / 2, "{held}");
 }
