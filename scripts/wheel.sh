@@ -27,9 +27,11 @@ lib=target/release/libnvfuser_ipc.so
 
 stage=python/nvfuser_ipc
 rm -rf "$stage/lib" "$stage/include" build/wheel/cmake
+# nvfipc goes in as the wheel's script (maturin), not into the package's bin/; the .pc file's
+# paths are relative to the file, since pip installs the package wherever it is asked to.
 cmake -S . -B build/wheel/cmake -DNVFIPC_PREBUILT_LIB_DIR="$PWD/target/release" \
-      -DNVFIPC_BUILD_TESTS=OFF -DCMAKE_INSTALL_LIBDIR=lib -DCMAKE_INSTALL_INCLUDEDIR=include \
-      >/dev/null
+      -DNVFIPC_BUILD_TESTS=OFF -DNVFIPC_BUILD_CLI=OFF -DNVFIPC_PC_RELOCATABLE=ON \
+      -DCMAKE_INSTALL_LIBDIR=lib -DCMAKE_INSTALL_INCLUDEDIR=include >/dev/null
 cmake --install build/wheel/cmake --prefix "$stage" >/dev/null
 # The release profile keeps line tables (debug = 1) for backtraces; the wheel's copy goes
 # without them (19 MB -> about 4 MB); symbols stay.
