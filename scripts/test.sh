@@ -20,7 +20,7 @@ steps=(
     "C/C++ suites (CMake + GoogleTest)"
     "pkg-config file and a C program built with it"
     "Python wheel, C++ consumer and Python API"
-    "README's C example as printed"
+    "README's C example, install and pkg-config as printed"
 )
 total=${#steps[@]}
 names=()
