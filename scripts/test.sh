@@ -4,7 +4,9 @@
 # GoogleTest suites, the Python wheel and API, and a bounded fuzz run of the store's frame
 # parser. Installs what it needs (Debian packages, two cached Python venvs with torch, one with
 # maturin). Each step prints `[k/N] name`, then its duration; a table of every step ends the run.
-# Long, noisy output (the fuzzer's) goes to a log file under build/test-logs whose path is printed.
+# Long, noisy output (the fuzzer's, the installers') goes to a log file under build/test-logs
+# whose path is printed, and is shown only when its step fails; tests capture the warnings they
+# provoke on purpose, so that the ERROR and WARN lines left on the console are not expected ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +22,7 @@ steps=(
     "C/C++ suites (CMake + GoogleTest)"
     "pkg-config file and a C program built with it"
     "Python wheel, C++ consumer and Python API"
-    "README's C example as printed"
+    "README's C example, install and pkg-config as printed"
 )
 total=${#steps[@]}
 names=()
@@ -59,10 +61,25 @@ step() {
     echo "[$k/$total] $name: ok in $((SECONDS - start)) s"
 }
 
+# quietly LOG COMMAND...: runs COMMAND with its stderr (an installer's progress, pip's and apt's
+# notices) going to $logs/LOG, shown only when COMMAND fails; its stdout is this function's.
+quietly() {
+    local log="$logs/$1"
+    shift
+    echo "$* (its output: $log)" >&2
+    if ! "$@" 2>"$log"; then
+        cat "$log" >&2
+        echo "'$*' failed; its output is above and in $log" >&2
+        return 1
+    fi
+}
+
 dependencies() {
-    bash scripts/lib/deps.sh
-    NVFIPC_PYTHON="$(bash scripts/lib/python-env.sh)"
+    quietly deps.log bash scripts/lib/deps.sh
+    # The first run installs torch (minutes), later ones find it.
+    NVFIPC_PYTHON="$(quietly python-env.log bash scripts/lib/python-env.sh)"
     export NVFIPC_PYTHON NVFIPC_REQUIRE_TORCH=1
+    echo "PyTorch: $NVFIPC_PYTHON"
 }
 
 fuzz() {
@@ -78,7 +95,10 @@ fuzz() {
 }
 
 interop_newest() {
-    NVFIPC_PYTHON="$(bash scripts/lib/python-env-newest.sh)" cargo test --release --test store_interop
+    local python
+    python="$(quietly python-env-newest.log bash scripts/lib/python-env-newest.sh)"
+    echo "newest PyTorch: $python"
+    NVFIPC_PYTHON="$python" cargo test --release --test store_interop
 }
 
 step dependencies

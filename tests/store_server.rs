@@ -3,10 +3,17 @@
 //!
 //! `NVFIPC_TEST_STORE_THREADS=N` runs every test against a server with N event loops (the default
 //! on a small machine is one); the tests at the end always use several.
+//!
+//! The server writes a WARN line for each client it closes for misbehaving. The tests that
+//! misbehave on purpose name the lines they provoke ([`expect_warnings`]) and check that they
+//! were written ([`assert_warned`]); those lines stay off the console, and every other line of
+//! the library still reaches stderr, so a WARN printed while this suite runs is a real one.
 
+use nvfuser_ipc::logging;
 use nvfuser_ipc::store::server::{ServerOptions, StoreServer};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::sync::{Arc, Mutex, Once};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -196,6 +203,54 @@ fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
         assert!(start.elapsed() < timeout, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(2));
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// The warnings the tests provoke.
+
+/// Parts of the log lines the tests provoke on purpose.
+static EXPECTED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+/// The lines of the library's log that matched one of them.
+static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Keeps the log lines containing any of `parts` off the console, for the rest of the run (a
+/// server with several event loops may write one per loop, later), and records them for
+/// [`assert_warned`]. The library's other lines are written to stderr as it would write them.
+fn expect_warnings(parts: &[&'static str]) {
+    static CAPTURE: Once = Once::new();
+    CAPTURE.call_once(|| {
+        logging::set_callback(Some(Arc::new(|_, _, line: &str| {
+            let expected = EXPECTED
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|part| line.contains(part));
+            if expected {
+                WARNED
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(line.to_string());
+            } else {
+                let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+            }
+        })));
+    });
+    EXPECTED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend_from_slice(parts);
+}
+
+/// Fails unless a WARN line containing `part` (named to [`expect_warnings`] first) is written
+/// within the I/O timeout: a server closing a misbehaving client says why.
+fn assert_warned(part: &str) {
+    wait_until(&format!("a warning about {part:?}"), IO_TIMEOUT, || {
+        WARNED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|line| line.contains(" NVFIPC WARN server: ") && line.contains(part))
+    });
 }
 
 /// After a misbehaving client: the store still answers and still holds `/keep`.
@@ -419,6 +474,8 @@ fn queue_push_wakes_one_waiting_client() {
 
 #[test]
 fn wrong_first_message_closes_only_that_connection() {
+    let not_validate = "first message was not the TCPStore VALIDATE handshake";
+    expect_warnings(&[not_validate]);
     let (srv, mut good) = server_with_data();
     // PING before VALIDATE.
     let mut c = Client::raw(srv.port());
@@ -435,10 +492,13 @@ fn wrong_first_message_closes_only_that_connection() {
     assert_eq!(good.get(b"/keep"), b"kept");
     assert_still_serving(srv.port());
     assert!(srv.stats().closed_handshake >= 3);
+    assert_warned(not_validate);
 }
 
 #[test]
 fn unknown_command_byte_closes_the_connection() {
+    let unknown = "malformed TCPStore frame: unknown command byte";
+    expect_warnings(&[unknown]);
     let (srv, mut good) = server_with_data();
     let mut c = Client::connect(srv.port());
     c.send(&[19]);
@@ -451,6 +511,7 @@ fn unknown_command_byte_closes_the_connection() {
     let stats = srv.stats();
     assert_eq!(stats.closed_malformed, 2);
     assert!(stats.last_error.unwrap().contains("unknown command byte"));
+    assert_warned(unknown);
 }
 
 #[test]
@@ -475,6 +536,12 @@ fn truncated_frames_followed_by_close_do_not_disturb_the_store() {
 
 #[test]
 fn over_limit_key_value_and_count_close_the_connection() {
+    let long_key = "malformed TCPStore frame: GET key is 8193 bytes";
+    expect_warnings(&[
+        long_key,
+        "malformed TCPStore frame: SET value is 9437184 bytes",
+        "malformed TCPStore frame: MULTI_GET key count is 131073",
+    ]);
     let (srv, mut good) = server_with_data();
     // A key of exactly 8 KiB is fine.
     let key = vec![b'k'; 8192];
@@ -496,6 +563,8 @@ fn over_limit_key_value_and_count_close_the_connection() {
     assert_eq!(good.get(b"/keep"), b"kept");
     assert_still_serving(srv.port());
     assert!(srv.stats().closed_malformed >= 3);
+    // The first on a new server is never held back by the server's one line a second.
+    assert_warned(long_key);
 }
 
 #[test]
@@ -509,6 +578,8 @@ fn values_up_to_8_mib_round_trip() {
 
 #[test]
 fn add_on_a_non_number_closes_the_connection_and_keeps_the_value() {
+    let not_a_number = "ADD or BARRIER on key \"/text\" whose value is not a decimal i64";
+    expect_warnings(&[not_a_number]);
     let (srv, mut good) = server_with_data();
     let mut c = Client::connect(srv.port());
     c.set(b"/text", b"not a number");
@@ -518,6 +589,7 @@ fn add_on_a_non_number_closes_the_connection_and_keeps_the_value() {
     good.set(b"/num", b"  -7 apples");
     assert_eq!(good.add(b"/num", 10), 3);
     assert_still_serving(srv.port());
+    assert_warned(not_a_number);
 }
 
 #[test]
@@ -560,6 +632,8 @@ fn silent_client_does_not_block_others() {
 
 #[test]
 fn handshake_timeout_closes_silent_clients_when_configured() {
+    let silence = "a client sent no complete handshake in time";
+    expect_warnings(&[silence]);
     let opts = ServerOptions {
         handshake_timeout: Some(Duration::from_millis(200)),
         ..options()
@@ -573,6 +647,7 @@ fn handshake_timeout_closes_silent_clients_when_configured() {
     thread::sleep(Duration::from_millis(300));
     assert_eq!(good.ping(7), 7);
     assert_eq!(srv.stats().closed_handshake, 1);
+    assert_warned(silence);
 }
 
 #[test]

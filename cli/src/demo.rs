@@ -111,7 +111,9 @@ pub fn run(args: &DemoArgs) -> i32 {
     let kind = match args.transport.resolve() {
         Ok(kind) => kind,
         Err(e) => {
-            eprintln!("nvfipc demo: --transport {}: {e}", args.transport.name());
+            // The message alone: it already says what its status name would repeat.
+            let (transport, why) = (args.transport.name(), e.message);
+            eprintln!("nvfipc demo: --transport {transport}: {why}");
             return 1;
         }
     };

@@ -50,7 +50,8 @@ pub const USAGE_ERROR: i32 = 2;
 #[command(override_usage = "nvfipc launch -n N [--port P] [--kill-grace-ms MS] [--] CMD [ARGS...]")]
 pub struct LaunchArgs {
     /// Number of ranks
-    #[arg(short = 'n', long = "nproc", value_name = "N", value_parser = world_size)]
+    // `-n` first, as the usage line and errors name it; `--nproc` (torchrun's word) also works.
+    #[arg(short = 'n', visible_alias = "nproc", value_name = "N", value_parser = world_size)]
     pub ranks: usize,
     /// Port of the store (0 picks a free one)
     #[arg(long, value_name = "P", default_value_t = 0)]

@@ -80,7 +80,8 @@ fn help_and_usage_errors() {
             "invalid value 'x' for '--port <P>'",
         ),
         (&["serve", "--bogus"], "unexpected argument '--bogus'"),
-        (&["launch", "--", "true"], "--nproc <N>"),
+        // Named as the usage line names it.
+        (&["launch", "--", "true"], "provided:\n  -n <N>"),
         (&["launch", "-n", "2"], "<CMD>..."),
         (&["barrier-test"], "--rounds <R>"),
         (&["demo", "--ranks", "1"], "must be at least 2"),
@@ -454,6 +455,12 @@ fn launch_of_a_missing_command_exits_127() {
     assert!(run.stderr.contains("cannot start rank 0"), "{}", run.stderr);
 }
 
+/// A word for a command line that no process outside this test run has: `base` followed by this
+/// process's pid (two runs of these tests on one machine never see each other's ranks).
+fn marker(base: &str) -> String {
+    format!("{base}{}", std::process::id())
+}
+
 /// Pids of the processes whose command line contains `marker`.
 fn processes_with(marker: &str) -> Vec<u32> {
     let mut found = Vec::new();
@@ -573,9 +580,13 @@ fn absurd_rank_counts_are_usage_errors() {
 /// message rather than a panic.
 #[test]
 fn launch_stops_the_started_ranks_when_it_cannot_start_one() {
-    let script = "i=0; while [ $i -lt 45 ]; do sleep 3601 >/dev/null 2>&1 & i=$((i+1)); done; \
-                  exec \"$0\" launch --kill-grace-ms 300 -n 5 -- sleep 3602";
-    let child = under_process_limit("sh", &["-c", script, NVFIPC], 60)
+    // Seconds: 3602.<pid>.
+    let rank_marker = marker("3602.");
+    let script = format!(
+        "i=0; while [ $i -lt 45 ]; do sleep 3601 >/dev/null 2>&1 & i=$((i+1)); done; \
+         exec \"$0\" launch --kill-grace-ms 300 -n 5 -- sleep {rank_marker}"
+    );
+    let child = under_process_limit("sh", &["-c", &script, NVFIPC], 60)
         .spawn()
         .unwrap();
     let group = child.id() as libc::pid_t;
@@ -590,16 +601,17 @@ fn launch_stops_the_started_ranks_when_it_cannot_start_one() {
         done.stderr
     );
     assert!(!done.stderr.contains("panicked"), "{}", done.stderr);
-    assert_none_left("3602");
+    assert_none_left(&rank_marker);
 }
 
 /// SIGTERM while the ranks are being started stops the start at once: the launcher stops the
 /// ranks it started and exits 143, instead of starting the rest first.
 #[test]
 fn launch_honours_sigterm_while_starting_ranks() {
+    let rank_marker = marker("3603.");
     let child = Command::new(NVFIPC)
         .args(["launch", "--kill-grace-ms", "2000", "-n", "1000", "--"])
-        .args(["sleep", "3603"])
+        .args(["sleep", &rank_marker])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -620,15 +632,17 @@ fn launch_honours_sigterm_while_starting_ranks() {
         "took {:?} after SIGTERM at 300 ms",
         done.elapsed
     );
-    assert_none_left("3603");
+    assert_none_left(&rank_marker);
 }
 
 /// The same for `demo`: SIGTERM during its start ends it promptly, with no rank left.
 #[test]
 fn demo_honours_sigterm_while_starting_ranks() {
+    // Milliseconds: 9<pid>.
+    let rank_marker = marker("9");
     let child = Command::new(NVFIPC)
         .args(["demo", "--ranks", "400", "--transport", "host"])
-        .args(["--timeout-ms", "987654"])
+        .args(["--timeout-ms", &rank_marker])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -644,5 +658,5 @@ fn demo_honours_sigterm_while_starting_ranks() {
         "took {:?} after SIGTERM at 300 ms",
         done.elapsed
     );
-    assert_none_left("987654");
+    assert_none_left(&rank_marker);
 }

@@ -175,6 +175,12 @@ fn demo_rejects_bad_options_and_unavailable_transports() {
             "{}",
             probe.stderr
         );
+        // The cause once, not again as the status's name.
+        assert!(
+            probe.stderr.matches("CUDA driver not available").count() <= 1,
+            "{}",
+            probe.stderr
+        );
     }
 }
 

@@ -6,6 +6,9 @@ use serde_json::Value;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../src/tests/ports.rs"]
+mod ports;
+
 const NVFIPC: &str = env!("CARGO_BIN_EXE_nvfipc");
 
 /// Launcher variables a test's environment may carry; the doctor must not think it is a rank.
@@ -210,12 +213,10 @@ impl Drop for Netns {
     }
 }
 
+/// A port free on every address right now, below the ephemeral range, so that no connection of
+/// another process on this machine takes it before rank 0 binds it (see `src/tests/ports.rs`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    ports::port_below_ephemeral(|port| std::net::TcpListener::bind(("0.0.0.0", port)).is_ok())
 }
 
 /// Rank 1 runs in IPC, network and PID namespaces of its own (the network one joined to this

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The installed pkg-config file, as a plain Makefile or Meson user meets it: installs the package
-# (`cmake --install`) to a temporary prefix, moves the tree elsewhere (the .pc file is
-# relocatable), then compiles and links a C program with only `pkg-config --cflags --libs
-# nvfuser-ipc` and runs it as two ranks under `nvfipc launch`.
+# The installed pkg-config file, as a plain Makefile or Meson user meets it:
+# 1. `cmake --install` to a temporary prefix: the .pc file lies beside the CMake package, names
+#    the prefix it was installed to (absolute, with no `..`), carries Cargo.toml's version, and a
+#    C program compiled and linked with only `pkg-config --cflags --libs nvfuser-ipc` (and an
+#    rpath to its libdir) runs as two ranks under the installed `bin/nvfipc launch`, finding the
+#    library through a RUNPATH that is the prefix's lib directory;
+# 2. with -DNVFIPC_PC_RELOCATABLE=ON (as the Python wheel installs it) the tree may move: the
+#    moved .pc file still leads to the library and headers.
 # Needs target/release/libnvfuser_ipc.so and target/release/nvfipc (cargo build --release).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -12,26 +16,7 @@ for f in target/release/libnvfuser_ipc.so target/release/nvfipc; do
 done
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-
-echo "== cmake --install to a temporary prefix"
-cmake -S "$root" -B "$tmp/build" -DNVFIPC_BUILD_TESTS=OFF \
-      -DNVFIPC_PREBUILT_LIB_DIR="$root/target/release" >/dev/null
-cmake --install "$tmp/build" --prefix "$tmp/installed" >/dev/null
-pc="$(find "$tmp/installed" -name nvfuser-ipc.pc)"
-[ -n "$pc" ] || { echo "pkgconfig-check: no nvfuser-ipc.pc installed" >&2; exit 1; }
-# Beside the CMake package: <libdir>/pkgconfig and <libdir>/cmake/nvfuser_ipc.
-libdir="$(dirname "$(dirname "$pc")")"
-[ -f "$libdir/cmake/nvfuser_ipc/nvfuser_ipcConfig.cmake" ] || {
-  echo "pkgconfig-check: $pc is not beside the CMake package" >&2; exit 1; }
-mv "$tmp/installed" "$tmp/moved"
-pcdir="$(dirname "${pc/$tmp\/installed/$tmp/moved}")"
-export PKG_CONFIG_PATH="$pcdir"
-
-flags="$(pkg-config --cflags --libs nvfuser-ipc)"
-echo "pkg-config --cflags --libs nvfuser-ipc: $flags"
-version="$(pkg-config --modversion nvfuser-ipc)"
-grep -q "^version = \"$version\"" Cargo.toml || {
-  echo "pkgconfig-check: version $version is not Cargo.toml's" >&2; exit 1; }
+fail() { echo "pkgconfig-check: $*" >&2; exit 1; }
 
 cat > "$tmp/pc_check.c" <<'C'
 #include <nvfuser_ipc.h>
@@ -53,11 +38,51 @@ int main(void) {
   return nvfipc_context_free(ctx) == NVFIPC_STATUS_OK ? 0 : 1;
 }
 C
-echo "== cc pc_check.c \$(pkg-config --cflags --libs nvfuser-ipc)"
+
+# install BUILD_DIR PREFIX [CONFIGURE ARGS...]: the package, from the prebuilt target/release.
+install() {
+  local build="$1" prefix="$2"
+  shift 2
+  cmake -S "$root" -B "$build" -DNVFIPC_PREBUILT_LIB_DIR="$root/target/release" "$@" >/dev/null
+  cmake --install "$build" --prefix "$prefix" >/dev/null
+}
+
+echo "== cmake --install to a temporary prefix"
+prefix="$tmp/installed"
+install "$tmp/build" "$prefix"
+pc="$(find "$prefix" -name nvfuser-ipc.pc)"
+[ -n "$pc" ] || fail "no nvfuser-ipc.pc installed"
+# Beside the CMake package: <libdir>/pkgconfig and <libdir>/cmake/nvfuser_ipc.
+libdir="$(dirname "$(dirname "$pc")")"
+[ -f "$libdir/cmake/nvfuser_ipc/nvfuser_ipcConfig.cmake" ] || fail "$pc is not beside the CMake package"
+PKG_CONFIG_PATH="$(dirname "$pc")"
+export PKG_CONFIG_PATH
+flags="$(pkg-config --cflags --libs nvfuser-ipc | xargs)"
+echo "pkg-config --cflags --libs nvfuser-ipc: $flags"
+[ "$flags" = "-I$prefix/include -L$libdir -lnvfuser_ipc" ] || fail "expected the install prefix's paths"
+[ "$(pkg-config --variable=libdir nvfuser-ipc)" = "$libdir" ] || fail "libdir is not $libdir"
+version="$(pkg-config --modversion nvfuser-ipc)"
+grep -q "^version = \"$version\"" Cargo.toml || fail "version $version is not Cargo.toml's"
+
+echo "== cc pc_check.c \$(pkg-config --cflags --libs nvfuser-ipc) -Wl,-rpath,<libdir>"
 # shellcheck disable=SC2086
-cc -std=c11 -Wall -Werror "$tmp/pc_check.c" $flags -o "$tmp/pc_check"
-LD_LIBRARY_PATH="$(pkg-config --variable=libdir nvfuser-ipc)" target/release/nvfipc launch -n 2 -- "$tmp/pc_check" \
-  | tee "$tmp/out"
-[ "$(grep -c 'linked through pkg-config' "$tmp/out")" -eq 2 ] || {
-  echo "pkgconfig-check: the program did not run on both ranks" >&2; exit 1; }
+cc -std=c11 -Wall -Werror "$tmp/pc_check.c" $flags \
+   -Wl,-rpath,"$(pkg-config --variable=libdir nvfuser-ipc)" -o "$tmp/pc_check"
+runpath="$(readelf -dW "$tmp/pc_check" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')"
+[ "$runpath" = "$libdir" ] || fail "RUNPATH is '$runpath', not $libdir"
+"$prefix/bin/nvfipc" launch -n 2 -- "$tmp/pc_check" | tee "$tmp/out"
+[ "$(grep -c 'linked through pkg-config' "$tmp/out")" -eq 2 ] || fail "the program did not run on both ranks"
+
+echo "== relocatable (-DNVFIPC_PC_RELOCATABLE=ON, as the wheel): the tree moved after install"
+install "$tmp/build-relocatable" "$tmp/relocatable" -DNVFIPC_PC_RELOCATABLE=ON -DNVFIPC_BUILD_CLI=OFF
+mv "$tmp/relocatable" "$tmp/moved"
+pc="$(find "$tmp/moved" -name nvfuser-ipc.pc)"
+PKG_CONFIG_PATH="$(dirname "$pc")"
+flags="$(pkg-config --cflags --libs nvfuser-ipc | xargs)"
+echo "pkg-config --cflags --libs nvfuser-ipc: $flags"
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Werror "$tmp/pc_check.c" $flags -o "$tmp/pc_check_moved"
+LD_LIBRARY_PATH="$(pkg-config --variable=libdir nvfuser-ipc)" \
+  "$prefix/bin/nvfipc" launch -n 2 -- "$tmp/pc_check_moved" | tee "$tmp/out"
+[ "$(grep -c 'linked through pkg-config' "$tmp/out")" -eq 2 ] || fail "the moved tree's program did not run on both ranks"
 echo "== pkg-config file works"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the wheel from target/release (scripts/wheel.sh), installs it into a fresh venv with
 # no cargo and no source tree on its paths, and checks what it carries:
+# - at most 5 MB, its two binaries without debug information, the library's C functions
+#   exported;
 # - `python -m nvfuser_ipc --cmake-prefix` + find_package(nvfuser_ipc): cpp_tests/package_consumer
 #   built and run; integrations/nvfuser/nvfuser_ipc.cmake included by a stand-in of nvFuser's
 #   targets; pkg-config finds nvfuser-ipc.pc;
@@ -19,13 +21,28 @@ mkdir -p "$work"
 work="$(cd "$work" && pwd)"
 
 wheel="$(bash scripts/wheel.sh build/wheel/dist)"
+size=$(stat -c %s "$wheel")
+echo "== $wheel: $((size / 1000)) kB"
+if [ "$size" -gt 5000000 ]; then
+  echo "the wheel is $size bytes, over 5 MB: scripts/wheel.sh strips both binaries" >&2
+  exit 1
+fi
 python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install -q --no-index "$wheel"
+"$work/venv/bin/pip" install -q --disable-pip-version-check --no-index "$wheel"
 py="$work/venv/bin/python"
 cd "$work"   # nothing of the source tree on sys.path
 
 prefix="$("$py" -m nvfuser_ipc --cmake-prefix)"
 case "$prefix" in "$work/venv/"*) ;; *) echo "cmake prefix $prefix is not in the venv" >&2; exit 1 ;; esac
+lib="$prefix/lib/libnvfuser_ipc.so"
+for binary in "$work/venv/bin/nvfipc" "$lib"; do
+  if readelf -SW "$binary" | grep -qE '\.debug_(info|line) '; then
+    echo "$binary carries debug information: scripts/wheel.sh strips it" >&2
+    exit 1
+  fi
+done
+nm -D --defined-only "$lib" | grep -q ' T nvfipc_context_from_env$' || {
+  echo "$lib does not export the C API (nvfipc_context_from_env)" >&2; exit 1; }
 echo "== find_package(nvfuser_ipc) from the wheel ($prefix)"
 cmake -S "$src/cpp_tests/package_consumer" -B consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build consumer >/dev/null
@@ -48,7 +65,13 @@ cmake --build fake_nvfuser/build >/dev/null
 echo "nvFuser's targets link nvfuser_ipc::nvfuser_ipc from the wheel"
 
 echo "== pkg-config from the wheel"
-PKG_CONFIG_PATH="$("$py" -m nvfuser_ipc --pkgconfig)" pkg-config --modversion nvfuser-ipc
+PKG_CONFIG_PATH="$("$py" -m nvfuser_ipc --pkgconfig)"
+export PKG_CONFIG_PATH
+pkg-config --modversion nvfuser-ipc
+# Its paths are relative to the .pc file, wherever pip put it.
+[ -f "$(pkg-config --variable=libdir nvfuser-ipc)/libnvfuser_ipc.so" ] || {
+  echo "pkg-config's libdir from the wheel has no libnvfuser_ipc.so" >&2; exit 1; }
+unset PKG_CONFIG_PATH
 
 echo "== the nvfipc script"
 "$work/venv/bin/nvfipc" --version

@@ -68,7 +68,7 @@ common_args=("${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNVFIPC_PREBUI
 if [ -n "$prefix_path" ]; then common_args+=(-DCMAKE_PREFIX_PATH="$prefix_path"); fi
 
 say "== configure (top level, prebuilt library) in $build_dir"
-if ! cmake -S "$root" -B "$build_dir" "${common_args[@]}" -DNVFIPC_BUILD_TESTS=ON \
+if ! cmake -S "$root" -B "$build_dir" "${common_args[@]}" -DNVFIPC_BUILD_TESTS=ON -DNVFIPC_BUILD_CLI=OFF \
     >"$OUT/configure.log" 2>&1; then
   say "-- top-level configure failed (see configure.log); trying cpp_tests/gpu standalone"
   build_dir="$build_dir-standalone"

@@ -105,7 +105,9 @@ for text in requires("torch") or []:
 EOF
 )
 log "torch $want requires: ${REQS[*]}"
-"${PIP[@]}" "${REQS[@]}"
+# Without triton and cuda-bindings, which torch lists: pip would call that a conflict (an ERROR
+# line) although it is what this script means to install.
+"${PIP[@]}" --no-warn-conflicts "${REQS[@]}"
 
 if ! "$PY" -W ignore -c "$CHECK" >&2; then
     log "torch was installed in $VENV but does not import; see the error above"

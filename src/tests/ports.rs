@@ -1,6 +1,7 @@
 //! Test ports below Linux's ephemeral range (32768 and up): the servers and connections of tests
 //! running beside one take ephemeral ports, so none of them can take a port picked here between
-//! the probe and its use. Shared by the unit tests and, through `#[path]`, `tests/common`.
+//! the probe and its use. Shared by the unit tests and, through `#[path]`, `tests/common` and
+//! `cli/tests/doctor.rs`.
 
 /// The first port in 20000..32000, in a per-process pseudo-random order, that `free` accepts
 /// (the caller binds it the way it will be used).
