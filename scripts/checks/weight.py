@@ -6,7 +6,9 @@ the library was consolidated; it is 25,300 since ranks that disagree on their jo
 (the context's hello records, about 230 lines) and the driver's cold-path calls are timed for
 `nvfipc bench` (about 80), and 26,000 since the store is treated as public (records sealed
 in memfds offered by the responder, the kernel's checks of responders, processes, files and
-boards: about 640). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
+boards: about 640), and 26,350 since the store server bounds its pending requests (a
+budget of WAIT registrations and partly read frames, about 280) and every count and length given
+through the C ABI is checked against a documented limit (about 70). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
 """
@@ -14,7 +16,7 @@ import os
 import re
 import sys
 
-MAX_LINES = 26_000
+MAX_LINES = 26_350
 MAX_STATICS = 20
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
