@@ -1,0 +1,220 @@
+//! A warm exchange allocates nothing, in the whole process: two rank processes exchange host
+//! buffers through the C ABI (context, cache, requests, `nvfipc_exchange_handles`), and a
+//! counting global allocator sees every allocation of every thread of the rank (the library's
+//! background threads, its waits for a peer that is behind, the C boundary) while the ranks run
+//! warm calls. One rank falls behind now and then, so the other waits for it inside the call.
+//!
+//! `NVFIPC_T_TRACE_ALLOCS=N` prints the stack of the first N allocations of the warm window.
+
+mod common;
+
+use common::{env_usize, Ranks};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CString};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+// Links the library's C symbols into this binary; the test calls them only through `extern "C"`.
+use nvfuser_ipc as _;
+
+/// Every allocation of the process, counted while `COUNTING` is on.
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static TRACES_LEFT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Set while this thread prints a trace, whose own allocations are not counted.
+    static TRACING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn counted(size: usize) {
+    if !COUNTING.load(Ordering::Relaxed) || TRACING.with(Cell::get) {
+        return;
+    }
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    let wants_trace = TRACES_LEFT
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok();
+    if wants_trace {
+        TRACING.with(|t| t.set(true));
+        let trace = std::backtrace::Backtrace::force_capture();
+        eprintln!("allocation of {size} bytes during a warm call:\n{trace}");
+        TRACING.with(|t| t.set(false));
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so the
+// allocator's contract is `System`'s; counting touches only atomics and a thread-local `Cell`.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        counted(layout.size());
+        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        counted(layout.size());
+        // SAFETY: as in `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        counted(new_size);
+        // SAFETY: forwarded unchanged; `ptr` came from this allocator, which is `System`'s.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged; `ptr` came from this allocator, which is `System`'s.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[repr(C)]
+struct Opaque {
+    _private: [u8; 0],
+}
+
+/// `nvfipc_request` of include/nvfuser_ipc.h.
+#[repr(C)]
+struct CRequest {
+    peer: i64,
+    direction: i32,
+    kind: i32,
+    tag: *const c_char,
+    ptr: u64,
+    bytes: u64,
+}
+
+const OK: i32 = 0;
+const SEND: i32 = 0;
+const RECV: i32 = 1;
+const HOST: i32 = 1;
+
+extern "C" {
+    fn nvfipc_context_connect(
+        rank: i64,
+        world_size: i64,
+        host: *const c_char,
+        port: u16,
+        host_store: bool,
+        timeout_ms: i64,
+        out_ctx: *mut *mut Opaque,
+    ) -> i32;
+    fn nvfipc_context_free(ctx: *mut Opaque) -> i32;
+    fn nvfipc_cache_create(ctx: *const Opaque, out_cache: *mut *mut Opaque) -> i32;
+    fn nvfipc_cache_free(cache: *mut Opaque) -> i32;
+    fn nvfipc_exchange_handles(cache: *const Opaque, reqs: *const CRequest, n: usize) -> i32;
+    fn nvfipc_barrier(ctx: *const Opaque, ranks: *const i64, n: usize, timeout_ms: i64) -> i32;
+    fn nvfipc_host_alloc(bytes: usize, out: *mut *mut c_void) -> i32;
+    fn nvfipc_host_free(ptr: *mut c_void) -> i32;
+    fn nvfipc_last_error_message() -> *const c_char;
+}
+
+fn check(what: &str, status: i32) {
+    if status != OK {
+        // SAFETY: the library returns a NUL-terminated message that lives until its next failing
+        // call on this thread.
+        let msg = unsafe { std::ffi::CStr::from_ptr(nvfipc_last_error_message()) };
+        panic!("{what}: status {status}: {}", msg.to_string_lossy());
+    }
+}
+
+const WARM_CALLS: usize = 400;
+const BYTES: usize = 1 << 16;
+
+/// A rank: two comms per call with its one peer (send "up", receive "down"), warmed, then
+/// `WARM_CALLS` calls counted; rank 1 sleeps before every 7th call so that rank 0 waits for it.
+#[test]
+#[ignore = "a rank of warm_calls_allocate_nothing (run by it)"]
+fn child() {
+    let rank = env_usize("NVFIPC_T_RANK");
+    let port = env_usize("NVFIPC_T_PORT") as u16;
+    TRACES_LEFT.store(
+        std::env::var("NVFIPC_T_TRACE_ALLOCS").map_or(0, |n| n.parse().unwrap_or(0)),
+        Ordering::Relaxed,
+    );
+    let host = CString::new("127.0.0.1").unwrap();
+    let (up, down) = (CString::new("up").unwrap(), CString::new("down").unwrap());
+    let peer = 1 - rank as i64;
+    // SAFETY: every pointer handed over is either a live out-parameter of this frame or a
+    // NUL-terminated string of this frame; the handles are used only while alive and freed once.
+    unsafe {
+        let mut ctx = null_mut();
+        check(
+            "connect",
+            nvfipc_context_connect(rank as i64, 2, host.as_ptr(), port, rank == 0, 20_000, &mut ctx),
+        );
+        let mut cache = null_mut();
+        check("cache_create", nvfipc_cache_create(ctx, &mut cache));
+        let (mut send, mut recv) = (null_mut(), null_mut());
+        check("host_alloc", nvfipc_host_alloc(BYTES, &mut send));
+        check("host_alloc", nvfipc_host_alloc(BYTES, &mut recv));
+        // Rank 0 sends "up" and receives "down"; rank 1 the other way round.
+        let (send_tag, recv_tag) = if rank == 0 { (&up, &down) } else { (&down, &up) };
+        let reqs = [
+            CRequest {
+                peer,
+                direction: SEND,
+                kind: HOST,
+                tag: send_tag.as_ptr(),
+                ptr: send as u64,
+                bytes: BYTES as u64,
+            },
+            CRequest {
+                peer,
+                direction: RECV,
+                kind: HOST,
+                tag: recv_tag.as_ptr(),
+                ptr: recv as u64,
+                bytes: BYTES as u64,
+            },
+        ];
+        for _ in 0..20 {
+            check("cold/warm-up exchange", nvfipc_exchange_handles(cache, reqs.as_ptr(), 2));
+        }
+        check("barrier", nvfipc_barrier(ctx, std::ptr::null(), 0, 20_000));
+        COUNTING.store(true, Ordering::SeqCst);
+        for call in 0..WARM_CALLS {
+            if rank == 1 && call % 7 == 0 {
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            let status = nvfipc_exchange_handles(cache, reqs.as_ptr(), 2);
+            if status != OK {
+                COUNTING.store(false, Ordering::SeqCst);
+                check("warm exchange", status);
+            }
+        }
+        COUNTING.store(false, Ordering::SeqCst);
+        let allocations = ALLOCATIONS.load(Ordering::SeqCst);
+        println!("rank {rank}: {allocations} allocation(s) in {WARM_CALLS} warm calls");
+        check("barrier", nvfipc_barrier(ctx, std::ptr::null(), 0, 20_000));
+        check("cache_free", nvfipc_cache_free(cache));
+        check("host_free", nvfipc_host_free(send));
+        check("host_free", nvfipc_host_free(recv));
+        check("context_free", nvfipc_context_free(ctx));
+        assert_eq!(
+            allocations, 0,
+            "rank {rank}: warm calls allocated {allocations} time(s) in {WARM_CALLS} calls \
+             (NVFIPC_T_TRACE_ALLOCS=5 prints where)"
+        );
+    }
+}
+
+#[test]
+fn warm_calls_allocate_nothing() {
+    let port = common::free_port();
+    let mut ranks = Ranks::spawn("NVFIPC_T_WARM", "warm", 2, port, "warm-allocs");
+    let results = ranks.collect(Duration::from_secs(120));
+    for (rank, (ok, out)) in results.iter().enumerate() {
+        assert!(ok, "rank {rank} failed:\n{out}");
+        assert!(out.contains("0 allocation(s)"), "rank {rank}:\n{out}");
+    }
+}
