@@ -6,11 +6,6 @@ pub use nvfipc_store::net::fd_limits;
 use std::io;
 use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
 
-/// True when `e` is a bind failure because the address is in use.
-pub fn is_addr_in_use(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::EADDRINUSE)
-}
-
 /// The text of an "address in use" `io::Error` (to match errors turned into text).
 pub fn addr_in_use_message() -> String {
     io::Error::from_raw_os_error(libc::EADDRINUSE).to_string()

@@ -12,8 +12,8 @@ mod tests;
 
 use crate::error::Result;
 pub use nvfipc_store::{client, server, wire, DEFAULT_TIMEOUT};
-pub use tcp::{connect, serve_embedded};
 use std::time::{Duration, Instant};
+pub use tcp::{connect, serve_embedded};
 
 // A world barrier names every rank in one WAIT.
 const _: () = assert!(crate::config::MAX_WORLD_SIZE == wire::MAX_KEY_COUNT);

@@ -41,61 +41,34 @@ pub fn serve_embedded(host: &str, port: u16) -> Result<StoreServer> {
     Ok(StoreServer::bind_with(host, port, &opts)?)
 }
 
+/// `Store` methods that call `TcpStore`'s own of the same name and arguments, errors converted.
+macro_rules! delegate {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> Result<$out> {
+            Ok(TcpStore::$name(self, $($arg),*)?)
+        })*
+    };
+}
+
 impl Store for TcpStore {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        Ok(TcpStore::set(self, key, value)?)
-    }
-
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        Ok(TcpStore::get(self, key, timeout)?)
-    }
-
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        Ok(TcpStore::add(self, key, delta)?)
-    }
-
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        Ok(TcpStore::check(self, keys)?)
-    }
-
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        Ok(TcpStore::wait(self, keys, timeout)?)
-    }
-
-    fn delete_key(&self, key: &str) -> Result<bool> {
-        Ok(TcpStore::delete_key(self, key)?)
-    }
-
-    fn num_keys(&self) -> Result<i64> {
-        Ok(TcpStore::num_keys(self)?)
-    }
-
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        Ok(TcpStore::compare_set(self, key, expected, desired)?)
-    }
-
-    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        Ok(TcpStore::append(self, key, value)?)
-    }
-
-    fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
-        Ok(TcpStore::multi_set(self, pairs)?)
-    }
-
-    fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        Ok(TcpStore::multi_get(self, keys, timeout)?)
-    }
-
-    fn update_then_wait(
-        &self,
-        delete: &[&str],
-        set: Option<(&str, &[u8])>,
-        wait: &[&str],
-        timeout: Duration,
-    ) -> Result<()> {
-        Ok(TcpStore::update_then_wait(
-            self, delete, set, wait, timeout,
-        )?)
+    delegate! {
+        set(key: &str, value: &[u8]) -> ();
+        get(key: &str, timeout: Duration) -> Vec<u8>;
+        add(key: &str, delta: i64) -> i64;
+        check(keys: &[&str]) -> bool;
+        wait(keys: &[&str], timeout: Duration) -> ();
+        delete_key(key: &str) -> bool;
+        num_keys() -> i64;
+        compare_set(key: &str, expected: &[u8], desired: &[u8]) -> Vec<u8>;
+        append(key: &str, value: &[u8]) -> ();
+        multi_set(pairs: &[(&str, &[u8])]) -> ();
+        multi_get(keys: &[&str], timeout: Duration) -> Vec<Vec<u8>>;
+        update_then_wait(
+            delete: &[&str],
+            set: Option<(&str, &[u8])>,
+            wait: &[&str],
+            timeout: Duration
+        ) -> ();
     }
 
     fn default_timeout(&self) -> Duration {

@@ -221,8 +221,7 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
         libc::AF_INET
     };
     // SAFETY: socket(2) takes no pointers; the result is checked before use.
-    let raw =
-        cvt(unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    let raw = cvt(unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     set_int_option(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
@@ -322,7 +321,6 @@ pub fn raise_fd_limit(wanted: u64) -> u64 {
     }
     soft
 }
-
 
 /// `rc` of a libc call that succeeded (non-negative), else the `errno` it left.
 fn cvt<T: Default + PartialOrd>(rc: T) -> io::Result<T> {

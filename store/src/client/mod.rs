@@ -204,9 +204,7 @@ impl Conn {
     /// Waits up to `timeout` for the reply of a WAIT already sent; on timeout cancels it (a late
     /// `00 01` means the keys arrived: success; `01` returns [`Fail::WaitTimeout`]).
     fn finish_wait(&mut self, timeout: Duration) -> Step<()> {
-        if self.reader.buffer().is_empty()
-            && !crate::net::poll_readable(self.stream(), timeout)?
-        {
+        if self.reader.buffer().is_empty() && !crate::net::poll_readable(self.stream(), timeout)? {
             self.request(bare(wire::encode_cancel_wait))?;
             let first = wire::read_u8(&mut self.reader)?;
             // `00 01`: every key arrived just before the cancel. The wait was satisfied, so

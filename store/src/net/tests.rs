@@ -39,4 +39,3 @@ fn fd_limit_is_raised_to_what_is_wanted_at_most() {
     let got = raise_fd_limit(u64::MAX);
     assert!(got >= lim.rlim_cur && got <= lim.rlim_max, "{got}");
 }
-
