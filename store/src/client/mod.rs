@@ -33,6 +33,7 @@ const KEEP_OUT_CAPACITY: usize = 1 << 20;
 /// At most this many keys are named in a wait-timeout message.
 const KEYS_IN_MESSAGE: usize = 16;
 
+/// How [`TcpStore::connect`] connects and how long the store's calls may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Store timeout: the default of the calls that take a timeout, and the bound of the reply
