@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test of the project on a machine with no GPU: Rust unit and multi-process tests,
-# interop with real PyTorch (the pinned torch and the newest on the package index), the C/C++
-# GoogleTest suites, the Python wheel and API, and a bounded fuzz run of the store's frame
-# parser. Installs what it needs (Debian packages, two cached Python venvs with torch, one with
+# Runs every test of the project on a machine with no GPU: Rust unit and multi-process tests (of
+# the library, the nvfipc-store crate and the CLI: the workspace's default members) and the store
+# crate's documentation example, interop with real PyTorch (the pinned torch and the newest on the
+# package index), the C/C++ GoogleTest suites, the Python wheel and API, and a bounded fuzz run of
+# the store's frame parser. Installs what it needs (Debian packages, two cached Python venvs with torch, one with
 # maturin). Each step prints `[k/N] name`, then its duration; a table of every step ends the run.
 # Long, noisy output (the fuzzer's, the installers') goes to a log file under build/test-logs
 # whose path is printed, and is shown only when its step fails; tests capture the warnings they
@@ -17,6 +18,7 @@ steps=(
     "dependencies (apt packages, Python venvs)"
     "fuzz the store frame parser"
     "cargo test (release)"
+    "nvfipc-store's documentation example"
     "store server suite with three event loops"
     "PyTorch interop with the newest torch"
     "C/C++ suites (CMake + GoogleTest)"
@@ -104,6 +106,7 @@ interop_newest() {
 step dependencies
 step fuzz
 step cargo test --release --all-targets
+step cargo test --release --doc -p nvfipc-store
 step env NVFIPC_TEST_STORE_THREADS=3 cargo test --release --test store_server
 step interop_newest
 step bash scripts/checks/cpp-tests.sh build/ci-cpp

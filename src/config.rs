@@ -723,12 +723,12 @@ impl FdPassConfig {
 // The vocabularies of NVFIPC_DEBUG_SUBSYS and NVFIPC_FD_RUNGS.
 
 /// Targets of the library's log lines, one per subsystem.
-pub const STORE: &str = "nvfipc::store";
+pub const STORE: &str = nvfipc_store::CLIENT_LOG_TARGET;
 pub const BARRIER: &str = "nvfipc::barrier";
 pub const EXCHANGE: &str = "nvfipc::exchange";
 pub const CUDA: &str = "nvfipc::cuda";
 pub const HOST: &str = "nvfipc::host";
-pub const SERVER: &str = "nvfipc::server";
+pub const SERVER: &str = nvfipc_store::SERVER_LOG_TARGET;
 
 /// A part of the library whose lines can be selected with `NVFIPC_DEBUG_SUBSYS`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

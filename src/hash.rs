@@ -1,7 +1,7 @@
 //! The crate's two hashes: [`fnv1a64`], 64-bit FNV-1a, for names and fingerprints every process
-//! computes alike (so it never changes); [`FastMap`], rustc-hash's FxHasher for the store's key
-//! maps (short keys from unauthenticated cluster peers: SipHash's DoS resistance is not worth its
-//! cost; docs/BENCHMARKS.md).
+//! computes alike (so it never changes); [`FastMap`], rustc-hash's FxHasher for hot maps of short
+//! keys, as the store server's key maps in `nvfipc-store` (SipHash's DoS resistance is not worth
+//! its cost; docs/BENCHMARKS.md).
 
 const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0000_0100_0000_01b3;

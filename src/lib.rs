@@ -26,7 +26,7 @@ mod sync;
 #[path = "tests/ports.rs"]
 mod test_ports;
 #[cfg(test)]
-#[path = "tests/rng.rs"]
+#[path = "../store/src/tests/rng.rs"]
 mod test_rng;
 pub mod transport;
 

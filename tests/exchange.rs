@@ -12,7 +12,6 @@ use nvfuser_ipc::host::{self, p2p, HostBuffer};
 use nvfuser_ipc::names;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
-use nvfuser_ipc::store::Store;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -7,7 +7,6 @@ use nvfuser_ipc::exchange::{CacheConfig, MemKind, Request};
 use nvfuser_ipc::host;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
-use nvfuser_ipc::store::Store;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;

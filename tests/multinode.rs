@@ -14,7 +14,6 @@ use nvfuser_ipc::exchange::{HandleCache, MemKind, Request};
 use nvfuser_ipc::host::{self, p2p};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
-use nvfuser_ipc::store::Store;
 use nvfuser_ipc::Status;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -22,7 +22,7 @@ use nvfuser_ipc::host;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::{Liveness, Store};
-use nvfuser_ipc::{Result, Status};
+use nvfuser_ipc::{Error, Result, Status};
 use std::ffi::{c_char, c_int, c_void};
 use std::io::{BufRead, Write};
 use std::process::{Child, Command, Output, Stdio};
@@ -413,8 +413,8 @@ fn keys_of<'a>(keys: *const *const c_char, lens: *const usize, n: usize) -> Vec<
 }
 
 /// Prints a failure as c10d does (with the text the test looks for), and returns its code.
-fn report<T>(op: &str, r: Result<T>, ok: impl FnOnce(T)) -> c_int {
-    match r {
+fn report<T>(op: &str, r: Result<T, impl Into<Error>>, ok: impl FnOnce(T)) -> c_int {
+    match r.map_err(Into::into) {
         Ok(v) => {
             ok(v);
             0

@@ -730,9 +730,10 @@ fn shutdown_when_idle_times_out_when_a_client_stays() {
     let mut stayer = Client::connect(srv.port());
     wait_until("the client", IO_TIMEOUT, || srv.connected_clients() == 1);
     let start = Instant::now();
-    let err = srv
-        .shutdown_when_idle(Duration::from_millis(300))
-        .unwrap_err();
+    let err = nvfuser_ipc::Error::from(
+        srv.shutdown_when_idle(Duration::from_millis(300))
+            .unwrap_err(),
+    );
     let took = start.elapsed();
     assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(5));
     assert_eq!(err.status, nvfuser_ipc::Status::Timeout);
@@ -842,7 +843,7 @@ fn cross_loop_wakeups_and_cancels_keep_every_stream_in_step() {
     for i in 0..ROUNDS {
         go.wait();
         // A zero timeout sends WAIT and, unless the reply is already there, CANCEL_WAIT.
-        match waiter.wait(&[&format!("race/{i}")], Duration::ZERO) {
+        match Store::wait(&waiter, &[&format!("race/{i}")], Duration::ZERO) {
             Ok(()) => woken += 1,
             Err(e) => {
                 assert_eq!(e.status, nvfuser_ipc::Status::Timeout, "{e}");

@@ -11,7 +11,6 @@ use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind};
 use nvfuser_ipc::host::{self, HostBuffer};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
-use nvfuser_ipc::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 
 use crate::args::{millis, world_size};
 use crate::signals::Signals;
-use nvfuser_ipc::store::server::StoreServer;
+use nvfipc_store::server::StoreServer;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -344,6 +344,8 @@ pub fn run_job(spec: &JobSpec) -> i32 {
         eprintln!("nvfipc launch: {message}");
         return USAGE_ERROR;
     }
+    // The store server's lines go through the library's log, as the ranks' do.
+    nvfuser_ipc::logging::init();
     let (server, port) = match spec.store {
         StoreHost::Launcher { port } => match StoreServer::bind(STORE_HOST, port) {
             Ok(server) => {

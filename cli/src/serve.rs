@@ -1,11 +1,11 @@
 //! `nvfipc serve`: a TCPStore server until SIGINT or SIGTERM.
 
 use crate::signals::Signals;
-use nvfuser_ipc::config::DEFAULT_MASTER_PORT;
-use nvfuser_ipc::store::server::{
+use nvfipc_store::server::{
     ServerOptions, StoreServer, DEFAULT_BUSY_POLL, DEFAULT_PENDING_BUDGET,
     DEFAULT_PENDING_PER_CLIENT, DEFAULT_REPLY_BUDGET,
 };
+use nvfuser_ipc::config::DEFAULT_MASTER_PORT;
 use std::io::Write;
 use std::time::Duration;
 
@@ -80,6 +80,8 @@ pub fn run(args: &ServeArgs) -> i32 {
         pending_per_client: mib(args.pending_per_client_mib),
         ..ServerOptions::default()
     };
+    // The server's lines (a refused client, a closed connection) go through the library's log.
+    nvfuser_ipc::logging::init();
     let server = match StoreServer::bind_with(&args.host, args.port, &opts) {
         Ok(server) => server,
         Err(e) => {

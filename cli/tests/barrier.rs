@@ -4,7 +4,6 @@
 use nvfuser_ipc::barrier::{barrier, BarrierState};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
-use nvfuser_ipc::store::Store;
 use nvfuser_ipc::Status;
 use std::io::Read;
 use std::process::{Command, ExitStatus, Stdio};

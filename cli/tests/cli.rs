@@ -1,7 +1,6 @@
 //! The `nvfipc` binary as users run it: `serve`, `launch`, help and usage errors.
 
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
-use nvfuser_ipc::store::Store;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nvfuser_ipc::store::wire::{parse_frame, parse_request, ParseError, Parsed};
+use nvfipc_store::wire::{parse_frame, parse_request, ParseError, Parsed};
 
 /// The requests (as re-encoded bytes) found in `stream`, and the error that stopped parsing.
 fn parse_whole(stream: &[u8]) -> (Vec<Vec<u8>>, Option<ParseError>) {

@@ -29,6 +29,9 @@ endif()
 # codegen_internal (an OBJECT library) compiles ipc_handle.cpp, so it needs the headers; PUBLIC
 # also reaches everything that links it (test binaries, nvf_py_internal, the Python module).
 target_link_libraries(codegen_internal PUBLIC nvfuser_ipc::nvfuser_ipc)
+# What the two drop-ins share (common/nvfuser_ipc_dropin.h), included by ipc_handle.cpp from here,
+# so that only ipc_handle.{h,cpp} are copied into nvFuser's tree.
+target_include_directories(codegen_internal PRIVATE "${CMAKE_CURRENT_LIST_DIR}/common")
 # nvfuser_codegen is made from codegen_internal's objects, not by linking the target, so it
 # needs the library itself.
 target_link_libraries(nvfuser_codegen PRIVATE nvfuser_ipc::nvfuser_ipc)

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The library's weight budget: lines of src/ outside test files, and process-wide statics.
+"""The library's weight budget: lines outside test files of src/ (the library) and of store/src/
+(the nvfipc-store crate it is built on, which the CLI and any Rust program may use alone), each
+within a budget of its own, and their process-wide statics.
 
 Test files are `tests.rs` and anything under a `tests/` folder. The line budget was 25,000 when
 the library was consolidated; it is 25,300 since ranks that disagree on their job are told at once
@@ -8,7 +10,15 @@ the library was consolidated; it is 25,300 since ranks that disagree on their jo
 in memfds offered by the responder, the kernel's checks of responders, processes, files and
 boards: about 640), and 26,350 since the store server bounds its pending requests (a
 budget of WAIT registrations and partly read frames, about 280) and every count and length given
-through the C ABI is checked against a documented limit (about 70). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
+through the C ABI is checked against a documented limit (about 70). The TCPStore protocol then
+became the crate nvfipc-store (store/): its lines moved out of src/ and are counted under store/src/
+(budgets 22,000 and 4,650: 26,650 together, 300 more than before). The split itself costs about
+270 lines that one crate did not need: the crate's own error type and the `From` into the
+library's (src/store/tcp.rs, with `Store` over its client), the crate documentation with its
+runnable example, the client's methods documented as a public API of their own, and the socket
+helpers' module head; they buy a store with no CUDA and nothing of the library, which the CLI's
+`serve` and other Rust programs use alone. Lower the budgets again as code goes; raise them only
+with a reason written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
 """
@@ -16,34 +26,37 @@ import os
 import re
 import sys
 
-MAX_LINES = 26_350
+MAX_LINES = {"src": 22_000, "store/src": 4_650}
 MAX_STATICS = 20
 
-root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
-lines = 0
+repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 statics = []
 unexplained = []
-for folder, _, files in os.walk(root):
-    for name in sorted(files):
-        path = os.path.join(folder, name)
-        rel = os.path.relpath(path, os.path.join(root, ".."))
-        if not name.endswith(".rs") or name == "tests.rs" or "/tests/" in rel:
-            continue
-        text = open(path, encoding="utf-8").read().split("\n")
-        if text and text[-1] == "":
-            text.pop()
-        lines += len(text)
-        for i, line in enumerate(text):
-            if re.search(r"\bstatic [A-Z_][A-Z0-9_]*\s*:", line) and not line.lstrip().startswith("//"):
-                statics.append(f"{rel}:{i + 1}")
-                if not any("// process-wide:" in above for above in text[max(0, i - 3):i]):
-                    unexplained.append(f"{rel}:{i + 1}: {line.strip()}")
-
-print(f"src/ outside test files: {lines} lines (budget {MAX_LINES}); statics: {len(statics)} (budget {MAX_STATICS})")
 failed = False
-if lines > MAX_LINES:
-    print(f"over the line budget by {lines - MAX_LINES}", file=sys.stderr)
-    failed = True
+for tree, budget in MAX_LINES.items():
+    root = os.path.join(repo, tree)
+    lines = 0
+    for folder, _, files in os.walk(root):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, repo)
+            if not name.endswith(".rs") or name == "tests.rs" or "/tests/" in rel:
+                continue
+            text = open(path, encoding="utf-8").read().split("\n")
+            if text and text[-1] == "":
+                text.pop()
+            lines += len(text)
+            for i, line in enumerate(text):
+                if re.search(r"\bstatic [A-Z_][A-Z0-9_]*\s*:", line) and not line.lstrip().startswith("//"):
+                    statics.append(f"{rel}:{i + 1}")
+                    if not any("// process-wide:" in above for above in text[max(0, i - 3):i]):
+                        unexplained.append(f"{rel}:{i + 1}: {line.strip()}")
+    print(f"{tree}/ outside test files: {lines} lines (budget {budget})")
+    if lines > budget:
+        print(f"{tree}/ is over its line budget by {lines - budget}", file=sys.stderr)
+        failed = True
+
+print(f"statics: {len(statics)} (budget {MAX_STATICS})")
 if len(statics) > MAX_STATICS:
     print("over the statics budget:", *statics, sep="\n  ", file=sys.stderr)
     failed = True

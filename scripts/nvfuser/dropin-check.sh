@@ -104,8 +104,10 @@ if [ -f "$torch_dir/include/torch/csrc/distributed/c10d/TCPStore.hpp" ]; then
   defs+=(-DNVFUSER_DISTRIBUTED)
   say "torch has c10d: NVFUSER_DISTRIBUTED on (the adapter over c10d::TCPStore is compiled)"
 fi
+# integrations/nvfuser/common: the drop-ins' shared nvfuser_ipc_dropin.h, on the include path as
+# nvfuser_ipc.cmake puts it on codegen_internal's.
 incs=(-I"$overlay" -I"$fuser/csrc" -I"$fuser/lib/dynamic_type/src" -I"$fuser/python"
-      -I"$root/include"
+      -I"$root/include" -I"$root/integrations/nvfuser/common"
       -isystem "$fb_inc" -isystem "$torch_dir/include"
       -isystem "$torch_dir/include/torch/csrc/api/include" -isystem "$cuda_inc")
 if [ -n "$cupti_inc" ]; then incs+=(-isystem "$cupti_inc"); fi

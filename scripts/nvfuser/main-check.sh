@@ -137,8 +137,10 @@ if [ -f "$torch_dir/include/torch/csrc/distributed/c10d/TCPStore.hpp" ]; then
 else
   die "torch at $torch_dir has no c10d headers: main's distributed callers (and the benchmark) need USE_DISTRIBUTED"
 fi
+# integrations/nvfuser/common: the drop-ins' shared nvfuser_ipc_dropin.h, on the include path as
+# nvfuser_ipc.cmake puts it on codegen_internal's.
 incs=(-I"$overlay" -I"$fuser/csrc" -I"$fuser/lib/dynamic_type/src" -I"$fuser/python"
-      -I"$fuser/python/python_common" -I"$gen" -I"$root/include"
+      -I"$fuser/python/python_common" -I"$gen" -I"$root/include" -I"$root/integrations/nvfuser/common"
       -isystem "$torch_dir/include" -isystem "$torch_dir/include/torch/csrc/api/include"
       -isystem "$cuda_inc")
 for cand in "$cuda_inc/../extras/CUPTI/include" "$cuda_inc"; do

@@ -9,8 +9,8 @@ use crate::logging;
 use crate::names::context as names;
 use crate::node::NodeIdentity;
 use crate::os::net::is_this_machine;
-use crate::store::client::{ConnectOptions, TcpStore};
-use crate::store::server::{ServerOptions, StoreServer};
+use crate::store::client::ConnectOptions;
+use crate::store::server::StoreServer;
 use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
 use crate::sync::lock;
 use claim::{agree_on_job_id, claim_rank, Hello, RankClaim, Said};
@@ -170,7 +170,7 @@ impl Context {
         let who = format!("rank {} of {}", ranks.rank, ranks.world_size);
         // Election: the candidate whose bind succeeds hosts.
         let server = if hosting != Hosting::Connect {
-            match StoreServer::bind_with("", port, &ServerOptions::embedded()?) {
+            match crate::store::serve_embedded("", port) {
                 Ok(server) => Some(server),
                 Err(e) if hosting == Hosting::Candidate && port != 0 && is_addr_in_use(&e) => None,
                 Err(e) => {
@@ -187,7 +187,7 @@ impl Context {
         let port = server.as_ref().map_or(port, StoreServer::port);
         let connect = ConnectOptions::with_timeout(timeout);
         let lost_election = hosting == Hosting::Candidate && server.is_none();
-        let store = TcpStore::connect(host, port, &connect).map_err(|e| {
+        let store = crate::store::connect(host, port, &connect).map_err(|e| {
             let why = if lost_election {
                 format!(
                     " (port {port} was taken when this rank tried to host the store there: \
@@ -355,7 +355,7 @@ impl Context {
         // Drop this rank's connection so that the server can see the last client leave.
         self.store = Arc::new(ClosedStore);
         let idle = server.shutdown_when_idle(deadline.saturating_duration_since(Instant::now()));
-        waited.and(idle).and(announced)
+        waited.and(idle.map_err(Error::from)).and(announced)
     }
 
     /// Counts this rank as closed; the last one marks the job finished and frees the job id key.

@@ -10,7 +10,7 @@ use super::registry::{free_buffer, handle_ref, into_buffer, into_handle, take_ha
 use super::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
 use crate::error::{Error, Result, Status};
 use crate::store::client::{ConnectOptions, TcpStore};
-use crate::store::server::{ServerOptions, StoreServer};
+use crate::store::server::StoreServer;
 use crate::store::{wire, Store, DEFAULT_TIMEOUT};
 use std::ffi::c_char;
 use std::fmt::Display;
@@ -422,7 +422,7 @@ pub extern "C" fn nvfipc_store_connect(
             wait_for_workers: workers.transpose()?,
             ..ConnectOptions::with_timeout(timeout_arg(timeout_ms, DEFAULT_TIMEOUT))
         };
-        let tcp = Arc::new(TcpStore::connect(host, port, &options)?);
+        let tcp = Arc::new(crate::store::connect(host, port, &options)?);
         out.write(into_handle(nvfipc_store {
             store: tcp.clone(),
             tcp: Some(tcp),
@@ -535,7 +535,7 @@ pub extern "C" fn nvfipc_store_serve(
         let host = c_str_arg(bind_host, "bind_host")?;
         let out_port = optional_out_ptr(out_port, "out_port")?;
         let out = out_ptr(out_server, "out_server")?;
-        let server = StoreServer::bind_with(host, port, &ServerOptions::embedded()?)?;
+        let server = crate::store::serve_embedded(host, port)?;
         out_port.write(server.port())?;
         out.write(into_handle(nvfipc_server {
             server: Arc::new(server),
@@ -578,9 +578,9 @@ pub extern "C" fn nvfipc_server_free(server: *mut nvfipc_server, idle_timeout_ms
             server.server.shutdown();
             Ok(())
         } else {
-            server
+            Ok(server
                 .server
-                .shutdown_when_idle(timeout_arg(idle_timeout_ms, DEFAULT_TIMEOUT))
+                .shutdown_when_idle(timeout_arg(idle_timeout_ms, DEFAULT_TIMEOUT))?)
         }
     })
 }

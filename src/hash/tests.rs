@@ -1,8 +1,5 @@
 use super::*;
-use crate::store::server::state::{ConnId, StoreState};
-use crate::store::wire::Request;
 use std::hash::BuildHasher;
-use std::time::Instant;
 
 #[test]
 fn matches_the_published_test_vectors() {
@@ -47,45 +44,4 @@ fn distinct_keys_hash_differently_and_maps_work() {
     }
     assert_eq!(m.get(&b"/key777"[..]), Some(&777));
     assert_eq!(m.len(), 1000);
-}
-
-/// The store's hot path without I/O: SET then GET through `StoreState::apply` on the key shapes
-/// of the store-load benchmark and of a large world's barrier. Prints ns per request (best of
-/// 20); run with `cargo test --release --lib hasher_hot_path -- --ignored --nocapture`.
-#[test]
-#[ignore = "a timing, not a check"]
-fn hasher_hot_path() {
-    let conn = ConnId {
-        shard: 0,
-        slot: 1,
-        gen: 1,
-    };
-    let load = |i: usize| format!("load/1a2b3c4d/64/{}/{}", i % 64, i / 64);
-    let barrier = |i: usize| format!("/nvfipc/barrier/0123456789abcdef/w131072/arrived/0/{i}");
-    let shapes = [
-        ("store-load keys", (0..8192).map(load).collect::<Vec<_>>()),
-        ("barrier keys", (0..8192).map(barrier).collect()),
-    ];
-    for (name, keys) in shapes {
-        let mut best = f64::MAX;
-        for _ in 0..20 {
-            let mut state = StoreState::default();
-            let (mut out, mut woken) = (Vec::new(), Vec::new());
-            let start = Instant::now();
-            for key in &keys {
-                let set = Request::Set {
-                    key: key.as_bytes(),
-                    value: b"0123456789abcdef",
-                };
-                state.apply(conn, &set, &mut out, &mut woken).unwrap();
-                let get = Request::Get {
-                    key: key.as_bytes(),
-                };
-                state.apply(conn, &get, &mut out, &mut woken).unwrap();
-                out.clear();
-            }
-            best = best.min(start.elapsed().as_nanos() as f64 / (2 * keys.len()) as f64);
-        }
-        println!("hot path, {name}: {best:.1} ns per request (SET/GET, 8192 keys, best of 20)");
-    }
 }

@@ -1,5 +1,5 @@
 //! Memory mappings: a descriptor's file mapped shared (for `shm` and `memfd`), reserved ranges
-//! with files mapped at fixed places (host views), and freed heap memory handed back.
+//! with files mapped at fixed places (host views).
 
 use crate::error::{Error, Result};
 use std::io;
@@ -40,16 +40,6 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
 
 pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(u64::try_from(fstat(fd)?.st_size).unwrap_or(0))
-}
-
-/// Returns glibc's free heap memory to the system (after a server's large replies).
-pub fn release_free_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers; it walks the allocator's own free lists under the
-    // allocator's locks and may be called from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// The size of a page, which mappings of a file start and end on.

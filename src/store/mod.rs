@@ -1,19 +1,22 @@
-//! Key-value stores: the [`Store`] trait that the barrier and the exchange use, a client and an
-//! embedded server for PyTorch's TCPStore wire protocol (`ffi::store_callbacks` implements
-//! [`Store`] over a host's C vtable). Keys are *user keys*, as in `c10d::Store`.
+//! Key-value stores: the [`Store`] trait that the barrier and the exchange use, over PyTorch's
+//! TCPStore (the `nvfipc-store` crate of this workspace: its wire codec, client and server are
+//! re-exported here as [`wire`], [`client`] and [`server`]; `tcp` joins them to the library) or
+//! over a host's C vtable (`ffi::store_callbacks`). Keys are *user keys*, as in `c10d::Store`.
 
-pub mod client;
 #[cfg(test)]
 #[path = "tests/memory.rs"]
 pub(crate) mod memory;
-pub mod server;
-pub mod wire;
+mod tcp;
+#[cfg(test)]
+mod tests;
 
 use crate::error::Result;
+pub use nvfipc_store::{client, server, wire, DEFAULT_TIMEOUT};
 use std::time::{Duration, Instant};
+pub use tcp::{connect, serve_embedded};
 
-/// PyTorch's default store timeout (`Store::kDefaultTimeout`).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+// A world barrier names every rank in one WAIT.
+const _: () = assert!(crate::config::MAX_WORLD_SIZE == wire::MAX_KEY_COUNT);
 
 /// What a store can tell about its server without sending a request (see [`Store::liveness`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

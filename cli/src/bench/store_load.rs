@@ -9,8 +9,7 @@
 use super::report::{LoadResult, Results};
 use super::{BenchArgs, Plan};
 use crate::stats::{nanos, quantile};
-use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
-use nvfuser_ipc::store::Store;
+use nvfipc_store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::{Error, Result};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -189,7 +188,7 @@ pub fn drive(port: u16, clients: usize, duration: Duration, run_id: &str) -> Res
     let stores = (0..clients)
         .map(|c| {
             TcpStore::connect("127.0.0.1", port, &connect)
-                .map_err(|e| e.context(format!("load client {c} of {clients}")))
+                .map_err(|e| Error::from(e).context(format!("load client {c} of {clients}")))
         })
         .collect::<Result<Vec<_>>>()?;
     let start_line = Arc::new(Barrier::new(clients + 1));

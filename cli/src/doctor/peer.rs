@@ -7,10 +7,10 @@
 
 use super::{Check, Verdict};
 use crate::args::positive_ms;
+use nvfipc_store::client::{ConnectOptions, TcpStore};
+use nvfipc_store::server::StoreServer;
 use nvfuser_ipc::fdpass::{FdId, FdPass, FdPassConfig, PeerRecord, Rung};
 use nvfuser_ipc::os::memfd;
-use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
-use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
 use serde_json::{json, Value};
 use std::fs::File;

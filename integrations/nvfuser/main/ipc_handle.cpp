@@ -29,114 +29,21 @@
 #include <utility>
 
 namespace nvfuser {
+namespace {
+// How to make this nvFuser's Communicator available (for nvfuser_ipc_dropin.h's error).
+constexpr const char* kCommunicatorHint =
+    "set RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, or run under mpirun";
+} // namespace
+} // namespace nvfuser
+
+// The process's nvfuser-ipc state, error translation, channel names and key hash, shared with the
+// drop-in for nvFuser 3fe1c32124ea (integrations/nvfuser/common, on the include path by
+// nvfuser_ipc.cmake).
+#include "nvfuser_ipc_dropin.h"
+
+namespace nvfuser {
 
 namespace {
-
-// ---- the process's nvfuser-ipc state ------------------------------------------------------------
-
-// One nvfuser-ipc context and handle cache per process, shared by every IpcHandleCache. With one
-// cache per process the channels of two ranks never depend on how many IpcHandleCaches
-// (HostIrEvaluators) each process created, or in which order: a channel is named only after the
-// two ranks and the position of the communication among those between them.
-//
-// With NVFUSER_DISTRIBUTED it runs over the Communicator's c10d::TCPStore (the adapter keeps a
-// reference to it); without, over nvfuser-ipc's own store, found from the environment the
-// Communicator reads.
-//
-// Created on the first exchange and released by an atexit handler registered then: after main()
-// returns and Communicator::cleanup() ran, but while c10d's store (held by the adapter) and torch
-// are intact. Errors there go to stderr, never thrown. Never destroyed by static destruction.
-struct ProcessState {
-  std::shared_ptr<nvfipc::Context> context;
-  nvfipc::HandleCache cache;
-};
-
-std::mutex& processStateMutex() {
-  static auto* mutex = new std::mutex();
-  return *mutex;
-}
-
-ProcessState*& processStateSlot() {
-  static ProcessState* state = nullptr;
-  return state;
-}
-
-void releaseProcessState() noexcept {
-  std::lock_guard<std::mutex> lock(processStateMutex());
-  ProcessState* state = std::exchange(processStateSlot(), nullptr);
-  if (state == nullptr) {
-    return;
-  }
-  try {
-    state->cache = nvfipc::HandleCache();
-    state->context.reset();
-  } catch (const std::exception& e) {
-    std::fprintf(
-        stderr,
-        "nvfuser-ipc: releasing the IPC handle cache at exit: %s\n",
-        e.what());
-  }
-  delete state;
-}
-
-std::shared_ptr<nvfipc::Context> createContext() {
-  Communicator& communicator = Communicator::getInstance();
-  NVF_CHECK(
-      communicator.is_available(),
-      "IpcHandleCache needs an available Communicator (set RANK, WORLD_SIZE, "
-      "LOCAL_RANK and LOCAL_WORLD_SIZE, or run under mpirun)");
-#ifdef NVFUSER_DISTRIBUTED
-  c10d::TCPStore* tcp_store = communicator.getTcpStore();
-  NVF_ERROR(tcp_store != nullptr, "the Communicator has no TCPStore");
-  c10::intrusive_ptr<c10d::Store> store =
-      c10::intrusive_ptr<c10d::TCPStore>::reclaim_copy(tcp_store);
-  nvfipc::Store ipc_store = nvfipc::c10d::storeFrom(std::move(store));
-  return std::make_shared<nvfipc::Context>(nvfipc::Context::create(
-      communicator.deviceId(),
-      communicator.size(),
-      communicator.local_rank(),
-      communicator.local_size(),
-      ipc_store));
-#else
-  auto context = std::make_shared<nvfipc::Context>(nvfipc::Context::fromEnv());
-  NVF_CHECK(
-      context->rank() == communicator.deviceId() &&
-          context->worldSize() == communicator.size(),
-      "nvfuser-ipc read rank ",
-      context->rank(),
-      " of ",
-      context->worldSize(),
-      " from the environment, the Communicator has ",
-      communicator.deviceId(),
-      " of ",
-      communicator.size());
-  return context;
-#endif
-}
-
-// The process state, created on first use. Callers hold processStateMutex().
-ProcessState& processState() {
-  ProcessState*& state = processStateSlot();
-  if (state == nullptr) {
-    auto context = createContext();
-    nvfipc::HandleCache cache(*context, "nvfuser_ipc_handle_cache");
-    state = new ProcessState{std::move(context), std::move(cache)};
-    std::atexit(releaseProcessState);
-  }
-  return *state;
-}
-
-// Runs `body`, turning nvfuser-ipc errors into nvFuser errors that say what was being done.
-template <typename F>
-auto translated(const char* what, F&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const nvfipc::Error& e) {
-    // A user-facing nvFuser error (not an internal assert): timeouts, dead peers, bad buffers.
-    nvfCheckFail(
-        __func__, __FILE__, __LINE__, std::string(what) + " failed: " + e.what());
-  }
-}
 
 // ---- legacy CUDA IPC export and import, through nvfuser-ipc ---------------------------------
 
@@ -302,16 +209,7 @@ uint64_t semaphoreSlots() {
 
 std::size_t IpcHandleCache::KeyType::Hash::operator()(
     const KeyType& key) const {
-  std::size_t h = std::hash<const void*>()(key.data_ptr);
-  auto mix = [&h](std::size_t v) {
-    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  };
-  mix(std::hash<int64_t>()(key.peer));
-  mix(std::hash<int64_t>()(key.storage_offset));
-  mix(std::hash<int64_t>()(key.numel));
-  mix(std::hash<int>()(static_cast<int>(key.dtype)));
-  mix(std::hash<P2PCommunication*>()(key.comm));
-  return h;
+  return hashOfKey(key);
 }
 
 IpcHandleCache::IpcHandleCache(const ExpressionEvaluator* expr_evaluator)
@@ -347,11 +245,7 @@ IpcHandleCache::Channel& IpcHandleCache::channel(
     int64_t peer) {
   auto [it, inserted] = channels_.try_emplace(ChannelId{comm, peer});
   if (inserted) {
-    const bool send = comm->type() == P2PCommunicationType::SEND;
-    const int64_t src = send ? my_rank : peer;
-    const int64_t dst = send ? peer : my_rank;
-    const std::string pair =
-        "P2PComm_dst=" + std::to_string(dst) + "_src=" + std::to_string(src);
+    const std::string pair = channelPair(comm, my_rank, peer);
     const std::string tag = pair + "_" + std::to_string(pair_counts_[pair]++);
     for (uint64_t slot = 0; slot < semaphoreSlots(); ++slot) {
       it->second.slot_tags.push_back(tag + "/s" + std::to_string(slot));
@@ -388,9 +282,7 @@ void IpcHandleCache::exchangeHandles(
     Channel& ch = channel(comm, my_rank, peer);
     nvfipc::Request request;
     request.peer = peer;
-    request.direction = comm->type() == P2PCommunicationType::SEND
-        ? nvfipc::Direction::Send
-        : nvfipc::Direction::Recv;
+    request.direction = directionOf(comm);
     request.kind = nvfipc::MemKind::Device;
     request.tag = ch.slot_tags[ch.exchanges++ % ch.slot_tags.size()];
     request.ptr = nvfipc::Request::address(buffer.data_ptr());

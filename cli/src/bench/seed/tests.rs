@@ -1,6 +1,6 @@
 use super::*;
-use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
-use nvfuser_ipc::store::server::StoreServer;
+use nvfipc_store::client::{ConnectOptions, TcpStore};
+use nvfipc_store::server::StoreServer;
 
 #[test]
 fn seed_keys_match_upstream() {

@@ -1,5 +1,5 @@
 use super::*;
-use nvfuser_ipc::store::server::StoreServer;
+use nvfipc_store::server::StoreServer;
 
 #[test]
 fn drives_an_in_process_server() {

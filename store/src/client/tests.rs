@@ -1,8 +1,8 @@
 //! Tests of the TCP client against our server, scripted fake servers and captured bytes.
 
 use super::*;
-use crate::os::net::resolve;
-use crate::store::server::StoreServer;
+use crate::net::resolve;
+use crate::server::StoreServer;
 use std::net::TcpListener;
 use std::thread::JoinHandle;
 
@@ -424,7 +424,7 @@ fn against_the_embedded_server() {
     let err = s.wait(&["never"], Duration::from_millis(20)).unwrap_err();
     assert_eq!(err.status, Status::Timeout);
     s.set_timeout(Duration::from_millis(20));
-    assert_eq!(s.default_timeout(), Duration::from_millis(20));
+    assert_eq!(s.timeout(), Duration::from_millis(20));
     assert_eq!(
         s.queue_pop("q", Some(Duration::from_millis(20)))
             .unwrap_err()
@@ -458,16 +458,14 @@ fn against_the_embedded_server() {
 /// The connection a background user gets: its own (the server counts two clients), usable
 /// while the first is busy, with the first's timeouts.
 #[test]
-fn separate_connection_is_another_client_that_is_not_a_new_worker() {
+fn a_duplicate_is_another_client_that_is_not_a_new_worker() {
     let server = StoreServer::bind("127.0.0.1", 0).unwrap();
     let o = ConnectOptions {
         wait_for_workers: Some(1),
         ..opts(5000)
     };
     let first = TcpStore::connect("127.0.0.1", server.port(), &o).unwrap();
-    let second = first
-        .separate_connection()
-        .expect("a TCP store opens another");
+    let second = first.duplicate().expect("a TCP store opens another");
     let t = Duration::from_secs(5);
     let start = std::time::Instant::now();
     while server.connected_clients() < 2 {
@@ -478,7 +476,7 @@ fn separate_connection_is_another_client_that_is_not_a_new_worker() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(second.default_timeout(), first.default_timeout());
+    assert_eq!(second.timeout(), first.timeout());
     // The first connection is blocked in a WAIT; the second still serves at once.
     std::thread::scope(|s| {
         let waiter = s.spawn(|| first.get("later", t));

@@ -42,8 +42,6 @@ pub const MAX_KEY_LEN: usize = 8192;
 pub const MAX_VALUE_LEN: usize = 8 * 1024 * 1024;
 /// Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET request.
 pub const MAX_KEY_COUNT: usize = 131_072;
-// A world barrier names every rank in one WAIT.
-const _: () = assert!(crate::config::MAX_WORLD_SIZE == MAX_KEY_COUNT);
 /// Largest blob the response decoders accept. A classic torch server has no value limit, so this
 /// is well above [`MAX_VALUE_LEN`]; it only rejects a corrupt length before reading forever.
 pub const MAX_REPLY_BLOB_LEN: u64 = 1 << 32;

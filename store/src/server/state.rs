@@ -3,8 +3,10 @@
 //! out, and the connections whose WAIT completed are reported so the event loop can notify them.
 
 pub(crate) use super::budget::{Budget, Charge, PendingLimits};
-use crate::hash::FastMap;
-use crate::store::wire::{self, Request};
+use crate::wire::{self, Request};
+// FxHasher for the key maps: short keys from cluster peers, where SipHash's DoS resistance is not
+// worth its cost (docs/BENCHMARKS.md).
+use rustc_hash::FxHashMap as FastMap;
 use std::collections::VecDeque;
 use std::fmt;
 use std::hash::Hash;

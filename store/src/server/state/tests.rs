@@ -1,7 +1,7 @@
 //! Tests of the store logic alone: requests in, replies and wake-ups out, no sockets.
 
 use super::*;
-use crate::store::wire::*;
+use crate::wire::*;
 
 impl StoreState {
     /// Number of KV entries (what GETNUMKEYS reports).
@@ -636,31 +636,44 @@ fn maps_give_their_memory_back_once_the_waiters_leave() {
     );
 }
 
-/// The coordinator of a world barrier of the most ranks, in a job with a 64-byte id, WAITs on
-/// 131072 keys in one request: the frame and its registrations fit the default per-client limit.
+/// The store's hot path without I/O: SET then GET through `StoreState::apply` on the key shapes
+/// of the store-load benchmark and of a large world's barrier. Prints ns per request (best of
+/// 20); run with
+/// `cargo test -p nvfipc-store --release --lib hasher_hot_path -- --ignored --nocapture`.
 #[test]
-fn a_world_barrier_fits_the_default_pending_limits() {
-    use crate::config::MAX_WORLD_SIZE;
-    use crate::store::server::{DEFAULT_PENDING_BUDGET, DEFAULT_PENDING_PER_CLIENT};
-    let keys = crate::names::BarrierKeys::new(Some(&"j".repeat(64)), "w131072");
-    let waited: Vec<String> = (1..MAX_WORLD_SIZE)
-        .map(|r| format!("/{}", keys.arrival(u64::from(u32::MAX), r)))
-        .collect();
-    let mut frame = Vec::new();
-    encode_wait(&mut frame, waited.iter().map(String::as_str)).unwrap();
-    let limits = PendingLimits {
-        budget: Budget::new(DEFAULT_PENDING_BUDGET),
-        per_client: DEFAULT_PENDING_PER_CLIENT,
+#[ignore = "a timing, not a check"]
+fn hasher_hot_path() {
+    let conn = ConnId {
+        shard: 0,
+        slot: 1,
+        gen: 1,
     };
-    let mut s = StoreState::new(limits.clone());
-    let (req, _) = parse_request(&frame).unwrap().unwrap();
-    s.apply(A, &req, &mut Vec::new(), &mut Vec::new()).unwrap();
-    let held = limits.budget.used();
-    eprintln!("frame {} bytes, registrations {held} bytes", frame.len());
-    assert!(
-        frame.len() < DEFAULT_PENDING_PER_CLIENT / 4,
-        "{}",
-        frame.len()
-    );
-    assert!(held < DEFAULT_PENDING_PER_CLIENT / 2, "{held}");
+    let load = |i: usize| format!("load/1a2b3c4d/64/{}/{}", i % 64, i / 64);
+    let barrier = |i: usize| format!("/nvfipc/barrier/0123456789abcdef/w131072/arrived/0/{i}");
+    let shapes = [
+        ("store-load keys", (0..8192).map(load).collect::<Vec<_>>()),
+        ("barrier keys", (0..8192).map(barrier).collect()),
+    ];
+    for (name, keys) in shapes {
+        let mut best = f64::MAX;
+        for _ in 0..20 {
+            let mut state = StoreState::default();
+            let (mut out, mut woken) = (Vec::new(), Vec::new());
+            let start = std::time::Instant::now();
+            for key in &keys {
+                let set = Request::Set {
+                    key: key.as_bytes(),
+                    value: b"0123456789abcdef",
+                };
+                state.apply(conn, &set, &mut out, &mut woken).unwrap();
+                let get = Request::Get {
+                    key: key.as_bytes(),
+                };
+                state.apply(conn, &get, &mut out, &mut woken).unwrap();
+                out.clear();
+            }
+            best = best.min(start.elapsed().as_nanos() as f64 / (2 * keys.len()) as f64);
+        }
+        println!("hot path, {name}: {best:.1} ns per request (SET/GET, 8192 keys, best of 20)");
+    }
 }

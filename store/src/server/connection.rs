@@ -2,7 +2,7 @@
 //! large buffers; `event_loop.rs` owns and drives them.
 
 use super::state::{Budget, Charge, ConnId, PendingLimits, Refusal, StreamPart};
-use crate::store::wire::ParseError;
+use crate::wire::ParseError;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};

@@ -8,10 +8,8 @@
 //! CANCEL_WAIT answered `00 01`, never `01` then `00`).
 
 use super::state::{ConnId, StoreState, StreamPart};
-use super::{ServerOptions, Shared};
-use crate::logging;
-use crate::store::wire::{self, Command, Parsed, Request};
-use crate::sync::lock;
+use super::{lock, ServerOptions, Shared};
+use crate::wire::{self, Command, Parsed, Request};
 use mio::net::{TcpListener, TcpStream};
 use mio::Waker;
 use mio::{Events, Interest, Poll, Token};
@@ -189,7 +187,7 @@ impl EventLoop {
             for budget in [&self.shared.budget, &self.shared.pending.budget] {
                 if budget.freed() >= TRIM_AFTER {
                     budget.take_freed();
-                    crate::os::mmap::release_free_heap();
+                    super::heap::release_free_heap();
                 }
             }
             self.expire_handshakes();
@@ -276,7 +274,7 @@ impl EventLoop {
                         .stats
                         .accept_errors
                         .fetch_add(1, Ordering::Relaxed);
-                    let out_of_resources = crate::os::net::is_out_of_descriptors(&e);
+                    let out_of_resources = crate::net::is_out_of_descriptors(&e);
                     if out_of_resources {
                         // The pending connection stays in the backlog; try again shortly.
                         self.limit_log(format!(
@@ -733,7 +731,7 @@ fn warn_at_most_every_second(last: &mut Option<Instant>, message: &str) {
     let now = Instant::now();
     if !last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
         *last = Some(now);
-        log::warn!(target: logging::SERVER, "{message}");
+        log::warn!(target: crate::SERVER_LOG_TARGET, "{message}");
     }
 }
 

@@ -8,6 +8,7 @@
 mod budget;
 mod connection;
 mod event_loop;
+mod heap;
 pub(crate) mod state;
 
 use crate::error::{Error, Result};
@@ -40,18 +41,16 @@ pub struct ServerOptions {
     /// further closes the connection.
     pub pending_per_client: usize,
     /// Event-loop threads; 0 picks [`default_threads`]. The default is one (a server embedded in
-    /// a rank's process); `nvfipc serve` picks [`default_threads`].
+    /// a process that does other work); a dedicated server (`nvfipc serve`) picks
+    /// [`default_threads`].
     pub threads: usize,
 }
 
-impl ServerOptions {
-    /// Options for a store server embedded in this process (`NVFIPC_STORE_THREADS`).
-    pub fn embedded() -> Result<ServerOptions> {
-        Ok(ServerOptions {
-            threads: crate::config::store_threads_from_lookup(crate::config::process_env)?,
-            ..ServerOptions::default()
-        })
-    }
+/// Locks `m`, ignoring poisoning: every holder of the server's locks leaves what they guard
+/// consistent between statements (each update is one insert, remove, push or take), so a thread
+/// that panicked while holding one left nothing half done.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Event-loop threads when [`ServerOptions::threads`] is 0: one per four cores, one to four.
@@ -201,14 +200,13 @@ impl StoreServer {
 
     /// [`StoreServer::bind`] with explicit options.
     pub fn bind_with(host: &str, port: u16, opts: &ServerOptions) -> Result<StoreServer> {
-        crate::logging::init();
         let wanted = opts.max_connections.max(MIN_CONNECTIONS);
-        let soft = crate::os::net::raise_fd_limit((wanted + FD_RESERVE) as u64);
+        let soft = crate::net::raise_fd_limit((wanted + FD_RESERVE) as u64);
         let max_connections = usize::try_from(soft)
             .unwrap_or(usize::MAX)
             .saturating_sub(FD_RESERVE)
             .clamp(MIN_CONNECTIONS, wanted);
-        let std_listener = crate::os::net::bind_listener(host, port)?;
+        let std_listener = crate::net::bind_listener(host, port)?;
         let addr = std_listener
             .local_addr()
             .map_err(|e| Error::from_io("store server: local_addr", &e))?;
@@ -256,14 +254,14 @@ impl StoreServer {
         }
         shared.running.store(true, Ordering::Release);
         log::info!(
-            target: crate::logging::SERVER,
+            target: crate::SERVER_LOG_TARGET,
             "store server listening on {addr} ({threads} event loop(s), at most {max_connections} \
              clients)"
         );
         if max_connections < wanted {
             // INFO: common in containers; refusing a client is the event loop's WARN.
             log::info!(
-                target: crate::logging::SERVER,
+                target: crate::SERVER_LOG_TARGET,
                 "store server on {addr}: the open-file limit allows {max_connections} clients, \
                  not the {wanted} asked for; raise `ulimit -n` for more"
             );

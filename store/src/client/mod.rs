@@ -11,8 +11,8 @@
 //!   connection is broken and later calls fail at once until [`TcpStore::reconnect`].
 
 use crate::error::{Error, Result, Status};
-use crate::store::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
-use crate::store::{Liveness, Store, DEFAULT_TIMEOUT};
+use crate::wire::{self, Prefixed, WAIT_CANCELED, WAIT_STOP_WAITING};
+use crate::DEFAULT_TIMEOUT;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -33,6 +33,7 @@ const KEEP_OUT_CAPACITY: usize = 1 << 20;
 /// At most this many keys are named in a wait-timeout message.
 const KEYS_IN_MESSAGE: usize = 16;
 
+/// How [`TcpStore::connect`] connects and how long the store's calls may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Store timeout: the default of the calls that take a timeout, and the bound of the reply
@@ -60,6 +61,17 @@ impl ConnectOptions {
             wait_for_workers: None,
         }
     }
+}
+
+/// What [`TcpStore::connection_state`] sees of the connection without sending a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Open as far as can be seen.
+    Open,
+    /// The server closed it, or an earlier error left it unusable: every request would fail.
+    Closed,
+    /// Another thread's request holds it (a WAIT); nothing can be seen without waiting.
+    Busy,
 }
 
 /// A connection to a TCPStore server. Thread-safe; calls are serialized on one connection.
@@ -193,9 +205,7 @@ impl Conn {
     /// Waits up to `timeout` for the reply of a WAIT already sent; on timeout cancels it (a late
     /// `00 01` means the keys arrived: success; `01` returns [`Fail::WaitTimeout`]).
     fn finish_wait(&mut self, timeout: Duration) -> Step<()> {
-        if self.reader.buffer().is_empty()
-            && !crate::os::net::poll_readable(self.stream(), timeout)?
-        {
+        if self.reader.buffer().is_empty() && !crate::net::poll_readable(self.stream(), timeout)? {
             self.request(bare(wire::encode_cancel_wait))?;
             let first = wire::read_u8(&mut self.reader)?;
             // `00 01`: every key arrived just before the cancel. The wait was satisfied, so
@@ -268,8 +278,7 @@ impl TcpStore {
                  (use None to not announce this client)"
             )));
         }
-        crate::logging::init();
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let store = TcpStore::open_client(host, port, opts.connect_timeout, opts.timeout)?;
         if opts.wait_for_workers.is_some() {
             store.ask(
@@ -279,9 +288,9 @@ impl TcpStore {
             )?;
         }
         log::info!(
-            target: crate::logging::STORE,
-            "connected to the store at {host}:{port} in {}",
-            crate::logging::took(started.elapsed())
+            target: crate::CLIENT_LOG_TARGET,
+            "connected to the store at {host}:{port} in {:.1}ms",
+            started.elapsed().as_secs_f64() * 1e3
         );
         Ok(store)
     }
@@ -475,13 +484,16 @@ fn io_error(addr: &str, op: &str, e: &io::Error) -> Error {
     )
 }
 
-impl Store for TcpStore {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+/// The operations of `c10d::Store`, on user keys (torch's client puts `/` before each).
+impl TcpStore {
+    /// Upserts `key`; wakes the waiters of `key`.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let encode = |out: &mut Vec<u8>| wire::encode_set(out, &user_key(key), value);
         self.ask("SET", encode, |_| Ok(()))
     }
 
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+    /// Waits until `key` exists (at most `timeout`), then returns its value.
+    pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.call("GET", &[key], Some(timeout), |c| {
             c.wait(std::iter::once(user_key(key)), timeout)?;
             c.request(|out| wire::encode_get(out, &user_key(key)))?;
@@ -489,12 +501,14 @@ impl Store for TcpStore {
         })
     }
 
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+    /// Adds `delta` to the decimal counter at `key` (missing counts as 0); returns the new value.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let encode = |out: &mut Vec<u8>| wire::encode_add(out, &user_key(key), delta);
         self.ask("ADD", encode, wire::read_i64)
     }
 
-    fn check(&self, keys: &[&str]) -> Result<bool> {
+    /// True when every key exists. Never blocks.
+    pub fn check(&self, keys: &[&str]) -> Result<bool> {
         self.call("CHECK", &[], None, |c| {
             c.request(|out| wire::encode_check(out, user_keys(keys)))?;
             match wire::read_u8(&mut c.reader)? {
@@ -507,18 +521,22 @@ impl Store for TcpStore {
         })
     }
 
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+    /// Blocks until every key exists, or fails with a timeout naming the keys (the connection
+    /// stays usable).
+    pub fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
         self.call("WAIT", keys, Some(timeout), |c| {
             c.wait(user_keys(keys), timeout)
         })
     }
 
-    fn delete_key(&self, key: &str) -> Result<bool> {
+    /// Deletes `key`; true when it existed.
+    pub fn delete_key(&self, key: &str) -> Result<bool> {
         let encode = |out: &mut Vec<u8>| wire::encode_delete_key(out, &user_key(key));
         Ok(self.ask("DELETE_KEY", encode, wire::read_i64)? == 1)
     }
 
-    fn num_keys(&self) -> Result<i64> {
+    /// Number of keys in the store (internal keys such as `init/` included, as in torch).
+    pub fn num_keys(&self) -> Result<i64> {
         self.ask(
             "GETNUMKEYS",
             bare(wire::encode_get_num_keys),
@@ -526,18 +544,21 @@ impl Store for TcpStore {
         )
     }
 
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+    /// c10d's compare-and-set, including its "missing key with non-empty expected" rule.
+    pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
         let encode =
             |out: &mut Vec<u8>| wire::encode_compare_set(out, &user_key(key), expected, desired);
         self.ask("COMPARE_SET", encode, wire::read_blob)
     }
 
-    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+    /// Appends to `key`, creating it when missing.
+    pub fn append(&self, key: &str, value: &[u8]) -> Result<()> {
         let encode = |out: &mut Vec<u8>| wire::encode_append(out, &user_key(key), value);
         self.ask("APPEND", encode, |_| Ok(()))
     }
 
-    fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
+    /// Sets several keys in one message.
+    pub fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
         self.call("MULTI_SET", &[], None, |c| {
             c.request(|out| {
                 wire::encode_multi_set(out, pairs.iter().map(|(k, v)| (user_key(k), *v)))
@@ -545,7 +566,8 @@ impl Store for TcpStore {
         })
     }
 
-    fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+    /// Waits for every key (at most `timeout`), then returns the values in request order.
+    pub fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         self.call("MULTI_GET", keys, Some(timeout), |c| {
             c.wait(user_keys(keys), timeout)?;
             c.request(|out| wire::encode_multi_get(out, user_keys(keys)))?;
@@ -556,7 +578,9 @@ impl Store for TcpStore {
         })
     }
 
-    fn update_then_wait(
+    /// Deletes every key of `delete` (missing ones are fine), sets `set` when given, then waits
+    /// for every key of `wait`, all in one message.
+    pub fn update_then_wait(
         &self,
         delete: &[&str],
         set: Option<(&str, &[u8])>,
@@ -586,27 +610,24 @@ impl Store for TcpStore {
         })
     }
 
-    fn default_timeout(&self) -> Duration {
-        self.timeout()
-    }
-
-    fn liveness(&self) -> Liveness {
+    /// The state of the connection, seen without a request: for teardown, where a request to a
+    /// server that has gone would fail.
+    pub fn connection_state(&self) -> ConnectionState {
         // A connection busy with another thread's request (a WAIT) is not looked at.
         let Ok(conn) = self.conn.try_lock() else {
-            return Liveness::Unknown;
+            return ConnectionState::Busy;
         };
-        if conn.broken.is_some() || crate::os::net::peer_hung_up(conn.stream()) {
-            Liveness::Gone
+        if conn.broken.is_some() || crate::net::peer_hung_up(conn.stream()) {
+            ConnectionState::Closed
         } else {
-            Liveness::Alive
+            ConnectionState::Open
         }
     }
 
-    fn separate_connection(&self) -> Option<std::sync::Arc<dyn Store>> {
-        // Another client of the same store on a connection of its own (no `ADD "init/"`).
-        let duplicate =
-            TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout());
-        Some(std::sync::Arc::new(duplicate.ok()?))
+    /// Another client of the same store on a connection of its own (no `ADD "init/"`), with
+    /// this one's timeouts.
+    pub fn duplicate(&self) -> Result<TcpStore> {
+        TcpStore::open_client(&self.host, self.port, self.connect_timeout, self.timeout())
     }
 }
 
@@ -623,7 +644,7 @@ fn open(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> 
     let mut last_error: Option<String> = None;
     let mut attempted = false;
     loop {
-        match crate::os::net::resolve(host, port) {
+        match crate::net::resolve(host, port) {
             Ok(addrs) => {
                 for addr in addrs {
                     let left = deadline.saturating_duration_since(Instant::now());
