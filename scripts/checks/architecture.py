@@ -8,6 +8,7 @@ The document carries its claims in two fenced blocks this script reads:
                        may use only rooms on lower lines: never one on its own line or above.
   ```never             one claim per line, of two forms:
                          <room> never uses <room> [<room> ...]
+                         crate:<dir> never depends on <package> [<package> ...]
                          only <path> [<path> ...] contains <text>
                        (a path is a file or a directory under src/, ending in / for a directory)
 
@@ -69,9 +70,34 @@ def source_files():
                 yield rel, room, strip_comments(fh.read())
 
 
-def uses(code):
-    """Top-level modules a file's code names through crate::."""
+def crate_rooms(level):
+    """Library name (as code names it) -> room, for the crate:<dir> rooms of the layers."""
+    names = {}
+    for room in level:
+        if room.startswith("crate:"):
+            manifest = os.path.join(ROOT, room[len("crate:"):], "Cargo.toml")
+            if os.path.isfile(manifest):
+                with open(manifest) as fh:
+                    m = re.search(r'^name\s*=\s*"([^"]+)"', fh.read(), re.M)
+                if m:
+                    names[m.group(1).replace("-", "_")] = room
+    return names
+
+
+def dependencies(room):
+    """Package names under [dependencies] of a crate:<dir> room's Cargo.toml."""
+    with open(os.path.join(ROOT, room[len("crate:"):], "Cargo.toml")) as fh:
+        text = fh.read()
+    m = re.search(r"^\[dependencies\]\s*\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
+    return set(re.findall(r"^([A-Za-z0-9_-]+)\s*=", m.group(1), re.M)) if m else set()
+
+
+def uses(code, crates=None):
+    """Top-level modules a file's code names through crate::, and the workspace crates it names."""
     names = set(re.findall(r"\bcrate::([a-z_]+)", code))
+    for lib, room in (crates or {}).items():
+        if re.search(r"\b" + lib + r"::", code):
+            names.add(room)
     for group in re.findall(r"\bcrate::\{([^}]*)\}", code, re.S):
         names.update(re.findall(r"(?:^|,)\s*([a-z_]+)", group))
     return names
@@ -101,8 +127,9 @@ def main():
             errors.append(f"layers: {room} is on the map but src/{room} does not exist")
 
     graph = {}
+    crates = crate_rooms(level)
     for rel, room, code in files:
-        for used in uses(code) - {room}:
+        for used in uses(code, crates) - {room}:
             graph.setdefault((room, used), rel)
     for (room, used), rel in sorted(graph.items()):
         if room in level and used in level and level[used] >= level[room]:
@@ -116,6 +143,13 @@ def main():
             for used in banned:
                 if (room, used) in graph:
                     errors.append(f"never: {room} uses {used} (src/{graph[(room, used)]})")
+            continue
+        m = re.fullmatch(r"(crate:\S+) never depends on (.+)", claim)
+        if m:
+            room, banned = m.group(1), set(m.group(2).split())
+            found = dependencies(room) & banned if room in level else {"(not on the map)"}
+            for dep in sorted(found):
+                errors.append(f"never: {room} depends on {dep}")
             continue
         m = re.fullmatch(r"only (.+?) contains? (.+)", claim)
         if m:
