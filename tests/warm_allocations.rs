@@ -4,7 +4,7 @@
 //! background threads, its waits for a peer that is behind, the C boundary) while the ranks run
 //! warm calls. One rank falls behind now and then, so the other waits for it inside the call.
 //!
-//! `NVFIPC_T_TRACE_ALLOCS=N` prints the stack of the first N allocations of the warm window.
+//! `NVFIPC_T_TRACE_ALLOCS=N` prints where the first N allocations of the warm window were made.
 
 mod common;
 
@@ -41,8 +41,19 @@ fn counted(size: usize) {
         .is_ok();
     if wants_trace {
         TRACING.with(|t| t.set(true));
-        let trace = std::backtrace::Backtrace::force_capture();
-        eprintln!("allocation of {size} bytes during a warm call:\n{trace}");
+        // One line per allocation: the library's own frames, innermost first.
+        let trace = std::backtrace::Backtrace::force_capture().to_string();
+        let ours: Vec<&str> = trace
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.contains("nvfuser_ipc::") || l.contains("nvfipc_store::"))
+            .map(|l| l.split_once(": ").map_or(l, |(_, f)| f))
+            .take(4)
+            .collect();
+        eprintln!(
+            "allocation of {size} bytes in a warm call: {}",
+            ours.join(" <- ")
+        );
         TRACING.with(|t| t.set(false));
     }
 }
@@ -131,7 +142,8 @@ const WARM_CALLS: usize = 400;
 const BYTES: usize = 1 << 16;
 
 /// A rank: two comms per call with its one peer (send "up", receive "down"), warmed, then
-/// `WARM_CALLS` calls counted; rank 1 sleeps before every 7th call so that rank 0 waits for it.
+/// `WARM_CALLS` calls counted; rank 1 sleeps before every 7th call (and longer before every
+/// 50th) so that rank 0 waits for it, spinning and sleeping.
 #[test]
 #[ignore = "a rank of warm_calls_allocate_nothing (run by it)"]
 fn child() {
@@ -150,7 +162,15 @@ fn child() {
         let mut ctx = null_mut();
         check(
             "connect",
-            nvfipc_context_connect(rank as i64, 2, host.as_ptr(), port, rank == 0, 20_000, &mut ctx),
+            nvfipc_context_connect(
+                rank as i64,
+                2,
+                host.as_ptr(),
+                port,
+                rank == 0,
+                20_000,
+                &mut ctx,
+            ),
         );
         let mut cache = null_mut();
         check("cache_create", nvfipc_cache_create(ctx, &mut cache));
@@ -158,7 +178,11 @@ fn child() {
         check("host_alloc", nvfipc_host_alloc(BYTES, &mut send));
         check("host_alloc", nvfipc_host_alloc(BYTES, &mut recv));
         // Rank 0 sends "up" and receives "down"; rank 1 the other way round.
-        let (send_tag, recv_tag) = if rank == 0 { (&up, &down) } else { (&down, &up) };
+        let (send_tag, recv_tag) = if rank == 0 {
+            (&up, &down)
+        } else {
+            (&down, &up)
+        };
         let reqs = [
             CRequest {
                 peer,
@@ -178,13 +202,20 @@ fn child() {
             },
         ];
         for _ in 0..20 {
-            check("cold/warm-up exchange", nvfipc_exchange_handles(cache, reqs.as_ptr(), 2));
+            check(
+                "cold/warm-up exchange",
+                nvfipc_exchange_handles(cache, reqs.as_ptr(), 2),
+            );
         }
         check("barrier", nvfipc_barrier(ctx, std::ptr::null(), 0, 20_000));
         COUNTING.store(true, Ordering::SeqCst);
         for call in 0..WARM_CALLS {
+            // Short lags keep rank 0 spinning for its peer; long ones send it to sleep.
             if rank == 1 && call % 7 == 0 {
                 std::thread::sleep(Duration::from_micros(300));
+            }
+            if rank == 1 && call % 50 == 25 {
+                std::thread::sleep(Duration::from_millis(20));
             }
             let status = nvfipc_exchange_handles(cache, reqs.as_ptr(), 2);
             if status != OK {

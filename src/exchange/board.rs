@@ -161,8 +161,9 @@ impl Table {
         self.guard.truncated()
     }
 
-    /// The error of a board found truncated; `whose` names it ("rank 3's board", ...).
-    fn check(&self, probe: bool, whose: &str, consequence: &str) -> Result<()> {
+    /// The error of a board found truncated; `whose` names it ("rank 3's board", ...), formatted
+    /// only then (a warm call checks every board and must not allocate).
+    fn check(&self, probe: bool, whose: std::fmt::Arguments<'_>, consequence: &str) -> Result<()> {
         if !self.truncated(probe) {
             return Ok(());
         }
@@ -330,7 +331,7 @@ impl OwnBoard {
     pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
             probe,
-            "this rank's own board",
+            format_args!("this rank's own board"),
             "its peers no longer see the steps and versions it publishes",
         )
     }
@@ -498,7 +499,7 @@ impl PeerBoard {
     pub fn check(&self, probe: bool) -> Result<()> {
         self.table.check(
             probe,
-            &format!(
+            format_args!(
                 "the board of peer rank {} (pid {})",
                 self.owner.rank, self.owner.pid
             ),

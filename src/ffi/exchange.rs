@@ -117,23 +117,36 @@ pub(crate) fn kind_arg(kind: i32, name: impl Display) -> Result<MemKind> {
 
 /// Converts one C request (named `name` in messages).
 pub(crate) fn request_arg(r: &nvfipc_request, world: usize, name: impl Display) -> Result<Request> {
-    Ok(Request {
-        direction: match r.direction {
-            NVFIPC_DIRECTION_SEND => Direction::Send,
-            NVFIPC_DIRECTION_RECV => Direction::Recv,
-            other => {
-                return Err(Error::invalid(format!(
-                    "`{name}.direction` = {other} is not NVFIPC_DIRECTION_SEND (0) or \
-                     NVFIPC_DIRECTION_RECV (1)"
-                )))
-            }
-        },
-        peer: rank_arg(r.peer, world, format_args!("{name}.peer"))?,
-        tag: c_str_arg(r.tag, format_args!("{name}.tag"))?.to_string(),
-        ptr: r.ptr,
-        bytes: r.bytes,
-        kind: kind_arg(r.kind, format_args!("{name}.kind"))?,
-    })
+    let mut out = Request::send(0, String::new(), 0, 0, MemKind::Host);
+    request_arg_into(r, world, name, &mut out)?;
+    Ok(out)
+}
+
+/// [`request_arg`] into `out`, whose tag's capacity it reuses: a warm call allocates nothing.
+fn request_arg_into(
+    r: &nvfipc_request,
+    world: usize,
+    name: impl Display,
+    out: &mut Request,
+) -> Result<()> {
+    out.direction = match r.direction {
+        NVFIPC_DIRECTION_SEND => Direction::Send,
+        NVFIPC_DIRECTION_RECV => Direction::Recv,
+        other => {
+            return Err(Error::invalid(format!(
+                "`{name}.direction` = {other} is not NVFIPC_DIRECTION_SEND (0) or \
+                 NVFIPC_DIRECTION_RECV (1)"
+            )))
+        }
+    };
+    out.peer = rank_arg(r.peer, world, format_args!("{name}.peer"))?;
+    let tag = c_str_arg(r.tag, format_args!("{name}.tag"))?;
+    out.tag.clear();
+    out.tag.push_str(tag);
+    out.ptr = r.ptr;
+    out.bytes = r.bytes;
+    out.kind = kind_arg(r.kind, format_args!("{name}.kind"))?;
+    Ok(())
 }
 
 /// Borrows the single request argument `req` of a cache call.
@@ -236,15 +249,29 @@ fn exchange(
 ) -> Result<()> {
     let cache = cache_arg(cache)?;
     let n = count_arg(n, "n", "NVFIPC_MAX_REQUESTS", NVFIPC_MAX_REQUESTS)?;
-    let mut requests = Vec::with_capacity(n);
-    for (i, r) in slice_arg(reqs, n, "reqs")?.iter().enumerate() {
-        requests.push(request_arg(
-            r,
-            cache.world_size(),
-            format_args!("reqs[{i}]"),
-        )?);
-    }
-    cache.exchange_handles_timeout(&requests, timeout_arg(timeout_ms, cache.timeout()))
+    let args = slice_arg(reqs, n, "reqs")?;
+    let timeout = timeout_arg(timeout_ms, cache.timeout());
+    REQUESTS.with(|scratch| {
+        // Taken out for the call (a call that re-enters this function from a store callback
+        // finds it empty and allocates its own), put back after.
+        let mut requests = scratch.take();
+        for (i, r) in args.iter().enumerate() {
+            let name = format_args!("reqs[{i}]");
+            match requests.get_mut(i) {
+                Some(out) => request_arg_into(r, cache.world_size(), name, out)?,
+                None => requests.push(request_arg(r, cache.world_size(), name)?),
+            }
+        }
+        requests.truncate(n);
+        let result = cache.exchange_handles_timeout(&requests, timeout);
+        scratch.set(requests);
+        result
+    })
+}
+
+thread_local! {
+    /// The requests of this thread's last exchange, reused with their tags' capacity.
+    static REQUESTS: std::cell::Cell<Vec<Request>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Exchanges handles for the `n` requests at `reqs` (at most `NVFIPC_MAX_REQUESTS`) with every

@@ -41,13 +41,45 @@ pub fn process_alive(pid: u32) -> bool {
 /// Whether `/proc/<pid>/stat` shows `pid` exited (`Z` or `X`); false without a `/proc` of this
 /// pid namespace.
 fn is_zombie(pid: libc::pid_t) -> bool {
-    let exited = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| state_of(&stat))
-        .is_some_and(|state| state == 'Z' || state == 'X');
-    exited
-        && std::fs::read_link("/proc/self")
-            .is_ok_and(|p| p.to_str() == Some(std::process::id().to_string().as_str()))
+    // Stack buffers only: a wait for a peer checks its liveness inside warm calls, which
+    // allocate nothing. The state follows the command name, at most 16 bytes, so 128 bytes of
+    // the line hold it.
+    let mut path = [0u8; 48];
+    let mut stat = [0u8; 128];
+    let exited = read_prefix(
+        format_into(&mut path, format_args!("/proc/{pid}/stat")),
+        &mut stat,
+    )
+    .and_then(state_of)
+    .is_some_and(|state| state == 'Z' || state == 'X');
+    exited && proc_is_this_namespace()
+}
+
+/// Whether `/proc` is this pid namespace's: `/proc/self` names this process's pid.
+fn proc_is_this_namespace() -> bool {
+    let mut link = [0u8; 24];
+    // SAFETY: the path is a NUL-terminated literal and `link` is writable for its length;
+    // readlink writes at most that many bytes and returns how many (or -1).
+    let n = unsafe { libc::readlink(c"/proc/self".as_ptr(), link.as_mut_ptr().cast(), link.len()) };
+    let mut own = [0u8; 24];
+    let own = format_into(&mut own, format_args!("{}", std::process::id()));
+    usize::try_from(n).is_ok_and(|n| own.is_some_and(|own| link[..n] == *own.as_bytes()))
+}
+
+/// `args` written into `buf`, or None when it does not fit.
+fn format_into<'a>(buf: &'a mut [u8], args: std::fmt::Arguments<'_>) -> Option<&'a str> {
+    use std::io::Write;
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    cursor.write_fmt(args).ok()?;
+    let len = cursor.position() as usize;
+    std::str::from_utf8(&buf[..len]).ok()
+}
+
+/// The first bytes of the file at `path` (as many as `buf` holds), as text.
+fn read_prefix<'a>(path: Option<&str>, buf: &'a mut [u8]) -> Option<&'a str> {
+    use std::io::Read;
+    let n = std::fs::File::open(path?).ok()?.read(buf).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()
 }
 
 /// The state letter of a `/proc/<pid>/stat` line (field 3).

@@ -171,8 +171,15 @@ pub fn usable_cores() -> usize {
 
 /// Threads runnable on the node right now (`R` of `/proc/loadavg`'s `R/T`).
 pub fn runnable_threads() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    parse_runnable(&text)
+    use std::io::Read;
+    // A stack buffer: waits read this inside warm calls, which allocate nothing ("0.52 0.58
+    // 0.59 3/1234 56789" is far below its size).
+    let mut buf = [0u8; 256];
+    let n = std::fs::File::open("/proc/loadavg")
+        .ok()?
+        .read(&mut buf)
+        .ok()?;
+    parse_runnable(std::str::from_utf8(&buf[..n]).ok()?)
 }
 
 fn parse_runnable(loadavg: &str) -> Option<usize> {
