@@ -12,13 +12,13 @@ use super::channel::{
     Request, Resume,
 };
 use super::phases::{Lap, Phase};
-use super::session::{bump, Imported, Session};
+use super::session::{bump, Held, Imported, Session};
 use crate::error::{Error, Result, Status};
 use crate::logging::{self, since};
 use crate::os::wait::{blocking_pace, wait_blocking};
 use crate::sync::lock;
 use crate::transport::record::{self, flags, local_host, Record, NO_SLOT};
-use crate::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind};
+use crate::transport::{slot_address, ExportedHandle, LocalBuffer, MemKind, PeerMapping};
 use log::Level;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -315,8 +315,8 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Step 6, its end: installs the new peer mappings, releasing (or retaining) the ones they
-    /// replace, and gives every channel its progress back.
+    /// Step 6, its end: moves the new peer mappings' guards into their channels, dropping (or
+    /// retaining) the ones they replace, and gives every channel its progress back.
     fn commit(
         self,
         imports: Vec<Option<Imported>>,
@@ -331,7 +331,7 @@ impl<'a> Batch<'a> {
             format!(" (first: {} step {step} version {version})", it.ch.key)
         });
         let mut hits = 0;
-        let mut released: Vec<(MemKind, Mapping)> = Vec::new();
+        let mut released: Vec<(MemKind, Held)> = Vec::new();
         {
             let mut st = lock(self.table);
             // `imports` is empty when nothing was imported.
@@ -341,7 +341,7 @@ impl<'a> Batch<'a> {
                 let fetched = imp.is_some();
                 let ch = &mut st.channels[it.channel];
                 if let Some(imp) = imp {
-                    // Before the replaced mapping is released below.
+                    // Before the replaced mapping is dropped below.
                     ch.validity.bump();
                     let mut held = lock(&cx.holdings);
                     held.known.learn(it.ch.peer, it.ch.kind, &imp.record);
@@ -355,7 +355,6 @@ impl<'a> Batch<'a> {
                     if let Some(old) = old {
                         let limit = cx.settings.retained_per_peer.load(Ordering::Relaxed);
                         for m in held.retained.retire(it.ch.kind, old.mapping, limit) {
-                            cx.release_mapping(it.ch.kind, &m);
                             released.push((it.ch.kind, m));
                         }
                     }
@@ -372,13 +371,15 @@ impl<'a> Batch<'a> {
                 forget_released(cx, &st, &released);
             }
         }
+        // Dropped outside the table's lock (a host mapping is unmapped here).
+        let replaced = released.len();
+        drop(released);
         bump(&cx.counters.hits, hits);
         let misses = self.items.len() as u64 - hits;
         if misses > 0 {
             bump(&cx.counters.misses, misses);
         }
         bump(&cx.counters.exchanges, 1);
-        let replaced = released.len();
         if clock.is_some() {
             let level = match published + opened + replaced {
                 0 => Level::Trace,
@@ -463,12 +464,12 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Takes the allocations whose last mapping here was just released off the board lists of the
-/// channels of their peer: the peer sends records of them through the store again.
-fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Mapping)]) {
+/// Takes the allocations whose last mapping in this cache is about to be dropped off the board
+/// lists of the channels of their peer: the peer sends records of them through the store again.
+fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Held)]) {
     let held = lock(&cx.holdings);
     for (kind, m) in released {
-        let same = |o: &Mapping| o.peer == m.peer && o.buffer_id == m.buffer_id;
+        let same = |o: &PeerMapping| o.peer() == m.peer() && o.buffer_id() == m.buffer_id();
         let still_mapped = held.retained.holds(*kind, m)
             || st.channels.iter().any(|c| {
                 c.info.kind == *kind && c.peer_side.as_ref().is_some_and(|p| same(&p.mapping))
@@ -479,9 +480,9 @@ fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Mappin
         for c in st
             .channels
             .iter()
-            .filter(|c| c.info.peer == m.peer && c.info.kind == *kind)
+            .filter(|c| c.info.peer == m.peer() && c.info.kind == *kind)
         {
-            cx.board.forget_known(c.info.entry, m.buffer_id);
+            cx.board.forget_known(c.info.entry, m.buffer_id());
         }
     }
 }
@@ -521,6 +522,14 @@ fn liveness_check_due(polls: u32) -> bool {
     polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
 }
 
+/// A timeout leaves `imports` to the step that resumes; any other failure drops them.
+fn give_up(e: Error, imports: Vec<Option<Imported>>) -> RunError {
+    if e.status == Status::Timeout {
+        return RunError::NotReady(e, imports);
+    }
+    RunError::Fatal(e)
+}
+
 /// Steps 2-6 of a call, over the cache's context.
 impl Session {
     fn run(
@@ -554,7 +563,7 @@ impl Session {
                     &unknown,
                     deadline.remaining(),
                 )
-                .map_err(|e| self.give_up(e, Vec::new()))?;
+                .map_err(|e| give_up(e, Vec::new()))?;
         }
         lap.mark(Phase::Lookup);
         // Records go out before the step is visible on the board, so that a peer's multi_get never
@@ -578,21 +587,20 @@ impl Session {
         let staged =
             |items: &mut [Item]| items.iter_mut().map(|it| it.state.staged.take()).collect();
         if let Err(e) = self.wait(items, Stage::Step, deadline) {
-            return Err(self.give_up(e, staged(items)));
+            return Err(give_up(e, staged(items)));
         }
         lap.mark(Phase::WaitPeers);
         // Records are sent without waiting for the store's reply, so a peer's step can be visible
         // before its records are: a zero timeout may miss them, which is retryable.
         let mut imports = self
             .fetch_records(items, deadline, lap)
-            .map_err(|e| self.give_up(e, staged(items)))?;
+            .map_err(|e| give_up(e, staged(items)))?;
         lap.mark(Phase::Import);
         // Everything of the peer this rank needs is mapped before it says so: a peer that has
         // seen `opened` may return, and exit, and its memory is passed by its own process.
-        if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
-            self.release_imports(imports);
-            return Err(RunError::Fatal(e));
-        }
+        // On failure the imports' guards are dropped.
+        self.map_peer_slabs(items, &mut imports, deadline)
+            .map_err(RunError::Fatal)?;
         for (it, imp) in items.iter_mut().zip(&imports) {
             if let Some(imp) = imp {
                 // The list changes before `opened` says the step is done (see `peers`).
@@ -604,19 +612,10 @@ impl Session {
         }
         lap.mark(Phase::Slabs);
         if let Err(e) = self.wait(items, Stage::Open, deadline) {
-            return Err(self.give_up(e, imports));
+            return Err(give_up(e, imports));
         }
         lap.mark(Phase::WaitOpened);
         Ok(imports)
-    }
-
-    /// A timeout leaves `imports` to the step that resumes; any other failure releases them.
-    fn give_up(&self, e: Error, imports: Vec<Option<Imported>>) -> RunError {
-        if e.status == Status::Timeout {
-            return RunError::NotReady(e, imports);
-        }
-        self.release_imports(imports);
-        RunError::Fatal(e)
     }
 
     fn send_records(&self, items: &mut [Item], lap: &mut Lap<'_>) -> Result<()> {
@@ -757,10 +756,11 @@ impl Session {
             };
             let key = (it.ch.peer, it.ch.kind);
             let base = match held.slabs.get(&key) {
-                Some((h, base)) if *h == imp.sem_handle => *base,
+                Some((h, slab)) if *h == imp.sem_handle => slab.base(),
                 _ => {
-                    let slab = self.channel_transport(it.ch.kind).semaphores();
-                    let base = slab
+                    let slab = self
+                        .channel_transport(it.ch.kind)
+                        .semaphores()
                         .import_peer(it.ch.peer, &imp.sem_handle, deadline.remaining())
                         .map_err(|e| {
                             e.context(format!(
@@ -768,12 +768,10 @@ impl Session {
                                 self.rank, it.ch.peer, it.ch.key
                             ))
                         })?;
-                    bump(&self.counters.opens, 1);
-                    // A peer that recreated its slab: drop our reference to the old one.
-                    if let Some((old, _)) = held.slabs.insert(key, (imp.sem_handle.clone(), base)) {
-                        let _ = slab.release_peer(it.ch.peer, &old);
-                        bump(&self.counters.closes, 1);
-                    }
+                    let slab = Held::new(slab, &self.counters);
+                    let base = slab.base();
+                    // A peer that recreated its slab: the guard of the old one is dropped.
+                    held.slabs.insert(key, (imp.sem_handle.clone(), slab));
                     base
                 }
             };
@@ -1280,7 +1278,7 @@ impl Session {
         let t = self.channel_transport(it.ch.kind);
         let clock = logging::clock(logging::EXCHANGE, Level::Info);
         let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
-        bump(&self.counters.opens, 1);
+        let mapping = Held::new(mapping, &self.counters);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,
@@ -1295,7 +1293,6 @@ impl Session {
             );
         }
         Ok(Imported {
-            kind: it.ch.kind,
             mapping,
             bytes: rec.bytes,
             sem_handle: ExportedHandle::plain(rec.sem_type, rec.sem_payload),

@@ -16,7 +16,9 @@ mod session;
 mod symmetric;
 
 pub use crate::transport::record::{HandleType, Record};
-pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};
+pub use crate::transport::{
+    LocalBuffer, MemKind, P2pHandles, PeerMapping, SemaphoreSlab, Transport,
+};
 pub use cache::{CacheConfig, HandleCache};
 pub use channel::{ChannelKey, Direction, OpenChannel, Request};
 pub use peers::DEFAULT_RETAINED_PER_PEER;
