@@ -479,7 +479,8 @@ impl Session {
         for ch in channels {
             *peers.entry(ch.info.peer).or_default() |= ch.info.kind == MemKind::Device;
             // A symmetric channel's NO_SLOT is refused as out of range, and ignored here.
-            let _ = (self.channel_transport(ch.info.kind).semaphores()).free_slot(ch.info.slot);
+            let slab = self.channel_transport(ch.info.kind).semaphores();
+            let _ = slab.free_slot(ch.info.slot);
             // Its guards go with it: the peer's buffer, and one a suspended step opened.
         }
         // The peers' slabs and the replaced mappings kept for reuse.
