@@ -12,7 +12,7 @@ use super::{result, Runtime};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::record::HandleType;
-use crate::transport::slab::{SemaphoreSlab, SlabMemory};
+use crate::transport::slab::{PeerSlab, SemaphoreSlab, SlabMemory};
 use crate::transport::{ExportedHandle, PeerMapping, SLAB_BYTES};
 use cudarc::driver::sys;
 use std::sync::Mutex;
@@ -145,12 +145,7 @@ impl SlabMemory for DeviceSlabMemory {
         })
     }
 
-    fn open_peer(
-        &self,
-        peer: usize,
-        handle: &ExportedHandle,
-        wait: Duration,
-    ) -> Result<PeerMapping> {
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<PeerSlab> {
         if handle.handle_type != HandleType::CudaLegacyIpc {
             return Err(Error::invalid(format!(
                 "semaphore slab of rank {peer} is shared as {}, but this is the device slab",

@@ -331,7 +331,7 @@ impl Transport for CudaTransport {
     }
 
     fn live_mappings(&self) -> usize {
-        self.imports.len()
+        self.imports.live()
     }
 
     fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {

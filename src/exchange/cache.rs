@@ -470,11 +470,9 @@ impl Session {
     /// frees every own semaphore slot. Returns the peers, each with whether a device channel
     /// connects them.
     fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
-        let channels = {
-            let mut st = lock(table);
-            st.by_fp.clear();
-            std::mem::take(&mut st.channels)
-        };
+        let mut st = lock(table);
+        let channels = std::mem::take(&mut st.channels);
+        st.by_fp.clear();
         let mut peers: BTreeMap<usize, bool> = BTreeMap::new();
         for ch in channels {
             *peers.entry(ch.info.peer).or_default() |= ch.info.kind == MemKind::Device;
@@ -484,8 +482,7 @@ impl Session {
             // Its guards go with it: the peer's buffer, and one a suspended step opened.
         }
         // The peers' slabs and the replaced mappings kept for reuse.
-        let holdings = std::mem::take(&mut *lock(&self.holdings));
-        drop(holdings);
+        drop(std::mem::take(&mut *lock(&self.holdings)));
         peers.into_iter().collect()
     }
 }

@@ -91,10 +91,8 @@ pub(super) struct Held {
 impl Held {
     pub fn new(mapping: PeerMapping, counters: &Counters) -> Held {
         bump(&counters.opens, 1);
-        Held {
-            mapping,
-            closes: counters.closes.clone(),
-        }
+        let closes = counters.closes.clone();
+        Held { mapping, closes }
     }
 }
 

@@ -5,7 +5,7 @@ use super::{fd_handle, fd_id};
 use crate::error::Result;
 use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};
-use crate::transport::slab::{SemaphoreSlab, SlabMemory};
+use crate::transport::slab::{PeerSlab, SemaphoreSlab, SlabMemory};
 use crate::transport::{ExportedHandle, PeerMapping, SLAB_BYTES};
 use once_cell::sync::OnceCell;
 use std::os::fd::AsFd;
@@ -62,12 +62,7 @@ impl SlabMemory for HostSlabMemory {
         Ok(fd_handle(id))
     }
 
-    fn open_peer(
-        &self,
-        peer: usize,
-        handle: &ExportedHandle,
-        wait: Duration,
-    ) -> Result<PeerMapping> {
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<PeerSlab> {
         let what = format!("the semaphore slab of rank {peer}");
         let id = fd_id(handle.handle_type, &handle.payload, &what)?;
         let fd = self

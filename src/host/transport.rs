@@ -182,7 +182,7 @@ impl Transport for HostTransport {
     }
 
     fn live_mappings(&self) -> usize {
-        self.imports.len()
+        self.imports.live()
     }
 
     fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {

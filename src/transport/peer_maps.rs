@@ -99,12 +99,13 @@ impl Eq for PeerMapping {}
 
 impl fmt::Debug for PeerMapping {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PeerMapping")
-            .field("peer", &self.peer())
-            .field("buffer_id", &self.buffer_id())
-            .field("base", &format_args!("{:#x}", self.base()))
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .finish()
+        let m = &self.mapped;
+        let (peer, id, base) = (m.peer, m.buffer_id, m.base);
+        write!(
+            f,
+            "PeerMapping(rank {peer} allocation {id} at {base:#x}, ptr {:#x})",
+            self.ptr
+        )
     }
 }
 
@@ -145,15 +146,11 @@ impl<K: Eq + Hash> PeerMaps<K> {
     }
 
     /// Number of mappings alive (each counted once, whatever its guards).
-    pub fn len(&self) -> usize {
+    pub fn live(&self) -> usize {
         lock(&self.live)
             .values()
             .filter(|m| m.strong_count() > 0)
             .count()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

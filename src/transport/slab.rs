@@ -48,14 +48,12 @@ pub trait SlabMemory: Send + Sync {
     /// The slab's handle (made once, then cached).
     fn export(&self) -> Result<ExportedHandle>;
 
-    /// Opens the slab of rank `peer`: its guard (buffer id 0), which may outlive this memory.
-    fn open_peer(
-        &self,
-        peer: usize,
-        handle: &ExportedHandle,
-        wait: Duration,
-    ) -> Result<PeerMapping>;
+    /// Opens the slab of rank `peer`: its guard, which may outlive this memory.
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<PeerSlab>;
 }
+
+/// The guard of a peer's slab mapped here (its buffer id is 0).
+pub type PeerSlab = PeerMapping;
 
 /// A per-process slab over a backend's memory, and the peers' slabs mapped here.
 pub struct SemaphoreSlab {
@@ -121,7 +119,7 @@ impl SemaphoreSlab {
         peer: usize,
         handle: &ExportedHandle,
         wait: Duration,
-    ) -> Result<PeerMapping> {
+    ) -> Result<PeerSlab> {
         let key = (peer, handle.payload);
         if let Some(mapped) = self.peers.get(&key, 0) {
             return Ok(mapped);
