@@ -287,8 +287,8 @@ impl<K: ImportKind> ImportTable<K> {
     }
 }
 
-/// One reference on an imported peer allocation, released on drop (or by
-/// [`release`](Self::release), which reports an error).
+/// One reference on an imported peer allocation, released on drop (an error, that the releaser
+/// thread could not start, is logged).
 pub(crate) struct Import<K: ImportKind> {
     table: ImportTable<K>,
     key: K::Key,
@@ -306,13 +306,6 @@ impl<K: ImportKind> Import<K> {
     /// Where the requested allocation starts in this process.
     pub fn base(&self) -> u64 {
         self.base
-    }
-
-    /// Releases the reference now, reporting an error (the releaser thread could not start).
-    pub fn release(mut self) -> Result<()> {
-        self.held = false;
-        self.table
-            .release(&self.key, self.peer, || format!("{:?}", self.key))
     }
 
     /// Keeps the reference without a guard: it must be released by key later (the low-level C

@@ -12,8 +12,8 @@ use super::{result, Runtime};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::record::HandleType;
-use crate::transport::slab::{Opened, SemaphoreSlab, SlabMemory};
-use crate::transport::{ExportedHandle, SLAB_BYTES};
+use crate::transport::slab::{PeerSlab, SemaphoreSlab, SlabMemory};
+use crate::transport::{ExportedHandle, PeerMapping, SLAB_BYTES};
 use cudarc::driver::sys;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -145,7 +145,7 @@ impl SlabMemory for DeviceSlabMemory {
         })
     }
 
-    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<Opened> {
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<PeerSlab> {
         if handle.handle_type != HandleType::CudaLegacyIpc {
             return Err(Error::invalid(format!(
                 "semaphore slab of rank {peer} is shared as {}, but this is the device slab",
@@ -155,14 +155,14 @@ impl SlabMemory for DeviceSlabMemory {
         let device = self.with(|a| Ok(a.device))?;
         let opened = ipc::import(self.rt, peer, None, &handle.payload, Some(device), wait)
             .map_err(|e| e.context(format!("opening the semaphore slab of rank {peer}")))?;
-        let base = opened.base();
-        Ok((Box::new(opened), base))
+        // The import table is the process's: the guard may outlive this slab.
+        Ok(PeerMapping::new(peer, opened.base(), SLAB_BYTES, 0, opened))
     }
 }
 
 impl Drop for DeviceSlabMemory {
     fn drop(&mut self) {
-        // The slab's peers are closed already (see `Slab`); ours is freed after a synchronize.
+        // Ours is freed after a synchronize (peers' slabs mapped here are their guards').
         if let Some(alloc) = self
             .alloc
             .get_mut()

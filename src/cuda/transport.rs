@@ -1,8 +1,8 @@
 //! [`Transport`] for device memory, choosing the export per buffer from its pointer attributes
 //! (`memory::classify`): legacy IPC ([`ipc`]), VMM segments as POSIX fds or FABRIC handles
 //! ([`vmm`] exports, `vmm_map` imports), stream-ordered pools (`pool`); plus the device semaphore
-//! slab. Imports go through the process's [`Runtime`] tables; the transport keeps one guard per
-//! import not yet released, released on drop before its offers are withdrawn and its slab freed.
+//! slab. Imports go through the process's [`Runtime`] tables: a guard holds its import there (so
+//! it may outlive the transport), and its last drop hands the mapping to the kind's releaser.
 //! VMM and pool buffers travel as fds through the fd transport given to
 //! [`CudaTransport::with_fdpass`]; without one only legacy and FABRIC buffers can be shared.
 
@@ -16,17 +16,16 @@ use super::vmm_runs::{self, WideRuns};
 use super::{runtime, Runtime};
 use crate::error::{Error, Result};
 use crate::fdpass::FdPass;
-use crate::sync::lock;
+use crate::transport::peer_maps::PeerMaps;
 use crate::transport::record::{HandleType, Record};
 use crate::transport::view::{ContiguousView, ViewMember};
 use crate::transport::{
-    ExportedHandle, LocalBuffer, Mapping, MemKind, RecordSeal, SemaphoreSlab, Transport,
+    ExportedHandle, LocalBuffer, MemKind, PeerMapping, RecordSeal, SemaphoreSlab, Transport,
 };
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-/// One reference on a peer allocation in the import table of its kind.
+/// One reference on a peer allocation in the import table of its kind, released on drop.
 #[derive(Debug)]
 enum Held {
     Legacy(ipc::IpcImport),
@@ -52,14 +51,6 @@ impl Held {
             _ => false,
         }
     }
-
-    fn release(self) -> Result<()> {
-        match self {
-            Held::Legacy(i) => i.release(),
-            Held::Vmm(i) => i.release(),
-            Held::Pool(i) => i.release(),
-        }
-    }
 }
 
 /// (peer, exporter buffer id, base of the mapping here).
@@ -77,10 +68,9 @@ pub struct CudaTransport {
     window: u64,
     pool_exports: PoolExports,
     slab: SemaphoreSlab,
-    /// One reference per import not yet released, all on the same import. The base is part of
-    /// the key: one peer buffer can be served by several mapped runs at once, each released to
-    /// the run that served it.
-    imports: Mutex<HashMap<ImportKey, Vec<Held>>>,
+    /// The live mappings, one per key. The base is part of the key: one peer buffer can be
+    /// served by several mapped runs at once, each released to the run that served it.
+    imports: PeerMaps<ImportKey>,
 }
 
 /// `exact`, the run of the VMM buffer `alloc` (whose pointer `info` describes), widened within
@@ -129,7 +119,7 @@ impl CudaTransport {
             pool_exports: PoolExports::new(fdpass.clone()),
             fdpass,
             slab: super::semaphore::new_slab(rt, device),
-            imports: Mutex::new(HashMap::new()),
+            imports: PeerMaps::default(),
         }
     }
 
@@ -285,9 +275,8 @@ impl Transport for CudaTransport {
         exported.map_err(|e| e.context(format!("exporting device buffer {:#x}", buf.ptr)))
     }
 
-    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
+    fn import(&self, rec: &Record, wait: Duration) -> Result<PeerMapping> {
         let peer = rec.rank as usize;
-        let mut imports = lock(&self.imports);
         let held = self.open(peer, rec, wait).map_err(|e| {
             e.context(format!(
                 "importing buffer {} of rank {peer} (pid {}, host {})",
@@ -298,26 +287,20 @@ impl Transport for CudaTransport {
         })?;
         let base = held.base();
         let key = (peer, rec.buffer_id, base);
-        if let Some(first) = imports.get(&key).and_then(|held| held.first()) {
-            if !first.same_import(&held) {
+        if let Some(live) = self.imports.get(&key, rec.offset) {
+            // The reference just taken is dropped: the live guard holds one on the same import.
+            return match live.memory::<Held>() {
+                Some(first) if first.same_import(&held) => Ok(live),
                 // Two live mappings at one address cannot exist: the driver would have refused.
-                let err = Error::internal(format!(
+                first => Err(Error::internal(format!(
                     "buffer {} of rank {peer} (pid {}) was mapped at {base:#x} by {first:?} and \
                      now by {held:?}",
                     rec.buffer_id, rec.pid
-                ));
-                let _ = held.release();
-                return Err(err);
-            }
+                ))),
+            };
         }
-        imports.entry(key).or_default().push(held);
-        Ok(Mapping {
-            peer,
-            base,
-            ptr: base + rec.offset,
-            alloc_bytes: rec.alloc_bytes,
-            buffer_id: rec.buffer_id,
-        })
+        let opened = PeerMapping::new(peer, base, rec.alloc_bytes, rec.buffer_id, held);
+        Ok(self.imports.insert(key, opened.at(rec.offset)))
     }
 
     fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
@@ -335,23 +318,6 @@ impl Transport for CudaTransport {
         self.private_channel()?.open_record(peer, key, notice, wait)
     }
 
-    fn release(&self, mapping: &Mapping) -> Result<()> {
-        let mut imports = lock(&self.imports);
-        let key = (mapping.peer, mapping.buffer_id, mapping.base);
-        let held = imports.get_mut(&key).and_then(Vec::pop);
-        let held = held.ok_or_else(|| {
-            Error::not_found(format!(
-                "buffer {} of rank {} mapped at {:#x} is not imported by this transport \
-                 (released twice?)",
-                mapping.buffer_id, mapping.peer, mapping.base
-            ))
-        })?;
-        if imports.get(&key).is_some_and(Vec::is_empty) {
-            imports.remove(&key);
-        }
-        held.release()
-    }
-
     fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
         self.rt.wait_release_room(peer, timeout)
     }
@@ -365,22 +331,11 @@ impl Transport for CudaTransport {
     }
 
     fn live_mappings(&self) -> usize {
-        lock(&self.imports).len()
+        self.imports.live()
     }
 
     fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {
         super::view::map(members, self.device)
-    }
-}
-
-impl Drop for CudaTransport {
-    fn drop(&mut self) {
-        // Release what the owner did not (closed on the releaser threads); the exports withdraw
-        // their offers and the slab frees itself afterwards (field order).
-        let imports = self.imports.get_mut().unwrap_or_else(|p| p.into_inner());
-        for held in imports.drain().flat_map(|(_, held)| held) {
-            let _ = held.release();
-        }
     }
 }
 

@@ -1,24 +1,24 @@
-//! One `exchange_handles` call: a [`Batch`] of channels and the exchange protocol it runs (its
-//! steps numbered as in docs/PROTOCOL.md, section 5).
+//! One `exchange_handles` call: a [`Batch`] of channels, claimed from the table at its start and
+//! handed back at its end (commit, suspend or fail); the steps it runs in between are `protocol`'s
+//! (numbered as in docs/PROTOCOL.md, section 5), its waits for peers `waits`'.
 //!
 //! A hit on both sides costs a few shared-memory loads, no store operation, no allocation and no
 //! syscall. A call that times out because a peer is not there yet leaves its channels *suspended*
 //! in that step: calling again with the same batch resumes it (so a zero timeout checks once). Any
 //! other failure *fails* the batch: its channels refuse every later call (`InvalidState`).
 
-use super::board::{BufferAt, PeerBoard};
+use super::board::BufferAt;
 use super::channel::{
     fingerprint_of, occurrence, Channel, ChannelInfo, ChannelKey, ChannelTable, PeerSide, Progress,
     Request, Resume,
 };
 use super::phases::{Lap, Phase};
-use super::session::{bump, Imported, Session};
-use crate::error::{Error, Result, Status};
+use super::session::{bump, Held, Imported, Session};
+use crate::error::{Error, Result};
 use crate::logging::{self, since};
-use crate::os::wait::{blocking_pace, wait_blocking};
 use crate::sync::lock;
-use crate::transport::record::{self, flags, local_host, Record, NO_SLOT};
-use crate::transport::{slot_address, ExportedHandle, LocalBuffer, Mapping, MemKind};
+use crate::transport::record::NO_SLOT;
+use crate::transport::{LocalBuffer, MemKind, PeerMapping};
 use log::Level;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -42,77 +42,6 @@ impl Deadline {
         let timeout = self.timeout;
         let at = *self.at.get_or_insert_with(|| Instant::now() + timeout);
         at.saturating_duration_since(Instant::now())
-    }
-}
-
-/// At most `limit` keys, then how many more (keys can be many in a large batch).
-fn some_keys<S: AsRef<str>>(keys: &[S], limit: usize) -> String {
-    let mut out: Vec<String> = keys
-        .iter()
-        .take(limit)
-        .map(|k| format!("{:?}", k.as_ref()))
-        .collect();
-    if keys.len() > limit {
-        out.push(format!("and {} more", keys.len() - limit));
-    }
-    out.join(", ")
-}
-
-/// What a wait awaits of the peers: their step, or their open of this rank's buffer.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    Step,
-    Open,
-}
-
-/// Reports a wait that lasts (after one second, then each time its length doubles), so that a
-/// stuck exchange explains itself in the log while it hangs.
-#[derive(Default)]
-struct StuckReport {
-    since: Option<Instant>,
-    reported: u32,
-}
-
-impl StuckReport {
-    /// Called now and then during a wait (not on its first poll, which usually succeeds).
-    fn check(&mut self, rank: usize, items: &[Item], stage: Stage, timeout: Duration) {
-        if !log::log_enabled!(target: logging::EXCHANGE, Level::Info) {
-            return;
-        }
-        let waited = self.since.get_or_insert_with(Instant::now).elapsed();
-        if waited < Duration::from_secs(1 << self.reported.min(30)) {
-            return;
-        }
-        self.reported += 1;
-        let pending: Vec<&Item> = items.iter().filter(|it| it.waiting).collect();
-        for it in pending.iter().take(4) {
-            let what = match stage {
-                Stage::Step => format!(
-                    "to reach step {} (board entry of {})",
-                    it.progress.step,
-                    it.ch.key.describe()
-                ),
-                Stage::Open => format!(
-                    "to open version {} of this rank's buffer",
-                    it.progress.version
-                ),
-            };
-            log::info!(
-                target: logging::EXCHANGE,
-                "rank {rank}: still waiting after {:.1}s (timeout {timeout:?}) for peer rank {} \
-                 on {} {what}",
-                waited.as_secs_f64(),
-                it.ch.peer,
-                it.ch.key,
-            );
-        }
-        if pending.len() > 4 {
-            log::info!(
-                target: logging::EXCHANGE,
-                "rank {rank}: and {} more channel(s) pending",
-                pending.len() - 4
-            );
-        }
     }
 }
 
@@ -315,8 +244,8 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Step 6, its end: installs the new peer mappings, releasing (or retaining) the ones they
-    /// replace, and gives every channel its progress back.
+    /// Step 6, its end: moves the new peer mappings' guards into their channels, dropping (or
+    /// retaining) the ones they replace, and gives every channel its progress back.
     fn commit(
         self,
         imports: Vec<Option<Imported>>,
@@ -331,7 +260,7 @@ impl<'a> Batch<'a> {
             format!(" (first: {} step {step} version {version})", it.ch.key)
         });
         let mut hits = 0;
-        let mut released: Vec<(MemKind, Mapping)> = Vec::new();
+        let mut released: Vec<(MemKind, Held)> = Vec::new();
         {
             let mut st = lock(self.table);
             // `imports` is empty when nothing was imported.
@@ -341,7 +270,7 @@ impl<'a> Batch<'a> {
                 let fetched = imp.is_some();
                 let ch = &mut st.channels[it.channel];
                 if let Some(imp) = imp {
-                    // Before the replaced mapping is released below.
+                    // Before the replaced mapping is dropped below.
                     ch.validity.bump();
                     let mut held = lock(&cx.holdings);
                     held.known.learn(it.ch.peer, it.ch.kind, &imp.record);
@@ -355,7 +284,6 @@ impl<'a> Batch<'a> {
                     if let Some(old) = old {
                         let limit = cx.settings.retained_per_peer.load(Ordering::Relaxed);
                         for m in held.retained.retire(it.ch.kind, old.mapping, limit) {
-                            cx.release_mapping(it.ch.kind, &m);
                             released.push((it.ch.kind, m));
                         }
                     }
@@ -372,13 +300,15 @@ impl<'a> Batch<'a> {
                 forget_released(cx, &st, &released);
             }
         }
+        // Dropped outside the table's lock (a host mapping is unmapped here).
+        let replaced = released.len();
+        drop(released);
         bump(&cx.counters.hits, hits);
         let misses = self.items.len() as u64 - hits;
         if misses > 0 {
             bump(&cx.counters.misses, misses);
         }
         bump(&cx.counters.exchanges, 1);
-        let replaced = released.len();
         if clock.is_some() {
             let level = match published + opened + replaced {
                 0 => Level::Trace,
@@ -463,12 +393,12 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Takes the allocations whose last mapping here was just released off the board lists of the
-/// channels of their peer: the peer sends records of them through the store again.
-fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Mapping)]) {
+/// Takes the allocations whose last mapping in this cache is about to be dropped off the board
+/// lists of the channels of their peer: the peer sends records of them through the store again.
+fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Held)]) {
     let held = lock(&cx.holdings);
     for (kind, m) in released {
-        let same = |o: &Mapping| o.peer == m.peer && o.buffer_id == m.buffer_id;
+        let same = |o: &PeerMapping| o.peer() == m.peer() && o.buffer_id() == m.buffer_id();
         let still_mapped = held.retained.holds(*kind, m)
             || st.channels.iter().any(|c| {
                 c.info.kind == *kind && c.peer_side.as_ref().is_some_and(|p| same(&p.mapping))
@@ -479,9 +409,9 @@ fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Mappin
         for c in st
             .channels
             .iter()
-            .filter(|c| c.info.peer == m.peer && c.info.kind == *kind)
+            .filter(|c| c.info.peer == m.peer() && c.info.kind == *kind)
         {
-            cx.board.forget_known(c.info.entry, m.buffer_id);
+            cx.board.forget_known(c.info.entry, m.buffer_id());
         }
     }
 }
@@ -506,804 +436,6 @@ pub(super) struct Item {
 pub(super) enum RunError {
     NotReady(Error, Vec<Option<Imported>>),
     Fatal(Error),
-}
-
-/// Polls of a board wait before the first liveness check of the peers (a syscall), so that a peer
-/// a few microseconds late costs none; once the wait blocks, every wake-up makes one.
-const FIRST_LIVENESS_POLL: u32 = 2048;
-/// Polls between two liveness checks while spinning past that.
-const LIVENESS_EVERY: u32 = 256;
-
-/// How long a wait sleeps between two looks for a peer board that does not exist yet.
-const NO_BOARD_SLEEP: Duration = Duration::from_millis(1);
-
-fn liveness_check_due(polls: u32) -> bool {
-    polls >= FIRST_LIVENESS_POLL && polls % LIVENESS_EVERY == 0
-}
-
-/// Steps 2-6 of a call, over the cache's context.
-impl Session {
-    fn run(
-        &self,
-        items: &mut [Item],
-        deadline: &mut Deadline,
-        lap: &mut Lap<'_>,
-    ) -> std::result::Result<Vec<Option<Imported>>, RunError> {
-        // A peer whose board is not here yet may never have one here (another host or
-        // container): refuse it before anything is published (one store round trip, per peer).
-        let mut unknown: Vec<usize> = Vec::new();
-        for it in items
-            .iter_mut()
-            .filter(|it| it.progress.link.board.is_none())
-        {
-            if self.peer_nodes.known(it.ch.peer) {
-                continue;
-            }
-            match self.peer_board(it.ch.peer) {
-                Ok(Some(board)) => it.progress.link.board = Some(board),
-                _ => unknown.push(it.ch.peer),
-            }
-        }
-        if !unknown.is_empty() {
-            bump(&self.counters.peer_lookups, 1);
-            self.peer_nodes
-                .check(
-                    &*self.store,
-                    &self.names,
-                    self.rank,
-                    &unknown,
-                    deadline.remaining(),
-                )
-                .map_err(|e| self.give_up(e, Vec::new()))?;
-        }
-        lap.mark(Phase::Lookup);
-        // Records go out before the step is visible on the board, so that a peer's multi_get never
-        // waits on this rank's progress (several threads may share one store client).
-        self.send_records(items, lap).map_err(RunError::Fatal)?;
-        for it in items.iter_mut() {
-            it.state.sent = true;
-        }
-        lap.mark(Phase::Records);
-        for it in items.iter() {
-            let at = BufferAt {
-                alloc_id: it.local.buffer_id,
-                offset: it.local.offset(),
-                bytes: it.local.bytes,
-                known_to_peer: it.state.publish && it.state.known_to_peer,
-            };
-            self.board
-                .publish(it.ch.entry, it.progress.step, it.progress.version, at);
-        }
-        lap.mark(Phase::Publish);
-        let staged =
-            |items: &mut [Item]| items.iter_mut().map(|it| it.state.staged.take()).collect();
-        if let Err(e) = self.wait(items, Stage::Step, deadline) {
-            return Err(self.give_up(e, staged(items)));
-        }
-        lap.mark(Phase::WaitPeers);
-        // Records are sent without waiting for the store's reply, so a peer's step can be visible
-        // before its records are: a zero timeout may miss them, which is retryable.
-        let mut imports = self
-            .fetch_records(items, deadline, lap)
-            .map_err(|e| self.give_up(e, staged(items)))?;
-        lap.mark(Phase::Import);
-        // Everything of the peer this rank needs is mapped before it says so: a peer that has
-        // seen `opened` may return, and exit, and its memory is passed by its own process.
-        if let Err(e) = self.map_peer_slabs(items, &mut imports, deadline) {
-            self.release_imports(imports);
-            return Err(RunError::Fatal(e));
-        }
-        for (it, imp) in items.iter_mut().zip(&imports) {
-            if let Some(imp) = imp {
-                // The list changes before `opened` says the step is done (see `peers`).
-                let listed = self.board.known(it.ch.entry);
-                let ids = it.progress.held.imported(&listed, &imp.record);
-                self.board.set_known(it.ch.entry, &ids);
-                self.board.publish_opened(it.ch.entry, it.peer_version);
-            }
-        }
-        lap.mark(Phase::Slabs);
-        if let Err(e) = self.wait(items, Stage::Open, deadline) {
-            return Err(self.give_up(e, imports));
-        }
-        lap.mark(Phase::WaitOpened);
-        Ok(imports)
-    }
-
-    /// A timeout leaves `imports` to the step that resumes; any other failure releases them.
-    fn give_up(&self, e: Error, imports: Vec<Option<Imported>>) -> RunError {
-        if e.status == Status::Timeout {
-            return RunError::NotReady(e, imports);
-        }
-        self.release_imports(imports);
-        RunError::Fatal(e)
-    }
-
-    fn send_records(&self, items: &mut [Item], lap: &mut Lap<'_>) -> Result<()> {
-        let mut pairs: Vec<(String, Vec<u8>)> = Vec::new();
-        for it in items
-            .iter_mut()
-            .filter(|it| it.state.publish && !it.state.sent)
-        {
-            // Read before this step is published, so exact (see `peers`).
-            let knows = |it: &Item, id: u64| match (&it.progress.link.board, it.progress.link.entry)
-            {
-                (Some(b), Some(e)) => b.knows(e, id),
-                _ => false,
-            };
-            it.state.known_to_peer = knows(it, it.local.buffer_id);
-            if !it.state.known_to_peer {
-                // Exported only as mapped now (a widened VMM run may have lost a neighbour
-                // since it was remembered; see `cuda::vmm_runs`).
-                let fresh = self
-                    .channel_transport(it.ch.kind)
-                    .refresh(&it.local)
-                    .map_err(|e| {
-                        e.context(format!(
-                            "rank {}: resolving the buffer of {} again",
-                            self.rank, it.ch.key
-                        ))
-                    })?;
-                if fresh != it.local {
-                    it.local = fresh;
-                    it.state.known_to_peer = knows(it, fresh.buffer_id);
-                }
-            }
-            if it.state.known_to_peer {
-                continue;
-            }
-            let rec = self.make_record(it).map_err(|e| {
-                e.context(format!(
-                    "rank {}: exporting the buffer of {}",
-                    self.rank, it.ch.key
-                ))
-            })?;
-            let key = self.record_key(it, true);
-            let (notice, sealed) = self
-                .channel_transport(it.ch.kind)
-                .seal_record(&key, &rec.encode())
-                .map_err(|e| e.context(format!("rank {}: offering the record {key}", self.rank)))?;
-            it.progress.sealed = Some(sealed);
-            pairs.push((key, notice));
-        }
-        lap.mark(Phase::Export);
-        if pairs.is_empty() {
-            return Ok(());
-        }
-        let refs: Vec<(&str, &[u8])> = pairs
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
-        bump(&self.counters.store_round_trips, 1);
-        let clock = logging::clock(logging::EXCHANGE, Level::Info);
-        self.store.multi_set(&refs).map_err(|e| {
-            e.context(format!(
-                "rank {}: publishing {} record(s) (first key {})",
-                self.rank,
-                pairs.len(),
-                pairs[0].0
-            ))
-        })?;
-        bump(&self.counters.records_sent, pairs.len() as u64);
-        let bytes: usize = pairs.iter().map(|(_, v)| v.len()).sum();
-        bump(&self.counters.record_bytes_sent, bytes as u64);
-        if clock.is_some() {
-            let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
-            log::info!(
-                target: logging::EXCHANGE,
-                "rank {}: sent {} record(s) ({bytes} bytes) to the store in {}: {}",
-                self.rank,
-                pairs.len(),
-                since(clock),
-                some_keys(&keys, 4)
-            );
-        }
-        Ok(())
-    }
-
-    /// The store key of this rank's (`own`) or the peer's record of `it` at its version.
-    fn record_key(&self, it: &Item, own: bool) -> String {
-        let (exporter, version) = match own {
-            true => (self.rank, it.progress.version),
-            false => (it.ch.peer, it.peer_version),
-        };
-        it.ch.key.record_key(&self.names, exporter, version)
-    }
-
-    fn make_record(&self, it: &Item) -> Result<Record> {
-        let t = self.channel_transport(it.ch.kind);
-        let handle = t.export(&it.local)?;
-        let slab = match it.ch.slot {
-            NO_SLOT => ExportedHandle::plain(handle.handle_type, [0; record::PAYLOAD_LEN]),
-            _ => t.semaphores().export()?,
-        };
-        let host = local_host();
-        Ok(Record {
-            handle_type: handle.handle_type,
-            flags: if it.ch.kind == MemKind::Device {
-                flags::DEVICE
-            } else {
-                0
-            },
-            offset: it.local.offset(),
-            bytes: it.local.bytes,
-            alloc_bytes: it.local.alloc_bytes,
-            buffer_id: it.local.buffer_id,
-            host_id: host.id,
-            version: it.progress.version,
-            device_uuid: it.local.device_uuid,
-            pid: std::process::id(),
-            rank: self.rank as u32,
-            host_name: record::to_fixed(&host.name).unwrap_or([0; record::HOST_NAME_LEN]),
-            payload: handle.payload,
-            sem_type: slab.handle_type,
-            sem_slot: it.ch.slot,
-            sem_payload: slab.payload,
-            segments: handle.segments,
-        })
-    }
-
-    /// Maps the peers' semaphore slabs not mapped yet, and gives each import its semaphore here.
-    fn map_peer_slabs(
-        &self,
-        items: &[Item],
-        imports: &mut [Option<Imported>],
-        deadline: &mut Deadline,
-    ) -> Result<()> {
-        let mut held = lock(&self.holdings);
-        for (it, imp) in items.iter().zip(imports.iter_mut()) {
-            let Some(imp) = imp.as_mut().filter(|imp| imp.sem_slot != NO_SLOT) else {
-                continue;
-            };
-            let key = (it.ch.peer, it.ch.kind);
-            let base = match held.slabs.get(&key) {
-                Some((h, base)) if *h == imp.sem_handle => *base,
-                _ => {
-                    let slab = self.channel_transport(it.ch.kind).semaphores();
-                    let base = slab
-                        .import_peer(it.ch.peer, &imp.sem_handle, deadline.remaining())
-                        .map_err(|e| {
-                            e.context(format!(
-                                "rank {}: mapping peer rank {}'s semaphore slab for {}",
-                                self.rank, it.ch.peer, it.ch.key
-                            ))
-                        })?;
-                    bump(&self.counters.opens, 1);
-                    // A peer that recreated its slab: drop our reference to the old one.
-                    if let Some((old, _)) = held.slabs.insert(key, (imp.sem_handle.clone(), base)) {
-                        let _ = slab.release_peer(it.ch.peer, &old);
-                        bump(&self.counters.closes, 1);
-                    }
-                    base
-                }
-            };
-            imp.semaphore = slot_address(base, imp.sem_slot);
-        }
-        Ok(())
-    }
-
-    /// Step 4 (`Step`): waits until every peer has reached this call's step on its channel, and
-    /// reads its version; step 6 (`Open`): until the peer has opened every buffer this rank
-    /// published. Now and then (about every 100 ms once sleeping) it checks that the awaited peers
-    /// still exist and have not closed their caches, so that it fails at once when one has.
-    fn wait(&self, items: &mut [Item], stage: Stage, deadline: &mut Deadline) -> Result<()> {
-        let mut left = 0;
-        for it in items.iter_mut() {
-            it.waiting = stage == Stage::Step || it.state.publish;
-            left += usize::from(it.waiting);
-        }
-        if left == 0 {
-            return Ok(());
-        }
-        let mut error: Option<Error> = None;
-        let mut polls: u32 = 0;
-        let mut stuck = StuckReport::default();
-        let timeout = deadline.timeout;
-        let mut poll = |after_block: bool, items: &mut [Item]| {
-            polls = polls.wrapping_add(1);
-            // Checked before the entries: what a peer published before it closed or exited is
-            // visible once its `closed` flag or its death is, and then it is no failure.
-            let due = after_block || liveness_check_due(polls);
-            let gone = if due {
-                stuck.check(self.rank, items, stage, timeout);
-                self.gone_peer(items, stage)
-            } else {
-                None
-            };
-            for it in items.iter_mut().filter(|it| it.waiting) {
-                match self.ready(it, stage) {
-                    Ok(true) => {
-                        it.waiting = false;
-                        left -= 1;
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        error = Some(e);
-                        break;
-                    }
-                }
-            }
-            // A truncated board first: a peer that failed on it may have closed since, and the
-            // truncation is what the user must hear about.
-            if error.is_none() {
-                error = self.boards_intact(items, due).err();
-            }
-            if error.is_none() {
-                error = gone.and_then(|(i, e)| items[i].waiting.then_some(e));
-            }
-            (left == 0 || error.is_some()).then_some(())
-        };
-        // Peers usually are there already: then the clock is never read.
-        if poll(false, items).is_none() {
-            let pace = blocking_pace(lock(&self.peer_boards).len() + 1);
-            wait_blocking(pace, deadline.remaining(), |block| {
-                let Some(max) = block else {
-                    return poll(false, items);
-                };
-                // Blocks on the board of the first peer still awaited, until it publishes; the
-                // others are checked when it wakes this rank.
-                let board = items
-                    .iter()
-                    .find(|it| it.waiting)
-                    .and_then(|it| it.progress.link.board.clone());
-                let mut done = None;
-                match board {
-                    Some(b) => b.block(max, || {
-                        done = poll(false, items);
-                        done.is_none()
-                    }),
-                    // Its board is not there yet: nothing to block on.
-                    None => std::thread::sleep(max.min(NO_BOARD_SLEEP)),
-                }
-                done.or_else(|| poll(true, items))
-            });
-        }
-        if let Some(e) = error {
-            return Err(e);
-        }
-        // A wait that timed out may have seen the last item get ready in its final check.
-        let pending = items.iter().filter(|it| it.waiting).count();
-        match items.iter().find(|it| it.waiting) {
-            None => Ok(()),
-            Some(it) => Err(self.late(it, stage, pending, deadline.timeout)),
-        }
-    }
-
-    /// Whether the peer of `it` has reached `stage` (at `Step`, reading its version).
-    fn ready(&self, it: &mut Item, stage: Stage) -> Result<bool> {
-        let link = &mut it.progress.link;
-        if stage == Stage::Open {
-            return Ok(match (&link.board, link.entry) {
-                (Some(b), Some(e)) => b.opened(e) >= it.progress.version,
-                _ => false,
-            });
-        }
-        if link.board.is_none() {
-            link.board = self
-                .peer_board(it.ch.peer)
-                .map_err(|e| e.context(format!("rank {}", self.rank)))?;
-        }
-        let Some(board) = &link.board else {
-            return Ok(false);
-        };
-        if link.entry.is_none() {
-            link.entry = board.find(it.ch.fp);
-        }
-        let Some((version, at)) = link.entry.and_then(|e| board.read(e, it.progress.step)) else {
-            return Ok(false);
-        };
-        it.peer_version = version;
-        it.peer_at = at;
-        Ok(true)
-    }
-
-    /// The error of a wait that timed out with `it` the first of `pending` items still late.
-    fn late(&self, it: &Item, stage: Stage, pending: usize, timeout: Duration) -> Error {
-        let board = self.names.board(it.ch.peer);
-        let (step, key) = (it.progress.step, it.ch.key.describe());
-        Error::timeout(match stage {
-            Stage::Step => {
-                let seen = match (self.peer_board(it.ch.peer), it.progress.link.entry) {
-                    (Ok(Some(b)), Some(e)) => format!("its entry is at step {}", b.step(e)),
-                    (Ok(Some(_)), None) => "it has not used this channel yet".to_string(),
-                    _ => "its board does not exist yet (has it created its cache?)".to_string(),
-                };
-                format!(
-                    "rank {} timed out after {timeout:?} waiting for peer rank {} on {} at step \
-                     {step}: board entry {key} of {board} not at step {step} ({seen}); {} other \
-                     channel(s) also pending. Does rank {} call exchange_handles with the \
-                     matching request?",
-                    self.rank,
-                    it.ch.peer,
-                    it.ch.key,
-                    pending - 1,
-                    it.ch.peer,
-                )
-            }
-            Stage::Open => {
-                let opened = match (&it.progress.link.board, it.progress.link.entry) {
-                    (Some(b), Some(e)) => b.opened(e),
-                    _ => 0,
-                };
-                format!(
-                    "rank {} timed out after {timeout:?} waiting for peer rank {} to open version \
-                     {} of this rank's buffer on {} at step {step} (board entry {key} of {board} \
-                     shows version {opened} opened; key {:?}); did the peer fail in \
-                     exchange_handles?",
-                    self.rank,
-                    it.ch.peer,
-                    it.progress.version,
-                    it.ch.key,
-                    self.record_key(it, true),
-                )
-            }
-        })
-    }
-
-    /// Fails when this rank's board, or the board of a peer still awaited, was truncated (it reads
-    /// zeros from then on, so a wait on it would last until the timeout); `probe`: see `board`.
-    fn boards_intact(&self, items: &[Item], probe: bool) -> Result<()> {
-        self.board
-            .check(probe)
-            .and_then(|()| {
-                items
-                    .iter()
-                    .filter(|it| it.waiting)
-                    .filter_map(|it| it.progress.link.board.as_deref())
-                    .try_for_each(|b| b.check(probe))
-            })
-            .map_err(|e| e.context(format!("rank {}", self.rank)))
-    }
-
-    /// The first pending item whose peer has closed its cache or exited, with the error.
-    fn gone_peer(&self, items: &[Item], stage: Stage) -> Option<(usize, Error)> {
-        items.iter().enumerate().find_map(|(i, it)| {
-            if !it.waiting {
-                return None;
-            }
-            let (who, key, step) = (it.ch.peer, &it.ch.key, it.progress.step);
-            let waited_for = || match stage {
-                Stage::Step => format!("reaching step {step} on {key}"),
-                Stage::Open => format!(
-                    "opening version {} of this rank's buffer on {key} at step {step}",
-                    it.progress.version
-                ),
-            };
-            let Some(board) = it.progress.link.board.as_ref() else {
-                // Its board was never seen here (it may have died before this rank looked, and
-                // its board gone with it): its process, as its cache published it.
-                let pid = self.peer_nodes.exited(who)?;
-                return Some((
-                    i,
-                    Error::io(format!(
-                        "rank {}: peer rank {who} (pid {pid}) exited before {}; its cache had \
-                         been created, its board is gone",
-                        self.rank,
-                        waited_for()
-                    )),
-                ));
-            };
-            if board.closed() {
-                return Some((i, self.closed_peer(it, board, &waited_for())));
-            }
-            (board.owner().is_dead()).then(|| {
-                let msg = format!(
-                    "rank {}: peer rank {who} (pid {}) exited before {}",
-                    self.rank,
-                    board.owner().pid,
-                    waited_for()
-                );
-                (i, Error::io(msg))
-            })
-        })
-    }
-
-    /// The error of a peer whose board says it closed its cache before `what`.
-    fn closed_peer(&self, it: &Item, board: &PeerBoard, what: &str) -> Error {
-        Error::state(format!(
-            "rank {}: peer rank {} (pid {}) closed its cache before {what}; a closed cache takes \
-             no part in exchanges (create new caches on both ranks)",
-            self.rank,
-            it.ch.peer,
-            board.owner().pid,
-        ))
-    }
-
-    /// Refuses to import a record of a peer that has closed its cache (it may free that memory).
-    fn refuse_closed_peer(&self, it: &Item, key: &str) -> Result<()> {
-        match &it.progress.link.board {
-            Some(b) if b.closed() => Err(self.closed_peer(
-                it,
-                b,
-                &format!("this rank opened its record {key:?} for {}", it.ch.key),
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// Step 5: fetches and imports the records of peers whose version changed. Returns the
-    /// imports by item index (none when every peer is cached); on failure, what was opened goes
-    /// back to its item.
-    fn fetch_records(
-        &self,
-        items: &mut [Item],
-        deadline: &mut Deadline,
-        lap: &mut Lap<'_>,
-    ) -> Result<Vec<Option<Imported>>> {
-        if items
-            .iter()
-            .all(|it| it.peer_version == it.progress.peer_opened && it.state.staged.is_none())
-        {
-            return Ok(Vec::new());
-        }
-        // A resumed step already opened these (the peer's version at a step never changes).
-        let mut imports: Vec<Option<Imported>> =
-            items.iter_mut().map(|it| it.state.staged.take()).collect();
-        let done = self.import_wanted(items, &mut imports, deadline, lap);
-        if done.is_err() {
-            for (it, imp) in items.iter_mut().zip(&mut imports) {
-                it.state.staged = imp.take();
-            }
-        }
-        done.map(|()| imports)
-    }
-
-    fn import_wanted(
-        &self,
-        items: &[Item],
-        imports: &mut [Option<Imported>],
-        deadline: &mut Deadline,
-        lap: &mut Lap<'_>,
-    ) -> Result<()> {
-        let wanted: Vec<usize> = (0..items.len())
-            .filter(|&i| {
-                items[i].peer_version != items[i].progress.peer_opened && imports[i].is_none()
-            })
-            .collect();
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let wanted = self.import_known(items, &wanted, imports, deadline)?;
-        lap.mark(Phase::ImportKnown);
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let keys: Vec<String> = wanted
-            .iter()
-            .map(|&i| self.record_key(&items[i], false))
-            .collect();
-        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        bump(&self.counters.store_round_trips, 1);
-        let remaining = deadline.remaining();
-        let clock = logging::clock(logging::EXCHANGE, Level::Info);
-        let fetched = self.store.multi_get(&key_refs, remaining);
-        lap.mark(Phase::Fetch);
-        if clock.is_some() {
-            log::info!(
-                target: logging::EXCHANGE,
-                "rank {}: fetching {} record(s) from the store took {} ({}): {}",
-                self.rank,
-                keys.len(),
-                since(clock),
-                match &fetched {
-                    Ok(_) => "found",
-                    Err(e) if e.status == Status::Timeout => "not there yet",
-                    Err(_) => "failed",
-                },
-                some_keys(&keys, 4)
-            );
-        }
-        let values = fetched.map_err(|e| {
-            let it = &items[wanted[0]];
-            Error::new(
-                e.status,
-                format!(
-                    "rank {}: fetching {} record(s) from the store failed after at most {:?}: \
-                     first: peer rank {}'s record for {} at step {}, version {}, key {:?}: {}",
-                    self.rank,
-                    keys.len(),
-                    deadline.timeout,
-                    it.ch.peer,
-                    it.ch.key,
-                    it.progress.step,
-                    it.peer_version,
-                    keys[0],
-                    e.message
-                ),
-            )
-        })?;
-        if values.len() != keys.len() {
-            return Err(Error::protocol(format!(
-                "rank {}: the store returned {} values for {} keys",
-                self.rank,
-                values.len(),
-                keys.len()
-            )));
-        }
-        lock(&self.collector).delete(keys.clone());
-        let wait = deadline.remaining();
-        for ((&i, value), key) in wanted.iter().zip(&values).zip(&keys) {
-            self.refuse_closed_peer(&items[i], key)?;
-            imports[i] = Some(self.import(&items[i], value, key, wait)?);
-        }
-        bump(&self.counters.records_received, wanted.len() as u64);
-        Ok(())
-    }
-
-    /// Imports, without the store, the wanted items whose peer buffer lies inside an allocation
-    /// whose record this rank already holds (see `peers`); the collector deletes the records the
-    /// peer sent all the same. Returns the items left to fetch from the store.
-    fn import_known(
-        &self,
-        items: &[Item],
-        wanted: &[usize],
-        imports: &mut [Option<Imported>],
-        deadline: &mut Deadline,
-    ) -> Result<Vec<usize>> {
-        // (record, whether it is the channel's own kept record).
-        let records: Vec<Option<(Record, bool)>> = {
-            let held = lock(&self.holdings);
-            wanted
-                .iter()
-                .map(|&i| {
-                    let it = &items[i];
-                    let channel = it.progress.peer_record.as_deref()?;
-                    if it.peer_at.known_to_peer {
-                        // Never written to the store: no key to delete either.
-                        let at = it.peer_at;
-                        return it
-                            .progress
-                            .held
-                            .record_for(at.alloc_id, at.offset, at.bytes, it.peer_version, channel)
-                            .map(|rec| (rec, true));
-                    }
-                    let pid = it.progress.link.board.as_ref()?.owner().pid;
-                    // The version this channel last imported, whose mapping was released since
-                    // (`symmetric_release`): its record was read and deleted already.
-                    if channel.version == it.peer_version && channel.pid == pid {
-                        return Some((channel.clone(), true));
-                    }
-                    let at = it.peer_at;
-                    held.known
-                        .record_for(
-                            (it.ch.peer, pid, it.ch.kind, at.alloc_id),
-                            at.offset,
-                            at.bytes,
-                            it.peer_version,
-                            channel,
-                        )
-                        .map(|rec| (rec, false))
-                })
-                .collect()
-        };
-        let mut rest = Vec::new();
-        let mut keys = Vec::new();
-        let mut board_only = 0;
-        for (&i, rec) in wanted.iter().zip(records) {
-            let it = &items[i];
-            let key = self.record_key(it, false);
-            let Some((rec, kept)) = rec else {
-                if it.peer_at.known_to_peer {
-                    // The two sides disagree on what this rank holds.
-                    return Err(Error::protocol(format!(
-                        "rank {}: peer rank {} published version {} of its buffer on {} \
-                         (allocation {}, offset {}, {} bytes) without a record, as one this rank \
-                         holds, but this rank holds no record of that allocation for the channel \
-                         (no key {key:?} in the store either); all ranks must use the same \
-                         nvfuser-ipc version: create new caches on both ranks",
-                        self.rank,
-                        it.ch.peer,
-                        it.peer_version,
-                        it.ch.key,
-                        it.peer_at.alloc_id,
-                        it.peer_at.offset,
-                        it.peer_at.bytes,
-                    )));
-                }
-                rest.push(i);
-                continue;
-            };
-            self.refuse_closed_peer(it, &key)?;
-            imports[i] = Some(self.import_record(it, rec, &key, deadline.remaining())?);
-            if it.peer_at.known_to_peer {
-                board_only += 1;
-            } else if !kept {
-                keys.push(key);
-            }
-        }
-        bump(&self.counters.records_known, board_only);
-        if !keys.is_empty() {
-            bump(&self.counters.records_known, keys.len() as u64);
-            lock(&self.collector).delete_when_written(keys);
-        }
-        Ok(rest)
-    }
-
-    fn record_context(&self, it: &Item, key: &str) -> String {
-        let (rank, peer) = (self.rank, it.ch.peer);
-        format!(
-            "rank {rank}: record {key:?} of peer rank {peer} for {}",
-            it.ch.key
-        )
-    }
-
-    fn import(&self, it: &Item, value: &[u8], key: &str, wait: Duration) -> Result<Imported> {
-        let ctx = || self.record_context(it, key);
-        // The store holds only a notice: the record comes from the peer's own process.
-        let opened = self
-            .channel_transport(it.ch.kind)
-            .open_record(it.ch.peer, key, value, wait);
-        let bytes = match opened {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                // Say the cause where it is known: the peer closed its cache or exited meanwhile.
-                self.refuse_closed_peer(it, key)?;
-                if let Some(pid) = self.peer_nodes.exited(it.ch.peer) {
-                    return Err(Error::io(format!(
-                        "{}: peer rank {} (pid {pid}) exited before this rank read its record \
-                         ({})",
-                        ctx(),
-                        it.ch.peer,
-                        e.message
-                    )));
-                }
-                return Err(e.context(ctx()));
-            }
-        };
-        let rec = Record::decode(&bytes).map_err(|e| e.context(ctx()))?;
-        if rec.rank as usize != it.ch.peer || rec.version != it.peer_version {
-            return Err(Error::protocol(format!(
-                "{}: holds rank {} version {}, expected rank {} version {}",
-                ctx(),
-                rec.rank,
-                rec.version,
-                it.ch.peer,
-                it.peer_version
-            )));
-        }
-        self.import_record(it, rec, key, wait)
-    }
-
-    /// Maps the buffer that `rec` (checked: the peer's, at the version wanted) describes.
-    fn import_record(&self, it: &Item, rec: Record, key: &str, wait: Duration) -> Result<Imported> {
-        let ctx = || self.record_context(it, key);
-        let is_device = rec.flags & flags::DEVICE != 0;
-        if is_device != (it.ch.kind == MemKind::Device) {
-            return Err(Error::invalid(format!(
-                "{}: the peer's buffer is {} memory but this rank's is {}: both sides of a \
-                 channel must use the same memory kind",
-                ctx(),
-                if is_device { "device" } else { "host" },
-                it.ch.kind.name()
-            )));
-        }
-        let t = self.channel_transport(it.ch.kind);
-        let clock = logging::clock(logging::EXCHANGE, Level::Info);
-        let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
-        bump(&self.counters.opens, 1);
-        if clock.is_some() {
-            log::info!(
-                target: logging::EXCHANGE,
-                "rank {}: opened peer rank {}'s {} buffer for {} (version {}, {} bytes) in {}",
-                self.rank,
-                it.ch.peer,
-                it.ch.kind.name(),
-                it.ch.key,
-                rec.version,
-                rec.bytes,
-                since(clock)
-            );
-        }
-        Ok(Imported {
-            kind: it.ch.kind,
-            mapping,
-            bytes: rec.bytes,
-            sem_handle: ExportedHandle::plain(rec.sem_type, rec.sem_payload),
-            sem_slot: rec.sem_slot,
-            semaphore: 0,
-            record: rec,
-        })
-    }
 }
 
 #[cfg(test)]

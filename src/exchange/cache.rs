@@ -311,7 +311,7 @@ impl HandleCache {
                     local_ptr: local.ptr,
                     local_bytes: local.bytes,
                     local_semaphore: t.semaphores().local(ch.info.slot)?,
-                    peer_ptr: peer.mapping.ptr,
+                    peer_ptr: peer.mapping.ptr(),
                     peer_bytes: peer.bytes,
                     peer_semaphore: peer.semaphore,
                     epochs: ch.epochs.clone(),
@@ -466,8 +466,9 @@ impl Session {
         )))
     }
 
-    /// Releases every peer mapping, peer semaphore slab and own semaphore slot. Returns the peers,
-    /// each with whether a device channel connects them.
+    /// Drops the guards of every peer mapping and peer semaphore slab (kept ones included) and
+    /// frees every own semaphore slot. Returns the peers, each with whether a device channel
+    /// connects them.
     fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
         let mut st = lock(table);
         let channels = std::mem::take(&mut st.channels);
@@ -475,26 +476,13 @@ impl Session {
         let mut peers: BTreeMap<usize, bool> = BTreeMap::new();
         for ch in channels {
             *peers.entry(ch.info.peer).or_default() |= ch.info.kind == MemKind::Device;
-            let t = self.channel_transport(ch.info.kind);
-            if let Some(p) = ch.peer_side {
-                self.release_mapping(ch.info.kind, &p.mapping);
-            }
-            if let Some(imp) = ch.progress.and_then(|p| p.resume).and_then(|r| r.staged) {
-                self.release_mapping(imp.kind, &imp.mapping);
-            }
             // A symmetric channel's NO_SLOT is refused as out of range, and ignored here.
-            let _ = t.semaphores().free_slot(ch.info.slot);
+            let slab = self.channel_transport(ch.info.kind).semaphores();
+            let _ = slab.free_slot(ch.info.slot);
+            // Its guards go with it: the peer's buffer, and one a suspended step opened.
         }
-        let mut held = lock(&self.holdings);
-        for (kind, m) in held.retained.drain() {
-            self.release_mapping(kind, &m);
-        }
-        for ((peer, kind), (handle, _)) in std::mem::take(&mut held.slabs) {
-            if let Some(t) = self.transports.get(kind) {
-                let _ = t.semaphores().release_peer(peer, &handle);
-                bump(&self.counters.closes, 1);
-            }
-        }
+        // The peers' slabs and the replaced mappings kept for reuse.
+        drop(std::mem::take(&mut *lock(&self.holdings)));
         peers.into_iter().collect()
     }
 }
@@ -584,7 +572,7 @@ impl HandleCache {
                     ViewMember::Peer {
                         rank,
                         record,
-                        mapping: *mapping,
+                        mapping,
                     }
                 }
             })
@@ -604,7 +592,7 @@ impl HandleCache {
     }
 
     /// Drops, in this process, what the rendezvous of `tag` mapped: its contiguous view and the
-    /// peers' buffers (each import released once; a mapping another channel shares stays). Local
+    /// guards of the peers' buffers (a mapping another channel shares stays). Local
     /// only: no store traffic, no waiting for peers. The pointers of the rendezvous and the view
     /// are invalid afterwards; a later rendezvous of `tag`, with the same buffers or others,
     /// works whatever the order in which the members released and came back.

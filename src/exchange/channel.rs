@@ -11,13 +11,13 @@
 
 use super::board::{Fingerprinter, PeerBoard};
 use super::peers::HeldRecords;
-use super::session::{Imported, Session, Settings};
+use super::session::{Held, Imported, Session, Settings};
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
 use crate::names::CacheNames;
 use crate::transport::epoch::TransferEpochs;
 use crate::transport::record::Record;
-use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, RecordSeal};
+use crate::transport::{LocalBuffer, MemKind, P2pHandles, PeerMapping, RecordSeal};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -201,9 +201,9 @@ pub(super) struct PeerLink {
     pub entry: Option<u32>,
 }
 
-/// The peer's buffer and semaphore, mapped in this process.
+/// The peer's buffer and semaphore, mapped in this process (the buffer's guard is the channel's).
 pub(super) struct PeerSide {
-    pub mapping: Mapping,
+    pub mapping: Held,
     pub bytes: u64,
     pub semaphore: u64,
 }
@@ -293,13 +293,14 @@ impl ChannelTable {
     }
 
     /// The peers' buffers, with their records, that the channels of the symmetric rendezvous
-    /// `reqs` of `tag` map. Fails when one no longer maps its peer or is being exchanged.
+    /// `reqs` of `tag` map (a reference each, held while the caller uses them). Fails when one no
+    /// longer maps its peer or is being exchanged.
     pub(super) fn peer_buffers(
         &self,
         rank: usize,
         reqs: &[Request],
         tag: &str,
-    ) -> Result<Vec<(Box<Record>, Mapping)>> {
+    ) -> Result<Vec<(Box<Record>, PeerMapping)>> {
         reqs.iter()
             .map(|req| {
                 let missing = || {
@@ -315,16 +316,16 @@ impl ChannelTable {
                     .as_ref()
                     .ok_or_else(|| busy(rank, tag, req.peer))?;
                 match (&ch.peer_side, &progress.peer_record) {
-                    (Some(side), Some(record)) => Ok((record.clone(), side.mapping)),
+                    (Some(side), Some(record)) => Ok((record.clone(), (*side.mapping).clone())),
                     _ => Err(missing()),
                 }
             })
             .collect()
     }
 
-    /// Releases the peers' mappings that the channels of `reqs` hold. Each
-    /// keeps its protocol state and marks the peer's buffer as not opened (docs/PROTOCOL.md,
-    /// "Symmetric memory"). Nothing is released when one of them is busy or suspended.
+    /// Drops the guards of the peers' mappings that the channels of `reqs` hold. Each keeps its
+    /// protocol state and marks the peer's buffer as not opened (docs/PROTOCOL.md, "Symmetric
+    /// memory"). Nothing is released when one of them is busy or suspended.
     pub(super) fn release_peers(
         &mut self,
         cx: &Session,
@@ -352,9 +353,7 @@ impl ChannelTable {
         }
         for (i, _) in found {
             let ch = &mut self.channels[i];
-            if let Some(side) = ch.peer_side.take() {
-                cx.release_mapping(ch.info.kind, &side.mapping);
-            }
+            drop(ch.peer_side.take());
             if let Some(p) = ch.progress.as_mut() {
                 p.peer_opened = 0;
             }

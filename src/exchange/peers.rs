@@ -2,11 +2,13 @@
 //! have a board here is refused at once), the records of peer allocations imported
 //! ([`KnownAllocations`]) and, per channel, those listed on its board entry ([`HeldRecords`]): a
 //! buffer carved from one (PyTorch's caching allocator) is imported with no store wait, or no
-//! record at all (docs/PROTOCOL.md, section 4); and replaced mappings ([`Retained`]: a buffer
-//! moving back costs a reference count, not a driver open). Allocation ids are never reused within
+//! record at all (docs/PROTOCOL.md, section 4); the peers' semaphore slabs mapped here; and replaced
+//! mappings ([`Retained`], a bounded set of guards: a buffer moving back costs a reference, not a
+//! driver open). Allocation ids are never reused within
 //! a process and records are keyed by the exporter's pid too.
 
 use super::board::{PeerBoard, KNOWN_PER_CHANNEL};
+use super::session::Held;
 use crate::departures::Presence;
 use crate::error::{Error, Result};
 use crate::names::CacheNames;
@@ -14,7 +16,7 @@ use crate::node::{NodeIdentity, Reach};
 use crate::store::Store;
 use crate::sync::lock;
 use crate::transport::record::Record;
-use crate::transport::{ExportedHandle, Mapping, MemKind};
+use crate::transport::{ExportedHandle, MemKind, PeerMapping};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -122,8 +124,8 @@ fn deleted_node_key(rank: usize, peer: usize, key: &str, names: &CacheNames) -> 
 /// What this rank holds of its peers beyond one channel, under one lock.
 #[derive(Default)]
 pub(super) struct PeerHoldings {
-    /// Peer semaphore slabs mapped by this cache, per (peer, kind).
-    pub slabs: HashMap<(usize, MemKind), (ExportedHandle, u64)>,
+    /// Peer semaphore slabs mapped by this cache, per (peer, kind), with the handle they came from.
+    pub slabs: HashMap<(usize, MemKind), (ExportedHandle, Held)>,
     /// Replaced peer mappings kept mapped for reuse.
     pub retained: Retained,
     /// Records of peer allocations seen, for buffers that move inside them.
@@ -242,26 +244,27 @@ impl HeldRecords {
 /// Default number of distinct peer allocations kept per (peer, memory kind) and cache.
 pub const DEFAULT_RETAINED_PER_PEER: usize = 8;
 
-/// The mappings a cache keeps (one reference each), per (peer, kind), oldest first.
+/// The replaced mappings a cache keeps (one guard per allocation), per (peer, kind), oldest
+/// first.
 #[derive(Default)]
 pub(super) struct Retained {
-    kept: HashMap<(usize, MemKind), VecDeque<Mapping>>,
+    kept: HashMap<(usize, MemKind), VecDeque<Held>>,
 }
 
-fn same_allocation(a: &Mapping, b: &Mapping) -> bool {
-    a.peer == b.peer && a.buffer_id == b.buffer_id && a.base == b.base
+fn same_allocation(a: &PeerMapping, b: &PeerMapping) -> bool {
+    a.peer() == b.peer() && a.buffer_id() == b.buffer_id() && a.base() == b.base()
 }
 
 impl Retained {
-    /// Takes over the reference of replaced mapping `m`; returns those to release now (`m` when
-    /// its allocation is kept already or `limit` is zero, else the oldest beyond `limit`).
-    pub fn retire(&mut self, kind: MemKind, m: Mapping, limit: usize) -> Vec<Mapping> {
+    /// Keeps replaced mapping `m`; returns the guards to drop now (`m` when its allocation is
+    /// kept already or `limit` is zero, else the oldest beyond `limit`).
+    pub fn retire(&mut self, kind: MemKind, m: Held, limit: usize) -> Vec<Held> {
         if limit == 0 {
             return vec![m];
         }
-        let list = self.kept.entry((m.peer, kind)).or_default();
+        let list = self.kept.entry((m.peer(), kind)).or_default();
         if let Some(i) = list.iter().position(|k| same_allocation(k, &m)) {
-            // Most recently replaced now; one reference of the allocation is enough.
+            // Most recently replaced now; one guard of the allocation is enough.
             let kept = list.remove(i).expect("index from position");
             list.push_back(kept);
             return vec![m];
@@ -272,18 +275,10 @@ impl Retained {
     }
 
     /// Whether a mapping of `m`'s allocation is kept.
-    pub fn holds(&self, kind: MemKind, m: &Mapping) -> bool {
+    pub fn holds(&self, kind: MemKind, m: &PeerMapping) -> bool {
         self.kept
-            .get(&(m.peer, kind))
+            .get(&(m.peer(), kind))
             .is_some_and(|list| list.iter().any(|k| same_allocation(k, m)))
-    }
-
-    /// Everything kept, to release (the cache's teardown).
-    pub fn drain(&mut self) -> Vec<(MemKind, Mapping)> {
-        self.kept
-            .drain()
-            .flat_map(|((_, kind), list)| list.into_iter().map(move |m| (kind, m)))
-            .collect()
     }
 }
 

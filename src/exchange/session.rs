@@ -11,7 +11,7 @@ use crate::names::CacheNames;
 use crate::store::Store;
 use crate::sync::lock;
 use crate::transport::record::Record;
-use crate::transport::{ExportedHandle, Mapping, MemKind, Transport, Transports};
+use crate::transport::{ExportedHandle, MemKind, PeerMapping, Transport, Transports};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,26 +67,11 @@ impl Session {
             Ok(None) | Err(_) => true,
         }
     }
-
-    pub fn release_mapping(&self, kind: MemKind, m: &Mapping) {
-        if let Some(t) = self.transports.get(kind) {
-            // A failed release means the mapping is already gone: counted all the same.
-            let _ = t.release(m);
-            bump(&self.counters.closes, 1);
-        }
-    }
-
-    pub fn release_imports(&self, imports: Vec<Option<Imported>>) {
-        for imp in imports.into_iter().flatten() {
-            self.release_mapping(imp.kind, &imp.mapping);
-        }
-    }
 }
 
 /// A peer buffer opened by a call, not yet installed in its channel.
 pub(super) struct Imported {
-    pub kind: MemKind,
-    pub mapping: Mapping,
+    pub mapping: Held,
     pub bytes: u64,
     pub sem_handle: ExportedHandle,
     pub sem_slot: u32,
@@ -94,6 +79,35 @@ pub(super) struct Imported {
     /// peer is told the buffer is opened (0 until then).
     pub semaphore: u64,
     pub record: Record,
+}
+
+/// A peer mapping (a buffer, or a semaphore slab) that this cache opened: one `opens` when made,
+/// one `closes` when dropped, which releases the cache's reference.
+pub(super) struct Held {
+    mapping: PeerMapping,
+    closes: Arc<AtomicU64>,
+}
+
+impl Held {
+    pub fn new(mapping: PeerMapping, counters: &Counters) -> Held {
+        bump(&counters.opens, 1);
+        let closes = counters.closes.clone();
+        Held { mapping, closes }
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = PeerMapping;
+
+    fn deref(&self) -> &PeerMapping {
+        &self.mapping
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        bump(&self.closes, 1);
+    }
 }
 
 /// Upper bound of the default [linger](super::HandleCache::linger): min(timeout, this).
@@ -187,6 +201,8 @@ macro_rules! counters {
             $(pub(crate) $name: AtomicU64,)*
             /// Shared with the collector's thread.
             pub(crate) keys_deleted: Arc<AtomicU64>,
+            /// Shared with the mappings held ([`Held`]).
+            pub(crate) closes: Arc<AtomicU64>,
             /// Time per phase of a call, when asked for.
             pub(crate) phases: PhaseClock,
         }
@@ -196,6 +212,7 @@ macro_rules! counters {
                 CacheStats {
                     $($name: self.$name.load(Ordering::Relaxed),)*
                     keys_deleted: self.keys_deleted.load(Ordering::Relaxed),
+                    closes: self.closes.load(Ordering::Relaxed),
                 }
             }
         }
@@ -204,7 +221,7 @@ macro_rules! counters {
 
 counters! {
     exchanges, hits, misses, store_round_trips, records_sent, record_bytes_sent, records_received,
-    opens, closes, peers_unclosed, leaked_slabs, peer_lookups, records_known
+    opens, peers_unclosed, leaked_slabs, peer_lookups, records_known
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {

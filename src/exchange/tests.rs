@@ -11,7 +11,7 @@ use crate::host::{HostBuffer, HostTransport};
 use crate::store::Store;
 use crate::transport::record::Record;
 use crate::transport::record::{from_fixed, HandleType, Segment};
-use crate::transport::{ExportedHandle, LocalBuffer, Mapping, MemKind, P2pHandles, Transport};
+use crate::transport::{ExportedHandle, LocalBuffer, MemKind, P2pHandles, PeerMapping, Transport};
 use crate::transport::{RecordSeal, SemaphoreSlab};
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -584,7 +584,7 @@ impl Transport for DeviceLike {
             ..handle
         })
     }
-    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
+    fn import(&self, rec: &Record, wait: Duration) -> Result<PeerMapping> {
         let mut host = rec.clone();
         host.handle_type = HandleType::PosixFd;
         self.inner.import(&host, wait)
@@ -600,9 +600,6 @@ impl Transport for DeviceLike {
         wait: Duration,
     ) -> Result<Vec<u8>> {
         self.inner.open_record(peer, key, notice, wait)
-    }
-    fn release(&self, mapping: &Mapping) -> Result<()> {
-        self.inner.release(mapping)
     }
     fn semaphores(&self) -> &SemaphoreSlab {
         self.inner.semaphores()
@@ -723,7 +720,7 @@ impl Transport for Backlogged {
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle> {
         self.inner.export(buf)
     }
-    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
+    fn import(&self, rec: &Record, wait: Duration) -> Result<PeerMapping> {
         self.inner.import(rec, wait)
     }
     fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
@@ -737,9 +734,6 @@ impl Transport for Backlogged {
         wait: Duration,
     ) -> Result<Vec<u8>> {
         self.inner.open_record(peer, key, notice, wait)
-    }
-    fn release(&self, mapping: &Mapping) -> Result<()> {
-        self.inner.release(mapping)
     }
     fn wait_release_room(&self, peer: usize, timeout: Duration) -> Result<()> {
         if self.backlog.load(Ordering::SeqCst) {
@@ -895,7 +889,7 @@ impl Transport for SegmentedLike {
             segments: Self::segments(buf.buffer_id, buf.alloc_bytes, host.payload),
         })
     }
-    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
+    fn import(&self, rec: &Record, wait: Duration) -> Result<PeerMapping> {
         assert_eq!(rec.handle_type, HandleType::CudaVmmFd);
         let handle = rec.segments.first().expect("segments travel").handle;
         assert_eq!(
@@ -921,9 +915,6 @@ impl Transport for SegmentedLike {
         wait: Duration,
     ) -> Result<Vec<u8>> {
         self.inner.open_record(peer, key, notice, wait)
-    }
-    fn release(&self, mapping: &Mapping) -> Result<()> {
-        self.inner.release(mapping)
     }
     fn semaphores(&self) -> &SemaphoreSlab {
         self.inner.semaphores()

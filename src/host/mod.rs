@@ -15,7 +15,6 @@ pub use transport::HostTransport;
 use crate::error::{Error, Result};
 use crate::fdpass::registry::FD_ID_LEN;
 use crate::fdpass::FdId;
-use crate::os::memfd::SharedMapping;
 use crate::transport::record::{HandleType, PAYLOAD_LEN};
 use crate::transport::ExportedHandle;
 
@@ -44,12 +43,6 @@ pub fn fd_id(handle_type: HandleType, payload: &[u8; PAYLOAD_LEN], what: &str) -
                  version"
             ))
         })
-}
-
-/// A mapping of a peer's file with its address, as `PeerMappings` keeps it.
-fn with_addr(m: SharedMapping) -> (SharedMapping, u64) {
-    let addr = m.addr();
-    (m, addr)
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! The host semaphore slab: one anonymous shared file per transport, passed to peers by fd
 //! (see `transport::slab`).
 
-use super::{fd_handle, fd_id, with_addr};
+use super::{fd_handle, fd_id};
 use crate::error::Result;
 use crate::fdpass::{FdId, FdPass};
 use crate::os::memfd::{self, SharedMapping};
-use crate::transport::slab::{Opened, SemaphoreSlab, SlabMemory};
-use crate::transport::{ExportedHandle, SLAB_BYTES};
+use crate::transport::slab::{PeerSlab, SemaphoreSlab, SlabMemory};
+use crate::transport::{ExportedHandle, PeerMapping, SLAB_BYTES};
 use once_cell::sync::OnceCell;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -62,7 +62,7 @@ impl SlabMemory for HostSlabMemory {
         Ok(fd_handle(id))
     }
 
-    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<Opened> {
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<PeerSlab> {
         let what = format!("the semaphore slab of rank {peer}");
         let id = fd_id(handle.handle_type, &handle.payload, &what)?;
         let fd = self
@@ -70,8 +70,8 @@ impl SlabMemory for HostSlabMemory {
             .fetch(peer, &id, wait)
             .map_err(|e| e.context(format!("opening {what} (has its process exited?)")))?;
         crate::fdpass::vouch::file_owner(fd.as_fd(), self.fdpass.trusted(), &what)?;
-        let (mem, addr) = SharedMapping::map_peer(fd, SLAB_BYTES, &what).map(with_addr)?;
-        Ok((Box::new(mem), addr))
+        let mem = SharedMapping::map_peer(fd, SLAB_BYTES, &what)?;
+        Ok(PeerMapping::new(peer, mem.addr(), SLAB_BYTES, 0, mem))
     }
 }
 

@@ -1,20 +1,21 @@
 //! [`Transport`] for host memory: buffers from the host allocator, exported by offering their
 //! file descriptor to peers through the fd transport (`crate::fdpass`), imported by fetching that
-//! descriptor and mapping it, once per (peer, buffer) with a refcount.
+//! descriptor and mapping it, once per (peer, buffer) while a guard of it lives; the last guard
+//! unmaps it at once (host memory has no device work to wait for).
 
 use super::alloc::{self, FreeListener};
-use super::{fd_handle, fd_id, with_addr};
+use super::{fd_handle, fd_id};
 use crate::error::{Error, Result, Status};
 use crate::fdpass::{FdId, FdPass, FdPassConfig};
 use crate::os::memfd::SharedMapping;
 use crate::os::mmap::{page_size, MappedRange};
 use crate::store::Store;
 use crate::sync::lock;
-use crate::transport::peer_maps::PeerMappings;
+use crate::transport::peer_maps::PeerMaps;
 use crate::transport::record::Record;
 use crate::transport::view::{plan, round_up, ContiguousView, Extent, ViewMember};
 use crate::transport::{
-    ExportedHandle, LocalBuffer, Mapping, MemKind, RecordSeal, SemaphoreSlab, Transport,
+    ExportedHandle, LocalBuffer, MemKind, PeerMapping, RecordSeal, SemaphoreSlab, Transport,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -29,7 +30,7 @@ pub struct HostTransport {
     /// Descriptors offered to peers, by buffer id; withdrawn when the buffer is freed.
     offered: Mutex<HashMap<u64, FdId>>,
     /// Mapped peer buffers keyed by (peer rank, exporter pid, buffer id).
-    imports: PeerMappings<(usize, u32, u64), SharedMapping>,
+    imports: PeerMaps<(usize, u32, u64)>,
 }
 
 impl HostTransport {
@@ -57,7 +58,7 @@ impl HostTransport {
             fdpass,
             slab,
             offered: Mutex::new(HashMap::new()),
-            imports: PeerMappings::default(),
+            imports: PeerMaps::default(),
         });
         let listener: Weak<dyn FreeListener> = Arc::downgrade(&transport) as _;
         alloc::on_free(listener);
@@ -135,33 +136,30 @@ impl Transport for HostTransport {
         Ok(fd_handle(&id))
     }
 
-    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping> {
+    fn import(&self, rec: &Record, wait: Duration) -> Result<PeerMapping> {
         let peer = rec.rank as usize;
+        let key = (peer, rec.pid, rec.buffer_id);
+        if let Some(mapped) = self.imports.get(&key, rec.offset) {
+            return Ok(mapped);
+        }
         let what = format!("host buffer {} of rank {peer}", rec.buffer_id);
         let id = fd_id(rec.handle_type, &rec.payload, &what)?;
-        let base = self.imports.acquire((peer, rec.pid, rec.buffer_id), || {
-            // The fd travels only from a live buffer: a freed one is "revoked".
-            let fd = self.fdpass.fetch(peer, &id, wait).map_err(|e| {
-                if e.status == Status::NotFound {
-                    Error::not_found(format!(
-                        "{what} no longer exists: it was freed before this rank opened it; keep \
-                         buffers alive until both sides have exchanged handles ({})",
-                        e.message
-                    ))
-                } else {
-                    e.context(format!("opening {what}"))
-                }
-            })?;
-            crate::fdpass::vouch::file_owner(fd.as_fd(), self.fdpass.trusted(), &what)?;
-            SharedMapping::map_peer(fd, rec.alloc_bytes, &what).map(with_addr)
+        // The fd travels only from a live buffer: a freed one is "revoked".
+        let fd = self.fdpass.fetch(peer, &id, wait).map_err(|e| {
+            if e.status == Status::NotFound {
+                Error::not_found(format!(
+                    "{what} no longer exists: it was freed before this rank opened it; keep \
+                     buffers alive until both sides have exchanged handles ({})",
+                    e.message
+                ))
+            } else {
+                e.context(format!("opening {what}"))
+            }
         })?;
-        Ok(Mapping {
-            peer,
-            base,
-            ptr: base + rec.offset,
-            alloc_bytes: rec.alloc_bytes,
-            buffer_id: rec.buffer_id,
-        })
+        crate::fdpass::vouch::file_owner(fd.as_fd(), self.fdpass.trusted(), &what)?;
+        let mem = SharedMapping::map_peer(fd, rec.alloc_bytes, &what)?;
+        let opened = PeerMapping::new(peer, mem.addr(), rec.alloc_bytes, rec.buffer_id, mem);
+        Ok(self.imports.insert(key, opened.at(rec.offset)))
     }
 
     fn seal_record(&self, key: &str, record: &[u8]) -> Result<(Vec<u8>, RecordSeal)> {
@@ -179,25 +177,12 @@ impl Transport for HostTransport {
         self.fdpass.open_record(peer, key, notice, wait)
     }
 
-    fn release(&self, m: &Mapping) -> Result<()> {
-        let released = self
-            .imports
-            .release_matching(|k, addr| k.0 == m.peer && k.2 == m.buffer_id && addr == m.base);
-        if released.is_none() {
-            return Err(Error::state(format!(
-                "mapping {:#x} of rank {} is not open (released twice?)",
-                m.base, m.peer
-            )));
-        }
-        Ok(())
-    }
-
     fn semaphores(&self) -> &SemaphoreSlab {
         &self.slab
     }
 
     fn live_mappings(&self) -> usize {
-        self.imports.len()
+        self.imports.live()
     }
 
     fn contiguous_view(&self, members: &[ViewMember<'_>]) -> Result<ContiguousView> {
@@ -210,7 +195,8 @@ impl Transport for HostTransport {
 }
 
 impl HostTransport {
-    /// The file and place of one member's buffer (a peer's from the mapping imported here).
+    /// The file and place of one member's buffer (a peer's from its guard, which this transport
+    /// opened).
     fn view_member(&self, member: &ViewMember<'_>) -> Result<HostMember> {
         match *member {
             ViewMember::Own { rank, buffer } => {
@@ -222,15 +208,18 @@ impl HostTransport {
                     bytes: buffer.bytes,
                 })
             }
-            ViewMember::Peer { rank, record, .. } => {
-                let key = (rank, record.pid, record.buffer_id);
+            ViewMember::Peer {
+                rank,
+                record,
+                mapping,
+            } => {
                 let what = || format!("host buffer {} of rank {rank}", record.buffer_id);
-                let fd = self
-                    .imports
-                    .with(&key, |m| m.fd().try_clone_to_owned())
-                    .ok_or_else(|| {
-                        Error::state(format!("{} is not mapped here (was it released?)", what()))
-                    })?
+                let mem = mapping.memory::<SharedMapping>().ok_or_else(|| {
+                    Error::invalid(format!("{} was not mapped by the host transport", what()))
+                })?;
+                let fd = mem
+                    .fd()
+                    .try_clone_to_owned()
                     .map_err(|e| Error::from_io(format!("duplicating the fd of {}", what()), &e))?;
                 Ok(HostMember {
                     rank,

@@ -1,13 +1,13 @@
 //! The contract between the exchange and the memory transports (`crate::cuda`, `crate::host`):
 //! the exchange never names a concrete transport and a transport never knows the exchange.
-//! [`record`] is the wire record, [`epoch`] the P2P protocol both run, [`peer_maps`] refcounted
-//! peer mappings, [`slab`] the semaphore slab, [`set`] the transports a cache is handed, [`view`]
-//! contiguous views.
+//! [`record`] is the wire record, [`epoch`] the P2P protocol both run, [`peer_maps`] the guards of
+//! peer memory mapped here, [`slab`] the semaphore slab, [`set`] the transports a cache is handed,
+//! [`view`] contiguous views.
 //!
 //! A [`Transport`] resolves a user pointer into its allocation, exports it into a [`Record`]'s
-//! handle, imports a peer's record into a local mapping and releases it, never waiting for device
-//! work. Each transport owns one [`SemaphoreSlab`] per process, exported once. All methods take
-//! `&self` and may be called from any thread.
+//! handle and imports a peer's record into a [`PeerMapping`], whose last guard releases it
+//! without waiting for device work. Each transport owns one [`SemaphoreSlab`] per process,
+//! exported once. All methods take `&self` and may be called from any thread.
 
 pub mod epoch;
 pub mod peer_maps;
@@ -17,6 +17,7 @@ pub mod slab;
 pub mod view;
 
 pub use epoch::P2pHandles;
+pub use peer_maps::PeerMapping;
 pub use set::{TransportFactory, Transports};
 pub use slab::{check_slot, slot_address, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS};
 
@@ -87,25 +88,10 @@ impl ExportedHandle {
     }
 }
 
-/// A peer allocation mapped here by [`Transport::import`], handed to [`Transport::release`] once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Mapping {
-    /// The exporting rank.
-    pub peer: usize,
-    /// Where the peer's whole allocation is mapped in this process.
-    pub base: u64,
-    /// `base` + the record's offset: the peer's buffer as seen from here.
-    pub ptr: u64,
-    /// Size of the mapped allocation.
-    pub alloc_bytes: u64,
-    /// The exporter's allocation id (from the record); with `peer` it keys the dedup table.
-    pub buffer_id: u64,
-}
-
 /// A record a transport offers to peers ([`Transport::seal_record`]); dropping it withdraws it.
 pub type RecordSeal = Box<dyn std::any::Any + Send + Sync>;
 
-/// Exports, imports and releases buffers of one memory kind.
+/// Exports and imports buffers of one memory kind.
 pub trait Transport: Send + Sync {
     fn kind(&self) -> MemKind;
 
@@ -129,9 +115,9 @@ pub trait Transport: Send + Sync {
     /// Exports the allocation of `buf`, cached per (base, buffer_id).
     fn export(&self, buf: &LocalBuffer) -> Result<ExportedHandle>;
 
-    /// Maps the allocation of `rec` once per (exporter, allocation), refcounted; waits at most
-    /// `wait` for a previous mapping of it still being closed.
-    fn import(&self, rec: &Record, wait: Duration) -> Result<Mapping>;
+    /// Maps the allocation of `rec` once per (exporter, allocation) while a guard of it lives;
+    /// waits at most `wait` for a previous mapping of it still being closed.
+    fn import(&self, rec: &Record, wait: Duration) -> Result<PeerMapping>;
 
     /// Offers the encoded `record`, published under the store key `key`, to peers through a
     /// channel that only processes the kernel vouches for reach (a record can name memory that
@@ -144,17 +130,14 @@ pub trait Transport: Send + Sync {
     fn open_record(&self, peer: usize, key: &str, notice: &[u8], wait: Duration)
         -> Result<Vec<u8>>;
 
-    /// Drops one reference taken by [`import`](Transport::import); unmaps at zero (device memory:
-    /// on a releaser thread, never waiting here).
-    fn release(&self, mapping: &Mapping) -> Result<()>;
-
     /// Waits, at most `timeout`, until few enough of `peer`'s released mappings wait to be
     /// unmapped; `Timeout` naming the peer otherwise.
     fn wait_release_room(&self, _peer: usize, _timeout: Duration) -> Result<()> {
         Ok(())
     }
 
-    /// Waits, at most `timeout`, until every mapping released so far is unmapped.
+    /// Waits, at most `timeout`, until every mapping whose last guard was dropped so far is
+    /// unmapped.
     fn flush_releases(&self, _timeout: Duration) -> Result<()> {
         Ok(())
     }
@@ -162,7 +145,7 @@ pub trait Transport: Send + Sync {
     /// This process's semaphore slab for this memory kind.
     fn semaphores(&self) -> &SemaphoreSlab;
 
-    /// Number of peer allocations currently mapped (each counted once, whatever its refcount).
+    /// Number of peer allocations currently mapped (each counted once, whatever its guards).
     fn live_mappings(&self) -> usize;
 
     /// Maps `members` (this rank's buffer and the peers' this transport imported, held while this

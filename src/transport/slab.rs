@@ -2,11 +2,11 @@
 //! exported once, so a peer opens one slab per rank whatever the number of channels. Semaphores
 //! start at zero and hold epoch values (see [`epoch`](super::epoch)).
 //!
-//! [`SemaphoreSlab`] keeps the slots and the peers' slabs it opened, once for both backends; the
-//! memory is a backend's [`SlabMemory`]: host shared memory in `host::slab`, device memory in
-//! `cuda::semaphore`.
+//! [`SemaphoreSlab`] keeps the slots, and maps each peer's slab once while a guard of it lives,
+//! once for both backends; the memory is a backend's [`SlabMemory`]: host shared memory in
+//! `host::slab`, device memory in `cuda::semaphore`.
 
-use super::peer_maps::PeerMappings;
+use super::peer_maps::{PeerMapping, PeerMaps};
 use super::record::{NO_SLOT, PAYLOAD_LEN};
 use super::ExportedHandle;
 use crate::error::{Error, Result};
@@ -48,16 +48,16 @@ pub trait SlabMemory: Send + Sync {
     /// The slab's handle (made once, then cached).
     fn export(&self) -> Result<ExportedHandle>;
 
-    /// Opens the slab of rank `peer`: what holds it mapped (dropping it closes it) and its base.
-    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<Opened>;
+    /// Opens the slab of rank `peer`: its guard, which may outlive this memory.
+    fn open_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<PeerSlab>;
 }
 
-/// A peer's slab as [`SlabMemory::open_peer`] opened it, and its base here.
-pub type Opened = (Box<dyn Send>, u64);
+/// The guard of a peer's slab mapped here (its buffer id is 0).
+pub type PeerSlab = PeerMapping;
 
-/// A per-process slab over a backend's memory; peers' slabs are closed before its own goes.
+/// A per-process slab over a backend's memory, and the peers' slabs mapped here.
 pub struct SemaphoreSlab {
-    pub(super) peers: PeerMappings<(usize, [u8; PAYLOAD_LEN]), Box<dyn Send>>,
+    pub(super) peers: PeerMaps<(usize, [u8; PAYLOAD_LEN])>,
     in_use: Mutex<Vec<bool>>,
     mem: Box<dyn SlabMemory>,
 }
@@ -65,7 +65,7 @@ pub struct SemaphoreSlab {
 impl SemaphoreSlab {
     pub fn new(mem: impl SlabMemory + 'static) -> SemaphoreSlab {
         SemaphoreSlab {
-            peers: PeerMappings::default(),
+            peers: PeerMaps::default(),
             in_use: Mutex::new(vec![false; SLAB_SLOTS as usize]),
             mem: Box::new(mem),
         }
@@ -113,21 +113,18 @@ impl SemaphoreSlab {
         self.mem.export()
     }
 
-    /// Maps the slab of rank `peer` once per (peer, handle), refcounted, and returns its base.
-    pub fn import_peer(&self, peer: usize, handle: &ExportedHandle, wait: Duration) -> Result<u64> {
-        self.peers.acquire((peer, handle.payload), || {
-            self.mem.open_peer(peer, handle, wait)
-        })
-    }
-
-    /// Drops one reference taken by [`import_peer`](Self::import_peer); closes at zero.
-    pub fn release_peer(&self, peer: usize, handle: &ExportedHandle) -> Result<()> {
+    /// Maps the slab of rank `peer` once per (peer, handle) while a guard of it lives.
+    pub fn import_peer(
+        &self,
+        peer: usize,
+        handle: &ExportedHandle,
+        wait: Duration,
+    ) -> Result<PeerSlab> {
         let key = (peer, handle.payload);
-        match self.peers.release_matching(|k, _| *k == key) {
-            None => Err(Error::not_found(format!(
-                "the semaphore slab of rank {peer} is not mapped here (released twice?)"
-            ))),
-            Some(_) => Ok(()),
+        if let Some(mapped) = self.peers.get(&key, 0) {
+            return Ok(mapped);
         }
+        let opened = self.mem.open_peer(peer, handle, wait)?;
+        Ok(self.peers.insert(key, opened))
     }
 }

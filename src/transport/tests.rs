@@ -22,6 +22,6 @@ fn offset_is_from_base() {
 
 impl SemaphoreSlab {
     pub(crate) fn live_peer_slabs(&self) -> usize {
-        self.peers.len()
+        self.peers.live()
     }
 }

@@ -5,7 +5,7 @@
 //! ([`Transport::contiguous_view`](super::Transport::contiguous_view)).
 
 use super::record::Record;
-use super::{LocalBuffer, Mapping};
+use super::{LocalBuffer, PeerMapping};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 
@@ -18,7 +18,7 @@ pub enum ViewMember<'a> {
     Peer {
         rank: usize,
         record: &'a Record,
-        mapping: Mapping,
+        mapping: &'a PeerMapping,
     },
 }
 

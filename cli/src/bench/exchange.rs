@@ -453,9 +453,8 @@ fn floor(
             importer.import(next, &values[0])?,
             importer.import(prev, &values[1])?,
         ];
-        for old in std::mem::replace(&mut mapped, new) {
-            importer.release(&old)?;
-        }
+        // The replaced mappings' guards release them.
+        drop(std::mem::replace(&mut mapped, new));
         if step > 0 {
             opens.push(nanos(start.elapsed()));
         }
@@ -467,9 +466,7 @@ fn floor(
         }
         ctx.barrier(None, None)?;
     }
-    for old in mapped {
-        importer.release(&old)?;
-    }
+    drop(mapped);
     drop(importer);
     let _ = transport.semaphores().free_slot(slot);
     let probe = format!("nvfipc-bench/{}/floor/rtt", ctx.job_id);

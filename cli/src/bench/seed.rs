@@ -10,7 +10,7 @@
 //! caller says which comms miss (both sides derive it from the same schedule), so the baseline
 //! runs every scenario and only the protocol differs from ours.
 
-use nvfuser_ipc::exchange::{Direction, LocalBuffer, Mapping, MemKind, Request, Transport};
+use nvfuser_ipc::exchange::{Direction, LocalBuffer, MemKind, PeerMapping, Request, Transport};
 use nvfuser_ipc::store::Store;
 use nvfuser_ipc::transport::record::{self, flags, local_host, Record};
 use nvfuser_ipc::{Error, Result};
@@ -88,10 +88,10 @@ pub fn make_record(
 }
 
 /// Imports the peer side of a record: the buffer mapping, and the peer's semaphore slab once
-/// per peer (as the exchange does).
+/// per peer (as the exchange does), held until the importer is dropped.
 pub struct Importer {
     transport: Arc<dyn Transport>,
-    slabs: HashMap<usize, record::Record>,
+    slabs: HashMap<usize, PeerMapping>,
     /// Bound of an import's wait for a previous mapping still being closed.
     wait: Duration,
 }
@@ -105,33 +105,20 @@ impl Importer {
         }
     }
 
-    pub fn import(&mut self, peer: usize, bytes: &[u8]) -> Result<Mapping> {
+    /// The peer's buffer; dropping the guard releases it.
+    pub fn import(&mut self, peer: usize, bytes: &[u8]) -> Result<PeerMapping> {
         let rec = Record::decode(bytes)?;
         let mapping = self.transport.import(&rec, self.wait)?;
         if let std::collections::hash_map::Entry::Vacant(slot) = self.slabs.entry(peer) {
             let handle =
                 nvfuser_ipc::transport::ExportedHandle::plain(rec.sem_type, rec.sem_payload);
-            self.transport
-                .semaphores()
-                .import_peer(peer, &handle, self.wait)?;
-            slot.insert(rec);
+            slot.insert(
+                self.transport
+                    .semaphores()
+                    .import_peer(peer, &handle, self.wait)?,
+            );
         }
         Ok(mapping)
-    }
-
-    pub fn release(&self, mapping: &Mapping) -> Result<()> {
-        self.transport.release(mapping)
-    }
-}
-
-impl Drop for Importer {
-    fn drop(&mut self) {
-        for (peer, rec) in self.slabs.drain() {
-            let handle =
-                nvfuser_ipc::transport::ExportedHandle::plain(rec.sem_type, rec.sem_payload);
-            // Nothing to report to from drop; a failed release only leaves a mapping behind.
-            let _ = self.transport.semaphores().release_peer(peer, &handle);
-        }
     }
 }
 
@@ -150,9 +137,9 @@ pub struct SeedExchange {
     slot: u32,
     version: u64,
     /// Mapping of the peer buffer per (peer, direction, tag).
-    mapped: HashMap<(usize, Direction, String), Mapping>,
+    mapped: HashMap<(usize, Direction, String), PeerMapping>,
     /// Replaced mappings kept until the end instead of released (see `keep_replaced`).
-    kept: Vec<Mapping>,
+    kept: Vec<PeerMapping>,
     keep: bool,
     timeout: Duration,
 }
@@ -231,12 +218,10 @@ impl SeedExchange {
             self.store.delete_key(&key)?;
             let mapping = self.importer.import(req.peer, &value)?;
             let id = (req.peer, req.direction, req.tag.clone());
-            if let Some(old) = self.mapped.insert(id, mapping) {
-                if self.keep {
-                    self.kept.push(old);
-                } else {
-                    self.importer.release(&old)?;
-                }
+            // A replaced mapping not kept is released as its guard drops.
+            let old = self.mapped.insert(id, mapping);
+            if self.keep {
+                self.kept.extend(old);
             }
         }
         self.barrier.wait(&*self.store)
@@ -245,12 +230,7 @@ impl SeedExchange {
 
 impl Drop for SeedExchange {
     fn drop(&mut self) {
-        for (_, m) in self.mapped.drain() {
-            let _ = self.importer.release(&m);
-        }
-        for m in self.kept.drain(..) {
-            let _ = self.importer.release(&m);
-        }
+        // The mappings' guards go with the exchange (its fields).
         let _ = self.transport.semaphores().free_slot(self.slot);
     }
 }

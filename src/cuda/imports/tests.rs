@@ -105,7 +105,7 @@ fn one_open_per_key_and_the_last_guard_hands_it_to_the_releaser() {
     drop(a);
     assert_eq!(counts(&t).0, 1, "one reference left");
     assert!(closes(&t).is_empty());
-    b.release().unwrap();
+    drop(b);
     t.flush(Duration::from_secs(10)).unwrap();
     assert_eq!(closes(&t), vec![0x1000]);
     assert_eq!(counts(&t), (0, 0));

@@ -1,4 +1,5 @@
 use super::*;
+use crate::exchange::session::Counters;
 use crate::transport::record::{local_host, HandleType};
 
 fn rec(buffer_id: u64, slot: u32) -> Record {
@@ -91,14 +92,18 @@ fn len(r: &Retained) -> usize {
     r.kept.values().map(VecDeque::len).sum()
 }
 
-fn m(peer: usize, buffer_id: u64, offset: u64) -> Mapping {
-    Mapping {
-        peer,
-        base: 0x1000 * buffer_id,
-        ptr: 0x1000 * buffer_id + offset,
-        alloc_bytes: 0x1000,
-        buffer_id,
-    }
+fn m(peer: usize, buffer_id: u64, offset: u64) -> Held {
+    let base = 0x1000 * buffer_id;
+    let mapping = PeerMapping::new(peer, base, 0x1000, buffer_id, ()).at(offset);
+    Held::new(mapping, &Counters::default())
+}
+
+/// (peer, allocation, pointer) of each guard.
+fn ids(guards: &[Held]) -> Vec<(usize, u64, u64)> {
+    guards
+        .iter()
+        .map(|g| (g.peer(), g.buffer_id(), g.ptr()))
+        .collect()
 }
 
 #[test]
@@ -106,11 +111,13 @@ fn keeps_distinct_allocations_up_to_the_bound_oldest_out() {
     let mut r = Retained::default();
     assert!(r.retire(MemKind::Device, m(1, 1, 0), 2).is_empty());
     assert!(r.retire(MemKind::Device, m(1, 2, 0), 2).is_empty());
-    // Another buffer of a kept allocation: its reference goes back at once.
-    assert_eq!(r.retire(MemKind::Device, m(1, 1, 64), 2), vec![m(1, 1, 64)]);
+    // Another buffer of a kept allocation: its guard goes back at once.
+    let back = r.retire(MemKind::Device, m(1, 1, 64), 2);
+    assert_eq!(ids(&back), ids(&[m(1, 1, 64)]));
     assert_eq!(len(&r), 2);
     // A third allocation evicts the least recently replaced one (2: 1 was refreshed).
-    assert_eq!(r.retire(MemKind::Device, m(1, 3, 0), 2), vec![m(1, 2, 0)]);
+    let out = r.retire(MemKind::Device, m(1, 3, 0), 2);
+    assert_eq!(ids(&out), ids(&[m(1, 2, 0)]));
     assert!(r.holds(MemKind::Device, &m(1, 1, 128)));
     assert!(!r.holds(MemKind::Device, &m(1, 2, 0)));
     assert!(!r.holds(MemKind::Host, &m(1, 3, 0)));
@@ -118,16 +125,16 @@ fn keeps_distinct_allocations_up_to_the_bound_oldest_out() {
     assert!(r.retire(MemKind::Device, m(2, 1, 0), 2).is_empty());
     assert!(r.retire(MemKind::Host, m(1, 1, 0), 2).is_empty());
     assert_eq!(len(&r), 4);
-    let mut all = r.drain();
-    all.sort_by_key(|(k, m)| (*k == MemKind::Host, m.peer, m.buffer_id));
-    assert_eq!(all.len(), 4);
+    let all = std::mem::take(&mut r);
+    assert_eq!(len(&all), 4);
     assert!(len(&r) == 0);
 }
 
 #[test]
 fn a_bound_of_zero_keeps_nothing() {
     let mut r = Retained::default();
-    assert_eq!(r.retire(MemKind::Host, m(0, 5, 0), 0), vec![m(0, 5, 0)]);
+    let back = r.retire(MemKind::Host, m(0, 5, 0), 0);
+    assert_eq!(ids(&back), ids(&[m(0, 5, 0)]));
     assert!(len(&r) == 0);
 }
 
