@@ -270,6 +270,8 @@ fn exchange(
 }
 
 thread_local! {
+    // process-wide: per thread, so that a warm call's requests cross the C boundary without
+    // allocating.
     /// The requests of this thread's last exchange, reused with their tags' capacity.
     static REQUESTS: std::cell::Cell<Vec<Request>> = const { std::cell::Cell::new(Vec::new()) };
 }
