@@ -4,6 +4,8 @@
 //! [`config`]; [`store`]; [`node`]; [`transport`], [`fdpass`], [`cuda`], [`host`]; [`barrier`],
 //! [`context`]; [`exchange`]; [`default_transports`]; [`ffi`]. docs/ARCHITECTURE.md is the map.
 
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
 pub mod barrier;
 pub mod config;
 pub mod context;
