@@ -6,10 +6,10 @@
 //! Without it the tests print "skipped: ..." and pass, unless `NVFIPC_REQUIRE_TORCH=1`, in which
 //! case a missing python or torch fails them. Every subprocess is bounded and killed on failure.
 
-use nvfuser_ipc::barrier::{barrier, BarrierState};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::{wire, Store};
+use nvfuser_ipc::tools::barrier::{barrier, BarrierState};
 use nvfuser_ipc::Status;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};

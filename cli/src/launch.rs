@@ -214,7 +214,7 @@ fn task_headroom() -> Option<(u64, String)> {
     }
     // Tasks left under the cgroup's `pids` controller, when it sets a limit.
     let pids = || -> Option<(u64, String)> {
-        let dir = nvfuser_ipc::os::process::cgroup_dir("pids")?;
+        let dir = nvfuser_ipc::tools::os::cgroup_dir("pids")?;
         let max: u64 = read_number(&format!("{dir}/pids.max"))?;
         let current: u64 = read_number(&format!("{dir}/pids.current"))?;
         Some((
@@ -277,7 +277,7 @@ fn spawn_rank(spec: &JobSpec, rank: usize, port: u16) -> io::Result<Child> {
     for var in INHERITED_RANK_VARS {
         cmd.env_remove(var);
     }
-    cmd.env(nvfuser_ipc::config::LAUNCH_ID_VAR, &*LAUNCH_ID);
+    cmd.env(nvfuser_ipc::tools::config::LAUNCH_ID_VAR, &*LAUNCH_ID);
     if let StoreHost::Launcher { .. } = spec.store {
         cmd.env("NVFIPC_STORE_ADDR", format!("{STORE_HOST}:{port}"));
     }

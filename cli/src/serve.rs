@@ -1,11 +1,11 @@
 //! `nvfipc serve`: a TCPStore server until SIGINT or SIGTERM.
 
 use crate::signals::Signals;
-use nvfuser_ipc::config::DEFAULT_MASTER_PORT;
 use nvfuser_ipc::store::server::{
     ServerOptions, StoreServer, DEFAULT_BUSY_POLL, DEFAULT_PENDING_BUDGET,
     DEFAULT_PENDING_PER_CLIENT, DEFAULT_REPLY_BUDGET,
 };
+use nvfuser_ipc::tools::config::DEFAULT_MASTER_PORT;
 use std::io::Write;
 use std::time::Duration;
 

@@ -8,7 +8,10 @@ the library was consolidated; it is 25,300 since ranks that disagree on their jo
 in memfds offered by the responder, the kernel's checks of responders, processes, files and
 boards: about 640), and 26,350 since the store server bounds its pending requests (a
 budget of WAIT registrations and partly read frames, about 280) and every count and length given
-through the C ABI is checked against a documented limit (about 70). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
+through the C ABI is checked against a documented limit (about 70), and 26,450 since the
+crate's surface is three public modules: src/tools.rs lists, each with its reason, the internals
+that the CLI and the integration tests reach (about 80, for 17 public modules before), and the
+board checks its entry indexes in release builds (about 25). Lower it again as code goes; raise it only with a reason written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
 """
@@ -16,7 +19,7 @@ import os
 import re
 import sys
 
-MAX_LINES = 26_350
+MAX_LINES = 26_450
 MAX_STATICS = 20
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")

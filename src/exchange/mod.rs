@@ -15,14 +15,13 @@ mod phases;
 mod session;
 mod symmetric;
 
-pub use crate::transport::record::{HandleType, Record};
-pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, SemaphoreSlab, Transport};
+pub use crate::transport::{LocalBuffer, Mapping, MemKind, P2pHandles, Transport};
 pub use cache::{CacheConfig, HandleCache};
 pub use channel::{ChannelKey, Direction, OpenChannel, Request};
 pub use peers::DEFAULT_RETAINED_PER_PEER;
-pub use phases::{Phase, PhaseTimes, PHASES};
-pub use session::{CacheStats, DEFAULT_MAX_LINGER};
-pub use symmetric::{PeerBuffer, TAG_PREFIX};
+pub use phases::PHASES;
+pub use session::CacheStats;
+pub use symmetric::PeerBuffer;
 
 #[cfg(test)]
 mod tests;

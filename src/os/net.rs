@@ -154,11 +154,6 @@ pub fn peer_hung_up(stream: &TcpStream) -> bool {
     n == 0 || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
 }
 
-/// True when `e` is a bind failure because the address is in use.
-pub fn is_addr_in_use(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::EADDRINUSE)
-}
-
 /// The text of an "address in use" `io::Error` (to match errors turned into text).
 pub fn addr_in_use_message() -> String {
     io::Error::from_raw_os_error(libc::EADDRINUSE).to_string()

@@ -62,8 +62,4 @@ impl<K: Eq + Hash + Copy, M> PeerMappings<K, M> {
     pub fn len(&self) -> usize {
         lock(&self.held).len()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

@@ -7,11 +7,11 @@
 
 use super::{Check, Verdict};
 use crate::args::positive_ms;
-use nvfuser_ipc::fdpass::{FdId, FdPass, FdPassConfig, PeerRecord, Rung};
-use nvfuser_ipc::os::memfd;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
+use nvfuser_ipc::tools::fdpass::{FdId, FdPass, FdPassConfig, PeerRecord, Rung};
+use nvfuser_ipc::tools::os::memfd;
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::Write;

@@ -5,8 +5,8 @@
 //! doctor`.
 
 use cudarc::driver::sys;
-use nvfuser_ipc::cuda::driver::{self, ContextGuard};
-use nvfuser_ipc::cuda::result::{self, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
+use nvfuser_ipc::tools::cuda::driver::{self, ContextGuard};
+use nvfuser_ipc::tools::cuda::result::{self, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
 use nvfuser_ipc::Result;
 
 /// Which shareable handle a VMM probe exports.
