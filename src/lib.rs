@@ -47,7 +47,7 @@ mod transport;
 #[cfg(feature = "tools")]
 pub mod tools;
 
-pub use context::{Context, ContextOptions, EnvOptions};
+pub use context::{Context, ContextOptions, EnvOptions, DEFAULT_HOST_LINGER};
 pub use cuda::p2p::{
     channel_recv_post as cuda_p2p_recv_post, channel_send_post as cuda_p2p_send_post,
     channel_send_wait as cuda_p2p_send_wait, Stream,
@@ -56,7 +56,7 @@ pub use default_transports::{cache as default_cache, cache_from_context};
 pub use error::{Error, Result, Status};
 pub use exchange::{
     CacheConfig, CacheStats, ChannelKey, Direction, HandleCache, MemKind, P2pHandles, PeerBuffer,
-    Request,
+    Request, DEFAULT_MAX_LINGER, DEFAULT_RETAINED_PER_PEER,
 };
 pub use host::p2p::{
     recv_post as host_p2p_recv_post, send_post as host_p2p_send_post,

@@ -22,7 +22,7 @@ pub mod cuda {
 /// chosen transports, seed a store with records and time the phases; the examples read a board.
 pub mod exchange {
     pub use crate::exchange::board::{fingerprint, PeerBoard};
-    pub use crate::exchange::{LocalBuffer, Mapping, Transport, DEFAULT_RETAINED_PER_PEER, PHASES};
+    pub use crate::exchange::{LocalBuffer, Mapping, Transport, PHASES};
     pub use crate::transport::record::{self, flags, local_host, Record};
     pub use crate::transport::ExportedHandle;
 }

@@ -20,7 +20,7 @@ pub use cache::{CacheConfig, HandleCache};
 pub use channel::{ChannelKey, Direction, OpenChannel, Request};
 pub use peers::DEFAULT_RETAINED_PER_PEER;
 pub use phases::PHASES;
-pub use session::CacheStats;
+pub use session::{CacheStats, DEFAULT_MAX_LINGER};
 pub use symmetric::PeerBuffer;
 
 #[cfg(test)]
