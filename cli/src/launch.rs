@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Variables that would override ours in `nvfuser_ipc::config` when launch itself runs under MPI
-/// (or under another launcher).
+/// Variables that would override ours in the library's configuration (docs/CONFIGURATION.md)
+/// when launch itself runs under MPI (or under another launcher).
 const INHERITED_RANK_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE",
