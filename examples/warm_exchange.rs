@@ -18,13 +18,12 @@
 //!
 //! The instructions of one warm call are then the collected total divided by the calls.
 
-use nvfuser_ipc::error::{Error, Result};
-use nvfuser_ipc::exchange::board::{fingerprint, PeerBoard};
-use nvfuser_ipc::exchange::ChannelKey;
-use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request};
-use nvfuser_ipc::host::alloc::alloc_for_job;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::tools::exchange::{fingerprint, PeerBoard};
+use nvfuser_ipc::ChannelKey;
+use nvfuser_ipc::{CacheConfig, HandleCache, MemKind, Request};
+use nvfuser_ipc::{Error, Result};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,7 +90,7 @@ fn run_rank(rank: usize, port: u16, job: &str, args: &Args) -> Result<()> {
         wait_for_workers: None,
     };
     let store = Arc::new(TcpStore::connect("127.0.0.1", port, &opts)?);
-    let cache = nvfuser_ipc::default_transports::cache(CacheConfig {
+    let cache = nvfuser_ipc::default_cache(CacheConfig {
         rank,
         world_size: world,
         store,
@@ -99,8 +98,8 @@ fn run_rank(rank: usize, port: u16, job: &str, args: &Args) -> Result<()> {
         scope: String::new(),
         timeout: TIMEOUT,
     })?;
-    let send = alloc_for_job(job, BYTES)?;
-    let recv = alloc_for_job(job, BYTES)?;
+    let send = nvfuser_ipc::host_alloc_for_job(job, BYTES)?;
+    let recv = nvfuser_ipc::host_alloc_for_job(job, BYTES)?;
     let requests = [
         Request::send((rank + 1) % world, TAG, send.addr(), BYTES, MemKind::Host),
         Request::recv(

@@ -7,13 +7,13 @@
 //! The test starts a store server in the test process and re-executes this test binary once per
 //! rank, running the ignored `child` test with the rank, port and job in the environment.
 
-use nvfuser_ipc::error::Status;
 use nvfuser_ipc::ffi::boundary::nvfipc_last_error_message;
 use nvfuser_ipc::ffi::channel::*;
 use nvfuser_ipc::ffi::context::{nvfipc_context, nvfipc_context_connect, nvfipc_context_free};
 use nvfuser_ipc::ffi::exchange::*;
 use nvfuser_ipc::ffi::host::*;
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::Status;
 use std::ffi::{c_void, CStr, CString};
 use std::ptr::null_mut;
 use std::time::Duration;

@@ -1,12 +1,12 @@
 //! `Context` over the real store: job ids, barriers, and store lifetime when the hosting rank
 //! finishes first. Multi-process cases re-run this test binary as rank processes.
 
-use nvfuser_ipc::context::{Context, ContextOptions, EnvOptions};
 use nvfuser_ipc::ffi::context::{nvfipc_context_free, nvfipc_context_from_env};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
 use nvfuser_ipc::Status;
+use nvfuser_ipc::{Context, ContextOptions, EnvOptions};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::thread;

@@ -4,14 +4,13 @@
 //! rank, running the ignored `child` test with the scenario, rank, world size, port and job id in
 //! the environment. After the ranks exit, the test checks that the job left nothing in /dev/shm.
 
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::error::Status;
-use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, P2pHandles, Request};
-use nvfuser_ipc::fdpass::{FdPass, FdPassConfig};
-use nvfuser_ipc::host::{self, p2p, HostBuffer};
-use nvfuser_ipc::names;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::tools::fdpass::{FdPass, FdPassConfig};
+use nvfuser_ipc::tools::names;
+use nvfuser_ipc::HostBuffer;
+use nvfuser_ipc::Status;
+use nvfuser_ipc::{CacheConfig, HandleCache, MemKind, P2pHandles, Request};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,7 +41,7 @@ fn job_id(scenario: &str) -> String {
 }
 
 fn shm_entries(job: &str) -> Vec<String> {
-    let prefix = host::alloc::job_prefix(job);
+    let prefix = nvfuser_ipc::tools::host::job_prefix(job);
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -144,13 +143,13 @@ fn a_peer_killed_while_the_waiter_blocks_is_named_before_the_timeout() {
     assert!(results[0].0, "rank 0 failed:\n{}", results[0].1);
     drop(store);
     server.shutdown();
-    let prefix = host::alloc::job_prefix(&job);
+    let prefix = nvfuser_ipc::tools::host::job_prefix(&job);
     let (killed, others): (Vec<String>, Vec<String>) =
         shm_entries(&job).into_iter().partition(|n| {
             n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}g1-b1")
         });
     for name in &killed {
-        nvfuser_ipc::os::shm::unlink_name(&format!("/{name}"));
+        nvfuser_ipc::tools::os::unlink_name(&format!("/{name}"));
     }
     assert!(
         others.is_empty(),
@@ -176,7 +175,7 @@ fn warm_hits_cost_report() {
 /// Device memory through the CUDA transport and the device primitives (skipped without a GPU).
 #[test]
 fn device_buffers_between_processes() {
-    if !nvfuser_ipc::cuda::driver::is_available() {
+    if !nvfuser_ipc::tools::cuda::driver::is_available() {
         eprintln!("skipped: no CUDA driver on this machine");
         return;
     }
@@ -265,13 +264,13 @@ fn close_returns_promptly_when_the_peer_is_killed() {
     drop(store);
     server.shutdown();
     // A killed rank cannot clean up: remove what it left, then nothing else may remain.
-    let prefix = host::alloc::job_prefix(&job);
+    let prefix = nvfuser_ipc::tools::host::job_prefix(&job);
     let (killed, others): (Vec<String>, Vec<String>) =
         shm_entries(&job).into_iter().partition(|n| {
             n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}g1-b1")
         });
     for name in &killed {
-        nvfuser_ipc::os::shm::unlink_name(&format!("/{name}"));
+        nvfuser_ipc::tools::os::unlink_name(&format!("/{name}"));
     }
     assert!(
         others.is_empty(),
@@ -332,7 +331,7 @@ impl Rank {
         let rank = env_usize("NVFIPC_T_RANK");
         let world = env_usize("NVFIPC_T_WORLD");
         let job = std::env::var("NVFIPC_T_JOB").expect("job id");
-        host::alloc::set_default_job(&job);
+        nvfuser_ipc::tools::host::set_default_job(&job);
         let cache = new_cache(rank, world, &job);
         Rank {
             rank,
@@ -363,7 +362,7 @@ impl Rank {
 
 /// A cache of the scenario's job (scope "") on a store connection of its own.
 fn new_cache(rank: usize, world: usize, job: &str) -> HandleCache {
-    default_transports::cache(CacheConfig {
+    nvfuser_ipc::default_cache(CacheConfig {
         rank,
         world_size: world,
         store: Arc::new(test_store()),
@@ -375,7 +374,7 @@ fn new_cache(rank: usize, world: usize, job: &str) -> HandleCache {
 }
 
 fn filled(len: u64, value: u8) -> HostBuffer {
-    let b = host::alloc(len).expect("host alloc");
+    let b = nvfuser_ipc::host_alloc(len).expect("host alloc");
     b.write(0, &vec![value; len as usize]).unwrap();
     b
 }
@@ -473,8 +472,8 @@ fn seed_race(r: Rank) {
                 .exchange_handles(std::slice::from_ref(&req))
                 .unwrap();
             let h = r.cache.get(&req).unwrap();
-            p2p::send_post(&h).unwrap();
-            p2p::send_wait(&h, T).unwrap();
+            nvfuser_ipc::host_p2p_send_post(&h).unwrap();
+            nvfuser_ipc::host_p2p_send_wait(&h, T).unwrap();
             keep.push(b); // the buffer stays alive, so each step is a genuinely new allocation
         } else {
             let req = Request::recv(0, "seed", recv_buf.addr(), 256, MemKind::Host);
@@ -482,7 +481,7 @@ fn seed_race(r: Rank) {
                 .exchange_handles(std::slice::from_ref(&req))
                 .unwrap();
             let h = r.cache.get(&req).unwrap();
-            p2p::recv_post(&h, 256, T).unwrap();
+            nvfuser_ipc::host_p2p_recv_post(&h, 256, T).unwrap();
             assert_eq!(first_byte(&recv_buf), step as u8 + 1, "step {step}");
         }
     }
@@ -572,9 +571,9 @@ fn ring(r: Rank) {
         }
         let hs = r.cache.get(&reqs[0]).unwrap();
         let hr = r.cache.get(&reqs[1]).unwrap();
-        p2p::send_post(&hs).unwrap();
-        p2p::recv_post(&hr, 4096, T).unwrap();
-        p2p::send_wait(&hs, T).unwrap();
+        nvfuser_ipc::host_p2p_send_post(&hs).unwrap();
+        nvfuser_ipc::host_p2p_recv_post(&hr, 4096, T).unwrap();
+        nvfuser_ipc::host_p2p_send_wait(&hs, T).unwrap();
         let mut got = vec![0u8; 4096];
         recv.read(0, &mut got).unwrap();
         let want = r.prev() as u8 * 16 + step;
@@ -641,12 +640,12 @@ fn recreate(r: Rank) {
     let (rank, world, job) = (r.rank, r.world, r.job.clone());
     let (next, prev) = (r.next(), r.prev());
     let store = test_store();
-    let barriers = nvfuser_ipc::barrier::BarrierState::new();
+    let barriers = nvfuser_ipc::tools::barrier::BarrierState::new();
     let mut cache = Some(r.cache);
     let mut kept: Vec<(HostBuffer, HostBuffer)> = Vec::new();
     for step in 0..STEPS {
         if step > 0 && step % 5 == 0 {
-            nvfuser_ipc::barrier::barrier(&store, &barriers, rank, world, None, T).unwrap();
+            nvfuser_ipc::tools::barrier::barrier(&store, &barriers, rank, world, None, T).unwrap();
             let stats = cache.take().unwrap().try_close().expect("close");
             assert_eq!(stats.opens, stats.closes, "rank {rank} step {step}");
             kept.clear();
@@ -665,9 +664,9 @@ fn recreate(r: Rank) {
             .unwrap_or_else(|e| panic!("rank {rank} step {step}: {e}"));
         let hs = c.get(&reqs[0]).unwrap();
         let hr = c.get(&reqs[1]).unwrap();
-        p2p::send_post(&hs).unwrap();
-        p2p::recv_post(&hr, LEN, T).unwrap();
-        p2p::send_wait(&hs, T).unwrap();
+        nvfuser_ipc::host_p2p_send_post(&hs).unwrap();
+        nvfuser_ipc::host_p2p_recv_post(&hr, LEN, T).unwrap();
+        nvfuser_ipc::host_p2p_send_wait(&hs, T).unwrap();
         let want = (step * 8 + prev + 1) as u8;
         let mut got = vec![0u8; LEN as usize];
         recv.read(0, &mut got).unwrap();
@@ -721,9 +720,9 @@ fn asymmetric(r: Rank) {
         assert_eq!(trips, expected, "rank {} step {step}", r.rank);
         let hs = r.cache.get(&reqs[0]).unwrap();
         let hr = r.cache.get(&reqs[1]).unwrap();
-        p2p::send_post(&hs).unwrap();
-        p2p::recv_post(&hr, 512, T).unwrap();
-        p2p::send_wait(&hs, T).unwrap();
+        nvfuser_ipc::host_p2p_send_post(&hs).unwrap();
+        nvfuser_ipc::host_p2p_recv_post(&hr, 512, T).unwrap();
+        nvfuser_ipc::host_p2p_send_wait(&hs, T).unwrap();
         let want = (step * 2 + peer + 1) as u8;
         let mut got = vec![0u8; 512];
         recv.read(0, &mut got).unwrap();
@@ -851,9 +850,9 @@ fn threads(r: Rank) {
                     cache.exchange_handles(&reqs).unwrap();
                     let hs = cache.get(&reqs[0]).unwrap();
                     let hr = cache.get(&reqs[1]).unwrap();
-                    p2p::send_post(&hs).unwrap();
-                    p2p::recv_post(&hr, 256, T).unwrap();
-                    p2p::send_wait(&hs, T).unwrap();
+                    nvfuser_ipc::host_p2p_send_post(&hs).unwrap();
+                    nvfuser_ipc::host_p2p_recv_post(&hr, 256, T).unwrap();
+                    nvfuser_ipc::host_p2p_send_wait(&hs, T).unwrap();
                     let want = (peer * 100 + t * 20 + step) as u8;
                     assert_eq!(first_byte(&recv), want, "thread {t} step {step}");
                 }
@@ -966,7 +965,10 @@ fn warm(r: Rank) {
 /// replaces its send buffer every other step.
 fn device(r: Rank) {
     use device_buffer::{DeviceBuffer, DeviceStream};
-    use nvfuser_ipc::cuda::p2p::{channel_recv_post, channel_send_post, channel_send_wait};
+    use nvfuser_ipc::{
+        cuda_p2p_recv_post as channel_recv_post, cuda_p2p_send_post as channel_send_post,
+        cuda_p2p_send_wait as channel_send_wait,
+    };
     const N: u64 = 1 << 16;
     let peer = 1 - r.rank;
     let stream = DeviceStream::new().unwrap();
@@ -1081,13 +1083,13 @@ fn symmetric(r: Rank) {
     assert_eq!(ptrs[rank], buf as u64);
     assert!(sizes.iter().all(|&b| b == BYTES), "{sizes:?}");
     check_peers(&ptrs, &(0..world).collect::<Vec<_>>());
-    let mut before = nvfuser_ipc::exchange::CacheStats::default();
+    let mut before = nvfuser_ipc::CacheStats::default();
     assert_eq!(nvfipc_cache_stats(cache, &mut before), Status::Ok);
     // Again: a cache hit, same pointers, no store traffic.
     let mut again = vec![0u64; world];
     assert_eq!(rendezvous(&tag, &[], &mut again, null_mut()), Status::Ok);
     assert_eq!(again, ptrs);
-    let mut after = nvfuser_ipc::exchange::CacheStats::default();
+    let mut after = nvfuser_ipc::CacheStats::default();
     assert_eq!(nvfipc_cache_stats(cache, &mut after), Status::Ok);
     assert_eq!(after.store_round_trips, before.store_round_trips);
     assert_eq!(after.opens, before.opens);
@@ -1207,7 +1209,7 @@ fn c_abi(r: Rank) {
             "step {step}"
         );
     }
-    let mut stats = nvfuser_ipc::exchange::CacheStats::default();
+    let mut stats = nvfuser_ipc::CacheStats::default();
     assert_eq!(nvfipc_cache_stats(cache, &mut stats), Status::Ok);
     assert_eq!(
         (stats.exchanges, stats.misses, stats.hits),

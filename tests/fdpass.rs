@@ -8,16 +8,16 @@
 //! binary once per rank, running the ignored `child` test with the scenario in the environment;
 //! every rank gets a socket directory of the test's own, checked empty once the ranks exit.
 
-use nvfuser_ipc::error::Status;
-use nvfuser_ipc::fdpass::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
-use nvfuser_ipc::fdpass::{
-    self, record_key, FdId, FdPass, FdPassConfig, Gate, LocalIdentity, PeerRecord, PtracerState,
-    Rung,
-};
-use nvfuser_ipc::os::memfd;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::Store;
+use nvfuser_ipc::tools::fdpass::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
+use nvfuser_ipc::tools::fdpass::{
+    self, record_key, FdId, FdPass, FdPassConfig, Gate, LocalIdentity, PeerRecord, PtracerState,
+    Rung,
+};
+use nvfuser_ipc::tools::os::memfd;
+use nvfuser_ipc::Status;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -499,7 +499,7 @@ impl Rank {
     fn ids(&self, name: &str) -> Vec<FdId> {
         let bytes = self.store.get(&self.key(name), T).unwrap();
         bytes
-            .chunks(fdpass::registry::FD_ID_LEN)
+            .chunks(fdpass::FD_ID_LEN)
             .map(|c| FdId::decode(c).expect("an fd id"))
             .collect()
     }

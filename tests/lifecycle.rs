@@ -20,12 +20,11 @@
 //!
 //! `NVFIPC_LIFECYCLE_SEEDS` (e.g. `1-40` or `7,9`) and `NVFIPC_LIFECYCLE_STEPS` widen a run.
 
-use nvfuser_ipc::barrier::{barrier, BarrierState};
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, P2pHandles, Request};
-use nvfuser_ipc::host::{self, p2p, HostBuffer};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::tools::barrier::{barrier, BarrierState};
+use nvfuser_ipc::HostBuffer;
+use nvfuser_ipc::{CacheConfig, HandleCache, MemKind, P2pHandles, Request};
 use std::collections::HashMap;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -157,7 +156,7 @@ impl Memory {
             let (pool, slot) = match free {
                 Some(at) => at,
                 None => {
-                    let buf = host::alloc(POOL_BYTES).expect("host alloc of a pool");
+                    let buf = nvfuser_ipc::host_alloc(POOL_BYTES).expect("host alloc of a pool");
                     let new = Pool {
                         buf,
                         used: [false; SLOTS as usize],
@@ -181,7 +180,7 @@ impl Memory {
             let addr = p.buf.addr() + slot as u64 * SLOT_BYTES + offset;
             (Place::Slot { pool, slot }, addr)
         } else {
-            let b = host::alloc(bytes).expect("host alloc");
+            let b = nvfuser_ipc::host_alloc(bytes).expect("host alloc");
             let addr = b.addr();
             (Place::Alone { _buffer: b }, addr)
         };
@@ -250,7 +249,7 @@ enum Fault {
 }
 
 fn shm_entries(job: &str) -> Vec<String> {
-    let prefix = host::alloc::job_prefix(job);
+    let prefix = nvfuser_ipc::tools::host::job_prefix(job);
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -355,7 +354,7 @@ fn run(seed: u64, world: usize, steps: usize, fault: Fault) -> Outcome {
     if let Some(v) = victim {
         let mine = format!("-b{v}");
         for name in leaked.iter().filter(|n| n.ends_with(&mine)) {
-            nvfuser_ipc::os::shm::unlink_name(&format!("/{name}"));
+            nvfuser_ipc::tools::os::unlink_name(&format!("/{name}"));
         }
         leaked.retain(|n| !n.ends_with(&mine));
     }
@@ -516,8 +515,8 @@ impl Rank {
         .expect("connect to the store")
     }
 
-    fn cache(&self, scope: &str) -> nvfuser_ipc::error::Result<HandleCache> {
-        let c = default_transports::cache(CacheConfig {
+    fn cache(&self, scope: &str) -> nvfuser_ipc::Result<HandleCache> {
+        let c = nvfuser_ipc::default_cache(CacheConfig {
             rank: self.rank,
             world_size: self.world,
             store: Arc::new(self.store()),
@@ -547,7 +546,7 @@ fn child() {
         port: env_num("NVFIPC_LC_PORT"),
         timeout: Duration::from_secs(if faulty { 3 } else { 20 }),
     };
-    host::alloc::set_default_job(&r.job);
+    nvfuser_ipc::tools::host::set_default_job(&r.job);
     let fds_before = count_dir("/proc/self/fd");
     let threads_before = count_dir("/proc/self/task");
     let result = run_rank(&r, &fault);
@@ -575,12 +574,17 @@ fn child() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(host::alloc::live_buffers(), 0, "rank {}", r.rank);
+    assert_eq!(
+        nvfuser_ipc::tools::host::live_buffers(),
+        0,
+        "rank {}",
+        r.rank
+    );
 }
 
 /// An error a faulty run accepts: it names a rank (the victim, or a survivor that gave up on
 /// it), and came within the timeout.
-fn named(e: nvfuser_ipc::error::Error, took: Duration, r: &Rank) -> nvfuser_ipc::error::Error {
+fn named(e: nvfuser_ipc::Error, took: Duration, r: &Rank) -> nvfuser_ipc::Error {
     assert!(
         e.message.contains("rank"),
         "rank {}: error names no rank: {e}",
@@ -595,7 +599,7 @@ fn named(e: nvfuser_ipc::error::Error, took: Duration, r: &Rank) -> nvfuser_ipc:
     e
 }
 
-fn run_rank(r: &Rank, fault: &str) -> nvfuser_ipc::error::Result<()> {
+fn run_rank(r: &Rank, fault: &str) -> nvfuser_ipc::Result<()> {
     let seed: u64 = env_num("NVFIPC_LC_SEED");
     let steps: usize = env_num("NVFIPC_LC_STEPS");
     let prog = program(seed, r.world, steps);
@@ -615,7 +619,7 @@ fn run_rank(r: &Rank, fault: &str) -> nvfuser_ipc::error::Result<()> {
     let mut caches: Vec<Option<HandleCache>> =
         vec![Some(r.cache(SCOPES[0])?), Some(r.cache(SCOPES[1])?)];
     let mut mem = Memory::default();
-    let outcome = (|| -> nvfuser_ipc::error::Result<()> {
+    let outcome = (|| -> nvfuser_ipc::Result<()> {
         for (step, s) in prog.iter().enumerate() {
             if victim == Some(r.rank) && step == fault_step {
                 let sig = if stop { libc::SIGSTOP } else { libc::SIGKILL };
@@ -715,7 +719,7 @@ fn exchange_step(
     step: usize,
     comms: &[Comm],
     put: bool,
-) -> nvfuser_ipc::error::Result<()> {
+) -> nvfuser_ipc::Result<()> {
     let mut parts: Vec<Part> = Vec::new();
     for (i, c) in comms.iter().enumerate() {
         for (me, peer, send) in [(c.src, c.dst, true), (c.dst, c.src, false)] {
@@ -760,10 +764,10 @@ fn exchange_step(
     let handles: Vec<P2pHandles> = parts
         .iter()
         .map(|p| cache.get(&p.req))
-        .collect::<nvfuser_ipc::error::Result<_>>()?;
+        .collect::<nvfuser_ipc::Result<_>>()?;
     // Reads through the mapping: the sender's current content.
     for (p, h) in parts.iter().zip(&handles) {
-        if p.req.direction == nvfuser_ipc::exchange::Direction::Recv {
+        if p.req.direction == nvfuser_ipc::Direction::Recv {
             let n = h.peer_bytes.min(p.req.bytes);
             let mut got = vec![0u8; n as usize];
             // SAFETY: peer_ptr maps at least peer_bytes readable bytes of the peer's live buffer
@@ -786,7 +790,7 @@ fn exchange_step(
         // receiver's buffer (which the receiver zeroed before it published it, and reads only
         // after the step's barrier).
         for (p, h) in parts.iter().zip(&handles) {
-            if p.req.direction == nvfuser_ipc::exchange::Direction::Send {
+            if p.req.direction == nvfuser_ipc::Direction::Send {
                 let n = h.peer_bytes.min(p.req.bytes) as usize;
                 let data: Vec<u8> = (0..n as u64)
                     .map(|k| pattern(seed, step, p.comm, 1, k))
@@ -799,22 +803,22 @@ fn exchange_step(
     } else {
         // Transfers: every send posted, then every receive pulled, then every send awaited.
         for (p, h) in parts.iter().zip(&handles) {
-            if p.req.direction == nvfuser_ipc::exchange::Direction::Send {
-                p2p::send_post(h)?;
+            if p.req.direction == nvfuser_ipc::Direction::Send {
+                nvfuser_ipc::host_p2p_send_post(h)?;
             }
         }
         for (p, h) in parts.iter().zip(&handles) {
-            if p.req.direction == nvfuser_ipc::exchange::Direction::Recv {
+            if p.req.direction == nvfuser_ipc::Direction::Recv {
                 let n = h.peer_bytes.min(p.req.bytes);
-                p2p::recv_post(h, n, r.timeout)?;
+                nvfuser_ipc::host_p2p_recv_post(h, n, r.timeout)?;
                 let got = mem.read(p.buffer, n);
                 let want = |k| pattern(seed, step, p.comm, 0, k);
                 expect(&got, want, r, step, p, "copy")?;
             }
         }
         for (p, h) in parts.iter().zip(&handles) {
-            if p.req.direction == nvfuser_ipc::exchange::Direction::Send {
-                p2p::send_wait(h, r.timeout)?;
+            if p.req.direction == nvfuser_ipc::Direction::Send {
+                nvfuser_ipc::host_p2p_send_wait(h, r.timeout)?;
             }
         }
         return Ok(());
@@ -823,7 +827,7 @@ fn exchange_step(
         let mut puts = puts.borrow_mut();
         puts.clear();
         for (p, h) in parts.iter().zip(&handles) {
-            if p.req.direction == nvfuser_ipc::exchange::Direction::Recv {
+            if p.req.direction == nvfuser_ipc::Direction::Recv {
                 puts.insert(p.buffer, (p.comm, h.peer_bytes.min(p.req.bytes)));
             }
         }
@@ -862,7 +866,7 @@ fn expect(
     step: usize,
     p: &Part,
     what: &str,
-) -> nvfuser_ipc::error::Result<()> {
+) -> nvfuser_ipc::Result<()> {
     if let Some(k) = (0..got.len()).find(|&k| got[k] != want(k as u64)) {
         panic!(
             "rank {} step {step}: {what} of comm {} ({:?} peer {} tag {:?}): byte {k} of {} is \

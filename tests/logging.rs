@@ -1,12 +1,10 @@
 //! The log across real processes: with `NVFIPC_DEBUG=INFO` and `NVFIPC_DEBUG_FILE`, an exchange
 //! whose peer never calls explains itself in the log while it waits and when it gives up.
 
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::error::Status;
-use nvfuser_ipc::exchange::{CacheConfig, MemKind, Request};
-use nvfuser_ipc::host;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::Status;
+use nvfuser_ipc::{CacheConfig, MemKind, Request};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +30,8 @@ fn child() {
     let store = Arc::new(
         TcpStore::connect("127.0.0.1", port, &ConnectOptions::with_timeout(T)).expect("store"),
     );
-    host::alloc::set_default_job(&job);
-    let cache = default_transports::cache(CacheConfig {
+    nvfuser_ipc::tools::host::set_default_job(&job);
+    let cache = nvfuser_ipc::default_cache(CacheConfig {
         rank,
         world_size: 2,
         store: store.clone(),
@@ -44,7 +42,7 @@ fn child() {
     .expect("cache");
     let done = format!("{job}/done");
     if rank == 0 {
-        let buf = host::alloc(64).expect("host alloc");
+        let buf = nvfuser_ipc::host_alloc(64).expect("host alloc");
         let req = Request::send(1, "stuck", buf.addr(), 64, MemKind::Host);
         let err = cache
             .exchange_handles_timeout(&[req], Duration::from_millis(2500))
@@ -92,7 +90,7 @@ fn a_stuck_exchange_explains_itself_in_the_log() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let host = nvfuser_ipc::node::host_name();
+    let host = nvfuser_ipc::tools::node::host_name();
     let read = |rank: usize| {
         let path = dir.join(format!("r{rank}-{host}-{}.log", pids[rank]));
         std::fs::read_to_string(&path)
@@ -149,8 +147,8 @@ fn file_child() {
     if std::env::var(ROLE).is_err() {
         return;
     }
-    nvfuser_ipc::logging::init();
-    log::warn!(target: nvfuser_ipc::logging::STORE, "marker line of the child");
+    nvfuser_ipc::tools::logging::init();
+    log::warn!(target: nvfuser_ipc::tools::logging::STORE, "marker line of the child");
     println!("child finished");
 }
 

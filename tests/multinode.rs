@@ -7,14 +7,12 @@
 //! "container" is the same without another host name. The ranks are this test binary, re-run as
 //! the ignored `node_rank` test. Where the machine forbids namespaces the tests print SKIPPED.
 
-use nvfuser_ipc::context::{Context, EnvOptions};
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::exchange::ChannelKey;
-use nvfuser_ipc::exchange::{HandleCache, MemKind, Request};
-use nvfuser_ipc::host::{self, p2p};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::ChannelKey;
 use nvfuser_ipc::Status;
+use nvfuser_ipc::{Context, EnvOptions};
+use nvfuser_ipc::{HandleCache, MemKind, Request};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -303,8 +301,8 @@ fn same_node_transfer(ctx: &Context, cache: &HandleCache) {
     let rank = ctx.rank;
     let buddy = rank ^ 1;
     let bytes = 4096usize;
-    let send = host::alloc(bytes as u64).unwrap();
-    let recv = host::alloc(bytes as u64).unwrap();
+    let send = nvfuser_ipc::host_alloc(bytes as u64).unwrap();
+    let recv = nvfuser_ipc::host_alloc(bytes as u64).unwrap();
     send.write(0, &pattern(rank, bytes)).unwrap();
     let reqs = [
         Request::send(buddy, "near", send.addr(), bytes as u64, MemKind::Host),
@@ -314,9 +312,9 @@ fn same_node_transfer(ctx: &Context, cache: &HandleCache) {
         cache.exchange_handles(&reqs).unwrap();
         let hs = cache.get(&reqs[0]).unwrap();
         let hr = cache.get(&reqs[1]).unwrap();
-        p2p::send_post(&hs).unwrap();
-        p2p::recv_post(&hr, bytes as u64, T).unwrap();
-        p2p::send_wait(&hs, T).unwrap();
+        nvfuser_ipc::host_p2p_send_post(&hs).unwrap();
+        nvfuser_ipc::host_p2p_recv_post(&hr, bytes as u64, T).unwrap();
+        nvfuser_ipc::host_p2p_send_wait(&hs, T).unwrap();
         let mut got = vec![0u8; bytes];
         recv.read(0, &mut got).unwrap();
         assert_eq!(got, pattern(buddy, bytes), "rank {rank} round {round}");
@@ -328,7 +326,7 @@ fn same_node_transfer(ctx: &Context, cache: &HandleCache) {
 /// A request to `far` (not mappable from here) must fail promptly, publishing nothing.
 fn refused_far_request(ctx: &Context, cache: &HandleCache, far: usize, needles: &[&str]) {
     let rank = ctx.rank;
-    let buf = host::alloc(256).unwrap();
+    let buf = nvfuser_ipc::host_alloc(256).unwrap();
     let reqs = [
         Request::send(far, "far", buf.addr(), 256, MemKind::Host),
         Request::recv(far, "far", buf.addr(), 256, MemKind::Host),
@@ -356,7 +354,7 @@ fn node_rank() {
     if role == "alloc-big" {
         // /dev/shm here is a tmpfs of 8 MiB: host buffers do not live there, so 32 MiB work,
         // every page of them (a sparse file in a full tmpfs would SIGBUS here).
-        let buf = host::alloc(32 << 20).unwrap();
+        let buf = nvfuser_ipc::host_alloc(32 << 20).unwrap();
         let page = vec![0x5au8; 4096];
         for off in (0..buf.len()).step_by(4096) {
             buf.write(off, &page).unwrap();
@@ -365,7 +363,7 @@ fn node_rank() {
         buf.read(buf.len() - 4096, &mut back).unwrap();
         assert_eq!(back, page);
         // What memory cannot hold is an error before anything is touched.
-        let err = host::alloc(1 << 50).unwrap_err();
+        let err = nvfuser_ipc::host_alloc(1 << 50).unwrap_err();
         assert!(err.message.contains("bytes requested"), "{err}");
         println!("refused: {err}");
         return;
@@ -405,7 +403,7 @@ fn node_rank() {
         "two-nodes" => {
             // Ranks 0, 1 on node A, ranks 2, 3 on node B.
             ctx.barrier(None, None).unwrap();
-            let cache = default_transports::cache_from_context(&ctx).unwrap();
+            let cache = nvfuser_ipc::cache_from_context(&ctx).unwrap();
             same_node_transfer(&ctx, &cache);
             refused_far_request(
                 &ctx,
@@ -423,7 +421,7 @@ fn node_rank() {
             println!("rank {rank}: done");
         }
         "container" => {
-            let cache = default_transports::cache_from_context(&ctx).unwrap();
+            let cache = nvfuser_ipc::cache_from_context(&ctx).unwrap();
             refused_far_request(&ctx, &cache, 1 - rank, &["--ipc=host", "/dev/shm"]);
             ctx.barrier(None, None).unwrap();
             cache.try_close().unwrap();
@@ -448,10 +446,10 @@ fn node_rank() {
                     std::thread::sleep(Duration::from_millis(1500));
                 }
             };
-            let cache = default_transports::cache_from_context(&ctx).unwrap();
+            let cache = nvfuser_ipc::cache_from_context(&ctx).unwrap();
             let bytes = 4096usize;
-            let send = host::alloc(bytes as u64).unwrap();
-            let recv = host::alloc(bytes as u64).unwrap();
+            let send = nvfuser_ipc::host_alloc(bytes as u64).unwrap();
+            let recv = nvfuser_ipc::host_alloc(bytes as u64).unwrap();
             send.write(0, &pattern(rank, bytes)).unwrap();
             let reqs = [
                 Request::send(1 - rank, "p", send.addr(), bytes as u64, MemKind::Host),
@@ -462,9 +460,9 @@ fn node_rank() {
             let (hs, hr) = (cache.get(&reqs[0]).unwrap(), cache.get(&reqs[1]).unwrap());
             assert!(!hs.peer.checkable, "{:?}", hs.peer);
             late();
-            p2p::send_post(&hs).unwrap();
-            p2p::recv_post(&hr, bytes as u64, T).unwrap();
-            p2p::send_wait(&hs, T).unwrap();
+            nvfuser_ipc::host_p2p_send_post(&hs).unwrap();
+            nvfuser_ipc::host_p2p_recv_post(&hr, bytes as u64, T).unwrap();
+            nvfuser_ipc::host_p2p_send_wait(&hs, T).unwrap();
             let mut got = vec![0u8; bytes];
             recv.read(0, &mut got).unwrap();
             assert_eq!(got, pattern(1 - rank, bytes));
@@ -490,9 +488,9 @@ fn node_rank() {
             println!("closed in {} ms", start.elapsed().as_millis());
         }
         "dead-peer" => {
-            let cache = default_transports::cache_from_context(&ctx).unwrap();
+            let cache = nvfuser_ipc::cache_from_context(&ctx).unwrap();
             let bytes = 1024u64;
-            let buf = host::alloc(bytes).unwrap();
+            let buf = nvfuser_ipc::host_alloc(bytes).unwrap();
             let reqs = [
                 Request::send(1 - rank, "t", buf.addr(), bytes, MemKind::Host),
                 Request::recv(1 - rank, "t", buf.addr(), bytes, MemKind::Host),
@@ -506,11 +504,11 @@ fn node_rank() {
             ctx.store.get("test/killed", T).unwrap();
             let start = Instant::now();
             let h = cache.get(&reqs[1]).unwrap();
-            let err = p2p::recv_post(&h, bytes, T).unwrap_err();
+            let err = nvfuser_ipc::host_p2p_recv_post(&h, bytes, T).unwrap_err();
             assert!(start.elapsed() < T / 2, "{err}");
             let h = cache.get(&reqs[0]).unwrap();
-            p2p::send_post(&h).unwrap();
-            let err2 = p2p::send_wait(&h, T).unwrap_err();
+            nvfuser_ipc::host_p2p_send_post(&h).unwrap();
+            let err2 = nvfuser_ipc::host_p2p_send_wait(&h, T).unwrap_err();
             assert!(start.elapsed() < T / 2, "{err2}");
             for e in [&err, &err2] {
                 assert!(e.message.contains("has exited"), "{e}");
@@ -750,7 +748,7 @@ fn transfer_waits_name_a_dead_peer_at_once() {
         .and_then(|s| s.split_whitespace().next())
         .map(str::to_string)
         .unwrap_or_else(|| panic!("{}", text(&out)));
-    let prefix = host::alloc::job_prefix(&job);
+    let prefix = nvfuser_ipc::tools::host::job_prefix(&job);
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok())

@@ -14,15 +14,13 @@
 //! leaving (closing or dropping the cache and the context), every one quiet
 //! (`NVFIPC_QUIET_SEEDS`, e.g. `1-200`, widens the run).
 
-use nvfuser_ipc::context::{Context, ContextOptions};
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::exchange::{MemKind, Request};
 use nvfuser_ipc::ffi::store_callbacks::{nvfipc_store_callbacks, CallbackStore};
-use nvfuser_ipc::host;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::{Liveness, Store};
-use nvfuser_ipc::{Error, Result, Status};
+use nvfuser_ipc::{Context, ContextOptions};
+use nvfuser_ipc::{Error, MemKind, Request};
+use nvfuser_ipc::{Result, Status};
 use std::ffi::{c_char, c_int, c_void};
 use std::io::{BufRead, Write};
 use std::process::{Child, Command, Output, Stdio};
@@ -577,9 +575,9 @@ fn rank_process() {
         store: store.clone(),
     })
     .expect("context");
-    let cache = default_transports::cache_from_context(&ctx).expect("cache");
+    let cache = nvfuser_ipc::cache_from_context(&ctx).expect("cache");
     cache.set_timeout(TIMEOUT);
-    let buffer = host::alloc(4096).expect("host buffer");
+    let buffer = nvfuser_ipc::host_alloc(4096).expect("host buffer");
     // A star: rank 0 exchanges with every other rank, the others with rank 0 only; or a chain
     // (`addressed`): each rank with its neighbours.
     let topology = match kind {
@@ -670,7 +668,7 @@ fn leave_after_delays(
     plan: &[&str],
     store: &dyn Store,
     ctx: Context,
-    cache: nvfuser_ipc::exchange::HandleCache,
+    cache: nvfuser_ipc::HandleCache,
 ) {
     let ms = |i: usize| Duration::from_millis(plan[i].parse().unwrap());
     store.set(&format!("quiet/rank{rank}-done"), b"1").unwrap();

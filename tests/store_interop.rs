@@ -7,10 +7,10 @@
 //! case a missing python or torch fails them. Every subprocess is bounded and killed on failure.
 
 use nvfipc_store::Status;
-use nvfuser_ipc::barrier::{barrier, BarrierState};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::store::wire;
+use nvfuser_ipc::tools::barrier::{barrier, BarrierState};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};

@@ -9,8 +9,8 @@
 //! were written ([`assert_warned`]); those lines stay off the console, and every other line of
 //! the library still reaches stderr, so a WARN printed while this suite runs is a real one.
 
-use nvfuser_ipc::logging;
 use nvfuser_ipc::store::server::{ServerOptions, StoreServer};
+use nvfuser_ipc::tools::logging;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::{Arc, Mutex, Once};
@@ -865,8 +865,8 @@ fn cross_loop_wakeups_and_cancels_keep_every_stream_in_step() {
 /// Barriers of 24 ranks over a server with three loops: every wake-up crosses loops.
 #[test]
 fn barriers_over_several_loops() {
-    use nvfuser_ipc::barrier::{barrier, BarrierState};
     use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
+    use nvfuser_ipc::tools::barrier::{barrier, BarrierState};
     const RANKS: usize = 24;
     const ROUNDS: u64 = 60;
     let opts = ServerOptions {

@@ -5,12 +5,11 @@
 //! rank, running the ignored `child` test with the scenario, rank, world size, port and job id in
 //! the environment.
 
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::error::Status;
-use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind};
-use nvfuser_ipc::host::{self, HostBuffer};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::HostBuffer;
+use nvfuser_ipc::Status;
+use nvfuser_ipc::{CacheConfig, HandleCache, MemKind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,8 +128,8 @@ impl Rank {
         let rank = env_usize("NVFIPC_T_RANK");
         let world = env_usize("NVFIPC_T_WORLD");
         let job = std::env::var("NVFIPC_T_JOB").expect("job id");
-        host::alloc::set_default_job(&job);
-        let cache = default_transports::cache(CacheConfig {
+        nvfuser_ipc::tools::host::set_default_job(&job);
+        let cache = nvfuser_ipc::default_cache(CacheConfig {
             rank,
             world_size: world,
             store: Arc::new(connect()),
@@ -172,7 +171,7 @@ impl Rank {
 
     /// Mappings of this job's host files in this process (buffers, views, slabs).
     fn mapped_files(&self) -> usize {
-        let prefix = host::alloc::job_prefix(&self.job);
+        let prefix = nvfuser_ipc::tools::host::job_prefix(&self.job);
         std::fs::read_to_string("/proc/self/maps")
             .unwrap()
             .lines()
@@ -290,9 +289,9 @@ fn cycles(r: Rank) {
     let members = r.world();
     let page = 4096u64;
     // Step 0: buffers of 2 pages + 100 bytes, 24 bytes into their allocation.
-    let a = host::alloc(4 * page).unwrap();
-    let b = host::alloc(4 * page).unwrap();
-    let c = host::alloc(8 * page).unwrap();
+    let a = nvfuser_ipc::host_alloc(4 * page).unwrap();
+    let b = nvfuser_ipc::host_alloc(4 * page).unwrap();
+    let c = nvfuser_ipc::host_alloc(8 * page).unwrap();
     cycle(&r, "w", &members, &a, 24, 2 * page + 100, 0);
     assert_eq!(r.live_mappings(), 0, "released");
     let baseline = r.mapped_files();
@@ -327,7 +326,7 @@ fn cycles(r: Rank) {
 
 fn subsets(r: Rank) {
     let page = 4096u64;
-    let buf = host::alloc(2 * page).unwrap();
+    let buf = nvfuser_ipc::host_alloc(2 * page).unwrap();
     // Two disjoint pairs at the same time, each with its own size.
     let pair: Vec<usize> = if r.rank % 2 == 0 {
         vec![0, 2]
@@ -360,7 +359,7 @@ fn subsets(r: Rank) {
 const DYING: &str = "rank 2: timed out as expected, now dying";
 
 fn dies(r: Rank) {
-    let buf = host::alloc(4096).unwrap();
+    let buf = nvfuser_ipc::host_alloc(4096).unwrap();
     let members = [0, 1, 2];
     if r.rank == 2 {
         // Publishes its record, times out (the others come later), then dies for real.
@@ -405,7 +404,7 @@ fn dies(r: Rank) {
 fn mismatch(r: Rank) {
     let page = 4096u64;
     let members = r.world();
-    let buf = host::alloc(4 * page).unwrap();
+    let buf = nvfuser_ipc::host_alloc(4 * page).unwrap();
     // Rank 2's buffer is twice as large.
     let bytes = if r.rank == 2 { 2 * page } else { page };
     r.cache

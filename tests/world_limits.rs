@@ -3,9 +3,6 @@
 //! the Rust API and the C ABI; and a barrier over the largest world allowed returns within its
 //! timeout.
 
-use nvfuser_ipc::barrier::{barrier, BarrierState, MemberSet};
-use nvfuser_ipc::config::{RankInfo, MAX_WORLD_SIZE};
-use nvfuser_ipc::context::{Context, ContextOptions};
 use nvfuser_ipc::ffi::barrier::nvfipc_barrier;
 use nvfuser_ipc::ffi::boundary::nvfipc_last_error_message;
 use nvfuser_ipc::ffi::context::{
@@ -13,7 +10,10 @@ use nvfuser_ipc::ffi::context::{
 };
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::tools::barrier::{barrier, BarrierState, MemberSet};
+use nvfuser_ipc::tools::config::{RankInfo, MAX_WORLD_SIZE};
 use nvfuser_ipc::Status;
+use nvfuser_ipc::{Context, ContextOptions};
 use std::ffi::{CStr, CString};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

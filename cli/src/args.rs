@@ -11,7 +11,7 @@ Usage:
 {about-with-newline}
 {all-args}{after-help}";
 
-use nvfuser_ipc::config::MAX_WORLD_SIZE;
+use nvfuser_ipc::tools::config::MAX_WORLD_SIZE;
 
 /// A count of at least `min`, with a message that names the minimum.
 fn at_least(value: &str, min: u64) -> Result<u64, String> {

@@ -3,8 +3,8 @@
 //! through the store that no barrier releases a rank before every member arrived.
 
 use crate::args::{millis, positive_ms};
-use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::Result;
+use nvfuser_ipc::{Context, EnvOptions};
 use std::time::{Duration, Instant};
 
 /// Checked barriers, run by every rank of a launched job (see launch)

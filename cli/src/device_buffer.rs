@@ -10,9 +10,9 @@
 //! CLI's, and the integration tests include it (`tests/exchange.rs`).
 
 use cudarc::driver::sys;
-use nvfuser_ipc::cuda::driver::{self, Context, ContextGuard};
-use nvfuser_ipc::cuda::p2p::Stream;
-use nvfuser_ipc::cuda::result;
+use nvfuser_ipc::tools::cuda::driver::{self, Context, ContextGuard};
+use nvfuser_ipc::tools::cuda::result;
+use nvfuser_ipc::Stream;
 use nvfuser_ipc::{Error, Result};
 use std::time::{Duration, Instant};
 

@@ -177,7 +177,7 @@ pub fn run(args: &DoctorArgs) -> i32 {
     checks.extend(peer::probe(args.timeout));
     checks.extend(cuda::checks());
     let mut header = Header {
-        host: nvfuser_ipc::node::host_name(),
+        host: nvfuser_ipc::tools::node::host_name(),
         pid: std::process::id(),
         job: None,
     };

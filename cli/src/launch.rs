@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Variables that would override ours in `nvfuser_ipc::config` when launch itself runs under MPI
-/// (or under another launcher).
+/// Variables that would override ours in the library's configuration (docs/CONFIGURATION.md)
+/// when launch itself runs under MPI (or under another launcher).
 const INHERITED_RANK_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE",
@@ -214,7 +214,7 @@ fn task_headroom() -> Option<(u64, String)> {
     }
     // Tasks left under the cgroup's `pids` controller, when it sets a limit.
     let pids = || -> Option<(u64, String)> {
-        let dir = nvfuser_ipc::os::process::cgroup_dir("pids")?;
+        let dir = nvfuser_ipc::tools::os::cgroup_dir("pids")?;
         let max: u64 = read_number(&format!("{dir}/pids.max"))?;
         let current: u64 = read_number(&format!("{dir}/pids.current"))?;
         Some((
@@ -277,7 +277,7 @@ fn spawn_rank(spec: &JobSpec, rank: usize, port: u16) -> io::Result<Child> {
     for var in INHERITED_RANK_VARS {
         cmd.env_remove(var);
     }
-    cmd.env(nvfuser_ipc::config::LAUNCH_ID_VAR, &*LAUNCH_ID);
+    cmd.env(nvfuser_ipc::tools::config::LAUNCH_ID_VAR, &*LAUNCH_ID);
     if let StoreHost::Launcher { .. } = spec.store {
         cmd.env("NVFIPC_STORE_ADDR", format!("{STORE_HOST}:{port}"));
     }
@@ -345,7 +345,7 @@ pub fn run_job(spec: &JobSpec) -> i32 {
         return USAGE_ERROR;
     }
     // The store server's lines go through the library's log, as the ranks' do.
-    nvfuser_ipc::logging::init();
+    nvfuser_ipc::tools::logging::init();
     let (server, port) = match spec.store {
         StoreHost::Launcher { port } => match StoreServer::bind(STORE_HOST, port) {
             Ok(server) => {

@@ -2,11 +2,10 @@
 //! one type so that the ring logic does not care where the bytes live.
 
 use crate::device_buffer::{DeviceBuffer, DeviceStream};
-use nvfuser_ipc::cuda::driver::{self, ContextGuard};
-use nvfuser_ipc::cuda::p2p;
-use nvfuser_ipc::exchange::{MemKind, P2pHandles};
-use nvfuser_ipc::host::{self, HostBuffer};
+use nvfuser_ipc::tools::cuda::driver::{self, ContextGuard};
+use nvfuser_ipc::HostBuffer;
 use nvfuser_ipc::{Error, Result};
+use nvfuser_ipc::{MemKind, P2pHandles};
 use std::time::Duration;
 
 /// `--transport`: where the buffers live.
@@ -120,7 +119,7 @@ impl Buffer {
     /// A new allocation of `bytes`; host buffers are named after `job_id`.
     pub fn alloc(kind: MemKind, job_id: &str, bytes: u64) -> Result<Buffer> {
         match kind {
-            MemKind::Host => host::alloc_for_job(job_id, bytes).map(Buffer::Host),
+            MemKind::Host => nvfuser_ipc::host_alloc_for_job(job_id, bytes).map(Buffer::Host),
             MemKind::Device => match device_memory() {
                 DeviceMemory::Legacy => DeviceBuffer::alloc(bytes),
                 DeviceMemory::Vmm => DeviceBuffer::alloc_vmm(bytes, VMM_SEGMENT),
@@ -179,14 +178,14 @@ impl Mover {
     pub fn ring_step(&self, send: &P2pHandles, recv: &P2pHandles, bytes: u64) -> Result<()> {
         match self {
             Mover::Host { timeout } => {
-                host::p2p::send_post(send)?;
-                host::p2p::recv_post(recv, bytes, *timeout)?;
-                host::p2p::send_wait(send, *timeout)?;
+                nvfuser_ipc::host_p2p_send_post(send)?;
+                nvfuser_ipc::host_p2p_recv_post(recv, bytes, *timeout)?;
+                nvfuser_ipc::host_p2p_send_wait(send, *timeout)?;
             }
             Mover::Device { stream, timeout } => {
-                p2p::channel_send_post(send, stream.stream())?;
-                p2p::channel_recv_post(recv, bytes, stream.stream())?;
-                p2p::channel_send_wait(send, stream.stream())?;
+                nvfuser_ipc::cuda_p2p_send_post(send, stream.stream())?;
+                nvfuser_ipc::cuda_p2p_recv_post(recv, bytes, stream.stream())?;
+                nvfuser_ipc::cuda_p2p_send_wait(send, stream.stream())?;
                 stream.synchronize_within(*timeout)?;
             }
         }

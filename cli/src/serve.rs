@@ -5,7 +5,7 @@ use nvfipc_store::server::{
     ServerOptions, StoreServer, DEFAULT_BUSY_POLL, DEFAULT_PENDING_BUDGET,
     DEFAULT_PENDING_PER_CLIENT, DEFAULT_REPLY_BUDGET,
 };
-use nvfuser_ipc::config::DEFAULT_MASTER_PORT;
+use nvfuser_ipc::tools::config::DEFAULT_MASTER_PORT;
 use std::io::Write;
 use std::time::Duration;
 
@@ -81,7 +81,7 @@ pub fn run(args: &ServeArgs) -> i32 {
         ..ServerOptions::default()
     };
     // The server's lines (a refused client, a closed connection) go through the library's log.
-    nvfuser_ipc::logging::init();
+    nvfuser_ipc::tools::logging::init();
     let server = match StoreServer::bind_with(&args.host, args.port, &opts) {
         Ok(server) => server,
         Err(e) => {

@@ -1,9 +1,9 @@
 //! Barriers across real processes (`nvfipc launch` + the hidden `nvfipc barrier-test`) and over
 //! the real TCP store in one process.
 
-use nvfuser_ipc::barrier::{barrier, BarrierState};
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::tools::barrier::{barrier, BarrierState};
 use nvfuser_ipc::Status;
 use std::io::Read;
 use std::process::{Command, ExitStatus, Stdio};

@@ -4,8 +4,8 @@
 //! job completes on wrong partners). Every rank is a real process: this test binary re-run as
 //! [`rank_process`], or the same started by `nvfipc launch`.
 
-use nvfuser_ipc::context::{Context, EnvOptions};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::{Context, EnvOptions};
 use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};

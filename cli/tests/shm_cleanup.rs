@@ -7,11 +7,9 @@
 //! test that watches a killed process's board be removed runs in a mount namespace of its own
 //! with its own tmpfs on /dev/shm, where no other job can remove it first.
 
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::exchange::CacheConfig;
-use nvfuser_ipc::host;
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
+use nvfuser_ipc::CacheConfig;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
@@ -27,7 +25,7 @@ fn job(test: &str) -> String {
 }
 
 fn entries(job: &str) -> Vec<String> {
-    let prefix = host::alloc::job_prefix(job);
+    let prefix = nvfuser_ipc::tools::host::job_prefix(job);
     std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok())
@@ -112,10 +110,10 @@ fn start(role: &str, job: &str, port: u16) -> Child {
 /// A rank of a job started by `nvfipc launch`: rank 1 fails once both hold shared memory, so the
 /// launcher terminates rank 0 (SIGTERM).
 fn launched_rank() {
-    use nvfuser_ipc::context::{Context, EnvOptions};
+    use nvfuser_ipc::{Context, EnvOptions};
     let ctx = Context::from_env(&EnvOptions::default()).unwrap();
-    let cache = default_transports::cache_from_context(&ctx).unwrap();
-    let _buffer = host::alloc(1 << 16).unwrap().into_raw();
+    let cache = nvfuser_ipc::cache_from_context(&ctx).unwrap();
+    let _buffer = nvfuser_ipc::host_alloc(1 << 16).unwrap().into_raw();
     println!("job={}", ctx.job_id);
     ctx.barrier(None, None).unwrap();
     if ctx.rank == 1 {
@@ -135,7 +133,7 @@ fn holder() {
     let job = std::env::var("NVFIPC_T_JOB").unwrap();
     let port: u16 = std::env::var("NVFIPC_T_PORT").unwrap().parse().unwrap();
     let store = TcpStore::connect("127.0.0.1", port, &ConnectOptions::default()).unwrap();
-    let cache = default_transports::cache(CacheConfig {
+    let cache = nvfuser_ipc::default_cache(CacheConfig {
         rank: 0,
         world_size: 2,
         store: Arc::new(store),
@@ -145,7 +143,11 @@ fn holder() {
     })
     .unwrap();
     let buffers: Vec<u64> = (0..3)
-        .map(|_| host::alloc_for_job(&job, 1 << 16).unwrap().into_raw())
+        .map(|_| {
+            nvfuser_ipc::host_alloc_for_job(&job, 1 << 16)
+                .unwrap()
+                .into_raw()
+        })
         .collect();
     // The board is the one name; buffers and the slab have none.
     let names = entries(&job);

@@ -17,8 +17,13 @@ became the crate nvfipc-store (store/): its lines moved out of src/ and are coun
 library's (src/store/tcp.rs, with `Store` over its client), the crate documentation with its
 runnable example, the client's methods documented as a public API of their own, and the socket
 helpers' module head; they buy a store with no CUDA and nothing of the library, which the CLI's
-`serve` and other Rust programs use alone. Lower the budgets again as code goes; raise them only
-with a reason written here. Every `static` must be preceded
+`serve` and other Rust programs use alone. src/ is 22,250 since the crate's surface is three
+public modules (src/tools.rs lists, each with its reason, the internals the CLI and the tests
+reach: about 80), the board checks its entry indexes in release builds (about 25), the exchange
+lives in files named for their jobs (batch, protocol, waits: module heads and imports, about 40)
+and a warm call allocates nothing (requests reused at the C boundary, liveness and load read into
+stack buffers: about 60). Lower the budgets again as code goes; raise them only with a reason
+written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
 """
@@ -26,7 +31,7 @@ import os
 import re
 import sys
 
-MAX_LINES = {"src": 22_000, "store/src": 4_650}
+MAX_LINES = {"src": 22_250, "store/src": 4_650}
 MAX_STATICS = 20
 
 repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")

@@ -122,7 +122,7 @@ impl Context {
         Self::open(ranks, host, port, hosting, timeout, Said::caller())
     }
 
-    /// Builds the context from the launcher's environment (see [`crate::config`]). Without
+    /// Builds the context from the launcher's environment (docs/CONFIGURATION.md). Without
     /// `NVFIPC_STORE_ADDR`, local rank 0 on the master host hosts the store on the master port.
     pub fn from_env(options: &EnvOptions) -> Result<Context> {
         let config = EnvConfig::from_env()?;

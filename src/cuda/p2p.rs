@@ -121,8 +121,9 @@ pub fn send_wait(ep: &Endpoint, n: u64, stream: Stream) -> Result<()> {
     )
 }
 
-/// [`send_post`] for the next transfer of a cached channel; returns its number (counted only
-/// when the arguments are valid, so both sides stay in step).
+/// Sender, on `stream`: tells the receiver that the send buffer holds the next transfer of a
+/// cached channel (`send_post`); returns its number (counted only when the arguments are valid,
+/// so both sides stay in step).
 pub fn channel_send_post(h: &P2pHandles, stream: Stream) -> Result<u64> {
     let ep = h.endpoint(MemKind::Device)?;
     driver::ensure_context(None)?;
@@ -130,7 +131,8 @@ pub fn channel_send_post(h: &P2pHandles, stream: Stream) -> Result<u64> {
     send_post(&ep, n, stream).map(|()| n)
 }
 
-/// [`recv_post`] of `bytes` for the next transfer of a cached channel; returns its number.
+/// Receiver, on `stream`: waits for the sender's signal, pulls `bytes` of the next transfer of a
+/// cached channel and signals "done" (`recv_post`); returns its number.
 pub fn channel_recv_post(h: &P2pHandles, bytes: u64, stream: Stream) -> Result<u64> {
     let ep = h.endpoint(MemKind::Device)?;
     ep.check_fits(bytes)?;
@@ -139,7 +141,8 @@ pub fn channel_recv_post(h: &P2pHandles, bytes: u64, stream: Stream) -> Result<u
     recv_post(&ep, n, bytes, stream).map(|()| n)
 }
 
-/// [`send_wait`] for the last transfer posted on a cached channel.
+/// Sender, on `stream`: waits until the receiver has pulled the last transfer posted on a cached
+/// channel (`send_wait`).
 pub fn channel_send_wait(h: &P2pHandles, stream: Stream) -> Result<u64> {
     let ep = h.endpoint(MemKind::Device)?;
     let n = h.last_posted()?;

@@ -51,7 +51,7 @@ pub unsafe fn ipc_close_mem_handle(base: sys::CUdeviceptr) -> DriverResult<()> {
 /// `cuPointerGetAttributes`: asks for the first `count` of `attrs`, written through `data`.
 ///
 /// # Safety
-/// `attrs` and `data` have at least `count` entries, and every data entry points to writable
+/// Every one of the first `count` data entries (both slices are checked to have them) points to writable
 /// memory large enough for its attribute.
 pub unsafe fn pointer_get_attributes(
     count: usize,
@@ -59,7 +59,7 @@ pub unsafe fn pointer_get_attributes(
     data: &mut [*mut c_void],
     ptr: sys::CUdeviceptr,
 ) -> DriverResult<()> {
-    debug_assert!(count <= attrs.len() && count <= data.len());
+    assert!(count <= attrs.len() && count <= data.len());
     // SAFETY: the caller's guarantees above.
     let rc = unsafe {
         sys::cuPointerGetAttributes(count as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)

@@ -139,24 +139,41 @@ struct Table {
     /// Declared before `seg`: released before the segment is unmapped.
     guard: Guard,
     seg: ShmSegment,
+    /// Entries that lie wholly inside the mapping (at most [`CAPACITY`]): every entry index is
+    /// checked against it, in release builds too.
+    entries: u32,
 }
 
 impl Table {
-    fn new(seg: ShmSegment) -> Table {
+    /// Maps the header and the entries of `seg`; fails when the segment cannot hold the header.
+    fn new(seg: ShmSegment) -> Result<Table> {
+        let Some(body) = seg.len().checked_sub(HEADER) else {
+            return Err(Error::protocol(format!(
+                "board {} has {} bytes, less than its {HEADER}-byte header",
+                seg.name(),
+                seg.len()
+            )));
+        };
+        let entries = (body / ENTRY).min(u64::from(CAPACITY)) as u32;
         let guard = sigbus::guard(seg.addr(), seg.len());
-        Table { guard, seg }
+        Ok(Table {
+            guard,
+            seg,
+            entries,
+        })
     }
 
     /// Whether an access to the board ran into its file truncated or shrunk (one atomic load).
     /// With `probe`, the first and the last page are touched first, so that a shrink no access
     /// ran into yet is found too (to the page).
     fn truncated(&self, probe: bool) -> bool {
-        debug_assert!(self.seg.len() >= BOARD_BYTES);
         if probe {
             std::hint::black_box(self.header().magic.load(Ordering::Relaxed));
-            std::hint::black_box(
-                self.entry(CAPACITY - 1).known[KNOWN_PER_CHANNEL - 1].load(Ordering::Relaxed),
-            );
+            if let Some(last) = self.entries.checked_sub(1) {
+                std::hint::black_box(
+                    self.entry(last).known[KNOWN_PER_CHANNEL - 1].load(Ordering::Relaxed),
+                );
+            }
         }
         self.guard.truncated()
     }
@@ -177,16 +194,25 @@ impl Table {
     }
 
     fn header(&self) -> &Header {
-        // SAFETY: the segment is at least BOARD_BYTES long (checked at create/open), page
-        // aligned, and lives as long as `self`; all fields are atomics, so concurrent access
-        // from other processes is well defined.
+        // SAFETY: the mapping holds at least HEADER bytes (checked in `new`), is page aligned
+        // and lives as long as `self`; all fields are atomics, so concurrent access from other
+        // processes is well defined, and a file truncated under the mapping reads zeros (the
+        // SIGBUS guard).
         unsafe { &*(self.seg.addr() as *const Header) }
     }
 
+    /// The entry at `index`. Panics when `index` is not an entry of this board: indexes come
+    /// from [`OwnBoard::insert`] and [`PeerBoard::find`], so this is a bug of the caller, like an
+    /// index out of a slice's bounds.
     fn entry(&self, index: u32) -> &Entry {
-        debug_assert!(index < CAPACITY);
-        // SAFETY: as in `header`; `index < CAPACITY` keeps the entry inside the segment, and
-        // entries are 64-byte aligned.
+        assert!(
+            index < self.entries,
+            "board entry {index} out of bounds ({} entries)",
+            self.entries
+        );
+        // SAFETY: as in `header`; `index < self.entries` keeps the whole entry inside the mapping
+        // (checked above, in release builds too), and entries are 64-byte aligned (HEADER and
+        // ENTRY are multiples of 64 from a page-aligned base).
         unsafe { &*((self.seg.addr() + HEADER + ENTRY * u64::from(index)) as *const Entry) }
     }
 
@@ -236,7 +262,9 @@ pub fn reclaim_dead() -> usize {
         let Ok(Some(seg)) = ShmSegment::open_when_sized(&path, HEADER) else {
             continue;
         };
-        let t = Table::new(seg);
+        let Ok(t) = Table::new(seg) else {
+            continue;
+        };
         let h = t.header();
         let pid = h.owner_pid.load(Ordering::Acquire);
         let dead = h.magic.load(Ordering::Relaxed) == MAGIC
@@ -270,7 +298,8 @@ impl OwnBoard {
                     return Err(first.context(format!("creating the board of rank {rank}")));
                 };
                 check_owner(&existing, rank)?;
-                let h = Table::new(existing);
+                let h = Table::new(existing)
+                    .map_err(|e| e.context(format!("replacing the board of rank {rank}")))?;
                 let pid = h.header().owner_pid.load(Ordering::Acquire);
                 if pid == std::process::id() {
                     return Err(Error::state(format!(
@@ -291,7 +320,7 @@ impl OwnBoard {
                 ShmSegment::create(name, BOARD_BYTES)?
             }
         };
-        let table = Table::new(seg);
+        let table = Table::new(seg)?;
         let h = table.header();
         h.owner_pid.store(std::process::id(), Ordering::Relaxed);
         h.owner_pid_ns
@@ -467,7 +496,7 @@ impl PeerBoard {
             return Ok(None);
         };
         check_owner(&seg, rank)?;
-        let table = Table::new(seg);
+        let table = Table::new(seg)?;
         let h = table.header();
         if h.ready.load(Ordering::Acquire) != 1 {
             return Ok(None);

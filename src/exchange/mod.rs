@@ -18,16 +18,13 @@ mod session;
 mod symmetric;
 mod waits;
 
-pub use crate::transport::record::{HandleType, Record};
-pub use crate::transport::{
-    LocalBuffer, MemKind, P2pHandles, PeerMapping, SemaphoreSlab, Transport,
-};
+pub use crate::transport::{LocalBuffer, MemKind, P2pHandles, PeerMapping, Transport};
 pub use cache::{CacheConfig, HandleCache};
 pub use channel::{ChannelKey, Direction, OpenChannel, Request};
 pub use peers::DEFAULT_RETAINED_PER_PEER;
-pub use phases::{Phase, PhaseTimes, PHASES};
+pub use phases::PHASES;
 pub use session::{CacheStats, DEFAULT_MAX_LINGER};
-pub use symmetric::{PeerBuffer, TAG_PREFIX};
+pub use symmetric::PeerBuffer;
 
 #[cfg(test)]
 mod tests;

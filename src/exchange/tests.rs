@@ -123,6 +123,7 @@ fn a_symmetric_rendezvous_maps_no_semaphore_slab() {
     let (x, y) = (x.unwrap(), y.unwrap());
     // SAFETY: each peer pointer maps at least one byte of the peer's live buffer.
     assert_eq!(unsafe { *(x[1].ptr as *const u8) }, 2);
+    // SAFETY: as above, for the other rank's view.
     assert_eq!(unsafe { *(y[0].ptr as *const u8) }, 1);
     for s in [c[0].stats(), c[1].stats()] {
         assert_eq!(s.opens, 1, "the peer's buffer alone: {s:?}");

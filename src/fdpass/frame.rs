@@ -30,7 +30,7 @@ impl Secret {
     }
 
     /// 32 lower-case hex digits (the record's form).
-    pub fn to_hex(&self) -> String {
+    pub fn to_hex(self) -> String {
         format!("{:032x}", self.0)
     }
 

@@ -15,7 +15,6 @@ pub use crate::config::FdPassConfig;
 pub use diagnose::{Diagnosis, Gate, Rung};
 pub use peer::{LocalIdentity, PeerRecord, PtracerState};
 pub use registry::FdId;
-pub use sealed::SealedRecord;
 
 use crate::error::{Error, Result};
 use crate::os::fd_passing as sys;

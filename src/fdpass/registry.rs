@@ -168,10 +168,6 @@ impl Registry {
     pub fn len(&self) -> usize {
         lock(&self.table).entries.len()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

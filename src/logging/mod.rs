@@ -6,7 +6,7 @@
 //! logging::EXCHANGE, ...)`; the target is the subsystem `NVFIPC_DEBUG_SUBSYS` filters on.
 
 use crate::config::{LogConfig, DEBUG_FILE_VAR};
-pub use crate::config::{Subsystem, BARRIER, CUDA, EXCHANGE, HOST, SERVER, STORE};
+pub use crate::config::{Subsystem, BARRIER, CUDA, EXCHANGE, HOST, STORE};
 use crate::sync::lock;
 pub use log::Level;
 use log::{LevelFilter, Log, Metadata, Record};

@@ -18,8 +18,8 @@ pub mod view;
 
 pub use epoch::P2pHandles;
 pub use peer_maps::PeerMapping;
-pub use set::{TransportFactory, Transports};
-pub use slab::{check_slot, slot_address, SemaphoreSlab, SEMAPHORE_STRIDE, SLAB_BYTES, SLAB_SLOTS};
+pub use set::Transports;
+pub use slab::{slot_address, SemaphoreSlab, SLAB_BYTES};
 
 use crate::error::{Error, Result};
 use record::{HandleType, Record, Segment, PAYLOAD_LEN};

@@ -1,4 +1,5 @@
 use super::*;
+use crate::transport::slab::SEMAPHORE_STRIDE;
 
 #[test]
 fn slot_addresses_are_strided() {

@@ -4,7 +4,7 @@
 use super::seed::TorchStyleBarrier;
 use super::{gather, RankArgs, Series};
 use crate::stats::nanos;
-use nvfuser_ipc::context::Context;
+use nvfuser_ipc::Context;
 use nvfuser_ipc::Result;
 use std::time::Instant;
 

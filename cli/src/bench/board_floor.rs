@@ -8,9 +8,11 @@
 
 use super::RankArgs;
 use crate::stats::nanos;
-use nvfuser_ipc::context::Context;
-use nvfuser_ipc::os::shm::ShmSegment;
-use nvfuser_ipc::os::wait;
+use nvfuser_ipc::tools::os::ShmSegment;
+use nvfuser_ipc::tools::os::{
+    blocking_pace, futex_wait, futex_wake_all, wait_blocking, BlockingPace,
+};
+use nvfuser_ipc::Context;
 use nvfuser_ipc::{Error, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -47,7 +49,7 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<u64>> {
         })
     };
     let neighbours = [open((rank + 1) % world)?, open((rank + world - 1) % world)?];
-    let pace = wait::blocking_pace(world);
+    let pace = blocking_pace(world);
     let timeout = ctx.timeout();
     let mut samples = Vec::with_capacity(args.steps);
     let mut value = 0u32;
@@ -56,7 +58,7 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<u64>> {
         for _ in 0..ROUNDS_PER_CALL {
             value += 1;
             word(&own).store(value, Ordering::Release);
-            wait::futex_wake_all(word(&own));
+            futex_wake_all(word(&own));
             for n in &neighbours {
                 await_value(word(n), value, pace, timeout).ok_or_else(|| {
                     Error::timeout(format!(
@@ -77,19 +79,14 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<u64>> {
 }
 
 /// Waits until `w` holds at least `value`, as the exchange waits on a board.
-fn await_value(
-    w: &AtomicU32,
-    value: u32,
-    pace: wait::BlockingPace,
-    timeout: Duration,
-) -> Option<()> {
-    wait::wait_blocking(pace, timeout, |block| {
+fn await_value(w: &AtomicU32, value: u32, pace: BlockingPace, timeout: Duration) -> Option<()> {
+    wait_blocking(pace, timeout, |block| {
         let now = w.load(Ordering::Acquire);
         if now >= value {
             return Some(());
         }
         if let Some(max) = block {
-            wait::futex_wait(w, now, max);
+            futex_wait(w, now, max);
         }
         None
     })

@@ -21,12 +21,13 @@ use super::seed::{make_record, Importer, SeedExchange};
 use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
-use nvfuser_ipc::context::Context;
-use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
-use nvfuser_ipc::exchange::DEFAULT_RETAINED_PER_PEER;
-use nvfuser_ipc::exchange::PHASES;
-use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Request, Transport};
+use nvfuser_ipc::tools::cuda::DRIVER_CALLS;
+use nvfuser_ipc::tools::exchange::Transport;
+use nvfuser_ipc::tools::exchange::PHASES;
+use nvfuser_ipc::Context;
 use nvfuser_ipc::Result;
+use nvfuser_ipc::DEFAULT_RETAINED_PER_PEER;
+use nvfuser_ipc::{CacheConfig, HandleCache, MemKind, Request};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -182,7 +183,7 @@ impl Buffers {
 /// Real driver-level IPC opens in this process so far (0 for host memory).
 fn driver_opens(kind: MemKind) -> u64 {
     match kind {
-        MemKind::Device => nvfuser_ipc::cuda::ipc::counters().opens,
+        MemKind::Device => nvfuser_ipc::tools::cuda::ipc_counters().opens,
         MemKind::Host => 0,
     }
 }
@@ -247,7 +248,7 @@ pub fn run(
     let mut out: Vec<Series> = Vec::new();
     let mut add = |name: String, samples: Vec<u64>| out.push((name, samples));
     let cache = HandleCache::with_transports(CacheConfig::from_context(ctx), transports.to_vec())?;
-    let clock = &nvfuser_ipc::cuda::runtime().clock;
+    let clock = &nvfuser_ipc::tools::cuda::runtime().clock;
     for scenario in SCENARIOS {
         // The pool and cold_large scenarios also say where their time goes, phase by phase
         // (mean per call and rank), and how many store round trips their timed calls made.
@@ -354,7 +355,7 @@ fn ours(
         trips = cache.stats().store_round_trips;
         // The phases of the timed calls only: the untimed ones open every segment.
         cache.phase_times(true);
-        nvfuser_ipc::cuda::runtime().clock.take();
+        nvfuser_ipc::tools::cuda::runtime().clock.take();
     };
     let exchange = |_, requests: &[Request; 2]| cache.exchange_handles(requests);
     let (samples, opens) = scenario_calls(ctx, args, kind, scenario, at_timed, exchange)?;

@@ -23,10 +23,11 @@ use crate::memory::{
     enter_rank_device, kind_label, set_device_memory, DeviceMemory, TransportChoice,
 };
 use crate::stats::{decode_samples, encode_samples};
-use nvfuser_ipc::context::{Context, EnvOptions};
-use nvfuser_ipc::cuda::transport::CudaTransport;
-use nvfuser_ipc::exchange::{MemKind, Transport};
-use nvfuser_ipc::host::HostTransport;
+use nvfuser_ipc::tools::cuda::CudaTransport;
+use nvfuser_ipc::tools::exchange::Transport;
+use nvfuser_ipc::tools::host::HostTransport;
+use nvfuser_ipc::MemKind;
+use nvfuser_ipc::{Context, EnvOptions};
 use nvfuser_ipc::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -358,7 +359,7 @@ fn rank_body(ctx: &Context, args: &RankArgs) -> Result<()> {
         if args.kind == MemKind::Device {
             // Released peer mappings are closed on the library's releaser threads: let them
             // finish before this process exits.
-            nvfuser_ipc::cuda::flush_releases(args.timeout)?;
+            nvfuser_ipc::tools::cuda::flush_releases(args.timeout)?;
         }
         drop(device);
         series

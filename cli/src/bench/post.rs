@@ -12,14 +12,13 @@ use super::{gather, RankArgs, Series};
 use crate::device_buffer::DeviceStream;
 use crate::memory::Buffer;
 use crate::stats::nanos;
-use nvfuser_ipc::context::Context;
-use nvfuser_ipc::default_transports;
-use nvfuser_ipc::exchange::{CacheConfig, MemKind, Request};
 use nvfuser_ipc::ffi::boundary::nvfipc_last_error_message;
 use nvfuser_ipc::ffi::channel::*;
 use nvfuser_ipc::ffi::cuda::*;
 use nvfuser_ipc::ffi::exchange::*;
 use nvfuser_ipc::ffi::host::*;
+use nvfuser_ipc::Context;
+use nvfuser_ipc::{CacheConfig, MemKind, Request};
 use nvfuser_ipc::{Error, Result, Status};
 use std::ffi::{c_void, CStr, CString};
 use std::time::{Duration, Instant};
@@ -129,7 +128,7 @@ pub fn run(ctx: &Context, args: &RankArgs) -> Result<Vec<Series>> {
     } else {
         Request::recv(peer, TAG, buffer.addr(), args.bytes, args.kind)
     };
-    let cache = default_transports::cache(CacheConfig::from_context(ctx))?;
+    let cache = nvfuser_ipc::default_cache(CacheConfig::from_context(ctx))?;
     cache.exchange_handles(std::slice::from_ref(&req))?;
     let tag = CString::new(TAG).expect("no NUL in the tag");
     let mut side = Side {

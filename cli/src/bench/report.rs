@@ -3,8 +3,8 @@
 use super::exchange::floor_ns;
 use super::svg::{Chart, Series as Line};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
-use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
-use nvfuser_ipc::exchange::PHASES;
+use nvfuser_ipc::tools::cuda::DRIVER_CALLS;
+use nvfuser_ipc::tools::exchange::PHASES;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -213,7 +213,7 @@ impl Results {
                 cold,
                 1.0,
             ));
-            let cores = nvfuser_ipc::os::wait::usable_cores();
+            let cores = nvfuser_ipc::tools::os::usable_cores();
             let (limit, whose) = pool_limit(*w, cores);
             out.push(check(
                 format!("pool at W={w} vs seed baseline (segments mapped before; {whose})"),

@@ -10,9 +10,10 @@
 //! caller says which comms miss (both sides derive it from the same schedule), so the baseline
 //! runs every scenario and only the protocol differs from ours.
 
-use nvfuser_ipc::exchange::{Direction, LocalBuffer, MemKind, PeerMapping, Request, Transport};
 use nvfuser_ipc::store::Store;
-use nvfuser_ipc::transport::record::{self, flags, local_host, Record};
+use nvfuser_ipc::tools::exchange::{flags, local_host, record, Record};
+use nvfuser_ipc::tools::exchange::{LocalBuffer, PeerMapping, Transport};
+use nvfuser_ipc::{Direction, MemKind, Request};
 use nvfuser_ipc::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -111,7 +112,7 @@ impl Importer {
         let mapping = self.transport.import(&rec, self.wait)?;
         if let std::collections::hash_map::Entry::Vacant(slot) = self.slabs.entry(peer) {
             let handle =
-                nvfuser_ipc::transport::ExportedHandle::plain(rec.sem_type, rec.sem_payload);
+                nvfuser_ipc::tools::exchange::ExportedHandle::plain(rec.sem_type, rec.sem_payload);
             slot.insert(
                 self.transport
                     .semaphores()

@@ -15,12 +15,13 @@
 use super::{gather, RankArgs, Series};
 use crate::memory::Buffer;
 use crate::stats::{median, nanos};
-use nvfuser_ipc::context::Context;
-use nvfuser_ipc::cuda::clock::DRIVER_CALLS;
-use nvfuser_ipc::cuda::{driver, result};
-use nvfuser_ipc::exchange::PeerBuffer;
-use nvfuser_ipc::exchange::PHASES;
-use nvfuser_ipc::exchange::{CacheConfig, HandleCache, MemKind, Transport};
+use nvfuser_ipc::tools::cuda::DRIVER_CALLS;
+use nvfuser_ipc::tools::cuda::{driver, result};
+use nvfuser_ipc::tools::exchange::Transport;
+use nvfuser_ipc::tools::exchange::PHASES;
+use nvfuser_ipc::Context;
+use nvfuser_ipc::PeerBuffer;
+use nvfuser_ipc::{CacheConfig, HandleCache, MemKind};
 use nvfuser_ipc::{Error, Result};
 use std::sync::Arc;
 use std::time::Instant;
@@ -119,7 +120,7 @@ pub fn run(
     kind: MemKind,
     make_transports: MakeTransports<'_>,
 ) -> Result<(Vec<Series>, Transports)> {
-    let clock = &nvfuser_ipc::cuda::runtime().clock;
+    let clock = &nvfuser_ipc::tools::cuda::runtime().clock;
     let mut buffers = Vec::with_capacity(args.steps + 1);
     let first_buf = Buffer::alloc(kind, &ctx.job_id, args.bytes)?;
     first_buf.write(&pattern(ctx.rank, 0))?;
@@ -214,7 +215,7 @@ pub fn run(
     ctx.barrier(None, None)?;
     cache.close();
     if kind == MemKind::Device {
-        nvfuser_ipc::cuda::flush_releases(args.timeout)?;
+        nvfuser_ipc::tools::cuda::flush_releases(args.timeout)?;
     }
     ctx.barrier(None, None)?;
     drop(buffers);

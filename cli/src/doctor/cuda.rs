@@ -3,7 +3,7 @@
 
 use super::probe::{vmm_round_trip, VmmHandle};
 use super::{Check, Verdict};
-use nvfuser_ipc::cuda::driver;
+use nvfuser_ipc::tools::cuda::driver;
 
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`.
 const ATTR_COMPUTE_MODE: i32 = 20;

@@ -2,11 +2,11 @@
 //! seccomp.
 
 use super::{Check, Verdict};
-use nvfuser_ipc::fdpass::diagnose::PtraceFacts;
-use nvfuser_ipc::node::NodeIdentity;
-use nvfuser_ipc::os::net::fd_limits;
-use nvfuser_ipc::os::process::ns_inode;
-use nvfuser_ipc::os::shm::{shm_free_and_total, ShmSegment};
+use nvfuser_ipc::tools::fdpass::PtraceFacts;
+use nvfuser_ipc::tools::node::NodeIdentity;
+use nvfuser_ipc::tools::os::fd_limits;
+use nvfuser_ipc::tools::os::ns_inode;
+use nvfuser_ipc::tools::os::{shm_free_and_total, ShmSegment};
 
 const MIB: u64 = 1 << 20;
 

@@ -4,13 +4,13 @@
 
 use super::peer::{fetch_by, marked_memfd, rung_checks, Meeting, RUNGS};
 use super::{Check, Verdict};
-use nvfuser_ipc::config::RankInfo;
-use nvfuser_ipc::context::{Context, EnvOptions};
-use nvfuser_ipc::fdpass::{FdId, FdPass, FdPassConfig, Rung};
-use nvfuser_ipc::node::{NodeIdentity, Reach};
-use nvfuser_ipc::os::process::ns_inode;
 use nvfuser_ipc::store::Store;
+use nvfuser_ipc::tools::config::RankInfo;
+use nvfuser_ipc::tools::fdpass::{FdId, FdPass, FdPassConfig, Rung};
+use nvfuser_ipc::tools::node::{NodeIdentity, Reach};
+use nvfuser_ipc::tools::os::ns_inode;
 use nvfuser_ipc::Status;
+use nvfuser_ipc::{Context, EnvOptions};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;

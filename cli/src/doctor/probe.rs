@@ -5,8 +5,8 @@
 //! doctor`.
 
 use cudarc::driver::sys;
-use nvfuser_ipc::cuda::driver::{self, ContextGuard};
-use nvfuser_ipc::cuda::result::{self, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
+use nvfuser_ipc::tools::cuda::driver::{self, ContextGuard};
+use nvfuser_ipc::tools::cuda::result::{self, HANDLE_TYPE_FABRIC, HANDLE_TYPE_POSIX_FD};
 use nvfuser_ipc::Result;
 
 /// Which shareable handle a VMM probe exports.
@@ -108,11 +108,10 @@ pub fn vmm_round_trip(device: i32, handle: VmmHandle) -> Result<String> {
         size,
         mapped: false,
     };
-    // SAFETY: the range was just reserved by this probe and nothing is mapped in it.
-    step(
-        unsafe { result::mem_map(range.base, size, imported.0) },
-        "cuMemMap",
-    )?;
+    // SAFETY: the range was just reserved by this probe, `size` bytes long, and nothing is
+    // mapped in it; `imported` holds a physical allocation of `size` bytes.
+    let mapped = unsafe { result::mem_map(range.base, size, imported.0) };
+    step(mapped, "cuMemMap")?;
     range.mapped = true;
     step(
         result::mem_set_access_rw(range.base, size, device),

@@ -1,6 +1,6 @@
 use super::*;
 use crate::error::Status;
-use crate::transport::SLAB_SLOTS;
+use crate::transport::slab::SLAB_SLOTS;
 
 #[test]
 fn without_driver_every_call_reports_cuda_unavailable() {

@@ -242,3 +242,31 @@ fn a_board_file_of_another_user_is_never_read() {
     assert!(err.message.contains("uid 65534"), "{}", err.message);
     drop(own);
 }
+
+#[test]
+fn an_entry_index_past_the_board_panics_instead_of_reading_past_the_mapping() {
+    let n = name("bounds");
+    let own = OwnBoard::create(&n, 0).unwrap();
+    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    assert_eq!(peer.step(CAPACITY - 1), 0, "the last entry is inside");
+    for index in [CAPACITY, u32::MAX] {
+        let read = std::panic::catch_unwind(|| peer.read(index, 1));
+        assert!(read.is_err(), "entry {index} was read");
+        let publish = std::panic::catch_unwind(|| own.publish_opened(index, 1));
+        assert!(publish.is_err(), "entry {index} was written");
+    }
+}
+
+#[test]
+fn a_segment_shorter_than_the_header_is_no_table() {
+    let n = name("short");
+    let seg = ShmSegment::create(&n, HEADER - 8).unwrap();
+    let err = Table::new(seg).err().expect("a table of a short segment");
+    assert!(err.message.contains("less than its"), "{err}");
+    let seg = ShmSegment::create(&name("header"), HEADER).unwrap();
+    assert_eq!(
+        Table::new(seg).unwrap().entries,
+        0,
+        "a header alone has no entries"
+    );
+}

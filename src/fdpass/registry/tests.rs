@@ -22,7 +22,7 @@ fn ids_round_trip_and_revocation_is_told_from_unknown() {
     assert_eq!(reg.lookup(0).unwrap_err(), ErrorCode::UnknownId);
     // The descriptor stays open while a lookup holds it.
     assert_eq!(sys::file_identity(held.as_fd()).unwrap(), (id.dev, id.ino));
-    assert!(reg.is_empty());
+    assert_eq!(reg.len(), 0);
 }
 
 #[test]

@@ -32,17 +32,27 @@ fn fail(host: &Host, code: c_int, msg: &str) -> c_int {
     code
 }
 
+/// The span (`p`, `len`) as a slice; NULL is allowed when `len` is 0.
+///
+/// # Safety
+/// When `len` is not 0, `p` points to `len` readable bytes that outlive `'a`.
 unsafe fn bytes<'a>(p: *const u8, len: usize) -> &'a [u8] {
     if len == 0 {
         &[]
     } else {
-        std::slice::from_raw_parts(p, len)
+        // SAFETY: the caller's contract, for a non-empty span.
+        unsafe { std::slice::from_raw_parts(p, len) }
     }
 }
 
+/// Copies the `n` keys of a vtable call.
+///
+/// # Safety
+/// `keys` and `lens` point to `n` entries each, and each key to its length in bytes.
 unsafe fn key_list(keys: *const *const c_char, lens: *const usize, n: usize) -> Vec<Vec<u8>> {
     (0..n)
-        .map(|i| bytes(*keys.add(i) as *const u8, *lens.add(i)).to_vec())
+        // SAFETY: `i < n`, inside both arrays; each key spans its length (the caller's contract).
+        .map(|i| unsafe { bytes(*keys.add(i) as *const u8, *lens.add(i)) }.to_vec())
         .collect()
 }
 
@@ -66,15 +76,18 @@ unsafe extern "C" fn cb_set(
     value: *const u8,
     value_len: usize,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let k = bytes(key as *const u8, key_len).to_vec();
-        h.map
-            .lock()
-            .unwrap()
-            .insert(k, bytes(value, value_len).to_vec());
-        h.changed.notify_all();
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `key` and `value` hold `key_len` and `value_len` bytes for the call.
+    unsafe {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            h.map
+                .lock()
+                .unwrap()
+                .insert(k, bytes(value, value_len).to_vec());
+            h.changed.notify_all();
+            0
+        })
+    }
 }
 
 /// Waits on the host map until `ready` holds or `timeout_ms` passes.
@@ -103,17 +116,20 @@ unsafe extern "C" fn cb_get(
     out_value: *mut *mut u8,
     out_len: *mut usize,
 ) -> c_int {
-    guarded(ctx, |h| {
-        h.get_timeouts.lock().unwrap().push(timeout_ms);
-        let k = bytes(key as *const u8, key_len).to_vec();
-        if !wait_until(h, timeout_ms, |m| m.contains_key(&k)) {
-            return fail(h, 2, "key did not appear");
-        }
-        let v = h.map.lock().unwrap()[&k].clone();
-        *out_value = malloc_copy(&v);
-        *out_len = v.len();
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `key` holds `key_len` bytes and both outputs are writable.
+    unsafe {
+        guarded(ctx, |h| {
+            h.get_timeouts.lock().unwrap().push(timeout_ms);
+            let k = bytes(key as *const u8, key_len).to_vec();
+            if !wait_until(h, timeout_ms, |m| m.contains_key(&k)) {
+                return fail(h, 2, "key did not appear");
+            }
+            let v = h.map.lock().unwrap()[&k].clone();
+            *out_value = malloc_copy(&v);
+            *out_len = v.len();
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_add(
@@ -123,21 +139,24 @@ unsafe extern "C" fn cb_add(
     delta: i64,
     out: *mut i64,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let k = bytes(key as *const u8, key_len).to_vec();
-        let mut map = h.map.lock().unwrap();
-        let old: i64 = match map.get(&k) {
-            None => 0,
-            Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse().ok()) {
-                Some(n) => n,
-                None => return fail(h, 1, "value is not a number"),
-            },
-        };
-        map.insert(k, (old + delta).to_string().into_bytes());
-        h.changed.notify_all();
-        *out = old + delta;
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `key` holds `key_len` bytes and `out` is writable.
+    unsafe {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            let mut map = h.map.lock().unwrap();
+            let old: i64 = match map.get(&k) {
+                None => 0,
+                Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse().ok()) {
+                    Some(n) => n,
+                    None => return fail(h, 1, "value is not a number"),
+                },
+            };
+            map.insert(k, (old + delta).to_string().into_bytes());
+            h.changed.notify_all();
+            *out = old + delta;
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_check(
@@ -147,12 +166,15 @@ unsafe extern "C" fn cb_check(
     n: usize,
     out: *mut bool,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let keys = key_list(keys, key_lens, n);
-        let map = h.map.lock().unwrap();
-        *out = keys.iter().all(|k| map.contains_key(k));
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `keys` and `key_lens` hold `n` spans and `out` is writable.
+    unsafe {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            let map = h.map.lock().unwrap();
+            *out = keys.iter().all(|k| map.contains_key(k));
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_delete(
@@ -161,11 +183,14 @@ unsafe extern "C" fn cb_delete(
     key_len: usize,
     out: *mut bool,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let k = bytes(key as *const u8, key_len);
-        *out = h.map.lock().unwrap().remove(k).is_some();
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `key` holds `key_len` bytes and `out` is writable.
+    unsafe {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len);
+            *out = h.map.lock().unwrap().remove(k).is_some();
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_wait(
@@ -175,21 +200,27 @@ unsafe extern "C" fn cb_wait(
     n: usize,
     timeout_ms: i64,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let keys = key_list(keys, key_lens, n);
-        if wait_until(h, timeout_ms, |m| keys.iter().all(|k| m.contains_key(k))) {
-            0
-        } else {
-            fail(h, 2, "keys did not appear")
-        }
-    })
+    // SAFETY: the library calls this as the vtable says: `keys` and `key_lens` hold `n` spans.
+    unsafe {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            if wait_until(h, timeout_ms, |m| keys.iter().all(|k| m.contains_key(k))) {
+                0
+            } else {
+                fail(h, 2, "keys did not appear")
+            }
+        })
+    }
 }
 
 unsafe extern "C" fn cb_num_keys(ctx: *mut c_void, out: *mut i64) -> c_int {
-    guarded(ctx, |h| {
-        *out = h.map.lock().unwrap().len() as i64;
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `out` is writable.
+    unsafe {
+        guarded(ctx, |h| {
+            *out = h.map.lock().unwrap().len() as i64;
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_compare_set(
@@ -203,26 +234,29 @@ unsafe extern "C" fn cb_compare_set(
     out_value: *mut *mut u8,
     out_len: *mut usize,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let k = bytes(key as *const u8, key_len).to_vec();
-        let (expected, desired) = (bytes(expected, expected_len), bytes(desired, desired_len));
-        let mut map = h.map.lock().unwrap();
-        let result = match map.get(&k) {
-            Some(cur) if cur.as_slice() == expected => {
-                map.insert(k, desired.to_vec());
-                desired.to_vec()
-            }
-            Some(cur) => cur.clone(),
-            None if expected.is_empty() => {
-                map.insert(k, desired.to_vec());
-                desired.to_vec()
-            }
-            None => expected.to_vec(),
-        };
-        *out_value = malloc_copy(&result);
-        *out_len = result.len();
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `key`, `expected` and `desired` hold their lengths in bytes and both outputs are writable.
+    unsafe {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            let (expected, desired) = (bytes(expected, expected_len), bytes(desired, desired_len));
+            let mut map = h.map.lock().unwrap();
+            let result = match map.get(&k) {
+                Some(cur) if cur.as_slice() == expected => {
+                    map.insert(k, desired.to_vec());
+                    desired.to_vec()
+                }
+                Some(cur) => cur.clone(),
+                None if expected.is_empty() => {
+                    map.insert(k, desired.to_vec());
+                    desired.to_vec()
+                }
+                None => expected.to_vec(),
+            };
+            *out_value = malloc_copy(&result);
+            *out_len = result.len();
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_append(
@@ -232,15 +266,18 @@ unsafe extern "C" fn cb_append(
     value: *const u8,
     value_len: usize,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let k = bytes(key as *const u8, key_len).to_vec();
-        let mut map = h.map.lock().unwrap();
-        map.entry(k)
-            .or_default()
-            .extend_from_slice(bytes(value, value_len));
-        h.changed.notify_all();
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `key` and `value` hold `key_len` and `value_len` bytes for the call.
+    unsafe {
+        guarded(ctx, |h| {
+            let k = bytes(key as *const u8, key_len).to_vec();
+            let mut map = h.map.lock().unwrap();
+            map.entry(k)
+                .or_default()
+                .extend_from_slice(bytes(value, value_len));
+            h.changed.notify_all();
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_multi_set(
@@ -251,15 +288,18 @@ unsafe extern "C" fn cb_multi_set(
     value_lens: *const usize,
     n: usize,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let keys = key_list(keys, key_lens, n);
-        let mut map = h.map.lock().unwrap();
-        for (i, k) in keys.into_iter().enumerate() {
-            map.insert(k, bytes(*values.add(i), *value_lens.add(i)).to_vec());
-        }
-        h.changed.notify_all();
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: the four arrays hold `n` entries each, every span valid for its length.
+    unsafe {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            let mut map = h.map.lock().unwrap();
+            for (i, k) in keys.into_iter().enumerate() {
+                map.insert(k, bytes(*values.add(i), *value_lens.add(i)).to_vec());
+            }
+            h.changed.notify_all();
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_multi_get(
@@ -271,32 +311,35 @@ unsafe extern "C" fn cb_multi_get(
     out_values: *mut *mut u8,
     out_lens: *mut usize,
 ) -> c_int {
-    guarded(ctx, |h| {
-        let keys = key_list(keys, key_lens, n);
-        if !wait_until(h, timeout_ms, |m| keys.iter().all(|k| m.contains_key(k))) {
-            return fail(h, 2, "keys did not appear");
-        }
-        let map = h.map.lock().unwrap();
-        for (i, k) in keys.iter().enumerate() {
-            *out_values.add(i) = malloc_copy(&map[k]);
-            *out_lens.add(i) = map[k].len();
-        }
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: `keys` and `key_lens` hold `n` spans and both output arrays have `n` writable slots.
+    unsafe {
+        guarded(ctx, |h| {
+            let keys = key_list(keys, key_lens, n);
+            if !wait_until(h, timeout_ms, |m| keys.iter().all(|k| m.contains_key(k))) {
+                return fail(h, 2, "keys did not appear");
+            }
+            let map = h.map.lock().unwrap();
+            for (i, k) in keys.iter().enumerate() {
+                *out_values.add(i) = malloc_copy(&map[k]);
+                *out_lens.add(i) = map[k].len();
+            }
+            0
+        })
+    }
 }
 
 unsafe extern "C" fn cb_free_value(ctx: *mut c_void, p: *mut u8, _len: usize) {
-    // SAFETY (of the call below): `p` came from malloc_copy.
     guarded(ctx, |h| {
         h.freed.fetch_add(1, Ordering::SeqCst);
-        libc::free(p as *mut c_void);
+        // SAFETY: the library hands back each value once, and every value came from malloc_copy.
+        unsafe { libc::free(p as *mut c_void) };
         0
     });
 }
 
 unsafe extern "C" fn cb_error_message(ctx: *mut c_void) -> *const c_char {
     // SAFETY: ctx is the test's Host; the CString stays in it until the next failure.
-    let host = &*(ctx as *const Host);
+    let host = unsafe { &*(ctx as *const Host) };
     host.last_error.lock().unwrap().as_ptr()
 }
 
@@ -541,11 +584,14 @@ unsafe extern "C" fn cb_get_huge(
     out_value: *mut *mut u8,
     out_len: *mut usize,
 ) -> c_int {
-    guarded(ctx, |_| {
-        *out_value = malloc_copy(b"x");
-        *out_len = 1 << 40;
-        0
-    })
+    // SAFETY: the library calls this as the vtable says: both outputs are writable.
+    unsafe {
+        guarded(ctx, |_| {
+            *out_value = malloc_copy(b"x");
+            *out_len = 1 << 40;
+            0
+        })
+    }
 }
 
 #[test]

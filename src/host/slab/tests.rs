@@ -1,6 +1,7 @@
 use super::*;
 use crate::host::tests::fdpass_pair;
-use crate::transport::{slot_address, SLAB_SLOTS};
+use crate::transport::slab::SLAB_SLOTS;
+use crate::transport::slot_address;
 
 #[test]
 fn slots_are_shared_with_an_importer() {

@@ -61,10 +61,8 @@ fn the_descriptor_table_is_grown_at_load() {
         rlim_max: 0,
     };
     // SAFETY: a valid out pointer for the duration of the call.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-        0
-    );
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(rc, 0);
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let size: u64 = status
         .lines()
