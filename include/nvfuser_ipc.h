@@ -59,6 +59,10 @@
 // longest key a TCPStore server accepts. A string argument is never read beyond it.
 #define NVFIPC_MAX_STRING_LEN 8192
 
+// Most keys in one call (`nvfipc_store_check`, `_wait`, `_multi_set`, `_multi_get`,
+// `nvfipc_buffers_free`): the most a TCPStore request names.
+#define NVFIPC_MAX_KEYS 131072
+
 // Most ranks a job may have (`world_size` of every context, members of every barrier): a world
 // barrier waits for every other rank's key in one store request, which names at most this many.
 #define NVFIPC_MAX_WORLD_SIZE 131072
@@ -105,10 +109,6 @@
 
 // Log level: everything, cached (free) exchanges included.
 #define NVFIPC_LOG_TRACE 4
-
-// Most keys in one call (`nvfipc_store_check`, `_wait`, `_multi_set`, `_multi_get`,
-// `nvfipc_buffers_free`): the most a TCPStore request names.
-#define NVFIPC_MAX_KEYS 131072
 
 // Longest value given to a store operation, in bytes: the longest a TCPStore server accepts.
 #define NVFIPC_MAX_VALUE_LEN 8388608

@@ -24,6 +24,11 @@ pub(crate) fn check_not_null<T>(ptr: *const T, name: impl Display) -> Result<()>
 pub const NVFIPC_MAX_STRING_LEN: usize = 8192;
 const _: () = assert!(NVFIPC_MAX_STRING_LEN == crate::store::wire::MAX_KEY_LEN);
 
+/// Most keys in one call (`nvfipc_store_check`, `_wait`, `_multi_set`, `_multi_get`,
+/// `nvfipc_buffers_free`): the most a TCPStore request names.
+pub const NVFIPC_MAX_KEYS: usize = 131_072;
+const _: () = assert!(NVFIPC_MAX_KEYS == crate::store::wire::MAX_KEY_COUNT);
+
 /// Borrows a NUL-terminated UTF-8 C string argument of at most `NVFIPC_MAX_STRING_LEN` bytes.
 pub(crate) fn c_str_arg<'a>(ptr: *const c_char, name: impl Display) -> Result<&'a str> {
     check_not_null(ptr, &name)?;
@@ -102,7 +107,7 @@ pub(crate) fn c_str_array_arg<'a>(
     name: &str,
     count: &str,
 ) -> Result<Vec<&'a str>> {
-    let max = super::store::NVFIPC_MAX_KEYS;
+    let max = NVFIPC_MAX_KEYS;
     let mut strs = Vec::with_capacity(count_arg(n, count, "NVFIPC_MAX_KEYS", max)?);
     for (i, &item) in slice_arg(ptr, n, name)?.iter().enumerate() {
         strs.push(c_str_arg(item, format_args!("{name}[{i}]"))?);

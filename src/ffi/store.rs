@@ -3,7 +3,7 @@
 
 use super::args::{
     c_str_arg, c_str_array_arg, count_arg, optional_out_ptr, out_ptr, out_slice_arg, positive_arg,
-    ref_arg, slice_arg, timeout_arg, Out,
+    ref_arg, slice_arg, timeout_arg, Out, NVFIPC_MAX_KEYS,
 };
 use super::boundary::ffi_call;
 use super::registry::{free_buffer, handle_ref, into_buffer, into_handle, take_handle, Handle};
@@ -17,10 +17,6 @@ use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Most keys in one call (`nvfipc_store_check`, `_wait`, `_multi_set`, `_multi_get`,
-/// `nvfipc_buffers_free`): the most a TCPStore request names.
-pub const NVFIPC_MAX_KEYS: usize = 131_072;
-const _: () = assert!(NVFIPC_MAX_KEYS == wire::MAX_KEY_COUNT);
 /// Longest value given to a store operation, in bytes: the longest a TCPStore server accepts.
 pub const NVFIPC_MAX_VALUE_LEN: usize = 8_388_608;
 const _: () = assert!(NVFIPC_MAX_VALUE_LEN == wire::MAX_VALUE_LEN);
