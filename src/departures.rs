@@ -18,7 +18,7 @@ pub trait Presence: Send + Sync {
 
 /// What this process has seen of one job's ranks.
 #[derive(Default)]
-struct Job {
+struct JobRanks {
     world_size: usize,
     /// The latest presence registered per rank (a newer cache's board replaces an older one's).
     peers: HashMap<usize, Arc<dyn Presence>>,
@@ -27,7 +27,7 @@ struct Job {
 // process-wide: a job's caches, contexts and fd transports in one process share no owner, and
 // each must see the ranks that any of them saw leave. Keyed by job tag (`names::job_tag`): the
 // fd transport knows only the tag.
-static JOBS: Lazy<Mutex<HashMap<String, Job>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+static JOBS: Lazy<Mutex<HashMap<String, JobRanks>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// Records that `job_id` has `world_size` ranks.
 pub fn note_world(job_id: &str, world_size: usize) {

@@ -5,7 +5,8 @@
 
 /// Environment variables and limits that `nvfipc launch` and `serve` set or check.
 pub mod config {
-    pub use crate::config::{RankInfo, DEFAULT_MASTER_PORT, LAUNCH_ID_VAR, MAX_WORLD_SIZE};
+    pub use crate::config::{DEFAULT_MASTER_PORT, LAUNCH_ID_VAR, MAX_WORLD_SIZE};
+    pub use crate::context::RankInfo;
 }
 
 /// The driver, as the CLI's device buffers, `nvfipc doctor`'s probes and the benchmarks' floors

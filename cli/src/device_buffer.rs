@@ -10,7 +10,7 @@
 //! CLI's, and the integration tests include it (`tests/exchange.rs`).
 
 use cudarc::driver::sys;
-use nvfuser_ipc::tools::cuda::driver::{self, Context, ContextGuard};
+use nvfuser_ipc::tools::cuda::driver::{self, ContextGuard, CudaContext};
 use nvfuser_ipc::tools::cuda::result;
 use nvfuser_ipc::Stream;
 use nvfuser_ipc::{Error, Result};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub struct DeviceBuffer {
     ptr: u64,
     bytes: u64,
-    ctx: Context,
+    ctx: CudaContext,
     /// For a VMM buffer: its physical allocations.
     vmm: Option<VmmParts>,
 }
@@ -173,7 +173,7 @@ impl Drop for DeviceBuffer {
 #[derive(Debug)]
 pub struct DeviceStream {
     raw: usize,
-    ctx: Context,
+    ctx: CudaContext,
 }
 
 impl DeviceStream {

@@ -22,7 +22,9 @@ public modules (src/tools.rs lists, each with its reason, the internals the CLI 
 reach: about 80), the board checks its entry indexes in release builds (about 25), the exchange
 lives in files named for their jobs (batch, protocol, waits: module heads and imports, about 40)
 and a warm call allocates nothing (requests reused at the C boundary, liveness and load read into
-stack buffers: about 60). Lower the budgets again as code goes; raise them only with a reason
+stack buffers: about 60). src/ is 22,300 since the cache's teardown and its symmetric calls left
+cache.rs for files of their own, and each module's settings left config.rs for a file beside
+the module (module heads and imports, about 30). Lower the budgets again as code goes; raise them only with a reason
 written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
@@ -31,7 +33,7 @@ import os
 import re
 import sys
 
-MAX_LINES = {"src": 22_250, "store/src": 4_650}
+MAX_LINES = {"src": 22_300, "store/src": 4_650}
 MAX_STATICS = 20
 
 repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")

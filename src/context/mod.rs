@@ -3,7 +3,7 @@
 //! are listed in docs/PROTOCOL.md section 2.
 
 use crate::barrier::{self, BarrierState};
-use crate::config::{self, EnvConfig, RankInfo, StoreSource};
+use crate::config;
 use crate::error::{Error, Result, Status};
 use crate::logging;
 use crate::names::context as names;
@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 
 mod claim;
 mod collision;
+mod env;
+
+pub use env::RankInfo;
+use env::{EnvConfig, StoreSource};
 
 /// Cap of how long a hosting rank waits for the others before it stops the store (by default it
 /// waits its context's timeout, capped at this).

@@ -167,15 +167,15 @@ pub fn error(rc: sys::CUresult, call: &str) -> Error {
 /// A CUDA context handle. Contexts are process-wide objects usable from any thread, so the
 /// handle is stored as an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Context(usize);
+pub struct CudaContext(usize);
 
-impl Context {
+impl CudaContext {
     fn raw(self) -> sys::CUcontext {
         self.0 as sys::CUcontext
     }
 
-    fn from_raw(ctx: sys::CUcontext) -> Context {
-        Context(ctx as usize)
+    fn from_raw(ctx: sys::CUcontext) -> CudaContext {
+        CudaContext(ctx as usize)
     }
 
     pub fn device(self) -> Result<i32> {
@@ -195,16 +195,16 @@ impl Context {
 }
 
 /// The context current on this thread, if any.
-pub fn current_context() -> Result<Option<Context>> {
+pub fn current_context() -> Result<Option<CudaContext>> {
     driver()?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out pointer.
     check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
-    Ok((!ctx.is_null()).then(|| Context::from_raw(ctx)))
+    Ok((!ctx.is_null()).then(|| CudaContext::from_raw(ctx)))
 }
 
 /// The primary context of `device`, retained once per process and never released.
-pub fn primary_context(device: i32) -> Result<Context> {
+pub fn primary_context(device: i32) -> Result<CudaContext> {
     driver()?;
     let count = device_count()?;
     if device < 0 || device >= count {
@@ -222,7 +222,7 @@ pub fn primary_context(device: i32) -> Result<Context> {
     // SAFETY: valid out pointer and a device handle from cuDeviceGet.
     let rc = unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) };
     check(rc, &format!("cuDevicePrimaryCtxRetain(device {device})"))?;
-    let ctx = Context::from_raw(ctx);
+    let ctx = CudaContext::from_raw(ctx);
     map.insert(device, ctx);
     Ok(ctx)
 }
@@ -237,7 +237,7 @@ pub fn default_device() -> Result<i32> {
 
 /// The context current on this thread, else the primary context of `default_device` (or of
 /// [`default_device()`]) made current for good.
-pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
+pub fn ensure_context(default_device: Option<i32>) -> Result<CudaContext> {
     if let Some(ctx) = current_context()? {
         return Ok(ctx);
     }
@@ -250,7 +250,7 @@ pub fn ensure_context(default_device: Option<i32>) -> Result<Context> {
 
 /// Enters a context for work on `device`: the current one when it belongs to `d`, else `d`'s
 /// primary context (pushed until the guard drops); with `None`, [`ensure_context`]'s.
-pub fn enter_device(device: Option<i32>) -> Result<(Context, ContextGuard)> {
+pub fn enter_device(device: Option<i32>) -> Result<(CudaContext, ContextGuard)> {
     match device {
         Some(d) => {
             let guard = ContextGuard::for_device(d)?;
@@ -269,7 +269,7 @@ pub struct ContextGuard {
 }
 
 impl ContextGuard {
-    pub fn enter(ctx: Context) -> Result<ContextGuard> {
+    pub fn enter(ctx: CudaContext) -> Result<ContextGuard> {
         if current_context()? == Some(ctx) {
             return Ok(ContextGuard { pushed: false });
         }

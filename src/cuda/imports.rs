@@ -7,13 +7,13 @@
 //! a mapping queued for its close back from the releaser, else waits (bounded) for a close in
 //! progress and opens afresh under the table lock, so two importers of one key never open it
 //! twice. The last reference hands the mapping to the [`Releaser`], which waits for the context's
-//! queued work ([`Phase::Draining`], still revivable) and then closes it ([`Phase::Closing`]);
+//! queued work ([`ReleasePhase::Draining`], still revivable) and then closes it ([`ReleasePhase::Closing`]);
 //! nothing is closed on the caller's thread except by [`ImportTable::close_now`] (the low-level C
 //! API). What is specific to a kind (open, close, a sub-table kept under the table's lock) is its
 //! [`ImportKind`]; the queue logic is generic, so it is unit-tested without a GPU.
 
 use super::clock::DriverCall;
-use super::driver::Context;
+use super::driver::CudaContext;
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
@@ -37,7 +37,7 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
 
     /// Where the mapping starts in this process, and the context it was opened in; `None` when
     /// nothing was opened (this process's own allocation): nothing is closed, nor counted mapped.
-    fn at(&self, mapped: &Self::Mapped) -> (u64, Option<Context>);
+    fn at(&self, mapped: &Self::Mapped) -> (u64, Option<CudaContext>);
 
     /// Whether the last release must close the mapping.
     fn closes(&self, mapped: &Self::Mapped) -> bool {
@@ -47,7 +47,7 @@ pub(crate) trait ImportKind: Send + Sync + 'static {
     /// Waits for the device work queued before the release (all of the mapping's context); the
     /// mapping stays intact (and may still be taken back).
     fn drain(&self, _peer: usize, mapped: &Self::Mapped) -> Result<()> {
-        self.at(mapped).1.map_or(Ok(()), Context::synchronize)
+        self.at(mapped).1.map_or(Ok(()), CudaContext::synchronize)
     }
 
     /// Closes the mapping (without the table's lock on the releaser thread).
@@ -81,7 +81,7 @@ impl<K: ImportKind> Tables<K> {
 }
 
 /// What a kind's open step did.
-pub(crate) enum Opened<Key, M> {
+pub(crate) enum OpenOutcome<Key, M> {
     /// Opened a new mapping of the requested key.
     Mapped(M),
     /// The requested allocation is served by the live import `key` (e.g. a VMM run inside a larger
@@ -126,8 +126,8 @@ impl<K: ImportKind> ImportTable<K> {
             Releaser::new(
                 K::THREAD,
                 max_pending,
-                move |job: &Job<K::Key, K::Mapped>| drain_kind.drain(job.peer, &job.target),
-                move |job: &Job<K::Key, K::Mapped>| {
+                move |job: &ReleaseJob<K::Key, K::Mapped>| drain_kind.drain(job.peer, &job.target),
+                move |job: &ReleaseJob<K::Key, K::Mapped>| {
                     let close = || close_kind.close(job.peer, &job.target);
                     let closed = super::runtime().clock.time(DriverCall::Close, close);
                     close_kind.closed(&mut lock(&close_state).side, &job.target);
@@ -157,7 +157,7 @@ impl<K: ImportKind> ImportTable<K> {
         peer: usize,
         wait: Duration,
         what: impl Fn() -> String,
-        open: impl FnOnce(&mut Tables<K>) -> Result<Opened<K::Key, K::Mapped>>,
+        open: impl FnOnce(&mut Tables<K>) -> Result<OpenOutcome<K::Key, K::Mapped>>,
     ) -> Result<Import<K>> {
         let (kind, releaser) = (&*self.inner.kind, &self.inner.releaser);
         let mut t = lock(&self.inner.state);
@@ -183,8 +183,8 @@ impl<K: ImportKind> ImportTable<K> {
                     continue;
                 }
                 Revive::Absent => match open(&mut t)? {
-                    Opened::Mapped(mapped) => mapped,
-                    Opened::Within { key: outer, offset } => {
+                    OpenOutcome::Mapped(mapped) => mapped,
+                    OpenOutcome::Within { key: outer, offset } => {
                         let e = t.entries.get_mut(&outer).ok_or_else(|| {
                             Error::internal(format!("{outer:?} serves {key:?} but is not imported"))
                         })?;
@@ -349,7 +349,7 @@ impl<K: ImportKind> Debug for Import<K> {
 /// One mapping to close: `key` identifies it in the import table, `target` is what the close
 /// operation needs (for the driver: the mapped base and its context).
 #[derive(Clone, Debug)]
-pub struct Job<K, T> {
+pub struct ReleaseJob<K, T> {
     pub key: K,
     pub peer: usize,
     pub target: T,
@@ -372,7 +372,7 @@ pub enum Revive<T> {
 
 /// Where the thread is with the job it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub enum ReleasePhase {
     /// Waiting for the device work queued before the release; the mapping is intact.
     Draining,
     /// Inside the close.
@@ -381,8 +381,8 @@ pub enum Phase {
 
 /// The job the thread runs, and whether it was taken back meanwhile.
 struct Running<K, T> {
-    job: Job<K, T>,
-    phase: Phase,
+    job: ReleaseJob<K, T>,
+    phase: ReleasePhase,
     revived: bool,
 }
 
@@ -400,7 +400,7 @@ pub struct ReleaseCounters {
 }
 
 struct State<K, T> {
-    queue: VecDeque<Job<K, T>>,
+    queue: VecDeque<ReleaseJob<K, T>>,
     /// The job the thread is running now.
     running: Option<Running<K, T>>,
     per_peer: HashMap<usize, usize>,
@@ -412,7 +412,7 @@ struct State<K, T> {
     thread: bool,
 }
 
-type StepFn<K, T> = dyn Fn(&Job<K, T>) -> Result<()> + Send + Sync;
+type StepFn<K, T> = dyn Fn(&ReleaseJob<K, T>) -> Result<()> + Send + Sync;
 
 /// A queue of mappings to close and the thread that closes them (see the module docs).
 pub struct Releaser<K, T> {
@@ -436,8 +436,8 @@ where
     pub fn new(
         name: &'static str,
         max_pending: usize,
-        drain: impl Fn(&Job<K, T>) -> Result<()> + Send + Sync + 'static,
-        close: impl Fn(&Job<K, T>) -> Result<()> + Send + Sync + 'static,
+        drain: impl Fn(&ReleaseJob<K, T>) -> Result<()> + Send + Sync + 'static,
+        close: impl Fn(&ReleaseJob<K, T>) -> Result<()> + Send + Sync + 'static,
     ) -> Arc<Self> {
         Arc::new(Releaser {
             state: Mutex::new(State {
@@ -470,7 +470,7 @@ where
             st.thread = true;
         }
         let seq = st.submitted;
-        st.queue.push_back(Job {
+        st.queue.push_back(ReleaseJob {
             key,
             peer,
             target,
@@ -491,7 +491,7 @@ where
                     if let Some(job) = st.queue.pop_front() {
                         st.running = Some(Running {
                             job: job.clone(),
-                            phase: Phase::Draining,
+                            phase: ReleasePhase::Draining,
                             revived: false,
                         });
                         break job;
@@ -506,7 +506,7 @@ where
             let revived = {
                 let mut st = lock(&self.state);
                 let running = st.running.as_mut().expect("the running job is ours");
-                running.phase = Phase::Closing;
+                running.phase = ReleasePhase::Closing;
                 running.revived
             };
             // A job taken back while draining stays mapped: `revive` already retired it.
@@ -554,7 +554,7 @@ where
         } else {
             match st.running.as_mut() {
                 Some(r) if &r.job.key == key && !r.revived => {
-                    if r.phase == Phase::Closing {
+                    if r.phase == ReleasePhase::Closing {
                         return Revive::Closing;
                     }
                     r.revived = true;
@@ -594,9 +594,9 @@ where
     /// Waits, at most `timeout`, until the thread is no longer inside the close of mapping `key`.
     pub fn wait_not_closing(&self, key: &K, timeout: Duration) -> bool {
         self.wait_for(timeout, |st| {
-            !st.running
-                .as_ref()
-                .is_some_and(|r| &r.job.key == key && r.phase == Phase::Closing && !r.revived)
+            !st.running.as_ref().is_some_and(|r| {
+                &r.job.key == key && r.phase == ReleasePhase::Closing && !r.revived
+            })
         })
         .is_ok()
     }
@@ -661,7 +661,7 @@ where
     }
 
     /// The job the thread runs, unless it was taken back.
-    fn pending_running(st: &State<K, T>) -> Option<&Job<K, T>> {
+    fn pending_running(st: &State<K, T>) -> Option<&ReleaseJob<K, T>> {
         st.running.as_ref().filter(|r| !r.revived).map(|r| &r.job)
     }
 }

@@ -6,8 +6,8 @@
 //! "Replacing buffers"; checked by the GPU test `GpuRelease.ExporterFreesMappedBuffer`).
 
 use super::clock::DriverCall;
-use super::driver::{self, describe, Context, ContextGuard};
-use super::imports::{Import, ImportKind, Opened as TableOpened};
+use super::driver::{self, describe, ContextGuard, CudaContext};
+use super::imports::{Import, ImportKind, OpenOutcome};
 use super::memory::DeviceAllocation;
 use super::{result, runtime, Runtime};
 use crate::error::{Error, Result};
@@ -43,7 +43,7 @@ impl std::fmt::Debug for IpcKey {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mapped {
     base: u64,
-    context: Option<Context>,
+    context: Option<CudaContext>,
 }
 
 /// Legacy IPC in the import table, with its real driver opens and closes.
@@ -60,7 +60,7 @@ impl ImportKind for Legacy {
     const THREAD: &'static str = "nvfipc-ipc-close";
     const PENDING: &'static str = "peer mapping(s) were still waiting to be closed";
 
-    fn at(&self, mapped: &Mapped) -> (u64, Option<Context>) {
+    fn at(&self, mapped: &Mapped) -> (u64, Option<CudaContext>) {
         (mapped.base, mapped.context)
     }
 
@@ -126,7 +126,7 @@ fn own_base(rt: &Runtime, handle: &HandleBytes) -> Option<u64> {
 
 /// A peer allocation as mapped into this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Opened {
+pub struct DetachedImport {
     /// Where the allocation is mapped here.
     pub base: u64,
     /// The importing device; pass it to [`close`].
@@ -140,9 +140,9 @@ pub fn open(
     handle: &HandleBytes,
     device: Option<i32>,
     wait: Duration,
-) -> Result<Opened> {
+) -> Result<DetachedImport> {
     let (key, base) = import(runtime(), peer, pid, handle, device, wait)?.detach();
-    Ok(Opened {
+    Ok(DetachedImport {
         base,
         device: key.device,
     })
@@ -168,7 +168,7 @@ pub(crate) fn import(
         peer,
         wait,
         || format!("an allocation of rank {peer}"),
-        |_| open_mapping(rt, peer, pid, key, context).map(TableOpened::Mapped),
+        |_| open_mapping(rt, peer, pid, key, context).map(OpenOutcome::Mapped),
     )
 }
 
@@ -178,7 +178,7 @@ fn open_mapping(
     peer: usize,
     pid: Option<u32>,
     key: IpcKey,
-    context: Context,
+    context: CudaContext,
 ) -> Result<Mapped> {
     let own_pid = std::process::id();
     if let Some(base) = own_base(rt, &key.handle) {

@@ -25,7 +25,7 @@ pub(crate) mod vmm_runs;
 
 use crate::error::Result;
 use crate::sync::lock;
-use driver::Context;
+use driver::CudaContext;
 use imports::ImportTable;
 use memory::DeviceMemoryKind;
 use once_cell::sync::Lazy;
@@ -50,7 +50,7 @@ pub struct Runtime {
     /// Device UUIDs by ordinal.
     uuids: Mutex<HashMap<i32, [u8; 16]>>,
     /// Primary contexts retained, by device; never released (the host program may use them).
-    pub(crate) primary: Mutex<HashMap<i32, Context>>,
+    pub(crate) primary: Mutex<HashMap<i32, CudaContext>>,
     /// Time spent in the driver's cold-path calls, when switched on.
     pub clock: clock::DriverClock,
 }

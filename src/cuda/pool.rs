@@ -5,8 +5,8 @@
 //! sub-table and each allocation once per (exporter pid, export data, device) in the import table;
 //! the releaser frees an allocation, and a pool is destroyed with its last allocation.
 
-use super::driver::{self, Context, ContextGuard};
-use super::imports::{Import, ImportKind, Opened};
+use super::driver::{self, ContextGuard, CudaContext};
+use super::imports::{Import, ImportKind, OpenOutcome};
 use super::memory::{DeviceAllocation, DeviceMemoryKind};
 use super::result::{self, POOL_PTR_EXPORT_LEN};
 use super::Runtime;
@@ -135,7 +135,7 @@ pub(crate) struct PointerKey {
 pub(crate) struct ImportedPointer {
     ptr: u64,
     pool: PoolKey,
-    context: Context,
+    context: CudaContext,
 }
 
 /// The peer pools imported here (the pool kind's state in the import table).
@@ -156,7 +156,7 @@ impl ImportKind for Pool {
     const THREAD: &'static str = "nvfipc-pool-free";
     const PENDING: &'static str = "imported pool allocation(s) were still waiting to be freed";
 
-    fn at(&self, p: &ImportedPointer) -> (u64, Option<Context>) {
+    fn at(&self, p: &ImportedPointer) -> (u64, Option<CudaContext>) {
         (p.ptr, Some(p.context))
     }
 
@@ -223,7 +223,7 @@ pub(crate) fn import(
             let pools = &mut tables.side.0;
             let ptr = open_pointer(pools, peer, rec, seg, pool_key, fdpass, wait, &who)?;
             rt.pool.kind().imports.fetch_add(1, Ordering::Relaxed);
-            Ok(Opened::Mapped(ImportedPointer {
+            Ok(OpenOutcome::Mapped(ImportedPointer {
                 ptr,
                 pool: pool_key,
                 context,

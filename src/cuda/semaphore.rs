@@ -5,7 +5,7 @@
 //! handle cache) drops it only after its teardown has waited for every peer it exchanged with to
 //! close its cache (or exit), and never when that wait times out.
 
-use super::driver::{self, Context, ContextGuard};
+use super::driver::{self, ContextGuard, CudaContext};
 use super::ipc::{self, HandleBytes};
 use super::memory;
 use super::{result, Runtime};
@@ -21,7 +21,7 @@ use std::time::Duration;
 /// The device memory of an allocated slab.
 struct Allocation {
     base: u64,
-    context: Context,
+    context: CudaContext,
     device: i32,
     /// A private non-blocking stream for zeroing slots without waiting on the user's work.
     stream: usize,

@@ -27,27 +27,27 @@ use std::time::Duration;
 
 /// One reference on a peer allocation in the import table of its kind, released on drop.
 #[derive(Debug)]
-enum Held {
+enum HeldImport {
     Legacy(ipc::IpcImport),
     Vmm(vmm_map::VmmImport),
     Pool(pool::PoolImport),
 }
 
-impl Held {
+impl HeldImport {
     fn base(&self) -> u64 {
         match self {
-            Held::Legacy(i) => i.base(),
-            Held::Vmm(i) => i.base(),
-            Held::Pool(i) => i.base(),
+            HeldImport::Legacy(i) => i.base(),
+            HeldImport::Vmm(i) => i.base(),
+            HeldImport::Pool(i) => i.base(),
         }
     }
 
     /// Whether both hold the same import (the same peer allocation mapped here).
-    fn same_import(&self, other: &Held) -> bool {
+    fn same_import(&self, other: &HeldImport) -> bool {
         match (self, other) {
-            (Held::Legacy(a), Held::Legacy(b)) => a.key() == b.key(),
-            (Held::Vmm(a), Held::Vmm(b)) => a.key() == b.key(),
-            (Held::Pool(a), Held::Pool(b)) => a.key() == b.key(),
+            (HeldImport::Legacy(a), HeldImport::Legacy(b)) => a.key() == b.key(),
+            (HeldImport::Vmm(a), HeldImport::Vmm(b)) => a.key() == b.key(),
+            (HeldImport::Pool(a), HeldImport::Pool(b)) => a.key() == b.key(),
             _ => false,
         }
     }
@@ -186,18 +186,18 @@ impl CudaTransport {
     }
 
     /// Opens `rec` with the module of its handle type.
-    fn open(&self, peer: usize, rec: &Record, wait: Duration) -> Result<Held> {
+    fn open(&self, peer: usize, rec: &Record, wait: Duration) -> Result<HeldImport> {
         let fdpass = self.fdpass.as_deref();
         match rec.handle_type {
             HandleType::CudaLegacyIpc => {
                 let (pid, handle) = (Some(rec.pid), &rec.payload);
-                ipc::import(self.rt, peer, pid, handle, self.device, wait).map(Held::Legacy)
+                ipc::import(self.rt, peer, pid, handle, self.device, wait).map(HeldImport::Legacy)
             }
             HandleType::CudaVmmFd | HandleType::CudaVmmFabric => {
-                vmm_map::import(self.rt, peer, rec, fdpass, self.device, wait).map(Held::Vmm)
+                vmm_map::import(self.rt, peer, rec, fdpass, self.device, wait).map(HeldImport::Vmm)
             }
             HandleType::CudaPool => {
-                pool::import(self.rt, peer, rec, fdpass, self.device, wait).map(Held::Pool)
+                pool::import(self.rt, peer, rec, fdpass, self.device, wait).map(HeldImport::Pool)
             }
             HandleType::PosixFd => Err(Error::invalid(format!(
                 "record of rank {} holds a {} handle; the device transport only opens device \
@@ -289,7 +289,7 @@ impl Transport for CudaTransport {
         let key = (peer, rec.buffer_id, base);
         if let Some(live) = self.imports.get(&key, rec.offset) {
             // The reference just taken is dropped: the live guard holds one on the same import.
-            return match live.memory::<Held>() {
+            return match live.memory::<HeldImport>() {
                 Some(first) if first.same_import(&held) => Ok(live),
                 // Two live mappings at one address cannot exist: the driver would have refused.
                 first => Err(Error::internal(format!(

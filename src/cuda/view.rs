@@ -5,7 +5,7 @@
 //! lock). A mapping holds its memory by itself, so the view outlives the imports; dropping it
 //! unmaps every slot (`cuMemUnmap` waits for the device work using it) and frees the range.
 
-use super::driver::{self, Context, ContextGuard};
+use super::driver::{self, ContextGuard, CudaContext};
 use super::memory::{self, DeviceMemoryKind};
 use super::result;
 use super::vmm;
@@ -23,7 +23,7 @@ enum Source<'a> {
 
 /// The reserved range of a device view and what is mapped into it; dropping it unmaps them.
 struct DeviceRange {
-    context: Context,
+    context: CudaContext,
     reserved: u64,
     bytes: u64,
     /// Mapped ranges (one per member once mapped).

@@ -7,8 +7,8 @@
 //! segment is released when no run maps it.
 
 use super::clock::DriverCall;
-use super::driver::{self, Context, ContextGuard};
-use super::imports::{Import, ImportKind, Opened, Tables};
+use super::driver::{self, ContextGuard, CudaContext};
+use super::imports::{Import, ImportKind, OpenOutcome, Tables};
 use super::{result, Runtime};
 use crate::error::{Error, Result};
 use crate::fdpass::{FdId, FdPass};
@@ -48,7 +48,7 @@ pub(crate) struct RunKey {
 pub(crate) struct MappedRun {
     base: u64,
     size: u64,
-    context: Context,
+    context: CudaContext,
     segments: Vec<(SegmentKey, u64)>,
 }
 
@@ -79,7 +79,7 @@ impl ImportKind for Vmm {
     const THREAD: &'static str = "nvfipc-vmm-unmap";
     const PENDING: &'static str = "VMM mapping(s) were still waiting to be unmapped";
 
-    fn at(&self, run: &MappedRun) -> (u64, Option<Context>) {
+    fn at(&self, run: &MappedRun) -> (u64, Option<CudaContext>) {
         (run.base, Some(run.context))
     }
 
@@ -168,15 +168,15 @@ fn open_run(
     peer: usize,
     rec: &Record,
     fdpass: Option<&FdPass>,
-    context: Context,
+    context: CudaContext,
     device: i32,
     wait: Duration,
     who: &str,
-) -> Result<Opened<RunKey, MappedRun>> {
+) -> Result<OpenOutcome<RunKey, MappedRun>> {
     // A tensor inside a larger buffer imported before is served by that run's mapping.
     if let Some((outer, offset)) = containing_run(tables, rec, device) {
         vmm.inside_mapped.fetch_add(1, Ordering::Relaxed);
-        return Ok(Opened::Within { key: outer, offset });
+        return Ok(OpenOutcome::Within { key: outer, offset });
     }
     // The lock is held across the fetch (one round trip): two caches never import one segment.
     let seg_key = |s: &Segment| SegmentKey {
@@ -214,7 +214,7 @@ fn open_run(
         }
     }
     vmm.maps.fetch_add(1, Ordering::Relaxed);
-    Ok(Opened::Mapped(MappedRun {
+    Ok(OpenOutcome::Mapped(MappedRun {
         base,
         size,
         context,

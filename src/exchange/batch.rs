@@ -13,7 +13,7 @@ use super::channel::{
     Request, Resume,
 };
 use super::phases::{Lap, Phase};
-use super::session::{bump, Held, Imported, Session};
+use super::session::{bump, HeldMapping, Imported, Session};
 use crate::error::{Error, Result};
 use crate::logging::{self, since};
 use crate::sync::lock;
@@ -260,7 +260,7 @@ impl<'a> Batch<'a> {
             format!(" (first: {} step {step} version {version})", it.ch.key)
         });
         let mut hits = 0;
-        let mut released: Vec<(MemKind, Held)> = Vec::new();
+        let mut released: Vec<(MemKind, HeldMapping)> = Vec::new();
         {
             let mut st = lock(self.table);
             // `imports` is empty when nothing was imported.
@@ -395,7 +395,7 @@ impl<'a> Batch<'a> {
 
 /// Takes the allocations whose last mapping in this cache is about to be dropped off the board
 /// lists of the channels of their peer: the peer sends records of them through the store again.
-fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, Held)]) {
+fn forget_released(cx: &Session, st: &ChannelTable, released: &[(MemKind, HeldMapping)]) {
     let held = lock(&cx.holdings);
     for (kind, m) in released {
         let same = |o: &PeerMapping| o.peer() == m.peer() && o.buffer_id() == m.buffer_id();

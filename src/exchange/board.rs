@@ -467,7 +467,7 @@ impl OwnBoard {
 /// A board is believed only when a trusted uid owns its file (the kernel's word): `/dev/shm` is
 /// shared by every user, and anyone may create a file under a board's name first.
 fn check_owner(seg: &ShmSegment, rank: usize) -> Result<()> {
-    let trusted = crate::config::TrustedUids::from_env()?;
+    let trusted = crate::fdpass::TrustedUids::from_env()?;
     if trusted.admits(seg.owner()) {
         return Ok(());
     }

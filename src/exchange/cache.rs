@@ -1,9 +1,9 @@
-//! The handle cache: its channel table and its session, the public surface over them, the order
-//! of a call (resolve the requests, then a batch: `exchange::batch`) and its teardown.
+//! The handle cache: its channel table and its session, the public surface over them and the order
+//! of a call (resolve the requests, then a batch: `exchange::batch`). Its teardown is in
+//! `teardown.rs`, its symmetric calls in `symmetric_calls.rs`.
 //!
 //! Calls on *different* channels may run concurrently (the table lock is never held across a board
 //! wait or a store call); a call on a channel another thread is exchanging fails (`InvalidState`).
-//! Teardown never frees what a peer may still map (docs/PROTOCOL.md, "Closing a cache").
 
 use super::batch::{self, Batch, Deadline, Item, Resolution};
 use super::board::OwnBoard;
@@ -11,27 +11,20 @@ use super::channel::{Channel, ChannelTable, OpenChannel, Request};
 use super::collector::Collector;
 use super::peers::PeerNodes;
 use super::phases::{Phase, PhaseTimes};
-use super::session::{bump, CacheStats, Counters, Session, Settings};
-use super::symmetric::{
-    member_id, not_rendezvoused, requests, HeldView, MemberId, PeerBuffer, Rendezvous,
-    SymmetricTable,
-};
-use crate::barrier::MemberSet;
-use crate::departures;
+use super::session::{CacheStats, Counters, Session, Settings};
+use super::symmetric::SymmetricTable;
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::names::{generations, CacheNames};
 use crate::node::PeerProcess;
-use crate::os::wait::{wait_paced, SLEEPING};
 use crate::store::Store;
 use crate::sync::lock;
-use crate::transport::view::ViewMember;
 use crate::transport::{LocalBuffer, MemKind, P2pHandles, Transport, Transports};
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What a cache needs to know about its job.
 #[derive(Clone)]
@@ -76,7 +69,7 @@ pub struct HandleCache {
     /// What each symmetric rendezvous left (members, contiguous view), by tag.
     pub(super) symmetric: Mutex<SymmetricTable>,
     /// Set by the first teardown (close, then drop, run it twice).
-    torn_down: bool,
+    pub(super) torn_down: bool,
 }
 
 impl HandleCache {
@@ -337,285 +330,5 @@ impl HandleCache {
             "rank {rank}: no handles for {req}{other}; call exchange_handles with this request \
              first"
         )))
-    }
-
-    /// Tears the cache down (see the module docs) and returns the final counters. Never
-    /// fails: when peers did not close within the [linger](Self::linger), the counters say so
-    /// (`peers_unclosed`, `leaked_slabs`); [`try_close`](Self::try_close) names them.
-    pub fn close(self) -> CacheStats {
-        let mut this = self;
-        let _ = this.teardown();
-        this.stats()
-    }
-
-    /// Tears the cache down (see the module docs) and returns the final counters, or a `Timeout`
-    /// naming the peers that did not close within the [linger](Self::linger); then the device
-    /// semaphore slab is left allocated on purpose, and so must be any buffer this rank exported
-    /// to those peers.
-    pub fn try_close(self) -> Result<CacheStats> {
-        let mut this = self;
-        this.teardown()?;
-        Ok(this.stats())
-    }
-
-    fn teardown(&mut self) -> Result<()> {
-        if self.torn_down {
-            return Ok(());
-        }
-        self.torn_down = true;
-        // Opened channels go stale before anything they point to is released.
-        for ch in &lock(&self.table).channels {
-            ch.validity.close();
-        }
-        // Views first: they map peers' memory that the teardown lets go of.
-        lock(&self.symmetric).tags.clear();
-        self.cx.teardown(&self.table)
-    }
-}
-
-impl Drop for HandleCache {
-    fn drop(&mut self) {
-        // Drop cannot report a timeout: the peers that did not close are left unnamed.
-        let _ = self.teardown();
-    }
-}
-
-/// A cache's teardown (see the module docs), run once per cache.
-impl Session {
-    fn teardown(&self, table: &Mutex<ChannelTable>) -> Result<()> {
-        match departures::quiet_reason(self.store.liveness(), self.names.job_id(), self.rank) {
-            None => {
-                lock(&self.collector).finish();
-                let _ = self.store.delete_key(&self.names.node_key(self.rank));
-            }
-            Some(why) => {
-                lock(&self.collector).abandon();
-                log::debug!(
-                    target: logging::EXCHANGE,
-                    "rank {}: closing {} without store traffic (consumed record keys and the \
-                     node key {} are left in the store): {why}",
-                    self.rank,
-                    self.names,
-                    self.names.node_key(self.rank)
-                );
-            }
-        }
-        // Release first, so that peers closing at the same time never wait on each other.
-        let peers = self.release_everything(table);
-        let linger = self.settings.linger();
-        let start = Instant::now();
-        // Only once the transports have unmapped what they released (the device one waits for
-        // the work queued before) does this rank say it let go of its peers' memory.
-        let flushed = self.transports.existing().try_for_each(|t| {
-            t.flush_releases(linger).map_err(|e| {
-                e.context(format!(
-                    "rank {}: closing the cache (this rank has not marked itself closed, so its \
-                     peers keep the memory it may still map)",
-                    self.rank
-                ))
-            })
-        });
-        if flushed.is_ok() {
-            self.board.mark_closed();
-        }
-        // Waits until every peer has let go of this rank's memory.
-        let mut unclosed = peers;
-        wait_paced(SLEEPING, linger.saturating_sub(start.elapsed()), || {
-            unclosed.retain(|&(peer, _)| !self.peer_let_go(peer));
-            unclosed.is_empty().then_some(())
-        });
-        // What dead processes of this node left in /dev/shm: their boards (the survivors clean up).
-        super::board::reclaim_dead();
-        let boards = std::mem::take(&mut *lock(&self.peer_boards));
-        let names: Vec<String> = unclosed
-            .iter()
-            .map(|&(peer, _)| match boards.get(&peer) {
-                Some(b) => format!("rank {peer} (pid {})", b.owner().pid),
-                None => format!("rank {peer}"),
-            })
-            .collect();
-        if unclosed.is_empty() {
-            return flushed;
-        }
-        let exposed_device = unclosed.iter().any(|&(_, device)| device);
-        let leaked = match self.transports.get(MemKind::Device) {
-            Some(t) if exposed_device => {
-                // Deliberately never dropped: freeing the slab (or closing the driver state of
-                // buffers a peer still maps) while that peer maps it is undefined behaviour.
-                std::mem::forget(Arc::clone(t));
-                1
-            }
-            _ => 0,
-        };
-        bump(&self.counters.peers_unclosed, unclosed.len() as u64);
-        bump(&self.counters.leaked_slabs, leaked);
-        Err(Error::timeout(format!(
-            "rank {}: peers that had not closed their caches {:?} after this rank closed \
-             (linger {linger:?}): {}. They may still map this rank's buffers and semaphore slab, \
-             so {}. Close the cache on every rank that exchanged with this one (a failed rank \
-             must exit or close its cache), or raise the bound with set_linger",
-            self.rank,
-            start.elapsed(),
-            names.join(", "),
-            if leaked > 0 {
-                "the device semaphore slab was left allocated on purpose; keep the buffers \
-                 exported to them alive too"
-            } else {
-                "keep the buffers exported to them alive until they exit"
-            }
-        )))
-    }
-
-    /// Drops the guards of every peer mapping and peer semaphore slab (kept ones included) and
-    /// frees every own semaphore slot. Returns the peers, each with whether a device channel
-    /// connects them.
-    fn release_everything(&self, table: &Mutex<ChannelTable>) -> Vec<(usize, bool)> {
-        let mut st = lock(table);
-        let channels = std::mem::take(&mut st.channels);
-        st.by_fp.clear();
-        let mut peers: BTreeMap<usize, bool> = BTreeMap::new();
-        for ch in channels {
-            *peers.entry(ch.info.peer).or_default() |= ch.info.kind == MemKind::Device;
-            // A symmetric channel's NO_SLOT is refused as out of range, and ignored here.
-            let slab = self.channel_transport(ch.info.kind).semaphores();
-            let _ = slab.free_slot(ch.info.slot);
-            // Its guards go with it: the peer's buffer, and one a suspended step opened.
-        }
-        // The peers' slabs and the replaced mappings kept for reuse.
-        drop(std::mem::take(&mut *lock(&self.holdings)));
-        peers.into_iter().collect()
-    }
-}
-
-// Symmetric memory (see `symmetric`): a rendezvous is one exchange of the group's pairs.
-impl HandleCache {
-    /// Maps every other member's buffer of a symmetric allocation: `ptr`/`bytes` is this rank's
-    /// buffer, `group` the ranks taking part (the whole world when `None`; it must contain this
-    /// rank), `tag` names the allocation (equal on every member). Returns one entry per member in
-    /// increasing rank order, this rank's own included. Each rank waits only for the peers it
-    /// maps; members may call in any order and other ranks are not involved. A second rendezvous
-    /// of the same buffers is free.
-    pub fn symmetric_rendezvous(
-        &self,
-        tag: &str,
-        ptr: u64,
-        bytes: u64,
-        kind: MemKind,
-        group: Option<&[usize]>,
-        timeout: Duration,
-    ) -> Result<Vec<PeerBuffer>> {
-        let rank = self.rank();
-        let group = MemberSet::new(rank, self.world_size(), group)
-            .map_err(|e| e.context(format!("symmetric rendezvous {tag:?}")))?;
-        if tag.is_empty() {
-            return Err(Error::invalid(
-                "symmetric rendezvous: the tag is empty; name the allocation (equal on every \
-                 member)",
-            ));
-        }
-        let reqs = requests(rank, &group, tag, ptr, bytes, kind);
-        self.exchange_resolved_as(&reqs, timeout, Resolution::Exact)
-            .map_err(|e| e.context(format!("symmetric rendezvous {tag:?}")))?;
-        let members = group.ranks().to_vec();
-        lock(&self.symmetric).record(
-            tag,
-            Rendezvous {
-                kind,
-                ptr,
-                bytes,
-                members,
-                view: None,
-            },
-        );
-        let mut peers = reqs.iter();
-        let mut buffer = |member: usize| {
-            if member == rank {
-                return Ok(PeerBuffer { rank, ptr, bytes });
-            }
-            let h = self.get(peers.next().expect("one request per other member"))?;
-            let (rank, ptr, bytes) = (member, h.peer_ptr, h.peer_bytes);
-            Ok(PeerBuffer { rank, ptr, bytes })
-        };
-        group.ranks().iter().map(|&m| buffer(m)).collect()
-    }
-
-    /// Maps every member's buffer of the last rendezvous of `tag` again, in increasing rank
-    /// order, into one reserved range: member i's buffer is at `base + i * stride` (returned as
-    /// `(base, stride)`). The view is the cache's: asking again returns the same one, until a
-    /// rendezvous of `tag` with other buffers, [`symmetric_release`](Self::symmetric_release) or
-    /// the cache's end. Every member's buffer must have the same size and the same offset in its
-    /// allocation granule (`InvalidArgument` names those that differ); device buffers must be VMM
-    /// allocations (`Unsupported` otherwise).
-    pub fn symmetric_contiguous_view(&self, tag: &str) -> Result<(u64, u64)> {
-        let what = || format!("rank {}: contiguous view of {tag:?}", self.rank());
-        let mut table = lock(&self.symmetric);
-        let r = table
-            .tags
-            .get_mut(tag)
-            .ok_or_else(|| not_rendezvoused(self.rank(), tag))?;
-        let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
-        let reqs = requests(self.rank(), &group, tag, r.ptr, r.bytes, r.kind);
-        let t = self.cx.transports.get_or_make(r.kind)?;
-        // Resolved again: a buffer freed since the rendezvous is refused, not mapped.
-        let own = t.resolve(r.ptr, r.bytes).map_err(|e| e.context(what()))?;
-        let peers = lock(&self.table)
-            .peer_buffers(self.rank(), &reqs, tag)
-            .map_err(|e| e.context(what()))?;
-        let mut peer = peers.iter();
-        let parts: Vec<ViewMember<'_>> = r
-            .members
-            .iter()
-            .map(|&rank| match rank == self.rank() {
-                true => ViewMember::Own { rank, buffer: own },
-                false => {
-                    let (record, mapping) = peer.next().expect("one request per other member");
-                    ViewMember::Peer {
-                        rank,
-                        record,
-                        mapping,
-                    }
-                }
-            })
-            .collect();
-        let ids: Vec<MemberId> = parts.iter().map(member_id).collect();
-        if let Some(held) = &r.view {
-            if held.ids == ids {
-                return Ok((held.view.base(), held.view.stride()));
-            }
-        }
-        // The buffers changed since the view was made: it goes before the new one is made.
-        r.view = None;
-        let view = t.contiguous_view(&parts).map_err(|e| e.context(what()))?;
-        let out = (view.base(), view.stride());
-        r.view = Some(HeldView { ids, view });
-        Ok(out)
-    }
-
-    /// Drops, in this process, what the rendezvous of `tag` mapped: its contiguous view and the
-    /// guards of the peers' buffers (a mapping another channel shares stays). Local
-    /// only: no store traffic, no waiting for peers. The pointers of the rendezvous and the view
-    /// are invalid afterwards; a later rendezvous of `tag`, with the same buffers or others,
-    /// works whatever the order in which the members released and came back.
-    /// `InvalidArgument` when `tag` was not rendezvoused (or is released already).
-    pub fn symmetric_release(&self, tag: &str) -> Result<()> {
-        let mut table = lock(&self.symmetric);
-        let r = table
-            .tags
-            .get(tag)
-            .ok_or_else(|| not_rendezvoused(self.rank(), tag))?;
-        let group = MemberSet::new(self.rank(), self.world_size(), Some(&r.members))?;
-        let reqs = requests(self.rank(), &group, tag, r.ptr, r.bytes, r.kind);
-        // The view goes first: it maps the memory of the imports released next.
-        drop(table.tags.get_mut(tag).and_then(|r| r.view.take()));
-        lock(&self.table)
-            .release_peers(&self.cx, &reqs, tag)
-            .map_err(|e| e.context(format!("releasing symmetric allocation {tag:?}")))?;
-        table.tags.remove(tag);
-        Ok(())
-    }
-
-    /// Number of contiguous views this cache holds.
-    pub fn symmetric_views(&self) -> usize {
-        lock(&self.symmetric).views()
     }
 }

@@ -11,7 +11,7 @@
 
 use super::board::{Fingerprinter, PeerBoard};
 use super::peers::HeldRecords;
-use super::session::{Held, Imported, Session, Settings};
+use super::session::{HeldMapping, Imported, Session, Settings};
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
 use crate::names::CacheNames;
@@ -203,7 +203,7 @@ pub(super) struct PeerLink {
 
 /// The peer's buffer and semaphore, mapped in this process (the buffer's guard is the channel's).
 pub(super) struct PeerSide {
-    pub mapping: Held,
+    pub mapping: HeldMapping,
     pub bytes: u64,
     pub semaphore: u64,
 }

@@ -19,11 +19,11 @@ const RETRY: Duration = Duration::from_millis(5);
 const TRIES: u32 = 200;
 
 /// Keys to delete, and whether they were read from the store (else they are there, or soon).
-type Job = (Vec<String>, bool);
+type Deletion = (Vec<String>, bool);
 
 /// Deletes consumed records off the hot path.
 pub(crate) struct Collector {
-    queue: Option<crossbeam::channel::Sender<Job>>,
+    queue: Option<crossbeam::channel::Sender<Deletion>>,
     thread: Option<JoinHandle<()>>,
     /// Set by [`abandon`](Collector::abandon): the thread deletes nothing more.
     abandoned: Arc<AtomicBool>,
@@ -60,7 +60,7 @@ impl Sweeper {
         }
     }
 
-    fn run(&mut self, (keys, read): Job) {
+    fn run(&mut self, (keys, read): Deletion) {
         for key in keys {
             if !self.delete(&key) && !read {
                 self.late.push((key, 1));
@@ -81,7 +81,7 @@ impl Sweeper {
 
 impl Collector {
     pub(crate) fn start(store: Arc<dyn Store>, deleted: Arc<AtomicU64>) -> Result<Collector> {
-        let (tx, rx) = crossbeam::channel::unbounded::<Job>();
+        let (tx, rx) = crossbeam::channel::unbounded::<Deletion>();
         let abandoned = Arc::new(AtomicBool::new(false));
         let mut sweeper = Sweeper {
             store,
@@ -133,7 +133,7 @@ impl Collector {
         self.send((keys, false));
     }
 
-    fn send(&self, job: Job) {
+    fn send(&self, job: Deletion) {
         if let Some(q) = &self.queue {
             let _ = q.send(job);
         }

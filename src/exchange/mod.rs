@@ -16,6 +16,8 @@ mod phases;
 mod protocol;
 mod session;
 mod symmetric;
+mod symmetric_calls;
+mod teardown;
 mod waits;
 
 pub use crate::transport::{LocalBuffer, MemKind, P2pHandles, PeerMapping, Transport};

@@ -8,7 +8,7 @@
 //! a process and records are keyed by the exporter's pid too.
 
 use super::board::{PeerBoard, KNOWN_PER_CHANNEL};
-use super::session::Held;
+use super::session::HeldMapping;
 use crate::departures::Presence;
 use crate::error::{Error, Result};
 use crate::names::CacheNames;
@@ -125,7 +125,7 @@ fn deleted_node_key(rank: usize, peer: usize, key: &str, names: &CacheNames) -> 
 #[derive(Default)]
 pub(super) struct PeerHoldings {
     /// Peer semaphore slabs mapped by this cache, per (peer, kind), with the handle they came from.
-    pub slabs: HashMap<(usize, MemKind), (ExportedHandle, Held)>,
+    pub slabs: HashMap<(usize, MemKind), (ExportedHandle, HeldMapping)>,
     /// Replaced peer mappings kept mapped for reuse.
     pub retained: Retained,
     /// Records of peer allocations seen, for buffers that move inside them.
@@ -248,7 +248,7 @@ pub const DEFAULT_RETAINED_PER_PEER: usize = 8;
 /// first.
 #[derive(Default)]
 pub(super) struct Retained {
-    kept: HashMap<(usize, MemKind), VecDeque<Held>>,
+    kept: HashMap<(usize, MemKind), VecDeque<HeldMapping>>,
 }
 
 fn same_allocation(a: &PeerMapping, b: &PeerMapping) -> bool {
@@ -258,7 +258,7 @@ fn same_allocation(a: &PeerMapping, b: &PeerMapping) -> bool {
 impl Retained {
     /// Keeps replaced mapping `m`; returns the guards to drop now (`m` when its allocation is
     /// kept already or `limit` is zero, else the oldest beyond `limit`).
-    pub fn retire(&mut self, kind: MemKind, m: Held, limit: usize) -> Vec<Held> {
+    pub fn retire(&mut self, kind: MemKind, m: HeldMapping, limit: usize) -> Vec<HeldMapping> {
         if limit == 0 {
             return vec![m];
         }

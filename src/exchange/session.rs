@@ -71,7 +71,7 @@ impl Session {
 
 /// A peer buffer opened by a call, not yet installed in its channel.
 pub(super) struct Imported {
-    pub mapping: Held,
+    pub mapping: HeldMapping,
     pub bytes: u64,
     pub sem_handle: ExportedHandle,
     pub sem_slot: u32,
@@ -83,20 +83,20 @@ pub(super) struct Imported {
 
 /// A peer mapping (a buffer, or a semaphore slab) that this cache opened: one `opens` when made,
 /// one `closes` when dropped, which releases the cache's reference.
-pub(super) struct Held {
+pub(super) struct HeldMapping {
     mapping: PeerMapping,
     closes: Arc<AtomicU64>,
 }
 
-impl Held {
-    pub fn new(mapping: PeerMapping, counters: &Counters) -> Held {
+impl HeldMapping {
+    pub fn new(mapping: PeerMapping, counters: &Counters) -> HeldMapping {
         bump(&counters.opens, 1);
         let closes = counters.closes.clone();
-        Held { mapping, closes }
+        HeldMapping { mapping, closes }
     }
 }
 
-impl std::ops::Deref for Held {
+impl std::ops::Deref for HeldMapping {
     type Target = PeerMapping;
 
     fn deref(&self) -> &PeerMapping {
@@ -104,7 +104,7 @@ impl std::ops::Deref for Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for HeldMapping {
     fn drop(&mut self) {
         bump(&self.closes, 1);
     }
@@ -201,7 +201,7 @@ macro_rules! counters {
             $(pub(crate) $name: AtomicU64,)*
             /// Shared with the collector's thread.
             pub(crate) keys_deleted: Arc<AtomicU64>,
-            /// Shared with the mappings held ([`Held`]).
+            /// Shared with the mappings held ([`HeldMapping`]).
             pub(crate) closes: Arc<AtomicU64>,
             /// Time per phase of a call, when asked for.
             pub(crate) phases: PhaseClock,

@@ -4,7 +4,7 @@
 //! A rendezvous is one exchange in which each pair of the group talks over one channel (the
 //! lower rank sends); the cache remembers each by tag ([`SymmetricTable`]) for its contiguous
 //! view and its release (docs/PROTOCOL.md, "Symmetric memory"). The calls themselves are
-//! `HandleCache::symmetric_*` in `cache.rs`; this file holds their requests and the table.
+//! `HandleCache::symmetric_*` in `symmetric_calls.rs`; this file holds their requests and the table.
 
 use super::channel::Request;
 use crate::barrier::MemberSet;

@@ -6,7 +6,7 @@ use crate::os::fd_passing::{EACCES, EBADF, ENOSYS, EPERM, ESRCH};
 use std::fmt;
 use std::io;
 
-pub use crate::config::Rung;
+pub use super::config::Rung;
 
 /// Why one rung did not deliver.
 #[derive(Clone, Debug, PartialEq, Eq)]

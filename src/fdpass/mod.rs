@@ -3,6 +3,7 @@
 //! described in docs/ARCHITECTURE.md, "Passing file descriptors"; frames and who is served in
 //! docs/PROTOCOL.md section 7. Every libc call is in `os::fd_passing`.
 
+mod config;
 pub mod diagnose;
 pub mod frame;
 pub mod peer;
@@ -11,7 +12,7 @@ pub mod responder;
 pub mod sealed;
 pub mod vouch;
 
-pub use crate::config::FdPassConfig;
+pub use config::{FdPassConfig, TrustedUids};
 pub use diagnose::{Diagnosis, Gate, Rung};
 pub use peer::{LocalIdentity, PeerRecord, PtracerState};
 pub use registry::FdId;
@@ -221,7 +222,7 @@ impl FdPass {
     }
 
     /// Whose processes this transport serves and takes descriptors from.
-    pub fn trusted(&self) -> &crate::config::TrustedUids {
+    pub fn trusted(&self) -> &TrustedUids {
         &self.config.trusted
     }
 
@@ -736,7 +737,7 @@ fn fetch_with_pidfd(
     pid: u32,
     id: &FdId,
     exporter_ptracer: &str,
-    trusted: &crate::config::TrustedUids,
+    trusted: &TrustedUids,
 ) -> Result<OwnedFd, Gate> {
     let pidfd = sys::pidfd_open(pid).map_err(|e| pidfd_gate_of(&e, exporter_ptracer, pid))?;
     // Checked with the pidfd open: a `pidfd_getfd` that then succeeds took from this process.

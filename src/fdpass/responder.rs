@@ -4,7 +4,7 @@
 
 use super::frame::{ErrorCode, FetchRequest, Parsed, Reply, Secret};
 use super::registry::Registry;
-use crate::config::FdPassConfig;
+use super::FdPassConfig;
 use crate::error::{Error, Result};
 use crate::logging;
 use crate::os::fd_passing as sys;
@@ -352,7 +352,7 @@ struct Guard {
     nonce: u64,
     secret: Secret,
     /// Whose processes are served.
-    trusted: crate::config::TrustedUids,
+    trusted: super::TrustedUids,
     /// "rank 0 of job j", for log lines.
     who: String,
     log: RefusalLog,

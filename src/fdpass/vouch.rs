@@ -5,7 +5,7 @@
 
 use super::diagnose::Gate;
 use super::peer::{LocalIdentity, PeerRecord};
-use crate::config::TrustedUids;
+use super::TrustedUids;
 use crate::os::fd_passing as sys;
 use std::os::fd::BorrowedFd;
 

@@ -5,9 +5,12 @@
 //! atomic load, so the warm exchange path pays nothing. Code logs with `log::info!(target:
 //! logging::EXCHANGE, ...)`; the target is the subsystem `NVFIPC_DEBUG_SUBSYS` filters on.
 
-use crate::config::{LogConfig, DEBUG_FILE_VAR};
-pub use crate::config::{Subsystem, BARRIER, CUDA, EXCHANGE, HOST, STORE};
+mod config;
+
+use crate::config::DEBUG_FILE_VAR;
 use crate::sync::lock;
+use config::LogConfig;
+pub use config::{Subsystem, BARRIER, CUDA, EXCHANGE, HOST, STORE};
 pub use log::Level;
 use log::{LevelFilter, Log, Metadata, Record};
 use std::fs::File;

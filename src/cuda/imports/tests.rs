@@ -25,7 +25,7 @@ impl ImportKind for Fake {
     const THREAD: &'static str = "nvfipc-test-imports";
     const PENDING: &'static str = "test mapping(s) were still waiting to be closed";
 
-    fn at(&self, mapped: &(u64, bool)) -> (u64, Option<Context>) {
+    fn at(&self, mapped: &(u64, bool)) -> (u64, Option<CudaContext>) {
         (mapped.0, None)
     }
     fn closes(&self, mapped: &(u64, bool)) -> bool {
@@ -65,10 +65,10 @@ fn gated() -> (ImportTable<Fake>, mpsc::Sender<()>) {
 fn open_at(
     t: &ImportTable<Fake>,
     base: u64,
-) -> impl FnOnce(&mut Tables<Fake>) -> Result<Opened<u32, (u64, bool)>> + '_ {
+) -> impl FnOnce(&mut Tables<Fake>) -> Result<OpenOutcome<u32, (u64, bool)>> + '_ {
     move |_| {
         t.kind().opens.fetch_add(1, Ordering::SeqCst);
-        Ok(Opened::Mapped((base, true)))
+        Ok(OpenOutcome::Mapped((base, true)))
     }
 }
 
@@ -209,7 +209,7 @@ fn entries_that_close_nothing_are_dropped_without_the_releaser() {
             0,
             Duration::ZERO,
             || "own".into(),
-            |_| Ok(Opened::Mapped((0x5000, false))),
+            |_| Ok(OpenOutcome::Mapped((0x5000, false))),
         )
         .unwrap();
     let real = acquire(&t, 6, 0, 0x6000);
@@ -233,7 +233,7 @@ fn within_gives_the_reference_to_the_serving_import() {
             || "inner".into(),
             |tables| {
                 assert_eq!(tables.entries().count(), 1);
-                Ok(Opened::Within {
+                Ok(OpenOutcome::Within {
                     key: 1,
                     offset: 0x200,
                 })
@@ -253,7 +253,7 @@ fn within_gives_the_reference_to_the_serving_import() {
             0,
             Duration::ZERO,
             || "x".into(),
-            |_| Ok(Opened::Within { key: 9, offset: 0 }),
+            |_| Ok(OpenOutcome::Within { key: 9, offset: 0 }),
         )
         .unwrap_err();
     assert_eq!(err.status, Status::Internal);
@@ -331,7 +331,7 @@ fn concurrent_importers_of_one_key_open_it_once() {
                                 let mut open_now = lock(&t.kind().open_now);
                                 assert!(open_now.is_empty(), "opened while {open_now:?} is");
                                 open_now.insert(base);
-                                Ok(Opened::Mapped((base, true)))
+                                Ok(OpenOutcome::Mapped((base, true)))
                             },
                         )
                         .unwrap();
@@ -373,7 +373,7 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
         type Side = ();
         const THREAD: &'static str = "nvfipc-test-imports-slow";
         const PENDING: &'static str = "slow mapping(s)";
-        fn at(&self, m: &(u64, bool)) -> (u64, Option<Context>) {
+        fn at(&self, m: &(u64, bool)) -> (u64, Option<CudaContext>) {
             (m.0, None)
         }
         fn closes(&self, _: &(u64, bool)) -> bool {
@@ -395,7 +395,7 @@ fn a_close_in_progress_is_waited_for_then_opened_afresh() {
         },
         crate::cuda::DEFAULT_MAX_PENDING_PER_PEER,
     );
-    let open = |base| move |_: &mut Tables<SlowClose>| Ok(Opened::Mapped((base, true)));
+    let open = |base| move |_: &mut Tables<SlowClose>| Ok(OpenOutcome::Mapped((base, true)));
     let a = t
         .acquire(1, 0, Duration::ZERO, || "m".into(), open(0x1000))
         .unwrap();

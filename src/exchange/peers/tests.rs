@@ -92,14 +92,14 @@ fn len(r: &Retained) -> usize {
     r.kept.values().map(VecDeque::len).sum()
 }
 
-fn m(peer: usize, buffer_id: u64, offset: u64) -> Held {
+fn m(peer: usize, buffer_id: u64, offset: u64) -> HeldMapping {
     let base = 0x1000 * buffer_id;
     let mapping = PeerMapping::new(peer, base, 0x1000, buffer_id, ()).at(offset);
-    Held::new(mapping, &Counters::default())
+    HeldMapping::new(mapping, &Counters::default())
 }
 
 /// (peer, allocation, pointer) of each guard.
-fn ids(guards: &[Held]) -> Vec<(usize, u64, u64)> {
+fn ids(guards: &[HeldMapping]) -> Vec<(usize, u64, u64)> {
     guards
         .iter()
         .map(|g| (g.peer(), g.buffer_id(), g.ptr()))

@@ -23,12 +23,12 @@ fn gated() -> (Arc<Releaser<u32, u64>>, Gates) {
     let r = Releaser::new(
         "nvfipc-test-releaser",
         crate::cuda::DEFAULT_MAX_PENDING_PER_PEER,
-        move |_: &Job<u32, u64>| {
+        move |_: &ReleaseJob<u32, u64>| {
             lock(&drain_rx)
                 .recv()
                 .map_err(|_| Error::internal("gate closed"))
         },
-        move |job: &Job<u32, u64>| {
+        move |job: &ReleaseJob<u32, u64>| {
             if job.target >= 100 {
                 lock(&close_rx)
                     .recv()
@@ -49,7 +49,7 @@ fn gated() -> (Arc<Releaser<u32, u64>>, Gates) {
     (r, gates)
 }
 
-fn wait_until_phase(r: &Releaser<u32, u64>, key: u32, phase: Phase) {
+fn wait_until_phase(r: &Releaser<u32, u64>, key: u32, phase: ReleasePhase) {
     let start = Instant::now();
     loop {
         let there = lock(&r.state)
@@ -91,7 +91,7 @@ fn back_pressure_waits_then_names_the_peer() {
     for key in 0..3 {
         r.submit(key + 10, 4, 1).unwrap();
     }
-    wait_until_phase(&r, 10, Phase::Draining);
+    wait_until_phase(&r, 10, ReleasePhase::Draining);
     let err = r.wait_below(4, 1, Duration::from_millis(50)).unwrap_err();
     assert_eq!(err.status, crate::error::Status::Timeout);
     assert!(
@@ -117,7 +117,7 @@ fn a_mapping_opened_again_before_its_close_is_taken_back() {
     let (r, g) = gated();
     r.submit(1, 0, 11).unwrap();
     r.submit(2, 0, 22).unwrap();
-    wait_until_phase(&r, 1, Phase::Draining);
+    wait_until_phase(&r, 1, ReleasePhase::Draining);
     // Key 1 waits for device work, key 2 is queued: both are intact and come back.
     assert!(matches!(r.revive(&2), Revive::Queued(22)));
     assert!(matches!(r.revive(&1), Revive::Queued(11)));
@@ -141,7 +141,7 @@ fn a_mapping_inside_its_close_is_waited_for() {
     let (r, g) = gated();
     r.submit(1, 0, 100).unwrap();
     g.drain.send(()).unwrap();
-    wait_until_phase(&r, 1, Phase::Closing);
+    wait_until_phase(&r, 1, ReleasePhase::Closing);
     assert!(matches!(r.revive(&1), Revive::Closing));
     assert!(!r.wait_not_closing(&1, Duration::from_millis(20)));
     g.close.send(()).unwrap();
@@ -168,7 +168,7 @@ fn flush_waits_for_earlier_closes_whatever_happens_to_later_ones() {
     let (r, g) = gated();
     r.submit(1, 0, 1).unwrap(); // will be draining
     r.submit(2, 0, 1).unwrap(); // stays queued
-    wait_until_phase(&r, 1, Phase::Draining);
+    wait_until_phase(&r, 1, ReleasePhase::Draining);
     let flusher = {
         let r = Arc::clone(&r);
         std::thread::spawn(move || r.flush(Duration::from_millis(1500)))
