@@ -12,8 +12,9 @@ use super::channel::{
     fingerprint_of, occurrence, Channel, ChannelInfo, ChannelKey, ChannelTable, PeerSide, Progress,
     Request, Resume,
 };
+use super::held::HeldMapping;
 use super::phases::{Lap, Phase};
-use super::session::{bump, HeldMapping, Imported, Session};
+use super::session::{bump, Imported, Session};
 use crate::error::{Error, Result};
 use crate::logging::{self, since};
 use crate::sync::lock;

@@ -10,8 +10,9 @@
 //! post compares generations (one atomic load) instead of looking the channel up.
 
 use super::board::{Fingerprinter, PeerBoard};
+use super::held::HeldMapping;
 use super::peers::HeldRecords;
-use super::session::{HeldMapping, Imported, Session, Settings};
+use super::session::{Imported, Session, Settings};
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
 use crate::names::CacheNames;

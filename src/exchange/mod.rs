@@ -11,6 +11,7 @@ pub mod board;
 mod cache;
 mod channel;
 mod collector;
+mod held;
 mod peers;
 mod phases;
 mod protocol;

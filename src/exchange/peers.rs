@@ -8,7 +8,7 @@
 //! a process and records are keyed by the exporter's pid too.
 
 use super::board::{PeerBoard, KNOWN_PER_CHANNEL};
-use super::session::HeldMapping;
+use super::held::HeldMapping;
 use crate::departures::Presence;
 use crate::error::{Error, Result};
 use crate::names::CacheNames;

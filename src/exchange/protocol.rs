@@ -4,7 +4,7 @@
 use super::batch::{Deadline, Item, RunError};
 use super::board::BufferAt;
 use super::phases::{Lap, Phase};
-use super::session::{bump, HeldMapping, Imported, Session};
+use super::session::{bump, Imported, Session};
 use super::waits::Stage;
 use crate::error::{Error, Result, Status};
 use crate::logging::{self, since};
@@ -273,7 +273,7 @@ impl Session {
                                 self.rank, it.ch.peer, it.ch.key
                             ))
                         })?;
-                    let slab = HeldMapping::new(slab, &self.counters);
+                    let slab = self.counters.hold(slab);
                     let base = slab.base();
                     // A peer that recreated its slab: the guard of the old one is dropped.
                     held.slabs.insert(key, (imp.sem_handle.clone(), slab));
@@ -556,7 +556,7 @@ impl Session {
         let t = self.channel_transport(it.ch.kind);
         let clock = logging::clock(logging::EXCHANGE, Level::Info);
         let mapping = t.import(&rec, wait).map_err(|e| e.context(ctx()))?;
-        let mapping = HeldMapping::new(mapping, &self.counters);
+        let mapping = self.counters.hold(mapping);
         if clock.is_some() {
             log::info!(
                 target: logging::EXCHANGE,

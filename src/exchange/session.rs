@@ -4,6 +4,7 @@
 
 use super::board::{OwnBoard, PeerBoard};
 use super::collector::Collector;
+use super::held::HeldMapping;
 use super::peers::{PeerHoldings, PeerNodes, DEFAULT_RETAINED_PER_PEER};
 use super::phases::PhaseClock;
 use crate::error::Result;
@@ -79,35 +80,6 @@ pub(super) struct Imported {
     /// peer is told the buffer is opened (0 until then).
     pub semaphore: u64,
     pub record: Record,
-}
-
-/// A peer mapping (a buffer, or a semaphore slab) that this cache opened: one `opens` when made,
-/// one `closes` when dropped, which releases the cache's reference.
-pub(super) struct HeldMapping {
-    mapping: PeerMapping,
-    closes: Arc<AtomicU64>,
-}
-
-impl HeldMapping {
-    pub fn new(mapping: PeerMapping, counters: &Counters) -> HeldMapping {
-        bump(&counters.opens, 1);
-        let closes = counters.closes.clone();
-        HeldMapping { mapping, closes }
-    }
-}
-
-impl std::ops::Deref for HeldMapping {
-    type Target = PeerMapping;
-
-    fn deref(&self) -> &PeerMapping {
-        &self.mapping
-    }
-}
-
-impl Drop for HeldMapping {
-    fn drop(&mut self) {
-        bump(&self.closes, 1);
-    }
 }
 
 /// Upper bound of the default [linger](super::HandleCache::linger): min(timeout, this).
@@ -226,4 +198,12 @@ counters! {
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Counters {
+    /// `mapping`, counted as one open now and one close when the result is dropped.
+    pub(crate) fn hold(&self, mapping: PeerMapping) -> HeldMapping {
+        bump(&self.opens, 1);
+        HeldMapping::counted(mapping, Arc::clone(&self.closes))
+    }
 }

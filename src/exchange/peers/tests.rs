@@ -95,7 +95,7 @@ fn len(r: &Retained) -> usize {
 fn m(peer: usize, buffer_id: u64, offset: u64) -> HeldMapping {
     let base = 0x1000 * buffer_id;
     let mapping = PeerMapping::new(peer, base, 0x1000, buffer_id, ()).at(offset);
-    HeldMapping::new(mapping, &Counters::default())
+    Counters::default().hold(mapping)
 }
 
 /// (peer, allocation, pointer) of each guard.
