@@ -257,6 +257,32 @@ typedef struct nvfipc_cuda_ipc_counters {
   uint64_t close_errors;
 } nvfipc_cuda_ipc_counters;
 
+// Time this process spent in the driver's export, import and map calls (and the releaser's
+// closes), per kind of call, while the clock was on: nanoseconds and calls, over all threads.
+typedef struct nvfipc_cuda_driver_clock {
+  // `cuIpcGetMemHandle`, or `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`.
+  uint64_t export_ns;
+  uint64_t export_calls;
+  // Peers' descriptors fetched from their fd responders.
+  uint64_t fd_pass_ns;
+  uint64_t fd_pass_calls;
+  // `cuIpcOpenMemHandle`, or `cuMemImportFromShareableHandle`.
+  uint64_t import_ns;
+  uint64_t import_calls;
+  // `cuMemAddressReserve`.
+  uint64_t reserve_ns;
+  uint64_t reserve_calls;
+  // `cuMemMap`.
+  uint64_t map_ns;
+  uint64_t map_calls;
+  // `cuMemSetAccess`.
+  uint64_t set_access_ns;
+  uint64_t set_access_calls;
+  // Released mappings closed (`cuIpcCloseMemHandle`, or unmap and release).
+  uint64_t close_ns;
+  uint64_t close_calls;
+} nvfipc_cuda_driver_clock;
+
 // The 64 bytes of a legacy CUDA IPC handle (`cudaIpcMemHandle_t`).
 typedef struct nvfipc_cuda_ipc_handle {
   uint8_t bytes[64];
@@ -599,6 +625,12 @@ enum nvfipc_status nvfipc_cuda_vmm_counters_get(struct nvfipc_cuda_vmm_counters 
 // Reads the process-wide IPC counters (opens == closes, live == 0 and pending_closes == 0 after
 // a clean teardown).
 enum nvfipc_status nvfipc_cuda_ipc_counters_get(struct nvfipc_cuda_ipc_counters *out);
+
+// Switches the driver clock on (`on` != 0) or off (it starts off; off, a driver call pays one
+// relaxed load) and, when `out` is not NULL, writes what it counted since the last read and
+// starts again from zero. For finding where an exchange's time goes (the library's own work is
+// a call's time less this); the clock is the process's, shared by every cache.
+enum nvfipc_status nvfipc_cuda_driver_clock(int32_t on, struct nvfipc_cuda_driver_clock *out);
 
 // Waits until every peer mapping released so far (by exchanges that replaced it, or by freed
 // caches) has been closed by the library's releaser thread, at most `timeout_ms` (negative: the

@@ -8,6 +8,8 @@
 #   cxx         the C++ wrapper suites over our store and c10d's (scripts/gpu/cxx-check.sh, NPS)
 #   lifecycle   PyTorch allocator lifecycles, churn and random programs, expandable segments and
 #               the default allocator (scripts/gpu/lifecycle-check.sh)
+#   flat        the churn program at the largest rank count for 1,500 steps, timed: where a step's
+#               time goes, its first 10% against its last (lifecycle-check.sh PARTS=flat)
 #   symmetric   the symmetric rendezvous over PyTorch tensors, VMM and cudaMalloc
 #               (scripts/gpu/symmetric-check.sh)
 #   demo        `nvfipc demo --transport device` with the largest rank count
@@ -34,7 +36,7 @@ summary="$OUT/campaign.txt"
 : >"$summary"
 failures=0
 
-STAGES="${STAGES:-gpu-check release cxx lifecycle symmetric demo bench}"
+STAGES="${STAGES:-gpu-check release cxx lifecycle flat symmetric demo bench}"
 
 stage() {
   local name="$1" limit="$2"
@@ -63,6 +65,7 @@ stage gpu-check 200 env OUT="$OUT/gpu-check" NVFIPC_GPU_RANKS="$RANKS" bash scri
 stage release 300 env OUT="$OUT/release" RELEASE_BENCH=0 bash scripts/gpu/release-check.sh
 stage cxx 150 env OUT="$OUT/cxx" NPS="$RANKS" bash scripts/gpu/cxx-check.sh
 stage lifecycle 420 env OUT="$OUT/lifecycle" RANKS="$RANKS" bash scripts/gpu/lifecycle-check.sh
+stage flat 300 env OUT="$OUT/flat" RANKS="$largest" PARTS=flat bash scripts/gpu/lifecycle-check.sh
 stage symmetric 300 env OUT="$OUT/symmetric" RANKS="$RANKS" bash scripts/gpu/symmetric-check.sh
 stage demo 60 target/release/nvfipc demo --ranks "$largest" --transport device --iters 20
 mkdir -p "$OUT/bench"

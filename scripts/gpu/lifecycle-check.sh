@@ -11,9 +11,13 @@
 #            expandable segments (np 2, 4), the default allocator, the script's VMM allocator and
 #            an IPC-capable stream-ordered pool (ALLOC=pool)
 #   before   (when OLD_LIB names an older build) the churn program on it, to show what it fixes
+#   flat     (only when PARTS names it) the churn program at the largest rank count for FLAT_STEPS
+#            steps with TIMING=1, over expandable segments and the default allocator: where each
+#            step's time goes, its first 10% against its last (scripts/gpu/flat-report.py)
 # Environment: OUT (default ./gpu-out/lifecycle), NVFIPC_LIB (default
 # target/release/libnvfuser_ipc.so), OLD_LIB, RANKS (default "2 4 8"), SEEDS (default "1 2 3"),
-# STEPS (default 200), RANDOM_STEPS (default 120). Non-zero when a stage fails.
+# STEPS (default 200), RANDOM_STEPS (default 120), PARTS (default "probe churn random"),
+# FLAT_STEPS (default 1500). Non-zero when a stage fails.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -30,6 +34,8 @@ summary="$OUT/summary.txt"
 : >"$summary"
 fail=0
 port=29800
+PARTS="${PARTS:-probe churn random}"
+want() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # run NAME LIB RANKS ALLOC_CONF VAR=VALUE...: one mpirun of torch_lifecycle.py.
 run() {
@@ -55,6 +61,7 @@ run() {
   fi
 }
 
+if want probe; then
 echo "== probe"
 cuda_inc="$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")/include"
 if gcc -O2 -I"$cuda_inc" tests/gpu/vmm_block_ids.c -lcuda -o "$OUT/vmm_block_ids" >"$OUT/probe-build.log" 2>&1; then
@@ -64,6 +71,7 @@ else
   echo "probe: build FAILED" | tee -a "$summary"
   fail=1
 fi
+fi
 
 if [ -n "${OLD_LIB:-}" ]; then
   echo "== before (older build, expected to fail)"
@@ -71,6 +79,7 @@ if [ -n "${OLD_LIB:-}" ]; then
   run before-churn-np4-noempty "$(realpath "$OLD_LIB")" 4 expandable_segments:True MODE=churn EMPTY=0 STEPS="${STEPS:-200}" || true
 fi
 
+if want churn; then
 echo "== churn"
 for np in $RANKS; do
   run "churn-np$np-vmm" "$lib" "$np" expandable_segments:True MODE=churn STEPS="${STEPS:-200}" || fail=1
@@ -78,7 +87,20 @@ done
 run "churn-np4-vmm-noempty" "$lib" 4 expandable_segments:True MODE=churn EMPTY=0 STEPS="${STEPS:-200}" || fail=1
 run "churn-np$largest-default" "$lib" "$largest" "" MODE=churn STEPS="${STEPS:-200}" || fail=1
 run "churn-np4-arena" "$lib" 4 "" MODE=churn ALLOC=vmm STEPS="${STEPS:-200}" || fail=1
+fi
 
+if want flat; then
+echo "== flat"
+for alloc in expandable_segments:True ""; do
+  label=default
+  [ -n "$alloc" ] && label=vmm
+  name="flat-np$largest-$label"
+  run "$name" "$lib" "$largest" "$alloc" MODE=churn TIMING=1 STEPS="${FLAT_STEPS:-1500}" || fail=1
+  "$python" scripts/gpu/flat-report.py "$OUT/$name.jsonl" | tee -a "$summary"
+done
+fi
+
+if want random; then
 echo "== random"
 for seed in ${SEEDS:-1 2 3}; do
   for np in 2 4; do
@@ -88,6 +110,7 @@ for seed in ${SEEDS:-1 2 3}; do
   run "random-s$seed-np4-arena" "$lib" 4 "" MODE=random ALLOC=vmm SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
   run "random-s$seed-np4-pool" "$lib" 4 "" MODE=random ALLOC=pool SEED="$seed" STEPS="${RANDOM_STEPS:-120}" || fail=1
 done
+fi
 echo "== summary"
 cat "$summary"
 # Everything in one archive, easy to copy back from the GPU machine.

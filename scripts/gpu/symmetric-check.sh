@@ -6,8 +6,8 @@
 # segments, refused as unsupported with cudaMalloc) and release + rendezvous again in a loop
 # without growth of the live VMM mappings. One JSON file per rank under $OUT/<run>/ (mpirun may
 # merge the ranks' stdout lines), and a table of the
-# rendezvous cost (median over ranks of the first rendezvous, of a second one, and of a fresh
-# tensor) per run.
+# rendezvous cost (median over ranks of the first rendezvous and of its floor, the driver calls it
+# made as the library's driver clock timed them; of a second one, and of a fresh tensor) per run.
 # Environment: OUT (default ./gpu-out/symmetric), NVFIPC_LIB (default
 # target/release/libnvfuser_ipc.so), RANKS (default "2 4 8"), MIB (tensor size, default 64).
 set -uo pipefail
@@ -38,7 +38,9 @@ path, name, np, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]
 rows = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(path, "rank*.json")))]
 ok = rc == 0 and len(rows) == np and all(r["ok"] for r in rows)
 med = lambda k: statistics.median(r[k] for r in rows) if rows else float("nan")
-print(f"{name}: {'ok' if ok else 'FAILED'} rc={rc} ranks={len(rows)}/{np} first {med('first_us'):.0f} us, "
+floor = med('first_floor_us') if rows and all('first_floor_us' in r for r in rows) else 0
+vs_floor = f" (floor {floor:.0f} us, {med('first_us') / floor:.2f}x)" if floor else ""
+print(f"{name}: {'ok' if ok else 'FAILED'} rc={rc} ranks={len(rows)}/{np} first {med('first_us'):.0f} us{vs_floor}, "
       f"again {med('again_us_median'):.1f} us, fresh {med('fresh_us'):.0f} us, "
       f"view stride {rows[0].get('view_stride', 'refused') if rows else '-'}")
 for r in rows:

@@ -298,12 +298,7 @@ fn classify_vmm(info: &PointerInfo, at: u64) -> Result<DeviceAllocation> {
              driver that knows CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR (CUDA >= 11.7) is needed"
         )));
     }
-    // The physical allocation's identity: its block id, else the mapping's place and buffer.
-    let buffer_id = if info.block_id != 0 {
-        info.block_id
-    } else {
-        crate::hash::fnv1a64(&[base.to_le_bytes(), info.buffer_id.to_le_bytes()].concat())
-    };
+    let buffer_id = segment_id(base, info.buffer_id, info.block_id);
     Ok(DeviceAllocation {
         ptr,
         bytes: 0,
@@ -313,6 +308,61 @@ fn classify_vmm(info: &PointerInfo, at: u64) -> Result<DeviceAllocation> {
         device_ordinal: info.device_ordinal,
         kind: DeviceMemoryKind::Vmm { handle_types },
     })
+}
+
+/// A physical allocation's identity: its block id, else the mapping's place and buffer.
+fn segment_id(mapping_base: u64, buffer_id: u64, block_id: u64) -> u64 {
+    if block_id != 0 {
+        return block_id;
+    }
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&mapping_base.to_le_bytes());
+    bytes[8..].copy_from_slice(&buffer_id.to_le_bytes());
+    crate::hash::fnv1a64(&bytes)
+}
+
+/// What the allocation holding `ptr` is now, as (range start, range size, buffer id): enough to
+/// tell a legacy or pool allocation from any other that may since have taken its address, at a
+/// fraction of [`query`]'s cost; `None` when the driver cannot say (a freed pointer, say).
+pub fn allocation_identity(ptr: u64) -> Option<(u64, u64, u64)> {
+    const ASKED: [sys::CUpointer_attribute; 3] = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    ];
+    let [start, size, id] = query_few(ptr, ASKED)?;
+    Some((start, size, id))
+}
+
+/// What the VMM mapping holding `at` is now, as (mapping base, mapping size, segment id), the id
+/// computed as `classify` computes a VMM allocation's: enough to tell a physical allocation from
+/// one mapped later at its address; `None` when the driver cannot say.
+pub fn segment_identity(at: u64) -> Option<(u64, u64, u64)> {
+    const ASKED: [sys::CUpointer_attribute; 4] = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
+    ];
+    let [base, size, buffer_id, block_id] = query_few(at, ASKED)?;
+    Some((base, size, segment_id(base, buffer_id, block_id)))
+}
+
+/// One `cuPointerGetAttributes` call for `N` attributes of 8 bytes or less, each read into a
+/// zeroed slot; `None` on any failure (an unknown pointer, a driver without the attribute).
+fn query_few<const N: usize>(ptr: u64, asked: [sys::CUpointer_attribute; N]) -> Option<[u64; N]> {
+    driver::driver().ok()?;
+    driver::ensure_context(None).ok()?;
+    let mut slots = [0u64; N];
+    let mut attrs = asked;
+    let mut data = [std::ptr::null_mut::<c_void>(); N];
+    for (entry, slot) in data.iter_mut().zip(slots.iter_mut()) {
+        *entry = (slot as *mut u64).cast::<c_void>();
+    }
+    // SAFETY: `attrs` and `data` both have `N` entries; every data entry points to a zeroed
+    // 8-byte slot, large enough for each attribute asked for here (pointers, sizes, u64 ids).
+    let rc = unsafe { result::pointer_get_attributes(N, &mut attrs, &mut data, ptr) };
+    rc.ok().map(|()| slots)
 }
 
 /// Finds the exportable device allocation that holds `[ptr, ptr + bytes)`.

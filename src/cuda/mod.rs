@@ -15,6 +15,7 @@ pub mod ipc;
 pub mod memory;
 pub mod p2p;
 pub(crate) mod pool;
+mod resolved;
 pub mod result;
 pub mod semaphore;
 pub mod transport;

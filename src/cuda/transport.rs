@@ -10,6 +10,7 @@ use super::driver;
 use super::ipc;
 use super::memory::{self, DeviceAllocation, DeviceMemoryKind, PointerInfo};
 use super::pool::{self, PoolExports};
+use super::resolved::{Proof, Resolution, Resolved};
 use super::vmm::{self, LocalSegment, Run, VmmExports};
 use super::vmm_map;
 use super::vmm_runs::{self, WideRuns};
@@ -67,6 +68,8 @@ pub struct CudaTransport {
     /// The window of `NVFIPC_VMM_WINDOW_MIB` in bytes; 0: exchanges export exact VMM runs.
     window: u64,
     pool_exports: PoolExports,
+    /// Buffers resolved before, checked with one short driver query on a cached exchange.
+    resolved: Resolved,
     slab: SemaphoreSlab,
     /// The live mappings, one per key. The base is part of the key: one peer buffer can be
     /// served by several mapped runs at once, each released to the run that served it.
@@ -95,6 +98,19 @@ fn vmm_segment_at(at: u64, handle_types: u32) -> Option<LocalSegment> {
     LocalSegment::of(&alloc).filter(|s| s.handle_types == handle_types)
 }
 
+/// Whether the driver still vouches for `proof` of the remembered `buffer` (see `resolved`).
+fn unchanged(buffer: &LocalBuffer, proof: &Proof) -> bool {
+    match proof {
+        Proof::Allocation => {
+            memory::allocation_identity(buffer.ptr)
+                == Some((buffer.base, buffer.alloc_bytes, buffer.buffer_id))
+        }
+        Proof::Segments(segments) => segments
+            .iter()
+            .all(|s| memory::segment_identity(s.base) == Some((s.base, s.size, s.id))),
+    }
+}
+
 impl CudaTransport {
     /// A transport on `device` (`None`: the current one at each call, as under nvFuser), sharing
     /// VMM and pool buffers as fds through `fdpass` (the job's fd transport, shared with the host
@@ -117,6 +133,7 @@ impl CudaTransport {
             wide_runs: WideRuns::default(),
             window,
             pool_exports: PoolExports::new(fdpass.clone()),
+            resolved: Resolved::default(),
             fdpass,
             slab: super::semaphore::new_slab(rt, device),
             imports: PeerMaps::default(),
@@ -215,29 +232,52 @@ impl Transport for CudaTransport {
     }
 
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
-        let alloc = memory::resolve(ptr, bytes)?;
-        match alloc.kind {
-            DeviceMemoryKind::Vmm { .. } => self.buffer_of_run(&alloc, &vmm::resolve_run(&alloc)?),
-            DeviceMemoryKind::Legacy | DeviceMemoryKind::Pool { .. } => {
-                self.buffer_of_allocation(&alloc)
-            }
+        let key = (ptr, bytes, Resolution::Exact);
+        if let Some(buffer) = self.resolved.get(key, unchanged) {
+            return Ok(buffer);
         }
+        let alloc = memory::resolve(ptr, bytes)?;
+        let (buffer, proof) = match alloc.kind {
+            DeviceMemoryKind::Vmm { .. } => {
+                let run = vmm::resolve_run(&alloc)?;
+                (
+                    self.buffer_of_run(&alloc, &run)?,
+                    Proof::Segments(run.segments),
+                )
+            }
+            DeviceMemoryKind::Legacy | DeviceMemoryKind::Pool { .. } => {
+                (self.buffer_of_allocation(&alloc)?, Proof::Allocation)
+            }
+        };
+        self.resolved.remember(key, buffer, proof);
+        Ok(buffer)
     }
 
     fn resolve_shared(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
         if ptr == 0 || self.window == 0 {
             return self.resolve(ptr, bytes);
         }
+        let key = (ptr, bytes, Resolution::Shared);
+        if let Some(buffer) = self.resolved.get(key, unchanged) {
+            return Ok(buffer);
+        }
         let info = memory::query(ptr)?;
         let alloc = memory::classify(&info, bytes)?;
-        let DeviceMemoryKind::Vmm { .. } = alloc.kind else {
-            return self.buffer_of_allocation(&alloc);
+        let (buffer, proof) = match alloc.kind {
+            DeviceMemoryKind::Vmm { .. } => {
+                let exact = vmm::resolve_run(&alloc)?;
+                let run = self
+                    .wide_runs
+                    .resolve(exact, |exact| widened(exact, &info, &alloc, self.window));
+                let buffer = self.buffer_of_run(&alloc, &run)?;
+                (buffer, Proof::Segments(run.segments.clone()))
+            }
+            DeviceMemoryKind::Legacy | DeviceMemoryKind::Pool { .. } => {
+                (self.buffer_of_allocation(&alloc)?, Proof::Allocation)
+            }
         };
-        let exact = vmm::resolve_run(&alloc)?;
-        let run = self
-            .wide_runs
-            .resolve(exact, |exact| widened(exact, &info, &alloc, self.window));
-        self.buffer_of_run(&alloc, &run)
+        self.resolved.remember(key, buffer, proof);
+        Ok(buffer)
     }
 
     fn refresh(&self, buf: &LocalBuffer) -> Result<LocalBuffer> {

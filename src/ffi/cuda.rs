@@ -170,6 +170,66 @@ pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counter
     })
 }
 
+/// Time this process spent in the driver's export, import and map calls (and the releaser's
+/// closes), per kind of call, while the clock was on: nanoseconds and calls, over all threads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvfipc_cuda_driver_clock {
+    /// `cuIpcGetMemHandle`, or `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`.
+    pub export_ns: u64,
+    pub export_calls: u64,
+    /// Peers' descriptors fetched from their fd responders.
+    pub fd_pass_ns: u64,
+    pub fd_pass_calls: u64,
+    /// `cuIpcOpenMemHandle`, or `cuMemImportFromShareableHandle`.
+    pub import_ns: u64,
+    pub import_calls: u64,
+    /// `cuMemAddressReserve`.
+    pub reserve_ns: u64,
+    pub reserve_calls: u64,
+    /// `cuMemMap`.
+    pub map_ns: u64,
+    pub map_calls: u64,
+    /// `cuMemSetAccess`.
+    pub set_access_ns: u64,
+    pub set_access_calls: u64,
+    /// Released mappings closed (`cuIpcCloseMemHandle`, or unmap and release).
+    pub close_ns: u64,
+    pub close_calls: u64,
+}
+
+const _: () = assert!(cuda::clock::DRIVER_CALLS.len() == 7);
+
+/// Switches the driver clock on (`on` != 0) or off (it starts off; off, a driver call pays one
+/// relaxed load) and, when `out` is not NULL, writes what it counted since the last read and
+/// starts again from zero. For finding where an exchange's time goes (the library's own work is
+/// a call's time less this); the clock is the process's, shared by every cache.
+#[no_mangle]
+pub extern "C" fn nvfipc_cuda_driver_clock(on: i32, out: *mut nvfipc_cuda_driver_clock) -> Status {
+    ffi_call("nvfipc_cuda_driver_clock", || {
+        let out = optional_out_ptr(out, "out")?;
+        let clock = &cuda::runtime().clock;
+        let [export, fd_pass, import, reserve, map, set_access, close] = clock.take();
+        clock.set_enabled(on != 0);
+        out.write(nvfipc_cuda_driver_clock {
+            export_ns: export.0,
+            export_calls: export.1,
+            fd_pass_ns: fd_pass.0,
+            fd_pass_calls: fd_pass.1,
+            import_ns: import.0,
+            import_calls: import.1,
+            reserve_ns: reserve.0,
+            reserve_calls: reserve.1,
+            map_ns: map.0,
+            map_calls: map.1,
+            set_access_ns: set_access.0,
+            set_access_calls: set_access.1,
+            close_ns: close.0,
+            close_calls: close.1,
+        })
+    })
+}
+
 /// Waits until every peer mapping released so far (by exchanges that replaced it, or by freed
 /// caches) has been closed by the library's releaser thread, at most `timeout_ms` (negative: the
 /// default timeout). A close waits until all work queued on the mapping's context before its

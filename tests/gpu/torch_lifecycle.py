@@ -30,7 +30,8 @@ what it imported), and caches are re-created at random steps; `empty_cache` trim
 
 Environment: NVFIPC_LIB, MASTER_ADDR/MASTER_PORT and the launcher's rank variables, MODE
 (churn|random), ALLOC (torch|vmm|pool), STEPS (default 200), SEED (default 1), EMPTY, RECREATE (1: caches freed and re-created
-at agreed steps; default 1 in random mode, 0 in churn mode). Prints one JSON line per rank; a
+at agreed steps; default 1 in random mode, 0 in churn mode), TIMING (1: where each step's time
+goes, first 10% of the steps against the last; see Timeline). Prints one JSON line per rank; a
 failure names the seed, the step and the program so far.
 """
 
@@ -69,8 +70,71 @@ class VmmCounters(C.Structure):
         "live_segments", "live_maps", "pool_imports", "pool_frees")]
 
 
+class DriverClock(C.Structure):
+    _fields_ = [(f"{call}_{what}", C.c_uint64)
+                for call in ("export", "fd_pass", "import", "reserve", "map", "set_access", "close")
+                for what in ("ns", "calls")]
+
+
+CALL_PATH = ("export", "fd_pass", "import", "reserve", "map", "set_access")
+
+
 class Failure(Exception):
     pass
+
+
+class Timeline:
+    """Where each step's time goes (TIMING=1): PyTorch's part (allocations, fills, empty_cache),
+    the exchange call, the driver calls made inside it (the library's driver clock), and the rest
+    (reads through the mappings, checks, barriers); plus the process's memory and descriptors.
+    Reported as the median over the first and the last 10% of the steps, and their ratio."""
+
+    def __init__(self, steps):
+        self.rows = []
+        self.tenth = max(1, steps // 10)
+        self.samples = {}
+        check(lib.nvfipc_cuda_driver_clock(1, None), "driver clock on")
+
+    @staticmethod
+    def process():
+        with open("/proc/self/statm") as f:
+            rss_pages = int(f.read().split()[1])
+        return {"rss_mib": round(rss_pages * os.sysconf("SC_PAGE_SIZE") / MIB, 1),
+                "fds": len(os.listdir("/proc/self/fd")),
+                "torch_reserved_mib": round(torch.cuda.memory_reserved() / MIB, 1)}
+
+    def step(self, step, torch_ns, exchange_ns, rest_ns):
+        clock = DriverClock()
+        check(lib.nvfipc_cuda_driver_clock(1, C.byref(clock)), "driver clock")
+        driver_ns = sum(getattr(clock, f"{c}_ns") for c in CALL_PATH)
+        self.rows.append((torch_ns, exchange_ns, driver_ns, exchange_ns - driver_ns, rest_ns,
+                          clock.close_ns))
+        if step + 1 == self.tenth:
+            self.samples["after_first_tenth"] = self.process()
+
+    def report(self):
+        check(lib.nvfipc_cuda_driver_clock(0, None), "driver clock off")
+        self.samples["end"] = self.process()
+        names = ("torch", "exchange", "exchange_driver", "exchange_library", "rest",
+                 "releaser_close")
+        first, last = self.rows[:self.tenth], self.rows[-self.tenth:]
+
+        def p50(rows, i):
+            values = sorted(r[i] for r in rows)
+            return values[len(values) // 2]
+
+        out = {}
+        for i, name in enumerate(names):
+            a, b = p50(first, i), p50(last, i)
+            out[name] = {"first_us": round(a / 1e3, 1), "last_us": round(b / 1e3, 1),
+                         "ratio": round(b / a, 2) if a else None}
+        step = [sum(r[j] for j in (0, 1, 4)) for r in self.rows]
+        a = sorted(step[:self.tenth])[self.tenth // 2]
+        b = sorted(step[-self.tenth:])[self.tenth // 2]
+        out["step"] = {"first_us": round(a / 1e3, 1), "last_us": round(b / 1e3, 1),
+                       "ratio": round(b / a, 2)}
+        out["process"] = self.samples
+        return out
 
 
 class AllocationProp(C.Structure):
@@ -318,9 +382,11 @@ def main():
            "empty_cache": 0, "bytes_checked": 0}
     live = []  # (step it dies after, tensors)
     done = 0
+    timeline = Timeline(steps) if os.environ.get("TIMING") == "1" else None
     t0 = time.perf_counter()
     try:
         for step, p in enumerate(program):
+            step_start = time.perf_counter_ns()
             if p["recreate"]:
                 barrier(f"barrier before re-creating the cache at step {step}")
                 check(lib.nvfipc_cache_free(cache), f"cache free at step {step}")
@@ -373,9 +439,11 @@ def main():
                 # tags (their occurrences pair up in order).
                 reqs.sort(key=lambda r: r.direction != RECV)
             batch = (Request * len(reqs))(*reqs)
+            exchange_start = time.perf_counter_ns()
             check(lib.nvfipc_exchange_handles_timeout(cache, batch, C.c_size_t(len(reqs)),
                                                       C.c_int64(TIMEOUT_MS)),
                   f"exchange at step {step}")
+            exchange_end = time.perf_counter_ns()
             # Read the previous rank's send tensor through the RECV handle, and write into the
             # next rank's receive tensor through the SEND handle.
             by_key = {(r.direction, r.tag, r.ptr): i for i, r in enumerate(batch)}
@@ -418,6 +486,9 @@ def main():
             live.append((step + p["keep"], items))
             live = [(until, its) for until, its in live if until > step]
             done = step + 1
+            if timeline:
+                timeline.step(step, exchange_start - step_start, exchange_end - exchange_start,
+                              time.perf_counter_ns() - exchange_end)
         barrier("final barrier")
         items = whole = send = recv = None
         live.clear()
@@ -442,6 +513,8 @@ def main():
                     and end["live_maps"] == 0 and ipc[0] == ipc[1])
         if not balanced:
             raise Failure(f"imports not balanced after teardown: vmm {end}, ipc {out['ipc']}")
+        if timeline:
+            out["timing"] = timeline.report()
         out["ok"] = True
     except Failure as e:
         out["ok"] = False

@@ -3,7 +3,8 @@ under `mpirun -np N`, all ranks on one GPU): every rank allocates a tensor with 
 allocator as PYTORCH_CUDA_ALLOC_CONF sets it (expandable segments: VMM; default: cudaMalloc),
 fills it with its rank, and maps every other rank's tensor with one rendezvous over the world,
 with no barrier. Checks every peer's bytes through the mappings, times the first rendezvous
-(records published, peers imported) and a second one (a cache hit), and a rendezvous of a fresh
+(records published, peers imported) against its floor (the driver calls it made, timed by the
+library's driver clock in the same call), a second one (a cache hit), and a rendezvous of a fresh
 tensor carved from the same segments. Then the contiguous view of the first tensor
 (`nvfipc_symmetric_contiguous_view`): with expandable segments, every rank writes a new value
 through its own tensor and reads every member's through the view (copied to the host); with
@@ -35,6 +36,16 @@ class VmmCounters(C.Structure):
     _fields_ = [(name, C.c_uint64) for name in (
         "segment_exports", "segment_imports", "segment_releases", "maps", "unmaps",
         "live_segments", "live_maps", "pool_imports", "pool_frees", "inside_mapped")]
+
+
+class DriverClock(C.Structure):
+    _fields_ = [(f"{call}_{what}", C.c_uint64)
+                for call in ("export", "fd_pass", "import", "reserve", "map", "set_access", "close")
+                for what in ("ns", "calls")]
+
+
+# The driver calls a rendezvous cannot do without: the floor of a first rendezvous.
+FLOOR_CALLS = ("export", "fd_pass", "import", "reserve", "map", "set_access")
 
 
 def live_vmm():
@@ -92,7 +103,16 @@ def main():
     torch.cuda.synchronize()
     # Only to time the rendezvous itself, not the ranks' start-up skew: the library needs none.
     check(lib.nvfipc_barrier(ctx, None, C.c_size_t(0), C.c_int64(60000)), "barrier")
+    # The first rendezvous against its floor: the driver calls it made on these segments
+    # (exports, descriptors passed, imports, reservations, maps, access), timed by the library's
+    # driver clock in this very call.
+    check(lib.nvfipc_cuda_driver_clock(1, None), "driver clock on")
     out["first_us"] = rendezvous(b"weights", t)
+    clock = DriverClock()
+    check(lib.nvfipc_cuda_driver_clock(0, C.byref(clock)), "driver clock")
+    out["first_driver"] = {c: {"us": getattr(clock, f"{c}_ns") / 1e3,
+                               "calls": getattr(clock, f"{c}_calls")} for c in FLOOR_CALLS}
+    out["first_floor_us"] = sum(v["us"] for v in out["first_driver"].values())
     bad = verify(lambda r: r + 1)
     warm = [rendezvous(b"weights", t) for _ in range(20)]
     out["again_us_median"] = sorted(warm)[len(warm) // 2]

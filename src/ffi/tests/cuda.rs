@@ -118,3 +118,24 @@ fn ipc_peers_are_ranks_of_a_possible_world() {
         );
     }
 }
+
+#[test]
+fn the_driver_clock_counts_only_while_on_and_restarts_at_each_read() {
+    use crate::cuda::clock::DriverCall;
+    let clock = &crate::cuda::runtime().clock;
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(2));
+    assert_eq!(
+        nvfipc_cuda_driver_clock(1, std::ptr::null_mut()),
+        Status::Ok
+    );
+    clock.time(DriverCall::Map, pause);
+    clock.time(DriverCall::Map, pause);
+    let mut read = nvfipc_cuda_driver_clock::default();
+    assert_eq!(nvfipc_cuda_driver_clock(0, &mut read), Status::Ok);
+    assert_eq!(read.map_calls, 2);
+    assert!(read.map_ns >= 4_000_000, "{read:?}");
+    // Off: nothing is counted, and the last read started again from zero.
+    clock.time(DriverCall::Map, pause);
+    assert_eq!(nvfipc_cuda_driver_clock(0, &mut read), Status::Ok);
+    assert_eq!((read.map_calls, read.map_ns), (0, 0), "{read:?}");
+}
