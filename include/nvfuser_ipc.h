@@ -259,7 +259,7 @@ typedef struct nvfipc_cuda_ipc_counters {
 
 // Time this process spent in the driver's export, import and map calls (and the releaser's
 // closes), per kind of call, while the clock was on: nanoseconds and calls, over all threads.
-typedef struct nvfipc_cuda_driver_clock {
+typedef struct nvfipc_cuda_driver_time {
   // `cuIpcGetMemHandle`, or `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`.
   uint64_t export_ns;
   uint64_t export_calls;
@@ -281,7 +281,7 @@ typedef struct nvfipc_cuda_driver_clock {
   // Released mappings closed (`cuIpcCloseMemHandle`, or unmap and release).
   uint64_t close_ns;
   uint64_t close_calls;
-} nvfipc_cuda_driver_clock;
+} nvfipc_cuda_driver_time;
 
 // The 64 bytes of a legacy CUDA IPC handle (`cudaIpcMemHandle_t`).
 typedef struct nvfipc_cuda_ipc_handle {
@@ -630,7 +630,7 @@ enum nvfipc_status nvfipc_cuda_ipc_counters_get(struct nvfipc_cuda_ipc_counters 
 // relaxed load) and, when `out` is not NULL, writes what it counted since the last read and
 // starts again from zero. For finding where an exchange's time goes (the library's own work is
 // a call's time less this); the clock is the process's, shared by every cache.
-enum nvfipc_status nvfipc_cuda_driver_clock(int32_t on, struct nvfipc_cuda_driver_clock *out);
+enum nvfipc_status nvfipc_cuda_driver_clock(int32_t on, struct nvfipc_cuda_driver_time *out);
 
 // Waits until every peer mapping released so far (by exchanges that replaced it, or by freed
 // caches) has been closed by the library's releaser thread, at most `timeout_ms` (negative: the

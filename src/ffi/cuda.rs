@@ -174,7 +174,7 @@ pub extern "C" fn nvfipc_cuda_ipc_counters_get(out: *mut nvfipc_cuda_ipc_counter
 /// closes), per kind of call, while the clock was on: nanoseconds and calls, over all threads.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct nvfipc_cuda_driver_clock {
+pub struct nvfipc_cuda_driver_time {
     /// `cuIpcGetMemHandle`, or `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`.
     pub export_ns: u64,
     pub export_calls: u64,
@@ -205,13 +205,13 @@ const _: () = assert!(cuda::clock::DRIVER_CALLS.len() == 7);
 /// starts again from zero. For finding where an exchange's time goes (the library's own work is
 /// a call's time less this); the clock is the process's, shared by every cache.
 #[no_mangle]
-pub extern "C" fn nvfipc_cuda_driver_clock(on: i32, out: *mut nvfipc_cuda_driver_clock) -> Status {
+pub extern "C" fn nvfipc_cuda_driver_clock(on: i32, out: *mut nvfipc_cuda_driver_time) -> Status {
     ffi_call("nvfipc_cuda_driver_clock", || {
         let out = optional_out_ptr(out, "out")?;
         let clock = &cuda::runtime().clock;
         let [export, fd_pass, import, reserve, map, set_access, close] = clock.take();
         clock.set_enabled(on != 0);
-        out.write(nvfipc_cuda_driver_clock {
+        out.write(nvfipc_cuda_driver_time {
             export_ns: export.0,
             export_calls: export.1,
             fd_pass_ns: fd_pass.0,

@@ -130,7 +130,7 @@ fn the_driver_clock_counts_only_while_on_and_restarts_at_each_read() {
     );
     clock.time(DriverCall::Map, pause);
     clock.time(DriverCall::Map, pause);
-    let mut read = nvfipc_cuda_driver_clock::default();
+    let mut read = nvfipc_cuda_driver_time::default();
     assert_eq!(nvfipc_cuda_driver_clock(0, &mut read), Status::Ok);
     assert_eq!(read.map_calls, 2);
     assert!(read.map_ns >= 4_000_000, "{read:?}");
