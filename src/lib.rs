@@ -13,7 +13,6 @@
 //! store; node; transport, fdpass, cuda, host; barrier, context; exchange; default_transports;
 //! ffi. docs/ARCHITECTURE.md is the map.
 
-#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 // Without `tools`, the internals that only the CLI and the tests use are unreachable. Dead code
 // is still found: the workspace build, whose CLI enables `tools`, is the one linted.
 #![cfg_attr(not(feature = "tools"), allow(dead_code, unused_imports))]
