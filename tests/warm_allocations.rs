@@ -1,8 +1,11 @@
-//! A warm exchange allocates nothing, in the whole process: two rank processes exchange host
-//! buffers through the C ABI (context, cache, requests, `nvfipc_exchange_handles`), and a
-//! counting global allocator sees every allocation of every thread of the rank (the library's
-//! background threads, its waits for a peer that is behind, the C boundary) while the ranks run
-//! warm calls. One rank falls behind now and then, so the other waits for it inside the call.
+//! A warm exchange allocates nothing, in the whole process: two rank processes exchange buffers
+//! through the C ABI (context, cache, requests, `nvfipc_exchange_handles`), and a counting global
+//! allocator sees every allocation of every thread of the rank (the library's background threads,
+//! its waits for a peer that is behind, the C boundary) while the ranks run warm calls. One rank
+//! falls behind now and then, so the other waits for it inside the call. Host buffers everywhere;
+//! on a machine with a CUDA device also `cuMemAlloc` buffers and VMM buffers that span two
+//! physical allocations (PyTorch's expandable segments), whose cached resolve is the driver's
+//! short proof that the buffer is unchanged (skipped, saying so, without a device).
 //!
 //! `NVFIPC_T_TRACE_ALLOCS=N` prints where the first N allocations of the warm window were made.
 
@@ -16,8 +19,9 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-// Links the library's C symbols into this binary; the test calls them only through `extern "C"`.
-use nvfuser_ipc as _;
+// The library's C symbols are linked into this binary and called only through `extern "C"`; its
+// `tools` give the device memory the device ranks exchange.
+use nvfuser_ipc::tools::cuda::{driver, result};
 
 /// Every allocation of the process, counted while `COUNTING` is on.
 struct Counting;
@@ -108,6 +112,7 @@ const OK: i32 = 0;
 const SEND: i32 = 0;
 const RECV: i32 = 1;
 const HOST: i32 = 1;
+const DEVICE: i32 = 0;
 
 extern "C" {
     fn nvfipc_context_connect(
@@ -140,6 +145,59 @@ fn check(what: &str, status: i32) {
 
 const WARM_CALLS: usize = 400;
 const BYTES: usize = 1 << 16;
+
+/// Whether this machine has a CUDA device the device ranks can use.
+fn cuda_device() -> bool {
+    driver::device_count().is_ok_and(|n| n > 0)
+}
+
+/// Two buffers (send, receive) of the memory `kind` names, with their request kind and length:
+/// the library's host memory, `cuMemAlloc`, or VMM memory of physical allocations of the device's
+/// granularity created with POSIX fd handles and mapped back to back, the buffer spanning two.
+/// Device memory is given back by the rank's exit.
+fn buffers(kind: &str) -> ([u64; 2], i32, u64) {
+    let mut out = [0u64; 2];
+    match kind {
+        "host" => {
+            for b in &mut out {
+                let mut ptr = null_mut();
+                // SAFETY: `ptr` is a live out-parameter of this frame.
+                check("host_alloc", unsafe { nvfipc_host_alloc(BYTES, &mut ptr) });
+                *b = ptr as u64;
+            }
+            (out, HOST, BYTES as u64)
+        }
+        "device" => {
+            driver::ensure_context(Some(0)).expect("a CUDA context on device 0");
+            for b in &mut out {
+                *b = result::mem_alloc(BYTES).expect("cuMemAlloc");
+            }
+            (out, DEVICE, BYTES as u64)
+        }
+        "vmm" => {
+            let ctx = driver::ensure_context(Some(0)).expect("a CUDA context on device 0");
+            let device = ctx.device().expect("the context's device");
+            let segment = result::mem_granularity(device).expect("VMM granularity");
+            for b in &mut out {
+                let base = result::mem_address_reserve(2 * segment, segment).expect("reserve");
+                for i in 0..2 {
+                    let handle = result::mem_create(segment, device, result::HANDLE_TYPE_POSIX_FD)
+                        .expect("cuMemCreate with a POSIX fd handle type");
+                    // SAFETY: [base + i * segment, + segment) lies in the range reserved above and
+                    // nothing is mapped there yet.
+                    unsafe { result::mem_map(base + i * segment, segment, handle) }
+                        .expect("cuMemMap");
+                }
+                result::mem_set_access_rw(base, 2 * segment, device).expect("cuMemSetAccess");
+                *b = base;
+            }
+            // From the middle of the first allocation into the second.
+            let half = segment / 2;
+            (out.map(|b| b + half), DEVICE, segment)
+        }
+        other => panic!("unknown memory kind {other}"),
+    }
+}
 
 /// A rank: two comms per call with its one peer (send "up", receive "down"), warmed, then
 /// `WARM_CALLS` calls counted; rank 1 sleeps before every 7th call (and longer before every
@@ -174,9 +232,8 @@ fn child() {
         );
         let mut cache = null_mut();
         check("cache_create", nvfipc_cache_create(ctx, &mut cache));
-        let (mut send, mut recv) = (null_mut(), null_mut());
-        check("host_alloc", nvfipc_host_alloc(BYTES, &mut send));
-        check("host_alloc", nvfipc_host_alloc(BYTES, &mut recv));
+        let memory = std::env::var("NVFIPC_T_WARM").expect("the memory kind");
+        let ([send, recv], kind, bytes) = buffers(&memory);
         // Rank 0 sends "up" and receives "down"; rank 1 the other way round.
         let (send_tag, recv_tag) = if rank == 0 {
             (&up, &down)
@@ -187,18 +244,18 @@ fn child() {
             CRequest {
                 peer,
                 direction: SEND,
-                kind: HOST,
+                kind,
                 tag: send_tag.as_ptr(),
-                ptr: send as u64,
-                bytes: BYTES as u64,
+                ptr: send,
+                bytes,
             },
             CRequest {
                 peer,
                 direction: RECV,
-                kind: HOST,
+                kind,
                 tag: recv_tag.as_ptr(),
-                ptr: recv as u64,
-                bytes: BYTES as u64,
+                ptr: recv,
+                bytes,
             },
         ];
         for _ in 0..20 {
@@ -225,11 +282,15 @@ fn child() {
         }
         COUNTING.store(false, Ordering::SeqCst);
         let allocations = ALLOCATIONS.load(Ordering::SeqCst);
-        println!("rank {rank}: {allocations} allocation(s) in {WARM_CALLS} warm calls");
+        println!(
+            "rank {rank}: {allocations} allocation(s) in {WARM_CALLS} warm calls ({memory} memory)"
+        );
         check("barrier", nvfipc_barrier(ctx, std::ptr::null(), 0, 20_000));
         check("cache_free", nvfipc_cache_free(cache));
-        check("host_free", nvfipc_host_free(send));
-        check("host_free", nvfipc_host_free(recv));
+        if kind == HOST {
+            check("host_free", nvfipc_host_free(send as *mut c_void));
+            check("host_free", nvfipc_host_free(recv as *mut c_void));
+        }
         check("context_free", nvfipc_context_free(ctx));
         assert_eq!(
             allocations, 0,
@@ -239,13 +300,36 @@ fn child() {
     }
 }
 
-#[test]
-fn warm_calls_allocate_nothing() {
+/// Two ranks of `memory` buffers; every rank must report 0 allocations.
+fn two_ranks_allocate_nothing(memory: &str) {
     let port = common::free_port();
-    let mut ranks = Ranks::spawn("NVFIPC_T_WARM", "warm", 2, port, "warm-allocs");
+    let mut ranks = Ranks::spawn("NVFIPC_T_WARM", memory, 2, port, "warm-allocs");
     let results = ranks.collect(Duration::from_secs(120));
     for (rank, (ok, out)) in results.iter().enumerate() {
         assert!(ok, "rank {rank} failed:\n{out}");
         assert!(out.contains("0 allocation(s)"), "rank {rank}:\n{out}");
     }
+}
+
+#[test]
+fn warm_calls_allocate_nothing() {
+    two_ranks_allocate_nothing("host");
+}
+
+#[test]
+fn warm_device_calls_allocate_nothing() {
+    if !cuda_device() {
+        eprintln!("skipped: no CUDA device here (runs on a GPU machine)");
+        return;
+    }
+    two_ranks_allocate_nothing("device");
+}
+
+#[test]
+fn warm_vmm_calls_allocate_nothing() {
+    if !cuda_device() {
+        eprintln!("skipped: no CUDA device here (runs on a GPU machine)");
+        return;
+    }
+    two_ranks_allocate_nothing("vmm");
 }

@@ -1,7 +1,6 @@
 //! `nvfipc`: the command-line companion of nvfuser-ipc (store server, local launcher, demo and
 //! benchmarks).
 
-
 mod args;
 mod barrier_test;
 mod bench;
