@@ -21,6 +21,7 @@
 use nvfuser_ipc::store::client::{ConnectOptions, TcpStore};
 use nvfuser_ipc::store::server::StoreServer;
 use nvfuser_ipc::tools::exchange::{fingerprint, PeerBoard};
+use nvfuser_ipc::tools::fdpass::TrustedUids;
 use nvfuser_ipc::ChannelKey;
 use nvfuser_ipc::{CacheConfig, HandleCache, MemKind, Request};
 use nvfuser_ipc::{Error, Result};
@@ -116,11 +117,11 @@ fn run_rank(rank: usize, port: u16, job: &str, args: &Args) -> Result<()> {
     let peer_first = args.peer_first && rank == 0;
     let peer_board = if peer_first {
         let name = cache.names().board(peer);
-        PeerBoard::try_open(&name, peer)?
+        PeerBoard::try_open(&name, peer, &TrustedUids::from_env()?)?
             .ok_or_else(|| Error::state(format!("board {name} of rank {peer} is not there")))?
     } else {
         // Unused: only rank 0 with --peer-first waits for its peer outside the call.
-        PeerBoard::try_open(&cache.names().board(rank), rank)?
+        PeerBoard::try_open(&cache.names().board(rank), rank, &TrustedUids::from_env()?)?
             .ok_or_else(|| Error::state("own board is not there"))?
     };
     let fps: Vec<u128> = requests

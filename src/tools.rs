@@ -28,13 +28,14 @@ pub mod exchange {
     pub use crate::transport::ExportedHandle;
 }
 
-/// The fd transport, which `nvfipc doctor` checks between two ranks and the tests attack.
+/// The fd transport, which `nvfipc doctor` checks between two ranks and the tests attack, and the
+/// uids whose boards the examples read.
 pub mod fdpass {
     pub use crate::fdpass::diagnose::PtraceFacts;
     pub use crate::fdpass::registry::FD_ID_LEN;
     pub use crate::fdpass::{
         frame, record_key, FdId, FdPass, FdPassConfig, Gate, LocalIdentity, PeerRecord,
-        PtracerState, Rung,
+        PtracerState, Rung, TrustedUids,
     };
 }
 

@@ -9,6 +9,7 @@
 //! released every peer mapping and slab it held: from then on its peers import nothing of it).
 
 use crate::error::{Error, Result};
+use crate::fdpass::TrustedUids;
 use crate::hash::Fnv1a;
 use crate::node::{process_alive, NodeIdentity, PeerProcess};
 use crate::os::shm::ShmSegment;
@@ -286,18 +287,21 @@ pub struct OwnBoard {
     index: Mutex<HashMap<u128, u32>>,
     /// Set once a board of this cache was found mapped without a SIGBUS guard (said once).
     unguarded_said: AtomicBool,
+    /// The uids whose boards this cache believes (read once, when the cache is made).
+    trusted: TrustedUids,
 }
 
 impl OwnBoard {
-    /// Creates the board `name` for `rank`, replacing a stale board of a dead process.
-    pub fn create(name: &str, rank: usize) -> Result<OwnBoard> {
+    /// Creates the board `name` for `rank`, replacing a stale board of a dead process (when one
+    /// of the `trusted` uids owns it); the boards of peers are believed for the same uids.
+    pub fn create(name: &str, rank: usize, trusted: TrustedUids) -> Result<OwnBoard> {
         let seg = match ShmSegment::create(name, BOARD_BYTES) {
             Ok(seg) => seg,
             Err(first) => {
                 let Ok(Some(existing)) = ShmSegment::open(name, 0) else {
                     return Err(first.context(format!("creating the board of rank {rank}")));
                 };
-                check_owner(&existing, rank)?;
+                check_owner(&existing, rank, &trusted)?;
                 let h = Table::new(existing)
                     .map_err(|e| e.context(format!("replacing the board of rank {rank}")))?;
                 let pid = h.header().owner_pid.load(Ordering::Acquire);
@@ -333,9 +337,15 @@ impl OwnBoard {
             table,
             index: Mutex::new(HashMap::new()),
             unguarded_said: AtomicBool::new(false),
+            trusted,
         };
         board.warn_if_unguarded(&board.table);
         Ok(board)
+    }
+
+    /// The uids whose boards this cache believes.
+    pub fn trusted(&self) -> &TrustedUids {
+        &self.trusted
     }
 
     /// Warns, once per cache, that a board it maps has no SIGBUS guard.
@@ -466,8 +476,7 @@ impl OwnBoard {
 
 /// A board is believed only when a trusted uid owns its file (the kernel's word): `/dev/shm` is
 /// shared by every user, and anyone may create a file under a board's name first.
-fn check_owner(seg: &ShmSegment, rank: usize) -> Result<()> {
-    let trusted = crate::fdpass::TrustedUids::from_env()?;
+fn check_owner(seg: &ShmSegment, rank: usize, trusted: &TrustedUids) -> Result<()> {
     if trusted.admits(seg.owner()) {
         return Ok(());
     }
@@ -489,13 +498,14 @@ pub struct PeerBoard {
 }
 
 impl PeerBoard {
-    /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise.
-    pub fn try_open(name: &str, rank: usize) -> Result<Option<PeerBoard>> {
+    /// Opens the board `name` if its owner has created it and is alive; `Ok(None)` otherwise. It
+    /// is read only when one of the `trusted` uids owns it.
+    pub fn try_open(name: &str, rank: usize, trusted: &TrustedUids) -> Result<Option<PeerBoard>> {
         // A board being created may still be empty: treat it as absent until it is sized.
         let Some(seg) = ShmSegment::open_when_sized(name, BOARD_BYTES)? else {
             return Ok(None);
         };
-        check_owner(&seg, rank)?;
+        check_owner(&seg, rank, trusted)?;
         let table = Table::new(seg)?;
         let h = table.header();
         if h.ready.load(Ordering::Acquire) != 1 {

@@ -94,7 +94,8 @@ impl HandleCache {
         crate::departures::note_world(&cfg.job_id, cfg.world_size);
         let generation = generations::reserve(&cfg.job_id, &cfg.scope, cfg.rank);
         let names = CacheNames::new(&cfg.job_id, &cfg.scope, generation.generation());
-        let board = OwnBoard::create(&names.board(cfg.rank), cfg.rank)
+        let trusted = crate::fdpass::TrustedUids::from_env()?;
+        let board = OwnBoard::create(&names.board(cfg.rank), cfg.rank, trusted)
             .map_err(|e| e.context(format!("rank {}", cfg.rank)))?;
         let peer_nodes = PeerNodes::publish(&*cfg.store, &names, cfg.rank)?;
         let counters = Counters::default();

@@ -11,6 +11,7 @@ use super::board::{PeerBoard, KNOWN_PER_CHANNEL};
 use super::held::HeldMapping;
 use crate::departures::Presence;
 use crate::error::{Error, Result};
+use crate::fdpass::TrustedUids;
 use crate::names::CacheNames;
 use crate::node::{NodeIdentity, Reach};
 use crate::store::Store;
@@ -108,7 +109,11 @@ impl PeerNodes {
 /// (a store reads a missing key as empty): the peer closed that cache or exited, as its board
 /// tells when one is still here.
 fn deleted_node_key(rank: usize, peer: usize, key: &str, names: &CacheNames) -> Error {
-    let board = PeerBoard::try_open(&names.board(peer), peer).ok().flatten();
+    // Only on this error path, so the job's setting is read here rather than carried along.
+    let trusted = TrustedUids::from_env().unwrap_or_else(|_| TrustedUids::own());
+    let board = PeerBoard::try_open(&names.board(peer), peer, &trusted)
+        .ok()
+        .flatten();
     let seen = match (board.as_ref().and_then(|b| b.left()), board.is_some()) {
         (Some(why), _) => why,
         (None, true) => format!("its board is open: rank {peer} may be creating the cache again"),

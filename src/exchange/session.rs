@@ -49,7 +49,7 @@ impl Session {
             return Ok(Some(b.clone()));
         }
         let name = self.names.board(peer);
-        let Some(board) = PeerBoard::try_open(&name, peer)? else {
+        let Some(board) = PeerBoard::try_open(&name, peer, self.board.trusted())? else {
             return Ok(None);
         };
         self.board.check_guarded(&board);

@@ -1,4 +1,5 @@
 use super::*;
+use crate::fdpass::TrustedUids;
 
 /// Whether [`OwnBoard::mark_closed`] was called.
 fn is_closed(own: &OwnBoard) -> bool {
@@ -12,9 +13,16 @@ fn name(tag: &str) -> String {
 #[test]
 fn publish_and_read_across_mappings() {
     let n = name("a");
-    let own = OwnBoard::create(&n, 3).unwrap();
-    let peer = PeerBoard::try_open(&n, 3).unwrap().unwrap();
-    assert!(PeerBoard::try_open(&n, 2).unwrap().is_none(), "wrong rank");
+    let own = OwnBoard::create(&n, 3, TrustedUids::own()).unwrap();
+    let peer = PeerBoard::try_open(&n, 3, &TrustedUids::own())
+        .unwrap()
+        .unwrap();
+    assert!(
+        PeerBoard::try_open(&n, 2, &TrustedUids::own())
+            .unwrap()
+            .is_none(),
+        "wrong rank"
+    );
     let fp = fingerprint("0/1/tag/0");
     assert_eq!(peer.find(fp), None);
     let e = own.insert(fp).unwrap();
@@ -44,7 +52,7 @@ fn publish_and_read_across_mappings() {
 #[test]
 fn a_peer_blocked_on_the_board_wakes_at_the_owners_publish() {
     let n = name("w");
-    let own = OwnBoard::create(&n, 1).unwrap();
+    let own = OwnBoard::create(&n, 1, TrustedUids::own()).unwrap();
     let e = own.insert(fingerprint("1/0/w/0")).unwrap();
     // No sleeper: a publish makes no wake.
     own.publish(e, 1, 1, BufferAt::default());
@@ -52,7 +60,9 @@ fn a_peer_blocked_on_the_board_wakes_at_the_owners_publish() {
     let waiter = {
         let n = n.clone();
         std::thread::spawn(move || {
-            let peer = PeerBoard::try_open(&n, 1).unwrap().unwrap();
+            let peer = PeerBoard::try_open(&n, 1, &TrustedUids::own())
+                .unwrap()
+                .unwrap();
             let start = std::time::Instant::now();
             let mut blocks = 0;
             while peer.read(e, 2).is_none() {
@@ -81,8 +91,10 @@ fn a_peer_blocked_on_the_board_wakes_at_the_owners_publish() {
 #[test]
 fn known_lists_say_which_peer_allocations_the_owner_holds() {
     let n = name("k");
-    let own = OwnBoard::create(&n, 0).unwrap();
-    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    let own = OwnBoard::create(&n, 0, TrustedUids::own()).unwrap();
+    let peer = PeerBoard::try_open(&n, 0, &TrustedUids::own())
+        .unwrap()
+        .unwrap();
     let e = own.insert(fingerprint("0/1/k/0")).unwrap();
     assert!(!peer.knows(e, 5) && !peer.knows(e, 0));
     own.set_known(e, &[5, 6]);
@@ -98,8 +110,10 @@ fn known_lists_say_which_peer_allocations_the_owner_holds() {
 #[test]
 fn closed_is_seen_by_peers_and_survives_the_unlink() {
     let n = name("d");
-    let own = OwnBoard::create(&n, 1).unwrap();
-    let peer = PeerBoard::try_open(&n, 1).unwrap().unwrap();
+    let own = OwnBoard::create(&n, 1, TrustedUids::own()).unwrap();
+    let peer = PeerBoard::try_open(&n, 1, &TrustedUids::own())
+        .unwrap()
+        .unwrap();
     assert!(!peer.closed());
     assert!(!is_closed(&own));
     own.mark_closed();
@@ -108,26 +122,32 @@ fn closed_is_seen_by_peers_and_survives_the_unlink() {
     drop(own);
     // A peer that mapped the board keeps reading it after the owner unlinked it.
     assert!(peer.closed());
-    assert!(PeerBoard::try_open(&n, 1).unwrap().is_none());
+    assert!(PeerBoard::try_open(&n, 1, &TrustedUids::own())
+        .unwrap()
+        .is_none());
 }
 
 #[test]
 fn a_board_of_another_layout_is_refused() {
     let n = name("e");
-    let own = OwnBoard::create(&n, 0).unwrap();
+    let own = OwnBoard::create(&n, 0, TrustedUids::own()).unwrap();
     own.table
         .header()
         .magic
         .store(u64::from_le_bytes(*b"NVFIBRD1"), Ordering::Relaxed);
-    let err = PeerBoard::try_open(&n, 0).err().unwrap();
+    let err = PeerBoard::try_open(&n, 0, &TrustedUids::own())
+        .err()
+        .unwrap();
     assert!(err.message.contains("unknown layout"), "{err}");
 }
 
 #[test]
 fn colliding_fingerprints_probe() {
     let n = name("b");
-    let own = OwnBoard::create(&n, 0).unwrap();
-    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    let own = OwnBoard::create(&n, 0, TrustedUids::own()).unwrap();
+    let peer = PeerBoard::try_open(&n, 0, &TrustedUids::own())
+        .unwrap()
+        .unwrap();
     let a = 5u128 | (1u128 << 64);
     let b = 5u128 | (2u128 << 64); // same start slot, different fingerprint
     let ea = own.insert(a).unwrap();
@@ -140,11 +160,13 @@ fn colliding_fingerprints_probe() {
 #[test]
 fn second_owner_in_one_process_is_refused_and_drop_unlinks() {
     let n = name("c");
-    let own = OwnBoard::create(&n, 0).unwrap();
-    let err = OwnBoard::create(&n, 0).err().unwrap();
+    let own = OwnBoard::create(&n, 0, TrustedUids::own()).unwrap();
+    let err = OwnBoard::create(&n, 0, TrustedUids::own()).err().unwrap();
     assert!(err.message.contains("own scope"), "{err}");
     drop(own);
-    assert!(PeerBoard::try_open(&n, 0).unwrap().is_none());
+    assert!(PeerBoard::try_open(&n, 0, &TrustedUids::own())
+        .unwrap()
+        .is_none());
 }
 
 #[test]
@@ -181,8 +203,10 @@ fn resize(name: &str, len: u64) {
 #[test]
 fn a_truncated_board_reads_zeros_and_is_an_error_for_owner_and_peer() {
     let n = name("t");
-    let own = OwnBoard::create(&n, 2).unwrap();
-    let peer = PeerBoard::try_open(&n, 2).unwrap().unwrap();
+    let own = OwnBoard::create(&n, 2, TrustedUids::own()).unwrap();
+    let peer = PeerBoard::try_open(&n, 2, &TrustedUids::own())
+        .unwrap()
+        .unwrap();
     let fp = fingerprint("2/0/t/0");
     let e = own.insert(fp).unwrap();
     own.publish(e, 1, 5, BufferAt::default());
@@ -209,8 +233,10 @@ fn a_truncated_board_reads_zeros_and_is_an_error_for_owner_and_peer() {
 #[test]
 fn a_shrunk_board_is_found_before_its_lost_pages_are_read() {
     let n = name("s");
-    let own = OwnBoard::create(&n, 0).unwrap();
-    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    let own = OwnBoard::create(&n, 0, TrustedUids::own()).unwrap();
+    let peer = PeerBoard::try_open(&n, 0, &TrustedUids::own())
+        .unwrap()
+        .unwrap();
     resize(&n, 4096);
     // Nothing past the first page was read yet: only a probe, which touches the last page,
     // finds it.
@@ -234,10 +260,12 @@ fn a_board_file_of_another_user_is_never_read() {
         return;
     }
     let n = name("foreign");
-    let own = OwnBoard::create(&n, 2).unwrap();
+    let own = OwnBoard::create(&n, 2, TrustedUids::own()).unwrap();
     let path = format!("/dev/shm{n}");
     std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
-    let err = PeerBoard::try_open(&n, 2).err().expect("refused");
+    let err = PeerBoard::try_open(&n, 2, &TrustedUids::own())
+        .err()
+        .expect("refused");
     assert_eq!(err.status, crate::error::Status::Protocol);
     assert!(err.message.contains("uid 65534"), "{}", err.message);
     drop(own);
@@ -246,8 +274,10 @@ fn a_board_file_of_another_user_is_never_read() {
 #[test]
 fn an_entry_index_past_the_board_panics_instead_of_reading_past_the_mapping() {
     let n = name("bounds");
-    let own = OwnBoard::create(&n, 0).unwrap();
-    let peer = PeerBoard::try_open(&n, 0).unwrap().unwrap();
+    let own = OwnBoard::create(&n, 0, TrustedUids::own()).unwrap();
+    let peer = PeerBoard::try_open(&n, 0, &TrustedUids::own())
+        .unwrap()
+        .unwrap();
     assert_eq!(peer.step(CAPACITY - 1), 0, "the last entry is inside");
     for index in [CAPACITY, u32::MAX] {
         let read = std::panic::catch_unwind(|| peer.read(index, 1));

@@ -1,5 +1,6 @@
 use super::*;
 use crate::exchange::session::Counters;
+use crate::fdpass::TrustedUids;
 use crate::transport::record::{local_host, HandleType};
 
 fn rec(buffer_id: u64, slot: u32) -> Record {
@@ -173,7 +174,8 @@ fn a_node_key_deleted_under_the_reader_says_the_peer_left() {
     );
     assert!(!err.message.contains("version"), "{}", err.message);
     // Its board, still here and marked closed, says which.
-    let board = super::super::board::OwnBoard::create(&names.board(1), 1).unwrap();
+    let board =
+        super::super::board::OwnBoard::create(&names.board(1), 1, TrustedUids::own()).unwrap();
     board.mark_closed();
     let err = check_peer_1(&store, &names);
     let closed = format!("(rank 1 (pid {}) closed its cache)", std::process::id());
