@@ -21,40 +21,67 @@ use std::time::{Duration, Instant};
 /// The shared in-memory test store (blocking waits, as the exchange relies on).
 use crate::store::memory::MemoryStore as MemStore;
 
-/// A store whose writes are lost (a peer whose records never reach the store).
-struct LosesWrites(Arc<MemStore>);
+/// A store that sees every write to it: each is recorded, and a `set` reaches the store only
+/// when `keep` admits its key (a peer whose records never reach the store, or a store watched
+/// for what it is told).
+struct Watched {
+    store: Arc<MemStore>,
+    keep: fn(&str) -> bool,
+    writes: std::sync::Mutex<Vec<(String, Vec<u8>)>>,
+}
 
-impl Store for LosesWrites {
+impl Watched {
+    fn new(store: Arc<MemStore>, keep: fn(&str) -> bool) -> Watched {
+        Watched {
+            store,
+            keep,
+            writes: Default::default(),
+        }
+    }
+
+    /// Only records are lost; the node identity a cache publishes arrives.
+    fn losing_records(store: Arc<MemStore>) -> Watched {
+        Watched::new(store, |key| key.contains("/node/"))
+    }
+
+    fn wrote(&self, key: &str, value: &[u8]) {
+        crate::sync::lock(&self.writes).push((key.to_string(), value.to_vec()));
+    }
+}
+
+impl Store for Watched {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        // Only records are lost; the node identity a cache publishes arrives.
-        if key.contains("/node/") {
-            return self.0.set(key, value);
+        self.wrote(key, value);
+        if (self.keep)(key) {
+            return self.store.set(key, value);
         }
         Ok(())
     }
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.0.get(key, timeout)
+        self.store.get(key, timeout)
     }
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.0.add(key, delta)
+        self.store.add(key, delta)
     }
     fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.0.check(keys)
+        self.store.check(keys)
     }
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.0.wait(keys, timeout)
+        self.store.wait(keys, timeout)
     }
     fn delete_key(&self, key: &str) -> Result<bool> {
-        self.0.delete_key(key)
+        self.store.delete_key(key)
     }
     fn num_keys(&self) -> Result<i64> {
-        self.0.num_keys()
+        self.store.num_keys()
     }
     fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
-        self.0.compare_set(k, e, d)
+        self.wrote(k, d);
+        self.store.compare_set(k, e, d)
     }
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.0.append(key, value)
+        self.wrote(key, value);
+        self.store.append(key, value)
     }
 }
 
@@ -398,7 +425,7 @@ fn lost_record_times_out_naming_the_key_on_both_sides() {
     };
     let c = [
         make(0, store.clone()),
-        make(1, Arc::new(LosesWrites(store.clone()))),
+        make(1, Arc::new(Watched::losing_records(store.clone()))),
     ];
     let (a, b) = (buf("ut_lost", 1), buf("ut_lost", 2));
     let r0 = [Request::recv(1, "lost", a.addr(), 64, MemKind::Host)];
@@ -1039,46 +1066,11 @@ fn opened_channels_go_stale_exactly_when_their_buffers_change() {
 }
 
 /// A store that keeps a copy of every value written to it.
-struct Recording(Arc<MemStore>, std::sync::Mutex<Vec<(String, Vec<u8>)>>);
-
-impl Store for Recording {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        crate::sync::lock(&self.1).push((key.to_string(), value.to_vec()));
-        self.0.set(key, value)
-    }
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.0.get(key, timeout)
-    }
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.0.add(key, delta)
-    }
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.0.check(keys)
-    }
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.0.wait(keys, timeout)
-    }
-    fn delete_key(&self, key: &str) -> Result<bool> {
-        self.0.delete_key(key)
-    }
-    fn num_keys(&self) -> Result<i64> {
-        self.0.num_keys()
-    }
-    fn compare_set(&self, k: &str, e: &[u8], d: &[u8]) -> Result<Vec<u8>> {
-        crate::sync::lock(&self.1).push((k.to_string(), d.to_vec()));
-        self.0.compare_set(k, e, d)
-    }
-    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        crate::sync::lock(&self.1).push((key.to_string(), value.to_vec()));
-        self.0.append(key, value)
-    }
-}
-
 /// Nothing that names memory reaches the store (which anyone who reaches its port can read):
 /// records travel sealed from the exporter's process, the store holds notices of them only.
 #[test]
 fn no_record_and_no_memory_handle_reaches_the_store() {
-    let recording = Arc::new(Recording(Arc::new(MemStore::default()), Default::default()));
+    let recording = Arc::new(Watched::new(Arc::new(MemStore::default()), |_| true));
     let job = format!("ut_private{}", std::process::id());
     let c: Vec<HandleCache> = (0..2)
         .map(|rank| {
@@ -1103,7 +1095,7 @@ fn no_record_and_no_memory_handle_reaches_the_store() {
     let t = c[0].transport(MemKind::Host).unwrap().clone();
     let buffer_handle = t.export(&t.resolve(a.addr(), 64).unwrap()).unwrap().payload;
     let fd_id = &buffer_handle[..crate::fdpass::registry::FD_ID_LEN];
-    let written = crate::sync::lock(&recording.1).clone();
+    let written = crate::sync::lock(&recording.writes).clone();
     let records: Vec<_> = written.iter().filter(|(k, _)| k.contains("/h/")).collect();
     assert_eq!(records.len(), 2, "one record each way: {written:?}");
     for (key, value) in &written {
