@@ -24,10 +24,11 @@ lives in files named for their jobs (batch, protocol, waits: module heads and im
 and a warm call allocates nothing (requests reused at the C boundary, liveness and load read into
 stack buffers: about 60). src/ is 22,300 since the cache's teardown and its symmetric calls left
 cache.rs for files of their own, and each module's settings left config.rs for a file beside
-the module (module heads and imports, about 30). src/ is 22,600 since a cached exchange proves a
-device buffer unchanged with one short pointer query instead of resolving it again (the bounded
-memo of cuda/resolved.rs and the two identity queries of cuda/memory.rs: about 190; warm at W = 8
-went from 2.06 to 1.28 us on an H100) and the driver clock is readable through the C ABI
+the module (module heads and imports, about 30). src/ is 22,650 since a cached exchange proves a
+device buffer unchanged with one short pointer query instead of resolving it again, and a new
+tensor inside an allocation exchanged before is carved from it the same way (the bounded memo of
+cuda/resolved.rs and the two identity queries of cuda/memory.rs: about 220; warm at W = 8 went
+from 2.06 to 1.28 us on an H100) and the driver clock is readable through the C ABI
 (`nvfipc_cuda_driver_clock`, about 60). Lower the budgets again as code goes; raise them only with a reason
 written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
@@ -37,7 +38,7 @@ import os
 import re
 import sys
 
-MAX_LINES = {"src": 22_600, "store/src": 4_650}
+MAX_LINES = {"src": 22_650, "store/src": 4_650}
 MAX_STATICS = 20
 
 repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")

@@ -90,6 +90,28 @@ impl Resolved {
         None
     }
 
+    /// `[ptr, ptr + bytes)` as a buffer of a remembered legacy or pool allocation, when the
+    /// driver says (`identity`: range start, range size and buffer id at `ptr`, just asked) that
+    /// the pointer lies in that very allocation and the range fits in it: the caching
+    /// allocator's pattern, a new tensor carved from a segment exchanged before.
+    pub fn carve(&self, identity: (u64, u64, u64), ptr: u64, bytes: u64) -> Option<LocalBuffer> {
+        let (base, size, _) = identity;
+        let end = ptr.checked_add(bytes)?;
+        if bytes == 0 || ptr < base || end > base.checked_add(size)? {
+            return None;
+        }
+        let slots = lock(&self.slots);
+        let known = slots.entries.iter().find(|e| {
+            e.proof == Proof::Allocation
+                && (e.buffer.base, e.buffer.alloc_bytes, e.buffer.buffer_id) == identity
+        })?;
+        Some(LocalBuffer {
+            ptr,
+            bytes,
+            ..known.buffer
+        })
+    }
+
     /// Remembers what `[ptr, ptr + bytes)` resolved to under `resolution`, replacing an older
     /// entry for it or, when every slot is taken, the oldest.
     pub fn remember(

@@ -162,6 +162,20 @@ impl CudaTransport {
         })
     }
 
+    /// The buffer `key` names as remembered (see `resolved`): the same range proven unchanged, or
+    /// a new range inside a legacy or pool allocation remembered before (remembered in turn).
+    fn remembered(&self, key: (u64, u64, Resolution)) -> Option<LocalBuffer> {
+        if let Some(buffer) = self.resolved.get(key, unchanged) {
+            return Some(buffer);
+        }
+        let (ptr, bytes, _) = key;
+        let buffer = self
+            .resolved
+            .carve(memory::allocation_identity(ptr)?, ptr, bytes)?;
+        self.resolved.remember(key, buffer, Proof::Allocation);
+        Some(buffer)
+    }
+
     /// The VMM run `buf` was resolved to: remembered, exact (symmetric rendezvous) or widened
     /// again; an error if none is the one `buf` names.
     fn run_of(&self, buf: &LocalBuffer, alloc: &DeviceAllocation) -> Result<Run> {
@@ -233,7 +247,7 @@ impl Transport for CudaTransport {
 
     fn resolve(&self, ptr: u64, bytes: u64) -> Result<LocalBuffer> {
         let key = (ptr, bytes, Resolution::Exact);
-        if let Some(buffer) = self.resolved.get(key, unchanged) {
+        if let Some(buffer) = self.remembered(key) {
             return Ok(buffer);
         }
         let alloc = memory::resolve(ptr, bytes)?;
@@ -258,7 +272,7 @@ impl Transport for CudaTransport {
             return self.resolve(ptr, bytes);
         }
         let key = (ptr, bytes, Resolution::Shared);
-        if let Some(buffer) = self.resolved.get(key, unchanged) {
+        if let Some(buffer) = self.remembered(key) {
             return Ok(buffer);
         }
         let info = memory::query(ptr)?;

@@ -130,3 +130,52 @@ fn random_programs_never_serve_a_stale_buffer() {
         }
     }
 }
+
+#[test]
+fn a_new_range_inside_a_remembered_allocation_is_carved_from_it() {
+    let memo = Resolved::default();
+    let allocation = LocalBuffer {
+        ptr: 0x1000,
+        bytes: 64,
+        base: 0x1000,
+        alloc_bytes: 4096,
+        buffer_id: 7,
+        device_uuid: [3; 16],
+    };
+    memo.remember((0x1000, 64, EXACT), allocation, Proof::Allocation);
+    let carved = memo.carve((0x1000, 4096, 7), 0x1100, 128).unwrap();
+    assert_eq!((carved.ptr, carved.bytes), (0x1100, 128));
+    assert_eq!(
+        (carved.base, carved.alloc_bytes, carved.buffer_id),
+        (0x1000, 4096, 7)
+    );
+    assert_eq!(carved.device_uuid, [3; 16]);
+    // The whole allocation fits; a byte more, a range before it or an empty one does not.
+    assert!(memo.carve((0x1000, 4096, 7), 0x1000, 4096).is_some());
+    assert_eq!(memo.carve((0x1000, 4096, 7), 0x1100, 4096), None);
+    assert_eq!(memo.carve((0x1100, 4096, 7), 0x1000, 16), None);
+    assert_eq!(memo.carve((0x1000, 4096, 7), 0x1100, 0), None);
+    assert_eq!(memo.carve((0x1000, 4096, 7), u64::MAX, 2), None);
+    // Another allocation at the same place (a new id, or another size) is not this one.
+    assert_eq!(memo.carve((0x1000, 4096, 8), 0x1100, 128), None);
+    assert_eq!(memo.carve((0x1000, 8192, 7), 0x1100, 128), None);
+}
+
+#[test]
+fn vmm_buffers_are_never_carved() {
+    let memo = Resolved::default();
+    let run = LocalBuffer {
+        ptr: 0x20_0000,
+        bytes: 64,
+        base: 0x20_0000,
+        alloc_bytes: 0x20_0000,
+        buffer_id: 5,
+        device_uuid: [0; 16],
+    };
+    memo.remember(
+        (0x20_0000, 64, EXACT),
+        run,
+        Proof::Segments(vec![seg(0x20_0000, 5)]),
+    );
+    assert_eq!(memo.carve((0x20_0000, 0x20_0000, 5), 0x20_0100, 64), None);
+}
