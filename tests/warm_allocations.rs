@@ -316,20 +316,22 @@ fn warm_calls_allocate_nothing() {
     two_ranks_allocate_nothing("host");
 }
 
-#[test]
-fn warm_device_calls_allocate_nothing() {
+/// The same with device memory, where this machine has a CUDA device (skipped, saying so, where
+/// it has none).
+fn two_device_ranks_allocate_nothing(memory: &str) {
     if !cuda_device() {
-        eprintln!("skipped: no CUDA device here (runs on a GPU machine)");
+        eprintln!("SKIPPED: no CUDA device here (runs on a GPU machine)");
         return;
     }
-    two_ranks_allocate_nothing("device");
+    two_ranks_allocate_nothing(memory);
+}
+
+#[test]
+fn warm_device_calls_allocate_nothing() {
+    two_device_ranks_allocate_nothing("device");
 }
 
 #[test]
 fn warm_vmm_calls_allocate_nothing() {
-    if !cuda_device() {
-        eprintln!("skipped: no CUDA device here (runs on a GPU machine)");
-        return;
-    }
-    two_ranks_allocate_nothing("vmm");
+    two_device_ranks_allocate_nothing("vmm");
 }

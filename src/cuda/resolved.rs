@@ -6,8 +6,8 @@
 //! Sound because the proof is the driver's: a legacy or pool allocation keeps its range and its
 //! process-unique `BUFFER_ID` for its lifetime, and a VMM segment its mapping and block id; memory
 //! freed and allocated again at the same address answers with another id, and the buffer is
-//! resolved afresh. Bounded: at most [`CAPACITY`] buffers, the oldest replaced first, and a
-//! warm lookup allocates nothing.
+//! resolved afresh. Bounded: at most [`CAPACITY`] buffers, replaced in turn once all are taken,
+//! and a warm lookup allocates nothing.
 
 use super::vmm::LocalSegment;
 use crate::sync::lock;
@@ -86,7 +86,6 @@ impl Resolved {
             return Some(entry.buffer);
         }
         slots.entries.swap_remove(at);
-        slots.next = 0;
         None
     }
 
@@ -113,7 +112,7 @@ impl Resolved {
     }
 
     /// Remembers what `[ptr, ptr + bytes)` resolved to under `resolution`, replacing an older
-    /// entry for it or, when every slot is taken, the oldest.
+    /// entry for it or, when every slot is taken, the slots in turn.
     pub fn remember(
         &self,
         (ptr, bytes, resolution): (u64, u64, Resolution),

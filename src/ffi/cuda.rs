@@ -198,8 +198,6 @@ pub struct nvfipc_cuda_driver_time {
     pub close_calls: u64,
 }
 
-const _: () = assert!(cuda::clock::DRIVER_CALLS.len() == 7);
-
 /// Switches the driver clock on (`on` != 0) or off (it starts off; off, a driver call pays one
 /// relaxed load) and, when `out` is not NULL, writes what it counted since the last read and
 /// starts again from zero. For finding where an exchange's time goes (the library's own work is

@@ -107,15 +107,15 @@ class Timeline:
         clock = DriverClock()
         check(lib.nvfipc_cuda_driver_clock(1, C.byref(clock)), "driver clock")
         driver_ns = sum(getattr(clock, f"{c}_ns") for c in CALL_PATH)
-        self.rows.append((torch_ns, exchange_ns, driver_ns, exchange_ns - driver_ns, rest_ns,
-                          clock.close_ns))
+        self.rows.append((torch_ns + exchange_ns + rest_ns, torch_ns, exchange_ns, driver_ns,
+                          exchange_ns - driver_ns, rest_ns, clock.close_ns))
         if step + 1 == self.tenth:
             self.samples["after_first_tenth"] = self.process()
 
     def report(self):
         check(lib.nvfipc_cuda_driver_clock(0, None), "driver clock off")
         self.samples["end"] = self.process()
-        names = ("torch", "exchange", "exchange_driver", "exchange_library", "rest",
+        names = ("step", "torch", "exchange", "exchange_driver", "exchange_library", "rest",
                  "releaser_close")
         first, last = self.rows[:self.tenth], self.rows[-self.tenth:]
 
@@ -128,11 +128,6 @@ class Timeline:
             a, b = p50(first, i), p50(last, i)
             out[name] = {"first_us": round(a / 1e3, 1), "last_us": round(b / 1e3, 1),
                          "ratio": round(b / a, 2) if a else None}
-        step = [sum(r[j] for j in (0, 1, 4)) for r in self.rows]
-        a = sorted(step[:self.tenth])[self.tenth // 2]
-        b = sorted(step[-self.tenth:])[self.tenth // 2]
-        out["step"] = {"first_us": round(a / 1e3, 1), "last_us": round(b / 1e3, 1),
-                       "ratio": round(b / a, 2)}
         out["process"] = self.samples
         return out
 

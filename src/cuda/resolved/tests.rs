@@ -135,12 +135,9 @@ fn random_programs_never_serve_a_stale_buffer() {
 fn a_new_range_inside_a_remembered_allocation_is_carved_from_it() {
     let memo = Resolved::default();
     let allocation = LocalBuffer {
-        ptr: 0x1000,
-        bytes: 64,
-        base: 0x1000,
         alloc_bytes: 4096,
-        buffer_id: 7,
         device_uuid: [3; 16],
+        ..buffer(0x1000, 64, 7)
     };
     memo.remember((0x1000, 64, EXACT), allocation, Proof::Allocation);
     let carved = memo.carve((0x1000, 4096, 7), 0x1100, 128).unwrap();
@@ -165,12 +162,8 @@ fn a_new_range_inside_a_remembered_allocation_is_carved_from_it() {
 fn vmm_buffers_are_never_carved() {
     let memo = Resolved::default();
     let run = LocalBuffer {
-        ptr: 0x20_0000,
-        bytes: 64,
-        base: 0x20_0000,
         alloc_bytes: 0x20_0000,
-        buffer_id: 5,
-        device_uuid: [0; 16],
+        ..buffer(0x20_0000, 64, 5)
     };
     memo.remember(
         (0x20_0000, 64, EXACT),
