@@ -20,8 +20,9 @@
 #                 PyTorch's symmetric memory, which refuses ranks that share a GPU)
 #   STAGES        the checks of `start` (scripts/gpu/campaign.sh; default below)
 #   ROUND_PERF=0, ROUND_CHECKS=0  leave the benchmarks or the checks out of `start`
-#   NVF_SUITE     the nvFuser suite: main (scripts/nvfuser/main-suite.sh, the default), seed
-#                 (scripts/nvfuser/suite.sh) or none
+#   NVF_SUITE     the nvFuser suites: main (scripts/nvfuser/main-suite.sh, the default), seed
+#                 (scripts/nvfuser/suite.sh), both ("seed main": the second builds at nice 10
+#                 beside the first) or none
 #   the suite's own settings pass through; where unset, a round uses the defaults below (main:
 #   the timed loops at W = 2, 4, 8; the multi-rank tests at most 16 processes at once (24 ran
 #   short of GPU memory), the batched-memcpy collectives at one size (the others fail alike in
@@ -35,47 +36,59 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$R/out" "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 NVF_SUITE="${NVF_SUITE:-main}"
-case "$NVF_SUITE" in
-  main) suite_script=main-suite.sh suite_name=nvfuser-main-suite ;;
-  seed) suite_script=suite.sh suite_name=nvfuser-suite ;;
-  none) suite_script="" suite_name="" ;;
-  *) echo "round: NVF_SUITE=$NVF_SUITE: expected main, seed or none" >&2; exit 2 ;;
-esac
-suite_log="$R/out/nvf-$NVF_SUITE.log"
+for suite in $NVF_SUITE; do
+  case "$suite" in
+    main | seed | none) ;;
+    *) echo "round: NVF_SUITE=$NVF_SUITE: expected main, seed, \"seed main\" or none" >&2; exit 2 ;;
+  esac
+done
+[ "$NVF_SUITE" = none ] && NVF_SUITE=""
+suite_script() { [ "$1" = main ] && echo main-suite.sh || echo suite.sh; }
+suite_name() { [ "$1" = main ] && echo nvfuser-main-suite || echo nvfuser-suite; }
+suite_log() { echo "$R/out/nvf-$1.log"; }
 export MR_PROCS="${MR_PROCS:-16}" MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-75}"
-if [ "$NVF_SUITE" = main ]; then
-  export DRIVER_WORLDS="${DRIVER_WORLDS:-2 4 8}"
+if [[ " $NVF_SUITE " == *" main "* ]]; then
+  export DRIVER_WORLDS="${DRIVER_WORLDS-2 4 8}"
   export SINGLE_RANK="${SINGLE_RANK:-1}"
   export MR_FILTER="${MR_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommunicationTest.*:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.SymmetricContiguousView:StreamParallelBackendTest.*:MultiDeviceStreamParallelTypeTest.AllgatherInterStreamSyncNoWrap:RingAllgatherOverlapTest.*:RSMatmulTest.ReduceScatterP2p*:DispatchCombine*:TmaTest.*:LowerCollectiveCudaAndNcclTest.*batch_memcpy_128KB}"
   # Besides the two that allocate on cuda:<rank> themselves, AllgatherP2p does too (both builds:
   # "invalid device ordinal" with one GPU).
   export MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView:StreamParallelBackendTest.AllgatherP2p/*}"
-  export MR_ALONE="${MR_ALONE:-2:SymmetricTensorTest.SmallAllocation 2:DispatchCombineBackends/DispatchCombineTest.DispatchOnlyTop1/1 4:DispatchCombineBackends/DispatchCombineTest.CombineOnlyTop1/1 2:StreamParallelBackendTest.AG_matmul_P2p/p2p_Cuda 2:RSMatmulTest.ReduceScatterP2p/CUDA}"
+  export MR_ALONE="${MR_ALONE-2:SymmetricTensorTest.SmallAllocation 2:DispatchCombineBackends/DispatchCombineTest.DispatchOnlyTop1/1 4:DispatchCombineBackends/DispatchCombineTest.CombineOnlyTop1/1 2:StreamParallelBackendTest.AG_matmul_P2p/p2p_Cuda 2:RSMatmulTest.ReduceScatterP2p/CUDA}"
   export SR_FILTER="${SR_FILTER:-MultiDeviceTest.*:P2PCommunicationTest.*:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.*:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*:RSMatmulTest.*:DispatchCombine*:TmaTest.*}"
 fi
 
 pack() {
   tar -czf "$OUT/round.tgz" -C "$R/out" . 2>/dev/null
-  for f in perf/perf.txt campaign.txt "nvf-$NVF_SUITE/$suite_name.md"; do
-    [ -f "$R/out/$f" ] && cp "$R/out/$f" "$OUT/"
+  [ -f "$R/out/perf/perf.txt" ] && cp "$R/out/perf/perf.txt" "$OUT/"
+  [ -f "$R/out/campaign.txt" ] && cp "$R/out/campaign.txt" "$OUT/"
+  local suite
+  for suite in $NVF_SUITE; do
+    [ -f "$R/out/nvf-$suite/$(suite_name "$suite").md" ] && cp "$R/out/nvf-$suite/$(suite_name "$suite").md" "$OUT/"
+    tail -n 40 "$(suite_log "$suite")" 2>/dev/null >"$OUT/nvf-$suite-tail.txt"
   done
-  tail -n 40 "$suite_log" 2>/dev/null >"$OUT/nvf-$NVF_SUITE-tail.txt"
   true
 }
 
-suite_state() {
-  if [ -z "$suite_script" ]; then
-    echo none
-  elif grep -q "$suite_name: DONE" "$suite_log" 2>/dev/null; then
+suite_state() { # SUITE
+  local name log
+  name="$(suite_name "$1")" log="$(suite_log "$1")"
+  if grep -q "$name: DONE" "$log" 2>/dev/null; then
     echo "done"
-  elif grep -q "$suite_name: FAILED" "$suite_log" 2>/dev/null; then
+  elif grep -q "$name: FAILED" "$log" 2>/dev/null; then
     echo "failed"
   # By name: setsid forks when its caller leads a process group, so no pid is kept.
-  elif pgrep -f "scripts/nvfuser/$suite_script" >/dev/null; then
+  elif pgrep -f "scripts/nvfuser/$(suite_script "$1")" >/dev/null; then
     echo running
   else
     echo absent
   fi
+}
+
+any_running() {
+  local suite
+  for suite in $NVF_SUITE; do [ "$(suite_state "$suite")" = running ] && return 0; done
+  return 1
 }
 
 start() {
@@ -87,19 +100,25 @@ start() {
     echo "== perf: rc=$?"
     cat "$R/out/perf/perf.txt" 2>/dev/null
   fi
-  # 2. The nvFuser suite from a copy of the tree (the device tool replaces the tree at each
-  #    call; a running script must not be rewritten under it), in a session of its own.
-  if [ "$(suite_state)" = absent ]; then
-    rm -rf "$R/tree" && mkdir -p "$R/tree"
-    tar -cf - --exclude=./build --exclude=./target --exclude=./gpu-out . | tar -xf - -C "$R/tree"
-    # Every descriptor of the launching subshell goes to the log as well: a caller that reads
-    # this call's output to its end (`round.sh start | tail`) must not wait for the suite.
-    (cd "$R/tree" && exec setsid nohup env BUDGET=100000 WORK="$R/nvf-$NVF_SUITE-work" \
-      OUT="$R/out/nvf-$NVF_SUITE" bash "scripts/nvfuser/$suite_script") >"$suite_log" 2>&1 \
-      </dev/null &
-    sleep 2
-    echo "== nvFuser $NVF_SUITE suite: $(suite_state)"
-  fi
+  # 2. The nvFuser suites from a copy of the tree (the device tool replaces the tree at each
+  #    call; a running script must not be rewritten under it), each in a session of its own; a
+  #    suite after the first builds at a lower priority, so that the first finishes as if alone
+  #    and the next takes the processors its tests leave.
+  local suite nice_level=0
+  for suite in $NVF_SUITE; do
+    if [ "$(suite_state "$suite")" = absent ]; then
+      rm -rf "$R/tree-$suite" && mkdir -p "$R/tree-$suite"
+      tar -cf - --exclude=./build --exclude=./target --exclude=./gpu-out . | tar -xf - -C "$R/tree-$suite"
+      # Every descriptor of the launching subshell goes to the log as well: a caller that reads
+      # this call's output to its end (`round.sh start | tail`) must not wait for the suite.
+      (cd "$R/tree-$suite" && exec setsid nohup nice -n "$nice_level" env BUDGET=100000 \
+        WORK="$R/nvf-$suite-work" OUT="$R/out/nvf-$suite" bash "scripts/nvfuser/$(suite_script "$suite")") \
+        >"$(suite_log "$suite")" 2>&1 </dev/null &
+      sleep 2
+      echo "== nvFuser $suite suite: $(suite_state "$suite") (nice $nice_level)"
+    fi
+    nice_level=10
+  done
   # 3. The library's GPU checks beside the build (correctness only; no timings asserted).
   if [ "${ROUND_CHECKS:-1}" = 1 ]; then
     OUT="$R/out" STAGES="${STAGES:-gpu-check cxx lifecycle symmetric}" \
@@ -107,23 +126,27 @@ start() {
     echo "== campaign: rc=$?"
     cat "$R/out/campaign.txt" 2>/dev/null
   fi
-  echo "== suite: $(suite_state)"
-  tail -n 5 "$suite_log" 2>/dev/null
+  for suite in $NVF_SUITE; do
+    echo "== $suite suite: $(suite_state "$suite")"
+    tail -n 5 "$(suite_log "$suite")" 2>/dev/null
+  done
   pack
 }
 
 wait_suite() {
-  local t0 limit="${ROUND_WAIT:-560}"
+  local t0 limit="${ROUND_WAIT:-560}" suite
   t0=$(date +%s)
-  while [ "$(suite_state)" = running ] && [ $(($(date +%s) - t0)) -lt "$limit" ]; do
+  while any_running && [ $(($(date +%s) - t0)) -lt "$limit" ]; do
     sleep 5
   done
-  echo "== suite: $(suite_state) after $(($(date +%s) - t0)) s of waiting"
-  grep "$suite_name:" "$suite_log" 2>/dev/null | tail -n 25
-  # The suite's raw results too, when it is over.
-  case "$(suite_state)" in
-    done | failed) tar -czf "$R/out/nvf-$NVF_SUITE-results.tgz" -C "$R/nvf-$NVF_SUITE-work" results ;;
-  esac
+  for suite in $NVF_SUITE; do
+    echo "== $suite suite: $(suite_state "$suite") after $(($(date +%s) - t0)) s of waiting"
+    grep "$(suite_name "$suite"):" "$(suite_log "$suite")" 2>/dev/null | tail -n 25
+    # The suite's raw results too, when it is over.
+    case "$(suite_state "$suite")" in
+      done | failed) tar -czf "$R/out/nvf-$suite-results.tgz" -C "$R/nvf-$suite-work" results ;;
+    esac
+  done
   pack
 }
 

@@ -5,6 +5,8 @@
 # hosting the Communicator's TCPStore. Source it after scripts/lib/resumable-steps.sh, with:
 #   WORK, res           the suite's work and results directories ($WORK/bin-{stock,ours} hold
 #                       the binaries)
+#   BUILDS              the builds run side by side (default "stock ours"; "ours" runs the
+#                       drop-in alone, for a run whose stock results are already on record)
 #   MR_WORLDS, MR_FILTER, MR_WIDE_FILTER, MR_EXCLUDE, MR_TEST_TIMEOUT, MR_PROCS, NO_MCAST
 #   rank_env RANK WORLD a function printing the rank's environment assignments in the names
 #                       the nvFuser commit reads (main: RANK, WORLD_SIZE, LOCAL_RANK,
@@ -16,6 +18,11 @@
 # Results: $res/mr-list-wW.txt (the tests), $res/mr/wW/<n>-<build>-rank<r>.txt (each rank's
 # output), $res/mr-exit.txt (exit codes per test); the same under mr-alone for MR_ALONE.
 
+first_build() { set -- ${BUILDS:-stock ours}; echo "$1"; }
+build_count() { set -- ${BUILDS:-stock ours}; echo "$#"; }
+# Is LABEL one of the builds this run makes?
+builds_has() { case " ${BUILDS:-stock ours} " in *" $1 "*) return 0 ;; esac; return 1; }
+
 # Several ranks on the one GPU: every test of the list in processes of its own, at each world
 # size of MR_WORLDS, stock and ours side by side (2 x W processes per test); a test that fails
 # on one rank only leaves the others waiting in a rendezvous, so the limit (MR_TEST_TIMEOUT)
@@ -23,7 +30,7 @@
 mr_test() { # world n test port [kind]  (kind: mr, or mr-alone for multi_rank_alone)
   local world="$1" n="$2" test="$3" port="$4" kind="${5:-mr}" label r pids=() names=()
   local dir="$res/$kind/w$world"
-  for label in stock ours; do
+  for label in ${BUILDS:-stock ours}; do
     for ((r = 0; r < world; r++)); do
       local addr=127.0.0.1 p=$port
       [ "$r" -eq 0 ] && addr=localhost
@@ -81,7 +88,7 @@ multi_rank() {
     # the list) are forgotten.
     [ -s "$list" ] && [ "$(cat "$list.filter" 2>/dev/null)" = "$filter" ] && continue
     rm -f "$WORK/state/mr-w$world-"*
-    "$WORK/bin-stock/test_multidevice" --gtest_list_tests --gtest_filter="$filter" |
+    "$WORK/bin-$(first_build)/test_multidevice" --gtest_list_tests --gtest_filter="$filter" |
       awk '/^[^ ]/ { suite = $1; next } /^  [^ ]/ { print suite $1 }' >"$list"
     [ -s "$list" ] || die "no test matches MR_FILTER"
     echo "$filter" >"$list.filter"
@@ -98,7 +105,7 @@ multi_rank() {
       port=$((port + 2))
       done_ "mr-w$world-$n" && continue
       # Wait for room: no more than MR_PROCS test processes at once.
-      while [ $((running + 2 * world)) -gt "$MR_PROCS" ] && [ "$running" -gt 0 ]; do
+      while [ $((running + $(build_count) * world)) -gt "$MR_PROCS" ] && [ "$running" -gt 0 ]; do
         local pid
         wait -n -p pid
         running=$((running - ${procs[$pid]}))
@@ -109,8 +116,8 @@ multi_rank() {
         need $((MR_TEST_TIMEOUT + 15))
       fi
       mr_test "$world" "$n" "$test" "$port" </dev/null &
-      procs[$!]=$((2 * world))
-      running=$((running + 2 * world))
+      procs[$!]=$(($(build_count) * world))
+      running=$((running + $(build_count) * world))
     done <"$list"
   done
   wait

@@ -25,6 +25,8 @@
 #   MR_PROCS       test processes at once in the multi-rank run (default 24)
 #   MR_FILTER, MR_EXCLUDE  gtest patterns of the multi-rank tests (defaults: below);
 #   MR_WIDE_FILTER the tests run above two ranks (default: below)
+#   BUILDS         the builds made and run (default "stock ours"); "ours" builds and runs the
+#                  drop-in alone, for a run whose stock results are on record
 #   MR_ALONE       "W:test" words: tests run again afterwards one at a time, W ranks each
 #                  (outcomes that concurrent tests may change), reported in a table of their own
 #
@@ -84,7 +86,7 @@ MR_PROCS="${MR_PROCS:-24}"
 SR_EXCLUDE="${SR_EXCLUDE:-DistributedTransformerTest.*}"
 SR_FILTER="${SR_FILTER:-*}"
 SINGLE_RANK="${SINGLE_RANK:-1}"
-DRIVER_WORLDS="${DRIVER_WORLDS:-2 4}"
+DRIVER_WORLDS="${DRIVER_WORLDS-2 4}"
 OUT="${OUT:-$WORK/out}"
 mkdir -p "$WORK/state" "$WORK/results" "$OUT"
 WORK="$(cd "$WORK" && pwd)"
@@ -233,7 +235,7 @@ single_rank() {
   local t=$TEST_TIMEOUT
   [ "$(left)" -lt $((t + 20)) ] && t=$(($(left) - 20))
   local t0=$(date +%s) pids=() names=() i label port=29600
-  for label in stock ours; do
+  for label in ${BUILDS:-stock ours}; do
     for ((i = 0; i < SHARDS; i++)); do
       port=$((port + 1))
       env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
@@ -291,8 +293,10 @@ run_driver() {
   return "$rc"
 }
 
-build stock
-stash stock
+if builds_has stock; then
+  build stock
+  stash stock
+fi
 if ! done_ swap; then
   cp "$ipc/integrations/nvfuser/main/ipc_handle.h" "$ipc/integrations/nvfuser/main/ipc_handle.cpp" \
     "$src/csrc/multidevice/"
@@ -306,7 +310,7 @@ stash ours
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/gpu.txt" 2>&1
 # The host-IR loops timed on a quiet machine, before the test runs: stock and ours in turn.
 for world in $DRIVER_WORLDS; do
-  for label in stock ours; do
+  for label in ${BUILDS:-stock ours}; do
     done_ "driver-$label-w$world" && continue
     need $((${DRIVER_TIMEOUT:-300} / 2))
     run_driver "$label" "$world" || say "driver $label at W=$world: a rank failed (see driver-$label-w$world.log)"

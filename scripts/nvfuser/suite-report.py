@@ -97,6 +97,7 @@ def main():
     print("|---|---|---|---|---|")
     totals = collections.Counter()
     regressions = []
+    ours_not_passing = []
     for suite, tests in by_suite.items():
         pairs = [(stock.get(t, "n/a"), ours.get(t, "n/a")) for t in tests]
         for t, (s, o) in zip(tests, pairs):
@@ -126,6 +127,8 @@ def main():
                              else "/".join(per_rank) or "n/a")
             if cells[0] == "pass" and cells[1] != "pass":
                 regressions.append(f"{test} (W={world})")
+            if cells[1] != "pass":
+                ours_not_passing.append(f"{test} (W={world}: {cells[1]}; stock {cells[0]})")
             print(f"| `{test}` | {world} | 1 | {cells[0]} | {cells[1]} |")
 
     timing_rows = []
@@ -148,6 +151,8 @@ def main():
     else:
         print("Single-rank run: not in this run (SINGLE_RANK=0).")
     print("Tests stock passes and ours does not: " + (", ".join(regressions) or "none") + ".")
+    print("Several-rank tests ours does not pass (stock n/a: stock not built in this run): " +
+          (", ".join(ours_not_passing) or "none") + ".")
     if timing_rows:
         print()
         print("| driver scenario | processes | stock: us per iteration (rank 0) | ours | ours / stock |")

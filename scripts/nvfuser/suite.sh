@@ -17,6 +17,8 @@
 #   TEST_TIMEOUT  seconds for the single-rank runs, all shards of both builds at once (default 300)
 #   DRIVER_RANKS  process counts for the host-IR driver (default "2 4 8"; "" skips it)
 #   SINGLE_RANK   1 (default): also every test of test_multidevice with one rank; 0 skips that
+#   BUILDS    the builds made and run (default "stock ours"); "ours" builds and runs the drop-in
+#             alone, for a run whose stock results are on record (the report says "not run")
 #   MR_WORLDS, MR_FILTER, MR_WIDE_FILTER, MR_EXCLUDE, MR_TEST_TIMEOUT, MR_PROCS  the tests run
 #             with several ranks on the one GPU (scripts/lib/multi-rank-tests.sh; defaults below;
 #             MR_WORLDS="" skips them)
@@ -175,7 +177,7 @@ single_rank_tests() {
   done_ tests && return 0
   need $((TEST_TIMEOUT + 20))
   local t0=$(date +%s) pids=() names=() i label bin port=29600
-  for label in stock ours; do
+  for label in ${BUILDS:-stock ours}; do
     bin="$WORK/bin-$label/test_multidevice"
     for ((i = 0; i < SHARDS; i++)); do
       port=$((port + 1)) # here, not inside the backgrounded command (a subshell)
@@ -290,8 +292,10 @@ rank_env() { echo "WORLD_RANK=$1 WORLD_SIZE=$2 WORLD_LOCAL_RANK=0 WORLD_LOCAL_SI
 
 patch_executor
 patch_tests
-build stock
-stash stock
+if builds_has stock; then
+  build stock
+  stash stock
+fi
 if ! done_ swap; then
   cp "$repo/integrations/nvfuser/ipc_handle.h" "$repo/integrations/nvfuser/ipc_handle.cpp" \
     "$src/csrc/multidevice/"
@@ -303,7 +307,7 @@ stash ours
 # Stock and ours in turn at each process count (stock's NCCL barrier works with a NCCL_HOSTID
 # per rank, see driver).
 for w in $DRIVER_RANKS; do
-  driver stock "$w"
+  builds_has stock && driver stock "$w"
   driver ours "$w"
 done
 [ -n "$MR_WORLDS" ] && multi_rank
