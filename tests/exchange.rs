@@ -125,36 +125,66 @@ fn buffers_carved_from_known_allocations_go_through_the_board_alone() {
 /// fails with an error naming rank 1 and its exit, well within its timeout.
 #[test]
 fn a_peer_killed_while_the_waiter_blocks_is_named_before_the_timeout() {
+    run_with_peer_killed("killed_wait", "r0-waiting").assert_nothing_else_left();
+}
+
+/// A two-rank run whose rank 1 was killed (SIGKILL) and reaped while rank 0 waited on it; rank 0
+/// passed.
+struct PeerKilled {
+    server: StoreServer,
+    store: TcpStore,
+    job: String,
+    victim_pid: u32,
+    killed_at: u64,
+}
+
+/// Runs `scenario` on two ranks and kills rank 1 300 ms after rank 0 stamped `{job}/{r0_key}`,
+/// long enough for rank 0 to pass its spins and block on rank 1; rank 0 must then pass.
+fn run_with_peer_killed(scenario: &str, r0_key: &str) -> PeerKilled {
     let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
-    let job = job_id("killed_wait");
-    let mut ranks = Ranks::spawn(ROLE, "killed_wait", 2, server.port(), &job);
+    let job = job_id(scenario);
+    let mut ranks = Ranks::spawn(ROLE, scenario, 2, server.port(), &job);
     let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
         .expect("connect to the store");
     store
-        .get(&format!("{job}/r0-waiting"), T)
-        .expect("rank 0 starts waiting");
-    // Long enough for rank 0 to pass its spins and block on rank 1's board.
+        .get(&format!("{job}/{r0_key}"), T)
+        .unwrap_or_else(|e| panic!("rank 0 never stamped {r0_key}: {e}"));
     std::thread::sleep(Duration::from_millis(300));
+    let killed_at = now_ns();
     let victim = &mut ranks.children[1];
     let victim_pid = victim.id();
     victim.kill().expect("SIGKILL rank 1");
     victim.wait().expect("reap rank 1");
     let results = ranks.collect(RANK_LIMIT);
     assert!(results[0].0, "rank 0 failed:\n{}", results[0].1);
-    drop(store);
-    server.shutdown();
-    let prefix = nvfuser_ipc::tools::host::job_prefix(&job);
-    let (killed, others): (Vec<String>, Vec<String>) =
-        shm_entries(&job).into_iter().partition(|n| {
-            n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}g1-b1")
-        });
-    for name in &killed {
-        nvfuser_ipc::tools::os::unlink_name(&format!("/{name}"));
+    PeerKilled {
+        server,
+        store,
+        job,
+        victim_pid,
+        killed_at,
     }
-    assert!(
-        others.is_empty(),
-        "rank 0 leaked /dev/shm entries: {others:?}"
-    );
+}
+
+impl PeerKilled {
+    /// A killed rank cannot clean up: what it left in /dev/shm is removed, then nothing else of
+    /// the job may remain (rank 0 released all it made).
+    fn assert_nothing_else_left(self) {
+        drop(self.store);
+        self.server.shutdown();
+        let prefix = nvfuser_ipc::tools::host::job_prefix(&self.job);
+        let victims = format!("{prefix}{}-", self.victim_pid);
+        let (killed, others): (Vec<String>, Vec<String>) = shm_entries(&self.job)
+            .into_iter()
+            .partition(|n| n.starts_with(&victims) || *n == format!("{prefix}g1-b1"));
+        for name in &killed {
+            nvfuser_ipc::tools::os::unlink_name(&format!("/{name}"));
+        }
+        assert!(
+            others.is_empty(),
+            "rank 0 leaked /dev/shm entries: {others:?}"
+        );
+    }
 }
 
 #[test]
@@ -233,49 +263,19 @@ fn close_waits_for_the_peer_that_still_maps_this_rank() {
 /// rank 0's close returns within a second of the kill, without reporting a timeout.
 #[test]
 fn close_returns_promptly_when_the_peer_is_killed() {
-    let server = StoreServer::bind("127.0.0.1", 0).expect("store server");
-    let job = job_id("killed");
-    let mut ranks = Ranks::spawn(ROLE, "killed", 2, server.port(), &job);
-    let store = TcpStore::connect("127.0.0.1", server.port(), &ConnectOptions::with_timeout(T))
-        .expect("connect to the store");
-    store
-        .get(&format!("{job}/r0-closing"), T)
-        .expect("rank 0 starts closing");
-    // Let rank 0 wait for the live rank 1 a while, then kill rank 1 and reap it.
-    std::thread::sleep(Duration::from_millis(300));
-    let killed_at = now_ns();
-    let victim = &mut ranks.children[1];
-    let victim_pid = victim.id();
-    victim.kill().expect("SIGKILL rank 1");
-    victim.wait().expect("reap rank 1");
-    let results = ranks.collect(RANK_LIMIT);
-    assert!(results[0].0, "rank 0 failed:\n{}", results[0].1);
-    let closed_at = stamp(&store, &format!("{job}/r0-closed"));
+    let run = run_with_peer_killed("killed", "r0-closing");
+    let closed_at = stamp(&run.store, &format!("{}/r0-closed", run.job));
     assert!(
-        closed_at > killed_at,
+        closed_at > run.killed_at,
         "rank 0's close returned before rank 1 was killed"
     );
-    let after_kill = Duration::from_nanos(closed_at - killed_at);
+    let after_kill = Duration::from_nanos(closed_at - run.killed_at);
     assert!(
         after_kill < Duration::from_secs(1),
         "returned {after_kill:?} after the kill"
     );
     println!("rank 0's close returned {after_kill:?} after rank 1 was killed");
-    drop(store);
-    server.shutdown();
-    // A killed rank cannot clean up: remove what it left, then nothing else may remain.
-    let prefix = nvfuser_ipc::tools::host::job_prefix(&job);
-    let (killed, others): (Vec<String>, Vec<String>) =
-        shm_entries(&job).into_iter().partition(|n| {
-            n.starts_with(&format!("{prefix}{victim_pid}-")) || *n == format!("{prefix}g1-b1")
-        });
-    for name in &killed {
-        nvfuser_ipc::tools::os::unlink_name(&format!("/{name}"));
-    }
-    assert!(
-        others.is_empty(),
-        "rank 0 leaked /dev/shm entries: {others:?}"
-    );
+    run.assert_nothing_else_left();
 }
 
 #[test]
