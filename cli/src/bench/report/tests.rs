@@ -1,6 +1,7 @@
 use super::*;
 
-fn map(entries: &[(&str, &[u64])]) -> BTreeMap<String, Vec<u64>> {
+/// A run's samples from literal series (for this module's tests and the symmetric report's).
+pub(super) fn map(entries: &[(&str, &[u64])]) -> BTreeMap<String, Vec<u64>> {
     entries
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_vec()))

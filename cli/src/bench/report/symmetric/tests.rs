@@ -1,12 +1,6 @@
 use super::*;
 use crate::bench::report::phases;
-
-fn map(entries: &[(&str, &[u64])]) -> BTreeMap<String, Vec<u64>> {
-    entries
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_vec()))
-        .collect()
-}
+use crate::bench::report::tests::map;
 
 #[test]
 fn rows_phases_json_chart_and_target() {
