@@ -16,6 +16,10 @@
 #   WORK      work directory (default build/nvfuser-main-suite)
 #   BUDGET    seconds this call may use (default 570)
 #   JOBS      ninja -j (default 16)
+#   PCH       1 (default): nvFuser's precompiled headers (NVFUSER_USE_PCH: its ten headers of
+#             longest parse time compiled once, reused by every source and the tests; the same in
+#             both builds); 0 without. A configure that fails with them, or a build whose errors
+#             name the precompiled header, is done again without them, once.
 #   SHARDS    parallel single-rank shards per build (default 6)
 #   TEST_TIMEOUT   seconds for the single-rank runs, all shards of both builds at once (default 300)
 #   SR_FILTER      gtest patterns of the single-rank run (default: every test)
@@ -47,7 +51,7 @@
 #                 unless there are 2 GPUs; the GPU-count half of that check is dropped so that 2
 #                 ranks on one GPU run them (CUDA IPC between processes on one device works)
 #   configure   Ninja, no optimisation (CMAKE_BUILD_TYPE empty), BUILD_TEST=ON, BUILD_PYTHON=OFF,
-#               NVFUSER_DISABLE_CUTLASS=ON, LLVM_DIR = the carried LLVM 19
+#               NVFUSER_DISABLE_CUTLASS=ON, NVFUSER_USE_PCH per PCH, LLVM_DIR = the carried LLVM 19
 #   build-stock, stash-stock  nvFuser's own files; test_multidevice and nvfipc_main_driver copied
 #               to $WORK/bin-stock
 #   swap        integrations/nvfuser/main/ipc_handle.{h,cpp} over them, and
@@ -77,6 +81,7 @@ BUDGET="${BUDGET:-570}"
 IN="${IN:-.nvf-main}"
 WORK="${WORK:-build/nvfuser-main-suite}"
 JOBS="${JOBS:-16}"
+PCH="${PCH:-1}"
 SHARDS="${SHARDS:-6}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
 MR_TEST_TIMEOUT="${MR_TEST_TIMEOUT:-90}"
@@ -112,6 +117,8 @@ MR_WIDE_FILTER="${MR_WIDE_FILTER:-MultiDeviceTest.ShareIpcMemHandles:P2PCommHost
 STEPS_NAME=nvfuser-main-suite
 # shellcheck source=../lib/resumable-steps.sh
 . "$repo/scripts/lib/resumable-steps.sh"
+# A run resumed after its build fell back to no precompiled headers stays without them.
+done_ pch-off && PCH=0
 
 python="$(command -v python3)"
 torch_dir="$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" ||
@@ -181,15 +188,23 @@ if ! done_ configure; then
     -DPython_EXECUTABLE="$python" ${pybind_dir:+-Dpybind11_DIR="$pybind_dir"} \
     -DUSE_DISTRIBUTED=ON -DNVFUSER_DISTRIBUTED=ON -DBUILD_TEST=ON -DBUILD_PYTHON=OFF \
     -DBUILD_NVFUSER_BENCHMARK=OFF -DNVFUSER_DISABLE_CUTLASS=ON \
+    -DNVFUSER_USE_PCH="$([ "$PCH" = 1 ] && echo ON || echo OFF)" \
     -DNVFUSER_REQUIREMENT_GitSubmodules_OPTIONAL=TRUE \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
     -DLLVM_DIR="$llvm/lib/cmake/llvm" \
     -DCMAKE_EXE_LINKER_FLAGS="$link_flags" -DCMAKE_SHARED_LINKER_FLAGS="$link_flags" \
     -DCMAKE_CXX_FLAGS="-Wno-psabi" \
     -DNVFUSER_IPC_SOURCE_DIR="$ipc" -DNVFIPC_PREBUILT_LIB_DIR="$WORK/lib" \
-    >"$res/configure.txt" 2>&1 || { tail -40 "$res/configure.txt"; die "configure"; }
+    >"$res/configure.txt" 2>&1 || {
+    tail -40 "$res/configure.txt"
+    [ "$PCH" = 1 ] || die "configure"
+    say "configure failed with precompiled headers; again without them"
+    PCH=0
+    mark pch-off
+    cmake -B "$bld" -DNVFUSER_USE_PCH=OFF >>"$res/configure.txt" 2>&1 || die "configure"
+  }
   mark configure
-  say "configured"
+  say "configured (precompiled headers: $([ "$PCH" = 1 ] && echo on || echo off))"
 fi
 
 build() { # label
@@ -205,6 +220,18 @@ build() { # label
     say "RESUME: the build continues in the next call"
     pack
     exit 0
+  fi
+  # An error that names the precompiled header (CMake's cmake_pch.hxx, GCC's .gch): once only,
+  # the same sources configured without precompiled headers, then built again.
+  if [ "$rc" -ne 0 ] && [ "$PCH" = 1 ] && ! done_ pch-off &&
+    grep -qE 'cmake_pch|\.gch|precompiled header' "$res/build-$label.txt"; then
+    grep -m3 -B2 -A8 'error' "$res/build-$label.txt" | head -40
+    say "build-$label: failed with precompiled headers; configured again without them"
+    cmake -B "$bld" -DNVFUSER_USE_PCH=OFF >>"$res/configure.txt" 2>&1 || die "configure without precompiled headers"
+    PCH=0
+    mark pch-off
+    build "$label"
+    return
   fi
   if [ "$rc" -ne 0 ]; then
     grep -m5 -B2 -A12 'error' "$res/build-$label.txt" | head -80
