@@ -178,6 +178,14 @@ if ! done_ patch; then
 fi
 
 # ---- configure ------------------------------------------------------------------------------
+without_pch() { # WHY: configured again without precompiled headers, for the rest of the run
+  say "$1; configured again without them"
+  cmake -B "$bld" -DNVFUSER_USE_PCH=OFF >>"$res/configure.txt" 2>&1 ||
+    die "configure without precompiled headers"
+  PCH=0
+  mark pch-off
+}
+
 if ! done_ configure; then
   need 120
   ldd "$llvm/lib/libLLVM.so.19.1" | grep 'not found' && die "libLLVM.so.19.1 misses libraries here"
@@ -198,10 +206,7 @@ if ! done_ configure; then
     >"$res/configure.txt" 2>&1 || {
     tail -40 "$res/configure.txt"
     [ "$PCH" = 1 ] || die "configure"
-    say "configure failed with precompiled headers; again without them"
-    PCH=0
-    mark pch-off
-    cmake -B "$bld" -DNVFUSER_USE_PCH=OFF >>"$res/configure.txt" 2>&1 || die "configure"
+    without_pch "configure failed with precompiled headers"
   }
   mark configure
   say "configured (precompiled headers: $([ "$PCH" = 1 ] && echo on || echo off))"
@@ -223,13 +228,10 @@ build() { # label
   fi
   # An error that names the precompiled header (CMake's cmake_pch.hxx, GCC's .gch): once only,
   # the same sources configured without precompiled headers, then built again.
-  if [ "$rc" -ne 0 ] && [ "$PCH" = 1 ] && ! done_ pch-off &&
+  if [ "$rc" -ne 0 ] && [ "$PCH" = 1 ] &&
     grep -qE 'cmake_pch|\.gch|precompiled header' "$res/build-$label.txt"; then
     grep -m3 -B2 -A8 'error' "$res/build-$label.txt" | head -40
-    say "build-$label: failed with precompiled headers; configured again without them"
-    cmake -B "$bld" -DNVFUSER_USE_PCH=OFF >>"$res/configure.txt" 2>&1 || die "configure without precompiled headers"
-    PCH=0
-    mark pch-off
+    without_pch "build-$label failed with precompiled headers"
     build "$label"
     return
   fi
