@@ -1,7 +1,6 @@
 //! Turns the samples of a benchmark run into tables, the target check, JSON and SVG plots.
 
 use super::exchange::floor_ns;
-use super::store_load::LoadResult;
 use super::svg::{Chart, Series as Line};
 use crate::stats::{fmt_ns, fmt_opt_ns, format_table, median, quantile};
 use nvfuser_ipc::tools::cuda::DRIVER_CALLS;
@@ -11,7 +10,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
+mod load_point;
 mod symmetric;
+
+pub use load_point::LoadResult;
 
 const MODES: [&str; 5] = ["cold", "cold_large", "warm", "asym", "pool"];
 const PROTOCOLS: [&str; 2] = ["ours", "seed"];
