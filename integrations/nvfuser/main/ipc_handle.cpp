@@ -182,16 +182,20 @@ namespace {
 // through, one per exchange. cuda_p2p.cpp's protocols write kIdle/kInProgress into the semaphore
 // of the handles of the last exchange and may post the next transfer on another stream before the
 // previous one has reset it (RingAllgatherOverlapTest posts a get on one stream per step and
-// skips sendWait): with one semaphore per channel, a receive could see the previous transfer's
-// kInProgress and copy before the data is there. nvFuser's own IpcHandleCache gives every buffer
-// a semaphore of its own; rotating gives consecutive exchanges different ones. Both ranks count
-// the channel's exchanges alike, so they pick the same slot. NVFUSER_IPC_SEMAPHORE_SLOTS (1 to
-// 64, default 4; 1: one semaphore per channel).
+// skips sendWait): two transfers that share a semaphore while both are in flight let a receive
+// see the other's kInProgress and copy before the data is there. nvFuser's own IpcHandleCache
+// gives every buffer a semaphore of its own; rotating gives the last `slots` exchanges of a
+// channel different ones, so a program may have that many transfers of one communication in
+// flight (RingAllgatherOverlapTest: 8 per iteration at every world size, each step a new slice;
+// 4 slots let rings 0 and 1 of one step share one and failed at 4 ranks on a busy GPU). Both
+// ranks count the channel's exchanges alike, so they pick the same slot. Each slot takes one of
+// the 1,024 semaphores of the process's slab. NVFUSER_IPC_SEMAPHORE_SLOTS (1 to 64, default 16;
+// 1: one semaphore per channel).
 uint64_t semaphoreSlots() {
   static const uint64_t slots = [] {
     const char* env = std::getenv("NVFUSER_IPC_SEMAPHORE_SLOTS");
     if (env == nullptr || *env == '\0') {
-      return uint64_t{4};
+      return uint64_t{16};
     }
     char* end = nullptr;
     const unsigned long long value = std::strtoull(env, &end, 10);

@@ -91,7 +91,7 @@ using Clock = std::chrono::steady_clock;
 
 struct DriverOptions {
   int64_t iters = 50;
-  int64_t warmup = 5;
+  int64_t warmup = 20; // every semaphore slot of the drop-in (16) used once
   int64_t elems = 1024;
   int64_t chunk_elems = 1 << 18; // 1 MiB of floats per ring chunk
   int64_t sym_calls = 20;
