@@ -11,8 +11,8 @@
 #   bash scripts/gpu/round.sh wait      waits for the suite (at most ROUND_WAIT s), its progress
 #   bash scripts/gpu/round.sh collect   whatever is there packed into $OUT/round.tgz
 #
-# `start` and `wait` also pack what is there when they return, so a machine lost between calls
-# costs only the work after the last call. Environment:
+# `start` and `wait` also pack what is there when they return (the suites' raw results so far
+# included), so a machine lost between calls costs only the work after the last call. Environment:
 #   ROUND_DIR     state and results on the GPU machine, outside the tree the device tool replaces
 #                 at each call (default /root/nvfipc-round)
 #   ROUND_WAIT    seconds `wait` waits at most (default 560)
@@ -59,10 +59,16 @@ if [[ " $NVF_SUITE " == *" main "* ]]; then
 fi
 
 pack() {
+  local suite
+  # Each suite's raw results so far (every finished test's rank logs and exit codes), not only
+  # once it is over: a machine lost or a device budget spent between calls keeps what ran.
+  for suite in $NVF_SUITE; do
+    [ -d "$R/nvf-$suite-work/results" ] &&
+      tar -czf "$R/out/nvf-$suite-results.tgz" -C "$R/nvf-$suite-work" results 2>/dev/null
+  done
   tar -czf "$OUT/round.tgz" -C "$R/out" . 2>/dev/null
   [ -f "$R/out/perf/perf.txt" ] && cp "$R/out/perf/perf.txt" "$OUT/"
   [ -f "$R/out/campaign.txt" ] && cp "$R/out/campaign.txt" "$OUT/"
-  local suite
   for suite in $NVF_SUITE; do
     [ -f "$R/out/nvf-$suite/$(suite_name "$suite").md" ] && cp "$R/out/nvf-$suite/$(suite_name "$suite").md" "$OUT/"
     tail -n 40 "$(suite_log "$suite")" 2>/dev/null >"$OUT/nvf-$suite-tail.txt"
@@ -142,10 +148,6 @@ wait_suite() {
   for suite in $NVF_SUITE; do
     echo "== $suite suite: $(suite_state "$suite") after $(($(date +%s) - t0)) s of waiting"
     grep "$(suite_name "$suite"):" "$(suite_log "$suite")" 2>/dev/null | tail -n 25
-    # The suite's raw results too, when it is over.
-    case "$(suite_state "$suite")" in
-      done | failed) tar -czf "$R/out/nvf-$suite-results.tgz" -C "$R/nvf-$suite-work" results ;;
-    esac
   done
   pack
 }
