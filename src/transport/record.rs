@@ -18,8 +18,9 @@ macro_rules! bail {
 
 /// `"NVFI"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NVFI");
-/// Current format version. Decoders accept exactly this version.
-pub const FORMAT_VERSION: u16 = 3;
+/// Current format version. Decoders accept exactly this version. 4: the semaphore slot indexes a
+/// slab of 4096 slots (3: 1024), so a peer of format 3 is refused rather than mapped too far.
+pub const FORMAT_VERSION: u16 = 4;
 /// Size of the fixed part of an encoded record in bytes (the length its header states).
 pub const RECORD_LEN: usize = 256;
 /// Size of one encoded [`Segment`].

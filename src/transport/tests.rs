@@ -5,7 +5,7 @@ use crate::transport::slab::SEMAPHORE_STRIDE;
 fn slot_addresses_are_strided() {
     assert_eq!(slot_address(0x1000, 0), 0x1000);
     assert_eq!(slot_address(0x1000, 3), 0x1000 + 3 * SEMAPHORE_STRIDE);
-    assert_eq!(SLAB_BYTES, 64 * 1024);
+    assert_eq!(SLAB_BYTES, 256 * 1024);
 }
 
 #[test]

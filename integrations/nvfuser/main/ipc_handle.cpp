@@ -189,7 +189,7 @@ namespace {
 // flight (RingAllgatherOverlapTest: 8 per iteration at every world size, each step a new slice;
 // 4 slots let rings 0 and 1 of one step share one and failed at 4 ranks on a busy GPU). Both
 // ranks count the channel's exchanges alike, so they pick the same slot. Each slot takes one of
-// the 1,024 semaphores of the process's slab. NVFUSER_IPC_SEMAPHORE_SLOTS (1 to 64, default 16;
+// the 4,096 semaphores of the process's slab. NVFUSER_IPC_SEMAPHORE_SLOTS (1 to 64, default 16;
 // 1: one semaphore per channel).
 uint64_t semaphoreSlots() {
   static const uint64_t slots = [] {
