@@ -26,8 +26,9 @@ const ENTRY: u64 = 256;
 pub const KNOWN_PER_CHANNEL: usize = 8;
 /// `at[i][3]` flag: the exporter sent no record of this version (see [`BufferAt`]).
 const AT_KNOWN_TO_PEER: u64 = 1;
-/// Channels one rank can publish (per cache).
-pub const CAPACITY: u32 = 4096;
+/// Channels one rank can publish (per cache): one per semaphore slot of its slab, so that a cache
+/// runs out of channels before it runs out of semaphores.
+pub const CAPACITY: u32 = crate::transport::slab::SLAB_SLOTS;
 const BOARD_BYTES: u64 = HEADER + ENTRY * CAPACITY as u64;
 
 /// The byte hashed before the description in the high half of a fingerprint.

@@ -17,8 +17,8 @@ use std::time::Duration;
 /// Distance in bytes between two semaphore slots of a slab: a 32-bit semaphore, then padding to
 /// a cache line.
 pub const SEMAPHORE_STRIDE: u64 = 64;
-/// Number of semaphore slots in one slab: one for every channel a rank's board can publish
-/// (4096), so that a cache runs out of channels before it runs out of semaphores.
+/// Number of semaphore slots in one slab; also the number of channels a rank's board can publish
+/// (one semaphore for each).
 pub const SLAB_SLOTS: u32 = 4096;
 /// Size of a semaphore slab in bytes.
 pub const SLAB_BYTES: u64 = SEMAPHORE_STRIDE * SLAB_SLOTS as u64;
