@@ -54,7 +54,9 @@ if [[ " $NVF_SUITE " == *" main "* ]]; then
   # Besides the two that allocate on cuda:<rank> themselves, AllgatherP2p does too (both builds:
   # "invalid device ordinal" with one GPU).
   export MR_EXCLUDE="${MR_EXCLUDE:-SymmetricTensorTest.PreallocatedTensor:SymmetricTensorTest.ContiguousView:StreamParallelBackendTest.AllgatherP2p/*}"
-  export MR_ALONE="${MR_ALONE-2:SymmetricTensorTest.SmallAllocation 2:DispatchCombineBackends/DispatchCombineTest.DispatchOnlyTop1/1 4:DispatchCombineBackends/DispatchCombineTest.CombineOnlyTop1/1 2:StreamParallelBackendTest.AG_matmul_P2p/p2p_Cuda 2:RSMatmulTest.ReduceScatterP2p/CUDA}"
+  # The W = 4 AG_matmul_P2p tests start together in the concurrent pass: 16 processes of about
+  # 9 GiB each may not fit one 80 GiB card, so they run alone as well.
+  export MR_ALONE="${MR_ALONE-2:SymmetricTensorTest.SmallAllocation 2:DispatchCombineBackends/DispatchCombineTest.DispatchOnlyTop1/1 4:DispatchCombineBackends/DispatchCombineTest.CombineOnlyTop1/1 2:StreamParallelBackendTest.AG_matmul_P2p/p2p_Cuda 2:RSMatmulTest.ReduceScatterP2p/CUDA 4:StreamParallelBackendTest.AG_matmul_P2p/p2p_Cuda 4:StreamParallelBackendTest.AG_matmul_P2p/p2p_Nccl 4:StreamParallelBackendTest.AG_matmul_P2p/Broadcast_Nccl}"
   export SR_FILTER="${SR_FILTER:-MultiDeviceTest.*:P2PCommunicationTest.*:P2PCommHostIrTest.*:SymmetricTensorTest.*:AlltoallvCudaTest.*:MultiDeviceHostIrTest.*:StreamParallelBackendTest.*:RingAllgatherOverlapTest.*:RSMatmulTest.*:DispatchCombine*:TmaTest.*}"
 fi
 
