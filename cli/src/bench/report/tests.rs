@@ -41,6 +41,21 @@ fn the_phases_of_pool_and_cold_large_are_reported_where_measured() {
             && text.contains("all ranks: 4"),
         "{text}"
     );
+    // The warm call's phases come from a pass of their own, its p50 beside the timed pass's.
+    r.exchange[0].1.insert("ours.warm".into(), vec![1_400]);
+    r.exchange[0]
+        .1
+        .insert("ours.warm_phased".into(), vec![1_700]);
+    r.exchange[0]
+        .1
+        .insert("ours.warm_phased.phase.resolve".into(), vec![300, 500]);
+    let text = r.text();
+    assert!(
+        text.contains("warm at W=4, where a call's time goes (a second warm pass")
+            && text.contains("p50 1.7 us against the timed pass's 1.4 us")
+            && text.contains("resolve 300 ns (500 ns)"),
+        "{text}"
+    );
     // A scenario without phases has no such line.
     r.exchange[0]
         .1
