@@ -413,24 +413,26 @@ impl Results {
             }
             for scenario in ["pool", "cold_large", "warm_phased"] {
                 for (w, map) in &self.exchange {
-                    let phases = phases_text(map, &format!("ours.{scenario}.phase"));
-                    if scenario == "warm_phased" && !phases.is_empty() {
-                        // Its own pass: the phase timing's clock reads are in its p50.
-                        let _ = writeln!(
-                            s,
-                            "warm at W={w}, where a call's time goes (a second warm pass with \
-                             phase timing on, p50 {} against the timed pass's {}; mean per call, \
-                             median over ranks and the slowest rank in brackets): {phases}",
+                    // The warm call's phases come from a pass of their own, whose clock reads
+                    // are in its p50: both p50s stand in its name.
+                    let shown = if scenario == "warm_phased" {
+                        format!(
+                            "warm (a second pass with phase timing on, p50 {} against the timed \
+                             pass's {})",
                             fmt_opt_ns(median(series(map, "ours.warm_phased"))),
-                            fmt_opt_ns(median(series(map, "ours.warm"))),
-                        );
-                    } else if !phases.is_empty() {
+                            fmt_opt_ns(median(series(map, "ours.warm")))
+                        )
+                    } else {
+                        scenario.to_string()
+                    };
+                    let phases = phases_text(map, &format!("ours.{scenario}.phase"));
+                    if !phases.is_empty() {
                         let trips = series(map, &format!("ours.{scenario}.store_round_trips"))
                             .iter()
                             .sum::<u64>();
                         let _ = writeln!(
                             s,
-                            "{scenario} at W={w}, where a call's time goes (mean per call, median \
+                            "{shown} at W={w}, where a call's time goes (mean per call, median \
                              over ranks and the slowest rank in brackets): {phases}; store round \
                              trips during the timed calls, all ranks: {trips}"
                         );
@@ -440,13 +442,8 @@ impl Results {
                     if !calls.is_empty() {
                         let _ = writeln!(
                             s,
-                            "{} at W={w}, time in the driver's calls (mean per call, all \
-                             the process's threads, the releaser's closes included): {calls}",
-                            if scenario == "warm_phased" {
-                                "warm (phased pass)"
-                            } else {
-                                scenario
-                            }
+                            "{shown} at W={w}, time in the driver's calls (mean per call, all \
+                             the process's threads, the releaser's closes included): {calls}"
                         );
                     }
                 }

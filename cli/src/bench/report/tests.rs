@@ -51,9 +51,10 @@ fn the_phases_of_pool_and_cold_large_are_reported_where_measured() {
         .insert("ours.warm_phased.phase.resolve".into(), vec![300, 500]);
     let text = r.text();
     assert!(
-        text.contains("warm at W=4, where a call's time goes (a second warm pass")
-            && text.contains("p50 1.7 us against the timed pass's 1.4 us")
-            && text.contains("resolve 300 ns (500 ns)"),
+        text.contains(
+            "warm (a second pass with phase timing on, p50 1.7 us against the timed pass's \
+             1.4 us) at W=4, where a call's time goes"
+        ) && text.contains("resolve 300 ns (500 ns)"),
         "{text}"
     );
     // A scenario without phases has no such line.
