@@ -65,8 +65,11 @@ grep -q "^version = \"${version#nvfipc }\"" Cargo.toml || fail "installed $versi
 echo "== README pkg-config, against $prefix:"
 printf '%s\n' "$pc_commands"
 bash -euo pipefail -c "${pc_commands//$readme_prefix/$prefix}"
-ldd ring | grep -q "=> $prefix/lib/libnvfuser_ipc.so" || {
-    ldd ring >&2
+# ldd's output is read whole first: `ldd | grep -q` under pipefail fails at random when grep
+# exits on its match before ldd has written everything (SIGPIPE).
+loaded="$(ldd ring)"
+grep -q "=> $prefix/lib/libnvfuser_ipc.so" <<<"$loaded" || {
+    echo "$loaded" >&2
     fail "ring does not load the installed library"
 }
 echo "== README install and pkg-config ran as printed"

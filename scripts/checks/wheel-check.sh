@@ -36,12 +36,14 @@ prefix="$("$py" -m nvfuser_ipc --cmake-prefix)"
 case "$prefix" in "$work/venv/"*) ;; *) echo "cmake prefix $prefix is not in the venv" >&2; exit 1 ;; esac
 lib="$prefix/lib/libnvfuser_ipc.so"
 for binary in "$work/venv/bin/nvfipc" "$lib"; do
-  if readelf -SW "$binary" | grep -qE '\.debug_(info|line) '; then
+  # Each tool's output is read whole before grep -q sees it: under pipefail, grep -q exiting on
+  # its match may kill the writer (SIGPIPE) and fail the pipeline at random.
+  if grep -qE '\.debug_(info|line) ' <<<"$(readelf -SW "$binary")"; then
     echo "$binary carries debug information: scripts/wheel.sh strips it" >&2
     exit 1
   fi
 done
-nm -D --defined-only "$lib" | grep -q ' T nvfipc_context_from_env$' || {
+grep -q ' T nvfipc_context_from_env$' <<<"$(nm -D --defined-only "$lib")" || {
   echo "$lib does not export the C API (nvfipc_context_from_env)" >&2; exit 1; }
 echo "== find_package(nvfuser_ipc) from the wheel ($prefix)"
 cmake -S "$src/cpp_tests/package_consumer" -B consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null

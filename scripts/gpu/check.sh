@@ -82,7 +82,7 @@ fi
 say "== build nvfipc_gpu_tests"
 cmake --build "$build_dir" --target nvfipc_gpu_tests --parallel "$(nproc 2>/dev/null || echo 4)" \
   >"$OUT/build.log" 2>&1 || { tail -n 60 "$OUT/build.log"; die "build failed (build.log)"; }
-bin="$(find "$build_dir" -name nvfipc_gpu_tests -type f -perm -u+x | head -n 1)"
+bin="$(find "$build_dir" -name nvfipc_gpu_tests -type f -perm -u+x -print -quit)"
 [ -n "$bin" ] || die "nvfipc_gpu_tests was not built"
 say "-- binary: $bin"
 

@@ -22,6 +22,6 @@ if [ ! -f "$dir/.complete" ]; then
   done
   touch "$dir/.complete"
 fi
-inc="$(dirname "$(find "$dir/unpacked" -path '*/include/crt/host_config.h' | head -1)")"
+inc="$(dirname "$(find "$dir/unpacked" -path '*/include/crt/host_config.h' -print -quit)")"
 [ -d "$inc" ] || { echo "cuda-headers: no include dir under $dir" >&2; exit 1; }
 echo "$(cd "$inc/.." && pwd)"

@@ -246,9 +246,9 @@ build() { # label
 stash() { # label
   done_ "stash-$1" && return 0
   mkdir -p "$WORK/bin-$1"
-  cp "$(find "$bld" -maxdepth 2 -type f -name test_multidevice | head -1)" "$WORK/bin-$1/" ||
+  cp "$(find "$bld" -maxdepth 2 -type f -name test_multidevice -print -quit)" "$WORK/bin-$1/" ||
     die "stash $1"
-  cp "$(find "$bld" -maxdepth 2 -type f -name nvfipc_main_driver | head -1)" "$WORK/bin-$1/" ||
+  cp "$(find "$bld" -maxdepth 2 -type f -name nvfipc_main_driver -print -quit)" "$WORK/bin-$1/" ||
     die "stash $1: nvfipc_main_driver"
   mark "stash-$1"
 }

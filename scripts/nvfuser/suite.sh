@@ -236,7 +236,7 @@ stash() { # label
   mkdir -p "$WORK/bin-$1"
   local b
   for b in test_multidevice nvfipc_hostir_driver; do
-    cp "$(find "$bld" -maxdepth 2 -type f -name "$b" | head -1)" "$WORK/bin-$1/" || die "stash $1: $b"
+    cp "$(find "$bld" -maxdepth 2 -type f -name "$b" -print -quit)" "$WORK/bin-$1/" || die "stash $1: $b"
   done
   mark "stash-$1"
 }
