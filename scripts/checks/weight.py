@@ -33,6 +33,9 @@ from 2.06 to 1.28 us on an H100) and the driver clock is readable through the C 
 written here. Every `static` must be preceded
 (within the three lines above it) by a comment starting `// process-wide:` that says why the
 process, not an object, owns it.
+
+No source file outside test files, of the library, the store crate or the CLI, is longer than
+MAX_FILE_LINES: a file that grows past it holds more than one job and is split by job.
 """
 import os
 import re
@@ -40,6 +43,8 @@ import sys
 
 MAX_LINES = {"src": 22_650, "store/src": 4_650}
 MAX_STATICS = 20
+MAX_FILE_LINES = 800
+FILE_TREES = ("src", "store/src", "cli/src")
 
 repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 statics = []
@@ -67,6 +72,23 @@ for tree, budget in MAX_LINES.items():
     if lines > budget:
         print(f"{tree}/ is over its line budget by {lines - budget}", file=sys.stderr)
         failed = True
+
+too_long = []
+for tree in FILE_TREES:
+    for folder, _, files in os.walk(os.path.join(repo, tree)):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, repo)
+            if not name.endswith(".rs") or name == "tests.rs" or "/tests/" in rel:
+                continue
+            with open(path, encoding="utf-8") as fh:
+                count = sum(1 for _ in fh)
+            if count > MAX_FILE_LINES:
+                too_long.append(f"{rel}: {count} lines")
+print(f"files of {', '.join(FILE_TREES)} over {MAX_FILE_LINES} lines: {len(too_long)}")
+if too_long:
+    print(f"split by job (at most {MAX_FILE_LINES} lines a file):", *too_long, sep="\n  ", file=sys.stderr)
+    failed = True
 
 print(f"statics: {len(statics)} (budget {MAX_STATICS})")
 if len(statics) > MAX_STATICS:

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 mod load_point;
 mod symmetric;
+mod target;
 
 pub use load_point::LoadResult;
+pub use target::Target;
 
 const MODES: [&str; 5] = ["cold", "cold_large", "warm", "asym", "pool"];
 const PROTOCOLS: [&str; 2] = ["ours", "seed"];
@@ -53,41 +55,6 @@ const POST_ROWS: [(&str, &str); 2] = [
     ),
     ("cache + request (nvfipc_*_p2p_send_post)", "post.request"),
 ];
-
-/// One line of the target check.
-pub struct Target {
-    pub name: String,
-    pub measured: String,
-    pub ratio: Option<f64>,
-    pub limit: f64,
-    /// `None` when there was nothing to compare.
-    pub met: Option<bool>,
-}
-
-impl Target {
-    /// `a / b`, met at `limit` or below.
-    fn ratio(name: String, a: Option<u64>, b: Option<u64>, limit: f64) -> Target {
-        let r = ratio(a, b);
-        Target {
-            name,
-            measured: format!("{} / {}", fmt_opt_ns(a), fmt_opt_ns(b)),
-            ratio: r,
-            limit,
-            met: r.map(|r| r <= limit),
-        }
-    }
-
-    /// A duration, met at `goal_ns` or below.
-    fn at_most(name: String, value: Option<u64>, goal_ns: u64) -> Target {
-        Target {
-            name,
-            measured: fmt_opt_ns(value),
-            ratio: value.map(|v| v as f64 / goal_ns as f64),
-            limit: 1.0,
-            met: value.map(|v| v <= goal_ns),
-        }
-    }
-}
 
 /// Each phase (of `PHASES`) under `prefix` that took any time: (name, median over ranks,
 /// slowest rank).
