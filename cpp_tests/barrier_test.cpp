@@ -203,10 +203,8 @@ NVFIPC_WORKER(ContextFromEnvironment) {
 }
 
 TEST(ContextMultiProcess, FromEnvironmentRankZeroHostsTheStore) {
-  // Learn a free port, then leave it for rank 0 to host the store on.
-  nvfipc_server* probe = nullptr;
-  uint16_t port = 0;
-  NVFIPC_ASSERT_OK(nvfipc_store_serve("127.0.0.1", 0, &port, &probe));
-  NVFIPC_ASSERT_OK(nvfipc_server_free(probe, 0));
+  // A port free a moment ago, for rank 0 to host the store on.
+  const uint16_t port = nvfipc_test::FreeLoopbackPort();
+  ASSERT_NE(port, 0);
   ExpectAllOk(RunWorkers("ContextFromEnvironment", 3, port, 90.0));
 }

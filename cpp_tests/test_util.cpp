@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 extern char** environ;
 
@@ -129,21 +131,40 @@ void ExpectAllOk(const std::vector<WorkerExit>& exits) {
   }
 }
 
-uint16_t FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
+namespace {
+// A TCP socket bound to an ephemeral loopback port; its fd (or -1) and the port (or 0).
+std::pair<int, uint16_t> BindEphemeralLoopback() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {-1, 0};
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return {-1, 0};
   }
-  ::close(fd);
+  return {fd, ntohs(addr.sin_port)};
+}
+}  // namespace
+
+uint16_t FreeLoopbackPort() {
+  auto [fd, port] = BindEphemeralLoopback();
+  if (fd >= 0) ::close(fd);
   return port;
+}
+
+// Bound without SO_REUSEADDR and never listening: the kernel answers a connect with a reset
+// (ECONNREFUSED) and refuses every other bind of the port until the destructor closes it.
+UnlistenedPort::UnlistenedPort() {
+  std::tie(fd_, port_) = BindEphemeralLoopback();
+  if (fd_ < 0) ADD_FAILURE() << "no loopback port could be bound";
+}
+
+UnlistenedPort::~UnlistenedPort() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 ScopedServer::ScopedServer() {

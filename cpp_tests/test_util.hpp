@@ -89,6 +89,22 @@ void ExpectAllOk(const std::vector<WorkerExit>& exits);
 // c10d::TCPStore); 0 when none could be found.
 uint16_t FreeLoopbackPort();
 
+// A loopback TCP port held bound with nothing listening, for as long as this object lives: a
+// connection to it is refused, and no other socket (another test, another job on the machine)
+// can take the port meanwhile, as it could one learnt from a server that was then stopped.
+class UnlistenedPort {
+ public:
+  UnlistenedPort();
+  ~UnlistenedPort();
+  UnlistenedPort(const UnlistenedPort&) = delete;
+  UnlistenedPort& operator=(const UnlistenedPort&) = delete;
+  uint16_t port() const { return port_; }  // 0 when no port could be bound
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
 // A store server on an ephemeral loopback port for the duration of a test.
 class ScopedServer {
  public:

@@ -220,10 +220,7 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
     } else {
         libc::AF_INET
     };
-    // SAFETY: socket(2) takes no pointers; the result is checked before use.
-    let raw = cvt(unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = tcp_socket(domain)?;
     set_int_option(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
     if addr.is_ipv6() && dual_stack {
         set_int_option(&fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
@@ -232,6 +229,27 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
     // SAFETY: listen(2) on a descriptor we own; no pointers.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) })?;
     Ok(TcpListener::from(fd))
+}
+
+fn tcp_socket(domain: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers; the result is checked before use.
+    let raw = cvt(unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A TCP socket bound to an ephemeral loopback port that never listens, for tests of refused
+/// connections: the kernel answers a connect with a reset, and while the socket lives no other
+/// bind (another test's or another job's server) and no connect's source port can take the port,
+/// as they could take one learnt from a listener that was then closed.
+#[cfg(test)]
+pub(crate) fn unlistened_loopback_port() -> io::Result<(OwnedFd, u16)> {
+    let fd = tcp_socket(libc::AF_INET)?;
+    bind_fd(&fd, &SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+    // getsockname(2) through std: an unconnected TcpStream over the fd, then its fd back.
+    let socket = TcpStream::from(fd);
+    let port = socket.local_addr()?.port();
+    Ok((OwnedFd::from(socket), port))
 }
 
 fn set_int_option(

@@ -315,10 +315,7 @@ fn limits_are_refused_before_sending_and_keep_the_connection() {
 
 #[test]
 fn connect_retries_until_the_server_appears_and_times_out_otherwise() {
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let (unlistened, port) = crate::net::unlistened_loopback_port().unwrap();
     let start = Instant::now();
     let err = TcpStore::connect("127.0.0.1", port, &opts(300)).unwrap_err();
     assert_eq!(err.status, Status::Timeout, "{err}");
@@ -330,6 +327,7 @@ fn connect_retries_until_the_server_appears_and_times_out_otherwise() {
     assert!(start.elapsed() >= Duration::from_millis(300));
     assert!(start.elapsed() < Duration::from_secs(3));
 
+    drop(unlistened);
     let late = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
         let server = StoreServer::bind("127.0.0.1", port).unwrap();
