@@ -259,7 +259,12 @@ fn server_closing_breaks_the_connection_and_later_calls_fail_fast() {
     let err = s.num_keys().unwrap_err();
     assert_eq!(err.status, Status::InvalidState, "{err}");
     assert!(err.message.contains("reconnect"), "{}", err.message);
-    assert!(start.elapsed() < Duration::from_millis(100));
+    // Far below the 5 s timeout (a loaded machine can stall a thread for tens of milliseconds).
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
